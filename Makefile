@@ -1,0 +1,27 @@
+# The README's test command: `make test` installs what the tests need on a
+# fresh Debian machine (redis-server, bubblewrap) and runs every test with -race.
+GO ?= go
+APT_PACKAGES := redis-server bubblewrap protobuf-compiler
+
+.PHONY: test deps vet bench
+
+deps:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v protoc >/dev/null 2>&1 || missing="$$missing protobuf-compiler"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+vet:
+	$(GO) vet ./...
+	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
+
+test: deps vet
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem ./gateway/ ./store/

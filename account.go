@@ -1,0 +1,20 @@
+package sandgate
+
+import "time"
+
+// Account is one tenant of the broker. It owns instances.
+type Account struct {
+	ID        string
+	Name      string
+	CreatedAt time.Time
+}
+
+// Instance is one client install (a Formation instance). Workspaces,
+// snapshots and idempotency keys belong to the instance, not to its token.
+type Instance struct {
+	ID        string
+	AccountID string
+	Name      string
+	Scope     Scope
+	CreatedAt time.Time
+}

@@ -1,0 +1,22 @@
+package sandgate
+
+import "log/slog"
+
+// Log attribute keys. Only ids, counts, sizes and codes are ever logged;
+// never argv, env values, stdin, output, paths, file contents or tokens.
+const (
+	KeyRequestID   = "request_id"
+	KeyWorkspaceID = "workspace_id"
+	KeyInstanceID  = "instance_id"
+	KeyAccountID   = "account_id"
+	KeyLeaseID     = "lease_id"
+	KeyCode        = "code"
+	KeyStatus      = "status"
+	KeyError       = "err"
+)
+
+// WorkspaceAttr is the log attribute of a workspace id.
+func WorkspaceAttr(id string) slog.Attr { return slog.String(KeyWorkspaceID, id) }
+
+// InstanceAttr is the log attribute of an instance id.
+func InstanceAttr(id string) slog.Attr { return slog.String(KeyInstanceID, id) }

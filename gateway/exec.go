@@ -1,0 +1,89 @@
+package gateway
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandgate/sandgate/policy"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
+)
+
+// exec is POST …/exec: not replayable, so it is never retried by anyone.
+func (s *Server) exec(c echo.Context) error {
+	w, err := s.usable(c)
+	if err != nil {
+		return err
+	}
+	var req protocol.ExecRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	if err := policy.ValidateArgv(req.Argv); err != nil {
+		return err
+	}
+	if req.Dir != "" {
+		if err := policy.ValidatePath(req.Dir); err != nil {
+			return err
+		}
+	}
+	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
+	stdin, err := decodeB64("stdin_b64", req.StdinB64)
+	if err != nil {
+		return err
+	}
+	if int64(len(stdin)) > lim.MaxFileBytes {
+		return protocol.E(protocol.PayloadTooLarge, "stdin is over max_file_bytes")
+	}
+	now := s.clock.Now()
+	timeout, clamped, err := policy.ClampExecTimeout(time.Duration(req.TimeoutSeconds)*time.Second,
+		lim.DefaultExecTimeout, lim.MaxExecTimeout, w.ExpiresAt.Sub(now))
+	if err != nil {
+		return err
+	}
+	if err := s.db.Touch(c.Request().Context(), w, now); err != nil {
+		return unavailable(err)
+	}
+	// The command dies with the request: a client that went away can never
+	// read the result, and exec is never replayed.
+	ctx, cancel := context.WithTimeout(c.Request().Context(), timeout+30*time.Second)
+	defer cancel()
+	res, err := s.provider.Exec(ctx, sandboxOf(w), providers.ExecSpec{
+		Argv: req.Argv, Dir: req.Dir, Stdin: stdin, Timeout: timeout, MaxOutputBytes: lim.MaxOutputBytes,
+	})
+	if err != nil {
+		return providerError(err)
+	}
+	return c.JSON(http.StatusOK, protocol.ExecResponse{
+		ExitCode:        res.ExitCode,
+		StdoutB64:       base64.StdEncoding.EncodeToString(res.Stdout),
+		StderrB64:       base64.StdEncoding.EncodeToString(res.Stderr),
+		StdoutTruncated: res.StdoutTruncated,
+		StderrTruncated: res.StderrTruncated,
+		TimeoutClamped:  clamped,
+		TimedOut:        res.TimedOut,
+		StdoutBytes:     res.StdoutBytes,
+		StderrBytes:     res.StderrBytes,
+	})
+}
+
+// providerError maps a provider failure to the protocol: a sandbox that is
+// gone is 410, anything else 502 with a fixed message (no vendor text).
+func providerError(err error) error {
+	switch {
+	case errors.Is(err, providers.ErrSandboxGone):
+		return &protocol.Error{Code: protocol.WorkspaceGone, Message: "the workspace's sandbox has ended; acquire a new one", Err: err}
+	case errors.Is(err, providers.ErrFileNotFound):
+		return &protocol.Error{Code: protocol.FileNotFound, Message: "no file at this path in the workspace", Err: err}
+	case errors.Is(err, providers.ErrNotAFile):
+		return &protocol.Error{Code: protocol.NotAFile, Message: "the path is not a regular file", Err: err}
+	case errors.Is(err, providers.ErrFileTooLarge):
+		return &protocol.Error{Code: protocol.FileTooLarge, Message: "the file is over max_file_bytes", Err: err}
+	}
+	return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider failed; the outcome is unknown", Err: err}
+}

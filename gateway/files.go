@@ -1,0 +1,71 @@
+package gateway
+
+import (
+	"encoding/base64"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/policy"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
+)
+
+func sandboxOf(w sandgate.Workspace) providers.Sandbox { return providers.Sandbox{Ref: w.ProviderRef} }
+
+func (s *Server) readFile(c echo.Context) error {
+	w, err := s.usable(c)
+	if err != nil {
+		return err
+	}
+	var req protocol.ReadFileRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	if err := policy.ValidatePath(req.Path); err != nil {
+		return err
+	}
+	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
+	ctx := c.Request().Context()
+	if err := s.db.Touch(ctx, w, s.clock.Now()); err != nil {
+		return unavailable(err)
+	}
+	b, err := s.provider.ReadFile(ctx, sandboxOf(w), req.Path, lim.MaxFileBytes)
+	if err != nil {
+		return providerError(err)
+	}
+	return c.JSON(http.StatusOK, protocol.ReadFileResponse{
+		ContentsB64: base64.StdEncoding.EncodeToString(b), SizeBytes: int64(len(b)),
+	})
+}
+
+func (s *Server) writeFile(c echo.Context) error {
+	w, err := s.usable(c)
+	if err != nil {
+		return err
+	}
+	var req protocol.WriteFileRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	if err := policy.ValidatePath(req.Path); err != nil {
+		return err
+	}
+	data, err := decodeB64("contents_b64", req.ContentsB64)
+	if err != nil {
+		return err
+	}
+	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
+	if int64(len(data)) > lim.MaxFileBytes {
+		return protocol.E(protocol.FileTooLarge, "contents are over max_file_bytes")
+	}
+	ctx := c.Request().Context()
+	if err := s.db.Touch(ctx, w, s.clock.Now()); err != nil {
+		return unavailable(err)
+	}
+	if err := s.provider.WriteFile(ctx, sandboxOf(w), req.Path, data); err != nil {
+		return providerError(err)
+	}
+	return c.NoContent(http.StatusNoContent)
+}

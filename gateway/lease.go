@@ -1,0 +1,101 @@
+package gateway
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/policy"
+	"github.com/sandgate/sandgate/protocol"
+)
+
+func (s *Server) getLease(c echo.Context) error {
+	a := authFrom(c)
+	now := s.clock.Now()
+	scope := a.Instance.Scope
+	lim := scope.Limits.WithDefaults()
+	resp := protocol.LeaseResponse{
+		APIVersion: protocol.APIVersion,
+		Lease: protocol.LeaseInfo{
+			ID:           a.Lease.ID,
+			InstanceID:   a.Lease.InstanceID,
+			State:        string(a.Lease.StateAt(now)),
+			ExpiresAt:    timePtr(a.Lease.ExpiresAt),
+			SupersededAt: timePtr(a.Lease.SupersededAt),
+		},
+		Admission:    protocol.Admission{State: protocol.AdmissionOpen},
+		Capabilities: protocol.V1Capabilities,
+		Limits:       wireLimits(lim),
+		DefaultSize:  s.defaultSize(scope),
+		Images:       protocol.Images{Default: s.defaultImage(scope), Allowed: s.allowedImages(scope)},
+		Egress:       protocol.EgressInfo{Ceiling: scope.EgressCeiling},
+	}
+	for _, sz := range scope.AllowedSizes() {
+		resp.Sizes = append(resp.Sizes, protocol.Size{Name: sz.Name, CPUCores: sz.CPUCores, MemoryMiB: sz.MemoryMiB})
+	}
+	return c.JSON(http.StatusOK, resp)
+}
+
+func wireLimits(l sandgate.Limits) protocol.Limits {
+	return protocol.Limits{
+		MaxConcurrentWorkspaces:   l.MaxConcurrentWorkspaces,
+		MaxLifetimeSeconds:        secs(l.MaxLifetime),
+		IdleTimeoutSeconds:        secs(l.IdleTimeout),
+		MaxExecTimeoutSeconds:     secs(l.MaxExecTimeout),
+		DefaultExecTimeoutSeconds: secs(l.DefaultExecTimeout),
+		MaxSnapshots:              l.MaxSnapshots,
+		SnapshotTTLSeconds:        secs(l.SnapshotTTL),
+		MaxFileBytes:              l.MaxFileBytes,
+		MaxOutputBytes:            l.MaxOutputBytes,
+		MaxEnvEntries:             l.MaxEnvEntries,
+		MaxEgressDomains:          l.MaxEgressDomains,
+	}
+}
+
+func secs(d time.Duration) int64 { return int64(d / time.Second) }
+
+// wireTime formats a time as the protocol does: RFC 3339, UTC, seconds.
+func wireTime(t time.Time) string { return t.UTC().Truncate(time.Second).Format(time.RFC3339) }
+
+func timePtr(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := wireTime(t)
+	return &s
+}
+
+func (s *Server) defaultImage(scope sandgate.Scope) string {
+	if scope.DefaultImage != "" {
+		return scope.DefaultImage
+	}
+	return s.cfg.DefaultImage
+}
+
+// effectiveScope fills the scope's image default from the broker's.
+func (s *Server) effectiveScope(scope sandgate.Scope) sandgate.Scope {
+	scope.DefaultImage = s.defaultImage(scope)
+	scope.Limits = scope.Limits.WithDefaults()
+	return scope
+}
+
+func (s *Server) allowedImages(scope sandgate.Scope) []string {
+	d := s.defaultImage(scope)
+	out := []string{d}
+	for _, im := range scope.Images {
+		if im != d {
+			out = append(out, im)
+		}
+	}
+	return out
+}
+
+func (s *Server) defaultSize(scope sandgate.Scope) string {
+	sz, err := policy.ResolveSize(scope, "")
+	if err != nil {
+		return ""
+	}
+	return sz.Name
+}

@@ -1,0 +1,206 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/policy"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/store"
+)
+
+// Config configures a Server. A zero field means the default noted beside it.
+type Config struct {
+	// TrustedProxies are the addresses from which a plaintext request with
+	// X-Forwarded-Proto: https is accepted (a TLS-terminating proxy). Empty
+	// means every plaintext request is refused.
+	TrustedProxies []netip.Prefix
+	// CreateTimeout bounds one provider create. 0 means 90 seconds; it must
+	// stay below the store's PendingTimeout.
+	CreateTimeout time.Duration
+	// TerminateTimeout bounds one provider terminate inside a request. 0
+	// means 30 seconds; past it, release answers terminating.
+	TerminateTimeout time.Duration
+	// DefaultImage is the image of an instance whose scope names none.
+	DefaultImage string
+}
+
+// Server serves protocol v1. Create it with New; it is safe for concurrent use.
+type Server struct {
+	cfg      Config
+	db       *store.DB
+	provider providers.Provider
+	clock    sandgate.Clock
+	log      *slog.Logger
+	cache    *authCache
+	echo     *echo.Echo
+	// bg tracks work that outlives a request (finishing a release, an
+	// expiry), so Close can wait for it.
+	bg chan struct{}
+}
+
+// New returns a Server over the store and provider.
+func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, log *slog.Logger) *Server {
+	if cfg.CreateTimeout == 0 {
+		cfg.CreateTimeout = 90 * time.Second
+	}
+	if cfg.TerminateTimeout == 0 {
+		cfg.TerminateTimeout = 30 * time.Second
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, db: db, provider: p, clock: clock, log: log, cache: newAuthCache()}
+	s.echo = s.routes()
+	return s
+}
+
+// Handler returns the HTTP handler of /v1.
+func (s *Server) Handler() http.Handler { return s.echo }
+
+// Run keeps the auth cache's invalidation subscription up until ctx ends.
+// Until it has subscribed, every request reads the token from Redis.
+func (s *Server) Run(ctx context.Context) {
+	s.cache.run(ctx, s.db, s.log)
+}
+
+func (s *Server) routes() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.handleError
+	e.Use(s.base, s.requireTLS, s.accessLog, s.recover)
+	v1 := e.Group("/v1", s.authenticate)
+	v1.GET("/lease", s.getLease)
+	v1.POST("/workspaces", s.acquire)
+	v1.GET("/workspaces", s.listWorkspaces)
+	v1.GET("/workspaces/:id", s.getWorkspace)
+	v1.DELETE("/workspaces/:id", s.release)
+	v1.POST("/workspaces/:id/exec", s.exec)
+	v1.POST("/workspaces/:id/files/read", s.readFile)
+	v1.POST("/workspaces/:id/files/write", s.writeFile)
+	return e
+}
+
+// base sets what every response carries, error or not: no-store, the
+// request id, and the body limit.
+func (s *Server) base(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		h := c.Response().Header()
+		h.Set("Cache-Control", "no-store")
+		id := c.Request().Header.Get(protocol.HeaderRequestID)
+		if !policy.ValidRequestID(id) {
+			// A malformed client id is replaced, not refused: it is diagnostics only.
+			id = newRequestID()
+		}
+		c.Set("request_id", id)
+		h.Set(protocol.HeaderRequestID, id)
+		c.Request().Body = http.MaxBytesReader(c.Response(), c.Request().Body, protocol.MaxBodyBytes)
+		if c.Request().ContentLength > protocol.MaxBodyBytes {
+			return protocol.E(protocol.PayloadTooLarge, "request body is over 12 MiB")
+		}
+		return next(c)
+	}
+}
+
+func requestID(c echo.Context) string {
+	id, _ := c.Get("request_id").(string)
+	return id
+}
+
+func newRequestID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return "req_" + hex.EncodeToString(b[:])
+}
+
+// requireTLS refuses plaintext (spec §Conventions), except from a trusted
+// TLS-terminating proxy that says the client spoke https.
+func (s *Server) requireTLS(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		if r.TLS != nil {
+			return next(c)
+		}
+		if strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https") && s.trustedProxy(r.RemoteAddr) {
+			return next(c)
+		}
+		return errInvalid("plaintext HTTP is refused; use https")
+	}
+}
+
+func (s *Server) trustedProxy(remote string) bool {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		return false
+	}
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
+		return false
+	}
+	addr = addr.Unmap()
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// accessLog logs one line per request: route template, status, code and
+// ids, never the URL's query, a body, a header value or the token.
+func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		err := next(c)
+		if err != nil {
+			s.handleError(err, c)
+		}
+		attrs := []slog.Attr{
+			slog.String(sandgate.KeyRequestID, requestID(c)),
+			slog.String("method", c.Request().Method),
+			slog.String("route", c.Path()),
+			slog.Int(sandgate.KeyStatus, c.Response().Status),
+			slog.Duration("duration", time.Since(start)),
+		}
+		if a := authFrom(c); a.Lease.ID != "" {
+			attrs = append(attrs, slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID))
+		}
+		if code := protocol.CodeOf(err); code != "" {
+			if he, ok := err.(*echo.HTTPError); ok {
+				code = fromEchoError(he).Code
+			}
+			attrs = append(attrs, slog.String(sandgate.KeyCode, string(code)))
+		}
+		s.log.LogAttrs(c.Request().Context(), slog.LevelInfo, "request", attrs...)
+		return nil
+	}
+}
+
+func (s *Server) recover(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				if r == http.ErrAbortHandler {
+					panic(r)
+				}
+				err = &protocol.Error{Code: protocol.Internal, Message: "internal error", Err: panicError{r}}
+			}
+		}()
+		return next(c)
+	}
+}
+
+type panicError struct{ v any }
+
+func (p panicError) Error() string { return "panic" }

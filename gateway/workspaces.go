@@ -1,0 +1,394 @@
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/policy"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/store"
+)
+
+// acquire is POST /v1/workspaces, in the spec's order: authenticate →
+// idempotency replay → validate → admission → provider create.
+func (s *Server) acquire(c echo.Context) error {
+	ctx := c.Request().Context()
+	a := authFrom(c)
+	key := c.Request().Header.Get(protocol.HeaderIdempotencyKey)
+	if err := policy.ValidateIdempotencyKey(key); err != nil {
+		return err
+	}
+	var req protocol.AcquireRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	keyHash := hashString(key)
+	reqHash := acquireHash(req)
+
+	// spec §Idempotency: a replay answers the original resource, before validation.
+	if rec, err := s.db.Idempotency(ctx, a.Lease.AccountID, a.Lease.InstanceID, store.OpAcquire, keyHash); err == nil {
+		return s.replayAcquire(c, rec, reqHash)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return unavailable(err)
+	}
+
+	now := s.clock.Now()
+	scope := s.effectiveScope(a.Instance.Scope)
+	ws, env, err := s.validateAcquire(req, scope, now)
+	if err != nil {
+		return err
+	}
+	ws.ID = sandgate.NewID(sandgate.PrefixWorkspace)
+	ws.AccountID, ws.InstanceID = a.Lease.AccountID, a.Lease.InstanceID
+
+	rec, err := s.db.Admit(ctx, store.Admission{
+		Workspace: ws.Workspace, MaxConcurrent: scope.Limits.MaxConcurrentWorkspaces,
+		KeyHash: keyHash, RequestHash: reqHash, Now: now,
+	})
+	switch {
+	case errors.Is(err, store.ErrConcurrencyLimit):
+		return &protocol.Error{Code: protocol.ConcurrencyLimit,
+			Message: "the instance is at max_concurrent_workspaces; release a workspace or wait"}
+	case err != nil:
+		return &protocol.Error{Code: protocol.AdmissionUnavailable,
+			Message: "the broker cannot evaluate admission; retry shortly", RetryAfter: time.Second, Err: err}
+	case rec != nil: // a concurrent request claimed the key first
+		return s.replayAcquire(c, *rec, reqHash)
+	}
+
+	// The create must finish even if the client goes away: the slot and
+	// the key are already held, and only this goroutine can settle them.
+	ctx = context.WithoutCancel(ctx)
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.CreateTimeout)
+	size, _ := sandgate.LookupSize(ws.Size)
+	sb, err := s.provider.Create(cctx, providers.CreateSpec{
+		WorkspaceID: ws.ID, InstanceID: ws.InstanceID, Size: size, Image: ws.Image,
+		Env: env, Egress: sandgate.EgressPolicy{AllowedDomains: ws.egress}, ExpiresAt: ws.ExpiresAt, IdleTimeout: ws.IdleTimeout,
+	})
+	cancel()
+	if err != nil {
+		if aerr := s.db.Abort(ctx, ws.Workspace, keyHash); aerr != nil {
+			s.log.Error("abort after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any("err", aerr))
+		}
+		return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not create the workspace; retry with the same Idempotency-Key", Err: err}
+	}
+	started := sb.StartedAt
+	if started.IsZero() {
+		started = s.clock.Now()
+	}
+	ok, err := s.db.Confirm(ctx, ws.Workspace, sb.Ref, started, keyHash, reqHash)
+	if err != nil || !ok {
+		// Released while starting, pending slot lost, or Redis failed:
+		// nothing may run that the broker does not account for.
+		s.terminateSandbox(ctx, ws.Workspace, sb.Ref, sandgate.ReasonFailed)
+		if err != nil {
+			return unavailable(err)
+		}
+	}
+	cur, err := s.db.Workspace(ctx, ws.AccountID, ws.ID)
+	if err != nil {
+		return unavailable(err)
+	}
+	return c.JSON(http.StatusCreated, s.status(cur, true))
+}
+
+// terminateSandbox ends a sandbox that Confirm refused and records the end.
+func (s *Server) terminateSandbox(ctx context.Context, w sandgate.Workspace, ref string, reason sandgate.TerminationReason) {
+	w.ProviderRef = ref
+	if _, _, err := s.db.BeginTerminate(ctx, w, reason, s.clock.Now()); err != nil {
+		s.log.Error("terminate: record", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
+	}
+	s.finishTerminate(ctx, w)
+}
+
+// finishTerminate asks the provider to end the sandbox and records the
+// confirmed end. On failure the workspace stays terminating.
+func (s *Server) finishTerminate(ctx context.Context, w sandgate.Workspace) bool {
+	if w.ProviderRef != "" {
+		tctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
+		err := s.provider.Terminate(tctx, providers.Sandbox{Ref: w.ProviderRef})
+		cancel()
+		if err != nil {
+			s.log.Error("provider terminate failed", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
+			return false
+		}
+	}
+	if err := s.db.FinishTerminate(ctx, w, s.clock.Now()); err != nil {
+		s.log.Error("terminate: record end", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
+		return false
+	}
+	return true
+}
+
+func (s *Server) replayAcquire(c echo.Context, rec store.IdemRecord, reqHash string) error {
+	if rec.Hash != reqHash {
+		return protocol.E(protocol.IdempotencyConflict, "this Idempotency-Key was used with a different request")
+	}
+	if rec.State != store.IdemDone {
+		return &protocol.Error{Code: protocol.IdempotencyInProgress,
+			Message: "the original request with this Idempotency-Key is still running", RetryAfter: time.Second}
+	}
+	a := authFrom(c)
+	w, err := s.db.Workspace(c.Request().Context(), a.Lease.AccountID, rec.WorkspaceID)
+	if errors.Is(err, store.ErrNotFound) {
+		return protocol.E(protocol.WorkspaceGone, "the workspace this Idempotency-Key created is gone")
+	}
+	if err != nil {
+		return unavailable(err)
+	}
+	return c.JSON(http.StatusOK, s.status(w, true))
+}
+
+// pendingWorkspace is a validated Acquire: the record to admit and the
+// parts that are never persisted.
+type pendingWorkspace struct {
+	sandgate.Workspace
+	egress []string
+}
+
+func (s *Server) validateAcquire(req protocol.AcquireRequest, scope sandgate.Scope, now time.Time) (pendingWorkspace, map[string]string, error) {
+	if err := policy.ValidateLabel(req.Label); err != nil {
+		return pendingWorkspace{}, nil, err
+	}
+	if err := policy.ValidateAgent(req.Agent); err != nil {
+		return pendingWorkspace{}, nil, err
+	}
+	if err := policy.ValidateRunID(req.RunID); err != nil {
+		return pendingWorkspace{}, nil, err
+	}
+	size, err := policy.ResolveSize(scope, req.Size)
+	if err != nil {
+		return pendingWorkspace{}, nil, err
+	}
+	image, err := policy.ResolveImage(scope, req.Image)
+	if err != nil {
+		return pendingWorkspace{}, nil, err
+	}
+	if err := policy.ValidateEnv(req.Env, scope.Limits.MaxEnvEntries); err != nil {
+		return pendingWorkspace{}, nil, err
+	}
+	domains, err := policy.CheckEgress(req.Egress, scope.EgressCeiling, scope.Limits.MaxEgressDomains)
+	if err != nil {
+		return pendingWorkspace{}, nil, err
+	}
+	if req.SnapshotID != "" {
+		// Snapshots do not exist yet in this broker, so no id is this instance's.
+		return pendingWorkspace{}, nil, protocol.E(protocol.NotFound, "no such snapshot for this instance")
+	}
+	lim := scope.Limits
+	w := pendingWorkspace{
+		Workspace: sandgate.Workspace{
+			Label: req.Label, Size: size.Name, Image: image, Agent: req.Agent, RunID: req.RunID,
+			State: sandgate.WorkspaceStarting, CreatedAt: now.Truncate(time.Second),
+			ExpiresAt: now.Truncate(time.Second).Add(lim.MaxLifetime), IdleTimeout: lim.IdleTimeout,
+		},
+		egress: domains,
+	}
+	return w, req.Env, nil
+}
+
+// acquireHash is the canonical hash of an Acquire request: the fields as
+// sent, with env values replaced by their hashes (spec §Idempotency).
+func acquireHash(req protocol.AcquireRequest) string {
+	env := make(map[string]string, len(req.Env))
+	for k, v := range req.Env {
+		env[k] = hashString(v)
+	}
+	canon := struct {
+		Label, Size, Image, SnapshotID, Agent, RunID string
+		Env                                          map[string]string
+		Egress                                       []string
+		EgressSet                                    bool
+	}{req.Label, req.Size, req.Image, req.SnapshotID, req.Agent, req.RunID, env, nil, req.Egress != nil}
+	if req.Egress != nil {
+		canon.Egress = req.Egress.AllowedDomains
+	}
+	b, _ := json.Marshal(canon) // maps marshal with sorted keys
+	return hashString(string(b))
+}
+
+func hashString(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func unavailable(err error) error {
+	return &protocol.Error{Code: protocol.Unavailable, Message: "the broker cannot reach its store; retry shortly", RetryAfter: time.Second, Err: err}
+}
+
+// loadWorkspace returns the workspace named by the route, refusing ids of
+// other instances exactly as unknown ones (spec §Trust model).
+func (s *Server) loadWorkspace(c echo.Context) (sandgate.Workspace, error) {
+	id := c.Param("id")
+	if !policy.ValidID(id) {
+		return sandgate.Workspace{}, errNotFound
+	}
+	a := authFrom(c)
+	w, err := s.db.Workspace(c.Request().Context(), a.Lease.AccountID, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && w.InstanceID != a.Lease.InstanceID) {
+		return sandgate.Workspace{}, errNotFound
+	}
+	if err != nil {
+		return sandgate.Workspace{}, unavailable(err)
+	}
+	return w, nil
+}
+
+// usable returns the workspace if it can take commands now: 409 while
+// starting, 410 once terminating, terminated or past expires_at.
+func (s *Server) usable(c echo.Context) (sandgate.Workspace, error) {
+	w, err := s.loadWorkspace(c)
+	if err != nil {
+		return w, err
+	}
+	now := s.clock.Now()
+	switch {
+	case w.GoneAt(now):
+		s.expireIfDue(c.Request().Context(), w, now)
+		return w, protocol.E(protocol.WorkspaceGone, "the workspace has ended; acquire a new one")
+	case w.State == sandgate.WorkspaceStarting:
+		return w, &protocol.Error{Code: protocol.WorkspaceNotReady, Message: "the workspace is still starting; retry shortly", RetryAfter: time.Second}
+	}
+	return w, nil
+}
+
+// expireIfDue ends a workspace found past its deadline, in the background.
+// The reaper does the same on its own schedule; this only makes it prompt.
+func (s *Server) expireIfDue(ctx context.Context, w sandgate.Workspace, now time.Time) {
+	if w.State != sandgate.WorkspaceRunning || now.Before(w.ExpiresAt) {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		_, started, err := s.db.BeginTerminate(ctx, w, sandgate.ReasonExpired, s.clock.Now())
+		if err != nil || !started {
+			return
+		}
+		s.finishTerminate(ctx, w)
+	}()
+}
+
+func (s *Server) getWorkspace(c echo.Context) error {
+	w, err := s.loadWorkspace(c)
+	if err != nil {
+		return err
+	}
+	s.expireIfDue(c.Request().Context(), w, s.clock.Now())
+	return c.JSON(http.StatusOK, s.status(w, false))
+}
+
+// status renders a workspace's status object. A running workspace past
+// expires_at reads as terminating with reason expired until its end is
+// confirmed (docs/protocol-notes.md).
+func (s *Server) status(w sandgate.Workspace, acquire bool) protocol.Workspace {
+	out := protocol.Workspace{
+		WorkspaceID:        w.ID,
+		State:              string(w.State),
+		Size:               w.Size,
+		Image:              w.Image,
+		CreatedAt:          wireTime(w.CreatedAt),
+		ExpiresAt:          wireTime(w.ExpiresAt),
+		IdleTimeoutSeconds: secs(w.IdleTimeout),
+		TerminatedAt:       timePtr(w.TerminatedAt),
+	}
+	reason := w.TerminationReason
+	if w.State == sandgate.WorkspaceRunning && !s.clock.Now().Before(w.ExpiresAt) {
+		out.State = string(sandgate.WorkspaceTerminating)
+		reason = sandgate.ReasonExpired
+	}
+	if reason != "" && out.State != string(sandgate.WorkspaceRunning) && out.State != string(sandgate.WorkspaceStarting) {
+		r := string(reason)
+		out.TerminationReason = &r
+	}
+	if w.State == sandgate.WorkspaceTerminated && !w.StartedAt.IsZero() && !w.TerminatedAt.IsZero() {
+		m := meteredSeconds(w.StartedAt, w.TerminatedAt)
+		out.MeteredSeconds = &m
+	}
+	return out
+}
+
+// meteredSeconds is whole seconds from confirmed start to confirmed end,
+// rounded up.
+func meteredSeconds(start, end time.Time) int64 {
+	d := end.Sub(start)
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+func (s *Server) listWorkspaces(c echo.Context) error {
+	q := c.QueryParams()
+	for k := range q {
+		if k != "state" && k != "cursor" && k != "limit" {
+			return errInvalid("unknown query parameter " + strconv.Quote(k))
+		}
+	}
+	live := true
+	switch q.Get("state") {
+	case "", "live":
+	case "all":
+		live = false
+	default:
+		return errInvalid("state must be live or all")
+	}
+	limit := 50
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			return errInvalid("limit must be an integer from 1 to 100")
+		}
+		limit = n
+	}
+	a := authFrom(c)
+	ws, next, err := s.db.ListWorkspaces(c.Request().Context(), a.Lease.AccountID, a.Lease.InstanceID, q.Get("cursor"), limit, live, s.clock.Now())
+	if errors.Is(err, store.ErrBadCursor) {
+		return errInvalid("cursor is not one this broker returned")
+	}
+	if err != nil {
+		return unavailable(err)
+	}
+	out := protocol.WorkspaceList{Workspaces: make([]protocol.Workspace, 0, len(ws))}
+	for _, w := range ws {
+		out.Workspaces = append(out.Workspaces, s.status(w, false))
+	}
+	if next != "" {
+		out.NextCursor = &next
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// release is DELETE /v1/workspaces/{id}: idempotent, never refused for
+// funds, budgets, pauses or stops (spec §Release).
+func (s *Server) release(c echo.Context) error {
+	w, err := s.loadWorkspace(c)
+	if err != nil {
+		return err
+	}
+	ctx := context.WithoutCancel(c.Request().Context())
+	prev, started, err := s.db.BeginTerminate(ctx, w, sandgate.ReasonReleased, s.clock.Now())
+	if err != nil {
+		return unavailable(err)
+	}
+	// A starting workspace is finished by its Acquire, which sees the
+	// release when it confirms. A terminating one is retried here.
+	if (started && prev == sandgate.WorkspaceRunning) || (!started && prev == sandgate.WorkspaceTerminating) {
+		s.finishTerminate(ctx, w)
+	}
+	cur, err := s.db.Workspace(ctx, w.AccountID, w.ID)
+	if err != nil {
+		return unavailable(err)
+	}
+	return c.JSON(http.StatusOK, s.status(cur, false))
+}

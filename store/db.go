@@ -1,0 +1,119 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+)
+
+// Errors the store returns. Callers decide what they mean on the wire.
+var (
+	ErrNotFound = errors.New("store: not found")
+	ErrExists   = errors.New("store: already exists")
+)
+
+// Config configures a DB. A zero field means the default noted beside it.
+type Config struct {
+	// IdempotencyTTL is how long a claimed Idempotency-Key is kept. 0 means 7 days.
+	IdempotencyTTL time.Duration
+	// Retention is how long a terminated workspace's record is kept. 0 means 7 days.
+	Retention time.Duration
+	// PendingTimeout bounds a create: a slot still pending after it is
+	// freed. 0 means 2 minutes.
+	PendingTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.IdempotencyTTL == 0 {
+		c.IdempotencyTTL = 7 * 24 * time.Hour
+	}
+	if c.Retention == 0 {
+		c.Retention = 7 * 24 * time.Hour
+	}
+	if c.PendingTimeout == 0 {
+		c.PendingTimeout = 2 * time.Minute
+	}
+}
+
+// DB is sandgate's state in Redis. It is safe for concurrent use.
+type DB struct {
+	rdb redis.UniversalClient
+	cfg Config
+}
+
+// New returns a DB over rdb. It does not take ownership of rdb.
+func New(rdb redis.UniversalClient, cfg Config) *DB {
+	cfg.setDefaults()
+	return &DB{rdb: rdb, cfg: cfg}
+}
+
+// Config returns the effective configuration.
+func (db *DB) Config() Config { return db.cfg }
+
+// Redis returns the underlying client, for health checks and benchmarks.
+func (db *DB) Redis() redis.UniversalClient { return db.rdb }
+
+// Ping checks that Redis answers.
+func (db *DB) Ping(ctx context.Context) error { return db.rdb.Ping(ctx).Err() }
+
+func (db *DB) getJSON(ctx context.Context, key string, v any) error {
+	b, err := db.rdb.Get(ctx, key).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return ErrNotFound
+	}
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("store: marshal %T: %v", v, err)) // only our own plain structs reach here
+	}
+	return string(b)
+}
+
+// Publish announces that tokens or instances changed, so every gateway
+// drops its auth cache.
+func (db *DB) publishInvalidate(ctx context.Context) error {
+	return db.rdb.Publish(ctx, InvalidateChannel, "1").Err()
+}
+
+// Subscribe calls onReady once the subscription to invalidations is
+// confirmed, then fn for every invalidation, until ctx ends. It returns
+// when ctx ends or the subscription fails; the caller must treat any cache
+// as stale from the moment Subscribe returns.
+func (db *DB) Subscribe(ctx context.Context, onReady, fn func()) error {
+	sub := db.rdb.Subscribe(ctx, InvalidateChannel)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		return err
+	}
+	onReady()
+	for {
+		msg, err := sub.ReceiveMessage(ctx)
+		if err != nil {
+			return err
+		}
+		_ = msg
+		fn()
+	}
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func fromMS(v int64) time.Time {
+	if v == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(v).UTC()
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -1,0 +1,52 @@
+package store
+
+// Every key sandgate writes is built here; store/README.md lists them with
+// their types, TTLs and owners. Keys of one account share the hash tag
+// {acct_…} so that an account's multi-key scripts stay in one Redis Cluster
+// slot; global keys are only touched by single-key commands.
+
+const prefix = "sg:"
+
+// accountsKey is the SET of every account id. Example: sg:accounts
+func accountsKey() string { return prefix + "accounts" }
+
+// accountKey is an account's JSON record. Example: sg:{acct_x}:account
+func accountKey(acct string) string { return prefix + "{" + acct + "}:account" }
+
+// instancesKey is the SET of an account's instance ids. Example: sg:{acct_x}:instances
+func instancesKey(acct string) string { return prefix + "{" + acct + "}:instances" }
+
+// instanceKey is an instance's JSON record. Example: sg:{acct_x}:inst:inst_y
+func instanceKey(acct, inst string) string { return prefix + "{" + acct + "}:inst:" + inst }
+
+// instanceIndexKey maps an instance id to its account id. Example: sg:instance:inst_y
+func instanceIndexKey(inst string) string { return prefix + "instance:" + inst }
+
+// tokenKey is a lease's JSON record, keyed by the token's SHA-256. Example: sg:token:9f86…
+func tokenKey(hash string) string { return prefix + "token:" + hash }
+
+// leasesKey is the SET of token hashes ever issued to an instance. Example: sg:{acct_x}:inst:inst_y:leases
+func leasesKey(acct, inst string) string { return instanceKey(acct, inst) + ":leases" }
+
+// liveKey is the ZSET of an instance's concurrency slots: member workspace
+// id, score the slot's deadline in unix ms (pending deadline while
+// starting, expires_at once running). Example: sg:{acct_x}:inst:inst_y:live
+func liveKey(acct, inst string) string { return instanceKey(acct, inst) + ":live" }
+
+// workspaceIndexKey is the ZSET of an instance's workspaces by creation
+// time in unix ms, for listing. Example: sg:{acct_x}:inst:inst_y:ws
+func workspaceIndexKey(acct, inst string) string { return instanceKey(acct, inst) + ":ws" }
+
+// workspaceKey is a workspace's HASH record. Example: sg:{acct_x}:ws:ws_z
+func workspaceKey(acct, ws string) string { return prefix + "{" + acct + "}:ws:" + ws }
+
+// idempotencyKey is one claimed Idempotency-Key, scoped by (instance,
+// operation, key); the client's key is hashed so any length fits.
+// Example: sg:{acct_x}:idem:inst_y:acquire:3a7b…
+func idempotencyKey(acct, inst, op, keyHash string) string {
+	return prefix + "{" + acct + "}:idem:" + inst + ":" + op + ":" + keyHash
+}
+
+// InvalidateChannel is the pub/sub channel on which every change to a
+// token or an instance is announced, so gateways drop their auth caches.
+const InvalidateChannel = prefix + "invalidate"

@@ -1,0 +1,299 @@
+package store
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sandgate/sandgate"
+)
+
+// ErrConcurrencyLimit is returned by Admit when the instance is full.
+var ErrConcurrencyLimit = errors.New("store: concurrency limit reached")
+
+// IdemRecord is a claimed Idempotency-Key.
+type IdemRecord struct {
+	Hash        string `json:"h"`  // the canonical request hash
+	WorkspaceID string `json:"ws"` // the resource the key created
+	State       string `json:"st"` // IdemInProgress or IdemDone
+}
+
+// Idempotency record states.
+const (
+	IdemInProgress = "in_progress"
+	IdemDone       = "done"
+)
+
+// Operations that take an Idempotency-Key.
+const (
+	OpAcquire  = "acquire"
+	OpSnapshot = "snapshot"
+)
+
+// Idempotency returns the record of a claimed key. Returns ErrNotFound.
+func (db *DB) Idempotency(ctx context.Context, acct, inst, op, keyHash string) (IdemRecord, error) {
+	var r IdemRecord
+	err := db.getJSON(ctx, idempotencyKey(acct, inst, op, keyHash), &r)
+	return r, err
+}
+
+// Admission is one Acquire's claim.
+type Admission struct {
+	Workspace     sandgate.Workspace // state starting, with every field but the provider's
+	MaxConcurrent int
+	KeyHash       string // hash of the client's Idempotency-Key
+	RequestHash   string // canonical request hash
+	Now           time.Time
+}
+
+// Admit claims a slot, the key and the record in one script. If the key
+// was already claimed it returns that record and does nothing else;
+// returns ErrConcurrencyLimit when the instance is full.
+func (db *DB) Admit(ctx context.Context, a Admission) (*IdemRecord, error) {
+	w := a.Workspace
+	keys := []string{
+		liveKey(w.AccountID, w.InstanceID),
+		workspaceKey(w.AccountID, w.ID),
+		idempotencyKey(w.AccountID, w.InstanceID, OpAcquire, a.KeyHash),
+		workspaceIndexKey(w.AccountID, w.InstanceID),
+	}
+	args := []any{
+		ms(a.Now), a.MaxConcurrent, ms(a.Now.Add(db.cfg.PendingTimeout)), w.ID,
+		mustJSON(IdemRecord{Hash: a.RequestHash, WorkspaceID: w.ID, State: IdemInProgress}),
+		db.cfg.IdempotencyTTL.Milliseconds(), ms(w.CreatedAt),
+	}
+	args = append(args, workspaceFields(w)...)
+	res, err := admitScript.Run(ctx, db.rdb, keys, args...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("admit: %w", err)
+	}
+	switch code, _ := res[0].(int64); code {
+	case admitOK:
+		return nil, nil
+	case admitIdemExists:
+		var r IdemRecord
+		if err := jsonUnmarshal([]byte(res[1].(string)), &r); err != nil {
+			return nil, fmt.Errorf("admit: idempotency record: %w", err)
+		}
+		return &r, nil
+	case admitConcurrency:
+		return nil, ErrConcurrencyLimit
+	default:
+		return nil, fmt.Errorf("admit: unexpected script result %v", res)
+	}
+}
+
+// Confirm records that the provider created the workspace's sandbox. It
+// returns false when the workspace stopped being starting meanwhile (a
+// release, or its pending slot expired); the caller must then terminate
+// the sandbox.
+func (db *DB) Confirm(ctx context.Context, w sandgate.Workspace, providerRef string, startedAt time.Time, keyHash, requestHash string) (bool, error) {
+	keys := []string{
+		liveKey(w.AccountID, w.InstanceID),
+		workspaceKey(w.AccountID, w.ID),
+		idempotencyKey(w.AccountID, w.InstanceID, OpAcquire, keyHash),
+	}
+	n, err := confirmScript.Run(ctx, db.rdb, keys, w.ID, ms(w.ExpiresAt), providerRef, ms(startedAt),
+		mustJSON(IdemRecord{Hash: requestHash, WorkspaceID: w.ID, State: IdemDone}),
+		db.cfg.IdempotencyTTL.Milliseconds()).Int()
+	if err != nil {
+		return false, fmt.Errorf("confirm: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Abort removes an Acquire whose create failed: record, slot, index entry
+// and claimed key.
+func (db *DB) Abort(ctx context.Context, w sandgate.Workspace, keyHash string) error {
+	keys := []string{
+		liveKey(w.AccountID, w.InstanceID),
+		workspaceKey(w.AccountID, w.ID),
+		idempotencyKey(w.AccountID, w.InstanceID, OpAcquire, keyHash),
+		workspaceIndexKey(w.AccountID, w.InstanceID),
+	}
+	if err := abortScript.Run(ctx, db.rdb, keys, w.ID).Err(); err != nil {
+		return fmt.Errorf("abort: %w", err)
+	}
+	return nil
+}
+
+// Workspace returns a workspace of an account. Returns ErrNotFound.
+func (db *DB) Workspace(ctx context.Context, acct, id string) (sandgate.Workspace, error) {
+	m, err := db.rdb.HGetAll(ctx, workspaceKey(acct, id)).Result()
+	if err != nil {
+		return sandgate.Workspace{}, err
+	}
+	if len(m) == 0 {
+		return sandgate.Workspace{}, ErrNotFound
+	}
+	return parseWorkspace(m)
+}
+
+// BeginTerminate marks a workspace terminating with reason and frees its
+// slot. It returns the state before the call: "" when there is no record,
+// terminating or terminated when termination had already begun (started
+// false), starting or running otherwise (started true).
+func (db *DB) BeginTerminate(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, now time.Time) (prev sandgate.WorkspaceState, started bool, err error) {
+	keys := []string{liveKey(w.AccountID, w.InstanceID), workspaceKey(w.AccountID, w.ID)}
+	res, err := terminateScript.Run(ctx, db.rdb, keys, w.ID, string(reason), ms(now)).Slice()
+	if err != nil {
+		return "", false, fmt.Errorf("terminate: %w", err)
+	}
+	code, _ := res[0].(int64)
+	st, _ := res[1].(string)
+	return sandgate.WorkspaceState(st), code == 2, nil
+}
+
+// FinishTerminate records the provider-confirmed end of a terminating
+// workspace.
+func (db *DB) FinishTerminate(ctx context.Context, w sandgate.Workspace, at time.Time) error {
+	err := finishScript.Run(ctx, db.rdb, []string{workspaceKey(w.AccountID, w.ID)}, ms(at), db.cfg.Retention.Milliseconds()).Err()
+	if err != nil {
+		return fmt.Errorf("finish terminate: %w", err)
+	}
+	return nil
+}
+
+// Touch records activity on a workspace, for the idle timeout.
+func (db *DB) Touch(ctx context.Context, w sandgate.Workspace, now time.Time) error {
+	return db.rdb.HSet(ctx, workspaceKey(w.AccountID, w.ID), "activity_ms", ms(now)).Err()
+}
+
+// LiveCount returns how many slots an instance holds at now.
+func (db *DB) LiveCount(ctx context.Context, acct, inst string, now time.Time) (int64, error) {
+	return db.rdb.ZCount(ctx, liveKey(acct, inst), "("+strconv.FormatInt(ms(now), 10), "+inf").Result()
+}
+
+// ErrBadCursor is returned by ListWorkspaces for a cursor it did not mint.
+var ErrBadCursor = errors.New("store: malformed cursor")
+
+// ListWorkspaces pages through an instance's workspaces in creation order.
+// With liveOnly, terminated ones are skipped. The cursor is opaque: it
+// names the last workspace returned, so workspaces created or released
+// during a walk never make it repeat or skip one that lives throughout.
+func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, limit int, liveOnly bool, now time.Time) ([]sandgate.Workspace, string, error) {
+	afterScore, afterID, err := parseCursor(cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	idx := workspaceIndexKey(acct, inst)
+	// Index entries older than retention can only name expired records.
+	db.rdb.ZRemRangeByScore(ctx, idx, "-inf", "("+strconv.FormatInt(ms(now.Add(-db.cfg.Retention-24*time.Hour)), 10))
+	var out []sandgate.Workspace
+	min := strconv.FormatInt(afterScore, 10)
+	const batch = 100
+	for offset := int64(0); len(out) < limit; {
+		zs, err := db.rdb.ZRangeByScoreWithScores(ctx, idx, &redis.ZRangeBy{Min: min, Max: "+inf", Offset: offset, Count: batch}).Result()
+		if err != nil {
+			return nil, "", err
+		}
+		if len(zs) == 0 {
+			return out, "", nil
+		}
+		offset += int64(len(zs))
+		pipe := db.rdb.Pipeline()
+		cmds := make([]*redis.MapStringStringCmd, len(zs))
+		for i, z := range zs {
+			id := z.Member.(string)
+			if cursor != "" && int64(z.Score) == afterScore && id <= afterID {
+				continue
+			}
+			cmds[i] = pipe.HGetAll(ctx, workspaceKey(acct, id))
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
+			return nil, "", err
+		}
+		for i, z := range zs {
+			if cmds[i] == nil {
+				continue
+			}
+			m := cmds[i].Val()
+			if len(m) == 0 {
+				db.rdb.ZRem(ctx, idx, z.Member) // the record's retention ran out
+				continue
+			}
+			w, err := parseWorkspace(m)
+			if err != nil {
+				return nil, "", err
+			}
+			if liveOnly && w.State == sandgate.WorkspaceTerminated {
+				continue
+			}
+			out = append(out, w)
+			if len(out) == limit {
+				return out, makeCursor(int64(z.Score), w.ID), nil
+			}
+		}
+		if len(zs) < batch {
+			return out, "", nil
+		}
+	}
+	return out, "", nil
+}
+
+func makeCursor(score int64, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(score, 10) + ":" + id))
+}
+
+func parseCursor(c string) (int64, string, error) {
+	if c == "" {
+		return 0, "", nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return 0, "", ErrBadCursor
+	}
+	s, id, ok := strings.Cut(string(b), ":")
+	if !ok || id == "" {
+		return 0, "", ErrBadCursor
+	}
+	score, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || score < 0 {
+		return 0, "", ErrBadCursor
+	}
+	return score, id, nil
+}
+
+// workspaceFields flattens a workspace into HSET field/value pairs.
+func workspaceFields(w sandgate.Workspace) []any {
+	return []any{
+		"id", w.ID, "account", w.AccountID, "instance", w.InstanceID,
+		"label", w.Label, "size", w.Size, "image", w.Image,
+		"agent", w.Agent, "run_id", w.RunID, "state", string(w.State),
+		"provider_ref", w.ProviderRef,
+		"created_ms", ms(w.CreatedAt), "expires_ms", ms(w.ExpiresAt),
+		"idle_ms", w.IdleTimeout.Milliseconds(), "activity_ms", ms(w.LastActivity),
+		"terminated_ms", ms(w.TerminatedAt), "reason", string(w.TerminationReason),
+	}
+}
+
+func parseWorkspace(m map[string]string) (sandgate.Workspace, error) {
+	num := func(k string) int64 {
+		v, _ := strconv.ParseInt(m[k], 10, 64)
+		return v
+	}
+	w := sandgate.Workspace{
+		ID: m["id"], AccountID: m["account"], InstanceID: m["instance"],
+		Label: m["label"], Size: m["size"], Image: m["image"],
+		Agent: m["agent"], RunID: m["run_id"],
+		State:             sandgate.WorkspaceState(m["state"]),
+		ProviderRef:       m["provider_ref"],
+		CreatedAt:         fromMS(num("created_ms")),
+		StartedAt:         fromMS(num("started_ms")),
+		ExpiresAt:         fromMS(num("expires_ms")),
+		IdleTimeout:       time.Duration(num("idle_ms")) * time.Millisecond,
+		LastActivity:      fromMS(num("activity_ms")),
+		TerminatedAt:      fromMS(num("terminated_ms")),
+		TerminationReason: sandgate.TerminationReason(m["reason"]),
+	}
+	if w.ID == "" || w.State == "" {
+		return sandgate.Workspace{}, fmt.Errorf("store: workspace record without id or state")
+	}
+	return w, nil
+}

@@ -1,0 +1,62 @@
+package token_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/sandgate/sandgate/token"
+)
+
+func TestNewValid(t *testing.T) {
+	seen := map[string]bool{}
+	for range 200 {
+		tok := token.New(token.Prefix).Reveal()
+		if len(tok) != token.Len {
+			t.Fatalf("len(New()) = %d; want %d", len(tok), token.Len)
+		}
+		if !token.Valid(tok, token.Prefix) {
+			t.Fatalf("Valid(New()) = false")
+		}
+		if seen[tok] {
+			t.Fatalf("New() repeated a token")
+		}
+		seen[tok] = true
+	}
+}
+
+func TestValidRejects(t *testing.T) {
+	good := token.New(token.Prefix).Reveal()
+	flip := func(i int) string {
+		b := []byte(good)
+		if b[i] == 'a' {
+			b[i] = 'b'
+		} else {
+			b[i] = 'a'
+		}
+		return string(b)
+	}
+	tests := []struct{ name, in string }{
+		{"empty", ""},
+		{"wrong prefix", "xyz_" + good[4:]},
+		{"body typo", flip(10)},
+		{"checksum typo", flip(len(good) - 1)},
+		{"short", good[:len(good)-1]},
+		{"bad char", good[:10] + "!" + good[11:]},
+		{"other prefix", strings.Replace(good, "sgt_", "sgo_", 1)},
+	}
+	for _, tt := range tests {
+		if token.Valid(tt.in, token.Prefix) {
+			t.Errorf("Valid(%s) = true; want false", tt.name)
+		}
+	}
+}
+
+func TestHashStable(t *testing.T) {
+	tok := token.New(token.Prefix)
+	if token.Hash(tok) != token.Hash(tok) || len(token.Hash(tok)) != 64 {
+		t.Fatalf("Hash not a stable hex sha256")
+	}
+	if strings.Contains(token.Hash(tok), tok.Reveal()) {
+		t.Fatal("hash contains token")
+	}
+}

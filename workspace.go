@@ -1,0 +1,65 @@
+package sandgate
+
+import "time"
+
+// WorkspaceState is the life of one workspace, as the protocol reports it.
+type WorkspaceState string
+
+// Workspace states.
+const (
+	WorkspaceStarting    WorkspaceState = "starting"
+	WorkspaceRunning     WorkspaceState = "running"
+	WorkspaceTerminating WorkspaceState = "terminating"
+	WorkspaceTerminated  WorkspaceState = "terminated"
+)
+
+// Live reports whether the state counts as live (not terminated).
+func (s WorkspaceState) Live() bool { return s != WorkspaceTerminated }
+
+// TerminationReason says why a workspace ended.
+type TerminationReason string
+
+// Termination reasons of protocol v1.
+const (
+	ReasonReleased         TerminationReason = "released"
+	ReasonExpired          TerminationReason = "expired"
+	ReasonIdle             TerminationReason = "idle"
+	ReasonLeaseRevoked     TerminationReason = "lease_revoked"
+	ReasonPaused           TerminationReason = "paused"
+	ReasonEmergencyStopped TerminationReason = "emergency_stopped"
+	ReasonOrphaned         TerminationReason = "orphaned"
+	ReasonFailed           TerminationReason = "failed"
+)
+
+// EgressPolicy is the set of domains a workspace may reach. An empty,
+// non-nil AllowedDomains means no network at all.
+type EgressPolicy struct {
+	AllowedDomains []string
+}
+
+// Workspace is one sandbox leased to an instance.
+type Workspace struct {
+	ID                string
+	AccountID         string
+	InstanceID        string
+	Label             string
+	Size              string
+	Image             string
+	Agent             string
+	RunID             string
+	State             WorkspaceState
+	ProviderRef       string // the vendor's id; never shown to the client
+	CreatedAt         time.Time
+	StartedAt         time.Time // the provider-confirmed start; zero while starting
+	ExpiresAt         time.Time
+	IdleTimeout       time.Duration
+	LastActivity      time.Time
+	TerminatedAt      time.Time // zero while live
+	TerminationReason TerminationReason
+}
+
+// GoneAt reports whether the workspace can no longer be used at now: it is
+// terminated, terminating, or past its hard deadline.
+func (w Workspace) GoneAt(now time.Time) bool {
+	return w.State == WorkspaceTerminated || w.State == WorkspaceTerminating || !now.Before(w.ExpiresAt)
+}
