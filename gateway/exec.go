@@ -28,7 +28,7 @@ func (s *Server) exec(c echo.Context) error {
 		return err
 	}
 	if req.Dir != "" {
-		if err := policy.ValidatePath(req.Dir); err != nil {
+		if err := policy.ValidatePathField("dir", req.Dir); err != nil {
 			return err
 		}
 	}
@@ -41,7 +41,7 @@ func (s *Server) exec(c echo.Context) error {
 		return protocol.E(protocol.PayloadTooLarge, "stdin is over max_file_bytes")
 	}
 	now := s.clock.Now()
-	timeout, clamped, err := policy.ClampExecTimeout(time.Duration(req.TimeoutSeconds)*time.Second,
+	timeout, clamped, err := policy.ClampExecTimeout(policy.Seconds(req.TimeoutSeconds),
 		lim.DefaultExecTimeout, lim.MaxExecTimeout, w.ExpiresAt.Sub(now))
 	if err != nil {
 		return err

@@ -29,7 +29,7 @@ func (s *Server) getLease(c echo.Context) error {
 		Capabilities: protocol.V1Capabilities,
 		Limits:       wireLimits(lim),
 		DefaultSize:  s.defaultSize(scope),
-		Images:       protocol.Images{Default: s.defaultImage(scope), Allowed: s.allowedImages(scope)},
+		Images:       protocol.Images{Default: s.defaultImage(scope), Allowed: policy.AllowedImages(s.effectiveScope(scope))},
 		Egress:       protocol.EgressInfo{Ceiling: scope.EgressCeiling},
 	}
 	for _, sz := range scope.AllowedSizes() {
@@ -79,17 +79,6 @@ func (s *Server) effectiveScope(scope sandgate.Scope) sandgate.Scope {
 	scope.DefaultImage = s.defaultImage(scope)
 	scope.Limits = scope.Limits.WithDefaults()
 	return scope
-}
-
-func (s *Server) allowedImages(scope sandgate.Scope) []string {
-	d := s.defaultImage(scope)
-	out := []string{d}
-	for _, im := range scope.Images {
-		if im != d {
-			out = append(out, im)
-		}
-	}
-	return out
 }
 
 func (s *Server) defaultSize(scope sandgate.Scope) string {
