@@ -13,7 +13,6 @@ import (
 	"github.com/sandgate/sandgate/token"
 )
 
-
 // authFrom returns the resolved token of an authenticated request.
 func authFrom(c echo.Context) store.Auth {
 	a, _ := c.Get("auth").(store.Auth)

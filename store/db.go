@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 )
 
 // Errors the store returns. Callers decide what they mean on the wire.
