@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -79,10 +81,38 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-// Publish announces that tokens or instances changed, so every gateway
-// drops its auth cache.
+// invalidateAckTimeout bounds how long a change waits for the gateways to
+// confirm that they dropped their auth caches.
+const invalidateAckTimeout = 2 * time.Second
+
+// publishInvalidate announces that tokens or instances changed, so every
+// gateway drops its auth cache, and waits until every gateway that received
+// the announcement has confirmed it (see Subscribe), so that a revocation
+// holds on every gateway once the operator's call returns (spec
+// §Credential: revocation is immediate). The wait is bounded and best
+// effort: the change is already stored, and a gateway that never confirms
+// still drops a cached token within its cache's maximum age.
 func (db *DB) publishInvalidate(ctx context.Context) error {
-	return db.rdb.Publish(ctx, InvalidateChannel, "1").Err()
+	var b [16]byte
+	rand.Read(b[:])
+	nonce := hex.EncodeToString(b[:])
+	n, err := db.rdb.Publish(ctx, InvalidateChannel, nonce).Result()
+	if err != nil || n == 0 {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, invalidateAckTimeout)
+	defer cancel()
+	for {
+		acked, err := db.rdb.Get(ctx, invalidateAckKey(nonce)).Int64()
+		if (err == nil && acked >= n) || (err != nil && !errors.Is(err, redis.Nil)) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 // Subscribe calls onReady once the subscription to invalidations is
@@ -92,6 +122,9 @@ func (db *DB) publishInvalidate(ctx context.Context) error {
 func (db *DB) Subscribe(ctx context.Context, onReady, fn func()) error {
 	sub := db.rdb.Subscribe(ctx, InvalidateChannel)
 	defer sub.Close()
+	// go-redis does not interrupt a blocked receive when ctx ends; closing
+	// the subscription does, so that Subscribe returns as documented.
+	defer context.AfterFunc(ctx, func() { sub.Close() })()
 	if _, err := sub.Receive(ctx); err != nil {
 		return err
 	}
@@ -101,9 +134,30 @@ func (db *DB) Subscribe(ctx context.Context, onReady, fn func()) error {
 		if err != nil {
 			return err
 		}
-		_ = msg
 		fn()
+		// Confirm to the publisher that this cache is dropped.
+		if validNonce(msg.Payload) {
+			key := invalidateAckKey(msg.Payload)
+			pipe := db.rdb.Pipeline()
+			pipe.Incr(ctx, key)
+			pipe.Expire(ctx, key, time.Minute)
+			_, _ = pipe.Exec(ctx) // unconfirmed, the publisher stops waiting at its timeout
+		}
 	}
+}
+
+// validNonce reports whether s is a nonce of publishInvalidate (32
+// lowercase hex digits), so that no other message creates a key.
+func validNonce(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for _, r := range s {
+		if (r < '0' || r > '9') && (r < 'a' || r > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }

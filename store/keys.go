@@ -47,6 +47,10 @@ func idempotencyKey(acct, inst, op, keyHash string) string {
 	return prefix + "{" + acct + "}:idem:" + inst + ":" + op + ":" + keyHash
 }
 
+// invalidateAckKey counts the gateways that dropped their auth caches on
+// one invalidation, named by its nonce. Example: sg:invalidate:ack:9f86…
+func invalidateAckKey(nonce string) string { return prefix + "invalidate:ack:" + nonce }
+
 // InvalidateChannel is the pub/sub channel on which every change to a
 // token or an instance is announced, so gateways drop their auth caches.
 const InvalidateChannel = prefix + "invalidate"

@@ -35,18 +35,21 @@ return {1}
 // confirmScript records a create the provider confirmed: the workspace
 // becomes running and its slot's deadline becomes expires_at. It refuses
 // when the workspace is no longer starting (released meanwhile) or its
-// pending slot was pruned; the caller then terminates the sandbox.
+// pending slot was pruned; the caller then terminates the sandbox. Either
+// way the Idempotency-Key's record is marked done: the key names this
+// workspace from now on, so a replay answers it (terminated, if refused)
+// instead of idempotency_in_progress until the key's TTL.
 //
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] idempotency STRING
 // ARGV[1] workspace id, ARGV[2] expires_at (unix ms), ARGV[3] provider ref,
 // ARGV[4] started (unix ms), ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms)
 // Returns 1 confirmed, 0 refused.
 var confirmScript = redis.NewScript(`
+redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
 if redis.call('HGET', KEYS[2], 'state') ~= 'starting' then return 0 end
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[2], 'state', 'running', 'provider_ref', ARGV[3], 'started_ms', ARGV[4], 'activity_ms', ARGV[4])
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
 return 1
 `)
 

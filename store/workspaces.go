@@ -92,7 +92,7 @@ func (db *DB) Admit(ctx context.Context, a Admission) (*IdemRecord, error) {
 // Confirm records that the provider created the workspace's sandbox. It
 // returns false when the workspace stopped being starting meanwhile (a
 // release, or its pending slot expired); the caller must then terminate
-// the sandbox.
+// the sandbox. Either way the Idempotency-Key is marked done.
 func (db *DB) Confirm(ctx context.Context, w sandgate.Workspace, providerRef string, startedAt time.Time, keyHash, requestHash string) (bool, error) {
 	keys := []string{
 		liveKey(w.AccountID, w.InstanceID),
