@@ -7,6 +7,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"reflect"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -40,6 +42,14 @@ func decode(c echo.Context, v any) error {
 		}
 		return errInvalid("request body is not valid JSON")
 	}
+	// encoding/json matches field names case-insensitively; the spec wants a
+	// typo such as "Label" to fail loudly, so check the exact names too.
+	var tree any
+	if err := json.Unmarshal(body, &tree); err == nil {
+		if name, ok := unknownKey(tree, reflect.TypeOf(v)); !ok {
+			return errInvalid("unknown request field " + name)
+		}
+	}
 	if dec.More() {
 		return errInvalid("request body has data after the JSON object")
 	}
@@ -47,6 +57,54 @@ func decode(c echo.Context, v any) error {
 		return errInvalid("request body has data after the JSON object")
 	}
 	return nil
+}
+
+// unknownKey walks a decoded JSON tree beside the Go type it was decoded
+// into and returns the first object key that is not exactly a field's JSON
+// name. Maps (such as env) take any key.
+func unknownKey(tree any, t reflect.Type) (string, bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch node := tree.(type) {
+	case map[string]any:
+		if t.Kind() != reflect.Struct {
+			return "", true
+		}
+		fields := map[string]reflect.Type{}
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" {
+				name = f.Name
+			}
+			if name != "-" {
+				fields[name] = f.Type
+			}
+		}
+		for k, sub := range node {
+			ft, ok := fields[k]
+			if !ok {
+				if len(k) > 64 {
+					k = k[:64]
+				}
+				return k, false
+			}
+			if name, ok := unknownKey(sub, ft); !ok {
+				return name, false
+			}
+		}
+	case []any:
+		if t.Kind() != reflect.Slice {
+			return "", true
+		}
+		for _, sub := range node {
+			if name, ok := unknownKey(sub, t.Elem()); !ok {
+				return name, false
+			}
+		}
+	}
+	return "", true
 }
 
 const unknownFieldPrefix = "json: unknown field "

@@ -105,10 +105,12 @@ func (s *Server) base(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		c.Set("request_id", id)
 		h.Set(protocol.HeaderRequestID, id)
-		c.Request().Body = http.MaxBytesReader(c.Response(), c.Request().Body, protocol.MaxBodyBytes)
+		// Refuse a declared length before wrapping the body: net/http only
+		// skips reading an unread body before the answer while it is its own.
 		if c.Request().ContentLength > protocol.MaxBodyBytes {
 			return protocol.E(protocol.PayloadTooLarge, "request body is over 12 MiB")
 		}
+		c.Request().Body = http.MaxBytesReader(c.Response(), c.Request().Body, protocol.MaxBodyBytes)
 		return next(c)
 	}
 }
