@@ -1,0 +1,478 @@
+// Package sgtest is the test harness of the gateway: a private Redis, the
+// store, a gateway over a fake provider behind an httptest TLS server, the
+// operator API beside it, a settable clock and a log capture to grep. It is
+// for tests only; every helper takes a testing.TB and fails it fatally.
+package sgtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/client"
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/fakeprovider"
+	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/store"
+)
+
+// DefaultImage is the broker's default image in the harness, and the
+// operator API's default for a new instance's scope.
+const DefaultImage = "host"
+
+// Clock is a settable sandgate.Clock. It is safe for concurrent use.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock returns a clock stopped at t (in UTC).
+func NewClock(t time.Time) *Clock { return &Clock{now: t.UTC()} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Set moves the clock to t.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t.UTC()
+}
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// Logs captures every log line of the harness's components. It is an
+// io.Writer safe for concurrent use.
+type Logs struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// Write implements io.Writer.
+func (l *Logs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+// String returns everything logged so far.
+func (l *Logs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// Contains reports whether s appears anywhere in the logs.
+func (l *Logs) Contains(s string) bool { return strings.Contains(l.String(), s) }
+
+// Provider wraps a fakeprovider.Provider with hooks a test may change at any
+// time (the fake's own fields may not be changed while requests run), and
+// records every ExecSpec it receives.
+type Provider struct {
+	*fakeprovider.Provider
+
+	mu          sync.Mutex
+	create      func(ctx context.Context, spec providers.CreateSpec) error
+	exec        func(spec providers.ExecSpec) (providers.ExecResult, error)
+	terminate   func(ctx context.Context, sb providers.Sandbox) error
+	writeFile   func(path string) error
+	execs       []providers.ExecSpec
+	terminates  int
+	createSpecs []providers.CreateSpec
+}
+
+func newProvider() *Provider {
+	p := &Provider{Provider: fakeprovider.New()}
+	p.Provider.CreateHook = func(ctx context.Context, spec providers.CreateSpec) error {
+		p.mu.Lock()
+		p.createSpecs = append(p.createSpecs, spec)
+		f := p.create
+		p.mu.Unlock()
+		if f != nil {
+			return f(ctx, spec)
+		}
+		return nil
+	}
+	return p
+}
+
+// OnCreate sets a hook that runs inside every Create; an error fails the
+// create. nil removes it.
+func (p *Provider) OnCreate(f func(ctx context.Context, spec providers.CreateSpec) error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.create = f
+}
+
+// OnExec sets the answer of every Exec on a sandbox that exists; an error
+// fails the exec. nil restores the fake's echo.
+func (p *Provider) OnExec(f func(spec providers.ExecSpec) (providers.ExecResult, error)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.exec = f
+}
+
+// OnTerminate sets a hook that runs before every Terminate; an error fails
+// the terminate. nil removes it.
+func (p *Provider) OnTerminate(f func(ctx context.Context, sb providers.Sandbox) error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.terminate = f
+}
+
+// OnWriteFile sets a hook that runs before every WriteFile; an error fails
+// the write. nil removes it.
+func (p *Provider) OnWriteFile(f func(path string) error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.writeFile = f
+}
+
+// Execs returns every ExecSpec the provider received, in order.
+func (p *Provider) Execs() []providers.ExecSpec {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]providers.ExecSpec(nil), p.execs...)
+}
+
+// CreateSpecs returns every CreateSpec the provider received, in order.
+func (p *Provider) CreateSpecs() []providers.CreateSpec {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]providers.CreateSpec(nil), p.createSpecs...)
+}
+
+// Terminates returns how many Terminate calls succeeded.
+func (p *Provider) Terminates() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.terminates
+}
+
+// Exec implements providers.Provider.
+func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	p.mu.Lock()
+	p.execs = append(p.execs, spec)
+	f := p.exec
+	p.mu.Unlock()
+	if f == nil {
+		return p.Provider.Exec(ctx, sb, spec)
+	}
+	// The fake decides whether the sandbox exists; its ExecFunc is never
+	// set, so a nil error here means it does.
+	if _, err := p.Provider.Exec(ctx, sb, providers.ExecSpec{Argv: []string{"true"}}); err != nil {
+		return providers.ExecResult{}, err
+	}
+	return f(spec)
+}
+
+// WriteFile implements providers.Provider.
+func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, data []byte) error {
+	p.mu.Lock()
+	f := p.writeFile
+	p.mu.Unlock()
+	if f != nil {
+		if err := f(path); err != nil {
+			return err
+		}
+	}
+	return p.Provider.WriteFile(ctx, sb, path, data)
+}
+
+// Terminate implements providers.Provider.
+func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
+	p.mu.Lock()
+	f := p.terminate
+	p.mu.Unlock()
+	if f != nil {
+		if err := f(ctx, sb); err != nil {
+			return err
+		}
+	}
+	if err := p.Provider.Terminate(ctx, sb); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.terminates++
+	p.mu.Unlock()
+	return nil
+}
+
+// Options configures New. A zero field means the default noted beside it.
+type Options struct {
+	// Gateway is the gateway's configuration. An empty DefaultImage means
+	// DefaultImage.
+	Gateway gateway.Config
+	// TrustedProxies, when set, replaces Gateway.TrustedProxies.
+	TrustedProxies []netip.Prefix
+	// Start is the clock's starting time. Zero means the current time,
+	// truncated to the second.
+	Start time.Time
+	// Grace is the operator API's default grace period on rotate. 0 means 1 hour.
+	Grace time.Duration
+}
+
+// Harness is one broker under test: a private redis-server, the store, the
+// gateway over httptest.NewTLSServer and the operator API over a plain
+// httptest server, sharing one settable clock and one log capture.
+type Harness struct {
+	tb         testing.TB
+	Redis      *redistest.Server
+	DB         *store.DB
+	Clock      *Clock
+	Provider   *Provider
+	Logs       *Logs
+	Gateway    *gateway.Server
+	Server     *httptest.Server // the gateway, TLS
+	Admin      *httptest.Server // the operator API, plaintext
+	AdminToken sandgate.Secret
+	admin      *admin.Client
+
+	plainOnce sync.Once
+	plain     *httptest.Server
+}
+
+// New starts a broker for one test and stops it when the test ends. It
+// returns once the gateway's auth cache is subscribed to invalidations, so
+// that tests exercise the cache.
+func New(tb testing.TB, opts Options) *Harness {
+	tb.Helper()
+	start := opts.Start
+	if start.IsZero() {
+		start = time.Now().UTC().Truncate(time.Second)
+	}
+	h := &Harness{
+		tb:         tb,
+		Redis:      redistest.Start(tb),
+		Clock:      NewClock(start),
+		Provider:   newProvider(),
+		Logs:       &Logs{},
+		AdminToken: sandgate.Secret("sgadm_test-operator-token"),
+	}
+	h.DB = store.New(h.Redis.Client(), store.Config{})
+	log := slog.New(slog.NewJSONHandler(h.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+
+	cfg := opts.Gateway
+	if cfg.DefaultImage == "" {
+		cfg.DefaultImage = DefaultImage
+	}
+	if opts.TrustedProxies != nil {
+		cfg.TrustedProxies = opts.TrustedProxies
+	}
+	h.Gateway = gateway.New(cfg, h.DB, h.Provider, h.Clock, log.With("component", "gateway"))
+	h.Server = httptest.NewTLSServer(h.Gateway.Handler())
+	tb.Cleanup(h.Server.Close)
+
+	adm := admin.New(admin.Config{
+		Tokens:          []admin.OperatorToken{{Name: "test", Role: admin.RoleAdmin, Hash: admin.HashToken(h.AdminToken)}},
+		Grace:           opts.Grace,
+		Defaults:        sandgate.Scope{DefaultImage: DefaultImage},
+		EgressFiltering: true,
+	}, h.DB, h.Clock, log.With("component", "admin"))
+	h.Admin = httptest.NewServer(adm.Handler())
+	tb.Cleanup(h.Admin.Close)
+	ac, err := admin.NewClient(h.Admin.URL, h.AdminToken, h.Admin.Client())
+	if err != nil {
+		tb.Fatalf("admin.NewClient: %v", err)
+	}
+	h.admin = ac
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.Gateway.Run(ctx)
+	}()
+	// Registered last, so it runs first: Run exits before Redis is killed.
+	tb.Cleanup(func() {
+		cancel()
+		exited := func() bool {
+			select {
+			case <-done:
+				return true
+			default:
+				return false
+			}
+		}
+		for i := 0; i < 2000 && !exited(); i++ {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if !exited() {
+			tb.Errorf("gateway.Run did not return after its context ended")
+		}
+	})
+	rdb := h.DB.Redis()
+	WaitFor(tb, "the gateway to subscribe to invalidations", func() bool {
+		n, err := rdb.PubSubNumSub(context.Background(), store.InvalidateChannel).Result()
+		return err == nil && n[store.InvalidateChannel] > 0
+	})
+	return h
+}
+
+// WaitFor polls cond every 5ms, at most 2000 times, and fails the test if
+// it never holds. It measures no wall-clock time itself.
+func WaitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	for range 2000 {
+		if cond() {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	tb.Fatalf("timed out waiting for %s", what)
+}
+
+// URL returns the gateway's base URL (https).
+func (h *Harness) URL() string { return h.Server.URL }
+
+// PlainServer returns a plaintext httptest server over the same gateway
+// handler, started on first use, as a TLS-terminating proxy would reach it.
+func (h *Harness) PlainServer() *httptest.Server {
+	h.plainOnce.Do(func() {
+		h.plain = httptest.NewServer(h.Gateway.Handler())
+		h.tb.Cleanup(h.plain.Close)
+	})
+	return h.plain
+}
+
+// CertPool trusts the gateway's test certificate.
+func (h *Harness) CertPool() *x509.CertPool {
+	pool := x509.NewCertPool()
+	pool.AddCert(h.Server.Certificate())
+	return pool
+}
+
+// HTTPClient returns a client of the gateway that trusts its certificate
+// and never follows redirects, for raw requests.
+func (h *Harness) HTTPClient() *http.Client {
+	hc := h.Server.Client()
+	out := *hc
+	out.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &out
+}
+
+// Client returns a protocol v1 client of the gateway for tok, with tiny
+// backoffs so that retries cost no time.
+func (h *Harness) Client(tok sandgate.Secret) *client.Client {
+	h.tb.Helper()
+	c, err := client.New(client.Config{
+		Endpoint:    h.URL(),
+		Token:       tok,
+		RootCAs:     h.CertPool(),
+		BaseBackoff: time.Millisecond,
+	})
+	if err != nil {
+		h.tb.Fatalf("client.New: %v", err)
+	}
+	return c
+}
+
+// AdminDo calls the operator API and fails the test on any error.
+func (h *Harness) AdminDo(method, path string, in, out any) {
+	h.tb.Helper()
+	if err := h.admin.Do(context.Background(), method, path, in, out); err != nil {
+		h.tb.Fatalf("operator API %s %s: %v", method, path, err)
+	}
+}
+
+// Instance is an account's instance created through the operator API,
+// with the token issued for it.
+type Instance struct {
+	AccountID string
+	ID        string
+	LeaseID   string
+	Token     sandgate.Secret
+}
+
+// NewAccount creates an account through the operator API and returns its id.
+func (h *Harness) NewAccount() string {
+	h.tb.Helper()
+	var a admin.Account
+	h.AdminDo(http.MethodPost, "/accounts", admin.CreateAccountRequest{Name: "test account"}, &a)
+	return a.ID
+}
+
+// NewInstance creates a fresh account and an instance of it with scope,
+// and issues a token that never expires.
+func (h *Harness) NewInstance(scope admin.Scope) Instance {
+	h.tb.Helper()
+	return h.NewInstanceIn(h.NewAccount(), scope)
+}
+
+// NewInstanceIn creates an instance of an existing account with scope, and
+// issues a token that never expires.
+func (h *Harness) NewInstanceIn(accountID string, scope admin.Scope) Instance {
+	h.tb.Helper()
+	var in admin.Instance
+	h.AdminDo(http.MethodPost, "/instances", admin.CreateInstanceRequest{AccountID: accountID, Name: "test", Scope: scope}, &in)
+	tok := h.IssueToken(in.ID, admin.IssueTokenRequest{})
+	return Instance{AccountID: accountID, ID: in.ID, LeaseID: tok.LeaseID, Token: sandgate.Secret(tok.Token)}
+}
+
+// IssueToken issues another token for an instance without superseding
+// the others.
+func (h *Harness) IssueToken(instanceID string, req admin.IssueTokenRequest) admin.IssuedToken {
+	h.tb.Helper()
+	var out admin.IssuedToken
+	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens", req, &out)
+	return out
+}
+
+// RotateToken issues a token for an instance that supersedes every active one.
+func (h *Harness) RotateToken(instanceID string, req admin.IssueTokenRequest) admin.IssuedToken {
+	h.tb.Helper()
+	var out admin.IssuedToken
+	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/rotate", req, &out)
+	return out
+}
+
+// EndGrace ends the grace period of an instance's superseded tokens and
+// returns how many it ended.
+func (h *Harness) EndGrace(instanceID string) int {
+	h.tb.Helper()
+	var out admin.Count
+	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/end-grace", nil, &out)
+	return out.Count
+}
+
+// RevokeTokens revokes every token of an instance and returns how many it revoked.
+func (h *Harness) RevokeTokens(instanceID string) int {
+	h.tb.Helper()
+	var out admin.Count
+	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/revoke", nil, &out)
+	return out.Count
+}
+
+// LiveCount returns how many concurrency slots an instance holds now.
+func (h *Harness) LiveCount(in Instance) int64 {
+	h.tb.Helper()
+	n, err := h.DB.LiveCount(context.Background(), in.AccountID, in.ID, h.Clock.Now())
+	if err != nil {
+		h.tb.Fatalf("LiveCount: %v", err)
+	}
+	return n
+}
+
+// String names the harness in test output.
+func (h *Harness) String() string { return fmt.Sprintf("sgtest harness at %s", h.URL()) }
