@@ -1,0 +1,845 @@
+//go:build linux
+
+// The end-to-end tests of this package build the real sandgate binary once,
+// with the race detector, and drive it as an operator and a client would:
+// `sandgate dev` and `sandgate serve` processes on runtime-chosen loopback
+// ports, the `sandgate admin` CLI, the v1 client of client/ and curl. The
+// helpers below start and stop those processes, capture their output for
+// log scanning, and make sure nothing they started outlives the test.
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	adminapi "github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/client"
+	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/protocol"
+)
+
+// sandgateBin is the race-enabled sandgate binary that TestMain builds once.
+var sandgateBin string
+
+// pollTimeout bounds every wait for a process or a state change. It is a
+// ceiling, never an expectation: polls return as soon as the condition holds.
+const pollTimeout = 60 * time.Second
+
+func TestMain(m *testing.M) {
+	os.Exit(buildAndRun(m))
+}
+
+func buildAndRun(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "sandgate-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: temp dir:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	sandgateBin = filepath.Join(dir, "sandgate")
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: the go command is needed to build sandgate:", err)
+		return 1
+	}
+	// -race: the binary under test is race-checked too; every process's
+	// output is scanned for race reports when it stops.
+	build := exec.Command(goTool, "build", "-race", "-o", sandgateBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: go build -race:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// syncBuffer is an io.Writer safe for the concurrent writes of exec.Cmd's
+// copying goroutines and the test's reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// process is one running sandgate binary with its output captured.
+type process struct {
+	t      testing.TB
+	name   string
+	cmd    *exec.Cmd
+	stdout syncBuffer
+	stderr syncBuffer
+	done   chan struct{} // closed once the process has been waited for
+	err    error         // Wait's error; read after done
+
+	mu       sync.Mutex
+	killed   bool // SIGKILLed on purpose: its exit status means nothing
+	children []procStat
+}
+
+// cleanEnv is the test's environment without sandgate's own variables, so
+// a developer's SANDGATE_* or BROKER_* settings cannot leak into a test.
+//
+// GORACE gains atexit_sleep_ms=0 (unless it sets it): the race runtime
+// otherwise sleeps a second at every exit, which each CLI call would pay.
+func cleanEnv(extra ...string) []string {
+	var env []string
+	gorace := ""
+	for _, kv := range os.Environ() {
+		switch {
+		case strings.HasPrefix(kv, "SANDGATE_"), strings.HasPrefix(kv, "BROKER_"):
+		case strings.HasPrefix(kv, "GORACE="):
+			gorace = strings.TrimPrefix(kv, "GORACE=")
+		default:
+			env = append(env, kv)
+		}
+	}
+	if !strings.Contains(gorace, "atexit_sleep_ms") {
+		gorace = strings.TrimSpace(gorace + " atexit_sleep_ms=0")
+	}
+	env = append(env, "GORACE="+gorace)
+	return append(env, extra...)
+}
+
+// startProcess runs the sandgate binary with args in workDir. When the test
+// ends it is stopped with SIGTERM (SIGKILL if it does not exit), its output
+// is scanned for race reports and panics, and it must have exited cleanly
+// with no sandbox left behind.
+func startProcess(t testing.TB, name, workDir string, env []string, args ...string) *process {
+	t.Helper()
+	p := &process{t: t, name: name, done: make(chan struct{})}
+	p.cmd = exec.Command(sandgateBin, args...)
+	p.cmd.Dir = workDir
+	p.cmd.Env = cleanEnv(env...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	// The broker dies with the test binary even if the test is cut short
+	// (a -timeout panic skips cleanups); its sandboxes die with it
+	// (bwrap --die-with-parent).
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p.cmd.WaitDelay = 10 * time.Second
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(p.cleanup)
+	return p
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Logs returns everything the process wrote so far, stdout then stderr.
+func (p *process) Logs() string { return p.stdout.String() + p.stderr.String() }
+
+// kill stops the process with SIGKILL, as a crash would, and waits for it.
+func (p *process) kill() {
+	p.mu.Lock()
+	p.killed = true
+	p.mu.Unlock()
+	p.rememberChildren()
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// stop asks the process to shut down (SIGTERM) and waits, killing it if it
+// does not exit within the bound.
+func (p *process) stop() {
+	if p.exited() {
+		return
+	}
+	p.rememberChildren()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		p.t.Errorf("%s did not exit within 30s of SIGTERM; killing it", p.name)
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *process) cleanup() {
+	p.stop()
+	p.mu.Lock()
+	killed := p.killed
+	p.mu.Unlock()
+	logs := p.Logs()
+	switch {
+	case strings.Contains(logs, "WARNING: DATA RACE"):
+		p.t.Errorf("%s: the race detector reported a data race", p.name)
+	case strings.Contains(logs, "panic:") || strings.Contains(logs, "fatal error:"):
+		p.t.Errorf("%s panicked", p.name)
+	case !killed && p.err != nil:
+		p.t.Errorf("%s exited with %v after SIGTERM; want a clean exit", p.name, p.err)
+	}
+	p.checkNoSandboxesLeft()
+	if p.t.Failed() {
+		p.t.Logf("%s output:\n%s", p.name, tail(logs, 16<<10))
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}
+
+// procStat identifies a process across pid reuse: pid plus start time.
+type procStat struct {
+	pid, ppid int
+	start     string
+	comm      string
+}
+
+// readProcs reads every process's pid, parent and start time from /proc.
+func readProcs() []procStat {
+	entries, _ := os.ReadDir("/proc")
+	var out []procStat
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// "pid (comm) state ppid … starttime(22nd)…"; comm may hold spaces.
+		s := string(b)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		f := strings.Fields(s[end+1:])
+		if len(f) < 20 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		out = append(out, procStat{pid: pid, ppid: ppid, start: f[19], comm: s[open+1 : end]})
+	}
+	return out
+}
+
+// rememberChildren records every descendant of the process (its sandboxes'
+// prlimit/bwrap trees) before it is stopped, while the tree still hangs
+// from it.
+func (p *process) rememberChildren() {
+	out := p.descendants()
+	p.mu.Lock()
+	p.children = out
+	p.mu.Unlock()
+}
+
+// descendants returns the processes that descend from this one now.
+func (p *process) descendants() []procStat {
+	all := readProcs()
+	kids := map[int][]procStat{}
+	for _, ps := range all {
+		kids[ps.ppid] = append(kids[ps.ppid], ps)
+	}
+	var out []procStat
+	queue := []int{p.cmd.Process.Pid}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		for _, c := range kids[pid] {
+			out = append(out, c)
+			queue = append(queue, c.pid)
+		}
+	}
+	return out
+}
+
+// checkNoSandboxesLeft waits (bounded) until every process that descended
+// from the broker when it was stopped is gone. One that stays is an
+// escaped sandbox: it is killed by pid, and the test fails.
+func (p *process) checkNoSandboxesLeft() {
+	p.mu.Lock()
+	kids := p.children
+	p.mu.Unlock()
+	if len(kids) == 0 {
+		return
+	}
+	alive := func() []procStat {
+		now := map[int]string{}
+		for _, ps := range readProcs() {
+			now[ps.pid] = ps.start
+		}
+		var out []procStat
+		for _, k := range kids {
+			if now[k.pid] == k.start {
+				out = append(out, k)
+			}
+		}
+		return out
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := alive()
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, k := range left {
+				p.t.Errorf("%s: process %d (%s) outlived the broker", p.name, k.pid, k.comm)
+				_ = syscall.Kill(k.pid, syscall.SIGKILL)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitFor polls cond until it reports true, failing the test after
+// pollTimeout with cond's last description of what it waits for.
+func waitFor(t testing.TB, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(pollTimeout)
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s: %v", what, err)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// --- sandgate dev -----------------------------------------------------------
+
+// devBroker is a running `sandgate dev` and what its dev.env says.
+type devBroker struct {
+	*process
+	workDir    string // the process's working directory
+	dataDir    string // workDir/.sandgate
+	env        map[string]string
+	URL        string
+	CAPath     string
+	Token      string
+	AdminURL   string
+	AdminToken string
+	Roots      *x509.CertPool
+}
+
+// devEnvKeys are the variables dev.env must define.
+var devEnvKeys = []string{"BROKER_URL", "BROKER_CA", "BROKER_TOKEN", "SANDGATE_ADMIN_URL", "SANDGATE_ADMIN_TOKEN"}
+
+// startDev runs `sandgate dev` on runtime-chosen ports in a fresh working
+// directory (data dir .sandgate inside it, as the README runs it) and waits
+// until dev.env is complete and GET /v1/lease answers 200.
+func startDev(t testing.TB) *devBroker {
+	t.Helper()
+	work := t.TempDir()
+	d := &devBroker{workDir: work, dataDir: filepath.Join(work, ".sandgate")}
+	d.process = startProcess(t, "sandgate dev", work, nil,
+		"dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", ".sandgate")
+	envPath := filepath.Join(d.dataDir, "dev.env")
+	waitFor(t, "dev.env", func() (bool, error) {
+		if d.exited() {
+			t.Fatalf("sandgate dev exited early (%v):\n%s", d.err, d.Logs())
+		}
+		b, err := os.ReadFile(envPath)
+		if err != nil {
+			return false, err
+		}
+		env, err := parseEnvFile(string(b))
+		if err != nil {
+			return false, err // still being written
+		}
+		d.env = env
+		return true, nil
+	})
+	d.URL, d.CAPath, d.Token = d.env["BROKER_URL"], d.env["BROKER_CA"], d.env["BROKER_TOKEN"]
+	d.AdminURL, d.AdminToken = d.env["SANDGATE_ADMIN_URL"], d.env["SANDGATE_ADMIN_TOKEN"]
+	d.Roots = loadPool(t, d.CAPath)
+	c := newClient(t, d.URL, d.Roots, d.Token)
+	waitFor(t, "GET /v1/lease on sandgate dev", func() (bool, error) {
+		if d.exited() {
+			t.Fatalf("sandgate dev exited early (%v):\n%s", d.err, d.Logs())
+		}
+		_, err := c.Lease(context.Background())
+		return err == nil, err
+	})
+	return d
+}
+
+// parseEnvFile parses dev.env: KEY=VALUE lines and # comments. It fails
+// until every key of devEnvKeys is present, so that a half-written file
+// is read again.
+func parseEnvFile(s string) (map[string]string, error) {
+	env := map[string]string{}
+	if !strings.HasSuffix(s, "\n") {
+		return nil, errors.New("dev.env is incomplete")
+	}
+	for _, line := range strings.Split(s, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			return nil, fmt.Errorf("dev.env: line without '=': %q", line)
+		}
+		env[k] = v
+	}
+	for _, k := range devEnvKeys {
+		if env[k] == "" {
+			return nil, fmt.Errorf("dev.env has no %s", k)
+		}
+	}
+	return env, nil
+}
+
+// AdminEnv is the environment `sandgate admin` reads its URL and token from.
+func (d *devBroker) AdminEnv() []string {
+	return []string{"SANDGATE_ADMIN_URL=" + d.AdminURL, "SANDGATE_ADMIN_TOKEN=" + d.AdminToken}
+}
+
+// Client returns a v1 client of the dev broker with tok (the dev token
+// when empty).
+func (d *devBroker) Client(t testing.TB, tok string) *client.Client {
+	if tok == "" {
+		tok = d.Token
+	}
+	return newClient(t, d.URL, d.Roots, tok)
+}
+
+// startRedis runs a private redis-server for one test.
+func startRedis(t testing.TB) *redistest.Server { return redistest.Start(t) }
+
+// --- sandgate serve ---------------------------------------------------------
+
+// serveConfig is one broker deployment: a config file that any number of
+// `sandgate serve` processes share (same Redis, same data_dir, same
+// broker_id), its throwaway PKI and its operator tokens.
+type serveConfig struct {
+	Path       string
+	DataDir    string
+	PKI        *testPKI
+	AdminToken string // role admin, configured with token_env
+	OpToken    string // role operator, configured with token_sha256
+	env        []string
+}
+
+// serveOptions are the knobs of newServeConfig; zero means the default
+// noted beside each.
+type serveOptions struct {
+	LogLevel string // "" means info
+}
+
+const adminTokenEnv = "SANDGATE_E2E_ADMIN_TOKEN"
+
+// newServeConfig writes a config for `sandgate serve` against redisAddr:
+// listeners on 127.0.0.1:0 (the ports are read from the process's log),
+// TLS with a fresh CA, one admin operator by token_env and one operator by
+// token_sha256, and small-sized defaults.
+func newServeConfig(t testing.TB, redisAddr string, o serveOptions) *serveConfig {
+	t.Helper()
+	dir := t.TempDir()
+	c := &serveConfig{
+		Path:       filepath.Join(dir, "sandgate.yaml"),
+		DataDir:    filepath.Join(dir, "data"),
+		PKI:        newPKI(t, dir),
+		AdminToken: "sgo_" + randHex(24),
+		OpToken:    "sgo_" + randHex(24),
+	}
+	c.env = []string{adminTokenEnv + "=" + c.AdminToken}
+	opHash := sha256.Sum256([]byte(c.OpToken))
+	level := o.LogLevel
+	if level == "" {
+		level = "info"
+	}
+	yaml := fmt.Sprintf(`# sandgate serve, written by the e2e tests
+listen: "127.0.0.1:0"
+admin_listen: "127.0.0.1:0"
+data_dir: %q
+broker_id: "sandgate-e2e"
+tls:
+  cert_file: %q
+  key_file: %q
+redis:
+  addr: %q
+provider:
+  name: local
+operators:
+  - name: e2e-admin
+    role: admin
+    token_env: %s
+  - name: e2e-operator
+    role: operator
+    token_sha256: %q
+lease:
+  grace_period: 1h
+defaults:
+  sizes: [small, standard]
+  default_size: small
+  limits:
+    max_concurrent_workspaces: 2
+    max_lifetime: 1h
+    idle_timeout: 15m
+log:
+  level: %s
+`, c.DataDir, c.PKI.CertPath, c.PKI.KeyPath, redisAddr, adminTokenEnv, hex.EncodeToString(opHash[:]), level)
+	if err := os.WriteFile(c.Path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// serveBroker is one running `sandgate serve` process.
+type serveBroker struct {
+	*process
+	cfg      *serveConfig
+	URL      string
+	AdminURL string
+}
+
+// startServe runs `sandgate serve --config` and waits until it logs its
+// listeners and its public listener answers an unauthenticated request.
+func startServe(t testing.TB, cfg *serveConfig) *serveBroker {
+	t.Helper()
+	s := &serveBroker{cfg: cfg}
+	s.process = startProcess(t, "sandgate serve", t.TempDir(), cfg.env, "serve", "--config", cfg.Path)
+	waitFor(t, "sandgate serve to listen", func() (bool, error) {
+		if s.exited() {
+			t.Fatalf("sandgate serve exited early (%v):\n%s", s.err, s.Logs())
+		}
+		pub, adm, ok := listenAddrs(s.stderr.String())
+		if !ok {
+			return false, errors.New("no \"sandgate listening\" log line yet")
+		}
+		s.URL, s.AdminURL = "https://"+pub, "http://"+adm
+		return true, nil
+	})
+	hc := httpsClient(cfg.PKI.Roots)
+	waitFor(t, "sandgate serve to answer", func() (bool, error) {
+		resp, err := hc.Get(s.URL + "/v1/lease")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusUnauthorized, fmt.Errorf("status %d", resp.StatusCode)
+	})
+	return s
+}
+
+// listenAddrs finds the "sandgate listening" line in a JSON log.
+func listenAddrs(logs string) (public, adminAddr string, ok bool) {
+	sc := bufio.NewScanner(strings.NewReader(logs))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var line struct {
+			Msg         string `json:"msg"`
+			Listen      string `json:"listen"`
+			AdminListen string `json:"admin_listen"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "sandgate listening" {
+			return line.Listen, line.AdminListen, true
+		}
+	}
+	return "", "", false
+}
+
+// Client returns a v1 client of this gateway with tok.
+func (s *serveBroker) Client(t testing.TB, tok string) *client.Client {
+	return newClient(t, s.URL, s.cfg.PKI.Roots, tok)
+}
+
+// Admin returns an operator API client of this gateway with the admin token.
+func (s *serveBroker) Admin(t testing.TB) *adminapi.Client {
+	return newAdminClient(t, s.AdminURL, s.cfg.AdminToken)
+}
+
+// Operator returns an operator API client with the operator-role token.
+func (s *serveBroker) Operator(t testing.TB) *adminapi.Client {
+	return newAdminClient(t, s.AdminURL, s.cfg.OpToken)
+}
+
+// AdminEnv is the environment `sandgate admin` needs for this gateway.
+func (s *serveBroker) AdminEnv() []string {
+	return []string{"SANDGATE_ADMIN_URL=" + s.AdminURL, "SANDGATE_ADMIN_TOKEN=" + s.cfg.AdminToken}
+}
+
+// --- clients ----------------------------------------------------------------
+
+// newClient returns a v1 client that makes exactly one attempt per call,
+// so every answer the test sees is the broker's first.
+func newClient(t testing.TB, endpoint string, roots *x509.CertPool, tok string) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Config{
+		Endpoint: endpoint, Token: sandgate.Secret(tok), RootCAs: roots,
+		MaxAttempts: 1, UserAgent: "sandgate-e2e",
+	})
+	if err != nil {
+		t.Fatalf("client.New: %v", err)
+	}
+	return c
+}
+
+func newAdminClient(t testing.TB, url, tok string) *adminapi.Client {
+	t.Helper()
+	c, err := adminapi.NewClient(url, sandgate.Secret(tok), nil)
+	if err != nil {
+		t.Fatalf("admin.NewClient: %v", err)
+	}
+	return c
+}
+
+// httpsClient is a plain HTTPS client trusting roots, for requests the v1
+// client would interpret (a 404 on release) or cannot send.
+func httpsClient(roots *x509.CertPool) *http.Client {
+	return &http.Client{
+		Timeout: 60 * time.Second,
+		Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// rawCall sends one request with a bearer token and a JSON body (nil for
+// none), returning the status and the body.
+func rawCall(t testing.TB, hc *http.Client, method, url, tok string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, req.URL.Path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+// wantCode fails the test unless err is a broker answer with status and code.
+func wantCode(t testing.TB, what string, err error, status int, code protocol.Code) {
+	t.Helper()
+	var e *client.Error
+	if !errors.As(err, &e) {
+		t.Fatalf("%s: err = %v; want %d %s", what, err, status, code)
+	}
+	if e.Status != status || e.Code != code {
+		t.Fatalf("%s: answered %d %s; want %d %s", what, e.Status, e.Code, status, code)
+	}
+}
+
+// noEgress is the egress policy of every workspace in these tests: the
+// local provider gives a workspace no network at all.
+func noEgress() *protocol.Egress { return &protocol.Egress{AllowedDomains: []string{}} }
+
+// acquire acquires a workspace and fails the test unless it was created.
+func acquire(t testing.TB, c *client.Client, key string) *protocol.Workspace {
+	t.Helper()
+	ws, created, err := c.Acquire(context.Background(), key, protocol.AcquireRequest{Label: "e2e", Egress: noEgress()})
+	if err != nil {
+		t.Fatalf("acquire %s: %v", key, err)
+	}
+	if !created {
+		t.Fatalf("acquire %s: answered 200 (replay); want 201", key)
+	}
+	return ws
+}
+
+// --- operator API -----------------------------------------------------------
+
+func createAccount(t testing.TB, a *adminapi.Client, name string) string {
+	t.Helper()
+	var acct adminapi.Account
+	if err := a.Do(context.Background(), http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: name}, &acct); err != nil {
+		t.Fatalf("create account: %v", err)
+	}
+	return acct.ID
+}
+
+func createInstance(t testing.TB, a *adminapi.Client, acct string, maxConcurrent int) string {
+	t.Helper()
+	req := adminapi.CreateInstanceRequest{AccountID: acct, Name: "e2e"}
+	req.Scope.Limits.MaxConcurrentWorkspaces = maxConcurrent
+	var in adminapi.Instance
+	if err := a.Do(context.Background(), http.MethodPost, "/instances", req, &in); err != nil {
+		t.Fatalf("create instance: %v", err)
+	}
+	return in.ID
+}
+
+func issueToken(t testing.TB, a *adminapi.Client, inst string) string {
+	t.Helper()
+	var out adminapi.IssuedToken
+	if err := a.Do(context.Background(), http.MethodPost, "/instances/"+inst+"/tokens", adminapi.IssueTokenRequest{}, &out); err != nil {
+		t.Fatalf("issue token: %v", err)
+	}
+	return out.Token
+}
+
+// runCLI runs `sandgate args…` with env added to a clean environment and
+// returns its stdout; it fails the test on a non-zero exit.
+func runCLI(t testing.TB, env []string, args ...string) string {
+	t.Helper()
+	stdout, stderr, err := tryCLI(env, args...)
+	if err != nil {
+		t.Fatalf("sandgate %s: %v\nstderr: %s", strings.Join(args, " "), err, stderr)
+	}
+	return stdout
+}
+
+func tryCLI(env []string, args ...string) (stdout, stderr string, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), pollTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, sandgateBin, args...)
+	cmd.Env = cleanEnv(env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	return out.String(), errb.String(), err
+}
+
+// --- PKI --------------------------------------------------------------------
+
+// testPKI is a throwaway CA and a server certificate for 127.0.0.1, ::1
+// and localhost.
+type testPKI struct {
+	CAPath, CertPath, KeyPath string
+	Roots                     *x509.CertPool
+}
+
+func newPKI(t testing.TB, dir string) *testPKI {
+	t.Helper()
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sandgate e2e CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
+		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &testPKI{
+		CAPath:   filepath.Join(dir, "ca.pem"),
+		CertPath: filepath.Join(dir, "server.pem"),
+		KeyPath:  filepath.Join(dir, "server-key.pem"),
+		Roots:    x509.NewCertPool(),
+	}
+	p.Roots.AddCert(ca)
+	for _, f := range []struct {
+		path, typ string
+		der       []byte
+	}{{p.CAPath, "CERTIFICATE", caDER}, {p.CertPath, "CERTIFICATE", der}, {p.KeyPath, "EC PRIVATE KEY", keyDER}} {
+		if err := os.WriteFile(f.path, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+func loadPool(t testing.TB, caPath string) *x509.CertPool {
+	t.Helper()
+	b, err := os.ReadFile(caPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		t.Fatalf("%s holds no certificate", caPath)
+	}
+	return pool
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
