@@ -1,0 +1,181 @@
+package gateway_test
+
+// Benchmarks of the hot paths through the TLS test server, each beside the
+// cost of one Redis round trip on the same server (BenchmarkRedisPing), so
+// that docs/benchmarks.md can quote every figure as a ratio measured in the
+// same run. Every benchmark also reports rt/op, the Redis round trips per
+// operation, counted by the same hook as roundtrip_test.go. Requests are
+// sent one at a time over one keep-alive connection: the figures are
+// latencies, not throughput under load.
+//
+//	go test -run '^$' -bench . -benchtime 2s ./gateway/
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
+)
+
+// benchReport reports the round trips per operation since the last reset.
+func benchReport(b *testing.B, e *rtEnv) {
+	b.ReportMetric(float64(e.rt.trips.Load())/float64(b.N), "rt/op")
+}
+
+// BenchmarkRedisPing is the baseline: one PING round trip through the
+// gateway's own client (with the counting hook) to the same server.
+func BenchmarkRedisPing(b *testing.B) {
+	e := rtStart(b, rtOptions{})
+	rdb := e.db.Redis()
+	ctx := context.Background()
+	e.rt.reset()
+	for b.Loop() {
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	benchReport(b, e)
+}
+
+// BenchmarkRedisEvalshaTrivial is one EVALSHA of "return 1": a round trip
+// plus the cost of entering Lua, the floor of any script call.
+func BenchmarkRedisEvalshaTrivial(b *testing.B) {
+	e := rtStart(b, rtOptions{})
+	rdb := e.db.Redis()
+	ctx := context.Background()
+	script := redis.NewScript("return 1")
+	if err := script.Load(ctx, rdb).Err(); err != nil {
+		b.Fatal(err)
+	}
+	e.rt.reset()
+	for b.Loop() {
+		if err := script.EvalSha(ctx, rdb, nil).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	benchReport(b, e)
+}
+
+// BenchmarkLease is GET /v1/lease with a warm auth cache.
+func BenchmarkLease(b *testing.B) {
+	e := rtStart(b, rtOptions{})
+	req := benchRequest(b, e, http.MethodGet, "/v1/lease", "", nil)
+	e.rt.reset()
+	for b.Loop() {
+		benchSend(b, e, req, "", http.StatusOK)
+	}
+	benchReport(b, e)
+}
+
+// BenchmarkAcquireNoopProvider is POST /v1/workspaces with a provider whose
+// create costs nothing: authentication, the idempotency check, admission,
+// confirm and the status read. Each op uses a fresh Idempotency-Key, and
+// the limit is high enough that admission never refuses.
+func BenchmarkAcquireNoopProvider(b *testing.B) {
+	e := rtStart(b, rtOptions{maxConcurrent: 1 << 30})
+	e.acquire(b) // loads the scripts
+	e.rt.reset()
+	for b.Loop() {
+		hdr := http.Header{protocol.HeaderIdempotencyKey: {sandgate.NewID("key_")}}
+		benchSend(b, e, benchRequest(b, e, http.MethodPost, "/v1/workspaces", rtAcquireBody, hdr), rtAcquireBody, http.StatusCreated)
+	}
+	benchReport(b, e)
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "acquires/s")
+}
+
+// BenchmarkExecFakeProvider is POST …/exec with a provider that answers at
+// once: the gateway's and Redis's share of an exec.
+func BenchmarkExecFakeProvider(b *testing.B) {
+	benchExec(b, rtStart(b, rtOptions{}))
+}
+
+// BenchmarkExecLocal is POST …/exec of "true" on the local provider: a
+// real bwrap sandbox per exec.
+func BenchmarkExecLocal(b *testing.B) {
+	p, err := local.New(context.Background(), local.Config{DataDir: b.TempDir()}, providers.Env{BrokerID: "bench"})
+	if err != nil {
+		b.Fatalf("local.New: %v", err)
+	}
+	benchExec(b, rtStart(b, rtOptions{provider: p}))
+}
+
+// BenchmarkBwrapTrue runs "true" under a bare bwrap with the namespaces
+// the local provider asks for (no prlimit, no workspace binds, no
+// gateway): the floor of BenchmarkExecLocal.
+func BenchmarkBwrapTrue(b *testing.B) {
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		b.Fatalf("bwrap: %v", err)
+	}
+	args := []string{"--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
+		"--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"}
+	for _, name := range []string{"/bin", "/sbin", "/lib", "/lib64"} {
+		if t, err := os.Readlink(name); err == nil {
+			args = append(args, "--symlink", t, name)
+		} else if _, err := os.Stat(name); err == nil {
+			args = append(args, "--ro-bind", name, name)
+		}
+	}
+	args = append(args, "--proc", "/proc", "--dev", "/dev", "--", "true")
+	for b.Loop() {
+		if out, err := exec.Command(bwrap, args...).CombinedOutput(); err != nil {
+			b.Fatalf("bwrap true: %v: %s", err, out)
+		}
+	}
+}
+
+func benchExec(b *testing.B, e *rtEnv) {
+	id := e.acquire(b)
+	b.Cleanup(func() { e.do(b, http.MethodDelete, "/v1/workspaces/"+id, "", nil) })
+	const body = `{"argv":["true"]}`
+	req := benchRequest(b, e, http.MethodPost, "/v1/workspaces/"+id+"/exec", body, nil)
+	e.rt.reset()
+	for b.Loop() {
+		benchSend(b, e, req, body, http.StatusOK)
+	}
+	benchReport(b, e)
+}
+
+// benchRequest builds an authenticated request; benchSend gives it a body.
+func benchRequest(b *testing.B, e *rtEnv, method, path, body string, hdr http.Header) *http.Request {
+	b.Helper()
+	req, err := http.NewRequest(method, e.srv.URL+path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+e.tok.Reveal())
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	return req
+}
+
+// benchSend sends req with body and fails unless the status is want. It
+// drains the response so that the connection is reused.
+func benchSend(b *testing.B, e *rtEnv, req *http.Request, body string, want int) {
+	if body != "" {
+		req.Body, req.ContentLength = io.NopCloser(strings.NewReader(body)), int64(len(body))
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != want {
+		b.Fatalf("%s %s = %d; want %d", req.Method, req.URL.Path, resp.StatusCode, want)
+	}
+}

@@ -1,0 +1,422 @@
+package gateway_test
+
+// The hot paths' Redis budget, asserted exactly (issue: "design the hot
+// paths for the floor"): a warm GET /v1/lease costs no round trip, an
+// Acquire's admission is one script call, and exec adds two round trips to
+// the provider's own time. Round trips are counted by a go-redis hook on
+// the gateway's client; a pipeline or MULTI/EXEC block is one round trip.
+// docs/benchmarks.md quotes these counts beside the benchmark figures.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/fakeprovider"
+	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/token"
+)
+
+// rtCounter is a redis.Hook that counts round trips to Redis. A pipeline
+// (and a MULTI/EXEC block) is one round trip. The pipeline go-redis sends
+// to set up a new connection (HELLO, CLIENT SETINFO) is left out: it is paid
+// once per pooled connection, not per request. Pub/sub traffic does not go
+// through hooks. With names set it also records each round trip's command
+// names (tests); without, it is one atomic add (benchmarks). It is safe for
+// concurrent use; names is set before the hook is added.
+type rtCounter struct {
+	trips atomic.Int64
+	names bool
+
+	mu   sync.Mutex
+	cmds []string // in order; a pipeline's names are joined by "+"
+}
+
+func (c *rtCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *rtCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.trips.Add(1)
+		if c.names {
+			c.record(strings.ToLower(cmd.Name()))
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *rtCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) == 0 || strings.EqualFold(cmds[0].Name(), "hello") || strings.EqualFold(cmds[0].Name(), "auth") {
+			return next(ctx, cmds) // connection set-up
+		}
+		c.trips.Add(1)
+		if c.names {
+			names := make([]string, len(cmds))
+			for i, cmd := range cmds {
+				names[i] = strings.ToLower(cmd.Name())
+			}
+			c.record(strings.Join(names, "+"))
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (c *rtCounter) record(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cmds = append(c.cmds, name)
+}
+
+// reset zeroes the counter.
+func (c *rtCounter) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.trips.Store(0)
+	c.cmds = nil
+}
+
+// snapshot returns the round trips and the commands since the last reset.
+func (c *rtCounter) snapshot() (int, []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int(c.trips.Load()), append([]string(nil), c.cmds...)
+}
+
+// rtScripts counts the script calls (EVALSHA or EVAL) among cmds.
+func rtScripts(cmds []string) int {
+	n := 0
+	for _, c := range cmds {
+		if c == "evalsha" || c == "eval" {
+			n++
+		}
+	}
+	return n
+}
+
+// rtEnv is one gateway over a private redis-server, serving TLS, with one
+// instance and its token. The gateway's Run is started and its auth cache
+// is live (a repeated GET /v1/lease costs no round trip) when rtStart
+// returns.
+type rtEnv struct {
+	db     *store.DB
+	rt     *rtCounter
+	fake   *fakeprovider.Provider // nil when another provider serves
+	srv    *httptest.Server
+	client *http.Client
+	inst   sandgate.Instance
+	tok    sandgate.Secret // the token requests carry
+}
+
+// rtOptions configures rtStart. A zero field means the default noted beside it.
+type rtOptions struct {
+	provider      providers.Provider // nil means a fakeprovider
+	maxConcurrent int                // the instance's limit; 0 means the default
+	names         bool               // record command names, not only round trips
+}
+
+func rtStart(tb testing.TB, o rtOptions) *rtEnv {
+	tb.Helper()
+	rs := redistest.Start(tb)
+	e := &rtEnv{rt: &rtCounter{names: o.names}}
+	rdb := rs.Client()
+	rdb.AddHook(e.rt)
+	e.db = store.New(rdb, store.Config{})
+	p := o.provider
+	if p == nil {
+		e.fake = fakeprovider.New()
+		p = e.fake
+	}
+
+	ctx := context.Background()
+	now := time.Now().UTC()
+	acct := sandgate.NewID(sandgate.PrefixAccount)
+	if err := e.db.CreateAccount(ctx, sandgate.Account{ID: acct, Name: "bench", CreatedAt: now}); err != nil {
+		tb.Fatalf("CreateAccount: %v", err)
+	}
+	e.inst = sandgate.Instance{ID: sandgate.NewID(sandgate.PrefixInstance), AccountID: acct, Name: "bench", CreatedAt: now,
+		Scope: sandgate.Scope{Limits: sandgate.Limits{MaxConcurrentWorkspaces: o.maxConcurrent}}}
+	if err := e.db.PutInstance(ctx, e.inst); err != nil {
+		tb.Fatalf("PutInstance: %v", err)
+	}
+	e.tok = e.issue(tb, false)
+
+	gw := gateway.New(gateway.Config{DefaultImage: local.Image}, e.db, p, sandgate.SystemClock{}, nil)
+	e.srv = httptest.NewTLSServer(gw.Handler())
+	tb.Cleanup(e.srv.Close)
+	e.client = e.srv.Client() // keep-alive; trusts the test certificate
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); gw.Run(runCtx) }()
+	tb.Cleanup(func() { cancel(); <-done })
+
+	// The cache is live once a repeated lease read costs no round trip.
+	// A bounded poll: the subscription is normally up within milliseconds.
+	for i := 0; !e.leaseIsWarm(tb); i++ {
+		if i == 500 {
+			tb.Fatalf("auth cache never went live: a repeated GET /v1/lease still costs Redis round trips")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return e
+}
+
+// issue stores a new lease for the instance and returns its token. With
+// rotate, the instance's active leases become superseded (an hour's grace).
+func (e *rtEnv) issue(tb testing.TB, rotate bool) sandgate.Secret {
+	tb.Helper()
+	now := time.Now().UTC()
+	tok := token.New(token.Prefix)
+	l := sandgate.Lease{ID: sandgate.NewID(sandgate.PrefixLease), TokenHash: token.Hash(tok),
+		TokenPrefix: token.DisplayPrefix(tok), InstanceID: e.inst.ID, AccountID: e.inst.AccountID, IssuedAt: now}
+	if err := e.db.IssueLease(context.Background(), l, rotate, now, time.Hour); err != nil {
+		tb.Fatalf("IssueLease: %v", err)
+	}
+	return tok
+}
+
+// leaseIsWarm reads the lease twice and reports whether the second read
+// cost no round trip.
+func (e *rtEnv) leaseIsWarm(tb testing.TB) bool {
+	tb.Helper()
+	e.mustDo(tb, http.MethodGet, "/v1/lease", "", nil, http.StatusOK)
+	e.rt.reset()
+	e.mustDo(tb, http.MethodGet, "/v1/lease", "", nil, http.StatusOK)
+	n, _ := e.rt.snapshot()
+	return n == 0
+}
+
+// do sends one request with e.tok and returns its status and body.
+func (e *rtEnv) do(tb testing.TB, method, path, body string, hdr http.Header) (int, []byte) {
+	tb.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, e.srv.URL+path, rd)
+	if err != nil {
+		tb.Fatalf("NewRequest: %v", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+e.tok.Reveal())
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		tb.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		tb.Fatalf("%s %s: read body: %v", method, path, err)
+	}
+	return resp.StatusCode, b
+}
+
+// mustDo is do that fails the test unless the status is want.
+func (e *rtEnv) mustDo(tb testing.TB, method, path, body string, hdr http.Header, want int) []byte {
+	tb.Helper()
+	got, b := e.do(tb, method, path, body, hdr)
+	if got != want {
+		tb.Fatalf("%s %s = %d %s; want %d", method, path, got, bytes.TrimSpace(b), want)
+	}
+	return b
+}
+
+// lease reads GET /v1/lease and returns the lease's state.
+func (e *rtEnv) lease(tb testing.TB) string {
+	tb.Helper()
+	var r protocol.LeaseResponse
+	if err := json.Unmarshal(e.mustDo(tb, http.MethodGet, "/v1/lease", "", nil, http.StatusOK), &r); err != nil {
+		tb.Fatalf("lease: %v", err)
+	}
+	return r.Lease.State
+}
+
+// wantRefused fails the test unless GET /v1/lease answers 401 with code.
+func (e *rtEnv) wantRefused(tb testing.TB, label string, code protocol.Code) {
+	tb.Helper()
+	got, b := e.do(tb, http.MethodGet, "/v1/lease", "", nil)
+	var env protocol.Envelope
+	_ = json.Unmarshal(b, &env)
+	if got != http.StatusUnauthorized || env.Error.Code != code {
+		tb.Fatalf("%s: GET /v1/lease = %d %q; want 401 %q", label, got, env.Error.Code, code)
+	}
+}
+
+const rtAcquireBody = `{"label":"bench","egress":{"allowed_domains":[]}}`
+
+// acquire acquires a running workspace under a fresh Idempotency-Key and
+// returns its id.
+func (e *rtEnv) acquire(tb testing.TB) string {
+	tb.Helper()
+	hdr := http.Header{protocol.HeaderIdempotencyKey: {sandgate.NewID("key_")}}
+	b := e.mustDo(tb, http.MethodPost, "/v1/workspaces", rtAcquireBody, hdr, http.StatusCreated)
+	var w protocol.Workspace
+	if err := json.Unmarshal(b, &w); err != nil {
+		tb.Fatalf("acquire: decode %s: %v", b, err)
+	}
+	if w.State != "running" {
+		tb.Fatalf("acquire: state = %q; want running", w.State)
+	}
+	return w.WorkspaceID
+}
+
+// exec runs argv in workspace id and returns the decoded response.
+func (e *rtEnv) exec(tb testing.TB, id string, argv ...string) protocol.ExecResponse {
+	tb.Helper()
+	body, _ := json.Marshal(protocol.ExecRequest{Argv: argv})
+	b := e.mustDo(tb, http.MethodPost, "/v1/workspaces/"+id+"/exec", string(body), nil, http.StatusOK)
+	var r protocol.ExecResponse
+	if err := json.Unmarshal(b, &r); err != nil {
+		tb.Fatalf("exec: decode %s: %v", b, err)
+	}
+	return r
+}
+
+// rtLeaseCold is the most a lease read may cost with a cold cache: the
+// token record, then the instance it names (the instance's key is read
+// from the token record, so the two cannot share a pipeline).
+const rtLeaseCold = 2
+
+func TestRoundTripsLease(t *testing.T) {
+	e := rtStart(t, rtOptions{names: true})
+
+	e.rt.reset()
+	e.mustDo(t, http.MethodGet, "/v1/lease", "", nil, http.StatusOK)
+	if n, cmds := e.rt.snapshot(); n != 0 {
+		t.Errorf("warm GET /v1/lease: %d round trips %v; want 0", n, cmds)
+	}
+
+	// Any instance or token change empties every gateway's cache; the
+	// next read fills it again. The first read of a new token is cold too.
+	cold := map[string]func(){
+		"after PutInstance": func() {
+			if err := e.db.PutInstance(context.Background(), e.inst); err != nil {
+				t.Fatalf("PutInstance: %v", err)
+			}
+		},
+		"new token": func() { e.tok = e.issue(t, false) },
+	}
+	for name, change := range cold {
+		change()
+		e.rt.reset()
+		e.mustDo(t, http.MethodGet, "/v1/lease", "", nil, http.StatusOK)
+		n, cmds := e.rt.snapshot()
+		if n == 0 || n > rtLeaseCold {
+			t.Errorf("cold GET /v1/lease (%s): %d round trips %v; want 1 to %d", name, n, cmds, rtLeaseCold)
+		}
+		t.Logf("cold GET /v1/lease (%s): %d round trips %v", name, n, cmds)
+		e.rt.reset()
+		e.mustDo(t, http.MethodGet, "/v1/lease", "", nil, http.StatusOK)
+		if n, cmds := e.rt.snapshot(); n != 0 {
+			t.Errorf("GET /v1/lease after refill (%s): %d round trips %v; want 0", name, n, cmds)
+		}
+	}
+}
+
+func TestRoundTripsAcquireAdmission(t *testing.T) {
+	e := rtStart(t, rtOptions{names: true})
+	var (
+		mu     sync.Mutex
+		before [][]string // the commands each Acquire sent before the provider's create
+	)
+	e.fake.CreateHook = func(context.Context, providers.CreateSpec) error {
+		_, cmds := e.rt.snapshot()
+		mu.Lock()
+		defer mu.Unlock()
+		before = append(before, cmds)
+		return nil
+	}
+	// The first use of each script loads it (EVALSHA answers NOSCRIPT,
+	// then EVAL): once per Redis server, not per request. Warm up first.
+	e.acquire(t)
+
+	e.rt.reset()
+	e.acquire(t)
+	total, cmds := e.rt.snapshot()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(before) != 2 {
+		t.Fatalf("provider creates = %d; want 2", len(before))
+	}
+	// What runs before the provider's create is authentication (cached),
+	// the idempotency replay check and admission.
+	adm := before[1]
+	if got := rtScripts(adm); got != 1 {
+		t.Errorf("Acquire admission: %d script calls in %v; want exactly 1", got, adm)
+	}
+	t.Logf("Acquire: %d round trips in all %v; %d before the provider create %v", total, cmds, len(adm), adm)
+}
+
+func TestRoundTripsExec(t *testing.T) {
+	e := rtStart(t, rtOptions{names: true})
+	id := e.acquire(t)
+	for i := range 3 {
+		e.rt.reset()
+		if r := e.exec(t, id, "echo", "hi"); r.ExitCode != 0 {
+			t.Fatalf("exec exit code = %d; want 0", r.ExitCode)
+		}
+		if n, cmds := e.rt.snapshot(); n != 2 {
+			t.Errorf("exec %d: %d round trips %v; want exactly 2 (load the workspace, touch it)", i, n, cmds)
+		}
+	}
+}
+
+// TestRoundTripsCacheNeverStale is the assertion that the cache never
+// trades safety for speed: a token served from a warm cache is refused, or
+// reads as superseded, on the very next request once the store's call has
+// returned. Repeated, so that a cache cleared only eventually is caught.
+func TestRoundTripsCacheNeverStale(t *testing.T) {
+	e := rtStart(t, rtOptions{})
+	for i := range 20 {
+		e.tok = e.issue(t, false)
+		if !e.leaseIsWarm(t) {
+			t.Fatalf("round %d: the new token is not served from the cache", i)
+		}
+
+		old := e.tok
+		e.issue(t, true) // rotate
+		if got := e.lease(t); got != string(sandgate.LeaseSuperseded) {
+			t.Fatalf("round %d: lease state right after rotate = %q; want %q", i, got, sandgate.LeaseSuperseded)
+		}
+		if !e.leaseIsWarm(t) {
+			t.Fatalf("round %d: the superseded token is not served from the cache", i)
+		}
+		if _, err := e.db.EndGrace(context.Background(), e.inst.AccountID, e.inst.ID, time.Now().UTC()); err != nil {
+			t.Fatalf("EndGrace: %v", err)
+		}
+		e.wantRefused(t, fmt.Sprintf("round %d: right after end-grace", i), protocol.LeaseSuperseded)
+
+		e.tok = e.issue(t, false)
+		if !e.leaseIsWarm(t) {
+			t.Fatalf("round %d: the new token is not served from the cache", i)
+		}
+		n, err := e.db.RevokeLeases(context.Background(), e.inst.AccountID, e.inst.ID, time.Now().UTC())
+		if err != nil || n < 1 {
+			t.Fatalf("RevokeLeases = %d, %v; want at least 1, nil", n, err)
+		}
+		e.wantRefused(t, fmt.Sprintf("round %d: right after revoke", i), protocol.LeaseRevoked)
+		e.tok = old
+		e.wantRefused(t, fmt.Sprintf("round %d: the rotated-out token after revoke", i), protocol.LeaseRevoked)
+	}
+}
