@@ -14,6 +14,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -34,6 +35,15 @@ type Config struct {
 	TerminateTimeout time.Duration
 	// DefaultImage is the image of an instance whose scope names none.
 	DefaultImage string
+	// Admission admits Acquires. nil means admission.Standard over the
+	// store, with the default risk limits.
+	Admission Admitter
+}
+
+// Admitter decides whether an Acquire may run: nil to admit, a
+// *admission.Replay for a claimed key, or a *protocol.Error refusal.
+type Admitter interface {
+	Admit(ctx context.Context, r *admission.Request) error
 }
 
 // Server serves protocol v1. Create it with New; it is safe for concurrent use.
@@ -44,6 +54,7 @@ type Server struct {
 	clock    sandgate.Clock
 	log      *slog.Logger
 	cache    *authCache
+	admit    Admitter
 	echo     *echo.Echo
 	// bg tracks work that outlives a request (finishing a release, an
 	// expiry), so Close can wait for it.
@@ -61,7 +72,13 @@ func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, l
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, db: db, provider: p, clock: clock, log: log, cache: newAuthCache()}
+	s := &Server{cfg: cfg, db: db, provider: p, clock: clock, log: log, cache: newAuthCache(), admit: cfg.Admission}
+	if s.admit == nil {
+		dc := db.Config()
+		s.admit = admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
+			IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout,
+		})...)
+	}
 	s.echo = s.routes()
 	return s
 }

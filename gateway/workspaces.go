@@ -14,6 +14,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -52,19 +53,16 @@ func (s *Server) acquire(c echo.Context) error {
 	ws.ID = sandgate.NewID(sandgate.PrefixWorkspace)
 	ws.AccountID, ws.InstanceID = a.Lease.AccountID, a.Lease.InstanceID
 
-	rec, err := s.db.Admit(ctx, store.Admission{
-		Workspace: ws.Workspace, MaxConcurrent: scope.Limits.MaxConcurrentWorkspaces,
+	err = s.admit.Admit(ctx, &admission.Request{
+		Workspace: ws.Workspace, Scope: scope,
+		Keys:    store.AdmissionKeys(ws.AccountID, ws.InstanceID, ws.ID, keyHash),
 		KeyHash: keyHash, RequestHash: reqHash, Now: now,
 	})
-	switch {
-	case errors.Is(err, store.ErrConcurrencyLimit):
-		return &protocol.Error{Code: protocol.ConcurrencyLimit,
-			Message: "the instance is at max_concurrent_workspaces; release a workspace or wait"}
-	case err != nil:
-		return &protocol.Error{Code: protocol.AdmissionUnavailable,
-			Message: "the broker cannot evaluate admission; retry shortly", RetryAfter: time.Second, Err: err}
-	case rec != nil: // a concurrent request claimed the key first
-		return s.replayAcquire(c, *rec, reqHash)
+	if rec, ok := admission.IsReplay(err); ok { // a concurrent request claimed the key first
+		return s.replayAcquire(c, rec, reqHash)
+	}
+	if err != nil {
+		return err
 	}
 
 	// The create must finish even if the client goes away: the slot and
