@@ -61,6 +61,9 @@ func (s *Server) resolve(ctx context.Context, hash string) (store.Auth, error) {
 		return store.Auth{}, protocol.E(protocol.Unauthenticated, "unknown token")
 	}
 	if err != nil {
+		if a, ok := s.cache.stale(hash, now); ok {
+			return a, nil
+		}
 		return store.Auth{}, &protocol.Error{Code: protocol.Unavailable, Message: "the broker cannot read its token store; retry shortly", RetryAfter: 1e9, Err: err}
 	}
 	s.cache.put(hash, a, gen, now)

@@ -19,6 +19,7 @@ import (
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/termination"
 )
 
 // acquire is POST /v1/workspaces, in the spec's order: authenticate →
@@ -107,26 +108,7 @@ func (s *Server) terminateSandbox(ctx context.Context, w sandgate.Workspace, ref
 	if _, _, err := s.db.BeginTerminate(ctx, w, reason, s.clock.Now()); err != nil {
 		s.log.Error("terminate: record", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
 	}
-	s.finishTerminate(ctx, w)
-}
-
-// finishTerminate asks the provider to end the sandbox and records the
-// confirmed end. On failure the workspace stays terminating.
-func (s *Server) finishTerminate(ctx context.Context, w sandgate.Workspace) bool {
-	if w.ProviderRef != "" {
-		tctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
-		err := s.provider.Terminate(tctx, providers.Sandbox{Ref: w.ProviderRef})
-		cancel()
-		if err != nil {
-			s.log.Error("provider terminate failed", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
-			return false
-		}
-	}
-	if err := s.db.FinishTerminate(ctx, w, s.clock.Now()); err != nil {
-		s.log.Error("terminate: record end", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
-		return false
-	}
-	return true
+	s.term.Finish(ctx, w)
 }
 
 func (s *Server) replayAcquire(c echo.Context, rec store.IdemRecord, reqHash string) error {
@@ -268,13 +250,7 @@ func (s *Server) expireIfDue(ctx context.Context, w sandgate.Workspace, now time
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	go func() {
-		_, started, err := s.db.BeginTerminate(ctx, w, sandgate.ReasonExpired, s.clock.Now())
-		if err != nil || !started {
-			return
-		}
-		s.finishTerminate(ctx, w)
-	}()
+	go s.term.Terminate(ctx, w, sandgate.ReasonExpired)
 }
 
 func (s *Server) getWorkspace(c echo.Context) error {
@@ -375,14 +351,10 @@ func (s *Server) release(c echo.Context) error {
 		return err
 	}
 	ctx := context.WithoutCancel(c.Request().Context())
-	prev, started, err := s.db.BeginTerminate(ctx, w, sandgate.ReasonReleased, s.clock.Now())
-	if err != nil {
-		return unavailable(err)
-	}
 	// A starting workspace is finished by its Acquire, which sees the
-	// release when it confirms. A terminating one is retried here.
-	if (started && prev == sandgate.WorkspaceRunning) || (!started && prev == sandgate.WorkspaceTerminating) {
-		s.finishTerminate(ctx, w)
+	// release when it confirms; a terminating one is retried here.
+	if _, err := s.term.Terminate(ctx, w, sandgate.ReasonReleased); err != nil && !errors.Is(err, termination.ErrProvider) && !errors.Is(err, store.ErrNotFound) {
+		return unavailable(err)
 	}
 	cur, err := s.db.Workspace(ctx, w.AccountID, w.ID)
 	if err != nil {

@@ -252,3 +252,53 @@ func parseWorkspace(m map[string]string) (sandgate.Workspace, error) {
 	}
 	return w, nil
 }
+
+// LiveWorkspaces returns every workspace not yet terminated in a scope:
+// one instance (acct and inst set), one account (inst empty), or every
+// account (both empty). It walks the workspace indexes, so a workspace
+// whose slot was pruned past its deadline is still found.
+func (db *DB) LiveWorkspaces(ctx context.Context, acct, inst string, now time.Time) ([]sandgate.Workspace, error) {
+	type pair struct{ acct, inst string }
+	var scopes []pair
+	switch {
+	case acct != "" && inst != "":
+		scopes = []pair{{acct, inst}}
+	default:
+		accts := []string{acct}
+		if acct == "" {
+			as, err := db.Accounts(ctx)
+			if err != nil {
+				return nil, err
+			}
+			accts = accts[:0]
+			for _, a := range as {
+				accts = append(accts, a.ID)
+			}
+		}
+		for _, a := range accts {
+			ids, err := db.rdb.SMembers(ctx, instancesKey(a)).Result()
+			if err != nil {
+				return nil, err
+			}
+			for _, i := range ids {
+				scopes = append(scopes, pair{a, i})
+			}
+		}
+	}
+	var out []sandgate.Workspace
+	for _, sc := range scopes {
+		cursor := ""
+		for {
+			ws, next, err := db.ListWorkspaces(ctx, sc.acct, sc.inst, cursor, 100, true, now)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, ws...)
+			if next == "" {
+				break
+			}
+			cursor = next
+		}
+	}
+	return out, nil
+}
