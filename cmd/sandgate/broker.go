@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/store"
+)
+
+// broker is one running gateway process: the public listener, the
+// operator listener, and what they share.
+type broker struct {
+	cfg       *Config
+	log       *slog.Logger
+	rdb       redis.UniversalClient
+	tls       *tls.Config // nil: plaintext behind trusted proxies only
+	public    net.Listener
+	admin     net.Listener
+	operators []admin.OperatorToken
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: %w", level, err)
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// run serves until ctx ends, then shuts down gracefully.
+func (b *broker) run(ctx context.Context) error {
+	clock := sandgate.SystemClock{}
+	proxies, err := b.cfg.trustedProxies()
+	if err != nil {
+		return err
+	}
+	if b.tls == nil && len(proxies) == 0 {
+		return errors.New("sandgate refuses plaintext: set tls.cert_file and tls.key_file, or tls.trusted_proxies for a TLS-terminating proxy")
+	}
+	penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir}
+	prov, err := local.New(ctx, local.Config{DataDir: filepath.Join(b.cfg.DataDir, "local"), BwrapPath: b.cfg.Provider.Local.BwrapPath}, penv)
+	if err != nil {
+		return fmt.Errorf("provider local: %w", err)
+	}
+	db := store.New(b.rdb, store.Config{})
+	gw := gateway.New(gateway.Config{TrustedProxies: proxies, DefaultImage: local.Image}, db, prov, clock, b.log.With("component", "gateway"))
+	defaults := sandgate.Scope{
+		Sizes: b.cfg.Defaults.Sizes, DefaultSize: b.cfg.Defaults.DefaultSize,
+		Images: b.cfg.Defaults.Images, DefaultImage: b.cfg.Defaults.DefaultImage,
+		Limits: b.cfg.Defaults.Limits.limits(),
+	}
+	if defaults.DefaultImage == "" {
+		defaults.DefaultImage = local.Image
+	}
+	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults},
+		db, clock, b.log.With("component", "admin"))
+
+	pub := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: b.tls,
+		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
+	ops := &http.Server{Handler: adm.Handler(), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { gw.Run(runCtx) })
+	errc := make(chan error, 2)
+	wg.Go(func() {
+		ln := b.public
+		if b.tls != nil {
+			ln = tls.NewListener(ln, b.tls)
+		}
+		if err := pub.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("public listener: %w", err)
+		}
+	})
+	wg.Go(func() {
+		if err := ops.Serve(b.admin); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("operator listener: %w", err)
+		}
+	})
+	b.log.Info("sandgate listening", slog.String("listen", b.public.Addr().String()), slog.String("admin_listen", b.admin.Addr().String()), slog.String("broker_id", b.cfg.BrokerID))
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	b.log.Info("sandgate shutting down")
+	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer scancel()
+	_ = pub.Shutdown(sctx)
+	_ = ops.Shutdown(sctx)
+	cancel()
+	wg.Wait()
+	return runErr
+}
+
+// isLoopback reports whether addr (host:port) binds only loopback.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+func serverTLS(cert tls.Certificate) *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+}
+
+// newRedis returns the client of the configured Redis. Short timeouts make
+// a Redis outage fail closed quickly instead of hanging requests.
+func newRedis(cfg *Config) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr: cfg.Redis.Addr, Password: cfg.Redis.Password, DB: cfg.Redis.DB,
+		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
+	})
+}

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admin"
+)
+
+// Config is the broker's one YAML file. Every field has an environment
+// override named in its comment. A zero field means the default beside it.
+type Config struct {
+	Listen      string `yaml:"listen"`       // SANDGATE_LISTEN; default ":8443"
+	AdminListen string `yaml:"admin_listen"` // SANDGATE_ADMIN_LISTEN; default "127.0.0.1:8444"
+	DataDir     string `yaml:"data_dir"`     // SANDGATE_DATA_DIR; default "/var/lib/sandgate"
+	BrokerID    string `yaml:"broker_id"`    // SANDGATE_BROKER_ID; default the host name; labels vendor objects
+	TLS         struct {
+		CertFile       string   `yaml:"cert_file"`       // SANDGATE_TLS_CERT_FILE
+		KeyFile        string   `yaml:"key_file"`        // SANDGATE_TLS_KEY_FILE
+		TrustedProxies []string `yaml:"trusted_proxies"` // CIDRs or addresses of TLS-terminating proxies
+	} `yaml:"tls"`
+	Redis struct {
+		Addr     string `yaml:"addr"`     // SANDGATE_REDIS_ADDR; default "127.0.0.1:6379"
+		Password string `yaml:"password"` // SANDGATE_REDIS_PASSWORD
+		DB       int    `yaml:"db"`       // SANDGATE_REDIS_DB
+	} `yaml:"redis"`
+	Provider struct {
+		Name  string `yaml:"name"` // SANDGATE_PROVIDER; default "local"
+		Local struct {
+			BwrapPath string `yaml:"bwrap_path"` // default: bwrap on PATH
+		} `yaml:"local"`
+	} `yaml:"provider"`
+	Operators []struct {
+		Name        string `yaml:"name"`
+		Role        string `yaml:"role"`         // admin, operator or finance
+		TokenSHA256 string `yaml:"token_sha256"` // hex SHA-256 of the token
+		TokenEnv    string `yaml:"token_env"`    // or: the environment variable holding the token
+	} `yaml:"operators"`
+	Lease struct {
+		GracePeriod time.Duration `yaml:"grace_period"` // default 1h
+	} `yaml:"lease"`
+	Defaults struct {
+		Sizes        []string     `yaml:"sizes"`
+		DefaultSize  string       `yaml:"default_size"`
+		Images       []string     `yaml:"images"`
+		DefaultImage string       `yaml:"default_image"`
+		Limits       LimitsConfig `yaml:"limits"`
+	} `yaml:"defaults"`
+	Log struct {
+		Level string `yaml:"level"` // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
+	} `yaml:"log"`
+}
+
+// LimitsConfig is a scope's limits in the config file, durations in Go syntax.
+type LimitsConfig struct {
+	MaxConcurrentWorkspaces int           `yaml:"max_concurrent_workspaces"`
+	MaxLifetime             time.Duration `yaml:"max_lifetime"`
+	IdleTimeout             time.Duration `yaml:"idle_timeout"`
+	MaxExecTimeout          time.Duration `yaml:"max_exec_timeout"`
+	DefaultExecTimeout      time.Duration `yaml:"default_exec_timeout"`
+	MaxSnapshots            int           `yaml:"max_snapshots"`
+	SnapshotTTL             time.Duration `yaml:"snapshot_ttl"`
+	MaxFileBytes            int64         `yaml:"max_file_bytes"`
+	MaxOutputBytes          int64         `yaml:"max_output_bytes"`
+	MaxEnvEntries           int           `yaml:"max_env_entries"`
+	MaxEgressDomains        int           `yaml:"max_egress_domains"`
+}
+
+func (l LimitsConfig) limits() sandgate.Limits {
+	return sandgate.Limits{
+		MaxConcurrentWorkspaces: l.MaxConcurrentWorkspaces, MaxLifetime: l.MaxLifetime, IdleTimeout: l.IdleTimeout,
+		MaxExecTimeout: l.MaxExecTimeout, DefaultExecTimeout: l.DefaultExecTimeout, MaxSnapshots: l.MaxSnapshots,
+		SnapshotTTL: l.SnapshotTTL, MaxFileBytes: l.MaxFileBytes, MaxOutputBytes: l.MaxOutputBytes,
+		MaxEnvEntries: l.MaxEnvEntries, MaxEgressDomains: l.MaxEgressDomains,
+	}.WithDefaults()
+}
+
+// loadConfig reads the YAML file strictly (unknown keys are errors), applies
+// environment overrides and fills defaults.
+func loadConfig(path string, getenv func(string) string) (*Config, error) {
+	var c Config
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		dec.KnownFields(true)
+		if err := dec.Decode(&c); err != nil {
+			return nil, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	str := func(dst *string, env string) {
+		if v := getenv(env); v != "" {
+			*dst = v
+		}
+	}
+	str(&c.Listen, "SANDGATE_LISTEN")
+	str(&c.AdminListen, "SANDGATE_ADMIN_LISTEN")
+	str(&c.DataDir, "SANDGATE_DATA_DIR")
+	str(&c.BrokerID, "SANDGATE_BROKER_ID")
+	str(&c.TLS.CertFile, "SANDGATE_TLS_CERT_FILE")
+	str(&c.TLS.KeyFile, "SANDGATE_TLS_KEY_FILE")
+	str(&c.Redis.Addr, "SANDGATE_REDIS_ADDR")
+	str(&c.Redis.Password, "SANDGATE_REDIS_PASSWORD")
+	str(&c.Provider.Name, "SANDGATE_PROVIDER")
+	str(&c.Log.Level, "SANDGATE_LOG_LEVEL")
+	if v := getenv("SANDGATE_REDIS_DB"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, fmt.Errorf("SANDGATE_REDIS_DB: %w", err)
+		}
+		c.Redis.DB = n
+	}
+	def := func(dst *string, v string) {
+		if *dst == "" {
+			*dst = v
+		}
+	}
+	def(&c.Listen, ":8443")
+	def(&c.AdminListen, "127.0.0.1:8444")
+	def(&c.DataDir, "/var/lib/sandgate")
+	def(&c.Redis.Addr, "127.0.0.1:6379")
+	def(&c.Provider.Name, "local")
+	def(&c.Log.Level, "info")
+	if c.BrokerID == "" {
+		h, _ := os.Hostname()
+		c.BrokerID = "sandgate-" + h
+	}
+	if c.Lease.GracePeriod == 0 {
+		c.Lease.GracePeriod = time.Hour
+	}
+	if c.Provider.Name != "local" {
+		return nil, fmt.Errorf("config: provider %q is not available; this build has: local", c.Provider.Name)
+	}
+	return &c, nil
+}
+
+func (c *Config) trustedProxies() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range c.TLS.TrustedProxies {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("config: tls.trusted_proxies: %q is neither a CIDR nor an address", s)
+		}
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
+}
+
+func (c *Config) operatorTokens(getenv func(string) string) ([]admin.OperatorToken, error) {
+	var out []admin.OperatorToken
+	for _, o := range c.Operators {
+		role := admin.Role(o.Role)
+		switch role {
+		case admin.RoleAdmin, admin.RoleOperator, admin.RoleFinance:
+		default:
+			return nil, fmt.Errorf("config: operator %q: role must be admin, operator or finance", o.Name)
+		}
+		h := o.TokenSHA256
+		if o.TokenEnv != "" {
+			v := getenv(o.TokenEnv)
+			if v == "" {
+				return nil, fmt.Errorf("config: operator %q: %s is empty", o.Name, o.TokenEnv)
+			}
+			h = admin.HashToken(sandgate.Secret(v))
+		}
+		if len(h) != 64 {
+			return nil, fmt.Errorf("config: operator %q: set token_sha256 (64 hex characters) or token_env", o.Name)
+		}
+		out = append(out, admin.OperatorToken{Name: o.Name, Role: role, Hash: h})
+	}
+	return out, nil
+}

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/token"
+)
+
+// devState is what `sandgate dev` keeps between runs in DATA_DIR/dev.json
+// (mode 0600), so the printed token keeps working after a restart.
+type devState struct {
+	AccountID  string `json:"account_id"`
+	InstanceID string `json:"instance_id"`
+	LeaseID    string `json:"lease_id"`
+	Token      string `json:"token"`
+	AdminToken string `json:"admin_token"`
+}
+
+// operatorPrefix starts dev operator tokens, so scanners tell them apart
+// from client tokens.
+const operatorPrefix = "sgo_"
+
+func devCommand() *cobra.Command {
+	var listen, adminListen, dataDir string
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run a broker with zero set-up: embedded store, local provider, self-signed TLS",
+		Long: `dev runs a complete broker for trying sandgate: an embedded in-memory
+Redis-protocol store (nothing survives a restart but the token), the local
+bubblewrap provider, and a self-signed CA. It bootstraps one account,
+instance and token and prints them, also writing DATA_DIR/dev.env.
+It is not for production and never for money.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDev(cmd.Context(), listen, adminListen, dataDir)
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8443", "address of the broker's HTTPS listener")
+	cmd.Flags().StringVar(&adminListen, "admin-listen", "127.0.0.1:8444", "address of the operator API (loopback)")
+	cmd.Flags().StringVar(&dataDir, "data-dir", ".sandgate", "directory for certificates, dev state and workspaces")
+	return cmd
+}
+
+func runDev(ctx context.Context, listen, adminListen, dataDir string) error {
+	dataDir, err := filepath.Abs(dataDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return err
+	}
+	if !isLoopback(adminListen) {
+		return fmt.Errorf("--admin-listen %q must be a loopback address", adminListen)
+	}
+	cfg, err := loadConfig("", func(string) string { return "" })
+	if err != nil {
+		return err
+	}
+	cfg.DataDir = dataDir
+	cfg.BrokerID = "sandgate-dev"
+	log, err := newLogger("info")
+	if err != nil {
+		return err
+	}
+	clock := sandgate.SystemClock{}
+	cert, caPath, err := devCerts(dataDir, clock.Now())
+	if err != nil {
+		return err
+	}
+	st, err := loadDevState(filepath.Join(dataDir, "dev.json"))
+	if err != nil {
+		return err
+	}
+
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		return fmt.Errorf("embedded store: %w", err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	// The embedded store starts empty, so sandboxes of an earlier run have
+	// no record: remove them rather than leave them running unaccounted.
+	if err := os.RemoveAll(filepath.Join(dataDir, "local")); err != nil {
+		return err
+	}
+	if err := bootstrapDev(ctx, store.New(rdb, store.Config{}), &st, clock); err != nil {
+		return err
+	}
+	if err := saveDevState(filepath.Join(dataDir, "dev.json"), st); err != nil {
+		return err
+	}
+
+	b := &broker{cfg: cfg, log: log, rdb: rdb, tls: serverTLS(cert),
+		operators: []admin.OperatorToken{{Name: "dev", Role: admin.RoleAdmin, Hash: admin.HashToken(sandgate.Secret(st.AdminToken))}}}
+	if b.public, err = net.Listen("tcp", listen); err != nil {
+		return err
+	}
+	if b.admin, err = net.Listen("tcp", adminListen); err != nil {
+		b.public.Close()
+		return err
+	}
+	env := devEnv(b.public.Addr().String(), b.admin.Addr().String(), caPath, st)
+	if err := os.WriteFile(filepath.Join(dataDir, "dev.env"), []byte(env), 0o600); err != nil {
+		return err
+	}
+	fmt.Print(env)
+	return b.run(ctx)
+}
+
+func devEnv(public, adminAddr, caPath string, st devState) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "BROKER_URL=https://%s\n", public)
+	fmt.Fprintf(&b, "BROKER_CA=%s\n", caPath)
+	fmt.Fprintf(&b, "BROKER_TOKEN=%s\n", st.Token)
+	fmt.Fprintf(&b, "SANDGATE_ADMIN_URL=http://%s\n", adminAddr)
+	fmt.Fprintf(&b, "SANDGATE_ADMIN_TOKEN=%s\n", st.AdminToken)
+	fmt.Fprintf(&b, "# try: curl --cacert \"$BROKER_CA\" -H \"Authorization: Bearer $BROKER_TOKEN\" \"$BROKER_URL/v1/lease\"\n")
+	return b.String()
+}
+
+func loadDevState(path string) (devState, error) {
+	var st devState
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return st, nil
+	}
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return devState{}, fmt.Errorf("%s: %w (delete it to start afresh)", path, err)
+	}
+	return st, nil
+}
+
+func saveDevState(path string, st devState) error {
+	b, _ := json.MarshalIndent(st, "", "  ")
+	return os.WriteFile(path, b, 0o600)
+}
+
+// bootstrapDev creates the dev account, instance and token, reusing the
+// ids and tokens of an earlier run when st has them.
+func bootstrapDev(ctx context.Context, db *store.DB, st *devState, clock sandgate.Clock) error {
+	now := clock.Now()
+	if st.AccountID == "" || !token.Valid(st.Token, token.Prefix) || !token.Valid(st.AdminToken, operatorPrefix) {
+		*st = devState{
+			AccountID:  sandgate.NewID(sandgate.PrefixAccount),
+			InstanceID: sandgate.NewID(sandgate.PrefixInstance),
+			LeaseID:    sandgate.NewID(sandgate.PrefixLease),
+			Token:      token.New(token.Prefix).Reveal(),
+			AdminToken: token.New(operatorPrefix).Reveal(),
+		}
+	}
+	if err := db.CreateAccount(ctx, sandgate.Account{ID: st.AccountID, Name: "dev", CreatedAt: now}); err != nil {
+		return fmt.Errorf("bootstrap account: %w", err)
+	}
+	scope := sandgate.Scope{DefaultImage: local.Image, EgressCeiling: []string{}, Limits: sandgate.DefaultLimits}
+	if err := db.PutInstance(ctx, sandgate.Instance{ID: st.InstanceID, AccountID: st.AccountID, Name: "dev", Scope: scope, CreatedAt: now}); err != nil {
+		return fmt.Errorf("bootstrap instance: %w", err)
+	}
+	tok := sandgate.Secret(st.Token)
+	l := sandgate.Lease{ID: st.LeaseID, TokenHash: token.Hash(tok), TokenPrefix: token.DisplayPrefix(tok),
+		InstanceID: st.InstanceID, AccountID: st.AccountID, IssuedAt: now}
+	if err := db.IssueLease(ctx, l, false, now, 0); err != nil {
+		return fmt.Errorf("bootstrap token: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,33 @@
+// Command sandgate is the execution broker: `serve` runs it, `dev` runs it
+// with zero set-up, and `admin` drives the operator API.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := rootCommand().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "sandgate:", err)
+		os.Exit(1)
+	}
+}
+
+func rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "sandgate",
+		Short:         "sandgate is an execution broker (protocol v1)",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(serveCommand(), devCommand(), adminCommand())
+	return root
+}
