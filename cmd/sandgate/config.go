@@ -53,6 +53,20 @@ type Config struct {
 		DefaultImage string       `yaml:"default_image"`
 		Limits       LimitsConfig `yaml:"limits"`
 	} `yaml:"defaults"`
+	Admission struct {
+		// Timeout bounds every Redis call; past it admission fails closed
+		// (503 admission_unavailable). Default 2s.
+		Timeout time.Duration `yaml:"timeout"`
+		Risk    struct {
+			AcquiresPerMinute int    `yaml:"acquires_per_minute"` // default 120
+			MaxOpenWorkspaces int    `yaml:"max_open_workspaces"` // default 100
+			MaxSize           string `yaml:"max_size"`            // default xlarge
+		} `yaml:"risk"`
+		RateLimits map[string]struct {
+			PerSecond float64 `yaml:"per_second"`
+			Burst     int     `yaml:"burst"`
+		} `yaml:"rate_limits"` // keys: read, acquire, exec
+	} `yaml:"admission"`
 	Log struct {
 		Level string `yaml:"level"` // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
 	} `yaml:"log"`
@@ -133,6 +147,16 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 	if c.BrokerID == "" {
 		h, _ := os.Hostname()
 		c.BrokerID = "sandgate-" + h
+	}
+	if c.Admission.Timeout == 0 {
+		c.Admission.Timeout = 2 * time.Second
+	}
+	for class := range c.Admission.RateLimits {
+		switch class {
+		case "read", "acquire", "exec":
+		default:
+			return nil, fmt.Errorf("config: admission.rate_limits: unknown class %q (want read, acquire or exec)", class)
+		}
 	}
 	if c.Lease.GracePeriod == 0 {
 		c.Lease.GracePeriod = time.Hour
