@@ -48,7 +48,8 @@ type CreateSpec struct {
 	InstanceID  string
 	Size        sandgate.Size
 	Image       string
-	// Env is passed to every process in the sandbox. Never log or persist it.
+	// Env is passed to every process in the sandbox. Never log it, and keep
+	// it only where the sandbox itself lives (the vendor side).
 	Env    map[string]string
 	Egress sandgate.EgressPolicy
 	// ExpiresAt is the hard deadline: the vendor-side lifetime, where the

@@ -1,0 +1,250 @@
+package execfile_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/execfile"
+)
+
+// hostExecer runs commands directly on the host, so these tests exercise the
+// scripts themselves; providertest runs them again inside real sandboxes.
+type hostExecer struct {
+	last providers.ExecResult // the result of the latest Exec
+}
+
+func (h *hostExecer) Exec(ctx context.Context, _ providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	cmd := exec.CommandContext(ctx, spec.Argv[0], spec.Argv[1:]...)
+	cmd.Stdin = bytes.NewReader(spec.Stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var res providers.ExecResult
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		res.ExitCode = ee.ExitCode()
+	case err != nil:
+		return res, err
+	}
+	res.StdoutBytes = int64(stdout.Len())
+	res.StderrBytes = int64(stderr.Len())
+	res.Stdout = stdout.Bytes()
+	if res.StdoutBytes > spec.MaxOutputBytes {
+		res.Stdout = res.Stdout[:spec.MaxOutputBytes]
+		res.StdoutTruncated = true
+	}
+	h.last = res
+	return res, nil
+}
+
+// fixedExecer returns one canned result.
+type fixedExecer providers.ExecResult
+
+func (f fixedExecer) Exec(context.Context, providers.Sandbox, providers.ExecSpec) (providers.ExecResult, error) {
+	return providers.ExecResult(f), nil
+}
+
+var sb = providers.Sandbox{Ref: "test"}
+
+func allBytes() []byte {
+	b := make([]byte, 256*3)
+	for i := range b {
+		b[i] = byte(i)
+	}
+	return b
+}
+
+func TestReadFile(t *testing.T) {
+	dir := t.TempDir()
+	mustWrite(t, filepath.Join(dir, "bin"), allBytes(), 0o644)
+	mustWrite(t, filepath.Join(dir, "empty"), nil, 0o644)
+	mustWrite(t, filepath.Join(dir, "ten"), []byte("0123456789"), 0o644)
+	mustWrite(t, filepath.Join(dir, "-dash $HOME `x` 'q' \"d\"\n"), []byte("odd"), 0o644)
+	if err := os.Symlink("bin", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("nowhere", filepath.Join(dir, "dangling")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(dir, filepath.Join(dir, "dirlink")); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name    string
+		max     int64
+		want    []byte
+		wantErr error
+	}{
+		{"bin", 1 << 20, allBytes(), nil},
+		{"empty", 10, []byte{}, nil},
+		{"ten", 10, []byte("0123456789"), nil},
+		{"ten", 9, nil, providers.ErrFileTooLarge},
+		{"ten", -1, nil, providers.ErrFileTooLarge},
+		{"-dash $HOME `x` 'q' \"d\"\n", 10, []byte("odd"), nil},
+		{"link", 1 << 20, allBytes(), nil},
+		{"missing", 10, nil, providers.ErrFileNotFound},
+		{"dangling", 10, nil, providers.ErrFileNotFound},
+		{"ten/below", 10, nil, providers.ErrFileNotFound},
+		{".", 10, nil, providers.ErrNotAFile},
+		{"dirlink", 10, nil, providers.ErrNotAFile},
+	}
+	for _, tt := range tests {
+		ex := &hostExecer{}
+		got, err := execfile.ReadFile(t.Context(), ex, sb, filepath.Join(dir, tt.name), tt.max)
+		if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
+			t.Errorf("ReadFile(%q, %d) error = %v; want %v", tt.name, tt.max, err, tt.wantErr)
+			continue
+		}
+		if !bytes.Equal(got, tt.want) || (got == nil) != (tt.want == nil) {
+			t.Errorf("ReadFile(%q, %d) = %q; want %q", tt.name, tt.max, got, tt.want)
+		}
+		if errors.Is(err, providers.ErrFileTooLarge) && ex.last.StdoutBytes != 0 {
+			t.Errorf("ReadFile(%q, %d) transferred %d bytes of a file over max; want 0", tt.name, tt.max, ex.last.StdoutBytes)
+		}
+	}
+}
+
+func TestReadFileGrew(t *testing.T) {
+	// The sandbox reported more bytes than max: the file grew after the size
+	// check, and the read must fail rather than return a cut file.
+	ex := fixedExecer{Stdout: []byte("0123"), StdoutBytes: 5, StdoutTruncated: true}
+	if _, err := execfile.ReadFile(t.Context(), ex, sb, "/f", 3); !errors.Is(err, providers.ErrFileTooLarge) {
+		t.Errorf("ReadFile of a grown file error = %v; want ErrFileTooLarge", err)
+	}
+}
+
+func TestWriteFile(t *testing.T) {
+	dir := t.TempDir()
+	ex := &hostExecer{}
+	write := func(name string, data []byte) error {
+		return execfile.WriteFile(t.Context(), ex, sb, dir+"/"+name, data) // not Join: keep a trailing slash
+	}
+
+	if err := write("a/b/c/bin", allBytes()); err != nil {
+		t.Fatalf("WriteFile creating parents: %v", err)
+	}
+	checkFile(t, filepath.Join(dir, "a/b/c/bin"), allBytes(), 0o644)
+
+	if err := write("a/b/c/bin", []byte("short")); err != nil {
+		t.Fatalf("WriteFile replacing: %v", err)
+	}
+	checkFile(t, filepath.Join(dir, "a/b/c/bin"), []byte("short"), 0o644)
+
+	if err := write("empty", nil); err != nil {
+		t.Fatalf("WriteFile empty: %v", err)
+	}
+	checkFile(t, filepath.Join(dir, "empty"), []byte{}, 0o644)
+
+	name := "-dash $HOME `x` 'q' \"d\"\n"
+	if err := write(name, []byte("odd")); err != nil {
+		t.Fatalf("WriteFile odd name: %v", err)
+	}
+	checkFile(t, filepath.Join(dir, name), []byte("odd"), 0o644)
+
+	mustWrite(t, filepath.Join(dir, "tool"), []byte("old"), 0o700)
+	if err := write("tool", []byte("#!/bin/sh\n")); err != nil {
+		t.Fatalf("WriteFile over an executable: %v", err)
+	}
+	checkFile(t, filepath.Join(dir, "tool"), []byte("#!/bin/sh\n"), 0o755)
+
+	// A final symlink is followed: its target is replaced, the link stays.
+	if err := os.Symlink("target", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := write("link", []byte("via link")); err != nil {
+		t.Fatalf("WriteFile through a symlink: %v", err)
+	}
+	checkFile(t, filepath.Join(dir, "target"), []byte("via link"), 0o644)
+	if fi, err := os.Lstat(filepath.Join(dir, "link")); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		t.Errorf("WriteFile through a symlink replaced the link itself (%v)", err)
+	}
+
+	for _, name := range []string{"a/b", "a/b/", "a/b/c/bin/", "a/b/c/bin/below", "a/b/c/bin/x/y", "."} {
+		if err := write(name, []byte("x")); !errors.Is(err, providers.ErrNotAFile) {
+			t.Errorf("WriteFile(%q) error = %v; want ErrNotAFile", name, err)
+		}
+	}
+	checkFile(t, filepath.Join(dir, "a/b/c/bin"), []byte("short"), 0o644)
+
+	// No temporary file is left behind, on success or on failure.
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && bytes.HasPrefix([]byte(d.Name()), []byte(".sandgate-write-")) {
+			t.Errorf("temporary file left behind: %s", p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBadPath(t *testing.T) {
+	for _, p := range []string{"", "rel/path", "/nul\x00byte"} {
+		if _, err := execfile.ReadFile(t.Context(), &hostExecer{}, sb, p, 10); !errors.Is(err, fs.ErrInvalid) {
+			t.Errorf("ReadFile(%q) error = %v; want fs.ErrInvalid", p, err)
+		}
+		if err := execfile.WriteFile(t.Context(), &hostExecer{}, sb, p, nil); !errors.Is(err, fs.ErrInvalid) {
+			t.Errorf("WriteFile(%q) error = %v; want fs.ErrInvalid", p, err)
+		}
+	}
+}
+
+func TestExitMapping(t *testing.T) {
+	tests := []struct {
+		res     providers.ExecResult
+		wantErr error // nil: any non-nil error that is none of the provider errors
+	}{
+		{providers.ExecResult{ExitCode: 137, TimedOut: true}, nil},
+		{providers.ExecResult{ExitCode: 1}, nil},
+		{providers.ExecResult{ExitCode: 127}, nil},
+		{providers.ExecResult{ExitCode: 81}, providers.ErrFileNotFound},
+		{providers.ExecResult{ExitCode: 82}, providers.ErrNotAFile},
+		{providers.ExecResult{ExitCode: 83}, providers.ErrFileTooLarge},
+	}
+	for _, tt := range tests {
+		_, err := execfile.ReadFile(t.Context(), fixedExecer(tt.res), sb, "/f", 10)
+		switch {
+		case err == nil:
+			t.Errorf("ReadFile with result %+v = nil error; want one", tt.res)
+		case tt.wantErr != nil && !errors.Is(err, tt.wantErr):
+			t.Errorf("ReadFile with result %+v error = %v; want %v", tt.res, err, tt.wantErr)
+		case tt.wantErr == nil && (errors.Is(err, providers.ErrFileNotFound) || errors.Is(err, providers.ErrNotAFile) || errors.Is(err, providers.ErrFileTooLarge)):
+			t.Errorf("ReadFile with result %+v error = %v; want a plain error", tt.res, err)
+		}
+	}
+}
+
+func mustWrite(t *testing.T, name string, data []byte, mode fs.FileMode) {
+	t.Helper()
+	if err := os.WriteFile(name, data, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func checkFile(t *testing.T, name string, want []byte, wantMode fs.FileMode) {
+	t.Helper()
+	got, err := os.ReadFile(name)
+	if err != nil {
+		t.Errorf("read back: %v", err)
+		return
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("file content = %q; want %q", got, want)
+	}
+	fi, err := os.Stat(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != wantMode {
+		t.Errorf("file mode = %v; want %v", fi.Mode().Perm(), wantMode)
+	}
+}

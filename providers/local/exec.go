@@ -1,0 +1,401 @@
+package local
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
+)
+
+// defaultDir is the working directory of a command that names none.
+const defaultDir = "/workspace"
+
+// defaultPath is PATH in the sandbox unless the workspace's Env sets it.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// waitDelay bounds how long Exec waits for the output pipes once bwrap has
+// exited. The pid namespace dies with bwrap, so the pipes close at once; this
+// is a backstop, not a limit a command gets near.
+const waitDelay = 5 * time.Second
+
+// Exec runs spec.Argv in a fresh bwrap sandbox over the workspace's
+// directories. Returns [providers.ErrSandboxGone] when the workspace does not
+// exist, was terminated (also while the command ran), or is past its
+// ExpiresAt. See README.md for what is enforced.
+func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	w, err := p.open(sb.Ref)
+	if err != nil {
+		return providers.ExecResult{}, err
+	}
+	if err := checkSpec(spec); err != nil {
+		return providers.ExecResult{}, err
+	}
+	timeout := spec.Timeout
+	if !w.rec.ExpiresAt.IsZero() {
+		left := w.rec.ExpiresAt.Sub(p.clock.Now())
+		if left <= 0 {
+			return providers.ExecResult{}, fmt.Errorf("local: exec: workspace expired: %w", providers.ErrSandboxGone)
+		}
+		// The hard deadline holds even if the reaper is down.
+		if timeout <= 0 || timeout > left {
+			timeout = left
+		}
+	}
+	j := job{
+		ref:     sb.Ref,
+		layout:  w.layout,
+		cpus:    p.pickCPUs(sb.Ref, w.rec.CPUCores),
+		memory:  int64(w.rec.MemoryMiB) << 20,
+		env:     w.env,
+		dir:     cmp.Or(spec.Dir, defaultDir),
+		argv:    spec.Argv,
+		stdin:   spec.Stdin,
+		timeout: timeout,
+		maxOut:  spec.MaxOutputBytes,
+	}
+	start := time.Now()
+	res, err := p.run(ctx, j)
+	if err != nil {
+		return providers.ExecResult{}, err
+	}
+	p.log.Debug("exec finished", sandgate.WorkspaceAttr(sb.Ref),
+		"argc", len(spec.Argv), "stdin_bytes", len(spec.Stdin), "exit_code", res.ExitCode,
+		"stdout_bytes", res.StdoutBytes, "stderr_bytes", res.StderrBytes,
+		"timed_out", res.TimedOut, "duration", time.Since(start))
+	return res, nil
+}
+
+// checkSpec refuses what cannot be passed to a process: a NUL in argv or
+// dir, a relative dir, an empty argv. Messages never carry the values.
+func checkSpec(spec providers.ExecSpec) error {
+	if len(spec.Argv) == 0 {
+		return errors.New("local: exec: empty argv")
+	}
+	for _, a := range spec.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return errors.New("local: exec: argv holds a NUL byte")
+		}
+	}
+	if spec.Dir != "" && (!path.IsAbs(spec.Dir) || strings.IndexByte(spec.Dir, 0) >= 0) {
+		return errors.New("local: exec: dir must be absolute and free of NUL")
+	}
+	return nil
+}
+
+// job is one bwrap run.
+type job struct {
+	ref     string // "" for New's probe, which no Terminate can reach
+	layout  layout
+	cpus    []int
+	memory  int64 // bytes
+	env     map[string]string
+	dir     string
+	argv    []string
+	stdin   []byte
+	timeout time.Duration // <= 0: none
+	maxOut  int64
+}
+
+// run is one exec in flight, so that Terminate can kill it and wait for it.
+type run struct {
+	pgid int
+	done chan struct{} // closed when the exec's processes are reaped
+
+	mu         sync.Mutex
+	exited     bool // bwrap has exited: the pgid may soon be free for reuse
+	terminated bool // Terminate killed it
+}
+
+// kill sends SIGKILL to the run's process group, unless bwrap has already
+// exited (a reaped pgid could name someone else's processes by then). It
+// reports whether it sent the signal.
+func (r *run) kill(byTerminate bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if byTerminate {
+		r.terminated = true
+	}
+	if r.exited {
+		return false
+	}
+	killGroup(r.pgid) // ESRCH: it is exiting anyway
+	return true
+}
+
+// run executes j under prlimit and bwrap and waits for it. It kills the
+// sandbox when j.timeout passes or ctx ends.
+func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error) {
+	if err := ctx.Err(); err != nil {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", context.Cause(ctx))
+	}
+	// bwrap reads its options, env values and host paths included, from a
+	// pipe: they never appear in a command line on the host or inside the
+	// sandbox (its pid 1 is bwrap). Only the command's own argv does.
+	argsR, argsW, err := os.Pipe()
+	if err != nil {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
+	}
+	defer argsR.Close()
+	defer argsW.Close()
+	files := []*os.File{argsR}
+	filter := seccompFilter()
+	if filter != nil {
+		// The filter is far smaller than a pipe's buffer: write it now.
+		secR, secW, err := os.Pipe()
+		if err != nil {
+			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
+		}
+		defer secR.Close()
+		_, err = secW.Write(filter)
+		secW.Close()
+		if err != nil {
+			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
+		}
+		files = append(files, secR)
+	}
+
+	stdout := &cappedBuffer{max: j.maxOut}
+	stderr := &cappedBuffer{max: j.maxOut}
+	cmd := exec.Command(p.prlimit, prlimitArgs(j)...)
+	cmd.Args = append(cmd.Args, "--", p.bwrap, "--args", "3", "--")
+	cmd.Args = append(cmd.Args, j.argv...)
+	// bwrap's own environment is visible in the sandbox (/proc/1/environ),
+	// and with the workspace's Env it could even load code on the host
+	// (LD_PRELOAD): give it none. The sandbox's comes from --setenv.
+	cmd.Env = []string{}
+	if len(j.stdin) > 0 {
+		cmd.Stdin = bytes.NewReader(j.stdin)
+	}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.ExtraFiles = files // fd 3: options; fd 4: seccomp filter
+	cmd.SysProcAttr = sysProcAttr()
+	cmd.WaitDelay = waitDelay
+
+	r := &run{done: make(chan struct{})}
+	defer close(r.done)
+	if err := p.start(j.ref, cmd, j.cpus, r); err != nil {
+		return providers.ExecResult{}, err
+	}
+	defer p.forget(j.ref, r)
+	argsR.Close()
+	// Written after Start: the options can outgrow a pipe's buffer, and
+	// bwrap reads them before anything else. If bwrap dies first, the write
+	// fails at once and the error shows in its exit status.
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		argsW.Write(p.bwrapOptions(j, filter != nil))
+		argsW.Close()
+	}()
+
+	// The killer goroutine exits when the command has exited (stop closes)
+	// or after it killed the command.
+	stop := make(chan struct{})
+	killed := make(chan bool, 1) // true when the timeout killed it
+	go func() {
+		var timer <-chan time.Time
+		if j.timeout > 0 {
+			t := time.NewTimer(j.timeout)
+			defer t.Stop()
+			timer = t.C
+		}
+		select {
+		case <-stop:
+			killed <- false
+		case <-timer:
+			killed <- r.kill(false)
+		case <-ctx.Done():
+			r.kill(false)
+			killed <- false
+		}
+	}()
+
+	exitErr := waitExited(cmd.Process.Pid)
+	if exitErr != nil {
+		// Not reaped yet, so the group is still ours to kill; without
+		// this, nothing would enforce the timeout.
+		killGroup(r.pgid)
+	}
+	r.mu.Lock()
+	r.exited = true
+	r.mu.Unlock()
+	close(stop)
+	timedOut := <-killed
+	waitErr := cmd.Wait()
+	<-wrote
+	if exitErr != nil {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: wait: %w", exitErr)
+	}
+
+	r.mu.Lock()
+	terminated := r.terminated
+	r.mu.Unlock()
+	switch {
+	case terminated:
+		return providers.ExecResult{}, fmt.Errorf("local: exec: terminated while running: %w", providers.ErrSandboxGone)
+	case ctx.Err() != nil:
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", context.Cause(ctx))
+	}
+	var ee *exec.ExitError
+	if waitErr != nil && !errors.As(waitErr, &ee) && !errors.Is(waitErr, exec.ErrWaitDelay) {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", waitErr)
+	}
+
+	res := providers.ExecResult{
+		ExitCode:        exitCode(cmd.ProcessState),
+		Stdout:          stdout.buf,
+		Stderr:          stderr.buf,
+		StdoutBytes:     stdout.n,
+		StderrBytes:     stderr.n,
+		StdoutTruncated: stdout.truncated(),
+		StderrTruncated: stderr.truncated(),
+		TimedOut:        timedOut,
+	}
+	if timedOut {
+		res.ExitCode = 128 + int(syscall.SIGKILL)
+	}
+	return res, nil
+}
+
+// start starts cmd pinned to cpus, with no descriptor of the broker but
+// its own, and records r as a run of ref. It holds p.mu across the liveness
+// check and Start, so a concurrent Terminate either sees the run and kills
+// it or has already made ref gone.
+func (p *Provider) start(ref string, cmd *exec.Cmd, cpus []int, r *run) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ref != "" {
+		if p.terminating[ref] > 0 {
+			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
+		}
+		if _, err := os.Stat(p.layout(ref).sandbox()); err != nil {
+			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
+		}
+	}
+	if err := closeOnExec(); err != nil {
+		return fmt.Errorf("local: exec: %w", scrub(err))
+	}
+	if err := startPinned(cmd, cpus); err != nil {
+		return fmt.Errorf("local: exec: start: %w", scrub(err))
+	}
+	r.pgid = cmd.Process.Pid
+	if ref != "" {
+		if p.runs[ref] == nil {
+			p.runs[ref] = make(map[*run]struct{})
+		}
+		p.runs[ref][r] = struct{}{}
+	}
+	return nil
+}
+
+// forget drops r from the runs of ref.
+func (p *Provider) forget(ref string, r *run) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.runs[ref], r)
+	if len(p.runs[ref]) == 0 {
+		delete(p.runs, ref)
+	}
+}
+
+// prlimitArgs sets the limits bwrap and everything in the sandbox inherit;
+// see README.md for why RLIMIT_DATA and not RLIMIT_AS.
+func prlimitArgs(j job) []string {
+	return []string{
+		"--data=" + strconv.FormatInt(j.memory, 10), // soft and hard
+		"--core=0", // no core files written where a host helper might read them
+	}
+}
+
+// bwrapOptions returns bwrap's options, each NUL-terminated, for --args.
+func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
+	o := []string{
+		"--unshare-all", // mount, pid, ipc, uts, net, cgroup
+		"--unshare-user", "--uid", "0", "--gid", "0",
+		"--disable-userns", // no nested user namespaces: less kernel surface
+		"--cap-drop", "ALL",
+		"--die-with-parent",
+		"--new-session",
+		"--hostname", hostname,
+		"--ro-bind", "/usr", "/usr",
+	}
+	for _, l := range p.usrLinks {
+		if l.target != "" {
+			o = append(o, "--symlink", l.target, l.name)
+		} else {
+			o = append(o, "--ro-bind", l.name, l.name)
+		}
+	}
+	o = append(o,
+		"--proc", "/proc",
+		"--dev", "/dev",
+		// /dev/shm is memory: bound it like the rest of memory.
+		"--size", strconv.FormatInt(j.memory, 10), "--tmpfs", "/dev/shm",
+		"--ro-bind", p.etcDir, "/etc",
+		"--bind", j.layout.workspace(), defaultDir,
+		"--bind", j.layout.home(), "/root",
+		"--bind", j.layout.tmp(), "/tmp",
+		// The root and /dev are tmpfs, that is memory: make them read-only.
+		"--remount-ro", "/dev",
+		"--remount-ro", "/",
+		"--clearenv",
+		"--setenv", "PATH", defaultPath,
+		"--setenv", "HOME", "/root",
+	)
+	for _, k := range slices.Sorted(maps.Keys(j.env)) {
+		o = append(o, "--setenv", k, j.env[k])
+	}
+	o = append(o, "--chdir", j.dir)
+	if seccomp {
+		o = append(o, "--seccomp", "4")
+	}
+	var b []byte
+	for _, s := range o {
+		b = append(b, s...)
+		b = append(b, 0)
+	}
+	return b
+}
+
+// exitCode is the process's exit status, or 128+n when signal n killed it.
+// bwrap already folds a signal that killed the command into its own exit
+// status; the signal case here is bwrap itself being killed.
+func exitCode(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+// cappedBuffer keeps the first max bytes written to it and counts the rest,
+// so memory stays bounded whatever a command writes. The zero max keeps
+// nothing.
+type cappedBuffer struct {
+	max int64
+	buf []byte
+	n   int64 // bytes written, kept or not
+}
+
+func (c *cappedBuffer) Write(b []byte) (int, error) {
+	c.n += int64(len(b))
+	if room := c.max - int64(len(c.buf)); room > 0 {
+		c.buf = append(c.buf, b[:min(room, int64(len(b)))]...)
+	}
+	return len(b), nil
+}
+
+func (c *cappedBuffer) truncated() bool { return c.n > int64(len(c.buf)) }

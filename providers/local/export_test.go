@@ -1,0 +1,4 @@
+package local
+
+// SeccompFilter bridges the seccomp program to the tests.
+var SeccompFilter = seccompFilter

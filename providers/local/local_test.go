@@ -1,0 +1,471 @@
+package local_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
+)
+
+const broker = "broker-test"
+
+// newProvider returns a local provider over dataDir. It fails, never
+// skips, when bwrap is missing or does not work.
+func newProvider(t *testing.T, dataDir, brokerID string) *local.Provider {
+	t.Helper()
+	return newProviderLog(t, dataDir, brokerID, nil)
+}
+
+func newProviderLog(t *testing.T, dataDir, brokerID string, log *slog.Logger) *local.Provider {
+	t.Helper()
+	p, err := local.New(t.Context(), local.Config{DataDir: dataDir}, providers.Env{BrokerID: brokerID, Logger: log})
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	return p
+}
+
+func TestProvider(t *testing.T) {
+	t.Parallel()
+	providertest.Run(t, func(t *testing.T) providers.Provider {
+		return newProvider(t, t.TempDir(), broker)
+	})
+}
+
+func TestNewRefusesBrokenBwrap(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, err := local.New(t.Context(), local.Config{DataDir: dir, BwrapPath: filepath.Join(dir, "missing")}, providers.Env{})
+	if err == nil {
+		t.Errorf("New with a missing bwrap = nil error; want one")
+	}
+	fake := filepath.Join(dir, "fake-bwrap")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'bwrap: no namespaces for you' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err = local.New(t.Context(), local.Config{DataDir: dir, BwrapPath: fake}, providers.Env{})
+	if err == nil || !strings.Contains(err.Error(), "no namespaces for you") {
+		t.Errorf("New with a failing bwrap = %v; want an error quoting bwrap", err)
+	}
+	if _, err := local.New(t.Context(), local.Config{}, providers.Env{}); err == nil {
+		t.Errorf("New without a data directory = nil error; want one")
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, t.TempDir(), broker)
+	spec := providertest.Spec(t)
+	spec.Image = local.Image
+	sb := providertest.Create(t, p, spec)
+	res := providertest.Exec(t, p, sb, "pwd")
+	if got := strings.TrimSpace(string(res.Stdout)); got != "/workspace" {
+		t.Errorf("default working directory = %q; want /workspace", got)
+	}
+	// Only PATH, HOME, the workspace's Env, and PWD, which bwrap sets with --chdir.
+	res = providertest.Exec(t, p, sb, "env")
+	got := strings.Split(strings.TrimSpace(string(res.Stdout)), "\n")
+	want := map[string]bool{"HOME=/root": true, "PWD=/workspace": true, providertest.EnvVar + "=" + providertest.EnvValue: true}
+	if len(got) != 4 {
+		t.Errorf("environment = %q; want PATH, HOME, PWD and %s only", got, providertest.EnvVar)
+	}
+	for _, kv := range got {
+		if !want[kv] && !strings.HasPrefix(kv, "PATH=") {
+			t.Errorf("unexpected environment entry %q", kv)
+		}
+	}
+	res = providertest.Exec(t, p, sb, "hostname")
+	if got := strings.TrimSpace(string(res.Stdout)); got != "sandbox" {
+		t.Errorf("hostname = %q; want sandbox", got)
+	}
+}
+
+func TestCreateRefuses(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p := newProvider(t, dataDir, broker)
+	for _, tt := range []struct {
+		name   string
+		mutate func(*providers.CreateSpec)
+	}{
+		{"egress allowlist", func(s *providers.CreateSpec) { s.Egress.AllowedDomains = []string{"example.com"} }},
+		{"other image", func(s *providers.CreateSpec) { s.Image = "ubuntu:24.04" }},
+		{"parent dir id", func(s *providers.CreateSpec) { s.WorkspaceID = ".." }},
+		{"path id", func(s *providers.CreateSpec) { s.WorkspaceID = "../escape" }},
+		{"hidden id", func(s *providers.CreateSpec) { s.WorkspaceID = ".ws" }},
+		{"empty id", func(s *providers.CreateSpec) { s.WorkspaceID = "" }},
+		{"no size", func(s *providers.CreateSpec) { s.Size = sandgate.Size{} }},
+		{"env name with =", func(s *providers.CreateSpec) { s.Env = map[string]string{"A=B": "c"} }},
+		{"env value with NUL", func(s *providers.CreateSpec) { s.Env = map[string]string{"A": "b\x00c"} }},
+	} {
+		spec := providertest.Spec(t)
+		tt.mutate(&spec)
+		if sb, err := p.Create(t.Context(), spec); err == nil {
+			p.Terminate(context.Background(), sb)
+			t.Errorf("Create with %s = nil error; want one", tt.name)
+		}
+	}
+	// Nothing was left behind, and nothing escaped the data directory.
+	entries, err := os.ReadDir(filepath.Join(dataDir, "workspaces"))
+	if err != nil || len(entries) != 0 {
+		t.Errorf("workspaces after refused creates = %v, %v; want none", entries, err)
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "escape")); err == nil {
+		t.Errorf("a refused id created a directory outside workspaces/")
+	}
+
+	spec := providertest.Spec(t)
+	providertest.Create(t, p, spec)
+	if _, err := p.Create(t.Context(), spec); err == nil {
+		t.Errorf("second Create of one workspace id = nil error; want one")
+	}
+}
+
+func TestNoNetwork(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+
+	p := newProvider(t, t.TempDir(), broker)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	res := providertest.Exec(t, p, sb, "bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/"+port)
+	if res.ExitCode == 0 {
+		t.Errorf("connecting to the host's 127.0.0.1:%s from the sandbox succeeded", port)
+	}
+	// A connection would be queued by now; none may be.
+	ln.(*net.TCPListener).SetDeadline(time.Now())
+	if c, err := ln.Accept(); err == nil {
+		c.Close()
+		t.Errorf("the host listener accepted a connection from the sandbox")
+	}
+
+	res = providertest.Exec(t, p, sb, "cat", "/proc/net/dev")
+	var ifaces []string
+	for _, line := range strings.Split(string(res.Stdout), "\n")[2:] {
+		if name, _, ok := strings.Cut(line, ":"); ok {
+			ifaces = append(ifaces, strings.TrimSpace(name))
+		}
+	}
+	if len(ifaces) != 1 || ifaces[0] != "lo" {
+		t.Errorf("network interfaces in the sandbox = %q; want [lo]", ifaces)
+	}
+}
+
+func TestHostHidden(t *testing.T) {
+	// Not parallel: t.Setenv plants a value in the broker's environment.
+	t.Setenv("SANDGATE_HOST_ONLY", "host-secret-value")
+	dataDir := t.TempDir()
+	p := newProvider(t, dataDir, broker)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+
+	hidden := []string{"/work", "/home", "/etc/hostname", "/etc/shadow", "/etc/resolv.conf", "/sys", "/var", "/opt", dataDir}
+	res := providertest.Exec(t, p, sb, append([]string{"sh", "-c", `for p; do [ -e "$p" ] && echo "$p"; done; true`, "sh"}, hidden...)...)
+	if len(res.Stdout) != 0 || res.ExitCode != 0 {
+		t.Errorf("host paths visible in the sandbox (exit %d):\n%s", res.ExitCode, res.Stdout)
+	}
+	res = providertest.Exec(t, p, sb, "cat", "/etc/passwd")
+	if n := strings.Count(string(res.Stdout), "\n"); n != 2 {
+		t.Errorf("/etc/passwd has %d lines; want the generated 2:\n%s", n, res.Stdout)
+	}
+	readOnly := []string{"/usr/sandgate-test", "/etc/sandgate-test", "/sandgate-test", "/dev/sandgate-test"}
+	res = providertest.Exec(t, p, sb, append([]string{"sh", "-c", `for p; do touch "$p" 2>/dev/null && echo "$p"; done; true`, "sh"}, readOnly...)...)
+	if len(res.Stdout) != 0 || res.ExitCode != 0 {
+		t.Errorf("writable paths that should be read-only (exit %d):\n%s", res.ExitCode, res.Stdout)
+	}
+	if err := p.WriteFile(t.Context(), sb, "/usr/sandgate-test", []byte("x")); err == nil || errors.Is(err, providers.ErrNotAFile) {
+		t.Errorf("WriteFile into /usr = %v; want a plain error", err)
+	}
+	// bwrap, pid 1 of the sandbox, shows neither the broker's environment
+	// nor the host paths of its options.
+	res = providertest.Exec(t, p, sb, "cat", "/proc/1/environ", "/proc/1/cmdline")
+	if out := string(res.Stdout); strings.Contains(out, "host-secret-value") || strings.Contains(out, dataDir) {
+		t.Errorf("pid 1 leaks the host environment or paths:\n%q", out)
+	}
+	// A descriptor the broker inherited without close-on-exec (here one
+	// opened so) does not reach the sandbox: only stdio and ls's own.
+	fd, err := syscall.Open("/dev/null", syscall.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	res = providertest.Exec(t, p, sb, "ls", "/proc/self/fd")
+	if got := strings.Fields(string(res.Stdout)); !slices.Equal(got, []string{"0", "1", "2", "3"}) {
+		t.Errorf("descriptors in the sandbox = %q; want 0 1 2 and ls's own 3", got)
+	}
+	// No capabilities, and no nested user namespaces.
+	res = providertest.Exec(t, p, sb, "grep", "CapEff", "/proc/self/status")
+	if !strings.Contains(string(res.Stdout), "0000000000000000") {
+		t.Errorf("effective capabilities = %q; want none", res.Stdout)
+	}
+	if res := providertest.Exec(t, p, sb, "unshare", "-U", "true"); res.ExitCode == 0 {
+		t.Errorf("unshare -U in the sandbox succeeded; want nested user namespaces disabled")
+	}
+}
+
+func TestRestart(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p1 := newProvider(t, dataDir, broker)
+	spec := providertest.Spec(t)
+	sb, err := p1.Create(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p1.WriteFile(t.Context(), sb, "/workspace/kept", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+
+	p2 := newProvider(t, dataDir, broker)
+	all, err := p2.List(t.Context())
+	if err != nil || len(all) != 1 || all[0].Ref != sb.Ref {
+		t.Fatalf("List after restart = %v, %v; want the one sandbox", all, err)
+	}
+	if !all[0].StartedAt.Equal(sb.StartedAt) {
+		t.Errorf("StartedAt after restart = %v; want %v", all[0].StartedAt, sb.StartedAt)
+	}
+	if got, err := p2.ReadFile(t.Context(), all[0], "/workspace/kept", 100); err != nil || string(got) != "kept" {
+		t.Errorf("ReadFile after restart = %q, %v; want %q", got, err, "kept")
+	}
+	res := providertest.Exec(t, p2, all[0], "sh", "-c", `printf %s "$`+providertest.EnvVar+`"`)
+	if got := string(res.Stdout); got != providertest.EnvValue {
+		t.Errorf("env after restart = %q; want %q", got, providertest.EnvValue)
+	}
+	fi, err := os.Stat(filepath.Join(dataDir, "workspaces", sb.Ref, "env.json"))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("env.json = %v, %v; want mode 0600", fi, err)
+	}
+	if err := p2.Terminate(t.Context(), all[0]); err != nil {
+		t.Errorf("Terminate after restart: %v", err)
+	}
+	if _, err := p1.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"true"}}); !errors.Is(err, providers.ErrSandboxGone) {
+		t.Errorf("Exec on the old provider after the new one terminated = %v; want ErrSandboxGone", err)
+	}
+}
+
+func TestListFiltersBroker(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	ours := newProvider(t, dataDir, broker)
+	theirs := newProvider(t, dataDir, "other-broker")
+	sbOurs := providertest.Create(t, ours, providertest.Spec(t))
+	sbTheirs := providertest.Create(t, theirs, providertest.Spec(t))
+	// A directory that is not a workspace at all.
+	if err := os.Mkdir(filepath.Join(dataDir, "workspaces", "stray"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tt := range []struct {
+		p    *local.Provider
+		want providers.Sandbox
+	}{{ours, sbOurs}, {theirs, sbTheirs}} {
+		all, err := tt.p.List(t.Context())
+		if err != nil || len(all) != 1 || all[0].Ref != tt.want.Ref {
+			t.Errorf("List = %v, %v; want only %s", all, err, tt.want.Ref)
+			continue
+		}
+		if got := all[0].Labels[providers.LabelBroker]; got != tt.want.Labels[providers.LabelBroker] {
+			t.Errorf("List broker label = %q; want %q", got, tt.want.Labels[providers.LabelBroker])
+		}
+	}
+}
+
+func TestMemoryLimit(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, t.TempDir(), broker)
+	sb := providertest.Create(t, p, providertest.Spec(t)) // small: 512 MiB
+	// dd allocates its block in one piece before reading anything.
+	if res := providertest.Exec(t, p, sb, "dd", "if=/dev/zero", "of=/dev/null", "bs=600M", "count=1"); res.ExitCode == 0 {
+		t.Errorf("allocating 600 MiB in a 512 MiB sandbox succeeded")
+	}
+	if res := providertest.Exec(t, p, sb, "dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"); res.ExitCode != 0 {
+		t.Errorf("allocating 64 MiB in a 512 MiB sandbox failed: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+
+	// A heap that grows bit by bit is bounded too (tail buffers a line
+	// without newlines whole), and so is /dev/shm, which is memory. A tiny
+	// size keeps this fast.
+	spec := providertest.Spec(t)
+	spec.Size = sandgate.Size{CPUCores: 1, MemoryMiB: 16}
+	sb = providertest.Create(t, p, spec)
+	for _, tt := range []struct {
+		script string
+		ok     bool
+	}{
+		{"head -c 32M /dev/zero | tail >/dev/null", false},
+		{"head -c 4M /dev/zero | tail >/dev/null", true},
+		{"head -c 17M /dev/zero >/dev/shm/x", false},
+		{"head -c 8M /dev/zero >/dev/shm/x", true},
+	} {
+		res := providertest.Exec(t, p, sb, "sh", "-c", tt.script)
+		if ok := res.ExitCode == 0; ok != tt.ok {
+			t.Errorf("%q in a 16 MiB sandbox: exit %d; want success %v (%s)", tt.script, res.ExitCode, tt.ok, res.Stderr)
+		}
+	}
+}
+
+func TestCPUAffinity(t *testing.T) {
+	t.Parallel()
+	host, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostCPUs := allowedCPUs(t, string(host))
+	p := newProvider(t, t.TempDir(), broker)
+	for _, name := range []string{"small", "standard", "xlarge"} {
+		spec := providertest.Spec(t)
+		spec.Size, _ = sandgate.LookupSize(name)
+		sb := providertest.Create(t, p, spec)
+		res := providertest.Exec(t, p, sb, "cat", "/proc/self/status")
+		if got, want := allowedCPUs(t, string(res.Stdout)), min(spec.Size.CPUCores, hostCPUs); got != want {
+			t.Errorf("%s: CPUs allowed in the sandbox = %d; want %d", name, got, want)
+		}
+		// The sandbox cannot widen its own affinity.
+		if res := providertest.Exec(t, p, sb, "taskset", "-p", "ffffffff", "1"); res.ExitCode == 0 {
+			t.Errorf("%s: taskset in the sandbox succeeded; want EPERM", name)
+		}
+		if res := providertest.Exec(t, p, sb, "sh", "-c", "taskset -p ffffffff $$"); res.ExitCode == 0 {
+			t.Errorf("%s: taskset on itself succeeded; want EPERM", name)
+		}
+	}
+}
+
+// allowedCPUs counts the CPUs in the Cpus_allowed_list line of a
+// /proc/<pid>/status, such as "0-3,6".
+func allowedCPUs(t *testing.T, status string) int {
+	t.Helper()
+	_, rest, ok := strings.Cut(status, "Cpus_allowed_list:")
+	if !ok {
+		t.Fatalf("no Cpus_allowed_list in %q", status)
+	}
+	list, _, _ := strings.Cut(rest, "\n")
+	n := 0
+	for _, r := range strings.Split(strings.TrimSpace(list), ",") {
+		lo, hi, isRange := strings.Cut(r, "-")
+		if !isRange {
+			hi = lo
+		}
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := strconv.Atoi(hi)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("bad Cpus_allowed_list %q", list)
+		}
+		n += b - a + 1
+	}
+	return n
+}
+
+func TestTimeoutKillsHostProcesses(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, t.TempDir(), broker)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	res := providertest.ExecWith(t, p, sb, providers.ExecSpec{
+		// The background child detaches from the output pipes, so Exec
+		// cannot wait for it through them.
+		Argv:    []string{"sh", "-c", "sleep 318 >/dev/null 2>&1 </dev/null & sleep 318"},
+		Timeout: time.Second,
+	})
+	if !res.TimedOut || res.ExitCode != 137 {
+		t.Errorf("Exec = exit %d, timed out %v; want 137, true", res.ExitCode, res.TimedOut)
+	}
+	// Each exec has its own pid namespace, so only the host can tell that
+	// the processes are gone. SIGKILL lands at once, but the kernel tears
+	// the namespace down asynchronously: poll, boundedly.
+	var left []string
+	for range 100 {
+		if left = hostProcesses(t, "sleep\x00318\x00"); len(left) == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Errorf("host processes left after the timeout: %q", left)
+}
+
+// hostProcesses returns the pids of host processes whose command line
+// contains marker.
+func hostProcesses(t *testing.T, marker string) []string {
+	t.Helper()
+	dirs, err := filepath.Glob("/proc/[0-9]*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []string
+	for _, d := range dirs {
+		if b, err := os.ReadFile(d + "/cmdline"); err == nil && bytes.Contains(b, []byte(marker)) {
+			pids = append(pids, filepath.Base(d))
+		}
+	}
+	return pids
+}
+
+func TestExpiresAt(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, t.TempDir(), broker)
+	spec := providertest.Spec(t)
+	spec.ExpiresAt = time.Now().Add(-time.Second)
+	sb := providertest.Create(t, p, spec)
+	if _, err := p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"true"}}); !errors.Is(err, providers.ErrSandboxGone) {
+		t.Errorf("Exec past ExpiresAt error = %v; want ErrSandboxGone", err)
+	}
+
+	// A timeout beyond the deadline is cut at the deadline.
+	spec = providertest.Spec(t)
+	spec.ExpiresAt = time.Now().Add(time.Second)
+	sb = providertest.Create(t, p, spec)
+	res := providertest.ExecWith(t, p, sb, providers.ExecSpec{Argv: []string{"sleep", "60"}, Timeout: time.Minute})
+	if !res.TimedOut {
+		t.Errorf("Exec running past ExpiresAt = exit %d, timed out %v; want timed out", res.ExitCode, res.TimedOut)
+	}
+}
+
+func TestLogsCarryNoContent(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p := newProviderLog(t, t.TempDir(), broker, log)
+	const marker = "planted-marker-7f3a"
+	spec := providertest.Spec(t)
+	spec.Env = map[string]string{"PLANTED": marker}
+	sb := providertest.Create(t, p, spec)
+	providertest.ExecWith(t, p, sb, providers.ExecSpec{
+		Argv:  []string{"sh", "-c", "cat; echo " + marker + "; echo " + marker + " >&2"},
+		Stdin: []byte(marker),
+		Dir:   "/tmp",
+	})
+	path := "/tmp/" + marker
+	if err := p.WriteFile(t.Context(), sb, path, []byte(marker)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.ReadFile(t.Context(), sb, path, 1); !errors.Is(err, providers.ErrFileTooLarge) {
+		t.Fatalf("ReadFile over max = %v; want ErrFileTooLarge", err)
+	}
+	if _, err := p.ReadFile(t.Context(), sb, path+"-missing", 100); err == nil || strings.Contains(err.Error(), marker) {
+		t.Errorf("ReadFile of a missing file error = %v; want one without the path", err)
+	}
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if buf.Len() == 0 {
+		t.Fatal("no log lines; want some")
+	}
+	if strings.Contains(buf.String(), marker) {
+		t.Errorf("logs carry argv, env, stdin, output, a path or content:\n%s", buf.String())
+	}
+}

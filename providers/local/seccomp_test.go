@@ -1,0 +1,83 @@
+package local_test
+
+import (
+	"encoding/binary"
+	"runtime"
+	"testing"
+
+	"github.com/sandgate/sandgate/providers/local"
+)
+
+// runBPF interprets the few classic BPF instructions the filter uses over a
+// seccomp_data holding nr and arch, and returns the verdict.
+func runBPF(t *testing.T, prog []byte, nr, arch uint32) uint32 {
+	t.Helper()
+	var acc uint32
+	for pc := 0; pc*8 < len(prog); pc++ {
+		in := prog[pc*8:]
+		code := binary.NativeEndian.Uint16(in)
+		jt, jf := int(in[2]), int(in[3])
+		k := binary.NativeEndian.Uint32(in[4:])
+		switch code {
+		case 0x20: // ld [k]
+			switch k {
+			case 0:
+				acc = nr
+			case 4:
+				acc = arch
+			default:
+				t.Fatalf("load of offset %d", k)
+			}
+		case 0x54: // and #k
+			acc &= k
+		case 0x15: // jeq #k
+			if acc == k {
+				pc += jt
+			} else {
+				pc += jf
+			}
+		case 0x06: // ret #k
+			return k
+		default:
+			t.Fatalf("unexpected instruction %#x at %d", code, pc)
+		}
+	}
+	t.Fatal("program fell off its end")
+	return 0
+}
+
+func TestSeccompFilter(t *testing.T) {
+	const allow, eperm = 0x7fff0000, 0x00050001
+	tests := map[string][]struct {
+		name     string
+		nr, arch uint32
+		want     uint32
+	}{
+		"amd64": {
+			{"sched_setaffinity", 203, 0xc000003e, eperm},
+			{"x32 sched_setaffinity", 0x40000000 | 203, 0xc000003e, eperm},
+			{"i386 sched_setaffinity", 241, 0x40000003, eperm},
+			{"sched_getaffinity", 204, 0xc000003e, allow},
+			{"i386 203 (not affinity)", 203, 0x40000003, allow},
+			{"read", 0, 0xc000003e, allow},
+		},
+		"arm64": {
+			{"sched_setaffinity", 122, 0xc00000b7, eperm},
+			{"arm sched_setaffinity", 241, 0x40000028, eperm},
+			{"sched_getaffinity", 123, 0xc00000b7, allow},
+		},
+	}
+	cases, ok := tests[runtime.GOARCH]
+	if !ok {
+		if local.SeccompFilter() != nil {
+			t.Fatalf("filter on %s, which has no test cases", runtime.GOARCH)
+		}
+		return
+	}
+	prog := local.SeccompFilter()
+	for _, tt := range cases {
+		if got := runBPF(t, prog, tt.nr, tt.arch); got != tt.want {
+			t.Errorf("filter(%s) = %#x; want %#x", tt.name, got, tt.want)
+		}
+	}
+}

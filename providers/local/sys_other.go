@@ -1,0 +1,21 @@
+//go:build !linux
+
+package local
+
+import (
+	"os/exec"
+	"syscall"
+)
+
+// The local provider needs Linux namespaces; elsewhere New refuses and
+// these stubs only keep the package compiling.
+
+const supported = false
+
+func hostCPUs() ([]int, error)           { return nil, errUnsupported }
+func startPinned(*exec.Cmd, []int) error { return errUnsupported }
+func sysProcAttr() *syscall.SysProcAttr  { return nil }
+func closeOnExec() error                 { return errUnsupported }
+func killGroup(int) error                { return errUnsupported }
+func waitExited(int) error               { return errUnsupported }
+func seccompFilter() []byte              { return nil }

@@ -1,0 +1,189 @@
+package local
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// On-disk layout of one workspace, under <DataDir>/workspaces/<ref>/. The
+// directory is 0700 because env.json holds the workspace's environment.
+//
+//	labels.json   the broker's labels (providers.Label*); written first, so a
+//	              half-created workspace is still listed and can be reaped
+//	env.json      the workspace's Env, 0600; never logged
+//	sandbox.json  size, start and deadline; written last, it marks the
+//	              workspace ready (Exec on a workspace without it is gone)
+//	workspace/    mounted at /workspace, the default working directory
+//	home/         mounted at /root
+//	tmp/          mounted at /tmp
+//
+// <DataDir>/etc/ holds the generated /etc every sandbox mounts read-only, and
+// <DataDir>/trash/ holds terminated workspaces until they are removed.
+const (
+	workspacesDir = "workspaces"
+	etcDir        = "etc"
+	trashDir      = "trash"
+
+	labelsFile  = "labels.json"
+	envFile     = "env.json"
+	sandboxFile = "sandbox.json"
+)
+
+// layout names the host directories of one workspace.
+type layout string
+
+func (l layout) labels() string    { return filepath.Join(string(l), labelsFile) }
+func (l layout) env() string       { return filepath.Join(string(l), envFile) }
+func (l layout) sandbox() string   { return filepath.Join(string(l), sandboxFile) }
+func (l layout) workspace() string { return filepath.Join(string(l), "workspace") }
+func (l layout) home() string      { return filepath.Join(string(l), "home") }
+func (l layout) tmp() string       { return filepath.Join(string(l), "tmp") }
+
+// makeDirs creates the directories the sandbox mounts.
+func (l layout) makeDirs() error {
+	for _, d := range []struct {
+		path string
+		mode fs.FileMode
+	}{
+		{l.workspace(), 0o755},
+		{l.home(), 0o700},
+		{l.tmp(), 0o1777},
+	} {
+		if err := os.Mkdir(d.path, d.mode); err != nil {
+			return err
+		}
+		// Mkdir applies the umask and drops the sticky bit.
+		if err := os.Chmod(d.path, d.mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// record is sandbox.json: what Exec needs beyond the labels and the env.
+type record struct {
+	CPUCores  int       `json:"cpu_cores"`
+	MemoryMiB int       `json:"memory_mib"`
+	StartedAt time.Time `json:"started_at"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+}
+
+// readJSON decodes the JSON file at name into v.
+func readJSON(name string, v any) error {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// writeJSON creates the file at name, which must not exist, holding v.
+func writeJSON(name string, v any, mode fs.FileMode) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	return errors.Join(err, f.Close())
+}
+
+// checkRef reports whether ref can name a workspace directory: the
+// protocol's id alphabet, which is a safe path segment, and no leading dot,
+// which keeps refs apart from our own temporary names.
+func checkRef(ref string) error {
+	if len(ref) == 0 || len(ref) > 64 || ref[0] == '.' {
+		return errBadRef
+	}
+	for _, c := range []byte(ref) {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-', c == '.':
+		default:
+			return errBadRef
+		}
+	}
+	return nil
+}
+
+var errBadRef = errors.New("local: workspace id is not a safe directory name")
+
+// scrub drops the host path from a file-system error, keeping the operation
+// and the cause (so errors.Is still finds fs.ErrNotExist and the like):
+// errors must never carry paths.
+func scrub(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		return fmt.Errorf("%s: %w", le.Op, le.Err)
+	}
+	return err
+}
+
+// removeAll removes dir and everything in it. A sandboxed process may have
+// left directories without write or search permission, which stop
+// os.RemoveAll for a broker that does not run as root; it makes them
+// writable and tries again.
+func removeAll(dir string) error {
+	if os.RemoveAll(dir) == nil {
+		return nil
+	}
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if d != nil && d.IsDir() {
+			os.Chmod(p, 0o700) // best effort; RemoveAll below reports what is left
+		}
+		return nil
+	})
+	return scrub(os.RemoveAll(dir))
+}
+
+// The generated /etc: just enough for the tools to know root, resolve
+// localhost and the sandbox's own name; nothing of the host's /etc.
+const hostname = "sandbox"
+
+var etcFiles = map[string]string{
+	"passwd": "root:x:0:0:root:/root:/bin/sh\n" +
+		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+	"group": "root:x:0:\n" +
+		"nogroup:x:65534:\n",
+	"hosts": "127.0.0.1\tlocalhost\n" +
+		"127.0.1.1\t" + hostname + "\n" +
+		"::1\tlocalhost ip6-localhost ip6-loopback\n",
+	"nsswitch.conf": "passwd: files\n" +
+		"group: files\n" +
+		"hosts: files\n",
+}
+
+// writeEtc (re)writes the generated /etc in dir. Each file is replaced by a
+// rename, so a sandbox running meanwhile sees the old or the new file.
+func writeEtc(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for name, content := range etcFiles {
+		f, err := os.CreateTemp(dir, ".tmp-")
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteString(content)
+		err = errors.Join(err, f.Chmod(0o644), f.Close())
+		if err == nil {
+			err = os.Rename(f.Name(), filepath.Join(dir, name))
+		}
+		if err != nil {
+			os.Remove(f.Name())
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,468 @@
+// Package providertest is the behaviour suite every [providers.Provider]
+// must pass: each provider's tests call [Run] with a constructor, against the
+// real thing or a fake of its vendor, the way net/http runs one test body in
+// every mode.
+package providertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
+)
+
+// EnvVar and EnvValue are set in the Env of every sandbox [Spec] makes. The
+// value holds characters a shell would expand, to show none does.
+const (
+	EnvVar   = "SANDGATE_SUITE_VAR"
+	EnvValue = "a b $HOME `x` 'q' \"d\" ;|*"
+)
+
+// Spec returns a CreateSpec with a fresh workspace id, the "small" size, the
+// provider's default image, no network and EnvVar set.
+func Spec(t testing.TB) providers.CreateSpec {
+	t.Helper()
+	size, ok := sandgate.LookupSize("small")
+	if !ok {
+		t.Fatal(`no standard size "small"`)
+	}
+	var b [10]byte
+	rand.Read(b[:])
+	return providers.CreateSpec{
+		WorkspaceID: "ws_pt" + hex.EncodeToString(b[:]),
+		InstanceID:  "inst_pt",
+		Size:        size,
+		Env:         map[string]string{EnvVar: EnvValue},
+		Egress:      sandgate.EgressPolicy{AllowedDomains: []string{}},
+		ExpiresAt:   time.Now().Add(time.Hour),
+		IdleTimeout: 15 * time.Minute,
+	}
+}
+
+// Create creates a sandbox and terminates it when the test ends.
+func Create(t testing.TB, p providers.Provider, spec providers.CreateSpec) providers.Sandbox {
+	t.Helper()
+	sb, err := p.Create(t.Context(), spec)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() {
+		// t.Context is already canceled when cleanups run.
+		if err := p.Terminate(context.Background(), sb); err != nil {
+			t.Errorf("Terminate in cleanup: %v", err)
+		}
+	})
+	return sb
+}
+
+// Exec runs argv in sb with a 30s timeout and 1 MiB of output per stream,
+// and fails the test on an error.
+func Exec(t testing.TB, p providers.Provider, sb providers.Sandbox, argv ...string) providers.ExecResult {
+	t.Helper()
+	return ExecWith(t, p, sb, providers.ExecSpec{Argv: argv})
+}
+
+// ExecWith runs spec in sb and fails the test on an error. A zero Timeout
+// becomes 30s and a zero MaxOutputBytes 1 MiB.
+func ExecWith(t testing.TB, p providers.Provider, sb providers.Sandbox, spec providers.ExecSpec) providers.ExecResult {
+	t.Helper()
+	if spec.Timeout == 0 {
+		spec.Timeout = 30 * time.Second
+	}
+	if spec.MaxOutputBytes == 0 {
+		spec.MaxOutputBytes = 1 << 20
+	}
+	res, err := p.Exec(t.Context(), sb, spec)
+	if err != nil {
+		t.Fatalf("Exec(%q): %v", spec.Argv, err)
+	}
+	return res
+}
+
+// Run runs the suite against the provider newProvider returns. The
+// subtests run in parallel, most of them in one shared sandbox.
+func Run(t *testing.T, newProvider func(t *testing.T) providers.Provider) {
+	p := newProvider(t)
+	sb := Create(t, p, Spec(t))
+	for _, tt := range []struct {
+		name string
+		f    func(t *testing.T, p providers.Provider, sb providers.Sandbox)
+	}{
+		{"ExitCode", testExitCode},
+		{"ArgvWithoutShell", testArgvWithoutShell},
+		{"Dir", testDir},
+		{"Env", testEnv},
+		{"Stdin", testStdin},
+		{"StdoutStderr", testStdoutStderr},
+		{"Truncation", testTruncation},
+		{"Timeout", testTimeout},
+		{"Signal", testSignal},
+		{"FileRoundTrip", testFileRoundTrip},
+		{"FileErrors", testFileErrors},
+		{"FileVisibleToExec", testFileVisibleToExec},
+		{"StatePersists", testStatePersists},
+		{"Terminate", testTerminate},
+		{"TerminateRunning", testTerminateRunning},
+		{"ContextCancel", testContextCancel},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tt.f(t, p, sb)
+		})
+	}
+}
+
+func testExitCode(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	for _, tt := range []struct {
+		argv []string
+		want int
+	}{
+		{[]string{"true"}, 0},
+		{[]string{"false"}, 1},
+		{[]string{"sh", "-c", "exit 3"}, 3},
+	} {
+		res := Exec(t, p, sb, tt.argv...)
+		if res.ExitCode != tt.want || res.TimedOut {
+			t.Errorf("Exec(%q) = exit %d, timed out %v; want exit %d", tt.argv, res.ExitCode, res.TimedOut, tt.want)
+		}
+	}
+}
+
+func testArgvWithoutShell(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	args := []string{"a b", "$HOME", "*", "'q'", `"d"`, "; true", ""}
+	res := Exec(t, p, sb, append([]string{"printf", "[%s]"}, args...)...)
+	want := "[a b][$HOME][*]['q'][\"d\"][; true][]"
+	if got := string(res.Stdout); got != want || res.ExitCode != 0 {
+		t.Errorf("printf of literal args = %q, exit %d; want %q, exit 0", got, res.ExitCode, want)
+	}
+}
+
+func testDir(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	for _, dir := range []string{"/", "/tmp"} {
+		res := ExecWith(t, p, sb, providers.ExecSpec{Argv: []string{"pwd"}, Dir: dir})
+		if got := strings.TrimSpace(string(res.Stdout)); got != dir {
+			t.Errorf("pwd in Dir %q = %q; want %q", dir, got, dir)
+		}
+	}
+}
+
+func testEnv(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	res := Exec(t, p, sb, "sh", "-c", `printf %s "$`+EnvVar+`"`)
+	if got := string(res.Stdout); got != EnvValue {
+		t.Errorf("$%s in the sandbox = %q; want %q", EnvVar, got, EnvValue)
+	}
+}
+
+// allBytes returns every byte value n times over.
+func allBytes(n int) []byte {
+	b := make([]byte, 256*n)
+	for i := range b {
+		b[i] = byte(i)
+	}
+	return b
+}
+
+func testStdin(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	in := allBytes(4)
+	res := ExecWith(t, p, sb, providers.ExecSpec{Argv: []string{"cat"}, Stdin: in})
+	if !bytes.Equal(res.Stdout, in) || res.StdoutBytes != int64(len(in)) {
+		t.Errorf("cat of all byte values = %d bytes (%d counted); want the %d bytes back", len(res.Stdout), res.StdoutBytes, len(in))
+	}
+	// No stdin reads as empty, not as a blocked read.
+	res = Exec(t, p, sb, "cat")
+	if len(res.Stdout) != 0 || res.ExitCode != 0 {
+		t.Errorf("cat without stdin = %q, exit %d; want empty, exit 0", res.Stdout, res.ExitCode)
+	}
+}
+
+func testStdoutStderr(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	res := Exec(t, p, sb, "sh", "-c", "printf out; printf error >&2")
+	if string(res.Stdout) != "out" || string(res.Stderr) != "error" {
+		t.Errorf("streams = %q, %q; want %q, %q", res.Stdout, res.Stderr, "out", "error")
+	}
+	if res.StdoutBytes != 3 || res.StderrBytes != 5 || res.StdoutTruncated || res.StderrTruncated {
+		t.Errorf("counts = %d, %d, truncated %v, %v; want 3, 5, false, false",
+			res.StdoutBytes, res.StderrBytes, res.StdoutTruncated, res.StderrTruncated)
+	}
+}
+
+func testTruncation(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	const total, max = 5 << 20, 1 << 10
+	// seq's output shows that the kept bytes are the first ones.
+	var seq bytes.Buffer
+	for i := 1; i <= 1_000_000; i++ {
+		fmt.Fprintln(&seq, i)
+	}
+	for _, tt := range []struct {
+		name  string
+		argv  []string
+		max   int64
+		total int64
+	}{
+		{"stdout", []string{"seq", "1000000"}, max, int64(seq.Len())},
+		{"stderr", []string{"sh", "-c", "head -c 5242880 /dev/zero >&2"}, max, total},
+		{"exact", []string{"head", "-c", "1024", "/dev/zero"}, max, max},
+		{"zero", []string{"printf", "x"}, 0, 1}, // MaxOutputBytes 0 keeps nothing
+	} {
+		spec := providers.ExecSpec{Argv: tt.argv, MaxOutputBytes: tt.max, Timeout: 30 * time.Second}
+		res, err := p.Exec(t.Context(), sb, spec)
+		if err != nil {
+			t.Fatalf("%s: Exec: %v", tt.name, err)
+		}
+		kept, n, trunc := res.Stdout, res.StdoutBytes, res.StdoutTruncated
+		if tt.name == "stderr" {
+			kept, n, trunc = res.Stderr, res.StderrBytes, res.StderrTruncated
+		}
+		wantKept := min(tt.total, tt.max)
+		if int64(len(kept)) != wantKept || n != tt.total || trunc != (tt.total > tt.max) {
+			t.Errorf("%s: kept %d, counted %d, truncated %v; want %d, %d, %v",
+				tt.name, len(kept), n, trunc, wantKept, tt.total, tt.total > tt.max)
+		}
+		if tt.name == "stdout" && !bytes.Equal(kept, seq.Bytes()[:len(kept)]) {
+			t.Errorf("%s: kept %q…; want the first bytes of the output", tt.name, kept[:min(len(kept), 20)])
+		}
+		if res.ExitCode != 0 {
+			t.Errorf("%s: exit %d; want 0", tt.name, res.ExitCode)
+		}
+	}
+}
+
+// sleepMarker makes the timeout test's processes recognizable.
+const sleepMarker = "sleep 317"
+
+func testTimeout(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	res := ExecWith(t, p, sb, providers.ExecSpec{
+		Argv:    []string{"sh", "-c", sleepMarker + " & " + sleepMarker},
+		Timeout: time.Second,
+	})
+	if !res.TimedOut || res.ExitCode != 137 {
+		t.Errorf("timed-out exec = exit %d, timed out %v; want 137, true", res.ExitCode, res.TimedOut)
+	}
+	// Neither the command nor its background child survived.
+	ps := Exec(t, p, sb, "sh", "-c", `for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' <"$f"; echo; done 2>/dev/null`)
+	if strings.Contains(string(ps.Stdout), sleepMarker) {
+		t.Errorf("processes left after the timeout:\n%s", ps.Stdout)
+	}
+}
+
+func testSignal(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	for _, tt := range []struct {
+		sig  string
+		want int
+	}{{"TERM", 143}, {"KILL", 137}} {
+		res := Exec(t, p, sb, "sh", "-c", "kill -"+tt.sig+" $$")
+		if res.ExitCode != tt.want || res.TimedOut {
+			t.Errorf("kill -%s = exit %d, timed out %v; want %d, false", tt.sig, res.ExitCode, res.TimedOut, tt.want)
+		}
+	}
+}
+
+func testFileRoundTrip(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	ctx := t.Context()
+	name := "/tmp/pt-roundtrip/a/b/c/file"
+	data := allBytes(3)
+	if err := p.WriteFile(ctx, sb, name, data); err != nil {
+		t.Fatalf("WriteFile creating parents: %v", err)
+	}
+	got, err := p.ReadFile(ctx, sb, name, int64(len(data)))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("ReadFile = %d bytes, %v; want the %d bytes written", len(got), err, len(data))
+	}
+	if err := p.WriteFile(ctx, sb, name, []byte("short")); err != nil {
+		t.Fatalf("WriteFile replacing: %v", err)
+	}
+	if got, err := p.ReadFile(ctx, sb, name, 100); err != nil || string(got) != "short" {
+		t.Errorf("ReadFile after replace = %q, %v; want %q", got, err, "short")
+	}
+	if err := p.WriteFile(ctx, sb, name, nil); err != nil {
+		t.Fatalf("WriteFile empty: %v", err)
+	}
+	if got, err := p.ReadFile(ctx, sb, name, 0); err != nil || len(got) != 0 {
+		t.Errorf("ReadFile of an empty file with max 0 = %q, %v; want empty", got, err)
+	}
+}
+
+func testFileErrors(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	ctx := t.Context()
+	const file = "/tmp/pt-errors/file"
+	if err := p.WriteFile(ctx, sb, file, make([]byte, 100)); err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	for _, tt := range []struct {
+		path string
+		max  int64
+		want error
+	}{
+		{"/tmp/pt-errors/missing", 100, providers.ErrFileNotFound},
+		{"/tmp/pt-errors/no/such/dir/file", 100, providers.ErrFileNotFound},
+		{"/tmp/pt-errors", 100, providers.ErrNotAFile},
+		{"/tmp", 100, providers.ErrNotAFile},
+		{file, 99, providers.ErrFileTooLarge},
+		{file, 100, nil},
+	} {
+		got, err := p.ReadFile(ctx, sb, tt.path, tt.max)
+		if !errors.Is(err, tt.want) || (tt.want == nil && err != nil) {
+			t.Errorf("ReadFile(%q, %d) error = %v; want %v", tt.path, tt.max, err, tt.want)
+		}
+		if tt.want != nil && got != nil {
+			t.Errorf("ReadFile(%q, %d) returned %d bytes with an error", tt.path, tt.max, len(got))
+		}
+	}
+	for _, path := range []string{"/tmp/pt-errors", "/tmp", file + "/below"} {
+		if err := p.WriteFile(ctx, sb, path, []byte("x")); !errors.Is(err, providers.ErrNotAFile) {
+			t.Errorf("WriteFile(%q) error = %v; want ErrNotAFile", path, err)
+		}
+	}
+	if got, err := p.ReadFile(ctx, sb, file, 100); err != nil || len(got) != 100 {
+		t.Errorf("file after refused writes = %d bytes, %v; want 100 bytes", len(got), err)
+	}
+}
+
+func testFileVisibleToExec(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	ctx := t.Context()
+	if err := p.WriteFile(ctx, sb, "/tmp/pt-visible/from-write", []byte("written")); err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	if res := Exec(t, p, sb, "cat", "/tmp/pt-visible/from-write"); string(res.Stdout) != "written" {
+		t.Errorf("cat of a written file = %q, exit %d; want %q", res.Stdout, res.ExitCode, "written")
+	}
+	Exec(t, p, sb, "sh", "-c", "printf executed > /tmp/pt-visible/from-exec")
+	if got, err := p.ReadFile(ctx, sb, "/tmp/pt-visible/from-exec", 100); err != nil || string(got) != "executed" {
+		t.Errorf("ReadFile of a file an exec wrote = %q, %v; want %q", got, err, "executed")
+	}
+}
+
+func testStatePersists(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	res := Exec(t, p, sb, "sh", "-c", `mkdir -p /workspace &&
+		printf 1 >/tmp/pt-persist && printf 2 >"$HOME/pt-persist" && printf 3 >/workspace/pt-persist`)
+	if res.ExitCode != 0 {
+		t.Fatalf("writing state: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	res = Exec(t, p, sb, "sh", "-c", `cat /tmp/pt-persist "$HOME/pt-persist" /workspace/pt-persist`)
+	if got := string(res.Stdout); got != "123" {
+		t.Errorf("state read by the next exec = %q (%s); want %q", got, res.Stderr, "123")
+	}
+}
+
+func testTerminate(t *testing.T, p providers.Provider, _ providers.Sandbox) {
+	ctx := t.Context()
+	spec := Spec(t)
+	sb := Create(t, p, spec)
+	Exec(t, p, sb, "true")
+	if got, ok := find(t, p, sb); !ok {
+		t.Errorf("List does not contain a created sandbox")
+	} else if got.Labels[providers.LabelWorkspace] != spec.WorkspaceID || got.Labels[providers.LabelInstance] != spec.InstanceID {
+		t.Errorf("List labels = %v; want workspace %q, instance %q", got.Labels, spec.WorkspaceID, spec.InstanceID)
+	}
+
+	if err := p.Terminate(ctx, sb); err != nil {
+		t.Fatalf("Terminate: %v", err)
+	}
+	if err := p.Terminate(ctx, sb); err != nil {
+		t.Errorf("second Terminate: %v; want nil", err)
+	}
+	if _, ok := find(t, p, sb); ok {
+		t.Errorf("List contains a terminated sandbox")
+	}
+	if _, err := p.Exec(ctx, sb, providers.ExecSpec{Argv: []string{"true"}, Timeout: time.Minute}); !errors.Is(err, providers.ErrSandboxGone) {
+		t.Errorf("Exec after Terminate error = %v; want ErrSandboxGone", err)
+	}
+	if _, err := p.ReadFile(ctx, sb, "/tmp/x", 10); !errors.Is(err, providers.ErrSandboxGone) {
+		t.Errorf("ReadFile after Terminate error = %v; want ErrSandboxGone", err)
+	}
+	if err := p.WriteFile(ctx, sb, "/tmp/x", nil); !errors.Is(err, providers.ErrSandboxGone) {
+		t.Errorf("WriteFile after Terminate error = %v; want ErrSandboxGone", err)
+	}
+}
+
+// testTerminateRunning checks that Terminate ends a command in flight: the
+// command would otherwise run into its timeout.
+func testTerminateRunning(t *testing.T, p providers.Provider, _ providers.Sandbox) {
+	sb := Create(t, p, Spec(t))
+	done := startRunning(t, t.Context(), p, sb, "/tmp/pt-terminate-started")
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatalf("Terminate: %v", err)
+	}
+	r := <-done
+	if r.err == nil && (r.res.TimedOut || r.res.ExitCode == 0) {
+		t.Errorf("Exec across Terminate = exit %d, timed out %v; want ErrSandboxGone or killed", r.res.ExitCode, r.res.TimedOut)
+	}
+	if r.err != nil && !errors.Is(r.err, providers.ErrSandboxGone) {
+		t.Errorf("Exec across Terminate error = %v; want ErrSandboxGone", r.err)
+	}
+}
+
+// testContextCancel checks that canceling Exec's context ends the command
+// and every process it started.
+func testContextCancel(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := startRunning(t, ctx, p, sb, "/tmp/pt-cancel-started")
+	cancel()
+	if r := <-done; !errors.Is(r.err, context.Canceled) {
+		t.Errorf("Exec with a canceled context = %+v, %v; want context.Canceled", r.res, r.err)
+	}
+	ps := Exec(t, p, sb, "sh", "-c", `for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' <"$f"; echo; done 2>/dev/null`)
+	if strings.Contains(string(ps.Stdout), cancelMarker) {
+		t.Errorf("processes left after the cancel:\n%s", ps.Stdout)
+	}
+}
+
+// cancelMarker makes startRunning's processes recognizable.
+const cancelMarker = "sleep 319"
+
+type execResult struct {
+	res providers.ExecResult
+	err error
+}
+
+// startRunning starts a command with a child in sb that runs for minutes,
+// and returns once it runs; the channel gets Exec's outcome.
+func startRunning(t *testing.T, ctx context.Context, p providers.Provider, sb providers.Sandbox, started string) <-chan execResult {
+	t.Helper()
+	done := make(chan execResult, 1)
+	go func() {
+		res, err := p.Exec(ctx, sb, providers.ExecSpec{
+			Argv:    []string{"sh", "-c", `touch "$0"; ` + cancelMarker + " & " + cancelMarker, started},
+			Timeout: 60 * time.Second,
+		})
+		done <- execResult{res, err}
+	}()
+	for {
+		_, err := p.ReadFile(t.Context(), sb, started, 0)
+		if err == nil {
+			return done
+		}
+		if !errors.Is(err, providers.ErrFileNotFound) {
+			t.Fatalf("ReadFile while waiting for the command: %v", err)
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("command ended early: %+v, %v", r.res, r.err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// find returns sb as List reports it.
+func find(t *testing.T, p providers.Provider, sb providers.Sandbox) (providers.Sandbox, bool) {
+	t.Helper()
+	all, err := p.List(t.Context())
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	for _, s := range all {
+		if s.Ref == sb.Ref {
+			return s, true
+		}
+	}
+	return providers.Sandbox{}, false
+}
