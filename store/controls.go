@@ -106,6 +106,19 @@ func (db *DB) SetGlobalStop(ctx context.Context, c *Control) error {
 	return db.publishInvalidate(ctx)
 }
 
+// Control returns one field of an account's controls (FieldStop,
+// FieldPause or InstancePauseField), or nil when it is not set.
+func (db *DB) Control(ctx context.Context, acct, field string) (*Control, error) {
+	v, err := db.rdb.HGet(ctx, controlsKey(acct), field).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return decodeControl(v)
+}
+
 // SetControl sets (c non-nil) or clears one field of an account's
 // controls (FieldStop, FieldPause or InstancePauseField) and tells every
 // gateway at once.

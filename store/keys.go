@@ -77,6 +77,11 @@ func globalStopKey() string { return prefix + "stop" }
 // status listings. Example: sg:controlled
 func controlledKey() string { return prefix + "controlled" }
 
+// auditKey is the STREAM of the operator audit log: one entry per
+// operator action or refused operator request, field "e" the JSON
+// AuditEvent, id the event's unix ms. Example: sg:audit
+func auditKey() string { return prefix + "audit" }
+
 // Keys are the account-scoped keys an admission script touches. Every one
 // carries the account's hash tag.
 type Keys struct {

@@ -68,3 +68,22 @@ redis.call('HSET', KEYS[1], 'state', 'terminated', 'terminated_ms', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
+
+// auditScript appends one operator audit entry. The entry's id is the
+// event's time, or the newest entry's when that is later (a gateway whose
+// clock is behind), so ids stay ordered and a time range is an id range.
+// Entries older than the retention are trimmed approximately (MINID ~).
+// It touches one global key.
+//
+// KEYS[1] audit STREAM
+// ARGV[1] event time (unix ms), ARGV[2] oldest id to keep (unix ms), ARGV[3] the event (JSON)
+// Returns the new entry's id.
+var auditScript = redis.NewScript(`
+local t = tonumber(ARGV[1])
+local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #top > 0 then
+  local last = tonumber(string.match(top[1][1], '^(%d+)-'))
+  if last and last > t then t = last end
+end
+return redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[2], string.format('%d', t) .. '-*', 'e', ARGV[3])
+`)

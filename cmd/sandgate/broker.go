@@ -22,6 +22,7 @@ import (
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/termination"
 )
 
 // broker is one running gateway process: the public listener, the
@@ -69,7 +70,8 @@ func (b *broker) run(ctx context.Context) error {
 	if defaults.DefaultImage == "" {
 		defaults.DefaultImage = local.Image
 	}
-	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults},
+	term := termination.New(db, prov, clock, b.log.With("component", "termination"), 0)
+	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term},
 		db, clock, b.log.With("component", "admin"))
 
 	pub := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: b.tls,

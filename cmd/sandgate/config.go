@@ -192,18 +192,21 @@ func (c *Config) operatorTokens(getenv func(string) string) ([]admin.OperatorTok
 		default:
 			return nil, fmt.Errorf("config: operator %q: role must be admin, operator or finance", o.Name)
 		}
-		h := o.TokenSHA256
+		// The actor of the token's audit entries is its name and first 8
+		// characters; with token_sha256 alone the broker never holds the
+		// token, and the name stands alone.
+		h, prefix := o.TokenSHA256, ""
 		if o.TokenEnv != "" {
 			v := getenv(o.TokenEnv)
 			if v == "" {
 				return nil, fmt.Errorf("config: operator %q: %s is empty", o.Name, o.TokenEnv)
 			}
-			h = admin.HashToken(sandgate.Secret(v))
+			h, prefix = admin.HashToken(sandgate.Secret(v)), admin.TokenPrefix(sandgate.Secret(v))
 		}
 		if len(h) != 64 {
 			return nil, fmt.Errorf("config: operator %q: set token_sha256 (64 hex characters) or token_env", o.Name)
 		}
-		out = append(out, admin.OperatorToken{Name: o.Name, Role: role, Hash: h})
+		out = append(out, admin.OperatorToken{Name: o.Name, Role: role, Hash: h, Prefix: prefix})
 	}
 	return out, nil
 }
