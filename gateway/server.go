@@ -39,8 +39,10 @@ type Config struct {
 	// RateLimits are the per-token request-rate limits by operation class;
 	// a class missing means admission.DefaultRates.
 	RateLimits map[admission.Class]admission.Rate
+	// Risk are the default risk limits of accounts without their own.
+	Risk admission.RiskDefaults
 	// Admission admits Acquires. nil means admission.Standard over the
-	// store, with the default risk limits.
+	// store with Risk, reading the broker-wide stop through the gateway's cache.
 	Admission Admitter
 }
 
@@ -83,7 +85,7 @@ func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, l
 	if s.admit == nil {
 		dc := db.Config()
 		s.admit = admission.New(db.Redis(), admission.Standard(s, admission.StandardConfig{
-			IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout,
+			IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Risk: cfg.Risk,
 		})...)
 	}
 	s.limiter = admission.NewLimiter(db.Redis(), cfg.RateLimits)
