@@ -52,37 +52,14 @@ func (e *APIError) Error() string {
 
 // Do sends one request and decodes the answer into out (when non-nil).
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	resp, err := c.send(ctx, method, path, in)
 	if err != nil {
 		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+c.token.Reveal())
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("operator API: %w", err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return fmt.Errorf("operator API: read answer: %w", err)
-	}
-	if resp.StatusCode >= 300 {
-		var env protocol.Envelope
-		if json.Unmarshal(b, &env) == nil && env.Error.Code != "" {
-			return &APIError{Status: resp.StatusCode, Code: env.Error.Code, Message: env.Error.Message}
-		}
-		return &APIError{Status: resp.StatusCode, Message: http.StatusText(resp.StatusCode)}
 	}
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {
@@ -90,4 +67,54 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		}
 	}
 	return nil
+}
+
+// Stream sends a GET and copies the answer's body to w as it arrives, for
+// answers of any length (the audit export).
+func (c *Client) Stream(ctx context.Context, path string, w io.Writer) error {
+	resp, err := c.send(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("operator API: read answer: %w", err)
+	}
+	return nil
+}
+
+// send sends one request. A refusal is returned as an *APIError, with the
+// body closed; otherwise the caller closes the body.
+func (c *Client) send(ctx context.Context, method, path string, in any) (*http.Response, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token.Reveal())
+	req.Header.Set("User-Agent", "sandgate-admin")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("operator API: %w", err)
+	}
+	if resp.StatusCode < 300 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var env protocol.Envelope
+	if json.Unmarshal(b, &env) == nil && env.Error.Code != "" {
+		return nil, &APIError{Status: resp.StatusCode, Code: env.Error.Code, Message: env.Error.Message}
+	}
+	return nil, &APIError{Status: resp.StatusCode, Message: http.StatusText(resp.StatusCode)}
 }

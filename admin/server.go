@@ -1,15 +1,21 @@
 // Package admin is the operator API (/admin/v1) on its own listener:
-// accounts, instances and their scope, and tokens (issue, rotate, end a
-// grace period, revoke), authenticated by operator tokens with roles. It
-// also holds the small client that `sandgate admin` drives it with.
+// accounts, instances and their scope, tokens (issue, rotate, end a grace
+// period, revoke), emergency stops, pauses and risk limits, authenticated
+// by operator tokens with roles. Every operator action and every refused
+// operator request is written to the audit log. It also holds the small
+// client that `sandgate admin` drives it with.
 package admin
 
 import (
+	"cmp"
+	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,6 +25,7 @@ import (
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/termination"
 	"github.com/sandgate/sandgate/token"
 )
 
@@ -32,17 +39,42 @@ const (
 	RoleFinance  Role = "finance"  // read usage and balances only
 )
 
-// OperatorToken is one configured operator credential. Only its SHA-256 is kept.
+// OperatorToken is one configured operator credential. Only its SHA-256
+// and, when known, its first characters are kept.
 type OperatorToken struct {
 	Name string
 	Role Role
 	Hash string // hex SHA-256 of the token
+	// Prefix is the token's first characters (TokenPrefix), recorded with
+	// Name as the actor of its actions. Empty when the configuration has
+	// only the token's hash: the actor is then Name alone.
+	Prefix string
+}
+
+// Actor is how the token is named in the audit log and in the controls it
+// sets: "name:prefix", or the name alone without a prefix.
+func (t OperatorToken) Actor() string {
+	if t.Prefix == "" {
+		return t.Name
+	}
+	return t.Name + ":" + t.Prefix
 }
 
 // HashToken returns the hex SHA-256 an OperatorToken keeps.
 func HashToken(s sandgate.Secret) string {
 	sum := sha256.Sum256([]byte(s.Reveal()))
 	return hex.EncodeToString(sum[:])
+}
+
+// TokenPrefix returns the first 8 characters of an operator token, the
+// OperatorToken's Prefix. A token shorter than 16 characters gets none,
+// since 8 of its characters would give too much of it away.
+func TokenPrefix(s sandgate.Secret) string {
+	r := []rune(s.Reveal())
+	if len(r) < 16 {
+		return ""
+	}
+	return string(r[:8])
 }
 
 // Config configures the operator API. A zero field means the default noted beside it.
@@ -57,16 +89,23 @@ type Config struct {
 	// domain: every instance's ceiling is then [] (no network), and an
 	// operator asking for more is refused.
 	EgressFiltering bool
+	// Terminator ends the running workspaces of a scope that is stopped,
+	// paused or revoked. nil: controls are set but no workspace is ended
+	// (tests of the operator API alone).
+	Terminator *termination.Terminator
+	// AuditRetention is how long audit entries are kept. 0 means 400 days.
+	AuditRetention time.Duration
 }
 
 // Server serves /admin/v1.
 type Server struct {
-	cfg   Config
-	db    *store.DB
-	clock sandgate.Clock
-	log   *slog.Logger
-	roles map[string]OperatorToken
-	echo  *echo.Echo
+	cfg     Config
+	db      *store.DB
+	clock   sandgate.Clock
+	log     *slog.Logger
+	roles   map[string]OperatorToken
+	actions map[string]string // "METHOD /admin/v1/route" → audit action
+	echo    *echo.Echo
 }
 
 // New returns the operator API over db.
@@ -74,43 +113,89 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) *Serv
 	if cfg.Grace == 0 {
 		cfg.Grace = time.Hour
 	}
+	if cfg.AuditRetention == 0 {
+		cfg.AuditRetention = 400 * 24 * time.Hour
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, db: db, clock: clock, log: log, roles: map[string]OperatorToken{}}
+	s := &Server{cfg: cfg, db: db, clock: clock, log: log, roles: map[string]OperatorToken{}, actions: map[string]string{}}
 	for _, t := range cfg.Tokens {
 		s.roles[t.Hash] = t
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
+	// The source IP of the audit log is the peer's: forwarding headers are
+	// the client's to forge.
+	e.IPExtractor = echo.ExtractIPDirect()
 	e.HTTPErrorHandler = s.handleError
-	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
-			c.Response().Header().Set("Cache-Control", "no-store")
-			c.Request().Body = http.MaxBytesReader(c.Response(), c.Request().Body, 1<<20)
-			return next(c)
-		}
-	})
-	g := e.Group("/admin/v1", s.authenticate)
+	e.Use(s.base)
+	g := e.Group("/admin/v1", s.audit, s.authenticate)
 	all := []Role{RoleAdmin, RoleOperator, RoleFinance}
 	ops := []Role{RoleAdmin, RoleOperator}
 	adm := []Role{RoleAdmin}
-	g.POST("/accounts", s.createAccount, allow(adm...))
-	g.GET("/accounts", s.listAccounts, allow(all...))
-	g.POST("/instances", s.createInstance, allow(adm...))
-	g.GET("/instances", s.listInstances, allow(all...))
-	g.GET("/instances/:id", s.getInstance, allow(all...))
-	g.GET("/instances/:id/tokens", s.listTokens, allow(ops...))
-	g.POST("/instances/:id/tokens", s.issueToken(false), allow(adm...))
-	g.POST("/instances/:id/tokens/rotate", s.issueToken(true), allow(adm...))
-	g.POST("/instances/:id/tokens/end-grace", s.endGrace, allow(ops...))
-	g.POST("/instances/:id/tokens/revoke", s.revoke, allow(ops...))
+	route := func(method, path, action string, h echo.HandlerFunc, roles []Role) {
+		s.actions[method+" /admin/v1"+path] = action
+		g.Add(method, path, h, allow(roles...))
+	}
+	route(http.MethodPost, "/accounts", "account.create", s.createAccount, adm)
+	route(http.MethodGet, "/accounts", "account.list", s.listAccounts, all)
+	route(http.MethodPut, "/accounts/:id/limits", "limits.set", s.setLimits, adm)
+	route(http.MethodGet, "/accounts/:id/limits", "limits.get", s.getLimits, ops)
+	route(http.MethodPost, "/instances", "instance.create", s.createInstance, adm)
+	route(http.MethodGet, "/instances", "instance.list", s.listInstances, ops)
+	route(http.MethodGet, "/instances/:id", "instance.get", s.getInstance, ops)
+	route(http.MethodGet, "/instances/:id/tokens", "token.list", s.listTokens, ops)
+	route(http.MethodPost, "/instances/:id/tokens", "token.issue", s.issueToken(false), adm)
+	route(http.MethodPost, "/instances/:id/tokens/rotate", "token.rotate", s.issueToken(true), adm)
+	route(http.MethodPost, "/instances/:id/tokens/end-grace", "token.end_grace", s.endGrace, ops)
+	route(http.MethodPost, "/instances/:id/tokens/revoke", "token.revoke", s.revoke, ops)
+	route(http.MethodPost, "/stop", "stop", s.stop, ops)
+	route(http.MethodPost, "/pause", "pause", s.pause, ops)
+	route(http.MethodPost, "/resume", "resume", s.resume, ops)
+	route(http.MethodGet, "/status", "status.read", s.status, ops)
+	route(http.MethodGet, "/audit", "audit.export", s.exportAudit, ops)
 	s.echo = e
 	return s
 }
 
 // Handler returns the HTTP handler of /admin/v1.
 func (s *Server) Handler() http.Handler { return s.echo }
+
+// base sets what every answer carries: no-store, the request id (the
+// client's X-Request-Id when valid, else a new one), and the body limit.
+func (s *Server) base(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		h := c.Response().Header()
+		h.Set("Cache-Control", "no-store")
+		id := c.Request().Header.Get(protocol.HeaderRequestID)
+		if !policy.ValidRequestID(id) {
+			id = newRequestID()
+		}
+		c.Set(ctxRequestID, id)
+		h.Set(protocol.HeaderRequestID, id)
+		c.Request().Body = http.MaxBytesReader(c.Response(), c.Request().Body, 1<<20)
+		return next(c)
+	}
+}
+
+// Context keys of an operator request.
+const (
+	ctxRequestID = "request_id"
+	ctxOperator  = "operator"
+	ctxAudit     = "audit"
+)
+
+func requestID(c echo.Context) string {
+	id, _ := c.Get(ctxRequestID).(string)
+	return id
+}
+
+func newRequestID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return "req_" + hex.EncodeToString(b[:])
+}
 
 func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
@@ -122,7 +207,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		if !ok {
 			return protocol.E(protocol.Unauthenticated, "unknown operator token")
 		}
-		c.Set("operator", t)
+		c.Set(ctxOperator, t)
 		return next(c)
 	}
 }
@@ -130,7 +215,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 func allow(roles ...Role) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			t, _ := c.Get("operator").(OperatorToken)
+			t, _ := c.Get(ctxOperator).(OperatorToken)
 			for _, r := range roles {
 				if t.Role == r {
 					return next(c)
@@ -145,6 +230,19 @@ func (s *Server) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
+	pe := toProtocolError(err)
+	if pe.Code.Status() >= 500 {
+		s.log.Error("operator request failed", slog.String("route", c.Path()),
+			slog.String(sandgate.KeyRequestID, requestID(c)), slog.Any("err", err))
+	}
+	_ = c.JSON(pe.Code.Status(), protocol.Envelope{Error: protocol.EnvelopeError{
+		Code: pe.Code, Message: pe.Message, Retryable: pe.Code.Retryable(), Details: map[string]any{},
+	}})
+}
+
+// toProtocolError is the refusal err answers as; the audit log records
+// the same status and code.
+func toProtocolError(err error) *protocol.Error {
 	var pe *protocol.Error
 	var he *echo.HTTPError
 	switch {
@@ -158,12 +256,7 @@ func (s *Server) handleError(err error, c echo.Context) {
 	default:
 		pe = &protocol.Error{Code: protocol.Internal, Message: "internal error", Err: err}
 	}
-	if pe.Code.Status() >= 500 {
-		s.log.Error("operator request failed", slog.String("route", c.Path()), slog.Any("err", err))
-	}
-	_ = c.JSON(pe.Code.Status(), protocol.Envelope{Error: protocol.EnvelopeError{
-		Code: pe.Code, Message: pe.Message, Retryable: pe.Code.Retryable(), Details: map[string]any{},
-	}})
+	return pe
 }
 
 func internal(err error) error {
@@ -185,7 +278,10 @@ func (s *Server) createAccount(c echo.Context) error {
 	if err := s.db.CreateAccount(c.Request().Context(), a); err != nil {
 		return internal(err)
 	}
-	return c.JSON(http.StatusCreated, Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)})
+	out := Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)}
+	n := note(c)
+	n.target, n.after = "account:"+a.ID, out
+	return c.JSON(http.StatusCreated, out)
 }
 
 func (s *Server) listAccounts(c echo.Context) error {
@@ -206,10 +302,8 @@ func (s *Server) createInstance(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	if _, err := s.db.Account(ctx, req.AccountID); errors.Is(err, store.ErrNotFound) {
-		return protocol.E(protocol.NotFound, "no such account")
-	} else if err != nil {
-		return internal(err)
+	if err := s.account(ctx, req.AccountID); err != nil {
+		return err
 	}
 	scope, err := s.mergeScope(req.Scope)
 	if err != nil {
@@ -219,6 +313,8 @@ func (s *Server) createInstance(c echo.Context) error {
 	if err := s.db.PutInstance(ctx, in); err != nil {
 		return internal(err)
 	}
+	n := note(c)
+	n.target, n.after = "instance:"+in.ID, toInstance(in)
 	return c.JSON(http.StatusCreated, toInstance(in))
 }
 
@@ -316,14 +412,23 @@ func (s *Server) listInstances(c echo.Context) error {
 }
 
 func (s *Server) instance(c echo.Context) (sandgate.Instance, error) {
-	in, err := s.db.Instance(c.Request().Context(), c.Param("id"))
-	if errors.Is(err, store.ErrNotFound) {
-		return in, protocol.E(protocol.NotFound, "no such instance")
-	}
+	return s.instanceByID(c.Request().Context(), c.Param("id"))
+}
+
+// leases returns an instance's leases as the operator sees them (prefixes
+// and states, never a token), for listings and the audit log.
+func (s *Server) leases(ctx context.Context, in sandgate.Instance) ([]Lease, error) {
+	ls, err := s.db.Leases(ctx, in.AccountID, in.ID)
 	if err != nil {
-		return in, internal(err)
+		return nil, internal(err)
 	}
-	return in, nil
+	now := s.clock.Now()
+	out := make([]Lease, 0, len(ls))
+	for _, l := range ls {
+		out = append(out, toLease(l, now))
+	}
+	slices.SortFunc(out, func(a, b Lease) int { return cmp.Or(cmp.Compare(a.IssuedAt, b.IssuedAt), cmp.Compare(a.ID, b.ID)) })
+	return out, nil
 }
 
 func (s *Server) getInstance(c echo.Context) error {
@@ -339,14 +444,9 @@ func (s *Server) listTokens(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	ls, err := s.db.Leases(c.Request().Context(), in.AccountID, in.ID)
+	out, err := s.leases(c.Request().Context(), in)
 	if err != nil {
-		return internal(err)
-	}
-	now := s.clock.Now()
-	out := make([]Lease, 0, len(ls))
-	for _, l := range ls {
-		out = append(out, toLease(l, now))
+		return err
 	}
 	return c.JSON(http.StatusOK, out)
 }
@@ -379,8 +479,21 @@ func (s *Server) issueToken(rotate bool) echo.HandlerFunc {
 		if req.GraceSeconds > 0 {
 			grace = sec(req.GraceSeconds)
 		}
+		n := note(c)
+		if rotate {
+			if n.before, err = s.leases(c.Request().Context(), in); err != nil {
+				return err
+			}
+		}
 		if err := s.db.IssueLease(c.Request().Context(), l, rotate, now, grace); err != nil {
 			return internal(err)
+		}
+		if rotate {
+			if n.after, err = s.leases(c.Request().Context(), in); err != nil {
+				return err
+			}
+		} else {
+			n.after = toLease(l, now)
 		}
 		s.log.Info("token issued", sandgate.InstanceAttr(in.ID), slog.String(sandgate.KeyLeaseID, l.ID), slog.Bool("rotate", rotate))
 		return c.JSON(http.StatusCreated, IssuedToken{Token: tok.Reveal(), LeaseID: l.ID, InstanceID: in.ID, ExpiresAt: timePtr(l.ExpiresAt)})
@@ -392,22 +505,52 @@ func (s *Server) endGrace(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	n, err := s.db.EndGrace(c.Request().Context(), in.AccountID, in.ID, s.clock.Now())
+	ctx, nt := c.Request().Context(), note(c)
+	if nt.before, err = s.leases(ctx, in); err != nil {
+		return err
+	}
+	n, err := s.db.EndGrace(ctx, in.AccountID, in.ID, s.clock.Now())
 	if err != nil {
 		return internal(err)
+	}
+	if nt.after, err = s.leases(ctx, in); err != nil {
+		return err
 	}
 	return c.JSON(http.StatusOK, Count{Count: n})
 }
 
+// revoke revokes every token of an instance and, unless the operator
+// keeps them, terminates its running workspaces (lease_revoked).
 func (s *Server) revoke(c echo.Context) error {
 	in, err := s.instance(c)
 	if err != nil {
 		return err
 	}
-	n, err := s.db.RevokeLeases(c.Request().Context(), in.AccountID, in.ID, s.clock.Now())
+	var req RevokeRequest
+	if c.Request().ContentLength != 0 {
+		if err := decodeStrict(c, &req); err != nil {
+			return err
+		}
+	}
+	ctx, nt := c.Request().Context(), note(c)
+	if nt.before, err = s.leases(ctx, in); err != nil {
+		return err
+	}
+	n, err := s.db.RevokeLeases(ctx, in.AccountID, in.ID, s.clock.Now())
 	if err != nil {
 		return internal(err)
 	}
-	s.log.Info("tokens revoked", sandgate.InstanceAttr(in.ID), slog.Int("count", n))
-	return c.JSON(http.StatusOK, Count{Count: n})
+	if nt.after, err = s.leases(ctx, in); err != nil {
+		return err
+	}
+	s.log.Info("tokens revoked", sandgate.InstanceAttr(in.ID), slog.Int("count", n), slog.String("actor", operator(c).Actor()))
+	out := RevokeResult{Count: n}
+	if req.TerminateWorkspaces == nil || *req.TerminateWorkspaces {
+		res, err := s.sweep(c, termination.Scope{AccountID: in.AccountID, InstanceID: in.ID}, sandgate.ReasonLeaseRevoked)
+		if err != nil {
+			return err
+		}
+		out.Terminated, out.Failed = res.Terminated, res.Failed
+	}
+	return c.JSON(http.StatusOK, out)
 }

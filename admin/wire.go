@@ -5,6 +5,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/store"
 )
 
 // Account is the operator API's account object.
@@ -153,6 +154,105 @@ func toLease(l sandgate.Lease, now time.Time) Lease {
 	}
 	if !l.SupersededAt.IsZero() {
 		out.GraceUntil = timePtr(l.GraceUntil)
+	}
+	return out
+}
+
+// RevokeRequest is the optional body of POST /admin/v1/instances/{id}/tokens/revoke.
+type RevokeRequest struct {
+	// TerminateWorkspaces ends the instance's running workspaces
+	// (termination_reason lease_revoked). Omitted means true.
+	TerminateWorkspaces *bool `json:"terminate_workspaces,omitempty"`
+}
+
+// RevokeResult is the answer of revoke: how many leases it revoked, and
+// how many running workspaces it terminated or failed to (the background
+// sweep keeps retrying those).
+type RevokeResult struct {
+	Count      int `json:"count"`
+	Terminated int `json:"terminated"`
+	Failed     int `json:"failed"`
+}
+
+// StopRequest is the body of POST /admin/v1/stop.
+type StopRequest struct {
+	On        *bool  `json:"on"`                   // required: true sets the stop, false lifts it
+	AccountID string `json:"account_id,omitempty"` // empty: the whole broker
+	// Reason, Note and Until apply to on only. Reason is required: a slug
+	// ([a-z0-9][a-z0-9_-]{0,63}) that clients see as details.reason.
+	Reason string `json:"reason,omitempty"`
+	Note   string `json:"note,omitempty"`  // at most 500 characters; operators only
+	Until  string `json:"until,omitempty"` // RFC 3339; omitted: until lifted
+}
+
+// PauseRequest is the body of POST /admin/v1/pause. Exactly one of
+// AccountID and InstanceID is set.
+type PauseRequest struct {
+	AccountID  string `json:"account_id,omitempty"`
+	InstanceID string `json:"instance_id,omitempty"`
+	// Reason is a slug clients see as details.reason; omitted means
+	// account_paused or instance_paused.
+	Reason string `json:"reason,omitempty"`
+	Note   string `json:"note,omitempty"`
+	Until  string `json:"until,omitempty"`
+}
+
+// ResumeRequest is the body of POST /admin/v1/resume. Exactly one of
+// AccountID and InstanceID is set; it lifts that pause only.
+type ResumeRequest struct {
+	AccountID  string `json:"account_id,omitempty"`
+	InstanceID string `json:"instance_id,omitempty"`
+}
+
+// Swept is the answer of setting a stop or a pause: how many running
+// workspaces of the scope it terminated and how many it failed to (the
+// background sweep keeps retrying those).
+type Swept struct {
+	Terminated int `json:"terminated"`
+	Failed     int `json:"failed"`
+}
+
+// Control is a stop or a pause as the operator sees it.
+type Control struct {
+	Reason string  `json:"reason"`
+	Note   string  `json:"note,omitempty"`
+	Actor  string  `json:"actor"`
+	Since  string  `json:"since"`
+	Until  *string `json:"until"`  // null: until lifted
+	Active bool    `json:"active"` // false once Until has passed
+}
+
+// ScopedControl is one account's stop or pause, or one instance's pause.
+type ScopedControl struct {
+	AccountID  string `json:"account_id"`
+	InstanceID string `json:"instance_id,omitempty"`
+	Kind       string `json:"kind"` // stop or pause
+	Control
+}
+
+// Status is the answer of GET /admin/v1/status: what is stopped or paused.
+type Status struct {
+	BrokerStop *Control        `json:"broker_stop"` // null: not stopped
+	Controls   []ScopedControl `json:"controls"`    // sorted by account, instance, kind
+}
+
+// RiskLimits are an account's risk limits (PUT and GET
+// /admin/v1/accounts/{id}/limits). A zero field means the broker's default.
+type RiskLimits struct {
+	AcquiresPerMinute int    `json:"acquires_per_minute"`
+	MaxOpenWorkspaces int    `json:"max_open_workspaces"`
+	MaxSize           string `json:"max_size"`
+}
+
+func toControl(c *store.Control, now time.Time) *Control {
+	if c == nil {
+		return nil
+	}
+	out := &Control{
+		Reason: c.Reason, Note: c.Note, Actor: c.Actor, Since: wireTime(time.UnixMilli(c.Since)), Active: c.ActiveAt(now),
+	}
+	if c.Until != 0 {
+		out.Until = timePtr(time.UnixMilli(c.Until))
 	}
 	return out
 }

@@ -56,13 +56,18 @@ func (s *Server) resolve(ctx context.Context, hash string) (store.Auth, error) {
 	if ok {
 		return a, nil
 	}
+	_, _, ctlGen := s.controls.get("", now)
 	a, err := s.db.AuthByTokenHash(ctx, hash)
 	if errors.Is(err, store.ErrNotFound) {
 		return store.Auth{}, protocol.E(protocol.Unauthenticated, "unknown token")
 	}
 	if err != nil {
+		if a, ok := s.cache.stale(hash, now); ok {
+			return a, nil
+		}
 		return store.Auth{}, &protocol.Error{Code: protocol.Unavailable, Message: "the broker cannot read its token store; retry shortly", RetryAfter: 1e9, Err: err}
 	}
 	s.cache.put(hash, a, gen, now)
+	s.controls.put(a.Lease.AccountID+"/"+a.Lease.InstanceID, a.Controls, ctlGen, now)
 	return a, nil
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/store"
 )
 
 func (s *Server) getLease(c echo.Context) error {
@@ -25,7 +27,7 @@ func (s *Server) getLease(c echo.Context) error {
 			ExpiresAt:    timePtr(a.Lease.ExpiresAt),
 			SupersededAt: timePtr(a.Lease.SupersededAt),
 		},
-		Admission:    protocol.Admission{State: protocol.AdmissionOpen},
+		Admission:    s.admissionState(c.Request().Context(), a.Lease.AccountID, a.Lease.InstanceID),
 		Capabilities: protocol.V1Capabilities,
 		Limits:       wireLimits(lim),
 		DefaultSize:  s.defaultSize(scope),
@@ -87,4 +89,57 @@ func (s *Server) defaultSize(scope sandgate.Scope) string {
 		return ""
 	}
 	return sz.Name
+}
+
+// controlsFor returns the stop and pause state that applies to an instance,
+// from the cache when it is live.
+func (s *Server) controlsFor(ctx context.Context, acct, inst string) (store.Controls, error) {
+	now := s.clock.Now()
+	key := acct + "/" + inst
+	if v, ok, _ := s.controls.get(key, now); ok {
+		return v, nil
+	}
+	_, _, gen := s.controls.get(key, now)
+	v, err := s.db.ControlsFor(ctx, acct, inst)
+	if err != nil {
+		return store.Controls{}, err
+	}
+	s.controls.put(key, v, gen, now)
+	return v, nil
+}
+
+// GlobalStop implements admission.StopReader from the controls cache.
+func (s *Server) GlobalStop(ctx context.Context) (*store.Control, error) {
+	now := s.clock.Now()
+	if v, ok, _ := s.controls.get("", now); ok {
+		return v.GlobalStop, nil
+	}
+	_, _, gen := s.controls.get("", now)
+	stop, err := s.db.GlobalStop(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.controls.put("", store.Controls{GlobalStop: stop}, gen, now)
+	return stop, nil
+}
+
+// admissionState is the lease's admission object. When the state cannot be
+// read the broker fails closed and says so (spec §GET /v1/lease).
+func (s *Server) admissionState(ctx context.Context, acct, inst string) protocol.Admission {
+	c, err := s.controlsFor(ctx, acct, inst)
+	if err != nil {
+		return protocol.Admission{State: protocol.AdmissionPaused, Reason: "unavailable"}
+	}
+	now := s.clock.Now()
+	switch {
+	case c.GlobalStop.ActiveAt(now):
+		return protocol.Admission{State: protocol.AdmissionEmergencyStopped, Reason: c.GlobalStop.Reason}
+	case c.AccountStop.ActiveAt(now):
+		return protocol.Admission{State: protocol.AdmissionEmergencyStopped, Reason: c.AccountStop.Reason}
+	case c.AccountPause.ActiveAt(now):
+		return protocol.Admission{State: protocol.AdmissionPaused, Reason: c.AccountPause.Reason}
+	case c.InstancePause.ActiveAt(now):
+		return protocol.Admission{State: protocol.AdmissionPaused, Reason: c.InstancePause.Reason}
+	}
+	return protocol.Admission{State: protocol.AdmissionOpen}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
@@ -157,7 +158,7 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 	}
 	e.tok = e.issue(tb, false)
 
-	gw := gateway.New(gateway.Config{DefaultImage: local.Image}, e.db, p, sandgate.SystemClock{}, nil)
+	gw := gateway.New(gateway.Config{DefaultImage: local.Image, RateLimits: sgtest.Unlimited, Risk: sgtest.NoRisk}, e.db, p, sandgate.SystemClock{}, nil)
 	e.srv = httptest.NewTLSServer(gw.Handler())
 	tb.Cleanup(e.srv.Close)
 	e.client = e.srv.Client() // keep-alive; trusts the test certificate

@@ -14,10 +14,12 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/termination"
 )
 
 // Config configures a Server. A zero field means the default noted beside it.
@@ -34,6 +36,20 @@ type Config struct {
 	TerminateTimeout time.Duration
 	// DefaultImage is the image of an instance whose scope names none.
 	DefaultImage string
+	// RateLimits are the per-token request-rate limits by operation class;
+	// a class missing means admission.DefaultRates.
+	RateLimits map[admission.Class]admission.Rate
+	// Risk are the default risk limits of accounts without their own.
+	Risk admission.RiskDefaults
+	// Admission admits Acquires. nil means admission.Standard over the
+	// store with Risk, reading the broker-wide stop through the gateway's cache.
+	Admission Admitter
+}
+
+// Admitter decides whether an Acquire may run: nil to admit, a
+// *admission.Replay for a claimed key, or a *protocol.Error refusal.
+type Admitter interface {
+	Admit(ctx context.Context, r *admission.Request) error
 }
 
 // Server serves protocol v1. Create it with New; it is safe for concurrent use.
@@ -43,7 +59,11 @@ type Server struct {
 	provider providers.Provider
 	clock    sandgate.Clock
 	log      *slog.Logger
-	cache    *authCache
+	cache    *cache[store.Auth]
+	controls *cache[store.Controls]
+	admit    Admitter
+	limiter  *admission.Limiter
+	term     *termination.Terminator
 	echo     *echo.Echo
 	// bg tracks work that outlives a request (finishing a release, an
 	// expiry), so Close can wait for it.
@@ -61,7 +81,15 @@ func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, l
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, db: db, provider: p, clock: clock, log: log, cache: newAuthCache()}
+	s := &Server{cfg: cfg, db: db, provider: p, clock: clock, log: log, cache: newCache[store.Auth](), controls: newCache[store.Controls](), admit: cfg.Admission}
+	if s.admit == nil {
+		dc := db.Config()
+		s.admit = admission.New(db.Redis(), admission.Standard(s, admission.StandardConfig{
+			IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Risk: cfg.Risk,
+		})...)
+	}
+	s.limiter = admission.NewLimiter(db.Redis(), cfg.RateLimits)
+	s.term = termination.New(db, p, clock, log, cfg.TerminateTimeout)
 	s.echo = s.routes()
 	return s
 }
@@ -72,7 +100,7 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // Run keeps the auth cache's invalidation subscription up until ctx ends.
 // Until it has subscribed, every request reads the token from Redis.
 func (s *Server) Run(ctx context.Context) {
-	s.cache.run(ctx, s.db, s.log)
+	subscribe(ctx, s.db, s.log, s.cache, s.controls)
 }
 
 func (s *Server) routes() *echo.Echo {
@@ -81,11 +109,14 @@ func (s *Server) routes() *echo.Echo {
 	e.HTTPErrorHandler = s.handleError
 	e.Use(s.base, s.requireTLS, s.accessLog, s.recover)
 	v1 := e.Group("/v1", s.authenticate)
-	v1.GET("/lease", s.getLease)
-	v1.POST("/workspaces", s.acquire)
-	v1.GET("/workspaces", s.listWorkspaces)
-	v1.GET("/workspaces/:id", s.getWorkspace)
-	v1.DELETE("/workspaces/:id", s.release)
+	// Exec and files count against their limit in usable, sharing the
+	// workspace read's round trip.
+	read, acquire := s.rateLimit(admission.ClassRead), s.rateLimit(admission.ClassAcquire)
+	v1.GET("/lease", s.getLease, read)
+	v1.POST("/workspaces", s.acquire, acquire)
+	v1.GET("/workspaces", s.listWorkspaces, read)
+	v1.GET("/workspaces/:id", s.getWorkspace, read)
+	v1.DELETE("/workspaces/:id", s.release) // cleanup is never rate limited
 	v1.POST("/workspaces/:id/exec", s.exec)
 	v1.POST("/workspaces/:id/files/read", s.readFile)
 	v1.POST("/workspaces/:id/files/write", s.writeFile)
@@ -206,3 +237,22 @@ func (s *Server) recover(next echo.HandlerFunc) echo.HandlerFunc {
 type panicError struct{ v any }
 
 func (p panicError) Error() string { return "panic" }
+
+// rateLimit limits the token's requests of one class. When Redis cannot be
+// reached it lets the request through: the handler then meets the same
+// outage and answers for itself (Acquire fails closed), and the lease can
+// still report it.
+func (s *Server) rateLimit(class admission.Class) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			err := s.limiter.Allow(c.Request().Context(), authFrom(c).Lease.ID, class)
+			if protocol.CodeOf(err) == protocol.RateLimited {
+				return err
+			}
+			if err != nil {
+				s.log.Warn("rate limiter unavailable; request let through", slog.String(sandgate.KeyRequestID, requestID(c)), slog.Any("err", err))
+			}
+			return next(c)
+		}
+	}
+}

@@ -12,12 +12,15 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/termination"
 )
 
 // acquire is POST /v1/workspaces, in the spec's order: authenticate →
@@ -52,19 +55,16 @@ func (s *Server) acquire(c echo.Context) error {
 	ws.ID = sandgate.NewID(sandgate.PrefixWorkspace)
 	ws.AccountID, ws.InstanceID = a.Lease.AccountID, a.Lease.InstanceID
 
-	rec, err := s.db.Admit(ctx, store.Admission{
-		Workspace: ws.Workspace, MaxConcurrent: scope.Limits.MaxConcurrentWorkspaces,
+	err = s.admit.Admit(ctx, &admission.Request{
+		Workspace: ws.Workspace, Scope: scope,
+		Keys:    store.AdmissionKeys(ws.AccountID, ws.InstanceID, ws.ID, keyHash),
 		KeyHash: keyHash, RequestHash: reqHash, Now: now,
 	})
-	switch {
-	case errors.Is(err, store.ErrConcurrencyLimit):
-		return &protocol.Error{Code: protocol.ConcurrencyLimit,
-			Message: "the instance is at max_concurrent_workspaces; release a workspace or wait"}
-	case err != nil:
-		return &protocol.Error{Code: protocol.AdmissionUnavailable,
-			Message: "the broker cannot evaluate admission; retry shortly", RetryAfter: time.Second, Err: err}
-	case rec != nil: // a concurrent request claimed the key first
-		return s.replayAcquire(c, *rec, reqHash)
+	if rec, ok := admission.IsReplay(err); ok { // a concurrent request claimed the key first
+		return s.replayAcquire(c, rec, reqHash)
+	}
+	if err != nil {
+		return err
 	}
 
 	// The create must finish even if the client goes away: the slot and
@@ -109,26 +109,7 @@ func (s *Server) terminateSandbox(ctx context.Context, w sandgate.Workspace, ref
 	if _, _, err := s.db.BeginTerminate(ctx, w, reason, s.clock.Now()); err != nil {
 		s.log.Error("terminate: record", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
 	}
-	s.finishTerminate(ctx, w)
-}
-
-// finishTerminate asks the provider to end the sandbox and records the
-// confirmed end. On failure the workspace stays terminating.
-func (s *Server) finishTerminate(ctx context.Context, w sandgate.Workspace) bool {
-	if w.ProviderRef != "" {
-		tctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
-		err := s.provider.Terminate(tctx, providers.Sandbox{Ref: w.ProviderRef})
-		cancel()
-		if err != nil {
-			s.log.Error("provider terminate failed", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
-			return false
-		}
-	}
-	if err := s.db.FinishTerminate(ctx, w, s.clock.Now()); err != nil {
-		s.log.Error("terminate: record end", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
-		return false
-	}
-	return true
+	s.term.Finish(ctx, w)
 }
 
 func (s *Server) replayAcquire(c echo.Context, rec store.IdemRecord, reqHash string) error {
@@ -230,12 +211,32 @@ func unavailable(err error) error {
 // loadWorkspace returns the workspace named by the route, refusing ids of
 // other instances exactly as unknown ones (spec §Trust model).
 func (s *Server) loadWorkspace(c echo.Context) (sandgate.Workspace, error) {
+	return s.loadWorkspaceLimited(c, "")
+}
+
+// loadWorkspaceLimited is loadWorkspace that also counts the request
+// against the token's rate limit of class (when not empty), in the same
+// round trip as the read: exec and files cost two round trips in all.
+func (s *Server) loadWorkspaceLimited(c echo.Context, class admission.Class) (sandgate.Workspace, error) {
 	id := c.Param("id")
 	if !policy.ValidID(id) {
 		return sandgate.Workspace{}, errNotFound
 	}
 	a := authFrom(c)
-	w, err := s.db.Workspace(c.Request().Context(), a.Lease.AccountID, id)
+	ctx := c.Request().Context()
+	var limited func() error
+	w, err := s.db.WorkspacePipelined(ctx, a.Lease.AccountID, id, func(p redis.Pipeliner) {
+		if class != "" {
+			limited = s.limiter.Queue(ctx, p, a.Lease.ID, class)
+		}
+	})
+	if limited != nil {
+		if lerr := limited(); protocol.CodeOf(lerr) == protocol.RateLimited {
+			return sandgate.Workspace{}, lerr
+		} else if lerr != nil && err == nil {
+			s.log.Warn("rate limiter unavailable; request let through", slog.String(sandgate.KeyRequestID, requestID(c)), slog.Any("err", lerr))
+		}
+	}
 	if errors.Is(err, store.ErrNotFound) || (err == nil && w.InstanceID != a.Lease.InstanceID) {
 		return sandgate.Workspace{}, errNotFound
 	}
@@ -248,7 +249,7 @@ func (s *Server) loadWorkspace(c echo.Context) (sandgate.Workspace, error) {
 // usable returns the workspace if it can take commands now: 409 while
 // starting, 410 once terminating, terminated or past expires_at.
 func (s *Server) usable(c echo.Context) (sandgate.Workspace, error) {
-	w, err := s.loadWorkspace(c)
+	w, err := s.loadWorkspaceLimited(c, admission.ClassExec)
 	if err != nil {
 		return w, err
 	}
@@ -270,13 +271,7 @@ func (s *Server) expireIfDue(ctx context.Context, w sandgate.Workspace, now time
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	go func() {
-		_, started, err := s.db.BeginTerminate(ctx, w, sandgate.ReasonExpired, s.clock.Now())
-		if err != nil || !started {
-			return
-		}
-		s.finishTerminate(ctx, w)
-	}()
+	go s.term.Terminate(ctx, w, sandgate.ReasonExpired)
 }
 
 func (s *Server) getWorkspace(c echo.Context) error {
@@ -377,14 +372,10 @@ func (s *Server) release(c echo.Context) error {
 		return err
 	}
 	ctx := context.WithoutCancel(c.Request().Context())
-	prev, started, err := s.db.BeginTerminate(ctx, w, sandgate.ReasonReleased, s.clock.Now())
-	if err != nil {
-		return unavailable(err)
-	}
 	// A starting workspace is finished by its Acquire, which sees the
-	// release when it confirms. A terminating one is retried here.
-	if (started && prev == sandgate.WorkspaceRunning) || (!started && prev == sandgate.WorkspaceTerminating) {
-		s.finishTerminate(ctx, w)
+	// release when it confirms; a terminating one is retried here.
+	if _, err := s.term.Terminate(ctx, w, sandgate.ReasonReleased); err != nil && !errors.Is(err, termination.ErrProvider) && !errors.Is(err, store.ErrNotFound) {
+		return unavailable(err)
 	}
 	cur, err := s.db.Workspace(ctx, w.AccountID, w.ID)
 	if err != nil {

@@ -54,3 +54,54 @@ func invalidateAckKey(nonce string) string { return prefix + "invalidate:ack:" +
 // InvalidateChannel is the pub/sub channel on which every change to a
 // token or an instance is announced, so gateways drop their auth caches.
 const InvalidateChannel = prefix + "invalidate"
+
+// openKey is the ZSET of an account's open workspaces across all its
+// instances, scored like liveKey; the risk check counts it.
+// Example: sg:{acct_x}:open
+func openKey(acct string) string { return prefix + "{" + acct + "}:open" }
+
+// velocityKey is the ZSET of an account's admissions in the last minute
+// (member workspace id, score unix ms), for the risk check's velocity limit.
+// Example: sg:{acct_x}:velocity
+func velocityKey(acct string) string { return prefix + "{" + acct + "}:velocity" }
+
+// riskKey is the HASH of an account's risk limits set by an operator.
+// Example: sg:{acct_x}:risk
+func riskKey(acct string) string { return prefix + "{" + acct + "}:risk" }
+
+// controlsKey is the HASH of an account's stop and pause controls: fields
+// "stop", "pause" and "pause:<instance id>", each a JSON Control.
+// Example: sg:{acct_x}:controls
+func controlsKey(acct string) string { return prefix + "{" + acct + "}:controls" }
+
+// globalStopKey is the broker-wide emergency stop, a JSON Control. Example: sg:stop
+func globalStopKey() string { return prefix + "stop" }
+
+// controlledKey is the SET of accounts that have (or had) a control, for
+// status listings. Example: sg:controlled
+func controlledKey() string { return prefix + "controlled" }
+
+// auditKey is the STREAM of the operator audit log: one entry per
+// operator action or refused operator request, field "e" the JSON
+// AuditEvent, id the event's unix ms. Example: sg:audit
+func auditKey() string { return prefix + "audit" }
+
+// Keys are the account-scoped keys an admission script touches. Every one
+// carries the account's hash tag.
+type Keys struct {
+	Live, Workspace, Idempotency, Index, Open, Velocity, Risk, Controls string
+}
+
+// AdmissionKeys returns the keys an Acquire of workspace ws touches.
+func AdmissionKeys(acct, inst, ws, idemKeyHash string) Keys {
+	return Keys{
+		Live:        liveKey(acct, inst),
+		Workspace:   workspaceKey(acct, ws),
+		Idempotency: idempotencyKey(acct, inst, OpAcquire, idemKeyHash),
+		Index:       workspaceIndexKey(acct, inst),
+		Open:        openKey(acct),
+		Velocity:    velocityKey(acct),
+		Risk:        riskKey(acct),
+		Controls:    controlsKey(acct),
+	}
+}

@@ -13,10 +13,12 @@ import (
 
 func isNil(err error) bool { return errors.Is(err, redis.Nil) }
 
-// Auth is what a token resolves to: its lease and the instance it authenticates.
+// Auth is what a token resolves to: its lease and the instance it
+// authenticates, and the stop and pause state that applies to it.
 type Auth struct {
 	Lease    sandgate.Lease
 	Instance sandgate.Instance
+	Controls Controls
 }
 
 // AuthByTokenHash resolves a token's hash. Returns ErrNotFound for an
@@ -26,11 +28,26 @@ func (db *DB) AuthByTokenHash(ctx context.Context, hash string) (Auth, error) {
 	if err := db.getJSON(ctx, tokenKey(hash), &a.Lease); err != nil {
 		return Auth{}, err
 	}
-	in, err := db.InstanceOf(ctx, a.Lease.AccountID, a.Lease.InstanceID)
-	if err != nil {
-		return Auth{}, fmt.Errorf("instance of lease %s: %w", a.Lease.ID, err)
+	// The instance and its controls come in one round trip: two in all.
+	pipe := db.rdb.Pipeline()
+	inst := pipe.Get(ctx, instanceKey(a.Lease.AccountID, a.Lease.InstanceID))
+	controls := queueControls(ctx, pipe, a.Lease.AccountID, a.Lease.InstanceID)
+	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
+		return Auth{}, err
 	}
-	a.Instance = in
+	b, err := inst.Bytes()
+	if isNil(err) {
+		return Auth{}, fmt.Errorf("instance of lease %s: %w", a.Lease.ID, ErrNotFound)
+	}
+	if err != nil {
+		return Auth{}, err
+	}
+	if err := jsonUnmarshal(b, &a.Instance); err != nil {
+		return Auth{}, err
+	}
+	if a.Controls, err = controls(); err != nil {
+		return Auth{}, err
+	}
 	return a, nil
 }
 

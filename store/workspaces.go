@@ -14,9 +14,6 @@ import (
 	"github.com/sandgate/sandgate"
 )
 
-// ErrConcurrencyLimit is returned by Admit when the instance is full.
-var ErrConcurrencyLimit = errors.New("store: concurrency limit reached")
-
 // IdemRecord is a claimed Idempotency-Key.
 type IdemRecord struct {
 	Hash        string `json:"h"`  // the canonical request hash
@@ -43,52 +40,6 @@ func (db *DB) Idempotency(ctx context.Context, acct, inst, op, keyHash string) (
 	return r, err
 }
 
-// Admission is one Acquire's claim.
-type Admission struct {
-	Workspace     sandgate.Workspace // state starting, with every field but the provider's
-	MaxConcurrent int
-	KeyHash       string // hash of the client's Idempotency-Key
-	RequestHash   string // canonical request hash
-	Now           time.Time
-}
-
-// Admit claims a slot, the key and the record in one script. If the key
-// was already claimed it returns that record and does nothing else;
-// returns ErrConcurrencyLimit when the instance is full.
-func (db *DB) Admit(ctx context.Context, a Admission) (*IdemRecord, error) {
-	w := a.Workspace
-	keys := []string{
-		liveKey(w.AccountID, w.InstanceID),
-		workspaceKey(w.AccountID, w.ID),
-		idempotencyKey(w.AccountID, w.InstanceID, OpAcquire, a.KeyHash),
-		workspaceIndexKey(w.AccountID, w.InstanceID),
-	}
-	args := []any{
-		ms(a.Now), a.MaxConcurrent, ms(a.Now.Add(db.cfg.PendingTimeout)), w.ID,
-		mustJSON(IdemRecord{Hash: a.RequestHash, WorkspaceID: w.ID, State: IdemInProgress}),
-		db.cfg.IdempotencyTTL.Milliseconds(), ms(w.CreatedAt),
-	}
-	args = append(args, workspaceFields(w)...)
-	res, err := admitScript.Run(ctx, db.rdb, keys, args...).Slice()
-	if err != nil {
-		return nil, fmt.Errorf("admit: %w", err)
-	}
-	switch code, _ := res[0].(int64); code {
-	case admitOK:
-		return nil, nil
-	case admitIdemExists:
-		var r IdemRecord
-		if err := jsonUnmarshal([]byte(res[1].(string)), &r); err != nil {
-			return nil, fmt.Errorf("admit: idempotency record: %w", err)
-		}
-		return &r, nil
-	case admitConcurrency:
-		return nil, ErrConcurrencyLimit
-	default:
-		return nil, fmt.Errorf("admit: unexpected script result %v", res)
-	}
-}
-
 // Confirm records that the provider created the workspace's sandbox. It
 // returns false when the workspace stopped being starting meanwhile (a
 // release, or its pending slot expired); the caller must then terminate
@@ -98,6 +49,7 @@ func (db *DB) Confirm(ctx context.Context, w sandgate.Workspace, providerRef str
 		liveKey(w.AccountID, w.InstanceID),
 		workspaceKey(w.AccountID, w.ID),
 		idempotencyKey(w.AccountID, w.InstanceID, OpAcquire, keyHash),
+		openKey(w.AccountID),
 	}
 	n, err := confirmScript.Run(ctx, db.rdb, keys, w.ID, ms(w.ExpiresAt), providerRef, ms(startedAt),
 		mustJSON(IdemRecord{Hash: requestHash, WorkspaceID: w.ID, State: IdemDone}),
@@ -116,6 +68,8 @@ func (db *DB) Abort(ctx context.Context, w sandgate.Workspace, keyHash string) e
 		workspaceKey(w.AccountID, w.ID),
 		idempotencyKey(w.AccountID, w.InstanceID, OpAcquire, keyHash),
 		workspaceIndexKey(w.AccountID, w.InstanceID),
+		openKey(w.AccountID),
+		velocityKey(w.AccountID),
 	}
 	if err := abortScript.Run(ctx, db.rdb, keys, w.ID).Err(); err != nil {
 		return fmt.Errorf("abort: %w", err)
@@ -125,7 +79,21 @@ func (db *DB) Abort(ctx context.Context, w sandgate.Workspace, keyHash string) e
 
 // Workspace returns a workspace of an account. Returns ErrNotFound.
 func (db *DB) Workspace(ctx context.Context, acct, id string) (sandgate.Workspace, error) {
-	m, err := db.rdb.HGetAll(ctx, workspaceKey(acct, id)).Result()
+	return db.WorkspacePipelined(ctx, acct, id, nil)
+}
+
+// WorkspacePipelined is Workspace with more commands queued (by queue,
+// when not nil) on the same round trip, such as a rate check.
+func (db *DB) WorkspacePipelined(ctx context.Context, acct, id string, queue func(redis.Pipeliner)) (sandgate.Workspace, error) {
+	pipe := db.rdb.Pipeline()
+	if queue != nil {
+		queue(pipe)
+	}
+	cmd := pipe.HGetAll(ctx, workspaceKey(acct, id))
+	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) && cmd.Err() != nil {
+		return sandgate.Workspace{}, err
+	}
+	m, err := cmd.Result()
 	if err != nil {
 		return sandgate.Workspace{}, err
 	}
@@ -140,7 +108,7 @@ func (db *DB) Workspace(ctx context.Context, acct, id string) (sandgate.Workspac
 // terminating or terminated when termination had already begun (started
 // false), starting or running otherwise (started true).
 func (db *DB) BeginTerminate(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, now time.Time) (prev sandgate.WorkspaceState, started bool, err error) {
-	keys := []string{liveKey(w.AccountID, w.InstanceID), workspaceKey(w.AccountID, w.ID)}
+	keys := []string{liveKey(w.AccountID, w.InstanceID), workspaceKey(w.AccountID, w.ID), openKey(w.AccountID)}
 	res, err := terminateScript.Run(ctx, db.rdb, keys, w.ID, string(reason), ms(now)).Slice()
 	if err != nil {
 		return "", false, fmt.Errorf("terminate: %w", err)
@@ -260,8 +228,9 @@ func parseCursor(c string) (int64, string, error) {
 	return score, id, nil
 }
 
-// workspaceFields flattens a workspace into HSET field/value pairs.
-func workspaceFields(w sandgate.Workspace) []any {
+// WorkspaceFields flattens a workspace into HSET field/value pairs, for
+// the admission script that writes the record.
+func WorkspaceFields(w sandgate.Workspace) []any {
 	return []any{
 		"id", w.ID, "account", w.AccountID, "instance", w.InstanceID,
 		"label", w.Label, "size", w.Size, "image", w.Image,
@@ -296,4 +265,54 @@ func parseWorkspace(m map[string]string) (sandgate.Workspace, error) {
 		return sandgate.Workspace{}, fmt.Errorf("store: workspace record without id or state")
 	}
 	return w, nil
+}
+
+// LiveWorkspaces returns every workspace not yet terminated in a scope:
+// one instance (acct and inst set), one account (inst empty), or every
+// account (both empty). It walks the workspace indexes, so a workspace
+// whose slot was pruned past its deadline is still found.
+func (db *DB) LiveWorkspaces(ctx context.Context, acct, inst string, now time.Time) ([]sandgate.Workspace, error) {
+	type pair struct{ acct, inst string }
+	var scopes []pair
+	switch {
+	case acct != "" && inst != "":
+		scopes = []pair{{acct, inst}}
+	default:
+		accts := []string{acct}
+		if acct == "" {
+			as, err := db.Accounts(ctx)
+			if err != nil {
+				return nil, err
+			}
+			accts = accts[:0]
+			for _, a := range as {
+				accts = append(accts, a.ID)
+			}
+		}
+		for _, a := range accts {
+			ids, err := db.rdb.SMembers(ctx, instancesKey(a)).Result()
+			if err != nil {
+				return nil, err
+			}
+			for _, i := range ids {
+				scopes = append(scopes, pair{a, i})
+			}
+		}
+	}
+	var out []sandgate.Workspace
+	for _, sc := range scopes {
+		cursor := ""
+		for {
+			ws, next, err := db.ListWorkspaces(ctx, sc.acct, sc.inst, cursor, 100, true, now)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, ws...)
+			if next == "" {
+				break
+			}
+			cursor = next
+		}
+	}
+	return out, nil
 }

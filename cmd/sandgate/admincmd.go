@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,6 +20,7 @@ import (
 // adminFlags are shared by every `sandgate admin` command.
 type adminFlags struct {
 	url, token, output string
+	timeout            time.Duration
 }
 
 func (f *adminFlags) client() (*admin.Client, error) {
@@ -31,7 +34,7 @@ func (f *adminFlags) client() (*admin.Client, error) {
 	if u == "" {
 		return nil, fmt.Errorf("the operator API's URL is required (--url or SANDGATE_ADMIN_URL)")
 	}
-	return admin.NewClient(u, sandgate.Secret(t), nil)
+	return admin.NewClient(u, sandgate.Secret(t), &http.Client{Timeout: f.timeout})
 }
 
 // print writes v as JSON with -o json, else the plain value alone.
@@ -50,11 +53,13 @@ func (f *adminFlags) print(w io.Writer, v any, plain string) error {
 
 func adminCommand() *cobra.Command {
 	f := &adminFlags{}
-	cmd := &cobra.Command{Use: "admin", Short: "Drive the operator API (accounts, instances, tokens)"}
+	cmd := &cobra.Command{Use: "admin", Short: "Drive the operator API (accounts, instances, tokens, stops, pauses, limits, audit)"}
 	cmd.PersistentFlags().StringVar(&f.url, "url", "", "operator API URL (default $SANDGATE_ADMIN_URL)")
 	cmd.PersistentFlags().StringVar(&f.token, "token", "", "operator token (default $SANDGATE_ADMIN_TOKEN)")
 	cmd.PersistentFlags().StringVarP(&f.output, "output", "o", "", "output format: text (default) or json")
-	cmd.AddCommand(accountCommand(f), instanceCommand(f), tokenCommand(f))
+	cmd.PersistentFlags().DurationVar(&f.timeout, "timeout", 10*time.Minute, "bound on one request (a stop waits for its workspaces to end)")
+	cmd.AddCommand(accountCommand(f), instanceCommand(f), tokenCommand(f),
+		stopCommand(f), pauseCommand(f), resumeCommand(f), limitsCommand(f), statusCommand(f), auditCommand(f))
 	return cmd
 }
 
@@ -246,6 +251,26 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 		_ = c.MarkFlagRequired("instance")
 		return c
 	}
+	var keep bool
+	revoke := &cobra.Command{
+		Use: "revoke", Short: "Revoke every token of the instance now and end its running workspaces; prints revoked=N terminated=N failed=N",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := f.client()
+			if err != nil {
+				return err
+			}
+			terminate := !keep
+			var out admin.RevokeResult
+			req := admin.RevokeRequest{TerminateWorkspaces: &terminate}
+			if err := cl.Do(cmd.Context(), http.MethodPost, "/instances/"+url.PathEscape(inst)+"/tokens/revoke", req, &out); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), out, fmt.Sprintf("revoked=%d terminated=%d failed=%d", out.Count, out.Terminated, out.Failed))
+		},
+	}
+	revoke.Flags().StringVar(&inst, "instance", "", "instance id (required)")
+	_ = revoke.MarkFlagRequired("instance")
+	revoke.Flags().BoolVar(&keep, "keep-workspaces", false, "leave the instance's running workspaces running")
 	rotate := issue("rotate", "Issue a new token and supersede the others after a grace period; prints the token", "/tokens/rotate")
 	rotate.Flags().DurationVar(&grace, "grace", 0, "grace period of the superseded tokens (0: the broker's default)")
 	list := &cobra.Command{
@@ -275,8 +300,302 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 		issue("issue", "Issue a token for an instance; prints the token (shown once)", "/tokens"),
 		rotate,
 		count("end-grace", "End the grace period of superseded tokens now; prints how many", "/tokens/end-grace"),
-		count("revoke", "Revoke every token of the instance now; prints how many", "/tokens/revoke"),
+		revoke,
 		list,
 	)
+	return cmd
+}
+
+// controlFlags are the flags of a command that sets a stop or a pause.
+type controlFlags struct {
+	reason, note, until string
+	dur                 time.Duration
+}
+
+func (c *controlFlags) add(cmd *cobra.Command, reasonHelp string) {
+	fl := cmd.Flags()
+	fl.StringVar(&c.reason, "reason", "", reasonHelp)
+	fl.StringVar(&c.note, "note", "", "free text for operators (at most 500 characters; never shown to clients)")
+	fl.StringVar(&c.until, "until", "", "lift it automatically at this RFC 3339 time")
+	fl.DurationVar(&c.dur, "for", 0, "lift it automatically after this long (e.g. 30m); instead of --until")
+	cmd.MarkFlagsMutuallyExclusive("until", "for")
+}
+
+// untilValue is --until, or now + --for.
+func (c *controlFlags) untilValue() string {
+	if c.dur > 0 {
+		return time.Now().Add(c.dur).UTC().Format(time.RFC3339)
+	}
+	return c.until
+}
+
+func swept(out admin.Swept) string {
+	return fmt.Sprintf("terminated=%d failed=%d", out.Terminated, out.Failed)
+}
+
+func stopCommand(f *adminFlags) *cobra.Command {
+	var acct string
+	var cf controlFlags
+	cmd := &cobra.Command{
+		Use:   "stop on|off",
+		Short: "Set or lift the emergency stop of the whole broker or one account; on prints terminated=N failed=N",
+		Long: "stop on refuses every new workspace of its scope (403 emergency_stopped, details.reason the --reason)\n" +
+			"and terminates the scope's running workspaces (emergency_stopped). Those it fails to end are\n" +
+			"retried in the background. stop off lifts it.",
+		Args:      cobra.ExactArgs(1),
+		ValidArgs: []string{"on", "off"},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var on bool
+			switch args[0] {
+			case "on":
+				on = true
+				if cf.reason == "" {
+					return fmt.Errorf("stop on: --reason is required")
+				}
+			case "off":
+				if cf.reason != "" || cf.note != "" || cf.until != "" || cf.dur != 0 {
+					return fmt.Errorf("stop off takes no --reason, --note, --until or --for")
+				}
+			default:
+				return fmt.Errorf("stop %q: want on or off", args[0])
+			}
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			req := admin.StopRequest{On: &on, AccountID: acct, Reason: cf.reason, Note: cf.note, Until: cf.untilValue()}
+			var out admin.Swept
+			if err := c.Do(cmd.Context(), http.MethodPost, "/stop", req, &out); err != nil {
+				return err
+			}
+			if !on {
+				return f.print(cmd.OutOrStdout(), struct{}{}, "off")
+			}
+			return f.print(cmd.OutOrStdout(), out, swept(out))
+		},
+	}
+	cmd.Flags().StringVar(&acct, "account", "", "stop this account only (default: the whole broker)")
+	cf.add(cmd, "why, as clients see it in details.reason: [a-z0-9_-], e.g. operator, incident (required for on)")
+	return cmd
+}
+
+// scopeFlags are --account and --instance, exactly one of them required.
+func scopeFlags(cmd *cobra.Command, acct, inst *string) {
+	cmd.Flags().StringVar(acct, "account", "", "account id")
+	cmd.Flags().StringVar(inst, "instance", "", "instance id")
+	cmd.MarkFlagsMutuallyExclusive("account", "instance")
+	cmd.MarkFlagsOneRequired("account", "instance")
+}
+
+func pauseCommand(f *adminFlags) *cobra.Command {
+	var acct, inst string
+	var cf controlFlags
+	cmd := &cobra.Command{
+		Use:   "pause (--account ID | --instance ID)",
+		Short: "Pause one account or one instance and terminate its running workspaces; prints terminated=N failed=N",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			req := admin.PauseRequest{AccountID: acct, InstanceID: inst, Reason: cf.reason, Note: cf.note, Until: cf.untilValue()}
+			var out admin.Swept
+			if err := c.Do(cmd.Context(), http.MethodPost, "/pause", req, &out); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), out, swept(out))
+		},
+	}
+	scopeFlags(cmd, &acct, &inst)
+	cf.add(cmd, "why, as clients see it in details.reason: [a-z0-9_-], e.g. payment (default account_paused or instance_paused)")
+	return cmd
+}
+
+func resumeCommand(f *adminFlags) *cobra.Command {
+	var acct, inst string
+	cmd := &cobra.Command{
+		Use:   "resume (--account ID | --instance ID)",
+		Short: "Lift the pause of one account or one instance (not the other's)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			if err := c.Do(cmd.Context(), http.MethodPost, "/resume", admin.ResumeRequest{AccountID: acct, InstanceID: inst}, nil); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), struct{}{}, "resumed")
+		},
+	}
+	scopeFlags(cmd, &acct, &inst)
+	return cmd
+}
+
+func limitsLine(l admin.RiskLimits) string {
+	orDefault := func(v string) string {
+		if v == "" || v == "0" {
+			return "default"
+		}
+		return v
+	}
+	return fmt.Sprintf("acquires_per_minute=%s max_open_workspaces=%s max_size=%s",
+		orDefault(fmt.Sprint(l.AcquiresPerMinute)), orDefault(fmt.Sprint(l.MaxOpenWorkspaces)), orDefault(l.MaxSize))
+}
+
+func limitsCommand(f *adminFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "limits", Short: "Set and show an account's risk limits"}
+	var acct string
+	var l admin.RiskLimits
+	set := &cobra.Command{
+		Use:   "set --account ID",
+		Short: "Change an account's risk limits; unnamed limits keep their value, 0 or \"\" means the broker default",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			path := "/accounts/" + url.PathEscape(acct) + "/limits"
+			var cur admin.RiskLimits
+			if err := c.Do(cmd.Context(), http.MethodGet, path, nil, &cur); err != nil {
+				return err
+			}
+			fl := cmd.Flags()
+			if fl.Changed("acquires-per-minute") {
+				cur.AcquiresPerMinute = l.AcquiresPerMinute
+			}
+			if fl.Changed("max-open") {
+				cur.MaxOpenWorkspaces = l.MaxOpenWorkspaces
+			}
+			if fl.Changed("max-size") {
+				cur.MaxSize = l.MaxSize
+			}
+			var out admin.RiskLimits
+			if err := c.Do(cmd.Context(), http.MethodPut, path, cur, &out); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), out, limitsLine(out))
+		},
+	}
+	set.Flags().StringVar(&acct, "account", "", "account id (required)")
+	_ = set.MarkFlagRequired("account")
+	set.Flags().IntVar(&l.AcquiresPerMinute, "acquires-per-minute", 0, "acquires per minute across the account's instances")
+	set.Flags().IntVar(&l.MaxOpenWorkspaces, "max-open", 0, "open workspaces across the account's instances")
+	set.Flags().StringVar(&l.MaxSize, "max-size", "", "largest size one acquire may ask for (small, standard, large, xlarge)")
+	get := &cobra.Command{
+		Use: "get --account ID", Short: "Show an account's risk limits",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			var out admin.RiskLimits
+			if err := c.Do(cmd.Context(), http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/limits", nil, &out); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), out, limitsLine(out))
+		},
+	}
+	get.Flags().StringVar(&acct, "account", "", "account id (required)")
+	_ = get.MarkFlagRequired("account")
+	cmd.AddCommand(set, get)
+	return cmd
+}
+
+func statusCommand(f *adminFlags) *cobra.Command {
+	return &cobra.Command{
+		Use: "status", Short: "Show what is stopped or paused, why, by whom, since when",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			var st admin.Status
+			if err := c.Do(cmd.Context(), http.MethodGet, "/status", nil, &st); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), st, statusTable(st))
+		},
+	}
+}
+
+// statusTable renders a status as an aligned table, one control a row.
+func statusTable(st admin.Status) string {
+	if st.BrokerStop == nil && len(st.Controls) == 0 {
+		return "nothing is stopped or paused"
+	}
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCOPE\tKIND\tREASON\tACTOR\tSINCE\tUNTIL\tNOTE")
+	row := func(scope, kind string, c admin.Control) {
+		until := "-"
+		if c.Until != nil {
+			until = *c.Until
+		}
+		if !c.Active {
+			until += " (expired)"
+		}
+		note := strings.Join(strings.Fields(c.Note), " ")
+		if note == "" {
+			note = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", scope, kind, c.Reason, c.Actor, c.Since, until, note)
+	}
+	if st.BrokerStop != nil {
+		row("broker", "stop", *st.BrokerStop)
+	}
+	for _, sc := range st.Controls {
+		scope := "account " + sc.AccountID
+		if sc.InstanceID != "" {
+			scope = "instance " + sc.InstanceID + " (" + sc.AccountID + ")"
+		}
+		row(scope, sc.Kind, sc.Control)
+	}
+	tw.Flush()
+	return strings.TrimRight(b.String(), "\n")
+}
+
+func auditCommand(f *adminFlags) *cobra.Command {
+	var from, to, out string
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Export the audit log as JSON lines, oldest first (every operator action and refused request)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, v := range []string{from, to} {
+				if _, err := time.Parse(time.RFC3339, v); v != "" && err != nil {
+					return fmt.Errorf("--from and --to take RFC 3339 times, e.g. 2026-01-02T15:04:05Z: %q", v)
+				}
+			}
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			q := url.Values{}
+			if from != "" {
+				q.Set("from", from)
+			}
+			if to != "" {
+				q.Set("to", to)
+			}
+			path := "/audit"
+			if len(q) > 0 {
+				path += "?" + q.Encode()
+			}
+			if out == "" || out == "-" {
+				return c.Stream(cmd.Context(), path, cmd.OutOrStdout())
+			}
+			file, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+			if err != nil {
+				return err
+			}
+			if err := c.Stream(cmd.Context(), path, file); err != nil {
+				file.Close()
+				return err
+			}
+			return file.Close()
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", "", "first time included (RFC 3339; default: the oldest entry)")
+	cmd.Flags().StringVar(&to, "to", "", "first time excluded (RFC 3339; default: now)")
+	cmd.Flags().StringVar(&out, "out", "", "write to this file (mode 0600) instead of stdout")
 	return cmd
 }

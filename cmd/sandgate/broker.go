@@ -18,10 +18,13 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/reaper"
 	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/termination"
 )
 
 // broker is one running gateway process: the public listener, the
@@ -60,7 +63,18 @@ func (b *broker) run(ctx context.Context) error {
 		return fmt.Errorf("provider local: %w", err)
 	}
 	db := store.New(b.rdb, store.Config{})
-	gw := gateway.New(gateway.Config{TrustedProxies: proxies, DefaultImage: local.Image}, db, prov, clock, b.log.With("component", "gateway"))
+	rates := map[admission.Class]admission.Rate{}
+	for class, r := range b.cfg.Admission.RateLimits {
+		rates[admission.Class(class)] = admission.Rate{PerSecond: r.PerSecond, Burst: r.Burst}
+	}
+	gw := gateway.New(gateway.Config{
+		TrustedProxies: proxies, DefaultImage: local.Image, RateLimits: rates,
+		Risk: admission.RiskDefaults{
+			AcquiresPerMinute: b.cfg.Admission.Risk.AcquiresPerMinute,
+			MaxOpenWorkspaces: b.cfg.Admission.Risk.MaxOpenWorkspaces,
+			MaxSize:           b.cfg.Admission.Risk.MaxSize,
+		},
+	}, db, prov, clock, b.log.With("component", "gateway"))
 	defaults := sandgate.Scope{
 		Sizes: b.cfg.Defaults.Sizes, DefaultSize: b.cfg.Defaults.DefaultSize,
 		Images: b.cfg.Defaults.Images, DefaultImage: b.cfg.Defaults.DefaultImage,
@@ -69,7 +83,8 @@ func (b *broker) run(ctx context.Context) error {
 	if defaults.DefaultImage == "" {
 		defaults.DefaultImage = local.Image
 	}
-	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults},
+	term := termination.New(db, prov, clock, b.log.With("component", "termination"), 0)
+	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term},
 		db, clock, b.log.With("component", "admin"))
 
 	pub := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: b.tls,
@@ -81,6 +96,7 @@ func (b *broker) run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { gw.Run(runCtx) })
+	wg.Go(func() { reaper.New(reaper.Config{}, db, term, clock, b.log.With("component", "reaper")).Run(runCtx) })
 	errc := make(chan error, 2)
 	wg.Go(func() {
 		ln := b.public
@@ -129,11 +145,13 @@ func serverTLS(cert tls.Certificate) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
 }
 
-// newRedis returns the client of the configured Redis. Short timeouts make
-// a Redis outage fail closed quickly instead of hanging requests.
+// newRedis returns the client of the configured Redis. The admission timeout
+// bounds every call, so a Redis outage fails closed quickly instead of
+// hanging requests.
 func newRedis(cfg *Config) *redis.Client {
 	return redis.NewClient(&redis.Options{
 		Addr: cfg.Redis.Addr, Password: cfg.Redis.Password, DB: cfg.Redis.DB,
-		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
+		DialTimeout: cfg.Admission.Timeout, ReadTimeout: cfg.Admission.Timeout, WriteTimeout: cfg.Admission.Timeout,
+		PoolTimeout: cfg.Admission.Timeout, MaxRetries: 1,
 	})
 }

@@ -53,6 +53,20 @@ type Config struct {
 		DefaultImage string       `yaml:"default_image"`
 		Limits       LimitsConfig `yaml:"limits"`
 	} `yaml:"defaults"`
+	Admission struct {
+		// Timeout bounds every Redis call; past it admission fails closed
+		// (503 admission_unavailable). Default 2s.
+		Timeout time.Duration `yaml:"timeout"`
+		Risk    struct {
+			AcquiresPerMinute int    `yaml:"acquires_per_minute"` // default 120
+			MaxOpenWorkspaces int    `yaml:"max_open_workspaces"` // default 100
+			MaxSize           string `yaml:"max_size"`            // default xlarge
+		} `yaml:"risk"`
+		RateLimits map[string]struct {
+			PerSecond float64 `yaml:"per_second"`
+			Burst     int     `yaml:"burst"`
+		} `yaml:"rate_limits"` // keys: read, acquire, exec
+	} `yaml:"admission"`
 	Log struct {
 		Level string `yaml:"level"` // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
 	} `yaml:"log"`
@@ -134,6 +148,16 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 		h, _ := os.Hostname()
 		c.BrokerID = "sandgate-" + h
 	}
+	if c.Admission.Timeout == 0 {
+		c.Admission.Timeout = 2 * time.Second
+	}
+	for class := range c.Admission.RateLimits {
+		switch class {
+		case "read", "acquire", "exec":
+		default:
+			return nil, fmt.Errorf("config: admission.rate_limits: unknown class %q (want read, acquire or exec)", class)
+		}
+	}
 	if c.Lease.GracePeriod == 0 {
 		c.Lease.GracePeriod = time.Hour
 	}
@@ -168,18 +192,21 @@ func (c *Config) operatorTokens(getenv func(string) string) ([]admin.OperatorTok
 		default:
 			return nil, fmt.Errorf("config: operator %q: role must be admin, operator or finance", o.Name)
 		}
-		h := o.TokenSHA256
+		// The actor of the token's audit entries is its name and first 8
+		// characters; with token_sha256 alone the broker never holds the
+		// token, and the name stands alone.
+		h, prefix := o.TokenSHA256, ""
 		if o.TokenEnv != "" {
 			v := getenv(o.TokenEnv)
 			if v == "" {
 				return nil, fmt.Errorf("config: operator %q: %s is empty", o.Name, o.TokenEnv)
 			}
-			h = admin.HashToken(sandgate.Secret(v))
+			h, prefix = admin.HashToken(sandgate.Secret(v)), admin.TokenPrefix(sandgate.Secret(v))
 		}
 		if len(h) != 64 {
 			return nil, fmt.Errorf("config: operator %q: set token_sha256 (64 hex characters) or token_env", o.Name)
 		}
-		out = append(out, admin.OperatorToken{Name: o.Name, Role: role, Hash: h})
+		out = append(out, admin.OperatorToken{Name: o.Name, Role: role, Hash: h, Prefix: prefix})
 	}
 	return out, nil
 }

@@ -106,7 +106,8 @@ func runDev(ctx context.Context, listen, adminListen, dataDir string) error {
 	}
 
 	b := &broker{cfg: cfg, log: log, rdb: rdb, tls: serverTLS(cert),
-		operators: []admin.OperatorToken{{Name: "dev", Role: admin.RoleAdmin, Hash: admin.HashToken(sandgate.Secret(st.AdminToken))}}}
+		operators: []admin.OperatorToken{{Name: "dev", Role: admin.RoleAdmin,
+			Hash: admin.HashToken(sandgate.Secret(st.AdminToken)), Prefix: admin.TokenPrefix(sandgate.Secret(st.AdminToken))}}}
 	if b.public, err = net.Listen("tcp", listen); err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
@@ -253,6 +254,12 @@ type Harness struct {
 	plain     *httptest.Server
 }
 
+// Unlimited turns every per-token request-rate limit off.
+var Unlimited = map[admission.Class]admission.Rate{admission.ClassRead: {}, admission.ClassAcquire: {}, admission.ClassExec: {}}
+
+// NoRisk are risk defaults no test reaches by accident.
+var NoRisk = admission.RiskDefaults{AcquiresPerMinute: 1 << 30, MaxOpenWorkspaces: 1 << 30}
+
 // New starts a broker for one test and stops it when the test ends. It
 // returns once the gateway's auth cache is subscribed to invalidations, so
 // that tests exercise the cache.
@@ -279,6 +286,14 @@ func New(tb testing.TB, opts Options) *Harness {
 	}
 	if opts.TrustedProxies != nil {
 		cfg.TrustedProxies = opts.TrustedProxies
+	}
+	// Unlimited unless a test sets limits: other tests fire bursts on
+	// purpose, and the rate and risk tests set their own.
+	if cfg.RateLimits == nil {
+		cfg.RateLimits = Unlimited
+	}
+	if cfg.Risk == (admission.RiskDefaults{}) {
+		cfg.Risk = NoRisk
 	}
 	h.Gateway = gateway.New(cfg, h.DB, h.Provider, h.Clock, log.With("component", "gateway"))
 	h.Server = httptest.NewTLSServer(h.Gateway.Handler())

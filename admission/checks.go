@@ -1,0 +1,223 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/store"
+)
+
+// Idempotency claims the request's Idempotency-Key. It runs first, so a
+// request whose key is already claimed is answered from the claim and
+// admits nothing (spec §Idempotency).
+type Idempotency struct {
+	TTL time.Duration // how long a claim is kept; at least 7 days
+}
+
+// Name implements Check.
+func (Idempotency) Name() string { return "idempotency" }
+
+// Lua implements Check. K[1] idempotency STRING; A[1] record JSON, A[2] TTL ms.
+func (Idempotency) Lua() (string, string) {
+	return `local v = redis.call('GET', K[1])
+if v then return {'` + codeReplay + `', v} end`,
+		`redis.call('SET', K[1], A[1], 'PX', A[2])`
+}
+
+// Bind implements Check.
+func (c Idempotency) Bind(r *Request) ([]string, []any) {
+	rec := store.EncodeIdemRecord(store.IdemRecord{Hash: r.RequestHash, WorkspaceID: r.Workspace.ID, State: store.IdemInProgress})
+	return []string{r.Keys.Idempotency}, []any{rec, c.TTL.Milliseconds()}
+}
+
+// StopReader reads the broker-wide stop, which lives outside any account's
+// Redis slot.
+type StopReader interface {
+	GlobalStop(ctx context.Context) (*store.Control, error)
+}
+
+// Controls refuses while the broker, the account or the instance is
+// stopped or paused. The account's stop and pause are read inside the
+// script; the broker-wide stop in Go just before it.
+type Controls struct {
+	Stops StopReader
+}
+
+// Name implements Check.
+func (Controls) Name() string { return "controls" }
+
+// Pre implements PreCheck: the broker-wide emergency stop.
+func (c Controls) Pre(ctx context.Context, r *Request) error {
+	stop, err := c.Stops.GlobalStop(ctx)
+	if err != nil {
+		return unavailable(err)
+	}
+	if stop.ActiveAt(r.Now) {
+		return refusal(protocol.EmergencyStopped, stop.Reason, 0, "controls")
+	}
+	return nil
+}
+
+// Lua implements Check. K[1] account controls HASH; A[1] stop field, A[2]
+// account pause field, A[3] instance pause field, A[4] now (unix ms).
+func (Controls) Lua() (string, string) {
+	return `local v = redis.call('HMGET', K[1], A[1], A[2], A[3])
+local now = tonumber(A[4])
+local codes = {'` + string(protocol.EmergencyStopped) + `', '` + string(protocol.Paused) + `', '` + string(protocol.Paused) + `'}
+for i = 1, 3 do
+  if v[i] then
+    local c = cjson.decode(v[i])
+    local untl = tonumber(c['until_ms']) or 0
+    if untl == 0 or now < untl then return {codes[i], c['reason']} end
+  end
+end`, ``
+}
+
+// Bind implements Check.
+func (Controls) Bind(r *Request) ([]string, []any) {
+	return []string{r.Keys.Controls}, []any{store.FieldStop, store.FieldPause,
+		store.InstancePauseField(r.Workspace.InstanceID), r.Now.UnixMilli()}
+}
+
+// Concurrency holds max_concurrent_workspaces: slots are a sorted set
+// scored by deadline, and members past theirs are pruned before counting,
+// so a gateway that died mid-create cannot leak a slot.
+type Concurrency struct {
+	PendingTimeout time.Duration // a starting workspace's slot deadline
+}
+
+// Name implements Check.
+func (Concurrency) Name() string { return "concurrency" }
+
+// Lua implements Check. K[1] live ZSET; A[1] now, A[2] max, A[3] pending
+// deadline (unix ms), A[4] workspace id.
+func (Concurrency) Lua() (string, string) {
+	return `redis.call('ZREMRANGEBYSCORE', K[1], '-inf', A[1])
+if redis.call('ZCARD', K[1]) >= tonumber(A[2]) then return {'` + string(protocol.ConcurrencyLimit) + `', ''} end`,
+		`redis.call('ZADD', K[1], A[3], A[4])`
+}
+
+// Bind implements Check.
+func (c Concurrency) Bind(r *Request) ([]string, []any) {
+	return []string{r.Keys.Live}, []any{r.Now.UnixMilli(), r.Scope.Limits.MaxConcurrentWorkspaces,
+		r.Now.Add(c.PendingTimeout).UnixMilli(), r.Workspace.ID}
+}
+
+// RiskDefaults are the risk limits of an account whose operator set none.
+type RiskDefaults struct {
+	AcquiresPerMinute int    // 0 means 120
+	MaxOpenWorkspaces int    // 0 means 100
+	MaxSize           string // "" means the largest standard size
+}
+
+func (d RiskDefaults) withDefaults() RiskDefaults {
+	if d.AcquiresPerMinute == 0 {
+		d.AcquiresPerMinute = 120
+	}
+	if d.MaxOpenWorkspaces == 0 {
+		d.MaxOpenWorkspaces = 100
+	}
+	if d.MaxSize == "" {
+		d.MaxSize = sandgate.StandardSizes[len(sandgate.StandardSizes)-1].Name
+	}
+	return d
+}
+
+// Risk limits an account across all its instances: acquire velocity per
+// minute (sliding window), open workspaces, and a single-request cap on size.
+// Operators set per-account limits (store.SetRiskLimits); Defaults apply
+// where they set none.
+type Risk struct {
+	Defaults       RiskDefaults
+	PendingTimeout time.Duration
+}
+
+// Name implements Check.
+func (Risk) Name() string { return "risk" }
+
+func sizeRanks() string {
+	var parts []string
+	for i, s := range sandgate.StandardSizes {
+		parts = append(parts, fmt.Sprintf("[%q]=%d", s.Name, i+1))
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+// Lua implements Check. K[1] risk HASH, K[2] velocity ZSET, K[3] open ZSET;
+// A[1] now, A[2] workspace id, A[3] pending deadline, A[4] default
+// velocity, A[5] default max open, A[6] default max size, A[7] requested size.
+func (Risk) Lua() (string, string) {
+	return `local lim = redis.call('HMGET', K[1], 'velocity', 'open', 'max_size')
+local now = tonumber(A[1])
+local vel = tonumber(lim[1]) or 0
+if vel <= 0 then vel = tonumber(A[4]) end
+local open = tonumber(lim[2]) or 0
+if open <= 0 then open = tonumber(A[5]) end
+local maxsize = lim[3]
+if not maxsize or maxsize == '' then maxsize = A[6] end
+local ranks = ` + sizeRanks() + `
+if (ranks[A[7]] or 99) > (ranks[maxsize] or 0) then return {'` + string(protocol.RiskLimit) + `', 'request_cap'} end
+redis.call('ZREMRANGEBYSCORE', K[2], '-inf', now - 60000)
+if redis.call('ZCARD', K[2]) >= vel then
+  local oldest = redis.call('ZRANGE', K[2], 0, 0, 'WITHSCORES')
+  local wait = 1000
+  if oldest[2] then wait = tonumber(oldest[2]) + 60000 - now end
+  return {'` + string(protocol.RiskLimit) + `', 'velocity', wait}
+end
+redis.call('ZREMRANGEBYSCORE', K[3], '-inf', now)
+if redis.call('ZCARD', K[3]) >= open then return {'` + string(protocol.RiskLimit) + `', 'open_workspaces'} end`,
+		`redis.call('ZADD', K[2], A[1], A[2])
+redis.call('ZADD', K[3], A[3], A[2])`
+}
+
+// Bind implements Check.
+func (c Risk) Bind(r *Request) ([]string, []any) {
+	d := c.Defaults.withDefaults()
+	return []string{r.Keys.Risk, r.Keys.Velocity, r.Keys.Open}, []any{
+		r.Now.UnixMilli(), r.Workspace.ID, r.Now.Add(c.PendingTimeout).UnixMilli(),
+		d.AcquiresPerMinute, d.MaxOpenWorkspaces, d.MaxSize, r.Workspace.Size}
+}
+
+// Record writes the workspace record and indexes it. It refuses nothing and
+// runs last, so only an admitted request leaves a record.
+type Record struct{}
+
+// Name implements Check.
+func (Record) Name() string { return "record" }
+
+// Lua implements Check. K[1] workspace HASH, K[2] index ZSET; A[1] created
+// (unix ms), A[2] workspace id, A[3..] field/value pairs.
+func (Record) Lua() (string, string) {
+	return ``, `redis.call('HSET', K[1], unpack(A, 3))
+redis.call('ZADD', K[2], A[1], A[2])`
+}
+
+// Bind implements Check.
+func (Record) Bind(r *Request) ([]string, []any) {
+	args := []any{r.Workspace.CreatedAt.UnixMilli(), r.Workspace.ID}
+	return []string{r.Keys.Workspace, r.Keys.Index}, append(args, store.WorkspaceFields(r.Workspace)...)
+}
+
+// Standard returns the pipeline of the spec's order: idempotency claim →
+// stop and pause → instance concurrency → (funds, budget: billing) → risk
+// → record.
+func Standard(stops StopReader, cfg StandardConfig) []Check {
+	return []Check{
+		Idempotency{TTL: cfg.IdempotencyTTL},
+		Controls{Stops: stops},
+		Concurrency{PendingTimeout: cfg.PendingTimeout},
+		Risk{Defaults: cfg.Risk, PendingTimeout: cfg.PendingTimeout},
+		Record{},
+	}
+}
+
+// StandardConfig configures Standard.
+type StandardConfig struct {
+	IdempotencyTTL time.Duration
+	PendingTimeout time.Duration
+	Risk           RiskDefaults
+}

@@ -1,0 +1,127 @@
+// Package termination ends workspaces: it records the start of a
+// termination, asks the provider to end the sandbox, and records the
+// confirmed end. The gateway (release), the operator API (stop, pause,
+// revoke) and the background sweeps share it, so every path ends a
+// workspace the same way and with an exact reason.
+package termination
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/store"
+)
+
+// ErrProvider wraps a provider failure to end a sandbox: the workspace
+// stays terminating and is retried later.
+var ErrProvider = errors.New("termination: the provider did not confirm the end")
+
+// Terminator ends workspaces. It is safe for concurrent use, and ending the
+// same workspace from several places at once is safe: only one starts the
+// termination, and the provider's Terminate is idempotent.
+type Terminator struct {
+	db       *store.DB
+	provider providers.Provider
+	clock    sandgate.Clock
+	log      *slog.Logger
+	timeout  time.Duration
+}
+
+// New returns a Terminator. timeout bounds one provider call; 0 means 30s.
+func New(db *store.DB, p providers.Provider, clock sandgate.Clock, log *slog.Logger, timeout time.Duration) *Terminator {
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Terminator{db: db, provider: p, clock: clock, log: log, timeout: timeout}
+}
+
+// Terminate ends w with reason. It returns whether the end is confirmed.
+// A workspace already terminating (an earlier attempt failed) is retried;
+// one still starting is left to its Acquire, which sees the termination
+// when it confirms the create. A provider failure leaves the workspace
+// terminating for a later retry and returns the error.
+func (t *Terminator) Terminate(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason) (bool, error) {
+	ctx = context.WithoutCancel(ctx)
+	prev, started, err := t.db.BeginTerminate(ctx, w, reason, t.clock.Now())
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case prev == "":
+		return false, store.ErrNotFound
+	case prev == sandgate.WorkspaceTerminated:
+		return true, nil
+	case started && prev == sandgate.WorkspaceStarting:
+		return false, nil
+	}
+	return t.Finish(ctx, w)
+}
+
+// Finish asks the provider to end a terminating workspace and records the
+// confirmed end.
+func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, error) {
+	if w.ProviderRef != "" {
+		tctx, cancel := context.WithTimeout(ctx, t.timeout)
+		err := t.provider.Terminate(tctx, providers.Sandbox{Ref: w.ProviderRef})
+		cancel()
+		if err != nil && !errors.Is(err, providers.ErrSandboxGone) {
+			t.log.Error("provider terminate failed; will retry", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
+			return false, fmt.Errorf("%w: %w", ErrProvider, err)
+		}
+	}
+	if err := t.db.FinishTerminate(ctx, w, t.clock.Now()); err != nil {
+		t.log.Error("terminate: record end", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
+		return false, err
+	}
+	return true, nil
+}
+
+// Result counts a sweep.
+type Result struct {
+	Terminated int `json:"terminated"`
+	Failed     int `json:"failed"`
+}
+
+// Scope names the workspaces a sweep ends: every account's (Account and
+// Instance empty), one account's, or one instance's.
+type Scope struct {
+	AccountID  string
+	InstanceID string
+}
+
+// Sweep ends every live workspace in scope with reason and retries those
+// of the scope still terminating. Workspaces still starting are ended by
+// their Acquire (counted as terminated: they will not run).
+func (t *Terminator) Sweep(ctx context.Context, sc Scope, reason sandgate.TerminationReason) (Result, error) {
+	var res Result
+	ws, err := t.db.LiveWorkspaces(ctx, sc.AccountID, sc.InstanceID, t.clock.Now())
+	if err != nil {
+		return res, err
+	}
+	for _, w := range ws {
+		var ok bool
+		var err error
+		if w.State == sandgate.WorkspaceTerminating {
+			ok, err = t.Finish(ctx, w)
+		} else {
+			ok, err = t.Terminate(ctx, w, reason)
+			if err == nil && !ok {
+				ok = true // starting: its Acquire terminates it
+			}
+		}
+		if ok && err == nil {
+			res.Terminated++
+		} else if !errors.Is(err, store.ErrNotFound) {
+			res.Failed++
+		}
+	}
+	return res, nil
+}
