@@ -16,9 +16,12 @@ deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 vet:
 	$(GO) vet ./...
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
+	$(GO) run $(STATICCHECK) ./...
 
 test: deps vet
 	$(GO) test -race -count=1 -timeout 20m ./...

@@ -65,9 +65,6 @@ type Server struct {
 	limiter  *admission.Limiter
 	term     *termination.Terminator
 	echo     *echo.Echo
-	// bg tracks work that outlives a request (finishing a release, an
-	// expiry), so Close can wait for it.
-	bg chan struct{}
 }
 
 // New returns a Server over the store and provider.

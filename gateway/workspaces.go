@@ -43,7 +43,9 @@ func (s *Server) acquire(c echo.Context) error {
 	if rec, err := s.db.Idempotency(ctx, a.Lease.AccountID, a.Lease.InstanceID, store.OpAcquire, keyHash); err == nil {
 		return s.replayAcquire(c, rec, reqHash)
 	} else if !errors.Is(err, store.ErrNotFound) {
-		return unavailable(err)
+		// The store is unreachable before admission could run: new work
+		// fails closed with admission's own code (spec §Broker obligations).
+		return admissionUnavailable(err)
 	}
 
 	now := s.clock.Now()
@@ -100,7 +102,7 @@ func (s *Server) acquire(c echo.Context) error {
 	if err != nil {
 		return unavailable(err)
 	}
-	return c.JSON(http.StatusCreated, s.status(cur, true))
+	return c.JSON(http.StatusCreated, s.status(cur))
 }
 
 // terminateSandbox ends a sandbox that Confirm refused and records the end.
@@ -128,7 +130,7 @@ func (s *Server) replayAcquire(c echo.Context, rec store.IdemRecord, reqHash str
 	if err != nil {
 		return unavailable(err)
 	}
-	return c.JSON(http.StatusOK, s.status(w, true))
+	return c.JSON(http.StatusOK, s.status(w))
 }
 
 // pendingWorkspace is a validated Acquire: the record to admit and the
@@ -202,6 +204,12 @@ func acquireHash(req protocol.AcquireRequest) string {
 func hashString(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
+}
+
+// admissionUnavailable is admission's fail-closed refusal, for a store
+// failure on an Acquire's way to the admission script.
+func admissionUnavailable(err error) error {
+	return &protocol.Error{Code: protocol.AdmissionUnavailable, Message: "the broker cannot evaluate admission; retry shortly", RetryAfter: time.Second, Err: err}
 }
 
 func unavailable(err error) error {
@@ -280,13 +288,13 @@ func (s *Server) getWorkspace(c echo.Context) error {
 		return err
 	}
 	s.expireIfDue(c.Request().Context(), w, s.clock.Now())
-	return c.JSON(http.StatusOK, s.status(w, false))
+	return c.JSON(http.StatusOK, s.status(w))
 }
 
 // status renders a workspace's status object. A running workspace past
 // expires_at reads as terminating with reason expired until its end is
 // confirmed (docs/protocol-notes.md).
-func (s *Server) status(w sandgate.Workspace, acquire bool) protocol.Workspace {
+func (s *Server) status(w sandgate.Workspace) protocol.Workspace {
 	out := protocol.Workspace{
 		WorkspaceID:        w.ID,
 		State:              string(w.State),
@@ -356,7 +364,7 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 	}
 	out := protocol.WorkspaceList{Workspaces: make([]protocol.Workspace, 0, len(ws))}
 	for _, w := range ws {
-		out.Workspaces = append(out.Workspaces, s.status(w, false))
+		out.Workspaces = append(out.Workspaces, s.status(w))
 	}
 	if next != "" {
 		out.NextCursor = &next
@@ -381,5 +389,5 @@ func (s *Server) release(c echo.Context) error {
 	if err != nil {
 		return unavailable(err)
 	}
-	return c.JSON(http.StatusOK, s.status(cur, false))
+	return c.JSON(http.StatusOK, s.status(cur))
 }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/token"
 )
 
@@ -53,8 +54,11 @@ func TestValidRejects(t *testing.T) {
 
 func TestHashStable(t *testing.T) {
 	tok := token.New(token.Prefix)
-	if token.Hash(tok) != token.Hash(tok) || len(token.Hash(tok)) != 64 {
-		t.Fatalf("Hash not a stable hex sha256")
+	if h1, h2 := token.Hash(tok), token.Hash(sandgate.Secret(tok.Reveal())); h1 != h2 || len(h1) != 64 {
+		t.Fatalf("Hash = %q, %q; want one stable hex sha256", h1, h2)
+	}
+	if token.Hash(tok) == token.Hash(token.New(token.Prefix)) {
+		t.Fatal("two tokens hash alike")
 	}
 	if strings.Contains(token.Hash(tok), tok.Reveal()) {
 		t.Fatal("hash contains token")
