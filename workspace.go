@@ -39,21 +39,25 @@ type EgressPolicy struct {
 
 // Workspace is one sandbox leased to an instance.
 type Workspace struct {
-	ID                string
-	AccountID         string
-	InstanceID        string
-	Label             string
-	Size              string
-	Image             string
-	Agent             string
-	RunID             string
-	State             WorkspaceState
-	ProviderRef       string // the vendor's id; never shown to the client
-	CreatedAt         time.Time
-	StartedAt         time.Time // the provider-confirmed start; zero while starting
-	ExpiresAt         time.Time
-	IdleTimeout       time.Duration
-	LastActivity      time.Time
+	ID           string
+	AccountID    string
+	InstanceID   string
+	Label        string
+	Size         string
+	Image        string
+	Agent        string
+	RunID        string
+	State        WorkspaceState
+	ProviderRef  string // the vendor's id; never shown to the client
+	CreatedAt    time.Time
+	StartedAt    time.Time // the provider-confirmed start; zero while starting
+	ExpiresAt    time.Time
+	IdleTimeout  time.Duration
+	LastActivity time.Time
+	// BusyUntil is the latest deadline of the workspace's durable commands
+	// still running as far as the broker knows; zero when none is. A
+	// running command counts as activity for the idle timeout.
+	BusyUntil         time.Time
 	TerminatedAt      time.Time // zero while live
 	TerminationReason TerminationReason
 }
@@ -62,4 +66,14 @@ type Workspace struct {
 // terminated, terminating, or past its hard deadline.
 func (w Workspace) GoneAt(now time.Time) bool {
 	return w.State == WorkspaceTerminated || w.State == WorkspaceTerminating || !now.Before(w.ExpiresAt)
+}
+
+// IdleAt returns when the workspace becomes idle: IdleTimeout after its
+// last activity, or after its running durable commands end at the latest.
+func (w Workspace) IdleAt() time.Time {
+	last := w.LastActivity
+	if w.BusyUntil.After(last) {
+		last = w.BusyUntil
+	}
+	return last.Add(w.IdleTimeout)
 }
