@@ -192,4 +192,3 @@ func TestCommandLogsCarryNoContent(t *testing.T) {
 		t.Errorf("logs carry argv, stdin or output:\n%s", buf.String())
 	}
 }
-
