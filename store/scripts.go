@@ -145,7 +145,7 @@ return ` + itoa(resOK) + `
 // ARGV[1] snapshot id, ARGV[2] now (unix ms), ARGV[3] reason (deleted or expired),
 // ARGV[4] 1 to act only when the snapshot is due (its score in KEYS[3] at or before now)
 // Returns {resOK, previous state}, {resRefused, state} (already deleting or
-// deleted, or not due) or {resAbsent, ”}.
+// deleted, or not due) or {resAbsent, ""}.
 var deleteSnapshotScript = redis.NewScript(`
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return {` + itoa(resAbsent) + `, ''} end
@@ -211,7 +211,7 @@ return {` + itoa(resOK) + `}
 // canceled (the provider's fence or kill took care of it).
 //
 // KEYS[1] command HASH
-// Returns the state after the call, ” when there is no record.
+// Returns the state after the call, empty when there is no record.
 var launchedCommandScript = redis.NewScript(`
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return '' end
@@ -246,7 +246,7 @@ return ` + itoa(resOK) + `
 //
 // KEYS[1] command HASH, KEYS[2] workspace HASH
 // ARGV[1] now (unix ms), ARGV[2] records expire at (unix ms), ARGV[3] command key, ARGV[4] workspace id
-// Returns {resAbsent, ”} (fenced before any claim), {resFinished, state}
+// Returns {resAbsent, ""} (fenced before any claim), {resFinished, state}
 // or {resOK, previous state, launched}.
 var cancelCommandScript = redis.NewScript(`
 local st = redis.call('HGET', KEYS[1], 'state')
@@ -270,7 +270,7 @@ return {` + itoa(resOK) + `, st, redis.call('HGET', KEYS[1], 'launched') or '0'}
 // KEYS[1] command HASH, KEYS[2] workspace HASH, KEYS[3] workspace busy ZSET
 // ARGV[1] state (completed or canceled), ARGV[2] exit code (” for none), ARGV[3] timed out (0/1),
 // ARGV[4] now (unix ms), ARGV[5] command key
-// Returns the state after the call, ” when there is no record.
+// Returns the state after the call, empty when there is no record.
 var finishCommandScript = redis.NewScript(`
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return '' end
