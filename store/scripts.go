@@ -268,7 +268,7 @@ return {` + itoa(resOK) + `, st, redis.call('HGET', KEYS[1], 'launched') or '0'}
 // end counts as activity.
 //
 // KEYS[1] command HASH, KEYS[2] workspace HASH, KEYS[3] workspace busy ZSET
-// ARGV[1] state (completed or canceled), ARGV[2] exit code (” for none), ARGV[3] timed out (0/1),
+// ARGV[1] state (completed or canceled), ARGV[2] exit code (empty for none), ARGV[3] timed out (0/1),
 // ARGV[4] now (unix ms), ARGV[5] command key
 // Returns the state after the call, empty when there is no record.
 var finishCommandScript = redis.NewScript(`
