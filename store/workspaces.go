@@ -41,6 +41,13 @@ func (db *DB) Idempotency(ctx context.Context, acct, inst, op, keyHash string) (
 	return r, err
 }
 
+// FreeKey releases a claimed Idempotency-Key, so a retry with it
+// re-evaluates: for a request that failed after its claim and left nothing
+// a replay could return.
+func (db *DB) FreeKey(ctx context.Context, acct, inst, op, keyHash string) error {
+	return db.rdb.Del(ctx, idempotencyKey(acct, inst, op, keyHash)).Err()
+}
+
 // Confirm records that the provider created the workspace's sandbox. It
 // returns false when the workspace stopped being starting meanwhile (a
 // release, or its pending slot expired); the caller must then terminate
