@@ -25,8 +25,12 @@ type Provider struct {
 	// TerminateErr, when set, fails every Terminate.
 	TerminateErr error
 	// SnapshotErr, RestoreErr and DeleteSnapshotErr, when set, fail every
-	// call of that method.
+	// call of that method. Change them (and the fields below) with Set
+	// once requests run.
 	SnapshotErr, RestoreErr, DeleteSnapshotErr error
+	// StartCommandErr, when set, fails every StartCommand before it
+	// launches anything.
+	StartCommandErr error
 	// HoldCommands keeps durable commands running until FinishCommand;
 	// otherwise they complete at once with ExecFunc's result.
 	HoldCommands bool
@@ -42,6 +46,15 @@ type command struct {
 	status   providers.CommandStatus
 	fenced   bool
 	launches int
+}
+
+// Set runs f with the fake locked, so a test may change the Snapshot,
+// Restore, DeleteSnapshot and StartCommand errors and HoldCommands while
+// requests run.
+func (p *Provider) Set(f func(p *Provider)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f(p)
 }
 
 // New returns an empty fake provider.
@@ -135,11 +148,11 @@ func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
 
 // Snapshot implements providers.Provider: it copies every file below spec.Dir.
 func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec providers.SnapshotSpec) (providers.SnapshotRef, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.SnapshotErr != nil {
 		return providers.SnapshotRef{}, p.SnapshotErr
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	fs, ok := p.sandboxes[sb.Ref]
 	if !ok {
 		return providers.SnapshotRef{}, providers.ErrSandboxGone
@@ -157,11 +170,11 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 
 // Restore implements providers.Provider.
 func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref providers.SnapshotRef, dir string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.RestoreErr != nil {
 		return p.RestoreErr
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	fs, ok := p.sandboxes[sb.Ref]
 	if !ok {
 		return providers.ErrSandboxGone
@@ -178,11 +191,11 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 
 // DeleteSnapshot implements providers.Provider.
 func (p *Provider) DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.DeleteSnapshotErr != nil {
 		return p.DeleteSnapshotErr
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	if _, ok := p.snapshots[ref.ID]; ok {
 		p.deletes++
 	}
@@ -212,6 +225,9 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.StartCommandErr != nil {
+		return p.StartCommandErr
+	}
 	c := p.commands[sb.Ref+"/"+id]
 	switch {
 	case c != nil && c.fenced:
