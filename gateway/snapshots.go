@@ -100,7 +100,7 @@ func (s *Server) createSnapshot(c echo.Context) error {
 		// the pending deadline.
 		return unavailable(err)
 	}
-	s.log.Info("snapshot created", sandgate.WorkspaceAttr(w.ID), slog.String("snapshot_id", snap.ID))
+	s.log.Info("snapshot created", sandgate.WorkspaceAttr(w.ID), sandgate.SnapshotAttr(snap.ID))
 	return c.JSON(http.StatusCreated, snapshotBody(snap))
 }
 
@@ -110,7 +110,7 @@ func (s *Server) deleteContents(ctx context.Context, id string, ref providers.Sn
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
 	defer cancel()
 	if err := s.provider.DeleteSnapshot(dctx, ref); err != nil {
-		s.log.Warn("snapshot contents not deleted; the reaper retries", slog.String("snapshot_id", id), slog.Any(sandgate.KeyError, err))
+		s.log.Warn("snapshot contents not deleted; the reaper retries", sandgate.SnapshotAttr(id), slog.Any(sandgate.KeyError, err))
 	}
 }
 
@@ -180,10 +180,10 @@ func (s *Server) deleteSnapshot(c echo.Context) error {
 		cancel()
 		if err == nil {
 			if err := s.db.PurgeSnapshot(ctx, snap); err != nil {
-				s.log.Warn("snapshot purge not recorded; the reaper retries", slog.String("snapshot_id", snap.ID), slog.Any(sandgate.KeyError, err))
+				s.log.Warn("snapshot purge not recorded; the reaper retries", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
 			}
 		} else {
-			s.log.Warn("snapshot contents not deleted; the reaper retries", slog.String("snapshot_id", snap.ID), slog.Any(sandgate.KeyError, err))
+			s.log.Warn("snapshot contents not deleted; the reaper retries", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
 		}
 	}
 	return c.NoContent(http.StatusNoContent)

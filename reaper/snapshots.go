@@ -86,7 +86,7 @@ func (r *Reaper) sweepAccountSnapshots(ctx context.Context, acct string) error {
 		cancel()
 		if err != nil {
 			failed++
-			r.log.Warn("snapshot contents not deleted; will retry", slog.String("snapshot_id", id), slog.Any(sandgate.KeyError, err))
+			r.log.Warn("snapshot contents not deleted; will retry", sandgate.SnapshotAttr(id), slog.Any(sandgate.KeyError, err))
 			if err := r.db.RetrySnapshotDelete(ctx, acct, id, now.Add(snapshotRetry)); err != nil {
 				return err
 			}

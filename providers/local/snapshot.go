@@ -139,7 +139,7 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	if fi != nil {
 		size = fi.Size()
 	}
-	p.log.Info("snapshot stored", sandgate.WorkspaceAttr(sb.Ref), "snapshot_id", spec.ID,
+	p.log.Info("snapshot stored", sandgate.WorkspaceAttr(sb.Ref), sandgate.SnapshotAttr(spec.ID),
 		"archive_bytes", size, "duration", time.Since(start))
 	return providers.SnapshotRef{ID: spec.ID, Ref: spec.ID}, nil
 }
@@ -208,7 +208,7 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 	case res.ExitCode != 0:
 		return fmt.Errorf("local: restore: tar failed with exit code %d", res.ExitCode)
 	}
-	p.log.Info("snapshot restored", sandgate.WorkspaceAttr(sb.Ref), "snapshot_id", ref.ID)
+	p.log.Info("snapshot restored", sandgate.WorkspaceAttr(sb.Ref), sandgate.SnapshotAttr(ref.ID))
 	return nil
 }
 
@@ -229,7 +229,7 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef
 		}
 	}
 	if err == nil {
-		p.log.Info("snapshot deleted", "snapshot_id", ref.ID)
+		p.log.Info("snapshot deleted", sandgate.SnapshotAttr(ref.ID))
 	}
 	return nil
 }
