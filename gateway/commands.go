@@ -103,15 +103,21 @@ func (s *Server) startCommand(c echo.Context) error {
 	})
 	cancel()
 	switch {
-	case err == nil, errors.Is(err, providers.ErrCommandFenced):
-		// Fenced: a cancel came between the claim and the launch, and
-		// recorded the command canceled.
+	case err == nil:
 		st, err := s.db.CommandLaunched(ctx, w, key)
 		if err != nil {
 			return unavailable(err)
 		}
 		s.log.Info("durable command started", sandgate.WorkspaceAttr(w.ID), slog.Int("argc", len(req.Argv)), slog.String("state", string(st)))
 		return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: string(st)})
+	case errors.Is(err, providers.ErrCommandFenced):
+		// A cancel came between the claim and the launch: it recorded the
+		// command canceled, and nothing ran.
+		cmd, err := s.db.Command(ctx, w, key)
+		if err != nil {
+			return unavailable(err)
+		}
+		return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: string(cmd.State)})
 	case errors.Is(err, providers.ErrSandboxGone), errors.Is(err, providers.ErrCommandNotStarted):
 		// Definitely not started: the identity is free again.
 		if uerr := s.db.UnclaimCommand(ctx, w, key); uerr != nil {

@@ -300,3 +300,49 @@ func cmdtKey(identity string) string {
 	sum := sha256.Sum256([]byte(identity))
 	return hex.EncodeToString(sum[:])
 }
+
+// TestCommandCancelFencesDelayedLaunch: a cancel between the claim and a
+// delayed launch fences it: the launch never runs.
+func TestCommandCancelFencesDelayedLaunch(t *testing.T) {
+	t.Parallel()
+	fake := fakeprovider.New()
+	gate := make(chan struct{})
+	fake.StartGate = gate
+	e := snapStart(t, fake, nil)
+	ws := e.acquire("").WorkspaceID
+	ctx := context.Background()
+	type answer struct {
+		st       *protocol.CommandStatus
+		launched bool
+		err      error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		st, l, err := e.cl.StartCommand(ctx, ws, "slow", protocol.ExecRequest{Argv: []string{"make"}})
+		done <- answer{st, l, err}
+	}()
+	for i := 0; ; i++ { // wait for the claim
+		st, err := e.cl.ReadCommand(ctx, ws, "slow")
+		if err == nil && st.State == protocol.CommandStarting {
+			break
+		}
+		if i == 400 {
+			t.Fatalf("the PUT never claimed the identity: %+v, %v", st, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := e.cl.CancelCommand(ctx, ws, "slow"); err != nil {
+		t.Fatalf("CancelCommand: %v", err)
+	}
+	close(gate)
+	a := <-done
+	if a.err != nil || !a.launched || a.st.State != protocol.CommandCanceled {
+		t.Errorf("the delayed PUT = %+v, launched %v, %v; want 202 canceled", a.st, a.launched, a.err)
+	}
+	if n := fake.Launches(); n != 0 {
+		t.Errorf("launches = %d; want 0: the fence held", n)
+	}
+	if st, err := e.cl.ReadCommand(ctx, ws, "slow"); err != nil || st.State != protocol.CommandCanceled || st.ExitCode != nil {
+		t.Errorf("GET = %+v, %v; want canceled without an exit code", st, err)
+	}
+}

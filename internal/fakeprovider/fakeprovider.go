@@ -31,6 +31,9 @@ type Provider struct {
 	// StartCommandErr, when set, fails every StartCommand before it
 	// launches anything.
 	StartCommandErr error
+	// StartGate, when set, holds every StartCommand until it is closed: a
+	// launch delayed after its claim.
+	StartGate chan struct{}
 	// HoldCommands keeps durable commands running until FinishCommand;
 	// otherwise they complete at once with ExecFunc's result.
 	HoldCommands bool
@@ -222,6 +225,16 @@ func (p *Provider) HasSnapshot(id string) bool {
 func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id string, spec providers.ExecSpec) error {
 	if !p.exists(sb.Ref) {
 		return providers.ErrSandboxGone
+	}
+	p.mu.Lock()
+	gate := p.StartGate
+	p.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
