@@ -39,25 +39,22 @@ type EgressPolicy struct {
 
 // Workspace is one sandbox leased to an instance.
 type Workspace struct {
-	ID           string
-	AccountID    string
-	InstanceID   string
-	Label        string
-	Size         string
-	Image        string
-	Agent        string
-	RunID        string
-	State        WorkspaceState
-	ProviderRef  string // the vendor's id; never shown to the client
-	CreatedAt    time.Time
-	StartedAt    time.Time // the provider-confirmed start; zero while starting
-	ExpiresAt    time.Time
-	IdleTimeout  time.Duration
-	LastActivity time.Time
-	// BusyUntil is the latest deadline of the workspace's durable commands
-	// still running as far as the broker knows; zero when none is. A
-	// running command counts as activity for the idle timeout.
-	BusyUntil         time.Time
+	ID                string
+	AccountID         string
+	InstanceID        string
+	Label             string
+	Size              string
+	Image             string
+	Agent             string
+	RunID             string
+	State             WorkspaceState
+	ProviderRef       string // the vendor's id; never shown to the client
+	CreatedAt         time.Time
+	StartedAt         time.Time // the provider-confirmed start; zero while starting
+	ExpiresAt         time.Time
+	IdleTimeout       time.Duration
+	LastActivity      time.Time
+	BusyUntil         time.Time // the latest deadline of its durable commands that may still run; zero when none
 	TerminatedAt      time.Time // zero while live
 	TerminationReason TerminationReason
 }
@@ -69,7 +66,9 @@ func (w Workspace) GoneAt(now time.Time) bool {
 }
 
 // IdleAt returns when the workspace becomes idle: IdleTimeout after its
-// last activity, or after its running durable commands end at the latest.
+// last activity, or after its durable commands that may still run reach
+// their deadline (BusyUntil), whichever is later. A running durable command
+// counts as activity.
 func (w Workspace) IdleAt() time.Time {
 	last := w.LastActivity
 	if w.BusyUntil.After(last) {
