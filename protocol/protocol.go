@@ -3,6 +3,8 @@
 // nothing else, so every room may import it.
 package protocol
 
+import "encoding/json"
+
 // APIVersion is the informational api_version of GET /v1/lease.
 const APIVersion = "execution-broker/v1"
 
@@ -203,10 +205,10 @@ const (
 )
 
 // CommandStatus is the body of PUT (202 or 200) and GET …/commands/{identity}.
-// The exit fields are meaningful only for completed and canceled and are
-// omitted otherwise, so an unknown identity answers exactly
-// {"state":"unknown"}; ExitCode is nil when absent. TimedOut is sandgate's
-// own optional field.
+// The exit fields are meaningful only for completed and canceled: they are
+// all sent when ExitCode is set, and none otherwise, so an unknown identity
+// answers exactly {"state":"unknown"}; ExitCode is nil when absent. TimedOut
+// is sandgate's own optional field.
 type CommandStatus struct {
 	State           string `json:"state"`
 	ExitCode        *int   `json:"exit_code,omitempty"`
@@ -216,4 +218,24 @@ type CommandStatus struct {
 	StdoutBytes     int64  `json:"stdout_bytes,omitempty"`
 	StderrBytes     int64  `json:"stderr_bytes,omitempty"`
 	TimedOut        bool   `json:"timed_out,omitempty"`
+}
+
+// MarshalJSON sends the state alone, or with ExitCode set every exit field,
+// empty output and zero counts included.
+func (s CommandStatus) MarshalJSON() ([]byte, error) {
+	if s.ExitCode == nil {
+		return json.Marshal(struct {
+			State string `json:"state"`
+		}{s.State})
+	}
+	return json.Marshal(struct {
+		State           string `json:"state"`
+		ExitCode        int    `json:"exit_code"`
+		StdoutB64       string `json:"stdout_b64"`
+		StderrB64       string `json:"stderr_b64"`
+		OutputTruncated bool   `json:"output_truncated"`
+		StdoutBytes     int64  `json:"stdout_bytes"`
+		StderrBytes     int64  `json:"stderr_bytes"`
+		TimedOut        bool   `json:"timed_out"`
+	}{s.State, *s.ExitCode, s.StdoutB64, s.StderrB64, s.OutputTruncated, s.StdoutBytes, s.StderrBytes, s.TimedOut})
 }
