@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -188,7 +189,16 @@ func checkID(id string) error {
 	return nil
 }
 
-func (r *Runner) path(id string) string { return path.Join(r.dir, id) }
+// CommandDir returns the directory of command id of sandbox sb under base.
+// It is keyed by the sandbox's reference too, so a snapshot that carried
+// another sandbox's command directories into this one can never answer for
+// a command of this one.
+func CommandDir(base string, sb providers.Sandbox, id string) string {
+	sum := sha256.Sum256([]byte(sb.Ref))
+	return path.Join(base, hex.EncodeToString(sum[:8]), id)
+}
+
+func (r *Runner) path(sb providers.Sandbox, id string) string { return CommandDir(r.dir, sb, id) }
 
 // StartCommand implements [providers.Commander].
 func (r *Runner) StartCommand(ctx context.Context, sb providers.Sandbox, id string, spec providers.ExecSpec) error {
@@ -198,7 +208,7 @@ func (r *Runner) StartCommand(ctx context.Context, sb providers.Sandbox, id stri
 	if len(spec.Argv) == 0 {
 		return fmt.Errorf("runner: start: empty argv: %w", providers.ErrCommandNotStarted)
 	}
-	argv := []string{"sh", "-c", launchScript, "sh", Script, r.path(id),
+	argv := []string{"sh", "-c", launchScript, "sh", Script, r.path(sb, id),
 		strconv.FormatInt(max(spec.MaxOutputBytes, 0), 10), strconv.FormatInt(TimeoutSeconds(spec.Timeout), 10), token()}
 	argv = append(argv, wrapDir(spec.Dir, spec.Argv)...)
 	res, err := r.ex.Exec(ctx, sb, providers.ExecSpec{Argv: argv, Stdin: spec.Stdin, Timeout: opTimeout, MaxOutputBytes: 1024})
@@ -244,7 +254,7 @@ func (r *Runner) ReadCommand(ctx context.Context, sb providers.Sandbox, id strin
 	}
 	maxOut = max(maxOut, 0)
 	res, err := r.ex.Exec(ctx, sb, providers.ExecSpec{
-		Argv:    []string{"sh", "-c", readScript, "sh", r.path(id), strconv.FormatInt(maxOut, 10)},
+		Argv:    []string{"sh", "-c", readScript, "sh", r.path(sb, id), strconv.FormatInt(maxOut, 10)},
 		Timeout: opTimeout, MaxOutputBytes: 2*maxOut + 1024,
 	})
 	if err != nil {
@@ -321,7 +331,7 @@ func (r *Runner) CancelCommand(ctx context.Context, sb providers.Sandbox, id str
 		return err
 	}
 	res, err := r.ex.Exec(ctx, sb, providers.ExecSpec{
-		Argv: []string{"sh", "-c", cancelScript, "sh", r.path(id)}, Timeout: opTimeout,
+		Argv: []string{"sh", "-c", cancelScript, "sh", r.path(sb, id)}, Timeout: opTimeout,
 	})
 	if err != nil {
 		return fmt.Errorf("runner: cancel: %w", err)

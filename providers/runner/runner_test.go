@@ -54,11 +54,11 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{dir: t.TempDir(), tmp: t.TempDir()}
+	e := &env{dir: t.TempDir(), tmp: t.TempDir(), sb: providers.Sandbox{Ref: "sb-" + t.Name()}}
 	e.r = runner.New(hostExec{}, e.dir)
 	t.Cleanup(func() {
 		// Leave nothing running: cancel every command the test started.
-		entries, _ := os.ReadDir(e.dir)
+		entries, _ := os.ReadDir(filepath.Dir(runner.CommandDir(e.dir, e.sb, "x")))
 		for _, d := range entries {
 			e.r.CancelCommand(context.Background(), e.sb, d.Name())
 		}
@@ -254,7 +254,7 @@ func TestTimeout(t *testing.T) {
 func TestRunnerLost(t *testing.T) {
 	e := newEnv(t)
 	startSleeper(t, e, "lost", 5*time.Minute)
-	b, err := os.ReadFile(filepath.Join(e.dir, "lost", runner.FilePID))
+	b, err := os.ReadFile(filepath.Join(runner.CommandDir(e.dir, e.sb, "lost"), runner.FilePID))
 	if err != nil {
 		t.Fatalf("pid file: %v", err)
 	}
@@ -274,7 +274,7 @@ func TestReadDirMatchesScript(t *testing.T) {
 		t.Fatalf("StartCommand: %v", err)
 	}
 	viaExec := e.wait(t, "same", 50)
-	viaDir, err := runner.ReadDir(filepath.Join(e.dir, "same"), 50, func() bool { return false })
+	viaDir, err := runner.ReadDir(runner.CommandDir(e.dir, e.sb, "same"), 50, func() bool { return false })
 	if err != nil {
 		t.Fatalf("ReadDir: %v", err)
 	}
@@ -282,7 +282,21 @@ func TestReadDirMatchesScript(t *testing.T) {
 		!bytes.Equal(viaExec.Stderr, viaDir.Stderr) || viaExec.StdoutBytes != viaDir.StdoutBytes || viaExec.StdoutTruncated != viaDir.StdoutTruncated {
 		t.Errorf("ReadDir = %+v; want what the read script says, %+v", viaDir, viaExec)
 	}
-	if st, err := runner.ReadDir(filepath.Join(e.dir, "none"), 50, func() bool { return true }); err != nil || st.State != providers.CommandAbsent {
+	if st, err := runner.ReadDir(runner.CommandDir(e.dir, e.sb, "none"), 50, func() bool { return true }); err != nil || st.State != providers.CommandAbsent {
 		t.Errorf("ReadDir of a missing directory = %q, %v; want absent", st.State, err)
+	}
+}
+
+// TestSandboxesApart: the same command id in two sandboxes names two
+// commands, also when one sandbox's files were copied into the other.
+func TestSandboxesApart(t *testing.T) {
+	e := newEnv(t)
+	if err := e.r.StartCommand(t.Context(), e.sb, "same-id", providers.ExecSpec{Argv: []string{"true"}, Timeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	e.wait(t, "same-id", 10)
+	other := providers.Sandbox{Ref: "another-sandbox"}
+	if st, err := e.r.ReadCommand(t.Context(), other, "same-id", 10); err != nil || st.State != providers.CommandAbsent {
+		t.Errorf("ReadCommand in another sandbox = %q, %v; want absent", st.State, err)
 	}
 }
