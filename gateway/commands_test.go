@@ -91,8 +91,8 @@ func TestCommandsLocal(t *testing.T) {
 	if string(got) != "line\n" {
 		t.Errorf("file after 16 PUTs = %q; want exactly one line", got)
 	}
-	if b64(st.StdoutB64) != wantOut || b64(st.StderrB64) != wantErr || st.StdoutBytes != 3 || st.StderrBytes != 3 || st.OutputTruncated {
-		t.Errorf("output = %q, %q, %d, %d, truncated %v; want %q, %q", b64(st.StdoutB64), b64(st.StderrB64), st.StdoutBytes, st.StderrBytes, st.OutputTruncated, wantOut, wantErr)
+	if cmdtB64(st.StdoutB64) != wantOut || cmdtB64(st.StderrB64) != wantErr || st.StdoutBytes != 3 || st.StderrBytes != 3 || st.OutputTruncated {
+		t.Errorf("output = %q, %q, %d, %d, truncated %v; want %q, %q", cmdtB64(st.StdoutB64), cmdtB64(st.StderrB64), st.StdoutBytes, st.StderrBytes, st.OutputTruncated, wantOut, wantErr)
 	}
 
 	// Cancel after completion: the result survives.
@@ -160,7 +160,7 @@ func TestCommandsLocal(t *testing.T) {
 	}
 }
 
-func b64(s string) string {
+func cmdtB64(s string) string {
 	b, _ := base64.StdEncoding.DecodeString(s)
 	return string(b)
 }
@@ -224,7 +224,7 @@ func TestCommandProtocol(t *testing.T) {
 	}
 	fake.FinishCommand(ws, cmdtKey("c1"))
 	st, err := e.cl.ReadCommand(ctx, ws, "c1")
-	if err != nil || st.State != protocol.CommandCompleted || st.ExitCode == nil || *st.ExitCode != 5 || b64(st.StdoutB64) != "0123456789" || st.StdoutBytes != 10 {
+	if err != nil || st.State != protocol.CommandCompleted || st.ExitCode == nil || *st.ExitCode != 5 || cmdtB64(st.StdoutB64) != "0123456789" || st.StdoutBytes != 10 {
 		t.Errorf("GET after completion = %+v, %v; want completed 5 with the output", st, err)
 	}
 	if w, _ := e.db.Workspace(ctx, e.acct, ws); !w.BusyUntil.IsZero() {

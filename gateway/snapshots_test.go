@@ -98,10 +98,10 @@ func TestSnapshotWarmStart(t *testing.T) {
 
 	dst := e.acquire(snap.SnapshotID)
 	if got := e.exec(dst.WorkspaceID, "sh", "-c", snapListing, "sh", snapProject).StdoutB64; got != want {
-		t.Errorf("warm-started tree differs:\n%s\nwant:\n%s", b64d(got), b64d(want))
+		t.Errorf("warm-started tree differs:\n%s\nwant:\n%s", snapB64d(got), snapB64d(want))
 	}
-	if !strings.Contains(b64d(want), "./sg F 2711") || !strings.Contains(b64d(want), "./dangling L nowhere") {
-		t.Errorf("the tree lacks what it should show:\n%s", b64d(want))
+	if !strings.Contains(snapB64d(want), "./sg F 2711") || !strings.Contains(snapB64d(want), "./dangling L nowhere") {
+		t.Errorf("the tree lacks what it should show:\n%s", snapB64d(want))
 	}
 
 	// Another instance cannot see it: 404, for acquire and delete alike.
@@ -137,7 +137,7 @@ func TestSnapshotWarmStart(t *testing.T) {
 	}
 }
 
-func b64d(s string) string {
+func snapB64d(s string) string {
 	var b []byte
 	json.Unmarshal([]byte(`"`+s+`"`), &b)
 	return string(b)
