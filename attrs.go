@@ -7,6 +7,7 @@ import "log/slog"
 const (
 	KeyRequestID   = "request_id"
 	KeyWorkspaceID = "workspace_id"
+	KeySnapshotID  = "snapshot_id"
 	KeyInstanceID  = "instance_id"
 	KeyAccountID   = "account_id"
 	KeyLeaseID     = "lease_id"
@@ -17,6 +18,9 @@ const (
 
 // WorkspaceAttr is the log attribute of a workspace id.
 func WorkspaceAttr(id string) slog.Attr { return slog.String(KeyWorkspaceID, id) }
+
+// SnapshotAttr is the log attribute of a snapshot id.
+func SnapshotAttr(id string) slog.Attr { return slog.String(KeySnapshotID, id) }
 
 // InstanceAttr is the log attribute of an instance id.
 func InstanceAttr(id string) slog.Attr { return slog.String(KeyInstanceID, id) }

@@ -1,4 +1,5 @@
 // Package sandgate holds the domain types of the sandgate execution broker:
-// accounts, instances, leases, workspaces, scopes and sizes, shared by every
-// other package. It imports only the standard library.
+// accounts, instances, leases, workspaces, snapshots, durable commands,
+// scopes and sizes, shared by every other package. It imports only the
+// standard library.
 package sandgate

@@ -54,6 +54,7 @@ type Workspace struct {
 	ExpiresAt         time.Time
 	IdleTimeout       time.Duration
 	LastActivity      time.Time
+	BusyUntil         time.Time // the latest deadline of its durable commands that may still run; zero when none
 	TerminatedAt      time.Time // zero while live
 	TerminationReason TerminationReason
 }
@@ -62,4 +63,16 @@ type Workspace struct {
 // terminated, terminating, or past its hard deadline.
 func (w Workspace) GoneAt(now time.Time) bool {
 	return w.State == WorkspaceTerminated || w.State == WorkspaceTerminating || !now.Before(w.ExpiresAt)
+}
+
+// IdleAt returns when the workspace becomes idle: IdleTimeout after its
+// last activity, or after its durable commands that may still run reach
+// their deadline (BusyUntil), whichever is later. A running durable command
+// counts as activity.
+func (w Workspace) IdleAt() time.Time {
+	last := w.LastActivity
+	if w.BusyUntil.After(last) {
+		last = w.BusyUntil
+	}
+	return last.Add(w.IdleTimeout)
 }

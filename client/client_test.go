@@ -781,14 +781,14 @@ func TestCommands(t *testing.T) {
 		case r.Method == http.MethodPut && segment(r, 5) == "flaky":
 			envelope(w, http.StatusServiceUnavailable, protocol.Unavailable, "Draining.")
 		case r.Method == http.MethodPut:
-			reply(w, http.StatusAccepted, client.CommandStatus{State: client.CommandStarting})
+			reply(w, http.StatusAccepted, protocol.CommandStatus{State: protocol.CommandStarting})
 		case r.Method == http.MethodPost:
 			w.WriteHeader(http.StatusAccepted)
 		case segment(r, 3) == "ws_gone":
 			envelope(w, http.StatusGone, protocol.WorkspaceGone, "Gone.")
 		default:
 			code := 7
-			reply(w, http.StatusOK, client.CommandStatus{State: client.CommandCompleted, ExitCode: &code})
+			reply(w, http.StatusOK, protocol.CommandStatus{State: protocol.CommandCompleted, ExitCode: &code})
 		}
 	})
 	c, w := newClient(t, b, nil)
@@ -796,7 +796,7 @@ func TestCommands(t *testing.T) {
 	req := protocol.ExecRequest{Argv: []string{"make"}}
 
 	st, launched, err := c.StartCommand(ctx, "ws_1", "call:1", req)
-	if err != nil || !launched || st.State != client.CommandStarting {
+	if err != nil || !launched || st.State != protocol.CommandStarting {
 		t.Errorf("StartCommand = %+v, %v, %v; want starting, launched", st, launched, err)
 	}
 	if _, _, err := c.StartCommand(ctx, "ws_1", "bad", req); !errors.Is(err, client.ErrCommandNotStarted) {
@@ -810,11 +810,11 @@ func TestCommands(t *testing.T) {
 		t.Errorf("StartCommand(503) sent %d requests; want 1, never retried", n)
 	}
 	st, err = c.ReadCommand(ctx, "ws_1", "call:1")
-	if err != nil || st.State != client.CommandCompleted || st.ExitCode == nil || *st.ExitCode != 7 {
+	if err != nil || st.State != protocol.CommandCompleted || st.ExitCode == nil || *st.ExitCode != 7 {
 		t.Errorf("ReadCommand = %+v, %v; want completed with exit code 7", st, err)
 	}
 	st, err = c.ReadCommand(ctx, "ws_gone", "call:1")
-	if err != nil || st.State != client.CommandUnknown {
+	if err != nil || st.State != protocol.CommandUnknown {
 		t.Errorf("ReadCommand(410) = %+v, %v; want state unknown, nil", st, err)
 	}
 	if err := c.CancelCommand(ctx, "ws_1", "call:1"); err != nil {
@@ -832,7 +832,7 @@ func TestSnapshot(t *testing.T) {
 			envelope(w, http.StatusBadGateway, protocol.UpstreamError, "Provider failed.")
 			return
 		}
-		reply(w, http.StatusCreated, client.SnapshotInfo{SnapshotID: "snap_1", ExpiresAt: "2026-10-27T21:04:05Z"})
+		reply(w, http.StatusCreated, protocol.Snapshot{SnapshotID: "snap_1", ExpiresAt: "2026-10-27T21:04:05Z"})
 	})
 	c, _ := newClient(t, b, nil)
 	snap, created, err := c.Snapshot(t.Context(), "ws_1", "nonce-1", "/work/repo")

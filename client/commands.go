@@ -28,12 +28,12 @@ func commandPath(id, identity string) (string, error) {
 // a transport error matches ErrOutcomeUnknown, and a 5xx is unknown too: the
 // caller learns the outcome with ReadCommand, never with another PUT (spec
 // §Durable commands).
-func (c *Client) StartCommand(ctx context.Context, id, identity string, req protocol.ExecRequest) (st *CommandStatus, launched bool, err error) {
+func (c *Client) StartCommand(ctx context.Context, id, identity string, req protocol.ExecRequest) (st *protocol.CommandStatus, launched bool, err error) {
 	path, err := commandPath(id, identity)
 	if err != nil {
 		return nil, false, err
 	}
-	var out CommandStatus
+	var out protocol.CommandStatus
 	status, err := c.do(ctx, call{
 		op: "start command", method: http.MethodPut, route: "/v1/workspaces/{id}/commands/{identity}", path: path,
 		body: req, ok: []int{http.StatusAccepted, http.StatusOK}, out: &out,
@@ -49,18 +49,18 @@ func (c *Client) StartCommand(ctx context.Context, id, identity string, req prot
 // 404 not_found and 410 workspace_gone both answer state unknown with a nil
 // error: the command can no longer be learned about. Callers must treat a
 // state they do not recognize as neither finished nor not started.
-func (c *Client) ReadCommand(ctx context.Context, id, identity string) (*CommandStatus, error) {
+func (c *Client) ReadCommand(ctx context.Context, id, identity string) (*protocol.CommandStatus, error) {
 	path, err := commandPath(id, identity)
 	if err != nil {
 		return nil, err
 	}
-	var out CommandStatus
+	var out protocol.CommandStatus
 	_, err = c.do(ctx, call{
 		op: "read command", method: http.MethodGet, route: "/v1/workspaces/{id}/commands/{identity}", path: path,
 		retry: true, ok: []int{http.StatusOK}, out: &out,
 	})
 	if isCode(err, http.StatusNotFound, protocol.NotFound) || isCode(err, http.StatusGone, protocol.WorkspaceGone) {
-		return &CommandStatus{State: CommandUnknown}, nil
+		return &protocol.CommandStatus{State: protocol.CommandUnknown}, nil
 	}
 	if err != nil {
 		return nil, err

@@ -12,7 +12,7 @@ import (
 // /v1/workspaces/{id}/snapshots. created is true for 201 and false for an
 // idempotent replay (200). idemKey is required and reused by every retry;
 // the spec keys a capture by a per-call nonce, made before the call.
-func (c *Client) Snapshot(ctx context.Context, id, idemKey, dir string) (snap *SnapshotInfo, created bool, err error) {
+func (c *Client) Snapshot(ctx context.Context, id, idemKey, dir string) (snap *protocol.Snapshot, created bool, err error) {
 	seg, err := pathID("workspace id", id)
 	if err != nil {
 		return nil, false, err
@@ -20,10 +20,10 @@ func (c *Client) Snapshot(ctx context.Context, id, idemKey, dir string) (snap *S
 	if idemKey == "" {
 		return nil, false, errors.New("client: snapshot: idempotency key is required")
 	}
-	var out SnapshotInfo
+	var out protocol.Snapshot
 	status, err := c.do(ctx, call{
 		op: "snapshot", method: http.MethodPost, route: "/v1/workspaces/{id}/snapshots",
-		path: "/v1/workspaces/" + seg + "/snapshots", body: SnapshotRequest{Dir: dir},
+		path: "/v1/workspaces/" + seg + "/snapshots", body: protocol.SnapshotRequest{Dir: dir},
 		idemKey: idemKey, retry: true, ok: []int{http.StatusCreated, http.StatusOK}, out: &out,
 	})
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -16,7 +17,7 @@ import (
 
 // exec is POST …/exec: not replayable, so it is never retried by anyone.
 func (s *Server) exec(c echo.Context) error {
-	w, err := s.usable(c)
+	w, err := s.usable(c, admission.ClassExec)
 	if err != nil {
 		return err
 	}

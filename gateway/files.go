@@ -7,6 +7,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -15,7 +16,7 @@ import (
 func sandboxOf(w sandgate.Workspace) providers.Sandbox { return providers.Sandbox{Ref: w.ProviderRef} }
 
 func (s *Server) readFile(c echo.Context) error {
-	w, err := s.usable(c)
+	w, err := s.usable(c, admission.ClassExec)
 	if err != nil {
 		return err
 	}
@@ -41,7 +42,7 @@ func (s *Server) readFile(c echo.Context) error {
 }
 
 func (s *Server) writeFile(c echo.Context) error {
-	w, err := s.usable(c)
+	w, err := s.usable(c, admission.ClassExec)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/runner"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
 )
@@ -34,6 +35,13 @@ type Config struct {
 	// TerminateTimeout bounds one provider terminate inside a request. 0
 	// means 30 seconds; past it, release answers terminating.
 	TerminateTimeout time.Duration
+	// SnapshotTimeout bounds one provider snapshot, and a warm start's
+	// restore. 0 means 10 minutes.
+	SnapshotTimeout time.Duration
+	// DispatchTimeout bounds the launch of a durable command. A command
+	// whose launch was not confirmed within it (a gateway died) is fenced
+	// and reads as canceled. 0 means 1 minute.
+	DispatchTimeout time.Duration
 	// DefaultImage is the image of an instance whose scope names none.
 	DefaultImage string
 	// RateLimits are the per-token request-rate limits by operation class;
@@ -57,6 +65,7 @@ type Server struct {
 	cfg      Config
 	db       *store.DB
 	provider providers.Provider
+	commands providers.Commander // the provider's own, or the generic runner
 	clock    sandgate.Clock
 	log      *slog.Logger
 	cache    *cache[store.Auth]
@@ -75,10 +84,16 @@ func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, l
 	if cfg.TerminateTimeout == 0 {
 		cfg.TerminateTimeout = 30 * time.Second
 	}
+	if cfg.SnapshotTimeout == 0 {
+		cfg.SnapshotTimeout = 10 * time.Minute
+	}
+	if cfg.DispatchTimeout == 0 {
+		cfg.DispatchTimeout = time.Minute
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, db: db, provider: p, clock: clock, log: log, cache: newCache[store.Auth](), controls: newCache[store.Controls](), admit: cfg.Admission}
+	s := &Server{cfg: cfg, db: db, provider: p, commands: runner.For(p), clock: clock, log: log, cache: newCache[store.Auth](), controls: newCache[store.Controls](), admit: cfg.Admission}
 	if s.admit == nil {
 		dc := db.Config()
 		s.admit = admission.New(db.Redis(), admission.Standard(s, admission.StandardConfig{
@@ -106,8 +121,8 @@ func (s *Server) routes() *echo.Echo {
 	e.HTTPErrorHandler = s.handleError
 	e.Use(s.base, s.requireTLS, s.accessLog, s.recover)
 	v1 := e.Group("/v1", s.authenticate)
-	// Exec and files count against their limit in usable, sharing the
-	// workspace read's round trip.
+	// Routes on one workspace count against their class's limit in usable,
+	// sharing the workspace read's round trip.
 	read, acquire := s.rateLimit(admission.ClassRead), s.rateLimit(admission.ClassAcquire)
 	v1.GET("/lease", s.getLease, read)
 	v1.POST("/workspaces", s.acquire, acquire)
@@ -117,6 +132,11 @@ func (s *Server) routes() *echo.Echo {
 	v1.POST("/workspaces/:id/exec", s.exec)
 	v1.POST("/workspaces/:id/files/read", s.readFile)
 	v1.POST("/workspaces/:id/files/write", s.writeFile)
+	v1.POST("/workspaces/:id/snapshots", s.createSnapshot)
+	v1.DELETE("/snapshots/:id", s.deleteSnapshot) // cleanup is never rate limited
+	v1.PUT("/workspaces/:id/commands/:identity", s.startCommand)
+	v1.GET("/workspaces/:id/commands/:identity", s.readCommand)
+	v1.POST("/workspaces/:id/commands/:identity/cancel", s.cancelCommand) // like release: never rate limited
 	return e
 }
 

@@ -23,8 +23,13 @@ import (
 	"github.com/sandgate/sandgate/termination"
 )
 
+// restoreMargin keeps a warm start's restore clear of the workspace's
+// pending deadline, past which its slot would be freed under it.
+const restoreMargin = 10 * time.Second
+
 // acquire is POST /v1/workspaces, in the spec's order: authenticate →
-// idempotency replay → validate → admission → provider create.
+// idempotency replay → validate (the snapshot included) → admission →
+// provider create → restore.
 func (s *Server) acquire(c echo.Context) error {
 	ctx := c.Request().Context()
 	a := authFrom(c)
@@ -51,6 +56,10 @@ func (s *Server) acquire(c echo.Context) error {
 	now := s.clock.Now()
 	scope := s.effectiveScope(a.Instance.Scope)
 	ws, env, err := s.validateAcquire(req, scope, now)
+	if err != nil {
+		return err
+	}
+	snap, err := s.warmStart(c, req.SnapshotID, now)
 	if err != nil {
 		return err
 	}
@@ -84,6 +93,23 @@ func (s *Server) acquire(c echo.Context) error {
 			s.log.Error("abort after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any("err", aerr))
 		}
 		return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not create the workspace; retry with the same Idempotency-Key", Err: err}
+	}
+	if snap != nil {
+		// Warm start: the directory comes back at the same path before the
+		// 201, within the workspace's pending deadline.
+		rctx, cancel := context.WithTimeout(ctx, min(s.cfg.SnapshotTimeout, now.Add(s.db.Config().PendingTimeout-restoreMargin).Sub(s.clock.Now())))
+		err := s.provider.Restore(rctx, sb, providers.SnapshotRef{ID: snap.ID, Ref: snap.ProviderRef}, snap.Dir)
+		cancel()
+		if err != nil {
+			// spec §Acquire: a failure after provider create terminates
+			// what was created before answering. The key is freed, so a
+			// retry re-evaluates; the workspace stays listed as failed.
+			s.terminateSandbox(ctx, ws.Workspace, sb.Ref, sandgate.ReasonFailed)
+			if ferr := s.db.FreeKey(ctx, ws.AccountID, ws.InstanceID, store.OpAcquire, keyHash); ferr != nil {
+				s.log.Error("free key after failed restore", sandgate.WorkspaceAttr(ws.ID), slog.Any("err", ferr))
+			}
+			return restoreError(err)
+		}
 	}
 	started := sb.StartedAt
 	if started.IsZero() {
@@ -164,10 +190,6 @@ func (s *Server) validateAcquire(req protocol.AcquireRequest, scope sandgate.Sco
 	domains, err := policy.CheckEgress(req.Egress, scope.EgressCeiling, scope.Limits.MaxEgressDomains)
 	if err != nil {
 		return pendingWorkspace{}, nil, err
-	}
-	if req.SnapshotID != "" {
-		// Snapshots do not exist yet in this broker, so no id is this instance's.
-		return pendingWorkspace{}, nil, protocol.E(protocol.NotFound, "no such snapshot for this instance")
 	}
 	lim := scope.Limits
 	w := pendingWorkspace{
@@ -254,10 +276,11 @@ func (s *Server) loadWorkspaceLimited(c echo.Context, class admission.Class) (sa
 	return w, nil
 }
 
-// usable returns the workspace if it can take commands now: 409 while
+// usable returns the workspace, counting the request against the token's
+// rate limit of class ("" for none), if it can take commands now: 409 while
 // starting, 410 once terminating, terminated or past expires_at.
-func (s *Server) usable(c echo.Context) (sandgate.Workspace, error) {
-	w, err := s.loadWorkspaceLimited(c, admission.ClassExec)
+func (s *Server) usable(c echo.Context, class admission.Class) (sandgate.Workspace, error) {
+	w, err := s.loadWorkspaceLimited(c, class)
 	if err != nil {
 		return w, err
 	}

@@ -3,6 +3,8 @@
 // nothing else, so every room may import it.
 package protocol
 
+import "encoding/json"
+
 // APIVersion is the informational api_version of GET /v1/lease.
 const APIVersion = "execution-broker/v1"
 
@@ -176,4 +178,64 @@ type ReadFileResponse struct {
 type WriteFileRequest struct {
 	Path        string `json:"path"`
 	ContentsB64 string `json:"contents_b64"`
+}
+
+// SnapshotRequest is the body of POST …/snapshots.
+type SnapshotRequest struct {
+	Dir string `json:"dir"`
+}
+
+// Snapshot is the body of a 201 (or replayed 200) from POST …/snapshots.
+// Times are RFC 3339 UTC strings; expires_at = created_at +
+// snapshot_ttl_seconds.
+type Snapshot struct {
+	SnapshotID string `json:"snapshot_id"`
+	CreatedAt  string `json:"created_at"`
+	ExpiresAt  string `json:"expires_at"`
+}
+
+// Durable command states (spec §Durable commands). A client never reads a
+// state not listed here as finished or as not started.
+const (
+	CommandStarting  = "starting"
+	CommandRunning   = "running"
+	CommandCompleted = "completed"
+	CommandCanceled  = "canceled"
+	CommandUnknown   = "unknown"
+)
+
+// CommandStatus is the body of PUT (202 or 200) and GET …/commands/{identity}.
+// The exit fields are meaningful only for completed and canceled: they are
+// all sent when ExitCode is set, and none otherwise, so an unknown identity
+// answers exactly {"state":"unknown"}; ExitCode is nil when absent. TimedOut
+// is sandgate's own optional field.
+type CommandStatus struct {
+	State           string `json:"state"`
+	ExitCode        *int   `json:"exit_code,omitempty"`
+	StdoutB64       string `json:"stdout_b64,omitempty"`
+	StderrB64       string `json:"stderr_b64,omitempty"`
+	OutputTruncated bool   `json:"output_truncated,omitempty"`
+	StdoutBytes     int64  `json:"stdout_bytes,omitempty"`
+	StderrBytes     int64  `json:"stderr_bytes,omitempty"`
+	TimedOut        bool   `json:"timed_out,omitempty"`
+}
+
+// MarshalJSON sends the state alone, or with ExitCode set every exit field,
+// empty output and zero counts included.
+func (s CommandStatus) MarshalJSON() ([]byte, error) {
+	if s.ExitCode == nil {
+		return json.Marshal(struct {
+			State string `json:"state"`
+		}{s.State})
+	}
+	return json.Marshal(struct {
+		State           string `json:"state"`
+		ExitCode        int    `json:"exit_code"`
+		StdoutB64       string `json:"stdout_b64"`
+		StderrB64       string `json:"stderr_b64"`
+		OutputTruncated bool   `json:"output_truncated"`
+		StdoutBytes     int64  `json:"stdout_bytes"`
+		StderrBytes     int64  `json:"stderr_bytes"`
+		TimedOut        bool   `json:"timed_out"`
+	}{s.State, *s.ExitCode, s.StdoutB64, s.StderrB64, s.OutputTruncated, s.StdoutBytes, s.StderrBytes, s.TimedOut})
 }

@@ -23,6 +23,15 @@ var (
 	ErrFileTooLarge = errors.New("file too large")
 	// ErrSandboxGone: the sandbox no longer exists at the vendor.
 	ErrSandboxGone = errors.New("sandbox gone")
+	// ErrSnapshotGone: the snapshot's contents no longer exist (deleted,
+	// or never stored).
+	ErrSnapshotGone = errors.New("snapshot gone")
+	// ErrCommandNotStarted: a durable command definitely did not start and
+	// never will; its identity may be claimed again.
+	ErrCommandNotStarted = errors.New("command not started")
+	// ErrCommandFenced: a cancel came before the launch, which therefore
+	// did not and never will run.
+	ErrCommandFenced = errors.New("command fenced by a cancel")
 )
 
 // Labels every vendor-side object carries. Nothing the client sent is ever a label.
@@ -100,6 +109,84 @@ type Provider interface {
 	Terminate(ctx context.Context, sb Sandbox) error
 	// List returns the sandboxes that carry this broker's labels.
 	List(ctx context.Context) ([]Sandbox, error)
+
+	// Snapshot stores the contents of the directory spec.Dir of sb (files,
+	// modes, symlinks, empty directories) outside the sandbox, labelled
+	// with spec.ID. Returns ErrFileNotFound when Dir does not exist,
+	// ErrNotAFile when it is not a directory (or one the provider cannot
+	// snapshot), ErrSandboxGone. A Snapshot that fails leaves nothing that
+	// DeleteSnapshot of SnapshotRef{ID: spec.ID} would not remove.
+	Snapshot(ctx context.Context, sb Sandbox, spec SnapshotSpec) (SnapshotRef, error)
+	// Restore writes the snapshot's contents into sb at dir, the path it
+	// was taken from, creating parents. Returns ErrSnapshotGone when the
+	// contents no longer exist, ErrSandboxGone.
+	Restore(ctx context.Context, sb Sandbox, ref SnapshotRef, dir string) error
+	// DeleteSnapshot deletes the snapshot's contents. With ref.Ref empty (a
+	// Snapshot cut short before it answered) it finds them by ref.ID.
+	// Deleting a snapshot that is already gone succeeds.
+	DeleteSnapshot(ctx context.Context, ref SnapshotRef) error
+}
+
+// SnapshotSpec is what Snapshot needs.
+type SnapshotSpec struct {
+	// ID is the broker's snapshot id, a label of the stored contents.
+	ID         string
+	InstanceID string
+	// Dir is the absolute directory to store. Never log it.
+	Dir string
+}
+
+// SnapshotRef names stored snapshot contents.
+type SnapshotRef struct {
+	ID  string // the broker's snapshot id
+	Ref string // the vendor's reference; "" when not known
+}
+
+// Commander runs durable commands: a command is launched once under a
+// broker-chosen id, outlives the call that launched it and every broker
+// process, and is read and canceled by that id. A provider that has no
+// native way implements it with package runner over Exec.
+type Commander interface {
+	// StartCommand launches spec under id (a safe file name) and returns
+	// once it runs or is recorded to run. spec.Timeout kills the command
+	// and everything it started; spec.MaxOutputBytes caps each stream.
+	// Returns ErrCommandFenced when a cancel of id came first,
+	// ErrCommandNotStarted (or ErrSandboxGone) when it definitely did not
+	// start; any other error leaves the outcome unknown. Starting an id
+	// that was already launched succeeds without launching it again.
+	StartCommand(ctx context.Context, sb Sandbox, id string, spec ExecSpec) error
+	// ReadCommand returns the command's status, with at most maxOut bytes
+	// of each stream. State CommandAbsent means id was never launched.
+	ReadCommand(ctx context.Context, sb Sandbox, id string, maxOut int64) (CommandStatus, error)
+	// CancelCommand fences a launch of id that has not happened yet and
+	// kills the whole process group of a running one. A finished command
+	// keeps its result. Idempotent.
+	CancelCommand(ctx context.Context, sb Sandbox, id string) error
+}
+
+// CommandState is what a provider knows of a durable command.
+type CommandState string
+
+// Command states of a provider.
+const (
+	CommandAbsent    CommandState = ""          // never launched here (or fenced before it ran)
+	CommandRunning   CommandState = "running"   // launched, not finished
+	CommandCompleted CommandState = "completed" // ended by itself, or killed at its timeout
+	CommandCanceled  CommandState = "canceled"  // killed by CancelCommand
+)
+
+// CommandStatus is a durable command's state and, once finished, its result.
+type CommandStatus struct {
+	State CommandState
+	// ExitCode is the exit status, or 128+n when signal n killed it;
+	// meaningful once completed or canceled.
+	ExitCode        int
+	TimedOut        bool
+	Stdout, Stderr  []byte
+	StdoutTruncated bool
+	StderrTruncated bool
+	// StdoutBytes and StderrBytes are the real totals the command wrote.
+	StdoutBytes, StderrBytes int64
 }
 
 // Env is what the host lends a provider.

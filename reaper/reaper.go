@@ -1,6 +1,7 @@
 // Package reaper carries out the broker's obligations in the background:
-// it ends every workspace of a stopped or paused scope, and keeps retrying
-// those whose end the provider has not confirmed.
+// it ends every workspace of a stopped or paused scope, keeps retrying
+// those whose end the provider has not confirmed, and deletes snapshots at
+// their TTL until the provider confirms.
 package reaper
 
 import (
@@ -17,6 +18,9 @@ import (
 type Config struct {
 	// Interval is the time between passes. 0 means 2 seconds.
 	Interval time.Duration
+	// Snapshots deletes expired and deleted snapshots' contents (the
+	// provider). nil skips the snapshot sweep.
+	Snapshots SnapshotDeleter
 }
 
 // Reaper runs passes until its context ends. Passes are idempotent, so
@@ -56,9 +60,13 @@ func (r *Reaper) Run(ctx context.Context) {
 	}
 }
 
-// Pass ends every live workspace of a stopped or paused scope with the
-// control's reason, once.
+// Pass deletes expired snapshots (sweepSnapshots) and ends every live
+// workspace of a stopped or paused scope with the control's reason, once.
 func (r *Reaper) Pass(ctx context.Context) error {
+	// Snapshots expire whatever the stop and pause state.
+	if err := r.sweepSnapshots(ctx); err != nil {
+		r.log.Warn("snapshot sweep incomplete", slog.Any("err", err))
+	}
 	now := r.clock.Now()
 	stop, err := r.db.GlobalStop(ctx)
 	if err != nil {

@@ -27,6 +27,10 @@ type Config struct {
 	// PendingTimeout bounds a create: a slot still pending after it is
 	// freed. 0 means 2 minutes.
 	PendingTimeout time.Duration
+	// SnapshotTombstone is how long a deleted snapshot's tombstone is
+	// kept, so its id answers 410 snapshot_gone rather than 404. 0 means
+	// 90 days.
+	SnapshotTombstone time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -38,6 +42,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PendingTimeout == 0 {
 		c.PendingTimeout = 2 * time.Minute
+	}
+	if c.SnapshotTombstone == 0 {
+		c.SnapshotTombstone = 90 * 24 * time.Hour
 	}
 }
 

@@ -105,3 +105,31 @@ func AdmissionKeys(acct, inst, ws, idemKeyHash string) Keys {
 		Controls:    controlsKey(acct),
 	}
 }
+
+// snapshotKey is a snapshot's HASH record. Example: sg:{acct_x}:snap:snap_z
+func snapshotKey(acct, snap string) string { return prefix + "{" + acct + "}:snap:" + snap }
+
+// snapshotQuotaKey is the ZSET of an instance's snapshots that count
+// against max_snapshots: member snapshot id, score its deadline in unix ms
+// (the pending deadline while creating, expires_at once live); members at
+// or past their deadline no longer count. Example: sg:{acct_x}:inst:inst_y:snaps
+func snapshotQuotaKey(acct, inst string) string { return instanceKey(acct, inst) + ":snaps" }
+
+// snapshotExpiryKey is the ZSET of an account's snapshots not yet deleted,
+// scored like snapshotQuotaKey, for the reaper's TTL sweep.
+// Example: sg:{acct_x}:snapexp
+func snapshotExpiryKey(acct string) string { return prefix + "{" + acct + "}:snapexp" }
+
+// snapshotGCKey is the ZSET of an account's deleted or expired snapshots
+// whose contents the provider has not yet confirmed deleted: member
+// snapshot id, score the next attempt in unix ms. Example: sg:{acct_x}:snapgc
+func snapshotGCKey(acct string) string { return prefix + "{" + acct + "}:snapgc" }
+
+// commandKey is a durable command's HASH record, keyed by the hex SHA-256
+// of its identity. Example: sg:{acct_x}:cmd:ws_z:9f86…
+func commandKey(acct, ws, key string) string { return prefix + "{" + acct + "}:cmd:" + ws + ":" + key }
+
+// busyKey is the ZSET of a workspace's durable commands that may be
+// running: member command key, score the command's deadline in unix ms.
+// Example: sg:{acct_x}:ws:ws_z:busy
+func busyKey(acct, ws string) string { return workspaceKey(acct, ws) + ":busy" }

@@ -90,3 +90,219 @@ if #top > 0 then
 end
 return redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[2], string.format('%d', t) .. '-*', 'e', ARGV[3])
 `)
+
+// Result codes of the snapshot and command scripts, spliced into their
+// sources so that Go and Lua share one definition.
+const (
+	resOK       = 0
+	resReplay   = 1 // the Idempotency-Key or the identity was claimed before
+	resQuota    = 2 // the instance is at max_snapshots
+	resGone     = 3 // the workspace is no longer running
+	resRefused  = 4 // the record is not in the state the change needs
+	resAbsent   = 5 // no record
+	resFinished = 6 // the command already has its result
+)
+
+// beginSnapshotScript claims a snapshot's Idempotency-Key and a quota
+// slot, and writes the record as creating. A replay or a full quota
+// changes nothing.
+//
+// KEYS[1] idempotency STRING, KEYS[2] snapshot HASH, KEYS[3] instance quota ZSET, KEYS[4] account expiry ZSET
+// ARGV[1] now (unix ms), ARGV[2] max_snapshots, ARGV[3] pending deadline (unix ms), ARGV[4] snapshot id,
+// ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms), ARGV[7..] record field/value pairs
+// Returns {resOK}, {resReplay, record JSON} or {resQuota}.
+var beginSnapshotScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then return {` + itoa(resReplay) + `, v} end
+if redis.call('ZCOUNT', KEYS[3], '(' .. ARGV[1], '+inf') >= tonumber(ARGV[2]) then return {` + itoa(resQuota) + `} end
+redis.call('HSET', KEYS[2], unpack(ARGV, 7))
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
+redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
+return {` + itoa(resOK) + `}
+`)
+
+// confirmSnapshotScript records contents the provider stored: the
+// snapshot becomes live until expires_at, and its key done. When it is no
+// longer creating (the reaper expired its pending slot, and will delete
+// the contents) it refuses and frees the key, so a retry re-evaluates.
+//
+// KEYS[1] idempotency STRING, KEYS[2] snapshot HASH, KEYS[3] instance quota ZSET, KEYS[4] account expiry ZSET
+// ARGV[1] snapshot id, ARGV[2] expires_at (unix ms), ARGV[3] provider ref, ARGV[4] dir,
+// ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms)
+// Returns resOK or resRefused.
+var confirmSnapshotScript = redis.NewScript(`
+if redis.call('HGET', KEYS[2], 'state') ~= 'creating' then
+  redis.call('DEL', KEYS[1])
+  return ` + itoa(resRefused) + `
+end
+redis.call('HSET', KEYS[2], 'state', 'live', 'provider_ref', ARGV[3], 'dir', ARGV[4], 'expires_ms', ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
+return ` + itoa(resOK) + `
+`)
+
+// abortSnapshotScript removes a snapshot whose provider call failed and
+// stored nothing: record, quota slot, expiry entry and key, so a retry
+// with the same key re-evaluates (spec §Idempotency).
+//
+// KEYS[1] idempotency STRING, KEYS[2] snapshot HASH, KEYS[3] instance quota ZSET, KEYS[4] account expiry ZSET
+// ARGV[1] snapshot id
+// Returns resOK, or resRefused when it is no longer creating (the key is freed all the same).
+var abortSnapshotScript = redis.NewScript(`
+redis.call('DEL', KEYS[1])
+if redis.call('HGET', KEYS[2], 'state') ~= 'creating' then return ` + itoa(resRefused) + ` end
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+return ` + itoa(resOK) + `
+`)
+
+// deleteSnapshotScript starts a snapshot's deletion (by the client, or at
+// its expiry): it stops counting against the quota, cannot be restored any
+// more, and is queued for the provider to delete its contents.
+//
+// KEYS[1] snapshot HASH, KEYS[2] instance quota ZSET, KEYS[3] account expiry ZSET, KEYS[4] account gc ZSET
+// ARGV[1] snapshot id, ARGV[2] now (unix ms), ARGV[3] reason (deleted or expired),
+// ARGV[4] 1 to act only when the snapshot is due (its score in KEYS[3] at or before now)
+// Returns {resOK, previous state}, {resRefused, state} (already deleting or
+// deleted, or not due) or {resAbsent, ""}.
+var deleteSnapshotScript = redis.NewScript(`
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return {` + itoa(resAbsent) + `, ''} end
+if st ~= 'creating' and st ~= 'live' then return {` + itoa(resRefused) + `, st} end
+if ARGV[4] == '1' then
+  local due = redis.call('ZSCORE', KEYS[3], ARGV[1])
+  if due and tonumber(due) > tonumber(ARGV[2]) then return {` + itoa(resRefused) + `, st} end
+end
+redis.call('HSET', KEYS[1], 'state', 'deleting', 'deleted_ms', ARGV[2], 'reason', ARGV[3])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
+return {` + itoa(resOK) + `, st}
+`)
+
+// purgeSnapshotScript records the provider-confirmed deletion of a
+// snapshot's contents: only a tombstone is left, without the directory or
+// the provider's reference, so the id answers 410 rather than 404 until
+// the tombstone expires.
+//
+// KEYS[1] snapshot HASH, KEYS[2] account gc ZSET
+// ARGV[1] snapshot id, ARGV[2] tombstone TTL (ms)
+// Returns resOK, or resRefused when the snapshot is not deleting.
+var purgeSnapshotScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'state') ~= 'deleting' then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return ` + itoa(resRefused) + `
+end
+redis.call('HSET', KEYS[1], 'state', 'deleted')
+redis.call('HDEL', KEYS[1], 'dir', 'provider_ref')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return ` + itoa(resOK) + `
+`)
+
+// claimCommandScript claims a durable command's identity, atomically
+// across every gateway process: a second claim of the same identity finds
+// the record, whatever state it is in (a cancel before any claim leaves a
+// canceled record, which fences the identity). A claim also counts as
+// activity and keeps the workspace busy until the command's deadline.
+//
+// KEYS[1] command HASH, KEYS[2] workspace HASH, KEYS[3] workspace busy ZSET
+// ARGV[1] now (unix ms), ARGV[2] dispatch deadline (unix ms), ARGV[3] command deadline (unix ms),
+// ARGV[4] command key, ARGV[5] workspace id, ARGV[6] records expire at (unix ms)
+// Returns {resOK}, {resReplay, state} or {resGone, workspace state}.
+var claimCommandScript = redis.NewScript(`
+local cur = redis.call('HGET', KEYS[1], 'state')
+if cur then return {` + itoa(resReplay) + `, cur} end
+local ws = redis.call('HGET', KEYS[2], 'state')
+if ws ~= 'running' then return {` + itoa(resGone) + `, ws or ''} end
+redis.call('HSET', KEYS[1], 'ws', ARGV[5], 'key', ARGV[4], 'state', 'starting', 'launched', '0', 'canceled', '0',
+  'claimed_ms', ARGV[1], 'dispatch_ms', ARGV[2], 'deadline_ms', ARGV[3])
+redis.call('PEXPIREAT', KEYS[1], ARGV[6])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+redis.call('PEXPIREAT', KEYS[3], ARGV[6])
+local top = redis.call('ZREVRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+redis.call('HSET', KEYS[2], 'activity_ms', ARGV[1], 'busy_ms', top[2] or '0')
+return {` + itoa(resOK) + `}
+`)
+
+// launchedCommandScript records a launch the provider confirmed: a
+// starting command becomes running; a command canceled meanwhile stays
+// canceled (the provider's fence or kill took care of it).
+//
+// KEYS[1] command HASH
+// Returns the state after the call, empty when there is no record.
+var launchedCommandScript = redis.NewScript(`
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return '' end
+redis.call('HSET', KEYS[1], 'launched', '1')
+if st == 'starting' then
+  redis.call('HSET', KEYS[1], 'state', 'running')
+  return 'running'
+end
+return st
+`)
+
+// unclaimCommandScript releases an identity whose command definitely did
+// not start, so it may be claimed again; a record canceled meanwhile stays
+// as the fence.
+//
+// KEYS[1] command HASH, KEYS[2] workspace HASH, KEYS[3] workspace busy ZSET
+// ARGV[1] command key
+// Returns resOK or resRefused (not starting).
+var unclaimCommandScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'state') ~= 'starting' then return ` + itoa(resRefused) + ` end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+local top = redis.call('ZREVRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('HSET', KEYS[2], 'busy_ms', top[2] or '0') end
+return ` + itoa(resOK) + `
+`)
+
+// cancelCommandScript records a cancel. An identity never claimed gets a
+// canceled record, so a later claim finds it and never launches; a
+// starting or running command becomes canceled; a completed one keeps its
+// result.
+//
+// KEYS[1] command HASH, KEYS[2] workspace HASH
+// ARGV[1] now (unix ms), ARGV[2] records expire at (unix ms), ARGV[3] command key, ARGV[4] workspace id
+// Returns {resAbsent, ""} (fenced before any claim), {resFinished, state}
+// or {resOK, previous state, launched}.
+var cancelCommandScript = redis.NewScript(`
+local st = redis.call('HGET', KEYS[1], 'state')
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('HSET', KEYS[2], 'activity_ms', ARGV[1]) end
+if not st then
+  redis.call('HSET', KEYS[1], 'ws', ARGV[4], 'key', ARGV[3], 'state', 'canceled', 'launched', '0', 'canceled', '1',
+    'claimed_ms', ARGV[1], 'dispatch_ms', ARGV[1], 'deadline_ms', ARGV[1])
+  redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+  return {` + itoa(resAbsent) + `, ''}
+end
+if st == 'completed' then return {` + itoa(resFinished) + `, st} end
+redis.call('HSET', KEYS[1], 'state', 'canceled', 'canceled', '1')
+return {` + itoa(resOK) + `, st, redis.call('HGET', KEYS[1], 'launched') or '0'}
+`)
+
+// finishCommandScript records a finished command's state and exit status
+// as the provider reports it: completed wins over a cancel that came too
+// late to kill it. The command stops keeping the workspace busy, and its
+// end counts as activity.
+//
+// KEYS[1] command HASH, KEYS[2] workspace HASH, KEYS[3] workspace busy ZSET
+// ARGV[1] state (completed or canceled), ARGV[2] exit code (empty for none), ARGV[3] timed out (0/1),
+// ARGV[4] now (unix ms), ARGV[5] command key
+// Returns the state after the call, empty when there is no record.
+var finishCommandScript = redis.NewScript(`
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return '' end
+if redis.call('HGET', KEYS[1], 'has_exit') == '1' or (st == 'completed' and ARGV[1] ~= 'completed') then return st end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'finished_ms', ARGV[4], 'timed_out', ARGV[3])
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'exit_code', ARGV[2], 'has_exit', '1') end
+redis.call('ZREM', KEYS[3], ARGV[5])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local top = redis.call('ZREVRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  redis.call('HSET', KEYS[2], 'busy_ms', top[2] or '0', 'activity_ms', ARGV[4])
+end
+return ARGV[1]
+`)

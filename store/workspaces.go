@@ -16,9 +16,10 @@ import (
 
 // IdemRecord is a claimed Idempotency-Key.
 type IdemRecord struct {
-	Hash        string `json:"h"`  // the canonical request hash
-	WorkspaceID string `json:"ws"` // the resource the key created
-	State       string `json:"st"` // IdemInProgress or IdemDone
+	Hash        string `json:"h"`              // the canonical request hash
+	WorkspaceID string `json:"ws,omitempty"`   // the workspace the key created (acquire)
+	SnapshotID  string `json:"snap,omitempty"` // the snapshot the key created (snapshot)
+	State       string `json:"st"`             // IdemInProgress or IdemDone
 }
 
 // Idempotency record states.
@@ -38,6 +39,13 @@ func (db *DB) Idempotency(ctx context.Context, acct, inst, op, keyHash string) (
 	var r IdemRecord
 	err := db.getJSON(ctx, idempotencyKey(acct, inst, op, keyHash), &r)
 	return r, err
+}
+
+// FreeKey releases a claimed Idempotency-Key, so a retry with it
+// re-evaluates: for a request that failed after its claim and left nothing
+// a replay could return.
+func (db *DB) FreeKey(ctx context.Context, acct, inst, op, keyHash string) error {
+	return db.rdb.Del(ctx, idempotencyKey(acct, inst, op, keyHash)).Err()
 }
 
 // Confirm records that the provider created the workspace's sandbox. It
@@ -154,33 +162,39 @@ func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, lim
 	// Index entries older than retention can only name expired records.
 	db.rdb.ZRemRangeByScore(ctx, idx, "-inf", "("+strconv.FormatInt(ms(now.Add(-db.cfg.Retention-24*time.Hour)), 10))
 	var out []sandgate.Workspace
-	min := strconv.FormatInt(afterScore, 10)
+	// (score, id) is the last entry walked; each batch starts again at its
+	// score, so entries added or removed meanwhile never shift the walk
+	// (an offset would). skip only grows past a run of equal scores longer
+	// than a batch.
+	score, id, seen := afterScore, afterID, cursor != ""
 	const batch = 100
-	for offset := int64(0); len(out) < limit; {
-		zs, err := db.rdb.ZRangeByScoreWithScores(ctx, idx, &redis.ZRangeBy{Min: min, Max: "+inf", Offset: offset, Count: batch}).Result()
+	for skip := int64(0); len(out) < limit; {
+		zs, err := db.rdb.ZRangeByScoreWithScores(ctx, idx, &redis.ZRangeBy{
+			Min: strconv.FormatInt(score, 10), Max: "+inf", Offset: skip, Count: batch}).Result()
 		if err != nil {
 			return nil, "", err
 		}
 		if len(zs) == 0 {
 			return out, "", nil
 		}
-		offset += int64(len(zs))
 		pipe := db.rdb.Pipeline()
 		cmds := make([]*redis.MapStringStringCmd, len(zs))
 		for i, z := range zs {
-			id := z.Member.(string)
-			if cursor != "" && int64(z.Score) == afterScore && id <= afterID {
+			m := z.Member.(string)
+			if seen && (int64(z.Score) < score || int64(z.Score) == score && m <= id) {
 				continue
 			}
-			cmds[i] = pipe.HGetAll(ctx, workspaceKey(acct, id))
+			cmds[i] = pipe.HGetAll(ctx, workspaceKey(acct, m))
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
 			return nil, "", err
 		}
+		advanced := false
 		for i, z := range zs {
 			if cmds[i] == nil {
 				continue
 			}
+			score, id, seen, advanced = int64(z.Score), z.Member.(string), true, true
 			m := cmds[i].Val()
 			if len(m) == 0 {
 				db.rdb.ZRem(ctx, idx, z.Member) // the record's retention ran out
@@ -195,11 +209,16 @@ func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, lim
 			}
 			out = append(out, w)
 			if len(out) == limit {
-				return out, makeCursor(int64(z.Score), w.ID), nil
+				return out, makeCursor(score, id), nil
 			}
 		}
 		if len(zs) < batch {
 			return out, "", nil
+		}
+		if advanced {
+			skip = 0
+		} else {
+			skip += int64(len(zs))
 		}
 	}
 	return out, "", nil
@@ -258,6 +277,7 @@ func parseWorkspace(m map[string]string) (sandgate.Workspace, error) {
 		ExpiresAt:         fromMS(num("expires_ms")),
 		IdleTimeout:       time.Duration(num("idle_ms")) * time.Millisecond,
 		LastActivity:      fromMS(num("activity_ms")),
+		BusyUntil:         fromMS(num("busy_ms")),
 		TerminatedAt:      fromMS(num("terminated_ms")),
 		TerminationReason: sandgate.TerminationReason(m["reason"]),
 	}

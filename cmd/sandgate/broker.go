@@ -83,7 +83,9 @@ func (b *broker) run(ctx context.Context) error {
 	if defaults.DefaultImage == "" {
 		defaults.DefaultImage = local.Image
 	}
+	// Every gateway process runs the reaper: its passes are idempotent.
 	term := termination.New(db, prov, clock, b.log.With("component", "termination"), 0)
+	rp := reaper.New(reaper.Config{Snapshots: prov}, db, term, clock, b.log.With("component", "reaper"))
 	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term},
 		db, clock, b.log.With("component", "admin"))
 
@@ -96,7 +98,7 @@ func (b *broker) run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { gw.Run(runCtx) })
-	wg.Go(func() { reaper.New(reaper.Config{}, db, term, clock, b.log.With("component", "reaper")).Run(runCtx) })
+	wg.Go(func() { rp.Run(runCtx) })
 	errc := make(chan error, 2)
 	wg.Go(func() {
 		ln := b.public

@@ -1,10 +1,12 @@
 // Package fakeprovider is an in-memory providers.Provider for gateway tests
-// and benchmarks: creates cost nothing, files live in a map, and Exec
-// answers from a function the test sets. It runs nothing.
+// and benchmarks: creates cost nothing, files live in a map, snapshots are
+// copies of that map, Exec and durable commands answer from a function the
+// test sets. It runs nothing.
 package fakeprovider
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -22,11 +24,47 @@ type Provider struct {
 	ExecFunc func(spec providers.ExecSpec) providers.ExecResult
 	// TerminateErr, when set, fails every Terminate.
 	TerminateErr error
+	// SnapshotErr, RestoreErr and DeleteSnapshotErr, when set, fail every
+	// call of that method. Change them (and the fields below) with Set
+	// once requests run.
+	SnapshotErr, RestoreErr, DeleteSnapshotErr error
+	// StartCommandErr, when set, fails every StartCommand before it
+	// launches anything.
+	StartCommandErr error
+	// StartGate, when set, holds every StartCommand until it is closed: a
+	// launch delayed after its claim.
+	StartGate chan struct{}
+	// HoldCommands keeps durable commands running until FinishCommand;
+	// otherwise they complete at once with ExecFunc's result.
+	HoldCommands bool
 	creates      int
+	snapshots    map[string]map[string][]byte // snapshot id → path below dir → contents
+	deletes      int
+	commands     map[string]*command // ref + "/" + id
+}
+
+// command is one durable command of the fake.
+type command struct {
+	spec     providers.ExecSpec
+	status   providers.CommandStatus
+	fenced   bool
+	launches int
+}
+
+// Set runs f with the fake locked, so a test may change the Snapshot,
+// Restore, DeleteSnapshot and StartCommand errors and HoldCommands while
+// requests run.
+func (p *Provider) Set(f func(p *Provider)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f(p)
 }
 
 // New returns an empty fake provider.
-func New() *Provider { return &Provider{sandboxes: map[string]map[string][]byte{}} }
+func New() *Provider {
+	return &Provider{sandboxes: map[string]map[string][]byte{}, snapshots: map[string]map[string][]byte{},
+		commands: map[string]*command{}}
+}
 
 // Create implements providers.Provider.
 func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
@@ -111,6 +149,191 @@ func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
 	return out, nil
 }
 
+// Snapshot implements providers.Provider: it copies every file below spec.Dir.
+func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec providers.SnapshotSpec) (providers.SnapshotRef, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.SnapshotErr != nil {
+		return providers.SnapshotRef{}, p.SnapshotErr
+	}
+	fs, ok := p.sandboxes[sb.Ref]
+	if !ok {
+		return providers.SnapshotRef{}, providers.ErrSandboxGone
+	}
+	prefix := strings.TrimSuffix(spec.Dir, "/") + "/"
+	snap := map[string][]byte{}
+	for k, v := range fs {
+		if strings.HasPrefix(k, prefix) {
+			snap[strings.TrimPrefix(k, prefix)] = append([]byte(nil), v...)
+		}
+	}
+	p.snapshots[spec.ID] = snap
+	return providers.SnapshotRef{ID: spec.ID, Ref: "fake-" + spec.ID}, nil
+}
+
+// Restore implements providers.Provider.
+func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref providers.SnapshotRef, dir string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.RestoreErr != nil {
+		return p.RestoreErr
+	}
+	fs, ok := p.sandboxes[sb.Ref]
+	if !ok {
+		return providers.ErrSandboxGone
+	}
+	snap, ok := p.snapshots[ref.ID]
+	if !ok {
+		return providers.ErrSnapshotGone
+	}
+	for k, v := range snap {
+		fs[strings.TrimSuffix(dir, "/")+"/"+k] = append([]byte(nil), v...)
+	}
+	return nil
+}
+
+// DeleteSnapshot implements providers.Provider.
+func (p *Provider) DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.DeleteSnapshotErr != nil {
+		return p.DeleteSnapshotErr
+	}
+	if _, ok := p.snapshots[ref.ID]; ok {
+		p.deletes++
+	}
+	delete(p.snapshots, ref.ID)
+	return nil
+}
+
+// Snapshots returns how many snapshots are stored.
+func (p *Provider) Snapshots() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.snapshots)
+}
+
+// HasSnapshot reports whether the contents of snapshot id are stored.
+func (p *Provider) HasSnapshot(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.snapshots[id]
+	return ok
+}
+
+// StartCommand implements providers.Commander.
+func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id string, spec providers.ExecSpec) error {
+	if !p.exists(sb.Ref) {
+		return providers.ErrSandboxGone
+	}
+	p.mu.Lock()
+	gate := p.StartGate
+	p.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.StartCommandErr != nil {
+		return p.StartCommandErr
+	}
+	c := p.commands[sb.Ref+"/"+id]
+	switch {
+	case c != nil && c.fenced:
+		return providers.ErrCommandFenced
+	case c != nil:
+		return nil
+	}
+	c = &command{spec: spec, launches: 1, status: providers.CommandStatus{State: providers.CommandRunning}}
+	p.commands[sb.Ref+"/"+id] = c
+	if !p.HoldCommands {
+		p.finish(c)
+	}
+	return nil
+}
+
+// finish completes c with ExecFunc's answer. p.mu is held.
+func (p *Provider) finish(c *command) {
+	var res providers.ExecResult
+	if p.ExecFunc != nil {
+		res = p.ExecFunc(c.spec)
+	} else {
+		out := []byte(strings.Join(c.spec.Argv[1:], " ") + "\n")
+		res = providers.ExecResult{Stdout: out, StdoutBytes: int64(len(out))}
+	}
+	c.status = providers.CommandStatus{State: providers.CommandCompleted, ExitCode: res.ExitCode, TimedOut: res.TimedOut,
+		Stdout: res.Stdout, Stderr: res.Stderr, StdoutBytes: res.StdoutBytes, StderrBytes: res.StderrBytes}
+}
+
+// FinishCommand completes a held command of sandbox ref with ExecFunc's
+// answer. It reports whether the command was running.
+func (p *Provider) FinishCommand(ref, id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.commands[ref+"/"+id]
+	if c == nil || c.status.State != providers.CommandRunning {
+		return false
+	}
+	p.finish(c)
+	return true
+}
+
+// Launches returns how many commands the fake launched in all.
+func (p *Provider) Launches() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, c := range p.commands {
+		n += c.launches
+	}
+	return n
+}
+
+// ReadCommand implements providers.Commander.
+func (p *Provider) ReadCommand(ctx context.Context, sb providers.Sandbox, id string, maxOut int64) (providers.CommandStatus, error) {
+	if !p.exists(sb.Ref) {
+		return providers.CommandStatus{}, providers.ErrSandboxGone
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.commands[sb.Ref+"/"+id]
+	if c == nil || c.fenced {
+		return providers.CommandStatus{}, nil
+	}
+	st := c.status
+	if int64(len(st.Stdout)) > maxOut {
+		st.Stdout, st.StdoutTruncated = st.Stdout[:maxOut], true
+	}
+	if int64(len(st.Stderr)) > maxOut {
+		st.Stderr, st.StderrTruncated = st.Stderr[:maxOut], true
+	}
+	return st, nil
+}
+
+// CancelCommand implements providers.Commander.
+func (p *Provider) CancelCommand(ctx context.Context, sb providers.Sandbox, id string) error {
+	if !p.exists(sb.Ref) {
+		return providers.ErrSandboxGone
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.commands[sb.Ref+"/"+id]
+	switch {
+	case c == nil:
+		p.commands[sb.Ref+"/"+id] = &command{fenced: true}
+	case c.status.State == providers.CommandRunning:
+		c.status = providers.CommandStatus{State: providers.CommandCanceled, ExitCode: 137}
+	}
+	return nil
+}
+
+// ErrInjected is an error a test can inject, distinct from every sentinel.
+var ErrInjected = errors.New("fakeprovider: injected failure")
+
 // Live returns how many sandboxes exist.
 func (p *Provider) Live() int {
 	p.mu.Lock()
@@ -126,4 +349,7 @@ func (p *Provider) exists(ref string) bool {
 }
 
 // Interface guards
-var _ providers.Provider = (*Provider)(nil)
+var (
+	_ providers.Provider  = (*Provider)(nil)
+	_ providers.Commander = (*Provider)(nil)
+)

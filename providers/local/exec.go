@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -108,6 +109,13 @@ type job struct {
 	stdin   []byte
 	timeout time.Duration // <= 0: none
 	maxOut  int64
+	// stdinR and stdoutW, when set, replace stdin and the capped stdout:
+	// snapshots stream through them.
+	stdinR  io.Reader
+	stdoutW io.Writer
+	// capAdd are capabilities kept in the sandbox's user namespace; only
+	// the broker's own tar gets any, and never the workspace's env.
+	capAdd []string
 }
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
@@ -181,6 +189,12 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		cmd.Stdin = bytes.NewReader(j.stdin)
 	}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if j.stdinR != nil {
+		cmd.Stdin = j.stdinR
+	}
+	if j.stdoutW != nil {
+		cmd.Stdout = j.stdoutW
+	}
 	cmd.ExtraFiles = files // fd 3: options; fd 4: seccomp filter
 	cmd.SysProcAttr = sysProcAttr()
 	cmd.WaitDelay = waitDelay
@@ -328,11 +342,16 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 		"--unshare-user", "--uid", "0", "--gid", "0",
 		"--disable-userns", // no nested user namespaces: less kernel surface
 		"--cap-drop", "ALL",
+	}
+	for _, c := range j.capAdd {
+		o = append(o, "--cap-add", c)
+	}
+	o = append(o,
 		"--die-with-parent",
 		"--new-session",
 		"--hostname", hostname,
 		"--ro-bind", "/usr", "/usr",
-	}
+	)
 	for _, l := range p.usrLinks {
 		if l.target != "" {
 			o = append(o, "--symlink", l.target, l.name)

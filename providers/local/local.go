@@ -113,7 +113,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if p.clock == nil {
 		p.clock = sandgate.SystemClock{}
 	}
-	for _, d := range []string{workspacesDir, trashDir} {
+	for _, d := range []string{workspacesDir, trashDir, snapshotsDir} {
 		if err := os.MkdirAll(filepath.Join(dataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("local: data directory: %w", scrub(err))
 		}
@@ -122,6 +122,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		return nil, fmt.Errorf("local: write /etc: %w", scrub(err))
 	}
 	p.emptyTrash()
+	p.sweepSnapshotTemps()
 	if err := p.probe(ctx); err != nil {
 		return nil, err
 	}
@@ -344,6 +345,17 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 			return fmt.Errorf("local: terminate: %w", context.Cause(ctx))
 		}
 	}
+	// Durable commands may have been launched by any broker process: the
+	// exclusive lock waits out launches in flight and keeps new ones out.
+	unlock, err := p.lock(ctx, ref, lockExclusive)
+	if errors.Is(err, providers.ErrSandboxGone) {
+		// Gone, or a create cut short before it was ready: remove what is there.
+		unlock = func() {}
+	} else if err != nil {
+		return fmt.Errorf("local: terminate: %w", err)
+	}
+	defer unlock()
+	commands := killCommands(p.layout(ref))
 	// The rename is the moment the workspace is gone, for every Provider on
 	// this DataDir; removing the files may then take its time.
 	trash := filepath.Join(p.dataDir, trashDir, ref+"-"+randomHex())
@@ -357,7 +369,7 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 		// Gone all the same; the next New retries.
 		p.log.Error("sandbox files not removed", sandgate.WorkspaceAttr(ref), sandgate.KeyError, err)
 	}
-	p.log.Info("sandbox terminated", sandgate.WorkspaceAttr(ref), "killed_execs", len(runs))
+	p.log.Info("sandbox terminated", sandgate.WorkspaceAttr(ref), "killed_execs", len(runs), "killed_commands", commands)
 	return nil
 }
 

@@ -1,14 +1,18 @@
 package local
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // supported reports whether this build can run sandboxes at all.
@@ -186,3 +190,67 @@ func seccompFilter() []byte {
 	}
 	return b
 }
+
+// flock applies how (syscall.LOCK_SH, LOCK_EX or LOCK_UN, with LOCK_NB) to
+// the open file fd.
+func flock(fd int, how int) error { return syscall.Flock(fd, how) }
+
+// Lock kinds of flock, named for the callers.
+const (
+	lockShared    = syscall.LOCK_SH
+	lockExclusive = syscall.LOCK_EX
+	lockNonBlock  = syscall.LOCK_NB
+	lockUnlock    = syscall.LOCK_UN
+)
+
+// errWouldBlock is what a non-blocking flock returns while another holds the lock.
+var errWouldBlock error = syscall.EWOULDBLOCK
+
+// procStart returns the start time of process pid, in clock ticks after
+// boot (field 22 of /proc/PID/stat). With the pid it names one process for
+// good: a pid reused later has a later start time.
+func procStart(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errors.New("malformed /proc stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); field 22 is f[19].
+	if len(f) < 20 {
+		return 0, errors.New("malformed /proc stat")
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return 0, os.ErrProcessDone // exited, not yet reaped
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// memfd returns an anonymous in-memory file holding b, positioned at its
+// start: a descriptor to hand a child that never touches a disk.
+func memfd(name string, b []byte) (*os.File, error) {
+	// Close-on-exec: exec.Cmd dups it to the child's descriptor 3 or 4.
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if _, err := f.Seek(0, 0); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// durableProcAttr starts a durable command's runner as the leader of a new
+// session: it outlives the broker (no parent-death signal), and killing its
+// process group reaches the runner, its readers and bwrap.
+func durableProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true} }

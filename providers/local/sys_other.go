@@ -3,6 +3,7 @@
 package local
 
 import (
+	"os"
 	"os/exec"
 	"syscall"
 )
@@ -12,10 +13,23 @@ import (
 
 const supported = false
 
-func hostCPUs() ([]int, error)           { return nil, errUnsupported }
-func startPinned(*exec.Cmd, []int) error { return errUnsupported }
-func sysProcAttr() *syscall.SysProcAttr  { return nil }
-func closeOnExec() error                 { return errUnsupported }
-func killGroup(int) error                { return errUnsupported }
-func waitExited(int) error               { return errUnsupported }
-func seccompFilter() []byte              { return nil }
+func hostCPUs() ([]int, error)               { return nil, errUnsupported }
+func startPinned(*exec.Cmd, []int) error     { return errUnsupported }
+func sysProcAttr() *syscall.SysProcAttr      { return nil }
+func closeOnExec() error                     { return errUnsupported }
+func killGroup(int) error                    { return errUnsupported }
+func waitExited(int) error                   { return errUnsupported }
+func seccompFilter() []byte                  { return nil }
+func flock(int, int) error                   { return errUnsupported }
+func procStart(int) (uint64, error)          { return 0, errUnsupported }
+func memfd(string, []byte) (*os.File, error) { return nil, errUnsupported }
+func durableProcAttr() *syscall.SysProcAttr  { return nil }
+
+const (
+	lockShared    = 1
+	lockExclusive = 2
+	lockNonBlock  = 4
+	lockUnlock    = 8
+)
+
+var errWouldBlock = errUnsupported

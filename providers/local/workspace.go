@@ -21,17 +21,26 @@ import (
 //	workspace/    mounted at /workspace, the default working directory
 //	home/         mounted at /root
 //	tmp/          mounted at /tmp
+//	lock          flock'ed: shared to launch a durable command, exclusive to
+//	              cancel one or to terminate, across every broker process
+//	commands/<id>/ one durable command: the runner's files (providers/runner),
+//	              and host.pid, "<pid> <start time>" of its runner; never mounted
 //
-// <DataDir>/etc/ holds the generated /etc every sandbox mounts read-only, and
-// <DataDir>/trash/ holds terminated workspaces until they are removed.
+// <DataDir>/etc/ holds the generated /etc every sandbox mounts read-only,
+// <DataDir>/trash/ holds terminated workspaces until they are removed, and
+// <DataDir>/snapshots/<snapshot id>.tar.gz holds each snapshot's contents.
 const (
 	workspacesDir = "workspaces"
 	etcDir        = "etc"
 	trashDir      = "trash"
+	snapshotsDir  = "snapshots"
 
 	labelsFile  = "labels.json"
 	envFile     = "env.json"
 	sandboxFile = "sandbox.json"
+	lockFile    = "lock"
+	commandsDir = "commands"
+	hostPIDFile = "host.pid"
 )
 
 // layout names the host directories of one workspace.
@@ -43,6 +52,11 @@ func (l layout) sandbox() string   { return filepath.Join(string(l), sandboxFile
 func (l layout) workspace() string { return filepath.Join(string(l), "workspace") }
 func (l layout) home() string      { return filepath.Join(string(l), "home") }
 func (l layout) tmp() string       { return filepath.Join(string(l), "tmp") }
+func (l layout) lock() string      { return filepath.Join(string(l), lockFile) }
+func (l layout) commands() string  { return filepath.Join(string(l), commandsDir) }
+func (l layout) command(id string) string {
+	return filepath.Join(string(l), commandsDir, id)
+}
 
 // makeDirs creates the directories the sandbox mounts.
 func (l layout) makeDirs() error {

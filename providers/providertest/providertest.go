@@ -112,6 +112,16 @@ func Run(t *testing.T, newProvider func(t *testing.T) providers.Provider) {
 		{"Terminate", testTerminate},
 		{"TerminateRunning", testTerminateRunning},
 		{"ContextCancel", testContextCancel},
+		{"SnapshotRestore", testSnapshotRestore},
+		{"SnapshotErrors", testSnapshotErrors},
+		{"SnapshotDelete", testSnapshotDelete},
+		{"CommandCompleted", testCommandCompleted},
+		{"CommandTruncation", testCommandTruncation},
+		{"CommandOnce", testCommandOnce},
+		{"CommandCancelBeforeLaunch", testCommandCancelBeforeLaunch},
+		{"CommandCancelRunning", testCommandCancelRunning},
+		{"CommandTimeout", testCommandTimeout},
+		{"CommandTerminate", testCommandTerminate},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

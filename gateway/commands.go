@@ -1,0 +1,281 @@
+package gateway
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/policy"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/store"
+)
+
+// Durable commands (spec §Durable commands). The identity is claimed in
+// Redis by one script, so across every gateway process only one request
+// ever launches it; the command's state lives in Redis, its output and
+// exit status only in the sandbox (providers.Commander), where any gateway
+// reads them, also after every gateway restarted.
+
+// commandKey names a command by the SHA-256 of its identity: a fixed-size,
+// safe name for the store and the sandbox.
+func commandKey(identity string) string { return hashString(identity) }
+
+func identityOf(c echo.Context) (string, error) {
+	id := c.Param("identity")
+	if err := policy.ValidateCommandIdentity(id); err != nil {
+		return "", err
+	}
+	return commandKey(id), nil
+}
+
+// startCommand is PUT …/commands/{identity}: 202 when this request
+// claimed the identity and launched the command, 200 with the current
+// status, whatever the body, when the identity was claimed before.
+func (s *Server) startCommand(c echo.Context) error {
+	key, err := identityOf(c)
+	if err != nil {
+		return err
+	}
+	w, err := s.usable(c, admission.ClassExec)
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	if cmd, err := s.db.Command(ctx, w, key); err == nil {
+		return s.commandStatus(c, w, cmd, http.StatusOK)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return unavailable(err)
+	}
+
+	var req protocol.ExecRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	if err := policy.ValidateArgv(req.Argv); err != nil {
+		return err
+	}
+	if req.Dir != "" {
+		if err := policy.ValidatePathField("dir", req.Dir); err != nil {
+			return err
+		}
+	}
+	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
+	stdin, err := decodeB64("stdin_b64", req.StdinB64)
+	if err != nil {
+		return err
+	}
+	if int64(len(stdin)) > lim.MaxFileBytes {
+		return protocol.E(protocol.PayloadTooLarge, "stdin is over max_file_bytes")
+	}
+	now := s.clock.Now()
+	timeout, _, err := policy.ClampExecTimeout(policy.Seconds(req.TimeoutSeconds),
+		lim.DefaultExecTimeout, lim.MaxExecTimeout, w.ExpiresAt.Sub(now))
+	if err != nil {
+		return err
+	}
+
+	err = s.db.ClaimCommand(ctx, w, key, now, now.Add(s.cfg.DispatchTimeout), now.Add(timeout))
+	var claimed *store.CommandClaimed
+	switch {
+	case errors.As(err, &claimed): // another request claimed it first
+		cmd, err := s.db.Command(ctx, w, key)
+		if err != nil {
+			return unavailable(err)
+		}
+		return s.commandStatus(c, w, cmd, http.StatusOK)
+	case errors.Is(err, store.ErrStateChanged):
+		return protocol.E(protocol.WorkspaceGone, "the workspace has ended; acquire a new one")
+	case err != nil:
+		return unavailable(err)
+	}
+
+	// Claimed: the launch must settle even if the client goes away.
+	ctx = context.WithoutCancel(ctx)
+	dctx, cancel := context.WithTimeout(ctx, s.cfg.DispatchTimeout)
+	err = s.commands.StartCommand(dctx, sandboxOf(w), key, providers.ExecSpec{
+		Argv: req.Argv, Dir: req.Dir, Stdin: stdin, Timeout: timeout, MaxOutputBytes: lim.MaxOutputBytes,
+	})
+	cancel()
+	switch {
+	case err == nil:
+		st, err := s.db.CommandLaunched(ctx, w, key)
+		if err != nil {
+			return unavailable(err)
+		}
+		s.log.Info("durable command started", sandgate.WorkspaceAttr(w.ID), slog.Int("argc", len(req.Argv)), slog.String("state", string(st)))
+		return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: string(st)})
+	case errors.Is(err, providers.ErrCommandFenced):
+		// A cancel came between the claim and the launch: it recorded the
+		// command canceled, and nothing ran.
+		cmd, err := s.db.Command(ctx, w, key)
+		if err != nil {
+			return unavailable(err)
+		}
+		return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: string(cmd.State)})
+	case errors.Is(err, providers.ErrSandboxGone), errors.Is(err, providers.ErrCommandNotStarted):
+		// Definitely not started: the identity is free again.
+		if uerr := s.db.UnclaimCommand(ctx, w, key); uerr != nil {
+			s.log.Error("unclaim command", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, uerr))
+		}
+		if errors.Is(err, providers.ErrSandboxGone) {
+			return &protocol.Error{Code: protocol.WorkspaceGone, Message: "the workspace's sandbox has ended; acquire a new one", Err: err}
+		}
+		return &protocol.Error{Code: protocol.CommandNotStarted, Message: "the command could not be started; nothing ran", Err: err}
+	}
+	// The outcome is unknown: the record stays starting until a read
+	// learns it from the sandbox, or fences it past the dispatch deadline.
+	return &protocol.Error{Code: protocol.UpstreamError, Message: "the launch's outcome is unknown; read the command's status", Err: err}
+}
+
+// readCommand is GET …/commands/{identity}.
+func (s *Server) readCommand(c echo.Context) error {
+	key, err := identityOf(c)
+	if err != nil {
+		return err
+	}
+	w, err := s.usable(c, admission.ClassRead)
+	if err != nil {
+		return err
+	}
+	cmd, err := s.db.Command(c.Request().Context(), w, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return c.JSON(http.StatusOK, protocol.CommandStatus{State: protocol.CommandUnknown})
+	}
+	if err != nil {
+		return unavailable(err)
+	}
+	return s.commandStatus(c, w, cmd, http.StatusOK)
+}
+
+// cancelCommand is POST …/commands/{identity}/cancel: 202, idempotent. An
+// identity never claimed is fenced; a claimed command is fenced or killed
+// in the sandbox; a completed one keeps its result.
+func (s *Server) cancelCommand(c echo.Context) error {
+	key, err := identityOf(c)
+	if err != nil {
+		return err
+	}
+	w, err := s.usable(c, "")
+	if err != nil {
+		return err
+	}
+	ctx := context.WithoutCancel(c.Request().Context())
+	out, err := s.db.CancelCommand(ctx, w, key, s.clock.Now())
+	if err != nil {
+		return unavailable(err)
+	}
+	if out == store.CancelRecorded {
+		// Fence a launch still on its way, kill a running command.
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
+		err := s.commands.CancelCommand(cctx, sandboxOf(w), key)
+		cancel()
+		if err != nil && !errors.Is(err, providers.ErrSandboxGone) {
+			return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not cancel the command; retry", Err: err}
+		}
+		s.log.Info("durable command canceled", sandgate.WorkspaceAttr(w.ID))
+	}
+	cmd, err := s.db.Command(ctx, w, key)
+	if err != nil {
+		return unavailable(err)
+	}
+	return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: string(cmd.State)})
+}
+
+// commandStatus answers a command's status, learning from the sandbox what
+// Redis does not know yet: a launch whose answer was lost, a command that
+// finished. Output is read from the sandbox every time; it is never kept.
+func (s *Server) commandStatus(c echo.Context, w sandgate.Workspace, cmd sandgate.Command, code int) error {
+	ctx := context.WithoutCancel(c.Request().Context())
+	if cmd.State == sandgate.CommandCanceled && !cmd.Launched {
+		// Fenced before any launch: nothing ran, there is no result.
+		return c.JSON(code, protocol.CommandStatus{State: protocol.CommandCanceled})
+	}
+	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
+	st, err := s.commands.ReadCommand(rctx, sandboxOf(w), cmd.Key, lim.MaxOutputBytes)
+	cancel()
+	if err != nil {
+		return providerError(err)
+	}
+	now := s.clock.Now()
+	if st.State == providers.CommandAbsent {
+		switch {
+		case cmd.Launched && cmd.HasExit:
+			// The sandbox lost the files; the exit status is still known.
+			return c.JSON(code, protocol.CommandStatus{State: string(cmd.State), ExitCode: &cmd.ExitCode, TimedOut: cmd.TimedOut})
+		case cmd.Launched:
+			return c.JSON(code, protocol.CommandStatus{State: protocol.CommandUnknown})
+		case now.Before(cmd.DispatchBy):
+			return c.JSON(code, protocol.CommandStatus{State: protocol.CommandStarting})
+		}
+		// The launch's outcome was never learned (its gateway died): fence
+		// it in the sandbox, so a launch still on its way never runs, and
+		// record it canceled.
+		return s.fenceLost(c, w, cmd, code)
+	}
+	if !cmd.Launched {
+		if _, err := s.db.CommandLaunched(ctx, w, cmd.Key); err != nil {
+			return unavailable(err)
+		}
+	}
+	if st.State == providers.CommandRunning {
+		return c.JSON(code, protocol.CommandStatus{State: protocol.CommandRunning})
+	}
+	final, err := s.db.FinishCommand(ctx, w, cmd.Key, sandgate.CommandState(st.State), st.ExitCode, st.TimedOut, now)
+	if err != nil {
+		return unavailable(err)
+	}
+	exit := st.ExitCode
+	return c.JSON(code, protocol.CommandStatus{
+		State:           string(final),
+		ExitCode:        &exit,
+		StdoutB64:       base64.StdEncoding.EncodeToString(st.Stdout),
+		StderrB64:       base64.StdEncoding.EncodeToString(st.Stderr),
+		OutputTruncated: st.StdoutTruncated || st.StderrTruncated,
+		StdoutBytes:     st.StdoutBytes,
+		StderrBytes:     st.StderrBytes,
+		TimedOut:        st.TimedOut,
+	})
+}
+
+// fenceLost fences a command whose launch was claimed but never confirmed
+// before its dispatch deadline, and answers its status after the fence.
+func (s *Server) fenceLost(c echo.Context, w sandgate.Workspace, cmd sandgate.Command, code int) error {
+	ctx := context.WithoutCancel(c.Request().Context())
+	if _, err := s.db.CancelCommand(ctx, w, cmd.Key, s.clock.Now()); err != nil {
+		return unavailable(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
+	err := s.commands.CancelCommand(cctx, sandboxOf(w), cmd.Key)
+	cancel()
+	if err != nil {
+		return providerError(err)
+	}
+	s.log.Warn("durable command launch never confirmed; fenced", sandgate.WorkspaceAttr(w.ID))
+	// The launch may have landed just before the fence (and been killed by
+	// it): read once more, and from then on let the sandbox answer.
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
+	st, err := s.commands.ReadCommand(rctx, sandboxOf(w), cmd.Key, 0)
+	cancel()
+	if err != nil {
+		return providerError(err)
+	}
+	if st.State == providers.CommandAbsent {
+		return c.JSON(code, protocol.CommandStatus{State: protocol.CommandCanceled})
+	}
+	if _, err := s.db.CommandLaunched(ctx, w, cmd.Key); err != nil {
+		return unavailable(err)
+	}
+	cur, err := s.db.Command(ctx, w, cmd.Key)
+	if err != nil {
+		return unavailable(err)
+	}
+	return s.commandStatus(c, w, cur, code)
+}

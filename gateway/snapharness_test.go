@@ -1,0 +1,226 @@
+package gateway_test
+
+// The harness of the snapshot, durable command and listing tests: a real
+// redis-server, the gateway behind httptest's TLS server, one account with
+// an instance and a token, and a clock the test moves. Identifiers carry
+// the snap prefix.
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/client"
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/reaper"
+	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/termination"
+	"github.com/sandgate/sandgate/token"
+)
+
+// snapClock is a clock the test moves; it starts at the real time.
+type snapClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *snapClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Advance moves the clock forward by d.
+func (c *snapClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// snapEnv is one broker under test.
+type snapEnv struct {
+	t        *testing.T
+	db       *store.DB
+	p        providers.Provider
+	clock    *snapClock
+	srv      *httptest.Server
+	reaper   *reaper.Reaper
+	acct     string
+	inst     string
+	token    sandgate.Secret
+	cl       *client.Client
+	logs     *snapLogs
+	instance sandgate.Instance
+}
+
+// snapLogs collects log lines for scanning.
+type snapLogs struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *snapLogs) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(b)
+}
+
+func (l *snapLogs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// snapStart runs a broker over p with the instance's limits changed by
+// edit (nil: the defaults), no rate limits and generous risk limits.
+func snapStart(t *testing.T, p providers.Provider, edit func(*sandgate.Limits)) *snapEnv {
+	t.Helper()
+	rdb := redistest.Start(t).Client()
+	db := store.New(rdb, store.Config{})
+	clock := &snapClock{t: time.Now().UTC()}
+	logs := &snapLogs{}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	unlimited := admission.Rate{}
+	gw := gateway.New(gateway.Config{
+		DefaultImage: local.Image,
+		RateLimits:   map[admission.Class]admission.Rate{admission.ClassRead: unlimited, admission.ClassAcquire: unlimited, admission.ClassExec: unlimited},
+		Admission: admission.New(rdb, admission.Standard(db, admission.StandardConfig{
+			IdempotencyTTL: db.Config().IdempotencyTTL, PendingTimeout: db.Config().PendingTimeout,
+			Risk: admission.RiskDefaults{AcquiresPerMinute: 1 << 20, MaxOpenWorkspaces: 1 << 20},
+		})...),
+	}, db, p, clock, log)
+	srv := httptest.NewTLSServer(gw.Handler())
+	t.Cleanup(srv.Close)
+	term := termination.New(db, p, clock, log, 0)
+	e := &snapEnv{t: t, db: db, p: p, clock: clock, srv: srv, logs: logs,
+		reaper: reaper.New(reaper.Config{Snapshots: p}, db, term, clock, log)}
+	ctx := context.Background()
+	e.acct = sandgate.NewID(sandgate.PrefixAccount)
+	if err := db.CreateAccount(ctx, sandgate.Account{ID: e.acct, Name: "t", CreatedAt: clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	lim := sandgate.Limits{MaxConcurrentWorkspaces: 1000}
+	if edit != nil {
+		edit(&lim)
+	}
+	e.instance = sandgate.Instance{ID: sandgate.NewID(sandgate.PrefixInstance), AccountID: e.acct, Name: "t",
+		Scope: sandgate.Scope{DefaultImage: local.Image, EgressCeiling: []string{}, Limits: lim}, CreatedAt: clock.Now()}
+	e.inst = e.instance.ID
+	e.token, e.cl = e.newToken(e.instance)
+	return e
+}
+
+// newToken stores an instance and issues it a token; it returns the token
+// and a client that tries every call once.
+func (e *snapEnv) newToken(in sandgate.Instance) (sandgate.Secret, *client.Client) {
+	e.t.Helper()
+	ctx := context.Background()
+	if err := e.db.PutInstance(ctx, in); err != nil {
+		e.t.Fatal(err)
+	}
+	tok := token.New(token.Prefix)
+	l := sandgate.Lease{ID: sandgate.NewID(sandgate.PrefixLease), TokenHash: token.Hash(tok), InstanceID: in.ID,
+		AccountID: in.AccountID, IssuedAt: e.clock.Now()}
+	if err := e.db.IssueLease(ctx, l, false, e.clock.Now(), 0); err != nil {
+		e.t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(e.srv.Certificate())
+	cl, err := client.New(client.Config{Endpoint: e.srv.URL, Token: tok, RootCAs: pool, MaxAttempts: 1})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return tok, cl
+}
+
+// otherInstance returns the token and a client of a second instance of
+// the same account.
+func (e *snapEnv) otherInstance() (sandgate.Secret, *client.Client) {
+	e.t.Helper()
+	in := e.instance
+	in.ID = sandgate.NewID(sandgate.PrefixInstance)
+	return e.newToken(in)
+}
+
+// acquire creates a workspace (cold, or from snapshot) and fails the test
+// on an error.
+func (e *snapEnv) acquire(snapshot string) *protocol.Workspace {
+	e.t.Helper()
+	ws, created, err := e.cl.Acquire(context.Background(), sandgate.NewID("key-"), snapAcquireReq(snapshot))
+	if err != nil || !created {
+		e.t.Fatalf("Acquire(snapshot %q) = %v, created %v; want 201", snapshot, err, created)
+	}
+	return ws
+}
+
+func snapAcquireReq(snapshot string) protocol.AcquireRequest {
+	return protocol.AcquireRequest{Label: "t", Egress: &protocol.Egress{AllowedDomains: []string{}}, SnapshotID: snapshot}
+}
+
+// do sends one raw request with the instance's token and returns the
+// status and the body.
+func (e *snapEnv) do(method, path string, body any, hdr map[string]string) (int, []byte) {
+	e.t.Helper()
+	return e.doWith(e.token, method, path, body, hdr)
+}
+
+// doWith is do with another token.
+func (e *snapEnv) doWith(tok sandgate.Secret, method, path string, body any, hdr map[string]string) (int, []byte) {
+	e.t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, e.srv.URL+path, r)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+tok.Reveal())
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	res, err := e.srv.Client().Do(req)
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
+}
+
+// snapCode returns the envelope's code of a body, "" for none.
+func snapCode(b []byte) protocol.Code {
+	var env protocol.Envelope
+	json.Unmarshal(b, &env)
+	return env.Error.Code
+}
+
+// snapErrCode returns the protocol code of a client error, "" for nil and
+// "transport" for an error without an answer.
+func snapErrCode(err error) protocol.Code {
+	if err == nil {
+		return ""
+	}
+	var e *client.Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return "transport"
+}

@@ -1,0 +1,194 @@
+package local_test
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/providertest"
+)
+
+// runnerPID returns the host pid of a durable command's runner.
+func runnerPID(t *testing.T, dataDir string, sb providers.Sandbox, id string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dataDir, "workspaces", sb.Ref, "commands", id, "host.pid"))
+	if err != nil {
+		t.Fatalf("host.pid: %v", err)
+	}
+	pid, _ := strconv.Atoi(strings.Fields(string(b))[0])
+	return pid
+}
+
+// procField returns field n (1-based) of /proc/pid/stat, or "" when the
+// process is gone.
+func procField(pid, n int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return f[n-3]
+}
+
+func gone(pid int) bool {
+	st := procField(pid, 3)
+	return st == "" || st == "Z"
+}
+
+// TestCommandOutlivesProvider starts a command with one Provider and
+// reads it with another on the same data directory, as a restarted broker
+// would: the runner leads its own session, so the broker's death does not
+// reach it.
+func TestCommandOutlivesProvider(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p1 := newProvider(t, dataDir, broker)
+	sb := providertest.Create(t, p1, providertest.Spec(t))
+	err := p1.StartCommand(t.Context(), sb, "survivor", providers.ExecSpec{
+		Argv: []string{"sh", "-c", "sleep 1; echo done; exit 4"}, Timeout: time.Minute, MaxOutputBytes: 100,
+	})
+	if err != nil {
+		t.Fatalf("StartCommand: %v", err)
+	}
+	pid := runnerPID(t, dataDir, sb, "survivor")
+	if sid := procField(pid, 6); sid != strconv.Itoa(pid) {
+		t.Errorf("runner session = %s; want its own (%d)", sid, pid)
+	}
+	p2 := newProvider(t, dataDir, broker)
+	st := providertest.WaitCommand(t, p2, sb, "survivor", 100)
+	if st.State != providers.CommandCompleted || st.ExitCode != 4 || string(st.Stdout) != "done\n" {
+		t.Errorf("command read by another provider = %q exit %d %q; want completed 4 %q", st.State, st.ExitCode, st.Stdout, "done\n")
+	}
+}
+
+// TestTerminateKillsCommands checks that Terminate by another Provider
+// (another broker process) kills a durable command's runner and sandbox.
+func TestTerminateKillsCommands(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p1 := newProvider(t, dataDir, broker)
+	sb, err := p1.Create(t.Context(), providertest.Spec(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const marker = "sleep 331"
+	if err := p1.StartCommand(t.Context(), sb, "long", providers.ExecSpec{Argv: []string{"sh", "-c", marker + " & " + marker}, Timeout: time.Hour}); err != nil {
+		t.Fatalf("StartCommand: %v", err)
+	}
+	pid := runnerPID(t, dataDir, sb, "long")
+	for i := 0; len(hostProcesses(t, marker)) < 2; i++ {
+		if i == 500 {
+			t.Fatalf("the command's processes did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p2 := newProvider(t, dataDir, broker)
+	if err := p2.Terminate(t.Context(), sb); err != nil {
+		t.Fatalf("Terminate: %v", err)
+	}
+	for i := 0; !gone(pid) || len(hostProcesses(t, marker)) > 0; i++ {
+		if i == 500 {
+			t.Fatalf("runner gone %v, processes left: %v", gone(pid), hostProcesses(t, marker))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestSnapshotRefusesOutsideWorkspace(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, t.TempDir(), broker)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	providertest.Exec(t, p, sb, "sh", "-c", "ln -s /usr /workspace/to-usr && mkdir -p /tmp/ok")
+	for _, dir := range []string{"/usr", "/", "/etc", "/proc", "/workspace/to-usr", "/tmp/../usr"} {
+		_, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: sandgate.NewID(sandgate.PrefixSnapshot), Dir: dir})
+		if !errors.Is(err, providers.ErrNotAFile) {
+			t.Errorf("Snapshot(%q) = %v; want ErrNotAFile", dir, err)
+		}
+	}
+	for _, dir := range []string{"/workspace", "/root", "/tmp", "/tmp/ok/"} {
+		ref, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: sandgate.NewID(sandgate.PrefixSnapshot), Dir: dir})
+		if err != nil {
+			t.Errorf("Snapshot(%q) = %v; want nil", dir, err)
+			continue
+		}
+		p.DeleteSnapshot(t.Context(), ref)
+	}
+}
+
+func TestSnapshotStorage(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	dataDir := t.TempDir()
+	p := newProviderLog(t, dataDir, broker, log)
+	const marker = "planted-marker-5c1d"
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	dir := "/workspace/" + marker
+	providertest.Exec(t, p, sb, "sh", "-c", `mkdir -p "$1" && echo "$2" >"$1/$2"`, "sh", dir, marker)
+	id := sandgate.NewID(sandgate.PrefixSnapshot)
+	ref, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: id, Dir: dir})
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	archive := filepath.Join(dataDir, "snapshots", id+".tar.gz")
+	fi, err := os.Stat(archive)
+	if err != nil || fi.Mode().Perm() != 0o600 || !p.HasSnapshot(id) {
+		t.Fatalf("archive = %v, %v; want a 0600 file", fi, err)
+	}
+	if b, _ := os.ReadFile(archive); len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("archive is not gzip")
+	}
+	dst := providertest.Create(t, p, providertest.Spec(t))
+	if err := p.Restore(t.Context(), dst, ref, dir); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	if err := p.DeleteSnapshot(t.Context(), ref); err != nil {
+		t.Fatalf("DeleteSnapshot: %v", err)
+	}
+	if _, err := os.Stat(archive); !errors.Is(err, os.ErrNotExist) || p.HasSnapshot(id) {
+		t.Errorf("archive after DeleteSnapshot: %v; want it removed", err)
+	}
+	// A temporary archive left by a broker that died mid-snapshot goes too.
+	tmp := filepath.Join(dataDir, "snapshots", ".tmp-"+id+"-x")
+	os.WriteFile(tmp, nil, 0o600)
+	if err := p.DeleteSnapshot(t.Context(), providers.SnapshotRef{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(tmp); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("temporary archive after DeleteSnapshot by id: %v; want it removed", err)
+	}
+	if strings.Contains(buf.String(), marker) {
+		t.Errorf("logs carry a path or content:\n%s", buf.String())
+	}
+}
+
+// TestCommandLogsCarryNoContent plants a marker in every part of a durable
+// command and checks the logs.
+func TestCommandLogsCarryNoContent(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p := newProviderLog(t, t.TempDir(), broker, log)
+	const marker = "planted-marker-9e2b"
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	if err := p.StartCommand(t.Context(), sb, "c", providers.ExecSpec{
+		Argv: []string{"sh", "-c", "cat; echo " + marker + " >&2"}, Stdin: []byte(marker), Dir: "/tmp", Timeout: time.Minute, MaxOutputBytes: 100,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if st := providertest.WaitCommand(t, p, sb, "c", 100); string(st.Stdout) != marker {
+		t.Errorf("stdout = %q; want %q", st.Stdout, marker)
+	}
+	p.CancelCommand(t.Context(), sb, "c")
+	if strings.Contains(buf.String(), marker) {
+		t.Errorf("logs carry argv, stdin or output:\n%s", buf.String())
+	}
+}

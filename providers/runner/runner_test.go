@@ -1,0 +1,302 @@
+package runner_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/runner"
+)
+
+// hostExec runs commands directly on this host, in their own process
+// group: a stand-in for a vendor sandbox that keeps background processes
+// between execs. The runner's directory is a test temporary directory.
+type hostExec struct{}
+
+func (hostExec) Exec(ctx context.Context, _ providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, spec.Timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, spec.Argv[0], spec.Argv[1:]...)
+	cmd.Dir = spec.Dir
+	cmd.Stdin = bytes.NewReader(spec.Stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		return providers.ExecResult{}, err
+	}
+	res := providers.ExecResult{ExitCode: cmd.ProcessState.ExitCode(), Stdout: out.Bytes(), Stderr: errb.Bytes(),
+		StdoutBytes: int64(out.Len()), StderrBytes: int64(errb.Len())}
+	if int64(out.Len()) > spec.MaxOutputBytes {
+		res.Stdout, res.StdoutTruncated = res.Stdout[:spec.MaxOutputBytes], true
+	}
+	return res, nil
+}
+
+type env struct {
+	r   *runner.Runner
+	dir string // the runner's directory
+	tmp string // a scratch directory for the commands
+	sb  providers.Sandbox
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{dir: t.TempDir(), tmp: t.TempDir(), sb: providers.Sandbox{Ref: "sb-" + t.Name()}}
+	e.r = runner.New(hostExec{}, e.dir)
+	t.Cleanup(func() {
+		// Leave nothing running: cancel every command the test started.
+		entries, _ := os.ReadDir(filepath.Dir(runner.CommandDir(e.dir, e.sb, "x")))
+		for _, d := range entries {
+			e.r.CancelCommand(context.Background(), e.sb, d.Name())
+		}
+	})
+	return e
+}
+
+// wait polls ReadCommand until the command is finished.
+func (e *env) wait(t *testing.T, id string, maxOut int64) providers.CommandStatus {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := e.r.ReadCommand(t.Context(), e.sb, id, maxOut)
+		if err != nil {
+			t.Fatalf("ReadCommand(%s): %v", id, err)
+		}
+		if st.State == providers.CommandCompleted || st.State == providers.CommandCanceled {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ReadCommand(%s) = %q after 30s; want finished", id, st.State)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitFile polls until name exists.
+func waitFile(t *testing.T, name string) {
+	t.Helper()
+	for i := 0; ; i++ {
+		if _, err := os.Stat(name); err == nil {
+			return
+		}
+		if i == 1500 {
+			t.Fatalf("%s did not appear", filepath.Base(name))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestCompleted(t *testing.T) {
+	e := newEnv(t)
+	err := e.r.StartCommand(t.Context(), e.sb, "c1", providers.ExecSpec{
+		Argv:  []string{"sh", "-c", `printf 'out:%s:' "$1"; cat; pwd; printf err >&2; exit 3`, "sh", "a b"},
+		Dir:   e.tmp,
+		Stdin: []byte("in\x00put"), Timeout: time.Minute, MaxOutputBytes: 1 << 20,
+	})
+	if err != nil {
+		t.Fatalf("StartCommand: %v", err)
+	}
+	st := e.wait(t, "c1", 1<<20)
+	wantOut := "out:a b:in\x00put" + e.tmp + "\n"
+	if st.State != providers.CommandCompleted || st.ExitCode != 3 || string(st.Stdout) != wantOut || string(st.Stderr) != "err" {
+		t.Errorf("status = %q exit %d out %q err %q; want completed, 3, %q, %q", st.State, st.ExitCode, st.Stdout, st.Stderr, wantOut, "err")
+	}
+	if st.StdoutBytes != int64(len(wantOut)) || st.StderrBytes != 3 || st.StdoutTruncated || st.StderrTruncated || st.TimedOut {
+		t.Errorf("counts = %d, %d, truncated %v %v, timed out %v; want %d, 3, false", st.StdoutBytes, st.StderrBytes,
+			st.StdoutTruncated, st.StderrTruncated, st.TimedOut, len(wantOut))
+	}
+	// Reading again gives the same; a cancel after completion changes nothing.
+	if err := e.r.CancelCommand(t.Context(), e.sb, "c1"); err != nil {
+		t.Fatalf("CancelCommand after completion: %v", err)
+	}
+	if st2 := e.wait(t, "c1", 1<<20); st2.State != providers.CommandCompleted || st2.ExitCode != 3 {
+		t.Errorf("after cancel = %q exit %d; want completed 3", st2.State, st2.ExitCode)
+	}
+}
+
+func TestTruncation(t *testing.T) {
+	e := newEnv(t)
+	err := e.r.StartCommand(t.Context(), e.sb, "big", providers.ExecSpec{
+		Argv:    []string{"sh", "-c", "seq 200000; head -c 70000 /dev/zero >&2"},
+		Timeout: time.Minute, MaxOutputBytes: 1000,
+	})
+	if err != nil {
+		t.Fatalf("StartCommand: %v", err)
+	}
+	seq, _ := exec.Command("seq", "200000").Output()
+	st := e.wait(t, "big", 1000)
+	if st.StdoutBytes != int64(len(seq)) || st.StderrBytes != 70000 || !st.StdoutTruncated || !st.StderrTruncated {
+		t.Errorf("counts %d, %d, truncated %v %v; want %d, 70000, true, true", st.StdoutBytes, st.StderrBytes, st.StdoutTruncated, st.StderrTruncated, len(seq))
+	}
+	if !bytes.Equal(st.Stdout, seq[:1000]) || len(st.Stderr) != 1000 {
+		t.Errorf("kept %d and %d bytes (stdout the first bytes: %v); want 1000 each", len(st.Stdout), len(st.Stderr), bytes.Equal(st.Stdout, seq[:1000]))
+	}
+	// A reader may ask for less than was kept.
+	st = e.wait(t, "big", 10)
+	if string(st.Stdout) != string(seq[:10]) || st.StdoutBytes != int64(len(seq)) {
+		t.Errorf("read with max 10 = %q, %d bytes; want %q, %d", st.Stdout, st.StdoutBytes, seq[:10], len(seq))
+	}
+}
+
+func TestStartOnce(t *testing.T) {
+	e := newEnv(t)
+	log := filepath.Join(e.tmp, "log")
+	spec := providers.ExecSpec{Argv: []string{"sh", "-c", `echo ran >>"$1"`, "sh", log}, Timeout: time.Minute}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if err := e.r.StartCommand(context.Background(), e.sb, "once", spec); err != nil {
+				t.Errorf("StartCommand: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	e.wait(t, "once", 100)
+	if b, _ := os.ReadFile(log); string(b) != "ran\n" {
+		t.Errorf("log after 8 concurrent starts = %q; want one line", b)
+	}
+}
+
+func TestCancelBeforeLaunch(t *testing.T) {
+	e := newEnv(t)
+	if st, err := e.r.ReadCommand(t.Context(), e.sb, "fenced", 10); err != nil || st.State != providers.CommandAbsent {
+		t.Fatalf("ReadCommand of an unknown id = %q, %v; want absent", st.State, err)
+	}
+	if err := e.r.CancelCommand(t.Context(), e.sb, "fenced"); err != nil {
+		t.Fatalf("CancelCommand: %v", err)
+	}
+	marker := filepath.Join(e.tmp, "ran")
+	err := e.r.StartCommand(t.Context(), e.sb, "fenced", providers.ExecSpec{Argv: []string{"touch", marker}, Timeout: time.Minute})
+	if !errors.Is(err, providers.ErrCommandFenced) {
+		t.Errorf("StartCommand after cancel = %v; want ErrCommandFenced", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if _, err := os.Stat(marker); err == nil {
+		t.Errorf("a fenced command ran")
+	}
+}
+
+// alive reports whether process pid exists.
+func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+// startSleeper starts a command that records its pid and a background
+// child's, then sleeps; it returns both pids once they are recorded.
+func startSleeper(t *testing.T, e *env, id string, timeout time.Duration) (int, int) {
+	t.Helper()
+	pids := filepath.Join(e.tmp, id+".pids")
+	err := e.r.StartCommand(t.Context(), e.sb, id, providers.ExecSpec{
+		Argv:    []string{"sh", "-c", `sleep 300 & echo $$ $! >"$1.tmp"; mv "$1.tmp" "$1"; sleep 300`, "sh", pids},
+		Timeout: timeout,
+	})
+	if err != nil {
+		t.Fatalf("StartCommand: %v", err)
+	}
+	waitFile(t, pids)
+	b, _ := os.ReadFile(pids)
+	f := strings.Fields(string(b))
+	a, _ := strconv.Atoi(f[0])
+	c, _ := strconv.Atoi(f[1])
+	return a, c
+}
+
+func TestCancelRunning(t *testing.T) {
+	e := newEnv(t)
+	sh, child := startSleeper(t, e, "run", 5*time.Minute)
+	if st, err := e.r.ReadCommand(t.Context(), e.sb, "run", 10); err != nil || st.State != providers.CommandRunning {
+		t.Fatalf("ReadCommand while running = %q, %v; want running", st.State, err)
+	}
+	if err := e.r.CancelCommand(t.Context(), e.sb, "run"); err != nil {
+		t.Fatalf("CancelCommand: %v", err)
+	}
+	st := e.wait(t, "run", 10)
+	if st.State != providers.CommandCanceled || st.ExitCode != 137 {
+		t.Errorf("after cancel = %q exit %d; want canceled 137", st.State, st.ExitCode)
+	}
+	for i := 0; alive(sh) || alive(child); i++ {
+		if i == 250 {
+			t.Fatalf("the command (%v) or its child (%v) survived the cancel", alive(sh), alive(child))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := e.r.CancelCommand(t.Context(), e.sb, "run"); err != nil {
+		t.Errorf("second CancelCommand: %v", err)
+	}
+}
+
+func TestTimeout(t *testing.T) {
+	e := newEnv(t)
+	sh, child := startSleeper(t, e, "slow", time.Second)
+	st := e.wait(t, "slow", 10)
+	if st.State != providers.CommandCompleted || st.ExitCode != 137 || !st.TimedOut {
+		t.Errorf("timed-out command = %q exit %d timed out %v; want completed 137 true", st.State, st.ExitCode, st.TimedOut)
+	}
+	for i := 0; alive(sh) || alive(child); i++ {
+		if i == 250 {
+			t.Fatalf("processes survived the timeout")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestRunnerLost(t *testing.T) {
+	e := newEnv(t)
+	startSleeper(t, e, "lost", 5*time.Minute)
+	b, err := os.ReadFile(filepath.Join(runner.CommandDir(e.dir, e.sb, "lost"), runner.FilePID))
+	if err != nil {
+		t.Fatalf("pid file: %v", err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	syscall.Kill(-pid, syscall.SIGKILL) // killed from outside the broker
+	st := e.wait(t, "lost", 10)
+	if st.State != providers.CommandCompleted || st.ExitCode != 137 {
+		t.Errorf("command of a lost runner = %q exit %d; want completed 137", st.State, st.ExitCode)
+	}
+}
+
+func TestReadDirMatchesScript(t *testing.T) {
+	e := newEnv(t)
+	if err := e.r.StartCommand(t.Context(), e.sb, "same", providers.ExecSpec{
+		Argv: []string{"sh", "-c", "seq 3000; echo oops >&2; exit 5"}, Timeout: time.Minute, MaxOutputBytes: 100,
+	}); err != nil {
+		t.Fatalf("StartCommand: %v", err)
+	}
+	viaExec := e.wait(t, "same", 50)
+	viaDir, err := runner.ReadDir(runner.CommandDir(e.dir, e.sb, "same"), 50, func() bool { return false })
+	if err != nil {
+		t.Fatalf("ReadDir: %v", err)
+	}
+	if viaExec.State != viaDir.State || viaExec.ExitCode != viaDir.ExitCode || !bytes.Equal(viaExec.Stdout, viaDir.Stdout) ||
+		!bytes.Equal(viaExec.Stderr, viaDir.Stderr) || viaExec.StdoutBytes != viaDir.StdoutBytes || viaExec.StdoutTruncated != viaDir.StdoutTruncated {
+		t.Errorf("ReadDir = %+v; want what the read script says, %+v", viaDir, viaExec)
+	}
+	if st, err := runner.ReadDir(runner.CommandDir(e.dir, e.sb, "none"), 50, func() bool { return true }); err != nil || st.State != providers.CommandAbsent {
+		t.Errorf("ReadDir of a missing directory = %q, %v; want absent", st.State, err)
+	}
+}
+
+// TestSandboxesApart: the same command id in two sandboxes names two
+// commands, also when one sandbox's files were copied into the other.
+func TestSandboxesApart(t *testing.T) {
+	e := newEnv(t)
+	if err := e.r.StartCommand(t.Context(), e.sb, "same-id", providers.ExecSpec{Argv: []string{"true"}, Timeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	e.wait(t, "same-id", 10)
+	other := providers.Sandbox{Ref: "another-sandbox"}
+	if st, err := e.r.ReadCommand(t.Context(), other, "same-id", 10); err != nil || st.State != providers.CommandAbsent {
+		t.Errorf("ReadCommand in another sandbox = %q, %v; want absent", st.State, err)
+	}
+}

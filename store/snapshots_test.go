@@ -1,0 +1,228 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/store"
+)
+
+func newDB(t *testing.T) *store.DB {
+	t.Helper()
+	return store.New(redistest.Start(t).Client(), store.Config{})
+}
+
+// newSnapshot returns a creating snapshot of a fresh account and instance
+// (or of acct and inst when set).
+func newSnapshot(acct, inst string, now time.Time) sandgate.Snapshot {
+	return sandgate.Snapshot{
+		ID: sandgate.NewID(sandgate.PrefixSnapshot), AccountID: acct, InstanceID: inst, WorkspaceID: "ws_x",
+		State: sandgate.SnapshotCreating, CreatedAt: now, ExpiresAt: now.Add(time.Hour),
+	}
+}
+
+func TestSnapshotQuotaAtomic(t *testing.T) {
+	db := newDB(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	ok, full := 0, 0
+	for i := range 50 {
+		wg.Go(func() {
+			err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 3, now.Add(time.Minute), fmt.Sprint("k", i), "h", now)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, store.ErrQuota):
+				full++
+			default:
+				t.Errorf("BeginSnapshot: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if ok != 3 || full != 47 {
+		t.Fatalf("begun, refused = %d, %d; want 3, 47", ok, full)
+	}
+	claimed := 0
+	for i := range 50 {
+		if _, err := db.Idempotency(ctx, acct, inst, store.OpSnapshot, fmt.Sprint("k", i)); err == nil {
+			claimed++
+		}
+	}
+	if claimed != 3 {
+		t.Errorf("keys claimed = %d; want 3: a refusal claims nothing", claimed)
+	}
+	// Another instance of the account has its own quota.
+	if err := db.BeginSnapshot(ctx, newSnapshot(acct, "inst_other", now), 3, now.Add(time.Minute), "k", "h", now); err != nil {
+		t.Errorf("BeginSnapshot of another instance: %v", err)
+	}
+}
+
+func TestSnapshotLife(t *testing.T) {
+	db := newDB(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
+	s := newSnapshot(acct, inst, now)
+	if err := db.BeginSnapshot(ctx, s, 1, now.Add(time.Minute), "key", "hash", now); err != nil {
+		t.Fatalf("BeginSnapshot: %v", err)
+	}
+	var replay *store.SnapshotReplay
+	if err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 1, now.Add(time.Minute), "key", "hash", now); !errors.As(err, &replay) ||
+		replay.Record.SnapshotID != s.ID || replay.Record.State != store.IdemInProgress {
+		t.Fatalf("BeginSnapshot with the same key = %v; want a replay of %s in progress", err, s.ID)
+	}
+	if err := db.ConfirmSnapshot(ctx, s, "ref-1", "/workspace/dir", "key", "hash"); err != nil {
+		t.Fatalf("ConfirmSnapshot: %v", err)
+	}
+	got, err := db.Snapshot(ctx, acct, s.ID)
+	if err != nil || got.State != sandgate.SnapshotLive || got.Dir != "/workspace/dir" || got.ProviderRef != "ref-1" ||
+		!got.ExpiresAt.Equal(s.ExpiresAt.Truncate(time.Millisecond)) {
+		t.Fatalf("Snapshot = %+v, %v; want live with its dir and ref", got, err)
+	}
+	if rec, err := db.Idempotency(ctx, acct, inst, store.OpSnapshot, "key"); err != nil || rec.State != store.IdemDone || rec.SnapshotID != s.ID {
+		t.Errorf("key after confirm = %+v, %v; want done, %s", rec, err, s.ID)
+	}
+	if n, _ := db.LiveSnapshots(ctx, acct, inst, now); n != 1 {
+		t.Errorf("LiveSnapshots = %d; want 1", n)
+	}
+	if err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 1, now.Add(time.Minute), "key2", "hash", now); !errors.Is(err, store.ErrQuota) {
+		t.Errorf("BeginSnapshot at the quota = %v; want ErrQuota", err)
+	}
+
+	started, err := db.DeleteSnapshot(ctx, got, now)
+	if err != nil || !started {
+		t.Fatalf("DeleteSnapshot = %v, %v; want started", started, err)
+	}
+	if again, err := db.DeleteSnapshot(ctx, got, now); err != nil || again {
+		t.Errorf("second DeleteSnapshot = %v, %v; want not started, nil", again, err)
+	}
+	if n, _ := db.LiveSnapshots(ctx, acct, inst, now); n != 0 {
+		t.Errorf("LiveSnapshots after delete = %d; want 0", n)
+	}
+	due, err := db.DueSnapshotDeletes(ctx, acct, now, 10)
+	if err != nil || len(due) != 1 || due[0] != s.ID {
+		t.Fatalf("DueSnapshotDeletes = %v, %v; want [%s]", due, err, s.ID)
+	}
+	if err := db.RetrySnapshotDelete(ctx, acct, s.ID, now.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if due, _ := db.DueSnapshotDeletes(ctx, acct, now, 10); len(due) != 0 {
+		t.Errorf("DueSnapshotDeletes after a retry was scheduled = %v; want none", due)
+	}
+	if err := db.PurgeSnapshot(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	tomb, err := db.Snapshot(ctx, acct, s.ID)
+	if err != nil || tomb.State != sandgate.SnapshotDeleted || tomb.Dir != "" || tomb.ProviderRef != "" || tomb.InstanceID != inst {
+		t.Errorf("tombstone = %+v, %v; want deleted, owned by %s, without dir or ref", tomb, err, inst)
+	}
+	if ttl := db.Redis().PTTL(ctx, "sg:{"+acct+"}:snap:"+s.ID).Val(); ttl <= 0 {
+		t.Errorf("tombstone TTL = %v; want one", ttl)
+	}
+	if due, _ := db.DueSnapshotDeletes(ctx, acct, now.Add(time.Hour), 10); len(due) != 0 {
+		t.Errorf("deletion queue after purge = %v; want empty", due)
+	}
+}
+
+func TestSnapshotAbortFreesKey(t *testing.T) {
+	db := newDB(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
+	s := newSnapshot(acct, inst, now)
+	if err := db.BeginSnapshot(ctx, s, 1, now.Add(time.Minute), "key", "hash", now); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.AbortSnapshot(ctx, s, "key"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Snapshot(ctx, acct, s.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Snapshot after abort = %v; want ErrNotFound", err)
+	}
+	if err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 1, now.Add(time.Minute), "key", "hash", now); err != nil {
+		t.Errorf("BeginSnapshot with the aborted key = %v; want a fresh claim and a free slot", err)
+	}
+}
+
+// TestSnapshotPendingExpiry: a create whose gateway died holds its slot
+// only until the pending deadline; the reaper then queues its contents for
+// deletion, and a late confirm is refused with the key freed.
+func TestSnapshotPendingExpiry(t *testing.T) {
+	db := newDB(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
+	s := newSnapshot(acct, inst, now)
+	if err := db.BeginSnapshot(ctx, s, 1, now.Add(time.Minute), "key", "hash", now); err != nil {
+		t.Fatal(err)
+	}
+	later := now.Add(2 * time.Minute)
+	if n, _ := db.LiveSnapshots(ctx, acct, inst, later); n != 0 {
+		t.Errorf("LiveSnapshots past the pending deadline = %d; want 0", n)
+	}
+	if due, _ := db.DueSnapshots(ctx, acct, now, 10); len(due) != 0 {
+		t.Errorf("DueSnapshots before the deadline = %v; want none", due)
+	}
+	due, err := db.DueSnapshots(ctx, acct, later, 10)
+	if err != nil || len(due) != 1 {
+		t.Fatalf("DueSnapshots = %v, %v; want the one", due, err)
+	}
+	if ok, err := db.ExpireSnapshot(ctx, acct, due[0], now); err != nil || ok {
+		t.Errorf("ExpireSnapshot before it is due = %v, %v; want false", ok, err)
+	}
+	if ok, err := db.ExpireSnapshot(ctx, acct, due[0], later); err != nil || !ok {
+		t.Fatalf("ExpireSnapshot = %v, %v; want started", ok, err)
+	}
+	if err := db.ConfirmSnapshot(ctx, s, "ref", "/tmp/x", "key", "hash"); !errors.Is(err, store.ErrStateChanged) {
+		t.Errorf("late ConfirmSnapshot = %v; want ErrStateChanged", err)
+	}
+	if _, err := db.Idempotency(ctx, acct, inst, store.OpSnapshot, "key"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("key after a refused confirm = %v; want freed", err)
+	}
+	if got, _ := db.Snapshot(ctx, acct, s.ID); got.State != sandgate.SnapshotDeleting || got.Dir != "" {
+		t.Errorf("expired create = %+v; want deleting, no dir", got)
+	}
+	if due, _ := db.DueSnapshotDeletes(ctx, acct, later, 10); len(due) != 1 {
+		t.Errorf("deletion queue = %v; want the expired create", due)
+	}
+}
+
+// newRunning admits and confirms a running workspace of a fresh account.
+func newRunning(t *testing.T, db *store.DB, acct, inst string, now time.Time) sandgate.Workspace {
+	t.Helper()
+	w := sandgate.Workspace{
+		ID: sandgate.NewID(sandgate.PrefixWorkspace), AccountID: acct, InstanceID: inst,
+		Label: "l", Size: "small", Image: "host", State: sandgate.WorkspaceStarting,
+		CreatedAt: now, ExpiresAt: now.Add(time.Hour), IdleTimeout: time.Minute, LastActivity: now,
+	}
+	p := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
+		IdempotencyTTL: time.Hour, PendingTimeout: time.Minute,
+		Risk: admission.RiskDefaults{AcquiresPerMinute: 1 << 20, MaxOpenWorkspaces: 1 << 20}})...)
+	key := sandgate.NewID("k")
+	err := p.Admit(context.Background(), &admission.Request{Workspace: w, Scope: sandgate.Scope{Limits: sandgate.Limits{MaxConcurrentWorkspaces: 1 << 20}},
+		Keys: store.AdmissionKeys(acct, inst, w.ID, key), KeyHash: key, RequestHash: "h", Now: now})
+	if err != nil {
+		t.Fatalf("Admit: %v", err)
+	}
+	if ok, err := db.Confirm(context.Background(), w, "ref-"+w.ID, now, key, "h"); err != nil || !ok {
+		t.Fatalf("Confirm: %v, %v", ok, err)
+	}
+	w, err = db.Workspace(context.Background(), acct, w.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
