@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -258,6 +259,12 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	r.mu.Lock()
 	terminated := r.terminated
 	r.mu.Unlock()
+	if !terminated && j.ref != "" {
+		// Another broker process may have terminated the workspace under us.
+		if _, err := os.Stat(j.layout.sandbox()); err != nil {
+			terminated = true
+		}
+	}
 	switch {
 	case terminated:
 		return providers.ExecResult{}, fmt.Errorf("local: exec: terminated while running: %w", providers.ErrSandboxGone)
@@ -312,12 +319,68 @@ func (p *Provider) start(ref string, cmd *exec.Cmd, cpus []int, r *run) error {
 			p.runs[ref] = make(map[*run]struct{})
 		}
 		p.runs[ref][r] = struct{}{}
+		recordExec(p.layout(ref), r.pgid)
 	}
 	return nil
 }
 
+// recordExec leaves a file naming the exec's process group and start time
+// in the workspace, for killExecs. Best effort: without it only this
+// process's Terminate can kill the exec.
+func recordExec(l layout, pgid int) {
+	start, err := procStart(pgid)
+	if err != nil {
+		return
+	}
+	if err := os.MkdirAll(l.execs(), 0o700); err != nil {
+		return
+	}
+	_ = os.WriteFile(filepath.Join(l.execs(), strconv.Itoa(pgid)), []byte(strconv.FormatUint(start, 10)), 0o600)
+}
+
+// killExecs kills every exec recorded in the workspace whose process still
+// has its recorded start time (so a reused pid is never signalled), and
+// waits until they are gone or ctx ends. It returns how many it killed.
+func killExecs(ctx context.Context, l layout) (int, error) {
+	entries, _ := os.ReadDir(l.execs())
+	var killed []int
+	for _, e := range entries {
+		pgid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(l.execs(), e.Name()))
+		if err != nil {
+			continue
+		}
+		want, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		if got, err := procStart(pgid); err != nil || got != want {
+			continue
+		}
+		if killGroup(pgid) == nil {
+			killed = append(killed, pgid)
+		}
+	}
+	for _, pgid := range killed {
+		for {
+			if _, err := procStart(pgid); err != nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return len(killed), context.Cause(ctx)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	return len(killed), nil
+}
+
 // forget drops r from the runs of ref.
 func (p *Provider) forget(ref string, r *run) {
+	if ref != "" {
+		_ = os.Remove(filepath.Join(p.layout(ref).execs(), strconv.Itoa(r.pgid)))
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.runs[ref], r)

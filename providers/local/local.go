@@ -355,6 +355,11 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 		return fmt.Errorf("local: terminate: %w", err)
 	}
 	defer unlock()
+	// Execs another broker process started (a stop set through one gateway
+	// while another runs the workspace's command) are killed here too.
+	if _, err := killExecs(ctx, p.layout(ref)); err != nil {
+		return fmt.Errorf("local: terminate: %w", err)
+	}
 	commands := killCommands(p.layout(ref))
 	// The rename is the moment the workspace is gone, for every Provider on
 	// this DataDir; removing the files may then take its time.

@@ -469,3 +469,45 @@ func TestLogsCarryNoContent(t *testing.T) {
 		t.Errorf("logs carry argv, env, stdin, output, a path or content:\n%s", buf.String())
 	}
 }
+
+// TestTerminateFromAnotherProvider: a stop set through one gateway must end
+// a command another gateway process is running in the same workspace.
+func TestTerminateFromAnotherProvider(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	a := newProvider(t, dataDir, broker)
+	b := newProvider(t, dataDir, broker)
+	sb, err := a.Create(t.Context(), providertest.Spec(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := "/tmp/started"
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Exec(t.Context(), sb, providers.ExecSpec{
+			Argv: []string{"sh", "-c", "touch " + marker + "; sleep 600"}, Timeout: 10 * time.Minute, MaxOutputBytes: 1024,
+		})
+		done <- err
+	}()
+	// Wait (bounded) until the command runs.
+	for i := 0; ; i++ {
+		if _, err := a.ReadFile(t.Context(), sb, marker, 10); err == nil {
+			break
+		}
+		if i == 500 {
+			t.Fatal("the command never started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := b.Terminate(t.Context(), sb); err != nil {
+		t.Fatalf("Terminate from the other provider: %v", err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, providers.ErrSandboxGone) {
+			t.Fatalf("Exec = %v; want ErrSandboxGone", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the exec outlived Terminate from another provider")
+	}
+}

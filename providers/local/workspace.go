@@ -54,6 +54,11 @@ func (l layout) home() string      { return filepath.Join(string(l), "home") }
 func (l layout) tmp() string       { return filepath.Join(string(l), "tmp") }
 func (l layout) lock() string      { return filepath.Join(string(l), lockFile) }
 func (l layout) commands() string  { return filepath.Join(string(l), commandsDir) }
+
+// execs holds one file per exec in flight, named by its process group and
+// holding its start time, so that a Terminate in any broker process can
+// kill execs another one started.
+func (l layout) execs() string { return filepath.Join(string(l), "execs") }
 func (l layout) command(id string) string {
 	return filepath.Join(string(l), commandsDir, id)
 }
