@@ -54,34 +54,12 @@ func (s *Server) startCommand(c echo.Context) error {
 		return unavailable(err)
 	}
 
-	var req protocol.ExecRequest
-	if err := decode(c, &req); err != nil {
-		return err
-	}
-	if err := policy.ValidateArgv(req.Argv); err != nil {
-		return err
-	}
-	if req.Dir != "" {
-		if err := policy.ValidatePathField("dir", req.Dir); err != nil {
-			return err
-		}
-	}
-	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
-	stdin, err := decodeB64("stdin_b64", req.StdinB64)
+	spec, _, err := s.execSpec(c, w)
 	if err != nil {
 		return err
-	}
-	if int64(len(stdin)) > lim.MaxFileBytes {
-		return protocol.E(protocol.PayloadTooLarge, "stdin is over max_file_bytes")
 	}
 	now := s.clock.Now()
-	timeout, _, err := policy.ClampExecTimeout(policy.Seconds(req.TimeoutSeconds),
-		lim.DefaultExecTimeout, lim.MaxExecTimeout, w.ExpiresAt.Sub(now))
-	if err != nil {
-		return err
-	}
-
-	err = s.db.ClaimCommand(ctx, w, key, now, now.Add(s.cfg.DispatchTimeout), now.Add(timeout))
+	err = s.db.ClaimCommand(ctx, w, key, now, now.Add(s.cfg.DispatchTimeout), now.Add(spec.Timeout))
 	var claimed *store.CommandClaimed
 	switch {
 	case errors.As(err, &claimed): // another request claimed it first
@@ -99,9 +77,7 @@ func (s *Server) startCommand(c echo.Context) error {
 	// Claimed: the launch must settle even if the client goes away.
 	ctx = context.WithoutCancel(ctx)
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.DispatchTimeout)
-	err = s.commands.StartCommand(dctx, sandboxOf(w), key, providers.ExecSpec{
-		Argv: req.Argv, Dir: req.Dir, Stdin: stdin, Timeout: timeout, MaxOutputBytes: lim.MaxOutputBytes,
-	})
+	err = s.commands.StartCommand(dctx, sandboxOf(w), key, spec)
 	cancel()
 	switch {
 	case err == nil:
@@ -109,7 +85,7 @@ func (s *Server) startCommand(c echo.Context) error {
 		if err != nil {
 			return unavailable(err)
 		}
-		s.log.Info("durable command started", sandgate.WorkspaceAttr(w.ID), slog.Int("argc", len(req.Argv)), slog.String("state", string(st)))
+		s.log.Info("durable command started", sandgate.WorkspaceAttr(w.ID), slog.Int("argc", len(spec.Argv)), slog.String("state", string(st)))
 		return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: string(st)})
 	case errors.Is(err, providers.ErrCommandFenced):
 		// A cancel came between the claim and the launch: it recorded the

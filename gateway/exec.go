@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
@@ -21,42 +22,19 @@ func (s *Server) exec(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var req protocol.ExecRequest
-	if err := decode(c, &req); err != nil {
-		return err
-	}
-	if err := policy.ValidateArgv(req.Argv); err != nil {
-		return err
-	}
-	if req.Dir != "" {
-		if err := policy.ValidatePathField("dir", req.Dir); err != nil {
-			return err
-		}
-	}
-	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
-	stdin, err := decodeB64("stdin_b64", req.StdinB64)
+	spec, clamped, err := s.execSpec(c, w)
 	if err != nil {
 		return err
-	}
-	if int64(len(stdin)) > lim.MaxFileBytes {
-		return protocol.E(protocol.PayloadTooLarge, "stdin is over max_file_bytes")
 	}
 	now := s.clock.Now()
-	timeout, clamped, err := policy.ClampExecTimeout(policy.Seconds(req.TimeoutSeconds),
-		lim.DefaultExecTimeout, lim.MaxExecTimeout, w.ExpiresAt.Sub(now))
-	if err != nil {
-		return err
-	}
 	if err := s.db.Touch(c.Request().Context(), w, now); err != nil {
 		return unavailable(err)
 	}
 	// The command dies with the request: a client that went away can never
 	// read the result, and exec is never replayed.
-	ctx, cancel := context.WithTimeout(c.Request().Context(), timeout+30*time.Second)
+	ctx, cancel := context.WithTimeout(c.Request().Context(), spec.Timeout+30*time.Second)
 	defer cancel()
-	res, err := s.provider.Exec(ctx, sandboxOf(w), providers.ExecSpec{
-		Argv: req.Argv, Dir: req.Dir, Stdin: stdin, Timeout: timeout, MaxOutputBytes: lim.MaxOutputBytes,
-	})
+	res, err := s.provider.Exec(ctx, sandboxOf(w), spec)
 	if err != nil {
 		return providerError(err)
 	}
@@ -71,6 +49,38 @@ func (s *Server) exec(c echo.Context) error {
 		StdoutBytes:     res.StdoutBytes,
 		StderrBytes:     res.StderrBytes,
 	})
+}
+
+// execSpec reads and checks an exec request body (exec and durable
+// commands share it): argv, dir, stdin within max_file_bytes, and the
+// timeout defaulted and clamped to the scope and expires_at.
+func (s *Server) execSpec(c echo.Context, w sandgate.Workspace) (providers.ExecSpec, bool, error) {
+	var req protocol.ExecRequest
+	if err := decode(c, &req); err != nil {
+		return providers.ExecSpec{}, false, err
+	}
+	if err := policy.ValidateArgv(req.Argv); err != nil {
+		return providers.ExecSpec{}, false, err
+	}
+	if req.Dir != "" {
+		if err := policy.ValidatePathField("dir", req.Dir); err != nil {
+			return providers.ExecSpec{}, false, err
+		}
+	}
+	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
+	stdin, err := decodeB64("stdin_b64", req.StdinB64)
+	if err != nil {
+		return providers.ExecSpec{}, false, err
+	}
+	if int64(len(stdin)) > lim.MaxFileBytes {
+		return providers.ExecSpec{}, false, protocol.E(protocol.PayloadTooLarge, "stdin is over max_file_bytes")
+	}
+	timeout, clamped, err := policy.ClampExecTimeout(policy.Seconds(req.TimeoutSeconds),
+		lim.DefaultExecTimeout, lim.MaxExecTimeout, w.ExpiresAt.Sub(s.clock.Now()))
+	if err != nil {
+		return providers.ExecSpec{}, false, err
+	}
+	return providers.ExecSpec{Argv: req.Argv, Dir: req.Dir, Stdin: stdin, Timeout: timeout, MaxOutputBytes: lim.MaxOutputBytes}, clamped, nil
 }
 
 // providerError maps a provider failure to the protocol: a sandbox that is
