@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"os/exec"
@@ -127,6 +128,7 @@ type run struct {
 	mu         sync.Mutex
 	exited     bool // bwrap has exited: the pgid may soon be free for reuse
 	terminated bool // Terminate killed it
+	recorded   bool // recordExec wrote its file; killExecs removes it before killing
 }
 
 // kill sends SIGKILL to the run's process group, unless bwrap has already
@@ -260,8 +262,12 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	terminated := r.terminated
 	r.mu.Unlock()
 	if !terminated && j.ref != "" {
-		// Another broker process may have terminated the workspace under us.
+		// Another broker process may have terminated the workspace under
+		// us: it removes our record before killing us, and the workspace
+		// after that.
 		if _, err := os.Stat(j.layout.sandbox()); err != nil {
+			terminated = true
+		} else if _, err := os.Stat(filepath.Join(j.layout.execs(), strconv.Itoa(r.pgid))); r.recorded && errors.Is(err, fs.ErrNotExist) {
 			terminated = true
 		}
 	}
@@ -319,7 +325,7 @@ func (p *Provider) start(ref string, cmd *exec.Cmd, cpus []int, r *run) error {
 			p.runs[ref] = make(map[*run]struct{})
 		}
 		p.runs[ref][r] = struct{}{}
-		recordExec(p.layout(ref), r.pgid)
+		r.recorded = recordExec(p.layout(ref), r.pgid)
 	}
 	return nil
 }
@@ -327,15 +333,15 @@ func (p *Provider) start(ref string, cmd *exec.Cmd, cpus []int, r *run) error {
 // recordExec leaves a file naming the exec's process group and start time
 // in the workspace, for killExecs. Best effort: without it only this
 // process's Terminate can kill the exec.
-func recordExec(l layout, pgid int) {
+func recordExec(l layout, pgid int) bool {
 	start, err := procStart(pgid)
 	if err != nil {
-		return
+		return false
 	}
 	if err := os.MkdirAll(l.execs(), 0o700); err != nil {
-		return
+		return false
 	}
-	_ = os.WriteFile(filepath.Join(l.execs(), strconv.Itoa(pgid)), []byte(strconv.FormatUint(start, 10)), 0o600)
+	return os.WriteFile(filepath.Join(l.execs(), strconv.Itoa(pgid)), []byte(strconv.FormatUint(start, 10)), 0o600) == nil
 }
 
 // killExecs kills every exec recorded in the workspace whose process still
@@ -355,6 +361,11 @@ func killExecs(ctx context.Context, l layout) (int, error) {
 		}
 		want, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 		if got, err := procStart(pgid); err != nil || got != want {
+			continue
+		}
+		// Removing the record first tells the exec's own process that a
+		// Terminate killed it (run checks for its record once bwrap exits).
+		if os.Remove(filepath.Join(l.execs(), e.Name())) != nil {
 			continue
 		}
 		if killGroup(pgid) == nil {
