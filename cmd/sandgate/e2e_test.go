@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/http"
 	"os"
@@ -108,6 +109,59 @@ func TestE2EDev(t *testing.T) {
 		t.Fatalf("ReadFile(missing) = %v; want an error matching fs.ErrNotExist", err)
 	}
 	wantCode(t, "ReadFile(missing)", err, http.StatusNotFound, protocol.FileNotFound)
+
+	// Snapshot the directory, then warm-start a second workspace from it:
+	// the file is back at the same path.
+	snap, created, err := c.Snapshot(ctx, ws.WorkspaceID, "e2e-snap-1", "/workspace/dir")
+	if err != nil || !created || !strings.HasPrefix(snap.SnapshotID, sandgate.PrefixSnapshot) {
+		t.Fatalf("Snapshot = %+v, created %v, %v; want 201 with a snap_ id", snap, created, err)
+	}
+	if replay, created, err := c.Snapshot(ctx, ws.WorkspaceID, "e2e-snap-1", "/workspace/dir"); err != nil || created || replay.SnapshotID != snap.SnapshotID {
+		t.Fatalf("Snapshot replay = %+v, created %v, %v; want 200 with %s", replay, created, err, snap.SnapshotID)
+	}
+	warm, created, err := c.Acquire(ctx, "e2e-dev-warm", protocol.AcquireRequest{Label: "e2e-warm", Egress: noEgress(), SnapshotID: snap.SnapshotID})
+	if err != nil || !created {
+		t.Fatalf("Acquire from snapshot = created %v, %v; want 201", created, err)
+	}
+	if back, err := c.ReadFile(ctx, warm.WorkspaceID, "/workspace/dir/sub/blob.bin"); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("ReadFile in the warm-started workspace = %d bytes, %v; want the %d bytes snapshotted", len(back), err, len(data))
+	}
+
+	// A durable command: started once, read until completed; a cancel
+	// after completion keeps the result.
+	cmdReq := protocol.ExecRequest{Argv: []string{"sh", "-c", "echo durable >> /workspace/log; cat /workspace/log; exit 4"}}
+	if st, launched, err := c.StartCommand(ctx, warm.WorkspaceID, "e2e:cmd-1", cmdReq); err != nil || !launched || st == nil {
+		t.Fatalf("StartCommand = %+v, launched %v, %v; want 202", st, launched, err)
+	}
+	if _, launched, err := c.StartCommand(ctx, warm.WorkspaceID, "e2e:cmd-1", cmdReq); err != nil || launched {
+		t.Fatalf("StartCommand again = launched %v, %v; want 200 (claimed once)", launched, err)
+	}
+	var st *protocol.CommandStatus
+	waitFor(t, "the durable command to complete", func() (bool, error) {
+		st, err = c.ReadCommand(ctx, warm.WorkspaceID, "e2e:cmd-1")
+		return err == nil && st.State == protocol.CommandCompleted, fmt.Errorf("state %+v, %v", st, err)
+	})
+	if st.ExitCode == nil || *st.ExitCode != 4 || b64(t, st.StdoutB64) != "durable\n" {
+		t.Fatalf("ReadCommand = %s; want exit 4 and one line of output", mustJSON(t, st))
+	}
+	if err := c.CancelCommand(ctx, warm.WorkspaceID, "e2e:cmd-1"); err != nil {
+		t.Fatalf("CancelCommand after completion: %v", err)
+	}
+	if st, err := c.ReadCommand(ctx, warm.WorkspaceID, "e2e:cmd-1"); err != nil || st.State != protocol.CommandCompleted {
+		t.Fatalf("ReadCommand after cancel = %+v, %v; want still completed", st, err)
+	}
+	if st, err := c.ReadCommand(ctx, warm.WorkspaceID, "e2e:never"); err != nil || st.State != protocol.CommandUnknown {
+		t.Fatalf("ReadCommand(unknown identity) = %+v, %v; want unknown", st, err)
+	}
+	if err := c.DeleteSnapshot(ctx, snap.SnapshotID); err != nil {
+		t.Fatalf("DeleteSnapshot: %v", err)
+	}
+	if err := c.DeleteSnapshot(ctx, snap.SnapshotID); err != nil {
+		t.Fatalf("DeleteSnapshot again: %v; want 204", err)
+	}
+	if _, err := c.Release(ctx, warm.WorkspaceID); err != nil {
+		t.Fatalf("Release warm: %v", err)
+	}
 
 	rel, err := c.Release(ctx, ws.WorkspaceID)
 	if err != nil || rel == nil {
