@@ -123,6 +123,9 @@ type rtEnv struct {
 	client *http.Client
 	inst   sandgate.Instance
 	tok    sandgate.Secret // the token requests carry
+	// warmLeaseRT is what a warm GET /v1/lease costs: 0, or 1 with rate
+	// limits on (the GCRA check).
+	warmLeaseRT int
 }
 
 // rtOptions configures rtStart. A zero field means the default noted beside it.
@@ -130,12 +133,17 @@ type rtOptions struct {
 	provider      providers.Provider // nil means a fakeprovider
 	maxConcurrent int                // the instance's limit; 0 means the default
 	names         bool               // record command names, not only round trips
+	rateLimited   bool               // the production rate limits on (each request adds its rate check)
 }
 
 func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 	tb.Helper()
 	rs := redistest.Start(tb)
 	e := &rtEnv{rt: &rtCounter{names: o.names}}
+	rates := sgtest.Unlimited
+	if o.rateLimited {
+		rates, e.warmLeaseRT = nil, 1
+	}
 	rdb := rs.Client()
 	rdb.AddHook(e.rt)
 	e.db = store.New(rdb, store.Config{})
@@ -158,7 +166,7 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 	}
 	e.tok = e.issue(tb, false)
 
-	gw := gateway.New(gateway.Config{DefaultImage: local.Image, RateLimits: sgtest.Unlimited, Risk: sgtest.NoRisk}, e.db, p, sandgate.SystemClock{}, nil)
+	gw := gateway.New(gateway.Config{DefaultImage: local.Image, RateLimits: rates, Risk: sgtest.NoRisk}, e.db, p, sandgate.SystemClock{}, nil)
 	e.srv = httptest.NewTLSServer(gw.Handler())
 	tb.Cleanup(e.srv.Close)
 	e.client = e.srv.Client() // keep-alive; trusts the test certificate
@@ -200,7 +208,7 @@ func (e *rtEnv) leaseIsWarm(tb testing.TB) bool {
 	e.rt.reset()
 	e.mustDo(tb, http.MethodGet, "/v1/lease", "", nil, http.StatusOK)
 	n, _ := e.rt.snapshot()
-	return n == 0
+	return n == e.warmLeaseRT
 }
 
 // do sends one request with e.tok and returns its status and body.
@@ -380,6 +388,26 @@ func TestRoundTripsExec(t *testing.T) {
 		if n, cmds := e.rt.snapshot(); n != 2 {
 			t.Errorf("exec %d: %d round trips %v; want exactly 2 (load the workspace, touch it)", i, n, cmds)
 		}
+	}
+}
+
+// TestRoundTripsRateLimited: with the production rate limits on, a warm
+// lease costs exactly its rate check, and exec stays at two round trips
+// because its rate check shares the workspace read's pipeline.
+func TestRoundTripsRateLimited(t *testing.T) {
+	e := rtStart(t, rtOptions{names: true, rateLimited: true})
+	e.rt.reset()
+	e.mustDo(t, http.MethodGet, "/v1/lease", "", nil, http.StatusOK)
+	if n, cmds := e.rt.snapshot(); n != 1 {
+		t.Errorf("warm GET /v1/lease: %d round trips %v; want exactly 1 (the rate check)", n, cmds)
+	}
+	id := e.acquire(t)
+	e.rt.reset()
+	if r := e.exec(t, id, "echo", "hi"); r.ExitCode != 0 {
+		t.Fatalf("exec exit code = %d; want 0", r.ExitCode)
+	}
+	if n, cmds := e.rt.snapshot(); n != 2 {
+		t.Errorf("exec: %d round trips %v; want exactly 2 (workspace read with the rate check, touch)", n, cmds)
 	}
 }
 
