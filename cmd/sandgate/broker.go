@@ -83,9 +83,10 @@ func (b *broker) run(ctx context.Context) error {
 	if defaults.DefaultImage == "" {
 		defaults.DefaultImage = local.Image
 	}
-	// Every gateway process runs the reaper: its passes are idempotent.
+	// Every gateway process runs the reaper; one at a time leads (a Redis
+	// lease), and its passes are idempotent all the same.
 	term := termination.New(db, prov, clock, b.log.With("component", "termination"), 0)
-	rp := reaper.New(reaper.Config{Snapshots: prov}, db, term, clock, b.log.With("component", "reaper"))
+	rp := reaper.New(reaper.Config{Snapshots: prov, Sandboxes: prov}, db, term, clock, b.log.With("component", "reaper"))
 	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term},
 		db, clock, b.log.With("component", "admin"))
 
