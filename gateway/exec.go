@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
@@ -47,7 +48,12 @@ func (s *Server) exec(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.db.Touch(c.Request().Context(), w, now); err != nil {
+	// Instead of a plain touch: the exec keeps the workspace busy until
+	// its deadline, so the idle reaper never ends it mid-command. Its end
+	// is not recorded (exec stays at two round trips), so the workspace
+	// idles an idle timeout after the exec's deadline, never earlier than
+	// after its end.
+	if err := s.db.ExecStarted(c.Request().Context(), w, sandgate.NewID("exec_"), now.Add(timeout+30*time.Second), now); err != nil {
 		return unavailable(err)
 	}
 	// The command dies with the request: a client that went away can never
