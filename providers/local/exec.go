@@ -261,7 +261,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	r.mu.Unlock()
 	if !terminated && j.ref != "" {
 		// Another broker process may have terminated the workspace under us.
-		if _, err := os.Stat(j.layout.sandbox()); err != nil {
+		if _, err := os.Stat(j.layout.sandbox()); err != nil || ended(j.layout) {
 			terminated = true
 		}
 	}
