@@ -546,6 +546,10 @@ func (s *Server) revoke(c echo.Context) error {
 	s.log.Info("tokens revoked", sandgate.InstanceAttr(in.ID), slog.Int("count", n), slog.String("actor", operator(c).Actor()))
 	out := RevokeResult{Count: n}
 	if req.TerminateWorkspaces == nil || *req.TerminateWorkspaces {
+		// The reaper keeps ending them should this sweep not finish.
+		if err := s.db.MarkRevoked(ctx, in.AccountID, in.ID, s.clock.Now()); err != nil {
+			return internal(err)
+		}
 		res, err := s.sweep(c, termination.Scope{AccountID: in.AccountID, InstanceID: in.ID}, sandgate.ReasonLeaseRevoked)
 		if err != nil {
 			return err

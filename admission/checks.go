@@ -199,7 +199,10 @@ redis.call('ZADD', K[2], A[1], A[2])`
 // Bind implements Check.
 func (Record) Bind(r *Request) ([]string, []any) {
 	args := []any{r.Workspace.CreatedAt.UnixMilli(), r.Workspace.ID}
-	return []string{r.Keys.Workspace, r.Keys.Index}, append(args, store.WorkspaceFields(r.Workspace)...)
+	args = append(args, store.WorkspaceFields(r.Workspace)...)
+	// The key's hash, so that the reaper can free it if the create's
+	// outcome is never confirmed (store.FailCreate).
+	return []string{r.Keys.Workspace, r.Keys.Index}, append(args, "key", r.KeyHash)
 }
 
 // Standard returns the pipeline of the spec's order: idempotency claim →

@@ -27,7 +27,12 @@ func (s *Server) exec(c echo.Context) error {
 		return err
 	}
 	now := s.clock.Now()
-	if err := s.db.Touch(c.Request().Context(), w, now); err != nil {
+	// Instead of a plain touch: the exec keeps the workspace busy until
+	// its deadline, so the idle reaper never ends it mid-command. Its end
+	// is not recorded (exec stays at two round trips), so the workspace
+	// idles an idle timeout after the exec's deadline, never earlier than
+	// after its end.
+	if err := s.db.ExecStarted(c.Request().Context(), w, sandgate.NewID("exec_"), now.Add(spec.Timeout+30*time.Second), now); err != nil {
 		return unavailable(err)
 	}
 	// The command dies with the request: a client that went away can never

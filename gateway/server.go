@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -74,6 +75,7 @@ type Server struct {
 	limiter  *admission.Limiter
 	term     *termination.Terminator
 	echo     *echo.Echo
+	draining atomic.Bool
 }
 
 // New returns a Server over the store and provider.
@@ -119,7 +121,7 @@ func (s *Server) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.base, s.requireTLS, s.accessLog, s.recover)
+	e.Use(s.base, s.requireTLS, s.accessLog, s.recover, s.refuseWhileDraining)
 	v1 := e.Group("/v1", s.authenticate)
 	// Routes on one workspace count against their class's limit in usable,
 	// sharing the workspace read's round trip.
@@ -176,6 +178,22 @@ func newRequestID() string {
 
 // requireTLS refuses plaintext (spec §Conventions), except from a trusted
 // TLS-terminating proxy that says the client spoke https.
+// Drain makes the server refuse every new request with 503 unavailable
+// and a Retry-After, while requests already in flight finish: the first
+// step of a graceful shutdown, so clients retry on another gateway.
+func (s *Server) Drain() { s.draining.Store(true) }
+
+// refuseWhileDraining is the refusal Drain turns on.
+func (s *Server) refuseWhileDraining(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if s.draining.Load() {
+			c.Response().Header().Set("Connection", "close")
+			return &protocol.Error{Code: protocol.Unavailable, Message: "this gateway is shutting down; retry shortly", RetryAfter: 2 * time.Second}
+		}
+		return next(c)
+	}
+}
+
 func (s *Server) requireTLS(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()

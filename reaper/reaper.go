@@ -7,9 +7,11 @@ package reaper
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
 )
@@ -21,16 +23,39 @@ type Config struct {
 	// Snapshots deletes expired and deleted snapshots' contents (the
 	// provider). nil skips the snapshot sweep.
 	Snapshots SnapshotDeleter
+	// Sandboxes lists the provider's sandboxes, for unknown creates and
+	// orphans. nil skips both.
+	Sandboxes Lister
+	// Owner names this process in the leader lease. "" means a random id.
+	Owner string
+	// LeaseTTL is the leader lease's TTL: a new leader takes over at most
+	// this long after the old one died. 0 means 5 seconds.
+	LeaseTTL time.Duration
 }
 
-// Reaper runs passes until its context ends. Passes are idempotent, so
-// several gateway processes may run one each.
+// Lister lists and ends the provider's sandboxes; every providers.Provider
+// is one.
+type Lister interface {
+	List(ctx context.Context) ([]providers.Sandbox, error)
+	Terminate(ctx context.Context, sb providers.Sandbox) error
+}
+
+// Reaper runs passes while it holds the leader lease. Passes are
+// idempotent and safe to run concurrently (every state change is a
+// conditional script), so the lease is an economy, not the guard.
 type Reaper struct {
 	cfg   Config
 	db    *store.DB
 	term  *termination.Terminator
 	clock sandgate.Clock
 	log   *slog.Logger
+	stats Stats
+	fence atomic.Int64 // the fencing token while leading, 0 otherwise
+}
+
+// Stats counts what the reaper did, by kind; every count is also a log line.
+type Stats struct {
+	Passes, Expired, Idle, Revoked, Failed, Orphaned, Retried, SlotsFreed atomic.Int64
 }
 
 // New returns a Reaper.
@@ -38,31 +63,102 @@ func New(cfg Config, db *store.DB, term *termination.Terminator, clock sandgate.
 	if cfg.Interval == 0 {
 		cfg.Interval = 2 * time.Second
 	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 5 * time.Second
+	}
+	if cfg.Owner == "" {
+		cfg.Owner = sandgate.NewID("reaper_")
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Reaper{cfg: cfg, db: db, term: term, clock: clock, log: log}
 }
 
-// Run runs a pass every Interval until ctx ends.
+// Stats returns the reaper's counters.
+func (r *Reaper) Stats() *Stats { return &r.stats }
+
+// Fence returns the fencing token of the lease this reaper holds, 0 when
+// it does not lead.
+func (r *Reaper) Fence() int64 { return r.fence.Load() }
+
+// Run competes for the leader lease until ctx ends, and runs a pass every
+// Interval while it leads. A pass stops as soon as a renewal fails. When
+// ctx ends it gives the lease up, so another process takes over at once.
 func (r *Reaper) Run(ctx context.Context) {
-	t := time.NewTicker(r.cfg.Interval)
-	defer t.Stop()
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if err := r.db.ReleaseLeader(rctx, r.cfg.Owner); err != nil {
+			r.log.Warn("reaper lease not released", slog.Any("err", err))
+		}
+		r.fence.Store(0)
+	}()
+	retry := time.NewTicker(r.cfg.LeaseTTL / 5)
+	defer retry.Stop()
 	for {
-		if err := r.Pass(ctx); err != nil && ctx.Err() == nil {
-			r.log.Warn("reaper pass incomplete", slog.Any("err", err))
+		token, ok, err := r.db.AcquireLeader(ctx, r.cfg.Owner, r.cfg.LeaseTTL)
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("reaper lease unavailable", slog.Any("err", err))
+		}
+		if ok {
+			r.lead(ctx, token)
 		}
 		select {
 		case <-ctx.Done():
+			return
+		case <-retry.C:
+		}
+	}
+}
+
+// lead runs passes until ctx ends or the lease is lost.
+func (r *Reaper) lead(ctx context.Context, token int64) {
+	r.fence.Store(token)
+	defer r.fence.Store(0)
+	r.log.Info("reaper leading", slog.Int64("fence", token))
+	lctx, lost := context.WithCancel(ctx)
+	defer lost()
+	go func() {
+		t := time.NewTicker(r.cfg.LeaseTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-lctx.Done():
+				return
+			case <-t.C:
+			}
+			n, ok, err := r.db.AcquireLeader(lctx, r.cfg.Owner, r.cfg.LeaseTTL)
+			if err != nil || !ok || n != token {
+				if lctx.Err() == nil {
+					r.log.Warn("reaper lease lost", slog.Int64("fence", token), slog.Any("err", err))
+				}
+				lost()
+				return
+			}
+		}
+	}()
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		if err := r.Pass(lctx); err != nil && lctx.Err() == nil {
+			r.log.Warn("reaper pass incomplete", slog.Any("err", err))
+		}
+		select {
+		case <-lctx.Done():
 			return
 		case <-t.C:
 		}
 	}
 }
 
-// Pass deletes expired snapshots (sweepSnapshots) and ends every live
-// workspace of a stopped or paused scope with the control's reason, once.
+// Pass carries out every obligation once: it deletes expired snapshots
+// (sweepSnapshots), ends every live workspace of a stopped or paused scope
+// with the control's reason, and then (sweepWorkspaces) ends expired,
+// idle and revoked workspaces, resolves unknown creates, terminates
+// orphans and frees stale slots. Every step is idempotent.
 func (r *Reaper) Pass(ctx context.Context) error {
+	r.stats.Passes.Add(1)
 	// Snapshots expire whatever the stop and pause state.
 	if err := r.sweepSnapshots(ctx); err != nil {
 		r.log.Warn("snapshot sweep incomplete", slog.Any("err", err))
@@ -74,8 +170,15 @@ func (r *Reaper) Pass(ctx context.Context) error {
 	}
 	if stop.ActiveAt(now) {
 		r.sweep(ctx, termination.Scope{}, sandgate.ReasonEmergencyStopped)
-		return nil // everything is stopped; nothing narrower to do
+	} else if err := r.sweepControls(ctx, now); err != nil {
+		return err
 	}
+	return r.sweepWorkspaces(ctx)
+}
+
+// sweepControls ends every live workspace of a paused or stopped account
+// or instance with the control's reason.
+func (r *Reaper) sweepControls(ctx context.Context, now time.Time) error {
 	controls, err := r.db.AllControls(ctx)
 	if err != nil {
 		return err

@@ -133,3 +133,18 @@ func commandKey(acct, ws, key string) string { return prefix + "{" + acct + "}:c
 // running: member command key, score the command's deadline in unix ms.
 // Example: sg:{acct_x}:ws:ws_z:busy
 func busyKey(acct, ws string) string { return workspaceKey(acct, ws) + ":busy" }
+
+// reaperLeaderKey holds the owner of the reaper's leader lease, with the
+// lease's TTL. It shares the hash tag {reaper} with reaperFenceKey so the
+// lease scripts touch one Redis Cluster slot. Example: sg:{reaper}:leader
+func reaperLeaderKey() string { return prefix + "{reaper}:leader" }
+
+// reaperFenceKey counts leader acquisitions: the current value is the
+// fencing token of the lease's holder. Example: sg:{reaper}:fence
+func reaperFenceKey() string { return prefix + "{reaper}:fence" }
+
+// revokedKey is the HASH of an account's instances whose tokens an
+// operator revoked with their workspaces: field instance id, value the
+// revocation's time (unix ms). The reaper ends every workspace of the
+// instance created before it (lease_revoked). Example: sg:{acct_x}:revoked
+func revokedKey(acct string) string { return prefix + "{" + acct + "}:revoked" }

@@ -45,14 +45,28 @@ return 1
 // terminateScript starts a workspace's termination: it becomes
 // terminating with a reason, and its slot is freed at once.
 //
+// With a condition it starts only when the condition holds at now, read
+// in the same script: "expired" (running, at or past expires_at) or "idle"
+// (running, an idle timeout behind both its last activity and busy_ms), so
+// an exec that touches the workspace meanwhile always wins over the reaper.
+//
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] account open ZSET
-// ARGV[1] workspace id, ARGV[2] termination reason, ARGV[3] now (unix ms)
+// ARGV[1] workspace id, ARGV[2] termination reason, ARGV[3] now (unix ms),
+// ARGV[4] condition ("", "expired" or "idle")
 // Returns {0} no record, {1, state} already terminating or terminated,
-// {2, previous state} termination started.
+// {2, previous state} termination started, {3, state} condition not met.
 var terminateScript = redis.NewScript(`
 local st = redis.call('HGET', KEYS[2], 'state')
 if not st then return {0, ''} end
 if st == 'terminated' or st == 'terminating' then return {1, st} end
+local now = tonumber(ARGV[3])
+if ARGV[4] == 'expired' then
+  if st ~= 'running' or tonumber(redis.call('HGET', KEYS[2], 'expires_ms') or '0') > now then return {3, st} end
+elseif ARGV[4] == 'idle' then
+  local f = redis.call('HMGET', KEYS[2], 'idle_ms', 'activity_ms', 'busy_ms')
+  local idle, last = tonumber(f[1]) or 0, math.max(tonumber(f[2]) or 0, tonumber(f[3]) or 0)
+  if st ~= 'running' or idle <= 0 or last + idle > now then return {3, st} end
+end
 redis.call('HSET', KEYS[2], 'state', 'terminating', 'reason', ARGV[2], 'terminating_ms', ARGV[3])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])

@@ -116,8 +116,22 @@ func (db *DB) WorkspacePipelined(ctx context.Context, acct, id string, queue fun
 // terminating or terminated when termination had already begun (started
 // false), starting or running otherwise (started true).
 func (db *DB) BeginTerminate(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, now time.Time) (prev sandgate.WorkspaceState, started bool, err error) {
+	return db.BeginTerminateIf(ctx, w, reason, now, CondNone)
+}
+
+// Conditions of BeginTerminateIf, checked in the script against the
+// record as it is then.
+const (
+	CondNone    = ""
+	CondExpired = "expired" // running and at or past expires_at
+	CondIdle    = "idle"    // running and idle (Workspace.IdleAt) at now
+)
+
+// BeginTerminateIf is BeginTerminate that starts only when cond holds at
+// now; otherwise it returns the current state with started false.
+func (db *DB) BeginTerminateIf(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, now time.Time, cond string) (prev sandgate.WorkspaceState, started bool, err error) {
 	keys := []string{liveKey(w.AccountID, w.InstanceID), workspaceKey(w.AccountID, w.ID), openKey(w.AccountID)}
-	res, err := terminateScript.Run(ctx, db.rdb, keys, w.ID, string(reason), ms(now)).Slice()
+	res, err := terminateScript.Run(ctx, db.rdb, keys, w.ID, string(reason), ms(now), cond).Slice()
 	if err != nil {
 		return "", false, fmt.Errorf("terminate: %w", err)
 	}

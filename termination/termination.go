@@ -49,20 +49,49 @@ func New(db *store.DB, p providers.Provider, clock sandgate.Clock, log *slog.Log
 // when it confirms the create. A provider failure leaves the workspace
 // terminating for a later retry and returns the error.
 func (t *Terminator) Terminate(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason) (bool, error) {
+	ok, _, err := t.TerminateIf(ctx, w, reason, store.CondNone)
+	return ok, err
+}
+
+// TerminateIf is Terminate that starts the termination only when cond
+// (store.CondExpired, store.CondIdle) holds, checked atomically against
+// the record: started reports whether this call started it. A workspace
+// for which cond does not hold is left as it is (false, false, nil).
+func (t *Terminator) TerminateIf(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, cond string) (ok, started bool, err error) {
 	ctx = context.WithoutCancel(ctx)
-	prev, started, err := t.db.BeginTerminate(ctx, w, reason, t.clock.Now())
+	prev, started, err := t.db.BeginTerminateIf(ctx, w, reason, t.clock.Now(), cond)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	switch {
 	case prev == "":
-		return false, store.ErrNotFound
+		return false, false, store.ErrNotFound
 	case prev == sandgate.WorkspaceTerminated:
-		return true, nil
+		return true, false, nil
 	case started && prev == sandgate.WorkspaceStarting:
-		return false, nil
+		return false, true, nil
+	case !started && prev != sandgate.WorkspaceTerminating:
+		return false, false, nil // cond does not hold
 	}
-	return t.Finish(ctx, w)
+	ok, err = t.Finish(ctx, w)
+	return ok, started, err
+}
+
+// FailCreate ends a workspace whose create nobody confirmed (its gateway
+// died between the provider's create and Confirm): the record becomes
+// terminating with reason failed and its slot, reservation and
+// Idempotency-Key are freed at once (store.FailCreate); then whatever the
+// provider created for it (sb, zero when nothing) is terminated and the
+// end recorded. started is false when the workspace was no longer starting.
+func (t *Terminator) FailCreate(ctx context.Context, w sandgate.Workspace, sb providers.Sandbox) (ok, started bool, err error) {
+	ctx = context.WithoutCancel(ctx)
+	started, err = t.db.FailCreate(ctx, w, t.clock.Now())
+	if err != nil || !started {
+		return false, started, err
+	}
+	w.ProviderRef = sb.Ref
+	ok, err = t.Finish(ctx, w)
+	return ok, true, err
 }
 
 // Finish asks the provider to end a terminating workspace and records the

@@ -83,9 +83,10 @@ func (b *broker) run(ctx context.Context) error {
 	if defaults.DefaultImage == "" {
 		defaults.DefaultImage = local.Image
 	}
-	// Every gateway process runs the reaper: its passes are idempotent.
+	// Every gateway process runs the reaper; one at a time leads (a Redis
+	// lease), and its passes are idempotent all the same.
 	term := termination.New(db, prov, clock, b.log.With("component", "termination"), 0)
-	rp := reaper.New(reaper.Config{Snapshots: prov}, db, term, clock, b.log.With("component", "reaper"))
+	rp := reaper.New(reaper.Config{Snapshots: prov, Sandboxes: prov, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_")}, db, term, clock, b.log.With("component", "reaper"))
 	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term},
 		db, clock, b.log.With("component", "admin"))
 
@@ -98,7 +99,10 @@ func (b *broker) run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { gw.Run(runCtx) })
-	wg.Go(func() { rp.Run(runCtx) })
+	rpCtx, rpCancel := context.WithCancel(runCtx)
+	defer rpCancel()
+	rpDone := make(chan struct{})
+	wg.Go(func() { defer close(rpDone); rp.Run(rpCtx) })
 	errc := make(chan error, 2)
 	wg.Go(func() {
 		ln := b.public
@@ -120,10 +124,21 @@ func (b *broker) run(ctx context.Context) error {
 	case <-ctx.Done():
 	case runErr = <-errc:
 	}
-	b.log.Info("sandgate shutting down")
-	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Graceful shutdown: refuse new requests (503 unavailable, Retry-After)
+	// so clients go to another gateway, hand the reaper's leadership over
+	// at once, let requests in flight finish within the bound, then stop.
+	// Nothing is lost: every state change is in Redis, and what an
+	// interrupted request left (a create past its pending deadline, a
+	// termination not confirmed) is the next leader's to settle.
+	b.log.Info("sandgate shutting down", slog.Duration("shutdown_timeout", b.cfg.ShutdownTimeout))
+	gw.Drain()
+	rpCancel()
+	<-rpDone
+	sctx, scancel := context.WithTimeout(context.Background(), b.cfg.ShutdownTimeout)
 	defer scancel()
-	_ = pub.Shutdown(sctx)
+	if err := pub.Shutdown(sctx); err != nil {
+		b.log.Warn("requests still in flight at the shutdown bound were cut", slog.Any(sandgate.KeyError, err))
+	}
 	_ = ops.Shutdown(sctx)
 	cancel()
 	wg.Wait()

@@ -21,6 +21,9 @@ type Config struct {
 	AdminListen string `yaml:"admin_listen"` // SANDGATE_ADMIN_LISTEN; default "127.0.0.1:8444"
 	DataDir     string `yaml:"data_dir"`     // SANDGATE_DATA_DIR; default "/var/lib/sandgate"
 	BrokerID    string `yaml:"broker_id"`    // SANDGATE_BROKER_ID; default the host name; labels vendor objects
+	// ShutdownTimeout bounds how long a stopping gateway lets requests in
+	// flight finish (new ones get 503 unavailable meanwhile); default 30s.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	TLS         struct {
 		CertFile       string   `yaml:"cert_file"`       // SANDGATE_TLS_CERT_FILE
 		KeyFile        string   `yaml:"key_file"`        // SANDGATE_TLS_KEY_FILE
@@ -157,6 +160,9 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 		default:
 			return nil, fmt.Errorf("config: admission.rate_limits: unknown class %q (want read, acquire or exec)", class)
 		}
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 30 * time.Second
 	}
 	if c.Lease.GracePeriod == 0 {
 		c.Lease.GracePeriod = time.Hour

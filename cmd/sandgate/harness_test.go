@@ -25,6 +25,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/sandgate/sandgate/providers/local"
 	"io"
 	"math/big"
 	"net"
@@ -272,7 +273,15 @@ func readProcs() []procStat {
 // prlimit/bwrap trees) before it is stopped, while the tree still hangs
 // from it.
 func (p *process) rememberChildren() {
-	out := p.descendants()
+	var out []procStat
+	for _, ps := range p.descendants() {
+		// A workspace's supervisor outlives the broker by design
+		// (providers/local/README.md): it ends the workspace at its deadline.
+		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(ps.pid) + "/cmdline"); strings.Contains(string(b), local.SupervisorName) {
+			continue
+		}
+		out = append(out, ps)
+	}
 	p.mu.Lock()
 	p.children = out
 	p.mu.Unlock()

@@ -264,8 +264,8 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	if !terminated && j.ref != "" {
 		// Another broker process may have terminated the workspace under
 		// us: it removes our record before killing us, and the workspace
-		// after that.
-		if _, err := os.Stat(j.layout.sandbox()); err != nil {
+		// after that; the supervisor marks it ended at expires_at.
+		if _, err := os.Stat(j.layout.sandbox()); err != nil || ended(j.layout) {
 			terminated = true
 		} else if _, err := os.Stat(filepath.Join(j.layout.execs(), strconv.Itoa(r.pgid))); r.recorded && errors.Is(err, fs.ErrNotExist) {
 			terminated = true

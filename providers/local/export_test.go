@@ -1,4 +1,25 @@
 package local
 
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
 // SeccompFilter bridges the seccomp program to the tests.
 var SeccompFilter = seccompFilter
+
+// SupervisorPID returns the pid of the workspace's supervisor, 0 when none.
+func SupervisorPID(p *Provider, ref string) int {
+	b, _ := os.ReadFile(filepath.Join(string(p.layout(ref)), supervisorFile))
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(f[0])
+	return pid
+}
+
+// Alive reports whether pid runs (and is not a zombie).
+func Alive(pid int) bool { _, err := procStart(pid); return err == nil }

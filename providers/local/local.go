@@ -252,7 +252,8 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
 		l.makeDirs,
 		func() error { return writeJSON(l.env(), env, 0o600) },
-		func() error { return writeJSON(l.sandbox(), rec, 0o644) }, // last: marks the workspace ready
+		func() error { return writeJSON(l.sandbox(), rec, 0o644) }, // marks the workspace ready
+		func() error { return p.supervise(l, spec.ExpiresAt) },     // the hard lifetime, without any broker
 	} {
 		if err := step(); err != nil {
 			removeAll(string(l))
@@ -290,6 +291,10 @@ func (p *Provider) open(ref string) (opened, error) {
 		return opened{}, fmt.Errorf("local: %w", providers.ErrSandboxGone)
 	}
 	w := opened{layout: p.layout(ref)}
+	if ended(w.layout) {
+		// Its supervisor ended it at expires_at.
+		return opened{}, fmt.Errorf("local: %w", providers.ErrSandboxGone)
+	}
 	for _, f := range []struct {
 		name string
 		v    any
@@ -355,12 +360,16 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 		return fmt.Errorf("local: terminate: %w", err)
 	}
 	defer unlock()
+	// Gone from now on for every Provider on this DataDir (open refuses
+	// it, and an exec killed below reports it), before anything is killed.
+	markEnded(p.layout(ref))
 	// Execs another broker process started (a stop set through one gateway
 	// while another runs the workspace's command) are killed here too.
 	if _, err := killExecs(ctx, p.layout(ref)); err != nil {
 		return fmt.Errorf("local: terminate: %w", err)
 	}
 	commands := killCommands(p.layout(ref))
+	stopSupervisor(p.layout(ref))
 	// The rename is the moment the workspace is gone, for every Provider on
 	// this DataDir; removing the files may then take its time.
 	trash := filepath.Join(p.dataDir, trashDir, ref+"-"+randomHex())

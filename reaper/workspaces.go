@@ -1,0 +1,169 @@
+package reaper
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/store"
+)
+
+// createMargin is how long past its pending deadline a starting workspace
+// is left to its Acquire before the reaper resolves it: CreatedAt is
+// truncated to the second, the slot's deadline is not.
+const createMargin = time.Second
+
+// sweepWorkspaces walks every live workspace once: it ends those past
+// expires_at (expired), idle ones (idle) and those of a revoked instance
+// (lease_revoked), retries terminations the provider has not confirmed,
+// resolves creates whose outcome is unknown (failed); then it terminates
+// the provider's sandboxes that have no live record (orphaned) and frees
+// slots and reservations whose workspace is gone. It stops when ctx ends
+// (the leader lease was lost).
+func (r *Reaper) sweepWorkspaces(ctx context.Context) error {
+	var vendor map[string]providers.Sandbox // workspace id → sandbox; nil when not listed
+	if r.cfg.Sandboxes != nil {
+		sbs, err := r.cfg.Sandboxes.List(ctx)
+		if err != nil {
+			r.log.Warn("provider list failed; unknown creates and orphans wait", slog.Any(sandgate.KeyError, err))
+		} else {
+			vendor = make(map[string]providers.Sandbox, len(sbs))
+			for _, sb := range sbs {
+				if id := sb.Labels[providers.LabelWorkspace]; id != "" {
+					vendor[id] = sb
+				}
+			}
+		}
+	}
+	now := r.clock.Now()
+	ws, err := r.db.LiveWorkspaces(ctx, "", "", now)
+	if err != nil {
+		return err
+	}
+	revoked := map[string]map[string]time.Time{}
+	pending := r.db.Config().PendingTimeout
+	for _, w := range ws {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rev, ok := revoked[w.AccountID]
+		if !ok {
+			if rev, err = r.db.Revoked(ctx, w.AccountID); err != nil {
+				return err
+			}
+			revoked[w.AccountID] = rev
+		}
+		r.settle(ctx, w, now, pending, rev, vendor)
+	}
+	if vendor != nil {
+		if err := r.sweepOrphans(ctx, vendor); err != nil {
+			return err
+		}
+	}
+	return r.reconcile(ctx)
+}
+
+// settle takes the one step w is due for, if any.
+func (r *Reaper) settle(ctx context.Context, w sandgate.Workspace, now time.Time, pending time.Duration, rev map[string]time.Time, vendor map[string]providers.Sandbox) {
+	attrs := []any{sandgate.WorkspaceAttr(w.ID), slog.String(sandgate.KeyInstanceID, w.InstanceID)}
+	switch w.State {
+	case sandgate.WorkspaceTerminating:
+		if ok, _ := r.term.Finish(ctx, w); ok {
+			r.stats.Retried.Add(1)
+			r.log.Info("reaper confirmed a termination", append(attrs, slog.String("reason", string(w.TerminationReason)))...)
+		}
+	case sandgate.WorkspaceStarting:
+		if now.Before(w.CreatedAt.Add(pending + createMargin)) {
+			return
+		}
+		if vendor == nil {
+			return // the provider could not be asked; next pass
+		}
+		sb, found := vendor[w.ID]
+		_, started, err := r.term.FailCreate(ctx, w, sb)
+		if started {
+			r.stats.Failed.Add(1)
+			r.log.Info("reaper ended an unconfirmed create", append(attrs, slog.String("reason", string(sandgate.ReasonFailed)),
+				slog.Bool("at_provider", found), slog.Any(sandgate.KeyError, err))...)
+		}
+	case sandgate.WorkspaceRunning:
+		if at, ok := rev[w.InstanceID]; ok && w.CreatedAt.Before(at.Truncate(time.Second)) {
+			r.end(ctx, w, sandgate.ReasonLeaseRevoked, store.CondNone, &r.stats.Revoked, attrs)
+			return
+		}
+		if !now.Before(w.ExpiresAt) {
+			r.end(ctx, w, sandgate.ReasonExpired, store.CondExpired, &r.stats.Expired, attrs)
+			return
+		}
+		if w.IdleTimeout > 0 && !now.Before(w.IdleAt()) {
+			r.end(ctx, w, sandgate.ReasonIdle, store.CondIdle, &r.stats.Idle, attrs)
+		}
+	}
+}
+
+func (r *Reaper) end(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, cond string, n interface{ Add(int64) int64 }, attrs []any) {
+	_, started, err := r.term.TerminateIf(ctx, w, reason, cond)
+	if started {
+		n.Add(1)
+		r.log.Info("reaper ended a workspace", append(attrs, slog.String("reason", string(reason)), slog.Any(sandgate.KeyError, err))...)
+	}
+}
+
+// sweepOrphans terminates every listed sandbox (they all carry this
+// broker's labels) whose workspace has no live record: none at all, or
+// terminated. Sandboxes of live records, starting ones included, are left
+// alone: a create in flight wrote its record before calling the provider.
+func (r *Reaper) sweepOrphans(ctx context.Context, vendor map[string]providers.Sandbox) error {
+	for id, sb := range vendor {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		acct, err := r.db.InstanceAccount(ctx, sb.Labels[providers.LabelInstance])
+		if err != nil {
+			return err
+		}
+		if acct != "" {
+			w, err := r.db.Workspace(ctx, acct, id)
+			if err == nil && w.State != sandgate.WorkspaceTerminated {
+				continue
+			}
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+		}
+		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = r.cfg.Sandboxes.Terminate(tctx, sb)
+		cancel()
+		if err != nil && !errors.Is(err, providers.ErrSandboxGone) {
+			r.log.Warn("orphan not terminated; will retry", sandgate.WorkspaceAttr(id), slog.Any(sandgate.KeyError, err))
+			continue
+		}
+		r.stats.Orphaned.Add(1)
+		r.log.Info("reaper terminated an orphan", sandgate.WorkspaceAttr(id), slog.String("reason", string(sandgate.ReasonOrphaned)))
+	}
+	return nil
+}
+
+// reconcile frees every slot and reservation whose workspace is gone,
+// terminating or terminated, and reports each correction.
+func (r *Reaper) reconcile(ctx context.Context) error {
+	accts, err := r.db.AccountIDs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, a := range accts {
+		freed, err := r.db.FreeStaleSlots(ctx, a)
+		for _, f := range freed {
+			r.stats.SlotsFreed.Add(1)
+			r.log.Warn("reaper freed a stale slot", slog.String("kind", f.Kind), slog.String(sandgate.KeyAccountID, f.AccountID),
+				slog.String(sandgate.KeyInstanceID, f.InstanceID), sandgate.WorkspaceAttr(f.WorkspaceID))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,181 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sandgate/sandgate"
+)
+
+// failCreateScript ends a create whose outcome nobody confirmed (its
+// gateway died between the provider call and Confirm): a still starting
+// workspace becomes terminating with reason failed, its slot and open
+// reservation are freed, and its Idempotency-Key, still in progress, is
+// freed so a replay re-evaluates (docs/protocol-notes.md). A key that is
+// done (Confirm ran meanwhile and refused) keeps naming the workspace.
+//
+// KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] account open ZSET, KEYS[4] idempotency STRING
+// ARGV[1] workspace id, ARGV[2] now (unix ms)
+// Returns 1 failed, 0 not starting.
+var failCreateScript = redis.NewScript(`
+if redis.call('HGET', KEYS[2], 'state') ~= 'starting' then return 0 end
+redis.call('HSET', KEYS[2], 'state', 'terminating', 'reason', 'failed', 'terminating_ms', ARGV[2])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+local v = redis.call('GET', KEYS[4])
+if v then
+  local ok, rec = pcall(cjson.decode, v)
+  if ok and rec.st == 'in_progress' then redis.call('DEL', KEYS[4]) end
+end
+return 1
+`)
+
+// freeSlotScript frees a slot or reservation whose workspace no longer
+// needs one: its record is gone, terminating or terminated.
+//
+// KEYS[1] live or open ZSET, KEYS[2] workspace HASH
+// ARGV[1] workspace id
+// Returns 1 freed, 0 kept (starting or running).
+var freeSlotScript = redis.NewScript(`
+local st = redis.call('HGET', KEYS[2], 'state')
+if st == 'starting' or st == 'running' then return 0 end
+return redis.call('ZREM', KEYS[1], ARGV[1])
+`)
+
+// execBusyScript records an exec's start (ARGV[3] = "start") or end: an
+// exec in flight keeps the workspace busy until its deadline, exactly as a
+// durable command does, and both ends count as activity.
+//
+// KEYS[1] workspace HASH, KEYS[2] workspace busy ZSET
+// ARGV[1] member, ARGV[2] now (unix ms), ARGV[3] start or end, ARGV[4] deadline (unix ms)
+// Returns 1, or 0 when there is no record.
+var execBusyScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[3] == 'start' then
+  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+  if redis.call('PTTL', KEYS[2]) < 0 then redis.call('PEXPIREAT', KEYS[2], tonumber(ARGV[4]) + 86400000) end
+else
+  redis.call('ZREM', KEYS[2], ARGV[1])
+end
+local top = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+redis.call('HSET', KEYS[1], 'activity_ms', ARGV[2], 'busy_ms', top[2] or '0')
+return 1
+`)
+
+// FailCreate ends a starting workspace whose create was never confirmed,
+// with reason failed (see failCreateScript). It returns false when the
+// workspace is no longer starting.
+func (db *DB) FailCreate(ctx context.Context, w sandgate.Workspace, now time.Time) (bool, error) {
+	keyHash, err := db.rdb.HGet(ctx, workspaceKey(w.AccountID, w.ID), "key").Result()
+	if err != nil && !isNil(err) {
+		return false, err
+	}
+	idem := idempotencyKey(w.AccountID, w.InstanceID, OpAcquire, keyHash)
+	if keyHash == "" {
+		idem = workspaceKey(w.AccountID, w.ID) + ":nokey" // a record from before keys were recorded
+	}
+	keys := []string{liveKey(w.AccountID, w.InstanceID), workspaceKey(w.AccountID, w.ID), openKey(w.AccountID), idem}
+	n, err := failCreateScript.Run(ctx, db.rdb, keys, w.ID, ms(now)).Int()
+	if err != nil {
+		return false, fmt.Errorf("fail create: %w", err)
+	}
+	return n == 1, nil
+}
+
+// StaleSlot is a slot or reservation freed by FreeStaleSlots.
+type StaleSlot struct {
+	Kind        string // "live" (an instance's concurrency slot) or "open" (the account's reservation)
+	AccountID   string
+	InstanceID  string // empty for "open"
+	WorkspaceID string
+}
+
+// FreeStaleSlots frees the account's concurrency slots (every instance)
+// and open-workspace reservations whose workspace is gone, terminating or
+// terminated, and returns what it freed. Slots of starting and running
+// workspaces are kept, whatever their deadline.
+func (db *DB) FreeStaleSlots(ctx context.Context, acct string) ([]StaleSlot, error) {
+	insts, err := db.rdb.SMembers(ctx, instancesKey(acct)).Result()
+	if err != nil {
+		return nil, err
+	}
+	type set struct{ key, kind, inst string }
+	sets := []set{{openKey(acct), "open", ""}}
+	for _, i := range insts {
+		sets = append(sets, set{liveKey(acct, i), "live", i})
+	}
+	var out []StaleSlot
+	for _, s := range sets {
+		ids, err := db.rdb.ZRange(ctx, s.key, 0, -1).Result()
+		if err != nil {
+			return out, err
+		}
+		for _, id := range ids {
+			n, err := freeSlotScript.Run(ctx, db.rdb, []string{s.key, workspaceKey(acct, id)}, id).Int()
+			if err != nil {
+				return out, fmt.Errorf("free slot: %w", err)
+			}
+			if n == 1 {
+				out = append(out, StaleSlot{Kind: s.kind, AccountID: acct, InstanceID: s.inst, WorkspaceID: id})
+			}
+		}
+	}
+	return out, nil
+}
+
+// SlotCounts returns how many members an instance's live ZSET and the
+// account's open ZSET hold, whatever their deadline (for tests and checks).
+func (db *DB) SlotCounts(ctx context.Context, acct, inst string) (live, open int64, err error) {
+	if live, err = db.rdb.ZCard(ctx, liveKey(acct, inst)).Result(); err != nil {
+		return 0, 0, err
+	}
+	open, err = db.rdb.ZCard(ctx, openKey(acct)).Result()
+	return live, open, err
+}
+
+// ExecStarted marks the workspace busy until deadline while the exec
+// named member runs, and touches its activity.
+func (db *DB) ExecStarted(ctx context.Context, w sandgate.Workspace, member string, deadline, now time.Time) error {
+	return execBusyScript.Run(ctx, db.rdb, []string{workspaceKey(w.AccountID, w.ID), busyKey(w.AccountID, w.ID)},
+		"exec:"+member, ms(now), "start", ms(deadline)).Err()
+}
+
+// ExecEnded ends ExecStarted's mark and touches the workspace's activity.
+func (db *DB) ExecEnded(ctx context.Context, w sandgate.Workspace, member string, now time.Time) error {
+	return execBusyScript.Run(ctx, db.rdb, []string{workspaceKey(w.AccountID, w.ID), busyKey(w.AccountID, w.ID)},
+		"exec:"+member, ms(now), "end", 0).Err()
+}
+
+// InstanceAccount returns the account of an instance id, "" when unknown.
+func (db *DB) InstanceAccount(ctx context.Context, inst string) (string, error) {
+	a, err := db.rdb.Get(ctx, instanceIndexKey(inst)).Result()
+	if isNil(err) {
+		return "", nil
+	}
+	return a, err
+}
+
+// MarkRevoked records that the instance's workspaces created before at are
+// to end with reason lease_revoked; the reaper keeps ending them.
+func (db *DB) MarkRevoked(ctx context.Context, acct, inst string, at time.Time) error {
+	return db.rdb.HSet(ctx, revokedKey(acct), inst, ms(at)).Err()
+}
+
+// Revoked returns the account's instances marked by MarkRevoked, with the
+// revocation's time.
+func (db *DB) Revoked(ctx context.Context, acct string) (map[string]time.Time, error) {
+	m, err := db.rdb.HGetAll(ctx, revokedKey(acct)).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]time.Time, len(m))
+	for inst, v := range m {
+		var n int64
+		fmt.Sscan(v, &n)
+		out[inst] = fromMS(n)
+	}
+	return out, nil
+}
