@@ -53,6 +53,11 @@ type Config struct {
 	// Admission admits Acquires. nil means admission.Standard over the
 	// store with Risk, reading the broker-wide stop through the gateway's cache.
 	Admission Admitter
+	// AfterCreate, when set, is called by Acquire right after the
+	// provider created the sandbox and before the record is confirmed.
+	// Test only: it lets a test stop a gateway at that point; nil in
+	// production.
+	AfterCreate func(workspaceID string)
 }
 
 // Admitter decides whether an Acquire may run: nil to admit, a

@@ -94,6 +94,9 @@ func (s *Server) acquire(c echo.Context) error {
 		}
 		return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not create the workspace; retry with the same Idempotency-Key", Err: err}
 	}
+	if s.cfg.AfterCreate != nil {
+		s.cfg.AfterCreate(ws.ID)
+	}
 	if snap != nil {
 		// Warm start: the directory comes back at the same path before the
 		// 201, within the workspace's pending deadline.

@@ -156,6 +156,10 @@ func TestExpiredAndIdle(t *testing.T) {
 	if got := f.get(keep.ID); got.State != sandgate.WorkspaceRunning {
 		t.Errorf("active workspace: %s, want running", got.State)
 	}
+	// Ended by this pass, they are not orphans of its (older) listing too.
+	if n := r.Stats().Orphaned.Load(); n != 0 {
+		t.Errorf("the pass that ended 2 workspaces counted %d orphans; want 0", n)
+	}
 	// The exec ends: idle an idle timeout later.
 	if err := f.db.ExecEnded(ctx, busy, "x", f.clock.Now()); err != nil {
 		t.Fatal(err)

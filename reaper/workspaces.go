@@ -57,6 +57,10 @@ func (r *Reaper) sweepWorkspaces(ctx context.Context) error {
 			revoked[w.AccountID] = rev
 		}
 		r.settle(ctx, w, now, pending, rev, vendor)
+		// Not an orphan this pass, even if settle ends it now: the listing
+		// predates that end. A sandbox left behind by it is the next
+		// pass's, with a fresh listing.
+		delete(vendor, w.ID)
 	}
 	if vendor != nil {
 		if err := r.sweepOrphans(ctx, vendor); err != nil {
@@ -116,6 +120,7 @@ func (r *Reaper) end(ctx context.Context, w sandgate.Workspace, reason sandgate.
 // broker's labels) whose workspace has no live record: none at all, or
 // terminated. Sandboxes of live records, starting ones included, are left
 // alone: a create in flight wrote its record before calling the provider.
+// vendor holds no workspace that was live when the pass read the records.
 func (r *Reaper) sweepOrphans(ctx context.Context, vendor map[string]providers.Sandbox) error {
 	for id, sb := range vendor {
 		if err := ctx.Err(); err != nil {

@@ -62,13 +62,17 @@ func (b *broker) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("provider local: %w", err)
 	}
-	db := store.New(b.rdb, store.Config{})
+	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
 	rates := map[admission.Class]admission.Rate{}
 	for class, r := range b.cfg.Admission.RateLimits {
 		rates[admission.Class(class)] = admission.Rate{PerSecond: r.PerSecond, Burst: r.Burst}
 	}
 	gw := gateway.New(gateway.Config{
 		TrustedProxies: proxies, DefaultImage: local.Image, RateLimits: rates,
+		// A create must end well within the pending deadline, past which
+		// the reaper ends the workspace under it.
+		CreateTimeout: b.cfg.Admission.PendingTimeout * 3 / 4,
+		AfterCreate:   pauseAfterCreate(b.cfg.testPauseAfterCreate),
 		Risk: admission.RiskDefaults{
 			AcquiresPerMinute: b.cfg.Admission.Risk.AcquiresPerMinute,
 			MaxOpenWorkspaces: b.cfg.Admission.Risk.MaxOpenWorkspaces,
@@ -171,4 +175,26 @@ func newRedis(cfg *Config) *redis.Client {
 		DialTimeout: cfg.Admission.Timeout, ReadTimeout: cfg.Admission.Timeout, WriteTimeout: cfg.Admission.Timeout,
 		PoolTimeout: cfg.Admission.Timeout, MaxRetries: 1,
 	})
+}
+
+// pauseAfterCreate returns the gateway's test-only AfterCreate hook for
+// SANDGATE_TEST_PAUSE_AFTER_CREATE (see Config.testPauseAfterCreate): it
+// writes dir/<workspace id> and blocks until the file is removed. dir ""
+// (production) means no hook.
+func pauseAfterCreate(dir string) func(string) {
+	if dir == "" {
+		return nil
+	}
+	return func(id string) {
+		f := filepath.Join(dir, id)
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			return
+		}
+		for {
+			if _, err := os.Stat(f); errors.Is(err, os.ErrNotExist) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 }

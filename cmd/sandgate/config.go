@@ -24,7 +24,7 @@ type Config struct {
 	// ShutdownTimeout bounds how long a stopping gateway lets requests in
 	// flight finish (new ones get 503 unavailable meanwhile); default 30s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
-	TLS         struct {
+	TLS             struct {
 		CertFile       string   `yaml:"cert_file"`       // SANDGATE_TLS_CERT_FILE
 		KeyFile        string   `yaml:"key_file"`        // SANDGATE_TLS_KEY_FILE
 		TrustedProxies []string `yaml:"trusted_proxies"` // CIDRs or addresses of TLS-terminating proxies
@@ -60,7 +60,13 @@ type Config struct {
 		// Timeout bounds every Redis call; past it admission fails closed
 		// (503 admission_unavailable). Default 2s.
 		Timeout time.Duration `yaml:"timeout"`
-		Risk    struct {
+		// PendingTimeout bounds a create: a workspace still starting this
+		// long after its Acquire began (its gateway died between the
+		// provider's create and the record's update) is ended by the
+		// reaper with reason failed and its slot freed. Default 2m; a
+		// gateway's provider create is bounded to three quarters of it.
+		PendingTimeout time.Duration `yaml:"pending_timeout"`
+		Risk           struct {
 			AcquiresPerMinute int    `yaml:"acquires_per_minute"` // default 120
 			MaxOpenWorkspaces int    `yaml:"max_open_workspaces"` // default 100
 			MaxSize           string `yaml:"max_size"`            // default xlarge
@@ -73,6 +79,14 @@ type Config struct {
 	Log struct {
 		Level string `yaml:"level"` // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
 	} `yaml:"log"`
+
+	// testPauseAfterCreate is TEST ONLY, from SANDGATE_TEST_PAUSE_AFTER_CREATE
+	// (a directory; never set in production, not in the config reference):
+	// every Acquire, right after the provider created the sandbox and
+	// before the record is confirmed, writes <dir>/<workspace id> and
+	// blocks until that file is removed, so that a test can kill the
+	// gateway at that point.
+	testPauseAfterCreate string
 }
 
 // LimitsConfig is a scope's limits in the config file, durations in Go syntax.
@@ -154,6 +168,13 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 	if c.Admission.Timeout == 0 {
 		c.Admission.Timeout = 2 * time.Second
 	}
+	if c.Admission.PendingTimeout == 0 {
+		c.Admission.PendingTimeout = 2 * time.Minute
+	}
+	if c.Admission.PendingTimeout < time.Second {
+		return nil, fmt.Errorf("config: admission.pending_timeout must be at least 1s")
+	}
+	c.testPauseAfterCreate = getenv("SANDGATE_TEST_PAUSE_AFTER_CREATE")
 	for class := range c.Admission.RateLimits {
 		switch class {
 		case "read", "acquire", "exec":

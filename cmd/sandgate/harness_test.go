@@ -556,8 +556,16 @@ type serveBroker struct {
 // listeners and its public listener answers an unauthenticated request.
 func startServe(t testing.TB, cfg *serveConfig) *serveBroker {
 	t.Helper()
+	return startServeEnv(t, cfg)
+}
+
+// startServeEnv is startServe with extra environment variables for this
+// process only.
+func startServeEnv(t testing.TB, cfg *serveConfig, extra ...string) *serveBroker {
+	t.Helper()
 	s := &serveBroker{cfg: cfg}
-	s.process = startProcess(t, "sandgate serve", t.TempDir(), cfg.env, "serve", "--config", cfg.Path)
+	env := append(append([]string(nil), cfg.env...), extra...)
+	s.process = startProcess(t, "sandgate serve", t.TempDir(), env, "serve", "--config", cfg.Path)
 	waitFor(t, "sandgate serve to listen", func() (bool, error) {
 		if s.exited() {
 			t.Fatalf("sandgate serve exited early (%v):\n%s", s.err, s.Logs())
