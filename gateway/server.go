@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
@@ -58,7 +61,14 @@ type Config struct {
 	// Test only: it lets a test stop a gateway at that point; nil in
 	// production.
 	AfterCreate func(workspaceID string)
+	// Meter records MetricRequests. nil means no metrics are recorded.
+	Meter metric.Meter
 }
+
+// MetricRequests counts requests by route (the method and route template,
+// or "unmatched"), status and protocol code: bounded attributes only, never
+// an id, a query or a header.
+const MetricRequests = "sandgate.http.requests"
 
 // Admitter decides whether an Acquire may run: nil to admit, a
 // *admission.Replay for a claimed key, or a *protocol.Error refusal.
@@ -81,6 +91,8 @@ type Server struct {
 	term     *termination.Terminator
 	echo     *echo.Echo
 	draining atomic.Bool
+	requests metric.Int64Counter
+	routeSet map[string]bool // "METHOD /template" of every route, for requests
 }
 
 // New returns a Server over the store and provider.
@@ -110,6 +122,18 @@ func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, l
 	s.limiter = admission.NewLimiter(db.Redis(), cfg.RateLimits)
 	s.term = termination.New(db, p, clock, log, cfg.TerminateTimeout)
 	s.echo = s.routes()
+	s.routeSet = map[string]bool{}
+	for _, r := range s.echo.Routes() {
+		s.routeSet[r.Method+" "+r.Path] = true
+	}
+	if cfg.Meter == nil {
+		cfg.Meter = noop.NewMeterProvider().Meter("")
+	}
+	var err error
+	if s.requests, err = cfg.Meter.Int64Counter(MetricRequests, metric.WithUnit("{request}"),
+		metric.WithDescription("Requests to the v1 API, by route, status and protocol code.")); err != nil {
+		log.Warn("gateway metric not registered", slog.String("metric", MetricRequests), slog.Any(sandgate.KeyError, err))
+	}
 	return s
 }
 
@@ -249,15 +273,31 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 		if a := authFrom(c); a.Lease.ID != "" {
 			attrs = append(attrs, slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID))
 		}
-		if code := protocol.CodeOf(err); code != "" {
+		code := protocol.CodeOf(err)
+		if code != "" {
 			if he, ok := err.(*echo.HTTPError); ok {
 				code = fromEchoError(he).Code
 			}
 			attrs = append(attrs, slog.String(sandgate.KeyCode, string(code)))
 		}
+		s.countRequest(c, code)
 		s.log.LogAttrs(c.Request().Context(), slog.LevelInfo, "request", attrs...)
 		return nil
 	}
+}
+
+// countRequest adds the request to MetricRequests.
+func (s *Server) countRequest(c echo.Context, code protocol.Code) {
+	if s.requests == nil {
+		return
+	}
+	route := c.Request().Method + " " + c.Path()
+	if !s.routeSet[route] {
+		route = "unmatched" // the method and path are the client's: unbounded
+	}
+	s.requests.Add(c.Request().Context(), 1, metric.WithAttributeSet(attribute.NewSet(
+		attribute.String("route", route), attribute.Int(sandgate.KeyStatus, c.Response().Status),
+		attribute.String(sandgate.KeyCode, string(code)))))
 }
 
 func (s *Server) recover(next echo.HandlerFunc) echo.HandlerFunc {

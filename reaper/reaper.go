@@ -10,6 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
@@ -31,7 +35,32 @@ type Config struct {
 	// LeaseTTL is the leader lease's TTL: a new leader takes over at most
 	// this long after the old one died. 0 means 5 seconds.
 	LeaseTTL time.Duration
+	// Meter records the reaper's metrics (MetricCorrections and
+	// MetricPasses). nil means none are recorded.
+	Meter metric.Meter
 }
+
+// The reaper's metrics. Their only attribute is KindAttr, from the bounded
+// set of Kind values: never an account, instance or workspace id, which
+// would be unbounded and tenant data.
+const (
+	// MetricCorrections counts every correction, by kind.
+	MetricCorrections = "sandgate.reaper.corrections"
+	// MetricPasses counts passes run while leading.
+	MetricPasses = "sandgate.reaper.passes"
+	// KindAttr is the corrections counter's one attribute.
+	KindAttr = "kind"
+)
+
+// Kinds of correction, the values of KindAttr. A workspace the reaper ends
+// is counted under its termination reason (expired, idle, lease_revoked,
+// paused, emergency_stopped, failed, orphaned).
+const (
+	KindRetried         = "retried"          // a termination the provider had not confirmed, now confirmed
+	KindSlotFreed       = "slot_freed"       // a slot or reservation whose workspace is gone, freed
+	KindSnapshotExpired = "snapshot_expired" // a snapshot past its TTL, marked for deletion
+	KindSnapshotDeleted = "snapshot_deleted" // a snapshot's contents deleted at the provider
+)
 
 // Lister lists and ends the provider's sandboxes; every providers.Provider
 // is one.
@@ -44,13 +73,15 @@ type Lister interface {
 // idempotent and safe to run concurrently (every state change is a
 // conditional script), so the lease is an economy, not the guard.
 type Reaper struct {
-	cfg   Config
-	db    *store.DB
-	term  *termination.Terminator
-	clock sandgate.Clock
-	log   *slog.Logger
-	stats Stats
-	fence atomic.Int64 // the fencing token while leading, 0 otherwise
+	cfg         Config
+	db          *store.DB
+	term        *termination.Terminator
+	clock       sandgate.Clock
+	log         *slog.Logger
+	stats       Stats
+	corrections metric.Int64Counter
+	passes      metric.Int64Counter
+	fence       atomic.Int64 // the fencing token while leading, 0 otherwise
 }
 
 // Stats counts what the reaper did, by kind; every count is also a log line.
@@ -72,7 +103,29 @@ func New(cfg Config, db *store.DB, term *termination.Terminator, clock sandgate.
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reaper{cfg: cfg, db: db, term: term, clock: clock, log: log}
+	if cfg.Meter == nil {
+		cfg.Meter = noop.NewMeterProvider().Meter("")
+	}
+	r := &Reaper{cfg: cfg, db: db, term: term, clock: clock, log: log}
+	var err error
+	if r.corrections, err = cfg.Meter.Int64Counter(MetricCorrections, metric.WithUnit("{correction}"),
+		metric.WithDescription("Corrections the reaper made, by kind.")); err != nil {
+		log.Warn("reaper metric not registered", slog.String("metric", MetricCorrections), slog.Any(sandgate.KeyError, err))
+	}
+	if r.passes, err = cfg.Meter.Int64Counter(MetricPasses, metric.WithUnit("{pass}"),
+		metric.WithDescription("Reaper passes run.")); err != nil {
+		log.Warn("reaper metric not registered", slog.String("metric", MetricPasses), slog.Any(sandgate.KeyError, err))
+	}
+	return r
+}
+
+// correct records n corrections of kind, one of the Kind values or a
+// termination reason.
+func (r *Reaper) correct(ctx context.Context, kind string, n int64) {
+	if n <= 0 || r.corrections == nil {
+		return
+	}
+	r.corrections.Add(ctx, n, metric.WithAttributeSet(attribute.NewSet(attribute.String(KindAttr, kind))))
 }
 
 // Stats returns the reaper's counters.
@@ -159,6 +212,9 @@ func (r *Reaper) lead(ctx context.Context, token int64) {
 // orphans and frees stale slots. Every step is idempotent.
 func (r *Reaper) Pass(ctx context.Context) error {
 	r.stats.Passes.Add(1)
+	if r.passes != nil {
+		r.passes.Add(ctx, 1)
+	}
 	// Snapshots expire whatever the stop and pause state.
 	if err := r.sweepSnapshots(ctx); err != nil {
 		r.log.Warn("snapshot sweep incomplete", slog.Any("err", err))
@@ -202,6 +258,7 @@ func (r *Reaper) sweep(ctx context.Context, sc termination.Scope, reason sandgat
 		r.log.Warn("sweep failed", slog.String(sandgate.KeyAccountID, sc.AccountID), slog.Any("err", err))
 		return
 	}
+	r.correct(ctx, string(reason), int64(res.Terminated))
 	if res.Terminated+res.Failed > 0 {
 		r.log.Info("swept stopped scope", slog.String(sandgate.KeyAccountID, sc.AccountID),
 			slog.String(sandgate.KeyInstanceID, sc.InstanceID), slog.String("reason", string(reason)),

@@ -97,6 +97,8 @@ func (r *Reaper) sweepAccountSnapshots(ctx context.Context, acct string) error {
 		}
 		deleted++
 	}
+	r.correct(ctx, KindSnapshotExpired, int64(expired))
+	r.correct(ctx, KindSnapshotDeleted, int64(deleted))
 	if expired+deleted+failed > 0 {
 		r.log.Info("swept snapshots", slog.String(sandgate.KeyAccountID, acct),
 			slog.Int("expired", expired), slog.Int("deleted", deleted), slog.Int("failed", failed))

@@ -77,6 +77,7 @@ func (r *Reaper) settle(ctx context.Context, w sandgate.Workspace, now time.Time
 	case sandgate.WorkspaceTerminating:
 		if ok, _ := r.term.Finish(ctx, w); ok {
 			r.stats.Retried.Add(1)
+			r.correct(ctx, KindRetried, 1)
 			r.log.Info("reaper confirmed a termination", append(attrs, slog.String("reason", string(w.TerminationReason)))...)
 		}
 	case sandgate.WorkspaceStarting:
@@ -90,6 +91,7 @@ func (r *Reaper) settle(ctx context.Context, w sandgate.Workspace, now time.Time
 		_, started, err := r.term.FailCreate(ctx, w, sb)
 		if started {
 			r.stats.Failed.Add(1)
+			r.correct(ctx, string(sandgate.ReasonFailed), 1)
 			r.log.Info("reaper ended an unconfirmed create", append(attrs, slog.String("reason", string(sandgate.ReasonFailed)),
 				slog.Bool("at_provider", found), slog.Any(sandgate.KeyError, err))...)
 		}
@@ -112,6 +114,7 @@ func (r *Reaper) end(ctx context.Context, w sandgate.Workspace, reason sandgate.
 	_, started, err := r.term.TerminateIf(ctx, w, reason, cond)
 	if started {
 		n.Add(1)
+		r.correct(ctx, string(reason), 1)
 		r.log.Info("reaper ended a workspace", append(attrs, slog.String("reason", string(reason)), slog.Any(sandgate.KeyError, err))...)
 	}
 }
@@ -147,6 +150,7 @@ func (r *Reaper) sweepOrphans(ctx context.Context, vendor map[string]providers.S
 			continue
 		}
 		r.stats.Orphaned.Add(1)
+		r.correct(ctx, string(sandgate.ReasonOrphaned), 1)
 		r.log.Info("reaper terminated an orphan", sandgate.WorkspaceAttr(id), slog.String("reason", string(sandgate.ReasonOrphaned)))
 	}
 	return nil
@@ -163,6 +167,7 @@ func (r *Reaper) reconcile(ctx context.Context) error {
 		freed, err := r.db.FreeStaleSlots(ctx, a)
 		for _, f := range freed {
 			r.stats.SlotsFreed.Add(1)
+			r.correct(ctx, KindSlotFreed, 1)
 			r.log.Warn("reaper freed a stale slot", slog.String("kind", f.Kind), slog.String(sandgate.KeyAccountID, f.AccountID),
 				slog.String(sandgate.KeyInstanceID, f.InstanceID), sandgate.WorkspaceAttr(f.WorkspaceID))
 		}

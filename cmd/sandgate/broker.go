@@ -62,6 +62,11 @@ func (b *broker) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("provider local: %w", err)
 	}
+	mp, metricsHandler, err := newMetrics(b.cfg.BrokerID)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	defer func() { _ = mp.Shutdown(context.Background()) }()
 	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
 	rates := map[admission.Class]admission.Rate{}
 	for class, r := range b.cfg.Admission.RateLimits {
@@ -73,6 +78,7 @@ func (b *broker) run(ctx context.Context) error {
 		// the reaper ends the workspace under it.
 		CreateTimeout: b.cfg.Admission.PendingTimeout * 3 / 4,
 		AfterCreate:   pauseAfterCreate(b.cfg.testPauseAfterCreate),
+		Meter:         mp.Meter("github.com/sandgate/sandgate/gateway"),
 		Risk: admission.RiskDefaults{
 			AcquiresPerMinute: b.cfg.Admission.Risk.AcquiresPerMinute,
 			MaxOpenWorkspaces: b.cfg.Admission.Risk.MaxOpenWorkspaces,
@@ -90,13 +96,14 @@ func (b *broker) run(ctx context.Context) error {
 	// Every gateway process runs the reaper; one at a time leads (a Redis
 	// lease), and its passes are idempotent all the same.
 	term := termination.New(db, prov, clock, b.log.With("component", "termination"), 0)
-	rp := reaper.New(reaper.Config{Snapshots: prov, Sandboxes: prov, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_")}, db, term, clock, b.log.With("component", "reaper"))
+	rp := reaper.New(reaper.Config{Snapshots: prov, Sandboxes: prov, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
+		Meter: mp.Meter("github.com/sandgate/sandgate/reaper")}, db, term, clock, b.log.With("component", "reaper"))
 	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term},
 		db, clock, b.log.With("component", "admin"))
 
 	pub := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: b.tls,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
-	ops := &http.Server{Handler: adm.Handler(), ReadHeaderTimeout: 10 * time.Second,
+	ops := &http.Server{Handler: withMetrics(adm.Handler(), metricsHandler), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
 
 	runCtx, cancel := context.WithCancel(ctx)

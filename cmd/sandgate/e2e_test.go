@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"os"
@@ -271,6 +272,28 @@ func testAdminCLI(t *testing.T, d *devBroker) {
 	}
 	if _, stderr, err := tryCLI([]string{"SANDGATE_ADMIN_URL=" + d.AdminURL, "SANDGATE_ADMIN_TOKEN=sgo_wrong"}, "admin", "account", "list"); err == nil {
 		t.Fatalf("admin with a wrong operator token succeeded; stderr %q", stderr)
+	}
+
+	// The operator listener serves Prometheus metrics without a token;
+	// their attributes are bounded: no id appears.
+	resp, err := http.Get(d.AdminURL + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics = %d, %v; want 200", resp.StatusCode, err)
+	}
+	for _, want := range []string{"sandgate_reaper_passes_total", `sandgate_http_requests_total{code="",`, `route="POST /v1/workspaces"`} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("GET /metrics does not hold %s:\n%s", want, body)
+		}
+	}
+	for _, id := range []string{ws.WorkspaceID, instID} {
+		if bytes.Contains(body, []byte(id)) {
+			t.Errorf("GET /metrics names %s", id)
+		}
 	}
 }
 
