@@ -35,8 +35,8 @@ func ParseAmount(s string) (int64, error) {
 	orig := s
 	neg := strings.HasPrefix(s, "-")
 	s = strings.TrimPrefix(s, "-")
-	whole, frac, _ := strings.Cut(s, ".")
-	if whole == "" || len(frac) > 6 || !digits(whole) || !digits(frac) && frac != "" {
+	whole, frac, dot := strings.Cut(s, ".")
+	if len(frac) > 6 || !digits(whole) || dot && !digits(frac) {
 		return 0, fmt.Errorf("amount %q: want a decimal with at most 6 fractional digits", orig)
 	}
 	w, err := strconv.ParseInt(whole, 10, 64)
