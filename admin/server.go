@@ -155,6 +155,7 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) *Serv
 	route(http.MethodPost, "/resume", "resume", s.resume, ops)
 	route(http.MethodGet, "/status", "status.read", s.status, ops)
 	route(http.MethodGet, "/audit", "audit.export", s.exportAudit, ops)
+	s.usageRoutes(route)
 	s.echo = e
 	return s
 }

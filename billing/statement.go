@@ -77,7 +77,9 @@ type AdjustmentLine struct {
 // Usage is the month's ledger entries selected by termination time, the
 // same rows as the month's usage export of the account, so
 // UsageMicros + AdjustmentsMicros equals that export's amount_micros total.
-// Opening, credits, holds and closing come from the [FundsReader].
+// Opening, credits, holds and closing come from the [FundsReader]; the
+// closing balance and the holds are those at To, or at GeneratedAt while
+// the month is not over.
 // Unexplained is Closing − (Opening + Credits − Usage − Adjustments): zero
 // when every funds movement of the month is on the statement; otherwise it
 // is what the month's funds moved by outside it (a charge settled in this
@@ -100,7 +102,7 @@ type Statement struct {
 	Adjustments   []AdjustmentLine `json:"adjustments"`
 	AdjustMicros  int64            `json:"adjustments_total_micros"`
 	AdjustTotal   string           `json:"adjustments_total"`
-	Holds         []Hold           `json:"holds"` // open at To
+	Holds         []Hold           `json:"holds"` // open at To (or GeneratedAt)
 	HoldsMicros   int64            `json:"holds_total_micros"`
 	HoldsTotal    string           `json:"holds_total"`
 	ClosingMicros int64            `json:"closing_balance_micros"`
@@ -111,6 +113,9 @@ type Statement struct {
 	Unexplained   string           `json:"unexplained"`
 	GeneratedAt   time.Time        `json:"generated_at"`
 	Complete      bool             `json:"complete"` // false while the month is not over at GeneratedAt
+	// FundsIncluded is false when the statement was built without a
+	// FundsReader: only the usage lines and adjustments are filled.
+	FundsIncluded bool `json:"funds_included"`
 }
 
 // ParseMonth returns the first instant (UTC) of a month written "2026-10".
@@ -131,39 +136,43 @@ func MonthOf(t time.Time) time.Time {
 // BuildStatement builds acct's statement of the month starting at month
 // (see [MonthOf]), reading the ledger through sc and funds through fr; now
 // is when it is generated. Usage in a currency other than the funds' is an
-// error: one statement has one currency.
+// error: one statement has one currency. A nil fr builds the usage part
+// alone: FundsIncluded is false and the balances, credits and holds are
+// zero.
 func BuildStatement(ctx context.Context, sc Scanner, fr FundsReader, acct string, month, now time.Time) (Statement, error) {
 	from := MonthOf(month)
 	to := from.AddDate(0, 1, 0)
 	st := Statement{AccountID: acct, Month: from.Format("2006-01"), From: from, To: to,
-		GeneratedAt: now.UTC(), Complete: !now.Before(to)}
-	var err error
-	if st.OpeningMicros, st.Currency, err = fr.BalanceAt(ctx, acct, from); err != nil {
-		return Statement{}, fmt.Errorf("statement %s %s: opening balance: %w", acct, st.Month, err)
-	}
+		GeneratedAt: now.UTC(), Complete: !now.Before(to), FundsIncluded: fr != nil}
 	closingAt := to
 	if !st.Complete {
 		closingAt = now.UTC()
 	}
-	var cur string
-	if st.ClosingMicros, cur, err = fr.BalanceAt(ctx, acct, closingAt); err != nil {
-		return Statement{}, fmt.Errorf("statement %s %s: closing balance: %w", acct, st.Month, err)
-	}
-	if st.Currency == "" {
-		st.Currency = cur
-	}
-	if st.Credits, err = fr.Credits(ctx, acct, from, to); err != nil {
-		return Statement{}, fmt.Errorf("statement %s %s: credits: %w", acct, st.Month, err)
-	}
-	if st.Holds, err = fr.HoldsAt(ctx, acct, closingAt); err != nil {
-		return Statement{}, fmt.Errorf("statement %s %s: holds: %w", acct, st.Month, err)
+	if fr != nil {
+		var err error
+		if st.OpeningMicros, st.Currency, err = fr.BalanceAt(ctx, acct, from); err != nil {
+			return Statement{}, fmt.Errorf("statement %s %s: opening balance: %w", acct, st.Month, err)
+		}
+		var cur string
+		if st.ClosingMicros, cur, err = fr.BalanceAt(ctx, acct, closingAt); err != nil {
+			return Statement{}, fmt.Errorf("statement %s %s: closing balance: %w", acct, st.Month, err)
+		}
+		if st.Currency == "" {
+			st.Currency = cur
+		}
+		if st.Credits, err = fr.Credits(ctx, acct, from, to); err != nil {
+			return Statement{}, fmt.Errorf("statement %s %s: credits: %w", acct, st.Month, err)
+		}
+		if st.Holds, err = fr.HoldsAt(ctx, acct, closingAt); err != nil {
+			return Statement{}, fmt.Errorf("statement %s %s: holds: %w", acct, st.Month, err)
+		}
 	}
 	type lineKey struct {
 		size  string
 		price int64
 	}
 	lines := map[lineKey]*StatementLine{}
-	err = sc.Scan(ctx, acct, from, to, func(e UsageEntry) error {
+	err := sc.Scan(ctx, acct, from, to, func(e UsageEntry) error {
 		if st.Currency == "" {
 			st.Currency = e.Currency
 		}
@@ -215,7 +224,9 @@ func BuildStatement(ctx context.Context, sc Scanner, fr FundsReader, acct string
 	st.Lines, st.Adjustments = nonNil(st.Lines), nonNil(st.Adjustments)
 	st.Credits, st.Holds = nonNil(st.Credits), nonNil(st.Holds)
 	st.AvailMicros = st.ClosingMicros - st.HoldsMicros
-	st.UnexplMicros = st.ClosingMicros - (st.OpeningMicros + st.CreditsMicros - st.UsageMicros - st.AdjustMicros)
+	if fr != nil {
+		st.UnexplMicros = st.ClosingMicros - (st.OpeningMicros + st.CreditsMicros - st.UsageMicros - st.AdjustMicros)
+	}
 	st.Opening, st.Closing = FormatMinor(st.OpeningMicros, cu), FormatMinor(st.ClosingMicros, cu)
 	st.CreditsTotal, st.UsageTotal = FormatMinor(st.CreditsMicros, cu), FormatMinor(st.UsageMicros, cu)
 	st.AdjustTotal, st.HoldsTotal = FormatMinor(st.AdjustMicros, cu), FormatMinor(st.HoldsMicros, cu)
