@@ -166,3 +166,5 @@ end
 var appendScript = redis.NewScript(appendLua + `
 return append_usage(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 `)
+
+var zeroTime time.Time

@@ -1,0 +1,134 @@
+package billing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/store"
+)
+
+// Report is the reconciliation of one account: its stored funds against
+// what its ledgers say they must be.
+type Report struct {
+	AccountID string  `json:"account_id"`
+	Stored    Balance `json:"stored"`
+	// Expected counters, recomputed: credits and debits from the funds
+	// ledger, settled from the usage ledger, holds from the open holds.
+	ExpectedCredits int64 `json:"expected_credits_micros"`
+	ExpectedDebits  int64 `json:"expected_debits_micros"`
+	ExpectedSettled int64 `json:"expected_settled_micros"`
+	ExpectedBalance int64 `json:"expected_balance_micros"`
+	ExpectedHolds   int64 `json:"expected_holds_micros"`
+	OpenHolds       int   `json:"open_holds"`
+	UsageEntries    int   `json:"usage_entries"`
+	// Drift lists every disagreement; empty when the account reconciles.
+	Drift []string `json:"drift"`
+}
+
+// Reconcile recomputes an account's balance from its ledgers and compares
+// it with the stored counters and open holds. An open hold whose
+// workspace is terminated (its settlement failed) or gone is drift too.
+func (b *Billing) Reconcile(ctx context.Context, acct string) (Report, error) {
+	r := Report{AccountID: acct, Drift: []string{}}
+	var err error
+	if r.Stored, err = b.Balance(ctx, acct); err != nil {
+		return r, err
+	}
+	// Funds ledger, paged.
+	for start := "-"; ; {
+		msgs, err := b.rdb.XRangeN(ctx, fundsLedgerKey(acct), start, "+", scanPage).Result()
+		if err != nil {
+			return r, err
+		}
+		for _, m := range msgs {
+			var e FundsEntry
+			s, _ := m.Values["e"].(string)
+			if err := json.Unmarshal([]byte(s), &e); err != nil {
+				return r, fmt.Errorf("funds ledger entry %s: %w", m.ID, err)
+			}
+			if e.Kind == KindCredit {
+				r.ExpectedCredits += e.AmountMicros
+			} else {
+				r.ExpectedDebits += e.AmountMicros
+			}
+		}
+		if len(msgs) < scanPage {
+			break
+		}
+		start = "(" + msgs[len(msgs)-1].ID
+	}
+	seen := map[string]bool{}
+	err = b.ledger.Scan(ctx, acct, zeroTime, zeroTime, func(e UsageEntry) error {
+		r.UsageEntries++
+		r.ExpectedSettled += e.AmountMicros
+		if seen[e.ID] {
+			r.Drift = append(r.Drift, "usage entry "+e.ID+" appears more than once")
+		}
+		seen[e.ID] = true
+		return nil
+	})
+	if err != nil {
+		return r, err
+	}
+	holds, err := b.rdb.HGetAll(ctx, holdsKey(acct)).Result()
+	if err != nil {
+		return r, err
+	}
+	for ws, v := range holds {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		r.ExpectedHolds += n
+		r.OpenHolds++
+		w, err := b.db.Workspace(ctx, acct, ws)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			r.Drift = append(r.Drift, fmt.Sprintf("hold of %s on workspace %s, which has no record", FormatAmount(n), ws))
+		case err != nil:
+			return r, err
+		case w.State == sandgate.WorkspaceTerminated:
+			r.Drift = append(r.Drift, fmt.Sprintf("hold of %s on workspace %s, which is terminated but not settled", FormatAmount(n), ws))
+		}
+	}
+	r.ExpectedBalance = r.ExpectedCredits - r.ExpectedDebits - r.ExpectedSettled
+	cmp := func(name string, stored, want int64) {
+		if stored != want {
+			r.Drift = append(r.Drift, fmt.Sprintf("%s: stored %s, ledger says %s (drift %s)", name,
+				FormatAmount(stored), FormatAmount(want), FormatAmount(stored-want)))
+		}
+	}
+	cmp("credits", r.Stored.CreditsMicros, r.ExpectedCredits)
+	cmp("debits", r.Stored.DebitsMicros, r.ExpectedDebits)
+	cmp("settled", r.Stored.SettledMicros, r.ExpectedSettled)
+	cmp("balance", r.Stored.BalanceMicros, r.ExpectedBalance)
+	cmp("holds", r.Stored.HoldsMicros, r.ExpectedHolds)
+	return r, nil
+}
+
+// SettleDangling settles every open hold of acct whose workspace is
+// terminated: the repair for a settlement that failed after the end was
+// recorded. It returns how many it settled.
+func (b *Billing) SettleDangling(ctx context.Context, acct string) (int, error) {
+	ids, err := b.rdb.HKeys(ctx, holdsKey(acct)).Result()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, id := range ids {
+		w, err := b.db.Workspace(ctx, acct, id)
+		if err != nil || w.State != sandgate.WorkspaceTerminated {
+			continue
+		}
+		if err := b.Settle(ctx, w); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+func isNil(err error) bool { return errors.Is(err, redis.Nil) }
