@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -52,6 +53,9 @@ type Config struct {
 	// Admission admits Acquires. nil means admission.Standard over the
 	// store with Risk, reading the broker-wide stop through the gateway's cache.
 	Admission Admitter
+	// Billing prices, holds and settles workspaces. nil means billing.New
+	// over the store: accounts never configured for billing run at price 0.
+	Billing *billing.Billing
 }
 
 // Admitter decides whether an Acquire may run: nil to admit, a
@@ -73,6 +77,7 @@ type Server struct {
 	admit    Admitter
 	limiter  *admission.Limiter
 	term     *termination.Terminator
+	bill     *billing.Billing
 	echo     *echo.Echo
 }
 
@@ -94,14 +99,20 @@ func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, l
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, db: db, provider: p, commands: runner.For(p), clock: clock, log: log, cache: newCache[store.Auth](), controls: newCache[store.Controls](), admit: cfg.Admission}
+	s.bill = cfg.Billing
+	if s.bill == nil {
+		s.bill = billing.New(db, billing.Config{Log: log})
+	}
 	if s.admit == nil {
 		dc := db.Config()
 		s.admit = admission.New(db.Redis(), admission.Standard(s, admission.StandardConfig{
 			IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Risk: cfg.Risk,
+			Billing: s.bill.Checks(),
 		})...)
 	}
 	s.limiter = admission.NewLimiter(db.Redis(), cfg.RateLimits)
 	s.term = termination.New(db, p, clock, log, cfg.TerminateTimeout)
+	s.term.SetSettler(s.bill)
 	s.echo = s.routes()
 	return s
 }

@@ -92,6 +92,10 @@ func (s *Server) acquire(c echo.Context) error {
 		if aerr := s.db.Abort(ctx, ws.Workspace, keyHash); aerr != nil {
 			s.log.Error("abort after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any("err", aerr))
 		}
+		// Nothing ran: the hold goes back uncharged.
+		if rerr := s.bill.Release(ctx, ws.Workspace); rerr != nil {
+			s.log.Error("release hold after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any("err", rerr))
+		}
 		return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not create the workspace; retry with the same Idempotency-Key", Err: err}
 	}
 	if snap != nil {
