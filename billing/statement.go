@@ -16,24 +16,27 @@ import (
 // movements, not from the current balance alone.
 type FundsReader interface {
 	// BalanceAt returns acct's balance at instant t and its currency: every
-	// credit posted before t minus every charge settled before t. Holds are
-	// not subtracted (HoldsAt lists them). An account that had no funds at
-	// t has balance 0 and its currency.
+	// credit posted before t, minus every debit posted and every charge
+	// settled before t. Holds are not subtracted (HoldsAt lists them). An
+	// account that had no funds at t has balance 0 and its currency.
 	BalanceAt(ctx context.Context, acct string, t time.Time) (micros int64, currency string, err error)
-	// Credits returns the credits (top-ups, grants, refunds of funds) posted
-	// to acct in [from, to), oldest first. A month has few of them.
+	// Credits returns the operator's credits (top-ups, grants) and debits
+	// posted to acct in [from, to), oldest first, a debit with a negative
+	// AmountMicros. Settlement charges are not among them: they are the
+	// usage ledger's. A month has few of them.
 	Credits(ctx context.Context, acct string, from, to time.Time) ([]Credit, error)
 	// HoldsAt returns the holds open on acct at instant t: money reserved
 	// for workspaces still running, not yet charged.
 	HoldsAt(ctx context.Context, acct string, t time.Time) ([]Hold, error)
 }
 
-// Credit is one credit to an account's funds.
+// Credit is one operator credit or debit of an account's funds.
 type Credit struct {
 	ID           string    `json:"id"`
+	Kind         string    `json:"kind"` // "credit" or "debit"
 	At           time.Time `json:"at"`
-	AmountMicros int64     `json:"amount_micros"`
-	Amount       string    `json:"amount"` // filled by BuildStatement
+	AmountMicros int64     `json:"amount_micros"` // negative for a debit
+	Amount       string    `json:"amount"`        // filled by BuildStatement
 	Note         string    `json:"note"`
 }
 
@@ -80,6 +83,7 @@ type AdjustmentLine struct {
 // Opening, credits, holds and closing come from the [FundsReader]; the
 // closing balance and the holds are those at To, or at GeneratedAt while
 // the month is not over.
+// Credits are net of the operator's debits.
 // Unexplained is Closing − (Opening + Credits − Usage − Adjustments): zero
 // when every funds movement of the month is on the statement; otherwise it
 // is what the month's funds moved by outside it (a charge settled in this
@@ -173,10 +177,13 @@ func BuildStatement(ctx context.Context, sc Scanner, fr FundsReader, acct string
 	}
 	lines := map[lineKey]*StatementLine{}
 	err := sc.Scan(ctx, acct, from, to, func(e UsageEntry) error {
-		if st.Currency == "" {
+		// A workspace admitted without a price is in NoCurrency, at 0: it
+		// fits any statement.
+		free := e.Currency == NoCurrency && e.AmountMicros == 0
+		if st.Currency == "" && !free {
 			st.Currency = e.Currency
 		}
-		if !strings.EqualFold(e.Currency, st.Currency) {
+		if !free && !strings.EqualFold(e.Currency, st.Currency) {
 			return fmt.Errorf("ledger entry %s is in %s, the account's funds in %s", e.ID, e.Currency, st.Currency)
 		}
 		if e.Kind == KindAdjustment {

@@ -55,10 +55,18 @@ func TestStatementReconcilesWithExportAndLedger(t *testing.T) {
 	ctx := context.Background()
 	l := billing.NewLedger(redistest.Start(t).Client())
 	in := seed(t, l, "acct_st")
+	// A workspace admitted without a price: NoCurrency, 0, on any statement.
+	free := billing.UsageEntry{ID: "ws_free:final", Kind: billing.KindUsage, Final: true, AccountID: "acct_st",
+		WorkspaceID: "ws_free", Size: "small", Currency: billing.NoCurrency, Seconds: 60, TerminatedAt: month.Add(time.Hour)}
+	if _, err := l.Append(ctx, free); err != nil {
+		t.Fatal(err)
+	}
+	in = append(in, free)
 	f := &funds{currency: "USD", charges: map[time.Time]int64{}}
 	f.credits = []billing.Credit{
 		{ID: "cr_1", At: month.AddDate(0, -1, 0), AmountMicros: 500_000_000, Note: "opening top-up"},
-		{ID: "cr_2", At: month.Add(48 * time.Hour), AmountMicros: 250_000_000, Note: "top-up"},
+		{ID: "cr_2", Kind: "credit", At: month.Add(48 * time.Hour), AmountMicros: 250_000_000, Note: "top-up"},
+		{ID: "db_1", Kind: "debit", At: month.Add(96 * time.Hour), AmountMicros: -10_000_000, Note: "manual debit"},
 	}
 	// The funds journal charges each entry at its termination, like settlement.
 	f.charges[month.Add(-time.Millisecond)] = 970 // the entry before the month
@@ -112,14 +120,14 @@ func TestStatementReconcilesWithExportAndLedger(t *testing.T) {
 	if st.UsageMicros != usage || lines != usage || st.AdjustMicros != adjust {
 		t.Errorf("statement usage %d (lines %d), adjustments %d; want %d, %d", st.UsageMicros, lines, st.AdjustMicros, usage, adjust)
 	}
-	if len(st.Lines) != 3 || st.Lines[0].Size != "large" || st.Lines[2].Size != "small" {
-		t.Errorf("lines = %+v; want large, medium, small", st.Lines)
+	if len(st.Lines) != 4 || st.Lines[0].Size != "large" || st.Lines[2].Size != "small" || st.Lines[2].Workspaces != 1 || st.Lines[3].Size != "small" {
+		t.Errorf("lines = %+v; want large, medium, small at 0 (the free workspace), small", st.Lines)
 	}
 	wantOpening := int64(500_000_000 - 970)
-	if st.OpeningMicros != wantOpening || st.CreditsMicros != 250_000_000 || len(st.Credits) != 1 {
-		t.Errorf("opening %d credits %d (%d); want %d, 250000000 (1)", st.OpeningMicros, st.CreditsMicros, len(st.Credits), wantOpening)
+	if st.OpeningMicros != wantOpening || st.CreditsMicros != 240_000_000 || len(st.Credits) != 2 || st.Currency != "USD" {
+		t.Errorf("opening %d credits %d (%d), %s; want %d, 240000000 (2), USD", st.OpeningMicros, st.CreditsMicros, len(st.Credits), st.Currency, wantOpening)
 	}
-	if want := wantOpening + 250_000_000 - ledgerTotal; st.ClosingMicros != want {
+	if want := wantOpening + 240_000_000 - ledgerTotal; st.ClosingMicros != want {
 		t.Errorf("closing = %d; want %d", st.ClosingMicros, want)
 	}
 	if st.UnexplMicros != 0 {
