@@ -2,6 +2,7 @@ package billing_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -214,17 +215,27 @@ func TestInstanceBudgetCapsOneMonth(t *testing.T) {
 	if _, err := e.acquire("acct_b", "inst_1", "", 10*time.Minute); err != nil {
 		t.Fatalf("next month: %v", err)
 	}
-	alerts, err := e.bill.DrainAlerts(ctx, "acct_b")
+	e.bill.FlushAlerts(ctx, "acct_b")
+	got := map[string]int{}
+	err := e.db.AuditRange(ctx, time.Time{}, time.Time{}, 0, func(raw []byte) error {
+		var ev struct {
+			Action string        `json:"action"`
+			After  billing.Alert `json:"after"`
+		}
+		if err := json.Unmarshal(raw, &ev); err != nil {
+			return err
+		}
+		if ev.Action == "budget.alert" {
+			got[fmt.Sprintf("%s:%s:%d", ev.After.Month, ev.After.Scope, ev.After.Threshold)]++
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]bool{}
-	for _, a := range alerts {
-		got[fmt.Sprintf("%s:%d", a.Scope, a.Threshold)] = true
-	}
-	for _, want := range []string{"i:inst_1:50", "i:inst_1:80", "i:inst_1:100"} {
-		if !got[want] {
-			t.Errorf("no alert %s in %v", want, alerts)
+	for _, want := range []string{"202603:i:inst_1:50", "202603:i:inst_1:80", "202603:i:inst_1:100", "202603:i:inst_2:50"} {
+		if got[want] != 1 {
+			t.Errorf("alert %s written %d times, want once (all: %v)", want, got[want], got)
 		}
 	}
 	e.noDrift("acct_b")

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sandgate/sandgate/store"
 )
 
 // Budget is a monthly spending cap (calendar month, UTC) on an account,
@@ -137,4 +140,28 @@ func (b *Billing) DrainAlerts(ctx context.Context, acct string) ([]Alert, error)
 		out = append(out, a)
 	}
 	return out, nil
+}
+
+// AuditRetention is how long budget alerts stay in the audit log.
+const AuditRetention = 400 * 24 * time.Hour
+
+// FlushAlerts writes the account's queued budget alerts to the operator
+// audit log (action budget.alert, actor "sandgate", target the account,
+// after the alert). Settlement calls it; the gateway calls it after an
+// admission. An alert whose write fails is logged and dropped, never
+// retried into a duplicate.
+func (b *Billing) FlushAlerts(ctx context.Context, acct string) {
+	alerts, err := b.DrainAlerts(ctx, acct)
+	if err != nil {
+		b.cfg.Log.Error("budget alerts: read", slog.String("account", acct), slog.Any("err", err))
+	}
+	for _, a := range alerts {
+		body, _ := json.Marshal(a)
+		at := time.UnixMilli(a.AtMS).UTC()
+		e := store.AuditEvent{Time: at, Actor: "sandgate", Action: "budget.alert", Target: "account:" + acct,
+			Outcome: store.AuditOutcome{Status: 200}, Before: json.RawMessage("null"), After: body}
+		if err := b.db.AppendAudit(ctx, e, AuditRetention); err != nil {
+			b.cfg.Log.Error("budget alerts: write audit", slog.String("account", acct), slog.Any("err", err))
+		}
+	}
 }

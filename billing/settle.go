@@ -49,6 +49,7 @@ func (b *Billing) Settle(ctx context.Context, w sandgate.Workspace) error {
 	if err := settleScript.Run(ctx, b.rdb, keys, args...).Err(); err != nil {
 		return fmt.Errorf("settle %s: %w", w.ID, err)
 	}
+	b.FlushAlerts(ctx, a)
 	return nil
 }
 

@@ -77,6 +77,7 @@ func (s *Server) acquire(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	s.bill.FlushAlerts(ctx, ws.AccountID)
 
 	// The create must finish even if the client goes away: the slot and
 	// the key are already held, and only this goroutine can settle them.
