@@ -19,6 +19,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
@@ -63,12 +64,13 @@ func (b *broker) run(ctx context.Context) error {
 		return fmt.Errorf("provider local: %w", err)
 	}
 	db := store.New(b.rdb, store.Config{})
+	bill := billing.New(db, billing.Config{Provider: "local", Log: b.log.With("component", "billing")})
 	rates := map[admission.Class]admission.Rate{}
 	for class, r := range b.cfg.Admission.RateLimits {
 		rates[admission.Class(class)] = admission.Rate{PerSecond: r.PerSecond, Burst: r.Burst}
 	}
 	gw := gateway.New(gateway.Config{
-		TrustedProxies: proxies, DefaultImage: local.Image, RateLimits: rates,
+		TrustedProxies: proxies, DefaultImage: local.Image, RateLimits: rates, Billing: bill,
 		Risk: admission.RiskDefaults{
 			AcquiresPerMinute: b.cfg.Admission.Risk.AcquiresPerMinute,
 			MaxOpenWorkspaces: b.cfg.Admission.Risk.MaxOpenWorkspaces,
@@ -85,8 +87,9 @@ func (b *broker) run(ctx context.Context) error {
 	}
 	// Every gateway process runs the reaper: its passes are idempotent.
 	term := termination.New(db, prov, clock, b.log.With("component", "termination"), 0)
+	term.SetSettler(bill)
 	rp := reaper.New(reaper.Config{Snapshots: prov}, db, term, clock, b.log.With("component", "reaper"))
-	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term},
+	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term, Billing: bill},
 		db, clock, b.log.With("component", "admin"))
 
 	pub := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: b.tls,
