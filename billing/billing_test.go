@@ -66,7 +66,7 @@ func (e *env) account(id string, unit int64, postpaid bool) {
 
 func (e *env) credit(acct string, micros int64, key string) {
 	e.t.Helper()
-	if _, _, err := e.bill.Adjust(context.Background(), acct, billing.FundsEntry{Key: key, Kind: billing.KindCredit, AmountMicros: micros, Reason: "test"}); err != nil {
+	if _, _, err := e.bill.Adjust(context.Background(), acct, billing.FundsEntry{Key: key, Kind: billing.KindCredit, AmountMicros: micros, Reason: "test", At: e.clock.Now()}); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -310,4 +310,35 @@ func TestMoneyConservedUnderRandomOperations(t *testing.T) {
 		t.Fatalf("holds %d after every release", b.HoldsMicros)
 	}
 	e.noDrift(acct)
+}
+
+// Statements read funds from billing's journals.
+func TestFundsReaderFromJournals(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_f", 10, false)
+	t0 := e.clock.Now()
+	e.credit("acct_f", 5_000_000, "c1")
+	w, err := e.acquire("acct_f", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holds, err := e.bill.HoldsAt(ctx, "acct_f", t0.Add(time.Second))
+	if err != nil || len(holds) != 1 || holds[0].AmountMicros != 10*3600 {
+		t.Fatalf("HoldsAt = %+v, %v; want the one hold of 0.036", holds, err)
+	}
+	e.clock.Advance(100 * time.Second)
+	e.release(w, sandgate.ReasonReleased)
+	end := e.clock.Now().Add(time.Second)
+	bal, cur, err := e.bill.BalanceAt(ctx, "acct_f", end)
+	if err != nil || bal != 5_000_000-1000 || cur != "USD" {
+		t.Fatalf("BalanceAt = %d %s %v; want 4999000 USD", bal, cur, err)
+	}
+	if b, _, _ := e.bill.BalanceAt(ctx, "acct_f", t0.Add(-time.Hour)); b != 0 {
+		t.Fatalf("BalanceAt before the credit = %d, want 0", b)
+	}
+	cs, err := e.bill.Credits(ctx, "acct_f", t0, end)
+	if err != nil || len(cs) != 1 || cs[0].AmountMicros != 5_000_000 {
+		t.Fatalf("Credits = %+v, %v", cs, err)
+	}
 }

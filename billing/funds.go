@@ -49,6 +49,9 @@ func (b *Billing) Adjust(ctx context.Context, acct string, e FundsEntry) (FundsE
 	if err != nil {
 		return e, false, err
 	}
+	if e.At.IsZero() {
+		e.At = time.Now()
+	}
 	e.Currency, e.At = s.Currency, e.At.UTC().Truncate(time.Millisecond)
 	body, _ := json.Marshal(e)
 	delta := e.AmountMicros

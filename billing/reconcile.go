@@ -2,7 +2,6 @@ package billing
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -40,28 +39,16 @@ func (b *Billing) Reconcile(ctx context.Context, acct string) (Report, error) {
 	if r.Stored, err = b.Balance(ctx, acct); err != nil {
 		return r, err
 	}
-	// Funds ledger, paged.
-	for start := "-"; ; {
-		msgs, err := b.rdb.XRangeN(ctx, fundsLedgerKey(acct), start, "+", scanPage).Result()
-		if err != nil {
-			return r, err
+	err = b.fundsEntries(ctx, acct, func(_ string, e FundsEntry) error {
+		if e.Kind == KindCredit {
+			r.ExpectedCredits += e.AmountMicros
+		} else {
+			r.ExpectedDebits += e.AmountMicros
 		}
-		for _, m := range msgs {
-			var e FundsEntry
-			s, _ := m.Values["e"].(string)
-			if err := json.Unmarshal([]byte(s), &e); err != nil {
-				return r, fmt.Errorf("funds ledger entry %s: %w", m.ID, err)
-			}
-			if e.Kind == KindCredit {
-				r.ExpectedCredits += e.AmountMicros
-			} else {
-				r.ExpectedDebits += e.AmountMicros
-			}
-		}
-		if len(msgs) < scanPage {
-			break
-		}
-		start = "(" + msgs[len(msgs)-1].ID
+		return nil
+	})
+	if err != nil {
+		return r, err
 	}
 	seen := map[string]bool{}
 	err = b.ledger.Scan(ctx, acct, zeroTime, zeroTime, func(e UsageEntry) error {
