@@ -83,11 +83,13 @@ progress line counts the rows.`,
 }
 
 // exportUsage streams path to out (a file, or stdout when "" or "-"),
-// with a progress line on stderr when stderr is a terminal.
+// with a progress line on stderr when stderr is a terminal that the rows
+// are not also going to.
 func exportUsage(ctx context.Context, c *admin.Client, path, out string, stdout, stderr io.Writer) error {
-	p := newProgress(stderr)
+	toStdout := out == "" || out == "-"
+	p := newProgress(stderr, !(toStdout && isTerminal(stdout)))
 	defer p.stop()
-	if out == "" || out == "-" {
+	if toStdout {
 		return c.Stream(ctx, path, p.wrap(stdout))
 	}
 	tmp := out + ".partial"
@@ -119,9 +121,9 @@ type progress struct {
 	wg   sync.WaitGroup
 }
 
-func newProgress(stderr io.Writer) *progress {
+func newProgress(stderr io.Writer, show bool) *progress {
 	p := &progress{w: stderr, done: make(chan struct{})}
-	if !isTerminal(stderr) {
+	if !show || !isTerminal(stderr) {
 		return p
 	}
 	start := time.Now()
