@@ -26,10 +26,15 @@ func (s *Server) usageRoutes(route func(method, path, action string, h echo.Hand
 	route(http.MethodGet, "/accounts/:id/statement", "usage.statement", s.statement, fin)
 }
 
-// funds is what statements read balances, credits and holds from.
-// TODO(lead): #billing wire billing's funds store here; until then
-// statements carry usage only (funds_included false).
-func (s *Server) funds() billing.FundsReader { return nil }
+// funds is what statements read balances, credits and holds from:
+// billing's journals. nil (no billing) gives statements of usage only
+// (funds_included false).
+func (s *Server) funds() billing.FundsReader {
+	if s.bill == nil {
+		return nil
+	}
+	return s.bill
+}
 
 // usageQuery is a usage request's selection, as parsed from its query.
 type usageQuery struct {

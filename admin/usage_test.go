@@ -151,6 +151,9 @@ func TestUsageExportFiltersAndRoles(t *testing.T) {
 
 func TestUsageSummaryAndStatementMatchTheExport(t *testing.T) {
 	e := newEnv(t)
+	e.clock.mu.Lock()
+	e.clock.t = usageMonth.AddDate(0, 1, 14) // 2026-11-15
+	e.clock.mu.Unlock()
 	a := e.account()
 	in := e.instance(a)
 	total := e.seedUsage(a, in, 25)
@@ -165,11 +168,26 @@ func TestUsageSummaryAndStatementMatchTheExport(t *testing.T) {
 		t.Errorf("summary by size = %+v; want large and small totalling %d", sum.Groups, total)
 	}
 
+	e.do(adminToken, http.MethodPut, "/accounts/"+a+"/billing", admin.BillingSettings{Currency: "USD"}, nil)
+	e.do(adminToken, http.MethodPost, "/accounts/"+a+"/funds/credit",
+		admin.FundsRequest{Amount: "100.00", Reason: "top-up", IdempotencyKey: "k1"}, nil)
 	var st billing.Statement
 	e.do(financeToken, http.MethodGet, "/accounts/"+a+"/statement?month=2026-10", nil, &st)
-	if st.UsageMicros != total || st.Month != "2026-10" || st.FundsIncluded || len(st.Lines) != 2 {
-		t.Errorf("statement = usage %d, month %s, funds %v, %d lines; want %d, 2026-10, false, 2",
-			st.UsageMicros, st.Month, st.FundsIncluded, len(st.Lines), total)
+	if st.UsageMicros != total || st.Month != "2026-10" || !st.FundsIncluded || len(st.Lines) != 2 || st.Currency != "USD" {
+		t.Errorf("statement = usage %d, month %s, funds %v, %d lines, %s; want %d, 2026-10, true, 2, USD",
+			st.UsageMicros, st.Month, st.FundsIncluded, len(st.Lines), st.Currency, total)
+	}
+	// The credit is posted in November: October's funds are its usage
+	// alone, and nothing is unexplained.
+	if st.OpeningMicros != 0 || st.ClosingMicros != -total || st.UnexplMicros != 0 {
+		t.Errorf("statement opening %d closing %d unexplained %d; want 0, %d, 0", st.OpeningMicros, st.ClosingMicros, st.UnexplMicros, -total)
+	}
+	e.clock.Add(time.Second) // the credit was posted at the clock's now; statements are half-open
+	var now billing.Statement
+	e.do(financeToken, http.MethodGet, "/accounts/"+a+"/statement", nil, &now)
+	if now.CreditsMicros != 100_000_000 || now.OpeningMicros != -total || now.Complete || now.UnexplMicros != 0 {
+		t.Errorf("this month's statement: credits %d opening %d complete %v unexplained %d; want 100000000, %d, false, 0",
+			now.CreditsMicros, now.OpeningMicros, now.Complete, now.UnexplMicros, -total)
 	}
 	if st.UsageTotal != billing.FormatMinor(total, "USD") {
 		t.Errorf("statement usage_total = %q; want %q", st.UsageTotal, billing.FormatMinor(total, "USD"))

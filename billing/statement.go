@@ -81,13 +81,14 @@ type AdjustmentLine struct {
 // same rows as the month's usage export of the account, so
 // UsageMicros + AdjustmentsMicros equals that export's amount_micros total.
 // Opening, credits, holds and closing come from the [FundsReader]; the
-// closing balance and the holds are those at To, or at GeneratedAt while
-// the month is not over.
+// closing balance and the holds are those at To. While the month is not
+// over (Complete false) the statement ends at GeneratedAt instead: usage,
+// credits, holds and closing are those of [From, GeneratedAt).
 // Credits are net of the operator's debits.
 // Unexplained is Closing − (Opening + Credits − Usage − Adjustments): zero
 // when every funds movement of the month is on the statement; otherwise it
-// is what the month's funds moved by outside it (a charge settled in this
-// month for a workspace terminated in another, a manual debit).
+// is what the month's funds moved by outside it (with billing's journals,
+// which charge usage by terminated_at, it is always zero).
 type Statement struct {
 	AccountID     string           `json:"account_id"`
 	Month         string           `json:"month"` // "2026-10"
@@ -164,7 +165,7 @@ func BuildStatement(ctx context.Context, sc Scanner, fr FundsReader, acct string
 		if st.Currency == "" {
 			st.Currency = cur
 		}
-		if st.Credits, err = fr.Credits(ctx, acct, from, to); err != nil {
+		if st.Credits, err = fr.Credits(ctx, acct, from, closingAt); err != nil {
 			return Statement{}, fmt.Errorf("statement %s %s: credits: %w", acct, st.Month, err)
 		}
 		if st.Holds, err = fr.HoldsAt(ctx, acct, closingAt); err != nil {
@@ -176,7 +177,7 @@ func BuildStatement(ctx context.Context, sc Scanner, fr FundsReader, acct string
 		price int64
 	}
 	lines := map[lineKey]*StatementLine{}
-	err := sc.Scan(ctx, acct, from, to, func(e UsageEntry) error {
+	err := sc.Scan(ctx, acct, from, closingAt, func(e UsageEntry) error {
 		// A workspace admitted without a price is in NoCurrency, at 0: it
 		// fits any statement.
 		free := e.Currency == NoCurrency && e.AmountMicros == 0
