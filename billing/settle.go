@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -53,15 +54,23 @@ func (b *Billing) Settle(ctx context.Context, w sandgate.Workspace) error {
 	return nil
 }
 
-func (b *Billing) entry(w sandgate.Workspace) (UsageEntry, error) {
-	// The provider enforces expires_at (providers.CreateSpec), so a
-	// workspace the reaper records late stopped running there: the hold
-	// (price × lifetime) is a true worst case.
+// Metered is a terminated workspace's metered_seconds and the end they
+// run to: the whole seconds from the provider-confirmed start to the
+// recorded end, rounded up. The provider enforces expires_at
+// (providers.CreateSpec), so a workspace recorded late stopped running
+// there: the end is never past it, and the hold (price × lifetime) is a
+// true worst case. The status's metered_seconds and the usage ledger both
+// use it.
+func Metered(w sandgate.Workspace) (int64, time.Time) {
 	end := w.TerminatedAt
 	if !w.ExpiresAt.IsZero() && end.After(w.ExpiresAt) {
 		end = w.ExpiresAt
 	}
-	secs := MeteredSeconds(w.StartedAt, end)
+	return MeteredSeconds(w.StartedAt, end), end
+}
+
+func (b *Billing) entry(w sandgate.Workspace) (UsageEntry, error) {
+	secs, end := Metered(w)
 	amt, err := Amount(w.Price.UnitMicros, secs)
 	if err != nil {
 		return UsageEntry{}, err

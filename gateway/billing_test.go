@@ -86,4 +86,3 @@ func lower(s string) string {
 	}
 	return string(b)
 }
-

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -343,20 +344,10 @@ func (s *Server) status(w sandgate.Workspace) protocol.Workspace {
 		out.TerminationReason = &r
 	}
 	if w.State == sandgate.WorkspaceTerminated && !w.StartedAt.IsZero() && !w.TerminatedAt.IsZero() {
-		m := meteredSeconds(w.StartedAt, w.TerminatedAt)
+		m, _ := billing.Metered(w) // the usage ledger's seconds
 		out.MeteredSeconds = &m
 	}
 	return out
-}
-
-// meteredSeconds is whole seconds from confirmed start to confirmed end,
-// rounded up.
-func meteredSeconds(start, end time.Time) int64 {
-	d := end.Sub(start)
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
 }
 
 func (s *Server) listWorkspaces(c echo.Context) error {
