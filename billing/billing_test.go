@@ -342,3 +342,41 @@ func TestFundsReaderFromJournals(t *testing.T) {
 		t.Fatalf("Credits = %+v, %v", cs, err)
 	}
 }
+
+// A settlement lost after the end was recorded, and a hold whose create
+// was aborted without its release, are repaired; reconcile reports both
+// until then.
+func TestSettleDanglingRepairsLostSettlements(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_d", 10, false)
+	e.credit("acct_d", 10_000_000, "c")
+	w1, err := e.acquire("acct_d", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := e.acquire("acct_d", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Minute)
+	noSettle := termination.New(e.db, nil, e.clock, nil, 0) // a crash between finish and settle
+	if ok, err := noSettle.Terminate(ctx, w1, sandgate.ReasonReleased); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if err := e.db.Abort(ctx, w2, w2.ID); err != nil { // a crash between abort and release
+		t.Fatal(err)
+	}
+	rep, err := e.bill.Reconcile(ctx, "acct_d")
+	if err != nil || len(rep.Drift) != 2 {
+		t.Fatalf("reconcile before repair: %v %v; want 2 dangling holds", rep.Drift, err)
+	}
+	if n, err := e.bill.SettleDangling(ctx, "acct_d"); n != 2 || err != nil {
+		t.Fatalf("SettleDangling = %d, %v; want 2", n, err)
+	}
+	b := e.balance("acct_d")
+	if b.HoldsMicros != 0 || b.SettledMicros != 600 {
+		t.Fatalf("after repair: %+v; want holds 0, settled 600 (60 s × 10)", b)
+	}
+	e.noDrift("acct_d")
+}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -96,9 +98,11 @@ func (b *Billing) Reconcile(ctx context.Context, acct string) (Report, error) {
 	return r, nil
 }
 
-// SettleDangling settles every open hold of acct whose workspace is
-// terminated: the repair for a settlement that failed after the end was
-// recorded. It returns how many it settled.
+// SettleDangling repairs an account's open holds that lost their owner:
+// a hold whose workspace is terminated (its settlement failed after the
+// end was recorded) is settled; a hold whose workspace has no record (its
+// create failed and the release of the hold did not run) is released
+// uncharged. It returns how many holds it closed.
 func (b *Billing) SettleDangling(ctx context.Context, acct string) (int, error) {
 	ids, err := b.rdb.HKeys(ctx, holdsKey(acct)).Result()
 	if err != nil {
@@ -107,15 +111,53 @@ func (b *Billing) SettleDangling(ctx context.Context, acct string) (int, error) 
 	n := 0
 	for _, id := range ids {
 		w, err := b.db.Workspace(ctx, acct, id)
-		if err != nil || w.State != sandgate.WorkspaceTerminated {
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			// The hold's admission wrote the record in the same script, so
+			// no record means it was aborted (or is past retention).
+			err = b.releaseHold(ctx, acct, id)
+		case err != nil:
+		case w.State == sandgate.WorkspaceTerminated:
+			err = b.Settle(ctx, w)
+		default:
 			continue
 		}
-		if err := b.Settle(ctx, w); err != nil {
+		if err != nil {
 			return n, err
 		}
 		n++
 	}
 	return n, nil
+}
+
+// Run repairs dangling holds of every account every interval (0 means a
+// minute) until ctx ends. Every broker process may run it: settlement and
+// release are idempotent.
+func (b *Billing) Run(ctx context.Context, interval time.Duration) {
+	if interval <= 0 {
+		interval = time.Minute
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		as, err := b.db.Accounts(ctx)
+		if err != nil {
+			b.cfg.Log.Warn("billing repair: list accounts", slog.Any("err", err))
+			continue
+		}
+		for _, a := range as {
+			if n, err := b.SettleDangling(ctx, a.ID); err != nil {
+				b.cfg.Log.Warn("billing repair", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
+			} else if n > 0 {
+				b.cfg.Log.Info("billing repair: closed dangling holds", slog.String(sandgate.KeyAccountID, a.ID), slog.Int("holds", n))
+			}
+		}
+	}
 }
 
 func isNil(err error) bool { return errors.Is(err, redis.Nil) }

@@ -121,6 +121,12 @@ append_usage(KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4])
 return 1
 `)
 
+// releaseHold frees a hold whose workspace record is gone; its budget
+// counters are left as they are (the month and scopes died with the record).
+func (b *Billing) releaseHold(ctx context.Context, acct, id string) error {
+	return releaseScript.Run(ctx, b.rdb, []string{fundsKey(acct), holdsKey(acct), spendKey(acct, "none")}, id).Err()
+}
+
 // Release frees the hold of a workspace whose create failed before
 // anything ran (the gateway's abort): no usage, no charge. It is a no-op
 // for a workspace without a hold.

@@ -93,8 +93,8 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 		return false, err
 	}
 	if t.settler != nil {
-		// A failed settlement leaves the hold open; reconcile reports it and
-		// a later Finish of the same workspace settles it.
+		// A failed settlement leaves the hold open: reconcile reports it and
+		// billing's repair pass (Billing.Run) settles it.
 		if err := t.settler.Settle(ctx, w); err != nil {
 			t.log.Error("terminate: settle usage", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
 		}

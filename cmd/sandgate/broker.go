@@ -102,6 +102,7 @@ func (b *broker) run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { gw.Run(runCtx) })
 	wg.Go(func() { rp.Run(runCtx) })
+	wg.Go(func() { bill.Run(runCtx, time.Minute) })
 	errc := make(chan error, 2)
 	wg.Go(func() {
 		ln := b.public
