@@ -29,6 +29,7 @@ func (s *Server) billingRoutes(route func(method, path, action string, h echo.Ha
 	route(http.MethodGet, "/accounts/:id/funds", "funds.balance", s.balance, read)
 	route(http.MethodPut, "/accounts/:id/budgets", "budget.set", s.setBudget, adm)
 	route(http.MethodGet, "/accounts/:id/budgets", "budget.list", s.listBudgets, read)
+	route(http.MethodPost, "/accounts/:id/usage/adjustments", "usage.adjust", s.adjustUsage, adm)
 	route(http.MethodGet, "/billing/reconcile", "billing.reconcile", s.reconcile, []Role{RoleAdmin, RoleFinance})
 }
 
@@ -357,5 +358,51 @@ func (s *Server) reconcile(c echo.Context) error {
 	}
 	n := note(c)
 	n.always = true
+	return c.JSON(http.StatusOK, out)
+}
+
+// AdjustmentRequest corrects a usage ledger entry: Amount is the signed
+// correction in currency units ("-1.50" refunds). The reason is kept in
+// the audit log.
+type AdjustmentRequest struct {
+	Corrects       string `json:"corrects"`
+	Amount         string `json:"amount"`
+	Reason         string `json:"reason"`
+	IdempotencyKey string `json:"idempotency_key"`
+}
+
+// Adjustment is the appended adjustment entry.
+type Adjustment struct {
+	Entry    billing.UsageEntry `json:"entry"`
+	Replayed bool               `json:"replayed"`
+}
+
+func (s *Server) adjustUsage(c echo.Context) error {
+	ctx := c.Request().Context()
+	acct := c.Param("id")
+	if err := s.account(ctx, acct); err != nil {
+		return err
+	}
+	var req AdjustmentRequest
+	if err := decodeStrict(c, &req); err != nil {
+		return err
+	}
+	amt, err := billing.ParseAmount(req.Amount)
+	if err != nil || amt == 0 {
+		return invalid("amount: a non-zero decimal with at most 6 fractional digits")
+	}
+	if req.Reason == "" || len(req.Reason) > 500 || req.IdempotencyKey == "" || len(req.IdempotencyKey) > 200 {
+		return invalid("reason and idempotency_key are required")
+	}
+	e, appended, err := s.bill.AdjustUsage(ctx, acct, req.Corrects, req.IdempotencyKey, amt, s.clock.Now())
+	if errors.Is(err, billing.ErrNoEntry) {
+		return protocol.E(protocol.NotFound, "no such usage ledger entry in this account")
+	}
+	if err != nil {
+		return internal(err)
+	}
+	out := Adjustment{Entry: e, Replayed: !appended}
+	n := note(c)
+	n.target, n.after = "account:"+acct, map[string]any{"request": req, "entry": e}
 	return c.JSON(http.StatusOK, out)
 }

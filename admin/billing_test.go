@@ -1,10 +1,12 @@
 package admin_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
 
 	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -67,4 +69,22 @@ func TestBillingRolesAndIdempotentFunds(t *testing.T) {
 		t.Fatalf("budgets = %+v; want the account's and the agent's", bs)
 	}
 	e.do(financeToken, http.MethodGet, "/accounts/"+acct+"/budgets", nil, &bs)
+
+	if _, err := billing.NewLedger(e.db.Redis()).Append(context.Background(), billing.UsageEntry{ID: "ws_x:final", Kind: billing.KindUsage,
+		AccountID: acct, WorkspaceID: "ws_x", AmountMicros: 1000, TerminatedAt: e.clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	adj := admin.AdjustmentRequest{Corrects: "ws_x:final", Amount: "-0.0004", Reason: "goodwill", IdempotencyKey: "g1"}
+	if st, _ := e.refused(financeToken, http.MethodPost, "/accounts/"+acct+"/usage/adjustments", adj); st != 403 {
+		t.Fatalf("finance adjusting: %d, want 403", st)
+	}
+	var out admin.Adjustment
+	e.do(adminToken, http.MethodPost, "/accounts/"+acct+"/usage/adjustments", adj, &out)
+	if out.Entry.Kind != billing.KindAdjustment || out.Entry.Corrects != "ws_x:final" || out.Entry.AmountMicros != -400 || out.Replayed {
+		t.Fatalf("adjustment = %+v", out)
+	}
+	adj.Corrects = "ws_y:final"
+	if st, _ := e.refused(adminToken, http.MethodPost, "/accounts/"+acct+"/usage/adjustments", adj); st != 404 {
+		t.Fatalf("adjusting a missing entry: %d, want 404", st)
+	}
 }

@@ -380,3 +380,38 @@ func TestSettleDanglingRepairsLostSettlements(t *testing.T) {
 	}
 	e.noDrift("acct_d")
 }
+
+// An adjustment corrects an entry by appending, once per key, and the
+// account still reconciles.
+func TestAdjustUsageAppendsOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_j", 10, false)
+	e.credit("acct_j", 1_000_000, "c")
+	w, err := e.acquire("acct_j", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(100 * time.Second)
+	e.release(w, sandgate.ReasonReleased)
+	for range 2 {
+		if _, _, err := e.bill.AdjustUsage(ctx, "acct_j", billing.FinalID(w.ID), "refund-1", -400, e.clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := e.bill.AdjustUsage(ctx, "acct_j", "ws_nope:final", "x", -1, e.clock.Now()); !errors.Is(err, billing.ErrNoEntry) {
+		t.Fatalf("adjusting a missing entry: %v, want ErrNoEntry", err)
+	}
+	var kinds []string
+	_ = e.bill.Ledger().Scan(ctx, "acct_j", time.Time{}, time.Time{}, func(u billing.UsageEntry) error {
+		kinds = append(kinds, u.Kind+":"+u.Corrects)
+		return nil
+	})
+	if len(kinds) != 2 || kinds[1] != "adjustment:"+billing.FinalID(w.ID) {
+		t.Fatalf("ledger kinds = %v", kinds)
+	}
+	if b := e.balance("acct_j"); b.SettledMicros != 600 || b.BalanceMicros != 1_000_000-600 {
+		t.Fatalf("after a 400 refund of 1000: %+v", b)
+	}
+	e.noDrift("acct_j")
+}

@@ -189,7 +189,7 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 	}
 	balance.Flags().StringVar(&acct, "account", "", "account id (required)")
 	_ = balance.MarkFlagRequired("account")
-	cmd.AddCommand(adjust("credit"), adjust("debit"), balance)
+	cmd.AddCommand(adjust("credit"), adjust("debit"), balance, adjustmentCommand(f))
 	return cmd
 }
 
@@ -254,5 +254,39 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 	list.Flags().StringVar(&acct, "account", "", "account id (required)")
 	_ = list.MarkFlagRequired("account")
 	cmd.AddCommand(set, list)
+	return cmd
+}
+
+func adjustmentCommand(f *adminFlags) *cobra.Command {
+	var acct string
+	var req admin.AdjustmentRequest
+	cmd := &cobra.Command{
+		Use:   "adjust-usage --account ID --corrects ENTRY_ID --amount -1.50 --reason TEXT [--idempotency-key K]",
+		Short: "Correct a usage ledger entry by appending an adjustment (negative refunds); the ledger is never edited",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			if req.IdempotencyKey == "" {
+				b := make([]byte, 16)
+				_, _ = rand.Read(b)
+				req.IdempotencyKey = hex.EncodeToString(b)
+			}
+			var out admin.Adjustment
+			if err := c.Do(cmd.Context(), http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/usage/adjustments", req, &out); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), out, out.Entry.ID)
+		},
+	}
+	cmd.Flags().StringVar(&acct, "account", "", "account id (required)")
+	cmd.Flags().StringVar(&req.Corrects, "corrects", "", "the id of the entry to correct, e.g. ws_…:final (required)")
+	cmd.Flags().StringVar(&req.Amount, "amount", "", "signed correction in currency units (required)")
+	cmd.Flags().StringVar(&req.Reason, "reason", "", "why (required; kept in the audit log)")
+	cmd.Flags().StringVar(&req.IdempotencyKey, "idempotency-key", "", "a retry with the same key appends once (default: random)")
+	for _, fl := range []string{"account", "corrects", "amount", "reason"} {
+		_ = cmd.MarkFlagRequired(fl)
+	}
 	return cmd
 }
