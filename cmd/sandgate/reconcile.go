@@ -12,11 +12,8 @@ import (
 	"github.com/sandgate/sandgate/billing"
 )
 
-// usageCommand is `sandgate usage`: the usage ledger for finance.
-//
-// Note for `usage export` (cmd/sandgate/usage*.go): register it by adding
-// usageExportCommand() to the cmd.AddCommand call below; this file does
-// not reference it, so each side builds alone.
+// usageCommand is `sandgate usage`: the usage ledger for finance —
+// reconcile (here) and export (cmd/sandgate/usage_export.go).
 func usageCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "usage", Short: "Reconcile and export the usage ledger (finance or admin token)"}
 	cmd.AddCommand(reconcileCommand(), usageExportCommand())
