@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -58,6 +59,9 @@ type Config struct {
 	// Test only: it lets a test stop a gateway at that point; nil in
 	// production.
 	AfterCreate func(workspaceID string)
+	// Billing prices, holds and settles workspaces. nil means billing.New
+	// over the store: accounts never configured for billing run at price 0.
+	Billing *billing.Billing
 }
 
 // Admitter decides whether an Acquire may run: nil to admit, a
@@ -79,6 +83,7 @@ type Server struct {
 	admit    Admitter
 	limiter  *admission.Limiter
 	term     *termination.Terminator
+	bill     *billing.Billing
 	echo     *echo.Echo
 	draining atomic.Bool
 }
@@ -101,14 +106,20 @@ func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, l
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, db: db, provider: p, commands: runner.For(p), clock: clock, log: log, cache: newCache[store.Auth](), controls: newCache[store.Controls](), admit: cfg.Admission}
+	s.bill = cfg.Billing
+	if s.bill == nil {
+		s.bill = billing.New(db, billing.Config{Log: log})
+	}
 	if s.admit == nil {
 		dc := db.Config()
 		s.admit = admission.New(db.Redis(), admission.Standard(s, admission.StandardConfig{
 			IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Risk: cfg.Risk,
+			Billing: s.bill.Checks(),
 		})...)
 	}
 	s.limiter = admission.NewLimiter(db.Redis(), cfg.RateLimits)
 	s.term = termination.New(db, p, clock, log, cfg.TerminateTimeout)
+	s.term.SetSettler(s.bill)
 	s.echo = s.routes()
 	return s
 }
