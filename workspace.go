@@ -57,6 +57,19 @@ type Workspace struct {
 	BusyUntil         time.Time // the latest deadline of its durable commands that may still run; zero when none
 	TerminatedAt      time.Time // zero while live
 	TerminationReason TerminationReason
+	// Price is what the workspace was admitted at (package billing):
+	// later rate-card changes never reach a workspace already admitted.
+	Price Price
+}
+
+// Price is the rate a workspace was admitted at and the funds held for it.
+// Money is int64 micro-units of Currency (see package billing).
+type Price struct {
+	RateCard        string // "" when the account has no rate card: price 0
+	RateCardVersion int
+	Currency        string // ISO 4217
+	UnitMicros      int64  // per second
+	HoldMicros      int64  // the worst case reserved at admission
 }
 
 // GoneAt reports whether the workspace can no longer be used at now: it is

@@ -22,6 +22,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/store"
@@ -95,6 +96,9 @@ type Config struct {
 	Terminator *termination.Terminator
 	// AuditRetention is how long audit entries are kept. 0 means 400 days.
 	AuditRetention time.Duration
+	// Billing serves rate cards, billing settings, funds, budgets and
+	// reconciliation. nil means billing.New over the store.
+	Billing *billing.Billing
 }
 
 // Server serves /admin/v1.
@@ -106,6 +110,7 @@ type Server struct {
 	roles   map[string]OperatorToken
 	actions map[string]string // "METHOD /admin/v1/route" → audit action
 	echo    *echo.Echo
+	bill    *billing.Billing
 }
 
 // New returns the operator API over db.
@@ -119,7 +124,10 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) *Serv
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, db: db, clock: clock, log: log, roles: map[string]OperatorToken{}, actions: map[string]string{}}
+	s := &Server{cfg: cfg, db: db, clock: clock, log: log, roles: map[string]OperatorToken{}, actions: map[string]string{}, bill: cfg.Billing}
+	if s.bill == nil {
+		s.bill = billing.New(db, billing.Config{Log: log})
+	}
 	for _, t := range cfg.Tokens {
 		s.roles[t.Hash] = t
 	}
@@ -155,6 +163,8 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) *Serv
 	route(http.MethodPost, "/resume", "resume", s.resume, ops)
 	route(http.MethodGet, "/status", "status.read", s.status, ops)
 	route(http.MethodGet, "/audit", "audit.export", s.exportAudit, ops)
+	s.usageRoutes(route)
+	s.billingRoutes(route)
 	s.echo = e
 	return s
 }

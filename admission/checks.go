@@ -209,13 +209,13 @@ func (Record) Bind(r *Request) ([]string, []any) {
 // stop and pause → instance concurrency → (funds, budget: billing) → risk
 // → record.
 func Standard(stops StopReader, cfg StandardConfig) []Check {
-	return []Check{
+	cs := []Check{
 		Idempotency{TTL: cfg.IdempotencyTTL},
 		Controls{Stops: stops},
 		Concurrency{PendingTimeout: cfg.PendingTimeout},
-		Risk{Defaults: cfg.Risk, PendingTimeout: cfg.PendingTimeout},
-		Record{},
 	}
+	cs = append(cs, cfg.Billing...)
+	return append(cs, Risk{Defaults: cfg.Risk, PendingTimeout: cfg.PendingTimeout}, Record{})
 }
 
 // StandardConfig configures Standard.
@@ -223,4 +223,7 @@ type StandardConfig struct {
 	IdempotencyTTL time.Duration
 	PendingTimeout time.Duration
 	Risk           RiskDefaults
+	// Billing are the funds and budget checks (billing.Billing.Checks),
+	// run after Concurrency and before Risk; nil admits without them.
+	Billing []Check
 }

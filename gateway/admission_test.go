@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,6 +49,16 @@ func newOperator(t testing.TB, h *sgtest.Harness) *operator {
 }
 
 // do calls the operator API and fails t on any error.
+// billing puts acct on a fresh rate card pricing every size at price per
+// second, prepaid unless postpaid.
+func (o *operator) billing(t testing.TB, acct, price string, postpaid bool) {
+	t.Helper()
+	card := "card-" + strings.ToLower(acct)
+	o.do(t, http.MethodPost, "/rate-cards", admin.RateCardRequest{Name: card,
+		Prices: map[string]string{"small": price, "standard": price, "large": price, "xlarge": price}}, nil)
+	o.do(t, http.MethodPut, "/accounts/"+acct+"/billing", admin.BillingSettings{RateCard: card, Currency: "USD", Postpaid: postpaid}, nil)
+}
+
 func (o *operator) do(t testing.TB, method, path string, in, out any) {
 	t.Helper()
 	if err := o.c.Do(context.Background(), method, path, in, out); err != nil {
@@ -444,6 +455,31 @@ func TestRefusalLeavesNoTrace(t *testing.T) {
 			},
 			status: http.StatusTooManyRequests, code: protocol.RiskLimit, reason: "request_cap",
 			clear: func(t *testing.T, e *env) { e.op.setLimits(t, e.in.AccountID, admin.RiskLimits{}) },
+		},
+		{
+			name: "insufficient funds",
+			setup: func(t *testing.T, e *env) {
+				// Prepaid at 0.000100/s with balance 0: nothing is covered.
+				e.op.billing(t, e.in.AccountID, "0.000100", false)
+			},
+			status: http.StatusPaymentRequired, code: protocol.InsufficientFunds,
+			clear: func(t *testing.T, e *env) {
+				e.op.do(t, http.MethodPost, "/accounts/"+e.in.AccountID+"/funds/credit",
+					admin.FundsRequest{Amount: "100.00", Reason: "top-up", IdempotencyKey: "k"}, nil)
+			},
+		},
+		{
+			name: "instance budget",
+			setup: func(t *testing.T, e *env) {
+				e.op.billing(t, e.in.AccountID, "0.000100", true)
+				e.op.do(t, http.MethodPut, "/accounts/"+e.in.AccountID+"/budgets",
+					admin.BudgetRequest{InstanceID: e.in.ID, Monthly: "0.000001"}, nil)
+			},
+			status: http.StatusPaymentRequired, code: protocol.BudgetExhausted, reason: "instance",
+			clear: func(t *testing.T, e *env) {
+				e.op.do(t, http.MethodPut, "/accounts/"+e.in.AccountID+"/budgets",
+					admin.BudgetRequest{InstanceID: e.in.ID, Monthly: "1000.00"}, nil)
+			},
 		},
 	}
 	for _, tt := range tests {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -63,6 +64,9 @@ type Config struct {
 	AfterCreate func(workspaceID string)
 	// Meter records MetricRequests. nil means no metrics are recorded.
 	Meter metric.Meter
+	// Billing prices, holds and settles workspaces. nil means billing.New
+	// over the store: accounts never configured for billing run at price 0.
+	Billing *billing.Billing
 }
 
 // MetricRequests counts requests by route (the method and route template,
@@ -89,6 +93,7 @@ type Server struct {
 	admit    Admitter
 	limiter  *admission.Limiter
 	term     *termination.Terminator
+	bill     *billing.Billing
 	echo     *echo.Echo
 	draining atomic.Bool
 	requests metric.Int64Counter
@@ -113,14 +118,20 @@ func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, l
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, db: db, provider: p, commands: runner.For(p), clock: clock, log: log, cache: newCache[store.Auth](), controls: newCache[store.Controls](), admit: cfg.Admission}
+	s.bill = cfg.Billing
+	if s.bill == nil {
+		s.bill = billing.New(db, billing.Config{Log: log})
+	}
 	if s.admit == nil {
 		dc := db.Config()
 		s.admit = admission.New(db.Redis(), admission.Standard(s, admission.StandardConfig{
 			IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Risk: cfg.Risk,
+			Billing: s.bill.Checks(),
 		})...)
 	}
 	s.limiter = admission.NewLimiter(db.Redis(), cfg.RateLimits)
 	s.term = termination.New(db, p, clock, log, cfg.TerminateTimeout)
+	s.term.SetSettler(s.bill)
 	s.echo = s.routes()
 	s.routeSet = map[string]bool{}
 	for _, r := range s.echo.Routes() {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -77,6 +78,7 @@ func (s *Server) acquire(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	s.bill.FlushAlerts(ctx, ws.AccountID)
 
 	// The create must finish even if the client goes away: the slot and
 	// the key are already held, and only this goroutine can settle them.
@@ -91,6 +93,10 @@ func (s *Server) acquire(c echo.Context) error {
 	if err != nil {
 		if aerr := s.db.Abort(ctx, ws.Workspace, keyHash); aerr != nil {
 			s.log.Error("abort after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any("err", aerr))
+		}
+		// Nothing ran: the hold goes back uncharged.
+		if rerr := s.bill.Release(ctx, ws.Workspace); rerr != nil {
+			s.log.Error("release hold after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any("err", rerr))
 		}
 		return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not create the workspace; retry with the same Idempotency-Key", Err: err}
 	}
@@ -341,20 +347,10 @@ func (s *Server) status(w sandgate.Workspace) protocol.Workspace {
 		out.TerminationReason = &r
 	}
 	if w.State == sandgate.WorkspaceTerminated && !w.StartedAt.IsZero() && !w.TerminatedAt.IsZero() {
-		m := meteredSeconds(w.StartedAt, w.TerminatedAt)
+		m, _ := billing.Metered(w) // the usage ledger's seconds
 		out.MeteredSeconds = &m
 	}
 	return out
-}
-
-// meteredSeconds is whole seconds from confirmed start to confirmed end,
-// rounded up.
-func meteredSeconds(start, end time.Time) int64 {
-	d := end.Sub(start)
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
 }
 
 func (s *Server) listWorkspaces(c echo.Context) error {

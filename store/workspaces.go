@@ -272,6 +272,8 @@ func WorkspaceFields(w sandgate.Workspace) []any {
 		"created_ms", ms(w.CreatedAt), "expires_ms", ms(w.ExpiresAt),
 		"idle_ms", w.IdleTimeout.Milliseconds(), "activity_ms", ms(w.LastActivity),
 		"terminated_ms", ms(w.TerminatedAt), "reason", string(w.TerminationReason),
+		"rate_card", w.Price.RateCard, "rate_card_version", w.Price.RateCardVersion,
+		"currency", w.Price.Currency, "price_micros", w.Price.UnitMicros, "hold_micros", w.Price.HoldMicros,
 	}
 }
 
@@ -294,6 +296,10 @@ func parseWorkspace(m map[string]string) (sandgate.Workspace, error) {
 		BusyUntil:         fromMS(num("busy_ms")),
 		TerminatedAt:      fromMS(num("terminated_ms")),
 		TerminationReason: sandgate.TerminationReason(m["reason"]),
+		Price: sandgate.Price{
+			RateCard: m["rate_card"], RateCardVersion: int(num("rate_card_version")),
+			Currency: m["currency"], UnitMicros: num("price_micros"), HoldMicros: num("hold_micros"),
+		},
 	}
 	if w.ID == "" || w.State == "" {
 		return sandgate.Workspace{}, fmt.Errorf("store: workspace record without id or state")

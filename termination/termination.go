@@ -30,7 +30,18 @@ type Terminator struct {
 	clock    sandgate.Clock
 	log      *slog.Logger
 	timeout  time.Duration
+	settler  Settler
 }
+
+// Settler charges a workspace whose end is recorded (package billing). It
+// must be idempotent by workspace id: Finish may run more than once.
+type Settler interface {
+	Settle(ctx context.Context, w sandgate.Workspace) error
+}
+
+// SetSettler makes every confirmed end settle the workspace's usage. Call
+// it before the Terminator is used.
+func (t *Terminator) SetSettler(s Settler) { t.settler = s }
 
 // New returns a Terminator. timeout bounds one provider call; 0 means 30s.
 func New(db *store.DB, p providers.Provider, clock sandgate.Clock, log *slog.Logger, timeout time.Duration) *Terminator {
@@ -109,6 +120,13 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 	if err := t.db.FinishTerminate(ctx, w, t.clock.Now()); err != nil {
 		t.log.Error("terminate: record end", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
 		return false, err
+	}
+	if t.settler != nil {
+		// A failed settlement leaves the hold open: reconcile reports it and
+		// billing's repair pass (Billing.Run) settles it.
+		if err := t.settler.Settle(ctx, w); err != nil {
+			t.log.Error("terminate: settle usage", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
+		}
 	}
 	return true, nil
 }

@@ -53,13 +53,14 @@ func (f *adminFlags) print(w io.Writer, v any, plain string) error {
 
 func adminCommand() *cobra.Command {
 	f := &adminFlags{}
-	cmd := &cobra.Command{Use: "admin", Short: "Drive the operator API (accounts, instances, tokens, stops, pauses, limits, audit)"}
+	cmd := &cobra.Command{Use: "admin", Short: "Drive the operator API (accounts, instances, tokens, stops, pauses, limits, audit, billing)"}
 	cmd.PersistentFlags().StringVar(&f.url, "url", "", "operator API URL (default $SANDGATE_ADMIN_URL)")
 	cmd.PersistentFlags().StringVar(&f.token, "token", "", "operator token (default $SANDGATE_ADMIN_TOKEN)")
 	cmd.PersistentFlags().StringVarP(&f.output, "output", "o", "", "output format: text (default) or json")
 	cmd.PersistentFlags().DurationVar(&f.timeout, "timeout", 10*time.Minute, "bound on one request (a stop waits for its workspaces to end)")
 	cmd.AddCommand(accountCommand(f), instanceCommand(f), tokenCommand(f),
-		stopCommand(f), pauseCommand(f), resumeCommand(f), limitsCommand(f), statusCommand(f), auditCommand(f))
+		stopCommand(f), pauseCommand(f), resumeCommand(f), limitsCommand(f), statusCommand(f), auditCommand(f),
+		rateCardCommand(f), billingCommand(f), fundsCommand(f), budgetCommand(f))
 	return cmd
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
@@ -68,12 +69,13 @@ func (b *broker) run(ctx context.Context) error {
 	}
 	defer func() { _ = mp.Shutdown(context.Background()) }()
 	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
+	bill := billing.New(db, billing.Config{Provider: "local", Log: b.log.With("component", "billing")})
 	rates := map[admission.Class]admission.Rate{}
 	for class, r := range b.cfg.Admission.RateLimits {
 		rates[admission.Class(class)] = admission.Rate{PerSecond: r.PerSecond, Burst: r.Burst}
 	}
 	gw := gateway.New(gateway.Config{
-		TrustedProxies: proxies, DefaultImage: local.Image, RateLimits: rates,
+		TrustedProxies: proxies, DefaultImage: local.Image, RateLimits: rates, Billing: bill,
 		// A create must end well within the pending deadline, past which
 		// the reaper ends the workspace under it.
 		CreateTimeout: b.cfg.Admission.PendingTimeout * 3 / 4,
@@ -96,9 +98,10 @@ func (b *broker) run(ctx context.Context) error {
 	// Every gateway process runs the reaper; one at a time leads (a Redis
 	// lease), and its passes are idempotent all the same.
 	term := termination.New(db, prov, clock, b.log.With("component", "termination"), 0)
+	term.SetSettler(bill)
 	rp := reaper.New(reaper.Config{Snapshots: prov, Sandboxes: prov, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
 		Meter: mp.Meter("github.com/sandgate/sandgate/reaper")}, db, term, clock, b.log.With("component", "reaper"))
-	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term},
+	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term, Billing: bill},
 		db, clock, b.log.With("component", "admin"))
 
 	pub := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: b.tls,
@@ -114,6 +117,7 @@ func (b *broker) run(ctx context.Context) error {
 	defer rpCancel()
 	rpDone := make(chan struct{})
 	wg.Go(func() { defer close(rpDone); rp.Run(rpCtx) })
+	wg.Go(func() { bill.Run(runCtx, time.Minute) })
 	errc := make(chan error, 2)
 	wg.Go(func() {
 		ln := b.public

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/token"
@@ -179,6 +181,38 @@ func bootstrapDev(ctx context.Context, db *store.DB, st *devState, clock sandgat
 		InstanceID: st.InstanceID, AccountID: st.AccountID, IssuedAt: now}
 	if err := db.IssueLease(ctx, l, false, now, 0); err != nil {
 		return fmt.Errorf("bootstrap token: %w", err)
+	}
+	return bootstrapDevBilling(ctx, billing.New(db, billing.Config{}), st.AccountID, now)
+}
+
+// Dev billing: the dev account is prepaid in USD on rate card "dev" and
+// starts funded with devFunds, so acquires work at once and every
+// workspace shows up in the usage ledger with a price.
+const devFunds = "100.00"
+
+// devPrices are the dev rate card's prices per second, in USD.
+var devPrices = map[string]string{"small": "0.000010", "standard": "0.000020", "large": "0.000040", "xlarge": "0.000080"}
+
+func bootstrapDevBilling(ctx context.Context, b *billing.Billing, acct string, now time.Time) error {
+	prices := map[string]int64{}
+	for size, p := range devPrices {
+		v, err := billing.ParseAmount(p)
+		if err != nil {
+			return err
+		}
+		prices[size] = v
+	}
+	if _, err := b.CreateRateCard(ctx, "dev", prices, now); err != nil {
+		return fmt.Errorf("bootstrap rate card: %w", err)
+	}
+	if err := b.SetSettings(ctx, billing.Settings{AccountID: acct, RateCard: "dev", Currency: "USD"}); err != nil {
+		return fmt.Errorf("bootstrap billing: %w", err)
+	}
+	amt, _ := billing.ParseAmount(devFunds)
+	_, _, err := b.Adjust(ctx, acct, billing.FundsEntry{Key: "dev-bootstrap", Kind: billing.KindCredit,
+		AmountMicros: amt, Reason: "sandgate dev: opening funds", Actor: "sandgate dev", At: now})
+	if err != nil {
+		return fmt.Errorf("bootstrap funds: %w", err)
 	}
 	return nil
 }

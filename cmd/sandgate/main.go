@@ -28,6 +28,6 @@ func rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCommand(), devCommand(), adminCommand())
+	root.AddCommand(serveCommand(), devCommand(), adminCommand(), usageCommand())
 	return root
 }

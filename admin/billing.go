@@ -1,0 +1,408 @@
+package admin
+
+import (
+	"errors"
+	"net/http"
+	"sort"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/protocol"
+)
+
+// Rate cards, account billing settings, funds and budgets. Amounts on the
+// wire are decimal strings of currency units ("25.00"), parsed by
+// billing.ParseAmount (at most 6 fractional digits, never rounded), with
+// their exact micro-unit integers beside them in answers.
+
+// billingRoutes adds the billing routes; New calls it with its route helper.
+func (s *Server) billingRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []Role)) {
+	read := []Role{RoleAdmin, RoleOperator, RoleFinance}
+	adm := []Role{RoleAdmin}
+	route(http.MethodPost, "/rate-cards", "rate_card.create", s.createRateCard, adm)
+	route(http.MethodGet, "/rate-cards", "rate_card.list", s.listRateCards, read)
+	route(http.MethodPut, "/accounts/:id/billing", "billing.set", s.setBilling, adm)
+	route(http.MethodGet, "/accounts/:id/billing", "billing.get", s.getBilling, read)
+	route(http.MethodPost, "/accounts/:id/funds/credit", "funds.credit", s.adjustFunds(billing.KindCredit), adm)
+	route(http.MethodPost, "/accounts/:id/funds/debit", "funds.debit", s.adjustFunds(billing.KindDebit), adm)
+	route(http.MethodGet, "/accounts/:id/funds", "funds.balance", s.balance, read)
+	route(http.MethodPut, "/accounts/:id/budgets", "budget.set", s.setBudget, adm)
+	route(http.MethodGet, "/accounts/:id/budgets", "budget.list", s.listBudgets, read)
+	route(http.MethodPost, "/accounts/:id/usage/adjustments", "usage.adjust", s.adjustUsage, adm)
+	route(http.MethodGet, "/billing/reconcile", "billing.reconcile", s.reconcile, []Role{RoleAdmin, RoleFinance})
+}
+
+// RateCardRequest creates a rate card version: a price per second, in
+// currency units, for every standard size.
+type RateCardRequest struct {
+	Name   string            `json:"name"`
+	Prices map[string]string `json:"prices"`
+}
+
+// RateCard is one version of a rate card.
+type RateCard struct {
+	Name         string            `json:"name"`
+	Version      int               `json:"version"`
+	Prices       map[string]string `json:"prices"`
+	PricesMicros map[string]int64  `json:"prices_micros"`
+	CreatedAt    string            `json:"created_at"`
+}
+
+func toRateCard(c billing.RateCard) RateCard {
+	out := RateCard{Name: c.Name, Version: c.Version, Prices: map[string]string{}, PricesMicros: c.Prices, CreatedAt: wireTime(c.CreatedAt)}
+	for k, v := range c.Prices {
+		out.Prices[k] = billing.FormatAmount(v)
+	}
+	return out
+}
+
+func (s *Server) createRateCard(c echo.Context) error {
+	var req RateCardRequest
+	if err := decodeStrict(c, &req); err != nil {
+		return err
+	}
+	prices := map[string]int64{}
+	for size, p := range req.Prices {
+		v, err := billing.ParseAmount(p)
+		if err != nil {
+			return invalid("prices." + size + ": " + err.Error())
+		}
+		prices[size] = v
+	}
+	card, err := s.bill.CreateRateCard(c.Request().Context(), req.Name, prices, s.clock.Now())
+	if err != nil {
+		return invalid(err.Error())
+	}
+	out := toRateCard(card)
+	n := note(c)
+	n.target, n.after = "rate_card:"+card.Name, out
+	return c.JSON(http.StatusCreated, out)
+}
+
+func (s *Server) listRateCards(c echo.Context) error {
+	cards, err := s.bill.RateCards(c.Request().Context())
+	if err != nil {
+		return internal(err)
+	}
+	out := make([]RateCard, 0, len(cards))
+	for _, card := range cards {
+		out = append(out, toRateCard(card))
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// BillingSettings are an account's billing settings. An account never
+// configured reads configured false: postpaid, no rate card (price 0),
+// currency XXX.
+type BillingSettings struct {
+	Configured        bool   `json:"configured"`
+	RateCard          string `json:"rate_card"`
+	Currency          string `json:"currency"`
+	CreditLimit       string `json:"credit_limit"`
+	CreditLimitMicros int64  `json:"credit_limit_micros"`
+	Postpaid          bool   `json:"postpaid"`
+}
+
+func toBillingSettings(st billing.Settings) BillingSettings {
+	return BillingSettings{Configured: st.Configured, RateCard: st.RateCard, Currency: st.Currency,
+		CreditLimit: billing.FormatAmount(st.CreditLimitMicros), CreditLimitMicros: st.CreditLimitMicros, Postpaid: st.Postpaid}
+}
+
+func (s *Server) setBilling(c echo.Context) error {
+	ctx := c.Request().Context()
+	acct := c.Param("id")
+	if err := s.account(ctx, acct); err != nil {
+		return err
+	}
+	var req BillingSettings
+	if err := decodeStrict(c, &req); err != nil {
+		return err
+	}
+	st := billing.Settings{AccountID: acct, RateCard: req.RateCard, Currency: req.Currency, Postpaid: req.Postpaid}
+	if req.CreditLimit != "" {
+		v, err := billing.ParseAmount(req.CreditLimit)
+		if err != nil {
+			return invalid("credit_limit: " + err.Error())
+		}
+		st.CreditLimitMicros = v
+	}
+	before, err := s.bill.Settings(ctx, acct)
+	if err != nil {
+		return internal(err)
+	}
+	if err := s.bill.SetSettings(ctx, st); errors.Is(err, billing.ErrNoRateCard) {
+		return protocol.E(protocol.NotFound, "no such rate card")
+	} else if err != nil {
+		return invalid(err.Error())
+	}
+	st.Configured = true
+	out := toBillingSettings(st)
+	n := note(c)
+	n.target, n.before, n.after = "account:"+acct, toBillingSettings(before), out
+	return c.JSON(http.StatusOK, out)
+}
+
+func (s *Server) getBilling(c echo.Context) error {
+	ctx := c.Request().Context()
+	acct := c.Param("id")
+	if err := s.account(ctx, acct); err != nil {
+		return err
+	}
+	st, err := s.bill.Settings(ctx, acct)
+	if err != nil {
+		return internal(err)
+	}
+	return c.JSON(http.StatusOK, toBillingSettings(st))
+}
+
+// FundsRequest is an operator credit or debit. IdempotencyKey makes a
+// retry apply it once.
+type FundsRequest struct {
+	Amount         string `json:"amount"`
+	Reason         string `json:"reason"`
+	IdempotencyKey string `json:"idempotency_key"`
+}
+
+// FundsEntry is an applied credit or debit.
+type FundsEntry struct {
+	Kind         string  `json:"kind"`
+	Amount       string  `json:"amount"`
+	AmountMicros int64   `json:"amount_micros"`
+	Currency     string  `json:"currency"`
+	Reason       string  `json:"reason"`
+	Actor        string  `json:"actor"`
+	At           string  `json:"at"`
+	Replayed     bool    `json:"replayed"` // the key was used before: nothing changed now
+	Balance      Balance `json:"balance"`
+}
+
+func (s *Server) adjustFunds(kind string) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		ctx := c.Request().Context()
+		acct := c.Param("id")
+		if err := s.account(ctx, acct); err != nil {
+			return err
+		}
+		var req FundsRequest
+		if err := decodeStrict(c, &req); err != nil {
+			return err
+		}
+		amt, err := billing.ParseAmount(req.Amount)
+		if err != nil || amt <= 0 {
+			return invalid("amount: a positive decimal with at most 6 fractional digits")
+		}
+		if req.Reason == "" || len(req.Reason) > 500 {
+			return invalid("reason is required (at most 500 characters)")
+		}
+		e, applied, err := s.bill.Adjust(ctx, acct, billing.FundsEntry{Key: req.IdempotencyKey, Kind: kind,
+			AmountMicros: amt, Reason: req.Reason, Actor: operator(c).Actor(), At: s.clock.Now()})
+		if errors.Is(err, billing.ErrFundsConflict) {
+			return protocol.E(protocol.IdempotencyConflict, "this idempotency key was used for a different credit or debit")
+		}
+		if err != nil {
+			return invalid(err.Error())
+		}
+		bal, err := s.bill.Balance(ctx, acct)
+		if err != nil {
+			return internal(err)
+		}
+		out := FundsEntry{Kind: e.Kind, Amount: billing.FormatAmount(e.AmountMicros), AmountMicros: e.AmountMicros,
+			Currency: e.Currency, Reason: e.Reason, Actor: e.Actor, At: wireTime(e.At), Replayed: !applied, Balance: toBalance(bal)}
+		n := note(c)
+		n.target, n.after = "account:"+acct, out
+		return c.JSON(http.StatusOK, out)
+	}
+}
+
+// Balance is an account's funds: available = balance − holds; balance =
+// credits − debits − settled.
+type Balance struct {
+	AccountID         string `json:"account_id"`
+	Currency          string `json:"currency"`
+	Postpaid          bool   `json:"postpaid"`
+	Available         string `json:"available"`
+	Holds             string `json:"holds"`
+	Settled           string `json:"settled"`
+	Balance           string `json:"balance"`
+	Credits           string `json:"credits"`
+	Debits            string `json:"debits"`
+	CreditLimit       string `json:"credit_limit"`
+	AvailableMicros   int64  `json:"available_micros"`
+	HoldsMicros       int64  `json:"holds_micros"`
+	SettledMicros     int64  `json:"settled_micros"`
+	BalanceMicros     int64  `json:"balance_micros"`
+	CreditsMicros     int64  `json:"credits_micros"`
+	DebitsMicros      int64  `json:"debits_micros"`
+	CreditLimitMicros int64  `json:"credit_limit_micros"`
+}
+
+func toBalance(b billing.Balance) Balance {
+	f := billing.FormatAmount
+	return Balance{AccountID: b.AccountID, Currency: b.Currency, Postpaid: b.Postpaid,
+		Available: f(b.AvailableMicros), Holds: f(b.HoldsMicros), Settled: f(b.SettledMicros), Balance: f(b.BalanceMicros),
+		Credits: f(b.CreditsMicros), Debits: f(b.DebitsMicros), CreditLimit: f(b.CreditLimitMicros),
+		AvailableMicros: b.AvailableMicros, HoldsMicros: b.HoldsMicros, SettledMicros: b.SettledMicros,
+		BalanceMicros: b.BalanceMicros, CreditsMicros: b.CreditsMicros, DebitsMicros: b.DebitsMicros, CreditLimitMicros: b.CreditLimitMicros}
+}
+
+func (s *Server) balance(c echo.Context) error {
+	ctx := c.Request().Context()
+	acct := c.Param("id")
+	if err := s.account(ctx, acct); err != nil {
+		return err
+	}
+	b, err := s.bill.Balance(ctx, acct)
+	if err != nil {
+		return internal(err)
+	}
+	return c.JSON(http.StatusOK, toBalance(b))
+}
+
+// BudgetRequest sets a monthly budget; Monthly "0" removes it.
+type BudgetRequest struct {
+	InstanceID string `json:"instance_id,omitempty"`
+	Agent      string `json:"agent,omitempty"`
+	Monthly    string `json:"monthly"`
+	Soft       bool   `json:"soft"`
+}
+
+// Budget is a monthly budget with this month's use (settled plus held).
+type Budget struct {
+	InstanceID    string `json:"instance_id,omitempty"`
+	Agent         string `json:"agent,omitempty"`
+	Monthly       string `json:"monthly"`
+	MonthlyMicros int64  `json:"monthly_micros"`
+	Soft          bool   `json:"soft"`
+	Used          string `json:"used"`
+	UsedMicros    int64  `json:"used_micros"`
+}
+
+func (s *Server) setBudget(c echo.Context) error {
+	ctx := c.Request().Context()
+	acct := c.Param("id")
+	if err := s.account(ctx, acct); err != nil {
+		return err
+	}
+	var req BudgetRequest
+	if err := decodeStrict(c, &req); err != nil {
+		return err
+	}
+	if req.InstanceID != "" {
+		in, err := s.instanceByID(ctx, req.InstanceID)
+		if err != nil {
+			return err
+		}
+		if in.AccountID != acct {
+			return protocol.E(protocol.NotFound, "no such instance in this account")
+		}
+	}
+	amt, err := billing.ParseAmount(req.Monthly)
+	if err != nil || amt < 0 {
+		return invalid("monthly: a decimal of at least 0 with at most 6 fractional digits")
+	}
+	bg := billing.Budget{InstanceID: req.InstanceID, Agent: req.Agent, MonthlyMicros: amt, Soft: req.Soft}
+	if err := s.bill.SetBudget(ctx, acct, bg); err != nil {
+		return invalid(err.Error())
+	}
+	n := note(c)
+	n.target, n.after = "account:"+acct, req
+	return s.listBudgets(c)
+}
+
+func (s *Server) listBudgets(c echo.Context) error {
+	ctx := c.Request().Context()
+	acct := c.Param("id")
+	if err := s.account(ctx, acct); err != nil {
+		return err
+	}
+	bs, err := s.bill.Budgets(ctx, acct, s.clock.Now())
+	if err != nil {
+		return internal(err)
+	}
+	out := make([]Budget, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, Budget{InstanceID: b.InstanceID, Agent: b.Agent, Monthly: billing.FormatAmount(b.MonthlyMicros),
+			MonthlyMicros: b.MonthlyMicros, Soft: b.Soft, Used: billing.FormatAmount(b.UsedMicros), UsedMicros: b.UsedMicros})
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// reconcile is GET /billing/reconcile[?account=ID]: every account's (or
+// one's) stored funds against its ledgers.
+func (s *Server) reconcile(c echo.Context) error {
+	ctx := c.Request().Context()
+	var ids []string
+	if a := c.QueryParam("account"); a != "" {
+		if err := s.account(ctx, a); err != nil {
+			return err
+		}
+		ids = []string{a}
+	} else {
+		as, err := s.db.Accounts(ctx)
+		if err != nil {
+			return internal(err)
+		}
+		for _, a := range as {
+			ids = append(ids, a.ID)
+		}
+		sort.Strings(ids)
+	}
+	out := make([]billing.Report, 0, len(ids))
+	for _, id := range ids {
+		r, err := s.bill.Reconcile(ctx, id)
+		if err != nil {
+			return internal(err)
+		}
+		out = append(out, r)
+	}
+	n := note(c)
+	n.always = true
+	return c.JSON(http.StatusOK, out)
+}
+
+// AdjustmentRequest corrects a usage ledger entry: Amount is the signed
+// correction in currency units ("-1.50" refunds). The reason is kept in
+// the audit log.
+type AdjustmentRequest struct {
+	Corrects       string `json:"corrects"`
+	Amount         string `json:"amount"`
+	Reason         string `json:"reason"`
+	IdempotencyKey string `json:"idempotency_key"`
+}
+
+// Adjustment is the appended adjustment entry.
+type Adjustment struct {
+	Entry    billing.UsageEntry `json:"entry"`
+	Replayed bool               `json:"replayed"`
+}
+
+func (s *Server) adjustUsage(c echo.Context) error {
+	ctx := c.Request().Context()
+	acct := c.Param("id")
+	if err := s.account(ctx, acct); err != nil {
+		return err
+	}
+	var req AdjustmentRequest
+	if err := decodeStrict(c, &req); err != nil {
+		return err
+	}
+	amt, err := billing.ParseAmount(req.Amount)
+	if err != nil || amt == 0 {
+		return invalid("amount: a non-zero decimal with at most 6 fractional digits")
+	}
+	if req.Reason == "" || len(req.Reason) > 500 || req.IdempotencyKey == "" || len(req.IdempotencyKey) > 200 {
+		return invalid("reason and idempotency_key are required")
+	}
+	e, appended, err := s.bill.AdjustUsage(ctx, acct, req.Corrects, req.IdempotencyKey, amt, s.clock.Now())
+	if errors.Is(err, billing.ErrNoEntry) {
+		return protocol.E(protocol.NotFound, "no such usage ledger entry in this account")
+	}
+	if err != nil {
+		return internal(err)
+	}
+	out := Adjustment{Entry: e, Replayed: !appended}
+	n := note(c)
+	n.target, n.after = "account:"+acct, map[string]any{"request": req, "entry": e}
+	return c.JSON(http.StatusOK, out)
+}

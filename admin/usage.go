@@ -1,0 +1,247 @@
+package admin
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/protocol"
+)
+
+// Usage exports, summaries and statements for finance (role finance or
+// admin). Every one is audited, successful reads included: they hand out
+// tenants' money data.
+
+// usageRoutes adds the finance routes; New calls it with its route helper.
+func (s *Server) usageRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []Role)) {
+	fin := []Role{RoleAdmin, RoleFinance}
+	route(http.MethodGet, "/usage", "usage.export", s.exportUsage, fin)
+	route(http.MethodGet, "/usage/summary", "usage.summary", s.summarizeUsage, fin)
+	route(http.MethodGet, "/accounts/:id/statement", "usage.statement", s.statement, fin)
+}
+
+// funds is what statements read balances, credits and holds from:
+// billing's journals. nil (no billing) gives statements of usage only
+// (funds_included false).
+func (s *Server) funds() billing.FundsReader {
+	if s.bill == nil {
+		return nil
+	}
+	return s.bill
+}
+
+// usageQuery is a usage request's selection, as parsed from its query.
+type usageQuery struct {
+	filter   billing.ExportFilter
+	accounts []string // sorted by id
+}
+
+// usageRange is the after of an audited usage read: what was read.
+type usageRange struct {
+	From     string `json:"from"`
+	To       string `json:"to"`
+	Account  string `json:"account,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	Agent    string `json:"agent,omitempty"`
+	Format   string `json:"format,omitempty"`
+	GroupBy  string `json:"group_by,omitempty"`
+	Rows     int64  `json:"rows"`
+}
+
+// parseUsageQuery reads from, to (RFC 3339; each defaults to the current
+// UTC calendar month's bound), account, instance and agent. Returns
+// InvalidRequest for a bad value, NotFound for an unknown account or
+// instance (or an instance of another account).
+func (s *Server) parseUsageQuery(c echo.Context) (usageQuery, error) {
+	ctx := c.Request().Context()
+	month := billing.MonthOf(s.clock.Now())
+	q := usageQuery{filter: billing.ExportFilter{From: month, To: month.AddDate(0, 1, 0),
+		InstanceID: c.QueryParam("instance"), Agent: c.QueryParam("agent")}}
+	for _, p := range []struct {
+		name string
+		dst  *time.Time
+	}{{"from", &q.filter.From}, {"to", &q.filter.To}} {
+		if v := c.QueryParam(p.name); v != "" {
+			t, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				return q, invalid(p.name + " must be an RFC 3339 time, for example 2026-01-02T15:04:05Z")
+			}
+			*p.dst = t.UTC()
+		}
+	}
+	if !q.filter.From.Before(q.filter.To) {
+		return q, invalid("from must be before to (each defaults to the current UTC month's bound)")
+	}
+	acct := c.QueryParam("account")
+	if in := q.filter.InstanceID; in != "" {
+		inst, err := s.instanceByID(ctx, in)
+		if err != nil {
+			return q, err
+		}
+		if acct != "" && acct != inst.AccountID {
+			return q, protocol.E(protocol.NotFound, "no such instance")
+		}
+		acct = inst.AccountID
+	}
+	if acct != "" {
+		if err := s.account(ctx, acct); err != nil {
+			return q, err
+		}
+		q.accounts = []string{acct}
+		return q, nil
+	}
+	as, err := s.db.Accounts(ctx)
+	if err != nil {
+		return q, internal(err)
+	}
+	for _, a := range as {
+		q.accounts = append(q.accounts, a.ID)
+	}
+	return q, nil
+}
+
+func (q usageQuery) audited(c echo.Context) *usageRange {
+	return &usageRange{From: q.filter.From.Format(time.RFC3339), To: q.filter.To.Format(time.RFC3339),
+		Account: c.QueryParam("account"), Instance: q.filter.InstanceID, Agent: q.filter.Agent}
+}
+
+func (s *Server) ledger() *billing.Ledger { return billing.NewLedger(s.db.Redis()) }
+
+// exportUsage streams the selected ledger entries as CSV (the default) or
+// JSON lines, flushing every few hundred rows: memory does not grow with
+// the export. A failure once rows are on their way cuts the connection,
+// so the client sees a broken transfer, never a short export that looks
+// whole.
+func (s *Server) exportUsage(c echo.Context) error {
+	n := note(c)
+	n.target, n.always = "usage", true
+	format := billing.FormatCSV
+	if v := c.QueryParam("format"); v != "" {
+		f, err := billing.ParseFormat(v)
+		if err != nil {
+			return invalid("format must be csv or jsonl")
+		}
+		format = f
+	}
+	q, err := s.parseUsageQuery(c)
+	if err != nil {
+		return err
+	}
+	rng := q.audited(c)
+	rng.Format = string(format)
+	n.after = rng
+	w := c.Response()
+	h := w.Header()
+	h.Set(echo.HeaderContentType, format.ContentType())
+	h.Set(echo.HeaderContentDisposition, fmt.Sprintf(`attachment; filename="usage_%s_%s.%s"`,
+		q.filter.From.Format("20060102T150405Z"), q.filter.To.Format("20060102T150405Z"), format))
+	// The status goes out with the first flushed rows: a failure before
+	// them is still an ordinary error answer.
+	st, err := billing.Export(c.Request().Context(), s.ledger(), q.accounts, q.filter, format, w)
+	rng.Rows = st.Rows
+	if err != nil {
+		h.Del(echo.HeaderContentDisposition)
+		if w.Committed {
+			if c.Request().Context().Err() == nil {
+				s.log.Error("usage export failed midway", slog.Int64("rows", st.Rows),
+					slog.String(sandgate.KeyRequestID, requestID(c)), slog.Any(sandgate.KeyError, err))
+			}
+			abort(w)
+		}
+		return &protocol.Error{Code: protocol.Internal, Message: "the usage ledger could not be read", Err: err}
+	}
+	if !w.Committed {
+		w.WriteHeader(http.StatusOK) // a JSONL export of nothing has no byte
+	}
+	return nil
+}
+
+// abort closes the connection under a response already begun, so the
+// client sees the transfer fail (no final chunk) rather than end.
+func abort(w http.ResponseWriter) {
+	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+		conn.Close()
+	}
+}
+
+// UsageSummary is the answer of GET /usage/summary.
+type UsageSummary struct {
+	From    string         `json:"from"`
+	To      string         `json:"to"`
+	GroupBy string         `json:"group_by"`
+	Groups  []SummaryGroup `json:"groups"`
+}
+
+// SummaryGroup totals one group's entries in one currency.
+type SummaryGroup struct {
+	Key          string `json:"key"`
+	Currency     string `json:"currency"`
+	Entries      int64  `json:"entries"`
+	Workspaces   int64  `json:"workspaces"`
+	Seconds      int64  `json:"seconds"`
+	AmountMicros int64  `json:"amount_micros"`
+	Amount       string `json:"amount"`
+}
+
+func (s *Server) summarizeUsage(c echo.Context) error {
+	n := note(c)
+	n.target, n.always = "usage", true
+	by, err := billing.ParseGroupBy(c.QueryParam("group_by"))
+	if err != nil {
+		return invalid("group_by must be account, instance, agent, size or day")
+	}
+	q, err := s.parseUsageQuery(c)
+	if err != nil {
+		return err
+	}
+	rng := q.audited(c)
+	rng.GroupBy = string(by)
+	n.after = rng
+	rows, err := billing.Summarize(c.Request().Context(), s.ledger(), q.accounts, q.filter, by)
+	if errors.Is(err, billing.ErrTooManyGroups) {
+		return invalid("too many groups for a summary; narrow the range or use the export")
+	} else if err != nil {
+		return &protocol.Error{Code: protocol.Internal, Message: "the usage ledger could not be read", Err: err}
+	}
+	out := UsageSummary{From: rng.From, To: rng.To, GroupBy: string(by), Groups: make([]SummaryGroup, 0, len(rows))}
+	for _, r := range rows {
+		rng.Rows += r.Entries
+		out.Groups = append(out.Groups, SummaryGroup{Key: r.Key, Currency: r.Currency, Entries: r.Entries,
+			Workspaces: r.Workspaces, Seconds: r.Seconds, AmountMicros: r.AmountMicros,
+			Amount: billing.FormatMinor(r.AmountMicros, r.Currency)})
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// statement answers an account's monthly statement (?month=YYYY-MM,
+// default the current UTC month).
+func (s *Server) statement(c echo.Context) error {
+	n := note(c)
+	n.always = true
+	ctx := c.Request().Context()
+	id := c.Param("id")
+	if err := s.account(ctx, id); err != nil {
+		return err
+	}
+	now := s.clock.Now()
+	month := billing.MonthOf(now)
+	if v := c.QueryParam("month"); v != "" {
+		m, err := billing.ParseMonth(v)
+		if err != nil {
+			return invalid("month must be YYYY-MM, for example 2026-10")
+		}
+		month = m
+	}
+	n.after = map[string]string{"month": month.Format("2006-01")}
+	st, err := billing.BuildStatement(ctx, s.ledger(), s.funds(), id, month, now)
+	if err != nil {
+		return &protocol.Error{Code: protocol.Internal, Message: "the statement could not be built", Err: err}
+	}
+	return c.JSON(http.StatusOK, st)
+}

@@ -1,0 +1,417 @@
+package billing_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/internal/sgtest"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/termination"
+)
+
+// env is billing over a private Redis with the standard admission pipeline
+// and a terminator that settles, as the gateway wires them.
+type env struct {
+	t     *testing.T
+	db    *store.DB
+	bill  *billing.Billing
+	pipe  *admission.Pipeline
+	term  *termination.Terminator
+	clock *sgtest.Clock
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	db := store.New(redistest.Start(t).Client(), store.Config{})
+	clock := sgtest.NewClock(time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC))
+	b := billing.New(db, billing.Config{})
+	pipe := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
+		IdempotencyTTL: time.Hour, PendingTimeout: 2 * time.Minute,
+		Risk:    admission.RiskDefaults{AcquiresPerMinute: 100000, MaxOpenWorkspaces: 100000},
+		Billing: b.Checks(),
+	})...)
+	term := termination.New(db, nil, clock, nil, 0)
+	term.SetSettler(b)
+	return &env{t: t, db: db, bill: b, pipe: pipe, term: term, clock: clock}
+}
+
+// account creates a prepaid account on a card pricing "small" at unit
+// micros per second.
+func (e *env) account(id string, unit int64, postpaid bool) {
+	e.t.Helper()
+	ctx := context.Background()
+	card := "card-" + id
+	prices := map[string]int64{}
+	for _, s := range sandgate.StandardSizes {
+		prices[s.Name] = unit
+	}
+	if _, err := e.bill.CreateRateCard(ctx, card, prices, e.clock.Now()); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.bill.SetSettings(ctx, billing.Settings{AccountID: id, RateCard: card, Currency: "USD", Postpaid: postpaid}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) credit(acct string, micros int64, key string) {
+	e.t.Helper()
+	if _, _, err := e.bill.Adjust(context.Background(), acct, billing.FundsEntry{Key: key, Kind: billing.KindCredit, AmountMicros: micros, Reason: "test", At: e.clock.Now()}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// acquire admits a workspace living life, and confirms it started.
+func (e *env) acquire(acct, inst, agent string, life time.Duration) (sandgate.Workspace, error) {
+	ctx := context.Background()
+	now := e.clock.Now()
+	w := sandgate.Workspace{ID: sandgate.NewID(sandgate.PrefixWorkspace), AccountID: acct, InstanceID: inst,
+		Size: "small", Image: "img", Agent: agent, State: sandgate.WorkspaceStarting,
+		CreatedAt: now, ExpiresAt: now.Add(life), LastActivity: now, IdleTimeout: time.Hour}
+	r := &admission.Request{Workspace: w, Scope: sandgate.Scope{Limits: sandgate.Limits{MaxConcurrentWorkspaces: 100000}},
+		Keys: store.AdmissionKeys(acct, inst, w.ID, w.ID), KeyHash: w.ID, RequestHash: "h", Now: now}
+	if err := e.pipe.Admit(ctx, r); err != nil {
+		return w, err
+	}
+	if ok, err := e.db.Confirm(ctx, r.Workspace, "", now, w.ID, "h"); err != nil || !ok {
+		e.t.Fatalf("confirm: %v %v", ok, err)
+	}
+	return e.db.Workspace(ctx, acct, w.ID)
+}
+
+func (e *env) release(w sandgate.Workspace, reason sandgate.TerminationReason) {
+	e.t.Helper()
+	if ok, err := e.term.Terminate(context.Background(), w, reason); err != nil || !ok {
+		e.t.Fatalf("terminate %s: %v %v", w.ID, ok, err)
+	}
+}
+
+func (e *env) balance(acct string) billing.Balance {
+	e.t.Helper()
+	b, err := e.bill.Balance(context.Background(), acct)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return b
+}
+
+func (e *env) noDrift(acct string) {
+	e.t.Helper()
+	rep, err := e.bill.Reconcile(context.Background(), acct)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if len(rep.Drift) != 0 {
+		e.t.Fatalf("reconcile %s: drift %v", acct, rep.Drift)
+	}
+}
+
+func code(err error) protocol.Code {
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// Acceptance: 200 concurrent acquires against a balance covering exactly 7
+// worst cases admit exactly 7; the rest are 402 insufficient_funds.
+func TestConcurrentAcquiresAdmitExactlyWhatFundsCover(t *testing.T) {
+	e := newEnv(t)
+	const unit, life = 100, 10 * time.Minute // 100 micros/s × 600 s = 0.06 a worst case
+	worst := int64(unit * 600)
+	e.account("acct_a", unit, false)
+	opening := 7 * worst
+	e.credit("acct_a", opening, "open")
+
+	var mu sync.Mutex
+	var admitted []sandgate.Workspace
+	refused := map[protocol.Code]int{}
+	var wg sync.WaitGroup
+	for range 200 {
+		wg.Go(func() {
+			w, err := e.acquire("acct_a", "inst_1", "", life)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				refused[code(err)]++
+				return
+			}
+			admitted = append(admitted, w)
+		})
+	}
+	wg.Wait()
+	if len(admitted) != 7 || refused[protocol.InsufficientFunds] != 193 {
+		t.Fatalf("admitted %d, refused %v; want 7 admitted and 193 insufficient_funds", len(admitted), refused)
+	}
+	if b := e.balance("acct_a"); b.AvailableMicros != 0 || b.HoldsMicros != opening {
+		t.Fatalf("after admission: %+v, want available 0 and holds %d", b, opening)
+	}
+	var settled int64
+	for i, w := range admitted {
+		e.clock.Advance(time.Duration(i+1) * 7 * time.Second / 3)
+		e.release(w, sandgate.ReasonReleased)
+		e.noDrift("acct_a")
+	}
+	err := e.bill.Ledger().Scan(context.Background(), "acct_a", time.Time{}, time.Time{}, func(u billing.UsageEntry) error {
+		settled += u.AmountMicros
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := e.balance("acct_a")
+	if b.HoldsMicros != 0 || b.BalanceMicros != opening-settled || b.BalanceMicros < 0 || settled == 0 {
+		t.Fatalf("after release: %+v, settled %d; want holds 0 and balance %d", b, settled, opening-settled)
+	}
+	e.noDrift("acct_a")
+}
+
+// Acceptance: an instance at its monthly cap is refused while a sibling
+// under its own cap is admitted; the next month admits again.
+func TestInstanceBudgetCapsOneMonth(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_b", 100, true) // postpaid: budgets alone limit it
+	cap := int64(100 * 600 * 2)    // two worst cases of 10 minutes
+	for _, inst := range []string{"inst_1", "inst_2"} {
+		if err := e.bill.SetBudget(ctx, "acct_b", billing.Budget{InstanceID: inst, MonthlyMicros: cap}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ws []sandgate.Workspace
+	for range 2 {
+		w, err := e.acquire("acct_b", "inst_1", "", 10*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, w)
+	}
+	if _, err := e.acquire("acct_b", "inst_1", "", 10*time.Minute); code(err) != protocol.BudgetExhausted {
+		t.Fatalf("inst_1 at its cap: %v, want budget_exhausted", err)
+	}
+	if _, err := e.acquire("acct_b", "inst_2", "", 10*time.Minute); err != nil {
+		t.Fatalf("sibling inst_2 under its cap: %v", err)
+	}
+	// Settled usage stays counted: each ran its whole life.
+	e.clock.Advance(10 * time.Minute)
+	for _, w := range ws {
+		e.release(w, sandgate.ReasonExpired)
+	}
+	if _, err := e.acquire("acct_b", "inst_1", "", 10*time.Minute); code(err) != protocol.BudgetExhausted {
+		t.Fatalf("inst_1 spent its cap: %v, want budget_exhausted", err)
+	}
+	e.clock.Set(time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC))
+	if _, err := e.acquire("acct_b", "inst_1", "", 10*time.Minute); err != nil {
+		t.Fatalf("next month: %v", err)
+	}
+	e.bill.FlushAlerts(ctx, "acct_b")
+	got := map[string]int{}
+	err := e.db.AuditRange(ctx, time.Time{}, time.Time{}, 0, func(raw []byte) error {
+		var ev struct {
+			Action string        `json:"action"`
+			After  billing.Alert `json:"after"`
+		}
+		if err := json.Unmarshal(raw, &ev); err != nil {
+			return err
+		}
+		if ev.Action == "budget.alert" {
+			got[fmt.Sprintf("%s:%s:%d", ev.After.Month, ev.After.Scope, ev.After.Threshold)]++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"202603:i:inst_1:50", "202603:i:inst_1:80", "202603:i:inst_1:100", "202603:i:inst_2:50"} {
+		if got[want] != 1 {
+			t.Errorf("alert %s written %d times, want once (all: %v)", want, got[want], got)
+		}
+	}
+	e.noDrift("acct_b")
+}
+
+// Property: random credits, acquires, releases and reaper expiries
+// conserve money at every step, and every workspace that ran appears in
+// the ledger exactly once.
+func TestMoneyConservedUnderRandomOperations(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const acct = "acct_p"
+	e.account(acct, 7, false)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var live []sandgate.Workspace
+	all := map[string]bool{}
+	credits := int64(0)
+	for step := range 400 {
+		switch op := rng.IntN(10); {
+		case op < 2:
+			amt := int64(rng.IntN(50_000) + 1)
+			e.credit(acct, amt, fmt.Sprintf("c%d", step))
+			e.credit(acct, amt, fmt.Sprintf("c%d", step)) // a replay changes nothing
+			credits += amt
+		case op < 6:
+			w, err := e.acquire(acct, fmt.Sprintf("inst_%d", rng.IntN(3)), "", time.Duration(rng.IntN(600)+1)*time.Second)
+			if err == nil {
+				live, all[w.ID] = append(live, w), true
+			} else if code(err) != protocol.InsufficientFunds {
+				t.Fatalf("step %d: acquire: %v", step, err)
+			}
+		case op < 9 && len(live) > 0:
+			i := rng.IntN(len(live))
+			reason := sandgate.ReasonReleased
+			if op == 8 {
+				reason = sandgate.ReasonExpired // as the reaper ends it
+			}
+			e.release(live[i], reason)
+			e.release(live[i], reason) // a second end settles nothing
+			live = append(live[:i], live[i+1:]...)
+		default:
+			e.clock.Advance(time.Duration(rng.IntN(90_000)) * time.Millisecond)
+		}
+		b := e.balance(acct)
+		if b.AvailableMicros+b.HoldsMicros+b.SettledMicros != credits || b.CreditsMicros != credits {
+			t.Fatalf("step %d: available %d + holds %d + settled %d != credits %d", step, b.AvailableMicros, b.HoldsMicros, b.SettledMicros, credits)
+		}
+		if b.AvailableMicros < 0 {
+			t.Fatalf("step %d: available %d < 0", step, b.AvailableMicros)
+		}
+	}
+	for _, w := range live {
+		e.release(w, sandgate.ReasonEmergencyStopped)
+	}
+	seen := map[string]int{}
+	err := e.bill.Ledger().Scan(ctx, acct, time.Time{}, time.Time{}, func(u billing.UsageEntry) error {
+		seen[u.WorkspaceID]++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := range all {
+		if seen[id] != 1 {
+			t.Fatalf("workspace %s appears %d times in the ledger", id, seen[id])
+		}
+	}
+	if len(seen) != len(all) {
+		t.Fatalf("ledger has %d workspaces, want %d", len(seen), len(all))
+	}
+	if b := e.balance(acct); b.HoldsMicros != 0 {
+		t.Fatalf("holds %d after every release", b.HoldsMicros)
+	}
+	e.noDrift(acct)
+}
+
+// Statements read funds from billing's journals.
+func TestFundsReaderFromJournals(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_f", 10, false)
+	t0 := e.clock.Now()
+	e.credit("acct_f", 5_000_000, "c1")
+	w, err := e.acquire("acct_f", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holds, err := e.bill.HoldsAt(ctx, "acct_f", t0.Add(time.Second))
+	if err != nil || len(holds) != 1 || holds[0].AmountMicros != 10*3600 {
+		t.Fatalf("HoldsAt = %+v, %v; want the one hold of 0.036", holds, err)
+	}
+	e.clock.Advance(100 * time.Second)
+	e.release(w, sandgate.ReasonReleased)
+	end := e.clock.Now().Add(time.Second)
+	bal, cur, err := e.bill.BalanceAt(ctx, "acct_f", end)
+	if err != nil || bal != 5_000_000-1000 || cur != "USD" {
+		t.Fatalf("BalanceAt = %d %s %v; want 4999000 USD", bal, cur, err)
+	}
+	if b, _, _ := e.bill.BalanceAt(ctx, "acct_f", t0.Add(-time.Hour)); b != 0 {
+		t.Fatalf("BalanceAt before the credit = %d, want 0", b)
+	}
+	cs, err := e.bill.Credits(ctx, "acct_f", t0, end)
+	if err != nil || len(cs) != 1 || cs[0].AmountMicros != 5_000_000 {
+		t.Fatalf("Credits = %+v, %v", cs, err)
+	}
+}
+
+// A settlement lost after the end was recorded, and a hold whose create
+// was aborted without its release, are repaired; reconcile reports both
+// until then.
+func TestSettleDanglingRepairsLostSettlements(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_d", 10, false)
+	e.credit("acct_d", 10_000_000, "c")
+	w1, err := e.acquire("acct_d", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := e.acquire("acct_d", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Minute)
+	noSettle := termination.New(e.db, nil, e.clock, nil, 0) // a crash between finish and settle
+	if ok, err := noSettle.Terminate(ctx, w1, sandgate.ReasonReleased); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if err := e.db.Abort(ctx, w2, w2.ID); err != nil { // a crash between abort and release
+		t.Fatal(err)
+	}
+	rep, err := e.bill.Reconcile(ctx, "acct_d")
+	if err != nil || len(rep.Drift) != 2 {
+		t.Fatalf("reconcile before repair: %v %v; want 2 dangling holds", rep.Drift, err)
+	}
+	if n, err := e.bill.SettleDangling(ctx, "acct_d"); n != 2 || err != nil {
+		t.Fatalf("SettleDangling = %d, %v; want 2", n, err)
+	}
+	b := e.balance("acct_d")
+	if b.HoldsMicros != 0 || b.SettledMicros != 600 {
+		t.Fatalf("after repair: %+v; want holds 0, settled 600 (60 s × 10)", b)
+	}
+	e.noDrift("acct_d")
+}
+
+// An adjustment corrects an entry by appending, once per key, and the
+// account still reconciles.
+func TestAdjustUsageAppendsOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_j", 10, false)
+	e.credit("acct_j", 1_000_000, "c")
+	w, err := e.acquire("acct_j", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(100 * time.Second)
+	e.release(w, sandgate.ReasonReleased)
+	for range 2 {
+		if _, _, err := e.bill.AdjustUsage(ctx, "acct_j", billing.FinalID(w.ID), "refund-1", -400, e.clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := e.bill.AdjustUsage(ctx, "acct_j", "ws_nope:final", "x", -1, e.clock.Now()); !errors.Is(err, billing.ErrNoEntry) {
+		t.Fatalf("adjusting a missing entry: %v, want ErrNoEntry", err)
+	}
+	var kinds []string
+	_ = e.bill.Ledger().Scan(ctx, "acct_j", time.Time{}, time.Time{}, func(u billing.UsageEntry) error {
+		kinds = append(kinds, u.Kind+":"+u.Corrects)
+		return nil
+	})
+	if len(kinds) != 2 || kinds[1] != "adjustment:"+billing.FinalID(w.ID) {
+		t.Fatalf("ledger kinds = %v", kinds)
+	}
+	if b := e.balance("acct_j"); b.SettledMicros != 600 || b.BalanceMicros != 1_000_000-600 {
+		t.Fatalf("after a 400 refund of 1000: %+v", b)
+	}
+	e.noDrift("acct_j")
+}

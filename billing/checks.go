@@ -1,0 +1,146 @@
+package billing
+
+import (
+	"context"
+	"time"
+
+	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/protocol"
+)
+
+// Checks returns the admission checks of billing, in order: funds, then
+// budgets. They slot in between Concurrency and Risk (admission.Standard).
+func (b *Billing) Checks() []admission.Check {
+	return []admission.Check{FundsCheck{b: b}, BudgetCheck{}}
+}
+
+// FundsCheck prices the workspace (Pre) and, for a prepaid account,
+// refuses insufficient_funds unless its available amount plus credit limit
+// covers the worst case; admitted, it holds the worst case in the same
+// script that takes the concurrency slot.
+type FundsCheck struct{ b *Billing }
+
+// Name implements admission.Check.
+func (FundsCheck) Name() string { return "funds" }
+
+// Pre implements admission.PreCheck: it reads the account's rate card
+// (global, outside the account's slot) and writes the price on the
+// workspace record the pipeline is about to write.
+func (c FundsCheck) Pre(ctx context.Context, r *admission.Request) error {
+	w := &r.Workspace
+	p, err := c.b.Price(ctx, w.AccountID, w.Size, w.CreatedAt, w.ExpiresAt)
+	if err != nil {
+		return &protocol.Error{Code: protocol.AdmissionUnavailable,
+			Message: "the broker cannot price the workspace; retry shortly", RetryAfter: time.Second, Err: err}
+	}
+	w.Price = p
+	return nil
+}
+
+// Lua implements admission.Check. K[1] settings HASH, K[2] funds HASH,
+// K[3] holds HASH; A[1] hold (micros), A[2] workspace id.
+func (FundsCheck) Lua() (string, string) {
+	return `local st = redis.call('HMGET', K[1], 'configured', 'postpaid', 'credit_limit')
+if st[1] == '1' and st[2] ~= '1' then
+  local f = redis.call('HMGET', K[2], 'balance', 'holds')
+  local avail = (tonumber(f[1]) or 0) - (tonumber(f[2]) or 0) + (tonumber(st[3]) or 0)
+  if avail < tonumber(A[1]) then return {'` + string(protocol.InsufficientFunds) + `', ''} end
+end`, `if tonumber(A[1]) > 0 then
+  redis.call('HINCRBY', K[2], 'holds', A[1])
+  redis.call('HSET', K[3], A[2], A[1])
+end`
+}
+
+// Bind implements admission.Check.
+func (FundsCheck) Bind(r *admission.Request) ([]string, []any) {
+	a := r.Workspace.AccountID
+	return []string{settingsKey(a), fundsKey(a), holdsKey(a)}, []any{r.Workspace.Price.HoldMicros, r.Workspace.ID}
+}
+
+// BudgetCheck refuses budget_exhausted when a hard monthly budget of the
+// workspace's account, instance or agent would go over its cap: settled
+// usage plus open holds of the calendar month (UTC) plus this worst case.
+// Admitted, it counts the hold against every scope of the workspace and
+// queues threshold alerts.
+type BudgetCheck struct{}
+
+// Name implements admission.Check.
+func (BudgetCheck) Name() string { return "budget" }
+
+// Lua implements admission.Check. K[1] budgets HASH, K[2] spend HASH (the
+// month's), K[3] alerted SET (the month's), K[4] alerts LIST; A[1] hold,
+// A[2] month, A[3] now (unix ms), A[4..] scopes.
+func (BudgetCheck) Lua() (string, string) {
+	return budgetLua + `local w = tonumber(A[1])
+for i = 4, #A do
+  local lim = tonumber(redis.call('HGET', K[1], A[i]))
+  if lim and redis.call('HGET', K[1], A[i] .. ':soft') ~= '1' then
+    if spent(K[2], A[i]) + w > lim then return {'` + string(protocol.BudgetExhausted) + `', scope_level(A[i])} end
+  end
+end`, budgetLua + `for i = 4, #A do
+  if tonumber(A[1]) > 0 then redis.call('HINCRBY', K[2], A[i] .. ':h', A[1]) end
+  budget_alerts(K[1], K[2], K[3], K[4], A[i], A[2], A[3])
+end
+redis.call('PEXPIRE', K[2], ` + spendTTL + `)`
+}
+
+// Bind implements admission.Check.
+func (BudgetCheck) Bind(r *admission.Request) ([]string, []any) {
+	w := r.Workspace
+	m := month(w.CreatedAt)
+	args := []any{w.Price.HoldMicros, m, r.Now.UnixMilli()}
+	for _, s := range scopes(w.InstanceID, w.Agent) {
+		args = append(args, s)
+	}
+	return []string{budgetsKey(w.AccountID), spendKey(w.AccountID, m), alertedKey(w.AccountID, m), alertsKey(w.AccountID)}, args
+}
+
+// spendTTL keeps a month's spending counters (ms): 400 days.
+const spendTTL = "34560000000"
+
+// budgetLua is shared by the budget check and settlement: spent(spend,
+// scope) is the month's settled plus held amount of a scope; scope_level
+// names a scope's level for a refusal's reason; budget_alerts queues an
+// alert the first time a scope's spending reaches 50, 80 and 100 % of its
+// cap in a month.
+const budgetLua = `
+local function spent(spend, s)
+  return (tonumber(redis.call('HGET', spend, s .. ':h')) or 0) + (tonumber(redis.call('HGET', spend, s .. ':s')) or 0)
+end
+local function scope_level(s)
+  if s == 'a' then return 'account' end
+  if string.find(s, 'g:', 1, true) then return 'agent' end
+  return 'instance'
+end
+local function budget_alerts(budgets, spend, alerted, list, s, mon, now)
+  local lim = tonumber(redis.call('HGET', budgets, s))
+  if not lim or lim <= 0 then return end
+  local used = spent(spend, s)
+  for _, p in ipairs({50, 80, 100}) do
+    if used * 100 >= lim * p and redis.call('SADD', alerted, s .. ':' .. p) == 1 then
+      redis.call('PEXPIRE', alerted, ` + spendTTL + `)
+      redis.call('RPUSH', list, cjson.encode({scope = s, level = scope_level(s), threshold = p, month = mon,
+        used_micros = string.format('%d', used), limit_micros = string.format('%d', lim),
+        soft = redis.call('HGET', budgets, s .. ':soft') == '1', at_ms = string.format('%d', tonumber(now))}))
+    end
+  end
+end
+`
+
+// month is the calendar month (UTC) of t, as spending keys name it.
+func month(t time.Time) string { return t.UTC().Format("200601") }
+
+// scopes are the budget scopes a workspace counts against, widest first.
+func scopes(inst, agent string) []string {
+	s := []string{"a", "i:" + inst}
+	if agent != "" {
+		s = append(s, "g:"+agent, "i:"+inst+":g:"+agent)
+	}
+	return s
+}
+
+// Interface guards.
+var (
+	_ admission.PreCheck = FundsCheck{}
+	_ admission.Check    = BudgetCheck{}
+)

@@ -1,0 +1,170 @@
+package billing
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Entry kinds of the usage ledger.
+const (
+	KindUsage      = "usage"      // a workspace's metered use
+	KindAdjustment = "adjustment" // an operator's correction of an earlier entry
+)
+
+// UsageEntry is one entry of an account's usage ledger: the stream
+// sg:{A}:usage, one field "e" holding this JSON. The JSON names are a
+// contract with usage exports; never rename one.
+//
+// A workspace's entry has ID "<workspace_id>:final" and is written exactly
+// once, when its end is confirmed (whatever ended it). Amounts are int64
+// micro-units of Currency; AmountMicros = UnitPriceMicros × Seconds, exact
+// (see [Amount]). Times are UTC with millisecond precision.
+type UsageEntry struct {
+	ID                string    `json:"id"`    // "<workspace_id>:final", or "adj:<random>" for an adjustment
+	Kind              string    `json:"kind"`  // KindUsage or KindAdjustment
+	Final             bool      `json:"final"` // true: no later entry for this workspace changes it (interim entries are not written yet)
+	AccountID         string    `json:"account_id"`
+	InstanceID        string    `json:"instance_id"`
+	WorkspaceID       string    `json:"workspace_id"`
+	Agent             string    `json:"agent"`
+	RunID             string    `json:"run_id"`
+	Size              string    `json:"size"`
+	Image             string    `json:"image"`
+	Provider          string    `json:"provider"`
+	RateCard          string    `json:"rate_card"`         // "" when the workspace was admitted without one (price 0)
+	RateCardVersion   int       `json:"rate_card_version"` // 0 without a rate card
+	Currency          string    `json:"currency"`          // ISO 4217
+	UnitPriceMicros   int64     `json:"unit_price_micros"` // per second, the price the workspace was admitted at
+	Seconds           int64     `json:"seconds"`           // metered_seconds
+	AmountMicros      int64     `json:"amount_micros"`     // charged; negative for an adjustment that refunds
+	StartedAt         time.Time `json:"started_at"`        // the provider's confirmed start (zero if it never started)
+	EndedAt           time.Time `json:"ended_at"`          // the provider's confirmed end
+	TerminatedAt      time.Time `json:"terminated_at"`     // the termination time exports filter by
+	TerminationReason string    `json:"termination_reason"`
+	Corrects          string    `json:"corrects"` // for an adjustment, the id of the entry it corrects
+}
+
+// FinalID is the ledger entry id of a workspace's final usage.
+func FinalID(workspaceID string) string { return workspaceID + ":final" }
+
+// Ledger reads and appends an account's usage ledger.
+type Ledger struct {
+	rdb redis.UniversalClient
+}
+
+// NewLedger returns a Ledger over rdb.
+func NewLedger(rdb redis.UniversalClient) *Ledger { return &Ledger{rdb: rdb} }
+
+// scanPage is how many entries one XRANGE reads.
+const scanPage = 500
+
+// Scan calls fn, in ledger order, for every entry of acct whose
+// TerminatedAt is in [from, to); a zero from or to leaves that side open.
+// It pages the stream 500 entries at a time, so memory is constant. An
+// entry's stream id is never earlier than its TerminatedAt (see
+// appendScript), so the walk starts at from. fn's error stops the walk and
+// is returned.
+func (l *Ledger) Scan(ctx context.Context, acct string, from, to time.Time, fn func(UsageEntry) error) error {
+	start := "-"
+	if !from.IsZero() {
+		start = strconv.FormatInt(from.UnixMilli(), 10)
+	}
+	for {
+		msgs, err := l.rdb.XRangeN(ctx, usageKey(acct), start, "+", scanPage).Result()
+		if err != nil {
+			return fmt.Errorf("usage ledger: %w", err)
+		}
+		for _, m := range msgs {
+			e, err := decodeEntry(m)
+			if err != nil {
+				return err
+			}
+			if !from.IsZero() && e.TerminatedAt.Before(from) || !to.IsZero() && !e.TerminatedAt.Before(to) {
+				continue
+			}
+			if err := fn(e); err != nil {
+				return err
+			}
+		}
+		if len(msgs) < scanPage {
+			return nil
+		}
+		start = "(" + msgs[len(msgs)-1].ID
+	}
+}
+
+func decodeEntry(m redis.XMessage) (UsageEntry, error) {
+	var e UsageEntry
+	s, _ := m.Values["e"].(string)
+	if err := json.Unmarshal([]byte(s), &e); err != nil {
+		return e, fmt.Errorf("usage ledger entry %s: %w", m.ID, err)
+	}
+	return e, nil
+}
+
+// Append writes e to its account's ledger unless an entry with its ID is
+// already there. It reports whether it wrote. It moves no money: settlement
+// appends in the same script that settles (see [Funds.Settle]); Append is
+// for tests and tools.
+func (l *Ledger) Append(ctx context.Context, e UsageEntry) (bool, error) {
+	e = e.normalized()
+	b, err := json.Marshal(e)
+	if err != nil {
+		return false, err
+	}
+	n, err := appendScript.Run(ctx, l.rdb, []string{usageKey(e.AccountID), usageIDsKey(e.AccountID)},
+		e.ID, string(b), e.TerminatedAt.UnixMilli()).Int()
+	if err != nil {
+		return false, fmt.Errorf("usage ledger append: %w", err)
+	}
+	return n == 1, nil
+}
+
+func (e UsageEntry) normalized() UsageEntry {
+	utc := func(t time.Time) time.Time {
+		if t.IsZero() {
+			return time.Time{}
+		}
+		return t.UTC().Truncate(time.Millisecond)
+	}
+	e.StartedAt, e.EndedAt, e.TerminatedAt = utc(e.StartedAt), utc(e.EndedAt), utc(e.TerminatedAt)
+	return e
+}
+
+// appendLua appends one ledger entry, idempotent by entry id. Its stream
+// id's time is the entry's terminated_at, or the newest entry's when that
+// is later, so ids stay ordered and no entry's id is earlier than its
+// terminated_at. It is shared by appendScript and the settle script.
+//
+// Uses: ukey usage STREAM, idskey ids SET, eid entry id, ej entry JSON,
+// tms terminated_at (unix ms). Evaluates to 1 appended, 0 already there.
+const appendLua = `
+local function append_usage(ukey, idskey, eid, ej, tms)
+  if redis.call('SADD', idskey, eid) == 0 then return 0 end
+  local t = tonumber(tms)
+  local last = redis.call('XREVRANGE', ukey, '+', '-', 'COUNT', 1)
+  local id = tostring(t) .. '-*'
+  if last[1] then
+    local lms = tonumber(string.match(last[1][1], '^(%d+)-'))
+    if lms >= t then id = tostring(lms) .. '-*' end
+  end
+  redis.call('XADD', ukey, id, 'e', ej)
+  return 1
+end
+`
+
+// appendScript appends one usage ledger entry unless its id is there.
+//
+// KEYS[1] usage STREAM, KEYS[2] usage ids SET
+// ARGV[1] entry id, ARGV[2] entry JSON, ARGV[3] terminated_at (unix ms)
+// Returns 1 appended, 0 already there.
+var appendScript = redis.NewScript(appendLua + `
+return append_usage(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
+`)
+
+var zeroTime time.Time

@@ -1,0 +1,292 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admin"
+)
+
+// Billing commands of `sandgate admin`: rate cards, account billing
+// settings, funds and budgets. Amounts are decimal strings of currency
+// units ("25.00"); prices are per second.
+
+func rateCardCommand(f *adminFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "rate-card", Short: "Create and list rate cards (prices per second per size)"}
+	var name string
+	prices := map[string]*string{}
+	create := &cobra.Command{
+		Use:   "create --name N --small P --standard P --large P --xlarge P",
+		Short: "Create a rate card, or a new version of it; accounts on it price new workspaces at the new version",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			req := admin.RateCardRequest{Name: name, Prices: map[string]string{}}
+			for size, p := range prices {
+				req.Prices[size] = *p
+			}
+			var out admin.RateCard
+			if err := c.Do(cmd.Context(), http.MethodPost, "/rate-cards", req, &out); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), out, rateCardLine(out))
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "rate card name (required)")
+	_ = create.MarkFlagRequired("name")
+	for _, s := range sandgate.StandardSizes {
+		p := new(string)
+		prices[s.Name] = p
+		create.Flags().StringVar(p, s.Name, "", "price per second of size "+s.Name+" in currency units, e.g. 0.000100 (required)")
+		_ = create.MarkFlagRequired(s.Name)
+	}
+	list := &cobra.Command{
+		Use: "list", Short: "List the newest version of every rate card",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			var out []admin.RateCard
+			if err := c.Do(cmd.Context(), http.MethodGet, "/rate-cards", nil, &out); err != nil {
+				return err
+			}
+			lines := make([]string, 0, len(out))
+			for _, rc := range out {
+				lines = append(lines, rateCardLine(rc))
+			}
+			return f.print(cmd.OutOrStdout(), out, strings.Join(lines, "\n"))
+		},
+	}
+	cmd.AddCommand(create, list)
+	return cmd
+}
+
+func rateCardLine(rc admin.RateCard) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s v%d", rc.Name, rc.Version)
+	for _, s := range sandgate.StandardSizes {
+		fmt.Fprintf(&b, " %s=%s/s", s.Name, rc.Prices[s.Name])
+	}
+	return b.String()
+}
+
+func billingCommand(f *adminFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "billing", Short: "Set and show an account's billing: rate card, currency, credit limit, postpaid"}
+	var acct string
+	var req admin.BillingSettings
+	set := &cobra.Command{
+		Use:   "set --account ID --rate-card N --currency USD [--credit-limit 0] [--postpaid]",
+		Short: "Configure an account's billing; it is prepaid (needs funds) unless --postpaid",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			var out admin.BillingSettings
+			if err := c.Do(cmd.Context(), http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/billing", req, &out); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), out, billingLine(out))
+		},
+	}
+	set.Flags().StringVar(&acct, "account", "", "account id (required)")
+	set.Flags().StringVar(&req.RateCard, "rate-card", "", "rate card name")
+	set.Flags().StringVar(&req.Currency, "currency", "", "ISO 4217 currency code (required)")
+	set.Flags().StringVar(&req.CreditLimit, "credit-limit", "0", "how far below zero the available amount may go")
+	set.Flags().BoolVar(&req.Postpaid, "postpaid", false, "no funds check (budgets still apply)")
+	_ = set.MarkFlagRequired("account")
+	_ = set.MarkFlagRequired("currency")
+	get := &cobra.Command{
+		Use: "get --account ID", Short: "Show an account's billing settings",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			var out admin.BillingSettings
+			if err := c.Do(cmd.Context(), http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/billing", nil, &out); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), out, billingLine(out))
+		},
+	}
+	get.Flags().StringVar(&acct, "account", "", "account id (required)")
+	_ = get.MarkFlagRequired("account")
+	cmd.AddCommand(set, get)
+	return cmd
+}
+
+func billingLine(s admin.BillingSettings) string {
+	if !s.Configured {
+		return "not configured: postpaid, no rate card (price 0)"
+	}
+	mode := "prepaid"
+	if s.Postpaid {
+		mode = "postpaid"
+	}
+	return fmt.Sprintf("%s rate_card=%s currency=%s credit_limit=%s", mode, s.RateCard, s.Currency, s.CreditLimit)
+}
+
+func fundsCommand(f *adminFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "funds", Short: "Credit, debit and show an account's prepaid funds"}
+	adjust := func(kind string) *cobra.Command {
+		var acct string
+		var req admin.FundsRequest
+		c := &cobra.Command{
+			Use:   kind + " --account ID --amount 25.00 --reason TEXT [--idempotency-key K]",
+			Short: "Append a " + kind + " to the account's funds ledger (once per idempotency key)",
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				cl, err := f.client()
+				if err != nil {
+					return err
+				}
+				if req.IdempotencyKey == "" {
+					b := make([]byte, 16)
+					_, _ = rand.Read(b)
+					req.IdempotencyKey = hex.EncodeToString(b)
+				}
+				var out admin.FundsEntry
+				if err := cl.Do(cmd.Context(), http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/funds/"+kind, req, &out); err != nil {
+					return err
+				}
+				return f.print(cmd.OutOrStdout(), out, out.Balance.Available)
+			},
+		}
+		c.Flags().StringVar(&acct, "account", "", "account id (required)")
+		c.Flags().StringVar(&req.Amount, "amount", "", "amount in currency units, e.g. 25.00 (required)")
+		c.Flags().StringVar(&req.Reason, "reason", "", "why (required; kept in the ledger)")
+		c.Flags().StringVar(&req.IdempotencyKey, "idempotency-key", "", "a retry with the same key applies once (default: random, printed with -o json)")
+		for _, fl := range []string{"account", "amount", "reason"} {
+			_ = c.MarkFlagRequired(fl)
+		}
+		return c
+	}
+	var acct string
+	balance := &cobra.Command{
+		Use:   "balance --account ID",
+		Short: "Print the available amount (balance − holds); -o json adds holds, settled and currency",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			var out admin.Balance
+			if err := c.Do(cmd.Context(), http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/funds", nil, &out); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), out, out.Available)
+		},
+	}
+	balance.Flags().StringVar(&acct, "account", "", "account id (required)")
+	_ = balance.MarkFlagRequired("account")
+	cmd.AddCommand(adjust("credit"), adjust("debit"), balance, adjustmentCommand(f))
+	return cmd
+}
+
+func budgetCommand(f *adminFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "budget", Short: "Set and list monthly budgets (account, instance, agent)"}
+	var acct string
+	var req admin.BudgetRequest
+	show := func(cmd *cobra.Command, out []admin.Budget) error {
+		lines := []string{}
+		for _, b := range out {
+			scope := "account"
+			if b.InstanceID != "" {
+				scope = "instance=" + b.InstanceID
+			}
+			if b.Agent != "" {
+				scope += " agent=" + b.Agent
+			}
+			kind := "hard"
+			if b.Soft {
+				kind = "soft"
+			}
+			lines = append(lines, fmt.Sprintf("%s monthly=%s used=%s %s", scope, b.Monthly, b.Used, kind))
+		}
+		return f.print(cmd.OutOrStdout(), out, strings.Join(lines, "\n"))
+	}
+	set := &cobra.Command{
+		Use:   "set --account ID [--instance ID] [--agent SLUG] --monthly 100.00 [--soft]",
+		Short: "Set a monthly budget (calendar month, UTC); --monthly 0 removes it",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			var out []admin.Budget
+			if err := c.Do(cmd.Context(), http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/budgets", req, &out); err != nil {
+				return err
+			}
+			return show(cmd, out)
+		},
+	}
+	set.Flags().StringVar(&acct, "account", "", "account id (required)")
+	set.Flags().StringVar(&req.InstanceID, "instance", "", "instance id (default: the whole account)")
+	set.Flags().StringVar(&req.Agent, "agent", "", "agent slug")
+	set.Flags().StringVar(&req.Monthly, "monthly", "", "cap per calendar month in currency units (required)")
+	set.Flags().BoolVar(&req.Soft, "soft", false, "alert only, never refuse")
+	_ = set.MarkFlagRequired("account")
+	_ = set.MarkFlagRequired("monthly")
+	list := &cobra.Command{
+		Use: "list --account ID", Short: "List an account's budgets with this month's use",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			var out []admin.Budget
+			if err := c.Do(cmd.Context(), http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/budgets", nil, &out); err != nil {
+				return err
+			}
+			return show(cmd, out)
+		},
+	}
+	list.Flags().StringVar(&acct, "account", "", "account id (required)")
+	_ = list.MarkFlagRequired("account")
+	cmd.AddCommand(set, list)
+	return cmd
+}
+
+func adjustmentCommand(f *adminFlags) *cobra.Command {
+	var acct string
+	var req admin.AdjustmentRequest
+	cmd := &cobra.Command{
+		Use:   "adjust-usage --account ID --corrects ENTRY_ID --amount -1.50 --reason TEXT [--idempotency-key K]",
+		Short: "Correct a usage ledger entry by appending an adjustment (negative refunds); the ledger is never edited",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			if req.IdempotencyKey == "" {
+				b := make([]byte, 16)
+				_, _ = rand.Read(b)
+				req.IdempotencyKey = hex.EncodeToString(b)
+			}
+			var out admin.Adjustment
+			if err := c.Do(cmd.Context(), http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/usage/adjustments", req, &out); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), out, out.Entry.ID)
+		},
+	}
+	cmd.Flags().StringVar(&acct, "account", "", "account id (required)")
+	cmd.Flags().StringVar(&req.Corrects, "corrects", "", "the id of the entry to correct, e.g. ws_…:final (required)")
+	cmd.Flags().StringVar(&req.Amount, "amount", "", "signed correction in currency units (required)")
+	cmd.Flags().StringVar(&req.Reason, "reason", "", "why (required; kept in the audit log)")
+	cmd.Flags().StringVar(&req.IdempotencyKey, "idempotency-key", "", "a retry with the same key appends once (default: random)")
+	for _, fl := range []string{"account", "corrects", "amount", "reason"} {
+		_ = cmd.MarkFlagRequired(fl)
+	}
+	return cmd
+}

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/billing"
+)
+
+// usageExportCommand is `sandgate usage export`: the operator API's
+// GET /admin/v1/usage written to a file or stdout, byte for byte.
+func usageExportCommand() *cobra.Command {
+	var (
+		f                                adminFlags
+		from, to, acct, inst, agent, out string
+		format                           string
+	)
+	cmd := &cobra.Command{
+		Use:   "export",
+		Short: "Export the usage ledger as CSV or JSON lines (finance or admin token)",
+		Long: `Export every usage ledger entry whose termination time is in [--from, --to)
+(half-open, RFC 3339; default: the current calendar month, UTC), optionally
+of one account, instance or agent, as CSV (RFC 4180, header row) or JSON lines.
+The README's "For finance teams" section lists the columns and how to reconcile.
+
+With --out the export is written to FILE.partial and renamed to FILE once
+complete, so FILE never holds a cut-short export. When stderr is a terminal a
+progress line counts the rows.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmtv, err := billing.ParseFormat(format)
+			if err != nil {
+				return err
+			}
+			month := billing.MonthOf(time.Now())
+			q := url.Values{"format": {string(fmtv)}}
+			for _, p := range []struct {
+				name, v string
+				def     time.Time
+			}{{"from", from, month}, {"to", to, month.AddDate(0, 1, 0)}} {
+				t := p.def
+				if p.v != "" {
+					if t, err = time.Parse(time.RFC3339, p.v); err != nil {
+						return fmt.Errorf("--%s takes an RFC 3339 time, e.g. 2026-10-01T00:00:00Z: %q", p.name, p.v)
+					}
+				}
+				q.Set(p.name, t.UTC().Format(time.RFC3339))
+			}
+			for k, v := range map[string]string{"account": acct, "instance": inst, "agent": agent} {
+				if v != "" {
+					q.Set(k, v)
+				}
+			}
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			return exportUsage(cmd.Context(), c, "/usage?"+q.Encode(), out, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.url, "url", "", "operator API URL (default $SANDGATE_ADMIN_URL)")
+	fl.StringVar(&f.token, "token", "", "finance or admin operator token (default $SANDGATE_ADMIN_TOKEN)")
+	fl.DurationVar(&f.timeout, "timeout", 0, "bound on the whole export (0: none)")
+	fl.StringVar(&from, "from", "", "first termination time included (RFC 3339; default: the start of the current UTC month)")
+	fl.StringVar(&to, "to", "", "first termination time excluded (RFC 3339; default: the start of the next UTC month)")
+	fl.StringVar(&acct, "account", "", "only this account (default: every account, in id order)")
+	fl.StringVar(&inst, "instance", "", "only this instance")
+	fl.StringVar(&agent, "agent", "", "only this agent")
+	fl.StringVar(&format, "format", "csv", "csv or jsonl")
+	fl.StringVar(&out, "out", "", "write to this file (mode 0600) instead of stdout")
+	return cmd
+}
+
+// exportUsage streams path to out (a file, or stdout when "" or "-"),
+// with a progress line on stderr when stderr is a terminal that the rows
+// are not also going to.
+func exportUsage(ctx context.Context, c *admin.Client, path, out string, stdout, stderr io.Writer) error {
+	toStdout := out == "" || out == "-"
+	p := newProgress(stderr, !(toStdout && isTerminal(stdout)))
+	defer p.stop()
+	if toStdout {
+		return c.Stream(ctx, path, p.wrap(stdout))
+	}
+	tmp := out + ".partial"
+	file, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := c.Stream(ctx, path, p.wrap(file)); err != nil {
+		file.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("usage export cut short, %s not written: %w", filepath.Base(out), err)
+	}
+	if err := file.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, out)
+}
+
+// progress counts the lines of an export and, when its writer is a
+// terminal, rewrites one status line on it every half second. Its
+// goroutine exits on stop.
+type progress struct {
+	w    io.Writer
+	mu   sync.Mutex
+	rows int64
+	n    int64
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+func newProgress(stderr io.Writer, show bool) *progress {
+	p := &progress{w: stderr, done: make(chan struct{})}
+	if !show || !isTerminal(stderr) {
+		return p
+	}
+	start := time.Now()
+	p.wg.Go(func() {
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		shown := false
+		for {
+			select {
+			case <-t.C:
+				p.show(start, false)
+				shown = true
+			case <-p.done:
+				if shown {
+					p.show(start, true)
+				}
+				return
+			}
+		}
+	})
+	return p
+}
+
+func (p *progress) show(start time.Time, last bool) {
+	p.mu.Lock()
+	rows, n := p.rows, p.n
+	p.mu.Unlock()
+	end := ""
+	if last {
+		end = "\n"
+	}
+	fmt.Fprintf(p.w, "\rsandgate: %d lines, %.1f MB, %s%s", rows, float64(n)/1e6, time.Since(start).Truncate(time.Second), end)
+}
+
+func (p *progress) stop() {
+	close(p.done)
+	p.wg.Wait()
+}
+
+// wrap returns w counting what passes through it.
+func (p *progress) wrap(w io.Writer) io.Writer {
+	return writerFunc(func(b []byte) (int, error) {
+		p.mu.Lock()
+		p.rows += int64(bytes.Count(b, []byte{'\n'}))
+		p.n += int64(len(b))
+		p.mu.Unlock()
+		return w.Write(b)
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,88 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/internal/sgtest"
+	"github.com/sandgate/sandgate/providers"
+)
+
+// TestBillingHoldSettleAndAbort: an Acquire holds the worst case, a failed
+// create gives it back uncharged, and a release settles the metered
+// seconds at the admitted price into the usage ledger, once.
+func TestBillingHoldSettleAndAbort(t *testing.T) {
+	t.Parallel()
+	h := sgtest.New(t, sgtest.Options{})
+	op := newOperator(t, h)
+	in := h.NewInstance(admin.Scope{})
+	acct := in.AccountID
+	op.billing(t, acct, "0.000100", false)
+	op.do(t, http.MethodPost, "/accounts/"+acct+"/funds/credit", admin.FundsRequest{Amount: "50.00", Reason: "open", IdempotencyKey: "o"}, nil)
+	funds := func() admin.Balance {
+		var b admin.Balance
+		op.do(t, http.MethodGet, "/accounts/"+acct+"/funds", nil, &b)
+		return b
+	}
+
+	h.Provider.OnCreate(func(context.Context, providers.CreateSpec) error { return errors.New("boom") })
+	if rep := do(t, h, acquireReq(in.Token, "fails", acquireBody("fails"))); rep.Status != http.StatusBadGateway {
+		t.Fatalf("acquire with a failing create: %d, want 502", rep.Status)
+	}
+	if b := funds(); b.HoldsMicros != 0 || b.Available != "50.00" {
+		t.Fatalf("after a failed create: %+v; want the hold back", b)
+	}
+	h.Provider.OnCreate(nil)
+
+	ws := acquire(t, h, in.Token, "ok")
+	if b := funds(); b.HoldsMicros <= 0 {
+		t.Fatalf("with a workspace running: holds %d; want its worst case", b.HoldsMicros)
+	}
+	// A price change reaches only later workspaces.
+	op.do(t, http.MethodPost, "/rate-cards", admin.RateCardRequest{Name: "card-" + lower(acct),
+		Prices: map[string]string{"small": "1.00", "standard": "1.00", "large": "1.00", "xlarge": "1.00"}}, nil)
+	h.Clock.Advance(90*time.Second + time.Millisecond)
+	release(t, h, in.Token, ws.WorkspaceID)
+	release(t, h, in.Token, ws.WorkspaceID)
+
+	var got []billing.UsageEntry
+	if err := billing.NewLedger(h.DB.Redis()).Scan(context.Background(), acct, time.Time{}, time.Time{}, func(e billing.UsageEntry) error {
+		got = append(got, e)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("usage entries = %d, want 1: %+v", len(got), got)
+	}
+	e := got[0]
+	// Metered from the provider's confirmed start, rounded up.
+	if e.WorkspaceID != ws.WorkspaceID || e.Seconds != billing.MeteredSeconds(e.StartedAt, e.EndedAt) || e.Seconds < 89 ||
+		e.UnitPriceMicros != 100 || e.AmountMicros != 100*e.Seconds ||
+		e.RateCardVersion != 1 || e.Currency != "USD" || e.TerminationReason != "released" || e.InstanceID != in.ID {
+		t.Fatalf("usage entry = %+v; want ~90 s at the admitted 100 micros/s, v1, USD, released", e)
+	}
+	if b := funds(); b.HoldsMicros != 0 || b.SettledMicros != e.AmountMicros || b.BalanceMicros != 50_000_000-e.AmountMicros {
+		t.Fatalf("after release: %+v", b)
+	}
+	var reps []billing.Report
+	op.do(t, http.MethodGet, "/billing/reconcile?account="+acct, nil, &reps)
+	if len(reps) != 1 || len(reps[0].Drift) != 0 {
+		t.Fatalf("reconcile: %+v", reps)
+	}
+}
+
+func lower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
