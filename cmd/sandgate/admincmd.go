@@ -37,6 +37,15 @@ func (f *adminFlags) client() (*admin.Client, error) {
 	return admin.NewClient(u, sandgate.Secret(t), &http.Client{Timeout: f.timeout})
 }
 
+// do sends one request to the operator API with the flags' URL and token.
+func (f *adminFlags) do(cmd *cobra.Command, method, path string, in, out any) error {
+	c, err := f.client()
+	if err != nil {
+		return err
+	}
+	return c.Do(cmd.Context(), method, path, in, out)
+}
+
 // print writes v as JSON with -o json, else the plain value alone.
 func (f *adminFlags) print(w io.Writer, v any, plain string) error {
 	switch f.output {
@@ -70,12 +79,8 @@ func accountCommand(f *adminFlags) *cobra.Command {
 	create := &cobra.Command{
 		Use: "create", Short: "Create an account; prints its id",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var a admin.Account
-			if err := c.Do(cmd.Context(), http.MethodPost, "/accounts", admin.CreateAccountRequest{Name: name}, &a); err != nil {
+			if err := f.do(cmd, http.MethodPost, "/accounts", admin.CreateAccountRequest{Name: name}, &a); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), a, a.ID)
@@ -86,12 +91,8 @@ func accountCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List accounts",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var as []admin.Account
-			if err := c.Do(cmd.Context(), http.MethodGet, "/accounts", nil, &as); err != nil {
+			if err := f.do(cmd, http.MethodGet, "/accounts", nil, &as); err != nil {
 				return err
 			}
 			plain := ""
@@ -167,12 +168,8 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 	get := &cobra.Command{
 		Use: "get ID", Short: "Show an instance and its scope", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var in admin.Instance
-			if err := c.Do(cmd.Context(), http.MethodGet, "/instances/"+url.PathEscape(args[0]), nil, &in); err != nil {
+			if err := f.do(cmd, http.MethodGet, "/instances/"+url.PathEscape(args[0]), nil, &in); err != nil {
 				return err
 			}
 			if f.output == "" || f.output == "text" {
@@ -185,12 +182,8 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List instances",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var ins []admin.Instance
-			if err := c.Do(cmd.Context(), http.MethodGet, "/instances?account="+url.QueryEscape(acct), nil, &ins); err != nil {
+			if err := f.do(cmd, http.MethodGet, "/instances?account="+url.QueryEscape(acct), nil, &ins); err != nil {
 				return err
 			}
 			plain := ""
@@ -237,12 +230,8 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 		c := &cobra.Command{
 			Use: use, Short: short,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				cl, err := f.client()
-				if err != nil {
-					return err
-				}
 				var out admin.Count
-				if err := cl.Do(cmd.Context(), http.MethodPost, "/instances/"+url.PathEscape(inst)+path, nil, &out); err != nil {
+				if err := f.do(cmd, http.MethodPost, "/instances/"+url.PathEscape(inst)+path, nil, &out); err != nil {
 					return err
 				}
 				return f.print(cmd.OutOrStdout(), out, fmt.Sprint(out.Count))
@@ -277,12 +266,8 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List an instance's tokens (prefixes and states only)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := f.client()
-			if err != nil {
-				return err
-			}
 			var out []admin.Lease
-			if err := cl.Do(cmd.Context(), http.MethodGet, "/instances/"+url.PathEscape(inst)+"/tokens", nil, &out); err != nil {
+			if err := f.do(cmd, http.MethodGet, "/instances/"+url.PathEscape(inst)+"/tokens", nil, &out); err != nil {
 				return err
 			}
 			plain := ""
@@ -418,11 +403,7 @@ func resumeCommand(f *adminFlags) *cobra.Command {
 		Use:   "resume (--account ID | --instance ID)",
 		Short: "Lift the pause of one account or one instance (not the other's)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
-			if err := c.Do(cmd.Context(), http.MethodPost, "/resume", admin.ResumeRequest{AccountID: acct, InstanceID: inst}, nil); err != nil {
+			if err := f.do(cmd, http.MethodPost, "/resume", admin.ResumeRequest{AccountID: acct, InstanceID: inst}, nil); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), struct{}{}, "resumed")
@@ -485,12 +466,8 @@ func limitsCommand(f *adminFlags) *cobra.Command {
 	get := &cobra.Command{
 		Use: "get --account ID", Short: "Show an account's risk limits",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var out admin.RiskLimits
-			if err := c.Do(cmd.Context(), http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/limits", nil, &out); err != nil {
+			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/limits", nil, &out); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), out, limitsLine(out))
@@ -506,12 +483,8 @@ func statusCommand(f *adminFlags) *cobra.Command {
 	return &cobra.Command{
 		Use: "status", Short: "Show what is stopped or paused, why, by whom, since when",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var st admin.Status
-			if err := c.Do(cmd.Context(), http.MethodGet, "/status", nil, &st); err != nil {
+			if err := f.do(cmd, http.MethodGet, "/status", nil, &st); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), st, statusTable(st))

@@ -52,12 +52,8 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List the newest version of every rate card",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var out []admin.RateCard
-			if err := c.Do(cmd.Context(), http.MethodGet, "/rate-cards", nil, &out); err != nil {
+			if err := f.do(cmd, http.MethodGet, "/rate-cards", nil, &out); err != nil {
 				return err
 			}
 			lines := make([]string, 0, len(out))
@@ -88,12 +84,8 @@ func billingCommand(f *adminFlags) *cobra.Command {
 		Use:   "set --account ID --rate-card N --currency USD [--credit-limit 0] [--postpaid]",
 		Short: "Configure an account's billing; it is prepaid (needs funds) unless --postpaid",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var out admin.BillingSettings
-			if err := c.Do(cmd.Context(), http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/billing", req, &out); err != nil {
+			if err := f.do(cmd, http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/billing", req, &out); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), out, billingLine(out))
@@ -109,12 +101,8 @@ func billingCommand(f *adminFlags) *cobra.Command {
 	get := &cobra.Command{
 		Use: "get --account ID", Short: "Show an account's billing settings",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var out admin.BillingSettings
-			if err := c.Do(cmd.Context(), http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/billing", nil, &out); err != nil {
+			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/billing", nil, &out); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), out, billingLine(out))
@@ -176,12 +164,8 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 		Use:   "balance --account ID",
 		Short: "Print the available amount (balance − holds); -o json adds holds, settled and currency",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var out admin.Balance
-			if err := c.Do(cmd.Context(), http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/funds", nil, &out); err != nil {
+			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/funds", nil, &out); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), out, out.Available)
@@ -219,12 +203,8 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 		Use:   "set --account ID [--instance ID] [--agent SLUG] --monthly 100.00 [--soft]",
 		Short: "Set a monthly budget (calendar month, UTC); --monthly 0 removes it",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var out []admin.Budget
-			if err := c.Do(cmd.Context(), http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/budgets", req, &out); err != nil {
+			if err := f.do(cmd, http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/budgets", req, &out); err != nil {
 				return err
 			}
 			return show(cmd, out)
@@ -240,12 +220,8 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list --account ID", Short: "List an account's budgets with this month's use",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			var out []admin.Budget
-			if err := c.Do(cmd.Context(), http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/budgets", nil, &out); err != nil {
+			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/budgets", nil, &out); err != nil {
 				return err
 			}
 			return show(cmd, out)
