@@ -245,3 +245,86 @@ func TestVerifyWebhookRejectsTampering(t *testing.T) {
 		t.Error("VerifyWebhook accepted a stale signature")
 	}
 }
+
+// TestWebhookSurvivesDelivererCrash ends a deliverer in the middle of an
+// attempt, as a gateway crash would: its claim lapses and another process
+// delivers the alert, once.
+func TestWebhookSurvivesDelivererCrash(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	started := make(chan struct{}, 1)
+	var mu sync.Mutex
+	var delivered []string
+	first := true
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		if err := billing.VerifyWebhook(hookSecret, req.Header.Get(billing.HeaderSignature), body, time.Now(), time.Minute); err != nil {
+			t.Errorf("webhook: %v", err)
+		}
+		mu.Lock()
+		hang := first
+		first = false
+		mu.Unlock()
+		if hang {
+			started <- struct{}{}
+			<-req.Context().Done()
+			return
+		}
+		mu.Lock()
+		delivered = append(delivered, req.Header.Get(billing.HeaderEventID))
+		mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	e := newHookEnv(t, srv.URL)
+	e.account("acct_c", 1000, false)
+	e.credit("acct_c", 1_000_000_000, "c1")
+	w, err := e.acquire("acct_c", "inst_c", "", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only the 50 % threshold: one alert.
+	if err := e.bill.SetBudget(ctx, "acct_c", billing.Budget{MonthlyMicros: w.Price.HoldMicros * 3, Soft: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.acquire("acct_c", "inst_c", "", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	e.bill.FlushAlerts(ctx, "acct_c")
+
+	crashCtx, crash := context.WithCancel(ctx)
+	crashed := make(chan struct{})
+	go func() { defer close(crashed); e.bill.RunWebhooks(crashCtx) }()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery attempt")
+	}
+	crash()
+	<-crashed
+
+	other := billing.New(e.db, billing.Config{Webhook: billing.WebhookConfig{URL: srv.URL, Secret: hookSecret,
+		Timeout: 2 * time.Second, Backoff: 50 * time.Millisecond, Poll: 50 * time.Millisecond}})
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); other.RunWebhooks(runCtx) }()
+	defer func() { stop(); <-done }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		n := len(delivered)
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the alert was not delivered after its deliverer crashed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(delivered) != 1 {
+		t.Errorf("delivered %v; want one alert, once", delivered)
+	}
+}
