@@ -14,6 +14,8 @@ type Config struct {
 	Provider string
 	// Log receives settlement failures. nil discards.
 	Log *slog.Logger
+	// Webhook also sends every budget alert to a URL; zero sends none.
+	Webhook WebhookConfig
 }
 
 // Billing prices, holds, settles and reconciles. It is safe for
@@ -32,6 +34,9 @@ func New(db *store.DB, cfg Config) *Billing {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Webhook.URL != "" {
+		cfg.Webhook = cfg.Webhook.withDefaults()
 	}
 	return &Billing{db: db, rdb: db.Redis(), ledger: NewLedger(db.Redis()), cfg: cfg}
 }

@@ -147,8 +147,9 @@ const AuditRetention = 400 * 24 * time.Hour
 
 // FlushAlerts writes the account's queued budget alerts to the operator
 // audit log (action budget.alert, actor "sandgate", target the account,
-// after the alert). Settlement calls it; the gateway calls it after an
-// admission. An alert whose write fails is logged and dropped, never
+// after the alert) and queues its webhook, if one is configured
+// ([Billing.RunWebhooks] delivers it). Settlement calls it; the gateway
+// calls it after an admission. An alert whose write fails is logged and dropped, never
 // retried into a duplicate.
 func (b *Billing) FlushAlerts(ctx context.Context, acct string) {
 	alerts, err := b.DrainAlerts(ctx, acct)
@@ -162,6 +163,9 @@ func (b *Billing) FlushAlerts(ctx context.Context, acct string) {
 			Outcome: store.AuditOutcome{Status: 200}, Before: json.RawMessage("null"), After: body}
 		if err := b.db.AppendAudit(ctx, e, AuditRetention); err != nil {
 			b.cfg.Log.Error("budget alerts: write audit", slog.String("account", acct), slog.Any("err", err))
+		}
+		if err := b.enqueueWebhook(ctx, acct, a); err != nil {
+			b.cfg.Log.Error("budget alerts: queue webhook", slog.String("account", acct), slog.Any("err", err))
 		}
 	}
 }

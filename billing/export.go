@@ -63,7 +63,7 @@ var Columns = []string{
 type ExportRow struct {
 	ID                string `json:"id"`
 	Kind              string `json:"kind"`
-	Final             bool   `json:"final"`
+	Final             bool   `json:"final"` // true: the workspace had ended; false: provisional, an interim entry of a running workspace (see [UsageEntry])
 	AccountID         string `json:"account_id"`
 	InstanceID        string `json:"instance_id"`
 	WorkspaceID       string `json:"workspace_id"`
@@ -284,8 +284,8 @@ type SummaryRow struct {
 	Key          string // the account, instance, agent, size or day ("" for entries without an agent)
 	Currency     string
 	Entries      int64 // ledger entries, adjustments included
-	Workspaces   int64 // usage entries
-	Seconds      int64 // metered seconds of the usage entries
+	Workspaces   int64 // final usage entries: workspaces that ended (interim entries are not counted)
+	Seconds      int64 // metered seconds of the usage entries, interim ones included
 	AmountMicros int64 // exact sum, adjustments included
 }
 
@@ -314,7 +314,9 @@ func Summarize(ctx context.Context, sc Scanner, accounts []string, f ExportFilte
 		}
 		r.Entries++
 		if e.Kind == KindUsage {
-			r.Workspaces++
+			if e.Final {
+				r.Workspaces++
+			}
 			r.Seconds += e.Seconds
 		}
 		r.AmountMicros += e.AmountMicros

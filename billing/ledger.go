@@ -20,14 +20,21 @@ const (
 // sg:{A}:usage, one field "e" holding this JSON. The JSON names are a
 // contract with usage exports; never rename one.
 //
-// A workspace's entry has ID "<workspace_id>:final" and is written exactly
-// once, when its end is confirmed (whatever ended it). Amounts are int64
-// micro-units of Currency; AmountMicros = UnitPriceMicros × Seconds, exact
-// (see [Amount]). Times are UTC with millisecond precision.
+// A workspace's usage is cut into accrual periods at every whole UTC hour
+// (see [AccrualPeriod]). While it runs, each complete period gets an
+// interim entry "<workspace_id>:<period start, unix s>" (Final false:
+// provisional, the workspace has not ended); when its end is confirmed
+// (whatever ended it), settlement writes the periods not yet accrued, the
+// last one "<workspace_id>:final" (Final true). Each id is written exactly
+// once; nothing is ever edited: a correction is a new adjustment entry
+// whose Corrects names the entry it corrects. The Seconds of a
+// workspace's usage entries add up to its metered_seconds. Amounts are
+// int64 micro-units of Currency; AmountMicros = UnitPriceMicros × Seconds,
+// exact (see [Amount]). Times are UTC with millisecond precision.
 type UsageEntry struct {
-	ID                string    `json:"id"`    // "<workspace_id>:final", or "adj:<random>" for an adjustment
+	ID                string    `json:"id"`    // "<workspace_id>:final", "<workspace_id>:<unix s>" (interim), or "adj:<hash>" for an adjustment
 	Kind              string    `json:"kind"`  // KindUsage or KindAdjustment
-	Final             bool      `json:"final"` // true: no later entry for this workspace changes it (interim entries are not written yet)
+	Final             bool      `json:"final"` // true: the workspace had ended; false: an interim (provisional) entry of a workspace still running
 	AccountID         string    `json:"account_id"`
 	InstanceID        string    `json:"instance_id"`
 	WorkspaceID       string    `json:"workspace_id"`
@@ -40,11 +47,11 @@ type UsageEntry struct {
 	RateCardVersion   int       `json:"rate_card_version"` // 0 without a rate card
 	Currency          string    `json:"currency"`          // ISO 4217
 	UnitPriceMicros   int64     `json:"unit_price_micros"` // per second, the price the workspace was admitted at
-	Seconds           int64     `json:"seconds"`           // metered_seconds
+	Seconds           int64     `json:"seconds"`           // this entry's share of metered_seconds
 	AmountMicros      int64     `json:"amount_micros"`     // charged; negative for an adjustment that refunds
-	StartedAt         time.Time `json:"started_at"`        // the provider's confirmed start (zero if it never started)
-	EndedAt           time.Time `json:"ended_at"`          // the provider's confirmed end
-	TerminatedAt      time.Time `json:"terminated_at"`     // the termination time exports filter by
+	StartedAt         time.Time `json:"started_at"`        // the period's start: the provider's confirmed start, or a whole UTC hour (zero if it never started)
+	EndedAt           time.Time `json:"ended_at"`          // the period's end: a whole UTC hour, or the provider's confirmed end
+	TerminatedAt      time.Time `json:"terminated_at"`     // what exports, statements and budget months file it under: the termination for a final entry, the period's start for an interim one
 	TerminationReason string    `json:"termination_reason"`
 	Corrects          string    `json:"corrects"` // for an adjustment, the id of the entry it corrects
 }

@@ -130,9 +130,10 @@ func (b *Billing) SettleDangling(ctx context.Context, acct string) (int, error) 
 	return n, nil
 }
 
-// Run repairs dangling holds of every account every interval (0 means a
-// minute) until ctx ends. Every broker process may run it: settlement and
-// release are idempotent.
+// Run, every interval (0 means a minute) until ctx ends, accrues the
+// interim usage of every account's running workspaces ([Billing.Accrue])
+// and repairs its dangling holds. Every broker process may run it:
+// accrual, settlement and release are idempotent by entry id.
 func (b *Billing) Run(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = time.Minute
@@ -151,6 +152,9 @@ func (b *Billing) Run(ctx context.Context, interval time.Duration) {
 			continue
 		}
 		for _, a := range as {
+			if _, err := b.Accrue(ctx, a.ID, time.Now().UTC()); err != nil {
+				b.cfg.Log.Warn("billing accrual", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
+			}
 			if n, err := b.SettleDangling(ctx, a.ID); err != nil {
 				b.cfg.Log.Warn("billing repair", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
 			} else if n > 0 {

@@ -177,6 +177,7 @@ func BuildStatement(ctx context.Context, sc Scanner, fr FundsReader, acct string
 		price int64
 	}
 	lines := map[lineKey]*StatementLine{}
+	counted := map[lineKey]map[string]bool{} // a workspace's interim entries count it once
 	err := sc.Scan(ctx, acct, from, closingAt, func(e UsageEntry) error {
 		// A workspace admitted without a price is in NoCurrency, at 0: it
 		// fits any statement.
@@ -199,7 +200,13 @@ func BuildStatement(ctx context.Context, sc Scanner, fr FundsReader, acct string
 			l = &StatementLine{Size: e.Size, UnitPriceMicros: e.UnitPriceMicros}
 			lines[k] = l
 		}
-		l.Workspaces++
+		if counted[k] == nil {
+			counted[k] = map[string]bool{}
+		}
+		if !counted[k][e.WorkspaceID] {
+			counted[k][e.WorkspaceID] = true
+			l.Workspaces++
+		}
 		l.Seconds += e.Seconds
 		l.AmountMicros += e.AmountMicros
 		st.UsageMicros += e.AmountMicros

@@ -69,7 +69,8 @@ func (b *broker) run(ctx context.Context) error {
 	}
 	defer func() { _ = mp.Shutdown(context.Background()) }()
 	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
-	bill := billing.New(db, billing.Config{Provider: "local", Log: b.log.With("component", "billing")})
+	bill := billing.New(db, billing.Config{Provider: "local", Log: b.log.With("component", "billing"),
+		Webhook: billing.WebhookConfig{URL: b.cfg.Billing.Webhook.URL, Secret: b.cfg.webhookSecret, Timeout: b.cfg.Billing.Webhook.Timeout}})
 	rates := map[admission.Class]admission.Rate{}
 	for class, r := range b.cfg.Admission.RateLimits {
 		rates[admission.Class(class)] = admission.Rate{PerSecond: r.PerSecond, Burst: r.Burst}
@@ -117,7 +118,8 @@ func (b *broker) run(ctx context.Context) error {
 	defer rpCancel()
 	rpDone := make(chan struct{})
 	wg.Go(func() { defer close(rpDone); rp.Run(rpCtx) })
-	wg.Go(func() { bill.Run(runCtx, time.Minute) })
+	wg.Go(func() { bill.Run(runCtx, b.cfg.Billing.RepairInterval) })
+	wg.Go(func() { bill.RunWebhooks(runCtx) })
 	errc := make(chan error, 2)
 	wg.Go(func() {
 		ln := b.public

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/billing"
 )
 
 // Config is the broker's one YAML file. Every field has an environment
@@ -79,6 +80,21 @@ type Config struct {
 	Log struct {
 		Level string `yaml:"level"` // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
 	} `yaml:"log"`
+	Billing struct {
+		// RepairInterval is how often billing settles holds that lost
+		// their owner; default 1m.
+		RepairInterval time.Duration `yaml:"repair_interval"`
+		// Webhook POSTs every budget alert, signed with HMAC-SHA256 and
+		// retried with backoff; url "" sends none.
+		Webhook struct {
+			URL       string        `yaml:"url"`        // https, or http to loopback only
+			SecretEnv string        `yaml:"secret_env"` // the environment variable holding the HMAC key (required with url)
+			Timeout   time.Duration `yaml:"timeout"`    // per attempt; default 10s
+		} `yaml:"webhook"`
+	} `yaml:"billing"`
+
+	// webhookSecret is the value of billing.webhook.secret_env.
+	webhookSecret sandgate.Secret
 
 	// testPauseAfterCreate is TEST ONLY, from SANDGATE_TEST_PAUSE_AFTER_CREATE
 	// (a directory; never set in production, not in the config reference):
@@ -187,6 +203,23 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 	}
 	if c.Lease.GracePeriod == 0 {
 		c.Lease.GracePeriod = time.Hour
+	}
+	if c.Billing.RepairInterval == 0 {
+		c.Billing.RepairInterval = time.Minute
+	}
+	if c.Billing.RepairInterval < 0 {
+		return nil, fmt.Errorf("config: billing.repair_interval must be positive")
+	}
+	if wh := c.Billing.Webhook; wh.URL != "" {
+		if err := billing.ValidateWebhookURL(wh.URL); err != nil {
+			return nil, fmt.Errorf("config: billing.webhook: %w", err)
+		}
+		if wh.SecretEnv == "" {
+			return nil, fmt.Errorf("config: billing.webhook: set secret_env, the environment variable holding the HMAC key")
+		}
+		if c.webhookSecret = sandgate.Secret(getenv(wh.SecretEnv)); c.webhookSecret == "" {
+			return nil, fmt.Errorf("config: billing.webhook: %s is empty", wh.SecretEnv)
+		}
 	}
 	if c.Provider.Name != "local" {
 		return nil, fmt.Errorf("config: provider %q is not available; this build has: local", c.Provider.Name)

@@ -1,0 +1,264 @@
+package billing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/store"
+)
+
+// AccrualPeriod is the fixed interval usage accrues at: periods are cut at
+// every whole UTC hour, so a workspace spanning midnight UTC or a month
+// boundary is split there too. A period's entry has the deterministic id
+// "<workspace_id>:<period start, unix seconds>" (the hour, not the
+// workspace's start, for the first one); the last period of a workspace
+// is its final entry "<workspace_id>:final".
+const AccrualPeriod = time.Hour
+
+// AccrualGrace is how far behind now accrual stays: a period is accrued
+// only once it ended at least this long ago, so a workspace whose end is
+// being recorded by another broker (whose clock may be a little behind) is
+// never charged for a period past its recorded end.
+const AccrualGrace = time.Minute
+
+// period is one ledger entry's slice of a workspace's metered time.
+type period struct {
+	id       string
+	from, to time.Time
+	secs     int64
+	final    bool
+}
+
+// periods cuts a workspace's metered time, from start to end, at every
+// whole UTC hour; the last period is final. Seconds add up exactly: a
+// period's seconds are the cumulative metered seconds (rounded up, see
+// [MeteredSeconds]) at its end minus those at its start, so the sum over
+// all periods is MeteredSeconds(start, end). With limit non-zero it
+// returns only the complete periods that end before limit, none final.
+func periods(ws string, start, end, limit time.Time) []period {
+	if start.IsZero() || !end.After(start) {
+		if !limit.IsZero() {
+			return nil
+		}
+		return []period{{id: FinalID(ws), from: start, to: end, final: true}}
+	}
+	var out []period
+	for h := start.Truncate(AccrualPeriod); ; h = h.Add(AccrualPeriod) {
+		from, next := h, h.Add(AccrualPeriod)
+		if from.Before(start) {
+			from = start
+		}
+		if !limit.IsZero() && !next.Before(limit) {
+			return out
+		}
+		if !next.Before(end) {
+			return append(out, period{id: FinalID(ws), from: from, to: end, final: true,
+				secs: MeteredSeconds(start, end) - MeteredSeconds(start, from)})
+		}
+		out = append(out, period{id: PeriodID(ws, h), from: from, to: next,
+			secs: MeteredSeconds(start, next) - MeteredSeconds(start, from)})
+	}
+}
+
+// PeriodID is the ledger entry id of a workspace's interim (provisional)
+// usage for the accrual period starting at h (a whole UTC hour).
+func PeriodID(workspaceID string, h time.Time) string {
+	return workspaceID + ":" + strconv.FormatInt(h.Unix(), 10)
+}
+
+// entries are w's ledger entries for ps. An interim entry's started_at and
+// ended_at are its period's bounds and its terminated_at (what exports,
+// statements and budget months file it under) is its period's start; the
+// final entry's terminated_at is the workspace's.
+func (b *Billing) entries(w sandgate.Workspace, ps []period) ([]UsageEntry, error) {
+	cur := w.Price.Currency
+	if cur == "" {
+		cur = NoCurrency
+	}
+	out := make([]UsageEntry, 0, len(ps))
+	for _, p := range ps {
+		amt, err := Amount(w.Price.UnitMicros, p.secs)
+		if err != nil {
+			return nil, err
+		}
+		e := UsageEntry{
+			ID: p.id, Kind: KindUsage, Final: p.final,
+			AccountID: w.AccountID, InstanceID: w.InstanceID, WorkspaceID: w.ID,
+			Agent: w.Agent, RunID: w.RunID, Size: w.Size, Image: w.Image, Provider: b.cfg.Provider,
+			RateCard: w.Price.RateCard, RateCardVersion: w.Price.RateCardVersion, Currency: cur,
+			UnitPriceMicros: w.Price.UnitMicros, Seconds: p.secs, AmountMicros: amt,
+			StartedAt: p.from, EndedAt: p.to, TerminatedAt: p.from,
+		}
+		if p.final {
+			e.TerminatedAt, e.TerminationReason = w.TerminatedAt, string(w.TerminationReason)
+		}
+		out = append(out, e.normalized())
+	}
+	return out, nil
+}
+
+// Accrue writes the interim usage entries of every running workspace of
+// acct for each complete accrual period (ended before now − AccrualGrace,
+// and never past expires_at) not yet in the ledger, charging each against
+// the workspace's hold as settlement would. It is idempotent by entry id,
+// so any number of brokers may run it; a workspace no longer running is
+// left to settlement. It returns how many entries it wrote.
+func (b *Billing) Accrue(ctx context.Context, acct string, now time.Time) (int, error) {
+	ws, err := b.db.LiveWorkspaces(ctx, acct, "", now)
+	if err != nil {
+		return 0, fmt.Errorf("accrue %s: %w", acct, err)
+	}
+	// Every priced workspace has a hold: its id finds it even if no
+	// instance index lists it.
+	held, err := b.rdb.HKeys(ctx, holdsKey(acct)).Result()
+	if err != nil {
+		return 0, fmt.Errorf("accrue %s: %w", acct, err)
+	}
+	seen := make(map[string]bool, len(ws))
+	for _, w := range ws {
+		seen[w.ID] = true
+	}
+	for _, id := range held {
+		if seen[id] {
+			continue
+		}
+		w, err := b.db.Workspace(ctx, acct, id)
+		if errors.Is(err, store.ErrNotFound) {
+			continue // a dangling hold: Run's repair releases it
+		}
+		if err != nil {
+			return 0, fmt.Errorf("accrue %s: %w", id, err)
+		}
+		ws = append(ws, w)
+	}
+	n := 0
+	for _, w := range ws {
+		if w.State != sandgate.WorkspaceRunning || w.StartedAt.IsZero() {
+			continue
+		}
+		limit := now.Add(-AccrualGrace)
+		if !w.ExpiresAt.IsZero() && w.ExpiresAt.Before(limit) {
+			limit = w.ExpiresAt
+		}
+		ps := periods(w.ID, w.StartedAt, limit, limit)
+		if len(ps) == 0 {
+			continue
+		}
+		es, err := b.entries(w, ps)
+		if err != nil {
+			return n, fmt.Errorf("accrue %s: %w", w.ID, err)
+		}
+		k, err := b.charge(ctx, w, es, false)
+		if err != nil {
+			return n, fmt.Errorf("accrue %s: %w", w.ID, err)
+		}
+		n += k
+	}
+	return n, nil
+}
+
+// charge runs chargeScript for w's entries es: accruing (settle false)
+// only while w's record says running; settling, it also frees what is left
+// of the hold, once (the last entry of es is the final one).
+func (b *Billing) charge(ctx context.Context, w sandgate.Workspace, es []UsageEntry, settle bool) (int, error) {
+	a := w.AccountID
+	keys := []string{fundsKey(a), holdsKey(a), usageKey(a), usageIDsKey(a),
+		spendKey(a, month(w.CreatedAt)), budgetsKey(a), alertsKey(a), store.AdmissionKeys(a, "", w.ID, "").Workspace}
+	mode := "accrue"
+	if settle {
+		mode = "settle"
+	}
+	sc := scopes(w.InstanceID, w.Agent)
+	args := []any{w.ID, mode, len(sc)}
+	args = append(args, anys(sc)...)
+	for _, e := range es {
+		body, err := json.Marshal(e)
+		if err != nil {
+			return 0, err
+		}
+		m := month(e.TerminatedAt)
+		keys = append(keys, spendKey(a, m), alertedKey(a, m))
+		args = append(args, e.ID, string(body), e.TerminatedAt.UnixMilli(), e.AmountMicros, m)
+	}
+	n, err := chargeScript.Run(ctx, b.rdb, keys, args...).Int()
+	if err == nil && n > 0 {
+		b.FlushAlerts(ctx, a)
+	}
+	return n, err
+}
+
+// chargeScript appends a workspace's usage entries and charges each one
+// not yet in the ledger: settled += amount, balance −= amount, the
+// workspace's hold (and funds.holds, and the held budget counters of the
+// hold's month) −= amount (at most what is left), the settled budget
+// counters of the entry's month += amount, with threshold alerts. In
+// "accrue" mode it does nothing unless the workspace's record is running;
+// in "settle" mode it does nothing once the final entry (the last one) is
+// in, and frees what is left of the hold.
+//
+// KEYS[1] funds HASH, KEYS[2] holds HASH, KEYS[3] usage STREAM, KEYS[4]
+// usage ids SET, KEYS[5] spend HASH of the hold's month, KEYS[6] budgets
+// HASH, KEYS[7] alerts LIST, KEYS[8] workspace HASH, then per entry i
+// (from 0) KEYS[9+2i] spend HASH and KEYS[10+2i] alerted SET of its month
+// ARGV[1] workspace id, ARGV[2] "accrue" or "settle", ARGV[3] number of
+// budget scopes ns, ARGV[4..3+ns] the scopes, then per entry five: id,
+// JSON, terminated_at (unix ms), amount (micros), month (YYYYMM)
+// Returns how many entries it appended.
+var chargeScript = redis.NewScript(appendLua + budgetLua + `
+local ws, mode, ns = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local base = 4 + ns
+local ne = (#ARGV - base + 1) / 5
+if mode == 'accrue' then
+  if redis.call('HGET', KEYS[8], 'state') ~= 'running' then return 0 end
+elseif ne > 0 and redis.call('SISMEMBER', KEYS[4], ARGV[base + (ne - 1) * 5]) == 1 then
+  return 0
+end
+local n = 0
+for i = 0, ne - 1 do
+  local a = base + i * 5
+  local eid, amt = ARGV[a], tonumber(ARGV[a + 3])
+  if redis.call('SISMEMBER', KEYS[4], eid) == 0 then
+    local hold = tonumber(redis.call('HGET', KEYS[2], ws))
+    if hold then
+      local take = math.min(amt, hold)
+      if take > 0 then
+        local neg = string.format('%d', -take)
+        if hold - take > 0 then
+          redis.call('HSET', KEYS[2], ws, string.format('%d', hold - take))
+        else
+          redis.call('HDEL', KEYS[2], ws)
+        end
+        redis.call('HINCRBY', KEYS[1], 'holds', neg)
+        for s = 4, 3 + ns do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
+      end
+    end
+    local spend, alerted = KEYS[9 + 2 * i], KEYS[10 + 2 * i]
+    redis.call('HINCRBY', KEYS[1], 'settled', ARGV[a + 3])
+    redis.call('HINCRBY', KEYS[1], 'balance', string.format('%d', -amt))
+    for s = 4, 3 + ns do
+      redis.call('HINCRBY', spend, ARGV[s] .. ':s', ARGV[a + 3])
+      budget_alerts(KEYS[6], spend, alerted, KEYS[7], ARGV[s], ARGV[a + 4], ARGV[a + 2])
+    end
+    redis.call('PEXPIRE', spend, ` + spendTTL + `)
+    append_usage(KEYS[3], KEYS[4], eid, ARGV[a + 1], ARGV[a + 2])
+    n = n + 1
+  end
+end
+if mode == 'settle' then
+  local hold = redis.call('HGET', KEYS[2], ws)
+  if hold then
+    local neg = string.format('%d', -tonumber(hold))
+    redis.call('HDEL', KEYS[2], ws)
+    redis.call('HINCRBY', KEYS[1], 'holds', neg)
+    for s = 4, 3 + ns do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
+  end
+end
+return n
+`)
