@@ -174,6 +174,10 @@ func TestLifetimeEndsWithoutGateways(t *testing.T) {
 	waitRecordTerminated(t, rs.Client(), acct, ws.WorkspaceID)
 	waitTerminated(t, cC, ws.WorkspaceID, "expired")
 	wantNoSlots(t, rs.Client(), acct, inst)
+	// The line follows the recorded end: wait for it, then count.
+	waitFor(t, "the reaper's log line", func() (bool, error) {
+		return len(logLines(gwC.Logs(), "reaper ended a workspace")) >= 1, nil
+	})
 	if ended := logLines(gwC.Logs(), "reaper ended a workspace"); len(ended) != 1 || ended[0][sandgate.KeyWorkspaceID] != ws.WorkspaceID {
 		t.Errorf("the new gateway's reaper logged %v; want one \"reaper ended a workspace\" for %s", ended, ws.WorkspaceID)
 	}
@@ -244,6 +248,12 @@ func TestGatewayDiesBetweenCreateAndConfirm(t *testing.T) {
 	wantNoSlots(t, rdb, acct, inst)
 	waitFor(t, "the sandbox directory to be removed", func() (bool, error) {
 		return !exists(workspaceDir(cfg, id)), nil
+	})
+	// The reaper logs once the end is recorded, so the state can be read
+	// a moment before the line is written.
+	waitFor(t, "the reaper's log line", func() (bool, error) {
+		n := len(logLines(gwB.Logs(), "reaper ended an unconfirmed create"))
+		return n >= 1, fmt.Errorf("logged %d times", n)
 	})
 	if n := len(logLines(gwB.Logs(), "reaper ended an unconfirmed create")); n != 1 {
 		t.Errorf("\"reaper ended an unconfirmed create\" logged %d times; want 1", n)
@@ -345,6 +355,14 @@ func TestReaperLeaderTakeover(t *testing.T) {
 		waitTerminated(t, c, id, "expired")
 	}
 	// Exactly once: one "reaper ended a workspace" per workspace, in all.
+	// The lines follow the recorded ends: wait until all are written.
+	waitFor(t, "the reaper's log lines", func() (bool, error) {
+		total := 0
+		for _, gw := range gws {
+			total += len(logLines(gw.Logs(), "reaper ended a workspace"))
+		}
+		return total >= len(ids), fmt.Errorf("%d lines", total)
+	})
 	ended := map[string]int{}
 	for _, gw := range gws {
 		for _, l := range logLines(gw.Logs(), "reaper ended a workspace") {
