@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -103,46 +102,7 @@ func TestAdmission300AcrossTwoGateways(t *testing.T) {
 		}
 	}
 
-	type result struct {
-		ws  *protocol.Workspace
-		gw  int
-		err error
-	}
-	results := make([]result, racers)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range racers {
-		wg.Go(func() {
-			<-start
-			gw := i % len(clients)
-			ws, created, err := clients[gw].Acquire(ctx, fmt.Sprintf("race-%03d", i),
-				protocol.AcquireRequest{Label: "race", Egress: noEgress()})
-			if err == nil && !created {
-				err = errors.New("answered 200 (a replay) for a fresh key")
-			}
-			results[i] = result{ws, gw, err}
-		})
-	}
-	close(start)
-	wg.Wait()
-
-	var won []result
-	refused := 0
-	for i, r := range results {
-		switch {
-		case r.err == nil:
-			won = append(won, r)
-		case client.CodeOf(r.err) == protocol.ConcurrencyLimit:
-			wantCode(t, fmt.Sprintf("acquire %d", i), r.err, http.StatusTooManyRequests, protocol.ConcurrencyLimit)
-			refused++
-		default:
-			t.Errorf("acquire %d on gateway %d: %v; want 201 or 429 concurrency_limit", i, r.gw, r.err)
-		}
-	}
-	if len(won) != limit || refused != racers-limit {
-		t.Fatalf("%d racing acquires over two gateways: %d × 201, %d × 429 concurrency_limit; want %d and %d",
-			racers, len(won), refused, limit, racers-limit)
-	}
+	won := wantConcurrencySplit(t, raceAcquires(ctx, clients, "race", racers), limit)
 	for _, r := range won {
 		if r.ws.State != "running" {
 			t.Errorf("admitted workspace %s is %s; want running", r.ws.WorkspaceID, r.ws.State)

@@ -4,13 +4,10 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -48,50 +45,7 @@ func TestTwoGatewaysConcurrency(t *testing.T) {
 		}
 	}
 
-	type result struct {
-		ws  *protocol.Workspace
-		gw  int
-		err error
-	}
-	race := func(round string, n int) []result {
-		results := make([]result, n)
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() {
-				<-start
-				gw := i % len(clients)
-				ws, created, err := clients[gw].Acquire(ctx, fmt.Sprintf("%s-%03d", round, i),
-					protocol.AcquireRequest{Label: "race", Egress: noEgress()})
-				if err == nil && !created {
-					err = errors.New("answered 200 (a replay) for a fresh key")
-				}
-				results[i] = result{ws, gw, err}
-			})
-		}
-		close(start)
-		wg.Wait()
-		return results
-	}
-
-	results := race("race", racers)
-	var won []result
-	refused := 0
-	for i, r := range results {
-		switch {
-		case r.err == nil:
-			won = append(won, r)
-		case client.CodeOf(r.err) == protocol.ConcurrencyLimit:
-			wantCode(t, fmt.Sprintf("acquire %d", i), r.err, http.StatusTooManyRequests, protocol.ConcurrencyLimit)
-			refused++
-		default:
-			t.Errorf("acquire %d on gateway %d: %v; want 201 or 429 concurrency_limit", i, r.gw, r.err)
-		}
-	}
-	if len(won) != limit || refused != racers-limit {
-		t.Fatalf("%d racing acquires: %d × 201, %d × 429 concurrency_limit; want %d and %d",
-			racers, len(won), refused, limit, racers-limit)
-	}
+	won := wantConcurrencySplit(t, raceAcquires(ctx, clients, "race", racers), limit)
 
 	// Release each through the gateway that did not create it.
 	for _, r := range won {
@@ -102,7 +56,7 @@ func TestTwoGatewaysConcurrency(t *testing.T) {
 	}
 
 	// Nothing leaked: the full limit is available again, and no more.
-	again := race("again", limit+1)
+	again := raceAcquires(ctx, clients, "again", limit+1)
 	won = won[:0]
 	for i, r := range again {
 		switch {

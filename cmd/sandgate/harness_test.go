@@ -860,3 +860,58 @@ func randHex(n int) string {
 	rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// raced is one acquire of raceAcquires: the workspace, the index of the
+// client (gateway) that sent it, and its error.
+type raced struct {
+	ws  *protocol.Workspace
+	gw  int
+	err error
+}
+
+// raceAcquires fires n acquires at once with fresh keys (round-NNN),
+// spread over clients round-robin. A 200 replay counts as an error.
+func raceAcquires(ctx context.Context, clients []*client.Client, round string, n int) []raced {
+	results := make([]raced, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			gw := i % len(clients)
+			ws, created, err := clients[gw].Acquire(ctx, fmt.Sprintf("%s-%03d", round, i),
+				protocol.AcquireRequest{Label: "race", Egress: noEgress()})
+			if err == nil && !created {
+				err = errors.New("answered 200 (a replay) for a fresh key")
+			}
+			results[i] = raced{ws, gw, err}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return results
+}
+
+// wantConcurrencySplit checks that exactly limit acquires were admitted and
+// every other one was refused 429 concurrency_limit, and returns the admitted.
+func wantConcurrencySplit(t *testing.T, results []raced, limit int) []raced {
+	t.Helper()
+	var won []raced
+	refused := 0
+	for i, r := range results {
+		switch {
+		case r.err == nil:
+			won = append(won, r)
+		case client.CodeOf(r.err) == protocol.ConcurrencyLimit:
+			wantCode(t, fmt.Sprintf("acquire %d", i), r.err, http.StatusTooManyRequests, protocol.ConcurrencyLimit)
+			refused++
+		default:
+			t.Errorf("acquire %d on gateway %d: %v; want 201 or 429 concurrency_limit", i, r.gw, r.err)
+		}
+	}
+	if len(won) != limit || refused != len(results)-limit {
+		t.Fatalf("%d racing acquires: %d × 201, %d × 429 concurrency_limit; want %d and %d",
+			len(results), len(won), refused, limit, len(results)-limit)
+	}
+	return won
+}
