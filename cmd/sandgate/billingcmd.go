@@ -134,17 +134,11 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 			Use:   kind + " --account ID --amount 25.00 --reason TEXT [--idempotency-key K]",
 			Short: "Append a " + kind + " to the account's funds ledger (once per idempotency key)",
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				cl, err := f.client()
-				if err != nil {
-					return err
-				}
 				if req.IdempotencyKey == "" {
-					b := make([]byte, 16)
-					_, _ = rand.Read(b)
-					req.IdempotencyKey = hex.EncodeToString(b)
+					req.IdempotencyKey = newIdempotencyKey()
 				}
 				var out admin.FundsEntry
-				if err := cl.Do(cmd.Context(), http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/funds/"+kind, req, &out); err != nil {
+				if err := f.do(cmd, http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/funds/"+kind, req, &out); err != nil {
 					return err
 				}
 				return f.print(cmd.OutOrStdout(), out, out.Balance.Available)
@@ -240,17 +234,11 @@ func adjustmentCommand(f *adminFlags) *cobra.Command {
 		Use:   "adjust-usage --account ID --corrects ENTRY_ID --amount -1.50 --reason TEXT [--idempotency-key K]",
 		Short: "Correct a usage ledger entry by appending an adjustment (negative refunds); the ledger is never edited",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			if req.IdempotencyKey == "" {
-				b := make([]byte, 16)
-				_, _ = rand.Read(b)
-				req.IdempotencyKey = hex.EncodeToString(b)
+				req.IdempotencyKey = newIdempotencyKey()
 			}
 			var out admin.Adjustment
-			if err := c.Do(cmd.Context(), http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/usage/adjustments", req, &out); err != nil {
+			if err := f.do(cmd, http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/usage/adjustments", req, &out); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), out, out.Entry.ID)
@@ -265,4 +253,12 @@ func adjustmentCommand(f *adminFlags) *cobra.Command {
 		_ = cmd.MarkFlagRequired(fl)
 	}
 	return cmd
+}
+
+// newIdempotencyKey returns a fresh key for an operator write the user gave
+// none for: a retry of the same command is then a new write.
+func newIdempotencyKey() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
