@@ -15,6 +15,10 @@ type Instance struct {
 	ID        string
 	AccountID string
 	Name      string
+	// Provider names the configured provider new workspaces of the
+	// instance run on; "" means the broker's default provider. Changing
+	// it affects new workspaces only.
+	Provider  string
 	Scope     Scope
 	CreatedAt time.Time
 }

@@ -14,6 +14,7 @@ const (
 	KeyCode        = "code"
 	KeyStatus      = "status"
 	KeyError       = "err"
+	KeyProvider    = "provider"
 )
 
 // WorkspaceAttr is the log attribute of a workspace id.

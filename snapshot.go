@@ -27,6 +27,10 @@ type Snapshot struct {
 	AccountID   string
 	InstanceID  string
 	WorkspaceID string // the workspace it was taken from
+	// Provider is the name of the configured provider that holds the
+	// contents ("" on older records: "local"). A warm start needs a
+	// workspace on the same provider.
+	Provider    string
 	ProviderRef string // the vendor's reference; never shown to the client
 	// Dir is the directory the snapshot holds, restored at the same path.
 	// It is the one path the broker persists (spec §Trust model): never

@@ -39,15 +39,19 @@ type EgressPolicy struct {
 
 // Workspace is one sandbox leased to an instance.
 type Workspace struct {
-	ID                string
-	AccountID         string
-	InstanceID        string
-	Label             string
-	Size              string
-	Image             string
-	Agent             string
-	RunID             string
-	State             WorkspaceState
+	ID         string
+	AccountID  string
+	InstanceID string
+	Label      string
+	Size       string
+	Image      string
+	Agent      string
+	RunID      string
+	State      WorkspaceState
+	// Provider is the name of the configured provider the workspace was
+	// created on; every later operation goes to it. "" on records written
+	// before providers had names: the provider named "local".
+	Provider          string
 	ProviderRef       string // the vendor's id; never shown to the client
 	CreatedAt         time.Time
 	StartedAt         time.Time // the provider-confirmed start; zero while starting

@@ -19,6 +19,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/protocol"
@@ -71,16 +72,20 @@ func newEnv(t *testing.T) *env {
 	tok := func(name string, role admin.Role, s string) admin.OperatorToken {
 		return admin.OperatorToken{Name: name, Role: role, Hash: admin.HashToken(sandgate.Secret(s)), Prefix: admin.TokenPrefix(sandgate.Secret(s))}
 	}
-	srv := admin.New(admin.Config{
+	srv, err := admin.New(admin.Config{
 		Tokens: []admin.OperatorToken{
 			tok("alice", admin.RoleAdmin, adminToken),
 			tok("oscar", admin.RoleOperator, operatorToken),
 			tok("fiona", admin.RoleFinance, financeToken),
 		},
-		Defaults:        sandgate.Scope{DefaultSize: "small", DefaultImage: "host", Limits: sandgate.DefaultLimits},
-		EgressFiltering: true,
-		Terminator:      termination.New(db, prov, clk, nil, 0),
+		Defaults:   sandgate.Scope{DefaultSize: "small", DefaultImage: "host", Limits: sandgate.DefaultLimits},
+		Providers:  providers.Single(providers.LegacyName, prov),
+		Terminator: termination.New(db, providers.Single(providers.LegacyName, prov), clk, nil, 0),
+		Billing:    billing.New(db, billing.Config{}),
 	}, db, clk, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	dc := db.Config()

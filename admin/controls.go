@@ -86,10 +86,6 @@ func (s *Server) instanceByID(ctx context.Context, id string) (sandgate.Instance
 // background sweep retries the failures. The sweep outlives the request.
 func (s *Server) sweep(c echo.Context, sc termination.Scope, reason sandgate.TerminationReason) (Swept, error) {
 	n := note(c)
-	if s.cfg.Terminator == nil {
-		n.swept = &termination.Result{}
-		return Swept{}, nil
-	}
 	res, err := s.cfg.Terminator.Sweep(context.WithoutCancel(c.Request().Context()), sc, reason)
 	n.swept = &res
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -25,6 +26,7 @@ import (
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
 	"github.com/sandgate/sandgate/token"
@@ -86,18 +88,16 @@ type Config struct {
 	// Defaults is the scope a new instance starts from before the
 	// operator's fields apply.
 	Defaults sandgate.Scope
-	// EgressFiltering is false when the provider cannot filter egress by
-	// domain: every instance's ceiling is then [] (no network), and an
-	// operator asking for more is refused.
-	EgressFiltering bool
+	// Providers are the broker's providers: an instance names one, and its
+	// scope is checked against that provider's capabilities. Required.
+	Providers *providers.Set
 	// Terminator ends the running workspaces of a scope that is stopped,
-	// paused or revoked. nil: controls are set but no workspace is ended
-	// (tests of the operator API alone).
+	// paused or revoked. Required: a stop that ends nothing is no stop.
 	Terminator *termination.Terminator
 	// AuditRetention is how long audit entries are kept. 0 means 400 days.
 	AuditRetention time.Duration
 	// Billing serves rate cards, billing settings, funds, budgets and
-	// reconciliation. nil means billing.New over the store.
+	// reconciliation. Required.
 	Billing *billing.Billing
 }
 
@@ -113,8 +113,20 @@ type Server struct {
 	bill    *billing.Billing
 }
 
-// New returns the operator API over db.
-func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) *Server {
+// New returns the operator API over db. A missing dependency is an error.
+func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) (*Server, error) {
+	switch {
+	case db == nil:
+		return nil, errors.New("admin: no store")
+	case cfg.Providers == nil:
+		return nil, errors.New("admin: no providers")
+	case cfg.Terminator == nil:
+		return nil, errors.New("admin: no terminator: stops, pauses and revocations would end no workspace")
+	case cfg.Billing == nil:
+		return nil, errors.New("admin: no billing")
+	case clock == nil:
+		return nil, errors.New("admin: no clock")
+	}
 	if cfg.Grace == 0 {
 		cfg.Grace = time.Hour
 	}
@@ -125,9 +137,6 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) *Serv
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, db: db, clock: clock, log: log, roles: map[string]OperatorToken{}, actions: map[string]string{}, bill: cfg.Billing}
-	if s.bill == nil {
-		s.bill = billing.New(db, billing.Config{Log: log})
-	}
 	for _, t := range cfg.Tokens {
 		s.roles[t.Hash] = t
 	}
@@ -153,6 +162,8 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) *Serv
 	route(http.MethodPost, "/instances", "instance.create", s.createInstance, adm)
 	route(http.MethodGet, "/instances", "instance.list", s.listInstances, ops)
 	route(http.MethodGet, "/instances/:id", "instance.get", s.getInstance, ops)
+	route(http.MethodPut, "/instances/:id/provider", "instance.set_provider", s.setProvider, adm)
+	route(http.MethodGet, "/providers", "provider.list", s.listProviders, ops)
 	route(http.MethodGet, "/instances/:id/tokens", "token.list", s.listTokens, ops)
 	route(http.MethodPost, "/instances/:id/tokens", "token.issue", s.issueToken(false), adm)
 	route(http.MethodPost, "/instances/:id/tokens/rotate", "token.rotate", s.issueToken(true), adm)
@@ -166,7 +177,7 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) *Serv
 	s.usageRoutes(route)
 	s.billingRoutes(route)
 	s.echo = e
-	return s
+	return s, nil
 }
 
 // Handler returns the HTTP handler of /admin/v1.
@@ -315,11 +326,16 @@ func (s *Server) createInstance(c echo.Context) error {
 	if err := s.account(ctx, req.AccountID); err != nil {
 		return err
 	}
-	scope, err := s.mergeScope(req.Scope)
+	prov, err := s.provider(req.Provider)
 	if err != nil {
 		return err
 	}
-	in := sandgate.Instance{ID: sandgate.NewID(sandgate.PrefixInstance), AccountID: req.AccountID, Name: req.Name, Scope: scope, CreatedAt: s.clock.Now()}
+	scope, err := s.mergeScope(req.Scope, prov)
+	if err != nil {
+		return err
+	}
+	in := sandgate.Instance{ID: sandgate.NewID(sandgate.PrefixInstance), AccountID: req.AccountID, Name: req.Name,
+		Provider: prov.Name, Scope: scope, CreatedAt: s.clock.Now()}
 	if err := s.db.PutInstance(ctx, in); err != nil {
 		return internal(err)
 	}
@@ -328,8 +344,63 @@ func (s *Server) createInstance(c echo.Context) error {
 	return c.JSON(http.StatusCreated, toInstance(in))
 }
 
-// mergeScope lays the operator's fields over the defaults and validates the result.
-func (s *Server) mergeScope(w Scope) (sandgate.Scope, error) {
+// provider returns the configured provider called name ("" for the
+// default), refusing a name no provider has.
+func (s *Server) provider(name string) (*providers.Entry, error) {
+	e, err := s.cfg.Providers.ForInstance(name)
+	if err != nil {
+		return nil, invalid(fmt.Sprintf("no provider named %q is configured on this broker; configured: %s", name, strings.Join(s.cfg.Providers.Names(), ", ")))
+	}
+	return e, nil
+}
+
+// setProvider is PUT /instances/{id}/provider: the instance's new
+// workspaces run on another provider, which must enforce its scope as it
+// is; running workspaces stay where they are.
+func (s *Server) setProvider(c echo.Context) error {
+	var req SetProviderRequest
+	if err := decodeStrict(c, &req); err != nil {
+		return err
+	}
+	in, err := s.instance(c)
+	if err != nil {
+		return err
+	}
+	if req.Provider == "" {
+		return invalid("provider is required")
+	}
+	prov, err := s.provider(req.Provider)
+	if err != nil {
+		return err
+	}
+	if err := prov.Provider.Capabilities().CheckScope(prov.Name, in.Scope); err != nil {
+		return invalid(err.Error() + "; change the instance's scope first")
+	}
+	n := note(c)
+	n.target, n.before = "instance:"+in.ID, toInstance(in)
+	in.Provider = prov.Name
+	if err := s.db.PutInstance(c.Request().Context(), in); err != nil {
+		return internal(err)
+	}
+	n.after = toInstance(in)
+	return c.JSON(http.StatusOK, toInstance(in))
+}
+
+// listProviders is GET /providers: the configured providers, what each
+// enforces, and whether it takes new workspaces.
+func (s *Server) listProviders(c echo.Context) error {
+	out := []Provider{}
+	for _, e := range s.cfg.Providers.All() {
+		out = append(out, toProvider(e, e.Name == s.cfg.Providers.Default()))
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// mergeScope lays the operator's fields over the defaults and validates
+// the result, and that prov can enforce it. An egress ceiling left out
+// is [] on a provider that cannot filter by domain.
+func (s *Server) mergeScope(w Scope, prov *providers.Entry) (sandgate.Scope, error) {
+	caps := prov.Provider.Capabilities()
 	req := toScope(w)
 	out := s.cfg.Defaults
 	if req.Sizes != nil {
@@ -352,12 +423,7 @@ func (s *Server) mergeScope(w Scope) (sandgate.Scope, error) {
 	case w.EgressCeiling != nil:
 		out.EgressCeiling = req.EgressCeiling
 	}
-	if !s.cfg.EgressFiltering {
-		if out.EgressCeiling == nil || len(out.EgressCeiling) > 0 {
-			if w.AnyEgress || w.EgressCeiling != nil {
-				return sandgate.Scope{}, invalid("this broker's provider cannot filter egress by domain; the only allowed egress ceiling is [] (no network)")
-			}
-		}
+	if caps.Egress == providers.EgressNoneOnly && !w.AnyEgress && w.EgressCeiling == nil {
 		out.EgressCeiling = []string{}
 	}
 	l, d := req.Limits, &out.Limits
@@ -389,6 +455,9 @@ func (s *Server) mergeScope(w Scope) (sandgate.Scope, error) {
 	out.Limits = out.Limits.WithDefaults()
 	if err := policy.ValidateScope(out); err != nil {
 		return sandgate.Scope{}, invalid("invalid scope: " + err.Error())
+	}
+	if err := caps.CheckScope(prov.Name, out); err != nil {
+		return sandgate.Scope{}, invalid(err.Error())
 	}
 	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
 )
 
@@ -37,6 +38,7 @@ type Instance struct {
 	ID        string `json:"id"`
 	AccountID string `json:"account_id"`
 	Name      string `json:"name,omitempty"`
+	Provider  string `json:"provider"`
 	CreatedAt string `json:"created_at"`
 	Scope     Scope  `json:"scope"`
 }
@@ -45,7 +47,48 @@ type Instance struct {
 type CreateInstanceRequest struct {
 	AccountID string `json:"account_id"`
 	Name      string `json:"name,omitempty"`
-	Scope     Scope  `json:"scope"`
+	// Provider names the provider new workspaces run on; "" means the
+	// broker's default_provider.
+	Provider string `json:"provider,omitempty"`
+	Scope    Scope  `json:"scope"`
+}
+
+// SetProviderRequest is the body of PUT /admin/v1/instances/{id}/provider.
+type SetProviderRequest struct {
+	Provider string `json:"provider"`
+}
+
+// Provider is one configured provider as GET /admin/v1/providers shows it.
+type Provider struct {
+	Name           string   `json:"name"`
+	Kind           string   `json:"kind"`
+	Default        bool     `json:"default"`
+	AcceptNew      bool     `json:"accept_new"`
+	Egress         string   `json:"egress"` // none, native or proxy
+	VendorLifetime bool     `json:"vendor_lifetime"`
+	VendorIdle     bool     `json:"vendor_idle"`
+	Snapshots      bool     `json:"snapshots"`
+	Sizes          []Size   `json:"sizes"`
+	Images         []string `json:"images"` // null: any image the vendor can pull
+	DefaultImage   string   `json:"default_image"`
+}
+
+// Size is one tier of a provider, with its own CPU and memory.
+type Size struct {
+	Name      string `json:"name"`
+	CPUCores  int    `json:"cpu_cores"`
+	MemoryMiB int    `json:"memory_mib"`
+}
+
+func toProvider(e *providers.Entry, def bool) Provider {
+	caps := e.Provider.Capabilities()
+	out := Provider{Name: e.Name, Kind: e.Kind, Default: def, AcceptNew: e.AcceptNew, Egress: caps.Egress.String(),
+		VendorLifetime: caps.VendorLifetime, VendorIdle: caps.VendorIdle, Snapshots: caps.Snapshots,
+		Sizes: []Size{}, Images: caps.Images, DefaultImage: caps.DefaultImage}
+	for _, s := range caps.Sizes {
+		out.Sizes = append(out.Sizes, Size{Name: s.Name, CPUCores: s.CPUCores, MemoryMiB: s.MemoryMiB})
+	}
+	return out
 }
 
 // IssueTokenRequest is the body of POST /admin/v1/instances/{id}/tokens and …/tokens/rotate.
@@ -144,7 +187,7 @@ func fromScope(s sandgate.Scope) Scope {
 func sec(n int64) time.Duration { return time.Duration(n) * time.Second }
 
 func toInstance(in sandgate.Instance) Instance {
-	return Instance{ID: in.ID, AccountID: in.AccountID, Name: in.Name, CreatedAt: wireTime(in.CreatedAt), Scope: fromScope(in.Scope)}
+	return Instance{ID: in.ID, AccountID: in.AccountID, Name: in.Name, Provider: in.Provider, CreatedAt: wireTime(in.CreatedAt), Scope: fromScope(in.Scope)}
 }
 
 func toLease(l sandgate.Lease, now time.Time) Lease {

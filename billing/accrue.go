@@ -1,6 +1,7 @@
 package billing
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -91,7 +92,7 @@ func (b *Billing) entries(w sandgate.Workspace, ps []period) ([]UsageEntry, erro
 		e := UsageEntry{
 			ID: p.id, Kind: KindUsage, Final: p.final,
 			AccountID: w.AccountID, InstanceID: w.InstanceID, WorkspaceID: w.ID,
-			Agent: w.Agent, RunID: w.RunID, Size: w.Size, Image: w.Image, Provider: b.cfg.Provider,
+			Agent: w.Agent, RunID: w.RunID, Size: w.Size, Image: w.Image, Provider: cmp.Or(w.Provider, b.cfg.Provider),
 			RateCard: w.Price.RateCard, RateCardVersion: w.Price.RateCardVersion, Currency: cur,
 			UnitPriceMicros: w.Price.UnitMicros, Seconds: p.secs, AmountMicros: amt,
 			StartedAt: p.from, EndedAt: p.to, TerminatedAt: p.from,

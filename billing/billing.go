@@ -10,7 +10,9 @@ import (
 
 // Config configures Billing. A zero field means the default noted beside it.
 type Config struct {
-	// Provider names the sandbox provider on usage entries. "" means "local".
+	// Provider names the sandbox provider on usage entries of workspaces
+	// whose record names none (written before providers had names). ""
+	// means "local".
 	Provider string
 	// Log receives settlement failures. nil discards.
 	Log *slog.Logger

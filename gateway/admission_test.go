@@ -16,7 +16,6 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/admission"
-	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/reaper"
@@ -33,12 +32,16 @@ type operator struct{ c *admin.Client }
 func newOperator(t testing.TB, h *sgtest.Harness) *operator {
 	t.Helper()
 	log := slog.New(slog.NewJSONHandler(h.Logs, nil)).With("component", "admin")
-	adm := admin.New(admin.Config{
-		Tokens:          []admin.OperatorToken{{Name: "sweeper", Role: admin.RoleAdmin, Hash: admin.HashToken(h.AdminToken)}},
-		Defaults:        sandgate.Scope{DefaultImage: sgtest.DefaultImage},
-		EgressFiltering: true,
-		Terminator:      termination.New(h.DB, h.Provider, h.Clock, log, 0),
+	adm, err := admin.New(admin.Config{
+		Tokens:     []admin.OperatorToken{{Name: "sweeper", Role: admin.RoleAdmin, Hash: admin.HashToken(h.AdminToken)}},
+		Defaults:   sandgate.Scope{DefaultImage: sgtest.DefaultImage},
+		Providers:  h.Providers,
+		Terminator: termination.New(h.DB, h.Providers, h.Clock, log, 0),
+		Billing:    h.Billing,
 	}, h.DB, h.Clock, log)
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv := httptest.NewServer(adm.Handler())
 	t.Cleanup(srv.Close)
 	c, err := admin.NewClient(srv.URL, h.AdminToken, srv.Client())
@@ -529,9 +532,9 @@ func TestRateLimits(t *testing.T) {
 	// One request per 100 seconds, two at once: the third quick request is
 	// refused however slow the machine is.
 	slow := admission.Rate{PerSecond: 0.01, Burst: 2}
-	h := sgtest.New(t, sgtest.Options{Gateway: gateway.Config{RateLimits: map[admission.Class]admission.Rate{
+	h := sgtest.New(t, sgtest.Options{RateLimits: map[admission.Class]admission.Rate{
 		admission.ClassAcquire: slow, admission.ClassRead: slow, admission.ClassExec: slow,
-	}}})
+	}})
 	wantLimited := func(t *testing.T, label string, rep reply) {
 		t.Helper()
 		env := wantError(t, label, rep, http.StatusTooManyRequests, protocol.RateLimited)
@@ -677,7 +680,7 @@ func TestReaperSweepsControlledScopes(t *testing.T) {
 	set(lapsed.AccountID, store.FieldPause, &store.Control{Reason: "account_paused", Actor: "test", Since: now - 1000, Until: now})
 	wantRunning(t, h, i1.Token, w1.WorkspaceID)
 
-	r := reaper.New(reaper.Config{}, h.DB, termination.New(h.DB, h.Provider, h.Clock, nil, 0), h.Clock, nil)
+	r := reaper.New(reaper.Config{}, h.DB, h.Terminator, h.Clock, nil)
 	pass := func() {
 		t.Helper()
 		if err := r.Pass(ctx); err != nil {

@@ -56,7 +56,7 @@ func (s *Server) resolve(ctx context.Context, hash string) (store.Auth, error) {
 	if ok {
 		return a, nil
 	}
-	_, _, ctlGen := s.controls.get("", now)
+	_, _, ctlGen := s.controls.cache.get("", now)
 	a, err := s.db.AuthByTokenHash(ctx, hash)
 	if errors.Is(err, store.ErrNotFound) {
 		return store.Auth{}, protocol.E(protocol.Unauthenticated, "unknown token")
@@ -68,6 +68,6 @@ func (s *Server) resolve(ctx context.Context, hash string) (store.Auth, error) {
 		return store.Auth{}, &protocol.Error{Code: protocol.Unavailable, Message: "the broker cannot read its token store; retry shortly", RetryAfter: 1e9, Err: err}
 	}
 	s.cache.put(hash, a, gen, now)
-	s.controls.put(a.Lease.AccountID+"/"+a.Lease.InstanceID, a.Controls, ctlGen, now)
+	s.controls.cache.put(a.Lease.AccountID+"/"+a.Lease.InstanceID, a.Controls, ctlGen, now)
 	return a, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
 )
 
@@ -25,7 +26,7 @@ import (
 
 // commandKey names a command by the SHA-256 of its identity: a fixed-size,
 // safe name for the store and the sandbox.
-func commandKey(identity string) string { return hashString(identity) }
+func commandKey(identity string) string { return saga.HashString(identity) }
 
 func identityOf(c echo.Context) (string, error) {
 	id := c.Param("identity")
@@ -58,6 +59,10 @@ func (s *Server) startCommand(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	cmds, err := s.commandsOf(w)
+	if err != nil {
+		return err
+	}
 	now := s.clock.Now()
 	err = s.db.ClaimCommand(ctx, w, key, now, now.Add(s.cfg.DispatchTimeout), now.Add(spec.Timeout))
 	var claimed *store.CommandClaimed
@@ -77,7 +82,7 @@ func (s *Server) startCommand(c echo.Context) error {
 	// Claimed: the launch must settle even if the client goes away.
 	ctx = context.WithoutCancel(ctx)
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.DispatchTimeout)
-	err = s.commands.StartCommand(dctx, sandboxOf(w), key, spec)
+	err = cmds.StartCommand(dctx, sandboxOf(w), key, spec)
 	cancel()
 	switch {
 	case err == nil:
@@ -142,6 +147,10 @@ func (s *Server) cancelCommand(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	cmds, err := s.commandsOf(w)
+	if err != nil {
+		return err
+	}
 	ctx := context.WithoutCancel(c.Request().Context())
 	out, err := s.db.CancelCommand(ctx, w, key, s.clock.Now())
 	if err != nil {
@@ -150,7 +159,7 @@ func (s *Server) cancelCommand(c echo.Context) error {
 	if out == store.CancelRecorded {
 		// Fence a launch still on its way, kill a running command.
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
-		err := s.commands.CancelCommand(cctx, sandboxOf(w), key)
+		err := cmds.CancelCommand(cctx, sandboxOf(w), key)
 		cancel()
 		if err != nil && !errors.Is(err, providers.ErrSandboxGone) {
 			return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not cancel the command; retry", Err: err}
@@ -173,9 +182,13 @@ func (s *Server) commandStatus(c echo.Context, w sandgate.Workspace, cmd sandgat
 		// Fenced before any launch: nothing ran, there is no result.
 		return c.JSON(code, protocol.CommandStatus{State: protocol.CommandCanceled})
 	}
-	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
+	cmds, err := s.commandsOf(w)
+	if err != nil {
+		return err
+	}
+	lim := limitsOf(c)
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
-	st, err := s.commands.ReadCommand(rctx, sandboxOf(w), cmd.Key, lim.MaxOutputBytes)
+	st, err := cmds.ReadCommand(rctx, sandboxOf(w), cmd.Key, lim.MaxOutputBytes)
 	cancel()
 	if err != nil {
 		return providerError(err)
@@ -224,12 +237,16 @@ func (s *Server) commandStatus(c echo.Context, w sandgate.Workspace, cmd sandgat
 // fenceLost fences a command whose launch was claimed but never confirmed
 // before its dispatch deadline, and answers its status after the fence.
 func (s *Server) fenceLost(c echo.Context, w sandgate.Workspace, cmd sandgate.Command, code int) error {
+	cmds, err := s.commandsOf(w)
+	if err != nil {
+		return err
+	}
 	ctx := context.WithoutCancel(c.Request().Context())
 	if _, err := s.db.CancelCommand(ctx, w, cmd.Key, s.clock.Now()); err != nil {
 		return unavailable(err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
-	err := s.commands.CancelCommand(cctx, sandboxOf(w), cmd.Key)
+	err = cmds.CancelCommand(cctx, sandboxOf(w), cmd.Key)
 	cancel()
 	if err != nil {
 		return providerError(err)
@@ -238,7 +255,7 @@ func (s *Server) fenceLost(c echo.Context, w sandgate.Workspace, cmd sandgate.Co
 	// The launch may have landed just before the fence (and been killed by
 	// it): read once more, and from then on let the sandbox answer.
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
-	st, err := s.commands.ReadCommand(rctx, sandboxOf(w), cmd.Key, 0)
+	st, err := cmds.ReadCommand(rctx, sandboxOf(w), cmd.Key, 0)
 	cancel()
 	if err != nil {
 		return providerError(err)

@@ -39,7 +39,11 @@ func (s *Server) exec(c echo.Context) error {
 	// read the result, and exec is never replayed.
 	ctx, cancel := context.WithTimeout(c.Request().Context(), spec.Timeout+30*time.Second)
 	defer cancel()
-	res, err := s.provider.Exec(ctx, sandboxOf(w), spec)
+	p, err := s.providerOf(w)
+	if err != nil {
+		return err
+	}
+	res, err := p.Exec(ctx, sandboxOf(w), spec)
 	if err != nil {
 		return providerError(err)
 	}
@@ -72,7 +76,7 @@ func (s *Server) execSpec(c echo.Context, w sandgate.Workspace) (providers.ExecS
 			return providers.ExecSpec{}, false, err
 		}
 	}
-	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
+	lim := limitsOf(c)
 	stdin, err := decodeB64("stdin_b64", req.StdinB64)
 	if err != nil {
 		return providers.ExecSpec{}, false, err

@@ -11,9 +11,26 @@ import (
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/runner"
 )
 
 func sandboxOf(w sandgate.Workspace) providers.Sandbox { return providers.Sandbox{Ref: w.ProviderRef} }
+
+// providerOf returns the provider w was created on, whether or not it
+// still accepts new work.
+func (s *Server) providerOf(w sandgate.Workspace) (providers.Provider, error) {
+	return s.saga.ProviderOf(w.Provider)
+}
+
+// commandsOf returns the durable commands of w's provider: its own, or the
+// generic runner over its Exec.
+func (s *Server) commandsOf(w sandgate.Workspace) (providers.Commander, error) {
+	p, err := s.providerOf(w)
+	if err != nil {
+		return nil, err
+	}
+	return runner.For(p), nil
+}
 
 func (s *Server) readFile(c echo.Context) error {
 	w, err := s.usable(c, admission.ClassExec)
@@ -27,12 +44,16 @@ func (s *Server) readFile(c echo.Context) error {
 	if err := policy.ValidatePath(req.Path); err != nil {
 		return err
 	}
-	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
+	lim := limitsOf(c)
 	ctx := c.Request().Context()
 	if err := s.db.Touch(ctx, w, s.clock.Now()); err != nil {
 		return unavailable(err)
 	}
-	b, err := s.provider.ReadFile(ctx, sandboxOf(w), req.Path, lim.MaxFileBytes)
+	p, err := s.providerOf(w)
+	if err != nil {
+		return err
+	}
+	b, err := p.ReadFile(ctx, sandboxOf(w), req.Path, lim.MaxFileBytes)
 	if err != nil {
 		return providerError(err)
 	}
@@ -57,7 +78,7 @@ func (s *Server) writeFile(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	lim := s.effectiveScope(authFrom(c).Instance.Scope).Limits
+	lim := limitsOf(c)
 	if int64(len(data)) > lim.MaxFileBytes {
 		return protocol.E(protocol.FileTooLarge, "contents are over max_file_bytes")
 	}
@@ -65,7 +86,11 @@ func (s *Server) writeFile(c echo.Context) error {
 	if err := s.db.Touch(ctx, w, s.clock.Now()); err != nil {
 		return unavailable(err)
 	}
-	if err := s.provider.WriteFile(ctx, sandboxOf(w), req.Path, data); err != nil {
+	p, err := s.providerOf(w)
+	if err != nil {
+		return err
+	}
+	if err := p.WriteFile(ctx, sandboxOf(w), req.Path, data); err != nil {
 		return providerError(err)
 	}
 	return c.NoContent(http.StatusNoContent)

@@ -10,14 +10,12 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
-	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/saga"
 )
 
 func (s *Server) getLease(c echo.Context) error {
 	a := authFrom(c)
 	now := s.clock.Now()
-	scope := a.Instance.Scope
-	lim := scope.Limits.WithDefaults()
 	resp := protocol.LeaseResponse{
 		APIVersion: protocol.APIVersion,
 		Lease: protocol.LeaseInfo{
@@ -29,15 +27,35 @@ func (s *Server) getLease(c echo.Context) error {
 		},
 		Admission:    s.admissionState(c.Request().Context(), a.Lease.AccountID, a.Lease.InstanceID),
 		Capabilities: protocol.V1Capabilities,
-		Limits:       wireLimits(lim),
-		DefaultSize:  s.defaultSize(scope),
-		Images:       protocol.Images{Default: s.defaultImage(scope), Allowed: policy.AllowedImages(s.effectiveScope(scope))},
-		Egress:       protocol.EgressInfo{Ceiling: scope.EgressCeiling},
+		Limits:       wireLimits(a.Instance.Scope.Limits.WithDefaults()),
+		Egress:       protocol.EgressInfo{Ceiling: a.Instance.Scope.EgressCeiling},
+		Images:       protocol.Images{Allowed: []string{}},
+		Sizes:        []protocol.Size{},
 	}
+	// The sizes, their CPU and memory, and the images are those of the
+	// instance's provider.
+	scope, prov, err := s.saga.Scope(a.Instance)
+	if err != nil {
+		resp.Admission = protocol.Admission{State: protocol.AdmissionPaused, Reason: saga.ReasonProviderClosed}
+		return c.JSON(http.StatusOK, resp)
+	}
+	if !prov.AcceptNew && resp.Admission.State == protocol.AdmissionOpen {
+		resp.Admission = protocol.Admission{State: protocol.AdmissionPaused, Reason: saga.ReasonProviderClosed}
+	}
+	caps := prov.Provider.Capabilities()
+	resp.DefaultSize = defaultSize(scope)
+	resp.Images = protocol.Images{Default: scope.DefaultImage, Allowed: policy.AllowedImages(scope)}
 	for _, sz := range scope.AllowedSizes() {
-		resp.Sizes = append(resp.Sizes, protocol.Size{Name: sz.Name, CPUCores: sz.CPUCores, MemoryMiB: sz.MemoryMiB})
+		if ps, ok := caps.Size(sz.Name); ok {
+			resp.Sizes = append(resp.Sizes, protocol.Size{Name: ps.Name, CPUCores: ps.CPUCores, MemoryMiB: ps.MemoryMiB})
+		}
 	}
 	return c.JSON(http.StatusOK, resp)
+}
+
+// limitsOf returns the limits of the request's instance, defaults filled.
+func limitsOf(c echo.Context) sandgate.Limits {
+	return authFrom(c).Instance.Scope.Limits.WithDefaults()
 }
 
 func wireLimits(l sandgate.Limits) protocol.Limits {
@@ -69,21 +87,7 @@ func timePtr(t time.Time) *string {
 	return &s
 }
 
-func (s *Server) defaultImage(scope sandgate.Scope) string {
-	if scope.DefaultImage != "" {
-		return scope.DefaultImage
-	}
-	return s.cfg.DefaultImage
-}
-
-// effectiveScope fills the scope's image default from the broker's.
-func (s *Server) effectiveScope(scope sandgate.Scope) sandgate.Scope {
-	scope.DefaultImage = s.defaultImage(scope)
-	scope.Limits = scope.Limits.WithDefaults()
-	return scope
-}
-
-func (s *Server) defaultSize(scope sandgate.Scope) string {
+func defaultSize(scope sandgate.Scope) string {
 	sz, err := policy.ResolveSize(scope, "")
 	if err != nil {
 		return ""
@@ -91,42 +95,10 @@ func (s *Server) defaultSize(scope sandgate.Scope) string {
 	return sz.Name
 }
 
-// controlsFor returns the stop and pause state that applies to an instance,
-// from the cache when it is live.
-func (s *Server) controlsFor(ctx context.Context, acct, inst string) (store.Controls, error) {
-	now := s.clock.Now()
-	key := acct + "/" + inst
-	if v, ok, _ := s.controls.get(key, now); ok {
-		return v, nil
-	}
-	_, _, gen := s.controls.get(key, now)
-	v, err := s.db.ControlsFor(ctx, acct, inst)
-	if err != nil {
-		return store.Controls{}, err
-	}
-	s.controls.put(key, v, gen, now)
-	return v, nil
-}
-
-// GlobalStop implements admission.StopReader from the controls cache.
-func (s *Server) GlobalStop(ctx context.Context) (*store.Control, error) {
-	now := s.clock.Now()
-	if v, ok, _ := s.controls.get("", now); ok {
-		return v.GlobalStop, nil
-	}
-	_, _, gen := s.controls.get("", now)
-	stop, err := s.db.GlobalStop(ctx)
-	if err != nil {
-		return nil, err
-	}
-	s.controls.put("", store.Controls{GlobalStop: stop}, gen, now)
-	return stop, nil
-}
-
 // admissionState is the lease's admission object. When the state cannot be
 // read the broker fails closed and says so (spec §GET /v1/lease).
 func (s *Server) admissionState(ctx context.Context, acct, inst string) protocol.Admission {
-	c, err := s.controlsFor(ctx, acct, inst)
+	c, err := s.controls.For(ctx, acct, inst)
 	if err != nil {
 		return protocol.Admission{State: protocol.AdmissionPaused, Reason: "unavailable"}
 	}

@@ -24,13 +24,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
-	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/token"
 )
@@ -166,7 +165,11 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 	}
 	e.tok = e.issue(tb, false)
 
-	gw := gateway.New(gateway.Config{DefaultImage: local.Image, RateLimits: rates, Risk: sgtest.NoRisk}, e.db, p, sandgate.SystemClock{}, nil)
+	if rates == nil {
+		rates = map[admission.Class]admission.Rate{} // the production defaults
+	}
+	gw := sgtest.Wire(tb, sgtest.WireOptions{DB: e.db, Providers: providers.Single(providers.LegacyName, p), Clock: sandgate.SystemClock{},
+		RateLimits: rates}).Gateway
 	e.srv = httptest.NewTLSServer(gw.Handler())
 	tb.Cleanup(e.srv.Close)
 	e.client = e.srv.Client() // keep-alive; trusts the test certificate

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,11 +20,10 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
-	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
-	"github.com/sandgate/sandgate/providers/runner"
+	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
 )
@@ -34,39 +34,30 @@ type Config struct {
 	// X-Forwarded-Proto: https is accepted (a TLS-terminating proxy). Empty
 	// means every plaintext request is refused.
 	TrustedProxies []netip.Prefix
-	// CreateTimeout bounds one provider create. 0 means 90 seconds; it must
-	// stay below the store's PendingTimeout.
-	CreateTimeout time.Duration
 	// TerminateTimeout bounds one provider terminate inside a request. 0
 	// means 30 seconds; past it, release answers terminating.
 	TerminateTimeout time.Duration
-	// SnapshotTimeout bounds one provider snapshot, and a warm start's
-	// restore. 0 means 10 minutes.
-	SnapshotTimeout time.Duration
 	// DispatchTimeout bounds the launch of a durable command. A command
 	// whose launch was not confirmed within it (a gateway died) is fenced
 	// and reads as canceled. 0 means 1 minute.
 	DispatchTimeout time.Duration
-	// DefaultImage is the image of an instance whose scope names none.
-	DefaultImage string
-	// RateLimits are the per-token request-rate limits by operation class;
-	// a class missing means admission.DefaultRates.
-	RateLimits map[admission.Class]admission.Rate
-	// Risk are the default risk limits of accounts without their own.
-	Risk admission.RiskDefaults
-	// Admission admits Acquires. nil means admission.Standard over the
-	// store with Risk, reading the broker-wide stop through the gateway's cache.
-	Admission Admitter
-	// AfterCreate, when set, is called by Acquire right after the
-	// provider created the sandbox and before the record is confirmed.
-	// Test only: it lets a test stop a gateway at that point; nil in
-	// production.
-	AfterCreate func(workspaceID string)
 	// Meter records MetricRequests. nil means no metrics are recorded.
 	Meter metric.Meter
-	// Billing prices, holds and settles workspaces. nil means billing.New
-	// over the store: accounts never configured for billing run at price 0.
-	Billing *billing.Billing
+}
+
+// Deps are what a Server works with, built once by the broker's wiring
+// (cmd/sandgate); every one is required.
+type Deps struct {
+	DB         *store.DB
+	Providers  *providers.Set
+	Saga       *saga.Saga
+	Terminator *termination.Terminator
+	Limiter    *admission.Limiter
+	// Controls reads stop and pause state; the admission pipeline reads
+	// the broker-wide stop through the same one (Controls.GlobalStop).
+	Controls *Controls
+	Clock    sandgate.Clock
+	Log      *slog.Logger // nil discards
 }
 
 // MetricRequests counts requests by route (the method and route template,
@@ -74,64 +65,54 @@ type Config struct {
 // an id, a query or a header.
 const MetricRequests = "sandgate.http.requests"
 
-// Admitter decides whether an Acquire may run: nil to admit, a
-// *admission.Replay for a claimed key, or a *protocol.Error refusal.
-type Admitter interface {
-	Admit(ctx context.Context, r *admission.Request) error
-}
-
 // Server serves protocol v1. Create it with New; it is safe for concurrent use.
 type Server struct {
 	cfg      Config
 	db       *store.DB
-	provider providers.Provider
-	commands providers.Commander // the provider's own, or the generic runner
+	provs    *providers.Set
+	saga     *saga.Saga
 	clock    sandgate.Clock
 	log      *slog.Logger
 	cache    *cache[store.Auth]
-	controls *cache[store.Controls]
-	admit    Admitter
+	controls *Controls
 	limiter  *admission.Limiter
 	term     *termination.Terminator
-	bill     *billing.Billing
 	echo     *echo.Echo
 	draining atomic.Bool
 	requests metric.Int64Counter
 	routeSet map[string]bool // "METHOD /template" of every route, for requests
 }
 
-// New returns a Server over the store and provider.
-func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, log *slog.Logger) *Server {
-	if cfg.CreateTimeout == 0 {
-		cfg.CreateTimeout = 90 * time.Second
+// New returns a Server. A missing dependency is an error.
+func New(cfg Config, d Deps) (*Server, error) {
+	switch {
+	case d.DB == nil:
+		return nil, errors.New("gateway: no store")
+	case d.Providers == nil:
+		return nil, errors.New("gateway: no providers")
+	case d.Saga == nil:
+		return nil, errors.New("gateway: no saga")
+	case d.Terminator == nil:
+		return nil, errors.New("gateway: no terminator")
+	case d.Limiter == nil:
+		return nil, errors.New("gateway: no rate limiter")
+	case d.Controls == nil:
+		return nil, errors.New("gateway: no controls reader")
+	case d.Clock == nil:
+		return nil, errors.New("gateway: no clock")
 	}
 	if cfg.TerminateTimeout == 0 {
 		cfg.TerminateTimeout = 30 * time.Second
 	}
-	if cfg.SnapshotTimeout == 0 {
-		cfg.SnapshotTimeout = 10 * time.Minute
-	}
 	if cfg.DispatchTimeout == 0 {
 		cfg.DispatchTimeout = time.Minute
 	}
+	log := d.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, db: db, provider: p, commands: runner.For(p), clock: clock, log: log, cache: newCache[store.Auth](), controls: newCache[store.Controls](), admit: cfg.Admission}
-	s.bill = cfg.Billing
-	if s.bill == nil {
-		s.bill = billing.New(db, billing.Config{Log: log})
-	}
-	if s.admit == nil {
-		dc := db.Config()
-		s.admit = admission.New(db.Redis(), admission.Standard(s, admission.StandardConfig{
-			IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Risk: cfg.Risk,
-			Billing: s.bill.Checks(),
-		})...)
-	}
-	s.limiter = admission.NewLimiter(db.Redis(), cfg.RateLimits)
-	s.term = termination.New(db, p, clock, log, cfg.TerminateTimeout)
-	s.term.SetSettler(s.bill)
+	s := &Server{cfg: cfg, db: d.DB, provs: d.Providers, saga: d.Saga, clock: d.Clock, log: log,
+		cache: newCache[store.Auth](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator}
 	s.echo = s.routes()
 	s.routeSet = map[string]bool{}
 	for _, r := range s.echo.Routes() {
@@ -145,7 +126,7 @@ func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, l
 		metric.WithDescription("Requests to the v1 API, by route, status and protocol code.")); err != nil {
 		log.Warn("gateway metric not registered", slog.String("metric", MetricRequests), slog.Any(sandgate.KeyError, err))
 	}
-	return s
+	return s, nil
 }
 
 // Handler returns the HTTP handler of /v1.
@@ -154,7 +135,7 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // Run keeps the auth cache's invalidation subscription up until ctx ends.
 // Until it has subscribed, every request reads the token from Redis.
 func (s *Server) Run(ctx context.Context) {
-	subscribe(ctx, s.db, s.log, s.cache, s.controls)
+	subscribe(ctx, s.db, s.log, s.cache, s.controls.cache)
 }
 
 func (s *Server) routes() *echo.Echo {

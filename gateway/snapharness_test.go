@@ -22,14 +22,13 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/client"
-	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/reaper"
 	"github.com/sandgate/sandgate/store"
-	"github.com/sandgate/sandgate/termination"
 	"github.com/sandgate/sandgate/token"
 )
 
@@ -95,20 +94,13 @@ func snapStart(t *testing.T, p providers.Provider, edit func(*sandgate.Limits)) 
 	clock := &snapClock{t: time.Now().UTC()}
 	logs := &snapLogs{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	unlimited := admission.Rate{}
-	gw := gateway.New(gateway.Config{
-		DefaultImage: local.Image,
-		RateLimits:   map[admission.Class]admission.Rate{admission.ClassRead: unlimited, admission.ClassAcquire: unlimited, admission.ClassExec: unlimited},
-		Admission: admission.New(rdb, admission.Standard(db, admission.StandardConfig{
-			IdempotencyTTL: db.Config().IdempotencyTTL, PendingTimeout: db.Config().PendingTimeout,
-			Risk: admission.RiskDefaults{AcquiresPerMinute: 1 << 20, MaxOpenWorkspaces: 1 << 20},
-		})...),
-	}, db, p, clock, log)
-	srv := httptest.NewTLSServer(gw.Handler())
+	ps := providers.Single(providers.LegacyName, p)
+	w := sgtest.Wire(t, sgtest.WireOptions{DB: db, Providers: ps, Clock: clock, Log: log,
+		Risk: admission.RiskDefaults{AcquiresPerMinute: 1 << 20, MaxOpenWorkspaces: 1 << 20}})
+	srv := httptest.NewTLSServer(w.Gateway.Handler())
 	t.Cleanup(srv.Close)
-	term := termination.New(db, p, clock, log, 0)
 	e := &snapEnv{t: t, db: db, p: p, clock: clock, srv: srv, logs: logs,
-		reaper: reaper.New(reaper.Config{Snapshots: p}, db, term, clock, log)}
+		reaper: reaper.New(reaper.Config{Providers: ps}, db, w.Terminator, clock, log)}
 	ctx := context.Background()
 	e.acct = sandgate.NewID(sandgate.PrefixAccount)
 	if err := db.CreateAccount(ctx, sandgate.Account{ID: e.acct, Name: "t", CreatedAt: clock.Now()}); err != nil {

@@ -125,6 +125,14 @@ type Provider interface {
 	// Snapshot cut short before it answered) it finds them by ref.ID.
 	// Deleting a snapshot that is already gone succeeds.
 	DeleteSnapshot(ctx context.Context, ref SnapshotRef) error
+
+	// Capabilities reports what the provider enforces and runs. It is
+	// fixed once the provider is open.
+	Capabilities() Capabilities
+	// Close releases what the provider holds in this process (connections,
+	// helpers). Sandboxes keep running: they belong to the broker, not to
+	// the process.
+	Close() error
 }
 
 // SnapshotSpec is what Snapshot needs.
@@ -195,4 +203,8 @@ type Env struct {
 	Clock    sandgate.Clock
 	BrokerID string
 	DataDir  string
+	// Getenv reads the vendor's own environment variables (credentials,
+	// endpoints); nil means os.Getenv. A missing credential is an error of
+	// Open naming the variable.
+	Getenv func(string) string
 }

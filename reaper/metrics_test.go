@@ -9,6 +9,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/reaper"
 	"github.com/sandgate/sandgate/termination"
 )
@@ -27,8 +28,8 @@ func TestCorrectionMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	term := termination.New(f.db, f.prov, f.clock, nil, 0)
-	r := reaper.New(reaper.Config{Snapshots: f.prov, Sandboxes: f.prov, Owner: "m", Meter: mp.Meter("test")}, f.db, term, f.clock, nil)
+	term := termination.New(f.db, providers.Single(providers.LegacyName, f.prov), f.clock, nil, 0)
+	r := reaper.New(reaper.Config{Providers: providers.Single(providers.LegacyName, f.prov), Owner: "m", Meter: mp.Meter("test")}, f.db, term, f.clock, nil)
 	f.clock.Advance(11 * time.Second)
 	for range 2 { // the second pass has nothing left to correct
 		if err := r.Pass(ctx); err != nil {

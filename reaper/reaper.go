@@ -24,12 +24,11 @@ import (
 type Config struct {
 	// Interval is the time between passes. 0 means 2 seconds.
 	Interval time.Duration
-	// Snapshots deletes expired and deleted snapshots' contents (the
-	// provider). nil skips the snapshot sweep.
-	Snapshots SnapshotDeleter
-	// Sandboxes lists the provider's sandboxes, for unknown creates and
-	// orphans. nil skips both.
-	Sandboxes Lister
+	// Providers are the broker's providers: each workspace and snapshot
+	// is handled on the one it was created on, and every provider is
+	// listed for unknown creates and orphans. nil skips the snapshot
+	// sweep, unknown creates and orphans.
+	Providers *providers.Set
 	// Owner names this process in the leader lease. "" means a random id.
 	Owner string
 	// LeaseTTL is the leader lease's TTL: a new leader takes over at most
@@ -61,13 +60,6 @@ const (
 	KindSnapshotExpired = "snapshot_expired" // a snapshot past its TTL, marked for deletion
 	KindSnapshotDeleted = "snapshot_deleted" // a snapshot's contents deleted at the provider
 )
-
-// Lister lists and ends the provider's sandboxes; every providers.Provider
-// is one.
-type Lister interface {
-	List(ctx context.Context) ([]providers.Sandbox, error)
-	Terminate(ctx context.Context, sb providers.Sandbox) error
-}
 
 // Reaper runs passes while it holds the leader lease. Passes are
 // idempotent and safe to run concurrently (every state change is a

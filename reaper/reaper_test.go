@@ -52,8 +52,8 @@ func newFixture(t *testing.T) *fixture {
 }
 
 func (f *fixture) reaper(owner string) *reaper.Reaper {
-	term := termination.New(f.db, f.prov, f.clock, nil, 0)
-	return reaper.New(reaper.Config{Snapshots: f.prov, Sandboxes: f.prov, Owner: owner, Interval: 100 * time.Millisecond, LeaseTTL: time.Second},
+	term := termination.New(f.db, providers.Single(providers.LegacyName, f.prov), f.clock, nil, 0)
+	return reaper.New(reaper.Config{Providers: providers.Single(providers.LegacyName, f.prov), Owner: owner, Interval: 100 * time.Millisecond, LeaseTTL: time.Second},
 		f.db, term, f.clock, nil)
 }
 

@@ -11,12 +11,6 @@ import (
 	"github.com/sandgate/sandgate/store"
 )
 
-// SnapshotDeleter deletes a snapshot's contents at the provider; every
-// providers.Provider is one. Deleting contents that are gone succeeds.
-type SnapshotDeleter interface {
-	DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef) error
-}
-
 // Snapshot sweep bounds: how many snapshots one pass takes per account,
 // how long one provider call may take, and when a failed deletion is
 // tried again.
@@ -33,7 +27,7 @@ const (
 // provider, retried every snapshotRetry until it confirms, whether or not
 // the client ever called DELETE.
 func (r *Reaper) sweepSnapshots(ctx context.Context) error {
-	if r.cfg.Snapshots == nil {
+	if r.cfg.Providers == nil {
 		return nil
 	}
 	accts, err := r.db.AccountIDs(ctx)
@@ -81,9 +75,7 @@ func (r *Reaper) sweepAccountSnapshots(ctx context.Context, acct string) error {
 			r.db.DropSnapshotDelete(ctx, acct, id)
 			continue
 		}
-		dctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
-		err = r.cfg.Snapshots.DeleteSnapshot(dctx, providers.SnapshotRef{ID: snap.ID, Ref: snap.ProviderRef})
-		cancel()
+		err = r.deleteContents(ctx, snap)
 		if err != nil {
 			failed++
 			r.log.Warn("snapshot contents not deleted; will retry", sandgate.SnapshotAttr(id), slog.Any(sandgate.KeyError, err))
@@ -104,4 +96,16 @@ func (r *Reaper) sweepAccountSnapshots(ctx context.Context, acct string) error {
 			slog.Int("expired", expired), slog.Int("deleted", deleted), slog.Int("failed", failed))
 	}
 	return nil
+}
+
+// deleteContents deletes a snapshot's contents on the provider that holds
+// them, accepting new work or not.
+func (r *Reaper) deleteContents(ctx context.Context, snap sandgate.Snapshot) error {
+	e, err := r.cfg.Providers.Get(snap.Provider)
+	if err != nil {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
+	defer cancel()
+	return e.Provider.DeleteSnapshot(dctx, providers.SnapshotRef{ID: snap.ID, Ref: snap.ProviderRef})
 }

@@ -24,20 +24,7 @@ const createMargin = time.Second
 // slots and reservations whose workspace is gone. It stops when ctx ends
 // (the leader lease was lost).
 func (r *Reaper) sweepWorkspaces(ctx context.Context) error {
-	var vendor map[string]providers.Sandbox // workspace id → sandbox; nil when not listed
-	if r.cfg.Sandboxes != nil {
-		sbs, err := r.cfg.Sandboxes.List(ctx)
-		if err != nil {
-			r.log.Warn("provider list failed; unknown creates and orphans wait", slog.Any(sandgate.KeyError, err))
-		} else {
-			vendor = make(map[string]providers.Sandbox, len(sbs))
-			for _, sb := range sbs {
-				if id := sb.Labels[providers.LabelWorkspace]; id != "" {
-					vendor[id] = sb
-				}
-			}
-		}
-	}
+	vendors := r.listProviders(ctx)
 	now := r.clock.Now()
 	ws, err := r.db.LiveWorkspaces(ctx, "", "", now)
 	if err != nil {
@@ -56,18 +43,57 @@ func (r *Reaper) sweepWorkspaces(ctx context.Context) error {
 			}
 			revoked[w.AccountID] = rev
 		}
+		vendor := vendors[providerName(w.Provider)]
 		r.settle(ctx, w, now, pending, rev, vendor)
 		// Not an orphan this pass, even if settle ends it now: the listing
 		// predates that end. A sandbox left behind by it is the next
 		// pass's, with a fresh listing.
 		delete(vendor, w.ID)
 	}
-	if vendor != nil {
-		if err := r.sweepOrphans(ctx, vendor); err != nil {
-			return err
+	if r.cfg.Providers != nil {
+		for _, e := range r.cfg.Providers.All() {
+			if vendor := vendors[e.Name]; vendor != nil {
+				if err := r.sweepOrphans(ctx, e.Provider, vendor); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return r.reconcile(ctx)
+}
+
+// providerName is the name a record's provider field stands for.
+func providerName(name string) string {
+	if name == "" {
+		return providers.LegacyName
+	}
+	return name
+}
+
+// listProviders lists every configured provider's sandboxes, accepting
+// new work or not: provider name → workspace id → sandbox. A provider
+// whose List failed has no entry, so its unknown creates and orphans wait
+// for a pass that can ask it; the others go on.
+func (r *Reaper) listProviders(ctx context.Context) map[string]map[string]providers.Sandbox {
+	out := map[string]map[string]providers.Sandbox{}
+	if r.cfg.Providers == nil {
+		return out
+	}
+	for _, e := range r.cfg.Providers.All() {
+		sbs, err := e.Provider.List(ctx)
+		if err != nil {
+			r.log.Warn("provider list failed; its unknown creates and orphans wait", slog.String(sandgate.KeyProvider, e.Name), slog.Any(sandgate.KeyError, err))
+			continue
+		}
+		vendor := make(map[string]providers.Sandbox, len(sbs))
+		for _, sb := range sbs {
+			if id := sb.Labels[providers.LabelWorkspace]; id != "" {
+				vendor[id] = sb
+			}
+		}
+		out[e.Name] = vendor
+	}
+	return out
 }
 
 // settle takes the one step w is due for, if any.
@@ -124,7 +150,7 @@ func (r *Reaper) end(ctx context.Context, w sandgate.Workspace, reason sandgate.
 // terminated. Sandboxes of live records, starting ones included, are left
 // alone: a create in flight wrote its record before calling the provider.
 // vendor holds no workspace that was live when the pass read the records.
-func (r *Reaper) sweepOrphans(ctx context.Context, vendor map[string]providers.Sandbox) error {
+func (r *Reaper) sweepOrphans(ctx context.Context, p providers.Provider, vendor map[string]providers.Sandbox) error {
 	for id, sb := range vendor {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -143,7 +169,7 @@ func (r *Reaper) sweepOrphans(ctx context.Context, vendor map[string]providers.S
 			}
 		}
 		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err = r.cfg.Sandboxes.Terminate(tctx, sb)
+		err = p.Terminate(tctx, sb)
 		cancel()
 		if err != nil && !errors.Is(err, providers.ErrSandboxGone) {
 			r.log.Warn("orphan not terminated; will retry", sandgate.WorkspaceAttr(id), slog.Any(sandgate.KeyError, err))

@@ -203,7 +203,7 @@ func (db *DB) AccountIDs(ctx context.Context) ([]string, error) {
 func snapshotFields(s sandgate.Snapshot) []any {
 	return []any{
 		"id", s.ID, "account", s.AccountID, "instance", s.InstanceID, "workspace", s.WorkspaceID,
-		"state", string(s.State), "created_ms", ms(s.CreatedAt), "expires_ms", ms(s.ExpiresAt),
+		"provider", s.Provider, "state", string(s.State), "created_ms", ms(s.CreatedAt), "expires_ms", ms(s.ExpiresAt),
 	}
 }
 
@@ -214,7 +214,7 @@ func parseSnapshot(m map[string]string) (sandgate.Snapshot, error) {
 	}
 	s := sandgate.Snapshot{
 		ID: m["id"], AccountID: m["account"], InstanceID: m["instance"], WorkspaceID: m["workspace"],
-		ProviderRef: m["provider_ref"], Dir: m["dir"],
+		Provider: m["provider"], ProviderRef: m["provider_ref"], Dir: m["dir"],
 		State:     sandgate.SnapshotState(m["state"]),
 		CreatedAt: fromMS(num("created_ms")),
 		ExpiresAt: fromMS(num("expires_ms")),

@@ -26,7 +26,7 @@ var ErrProvider = errors.New("termination: the provider did not confirm the end"
 // termination, and the provider's Terminate is idempotent.
 type Terminator struct {
 	db       *store.DB
-	provider providers.Provider
+	provs    *providers.Set
 	clock    sandgate.Clock
 	log      *slog.Logger
 	timeout  time.Duration
@@ -43,15 +43,17 @@ type Settler interface {
 // it before the Terminator is used.
 func (t *Terminator) SetSettler(s Settler) { t.settler = s }
 
-// New returns a Terminator. timeout bounds one provider call; 0 means 30s.
-func New(db *store.DB, p providers.Provider, clock sandgate.Clock, log *slog.Logger, timeout time.Duration) *Terminator {
+// New returns a Terminator that ends each workspace on the provider of ps
+// it was created on. timeout bounds one provider call; 0 means 30s. A nil
+// ps (tests of billing alone) records ends without asking any provider.
+func New(db *store.DB, ps *providers.Set, clock sandgate.Clock, log *slog.Logger, timeout time.Duration) *Terminator {
 	if timeout == 0 {
 		timeout = 30 * time.Second
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Terminator{db: db, provider: p, clock: clock, log: log, timeout: timeout}
+	return &Terminator{db: db, provs: ps, clock: clock, log: log, timeout: timeout}
 }
 
 // Terminate ends w with reason. It returns whether the end is confirmed.
@@ -108,10 +110,8 @@ func (t *Terminator) FailCreate(ctx context.Context, w sandgate.Workspace, sb pr
 // Finish asks the provider to end a terminating workspace and records the
 // confirmed end.
 func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, error) {
-	if w.ProviderRef != "" {
-		tctx, cancel := context.WithTimeout(ctx, t.timeout)
-		err := t.provider.Terminate(tctx, providers.Sandbox{Ref: w.ProviderRef})
-		cancel()
+	if w.ProviderRef != "" && t.provs != nil {
+		err := t.terminate(ctx, w)
 		if err != nil && !errors.Is(err, providers.ErrSandboxGone) {
 			t.log.Error("provider terminate failed; will retry", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
 			return false, fmt.Errorf("%w: %w", ErrProvider, err)
@@ -129,6 +129,19 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 		}
 	}
 	return true, nil
+}
+
+// terminate asks the workspace's own provider, accepting new work or not,
+// to end its sandbox. A provider no longer configured is an error: the
+// workspace stays terminating until an operator configures it again.
+func (t *Terminator) terminate(ctx context.Context, w sandgate.Workspace) error {
+	e, err := t.provs.Get(w.Provider)
+	if err != nil {
+		return err
+	}
+	tctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	return e.Provider.Terminate(tctx, providers.Sandbox{Ref: w.ProviderRef})
 }
 
 // Result counts a sweep.

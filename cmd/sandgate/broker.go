@@ -22,8 +22,8 @@ import (
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/providers"
-	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/reaper"
+	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
 )
@@ -38,6 +38,10 @@ type broker struct {
 	public    net.Listener
 	admin     net.Listener
 	operators []admin.OperatorToken
+	// kinds are the provider kinds it can open; nil means kinds().
+	kinds providers.Registry
+	// getenv reads the vendors' environment variables; nil means os.Getenv.
+	getenv func(string) string
 }
 
 func newLogger(level string) (*slog.Logger, error) {
@@ -58,52 +62,79 @@ func (b *broker) run(ctx context.Context) error {
 	if b.tls == nil && len(proxies) == 0 {
 		return errors.New("sandgate refuses plaintext: set tls.cert_file and tls.key_file, or tls.trusted_proxies for a TLS-terminating proxy")
 	}
-	penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir}
-	prov, err := local.New(ctx, local.Config{DataDir: filepath.Join(b.cfg.DataDir, "local"), BwrapPath: b.cfg.Provider.Local.BwrapPath}, penv)
-	if err != nil {
-		return fmt.Errorf("provider local: %w", err)
+	getenv := b.getenv
+	if getenv == nil {
+		getenv = os.Getenv
 	}
+	penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir, Getenv: getenv}
+	reg := b.kinds
+	if reg == nil {
+		reg = kinds()
+	}
+	provs, err := reg.Open(ctx, b.cfg.providers, b.cfg.DefaultProvider, penv)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := provs.Close(); err != nil {
+			b.log.Warn("providers not closed cleanly", slog.Any(sandgate.KeyError, err))
+		}
+	}()
 	mp, metricsHandler, err := newMetrics(b.cfg.BrokerID)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	defer func() { _ = mp.Shutdown(context.Background()) }()
+
+	// The one wiring place: everything below is built once and shared.
 	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
-	bill := billing.New(db, billing.Config{Provider: "local", Log: b.log.With("component", "billing"),
+	bill := billing.New(db, billing.Config{Provider: providers.LegacyName, Log: b.log.With("component", "billing"),
 		Webhook: billing.WebhookConfig{URL: b.cfg.Billing.Webhook.URL, Secret: b.cfg.webhookSecret, Timeout: b.cfg.Billing.Webhook.Timeout}})
 	rates := map[admission.Class]admission.Rate{}
 	for class, r := range b.cfg.Admission.RateLimits {
 		rates[admission.Class(class)] = admission.Rate{PerSecond: r.PerSecond, Burst: r.Burst}
 	}
-	gw := gateway.New(gateway.Config{
-		TrustedProxies: proxies, DefaultImage: local.Image, RateLimits: rates, Billing: bill,
-		// A create must end well within the pending deadline, past which
-		// the reaper ends the workspace under it.
-		CreateTimeout: b.cfg.Admission.PendingTimeout * 3 / 4,
-		AfterCreate:   pauseAfterCreate(b.cfg.testPauseAfterCreate),
-		Meter:         mp.Meter("github.com/sandgate/sandgate/gateway"),
+	controls := gateway.NewControls(db, clock)
+	dc := db.Config()
+	admit := admission.New(b.rdb, admission.Standard(controls, admission.StandardConfig{
+		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Billing: bill.Checks(),
 		Risk: admission.RiskDefaults{
 			AcquiresPerMinute: b.cfg.Admission.Risk.AcquiresPerMinute,
 			MaxOpenWorkspaces: b.cfg.Admission.Risk.MaxOpenWorkspaces,
 			MaxSize:           b.cfg.Admission.Risk.MaxSize,
 		},
-	}, db, prov, clock, b.log.With("component", "gateway"))
+	})...)
+	term := termination.New(db, provs, clock, b.log.With("component", "termination"), 0)
+	term.SetSettler(bill)
+	sg, err := saga.New(saga.Config{
+		// A create must end well within the pending deadline, past which
+		// the reaper ends the workspace under it.
+		CreateTimeout: b.cfg.Admission.PendingTimeout * 3 / 4,
+		AfterCreate:   pauseAfterCreate(b.cfg.testPauseAfterCreate),
+	}, saga.Deps{DB: db, Providers: provs, Admission: admit, Holds: bill, Terminator: term, Clock: clock, Log: b.log.With("component", "saga")})
+	if err != nil {
+		return err
+	}
+	gw, err := gateway.New(gateway.Config{TrustedProxies: proxies, Meter: mp.Meter("github.com/sandgate/sandgate/gateway")},
+		gateway.Deps{DB: db, Providers: provs, Saga: sg, Terminator: term, Limiter: admission.NewLimiter(b.rdb, rates),
+			Controls: controls, Clock: clock, Log: b.log.With("component", "gateway")})
+	if err != nil {
+		return err
+	}
 	defaults := sandgate.Scope{
 		Sizes: b.cfg.Defaults.Sizes, DefaultSize: b.cfg.Defaults.DefaultSize,
 		Images: b.cfg.Defaults.Images, DefaultImage: b.cfg.Defaults.DefaultImage,
 		Limits: b.cfg.Defaults.Limits.limits(),
 	}
-	if defaults.DefaultImage == "" {
-		defaults.DefaultImage = local.Image
-	}
 	// Every gateway process runs the reaper; one at a time leads (a Redis
 	// lease), and its passes are idempotent all the same.
-	term := termination.New(db, prov, clock, b.log.With("component", "termination"), 0)
-	term.SetSettler(bill)
-	rp := reaper.New(reaper.Config{Snapshots: prov, Sandboxes: prov, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
+	rp := reaper.New(reaper.Config{Providers: provs, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
 		Meter: mp.Meter("github.com/sandgate/sandgate/reaper")}, db, term, clock, b.log.With("component", "reaper"))
-	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term, Billing: bill},
-		db, clock, b.log.With("component", "admin"))
+	adm, err := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults,
+		Providers: provs, Terminator: term, Billing: bill}, db, clock, b.log.With("component", "admin"))
+	if err != nil {
+		return err
+	}
 
 	pub := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: b.tls,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}

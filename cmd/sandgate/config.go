@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/providers"
 )
 
 // Config is the broker's one YAML file. Every field has an environment
@@ -35,12 +37,20 @@ type Config struct {
 		Password string `yaml:"password"` // SANDGATE_REDIS_PASSWORD
 		DB       int    `yaml:"db"`       // SANDGATE_REDIS_DB
 	} `yaml:"redis"`
+	// Provider is the single provider of configs older than named
+	// providers: with no `providers:` list it opens as one provider named
+	// after its kind. Set one or the other, not both.
 	Provider struct {
-		Name  string `yaml:"name"` // SANDGATE_PROVIDER; default "local"
-		Local struct {
-			BwrapPath string `yaml:"bwrap_path"` // default: bwrap on PATH
-		} `yaml:"local"`
+		Name  string    `yaml:"name"` // SANDGATE_PROVIDER; default "local"
+		Local yaml.Node `yaml:"local"`
 	} `yaml:"provider"`
+	// Providers are the broker's named providers: each entry has name,
+	// kind and accept_new (default true), and the kind's own settings
+	// beside them. Secrets are named by environment variable, never inline.
+	Providers []yaml.Node `yaml:"providers"`
+	// DefaultProvider is the provider of instances that name none;
+	// SANDGATE_DEFAULT_PROVIDER; default the first provider.
+	DefaultProvider string `yaml:"default_provider"`
 	Operators []struct {
 		Name        string `yaml:"name"`
 		Role        string `yaml:"role"`         // admin, operator or finance
@@ -95,6 +105,8 @@ type Config struct {
 
 	// webhookSecret is the value of billing.webhook.secret_env.
 	webhookSecret sandgate.Secret
+	// providers are Providers (or Provider) parsed.
+	providers []providers.Config
 
 	// testPauseAfterCreate is TEST ONLY, from SANDGATE_TEST_PAUSE_AFTER_CREATE
 	// (a directory; never set in production, not in the config reference):
@@ -158,6 +170,7 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 	str(&c.Redis.Addr, "SANDGATE_REDIS_ADDR")
 	str(&c.Redis.Password, "SANDGATE_REDIS_PASSWORD")
 	str(&c.Provider.Name, "SANDGATE_PROVIDER")
+	str(&c.DefaultProvider, "SANDGATE_DEFAULT_PROVIDER")
 	str(&c.Log.Level, "SANDGATE_LOG_LEVEL")
 	if v := getenv("SANDGATE_REDIS_DB"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -175,7 +188,6 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 	def(&c.AdminListen, "127.0.0.1:8444")
 	def(&c.DataDir, "/var/lib/sandgate")
 	def(&c.Redis.Addr, "127.0.0.1:6379")
-	def(&c.Provider.Name, "local")
 	def(&c.Log.Level, "info")
 	if c.BrokerID == "" {
 		h, _ := os.Hostname()
@@ -221,8 +233,16 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("config: billing.webhook: %s is empty", wh.SecretEnv)
 		}
 	}
-	if c.Provider.Name != "local" {
-		return nil, fmt.Errorf("config: provider %q is not available; this build has: local", c.Provider.Name)
+	pcs, err := c.providerConfigs()
+	if err != nil {
+		return nil, err
+	}
+	c.providers = pcs
+	if c.DefaultProvider == "" {
+		c.DefaultProvider = pcs[0].Name
+	}
+	if !slices.ContainsFunc(pcs, func(p providers.Config) bool { return p.Name == c.DefaultProvider }) {
+		return nil, fmt.Errorf("config: default_provider %q is not one of the providers", c.DefaultProvider)
 	}
 	return &c, nil
 }
@@ -269,4 +289,69 @@ func (c *Config) operatorTokens(getenv func(string) string) ([]admin.OperatorTok
 		out = append(out, admin.OperatorToken{Name: o.Name, Role: role, Hash: h, Prefix: prefix})
 	}
 	return out, nil
+}
+
+// providerConfigs parses the providers: list, or turns the old single
+// provider: block into one provider named after its kind. Names are
+// checked here; kinds and settings when the providers open.
+func (c *Config) providerConfigs() ([]providers.Config, error) {
+	legacy := c.Provider.Name != "" || c.Provider.Local.Kind != 0
+	if len(c.Providers) > 0 {
+		if legacy {
+			return nil, fmt.Errorf("config: set providers: or the older provider: block, not both")
+		}
+		var out []providers.Config
+		for i, n := range c.Providers {
+			pc, err := parseProvider(n)
+			if err != nil {
+				return nil, fmt.Errorf("config: providers[%d]: %w", i, err)
+			}
+			out = append(out, pc)
+		}
+		return out, nil
+	}
+	kind := c.Provider.Name
+	if kind == "" {
+		kind = "local"
+	}
+	pc := providers.Config{Name: kind, Kind: kind, AcceptNew: true}
+	if kind == "local" {
+		pc.Settings = c.Provider.Local
+	} else if c.Provider.Local.Kind != 0 {
+		return nil, fmt.Errorf("config: provider.local is set but provider.name is %q", kind)
+	}
+	return []providers.Config{pc}, nil
+}
+
+// parseProvider reads one entry of providers: its name, kind and
+// accept_new, and the rest as the kind's settings.
+func parseProvider(n yaml.Node) (providers.Config, error) {
+	if n.Kind != yaml.MappingNode {
+		return providers.Config{}, fmt.Errorf("want a mapping with name and kind")
+	}
+	pc := providers.Config{AcceptNew: true}
+	settings := yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		switch k.Value {
+		case "name":
+			pc.Name = v.Value
+		case "kind":
+			pc.Kind = v.Value
+		case "accept_new":
+			if err := v.Decode(&pc.AcceptNew); err != nil {
+				return providers.Config{}, fmt.Errorf("provider %q: accept_new: %w", pc.Name, err)
+			}
+		default:
+			settings.Content = append(settings.Content, k, v)
+		}
+	}
+	if err := providers.ValidName(pc.Name); err != nil {
+		return providers.Config{}, err
+	}
+	if pc.Kind == "" {
+		return providers.Config{}, fmt.Errorf("provider %q: kind is required", pc.Name)
+	}
+	pc.Settings = settings
+	return pc, nil
 }

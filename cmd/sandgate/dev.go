@@ -18,7 +18,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/billing"
-	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/token"
 )
@@ -38,7 +38,7 @@ type devState struct {
 const operatorPrefix = "sgo_"
 
 func devCommand() *cobra.Command {
-	var listen, adminListen, dataDir string
+	var listen, adminListen, dataDir, provider string
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run a broker with zero set-up: embedded store, local provider, self-signed TLS",
@@ -46,18 +46,22 @@ func devCommand() *cobra.Command {
 Redis-protocol store (nothing survives a restart but the token), the local
 bubblewrap provider, and a self-signed CA. It bootstraps one account,
 instance and token and prints them, also writing DATA_DIR/dev.env.
+With --provider KIND the instance runs on that provider instead, its
+credentials and endpoint read from the vendor's own environment variables
+(see the README); the local provider is configured beside it.
 It is not for production and never for money.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDev(cmd.Context(), listen, adminListen, dataDir)
+			return runDev(cmd.Context(), listen, adminListen, dataDir, provider)
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8443", "address of the broker's HTTPS listener")
 	cmd.Flags().StringVar(&adminListen, "admin-listen", "127.0.0.1:8444", "address of the operator API (loopback)")
 	cmd.Flags().StringVar(&dataDir, "data-dir", ".sandgate", "directory for certificates, dev state and workspaces")
+	cmd.Flags().StringVar(&provider, "provider", "local", "provider kind of the dev instance (its settings come from the vendor's environment variables)")
 	return cmd
 }
 
-func runDev(ctx context.Context, listen, adminListen, dataDir string) error {
+func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) error {
 	dataDir, err := filepath.Abs(dataDir)
 	if err != nil {
 		return err
@@ -74,6 +78,13 @@ func runDev(ctx context.Context, listen, adminListen, dataDir string) error {
 	}
 	cfg.DataDir = dataDir
 	cfg.BrokerID = "sandgate-dev"
+	if err := providers.ValidName(provider); err != nil {
+		return fmt.Errorf("--provider: %w", err)
+	}
+	if provider != "local" {
+		cfg.providers = append(cfg.providers, providers.Config{Name: provider, Kind: provider, AcceptNew: true})
+	}
+	cfg.DefaultProvider = provider
 	log, err := newLogger("info")
 	if err != nil {
 		return err
@@ -100,7 +111,7 @@ func runDev(ctx context.Context, listen, adminListen, dataDir string) error {
 	if err := os.RemoveAll(filepath.Join(dataDir, "local")); err != nil {
 		return err
 	}
-	if err := bootstrapDev(ctx, store.New(rdb, store.Config{}), &st, clock); err != nil {
+	if err := bootstrapDev(ctx, store.New(rdb, store.Config{}), &st, provider, clock); err != nil {
 		return err
 	}
 	if err := saveDevState(filepath.Join(dataDir, "dev.json"), st); err != nil {
@@ -158,7 +169,7 @@ func saveDevState(path string, st devState) error {
 
 // bootstrapDev creates the dev account, instance and token, reusing the
 // ids and tokens of an earlier run when st has them.
-func bootstrapDev(ctx context.Context, db *store.DB, st *devState, clock sandgate.Clock) error {
+func bootstrapDev(ctx context.Context, db *store.DB, st *devState, provider string, clock sandgate.Clock) error {
 	now := clock.Now()
 	if st.AccountID == "" || !token.Valid(st.Token, token.Prefix) || !token.Valid(st.AdminToken, operatorPrefix) {
 		*st = devState{
@@ -172,8 +183,10 @@ func bootstrapDev(ctx context.Context, db *store.DB, st *devState, clock sandgat
 	if err := db.CreateAccount(ctx, sandgate.Account{ID: st.AccountID, Name: "dev", CreatedAt: now}); err != nil {
 		return fmt.Errorf("bootstrap account: %w", err)
 	}
-	scope := sandgate.Scope{DefaultImage: local.Image, EgressCeiling: []string{}, Limits: sandgate.DefaultLimits}
-	if err := db.PutInstance(ctx, sandgate.Instance{ID: st.InstanceID, AccountID: st.AccountID, Name: "dev", Scope: scope, CreatedAt: now}); err != nil {
+	// No egress at all: the one ceiling every provider can enforce.
+	scope := sandgate.Scope{EgressCeiling: []string{}, Limits: sandgate.DefaultLimits}
+	in := sandgate.Instance{ID: st.InstanceID, AccountID: st.AccountID, Name: "dev", Provider: provider, Scope: scope, CreatedAt: now}
+	if err := db.PutInstance(ctx, in); err != nil {
 		return fmt.Errorf("bootstrap instance: %w", err)
 	}
 	tok := sandgate.Secret(st.Token)

@@ -7,10 +7,12 @@ package fakeprovider
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 )
 
@@ -37,6 +39,13 @@ type Provider struct {
 	// HoldCommands keeps durable commands running until FinishCommand;
 	// otherwise they complete at once with ExecFunc's result.
 	HoldCommands bool
+	// Caps, when set, is what Capabilities reports; otherwise every
+	// standard size, any image (default "fake"), domain egress natively.
+	Caps *providers.Capabilities
+	// BrokerID labels the sandboxes it creates (providers.LabelBroker).
+	BrokerID     string
+	labels       map[string]map[string]string // ref → labels
+	closed       bool
 	creates      int
 	snapshots    map[string]map[string][]byte // snapshot id → path below dir → contents
 	deletes      int
@@ -63,7 +72,7 @@ func (p *Provider) Set(f func(p *Provider)) {
 // New returns an empty fake provider.
 func New() *Provider {
 	return &Provider{sandboxes: map[string]map[string][]byte{}, snapshots: map[string]map[string][]byte{},
-		commands: map[string]*command{}}
+		commands: map[string]*command{}, labels: map[string]map[string]string{}}
 }
 
 // Create implements providers.Provider.
@@ -77,6 +86,8 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	defer p.mu.Unlock()
 	p.creates++
 	p.sandboxes[spec.WorkspaceID] = map[string][]byte{}
+	p.labels[spec.WorkspaceID] = map[string]string{providers.LabelBroker: p.BrokerID,
+		providers.LabelWorkspace: spec.WorkspaceID, providers.LabelInstance: spec.InstanceID}
 	return providers.Sandbox{Ref: spec.WorkspaceID, StartedAt: time.Now().UTC()}, nil
 }
 
@@ -135,6 +146,7 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.sandboxes, sb.Ref)
+	delete(p.labels, sb.Ref)
 	return nil
 }
 
@@ -144,9 +156,35 @@ func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
 	defer p.mu.Unlock()
 	out := make([]providers.Sandbox, 0, len(p.sandboxes))
 	for ref := range p.sandboxes {
-		out = append(out, providers.Sandbox{Ref: ref})
+		out = append(out, providers.Sandbox{Ref: ref, Labels: maps.Clone(p.labels[ref])})
 	}
 	return out, nil
+}
+
+// Capabilities implements providers.Provider.
+func (p *Provider) Capabilities() providers.Capabilities {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.Caps != nil {
+		return *p.Caps
+	}
+	return providers.Capabilities{Egress: providers.EgressNative, Snapshots: true, NativeCommands: true,
+		Sizes: sandgate.StandardSizes, DefaultImage: "fake"}
+}
+
+// Close implements providers.Provider; Closed reports whether it ran.
+func (p *Provider) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	return nil
+}
+
+// Closed reports whether Close was called.
+func (p *Provider) Closed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
 }
 
 // Snapshot implements providers.Provider: it copies every file below spec.Dir.

@@ -21,12 +21,15 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/termination"
 )
 
 // DefaultImage is the broker's default image in the harness, and the
@@ -103,8 +106,14 @@ type Provider struct {
 	createSpecs []providers.CreateSpec
 }
 
+// ProviderName is the harness provider's name: the legacy name, so that
+// records a test writes without a provider resolve to it.
+const ProviderName = providers.LegacyName
+
 func newProvider() *Provider {
 	p := &Provider{Provider: fakeprovider.New()}
+	p.Provider.Caps = &providers.Capabilities{Egress: providers.EgressNative, Snapshots: true, NativeCommands: true,
+		Sizes: sandgate.StandardSizes, DefaultImage: DefaultImage}
 	p.Provider.CreateHook = func(ctx context.Context, spec providers.CreateSpec) error {
 		p.mu.Lock()
 		p.createSpecs = append(p.createSpecs, spec)
@@ -222,9 +231,14 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 
 // Options configures New. A zero field means the default noted beside it.
 type Options struct {
-	// Gateway is the gateway's configuration. An empty DefaultImage means
-	// DefaultImage.
+	// Gateway is the gateway's configuration.
 	Gateway gateway.Config
+	// RateLimits are the per-token rate limits; nil means Unlimited.
+	RateLimits map[admission.Class]admission.Rate
+	// Risk are the default risk limits; zero means NoRisk.
+	Risk admission.RiskDefaults
+	// Saga configures the acquire and snapshot sagas.
+	Saga saga.Config
 	// TrustedProxies, when set, replaces Gateway.TrustedProxies.
 	TrustedProxies []netip.Prefix
 	// Start is the clock's starting time. Zero means the current time,
@@ -243,7 +257,11 @@ type Harness struct {
 	DB         *store.DB
 	Clock      *Clock
 	Provider   *Provider
+	Providers  *providers.Set // the one provider, named ProviderName
 	Logs       *Logs
+	Billing    *billing.Billing
+	Terminator *termination.Terminator
+	Saga       *saga.Saga
 	Gateway    *gateway.Server
 	Server     *httptest.Server // the gateway, TLS
 	Admin      *httptest.Server // the operator API, plaintext
@@ -281,30 +299,27 @@ func New(tb testing.TB, opts Options) *Harness {
 	log := slog.New(slog.NewJSONHandler(h.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
 	cfg := opts.Gateway
-	if cfg.DefaultImage == "" {
-		cfg.DefaultImage = DefaultImage
-	}
 	if opts.TrustedProxies != nil {
 		cfg.TrustedProxies = opts.TrustedProxies
 	}
-	// Unlimited unless a test sets limits: other tests fire bursts on
-	// purpose, and the rate and risk tests set their own.
-	if cfg.RateLimits == nil {
-		cfg.RateLimits = Unlimited
-	}
-	if cfg.Risk == (admission.RiskDefaults{}) {
-		cfg.Risk = NoRisk
-	}
-	h.Gateway = gateway.New(cfg, h.DB, h.Provider, h.Clock, log.With("component", "gateway"))
+	h.Providers = providers.Single(ProviderName, h.Provider)
+	w := Wire(tb, WireOptions{DB: h.DB, Providers: h.Providers, Clock: h.Clock, Log: log, Gateway: cfg,
+		RateLimits: opts.RateLimits, Risk: opts.Risk, Saga: opts.Saga})
+	h.Billing, h.Terminator, h.Saga, h.Gateway = w.Billing, w.Terminator, w.Saga, w.Gateway
 	h.Server = httptest.NewTLSServer(h.Gateway.Handler())
 	tb.Cleanup(h.Server.Close)
 
-	adm := admin.New(admin.Config{
-		Tokens:          []admin.OperatorToken{{Name: "test", Role: admin.RoleAdmin, Hash: admin.HashToken(h.AdminToken)}},
-		Grace:           opts.Grace,
-		Defaults:        sandgate.Scope{DefaultImage: DefaultImage},
-		EgressFiltering: true,
+	adm, err := admin.New(admin.Config{
+		Tokens:     []admin.OperatorToken{{Name: "test", Role: admin.RoleAdmin, Hash: admin.HashToken(h.AdminToken)}},
+		Grace:      opts.Grace,
+		Defaults:   sandgate.Scope{DefaultImage: DefaultImage},
+		Providers:  h.Providers,
+		Terminator: h.Terminator,
+		Billing:    h.Billing,
 	}, h.DB, h.Clock, log.With("component", "admin"))
+	if err != nil {
+		tb.Fatalf("admin.New: %v", err)
+	}
 	h.Admin = httptest.NewServer(adm.Handler())
 	tb.Cleanup(h.Admin.Close)
 	ac, err := admin.NewClient(h.Admin.URL, h.AdminToken, h.Admin.Client())
@@ -491,3 +506,64 @@ func (h *Harness) LiveCount(in Instance) int64 {
 
 // String names the harness in test output.
 func (h *Harness) String() string { return fmt.Sprintf("sgtest harness at %s", h.URL()) }
+
+// WireOptions configures Wire. A zero field means the default noted beside it.
+type WireOptions struct {
+	DB        *store.DB
+	Providers *providers.Set
+	Clock     sandgate.Clock
+	Log       *slog.Logger // nil discards
+	Gateway   gateway.Config
+	// RateLimits are the per-token rate limits; nil means Unlimited.
+	RateLimits map[admission.Class]admission.Rate
+	// Risk are the default risk limits; zero means NoRisk.
+	Risk admission.RiskDefaults
+	Saga saga.Config
+}
+
+// Wired is a broker wired by Wire.
+type Wired struct {
+	Billing    *billing.Billing
+	Terminator *termination.Terminator
+	Saga       *saga.Saga
+	Gateway    *gateway.Server
+}
+
+// Wire builds the broker's parts over o.DB and o.Providers the way
+// cmd/sandgate does: billing, the admission pipeline (reading the stop
+// state through the gateway's controls), one terminator that settles, the
+// saga and the gateway. Rate and risk limits are off unless set: tests fire
+// bursts on purpose, and the rate and risk tests set their own.
+func Wire(tb testing.TB, o WireOptions) Wired {
+	tb.Helper()
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.RateLimits == nil {
+		o.RateLimits = Unlimited
+	}
+	if o.Risk == (admission.RiskDefaults{}) {
+		o.Risk = NoRisk
+	}
+	var w Wired
+	w.Billing = billing.New(o.DB, billing.Config{Log: o.Log})
+	controls := gateway.NewControls(o.DB, o.Clock)
+	dc := o.DB.Config()
+	admit := admission.New(o.DB.Redis(), admission.Standard(controls, admission.StandardConfig{
+		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Risk: o.Risk, Billing: w.Billing.Checks(),
+	})...)
+	w.Terminator = termination.New(o.DB, o.Providers, o.Clock, o.Log.With("component", "termination"), o.Gateway.TerminateTimeout)
+	w.Terminator.SetSettler(w.Billing)
+	var err error
+	w.Saga, err = saga.New(o.Saga, saga.Deps{DB: o.DB, Providers: o.Providers, Admission: admit, Holds: w.Billing,
+		Terminator: w.Terminator, Clock: o.Clock, Log: o.Log.With("component", "saga")})
+	if err != nil {
+		tb.Fatalf("saga.New: %v", err)
+	}
+	w.Gateway, err = gateway.New(o.Gateway, gateway.Deps{DB: o.DB, Providers: o.Providers, Saga: w.Saga, Terminator: w.Terminator,
+		Limiter: admission.NewLimiter(o.DB.Redis(), o.RateLimits), Controls: controls, Clock: o.Clock, Log: o.Log.With("component", "gateway")})
+	if err != nil {
+		tb.Fatalf("gateway.New: %v", err)
+	}
+	return w
+}

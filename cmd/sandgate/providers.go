@@ -1,0 +1,15 @@
+package main
+
+import (
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
+)
+
+// kinds is the one table of the provider kinds this binary runs: a kind
+// a config names that is not here fails at startup. Tests build
+// registries of their own.
+func kinds() providers.Registry {
+	return providers.Registry{
+		"local": local.Open,
+	}
+}

@@ -1,0 +1,56 @@
+package gateway
+
+import (
+	"context"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/store"
+)
+
+// Controls reads the stop and pause state, from an in-memory cache that
+// is trusted only while the Server that holds it is subscribed to the
+// store's invalidations (Server.Run). The admission pipeline reads the
+// broker-wide stop through it too, so one Controls serves one Server.
+type Controls struct {
+	db    *store.DB
+	clock sandgate.Clock
+	cache *cache[store.Controls]
+}
+
+// NewControls returns a Controls over db. Until its Server runs, every
+// read goes to Redis.
+func NewControls(db *store.DB, clock sandgate.Clock) *Controls {
+	return &Controls{db: db, clock: clock, cache: newCache[store.Controls]()}
+}
+
+// For returns the stop and pause state that applies to an instance, from
+// the cache when it is live.
+func (c *Controls) For(ctx context.Context, acct, inst string) (store.Controls, error) {
+	now := c.clock.Now()
+	key := acct + "/" + inst
+	if v, ok, _ := c.cache.get(key, now); ok {
+		return v, nil
+	}
+	_, _, gen := c.cache.get(key, now)
+	v, err := c.db.ControlsFor(ctx, acct, inst)
+	if err != nil {
+		return store.Controls{}, err
+	}
+	c.cache.put(key, v, gen, now)
+	return v, nil
+}
+
+// GlobalStop implements admission.StopReader from the cache.
+func (c *Controls) GlobalStop(ctx context.Context) (*store.Control, error) {
+	now := c.clock.Now()
+	if v, ok, _ := c.cache.get("", now); ok {
+		return v.GlobalStop, nil
+	}
+	_, _, gen := c.cache.get("", now)
+	stop, err := c.db.GlobalStop(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.cache.put("", store.Controls{GlobalStop: stop}, gen, now)
+	return stop, nil
+}

@@ -1,0 +1,279 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/policy"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/store"
+)
+
+// restoreMargin keeps a warm start's restore clear of the workspace's
+// pending deadline, past which its slot would be freed under it.
+const restoreMargin = 10 * time.Second
+
+// ReasonProviderClosed is details.reason of the 403 paused that refuses an
+// Acquire whose instance's provider takes no new workspaces (accept_new:
+// false) or is no longer configured.
+const ReasonProviderClosed = "provider_closed"
+
+// Acquired is an Acquire's outcome.
+type Acquired struct {
+	Workspace sandgate.Workspace
+	// Replayed: the Idempotency-Key had created Workspace before (200,
+	// not 201).
+	Replayed bool
+}
+
+// Acquire runs POST /v1/workspaces for instance in, in the spec's order:
+// idempotency replay → validate (the snapshot included) → the provider
+// accepts new work → admission (stop and pause, concurrency, funds,
+// budget, risk) → provider create → restore → confirm. A refusal before
+// the create leaves nothing behind; a failure after it terminates what
+// was created before answering.
+func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, req protocol.AcquireRequest) (Acquired, error) {
+	if err := policy.ValidateIdempotencyKey(key); err != nil {
+		return Acquired{}, err
+	}
+	keyHash, reqHash := HashString(key), acquireHash(req)
+
+	// spec §Idempotency: a replay answers the original resource, before validation.
+	if rec, err := s.db.Idempotency(ctx, in.AccountID, in.ID, store.OpAcquire, keyHash); err == nil {
+		return s.replayAcquire(ctx, in, rec, reqHash)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		// The store is unreachable before admission could run: new work
+		// fails closed with admission's own code (spec §Broker obligations).
+		return Acquired{}, admissionUnavailable(err)
+	}
+
+	now := s.clock.Now()
+	scope, prov, err := s.Scope(in)
+	if err != nil {
+		return Acquired{}, providerClosed(err)
+	}
+	caps := prov.Provider.Capabilities()
+	ws, env, egress, err := validateAcquire(req, scope, now)
+	if err != nil {
+		return Acquired{}, err
+	}
+	snap, err := s.warmStart(ctx, in, req.SnapshotID, prov.Name, now)
+	if err != nil {
+		return Acquired{}, err
+	}
+	if !prov.AcceptNew {
+		return Acquired{}, providerClosed(nil)
+	}
+	size, ok := caps.Size(ws.Size)
+	if !ok { // the scope was checked against the provider: a changed provider
+		return Acquired{}, protocol.E(protocol.SizeNotAllowed, "this broker's provider for the instance does not run size "+ws.Size)
+	}
+	ws.ID = sandgate.NewID(sandgate.PrefixWorkspace)
+	ws.AccountID, ws.InstanceID, ws.Provider = in.AccountID, in.ID, prov.Name
+
+	err = s.admit.Admit(ctx, &admission.Request{
+		Workspace: ws, Scope: scope,
+		Keys:    store.AdmissionKeys(ws.AccountID, ws.InstanceID, ws.ID, keyHash),
+		KeyHash: keyHash, RequestHash: reqHash, Now: now,
+	})
+	if rec, ok := admission.IsReplay(err); ok { // a concurrent request claimed the key first
+		return s.replayAcquire(ctx, in, rec, reqHash)
+	}
+	if err != nil {
+		return Acquired{}, err
+	}
+	s.holds.FlushAlerts(ctx, ws.AccountID)
+
+	// The create must finish even if the client goes away: the slot and
+	// the key are already held, and only this goroutine can settle them.
+	ctx = context.WithoutCancel(ctx)
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.CreateTimeout)
+	sb, err := prov.Provider.Create(cctx, providers.CreateSpec{
+		WorkspaceID: ws.ID, InstanceID: ws.InstanceID, Size: size, Image: ws.Image,
+		Env: env, Egress: sandgate.EgressPolicy{AllowedDomains: egress}, ExpiresAt: ws.ExpiresAt, IdleTimeout: ws.IdleTimeout,
+	})
+	cancel()
+	if err != nil {
+		if aerr := s.db.Abort(ctx, ws, keyHash); aerr != nil {
+			s.log.Error("abort after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, aerr))
+		}
+		// Nothing ran: the hold goes back uncharged.
+		if rerr := s.holds.Release(ctx, ws); rerr != nil {
+			s.log.Error("release hold after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, rerr))
+		}
+		return Acquired{}, &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not create the workspace; retry with the same Idempotency-Key", Err: err}
+	}
+	if s.cfg.AfterCreate != nil {
+		s.cfg.AfterCreate(ws.ID)
+	}
+	if snap != nil {
+		// Warm start: the directory comes back at the same path before the
+		// 201, within the workspace's pending deadline.
+		rctx, cancel := context.WithTimeout(ctx, min(s.cfg.SnapshotTimeout, now.Add(s.db.Config().PendingTimeout-restoreMargin).Sub(s.clock.Now())))
+		err := prov.Provider.Restore(rctx, sb, providers.SnapshotRef{ID: snap.ID, Ref: snap.ProviderRef}, snap.Dir)
+		cancel()
+		if err != nil {
+			// spec §Acquire: a failure after provider create terminates
+			// what was created before answering. The key is freed, so a
+			// retry re-evaluates; the workspace stays listed as failed.
+			s.terminateSandbox(ctx, ws, sb.Ref)
+			if ferr := s.db.FreeKey(ctx, ws.AccountID, ws.InstanceID, store.OpAcquire, keyHash); ferr != nil {
+				s.log.Error("free key after failed restore", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, ferr))
+			}
+			return Acquired{}, restoreError(err)
+		}
+	}
+	started := sb.StartedAt
+	if started.IsZero() {
+		started = s.clock.Now()
+	}
+	ok, err = s.db.Confirm(ctx, ws, sb.Ref, started, keyHash, reqHash)
+	if err != nil || !ok {
+		// Released while starting, pending slot lost, or Redis failed:
+		// nothing may run that the broker does not account for.
+		s.terminateSandbox(ctx, ws, sb.Ref)
+		if err != nil {
+			return Acquired{}, Unavailable(err)
+		}
+	}
+	cur, err := s.db.Workspace(ctx, ws.AccountID, ws.ID)
+	if err != nil {
+		return Acquired{}, Unavailable(err)
+	}
+	return Acquired{Workspace: cur}, nil
+}
+
+// providerClosed refuses new work on a provider that takes none.
+func providerClosed(err error) error {
+	return &protocol.Error{Code: protocol.Paused, Reason: ReasonProviderClosed,
+		Message: "the provider of this instance takes no new workspaces; the operator must move the instance to another provider", Err: err}
+}
+
+// terminateSandbox ends a sandbox that Confirm refused, or whose restore
+// failed, and records the end (reason failed).
+func (s *Saga) terminateSandbox(ctx context.Context, w sandgate.Workspace, ref string) {
+	w.ProviderRef = ref
+	if _, _, err := s.db.BeginTerminate(ctx, w, sandgate.ReasonFailed, s.clock.Now()); err != nil {
+		s.log.Error("terminate: record", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, err))
+	}
+	s.term.Finish(ctx, w)
+}
+
+func (s *Saga) replayAcquire(ctx context.Context, in sandgate.Instance, rec store.IdemRecord, reqHash string) (Acquired, error) {
+	if err := replayed(rec, reqHash); err != nil {
+		return Acquired{}, err
+	}
+	w, err := s.db.Workspace(ctx, in.AccountID, rec.WorkspaceID)
+	if errors.Is(err, store.ErrNotFound) {
+		return Acquired{}, protocol.E(protocol.WorkspaceGone, "the workspace this Idempotency-Key created is gone")
+	}
+	if err != nil {
+		return Acquired{}, Unavailable(err)
+	}
+	return Acquired{Workspace: w, Replayed: true}, nil
+}
+
+// validateAcquire checks an Acquire against the scope: the record to
+// admit, and the parts that are never persisted (env, egress).
+func validateAcquire(req protocol.AcquireRequest, scope sandgate.Scope, now time.Time) (sandgate.Workspace, map[string]string, []string, error) {
+	fail := func(err error) (sandgate.Workspace, map[string]string, []string, error) {
+		return sandgate.Workspace{}, nil, nil, err
+	}
+	if err := policy.ValidateLabel(req.Label); err != nil {
+		return fail(err)
+	}
+	if err := policy.ValidateAgent(req.Agent); err != nil {
+		return fail(err)
+	}
+	if err := policy.ValidateRunID(req.RunID); err != nil {
+		return fail(err)
+	}
+	size, err := policy.ResolveSize(scope, req.Size)
+	if err != nil {
+		return fail(err)
+	}
+	image, err := policy.ResolveImage(scope, req.Image)
+	if err != nil {
+		return fail(err)
+	}
+	if err := policy.ValidateEnv(req.Env, scope.Limits.MaxEnvEntries); err != nil {
+		return fail(err)
+	}
+	domains, err := policy.CheckEgress(req.Egress, scope.EgressCeiling, scope.Limits.MaxEgressDomains)
+	if err != nil {
+		return fail(err)
+	}
+	lim := scope.Limits
+	w := sandgate.Workspace{
+		Label: req.Label, Size: size.Name, Image: image, Agent: req.Agent, RunID: req.RunID,
+		State: sandgate.WorkspaceStarting, CreatedAt: now.Truncate(time.Second),
+		ExpiresAt: now.Truncate(time.Second).Add(lim.MaxLifetime), IdleTimeout: lim.IdleTimeout,
+	}
+	return w, req.Env, domains, nil
+}
+
+// acquireHash is the canonical hash of an Acquire request: the fields as
+// sent, with env values replaced by their hashes (spec §Idempotency).
+func acquireHash(req protocol.AcquireRequest) string {
+	env := make(map[string]string, len(req.Env))
+	for k, v := range req.Env {
+		env[k] = HashString(v)
+	}
+	canon := struct {
+		Label, Size, Image, SnapshotID, Agent, RunID string
+		Env                                          map[string]string
+		Egress                                       []string
+		EgressSet                                    bool
+	}{req.Label, req.Size, req.Image, req.SnapshotID, req.Agent, req.RunID, env, nil, req.Egress != nil}
+	if req.Egress != nil {
+		canon.Egress = req.Egress.AllowedDomains
+	}
+	b, _ := json.Marshal(canon) // maps marshal with sorted keys
+	return HashString(string(b))
+}
+
+// warmStart checks Acquire's snapshot_id: 404 for an id this instance does
+// not own (or one still being created, which no client can know yet), 410
+// once it is expired or deleted, and 410 for a snapshot held by another
+// provider than the one the workspace would run on: a warm start restores
+// only on the provider that stored it, and the client starts cold.
+func (s *Saga) warmStart(ctx context.Context, in sandgate.Instance, id, provider string, now time.Time) (*sandgate.Snapshot, error) {
+	if id == "" {
+		return nil, nil
+	}
+	snap, err := s.Snapshot(ctx, in, id)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case snap.State == sandgate.SnapshotCreating:
+		return nil, errSnapshotNotFound()
+	case !snap.UsableAt(now):
+		return nil, protocol.E(protocol.SnapshotGone, "the snapshot expired or was deleted; start cold")
+	case providerName(snap.Provider) != provider:
+		return nil, protocol.E(protocol.SnapshotGone, "the snapshot is held by another provider than this instance's; start cold")
+	}
+	return &snap, nil
+}
+
+// providerName is the name a record's provider field stands for.
+func providerName(name string) string {
+	if name == "" {
+		return providers.LegacyName
+	}
+	return name
+}
+
+// restoreError maps a failed restore into a new workspace.
+func restoreError(err error) error {
+	if errors.Is(err, providers.ErrSnapshotGone) {
+		return &protocol.Error{Code: protocol.SnapshotGone, Message: "the snapshot's contents are gone; start cold", Err: err}
+	}
+	return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not restore the snapshot; the workspace was terminated; retry with the same Idempotency-Key", Err: err}
+}
