@@ -453,6 +453,9 @@ func (s *Server) mergeScope(w Scope, prov *providers.Entry) (sandgate.Scope, err
 	setI(&d.MaxEnvEntries, l.MaxEnvEntries)
 	setI(&d.MaxEgressDomains, l.MaxEgressDomains)
 	out.Limits = out.Limits.WithDefaults()
+	if out.DefaultImage == "" && len(out.Images) == 0 {
+		out.DefaultImage = caps.DefaultImage // the provider's
+	}
 	if err := policy.ValidateScope(out); err != nil {
 		return sandgate.Scope{}, invalid("invalid scope: " + err.Error())
 	}

@@ -147,6 +147,7 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 	fl.StringVar(&req.AccountID, "account", "", "account id (required)")
 	_ = create.MarkFlagRequired("account")
 	fl.StringVar(&req.Name, "name", "", "instance name")
+	fl.StringVar(&req.Provider, "provider", "", "provider of the instance's workspaces (a name from the config's providers:); default the broker's default_provider")
 	fl.IntVar(&req.Scope.Limits.MaxConcurrentWorkspaces, "max-concurrent", 0, "max_concurrent_workspaces")
 	fl.DurationVar(&durs.lifetime, "max-lifetime", 0, "max_lifetime (e.g. 1h)")
 	fl.DurationVar(&durs.idle, "idle-timeout", 0, "idle_timeout (e.g. 15m)")
@@ -197,7 +198,38 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 		},
 	}
 	list.Flags().StringVar(&acct, "account", "", "only this account's instances")
-	cmd.AddCommand(create, get, list)
+	var prov string
+	setProvider := &cobra.Command{
+		Use: "set-provider ID --provider NAME", Short: "Run the instance's new workspaces on another provider (running ones stay where they are)",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var in admin.Instance
+			if err := f.do(cmd, http.MethodPut, "/instances/"+url.PathEscape(args[0])+"/provider", admin.SetProviderRequest{Provider: prov}, &in); err != nil {
+				return err
+			}
+			return f.print(cmd.OutOrStdout(), in, in.ID+"\t"+in.Provider)
+		},
+	}
+	setProvider.Flags().StringVar(&prov, "provider", "", "provider name (required)")
+	_ = setProvider.MarkFlagRequired("provider")
+	providersCmd := &cobra.Command{
+		Use: "providers", Short: "List the broker's providers: what each enforces and whether it takes new workspaces",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var ps []admin.Provider
+			if err := f.do(cmd, http.MethodGet, "/providers", nil, &ps); err != nil {
+				return err
+			}
+			plain := ""
+			for i, p := range ps {
+				if i > 0 {
+					plain += "\n"
+				}
+				plain += fmt.Sprintf("%s\t%s\tdefault=%t\taccept_new=%t\tegress=%s", p.Name, p.Kind, p.Default, p.AcceptNew, p.Egress)
+			}
+			return f.print(cmd.OutOrStdout(), ps, plain)
+		},
+	}
+	cmd.AddCommand(create, get, list, setProvider, providersCmd)
 	return cmd
 }
 

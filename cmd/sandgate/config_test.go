@@ -1,0 +1,102 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestConfigProviders(t *testing.T) {
+	tests := []struct {
+		name      string
+		yaml      string
+		env       map[string]string
+		wantNames []string // nil when loading must fail
+		wantDef   string
+		wantErr   []string // words the error must hold
+	}{
+		{name: "no provider: the local one", yaml: "log: {level: info}\n", wantNames: []string{"local"}, wantDef: "local"},
+		{name: "the old provider block", yaml: "provider:\n  name: local\n  local: {bwrap_path: /usr/bin/bwrap}\n",
+			wantNames: []string{"local"}, wantDef: "local"},
+		{name: "two named", yaml: "providers:\n  - {name: local, kind: local}\n  - {name: eu, kind: fake, accept_new: false, region: ams}\ndefault_provider: eu\n",
+			wantNames: []string{"local", "eu"}, wantDef: "eu"},
+		{name: "default from the environment", yaml: "providers:\n  - {name: a, kind: local}\n  - {name: b, kind: local}\n",
+			env: map[string]string{"SANDGATE_DEFAULT_PROVIDER": "b"}, wantNames: []string{"a", "b"}, wantDef: "b"},
+		{name: "both blocks", yaml: "provider: {name: local}\nproviders:\n  - {name: local, kind: local}\n", wantErr: []string{"not both"}},
+		{name: "no kind", yaml: "providers:\n  - {name: x}\n", wantErr: []string{`"x"`, "kind"}},
+		{name: "bad name", yaml: "providers:\n  - {name: Big_Name, kind: local}\n", wantErr: []string{"Big_Name"}},
+		{name: "unknown default", yaml: "providers:\n  - {name: a, kind: local}\ndefault_provider: z\n", wantErr: []string{`"z"`}},
+		{name: "accept_new not a bool", yaml: "providers:\n  - {name: a, kind: local, accept_new: maybe}\n", wantErr: []string{`"a"`, "accept_new"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "c.yaml")
+			if err := os.WriteFile(path, []byte(tt.yaml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := loadConfig(path, func(k string) string { return tt.env[k] })
+			if tt.wantNames == nil {
+				if err == nil {
+					t.Fatalf("loadConfig succeeded; want an error naming %v", tt.wantErr)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not name %s", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("loadConfig: %v", err)
+			}
+			var names []string
+			for _, p := range cfg.providers {
+				names = append(names, p.Name)
+			}
+			if strings.Join(names, ",") != strings.Join(tt.wantNames, ",") || cfg.DefaultProvider != tt.wantDef {
+				t.Errorf("providers %v, default %q; want %v, %q", names, cfg.DefaultProvider, tt.wantNames, tt.wantDef)
+			}
+		})
+	}
+}
+
+// TestServeRefusesBadProviders: a provider kind this build lacks, or
+// settings its kind does not know, stop the broker at startup with a
+// message naming the provider and the field.
+func TestServeRefusesBadProviders(t *testing.T) {
+	tests := []struct {
+		name, providers string
+		want            []string
+	}{
+		{"unknown kind", "  - {name: m1, kind: modal}\n", []string{`"m1"`, `"modal"`, "local"}},
+		{"unknown setting", "  - {name: l2, kind: local, bwrap: /x}\n", []string{`"l2"`, "bwrap"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "c.yaml")
+			y := "data_dir: " + dir + "\ntls: {trusted_proxies: [127.0.0.1]}\nproviders:\n" + tt.providers
+			if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := loadConfig(path, func(string) string { return "" })
+			if err != nil {
+				t.Fatalf("loadConfig: %v", err)
+			}
+			b := &broker{cfg: cfg, log: discardLogger()}
+			err = b.run(t.Context())
+			if err == nil {
+				t.Fatal("run succeeded; want a startup error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not name %s", err, w)
+				}
+			}
+		})
+	}
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
