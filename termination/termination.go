@@ -25,12 +25,12 @@ var ErrProvider = errors.New("termination: the provider did not confirm the end"
 // same workspace from several places at once is safe: only one starts the
 // termination, and the provider's Terminate is idempotent.
 type Terminator struct {
-	db       *store.DB
-	provs    *providers.Set
-	clock    sandgate.Clock
-	log      *slog.Logger
-	timeout  time.Duration
-	settler  Settler
+	db      *store.DB
+	provs   *providers.Set
+	clock   sandgate.Clock
+	log     *slog.Logger
+	timeout time.Duration
+	settler Settler
 }
 
 // Settler charges a workspace whose end is recorded (package billing). It

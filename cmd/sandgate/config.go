@@ -51,7 +51,7 @@ type Config struct {
 	// DefaultProvider is the provider of instances that name none;
 	// SANDGATE_DEFAULT_PROVIDER; default the first provider.
 	DefaultProvider string `yaml:"default_provider"`
-	Operators []struct {
+	Operators       []struct {
 		Name        string `yaml:"name"`
 		Role        string `yaml:"role"`         // admin, operator or finance
 		TokenSHA256 string `yaml:"token_sha256"` // hex SHA-256 of the token

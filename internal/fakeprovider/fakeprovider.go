@@ -43,13 +43,13 @@ type Provider struct {
 	// standard size, any image (default "fake"), domain egress natively.
 	Caps *providers.Capabilities
 	// BrokerID labels the sandboxes it creates (providers.LabelBroker).
-	BrokerID     string
-	labels       map[string]map[string]string // ref → labels
-	closed       bool
-	creates      int
-	snapshots    map[string]map[string][]byte // snapshot id → path below dir → contents
-	deletes      int
-	commands     map[string]*command // ref + "/" + id
+	BrokerID  string
+	labels    map[string]map[string]string // ref → labels
+	closed    bool
+	creates   int
+	snapshots map[string]map[string][]byte // snapshot id → path below dir → contents
+	deletes   int
+	commands  map[string]*command // ref + "/" + id
 }
 
 // command is one durable command of the fake.
