@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"log/slog"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -59,60 +58,18 @@ func (s *Server) startCommand(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	cmds, err := s.commandsOf(w)
-	if err != nil {
-		return err
-	}
-	now := s.clock.Now()
-	err = s.db.ClaimCommand(ctx, w, key, now, now.Add(s.cfg.DispatchTimeout), now.Add(spec.Timeout))
-	var claimed *store.CommandClaimed
-	switch {
-	case errors.As(err, &claimed): // another request claimed it first
+	st, err := s.saga.StartCommand(ctx, w, key, spec)
+	if errors.Is(err, saga.ErrCommandClaimed) { // another request claimed it first
 		cmd, err := s.db.Command(ctx, w, key)
 		if err != nil {
 			return unavailable(err)
 		}
 		return s.commandStatus(c, w, cmd, http.StatusOK)
-	case errors.Is(err, store.ErrStateChanged):
-		return protocol.E(protocol.WorkspaceGone, "the workspace has ended; acquire a new one")
-	case err != nil:
-		return unavailable(err)
 	}
-
-	// Claimed: the launch must settle even if the client goes away.
-	ctx = context.WithoutCancel(ctx)
-	dctx, cancel := context.WithTimeout(ctx, s.cfg.DispatchTimeout)
-	err = cmds.StartCommand(dctx, sandboxOf(w), key, spec)
-	cancel()
-	switch {
-	case err == nil:
-		st, err := s.db.CommandLaunched(ctx, w, key)
-		if err != nil {
-			return unavailable(err)
-		}
-		s.log.Info("durable command started", sandgate.WorkspaceAttr(w.ID), slog.Int("argc", len(spec.Argv)), slog.String("state", string(st)))
-		return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: string(st)})
-	case errors.Is(err, providers.ErrCommandFenced):
-		// A cancel came between the claim and the launch: it recorded the
-		// command canceled, and nothing ran.
-		cmd, err := s.db.Command(ctx, w, key)
-		if err != nil {
-			return unavailable(err)
-		}
-		return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: string(cmd.State)})
-	case errors.Is(err, providers.ErrSandboxGone), errors.Is(err, providers.ErrCommandNotStarted):
-		// Definitely not started: the identity is free again.
-		if uerr := s.db.UnclaimCommand(ctx, w, key); uerr != nil {
-			s.log.Error("unclaim command", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, uerr))
-		}
-		if errors.Is(err, providers.ErrSandboxGone) {
-			return &protocol.Error{Code: protocol.WorkspaceGone, Message: "the workspace's sandbox has ended; acquire a new one", Err: err}
-		}
-		return &protocol.Error{Code: protocol.CommandNotStarted, Message: "the command could not be started; nothing ran", Err: err}
+	if err != nil {
+		return err
 	}
-	// The outcome is unknown: the record stays starting until a read
-	// learns it from the sandbox, or fences it past the dispatch deadline.
-	return &protocol.Error{Code: protocol.UpstreamError, Message: "the launch's outcome is unknown; read the command's status", Err: err}
+	return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: string(st)})
 }
 
 // readCommand is GET …/commands/{identity}.

@@ -37,10 +37,6 @@ type Config struct {
 	// TerminateTimeout bounds one provider terminate inside a request. 0
 	// means 30 seconds; past it, release answers terminating.
 	TerminateTimeout time.Duration
-	// DispatchTimeout bounds the launch of a durable command. A command
-	// whose launch was not confirmed within it (a gateway died) is fenced
-	// and reads as canceled. 0 means 1 minute.
-	DispatchTimeout time.Duration
 	// Meter records MetricRequests. nil means no metrics are recorded.
 	Meter metric.Meter
 }
@@ -103,9 +99,6 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	if cfg.TerminateTimeout == 0 {
 		cfg.TerminateTimeout = 30 * time.Second
-	}
-	if cfg.DispatchTimeout == 0 {
-		cfg.DispatchTimeout = time.Minute
 	}
 	log := d.Log
 	if log == nil {

@@ -1,7 +1,8 @@
 // Package saga runs the broker's multi-step operations with every
 // compensating step: acquire (admit → create → restore → confirm), a
-// snapshot's create and delete. The gateway, the operator API and tests
-// all call it; it speaks domain types and protocol errors, never HTTP.
+// snapshot's create and delete, a durable command's launch. The gateway,
+// the operator API and tests all call it; it speaks domain types and
+// protocol errors, never HTTP.
 package saga
 
 import (
@@ -31,6 +32,10 @@ type Config struct {
 	// TerminateTimeout bounds one provider call that cleans up (a
 	// snapshot's contents deleted at once). 0 means 30 seconds.
 	TerminateTimeout time.Duration
+	// DispatchTimeout bounds the launch of a durable command. A command
+	// whose launch was not confirmed within it (a gateway died) is fenced
+	// and reads as canceled. 0 means 1 minute.
+	DispatchTimeout time.Duration
 	// AfterCreate, when set, is called by Acquire right after the
 	// provider created the sandbox and before the record is confirmed.
 	// Test only: it lets a test stop a gateway at that point.
@@ -100,14 +105,17 @@ func New(cfg Config, d Deps) (*Saga, error) {
 	if cfg.TerminateTimeout == 0 {
 		cfg.TerminateTimeout = 30 * time.Second
 	}
+	if cfg.DispatchTimeout == 0 {
+		cfg.DispatchTimeout = time.Minute
+	}
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
 	return &Saga{cfg: cfg, db: d.DB, provs: d.Providers, admit: d.Admission, holds: d.Holds, term: d.Terminator, clock: d.Clock, log: d.Log}, nil
 }
 
-// SnapshotTimeout is the bound of one provider snapshot.
-func (s *Saga) SnapshotTimeout() time.Duration { return s.cfg.SnapshotTimeout }
+// DispatchTimeout is the bound of a durable command's launch.
+func (s *Saga) DispatchTimeout() time.Duration { return s.cfg.DispatchTimeout }
 
 // Scope is an instance's scope as it applies now: defaults filled from
 // the limits' and from the instance's provider's capabilities (every size

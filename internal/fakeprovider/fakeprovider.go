@@ -180,6 +180,13 @@ func (p *Provider) Close() error {
 	return nil
 }
 
+// Creates counts the Create calls that created a sandbox.
+func (p *Provider) Creates() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.creates
+}
+
 // Closed reports whether Close was called.
 func (p *Provider) Closed() bool {
 	p.mu.Lock()

@@ -1,0 +1,215 @@
+package saga_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/internal/fakeprovider"
+	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/internal/sgtest"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/saga"
+	"github.com/sandgate/sandgate/store"
+)
+
+// env is a saga over three fake providers: "one" (the default) and "two"
+// take new work, "closed" does not; one prepaid account.
+type env struct {
+	db          *store.DB
+	bill        *billing.Billing
+	saga        *saga.Saga
+	one, two    *fakeprovider.Provider
+	closed      *fakeprovider.Provider
+	acct        string
+	clock       *sgtest.Clock
+	instanceSeq int
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	db := store.New(redistest.Start(t).Client(), store.Config{})
+	e := &env{db: db, one: fakeprovider.New(), two: fakeprovider.New(), closed: fakeprovider.New(),
+		clock: sgtest.NewClock(time.Now().UTC().Truncate(time.Second))}
+	set, err := providers.NewSet("one",
+		providers.Entry{Name: "one", Kind: "fake", Provider: e.one, AcceptNew: true},
+		providers.Entry{Name: "two", Kind: "fake", Provider: e.two, AcceptNew: true},
+		providers.Entry{Name: "closed", Kind: "fake", Provider: e.closed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := sgtest.Wire(t, sgtest.WireOptions{DB: db, Providers: set, Clock: e.clock})
+	e.bill, e.saga = w.Billing, w.Saga
+	ctx := context.Background()
+	e.acct = sandgate.NewID(sandgate.PrefixAccount)
+	if err := db.CreateAccount(ctx, sandgate.Account{ID: e.acct, Name: "saga", CreatedAt: e.clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.bill.CreateRateCard(ctx, "rc-"+e.acct, map[string]int64{"small": 10, "standard": 20, "large": 40, "xlarge": 80}, e.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.bill.SetSettings(ctx, billing.Settings{AccountID: e.acct, RateCard: "rc-" + e.acct, Currency: "USD"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.bill.Adjust(ctx, e.acct, billing.FundsEntry{Key: "open", Kind: billing.KindCredit, AmountMicros: 100_000_000,
+		Reason: "test", Actor: "test", At: e.clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// instance stores an instance on provider ("" for the default).
+func (e *env) instance(t *testing.T, provider string) sandgate.Instance {
+	t.Helper()
+	in := sandgate.Instance{ID: sandgate.NewID(sandgate.PrefixInstance), AccountID: e.acct, Name: "saga", Provider: provider,
+		Scope: sandgate.Scope{DefaultImage: "img", Limits: sandgate.Limits{MaxConcurrentWorkspaces: 5}}, CreatedAt: e.clock.Now()}
+	if err := e.db.PutInstance(context.Background(), in); err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+func req() protocol.AcquireRequest {
+	return protocol.AcquireRequest{Label: "saga", Size: "small", Egress: &protocol.Egress{AllowedDomains: []string{}}}
+}
+
+func wantCode(t *testing.T, what string, err error, code protocol.Code) {
+	t.Helper()
+	if got := protocol.CodeOf(err); got != code {
+		t.Fatalf("%s: code %q (%v); want %q", what, got, err, code)
+	}
+}
+
+func (e *env) holds(t *testing.T) int64 {
+	t.Helper()
+	b, err := e.bill.Balance(context.Background(), e.acct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.HoldsMicros
+}
+
+func (e *env) live(t *testing.T, in sandgate.Instance) int64 {
+	t.Helper()
+	n, err := e.db.LiveCount(context.Background(), e.acct, in.ID, e.clock.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestAcquireRoutesToTheInstanceProvider: each workspace lands on its
+// instance's provider and its record names it.
+func TestAcquireRoutesToTheInstanceProvider(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for _, tt := range []struct {
+		provider, want string
+		fake           *fakeprovider.Provider
+	}{{"", "one", e.one}, {"two", "two", e.two}} {
+		in := e.instance(t, tt.provider)
+		res, err := e.saga.Acquire(ctx, in, "k", req())
+		if err != nil {
+			t.Fatalf("Acquire on %q: %v", tt.provider, err)
+		}
+		if res.Replayed || res.Workspace.Provider != tt.want || res.Workspace.State != sandgate.WorkspaceRunning {
+			t.Errorf("Acquire on %q = %+v; want a new running workspace on %s", tt.provider, res, tt.want)
+		}
+		if _, err := tt.fake.ReadFile(ctx, providers.Sandbox{Ref: res.Workspace.ProviderRef}, "/none", 1); !errors.Is(err, providers.ErrFileNotFound) {
+			t.Errorf("sandbox %s not at provider %s: %v", res.Workspace.ProviderRef, tt.want, err)
+		}
+		again, err := e.saga.Acquire(ctx, in, "k", req())
+		if err != nil || !again.Replayed || again.Workspace.ID != res.Workspace.ID {
+			t.Errorf("replay = %+v, %v; want the same workspace, replayed", again, err)
+		}
+	}
+}
+
+// TestAcquireCompensates: a failed create leaves no record, no hold and
+// no consumed key; a provider closed to new work refuses before anything
+// is reserved.
+func TestAcquireCompensates(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	e.one.Set(func(p *fakeprovider.Provider) {
+		p.CreateHook = func(context.Context, providers.CreateSpec) error { return errors.New("vendor down") }
+	})
+	_, err := e.saga.Acquire(ctx, in, "k1", req())
+	wantCode(t, "acquire while the vendor fails", err, protocol.UpstreamError)
+	if n, h := e.live(t, in), e.holds(t); n != 0 || h != 0 {
+		t.Errorf("after a failed create: %d live, %d µ held; want 0, 0", n, h)
+	}
+	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
+	res, err := e.saga.Acquire(ctx, in, "k1", req())
+	if err != nil || res.Replayed {
+		t.Fatalf("retry with the same key = %+v, %v; want a new workspace", res, err)
+	}
+	if h := e.holds(t); h != res.Workspace.Price.HoldMicros || h == 0 {
+		t.Errorf("holds %d µ; want the new workspace's %d", h, res.Workspace.Price.HoldMicros)
+	}
+
+	closed := e.instance(t, "closed")
+	_, err = e.saga.Acquire(ctx, closed, "k2", req())
+	wantCode(t, "acquire on a closed provider", err, protocol.Paused)
+	var pe *protocol.Error
+	if errors.As(err, &pe); pe.Reason != saga.ReasonProviderClosed {
+		t.Errorf("reason %q; want %q", pe.Reason, saga.ReasonProviderClosed)
+	}
+	gone := e.instance(t, "removed")
+	_, err = e.saga.Acquire(ctx, gone, "k3", req())
+	wantCode(t, "acquire on a provider no longer configured", err, protocol.Paused)
+	if n := e.live(t, closed) + e.live(t, gone); n != 0 {
+		t.Errorf("%d live workspaces on closed providers; want 0", n)
+	}
+}
+
+// TestWarmStartOnlyOnTheSnapshotsProvider: a snapshot restores only on the
+// provider that holds it; once the instance moved, a warm start answers
+// 410 snapshot_gone and the client starts cold.
+func TestWarmStartOnlyOnTheSnapshotsProvider(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "one")
+	res, err := e.saga.Acquire(ctx, in, "k1", req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, _, err := e.saga.CreateSnapshot(ctx, in, res.Workspace, "s1", protocol.SnapshotRequest{Dir: "/workspace"})
+	if err != nil {
+		t.Fatalf("CreateSnapshot: %v", err)
+	}
+	if snap.Provider != "one" {
+		t.Errorf("snapshot provider %q; want one", snap.Provider)
+	}
+	warm := req()
+	warm.SnapshotID = snap.ID
+	if _, err := e.saga.Acquire(ctx, in, "k2", warm); err != nil {
+		t.Fatalf("warm start on the same provider: %v", err)
+	}
+	in.Provider = "two"
+	if err := e.db.PutInstance(ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.saga.Acquire(ctx, in, "k3", warm)
+	wantCode(t, "warm start on another provider", err, protocol.SnapshotGone)
+	// Refused before admission: nothing was created on two, nothing held for it.
+	if n := e.two.Creates(); n != 0 {
+		t.Errorf("provider two created %d sandboxes for the refused warm start; want 0", n)
+	}
+	cold, err := e.saga.Acquire(ctx, in, "k4", req())
+	if err != nil || cold.Workspace.Provider != "two" {
+		t.Fatalf("cold start after the move = %+v, %v; want a workspace on two", cold, err)
+	}
+	// The snapshot is still deleted where it lives.
+	if err := e.saga.DeleteSnapshot(ctx, in, snap.ID); err != nil {
+		t.Fatalf("DeleteSnapshot: %v", err)
+	}
+	if err := e.one.Restore(ctx, providers.Sandbox{Ref: res.Workspace.ProviderRef}, providers.SnapshotRef{ID: snap.ID}, "/workspace"); !errors.Is(err, providers.ErrSnapshotGone) {
+		t.Errorf("contents at provider one after delete: %v; want ErrSnapshotGone", err)
+	}
+}
