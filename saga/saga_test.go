@@ -20,14 +20,13 @@ import (
 // env is a saga over three fake providers: "one" (the default) and "two"
 // take new work, "closed" does not; one prepaid account.
 type env struct {
-	db          *store.DB
-	bill        *billing.Billing
-	saga        *saga.Saga
-	one, two    *fakeprovider.Provider
-	closed      *fakeprovider.Provider
-	acct        string
-	clock       *sgtest.Clock
-	instanceSeq int
+	db       *store.DB
+	bill     *billing.Billing
+	saga     *saga.Saga
+	one, two *fakeprovider.Provider
+	closed   *fakeprovider.Provider
+	acct     string
+	clock    *sgtest.Clock
 }
 
 func newEnv(t *testing.T) *env {

@@ -91,11 +91,18 @@ func ExecWith(t testing.TB, p providers.Provider, sb providers.Sandbox, spec pro
 // subtests run in parallel, most of them in one shared sandbox.
 func Run(t *testing.T, newProvider func(t *testing.T) providers.Provider) {
 	p := newProvider(t)
+	// Registered first, so it runs last: after every sandbox's Terminate.
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
 	sb := Create(t, p, Spec(t))
 	for _, tt := range []struct {
 		name string
 		f    func(t *testing.T, p providers.Provider, sb providers.Sandbox)
 	}{
+		{"Capabilities", testCapabilities},
 		{"ExitCode", testExitCode},
 		{"ArgvWithoutShell", testArgvWithoutShell},
 		{"Dir", testDir},
@@ -127,6 +134,27 @@ func Run(t *testing.T, newProvider func(t *testing.T) providers.Provider) {
 			t.Parallel()
 			tt.f(t, p, sb)
 		})
+	}
+}
+
+// testCapabilities checks that what the provider reports is usable: the
+// sizes it runs (Spec's among them) with real CPU and memory, and a default
+// image it runs itself.
+func testCapabilities(t *testing.T, p providers.Provider, _ providers.Sandbox) {
+	caps := p.Capabilities()
+	if _, ok := caps.Size(Spec(t).Size.Name); !ok {
+		t.Errorf("Capabilities().Sizes = %v; want the suite's size %q among them", caps.Sizes, Spec(t).Size.Name)
+	}
+	for _, s := range caps.Sizes {
+		if s.CPUCores < 1 || s.MemoryMiB < 1 {
+			t.Errorf("size %q: %d cores, %d MiB; want both positive", s.Name, s.CPUCores, s.MemoryMiB)
+		}
+	}
+	if caps.DefaultImage == "" || !caps.RunsImage(caps.DefaultImage) {
+		t.Errorf("default image %q: want one the provider runs", caps.DefaultImage)
+	}
+	if err := caps.CheckScope("suite", sandgate.Scope{EgressCeiling: []string{}}); err != nil {
+		t.Errorf("the provider cannot enforce the narrowest scope (no network, defaults): %v", err)
 	}
 }
 
@@ -369,8 +397,9 @@ func testTerminate(t *testing.T, p providers.Provider, _ providers.Sandbox) {
 	Exec(t, p, sb, "true")
 	if got, ok := find(t, p, sb); !ok {
 		t.Errorf("List does not contain a created sandbox")
-	} else if got.Labels[providers.LabelWorkspace] != spec.WorkspaceID || got.Labels[providers.LabelInstance] != spec.InstanceID {
-		t.Errorf("List labels = %v; want workspace %q, instance %q", got.Labels, spec.WorkspaceID, spec.InstanceID)
+	} else if got.Labels[providers.LabelWorkspace] != spec.WorkspaceID || got.Labels[providers.LabelInstance] != spec.InstanceID || got.Labels[providers.LabelBroker] == "" {
+		// The orphan sweep finds a sandbox's record by these labels.
+		t.Errorf("List labels = %v; want workspace %q, instance %q and the broker's id", got.Labels, spec.WorkspaceID, spec.InstanceID)
 	}
 
 	if err := p.Terminate(ctx, sb); err != nil {
