@@ -6,6 +6,7 @@ package providers
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"time"
 
@@ -78,6 +79,13 @@ type ExecSpec struct {
 	// MaxOutputBytes caps what is kept of each stream; the rest is counted
 	// and dropped. Zero means no output is kept.
 	MaxOutputBytes int64
+	// Stdout and Stderr, when set, receive the kept bytes of each stream
+	// (at most MaxOutputBytes) as the command writes them, and the
+	// result's Stdout and Stderr stay nil: the caller owns the buffers, so
+	// output is never copied into one the provider grows. A provider may
+	// ignore them and return the bytes in the result instead. Each is
+	// written from one goroutine at a time, and never after Exec returns.
+	Stdout, Stderr io.Writer
 }
 
 // ExecResult is the outcome of a command.
@@ -140,6 +148,11 @@ type SnapshotSpec struct {
 type SnapshotRef struct {
 	ID  string // the broker's snapshot id
 	Ref string // the vendor's reference; "" when not known
+	// Bytes is the size of the stored contents as the vendor counts it
+	// (the local provider: its archive's size on disk); Snapshot sets it,
+	// and the instance's max_snapshot_bytes quota adds it up. 0 when not
+	// known.
+	Bytes int64
 }
 
 // Commander runs durable commands: a command is launched once under a
