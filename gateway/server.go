@@ -67,6 +67,21 @@ type Config struct {
 	// Billing prices, holds and settles workspaces. nil means billing.New
 	// over the store: accounts never configured for billing run at price 0.
 	Billing *billing.Billing
+	// MaxInflightPerWorkspace caps one workspace's execs and file
+	// transfers in flight in this gateway process; past it they are
+	// refused with 429 rate_limited and a Retry-After. 0 means
+	// DefaultInflightPerWorkspace (8).
+	MaxInflightPerWorkspace int
+	// MaxInflightPerInstance caps one instance's execs and file transfers
+	// in flight in this gateway process, across its workspaces, the same
+	// way. 0 means DefaultInflightPerInstance (16).
+	MaxInflightPerInstance int
+	// InflightBytes is this gateway process's budget of bytes in flight:
+	// every exec reserves its worst case (its body, and max_output_bytes
+	// for each stream) and every file transfer its body and contents
+	// before it runs; one that does not fit is refused with 503
+	// unavailable and a Retry-After. 0 means DefaultInflightBytes (256 MiB).
+	InflightBytes int64
 }
 
 // MetricRequests counts requests by route (the method and route template,
@@ -93,6 +108,7 @@ type Server struct {
 	admit    Admitter
 	limiter  *admission.Limiter
 	term     *termination.Terminator
+	inflight *inflight // caps on execs and file transfers in flight
 	bill     *billing.Billing
 	echo     *echo.Echo
 	draining atomic.Bool
@@ -130,6 +146,7 @@ func New(cfg Config, db *store.DB, p providers.Provider, clock sandgate.Clock, l
 		})...)
 	}
 	s.limiter = admission.NewLimiter(db.Redis(), cfg.RateLimits)
+	s.inflight = newInflight(cfg)
 	s.term = termination.New(db, p, clock, log, cfg.TerminateTimeout)
 	s.term.SetSettler(s.bill)
 	s.echo = s.routes()
