@@ -82,6 +82,10 @@ func (b *broker) run(ctx context.Context) error {
 		CreateTimeout: b.cfg.Admission.PendingTimeout * 3 / 4,
 		AfterCreate:   pauseAfterCreate(b.cfg.testPauseAfterCreate),
 		Meter:         mp.Meter("github.com/sandgate/sandgate/gateway"),
+		// Counted per gateway process (README, admission.inflight).
+		MaxInflightPerWorkspace: b.cfg.Admission.Inflight.PerWorkspace,
+		MaxInflightPerInstance:  b.cfg.Admission.Inflight.PerInstance,
+		InflightBytes:           b.cfg.Admission.Inflight.MaxBytes,
 		Risk: admission.RiskDefaults{
 			AcquiresPerMinute: b.cfg.Admission.Risk.AcquiresPerMinute,
 			MaxOpenWorkspaces: b.cfg.Admission.Risk.MaxOpenWorkspaces,

@@ -76,6 +76,13 @@ type Config struct {
 			PerSecond float64 `yaml:"per_second"`
 			Burst     int     `yaml:"burst"`
 		} `yaml:"rate_limits"` // keys: read, acquire, exec
+		// Inflight caps execs and file transfers in flight, counted by
+		// each gateway process on its own (gateway.Config).
+		Inflight struct {
+			PerWorkspace int   `yaml:"per_workspace"` // default 8; past it 429 rate_limited
+			PerInstance  int   `yaml:"per_instance"`  // default 16; past it 429 rate_limited
+			MaxBytes     int64 `yaml:"max_bytes"`     // default 268435456 (256 MiB); past it 503 unavailable
+		} `yaml:"inflight"`
 	} `yaml:"admission"`
 	Log struct {
 		Level string `yaml:"level"` // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
@@ -197,6 +204,9 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 		default:
 			return nil, fmt.Errorf("config: admission.rate_limits: unknown class %q (want read, acquire or exec)", class)
 		}
+	}
+	if in := c.Admission.Inflight; in.PerWorkspace < 0 || in.PerInstance < 0 || in.MaxBytes < 0 {
+		return nil, fmt.Errorf("config: admission.inflight: per_workspace, per_instance and max_bytes must not be negative")
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second
