@@ -63,13 +63,15 @@ func (s *Server) createSnapshot(c echo.Context) error {
 		ID: sandgate.NewID(sandgate.PrefixSnapshot), AccountID: w.AccountID, InstanceID: w.InstanceID,
 		WorkspaceID: w.ID, State: sandgate.SnapshotCreating, CreatedAt: created, ExpiresAt: created.Add(lim.SnapshotTTL),
 	}
-	err = s.db.BeginSnapshot(ctx, snap, lim.MaxSnapshots, now.Add(s.cfg.SnapshotTimeout+snapshotPendingGrace), keyHash, reqHash, now)
+	err = s.db.BeginSnapshot(ctx, snap, lim.MaxSnapshots, lim.MaxSnapshotBytes, now.Add(s.cfg.SnapshotTimeout+snapshotPendingGrace), keyHash, reqHash, now)
 	var replay *store.SnapshotReplay
 	switch {
 	case errors.As(err, &replay): // a concurrent request claimed the key first
 		return s.replaySnapshot(c, replay.Record, reqHash)
 	case errors.Is(err, store.ErrQuota):
 		return protocol.E(protocol.SnapshotQuotaExceeded, "the instance holds max_snapshots live snapshots; delete some first")
+	case errors.Is(err, store.ErrByteQuota):
+		return errByteQuota
 	case err != nil:
 		return unavailable(err)
 	}
@@ -90,7 +92,12 @@ func (s *Server) createSnapshot(c echo.Context) error {
 		}
 		return snapshotError(err)
 	}
-	if err := s.db.ConfirmSnapshot(ctx, snap, ref.Ref, req.Dir, keyHash, reqHash); err != nil {
+	snap.Bytes = ref.Bytes
+	if err := s.db.ConfirmSnapshot(ctx, snap, ref.Ref, req.Dir, keyHash, reqHash, lim.MaxSnapshotBytes, s.clock.Now()); err != nil {
+		if errors.Is(err, store.ErrByteQuota) {
+			s.refuseOverByteQuota(ctx, snap, ref, keyHash)
+			return errByteQuota
+		}
 		if errors.Is(err, store.ErrStateChanged) {
 			// Too slow: the reaper expired the create. What the provider
 			// stored must not outlive the answer.
@@ -103,6 +110,31 @@ func (s *Server) createSnapshot(c echo.Context) error {
 	}
 	s.log.Info("snapshot created", sandgate.WorkspaceAttr(w.ID), sandgate.SnapshotAttr(snap.ID))
 	return c.JSON(http.StatusCreated, snapshotBody(snap))
+}
+
+// errByteQuota refuses a snapshot past the instance's max_snapshot_bytes.
+var errByteQuota = protocol.E(protocol.SnapshotQuotaExceeded,
+	"the instance's live snapshots would hold more than max_snapshot_bytes; delete some first")
+
+// refuseOverByteQuota undoes a snapshot whose stored size would take the
+// instance past max_snapshot_bytes: its contents are deleted and its
+// record, slot and key removed, so a retry re-evaluates (spec
+// §Idempotency). When the provider cannot delete the contents now, the
+// snapshot is marked deleted instead and the reaper retries.
+func (s *Server) refuseOverByteQuota(ctx context.Context, snap sandgate.Snapshot, ref providers.SnapshotRef, keyHash string) {
+	dctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
+	err := s.provider.DeleteSnapshot(dctx, ref)
+	cancel()
+	if err == nil {
+		if err := s.db.AbortSnapshot(ctx, snap, keyHash); err != nil {
+			s.log.Error("abort snapshot over the byte quota", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
+		}
+		return
+	}
+	s.log.Warn("snapshot over the byte quota not deleted; the reaper retries", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
+	if _, err := s.db.DeleteSnapshot(ctx, snap, s.clock.Now()); err != nil {
+		s.log.Error("delete snapshot over the byte quota", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
+	}
 }
 
 // deleteContents asks the provider to delete a snapshot's contents once,

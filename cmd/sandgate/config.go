@@ -120,6 +120,7 @@ type LimitsConfig struct {
 	MaxExecTimeout          time.Duration `yaml:"max_exec_timeout"`
 	DefaultExecTimeout      time.Duration `yaml:"default_exec_timeout"`
 	MaxSnapshots            int           `yaml:"max_snapshots"`
+	MaxSnapshotBytes        int64         `yaml:"max_snapshot_bytes"`
 	SnapshotTTL             time.Duration `yaml:"snapshot_ttl"`
 	MaxFileBytes            int64         `yaml:"max_file_bytes"`
 	MaxOutputBytes          int64         `yaml:"max_output_bytes"`
@@ -131,7 +132,8 @@ func (l LimitsConfig) limits() sandgate.Limits {
 	return sandgate.Limits{
 		MaxConcurrentWorkspaces: l.MaxConcurrentWorkspaces, MaxLifetime: l.MaxLifetime, IdleTimeout: l.IdleTimeout,
 		MaxExecTimeout: l.MaxExecTimeout, DefaultExecTimeout: l.DefaultExecTimeout, MaxSnapshots: l.MaxSnapshots,
-		SnapshotTTL: l.SnapshotTTL, MaxFileBytes: l.MaxFileBytes, MaxOutputBytes: l.MaxOutputBytes,
+		MaxSnapshotBytes: l.MaxSnapshotBytes,
+		SnapshotTTL:      l.SnapshotTTL, MaxFileBytes: l.MaxFileBytes, MaxOutputBytes: l.MaxOutputBytes,
 		MaxEnvEntries: l.MaxEnvEntries, MaxEgressDomains: l.MaxEgressDomains,
 	}.WithDefaults()
 }

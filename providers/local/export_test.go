@@ -7,6 +7,9 @@ import (
 	"strings"
 )
 
+// SnapshotPath returns the archive of snapshot id.
+func SnapshotPath(p *Provider, id string) string { return p.snapshotPath(id) }
+
 // SeccompFilter bridges the seccomp program to the tests.
 var SeccompFilter = seccompFilter
 

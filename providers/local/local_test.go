@@ -511,3 +511,28 @@ func TestTerminateFromAnotherProvider(t *testing.T) {
 		t.Fatal("the exec outlived Terminate from another provider")
 	}
 }
+
+// TestSnapshotBytes: a snapshot's Bytes is its archive's size on disk, what
+// the instance's max_snapshot_bytes quota adds up.
+func TestSnapshotBytes(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, t.TempDir(), broker)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	// Random bytes do not compress: the archive is at least their size.
+	if res := providertest.Exec(t, p, sb, "sh", "-c", "mkdir -p /workspace/d && head -c 300000 /dev/urandom >/workspace/d/f"); res.ExitCode != 0 {
+		t.Fatalf("writing the file: exit %d", res.ExitCode)
+	}
+	id := sandgate.NewID(sandgate.PrefixSnapshot)
+	ref, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: id, InstanceID: "inst_t", Dir: "/workspace/d"})
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	t.Cleanup(func() { p.DeleteSnapshot(context.Background(), ref) })
+	fi, err := os.Stat(local.SnapshotPath(p, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref.Bytes != fi.Size() || ref.Bytes < 300000 {
+		t.Errorf("Snapshot Bytes = %d; want the archive's size %d (at least 300000)", ref.Bytes, fi.Size())
+	}
+}

@@ -127,6 +127,12 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	if err := tmp.Sync(); err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
 	}
+	// The archive's size is what counts against max_snapshot_bytes.
+	fi, err := tmp.Stat()
+	if err != nil {
+		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
+	}
+	size := fi.Size()
 	if err := tmp.Close(); err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
 	}
@@ -134,14 +140,9 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
 	}
 	keep = true
-	fi, _ := os.Stat(p.snapshotPath(spec.ID))
-	var size int64
-	if fi != nil {
-		size = fi.Size()
-	}
 	p.log.Info("snapshot stored", sandgate.WorkspaceAttr(sb.Ref), sandgate.SnapshotAttr(spec.ID),
 		"archive_bytes", size, "duration", time.Since(start))
-	return providers.SnapshotRef{ID: spec.ID, Ref: spec.ID}, nil
+	return providers.SnapshotRef{ID: spec.ID, Ref: spec.ID, Bytes: size}, nil
 }
 
 // clampToExpiry cuts d at the workspace's ExpiresAt; past it the workspace
