@@ -64,28 +64,44 @@ func newInflight(cfg Config) *inflight {
 // budget, 503 unavailable (the broker, not the client, is at its limit),
 // both with a Retry-After.
 func (f *inflight) acquire(ws, inst string, bytes int64) (func(), error) {
+	return f.reserve(ws, inst, bytes, true)
+}
+
+// acquireBytes reserves bytes from the budget alone, for a request that
+// does not count against the caps (durable commands); 503 unavailable
+// when they do not fit.
+func (f *inflight) acquireBytes(bytes int64) (func(), error) {
+	return f.reserve("", "", bytes, false)
+}
+
+func (f *inflight) reserve(ws, inst string, bytes int64, counted bool) (func(), error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
-	case f.ws[ws] >= f.perWorkspace:
+	case counted && f.ws[ws] >= f.perWorkspace:
 		return nil, &protocol.Error{Code: protocol.RateLimited, RetryAfter: inflightRetryAfter,
 			Message: "this workspace has as many execs and file transfers in flight as the broker allows; retry after Retry-After"}
-	case f.inst[inst] >= f.perInstance:
+	case counted && f.inst[inst] >= f.perInstance:
 		return nil, &protocol.Error{Code: protocol.RateLimited, RetryAfter: inflightRetryAfter,
 			Message: "this instance has as many execs and file transfers in flight as the broker allows; retry after Retry-After"}
 	case bytes > f.budget-f.used:
 		return nil, &protocol.Error{Code: protocol.Unavailable, RetryAfter: inflightRetryAfter,
 			Message: "the broker holds as much exec output and file content as it allows; retry shortly"}
 	}
-	f.ws[ws]++
-	f.inst[inst]++
 	f.used += bytes
+	if counted {
+		f.ws[ws]++
+		f.inst[inst]++
+	}
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			f.used -= bytes
+			if !counted {
+				return
+			}
 			if f.ws[ws]--; f.ws[ws] == 0 {
 				delete(f.ws, ws)
 			}
@@ -98,8 +114,8 @@ func (f *inflight) acquire(ws, inst string, bytes int64) (func(), error) {
 
 // InflightStats are the in-flight counters of one gateway process, for tests.
 type InflightStats struct {
-	Requests int   // requests holding a reservation
-	Bytes    int64 // bytes they reserved
+	Requests int   // requests counted against the caps
+	Bytes    int64 // bytes reserved, by those and by durable commands
 }
 
 // InflightStats returns the process's in-flight counters.

@@ -271,3 +271,51 @@ func TestExecBodyStreamed(t *testing.T) {
 		}
 	}
 }
+
+// TestInflightCommands: durable command requests reserve bytes from the
+// budget (503 past it) but do not count against the per-workspace cap, so
+// a repeated PUT still answers the command's status while execs fill it.
+func TestInflightCommands(t *testing.T) {
+	t.Parallel()
+	const maxOut = 1 << 20
+	h := sgtest.New(t, sgtest.Options{Gateway: gateway.Config{MaxInflightPerWorkspace: 1, InflightBytes: 5 * maxOut}})
+	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxOutputBytes: maxOut}})
+	ws := acquire(t, h, in.Token, "commands")
+	put := request{Method: http.MethodPut, Path: wsPath(ws.WorkspaceID, "/commands/c1"), Token: in.Token, Body: `{"argv":["true"]}`}
+	get := request{Method: http.MethodGet, Path: wsPath(ws.WorkspaceID, "/commands/c1"), Token: in.Token}
+	wantOK(t, "PUT", do(t, h, put), http.StatusAccepted, nil)
+
+	g := newGate(t)
+	h.Provider.OnExec(func(spec providers.ExecSpec) (providers.ExecResult, error) { g.wait(); return providers.ExecResult{}, nil })
+	exec := request{Method: http.MethodPost, Path: wsPath(ws.WorkspaceID, "/exec"), Token: in.Token, Body: `{"argv":["true"]}`}
+	held := background(t, h, exec)
+	waitInflight(t, h, 1)
+	wantRefusedInflight(t, "exec past the workspace's cap", do(t, h, exec), http.StatusTooManyRequests, protocol.RateLimited)
+	// 2 MiB of the 5 are held: a command read (2 MiB and a little) fits, beside the exec.
+	wantOK(t, "repeated PUT at the workspace's cap", do(t, h, put), http.StatusOK, nil)
+	wantOK(t, "GET at the workspace's cap", do(t, h, get), http.StatusOK, nil)
+
+	// A second workspace's execs take the budget: a command read no longer fits.
+	in2 := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxOutputBytes: maxOut}})
+	ws2 := acquire(t, h, in2.Token, "commands-2")
+	held2 := background(t, h, request{Method: http.MethodPost, Path: wsPath(ws2.WorkspaceID, "/exec"), Token: in2.Token, Body: `{"argv":["true"]}`})
+	waitInflight(t, h, 2)
+	wantRefusedInflight(t, "GET past the budget", do(t, h, get), http.StatusServiceUnavailable, protocol.Unavailable)
+	g.open()
+	for _, wait := range []func() reply{held, held2} {
+		if rep := wait(); rep.Status != http.StatusOK {
+			t.Errorf("held exec: status %d; want 200 (body %s)", rep.Status, rep.Body)
+		}
+	}
+	rep := do(t, h, get)
+	var st protocol.CommandStatus
+	wantOK(t, "GET once the budget is free", rep, http.StatusOK, &st)
+	// Encoded straight into the response, the completed status is byte for
+	// byte what protocol.CommandStatus marshals to.
+	if again, _ := json.Marshal(st); st.ExitCode == nil || !bytes.Equal(again, rep.Body) {
+		t.Errorf("completed command status %s; want it as protocol.CommandStatus marshals it: %s", rep.Body, again)
+	}
+	if st := h.Gateway.InflightStats(); st != (gateway.InflightStats{}) {
+		t.Errorf("in flight at the end = %+v; want none", st)
+	}
+}
