@@ -286,7 +286,10 @@ func TestInflightCommands(t *testing.T) {
 	wantOK(t, "PUT", do(t, h, put), http.StatusAccepted, nil)
 
 	g := newGate(t)
-	h.Provider.OnExec(func(spec providers.ExecSpec) (providers.ExecResult, error) { g.wait(); return providers.ExecResult{}, nil })
+	h.Provider.OnExec(func(spec providers.ExecSpec) (providers.ExecResult, error) {
+		g.wait()
+		return providers.ExecResult{}, nil
+	})
 	exec := request{Method: http.MethodPost, Path: wsPath(ws.WorkspaceID, "/exec"), Token: in.Token, Body: `{"argv":["true"]}`}
 	held := background(t, h, exec)
 	waitInflight(t, h, 1)
