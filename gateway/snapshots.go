@@ -79,10 +79,19 @@ func (s *Server) createSnapshot(c echo.Context) error {
 		s.log.Warn("snapshot: touch", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, err))
 	}
 
+	// What is left of the byte quota bounds the provider's archive, so an
+	// oversized one is cut short rather than stored first; the confirm
+	// below checks the size all the same (other snapshots may land
+	// meanwhile). An error here only loses the early stop.
+	room := lim.MaxSnapshotBytes
+	if used, err := s.db.LiveSnapshotBytes(ctx, w.AccountID, w.InstanceID, now); err == nil {
+		room = max(room-used, 1)
+	}
+
 	// The key and the slot are held: finish even if the client goes away.
 	ctx = context.WithoutCancel(ctx)
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.SnapshotTimeout)
-	ref, err := s.provider.Snapshot(sctx, sandboxOf(w), providers.SnapshotSpec{ID: snap.ID, InstanceID: w.InstanceID, Dir: req.Dir})
+	ref, err := s.provider.Snapshot(sctx, sandboxOf(w), providers.SnapshotSpec{ID: snap.ID, InstanceID: w.InstanceID, Dir: req.Dir, MaxBytes: room})
 	cancel()
 	if err != nil {
 		// The provider stored nothing: free the key and the slot, so a
@@ -151,6 +160,9 @@ func (s *Server) deleteContents(ctx context.Context, id string, ref providers.Sn
 // problems are the client's (404, 422), the rest 410 or 502.
 func snapshotError(err error) error {
 	switch {
+	case errors.Is(err, providers.ErrSnapshotTooLarge):
+		return &protocol.Error{Code: protocol.SnapshotQuotaExceeded, Err: err,
+			Message: "the snapshot would take the instance's live snapshots past max_snapshot_bytes; delete some first"}
 	case errors.Is(err, providers.ErrFileNotFound):
 		return &protocol.Error{Code: protocol.FileNotFound, Message: "dir does not exist in the workspace", Err: err}
 	case errors.Is(err, providers.ErrNotAFile):

@@ -27,6 +27,9 @@ var (
 	// ErrSnapshotGone: the snapshot's contents no longer exist (deleted,
 	// or never stored).
 	ErrSnapshotGone = errors.New("snapshot gone")
+	// ErrSnapshotTooLarge: the contents grew past SnapshotSpec.MaxBytes;
+	// nothing was kept.
+	ErrSnapshotTooLarge = errors.New("snapshot too large")
 	// ErrCommandNotStarted: a durable command definitely did not start and
 	// never will; its identity may be claimed again.
 	ErrCommandNotStarted = errors.New("command not started")
@@ -142,6 +145,12 @@ type SnapshotSpec struct {
 	InstanceID string
 	// Dir is the absolute directory to store. Never log it.
 	Dir string
+	// MaxBytes, when > 0, is the most the stored contents may take (what
+	// is left of the instance's max_snapshot_bytes): a provider that can
+	// stops storing past it and returns ErrSnapshotTooLarge, keeping
+	// nothing, so that an oversized snapshot never fills the disk first. A
+	// provider may ignore it; the broker checks SnapshotRef.Bytes anyway.
+	MaxBytes int64
 }
 
 // SnapshotRef names stored snapshot contents.

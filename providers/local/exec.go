@@ -123,6 +123,9 @@ type job struct {
 	// capAdd are capabilities kept in the sandbox's user namespace; only
 	// the broker's own tar gets any, and never the workspace's env.
 	capAdd []string
+	// fsize, when > 0, is RLIMIT_FSIZE: no file written may grow past it
+	// (the writer gets SIGXFSZ). Only a snapshot's archive sets it.
+	fsize int64
 }
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
@@ -411,10 +414,14 @@ func (p *Provider) forget(ref string, r *run) {
 // prlimitArgs sets the limits bwrap and everything in the sandbox inherit;
 // see README.md for why RLIMIT_DATA and not RLIMIT_AS.
 func prlimitArgs(j job) []string {
-	return []string{
+	args := []string{
 		"--data=" + strconv.FormatInt(j.memory, 10), // soft and hard
 		"--core=0", // no core files written where a host helper might read them
 	}
+	if j.fsize > 0 {
+		args = append(args, "--fsize="+strconv.FormatInt(j.fsize, 10))
+	}
+	return args
 }
 
 // bwrapOptions returns bwrap's options, each NUL-terminated, for --args.

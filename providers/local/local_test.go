@@ -536,3 +536,33 @@ func TestSnapshotBytes(t *testing.T) {
 		t.Errorf("Snapshot Bytes = %d; want the archive's size %d (at least 300000)", ref.Bytes, fi.Size())
 	}
 }
+
+// TestSnapshotMaxBytes: an archive that would grow past SnapshotSpec.MaxBytes
+// is cut short by the kernel (RLIMIT_FSIZE) and nothing is kept.
+func TestSnapshotMaxBytes(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p := newProvider(t, dataDir, broker)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	if res := providertest.Exec(t, p, sb, "sh", "-c", "mkdir -p /workspace/d && head -c 300000 /dev/urandom >/workspace/d/f"); res.ExitCode != 0 {
+		t.Fatalf("writing the file: exit %d", res.ExitCode)
+	}
+	id := sandgate.NewID(sandgate.PrefixSnapshot)
+	_, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: id, InstanceID: "inst_t", Dir: "/workspace/d", MaxBytes: 100000})
+	if !errors.Is(err, providers.ErrSnapshotTooLarge) {
+		t.Fatalf("Snapshot of 300 000 random bytes with MaxBytes 100 000 = %v; want ErrSnapshotTooLarge", err)
+	}
+	entries, err := os.ReadDir(filepath.Join(dataDir, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 0 {
+		t.Errorf("snapshots directory after the refusal holds %d entries; want none", len(entries))
+	}
+	// Within the limit it is stored as usual.
+	ref, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: id, InstanceID: "inst_t", Dir: "/workspace/d", MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatalf("Snapshot within MaxBytes: %v", err)
+	}
+	p.DeleteSnapshot(context.Background(), ref)
+}
