@@ -112,24 +112,6 @@ func (f *inflight) reserve(ws, inst string, bytes int64, counted bool) (func(), 
 	}, nil
 }
 
-// InflightStats are the in-flight counters of one gateway process, for tests.
-type InflightStats struct {
-	Requests int   // requests counted against the caps
-	Bytes    int64 // bytes reserved, by those and by durable commands
-}
-
-// InflightStats returns the process's in-flight counters.
-func (s *Server) InflightStats() InflightStats {
-	f := s.inflight
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	n := 0
-	for _, v := range f.ws {
-		n += v
-	}
-	return InflightStats{Requests: n, Bytes: f.used}
-}
-
 // bodyCost is what a request's body may cost in memory before it reaches
 // the provider: the body as read, its decoded JSON strings (twice: the
 // strict field check decodes it once more) and the base64-decoded bytes.
