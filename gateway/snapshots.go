@@ -129,20 +129,20 @@ var errByteQuota = protocol.E(protocol.SnapshotQuotaExceeded,
 // instance past max_snapshot_bytes: its contents are deleted and its
 // record, slot and key removed, so a retry re-evaluates (spec
 // §Idempotency). When the provider cannot delete the contents now, the
-// snapshot is marked deleted instead and the reaper retries.
+// snapshot is marked deleted first (the reaper retries the contents) and
+// only its key is freed.
 func (s *Server) refuseOverByteQuota(ctx context.Context, snap sandgate.Snapshot, ref providers.SnapshotRef, keyHash string) {
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
 	err := s.provider.DeleteSnapshot(dctx, ref)
 	cancel()
-	if err == nil {
-		if err := s.db.AbortSnapshot(ctx, snap, keyHash); err != nil {
-			s.log.Error("abort snapshot over the byte quota", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
+	if err != nil {
+		s.log.Warn("snapshot over the byte quota not deleted; the reaper retries", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
+		if _, err := s.db.DeleteSnapshot(ctx, snap, s.clock.Now()); err != nil {
+			s.log.Error("delete snapshot over the byte quota", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
 		}
-		return
 	}
-	s.log.Warn("snapshot over the byte quota not deleted; the reaper retries", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
-	if _, err := s.db.DeleteSnapshot(ctx, snap, s.clock.Now()); err != nil {
-		s.log.Error("delete snapshot over the byte quota", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
+	if err := s.db.AbortSnapshot(ctx, snap, keyHash); err != nil {
+		s.log.Error("abort snapshot over the byte quota", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
 	}
 }
 

@@ -390,6 +390,25 @@ func TestSnapshotByteQuota(t *testing.T) {
 	if _, created, err := e.snapshot(ws.WorkspaceID, "k-five", "/workspace/five"); err != nil || !created {
 		t.Errorf("Snapshot with the refused key after a delete = %v, created %v; want 201", err, created)
 	}
+
+	// 9 of 10 bytes live. A provider that cannot delete the refused
+	// contents at once: the refusal stands, the key is free again, and the
+	// reaper deletes the contents later.
+	fake.Set(func(p *fakeprovider.Provider) { p.DeleteSnapshotErr = fakeprovider.ErrInjected })
+	stored := fake.Snapshots()
+	_, _, err = e.snapshot(ws.WorkspaceID, "k-fail", "/workspace/six")
+	wantSnapshotQuota(t, "Snapshot past the byte quota, contents not deletable", err)
+	if got := fake.Snapshots(); got != stored+1 {
+		t.Fatalf("provider holds %d snapshots; want %d (the refused one, not yet deleted)", got, stored+1)
+	}
+	_, _, err = e.snapshot(ws.WorkspaceID, "k-fail", "/workspace/six")
+	wantSnapshotQuota(t, "the same key again (not idempotency_in_progress)", err)
+	fake.Set(func(p *fakeprovider.Provider) { p.DeleteSnapshotErr = nil })
+	e.clock.Advance(time.Minute)
+	e.reaper.Pass(context.Background())
+	if got := fake.Snapshots(); got != stored {
+		t.Errorf("provider holds %d snapshots after a reaper pass; want %d (the refused ones deleted)", got, stored)
+	}
 }
 
 // TestSnapshotByteQuotaLocal: with the local provider (real bwrap) the
