@@ -566,3 +566,33 @@ func TestSnapshotMaxBytes(t *testing.T) {
 	}
 	p.DeleteSnapshot(context.Background(), ref)
 }
+
+// TestCappedBufferBounded: a stream's buffer never grows past its cap,
+// whatever the command writes, and starts small.
+func TestCappedBufferBounded(t *testing.T) {
+	t.Parallel()
+	chunk := bytes.Repeat([]byte("x"), 30_000)
+	for _, tt := range []struct {
+		name          string
+		max           int64
+		writes        int
+		wantKept      int
+		wantCapAtMost int
+	}{
+		{"past the cap", 100_000, 10, 100_000, 100_000},
+		{"exactly the cap", 90_000, 3, 90_000, 90_000},
+		{"small output", 4 << 20, 1, 30_000, 64 << 10},
+		{"nothing kept", 0, 2, 0, 0},
+	} {
+		chunks := make([][]byte, tt.writes)
+		for i := range chunks {
+			chunks[i] = chunk
+		}
+		kept, capacity, n, trunc := local.CappedKeep(tt.max, chunks...)
+		total := int64(tt.writes * len(chunk))
+		if len(kept) != tt.wantKept || capacity > tt.wantCapAtMost || n != total || trunc != (total > int64(tt.wantKept)) {
+			t.Errorf("%s: kept %d (capacity %d), counted %d, truncated %v; want %d (capacity at most %d), %d, %v",
+				tt.name, len(kept), capacity, n, trunc, tt.wantKept, tt.wantCapAtMost, total, total > int64(tt.wantKept))
+		}
+	}
+}
