@@ -39,11 +39,15 @@ type Limits struct {
 	MaxExecTimeout          time.Duration
 	DefaultExecTimeout      time.Duration
 	MaxSnapshots            int
-	SnapshotTTL             time.Duration
-	MaxFileBytes            int64
-	MaxOutputBytes          int64
-	MaxEnvEntries           int
-	MaxEgressDomains        int
+	// MaxSnapshotBytes caps the bytes the instance's live snapshots hold
+	// together, as the provider counts them (the local provider: archive
+	// sizes on disk).
+	MaxSnapshotBytes int64
+	SnapshotTTL      time.Duration
+	MaxFileBytes     int64
+	MaxOutputBytes   int64
+	MaxEnvEntries    int
+	MaxEgressDomains int
 }
 
 // DefaultLimits are the limits of a new instance when the operator sets none.
@@ -54,6 +58,7 @@ var DefaultLimits = Limits{
 	MaxExecTimeout:          15 * time.Minute,
 	DefaultExecTimeout:      30 * time.Second,
 	MaxSnapshots:            20,
+	MaxSnapshotBytes:        1 << 30,
 	SnapshotTTL:             14 * 24 * time.Hour,
 	MaxFileBytes:            8 << 20,
 	MaxOutputBytes:          4 << 20,
@@ -81,6 +86,9 @@ func (l Limits) WithDefaults() Limits {
 	setDur(&l.DefaultExecTimeout, d.DefaultExecTimeout)
 	setInt(&l.MaxSnapshots, d.MaxSnapshots)
 	setDur(&l.SnapshotTTL, d.SnapshotTTL)
+	if l.MaxSnapshotBytes == 0 {
+		l.MaxSnapshotBytes = d.MaxSnapshotBytes
+	}
 	if l.MaxFileBytes == 0 {
 		l.MaxFileBytes = d.MaxFileBytes
 	}

@@ -40,6 +40,9 @@ type Snapshot struct {
 	CreatedAt time.Time
 	ExpiresAt time.Time // CreatedAt + the scope's SnapshotTTL
 	DeletedAt time.Time // zero until deleted or expired
+	// Bytes is the size of the stored contents as the provider reported
+	// it, counted against the scope's MaxSnapshotBytes; 0 until live.
+	Bytes int64
 }
 
 // UsableAt reports whether a workspace can start from the snapshot at now:

@@ -443,6 +443,9 @@ func (s *Server) mergeScope(w Scope, prov *providers.Entry) (sandgate.Scope, err
 	setD(&d.MaxExecTimeout, l.MaxExecTimeout)
 	setD(&d.DefaultExecTimeout, l.DefaultExecTimeout)
 	setI(&d.MaxSnapshots, l.MaxSnapshots)
+	if l.MaxSnapshotBytes != 0 {
+		d.MaxSnapshotBytes = l.MaxSnapshotBytes
+	}
 	setD(&d.SnapshotTTL, l.SnapshotTTL)
 	if l.MaxFileBytes != 0 {
 		d.MaxFileBytes = l.MaxFileBytes

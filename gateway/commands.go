@@ -2,7 +2,7 @@ package gateway
 
 import (
 	"context"
-	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"net/http"
 
@@ -47,6 +47,11 @@ func (s *Server) startCommand(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	release, err := s.reserveCommand(c)
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx := c.Request().Context()
 	if cmd, err := s.db.Command(ctx, w, key); err == nil {
 		return s.commandStatus(c, w, cmd, http.StatusOK)
@@ -82,6 +87,11 @@ func (s *Server) readCommand(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	release, err := s.reserveCommand(c)
+	if err != nil {
+		return err
+	}
+	defer release()
 	cmd, err := s.db.Command(c.Request().Context(), w, key)
 	if errors.Is(err, store.ErrNotFound) {
 		return c.JSON(http.StatusOK, protocol.CommandStatus{State: protocol.CommandUnknown})
@@ -178,17 +188,31 @@ func (s *Server) commandStatus(c echo.Context, w sandgate.Workspace, cmd sandgat
 	if err != nil {
 		return unavailable(err)
 	}
-	exit := st.ExitCode
-	return c.JSON(code, protocol.CommandStatus{
-		State:           string(final),
-		ExitCode:        &exit,
-		StdoutB64:       base64.StdEncoding.EncodeToString(st.Stdout),
-		StderrB64:       base64.StdEncoding.EncodeToString(st.Stderr),
-		OutputTruncated: st.StdoutTruncated || st.StderrTruncated,
-		StdoutBytes:     st.StdoutBytes,
-		StderrBytes:     st.StderrBytes,
-		TimedOut:        st.TimedOut,
-	})
+	// protocol.CommandStatus with its exit fields, encoded straight into
+	// the response.
+	state, _ := json.Marshal(string(final))
+	return b64JSON{
+		text: []string{
+			`{"state":` + string(state) + `,"exit_code":` + jsonInt(int64(st.ExitCode)) + `,"stdout_b64":"`,
+			`","stderr_b64":"`,
+			`","output_truncated":` + jsonBool(st.StdoutTruncated || st.StderrTruncated) +
+				`,"stdout_bytes":` + jsonInt(st.StdoutBytes) +
+				`,"stderr_bytes":` + jsonInt(st.StderrBytes) +
+				`,"timed_out":` + jsonBool(st.TimedOut) + `}`,
+		},
+		b64: [][][]byte{onepart(st.Stdout), onepart(st.Stderr)},
+	}.write(c, code)
+}
+
+// reserveCommand reserves what a durable command request of w may hold
+// from the budget of bytes in flight, before its body is read: the body,
+// and the output a status read may carry (max_output_bytes of each stream,
+// and the runner's status lines). It does not count against the
+// per-workspace and per-instance caps: a repeated PUT of one identity
+// answers the command's status (spec §Durable commands), whatever else runs.
+func (s *Server) reserveCommand(c echo.Context) (func(), error) {
+	lim := limitsOf(c)
+	return s.inflight.acquireBytes(bodyCost(c) + 2*lim.MaxOutputBytes + 1024)
 }
 
 // fenceLost fences a command whose launch was claimed but never confirmed

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"net/http"
 	"time"
@@ -22,10 +21,24 @@ func (s *Server) exec(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	// The worst case is reserved before the body is read: the body, and
+	// max_output_bytes of each stream.
+	lim := limitsOf(c)
+	release, err := s.inflight.acquire(w.ID, w.InstanceID, bodyCost(c)+2*lim.MaxOutputBytes)
+	if err != nil {
+		return err
+	}
+	defer release()
 	spec, clamped, err := s.execSpec(c, w)
 	if err != nil {
 		return err
 	}
+	// The output goes straight into pooled chunks, and from there, base64
+	// encoded, into the response: never into a string or a marshalled body.
+	var stdout, stderr outBuf
+	defer stdout.free()
+	defer stderr.free()
+	spec.Stdout, spec.Stderr = &stdout, &stderr
 	now := s.clock.Now()
 	// Instead of a plain touch: the exec keeps the workspace busy until
 	// its deadline, so the idle reaper never ends it mid-command. Its end
@@ -47,17 +60,29 @@ func (s *Server) exec(c echo.Context) error {
 	if err != nil {
 		return providerError(err)
 	}
-	return c.JSON(http.StatusOK, protocol.ExecResponse{
-		ExitCode:        res.ExitCode,
-		StdoutB64:       base64.StdEncoding.EncodeToString(res.Stdout),
-		StderrB64:       base64.StdEncoding.EncodeToString(res.Stderr),
-		StdoutTruncated: res.StdoutTruncated,
-		StderrTruncated: res.StderrTruncated,
-		TimeoutClamped:  clamped,
-		TimedOut:        res.TimedOut,
-		StdoutBytes:     res.StdoutBytes,
-		StderrBytes:     res.StderrBytes,
-	})
+	out, errOut := stdout.parts(), stderr.parts()
+	if res.Stdout != nil || res.Stderr != nil { // a provider that kept the output itself
+		out, errOut = onepart(res.Stdout), onepart(res.Stderr)
+	}
+	return execBody(res, out, errOut, clamped).write(c, http.StatusOK)
+}
+
+// execBody is protocol.ExecResponse, field for field and in its order,
+// with the streams in parts.
+func execBody(res providers.ExecResult, stdout, stderr [][]byte, clamped bool) b64JSON {
+	return b64JSON{
+		text: []string{
+			`{"exit_code":` + jsonInt(int64(res.ExitCode)) + `,"stdout_b64":"`,
+			`","stderr_b64":"`,
+			`","stdout_truncated":` + jsonBool(res.StdoutTruncated) +
+				`,"stderr_truncated":` + jsonBool(res.StderrTruncated) +
+				`,"timeout_clamped":` + jsonBool(clamped) +
+				`,"timed_out":` + jsonBool(res.TimedOut) +
+				`,"stdout_bytes":` + jsonInt(res.StdoutBytes) +
+				`,"stderr_bytes":` + jsonInt(res.StderrBytes) + `}`,
+		},
+		b64: [][][]byte{stdout, stderr},
+	}
 }
 
 // execSpec reads and checks an exec request body (exec and durable

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"encoding/base64"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -37,6 +36,12 @@ func (s *Server) readFile(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	lim := limitsOf(c)
+	release, err := s.reserveTransfer(c, w, lim.MaxFileBytes)
+	if err != nil {
+		return err
+	}
+	defer release()
 	var req protocol.ReadFileRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -44,7 +49,6 @@ func (s *Server) readFile(c echo.Context) error {
 	if err := policy.ValidatePath(req.Path); err != nil {
 		return err
 	}
-	lim := limitsOf(c)
 	ctx := c.Request().Context()
 	if err := s.db.Touch(ctx, w, s.clock.Now()); err != nil {
 		return unavailable(err)
@@ -57,9 +61,18 @@ func (s *Server) readFile(c echo.Context) error {
 	if err != nil {
 		return providerError(err)
 	}
-	return c.JSON(http.StatusOK, protocol.ReadFileResponse{
-		ContentsB64: base64.StdEncoding.EncodeToString(b), SizeBytes: int64(len(b)),
-	})
+	// protocol.ReadFileResponse, encoded straight into the response.
+	return b64JSON{
+		text: []string{`{"contents_b64":"`, `","size_bytes":` + jsonInt(int64(len(b))) + `}`},
+		b64:  [][][]byte{onepart(b)},
+	}.write(c, http.StatusOK)
+}
+
+// reserveTransfer reserves a file transfer of w before its body is read:
+// the body, and the contents (at most max_file_bytes, and one byte more
+// that a read keeps to tell a file that grew).
+func (s *Server) reserveTransfer(c echo.Context, w sandgate.Workspace, maxFileBytes int64) (func(), error) {
+	return s.inflight.acquire(w.ID, w.InstanceID, bodyCost(c)+maxFileBytes+1)
 }
 
 func (s *Server) writeFile(c echo.Context) error {
@@ -67,6 +80,12 @@ func (s *Server) writeFile(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	lim := limitsOf(c)
+	release, err := s.reserveTransfer(c, w, lim.MaxFileBytes)
+	if err != nil {
+		return err
+	}
+	defer release()
 	var req protocol.WriteFileRequest
 	if err := decode(c, &req); err != nil {
 		return err
@@ -78,7 +97,6 @@ func (s *Server) writeFile(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	lim := limitsOf(c)
 	if int64(len(data)) > lim.MaxFileBytes {
 		return protocol.E(protocol.FileTooLarge, "contents are over max_file_bytes")
 	}

@@ -66,6 +66,7 @@ func wireLimits(l sandgate.Limits) protocol.Limits {
 		MaxExecTimeoutSeconds:     secs(l.MaxExecTimeout),
 		DefaultExecTimeoutSeconds: secs(l.DefaultExecTimeout),
 		MaxSnapshots:              l.MaxSnapshots,
+		MaxSnapshotBytes:          l.MaxSnapshotBytes,
 		SnapshotTTLSeconds:        secs(l.SnapshotTTL),
 		MaxFileBytes:              l.MaxFileBytes,
 		MaxOutputBytes:            l.MaxOutputBytes,

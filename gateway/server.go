@@ -39,6 +39,21 @@ type Config struct {
 	TerminateTimeout time.Duration
 	// Meter records MetricRequests. nil means no metrics are recorded.
 	Meter metric.Meter
+	// MaxInflightPerWorkspace caps one workspace's execs and file
+	// transfers in flight in this gateway process; past it they are
+	// refused with 429 rate_limited and a Retry-After. 0 means
+	// DefaultInflightPerWorkspace (8).
+	MaxInflightPerWorkspace int
+	// MaxInflightPerInstance caps one instance's execs and file transfers
+	// in flight in this gateway process, across its workspaces, the same
+	// way. 0 means DefaultInflightPerInstance (16).
+	MaxInflightPerInstance int
+	// InflightBytes is this gateway process's budget of bytes in flight:
+	// every exec reserves its worst case (its body, and max_output_bytes
+	// for each stream) and every file transfer its body and contents
+	// before it runs; one that does not fit is refused with 503
+	// unavailable and a Retry-After. 0 means DefaultInflightBytes (256 MiB).
+	InflightBytes int64
 }
 
 // Deps are what a Server works with, built once by the broker's wiring
@@ -73,6 +88,7 @@ type Server struct {
 	controls *Controls
 	limiter  *admission.Limiter
 	term     *termination.Terminator
+	inflight *inflight // caps on execs and file transfers in flight
 	echo     *echo.Echo
 	draining atomic.Bool
 	requests metric.Int64Counter
@@ -106,6 +122,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, db: d.DB, provs: d.Providers, saga: d.Saga, clock: d.Clock, log: log,
 		cache: newCache[store.Auth](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator}
+	s.inflight = newInflight(cfg)
 	s.echo = s.routes()
 	s.routeSet = map[string]bool{}
 	for _, r := range s.echo.Routes() {

@@ -3,12 +3,16 @@ package gateway_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -330,5 +334,106 @@ func TestWarmStartRestoreFails(t *testing.T) {
 	fake.Set(func(p *fakeprovider.Provider) { p.RestoreErr = nil })
 	if _, created, err := e.cl.Acquire(ctx, "warm", snapAcquireReq(snap.SnapshotID)); err != nil || !created {
 		t.Errorf("Acquire retried with the same key = %v, created %v; want 201", err, created)
+	}
+}
+
+// wantSnapshotQuota checks a refusal by the snapshot quotas: exactly 422
+// snapshot_quota_exceeded.
+func wantSnapshotQuota(t *testing.T, label string, err error) {
+	t.Helper()
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Status != http.StatusUnprocessableEntity || ce.Code != protocol.SnapshotQuotaExceeded {
+		t.Fatalf("%s = %v; want 422 snapshot_quota_exceeded", label, err)
+	}
+}
+
+// TestSnapshotByteQuota: the sizes of an instance's live snapshots add up
+// against max_snapshot_bytes. A snapshot that would go past it is refused
+// after the provider stored it, and its contents deleted; one at the quota
+// is refused before the provider is asked; a refusal consumes no key.
+func TestSnapshotByteQuota(t *testing.T) {
+	t.Parallel()
+	fake := fakeprovider.New()
+	e := snapStart(t, fake, func(l *sandgate.Limits) { l.MaxSnapshotBytes = 10 })
+	ws := e.acquire("")
+	sb := providers.Sandbox{Ref: ws.WorkspaceID}
+	write := func(path, s string) {
+		if err := fake.WriteFile(context.Background(), sb, path, []byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("/workspace/six/a", "123456")
+	write("/workspace/five/a", "12345")
+	write("/workspace/four/a", "1234")
+	first, _, err := e.snapshot(ws.WorkspaceID, "k-six", "/workspace/six")
+	if err != nil {
+		t.Fatalf("Snapshot of 6 bytes: %v", err)
+	}
+	_, _, err = e.snapshot(ws.WorkspaceID, "k-five", "/workspace/five")
+	wantSnapshotQuota(t, "Snapshot of 5 bytes beside 6 of 10", err)
+	if got := fake.Snapshots(); got != 1 {
+		t.Errorf("provider holds %d snapshots after the refusal; want 1 (the refused one's contents deleted)", got)
+	}
+	if _, _, err := e.snapshot(ws.WorkspaceID, "k-four", "/workspace/four"); err != nil {
+		t.Fatalf("Snapshot of 4 bytes up to exactly 10: %v", err)
+	}
+	n := fake.SnapshotCalls()
+	_, _, err = e.snapshot(ws.WorkspaceID, "k-more", "/workspace/four")
+	wantSnapshotQuota(t, "Snapshot at the byte quota", err)
+	if got := fake.SnapshotCalls(); got != n {
+		t.Errorf("provider snapshots after a refusal at the quota = %d; want %d (not asked)", got, n)
+	}
+	// Deleting gives the bytes back; the refused key was never consumed.
+	if err := e.cl.DeleteSnapshot(context.Background(), first.SnapshotID); err != nil {
+		t.Fatal(err)
+	}
+	if _, created, err := e.snapshot(ws.WorkspaceID, "k-five", "/workspace/five"); err != nil || !created {
+		t.Errorf("Snapshot with the refused key after a delete = %v, created %v; want 201", err, created)
+	}
+
+	// 9 of 10 bytes live. A provider that cannot delete the refused
+	// contents at once: the refusal stands, the key is free again, and the
+	// reaper deletes the contents later.
+	fake.Set(func(p *fakeprovider.Provider) { p.DeleteSnapshotErr = fakeprovider.ErrInjected })
+	stored := fake.Snapshots()
+	_, _, err = e.snapshot(ws.WorkspaceID, "k-fail", "/workspace/six")
+	wantSnapshotQuota(t, "Snapshot past the byte quota, contents not deletable", err)
+	if got := fake.Snapshots(); got != stored+1 {
+		t.Fatalf("provider holds %d snapshots; want %d (the refused one, not yet deleted)", got, stored+1)
+	}
+	_, _, err = e.snapshot(ws.WorkspaceID, "k-fail", "/workspace/six")
+	wantSnapshotQuota(t, "the same key again (not idempotency_in_progress)", err)
+	fake.Set(func(p *fakeprovider.Provider) { p.DeleteSnapshotErr = nil })
+	e.clock.Advance(time.Minute)
+	e.reaper.Pass(context.Background())
+	if got := fake.Snapshots(); got != stored {
+		t.Errorf("provider holds %d snapshots after a reaper pass; want %d (the refused ones deleted)", got, stored)
+	}
+}
+
+// TestSnapshotByteQuotaLocal: with the local provider (real bwrap) the
+// quota counts archive bytes, and an archive past it leaves nothing on disk.
+func TestSnapshotByteQuotaLocal(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p, err := local.New(t.Context(), local.Config{DataDir: dataDir}, providers.Env{BrokerID: "gateway-test"})
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	e := snapStart(t, p, func(l *sandgate.Limits) { l.MaxSnapshotBytes = 20000 })
+	ws := e.acquire("")
+	// Random bytes do not compress: 30 000 of them make an archive past the quota.
+	e.exec(ws.WorkspaceID, "sh", "-c", "mkdir -p /workspace/small /workspace/big && printf x >/workspace/small/f && head -c 30000 /dev/urandom >/workspace/big/f")
+	if _, _, err := e.snapshot(ws.WorkspaceID, "k-small", "/workspace/small"); err != nil {
+		t.Fatalf("Snapshot of a small directory: %v", err)
+	}
+	_, _, err = e.snapshot(ws.WorkspaceID, "k-big", "/workspace/big")
+	wantSnapshotQuota(t, "Snapshot of an archive past max_snapshot_bytes", err)
+	entries, err := os.ReadDir(filepath.Join(dataDir, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 {
+		t.Errorf("archives on disk after the refusal = %d; want 1 (the small one)", len(entries))
 	}
 }

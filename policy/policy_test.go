@@ -625,6 +625,7 @@ func TestValidateScope(t *testing.T) {
 		{"negative concurrency", with(func(s *sandgate.Scope) { s.Limits.MaxConcurrentWorkspaces = -1 }), "max_concurrent_workspaces"},
 		{"negative egress domains", with(func(s *sandgate.Scope) { s.Limits.MaxEgressDomains = -1 }), "max_egress_domains"},
 		{"negative file bytes", with(func(s *sandgate.Scope) { s.Limits.MaxFileBytes = -1 }), "max_file_bytes"},
+		{"negative snapshot bytes", with(func(s *sandgate.Scope) { s.Limits.MaxSnapshotBytes = -1 }), "max_snapshot_bytes"},
 		{"negative lifetime", with(func(s *sandgate.Scope) { s.Limits.MaxLifetime = -time.Hour }), "max_lifetime"},
 		{"sub-second idle", with(func(s *sandgate.Scope) { s.Limits.IdleTimeout = time.Millisecond }), "idle_timeout"},
 		{"default exec above max", with(func(s *sandgate.Scope) {

@@ -152,6 +152,7 @@ func ValidateScope(s sandgate.Scope) error {
 	}{
 		{"max_concurrent_workspaces", int64(l.MaxConcurrentWorkspaces)},
 		{"max_snapshots", int64(l.MaxSnapshots)},
+		{"max_snapshot_bytes", l.MaxSnapshotBytes},
 		{"max_file_bytes", l.MaxFileBytes},
 		{"max_output_bytes", l.MaxOutputBytes},
 		{"max_env_entries", int64(l.MaxEnvEntries)},

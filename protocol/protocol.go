@@ -75,11 +75,14 @@ type Limits struct {
 	MaxExecTimeoutSeconds     int64 `json:"max_exec_timeout_seconds"`
 	DefaultExecTimeoutSeconds int64 `json:"default_exec_timeout_seconds"`
 	MaxSnapshots              int   `json:"max_snapshots"`
-	SnapshotTTLSeconds        int64 `json:"snapshot_ttl_seconds"`
-	MaxFileBytes              int64 `json:"max_file_bytes"`
-	MaxOutputBytes            int64 `json:"max_output_bytes"`
-	MaxEnvEntries             int   `json:"max_env_entries"`
-	MaxEgressDomains          int   `json:"max_egress_domains"`
+	// MaxSnapshotBytes is sandgate's own optional field: the bytes the
+	// instance's live snapshots may hold together.
+	MaxSnapshotBytes   int64 `json:"max_snapshot_bytes,omitempty"`
+	SnapshotTTLSeconds int64 `json:"snapshot_ttl_seconds"`
+	MaxFileBytes       int64 `json:"max_file_bytes"`
+	MaxOutputBytes     int64 `json:"max_output_bytes"`
+	MaxEnvEntries      int   `json:"max_env_entries"`
+	MaxEgressDomains   int   `json:"max_egress_domains"`
 }
 
 // Size is one entry of the lease's sizes.

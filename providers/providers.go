@@ -6,6 +6,7 @@ package providers
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"time"
 
@@ -26,6 +27,9 @@ var (
 	// ErrSnapshotGone: the snapshot's contents no longer exist (deleted,
 	// or never stored).
 	ErrSnapshotGone = errors.New("snapshot gone")
+	// ErrSnapshotTooLarge: the contents grew past SnapshotSpec.MaxBytes;
+	// nothing was kept.
+	ErrSnapshotTooLarge = errors.New("snapshot too large")
 	// ErrCommandNotStarted: a durable command definitely did not start and
 	// never will; its identity may be claimed again.
 	ErrCommandNotStarted = errors.New("command not started")
@@ -78,6 +82,13 @@ type ExecSpec struct {
 	// MaxOutputBytes caps what is kept of each stream; the rest is counted
 	// and dropped. Zero means no output is kept.
 	MaxOutputBytes int64
+	// Stdout and Stderr, when set, receive the kept bytes of each stream
+	// (at most MaxOutputBytes) as the command writes them, and the
+	// result's Stdout and Stderr stay nil: the caller owns the buffers, so
+	// output is never copied into one the provider grows. A provider may
+	// ignore them and return the bytes in the result instead. Each is
+	// written from one goroutine at a time, and never after Exec returns.
+	Stdout, Stderr io.Writer
 }
 
 // ExecResult is the outcome of a command.
@@ -142,12 +153,23 @@ type SnapshotSpec struct {
 	InstanceID string
 	// Dir is the absolute directory to store. Never log it.
 	Dir string
+	// MaxBytes, when > 0, is the most the stored contents may take (what
+	// is left of the instance's max_snapshot_bytes): a provider that can
+	// stops storing past it and returns ErrSnapshotTooLarge, keeping
+	// nothing, so that an oversized snapshot never fills the disk first. A
+	// provider may ignore it; the broker checks SnapshotRef.Bytes anyway.
+	MaxBytes int64
 }
 
 // SnapshotRef names stored snapshot contents.
 type SnapshotRef struct {
 	ID  string // the broker's snapshot id
 	Ref string // the vendor's reference; "" when not known
+	// Bytes is the size of the stored contents as the vendor counts it
+	// (the local provider: its archive's size on disk); Snapshot sets it,
+	// and the instance's max_snapshot_bytes quota adds it up. 0 when not
+	// known.
+	Bytes int64
 }
 
 // Commander runs durable commands: a command is launched once under a

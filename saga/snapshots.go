@@ -96,7 +96,7 @@ func (s *Saga) CreateSnapshot(ctx context.Context, in sandgate.Instance, w sandg
 		WorkspaceID: w.ID, Provider: providerName(w.Provider), State: sandgate.SnapshotCreating,
 		CreatedAt: created, ExpiresAt: created.Add(lim.SnapshotTTL),
 	}
-	err = s.db.BeginSnapshot(ctx, snap, lim.MaxSnapshots, now.Add(s.cfg.SnapshotTimeout+snapshotPendingGrace), keyHash, reqHash, now)
+	err = s.db.BeginSnapshot(ctx, snap, lim.MaxSnapshots, lim.MaxSnapshotBytes, now.Add(s.cfg.SnapshotTimeout+snapshotPendingGrace), keyHash, reqHash, now)
 	var claimed *store.SnapshotReplay
 	switch {
 	case errors.As(err, &claimed): // a concurrent request claimed the key first
@@ -104,6 +104,8 @@ func (s *Saga) CreateSnapshot(ctx context.Context, in sandgate.Instance, w sandg
 		return snap, err == nil, err
 	case errors.Is(err, store.ErrQuota):
 		return sandgate.Snapshot{}, false, protocol.E(protocol.SnapshotQuotaExceeded, "the instance holds max_snapshots live snapshots; delete some first")
+	case errors.Is(err, store.ErrByteQuota):
+		return sandgate.Snapshot{}, false, errByteQuota()
 	case err != nil:
 		return sandgate.Snapshot{}, false, Unavailable(err)
 	}
@@ -111,10 +113,19 @@ func (s *Saga) CreateSnapshot(ctx context.Context, in sandgate.Instance, w sandg
 		s.log.Warn("snapshot: touch", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, err))
 	}
 
+	// What is left of the byte quota bounds the provider's archive, so an
+	// oversized one is cut short rather than stored first; the confirm
+	// below checks the size all the same (other snapshots may land
+	// meanwhile). An error here only loses the early stop.
+	room := lim.MaxSnapshotBytes
+	if used, err := s.db.LiveSnapshotBytes(ctx, w.AccountID, w.InstanceID, now); err == nil {
+		room = max(room-used, 1)
+	}
+
 	// The key and the slot are held: finish even if the client goes away.
 	ctx = context.WithoutCancel(ctx)
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.SnapshotTimeout)
-	ref, err := p.Snapshot(sctx, providers.Sandbox{Ref: w.ProviderRef}, providers.SnapshotSpec{ID: snap.ID, InstanceID: w.InstanceID, Dir: req.Dir})
+	ref, err := p.Snapshot(sctx, providers.Sandbox{Ref: w.ProviderRef}, providers.SnapshotSpec{ID: snap.ID, InstanceID: w.InstanceID, Dir: req.Dir, MaxBytes: room})
 	cancel()
 	if err != nil {
 		// The provider stored nothing: free the key and the slot, so a
@@ -124,7 +135,12 @@ func (s *Saga) CreateSnapshot(ctx context.Context, in sandgate.Instance, w sandg
 		}
 		return sandgate.Snapshot{}, false, snapshotError(err)
 	}
-	if err := s.db.ConfirmSnapshot(ctx, snap, ref.Ref, req.Dir, keyHash, reqHash); err != nil {
+	snap.Bytes = ref.Bytes
+	if err := s.db.ConfirmSnapshot(ctx, snap, ref.Ref, req.Dir, keyHash, reqHash, lim.MaxSnapshotBytes, s.clock.Now()); err != nil {
+		if errors.Is(err, store.ErrByteQuota) {
+			s.refuseOverByteQuota(ctx, p, snap, ref, keyHash)
+			return sandgate.Snapshot{}, false, errByteQuota()
+		}
 		if errors.Is(err, store.ErrStateChanged) {
 			// Too slow: the reaper expired the create. What the provider
 			// stored must not outlive the answer.
@@ -177,6 +193,33 @@ func (s *Saga) DeleteSnapshot(ctx context.Context, in sandgate.Instance, id stri
 	return nil
 }
 
+// errByteQuota refuses a snapshot past the instance's max_snapshot_bytes.
+func errByteQuota() error {
+	return protocol.E(protocol.SnapshotQuotaExceeded,
+		"the instance's live snapshots would hold more than max_snapshot_bytes; delete some first")
+}
+
+// refuseOverByteQuota undoes a snapshot whose stored size would take the
+// instance past max_snapshot_bytes: its contents are deleted and its
+// record, slot and key removed, so a retry re-evaluates (spec
+// §Idempotency). When the provider cannot delete the contents now, the
+// snapshot is marked deleted first (the reaper retries the contents) and
+// only its key is freed.
+func (s *Saga) refuseOverByteQuota(ctx context.Context, p providers.Provider, snap sandgate.Snapshot, ref providers.SnapshotRef, keyHash string) {
+	dctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
+	err := p.DeleteSnapshot(dctx, ref)
+	cancel()
+	if err != nil {
+		s.log.Warn("snapshot over the byte quota not deleted; the reaper retries", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
+		if _, err := s.db.DeleteSnapshot(ctx, snap, s.clock.Now()); err != nil {
+			s.log.Error("delete snapshot over the byte quota", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
+		}
+	}
+	if err := s.db.AbortSnapshot(ctx, snap, keyHash); err != nil {
+		s.log.Error("abort snapshot over the byte quota", sandgate.SnapshotAttr(snap.ID), slog.Any(sandgate.KeyError, err))
+	}
+}
+
 // deleteContents asks the provider to delete a snapshot's contents once,
 // leaving any failure to the reaper.
 func (s *Saga) deleteContents(ctx context.Context, p providers.Provider, id string, ref providers.SnapshotRef) {
@@ -191,6 +234,9 @@ func (s *Saga) deleteContents(ctx context.Context, p providers.Provider, id stri
 // problems are the client's (404, 422), the rest 410 or 502.
 func snapshotError(err error) error {
 	switch {
+	case errors.Is(err, providers.ErrSnapshotTooLarge):
+		return &protocol.Error{Code: protocol.SnapshotQuotaExceeded, Err: err,
+			Message: "the snapshot would take the instance's live snapshots past max_snapshot_bytes; delete some first"}
 	case errors.Is(err, providers.ErrFileNotFound):
 		return &protocol.Error{Code: protocol.FileNotFound, Message: "dir does not exist in the workspace", Err: err}
 	case errors.Is(err, providers.ErrNotAFile):

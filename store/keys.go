@@ -115,6 +115,13 @@ func snapshotKey(acct, snap string) string { return prefix + "{" + acct + "}:sna
 // or past their deadline no longer count. Example: sg:{acct_x}:inst:inst_y:snaps
 func snapshotQuotaKey(acct, inst string) string { return instanceKey(acct, inst) + ":snaps" }
 
+// snapshotBytesKey is the HASH of the sizes of an instance's live
+// snapshots: field snapshot id, value the provider's size in bytes, set
+// when a snapshot becomes live and removed when its deletion starts. Only
+// members of snapshotQuotaKey past now count against max_snapshot_bytes.
+// Example: sg:{acct_x}:inst:inst_y:snapbytes
+func snapshotBytesKey(acct, inst string) string { return instanceKey(acct, inst) + ":snapbytes" }
+
 // snapshotExpiryKey is the ZSET of an account's snapshots not yet deleted,
 // scored like snapshotQuotaKey, for the reaper's TTL sweep.
 // Example: sg:{acct_x}:snapexp

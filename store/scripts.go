@@ -115,21 +115,41 @@ const (
 	resRefused  = 4 // the record is not in the state the change needs
 	resAbsent   = 5 // no record
 	resFinished = 6 // the command already has its result
+	resBytes    = 7 // the instance's live snapshots are at (or would go past) max_snapshot_bytes
 )
+
+// liveSnapshotBytesLua is a Lua function over an instance's quota ZSET and
+// its sizes HASH: the bytes of the snapshots that count at now (members
+// scored past now), leaving out the snapshot skip.
+const liveSnapshotBytesLua = `
+local function live_bytes(quota, sizes, now, skip)
+  local total = 0
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', quota, '(' .. now, '+inf')) do
+    if id ~= skip then total = total + (tonumber(redis.call('HGET', sizes, id)) or 0) end
+  end
+  return total
+end
+`
 
 // beginSnapshotScript claims a snapshot's Idempotency-Key and a quota
 // slot, and writes the record as creating. A replay or a full quota
-// changes nothing.
+// changes nothing. The byte quota is full when the live snapshots already
+// hold max_snapshot_bytes; the new snapshot's own size is checked when it
+// is confirmed.
 //
-// KEYS[1] idempotency STRING, KEYS[2] snapshot HASH, KEYS[3] instance quota ZSET, KEYS[4] account expiry ZSET
+// KEYS[1] idempotency STRING, KEYS[2] snapshot HASH, KEYS[3] instance quota ZSET, KEYS[4] account expiry ZSET,
+// KEYS[5] instance sizes HASH
 // ARGV[1] now (unix ms), ARGV[2] max_snapshots, ARGV[3] pending deadline (unix ms), ARGV[4] snapshot id,
-// ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms), ARGV[7..] record field/value pairs
-// Returns {resOK}, {resReplay, record JSON} or {resQuota}.
-var beginSnapshotScript = redis.NewScript(`
+// ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms), ARGV[7] max_snapshot_bytes (0: none),
+// ARGV[8..] record field/value pairs
+// Returns {resOK}, {resReplay, record JSON}, {resQuota} or {resBytes}.
+var beginSnapshotScript = redis.NewScript(liveSnapshotBytesLua + `
 local v = redis.call('GET', KEYS[1])
 if v then return {` + itoa(resReplay) + `, v} end
 if redis.call('ZCOUNT', KEYS[3], '(' .. ARGV[1], '+inf') >= tonumber(ARGV[2]) then return {` + itoa(resQuota) + `} end
-redis.call('HSET', KEYS[2], unpack(ARGV, 7))
+local max_bytes = tonumber(ARGV[7])
+if max_bytes > 0 and live_bytes(KEYS[3], KEYS[5], ARGV[1], '') >= max_bytes then return {` + itoa(resBytes) + `} end
+redis.call('HSET', KEYS[2], unpack(ARGV, 8))
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
 redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
@@ -137,20 +157,30 @@ return {` + itoa(resOK) + `}
 `)
 
 // confirmSnapshotScript records contents the provider stored: the
-// snapshot becomes live until expires_at, and its key done. When it is no
-// longer creating (the reaper expired its pending slot, and will delete
-// the contents) it refuses and frees the key, so a retry re-evaluates.
+// snapshot becomes live until expires_at, its size counts against the
+// byte quota, and its key is done. When it is no longer creating (the
+// reaper expired its pending slot, and will delete the contents) it
+// refuses and frees the key, so a retry re-evaluates. When its size would
+// take the live snapshots past max_snapshot_bytes it changes nothing and
+// answers resBytes: the caller deletes the contents and aborts.
 //
-// KEYS[1] idempotency STRING, KEYS[2] snapshot HASH, KEYS[3] instance quota ZSET, KEYS[4] account expiry ZSET
+// KEYS[1] idempotency STRING, KEYS[2] snapshot HASH, KEYS[3] instance quota ZSET, KEYS[4] account expiry ZSET,
+// KEYS[5] instance sizes HASH
 // ARGV[1] snapshot id, ARGV[2] expires_at (unix ms), ARGV[3] provider ref, ARGV[4] dir,
-// ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms)
-// Returns resOK or resRefused.
-var confirmSnapshotScript = redis.NewScript(`
+// ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms), ARGV[7] size (bytes),
+// ARGV[8] max_snapshot_bytes (0: none), ARGV[9] now (unix ms)
+// Returns resOK, resRefused or resBytes.
+var confirmSnapshotScript = redis.NewScript(liveSnapshotBytesLua + `
 if redis.call('HGET', KEYS[2], 'state') ~= 'creating' then
   redis.call('DEL', KEYS[1])
   return ` + itoa(resRefused) + `
 end
-redis.call('HSET', KEYS[2], 'state', 'live', 'provider_ref', ARGV[3], 'dir', ARGV[4], 'expires_ms', ARGV[2])
+local max_bytes = tonumber(ARGV[8])
+if max_bytes > 0 and live_bytes(KEYS[3], KEYS[5], ARGV[9], ARGV[1]) + tonumber(ARGV[7]) > max_bytes then
+  return ` + itoa(resBytes) + `
+end
+redis.call('HSET', KEYS[2], 'state', 'live', 'provider_ref', ARGV[3], 'dir', ARGV[4], 'expires_ms', ARGV[2], 'bytes', ARGV[7])
+redis.call('HSET', KEYS[5], ARGV[1], ARGV[7])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
 redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
@@ -161,7 +191,8 @@ return ` + itoa(resOK) + `
 // stored nothing: record, quota slot, expiry entry and key, so a retry
 // with the same key re-evaluates (spec §Idempotency).
 //
-// KEYS[1] idempotency STRING, KEYS[2] snapshot HASH, KEYS[3] instance quota ZSET, KEYS[4] account expiry ZSET
+// KEYS[1] idempotency STRING, KEYS[2] snapshot HASH, KEYS[3] instance quota ZSET, KEYS[4] account expiry ZSET,
+// KEYS[5] instance sizes HASH
 // ARGV[1] snapshot id
 // Returns resOK, or resRefused when it is no longer creating (the key is freed all the same).
 var abortSnapshotScript = redis.NewScript(`
@@ -170,6 +201,7 @@ if redis.call('HGET', KEYS[2], 'state') ~= 'creating' then return ` + itoa(resRe
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
 return ` + itoa(resOK) + `
 `)
 
@@ -177,7 +209,8 @@ return ` + itoa(resOK) + `
 // its expiry): it stops counting against the quota, cannot be restored any
 // more, and is queued for the provider to delete its contents.
 //
-// KEYS[1] snapshot HASH, KEYS[2] instance quota ZSET, KEYS[3] account expiry ZSET, KEYS[4] account gc ZSET
+// KEYS[1] snapshot HASH, KEYS[2] instance quota ZSET, KEYS[3] account expiry ZSET, KEYS[4] account gc ZSET,
+// KEYS[5] instance sizes HASH
 // ARGV[1] snapshot id, ARGV[2] now (unix ms), ARGV[3] reason (deleted or expired),
 // ARGV[4] 1 to act only when the snapshot is due (its score in KEYS[3] at or before now)
 // Returns {resOK, previous state}, {resRefused, state} (already deleting or
@@ -193,6 +226,7 @@ end
 redis.call('HSET', KEYS[1], 'state', 'deleting', 'deleted_ms', ARGV[2], 'reason', ARGV[3])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
 return {` + itoa(resOK) + `, st}
 `)

@@ -16,6 +16,9 @@ import (
 var (
 	// ErrQuota: the instance holds max_snapshots live snapshots.
 	ErrQuota = errors.New("store: snapshot quota reached")
+	// ErrByteQuota: the instance's live snapshots hold max_snapshot_bytes,
+	// or would with the one being confirmed.
+	ErrByteQuota = errors.New("store: snapshot byte quota reached")
 	// ErrStateChanged: the record is no longer in the state the change
 	// needs (a snapshot expired while it was created, a workspace ended).
 	ErrStateChanged = errors.New("store: state changed")
@@ -37,18 +40,20 @@ func snapshotKeys(s sandgate.Snapshot, keyHash string) []string {
 		snapshotKey(s.AccountID, s.ID),
 		snapshotQuotaKey(s.AccountID, s.InstanceID),
 		snapshotExpiryKey(s.AccountID),
+		snapshotBytesKey(s.AccountID, s.InstanceID),
 	}
 }
 
 // BeginSnapshot claims the Idempotency-Key and a quota slot for s (state
-// creating, every field but Dir and ProviderRef set) in one step; the slot
-// is held until pendingDeadline unless Confirm makes it live. Returns a
-// *SnapshotReplay when the key was claimed before, ErrQuota when the
-// instance holds max live snapshots.
-func (db *DB) BeginSnapshot(ctx context.Context, s sandgate.Snapshot, max int, pendingDeadline time.Time, keyHash, requestHash string, now time.Time) error {
+// creating, every field but Dir, ProviderRef and Bytes set) in one step;
+// the slot is held until pendingDeadline unless Confirm makes it live.
+// Returns a *SnapshotReplay when the key was claimed before, ErrQuota when
+// the instance holds max live snapshots, ErrByteQuota when they hold
+// maxBytes or more (0: no byte quota).
+func (db *DB) BeginSnapshot(ctx context.Context, s sandgate.Snapshot, max int, maxBytes int64, pendingDeadline time.Time, keyHash, requestHash string, now time.Time) error {
 	args := []any{ms(now), max, ms(pendingDeadline), s.ID,
 		EncodeIdemRecord(IdemRecord{Hash: requestHash, SnapshotID: s.ID, State: IdemInProgress}),
-		db.cfg.IdempotencyTTL.Milliseconds()}
+		db.cfg.IdempotencyTTL.Milliseconds(), maxBytes}
 	args = append(args, snapshotFields(s)...)
 	res, err := beginSnapshotScript.Run(ctx, db.rdb, snapshotKeys(s, keyHash), args...).Slice()
 	if err != nil {
@@ -66,26 +71,56 @@ func (db *DB) BeginSnapshot(ctx context.Context, s sandgate.Snapshot, max int, p
 		return &SnapshotReplay{Record: rec}
 	case resQuota:
 		return ErrQuota
+	case resBytes:
+		return ErrByteQuota
 	default:
 		return fmt.Errorf("begin snapshot: unexpected result %v", res)
 	}
 }
 
 // ConfirmSnapshot makes a creating snapshot live with the provider's
-// reference and the directory restore needs. Returns ErrStateChanged when
-// it is no longer creating; the key is then freed and the reaper deletes
-// the contents.
-func (db *DB) ConfirmSnapshot(ctx context.Context, s sandgate.Snapshot, ref, dir, keyHash, requestHash string) error {
+// reference, the directory restore needs and its size s.Bytes. Returns
+// ErrStateChanged when it is no longer creating; the key is then freed and
+// the reaper deletes the contents. Returns ErrByteQuota, changing nothing,
+// when s.Bytes would take the instance's live snapshots at now past
+// maxBytes (0: no byte quota); the caller then deletes the contents and
+// aborts.
+func (db *DB) ConfirmSnapshot(ctx context.Context, s sandgate.Snapshot, ref, dir, keyHash, requestHash string, maxBytes int64, now time.Time) error {
 	n, err := confirmSnapshotScript.Run(ctx, db.rdb, snapshotKeys(s, keyHash), s.ID, ms(s.ExpiresAt), ref, dir,
 		EncodeIdemRecord(IdemRecord{Hash: requestHash, SnapshotID: s.ID, State: IdemDone}),
-		db.cfg.IdempotencyTTL.Milliseconds()).Int()
+		db.cfg.IdempotencyTTL.Milliseconds(), max(s.Bytes, 0), maxBytes, ms(now)).Int()
 	if err != nil {
 		return fmt.Errorf("confirm snapshot: %w", err)
 	}
-	if n != resOK {
-		return ErrStateChanged
+	switch n {
+	case resOK:
+		return nil
+	case resBytes:
+		return ErrByteQuota
 	}
-	return nil
+	return ErrStateChanged
+}
+
+// LiveSnapshotBytes returns the bytes of an instance's snapshots that count
+// against max_snapshot_bytes at now.
+func (db *DB) LiveSnapshotBytes(ctx context.Context, acct, inst string, now time.Time) (int64, error) {
+	ids, err := db.rdb.ZRangeByScore(ctx, snapshotQuotaKey(acct, inst), &redis.ZRangeBy{
+		Min: "(" + strconv.FormatInt(ms(now), 10), Max: "+inf"}).Result()
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	vals, err := db.rdb.HMGet(ctx, snapshotBytesKey(acct, inst), ids...).Result()
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, v := range vals {
+		if s, ok := v.(string); ok {
+			n, _ := strconv.ParseInt(s, 10, 64)
+			total += n
+		}
+	}
+	return total, nil
 }
 
 // AbortSnapshot removes a snapshot whose provider call stored nothing, and
@@ -134,7 +169,7 @@ func (db *DB) ExpireSnapshot(ctx context.Context, acct, id string, now time.Time
 
 func (db *DB) startSnapshotDelete(ctx context.Context, s sandgate.Snapshot, now time.Time, reason string, ifDue bool) (bool, error) {
 	keys := []string{snapshotKey(s.AccountID, s.ID), snapshotQuotaKey(s.AccountID, s.InstanceID),
-		snapshotExpiryKey(s.AccountID), snapshotGCKey(s.AccountID)}
+		snapshotExpiryKey(s.AccountID), snapshotGCKey(s.AccountID), snapshotBytesKey(s.AccountID, s.InstanceID)}
 	due := "0"
 	if ifDue {
 		due = "1"
@@ -219,6 +254,7 @@ func parseSnapshot(m map[string]string) (sandgate.Snapshot, error) {
 		CreatedAt: fromMS(num("created_ms")),
 		ExpiresAt: fromMS(num("expires_ms")),
 		DeletedAt: fromMS(num("deleted_ms")),
+		Bytes:     num("bytes"),
 	}
 	if s.ID == "" || s.State == "" {
 		return sandgate.Snapshot{}, errors.New("store: snapshot record without id or state")

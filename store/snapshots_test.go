@@ -38,7 +38,7 @@ func TestSnapshotQuotaAtomic(t *testing.T) {
 	ok, full := 0, 0
 	for i := range 50 {
 		wg.Go(func() {
-			err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 3, now.Add(time.Minute), fmt.Sprint("k", i), "h", now)
+			err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 3, 0, now.Add(time.Minute), fmt.Sprint("k", i), "h", now)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -65,7 +65,7 @@ func TestSnapshotQuotaAtomic(t *testing.T) {
 		t.Errorf("keys claimed = %d; want 3: a refusal claims nothing", claimed)
 	}
 	// Another instance of the account has its own quota.
-	if err := db.BeginSnapshot(ctx, newSnapshot(acct, "inst_other", now), 3, now.Add(time.Minute), "k", "h", now); err != nil {
+	if err := db.BeginSnapshot(ctx, newSnapshot(acct, "inst_other", now), 3, 0, now.Add(time.Minute), "k", "h", now); err != nil {
 		t.Errorf("BeginSnapshot of another instance: %v", err)
 	}
 }
@@ -76,15 +76,15 @@ func TestSnapshotLife(t *testing.T) {
 	now := time.Now().UTC()
 	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
 	s := newSnapshot(acct, inst, now)
-	if err := db.BeginSnapshot(ctx, s, 1, now.Add(time.Minute), "key", "hash", now); err != nil {
+	if err := db.BeginSnapshot(ctx, s, 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
 		t.Fatalf("BeginSnapshot: %v", err)
 	}
 	var replay *store.SnapshotReplay
-	if err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 1, now.Add(time.Minute), "key", "hash", now); !errors.As(err, &replay) ||
+	if err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 1, 0, now.Add(time.Minute), "key", "hash", now); !errors.As(err, &replay) ||
 		replay.Record.SnapshotID != s.ID || replay.Record.State != store.IdemInProgress {
 		t.Fatalf("BeginSnapshot with the same key = %v; want a replay of %s in progress", err, s.ID)
 	}
-	if err := db.ConfirmSnapshot(ctx, s, "ref-1", "/workspace/dir", "key", "hash"); err != nil {
+	if err := db.ConfirmSnapshot(ctx, s, "ref-1", "/workspace/dir", "key", "hash", 0, now); err != nil {
 		t.Fatalf("ConfirmSnapshot: %v", err)
 	}
 	got, err := db.Snapshot(ctx, acct, s.ID)
@@ -98,7 +98,7 @@ func TestSnapshotLife(t *testing.T) {
 	if n, _ := db.LiveSnapshots(ctx, acct, inst, now); n != 1 {
 		t.Errorf("LiveSnapshots = %d; want 1", n)
 	}
-	if err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 1, now.Add(time.Minute), "key2", "hash", now); !errors.Is(err, store.ErrQuota) {
+	if err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 1, 0, now.Add(time.Minute), "key2", "hash", now); !errors.Is(err, store.ErrQuota) {
 		t.Errorf("BeginSnapshot at the quota = %v; want ErrQuota", err)
 	}
 
@@ -143,7 +143,7 @@ func TestSnapshotAbortFreesKey(t *testing.T) {
 	now := time.Now().UTC()
 	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
 	s := newSnapshot(acct, inst, now)
-	if err := db.BeginSnapshot(ctx, s, 1, now.Add(time.Minute), "key", "hash", now); err != nil {
+	if err := db.BeginSnapshot(ctx, s, 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.AbortSnapshot(ctx, s, "key"); err != nil {
@@ -152,7 +152,7 @@ func TestSnapshotAbortFreesKey(t *testing.T) {
 	if _, err := db.Snapshot(ctx, acct, s.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Snapshot after abort = %v; want ErrNotFound", err)
 	}
-	if err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 1, now.Add(time.Minute), "key", "hash", now); err != nil {
+	if err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
 		t.Errorf("BeginSnapshot with the aborted key = %v; want a fresh claim and a free slot", err)
 	}
 }
@@ -166,7 +166,7 @@ func TestSnapshotPendingExpiry(t *testing.T) {
 	now := time.Now().UTC()
 	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
 	s := newSnapshot(acct, inst, now)
-	if err := db.BeginSnapshot(ctx, s, 1, now.Add(time.Minute), "key", "hash", now); err != nil {
+	if err := db.BeginSnapshot(ctx, s, 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
 		t.Fatal(err)
 	}
 	later := now.Add(2 * time.Minute)
@@ -186,7 +186,7 @@ func TestSnapshotPendingExpiry(t *testing.T) {
 	if ok, err := db.ExpireSnapshot(ctx, acct, due[0], later); err != nil || !ok {
 		t.Fatalf("ExpireSnapshot = %v, %v; want started", ok, err)
 	}
-	if err := db.ConfirmSnapshot(ctx, s, "ref", "/tmp/x", "key", "hash"); !errors.Is(err, store.ErrStateChanged) {
+	if err := db.ConfirmSnapshot(ctx, s, "ref", "/tmp/x", "key", "hash", 0, now); !errors.Is(err, store.ErrStateChanged) {
 		t.Errorf("late ConfirmSnapshot = %v; want ErrStateChanged", err)
 	}
 	if _, err := db.Idempotency(ctx, acct, inst, store.OpSnapshot, "key"); !errors.Is(err, store.ErrNotFound) {
@@ -225,4 +225,129 @@ func newRunning(t *testing.T, db *store.DB, acct, inst string, now time.Time) sa
 		t.Fatal(err)
 	}
 	return w
+}
+
+// TestSnapshotByteQuota: live snapshots' sizes add up against
+// max_snapshot_bytes; a begin at the quota and a confirm past it change
+// nothing; a deletion or an expiry gives the bytes back.
+func TestSnapshotByteQuota(t *testing.T) {
+	db := newDB(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
+	const max = 1000
+	begin := func(key string) (sandgate.Snapshot, error) {
+		s := newSnapshot(acct, inst, now)
+		return s, db.BeginSnapshot(ctx, s, 10, max, now.Add(time.Minute), key, "hash", now)
+	}
+	confirm := func(s sandgate.Snapshot, key string, bytes int64) error {
+		s.Bytes = bytes
+		return db.ConfirmSnapshot(ctx, s, "ref-"+s.ID, "/workspace", key, "hash", max, now)
+	}
+	live := func() int64 {
+		n, err := db.LiveSnapshotBytes(ctx, acct, inst, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	s1, err := begin("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := confirm(s1, "k1", 600); err != nil {
+		t.Fatalf("confirm of 600 bytes: %v", err)
+	}
+	if got, _ := db.Snapshot(ctx, acct, s1.ID); got.Bytes != 600 || got.State != sandgate.SnapshotLive {
+		t.Errorf("snapshot record = %+v; want live, 600 bytes", got)
+	}
+	s2, err := begin("k2")
+	if err != nil {
+		t.Fatalf("begin under the byte quota: %v", err)
+	}
+	if err := confirm(s2, "k2", 401); !errors.Is(err, store.ErrByteQuota) {
+		t.Errorf("confirm of 401 bytes past 600 of %d = %v; want ErrByteQuota", max, err)
+	}
+	if got, _ := db.Snapshot(ctx, acct, s2.ID); got.State != sandgate.SnapshotCreating {
+		t.Errorf("snapshot refused at confirm = %+v; want still creating (the caller aborts)", got)
+	}
+	if err := db.AbortSnapshot(ctx, s2, "k2"); err != nil {
+		t.Fatal(err)
+	}
+	s3, err := begin("k3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := confirm(s3, "k3", 400); err != nil {
+		t.Fatalf("confirm up to exactly the quota: %v", err)
+	}
+	if got := live(); got != max {
+		t.Errorf("LiveSnapshotBytes = %d; want %d", got, max)
+	}
+	s4, err := begin("k4")
+	if !errors.Is(err, store.ErrByteQuota) {
+		t.Errorf("begin at the byte quota = %v; want ErrByteQuota", err)
+	}
+	if _, err := db.Snapshot(ctx, acct, s4.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("record after a refused begin = %v; want none", err)
+	}
+	if _, err := db.Idempotency(ctx, acct, inst, store.OpSnapshot, "k4"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("key after a refused begin = %v; want unclaimed", err)
+	}
+	if _, err := db.DeleteSnapshot(ctx, s1, now); err != nil {
+		t.Fatal(err)
+	}
+	if got := live(); got != 400 {
+		t.Errorf("LiveSnapshotBytes after deleting 600 = %d; want 400", got)
+	}
+	if _, err := begin("k4"); err != nil {
+		t.Errorf("begin after a deletion freed bytes: %v", err)
+	}
+	if n, _ := db.LiveSnapshotBytes(ctx, acct, inst, now.Add(2*time.Hour)); n != 0 {
+		t.Errorf("LiveSnapshotBytes past every expires_at = %d; want 0", n)
+	}
+}
+
+// TestSnapshotByteQuotaAtomic: concurrent confirms never take the live
+// snapshots past the byte quota.
+func TestSnapshotByteQuotaAtomic(t *testing.T) {
+	db := newDB(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	ok, over := 0, 0
+	for i := range 30 {
+		wg.Go(func() {
+			s := newSnapshot(acct, inst, now)
+			key := fmt.Sprint("k", i)
+			if err := db.BeginSnapshot(ctx, s, 100, 1000, now.Add(time.Minute), key, "h", now); err != nil {
+				if !errors.Is(err, store.ErrByteQuota) {
+					t.Errorf("BeginSnapshot: %v", err)
+				}
+				return
+			}
+			s.Bytes = 100
+			err := db.ConfirmSnapshot(ctx, s, "ref", "/workspace", key, "h", 1000, now)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, store.ErrByteQuota):
+				over++
+			default:
+				t.Errorf("ConfirmSnapshot: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if ok != 10 {
+		t.Errorf("confirmed %d snapshots of 100 bytes under a quota of 1000 (%d refused at confirm); want 10", ok, over)
+	}
+	if n, _ := db.LiveSnapshotBytes(ctx, acct, inst, now); n != 1000 {
+		t.Errorf("LiveSnapshotBytes = %d; want 1000", n)
+	}
 }

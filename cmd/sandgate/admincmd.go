@@ -154,6 +154,7 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 	fl.DurationVar(&durs.maxExec, "max-exec-timeout", 0, "max_exec_timeout")
 	fl.DurationVar(&durs.defExec, "default-exec-timeout", 0, "default_exec_timeout")
 	fl.IntVar(&req.Scope.Limits.MaxSnapshots, "max-snapshots", 0, "max_snapshots")
+	fl.Int64Var(&req.Scope.Limits.MaxSnapshotBytes, "max-snapshot-bytes", 0, "max_snapshot_bytes: bytes the live snapshots may hold together")
 	fl.DurationVar(&durs.snapTTL, "snapshot-ttl", 0, "snapshot_ttl (e.g. 336h)")
 	fl.Int64Var(&req.Scope.Limits.MaxFileBytes, "max-file-bytes", 0, "max_file_bytes")
 	fl.Int64Var(&req.Scope.Limits.MaxOutputBytes, "max-output-bytes", 0, "max_output_bytes")

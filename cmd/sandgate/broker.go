@@ -115,7 +115,11 @@ func (b *broker) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gw, err := gateway.New(gateway.Config{TrustedProxies: proxies, Meter: mp.Meter("github.com/sandgate/sandgate/gateway")},
+	gw, err := gateway.New(gateway.Config{TrustedProxies: proxies, Meter: mp.Meter("github.com/sandgate/sandgate/gateway"),
+		// Counted per gateway process (README, admission.inflight).
+		MaxInflightPerWorkspace: b.cfg.Admission.Inflight.PerWorkspace,
+		MaxInflightPerInstance:  b.cfg.Admission.Inflight.PerInstance,
+		InflightBytes:           b.cfg.Admission.Inflight.MaxBytes},
 		gateway.Deps{DB: db, Providers: provs, Saga: sg, Terminator: term, Limiter: admission.NewLimiter(b.rdb, rates),
 			Controls: controls, Clock: clock, Log: b.log.With("component", "gateway")})
 	if err != nil {

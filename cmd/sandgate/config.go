@@ -86,6 +86,13 @@ type Config struct {
 			PerSecond float64 `yaml:"per_second"`
 			Burst     int     `yaml:"burst"`
 		} `yaml:"rate_limits"` // keys: read, acquire, exec
+		// Inflight caps execs and file transfers in flight, counted by
+		// each gateway process on its own (gateway.Config).
+		Inflight struct {
+			PerWorkspace int   `yaml:"per_workspace"` // default 8; past it 429 rate_limited
+			PerInstance  int   `yaml:"per_instance"`  // default 16; past it 429 rate_limited
+			MaxBytes     int64 `yaml:"max_bytes"`     // default 268435456 (256 MiB); past it 503 unavailable
+		} `yaml:"inflight"`
 	} `yaml:"admission"`
 	Log struct {
 		Level string `yaml:"level"` // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
@@ -125,6 +132,7 @@ type LimitsConfig struct {
 	MaxExecTimeout          time.Duration `yaml:"max_exec_timeout"`
 	DefaultExecTimeout      time.Duration `yaml:"default_exec_timeout"`
 	MaxSnapshots            int           `yaml:"max_snapshots"`
+	MaxSnapshotBytes        int64         `yaml:"max_snapshot_bytes"`
 	SnapshotTTL             time.Duration `yaml:"snapshot_ttl"`
 	MaxFileBytes            int64         `yaml:"max_file_bytes"`
 	MaxOutputBytes          int64         `yaml:"max_output_bytes"`
@@ -136,7 +144,8 @@ func (l LimitsConfig) limits() sandgate.Limits {
 	return sandgate.Limits{
 		MaxConcurrentWorkspaces: l.MaxConcurrentWorkspaces, MaxLifetime: l.MaxLifetime, IdleTimeout: l.IdleTimeout,
 		MaxExecTimeout: l.MaxExecTimeout, DefaultExecTimeout: l.DefaultExecTimeout, MaxSnapshots: l.MaxSnapshots,
-		SnapshotTTL: l.SnapshotTTL, MaxFileBytes: l.MaxFileBytes, MaxOutputBytes: l.MaxOutputBytes,
+		MaxSnapshotBytes: l.MaxSnapshotBytes,
+		SnapshotTTL:      l.SnapshotTTL, MaxFileBytes: l.MaxFileBytes, MaxOutputBytes: l.MaxOutputBytes,
 		MaxEnvEntries: l.MaxEnvEntries, MaxEgressDomains: l.MaxEgressDomains,
 	}.WithDefaults()
 }
@@ -209,6 +218,9 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 		default:
 			return nil, fmt.Errorf("config: admission.rate_limits: unknown class %q (want read, acquire or exec)", class)
 		}
+	}
+	if in := c.Admission.Inflight; in.PerWorkspace < 0 || in.PerInstance < 0 || in.MaxBytes < 0 {
+		return nil, fmt.Errorf("config: admission.inflight: per_workspace, per_instance and max_bytes must not be negative")
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second

@@ -49,6 +49,7 @@ type Provider struct {
 	creates   int
 	snapshots map[string]map[string][]byte // snapshot id → path below dir → contents
 	deletes   int
+	snapCalls int
 	commands  map[string]*command // ref + "/" + id
 }
 
@@ -194,10 +195,12 @@ func (p *Provider) Closed() bool {
 	return p.closed
 }
 
-// Snapshot implements providers.Provider: it copies every file below spec.Dir.
+// Snapshot implements providers.Provider: it copies every file below
+// spec.Dir; its Bytes are the files' sizes added up.
 func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec providers.SnapshotSpec) (providers.SnapshotRef, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.snapCalls++
 	if p.SnapshotErr != nil {
 		return providers.SnapshotRef{}, p.SnapshotErr
 	}
@@ -207,13 +210,15 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	}
 	prefix := strings.TrimSuffix(spec.Dir, "/") + "/"
 	snap := map[string][]byte{}
+	var size int64
 	for k, v := range fs {
 		if strings.HasPrefix(k, prefix) {
 			snap[strings.TrimPrefix(k, prefix)] = append([]byte(nil), v...)
+			size += int64(len(v))
 		}
 	}
 	p.snapshots[spec.ID] = snap
-	return providers.SnapshotRef{ID: spec.ID, Ref: "fake-" + spec.ID}, nil
+	return providers.SnapshotRef{ID: spec.ID, Ref: "fake-" + spec.ID, Bytes: size}, nil
 }
 
 // Restore implements providers.Provider.
@@ -256,6 +261,13 @@ func (p *Provider) Snapshots() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.snapshots)
+}
+
+// SnapshotCalls returns how many times Snapshot was called.
+func (p *Provider) SnapshotCalls() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.snapCalls
 }
 
 // HasSnapshot reports whether the contents of snapshot id are stored.

@@ -113,14 +113,20 @@ func (s *Snapshotter) run(ctx context.Context, sb providers.Sandbox, script stri
 	})
 }
 
-// Snapshot archives spec.Dir of sb and stores it under spec.ID. Returns
-// providers.ErrFileNotFound when Dir does not exist, providers.ErrNotAFile
-// when it is not a directory, providers.ErrFileTooLarge when the archive is
-// over MaxBytes. A failed Snapshot stores nothing.
+// Snapshot archives spec.Dir of sb and stores it under spec.ID; the ref's
+// Bytes is the archive's size. Returns providers.ErrFileNotFound when Dir
+// does not exist, providers.ErrNotAFile when it is not a directory,
+// providers.ErrFileTooLarge when the archive is over Config.MaxBytes and
+// providers.ErrSnapshotTooLarge when it is over spec.MaxBytes (what is
+// left of the instance's quota). A failed Snapshot stores nothing.
 func (s *Snapshotter) Snapshot(ctx context.Context, sb providers.Sandbox, spec providers.SnapshotSpec) (providers.SnapshotRef, error) {
 	tmp := tempPath()
 	defer s.run(context.WithoutCancel(ctx), sb, removeScript, nil, 0, tmp)
-	res, err := s.run(ctx, sb, archiveScript, nil, 64, spec.Dir, tmp, strconv.FormatInt(s.cfg.MaxBytes, 10))
+	limit, quota := s.cfg.MaxBytes, false
+	if spec.MaxBytes > 0 && spec.MaxBytes < limit {
+		limit, quota = spec.MaxBytes, true
+	}
+	res, err := s.run(ctx, sb, archiveScript, nil, 64, spec.Dir, tmp, strconv.FormatInt(limit, 10))
 	if err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("execsnap: archive: %w", err)
 	}
@@ -131,6 +137,9 @@ func (s *Snapshotter) Snapshot(ctx context.Context, sb providers.Sandbox, spec p
 	case exitNotADir:
 		return providers.SnapshotRef{}, providers.ErrNotAFile
 	case exitTooLarge:
+		if quota {
+			return providers.SnapshotRef{}, providers.ErrSnapshotTooLarge
+		}
 		return providers.SnapshotRef{}, providers.ErrFileTooLarge
 	default:
 		return providers.SnapshotRef{}, fmt.Errorf("execsnap: archive: exit %d", res.ExitCode)
@@ -140,7 +149,7 @@ func (s *Snapshotter) Snapshot(ctx context.Context, sb providers.Sandbox, spec p
 		return providers.SnapshotRef{}, fmt.Errorf("execsnap: archive size: %w", err)
 	}
 	r := &chunkReader{s: s, ctx: ctx, sb: sb, path: tmp, size: size}
-	n, err := s.store.Put(ctx, spec.ID, r, s.cfg.MaxBytes)
+	n, err := s.store.Put(ctx, spec.ID, r, limit)
 	if err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("execsnap: store: %w", err)
 	}
@@ -148,7 +157,7 @@ func (s *Snapshotter) Snapshot(ctx context.Context, sb providers.Sandbox, spec p
 		_ = s.store.Delete(context.WithoutCancel(ctx), spec.ID)
 		return providers.SnapshotRef{}, fmt.Errorf("execsnap: archive of %d bytes came out as %d", size, n)
 	}
-	return providers.SnapshotRef{ID: spec.ID, Ref: spec.ID}, nil
+	return providers.SnapshotRef{ID: spec.ID, Ref: spec.ID, Bytes: n}, nil
 }
 
 // chunkReader reads an archive out of the sandbox one Exec per chunk.

@@ -40,7 +40,7 @@ const tree = `cd "$1" && find . | LC_ALL=C sort | while read -r f; do
 func TestSnapshotRestore(t *testing.T) {
 	t.Parallel()
 	// Chunks of 1000 bytes: the archive crosses many of them.
-	p, s, _ := setup(t, execsnap.Config{ChunkBytes: 1000})
+	p, s, store := setup(t, execsnap.Config{ChunkBytes: 1000})
 	ctx := context.Background()
 	src := providertest.Create(t, p, providertest.Spec(t))
 	providertest.Exec(t, p, src, "sh", "-c", `set -e; d=/workspace/proj; mkdir -p $d/sub/empty
@@ -50,6 +50,13 @@ ln -s run.sh $d/link; chmod 700 $d/sub`)
 	ref, err := s.Snapshot(ctx, src, providers.SnapshotSpec{ID: "snap_t1", Dir: "/workspace/proj"})
 	if err != nil {
 		t.Fatalf("Snapshot: %v", err)
+	}
+	rc, size, err := store.Open(ctx, "snap_t1")
+	if err != nil || size != ref.Bytes || size < 20000 {
+		t.Errorf("stored %d bytes (%v); want the ref's %d, at least the 20000 random ones", size, err, ref.Bytes)
+	}
+	if rc != nil {
+		rc.Close()
 	}
 	if left := providertest.Exec(t, p, src, "sh", "-c", "ls /tmp | grep -c sandgate-snap || true"); strings.TrimSpace(string(left.Stdout)) != "0" {
 		t.Errorf("archive left in the sandbox: %s", left.Stdout)
@@ -80,14 +87,16 @@ func TestSnapshotErrors(t *testing.T) {
 	sb := providertest.Create(t, p, providertest.Spec(t))
 	providertest.Exec(t, p, sb, "sh", "-c", "mkdir -p /workspace/big && head -c 100000 /dev/urandom >/workspace/big/r && echo x >/workspace/f")
 	for _, tt := range []struct {
-		dir  string
-		want error
+		dir   string
+		quota int64
+		want  error
 	}{
-		{"/workspace/missing", providers.ErrFileNotFound},
-		{"/workspace/f", providers.ErrNotAFile},
-		{"/workspace/big", providers.ErrFileTooLarge},
+		{"/workspace/missing", 0, providers.ErrFileNotFound},
+		{"/workspace/f", 0, providers.ErrNotAFile},
+		{"/workspace/big", 0, providers.ErrFileTooLarge},
+		{"/workspace/big", 1000, providers.ErrSnapshotTooLarge}, // the instance's quota is nearer
 	} {
-		_, err := s.Snapshot(ctx, sb, providers.SnapshotSpec{ID: "snap_err", Dir: tt.dir})
+		_, err := s.Snapshot(ctx, sb, providers.SnapshotSpec{ID: "snap_err", Dir: tt.dir, MaxBytes: tt.quota})
 		if !errors.Is(err, tt.want) {
 			t.Errorf("Snapshot(%s) = %v; want %v", tt.dir, err, tt.want)
 		}

@@ -69,6 +69,8 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 		stdin:   spec.Stdin,
 		timeout: timeout,
 		maxOut:  spec.MaxOutputBytes,
+		outTo:   spec.Stdout,
+		errTo:   spec.Stderr,
 	}
 	start := time.Now()
 	res, err := p.run(ctx, j)
@@ -111,6 +113,9 @@ type job struct {
 	stdin   []byte
 	timeout time.Duration // <= 0: none
 	maxOut  int64
+	// outTo and errTo, when set, receive the kept output instead of
+	// buffers of the provider's own (providers.ExecSpec.Stdout).
+	outTo, errTo io.Writer
 	// stdinR and stdoutW, when set, replace stdin and the capped stdout:
 	// snapshots stream through them.
 	stdinR  io.Reader
@@ -118,6 +123,9 @@ type job struct {
 	// capAdd are capabilities kept in the sandbox's user namespace; only
 	// the broker's own tar gets any, and never the workspace's env.
 	capAdd []string
+	// fsize, when > 0, is RLIMIT_FSIZE: no file written may grow past it
+	// (the writer gets SIGXFSZ). Only a snapshot's archive sets it.
+	fsize int64
 }
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
@@ -179,8 +187,8 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		files = append(files, secR)
 	}
 
-	stdout := &cappedBuffer{max: j.maxOut}
-	stderr := &cappedBuffer{max: j.maxOut}
+	stdout := &cappedBuffer{max: j.maxOut, w: j.outTo}
+	stderr := &cappedBuffer{max: j.maxOut, w: j.errTo}
 	cmd := exec.Command(p.prlimit, prlimitArgs(j)...)
 	cmd.Args = append(cmd.Args, "--", p.bwrap, "--args", "3", "--")
 	cmd.Args = append(cmd.Args, j.argv...)
@@ -280,6 +288,9 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	var ee *exec.ExitError
 	if waitErr != nil && !errors.As(waitErr, &ee) && !errors.Is(waitErr, exec.ErrWaitDelay) {
 		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", waitErr)
+	}
+	if err := cmp.Or(stdout.err, stderr.err); err != nil {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: output: %w", err)
 	}
 
 	res := providers.ExecResult{
@@ -403,10 +414,14 @@ func (p *Provider) forget(ref string, r *run) {
 // prlimitArgs sets the limits bwrap and everything in the sandbox inherit;
 // see README.md for why RLIMIT_DATA and not RLIMIT_AS.
 func prlimitArgs(j job) []string {
-	return []string{
+	args := []string{
 		"--data=" + strconv.FormatInt(j.memory, 10), // soft and hard
 		"--core=0", // no core files written where a host helper might read them
 	}
+	if j.fsize > 0 {
+		args = append(args, "--fsize="+strconv.FormatInt(j.fsize, 10))
+	}
+	return args
 }
 
 // bwrapOptions returns bwrap's options, each NUL-terminated, for --args.
@@ -476,19 +491,41 @@ func exitCode(ps *os.ProcessState) int {
 
 // cappedBuffer keeps the first max bytes written to it and counts the rest,
 // so memory stays bounded whatever a command writes. The zero max keeps
-// nothing.
+// nothing. With w set it passes the kept bytes on to w and holds none
+// itself; otherwise it keeps them in buf, which never grows past max.
 type cappedBuffer struct {
-	max int64
-	buf []byte
-	n   int64 // bytes written, kept or not
+	max  int64
+	w    io.Writer
+	buf  []byte
+	kept int64
+	n    int64 // bytes written, kept or not
+	err  error // w's first error; nothing more is passed on after it
 }
+
+// minGrow is the first capacity of a cappedBuffer's buf.
+const minGrow = 64 << 10
 
 func (c *cappedBuffer) Write(b []byte) (int, error) {
 	c.n += int64(len(b))
-	if room := c.max - int64(len(c.buf)); room > 0 {
-		c.buf = append(c.buf, b[:min(room, int64(len(b)))]...)
+	room := c.max - c.kept
+	if room <= 0 || c.err != nil {
+		return len(b), nil // keep draining the pipe: the command must not block
 	}
+	k := b[:min(room, int64(len(b)))]
+	c.kept += int64(len(k))
+	if c.w != nil {
+		_, c.err = c.w.Write(k)
+		return len(b), nil
+	}
+	if need := len(c.buf) + len(k); need > cap(c.buf) {
+		// Grow geometrically but never past max, so a capped stream holds
+		// at most max bytes (append would round up past it).
+		nb := make([]byte, len(c.buf), min(max(2*cap(c.buf), minGrow, need), int(c.max)))
+		copy(nb, c.buf)
+		c.buf = nb
+	}
+	c.buf = append(c.buf, k...)
 	return len(b), nil
 }
 
-func (c *cappedBuffer) truncated() bool { return c.n > int64(len(c.buf)) }
+func (c *cappedBuffer) truncated() bool { return c.n > c.kept }

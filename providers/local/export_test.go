@@ -7,6 +7,9 @@ import (
 	"strings"
 )
 
+// SnapshotPath returns the archive of snapshot id.
+func SnapshotPath(p *Provider, id string) string { return p.snapshotPath(id) }
+
 // SeccompFilter bridges the seccomp program to the tests.
 var SeccompFilter = seccompFilter
 
@@ -23,3 +26,14 @@ func SupervisorPID(p *Provider, ref string) int {
 
 // Alive reports whether pid runs (and is not a zombie).
 func Alive(pid int) bool { _, err := procStart(pid); return err == nil }
+
+// CappedKeep writes chunks into a cappedBuffer of max bytes and returns
+// what it kept, its buffer's capacity, the bytes counted and whether it
+// reports truncation.
+func CappedKeep(max int64, chunks ...[]byte) (kept []byte, capacity int, n int64, truncated bool) {
+	c := &cappedBuffer{max: max}
+	for _, b := range chunks {
+		c.Write(b)
+	}
+	return c.buf, cap(c.buf), c.n, c.truncated()
+}

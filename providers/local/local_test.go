@@ -511,3 +511,88 @@ func TestTerminateFromAnotherProvider(t *testing.T) {
 		t.Fatal("the exec outlived Terminate from another provider")
 	}
 }
+
+// TestSnapshotBytes: a snapshot's Bytes is its archive's size on disk, what
+// the instance's max_snapshot_bytes quota adds up.
+func TestSnapshotBytes(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, t.TempDir(), broker)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	// Random bytes do not compress: the archive is at least their size.
+	if res := providertest.Exec(t, p, sb, "sh", "-c", "mkdir -p /workspace/d && head -c 300000 /dev/urandom >/workspace/d/f"); res.ExitCode != 0 {
+		t.Fatalf("writing the file: exit %d", res.ExitCode)
+	}
+	id := sandgate.NewID(sandgate.PrefixSnapshot)
+	ref, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: id, InstanceID: "inst_t", Dir: "/workspace/d"})
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	t.Cleanup(func() { p.DeleteSnapshot(context.Background(), ref) })
+	fi, err := os.Stat(local.SnapshotPath(p, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref.Bytes != fi.Size() || ref.Bytes < 300000 {
+		t.Errorf("Snapshot Bytes = %d; want the archive's size %d (at least 300000)", ref.Bytes, fi.Size())
+	}
+}
+
+// TestSnapshotMaxBytes: an archive that would grow past SnapshotSpec.MaxBytes
+// is cut short by the kernel (RLIMIT_FSIZE) and nothing is kept.
+func TestSnapshotMaxBytes(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p := newProvider(t, dataDir, broker)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	if res := providertest.Exec(t, p, sb, "sh", "-c", "mkdir -p /workspace/d && head -c 300000 /dev/urandom >/workspace/d/f"); res.ExitCode != 0 {
+		t.Fatalf("writing the file: exit %d", res.ExitCode)
+	}
+	id := sandgate.NewID(sandgate.PrefixSnapshot)
+	_, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: id, InstanceID: "inst_t", Dir: "/workspace/d", MaxBytes: 100000})
+	if !errors.Is(err, providers.ErrSnapshotTooLarge) {
+		t.Fatalf("Snapshot of 300 000 random bytes with MaxBytes 100 000 = %v; want ErrSnapshotTooLarge", err)
+	}
+	entries, err := os.ReadDir(filepath.Join(dataDir, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 0 {
+		t.Errorf("snapshots directory after the refusal holds %d entries; want none", len(entries))
+	}
+	// Within the limit it is stored as usual.
+	ref, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: id, InstanceID: "inst_t", Dir: "/workspace/d", MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatalf("Snapshot within MaxBytes: %v", err)
+	}
+	p.DeleteSnapshot(context.Background(), ref)
+}
+
+// TestCappedBufferBounded: a stream's buffer never grows past its cap,
+// whatever the command writes, and starts small.
+func TestCappedBufferBounded(t *testing.T) {
+	t.Parallel()
+	chunk := bytes.Repeat([]byte("x"), 30_000)
+	for _, tt := range []struct {
+		name          string
+		max           int64
+		writes        int
+		wantKept      int
+		wantCapAtMost int
+	}{
+		{"past the cap", 100_000, 10, 100_000, 100_000},
+		{"exactly the cap", 90_000, 3, 90_000, 90_000},
+		{"small output", 4 << 20, 1, 30_000, 64 << 10},
+		{"nothing kept", 0, 2, 0, 0},
+	} {
+		chunks := make([][]byte, tt.writes)
+		for i := range chunks {
+			chunks[i] = chunk
+		}
+		kept, capacity, n, trunc := local.CappedKeep(tt.max, chunks...)
+		total := int64(tt.writes * len(chunk))
+		if len(kept) != tt.wantKept || capacity > tt.wantCapAtMost || n != total || trunc != (total > int64(tt.wantKept)) {
+			t.Errorf("%s: kept %d (capacity %d), counted %d, truncated %v; want %d (capacity at most %d), %d, %v",
+				tt.name, len(kept), capacity, n, trunc, tt.wantKept, tt.wantCapAtMost, total, total > int64(tt.wantKept))
+		}
+	}
+}

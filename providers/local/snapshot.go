@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sandgate/sandgate"
@@ -105,12 +106,22 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 		timeout: timeout,
 		maxOut:  4 << 10,
 		stdoutW: tmp,
+		// The archive is the only file this sandbox writes: past what is
+		// left of the quota the kernel stops tar (SIGXFSZ).
+		fsize: spec.MaxBytes,
 		// Read what the workspace's root cannot without it (mode 0 files):
 		// only files the sandbox's uid 0 owns, that is the workspace's own.
 		capAdd: []string{"CAP_DAC_READ_SEARCH"},
 	})
 	if err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", err)
+	}
+	if spec.MaxBytes > 0 && res.ExitCode != 0 && !res.TimedOut {
+		// Killed by SIGXFSZ, or tar saw EFBIG: either way the archive
+		// reached the limit and is cut short.
+		if fi, err := tmp.Stat(); res.ExitCode == 128+int(syscall.SIGXFSZ) || (err == nil && fi.Size() >= spec.MaxBytes) {
+			return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: archive past %d bytes: %w", spec.MaxBytes, providers.ErrSnapshotTooLarge)
+		}
 	}
 	switch {
 	case res.TimedOut:
@@ -127,6 +138,12 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	if err := tmp.Sync(); err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
 	}
+	// The archive's size is what counts against max_snapshot_bytes.
+	fi, err := tmp.Stat()
+	if err != nil {
+		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
+	}
+	size := fi.Size()
 	if err := tmp.Close(); err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
 	}
@@ -134,14 +151,9 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
 	}
 	keep = true
-	fi, _ := os.Stat(p.snapshotPath(spec.ID))
-	var size int64
-	if fi != nil {
-		size = fi.Size()
-	}
 	p.log.Info("snapshot stored", sandgate.WorkspaceAttr(sb.Ref), sandgate.SnapshotAttr(spec.ID),
 		"archive_bytes", size, "duration", time.Since(start))
-	return providers.SnapshotRef{ID: spec.ID, Ref: spec.ID}, nil
+	return providers.SnapshotRef{ID: spec.ID, Ref: spec.ID, Bytes: size}, nil
 }
 
 // clampToExpiry cuts d at the workspace's ExpiresAt; past it the workspace

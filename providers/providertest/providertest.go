@@ -110,6 +110,7 @@ func Run(t *testing.T, newProvider func(t *testing.T) providers.Provider) {
 		{"Stdin", testStdin},
 		{"StdoutStderr", testStdoutStderr},
 		{"Truncation", testTruncation},
+		{"OutputWriters", testOutputWriters},
 		{"Timeout", testTimeout},
 		{"Signal", testSignal},
 		{"FileRoundTrip", testFileRoundTrip},
@@ -229,6 +230,40 @@ func testStdoutStderr(t *testing.T, p providers.Provider, sb providers.Sandbox) 
 	if res.StdoutBytes != 3 || res.StderrBytes != 5 || res.StdoutTruncated || res.StderrTruncated {
 		t.Errorf("counts = %d, %d, truncated %v, %v; want 3, 5, false, false",
 			res.StdoutBytes, res.StderrBytes, res.StdoutTruncated, res.StderrTruncated)
+	}
+}
+
+// testOutputWriters checks ExecSpec.Stdout and Stderr: the kept bytes of
+// each stream (capped as without them) reach the writers, or, for a
+// provider that ignores them, the result; never both, never neither.
+func testOutputWriters(t *testing.T, p providers.Provider, sb providers.Sandbox) {
+	const max = 3 << 20 // more than one pipe buffer, less than the output
+	var out, errOut bytes.Buffer
+	res, err := p.Exec(t.Context(), sb, providers.ExecSpec{
+		Argv:           []string{"sh", "-c", "seq 1000000; printf oops >&2"},
+		MaxOutputBytes: max, Timeout: 30 * time.Second, Stdout: &out, Stderr: &errOut,
+	})
+	if err != nil {
+		t.Fatalf("Exec: %v", err)
+	}
+	var seq bytes.Buffer
+	for i := 1; i <= 1_000_000; i++ {
+		fmt.Fprintln(&seq, i)
+	}
+	stdout, stderr := out.Bytes(), errOut.Bytes()
+	if res.Stdout != nil || res.Stderr != nil {
+		if out.Len() > 0 || errOut.Len() > 0 {
+			t.Fatalf("output both in the writers (%d, %d bytes) and in the result (%d, %d bytes)",
+				out.Len(), errOut.Len(), len(res.Stdout), len(res.Stderr))
+		}
+		stdout, stderr = res.Stdout, res.Stderr
+	}
+	if !bytes.Equal(stdout, seq.Bytes()[:max]) || !res.StdoutTruncated || res.StdoutBytes != int64(seq.Len()) {
+		t.Errorf("stdout: kept %d bytes (the first ones: %v), truncated %v, counted %d; want %d, true, true, %d",
+			len(stdout), bytes.Equal(stdout, seq.Bytes()[:min(len(stdout), seq.Len())]), res.StdoutTruncated, res.StdoutBytes, max, seq.Len())
+	}
+	if string(stderr) != "oops" || res.StderrTruncated || res.StderrBytes != 4 {
+		t.Errorf("stderr: %q, truncated %v, counted %d; want \"oops\", false, 4", stderr, res.StderrTruncated, res.StderrBytes)
 	}
 }
 

@@ -69,6 +69,10 @@ func testSnapshotRestore(t *testing.T, p providers.Provider, _ providers.Sandbox
 	if ref.ID != id {
 		t.Errorf("Snapshot ref ID = %q; want %q", ref.ID, id)
 	}
+	// The stored size counts against max_snapshot_bytes: never unknown.
+	if ref.Bytes <= 0 {
+		t.Errorf("Snapshot ref Bytes = %d; want the stored size", ref.Bytes)
+	}
 	// A change after the snapshot is not in it.
 	Exec(t, p, src, "sh", "-c", `printf changed >"$1/plain"; rm -r "$1/empty"`, "sh", snapDir)
 

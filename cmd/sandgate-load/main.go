@@ -1,0 +1,375 @@
+// Command sandgate-load measures the broker's memory under exec output: it
+// builds sandgate, starts a real `sandgate dev` (embedded store, local
+// bubblewrap provider, default in-flight caps), and reads the broker
+// process's peak resident set (VmHWM in /proc/PID/status) while one
+// workspace runs first one exec, the baseline, then many at once, each
+// printing 2 × N bytes (stdout and stderr). A refused exec (429) is retried
+// after its Retry-After, as a client would, until every exec has run. It
+// runs once and exits; it is bounded by -timeout. With -before REV it first
+// measures the broker of that revision the same way, for comparison.
+//
+//	go run ./cmd/sandgate-load -execs 40 -bytes 4194304 [-before REV]
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/protocol"
+)
+
+func main() {
+	execs := flag.Int("execs", 40, "execs fired at once in one workspace")
+	size := flag.Int64("bytes", 4<<20, "bytes each exec prints on stdout and again on stderr")
+	bin := flag.String("sandgate", "", "sandgate binary to run; empty builds ./cmd/sandgate")
+	before := flag.String("before", "", "also measure the broker of this git revision first (built from git archive), for comparison")
+	timeout := flag.Duration("timeout", 10*time.Minute, "bound of the whole run")
+	flag.Parse()
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	if err := run(ctx, *bin, *before, *execs, *size); err != nil {
+		fmt.Fprintln(os.Stderr, "sandgate-load:", err)
+		os.Exit(1)
+	}
+}
+
+// broker is the running `sandgate dev`.
+type broker struct {
+	cmd   *exec.Cmd
+	url   string
+	token string
+	hc    *http.Client
+}
+
+func run(ctx context.Context, bin, before string, execs int, size int64) error {
+	dir, err := os.MkdirTemp("", "sandgate-load-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if bin == "" {
+		bin = filepath.Join(dir, "sandgate")
+		if err := build(ctx, ".", bin); err != nil {
+			return err
+		}
+	}
+	var old *figures
+	if before != "" {
+		// The same workload against the broker as of another revision,
+		// built from `git archive` in a temporary directory.
+		src := filepath.Join(dir, "before")
+		if err := os.MkdirAll(src, 0o700); err != nil {
+			return err
+		}
+		archive := exec.CommandContext(ctx, "sh", "-c", `git archive "$1" | tar -x -C "$2"`, "sh", before, src)
+		archive.Stderr = os.Stderr
+		if err := archive.Run(); err != nil {
+			return fmt.Errorf("git archive %s: %w", before, err)
+		}
+		oldBin := filepath.Join(dir, "sandgate-before")
+		if err := build(ctx, src, oldBin); err != nil {
+			return err
+		}
+		f, err := measure(ctx, oldBin, filepath.Join(dir, "data-before"), execs, size)
+		if err != nil {
+			return fmt.Errorf("before (%s): %w", before, err)
+		}
+		old = &f
+	}
+	f, err := measure(ctx, bin, filepath.Join(dir, "data"), execs, size)
+	if err != nil {
+		return err
+	}
+
+	// What the caps admit at once in one workspace: the per-workspace
+	// cap, each exec reserving its worst case (both streams at
+	// max_output_bytes; the small body is left out).
+	perExec := 2 * f.maxOutput
+	admitted := int64(min(gateway.DefaultInflightPerWorkspace, gateway.DefaultInflightPerInstance, execs)) * perExec
+	admitted = min(admitted, gateway.DefaultInflightBytes)
+	mib := func(v int64) string { return fmt.Sprintf("%.1f MiB", float64(v)/(1<<20)) }
+	fmt.Printf("workload: %d execs at once in one workspace, each printing 2 × %d bytes (stdout, stderr)\n", execs, size)
+	fmt.Printf("caps: %d per workspace, %d per instance, %s budget; max_output_bytes %d; payload admitted at once: %s\n\n",
+		gateway.DefaultInflightPerWorkspace, gateway.DefaultInflightPerInstance, mib(gateway.DefaultInflightBytes),
+		f.maxOutput, mib(admitted))
+	fmt.Printf("| figure | value | ratio |\n| --- | ---: | ---: |\n")
+	if old != nil {
+		fmt.Printf("| before (%s): RSS at rest | %s | — |\n", before, mib(old.idle))
+		fmt.Printf("| before: peak RSS, one exec alone | %s | %.2f × its rest |\n", mib(old.one), float64(old.one)/float64(old.idle))
+		fmt.Printf("| before: peak RSS, %d execs at once (%d refused, %s) | %s | %.2f × its one-exec peak |\n",
+			execs, old.refusals, old.elapsed.Round(time.Millisecond), mib(old.peak), float64(old.peak)/float64(old.one))
+	}
+	fmt.Printf("| RSS at rest (after a warm-up exec) | %s | — |\n", mib(f.idle))
+	fmt.Printf("| peak RSS, one exec alone (baseline) | %s | %.2f × rest |\n", mib(f.one), float64(f.one)/float64(f.idle))
+	fmt.Printf("| peak RSS, %d execs at once (%d refusals with 429 retried; %s) | %s | %.2f × baseline |\n",
+		execs, f.refusals, f.elapsed.Round(time.Millisecond), mib(f.peak), float64(f.peak)/float64(f.one))
+	fmt.Printf("| peak RSS ÷ payload admitted at once (%s) | — | %.2f |\n", mib(admitted), float64(f.peak)/float64(admitted))
+	fmt.Printf("| (peak − rest) ÷ payload admitted at once | — | %.2f |\n", float64(f.peak-f.idle)/float64(admitted))
+	if old != nil {
+		fmt.Printf("| peak RSS now ÷ before | — | %.3f |\n", float64(f.peak)/float64(old.peak))
+	}
+	if f.peak >= 512<<20 || f.peak > 3*admitted {
+		return fmt.Errorf("peak RSS %s is not under 512 MiB and within 3× %s", mib(f.peak), mib(admitted))
+	}
+	return nil
+}
+
+func build(ctx context.Context, dir, out string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/sandgate")
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build in %s: %w", dir, err)
+	}
+	return nil
+}
+
+// figures are one broker's measurements.
+type figures struct {
+	maxOutput int64 // the lease's max_output_bytes
+	idle, one int64 // VmRSS at rest; VmHWM of one exec alone
+	peak      int64 // VmHWM of the load
+	refusals  int64
+	elapsed   time.Duration
+}
+
+// measure starts `sandgate dev` from bin over dataDir and runs the
+// workload against it: a warm-up exec, the rest, one exec alone, then
+// every exec at once.
+func measure(ctx context.Context, bin, dataDir string, execs int, size int64) (figures, error) {
+	var f figures
+	b, err := startDev(ctx, bin, dataDir)
+	if err != nil {
+		return f, err
+	}
+	defer b.stop()
+	pid := b.cmd.Process.Pid
+
+	var lease protocol.LeaseResponse
+	if err := b.call(ctx, http.MethodGet, "/v1/lease", nil, "", &lease); err != nil {
+		return f, fmt.Errorf("lease: %w", err)
+	}
+	f.maxOutput = lease.Limits.MaxOutputBytes
+	var ws protocol.Workspace
+	if err := b.call(ctx, http.MethodPost, "/v1/workspaces", protocol.AcquireRequest{Label: "load",
+		Egress: &protocol.Egress{AllowedDomains: []string{}}}, "load-"+strconv.FormatInt(time.Now().UnixNano(), 36), &ws); err != nil {
+		return f, fmt.Errorf("acquire: %w", err)
+	}
+	defer b.call(context.WithoutCancel(ctx), http.MethodDelete, "/v1/workspaces/"+ws.WorkspaceID, nil, "", nil)
+	n := strconv.FormatInt(size, 10)
+	req := protocol.ExecRequest{Argv: []string{"sh", "-c", "head -c " + n + " /dev/zero; head -c " + n + " /dev/zero >&2"}}
+
+	// Warm up (TLS, pools, the sandbox's first start), then let the
+	// runtime settle, and measure at rest.
+	if _, err := b.exec(ctx, ws.WorkspaceID, req, size); err != nil {
+		return f, fmt.Errorf("warm-up exec: %w", err)
+	}
+	time.Sleep(2 * time.Second)
+	if f.idle, err = status(pid, "VmRSS"); err != nil {
+		return f, err
+	}
+	// Baseline: the peak of one exec of the same output, alone.
+	if err := resetPeak(pid); err != nil {
+		return f, err
+	}
+	if _, err := b.exec(ctx, ws.WorkspaceID, req, size); err != nil {
+		return f, fmt.Errorf("baseline exec: %w", err)
+	}
+	if f.one, err = status(pid, "VmHWM"); err != nil {
+		return f, err
+	}
+	// Load: every exec at once; refusals retried after Retry-After.
+	time.Sleep(2 * time.Second)
+	if err := resetPeak(pid); err != nil {
+		return f, err
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	var refusals atomic.Int64
+	errs := make(chan error, execs)
+	for range execs {
+		wg.Go(func() {
+			r, err := b.exec(ctx, ws.WorkspaceID, req, size)
+			refusals.Add(int64(r))
+			if err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	f.elapsed, f.refusals = time.Since(start), refusals.Load()
+	if err := <-errs; err != nil {
+		return f, fmt.Errorf("load exec: %w", err)
+	}
+	f.peak, err = status(pid, "VmHWM")
+	return f, err
+}
+
+// startDev starts `sandgate dev` on free loopback ports and waits for its
+// dev.env.
+func startDev(ctx context.Context, bin, dataDir string) (*broker, error) {
+	cmd := exec.Command(bin, "dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", dataDir)
+	cmd.Stdout = io.Discard
+	logs, err := os.Create(dataDir + ".log")
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	b := &broker{cmd: cmd}
+	env := map[string]string{}
+	for i := 0; ; i++ {
+		if raw, err := os.ReadFile(filepath.Join(dataDir, "dev.env")); err == nil {
+			for _, line := range strings.Split(string(raw), "\n") {
+				if k, v, ok := strings.Cut(line, "="); ok {
+					env[k] = v
+				}
+			}
+			break
+		}
+		if i == 600 || ctx.Err() != nil {
+			b.stop()
+			return nil, errors.New("sandgate dev did not write dev.env within 60s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ca, err := os.ReadFile(env["BROKER_CA"])
+	if err != nil {
+		b.stop()
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	b.url, b.token = env["BROKER_URL"], env["BROKER_TOKEN"]
+	b.hc = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
+		MaxIdleConnsPerHost: 64}}
+	return b, nil
+}
+
+func (b *broker) stop() {
+	b.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { b.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		b.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// call makes one request and decodes a 2xx body into out.
+func (b *broker) call(ctx context.Context, method, path string, in any, key string, out any) error {
+	resp, err := b.do(ctx, method, path, in, key)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, body)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func (b *broker) do(ctx context.Context, method, path string, in any, key string) (*http.Response, error) {
+	var body io.Reader
+	if in != nil {
+		raw, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, b.url+path, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	req.Header.Set("Content-Type", "application/json; charset=utf-8")
+	if key != "" {
+		req.Header.Set(protocol.HeaderIdempotencyKey, key)
+	}
+	return b.hc.Do(req)
+}
+
+// exec runs req until it is admitted, honouring Retry-After on 429 and
+// 503, checks that both streams came back whole, and returns how many
+// times it was refused.
+func (b *broker) exec(ctx context.Context, ws string, req protocol.ExecRequest, size int64) (int, error) {
+	for refused := 0; ; refused++ {
+		resp, err := b.do(ctx, http.MethodPost, "/v1/workspaces/"+ws+"/exec", req, "")
+		if err != nil {
+			return refused, err
+		}
+		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			wait, _ := strconv.Atoi(resp.Header.Get(protocol.HeaderRetryAfter))
+			select {
+			case <-time.After(time.Duration(max(wait, 1)) * time.Second):
+			case <-ctx.Done():
+				return refused, ctx.Err()
+			}
+			continue
+		}
+		var res protocol.ExecResponse
+		err = json.NewDecoder(bufio.NewReader(resp.Body)).Decode(&res)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || err != nil {
+			return refused, fmt.Errorf("exec: status %d, %v", resp.StatusCode, err)
+		}
+		if base64.StdEncoding.DecodedLen(len(res.StdoutB64)) < int(size) || res.StdoutBytes != size || res.StderrBytes != size ||
+			res.StdoutTruncated || res.StderrTruncated || res.ExitCode != 0 {
+			return refused, fmt.Errorf("exec: exit %d, stdout %d of %d bytes (%d base64), stderr %d, truncated %v/%v",
+				res.ExitCode, res.StdoutBytes, size, len(res.StdoutB64), res.StderrBytes, res.StdoutTruncated, res.StderrTruncated)
+		}
+		return refused, nil
+	}
+}
+
+// status reads one "kB" field of /proc/PID/status, in bytes.
+func status(pid int, field string) (int64, error) {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status has no %s", pid, field)
+}
+
+// resetPeak resets the process's VmHWM to its current resident set.
+func resetPeak(pid int) error {
+	return os.WriteFile("/proc/"+strconv.Itoa(pid)+"/clear_refs", []byte("5"), 0)
+}
