@@ -308,6 +308,20 @@ func TestConventionsBody(t *testing.T) {
 		{"read trailing", wsPath(ws.WorkspaceID, "/files/read"), `{"path":"/a"} 1`},
 		{"write unknown field", wsPath(ws.WorkspaceID, "/files/write"), `{"path":"/a","contents_b64":"","mode":420}`},
 		{"write wrong type", wsPath(ws.WorkspaceID, "/files/write"), `{"path":"/a","contents_b64":5}`},
+		// encoding/json would turn each of these into U+FFFD.
+		{"acquire invalid UTF-8", "/v1/workspaces", "{\"label\":\"a\xff\",\"egress\":{\"allowed_domains\":[]}}"},
+		{"acquire invalid UTF-8 in a key", "/v1/workspaces", "{\"label\":\"a\",\"egress\":{\"allowed_domains\":[]},\"env\":{\"A\xc3\":\"1\"}}"},
+		{"exec invalid UTF-8", wsPath(ws.WorkspaceID, "/exec"), "{\"argv\":[\"echo\",\"\xe2\x82\"]}"},
+		{"exec lone high surrogate", wsPath(ws.WorkspaceID, "/exec"), `{"argv":["echo","\ud83d"]}`},
+		{"exec lone low surrogate", wsPath(ws.WorkspaceID, "/exec"), `{"argv":["echo","\ude00x"]}`},
+		{"exec high surrogate then a letter", wsPath(ws.WorkspaceID, "/exec"), `{"argv":["echo","\ud83d\u0041"]}`},
+		{"write invalid UTF-8 path", wsPath(ws.WorkspaceID, "/files/write"), "{\"path\":\"/workspace/\xff\",\"contents_b64\":\"\"}"},
+		{"read overlong UTF-8 path", wsPath(ws.WorkspaceID, "/files/read"), "{\"path\":\"/\xc0\xaf\"}"},
+		// A null is not a string: encoding/json would leave "".
+		{"acquire label null", "/v1/workspaces", `{"label":null,"egress":{"allowed_domains":[]}}`},
+		{"exec argv element null", wsPath(ws.WorkspaceID, "/exec"), `{"argv":["echo",null]}`},
+		{"exec timeout null", wsPath(ws.WorkspaceID, "/exec"), `{"argv":["true"],"timeout_seconds":null}`},
+		{"write contents null", wsPath(ws.WorkspaceID, "/files/write"), `{"path":"/a","contents_b64":null}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -881,6 +895,11 @@ func TestAcquireRefusals(t *testing.T) {
 		{"bad agent", "k", body(func(m map[string]any) { m["agent"] = "Ops_Bot" }), 400, protocol.InvalidRequest},
 		{"agent leading dash", "k", body(func(m map[string]any) { m["agent"] = "-bot" }), 400, protocol.InvalidRequest},
 		{"bad run_id", "k", body(func(m map[string]any) { m["run_id"] = "run-1" }), 400, protocol.InvalidRequest},
+		{"agent empty", "k", body(func(m map[string]any) { m["agent"] = "" }), 400, protocol.InvalidRequest},
+		{"agent null", "k", body(func(m map[string]any) { m["agent"] = nil }), 400, protocol.InvalidRequest},
+		{"run_id empty", "k", body(func(m map[string]any) { m["run_id"] = "" }), 400, protocol.InvalidRequest},
+		{"env value null", "k", body(func(m map[string]any) { m["env"] = map[string]any{"A": nil} }), 400, protocol.InvalidRequest},
+		{"env value null beside strings", "k", body(func(m map[string]any) { m["env"] = map[string]any{"A": "1", "B": nil} }), 400, protocol.InvalidRequest},
 		{"size not allowed", "k", body(func(m map[string]any) { m["size"] = "xlarge" }), 422, protocol.SizeNotAllowed},
 		{"unknown size", "k", body(func(m map[string]any) { m["size"] = "huge" }), 422, protocol.SizeNotAllowed},
 		{"image not allowed", "k", body(func(m map[string]any) { m["image"] = "evil:latest" }), 422, protocol.ImageNotAllowed},
@@ -1355,6 +1374,12 @@ func TestExec(t *testing.T) {
 	}
 	wantOK(t, "stdin of exactly max_file_bytes", do(t, h, request{Method: http.MethodPost, Path: path, Token: in.Token,
 		Body: protocol.ExecRequest{Argv: []string{"cat"}, StdinB64: b64(strings.Repeat("s", 1024))}}), http.StatusOK, nil)
+	// Valid UTF-8, and a surrogate pair escaped, pass through unchanged.
+	wantOK(t, "exec with non-ASCII argv", do(t, h, request{Method: http.MethodPost, Path: path, Token: in.Token,
+		Body: `{"argv":["echo","d\u00e9j\u00e0 ` + "\u00e9" + `","\ud83d\ude00 \\ud800"]}`}), http.StatusOK, nil)
+	if got, want := h.Provider.Execs()[2].Argv, []string{"echo", "déjà é", "😀 \\ud800"}; !slices.Equal(got, want) {
+		t.Errorf("exec argv = %q; want %q", got, want)
+	}
 
 	execs := len(h.Provider.Execs())
 	tests := []struct {
@@ -1376,6 +1401,8 @@ func TestExec(t *testing.T) {
 		{"stdin not base64", `{"argv":["true"],"stdin_b64":"not base64!"}`, 400, protocol.InvalidRequest},
 		{"stdin unpadded", `{"argv":["true"],"stdin_b64":"YQ"}`, 400, protocol.InvalidRequest},
 		{"stdin URL alphabet", `{"argv":["true"],"stdin_b64":"-_-_"}`, 400, protocol.InvalidRequest},
+		{"stdin with a newline", `{"argv":["true"],"stdin_b64":"aGVs\nbG8K"}`, 400, protocol.InvalidRequest},
+		{"stdin with CRLF at the end", `{"argv":["true"],"stdin_b64":"aGVsbG8K\r\n"}`, 400, protocol.InvalidRequest},
 		{"stdin over max_file_bytes", `{"argv":["true"],"stdin_b64":"` + b64(strings.Repeat("s", 1025)) + `"}`, 413, protocol.PayloadTooLarge},
 	}
 	for _, tt := range tests {
@@ -1520,7 +1547,8 @@ func TestFiles(t *testing.T) {
 		wantError(t, "write path "+bp.name, write(bp.path, "x"), http.StatusBadRequest, protocol.InvalidRequest)
 	}
 	wantOK(t, "write path of exactly 4096 bytes", write("/"+strings.Repeat("p", policy.MaxPathBytes-1), "x"), http.StatusNoContent, nil)
-	for _, body := range []string{`{"path":"/workspace/x","contents_b64":"not base64!"}`, `{"path":"/workspace/x","contents_b64":"YQ"}`, `{"path":"/`} {
+	for _, body := range []string{`{"path":"/workspace/x","contents_b64":"not base64!"}`, `{"path":"/workspace/x","contents_b64":"YQ"}`, `{"path":"/`,
+		`{"path":"/workspace/x","contents_b64":"aGVs\nbG8K"}`, `{"path":"/workspace/x","contents_b64":"\naGVsbG8K"}`, `{"path":"/workspace/x","contents_b64":"aGVsbG8K\r"}`} {
 		wantError(t, "write body "+body, do(t, h, request{Method: http.MethodPost, Path: writePath, Token: in.Token, Body: body}), http.StatusBadRequest, protocol.InvalidRequest)
 	}
 	wantError(t, "read with no path field", do(t, h, request{Method: http.MethodPost, Path: readPath, Token: in.Token, Body: `{}`}), http.StatusBadRequest, protocol.InvalidRequest)
