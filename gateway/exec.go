@@ -98,6 +98,11 @@ func providerError(err error) error {
 		return &protocol.Error{Code: protocol.FileNotFound, Message: "no file at this path in the workspace", Err: err}
 	case errors.Is(err, providers.ErrNotAFile):
 		return &protocol.Error{Code: protocol.NotAFile, Message: "the path is not a regular file", Err: err}
+	case errors.Is(err, providers.ErrNotWritable):
+		// A deterministic mistake of the client's, not a provider failure:
+		// 422 is in the spec's list for files/write and is not retried.
+		return &protocol.Error{Code: protocol.NotAFile, Reason: "not_writable",
+			Message: "the path cannot be written in the workspace (a read-only or system location)", Err: err}
 	case errors.Is(err, providers.ErrFileTooLarge):
 		return &protocol.Error{Code: protocol.FileTooLarge, Message: "the file is over max_file_bytes", Err: err}
 	}

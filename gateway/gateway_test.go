@@ -1528,6 +1528,15 @@ func TestFiles(t *testing.T) {
 
 	h.Provider.OnWriteFile(func(string) error { return providers.ErrNotAFile })
 	wantError(t, "write under a file", write("/workspace/dir/f.txt/x", "x"), http.StatusUnprocessableEntity, protocol.NotAFile)
+	// A path the sandbox cannot write is the client's mistake: a 4xx that is
+	// not retried, never 502 (a provider failure, retried five times).
+	h.Provider.OnWriteFile(func(string) error { return fmt.Errorf("execfile: write: %w", providers.ErrNotWritable) })
+	for _, path := range []string{"/usr/x", "/proc/self/x", "/workspace/read-only/x"} {
+		e := wantError(t, "write to "+path, write(path, "x"), http.StatusUnprocessableEntity, protocol.NotAFile)
+		if e.Retryable || e.Details["reason"] != "not_writable" {
+			t.Errorf("write to %s: retryable, details = %v, %v; want false, reason not_writable", path, e.Retryable, e.Details)
+		}
+	}
 	h.Provider.OnWriteFile(func(string) error { return errors.New("vendor: disk on fire") })
 	wantError(t, "write with a failing provider", write("/workspace/x", "x"), http.StatusBadGateway, protocol.UpstreamError)
 	h.Provider.OnWriteFile(nil)
