@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -28,11 +29,9 @@ func (s *Server) exec(c echo.Context) error {
 	}
 	now := s.clock.Now()
 	// Instead of a plain touch: the exec keeps the workspace busy until
-	// its deadline, so the idle reaper never ends it mid-command. Its end
-	// is not recorded (exec stays at two round trips), so the workspace
-	// idles an idle timeout after the exec's deadline, never earlier than
-	// after its end.
-	if err := s.db.ExecStarted(c.Request().Context(), w, sandgate.NewID("exec_"), now.Add(spec.Timeout+30*time.Second), now); err != nil {
+	// its deadline, so the idle reaper never ends it mid-command.
+	member := sandgate.NewID("exec_")
+	if err := s.db.ExecStarted(c.Request().Context(), w, member, now.Add(spec.Timeout+30*time.Second), now); err != nil {
 		return unavailable(err)
 	}
 	// The command dies with the request: a client that went away can never
@@ -40,6 +39,7 @@ func (s *Server) exec(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), spec.Timeout+30*time.Second)
 	defer cancel()
 	res, err := s.provider.Exec(ctx, sandboxOf(w), spec)
+	s.execEnded(c, w, member)
 	if err != nil {
 		return providerError(err)
 	}
@@ -54,6 +54,23 @@ func (s *Server) exec(c echo.Context) error {
 		StdoutBytes:     res.StdoutBytes,
 		StderrBytes:     res.StderrBytes,
 	})
+}
+
+// execEnded records the end of an exec, whatever its outcome: the
+// workspace stops being busy and idles an idle timeout after the end, not
+// after the exec's deadline (a quick command with timeout_seconds: 900 must
+// not keep a workspace, and its bill, alive for 15 minutes). It outlives a
+// client that went away. When it fails the mark stays until the deadline,
+// which only errs on the side of keeping the workspace. It is exec's third
+// Redis round trip (loadWorkspaceLimited's comment predates it), paid after
+// the command, never before it.
+func (s *Server) execEnded(c echo.Context, w sandgate.Workspace, member string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 5*time.Second)
+	defer cancel()
+	if err := s.db.ExecEnded(ctx, w, member, s.clock.Now()); err != nil {
+		s.log.Warn("exec end not recorded; the workspace stays busy until the exec's deadline",
+			slog.String(sandgate.KeyRequestID, requestID(c)), sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, err))
+	}
 }
 
 // execSpec reads and checks an exec request body (exec and durable
