@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -525,6 +526,79 @@ func TestRevoke(t *testing.T) {
 	}
 	if strings.Contains(raw, issued.Token) || strings.Contains(raw, issued.Token[8:]) {
 		t.Error("the audit export holds an issued instance token")
+	}
+}
+
+func TestRevokeLease(t *testing.T) {
+	e := newEnv(t)
+	a := e.account()
+	inst := e.instance(a)
+	var old, succ admin.IssuedToken
+	e.do(adminToken, http.MethodPost, "/instances/"+inst+"/tokens", nil, &old)
+	e.do(adminToken, http.MethodPost, "/instances/"+inst+"/tokens/rotate", admin.IssueTokenRequest{GraceSeconds: 3600}, &succ)
+	ws := e.running(a, inst, 2)
+	states := func() map[string]string {
+		var ls []admin.Lease
+		e.do(operatorToken, http.MethodGet, "/instances/"+inst+"/tokens", nil, &ls)
+		m := map[string]string{}
+		for _, l := range ls {
+			m[l.ID] = l.State
+		}
+		return m
+	}
+
+	var res admin.RevokeResult
+	e.do(operatorToken, http.MethodPost, "/leases/"+old.LeaseID+"/revoke", nil, &res)
+	if res != (admin.RevokeResult{Count: 1}) {
+		t.Fatalf("revoke lease = %+v; want count=1", res)
+	}
+	if got, want := states(), map[string]string{old.LeaseID: "revoked", succ.LeaseID: "active"}; !maps.Equal(got, want) {
+		t.Errorf("token states after revoking one lease = %v; want %v", got, want)
+	}
+	e.wantStates("workspaces of the instance", ws, "running")
+	e.do(operatorToken, http.MethodPost, "/leases/"+old.LeaseID+"/revoke", nil, &res)
+	if res != (admin.RevokeResult{}) {
+		t.Errorf("second revoke of the lease = %+v; want count=0", res)
+	}
+
+	// A lease issued before the lease index existed is found all the same.
+	if err := e.db.Redis().Del(context.Background(), "sg:lease:"+succ.LeaseID).Err(); err != nil { // see store/README.md
+		t.Fatal(err)
+	}
+	e.do(operatorToken, http.MethodPost, "/leases/"+succ.LeaseID+"/revoke", nil, &res)
+	if res != (admin.RevokeResult{Count: 1}) || states()[succ.LeaseID] != "revoked" {
+		t.Errorf("revoke of an unindexed lease = %+v, state %s; want count=1, revoked", res, states()[succ.LeaseID])
+	}
+
+	tests := []struct {
+		tok, id    string
+		wantStatus int
+		wantCode   protocol.Code
+	}{
+		{operatorToken, "lse_nope", 404, protocol.NotFound},
+		{operatorToken, "..", 404, protocol.NotFound},
+		{financeToken, old.LeaseID, 403, protocol.Forbidden},
+	}
+	for _, tt := range tests {
+		if status, code := e.refused(tt.tok, http.MethodPost, "/leases/"+tt.id+"/revoke", nil); status != tt.wantStatus || code != tt.wantCode {
+			t.Errorf("revoke lease %q = %d %s; want %d %s", tt.id, status, code, tt.wantStatus, tt.wantCode)
+		}
+	}
+
+	evs, raw := e.audit("")
+	ev, ok := findEvent(evs, "token.revoke_lease", 200)
+	if !ok || ev.Target != "instance:"+inst || ev.Actor != "oscar:sgo_OPER" ||
+		!strings.Contains(string(ev.Before), `"state":"superseded"`) || !strings.Contains(string(ev.After), `"state":"revoked"`) {
+		t.Errorf("token.revoke_lease entry = %+v (before %s after %s); want instance:%s by oscar, superseded then revoked", ev, ev.Before, ev.After, inst)
+	}
+	if ev, ok := findEvent(evs, "token.revoke_lease", 404); !ok || ev.Target != "lease:lse_nope" {
+		t.Errorf("audit of the unknown lease = %+v, %v; want target lease:lse_nope", ev, ok)
+	}
+	if _, ok := findEvent(evs, "token.revoke_lease", 403); !ok {
+		t.Error("audit has no refused token.revoke_lease")
+	}
+	if strings.Contains(raw, old.Token) || strings.Contains(raw, succ.Token) {
+		t.Error("the audit export holds an instance token")
 	}
 }
 

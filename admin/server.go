@@ -158,6 +158,7 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) *Serv
 	route(http.MethodPost, "/instances/:id/tokens/rotate", "token.rotate", s.issueToken(true), adm)
 	route(http.MethodPost, "/instances/:id/tokens/end-grace", "token.end_grace", s.endGrace, ops)
 	route(http.MethodPost, "/instances/:id/tokens/revoke", "token.revoke", s.revoke, ops)
+	route(http.MethodPost, "/leases/:lease/revoke", "token.revoke_lease", s.revokeLease, ops)
 	route(http.MethodPost, "/stop", "stop", s.stop, ops)
 	route(http.MethodPost, "/pause", "pause", s.pause, ops)
 	route(http.MethodPost, "/resume", "resume", s.resume, ops)
@@ -527,6 +528,49 @@ func (s *Server) endGrace(c echo.Context) error {
 		return err
 	}
 	return c.JSON(http.StatusOK, Count{Count: n})
+}
+
+// revokeLease revokes one token, named by its lease id, as immediately as
+// revoke: every gateway's auth cache is invalidated before the answer. The
+// instance's other tokens (a rotated token's successor) keep working, and
+// so its workspaces keep running: they belong to the instance, not to the
+// token.
+func (s *Server) revokeLease(c echo.Context) error {
+	id := c.Param("lease")
+	ctx, nt := c.Request().Context(), note(c)
+	nt.target = "lease:" + id
+	if !policy.ValidID(id) {
+		return protocol.E(protocol.NotFound, "no such lease")
+	}
+	l, err := s.db.LeaseByID(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return protocol.E(protocol.NotFound, "no such lease")
+	}
+	if err != nil {
+		return internal(err)
+	}
+	in, err := s.instanceByID(ctx, l.InstanceID)
+	if err != nil {
+		return err
+	}
+	nt.target = "instance:" + in.ID
+	if nt.before, err = s.leases(ctx, in); err != nil {
+		return err
+	}
+	revoked, err := s.db.RevokeLease(ctx, l, s.clock.Now())
+	if err != nil {
+		return internal(err)
+	}
+	if nt.after, err = s.leases(ctx, in); err != nil {
+		return err
+	}
+	out := RevokeResult{}
+	if revoked {
+		out.Count = 1
+	}
+	s.log.Info("token revoked", sandgate.InstanceAttr(in.ID), slog.String("lease_id", l.ID), slog.Int("count", out.Count),
+		slog.String("actor", operator(c).Actor()))
+	return c.JSON(http.StatusOK, out)
 }
 
 // revoke revokes every token of an instance and, unless the operator

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/netip"
 	"reflect"
@@ -691,6 +692,57 @@ func TestRevokeIsImmediate(t *testing.T) {
 			if got := getWorkspace(t, h, next, ws.WorkspaceID).WorkspaceID; got != ws.WorkspaceID {
 				t.Errorf("workspace under a new token after revoke = %q; want %q", got, ws.WorkspaceID)
 			}
+		}
+	}
+}
+
+// TestRevokeOneLease checks that revoking one token by its lease id is as
+// immediate as revoking an instance's tokens, and touches nothing else: a
+// leaked superseded token is cut off while its successor keeps working.
+func TestRevokeOneLease(t *testing.T) {
+	t.Parallel()
+	h := sgtest.New(t, sgtest.Options{})
+	// Repeat, so that a cache that is cleared only eventually is caught.
+	for i := range 25 {
+		in := h.NewInstance(admin.Scope{})
+		ws := acquire(t, h, in.Token, "rev-lease-ws")
+		next := h.RotateToken(in.ID, admin.IssueTokenRequest{GraceSeconds: 3600})
+		newTok := sandgate.Secret(next.Token)
+		lease := func(tok sandgate.Secret) request {
+			return request{Method: http.MethodGet, Path: "/v1/lease", Token: tok}
+		}
+		wantOK(t, "old lease before revoke", do(t, h, lease(in.Token)), http.StatusOK, nil)
+		wantOK(t, "old lease before revoke, cached", do(t, h, lease(in.Token)), http.StatusOK, nil)
+		wantOK(t, "new lease before revoke, cached", do(t, h, lease(newTok)), http.StatusOK, nil)
+
+		if n := h.RevokeLease(in.LeaseID); n != 1 {
+			t.Fatalf("revoke lease count = %d; want 1", n)
+		}
+		wantError(t, fmt.Sprintf("round %d: first request of the revoked token", i), do(t, h, lease(in.Token)), http.StatusUnauthorized, protocol.LeaseRevoked)
+		var l protocol.LeaseResponse
+		wantOK(t, fmt.Sprintf("round %d: the successor's lease", i), do(t, h, lease(newTok)), http.StatusOK, &l)
+		if l.Lease.ID != next.LeaseID || l.Lease.State != "active" {
+			t.Errorf("successor's lease id, state = %s, %s; want %s, active", l.Lease.ID, l.Lease.State, next.LeaseID)
+		}
+		if i > 0 {
+			continue
+		}
+		for _, r := range allEndpoints(in.Token, ws.WorkspaceID) {
+			wantError(t, "revoked lease: "+what(r), do(t, h, r), http.StatusUnauthorized, protocol.LeaseRevoked)
+		}
+		// The instance's workspaces are its, not the token's: they run on.
+		wantRunning(t, h, newTok, ws.WorkspaceID)
+		if n := h.RevokeLease(in.LeaseID); n != 0 {
+			t.Errorf("second revoke of the same lease count = %d; want 0", n)
+		}
+		var tokens []admin.Lease
+		h.AdminDo(http.MethodGet, "/instances/"+in.ID+"/tokens", nil, &tokens)
+		states := map[string]string{}
+		for _, tk := range tokens {
+			states[tk.ID] = tk.State
+		}
+		if want := map[string]string{in.LeaseID: "revoked", next.LeaseID: "active"}; !maps.Equal(states, want) {
+			t.Errorf("token states = %v; want %v", states, want)
 		}
 	}
 }
