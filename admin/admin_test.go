@@ -57,6 +57,7 @@ func (c *clock) Add(d time.Duration) {
 // log are global keys), with a Terminator over a fake provider.
 type env struct {
 	t     *testing.T
+	redis *redistest.Server
 	db    *store.DB
 	prov  *fakeprovider.Provider
 	clock *clock
@@ -66,7 +67,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	db := store.New(redistest.Start(t).Client(), store.Config{})
+	rs := redistest.Start(t)
+	db := store.New(rs.Client(), store.Config{})
 	clk := &clock{t: time.Now().UTC().Truncate(time.Second)}
 	prov := fakeprovider.New()
 	tok := func(name string, role admin.Role, s string) admin.OperatorToken {
@@ -89,7 +91,7 @@ func newEnv(t *testing.T) *env {
 		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout,
 		Risk: admission.RiskDefaults{AcquiresPerMinute: 100000, MaxOpenWorkspaces: 100000},
 	})...)
-	return &env{t: t, db: db, prov: prov, clock: clk, pipe: pipe, url: hs.URL}
+	return &env{t: t, redis: rs, db: db, prov: prov, clock: clk, pipe: pipe, url: hs.URL}
 }
 
 func (e *env) client(tok string) *admin.Client {
@@ -599,6 +601,81 @@ func TestRevokeLease(t *testing.T) {
 	}
 	if strings.Contains(raw, old.Token) || strings.Contains(raw, succ.Token) {
 		t.Error("the audit export holds an instance token")
+	}
+}
+
+// TestStoreOutage checks that while Redis is down the operator API answers
+// 503 unavailable with Retry-After, never 500 internal (a broker bug).
+func TestStoreOutage(t *testing.T) {
+	e := newEnv(t)
+	a := e.account()
+	inst := e.instance(a)
+	var issued admin.IssuedToken
+	e.do(adminToken, http.MethodPost, "/instances/"+inst+"/tokens", nil, &issued)
+	e.redis.Kill()
+
+	tests := []struct {
+		method, path string
+		body         any
+	}{
+		{http.MethodGet, "/status", nil},
+		{http.MethodGet, "/accounts", nil},
+		{http.MethodPost, "/accounts", admin.CreateAccountRequest{Name: "x"}},
+		{http.MethodGet, "/instances", nil},
+		{http.MethodGet, "/instances/" + inst, nil},
+		{http.MethodGet, "/instances/" + inst + "/tokens", nil},
+		{http.MethodPost, "/instances/" + inst + "/tokens", nil},
+		{http.MethodPost, "/instances/" + inst + "/tokens/revoke", nil},
+		{http.MethodPost, "/leases/" + issued.LeaseID + "/revoke", nil},
+		{http.MethodPost, "/stop", admin.StopRequest{On: on(true), AccountID: a, Reason: "incident"}},
+		{http.MethodPost, "/stop", admin.StopRequest{On: on(true), Reason: "incident"}},
+		{http.MethodPost, "/pause", admin.PauseRequest{AccountID: a}},
+		{http.MethodGet, "/accounts/" + a + "/limits", nil},
+		{http.MethodGet, "/accounts/" + a + "/funds", nil},
+		{http.MethodGet, "/rate-cards", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+tt.path, func(t *testing.T) {
+			var rd io.Reader
+			if tt.body != nil {
+				b, _ := json.Marshal(tt.body)
+				rd = bytes.NewReader(b)
+			}
+			req, err := http.NewRequest(tt.method, e.url+"/admin/v1"+tt.path, rd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer "+adminToken)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var env protocol.Envelope
+			if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+				t.Fatalf("%s %s: body is not the envelope: %v", tt.method, tt.path, err)
+			}
+			if resp.StatusCode != http.StatusServiceUnavailable || env.Error.Code != protocol.Unavailable || !env.Error.Retryable ||
+				resp.Header.Get(protocol.HeaderRetryAfter) != "1" {
+				t.Errorf("%s %s during the outage = %d %s (retryable %v, Retry-After %q); want 503 unavailable, retryable, Retry-After 1",
+					tt.method, tt.path, resp.StatusCode, env.Error.Code, env.Error.Retryable, resp.Header.Get(protocol.HeaderRetryAfter))
+			}
+		})
+	}
+
+	// Once Redis is back, so is the answer (the client's dialer retries
+	// about once a second).
+	e.redis.Restart()
+	for i := 0; ; i++ {
+		err := e.client(operatorToken).Do(context.Background(), http.MethodGet, "/status", nil, &admin.Status{})
+		if err == nil {
+			break
+		}
+		if i == 300 {
+			t.Fatalf("GET /status after Redis came back: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

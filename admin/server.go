@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -246,6 +247,9 @@ func (s *Server) handleError(err error, c echo.Context) {
 		s.log.Error("operator request failed", slog.String("route", c.Path()),
 			slog.String(sandgate.KeyRequestID, requestID(c)), slog.Any("err", err))
 	}
+	if pe.RetryAfter > 0 {
+		c.Response().Header().Set(protocol.HeaderRetryAfter, strconv.FormatInt(max(int64(pe.RetryAfter/time.Second), 1), 10))
+	}
 	_ = c.JSON(pe.Code.Status(), protocol.Envelope{Error: protocol.EnvelopeError{
 		Code: pe.Code, Message: pe.Message, Retryable: pe.Code.Retryable(), Details: map[string]any{},
 	}})
@@ -270,8 +274,13 @@ func toProtocolError(err error) *protocol.Error {
 	return pe
 }
 
-func internal(err error) error {
-	return &protocol.Error{Code: protocol.Internal, Message: "the broker store failed", Err: err}
+// storeFailed is the answer when the store (Redis, and billing over it)
+// fails: 503 unavailable with Retry-After, as the gateway answers, never
+// 500 internal, which the spec keeps for a broker bug. An outage of Redis
+// is the usual cause, and an operator should retry, not file a bug.
+func storeFailed(err error) error {
+	return &protocol.Error{Code: protocol.Unavailable, Message: "the broker cannot reach its store; retry shortly",
+		RetryAfter: time.Second, Err: err}
 }
 
 func invalid(msg string) error { return protocol.E(protocol.InvalidRequest, msg) }
@@ -287,7 +296,7 @@ func (s *Server) createAccount(c echo.Context) error {
 	}
 	a := sandgate.Account{ID: sandgate.NewID(sandgate.PrefixAccount), Name: name, CreatedAt: s.clock.Now()}
 	if err := s.db.CreateAccount(c.Request().Context(), a); err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	out := Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)}
 	n := note(c)
@@ -298,7 +307,7 @@ func (s *Server) createAccount(c echo.Context) error {
 func (s *Server) listAccounts(c echo.Context) error {
 	as, err := s.db.Accounts(c.Request().Context())
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	out := make([]Account, 0, len(as))
 	for _, a := range as {
@@ -322,7 +331,7 @@ func (s *Server) createInstance(c echo.Context) error {
 	}
 	in := sandgate.Instance{ID: sandgate.NewID(sandgate.PrefixInstance), AccountID: req.AccountID, Name: req.Name, Scope: scope, CreatedAt: s.clock.Now()}
 	if err := s.db.PutInstance(ctx, in); err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	n := note(c)
 	n.target, n.after = "instance:"+in.ID, toInstance(in)
@@ -403,7 +412,7 @@ func (s *Server) listInstances(c echo.Context) error {
 	} else {
 		as, err := s.db.Accounts(ctx)
 		if err != nil {
-			return internal(err)
+			return storeFailed(err)
 		}
 		for _, a := range as {
 			accts = append(accts, a.ID)
@@ -413,7 +422,7 @@ func (s *Server) listInstances(c echo.Context) error {
 	for _, a := range accts {
 		ins, err := s.db.Instances(ctx, a)
 		if err != nil {
-			return internal(err)
+			return storeFailed(err)
 		}
 		for _, in := range ins {
 			out = append(out, toInstance(in))
@@ -431,7 +440,7 @@ func (s *Server) instance(c echo.Context) (sandgate.Instance, error) {
 func (s *Server) leases(ctx context.Context, in sandgate.Instance) ([]Lease, error) {
 	ls, err := s.db.Leases(ctx, in.AccountID, in.ID)
 	if err != nil {
-		return nil, internal(err)
+		return nil, storeFailed(err)
 	}
 	now := s.clock.Now()
 	out := make([]Lease, 0, len(ls))
@@ -497,7 +506,7 @@ func (s *Server) issueToken(rotate bool) echo.HandlerFunc {
 			}
 		}
 		if err := s.db.IssueLease(c.Request().Context(), l, rotate, now, grace); err != nil {
-			return internal(err)
+			return storeFailed(err)
 		}
 		if rotate {
 			if n.after, err = s.leases(c.Request().Context(), in); err != nil {
@@ -522,7 +531,7 @@ func (s *Server) endGrace(c echo.Context) error {
 	}
 	n, err := s.db.EndGrace(ctx, in.AccountID, in.ID, s.clock.Now())
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	if nt.after, err = s.leases(ctx, in); err != nil {
 		return err
@@ -547,7 +556,7 @@ func (s *Server) revokeLease(c echo.Context) error {
 		return protocol.E(protocol.NotFound, "no such lease")
 	}
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	in, err := s.instanceByID(ctx, l.InstanceID)
 	if err != nil {
@@ -559,7 +568,7 @@ func (s *Server) revokeLease(c echo.Context) error {
 	}
 	revoked, err := s.db.RevokeLease(ctx, l, s.clock.Now())
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	if nt.after, err = s.leases(ctx, in); err != nil {
 		return err
@@ -592,7 +601,7 @@ func (s *Server) revoke(c echo.Context) error {
 	}
 	n, err := s.db.RevokeLeases(ctx, in.AccountID, in.ID, s.clock.Now())
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	if nt.after, err = s.leases(ctx, in); err != nil {
 		return err
@@ -602,7 +611,7 @@ func (s *Server) revoke(c echo.Context) error {
 	if req.TerminateWorkspaces == nil || *req.TerminateWorkspaces {
 		// The reaper keeps ending them should this sweep not finish.
 		if err := s.db.MarkRevoked(ctx, in.AccountID, in.ID, s.clock.Now()); err != nil {
-			return internal(err)
+			return storeFailed(err)
 		}
 		res, err := s.sweep(c, termination.Scope{AccountID: in.AccountID, InstanceID: in.ID}, sandgate.ReasonLeaseRevoked)
 		if err != nil {
