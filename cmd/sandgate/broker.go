@@ -105,9 +105,12 @@ func (b *broker) run(ctx context.Context) error {
 	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term, Billing: bill},
 		db, clock, b.log.With("component", "admin"))
 
-	pub := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: b.tls,
+	// Both servers see the connections of listen.go, so that every answer,
+	// even those net/http gives by itself, is the envelope.
+	const readHeaderTimeout = 10 * time.Second
+	pub := &http.Server{Handler: withConnInfo(gw.Handler()), ReadHeaderTimeout: readHeaderTimeout, ConnContext: connContext,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
-	ops := &http.Server{Handler: withMetrics(adm.Handler(), metricsHandler), ReadHeaderTimeout: 10 * time.Second,
+	ops := &http.Server{Handler: withMetrics(adm.Handler(), metricsHandler), ReadHeaderTimeout: readHeaderTimeout,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -122,16 +125,16 @@ func (b *broker) run(ctx context.Context) error {
 	wg.Go(func() { bill.RunWebhooks(runCtx) })
 	errc := make(chan error, 2)
 	wg.Go(func() {
-		ln := b.public
+		var ln net.Listener = plainListener{b.public}
 		if b.tls != nil {
-			ln = tls.NewListener(ln, b.tls)
+			ln = newTLSListener(b.public, b.tls, readHeaderTimeout)
 		}
 		if err := pub.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("public listener: %w", err)
 		}
 	})
 	wg.Go(func() {
-		if err := ops.Serve(b.admin); !errors.Is(err, http.ErrServerClosed) {
+		if err := ops.Serve(plainListener{b.admin}); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("operator listener: %w", err)
 		}
 	})
