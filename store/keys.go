@@ -26,6 +26,10 @@ func instanceIndexKey(inst string) string { return prefix + "instance:" + inst }
 // token by its lease id. Example: sg:lease:lse_5x2k…
 func leaseIndexKey(id string) string { return prefix + "lease:" + id }
 
+// dataDirKey is the JSON DataDir a host-local provider serves its
+// workspaces from. Example: sg:datadir:local
+func dataDirKey(provider string) string { return prefix + "datadir:" + provider }
+
 // tokenKey is a lease's JSON record, keyed by the token's SHA-256. Example: sg:token:9f86…
 func tokenKey(hash string) string { return prefix + "token:" + hash }
 

@@ -69,6 +69,9 @@ func (b *broker) run(ctx context.Context) error {
 	}
 	defer func() { _ = mp.Shutdown(context.Background()) }()
 	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
+	if err := claimDataDir(ctx, db, prov, clock.Now()); err != nil {
+		return err
+	}
 	bill := billing.New(db, billing.Config{Provider: "local", Log: b.log.With("component", "billing"),
 		Webhook: billing.WebhookConfig{URL: b.cfg.Billing.Webhook.URL, Secret: b.cfg.webhookSecret, Timeout: b.cfg.Billing.Webhook.Timeout}})
 	rates := map[admission.Class]admission.Rate{}
@@ -163,6 +166,36 @@ func (b *broker) run(ctx context.Context) error {
 	cancel()
 	wg.Wait()
 	return runErr
+}
+
+// claimDataDir makes sure that every broker process on this store serves
+// local workspaces from one data directory: the first records its id, and
+// one with another refuses to start, saying why. A local workspace lives
+// only in the directory that created it: a process with another would
+// answer 410 workspace_gone for it, and reap it. The claim is never lifted
+// by the broker; an operator who retires a data directory for good deletes
+// it (providers/local/README.md).
+func claimDataDir(ctx context.Context, db *store.DB, prov *local.Provider, now time.Time) error {
+	host, _ := os.Hostname()
+	ours := store.DataDir{ID: prov.DataDirID(), Host: host, Path: prov.DataDir(), ClaimedAt: now.UTC().Truncate(time.Second)}
+	got, err := db.ClaimDataDir(ctx, "local", ours)
+	if err != nil {
+		return fmt.Errorf("provider local: cannot record its data directory in Redis: %w", err)
+	}
+	if got.ID == ours.ID {
+		return nil
+	}
+	live := "an unknown number of"
+	if ws, err := db.LiveWorkspaces(ctx, "", "", now); err == nil {
+		live = fmt.Sprint(len(ws))
+	}
+	return fmt.Errorf("provider local: refusing to start: this Redis already serves local workspaces from the data directory %s "+
+		"on host %q (id %s, since %s; %s workspaces live now), and this process's data directory %s (id %s) is another one. "+
+		"A local workspace lives only in the data directory that created it, so this process would answer 410 workspace_gone "+
+		"for those of the other and its reaper would end them. Run every `sandgate serve` on this Redis with that data directory "+
+		"(on that host), or use another Redis; if that data directory is retired for good and no workspace of it is live, "+
+		"delete the Redis key %s and start again",
+		got.Path, got.Host, got.ID, got.ClaimedAt.Format(time.RFC3339), live, ours.Path, ours.ID, store.DataDirKey("local"))
 }
 
 // isLoopback reports whether addr (host:port) binds only loopback.

@@ -456,6 +456,49 @@ func TestServeRefusesPlaintext(t *testing.T) {
 	}
 }
 
+// TestServeRefusesAnotherDataDir: two `sandgate serve` configs on one Redis
+// with different data directories. The first to start owns the store's
+// local workspaces; the other refuses to start, saying why, whether or not
+// workspaces are live, while another process on the first's data directory
+// starts and serves the first's workspaces.
+func TestServeRefusesAnotherDataDir(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rs := startRedis(t)
+	cfgA, cfgB := newServeConfig(t, rs.Addr, serveOptions{}), newServeConfig(t, rs.Addr, serveOptions{})
+	gwA := startServe(t, cfgA)
+	adm := gwA.Admin(t)
+	tok := issueToken(t, adm, createInstance(t, adm, createAccount(t, adm, "e2e-datadir"), 2))
+	ws := acquire(t, gwA.Client(t, tok), "datadir-1")
+
+	refused := func(live string) {
+		t.Helper()
+		stdout, stderr, err := tryCLI(cfgB.env, "serve", "--config", cfgB.Path)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+			t.Fatalf("serve with another data dir = %v; want a non-zero exit\nstdout: %s\nstderr: %s", err, stdout, stderr)
+		}
+		for _, want := range []string{"refusing to start", filepath.Join(cfgA.DataDir, "local"), filepath.Join(cfgB.DataDir, "local"),
+			live + " workspaces live", "410 workspace_gone", "sg:datadir:local"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("serve with another data dir said %q; want it to name %q", stderr, want)
+			}
+		}
+	}
+	refused("1")
+
+	// Another process on the first's data directory is welcome.
+	gwA2 := startServe(t, cfgA)
+	if got, err := gwA2.Client(t, tok).Workspace(ctx, ws.WorkspaceID); err != nil || got.State != "running" {
+		t.Fatalf("workspace through the second process on the same data dir = %+v, %v; want running", got, err)
+	}
+	if _, err := gwA2.Client(t, tok).Release(ctx, ws.WorkspaceID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	// Still refused once nothing is live: the claim is the operator's to lift.
+	refused("0")
+}
+
 func quote(s string) string {
 	b, _ := json.Marshal(s) // a JSON string is a valid YAML double-quoted scalar
 	return string(b)

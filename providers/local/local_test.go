@@ -261,6 +261,41 @@ func TestWriteNotWritable(t *testing.T) {
 	}
 }
 
+// TestDataDirID checks that a data directory keeps one id, whichever
+// Provider made it and however many start at once, and that another
+// directory has another.
+func TestDataDirID(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ids := make(chan string, 4)
+	for range cap(ids) {
+		go func() {
+			p, err := local.New(context.Background(), local.Config{DataDir: dir}, providers.Env{BrokerID: broker})
+			if err != nil {
+				t.Errorf("local.New: %v", err)
+				ids <- ""
+				return
+			}
+			ids <- p.DataDirID()
+		}()
+	}
+	first := <-ids
+	for range cap(ids) - 1 {
+		if id := <-ids; id != first {
+			t.Errorf("DataDirID of Providers started at once = %q and %q; want one id", first, id)
+		}
+	}
+	if !strings.HasPrefix(first, "ldd_") || len(first) != 4+32 {
+		t.Errorf("DataDirID = %q; want ldd_ and 32 hex digits", first)
+	}
+	if again := newProvider(t, dir, broker).DataDirID(); again != first {
+		t.Errorf("DataDirID after a restart = %q; want %q", again, first)
+	}
+	if other := newProvider(t, t.TempDir(), broker).DataDirID(); other == first {
+		t.Errorf("DataDirID of another directory = %q, the same as the first's", other)
+	}
+}
+
 func TestRestart(t *testing.T) {
 	t.Parallel()
 	dataDir := t.TempDir()
