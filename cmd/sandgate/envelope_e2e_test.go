@@ -57,6 +57,7 @@ func TestEveryAnswerIsAnEnvelope(t *testing.T) {
 		{"no Host header over TLS", pub.Host, true, "GET /v1/lease HTTP/1.1\r\n\r\n", 400, protocol.InvalidRequest},
 		{"unknown transfer coding over TLS", pub.Host, true,
 			"POST /v1/workspaces HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: zip\r\n\r\n", 501, protocol.InvalidRequest},
+		{"unknown Expect over TLS", pub.Host, true, "GET /v1/lease HTTP/1.1\r\nHost: x\r\nExpect: teapot\r\n\r\n", 417, protocol.InvalidRequest},
 		{"oversized headers on the operator port", adm.Host, false, "GET /admin/v1/status HTTP/1.1\r\nHost: x\r\n" + big + "\r\n", 431, protocol.InvalidRequest},
 		{"malformed request line on the operator port", adm.Host, false, "NOT HTTP AT ALL\r\n\r\n", 400, protocol.InvalidRequest},
 		// The listener tells TLS from plaintext, and still serves TLS.

@@ -24,9 +24,9 @@ import (
 //
 //   - its refusals of requests it cannot parse (431 for headers over
 //     MaxHeaderBytes, 400 for a malformed request line, 501 for an unknown
-//     transfer coding), which it writes straight to the connection: a
-//     [conn] recognizes them by their fixed shape and writes the envelope
-//     instead;
+//     transfer coding, 417 for an unknown Expect), which it writes straight
+//     to the connection: a [conn] recognizes them by their fixed shape and
+//     writes the envelope instead;
 //   - its "Client sent an HTTP request to an HTTPS server" on a TLS port: a
 //     [tlsListener] tells TLS from plaintext by the first byte a client
 //     sends, so a plaintext request reaches [withConnInfo], which refuses it
@@ -69,10 +69,18 @@ func (c *conn) CloseWrite() error {
 // and a JSON Content-Type, and net/http adds Date.
 const netHTTPErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
+// netHTTPExpectationFailed starts the answer net/http gives, without a
+// handler, to an Expect header other than 100-continue; no handler of the
+// broker answers 417.
+const netHTTPExpectationFailed = "HTTP/1.1 417 Expectation Failed\r\n"
+
 // envelopeFor returns the envelope answer to write instead of b, when b is
 // one of net/http's own error answers.
 func envelopeFor(b []byte) ([]byte, bool) {
 	const proto = "HTTP/1.1 "
+	if bytes.HasPrefix(b, []byte(netHTTPExpectationFailed)) {
+		return envelopeAnswer(http.StatusExpectationFailed, "unsupported Expect header"), true
+	}
 	if !bytes.HasPrefix(b, []byte(proto)) {
 		return nil, false
 	}

@@ -28,6 +28,7 @@ func TestEnvelopeFor(t *testing.T) {
 		{"400 with a reason", "HTTP/1.1 400 Bad Request: missing required Host header" + eh + "400 Bad Request: missing required Host header", 400},
 		{"501", "HTTP/1.1 501 Not Implemented" + eh + "Unsupported transfer encoding", 501},
 		{"505", "HTTP/1.1 505 HTTP Version Not Supported: unsupported protocol version" + eh + "505 HTTP Version Not Supported", 505},
+		{"417", "HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nDate: x\r\nContent-Length: 0\r\n\r\n", 417},
 		{"a handler's answer", "HTTP/1.1 400 Bad Request\r\nCache-Control: no-store\r\nContent-Type: application/json\r\n\r\n{}", 0},
 		{"a handler's text answer", "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nDate: x\r\n\r\nno", 0},
 		{"a body chunk", "431 Request Header Fields Too Large" + eh, 0},
