@@ -62,8 +62,7 @@ func (s *Server) exec(c echo.Context) error {
 // not keep a workspace, and its bill, alive for 15 minutes). It outlives a
 // client that went away. When it fails the mark stays until the deadline,
 // which only errs on the side of keeping the workspace. It is exec's third
-// Redis round trip (loadWorkspaceLimited's comment predates it), paid after
-// the command, never before it.
+// Redis round trip, paid after the command, never before it.
 func (s *Server) execEnded(c echo.Context, w sandgate.Workspace, member string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 5*time.Second)
 	defer cancel()
