@@ -192,6 +192,9 @@ type CommandStatus struct {
 	StderrTruncated bool
 	// StdoutBytes and StderrBytes are the real totals the command wrote.
 	StdoutBytes, StderrBytes int64
+	// FinishedAt is when the command finished, once completed or canceled,
+	// by the sandbox's clock; zero when the provider cannot tell.
+	FinishedAt time.Time
 }
 
 // Env is what the host lends a provider.

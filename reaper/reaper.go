@@ -30,6 +30,11 @@ type Config struct {
 	// Sandboxes lists the provider's sandboxes, for unknown creates and
 	// orphans. nil skips both.
 	Sandboxes Lister
+	// Commands reads durable commands in their sandboxes, so that one that
+	// finished unobserved stops keeping its workspace busy: the idle
+	// timeout then counts from its end, not from its deadline. nil leaves
+	// such a workspace busy until the deadline.
+	Commands CommandReader
 	// Owner names this process in the leader lease. "" means a random id.
 	Owner string
 	// LeaseTTL is the leader lease's TTL: a new leader takes over at most
@@ -67,6 +72,12 @@ const (
 type Lister interface {
 	List(ctx context.Context) ([]providers.Sandbox, error)
 	Terminate(ctx context.Context, sb providers.Sandbox) error
+}
+
+// CommandReader reads a durable command's state in a sandbox; every
+// [providers.Commander] is one.
+type CommandReader interface {
+	ReadCommand(ctx context.Context, sb providers.Sandbox, id string, maxOut int64) (providers.CommandStatus, error)
 }
 
 // Reaper runs passes while it holds the leader lease. Passes are

@@ -103,7 +103,7 @@ func (b *broker) run(ctx context.Context) error {
 	// lease), and its passes are idempotent all the same.
 	term := termination.New(db, prov, clock, b.log.With("component", "termination"), 0)
 	term.SetSettler(bill)
-	rp := reaper.New(reaper.Config{Snapshots: prov, Sandboxes: prov, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
+	rp := reaper.New(reaper.Config{Snapshots: prov, Sandboxes: prov, Commands: prov, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
 		Meter: mp.Meter("github.com/sandgate/sandgate/reaper")}, db, term, clock, b.log.With("component", "reaper"))
 	adm := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults, Terminator: term, Billing: bill},
 		db, clock, b.log.With("component", "admin"))
