@@ -76,6 +76,9 @@ func decode(c echo.Context, v any) error {
 // optional field whose grammar needs at least one character when it is sent.
 // field is the JSON name of the field tree was found in, "" at the top.
 func checkTree(tree any, t reflect.Type, field string) error {
+	if tree == nil && t.Kind() == reflect.Pointer {
+		return nil // a pointer field: null is absent, as for egress
+	}
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
