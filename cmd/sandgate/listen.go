@@ -135,9 +135,10 @@ func (l plainListener) Accept() (net.Conn, error) {
 	return &conn{Conn: c}, nil
 }
 
-// tlsListener serves TLS on a port and tells plaintext clients, with the
-// envelope, to use https. The first byte of a TLS client is a handshake
-// record (0x16); that of a plaintext HTTP client is a method's letter.
+// tlsListener serves TLS on a port, and hands on plaintext connections
+// marked as such, for [withConnInfo] to refuse with the envelope. The first
+// byte of a TLS client is a handshake record (0x16); that of a plaintext
+// HTTP client is a method's letter.
 // Each connection is sniffed and its handshake done in a goroutine of its
 // own, bounded by timeout, so a slow client never holds up Accept.
 type tlsListener struct {
