@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -57,6 +58,7 @@ func (c *clock) Add(d time.Duration) {
 // log are global keys), with a Terminator over a fake provider.
 type env struct {
 	t     *testing.T
+	redis *redistest.Server
 	db    *store.DB
 	prov  *fakeprovider.Provider
 	clock *clock
@@ -66,7 +68,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	db := store.New(redistest.Start(t).Client(), store.Config{})
+	rs := redistest.Start(t)
+	db := store.New(rs.Client(), store.Config{})
 	clk := &clock{t: time.Now().UTC().Truncate(time.Second)}
 	prov := fakeprovider.New()
 	tok := func(name string, role admin.Role, s string) admin.OperatorToken {
@@ -93,7 +96,7 @@ func newEnv(t *testing.T) *env {
 		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout,
 		Risk: admission.RiskDefaults{AcquiresPerMinute: 100000, MaxOpenWorkspaces: 100000},
 	})...)
-	return &env{t: t, db: db, prov: prov, clock: clk, pipe: pipe, url: hs.URL}
+	return &env{t: t, redis: rs, db: db, prov: prov, clock: clk, pipe: pipe, url: hs.URL}
 }
 
 func (e *env) client(tok string) *admin.Client {
@@ -530,6 +533,154 @@ func TestRevoke(t *testing.T) {
 	}
 	if strings.Contains(raw, issued.Token) || strings.Contains(raw, issued.Token[8:]) {
 		t.Error("the audit export holds an issued instance token")
+	}
+}
+
+func TestRevokeLease(t *testing.T) {
+	e := newEnv(t)
+	a := e.account()
+	inst := e.instance(a)
+	var old, succ admin.IssuedToken
+	e.do(adminToken, http.MethodPost, "/instances/"+inst+"/tokens", nil, &old)
+	e.do(adminToken, http.MethodPost, "/instances/"+inst+"/tokens/rotate", admin.IssueTokenRequest{GraceSeconds: 3600}, &succ)
+	ws := e.running(a, inst, 2)
+	states := func() map[string]string {
+		var ls []admin.Lease
+		e.do(operatorToken, http.MethodGet, "/instances/"+inst+"/tokens", nil, &ls)
+		m := map[string]string{}
+		for _, l := range ls {
+			m[l.ID] = l.State
+		}
+		return m
+	}
+
+	var res admin.RevokeResult
+	e.do(operatorToken, http.MethodPost, "/leases/"+old.LeaseID+"/revoke", nil, &res)
+	if res != (admin.RevokeResult{Count: 1}) {
+		t.Fatalf("revoke lease = %+v; want count=1", res)
+	}
+	if got, want := states(), map[string]string{old.LeaseID: "revoked", succ.LeaseID: "active"}; !maps.Equal(got, want) {
+		t.Errorf("token states after revoking one lease = %v; want %v", got, want)
+	}
+	e.wantStates("workspaces of the instance", ws, "running")
+	e.do(operatorToken, http.MethodPost, "/leases/"+old.LeaseID+"/revoke", nil, &res)
+	if res != (admin.RevokeResult{}) {
+		t.Errorf("second revoke of the lease = %+v; want count=0", res)
+	}
+
+	// A lease issued before the lease index existed is found all the same.
+	if err := e.db.Redis().Del(context.Background(), "sg:lease:"+succ.LeaseID).Err(); err != nil { // see store/README.md
+		t.Fatal(err)
+	}
+	e.do(operatorToken, http.MethodPost, "/leases/"+succ.LeaseID+"/revoke", nil, &res)
+	if res != (admin.RevokeResult{Count: 1}) || states()[succ.LeaseID] != "revoked" {
+		t.Errorf("revoke of an unindexed lease = %+v, state %s; want count=1, revoked", res, states()[succ.LeaseID])
+	}
+
+	tests := []struct {
+		tok, id    string
+		wantStatus int
+		wantCode   protocol.Code
+	}{
+		{operatorToken, "lse_nope", 404, protocol.NotFound},
+		{operatorToken, "..", 404, protocol.NotFound},
+		{financeToken, old.LeaseID, 403, protocol.Forbidden},
+	}
+	for _, tt := range tests {
+		if status, code := e.refused(tt.tok, http.MethodPost, "/leases/"+tt.id+"/revoke", nil); status != tt.wantStatus || code != tt.wantCode {
+			t.Errorf("revoke lease %q = %d %s; want %d %s", tt.id, status, code, tt.wantStatus, tt.wantCode)
+		}
+	}
+
+	evs, raw := e.audit("")
+	ev, ok := findEvent(evs, "token.revoke_lease", 200)
+	if !ok || ev.Target != "instance:"+inst || ev.Actor != "oscar:sgo_OPER" ||
+		!strings.Contains(string(ev.Before), `"state":"superseded"`) || !strings.Contains(string(ev.After), `"state":"revoked"`) {
+		t.Errorf("token.revoke_lease entry = %+v (before %s after %s); want instance:%s by oscar, superseded then revoked", ev, ev.Before, ev.After, inst)
+	}
+	if ev, ok := findEvent(evs, "token.revoke_lease", 404); !ok || ev.Target != "lease:lse_nope" {
+		t.Errorf("audit of the unknown lease = %+v, %v; want target lease:lse_nope", ev, ok)
+	}
+	if _, ok := findEvent(evs, "token.revoke_lease", 403); !ok {
+		t.Error("audit has no refused token.revoke_lease")
+	}
+	if strings.Contains(raw, old.Token) || strings.Contains(raw, succ.Token) {
+		t.Error("the audit export holds an instance token")
+	}
+}
+
+// TestStoreOutage checks that while Redis is down the operator API answers
+// 503 unavailable with Retry-After, never 500 internal (a broker bug).
+func TestStoreOutage(t *testing.T) {
+	e := newEnv(t)
+	a := e.account()
+	inst := e.instance(a)
+	var issued admin.IssuedToken
+	e.do(adminToken, http.MethodPost, "/instances/"+inst+"/tokens", nil, &issued)
+	e.redis.Kill()
+
+	tests := []struct {
+		method, path string
+		body         any
+	}{
+		{http.MethodGet, "/status", nil},
+		{http.MethodGet, "/accounts", nil},
+		{http.MethodPost, "/accounts", admin.CreateAccountRequest{Name: "x"}},
+		{http.MethodGet, "/instances", nil},
+		{http.MethodGet, "/instances/" + inst, nil},
+		{http.MethodGet, "/instances/" + inst + "/tokens", nil},
+		{http.MethodPost, "/instances/" + inst + "/tokens", nil},
+		{http.MethodPost, "/instances/" + inst + "/tokens/revoke", nil},
+		{http.MethodPost, "/leases/" + issued.LeaseID + "/revoke", nil},
+		{http.MethodPost, "/stop", admin.StopRequest{On: on(true), AccountID: a, Reason: "incident"}},
+		{http.MethodPost, "/stop", admin.StopRequest{On: on(true), Reason: "incident"}},
+		{http.MethodPost, "/pause", admin.PauseRequest{AccountID: a}},
+		{http.MethodGet, "/accounts/" + a + "/limits", nil},
+		{http.MethodGet, "/accounts/" + a + "/funds", nil},
+		{http.MethodGet, "/rate-cards", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+tt.path, func(t *testing.T) {
+			var rd io.Reader
+			if tt.body != nil {
+				b, _ := json.Marshal(tt.body)
+				rd = bytes.NewReader(b)
+			}
+			req, err := http.NewRequest(tt.method, e.url+"/admin/v1"+tt.path, rd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer "+adminToken)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var env protocol.Envelope
+			if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+				t.Fatalf("%s %s: body is not the envelope: %v", tt.method, tt.path, err)
+			}
+			if resp.StatusCode != http.StatusServiceUnavailable || env.Error.Code != protocol.Unavailable || !env.Error.Retryable ||
+				resp.Header.Get(protocol.HeaderRetryAfter) != "1" {
+				t.Errorf("%s %s during the outage = %d %s (retryable %v, Retry-After %q); want 503 unavailable, retryable, Retry-After 1",
+					tt.method, tt.path, resp.StatusCode, env.Error.Code, env.Error.Retryable, resp.Header.Get(protocol.HeaderRetryAfter))
+			}
+		})
+	}
+
+	// Once Redis is back, so is the answer (the client's dialer retries
+	// about once a second).
+	e.redis.Restart()
+	for i := 0; ; i++ {
+		err := e.client(operatorToken).Do(context.Background(), http.MethodGet, "/status", nil, &admin.Status{})
+		if err == nil {
+			break
+		}
+		if i == 300 {
+			t.Fatalf("GET /status after Redis came back: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -83,7 +83,7 @@ func (s *Server) createRateCard(c echo.Context) error {
 func (s *Server) listRateCards(c echo.Context) error {
 	cards, err := s.bill.RateCards(c.Request().Context())
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	out := make([]RateCard, 0, len(cards))
 	for _, card := range cards {
@@ -129,7 +129,7 @@ func (s *Server) setBilling(c echo.Context) error {
 	}
 	before, err := s.bill.Settings(ctx, acct)
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	if err := s.bill.SetSettings(ctx, st); errors.Is(err, billing.ErrNoRateCard) {
 		return protocol.E(protocol.NotFound, "no such rate card")
@@ -151,7 +151,7 @@ func (s *Server) getBilling(c echo.Context) error {
 	}
 	st, err := s.bill.Settings(ctx, acct)
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	return c.JSON(http.StatusOK, toBillingSettings(st))
 }
@@ -205,7 +205,7 @@ func (s *Server) adjustFunds(kind string) echo.HandlerFunc {
 		}
 		bal, err := s.bill.Balance(ctx, acct)
 		if err != nil {
-			return internal(err)
+			return storeFailed(err)
 		}
 		out := FundsEntry{Kind: e.Kind, Amount: billing.FormatAmount(e.AmountMicros), AmountMicros: e.AmountMicros,
 			Currency: e.Currency, Reason: e.Reason, Actor: e.Actor, At: wireTime(e.At), Replayed: !applied, Balance: toBalance(bal)}
@@ -254,7 +254,7 @@ func (s *Server) balance(c echo.Context) error {
 	}
 	b, err := s.bill.Balance(ctx, acct)
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	return c.JSON(http.StatusOK, toBalance(b))
 }
@@ -318,7 +318,7 @@ func (s *Server) listBudgets(c echo.Context) error {
 	}
 	bs, err := s.bill.Budgets(ctx, acct, s.clock.Now())
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	out := make([]Budget, 0, len(bs))
 	for _, b := range bs {
@@ -341,7 +341,7 @@ func (s *Server) reconcile(c echo.Context) error {
 	} else {
 		as, err := s.db.Accounts(ctx)
 		if err != nil {
-			return internal(err)
+			return storeFailed(err)
 		}
 		for _, a := range as {
 			ids = append(ids, a.ID)
@@ -352,7 +352,7 @@ func (s *Server) reconcile(c echo.Context) error {
 	for _, id := range ids {
 		r, err := s.bill.Reconcile(ctx, id)
 		if err != nil {
-			return internal(err)
+			return storeFailed(err)
 		}
 		out = append(out, r)
 	}
@@ -399,7 +399,7 @@ func (s *Server) adjustUsage(c echo.Context) error {
 		return protocol.E(protocol.NotFound, "no such usage ledger entry in this account")
 	}
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	out := Adjustment{Entry: e, Replayed: !appended}
 	n := note(c)

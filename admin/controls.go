@@ -65,7 +65,7 @@ func (s *Server) account(ctx context.Context, id string) error {
 	if _, err := s.db.Account(ctx, id); errors.Is(err, store.ErrNotFound) {
 		return protocol.E(protocol.NotFound, "no such account")
 	} else if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	return nil
 }
@@ -77,7 +77,7 @@ func (s *Server) instanceByID(ctx context.Context, id string) (sandgate.Instance
 		return in, protocol.E(protocol.NotFound, "no such instance")
 	}
 	if err != nil {
-		return in, internal(err)
+		return in, storeFailed(err)
 	}
 	return in, nil
 }
@@ -140,7 +140,7 @@ func (s *Server) stop(c echo.Context) error {
 		before, err = s.db.Control(ctx, req.AccountID, store.FieldStop)
 	}
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	if req.AccountID == "" {
 		err = s.db.SetGlobalStop(ctx, ctl)
@@ -148,7 +148,7 @@ func (s *Server) stop(c echo.Context) error {
 		err = s.db.SetControl(ctx, req.AccountID, store.FieldStop, ctl)
 	}
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	now := s.clock.Now()
 	n.before, n.after = toControl(before, now), toControl(ctl, now)
@@ -240,10 +240,10 @@ func (s *Server) setControl(c echo.Context, acct, field string, ctl *store.Contr
 	ctx := c.Request().Context()
 	before, err := s.db.Control(ctx, acct, field)
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	if err := s.db.SetControl(ctx, acct, field, ctl); err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	n, now := note(c), s.clock.Now()
 	n.before, n.after = toControl(before, now), toControl(ctl, now)
@@ -256,11 +256,11 @@ func (s *Server) status(c echo.Context) error {
 	ctx := c.Request().Context()
 	g, err := s.db.GlobalStop(ctx)
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	all, err := s.db.AllControls(ctx)
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	now := s.clock.Now()
 	out := Status{BrokerStop: toControl(g, now), Controls: make([]ScopedControl, 0, len(all))}
@@ -296,11 +296,11 @@ func (s *Server) setLimits(c echo.Context) error {
 	}
 	before, err := s.db.Risk(ctx, acct)
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	l := store.RiskLimits{AcquiresPerMinute: req.AcquiresPerMinute, MaxOpenWorkspaces: req.MaxOpenWorkspaces, MaxSize: req.MaxSize}
 	if err := s.db.SetRiskLimits(ctx, acct, l); err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	n := note(c)
 	n.before, n.after = toRiskLimits(before), req
@@ -315,7 +315,7 @@ func (s *Server) getLimits(c echo.Context) error {
 	}
 	l, err := s.db.Risk(ctx, acct)
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	return c.JSON(http.StatusOK, toRiskLimits(l))
 }

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -169,6 +170,7 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) (*Ser
 	route(http.MethodPost, "/instances/:id/tokens/rotate", "token.rotate", s.issueToken(true), adm)
 	route(http.MethodPost, "/instances/:id/tokens/end-grace", "token.end_grace", s.endGrace, ops)
 	route(http.MethodPost, "/instances/:id/tokens/revoke", "token.revoke", s.revoke, ops)
+	route(http.MethodPost, "/leases/:lease/revoke", "token.revoke_lease", s.revokeLease, ops)
 	route(http.MethodPost, "/stop", "stop", s.stop, ops)
 	route(http.MethodPost, "/pause", "pause", s.pause, ops)
 	route(http.MethodPost, "/resume", "resume", s.resume, ops)
@@ -256,6 +258,9 @@ func (s *Server) handleError(err error, c echo.Context) {
 		s.log.Error("operator request failed", slog.String("route", c.Path()),
 			slog.String(sandgate.KeyRequestID, requestID(c)), slog.Any("err", err))
 	}
+	if pe.RetryAfter > 0 {
+		c.Response().Header().Set(protocol.HeaderRetryAfter, strconv.FormatInt(max(int64(pe.RetryAfter/time.Second), 1), 10))
+	}
 	_ = c.JSON(pe.Code.Status(), protocol.Envelope{Error: protocol.EnvelopeError{
 		Code: pe.Code, Message: pe.Message, Retryable: pe.Code.Retryable(), Details: map[string]any{},
 	}})
@@ -280,8 +285,13 @@ func toProtocolError(err error) *protocol.Error {
 	return pe
 }
 
-func internal(err error) error {
-	return &protocol.Error{Code: protocol.Internal, Message: "the broker store failed", Err: err}
+// storeFailed is the answer when the store (Redis, and billing over it)
+// fails: 503 unavailable with Retry-After, as the gateway answers, never
+// 500 internal, which the spec keeps for a broker bug. An outage of Redis
+// is the usual cause, and an operator should retry, not file a bug.
+func storeFailed(err error) error {
+	return &protocol.Error{Code: protocol.Unavailable, Message: "the broker cannot reach its store; retry shortly",
+		RetryAfter: time.Second, Err: err}
 }
 
 func invalid(msg string) error { return protocol.E(protocol.InvalidRequest, msg) }
@@ -297,7 +307,7 @@ func (s *Server) createAccount(c echo.Context) error {
 	}
 	a := sandgate.Account{ID: sandgate.NewID(sandgate.PrefixAccount), Name: name, CreatedAt: s.clock.Now()}
 	if err := s.db.CreateAccount(c.Request().Context(), a); err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	out := Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)}
 	n := note(c)
@@ -308,7 +318,7 @@ func (s *Server) createAccount(c echo.Context) error {
 func (s *Server) listAccounts(c echo.Context) error {
 	as, err := s.db.Accounts(c.Request().Context())
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	out := make([]Account, 0, len(as))
 	for _, a := range as {
@@ -337,7 +347,7 @@ func (s *Server) createInstance(c echo.Context) error {
 	in := sandgate.Instance{ID: sandgate.NewID(sandgate.PrefixInstance), AccountID: req.AccountID, Name: req.Name,
 		Provider: prov.Name, Scope: scope, CreatedAt: s.clock.Now()}
 	if err := s.db.PutInstance(ctx, in); err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	n := note(c)
 	n.target, n.after = "instance:"+in.ID, toInstance(in)
@@ -380,7 +390,7 @@ func (s *Server) setProvider(c echo.Context) error {
 	n.target, n.before = "instance:"+in.ID, toInstance(in)
 	in.Provider = prov.Name
 	if err := s.db.PutInstance(c.Request().Context(), in); err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	n.after = toInstance(in)
 	return c.JSON(http.StatusOK, toInstance(in))
@@ -477,7 +487,7 @@ func (s *Server) listInstances(c echo.Context) error {
 	} else {
 		as, err := s.db.Accounts(ctx)
 		if err != nil {
-			return internal(err)
+			return storeFailed(err)
 		}
 		for _, a := range as {
 			accts = append(accts, a.ID)
@@ -487,7 +497,7 @@ func (s *Server) listInstances(c echo.Context) error {
 	for _, a := range accts {
 		ins, err := s.db.Instances(ctx, a)
 		if err != nil {
-			return internal(err)
+			return storeFailed(err)
 		}
 		for _, in := range ins {
 			out = append(out, toInstance(in))
@@ -505,7 +515,7 @@ func (s *Server) instance(c echo.Context) (sandgate.Instance, error) {
 func (s *Server) leases(ctx context.Context, in sandgate.Instance) ([]Lease, error) {
 	ls, err := s.db.Leases(ctx, in.AccountID, in.ID)
 	if err != nil {
-		return nil, internal(err)
+		return nil, storeFailed(err)
 	}
 	now := s.clock.Now()
 	out := make([]Lease, 0, len(ls))
@@ -571,7 +581,7 @@ func (s *Server) issueToken(rotate bool) echo.HandlerFunc {
 			}
 		}
 		if err := s.db.IssueLease(c.Request().Context(), l, rotate, now, grace); err != nil {
-			return internal(err)
+			return storeFailed(err)
 		}
 		if rotate {
 			if n.after, err = s.leases(c.Request().Context(), in); err != nil {
@@ -596,12 +606,55 @@ func (s *Server) endGrace(c echo.Context) error {
 	}
 	n, err := s.db.EndGrace(ctx, in.AccountID, in.ID, s.clock.Now())
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	if nt.after, err = s.leases(ctx, in); err != nil {
 		return err
 	}
 	return c.JSON(http.StatusOK, Count{Count: n})
+}
+
+// revokeLease revokes one token, named by its lease id, as immediately as
+// revoke: every gateway's auth cache is invalidated before the answer. The
+// instance's other tokens (a rotated token's successor) keep working, and
+// so its workspaces keep running: they belong to the instance, not to the
+// token.
+func (s *Server) revokeLease(c echo.Context) error {
+	id := c.Param("lease")
+	ctx, nt := c.Request().Context(), note(c)
+	nt.target = "lease:" + id
+	if !policy.ValidID(id) {
+		return protocol.E(protocol.NotFound, "no such lease")
+	}
+	l, err := s.db.LeaseByID(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return protocol.E(protocol.NotFound, "no such lease")
+	}
+	if err != nil {
+		return storeFailed(err)
+	}
+	in, err := s.instanceByID(ctx, l.InstanceID)
+	if err != nil {
+		return err
+	}
+	nt.target = "instance:" + in.ID
+	if nt.before, err = s.leases(ctx, in); err != nil {
+		return err
+	}
+	revoked, err := s.db.RevokeLease(ctx, l, s.clock.Now())
+	if err != nil {
+		return storeFailed(err)
+	}
+	if nt.after, err = s.leases(ctx, in); err != nil {
+		return err
+	}
+	out := RevokeResult{}
+	if revoked {
+		out.Count = 1
+	}
+	s.log.Info("token revoked", sandgate.InstanceAttr(in.ID), slog.String("lease_id", l.ID), slog.Int("count", out.Count),
+		slog.String("actor", operator(c).Actor()))
+	return c.JSON(http.StatusOK, out)
 }
 
 // revoke revokes every token of an instance and, unless the operator
@@ -623,7 +676,7 @@ func (s *Server) revoke(c echo.Context) error {
 	}
 	n, err := s.db.RevokeLeases(ctx, in.AccountID, in.ID, s.clock.Now())
 	if err != nil {
-		return internal(err)
+		return storeFailed(err)
 	}
 	if nt.after, err = s.leases(ctx, in); err != nil {
 		return err
@@ -633,7 +686,7 @@ func (s *Server) revoke(c echo.Context) error {
 	if req.TerminateWorkspaces == nil || *req.TerminateWorkspaces {
 		// The reaper keeps ending them should this sweep not finish.
 		if err := s.db.MarkRevoked(ctx, in.AccountID, in.ID, s.clock.Now()); err != nil {
-			return internal(err)
+			return storeFailed(err)
 		}
 		res, err := s.sweep(c, termination.Scope{AccountID: in.AccountID, InstanceID: in.ID}, sandgate.ReasonLeaseRevoked)
 		if err != nil {

@@ -98,7 +98,7 @@ func (s *Server) parseUsageQuery(c echo.Context) (usageQuery, error) {
 	}
 	as, err := s.db.Accounts(ctx)
 	if err != nil {
-		return q, internal(err)
+		return q, storeFailed(err)
 	}
 	for _, a := range as {
 		q.accounts = append(q.accounts, a.ID)

@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
@@ -29,6 +32,11 @@ func decode(c echo.Context, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return errInvalid("request body is required")
 	}
+	// encoding/json would replace invalid UTF-8, and a \u escape of a lone
+	// surrogate, by U+FFFD: an argv or a path would silently change.
+	if !validText(body) {
+		return errInvalid("request body is not valid UTF-8")
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -42,12 +50,13 @@ func decode(c echo.Context, v any) error {
 		}
 		return errInvalid("request body is not valid JSON")
 	}
-	// encoding/json matches field names case-insensitively; the spec wants a
-	// typo such as "Label" to fail loudly, so check the exact names too.
+	// encoding/json matches field names case-insensitively, and decodes a
+	// null into a string as if it were absent; the spec wants a typo such as
+	// "Label" and a null env value to fail loudly, so walk the tree too.
 	var tree any
 	if err := json.Unmarshal(body, &tree); err == nil {
-		if name, ok := unknownKey(tree, reflect.TypeOf(v)); !ok {
-			return errInvalid("unknown request field " + name)
+		if err := checkTree(tree, reflect.TypeOf(v), ""); err != nil {
+			return err
 		}
 	}
 	if dec.More() {
@@ -59,52 +68,171 @@ func decode(c echo.Context, v any) error {
 	return nil
 }
 
-// unknownKey walks a decoded JSON tree beside the Go type it was decoded
-// into and returns the first object key that is not exactly a field's JSON
-// name. Maps (such as env) take any key.
-func unknownKey(tree any, t reflect.Type) (string, bool) {
+// checkTree walks a decoded JSON tree beside the Go type it was decoded
+// into. It refuses an object key that is not exactly a field's JSON name
+// (maps, such as env, take any key); a null where a string, number or bool
+// belongs (encoding/json would leave the zero value: an env value "", an
+// argv element ""); and a null or "" for a field tagged wire:"nonempty", an
+// optional field whose grammar needs at least one character when it is sent.
+// field is the JSON name of the field tree was found in, "" at the top.
+func checkTree(tree any, t reflect.Type, field string) error {
+	if tree == nil && t.Kind() == reflect.Pointer {
+		return nil // a pointer field: null is absent, as for egress
+	}
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	switch node := tree.(type) {
+	case nil:
+		if isScalar(t.Kind()) {
+			return errInvalid(nullMessage(field))
+		}
 	case map[string]any:
-		if t.Kind() != reflect.Struct {
-			return "", true
-		}
-		fields := map[string]reflect.Type{}
-		for i := range t.NumField() {
-			f := t.Field(i)
-			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			if name == "" {
-				name = f.Name
-			}
-			if name != "-" {
-				fields[name] = f.Type
-			}
-		}
-		for k, sub := range node {
-			ft, ok := fields[k]
-			if !ok {
-				if len(k) > 64 {
-					k = k[:64]
+		switch t.Kind() {
+		case reflect.Map:
+			for _, sub := range node {
+				if sub == nil && isScalar(t.Elem().Kind()) {
+					return errInvalid(field + " has a null value; its values must be strings")
 				}
-				return k, false
 			}
-			if name, ok := unknownKey(sub, ft); !ok {
-				return name, false
-			}
+		case reflect.Struct:
+			return checkObject(node, t)
 		}
 	case []any:
 		if t.Kind() != reflect.Slice {
-			return "", true
+			return nil
 		}
 		for _, sub := range node {
-			if name, ok := unknownKey(sub, t.Elem()); !ok {
-				return name, false
+			if sub == nil && isScalar(t.Elem().Kind()) {
+				return errInvalid(field + " has a null element; its elements must be strings")
+			}
+			if err := checkTree(sub, t.Elem(), field); err != nil {
+				return err
 			}
 		}
 	}
-	return "", true
+	return nil
+}
+
+// checkObject is checkTree for a JSON object decoded into the struct type t.
+func checkObject(node map[string]any, t reflect.Type) error {
+	type field struct {
+		t        reflect.Type
+		nonEmpty bool
+	}
+	fields := map[string]field{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" {
+			name = f.Name
+		}
+		if name != "-" {
+			fields[name] = field{f.Type, f.Tag.Get("wire") == "nonempty"}
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(node)) {
+		f, ok := fields[k]
+		if !ok {
+			if len(k) > 64 {
+				k = k[:64]
+			}
+			return errInvalid("unknown request field " + k)
+		}
+		sub := node[k]
+		if f.nonEmpty && (sub == nil || sub == "") {
+			// The name is the struct's, never the client's.
+			return errInvalid("field " + k + " must not be empty or null; omit it instead")
+		}
+		if err := checkTree(sub, f.t, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isScalar reports whether k is a kind JSON null cannot stand for.
+func isScalar(k reflect.Kind) bool {
+	switch k {
+	case reflect.String, reflect.Bool, reflect.Float32, reflect.Float64,
+		reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return true
+	}
+	return false
+}
+
+func nullMessage(field string) string {
+	if field == "" {
+		return "request body must be a JSON object, not null"
+	}
+	return "field " + field + " must not be null; omit it instead"
+}
+
+// validText reports whether body is valid UTF-8 whose JSON strings escape
+// no lone surrogate (\ud800 to \udfff outside a high-low pair), which
+// encoding/json would also turn into U+FFFD.
+func validText(body []byte) bool {
+	if !utf8.Valid(body) {
+		return false
+	}
+	inString := false
+	for i := 0; i < len(body); i++ {
+		c := body[i]
+		switch {
+		case !inString:
+			inString = c == '"'
+		case c == '"':
+			inString = false
+		case c == '\\' && i+1 < len(body):
+			i++
+			if body[i] != 'u' {
+				continue
+			}
+			r, ok := hex4(body, i+1)
+			if !ok {
+				continue // malformed; the decoder refuses it
+			}
+			i += 4
+			switch {
+			case 0xDC00 <= r && r <= 0xDFFF:
+				return false // a low surrogate with no high one before it
+			case 0xD800 <= r && r <= 0xDBFF:
+				if i+2 >= len(body) || body[i+1] != '\\' || body[i+2] != 'u' {
+					return false
+				}
+				lo, ok := hex4(body, i+3)
+				if !ok || lo < 0xDC00 || lo > 0xDFFF {
+					return false
+				}
+				i += 6
+			}
+		}
+	}
+	return true
+}
+
+// hex4 parses the four hexadecimal digits of a \u escape at body[i:].
+func hex4(body []byte, i int) (rune, bool) {
+	if i+4 > len(body) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range body[i : i+4] {
+		var d byte
+		switch {
+		case '0' <= c && c <= '9':
+			d = c - '0'
+		case 'a' <= c && c <= 'f':
+			d = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			d = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(d)
+	}
+	return r, true
 }
 
 const unknownFieldPrefix = "json: unknown field "
@@ -121,8 +249,13 @@ func unknownFieldName(err error) string {
 	return name
 }
 
-// decodeB64 decodes standard base64 with padding (RFC 4648 §4).
+// decodeB64 decodes standard base64 with padding (RFC 4648 §4). Every byte
+// must be of the alphabet: encoding/base64 skips CR and LF even in strict
+// mode, so they are refused first.
 func decodeB64(field, s string) ([]byte, error) {
+	if strings.ContainsAny(s, "\r\n") {
+		return nil, errInvalid(field + " is not standard base64 with padding: it contains a line break")
+	}
 	b, err := base64.StdEncoding.Strict().DecodeString(s)
 	if err != nil {
 		return nil, errInvalid(field + " is not standard base64 with padding")

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -39,24 +40,23 @@ func (s *Server) exec(c echo.Context) error {
 	defer stdout.free()
 	defer stderr.free()
 	spec.Stdout, spec.Stderr = &stdout, &stderr
+	p, err := s.providerOf(w)
+	if err != nil {
+		return err
+	}
 	now := s.clock.Now()
 	// Instead of a plain touch: the exec keeps the workspace busy until
-	// its deadline, so the idle reaper never ends it mid-command. Its end
-	// is not recorded (exec stays at two round trips), so the workspace
-	// idles an idle timeout after the exec's deadline, never earlier than
-	// after its end.
-	if err := s.db.ExecStarted(c.Request().Context(), w, sandgate.NewID("exec_"), now.Add(spec.Timeout+30*time.Second), now); err != nil {
+	// its deadline, so the idle reaper never ends it mid-command.
+	member := sandgate.NewID("exec_")
+	if err := s.db.ExecStarted(c.Request().Context(), w, member, now.Add(spec.Timeout+30*time.Second), now); err != nil {
 		return unavailable(err)
 	}
 	// The command dies with the request: a client that went away can never
 	// read the result, and exec is never replayed.
 	ctx, cancel := context.WithTimeout(c.Request().Context(), spec.Timeout+30*time.Second)
 	defer cancel()
-	p, err := s.providerOf(w)
-	if err != nil {
-		return err
-	}
 	res, err := p.Exec(ctx, sandboxOf(w), spec)
+	s.execEnded(c, w, member)
 	if err != nil {
 		return providerError(err)
 	}
@@ -82,6 +82,22 @@ func execBody(res providers.ExecResult, stdout, stderr [][]byte, clamped bool) b
 				`,"stderr_bytes":` + jsonInt(res.StderrBytes) + `}`,
 		},
 		b64: [][][]byte{stdout, stderr},
+	}
+}
+
+// execEnded records the end of an exec, whatever its outcome: the
+// workspace stops being busy and idles an idle timeout after the end, not
+// after the exec's deadline (a quick command with timeout_seconds: 900 must
+// not keep a workspace, and its bill, alive for 15 minutes). It outlives a
+// client that went away. When it fails the mark stays until the deadline,
+// which only errs on the side of keeping the workspace. It is exec's third
+// Redis round trip, paid after the command, never before it.
+func (s *Server) execEnded(c echo.Context, w sandgate.Workspace, member string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 5*time.Second)
+	defer cancel()
+	if err := s.db.ExecEnded(ctx, w, member, s.clock.Now()); err != nil {
+		s.log.Warn("exec end not recorded; the workspace stays busy until the exec's deadline",
+			slog.String(sandgate.KeyRequestID, requestID(c)), sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, err))
 	}
 }
 
@@ -127,6 +143,11 @@ func providerError(err error) error {
 		return &protocol.Error{Code: protocol.FileNotFound, Message: "no file at this path in the workspace", Err: err}
 	case errors.Is(err, providers.ErrNotAFile):
 		return &protocol.Error{Code: protocol.NotAFile, Message: "the path is not a regular file", Err: err}
+	case errors.Is(err, providers.ErrNotWritable):
+		// A deterministic mistake of the client's, not a provider failure:
+		// 422 is in the spec's list for files/write and is not retried.
+		return &protocol.Error{Code: protocol.NotAFile, Reason: "not_writable",
+			Message: "the path cannot be written in the workspace (a read-only or system location)", Err: err}
 	case errors.Is(err, providers.ErrFileTooLarge):
 		return &protocol.Error{Code: protocol.FileTooLarge, Message: "the file is over max_file_bytes", Err: err}
 	}

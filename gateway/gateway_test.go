@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/netip"
 	"reflect"
@@ -308,6 +309,20 @@ func TestConventionsBody(t *testing.T) {
 		{"read trailing", wsPath(ws.WorkspaceID, "/files/read"), `{"path":"/a"} 1`},
 		{"write unknown field", wsPath(ws.WorkspaceID, "/files/write"), `{"path":"/a","contents_b64":"","mode":420}`},
 		{"write wrong type", wsPath(ws.WorkspaceID, "/files/write"), `{"path":"/a","contents_b64":5}`},
+		// encoding/json would turn each of these into U+FFFD.
+		{"acquire invalid UTF-8", "/v1/workspaces", "{\"label\":\"a\xff\",\"egress\":{\"allowed_domains\":[]}}"},
+		{"acquire invalid UTF-8 in a key", "/v1/workspaces", "{\"label\":\"a\",\"egress\":{\"allowed_domains\":[]},\"env\":{\"A\xc3\":\"1\"}}"},
+		{"exec invalid UTF-8", wsPath(ws.WorkspaceID, "/exec"), "{\"argv\":[\"echo\",\"\xe2\x82\"]}"},
+		{"exec lone high surrogate", wsPath(ws.WorkspaceID, "/exec"), `{"argv":["echo","\ud83d"]}`},
+		{"exec lone low surrogate", wsPath(ws.WorkspaceID, "/exec"), `{"argv":["echo","\ude00x"]}`},
+		{"exec high surrogate then a letter", wsPath(ws.WorkspaceID, "/exec"), `{"argv":["echo","\ud83d\u0041"]}`},
+		{"write invalid UTF-8 path", wsPath(ws.WorkspaceID, "/files/write"), "{\"path\":\"/workspace/\xff\",\"contents_b64\":\"\"}"},
+		{"read overlong UTF-8 path", wsPath(ws.WorkspaceID, "/files/read"), "{\"path\":\"/\xc0\xaf\"}"},
+		// A null is not a string: encoding/json would leave "".
+		{"acquire label null", "/v1/workspaces", `{"label":null,"egress":{"allowed_domains":[]}}`},
+		{"exec argv element null", wsPath(ws.WorkspaceID, "/exec"), `{"argv":["echo",null]}`},
+		{"exec timeout null", wsPath(ws.WorkspaceID, "/exec"), `{"argv":["true"],"timeout_seconds":null}`},
+		{"write contents null", wsPath(ws.WorkspaceID, "/files/write"), `{"path":"/a","contents_b64":null}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -681,6 +696,57 @@ func TestRevokeIsImmediate(t *testing.T) {
 	}
 }
 
+// TestRevokeOneLease checks that revoking one token by its lease id is as
+// immediate as revoking an instance's tokens, and touches nothing else: a
+// leaked superseded token is cut off while its successor keeps working.
+func TestRevokeOneLease(t *testing.T) {
+	t.Parallel()
+	h := sgtest.New(t, sgtest.Options{})
+	// Repeat, so that a cache that is cleared only eventually is caught.
+	for i := range 25 {
+		in := h.NewInstance(admin.Scope{})
+		ws := acquire(t, h, in.Token, "rev-lease-ws")
+		next := h.RotateToken(in.ID, admin.IssueTokenRequest{GraceSeconds: 3600})
+		newTok := sandgate.Secret(next.Token)
+		lease := func(tok sandgate.Secret) request {
+			return request{Method: http.MethodGet, Path: "/v1/lease", Token: tok}
+		}
+		wantOK(t, "old lease before revoke", do(t, h, lease(in.Token)), http.StatusOK, nil)
+		wantOK(t, "old lease before revoke, cached", do(t, h, lease(in.Token)), http.StatusOK, nil)
+		wantOK(t, "new lease before revoke, cached", do(t, h, lease(newTok)), http.StatusOK, nil)
+
+		if n := h.RevokeLease(in.LeaseID); n != 1 {
+			t.Fatalf("revoke lease count = %d; want 1", n)
+		}
+		wantError(t, fmt.Sprintf("round %d: first request of the revoked token", i), do(t, h, lease(in.Token)), http.StatusUnauthorized, protocol.LeaseRevoked)
+		var l protocol.LeaseResponse
+		wantOK(t, fmt.Sprintf("round %d: the successor's lease", i), do(t, h, lease(newTok)), http.StatusOK, &l)
+		if l.Lease.ID != next.LeaseID || l.Lease.State != "active" {
+			t.Errorf("successor's lease id, state = %s, %s; want %s, active", l.Lease.ID, l.Lease.State, next.LeaseID)
+		}
+		if i > 0 {
+			continue
+		}
+		for _, r := range allEndpoints(in.Token, ws.WorkspaceID) {
+			wantError(t, "revoked lease: "+what(r), do(t, h, r), http.StatusUnauthorized, protocol.LeaseRevoked)
+		}
+		// The instance's workspaces are its, not the token's: they run on.
+		wantRunning(t, h, newTok, ws.WorkspaceID)
+		if n := h.RevokeLease(in.LeaseID); n != 0 {
+			t.Errorf("second revoke of the same lease count = %d; want 0", n)
+		}
+		var tokens []admin.Lease
+		h.AdminDo(http.MethodGet, "/instances/"+in.ID+"/tokens", nil, &tokens)
+		states := map[string]string{}
+		for _, tk := range tokens {
+			states[tk.ID] = tk.State
+		}
+		if want := map[string]string{in.LeaseID: "revoked", next.LeaseID: "active"}; !maps.Equal(states, want) {
+			t.Errorf("token states = %v; want %v", states, want)
+		}
+	}
+}
+
 func TestLeaseBody(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
@@ -883,6 +949,11 @@ func TestAcquireRefusals(t *testing.T) {
 		{"bad agent", "k", body(func(m map[string]any) { m["agent"] = "Ops_Bot" }), 400, protocol.InvalidRequest},
 		{"agent leading dash", "k", body(func(m map[string]any) { m["agent"] = "-bot" }), 400, protocol.InvalidRequest},
 		{"bad run_id", "k", body(func(m map[string]any) { m["run_id"] = "run-1" }), 400, protocol.InvalidRequest},
+		{"agent empty", "k", body(func(m map[string]any) { m["agent"] = "" }), 400, protocol.InvalidRequest},
+		{"agent null", "k", body(func(m map[string]any) { m["agent"] = nil }), 400, protocol.InvalidRequest},
+		{"run_id empty", "k", body(func(m map[string]any) { m["run_id"] = "" }), 400, protocol.InvalidRequest},
+		{"env value null", "k", body(func(m map[string]any) { m["env"] = map[string]any{"A": nil} }), 400, protocol.InvalidRequest},
+		{"env value null beside strings", "k", body(func(m map[string]any) { m["env"] = map[string]any{"A": "1", "B": nil} }), 400, protocol.InvalidRequest},
 		{"size not allowed", "k", body(func(m map[string]any) { m["size"] = "xlarge" }), 422, protocol.SizeNotAllowed},
 		{"unknown size", "k", body(func(m map[string]any) { m["size"] = "huge" }), 422, protocol.SizeNotAllowed},
 		{"image not allowed", "k", body(func(m map[string]any) { m["image"] = "evil:latest" }), 422, protocol.ImageNotAllowed},
@@ -1357,6 +1428,12 @@ func TestExec(t *testing.T) {
 	}
 	wantOK(t, "stdin of exactly max_file_bytes", do(t, h, request{Method: http.MethodPost, Path: path, Token: in.Token,
 		Body: protocol.ExecRequest{Argv: []string{"cat"}, StdinB64: b64(strings.Repeat("s", 1024))}}), http.StatusOK, nil)
+	// Valid UTF-8, and a surrogate pair escaped, pass through unchanged.
+	wantOK(t, "exec with non-ASCII argv", do(t, h, request{Method: http.MethodPost, Path: path, Token: in.Token,
+		Body: `{"argv":["echo","d\u00e9j\u00e0 ` + "\u00e9" + `","\ud83d\ude00 \\ud800"]}`}), http.StatusOK, nil)
+	if got, want := h.Provider.Execs()[2].Argv, []string{"echo", "déjà é", "😀 \\ud800"}; !slices.Equal(got, want) {
+		t.Errorf("exec argv = %q; want %q", got, want)
+	}
 
 	execs := len(h.Provider.Execs())
 	tests := []struct {
@@ -1378,6 +1455,8 @@ func TestExec(t *testing.T) {
 		{"stdin not base64", `{"argv":["true"],"stdin_b64":"not base64!"}`, 400, protocol.InvalidRequest},
 		{"stdin unpadded", `{"argv":["true"],"stdin_b64":"YQ"}`, 400, protocol.InvalidRequest},
 		{"stdin URL alphabet", `{"argv":["true"],"stdin_b64":"-_-_"}`, 400, protocol.InvalidRequest},
+		{"stdin with a newline", `{"argv":["true"],"stdin_b64":"aGVs\nbG8K"}`, 400, protocol.InvalidRequest},
+		{"stdin with CRLF at the end", `{"argv":["true"],"stdin_b64":"aGVsbG8K\r\n"}`, 400, protocol.InvalidRequest},
 		{"stdin over max_file_bytes", `{"argv":["true"],"stdin_b64":"` + b64(strings.Repeat("s", 1025)) + `"}`, 413, protocol.PayloadTooLarge},
 	}
 	for _, tt := range tests {
@@ -1503,6 +1582,15 @@ func TestFiles(t *testing.T) {
 
 	h.Provider.OnWriteFile(func(string) error { return providers.ErrNotAFile })
 	wantError(t, "write under a file", write("/workspace/dir/f.txt/x", "x"), http.StatusUnprocessableEntity, protocol.NotAFile)
+	// A path the sandbox cannot write is the client's mistake: a 4xx that is
+	// not retried, never 502 (a provider failure, retried five times).
+	h.Provider.OnWriteFile(func(string) error { return fmt.Errorf("execfile: write: %w", providers.ErrNotWritable) })
+	for _, path := range []string{"/usr/x", "/proc/self/x", "/workspace/read-only/x"} {
+		e := wantError(t, "write to "+path, write(path, "x"), http.StatusUnprocessableEntity, protocol.NotAFile)
+		if e.Retryable || e.Details["reason"] != "not_writable" {
+			t.Errorf("write to %s: retryable, details = %v, %v; want false, reason not_writable", path, e.Retryable, e.Details)
+		}
+	}
 	h.Provider.OnWriteFile(func(string) error { return errors.New("vendor: disk on fire") })
 	wantError(t, "write with a failing provider", write("/workspace/x", "x"), http.StatusBadGateway, protocol.UpstreamError)
 	h.Provider.OnWriteFile(nil)
@@ -1522,7 +1610,8 @@ func TestFiles(t *testing.T) {
 		wantError(t, "write path "+bp.name, write(bp.path, "x"), http.StatusBadRequest, protocol.InvalidRequest)
 	}
 	wantOK(t, "write path of exactly 4096 bytes", write("/"+strings.Repeat("p", policy.MaxPathBytes-1), "x"), http.StatusNoContent, nil)
-	for _, body := range []string{`{"path":"/workspace/x","contents_b64":"not base64!"}`, `{"path":"/workspace/x","contents_b64":"YQ"}`, `{"path":"/`} {
+	for _, body := range []string{`{"path":"/workspace/x","contents_b64":"not base64!"}`, `{"path":"/workspace/x","contents_b64":"YQ"}`, `{"path":"/`,
+		`{"path":"/workspace/x","contents_b64":"aGVs\nbG8K"}`, `{"path":"/workspace/x","contents_b64":"\naGVsbG8K"}`, `{"path":"/workspace/x","contents_b64":"aGVsbG8K\r"}`} {
 		wantError(t, "write body "+body, do(t, h, request{Method: http.MethodPost, Path: writePath, Token: in.Token, Body: body}), http.StatusBadRequest, protocol.InvalidRequest)
 	}
 	wantError(t, "read with no path field", do(t, h, request{Method: http.MethodPost, Path: readPath, Token: in.Token, Body: `{}`}), http.StatusBadRequest, protocol.InvalidRequest)

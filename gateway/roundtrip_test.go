@@ -389,14 +389,14 @@ func TestRoundTripsExec(t *testing.T) {
 		if r := e.exec(t, id, "echo", "hi"); r.ExitCode != 0 {
 			t.Fatalf("exec exit code = %d; want 0", r.ExitCode)
 		}
-		if n, cmds := e.rt.snapshot(); n != 2 {
-			t.Errorf("exec %d: %d round trips %v; want exactly 2 (load the workspace, mark it busy)", i, n, cmds)
+		if n, cmds := e.rt.snapshot(); n != 3 {
+			t.Errorf("exec %d: %d round trips %v; want exactly 3 (load the workspace, mark it busy, record its end)", i, n, cmds)
 		}
 	}
 }
 
 // TestRoundTripsRateLimited: with the production rate limits on, a warm
-// lease costs exactly its rate check, and exec stays at two round trips
+// lease costs exactly its rate check, and exec stays at three round trips
 // because its rate check shares the workspace read's pipeline.
 func TestRoundTripsRateLimited(t *testing.T) {
 	e := rtStart(t, rtOptions{names: true, rateLimited: true})
@@ -411,8 +411,8 @@ func TestRoundTripsRateLimited(t *testing.T) {
 	if r := e.exec(t, id, "echo", "hi"); r.ExitCode != 0 {
 		t.Fatalf("exec exit code = %d; want 0", r.ExitCode)
 	}
-	if n, cmds := e.rt.snapshot(); n != 2 {
-		t.Errorf("exec: %d round trips %v; want exactly 2 (workspace read with the rate check, touch)", n, cmds)
+	if n, cmds := e.rt.snapshot(); n != 3 {
+		t.Errorf("exec: %d round trips %v; want exactly 3 (workspace read with the rate check, busy mark, end)", n, cmds)
 	}
 }
 

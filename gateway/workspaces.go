@@ -54,7 +54,8 @@ func (s *Server) loadWorkspace(c echo.Context) (sandgate.Workspace, error) {
 
 // loadWorkspaceLimited is loadWorkspace that also counts the request
 // against the token's rate limit of class (when not empty), in the same
-// round trip as the read: exec and files cost two round trips in all.
+// round trip as the read: files cost two round trips in all, exec three
+// (its end is recorded too, for the idle timeout).
 func (s *Server) loadWorkspaceLimited(c echo.Context, class admission.Class) (sandgate.Workspace, error) {
 	id := c.Param("id")
 	if !policy.ValidID(id) {

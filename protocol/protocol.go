@@ -104,7 +104,9 @@ type EgressInfo struct {
 	Ceiling []string `json:"ceiling"`
 }
 
-// AcquireRequest is the body of POST /v1/workspaces.
+// AcquireRequest is the body of POST /v1/workspaces. A field tagged
+// wire:"nonempty" is optional, but its grammar needs at least one
+// character: the gateway refuses it sent as "" or null (omit it instead).
 type AcquireRequest struct {
 	Label      string            `json:"label"`
 	Size       string            `json:"size,omitempty"`
@@ -112,8 +114,8 @@ type AcquireRequest struct {
 	Env        map[string]string `json:"env,omitempty"`
 	Egress     *Egress           `json:"egress"`
 	SnapshotID string            `json:"snapshot_id,omitempty"`
-	Agent      string            `json:"agent,omitempty"`
-	RunID      string            `json:"run_id,omitempty"`
+	Agent      string            `json:"agent,omitempty" wire:"nonempty"`
+	RunID      string            `json:"run_id,omitempty" wire:"nonempty"`
 }
 
 // Egress is the egress object of an Acquire. A nil AllowedDomains is

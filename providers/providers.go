@@ -20,6 +20,11 @@ var (
 	// ErrNotAFile: the path is a directory or another non-regular file, or
 	// (on write) a parent is not a directory.
 	ErrNotAFile = errors.New("not a regular file")
+	// ErrNotWritable: the sandbox cannot write at the path (a read-only
+	// mount such as /usr, /proc, or a directory without write permission).
+	// It is the client's mistake, never the provider's failure: retrying
+	// cannot help.
+	ErrNotWritable = errors.New("path not writable in the sandbox")
 	// ErrFileTooLarge: the file is over the limit the caller passed.
 	ErrFileTooLarge = errors.New("file too large")
 	// ErrSandboxGone: the sandbox no longer exists at the vendor.
@@ -217,6 +222,9 @@ type CommandStatus struct {
 	StderrTruncated bool
 	// StdoutBytes and StderrBytes are the real totals the command wrote.
 	StdoutBytes, StderrBytes int64
+	// FinishedAt is when the command finished, once completed or canceled,
+	// by the sandbox's clock; zero when the provider cannot tell.
+	FinishedAt time.Time
 }
 
 // Env is what the host lends a provider.

@@ -2,6 +2,8 @@ package reaper_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -172,6 +174,74 @@ func TestExpiredAndIdle(t *testing.T) {
 		t.Errorf("after its exec: %s %s, want idle", got.State, got.TerminationReason)
 	}
 	f.checkSlots(1)
+}
+
+// TestIdleAfterDurableCommand: a durable command that finished with nobody
+// reading it stops keeping its workspace busy, so the workspace idles an
+// idle timeout after the command's end, not after its deadline; one still
+// running keeps its workspace. The commands run in real sandboxes, so their
+// end is the wall clock's, and the test's clock is set past it.
+func TestIdleAfterDurableCommand(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	const idle = 20 * time.Second
+	tests := []struct {
+		name    string
+		argv    []string
+		wantEnd bool // ended as idle, or still running
+	}{
+		{"finished", []string{"echo", "hi"}, true},
+		{"still running", []string{"sleep", "120"}, false},
+	}
+	ws := make([]sandgate.Workspace, len(tests))
+	for i, tt := range tests {
+		w := f.admit(time.Hour, idle, true, true)
+		now := f.clock.Now()
+		key := fmt.Sprintf("%x", sha256.Sum256([]byte(tt.name)))
+		if err := f.db.ClaimCommand(ctx, w, key, now, now.Add(time.Minute), now.Add(15*time.Minute)); err != nil {
+			t.Fatalf("%s: ClaimCommand: %v", tt.name, err)
+		}
+		sb := providers.Sandbox{Ref: w.ProviderRef}
+		if err := f.prov.StartCommand(ctx, sb, key, providers.ExecSpec{Argv: tt.argv, Timeout: 15 * time.Minute, MaxOutputBytes: 100}); err != nil {
+			t.Fatalf("%s: StartCommand: %v", tt.name, err)
+		}
+		if _, err := f.db.CommandLaunched(ctx, w, key); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.prov.CancelCommand(context.Background(), sb, key) })
+		for j := 0; tt.wantEnd; j++ {
+			st, err := f.prov.ReadCommand(ctx, sb, key, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.State == providers.CommandCompleted {
+				break
+			}
+			if j == 1500 {
+				t.Fatalf("%s: command still %s after 30s", tt.name, st.State)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		ws[i] = f.get(w.ID)
+		if !ws[i].BusyUntil.After(now.Add(idle)) {
+			t.Fatalf("%s: busy until %v; want the command's deadline", tt.name, ws[i].BusyUntil)
+		}
+	}
+	// Past every command's end and every claim by more than the idle
+	// timeout, well before the commands' deadline.
+	f.clock.Set(time.Now().Add(idle + time.Second))
+	if err := f.reaper("a").Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, tt := range tests {
+		got := f.get(ws[i].ID)
+		switch {
+		case tt.wantEnd && got.TerminationReason != sandgate.ReasonIdle:
+			t.Errorf("%s: state %s reason %q; want ended as idle", tt.name, got.State, got.TerminationReason)
+		case !tt.wantEnd && got.State != sandgate.WorkspaceRunning:
+			t.Errorf("%s: state %s reason %q; want running", tt.name, got.State, got.TerminationReason)
+		}
+	}
 }
 
 func TestRevokedScope(t *testing.T) {

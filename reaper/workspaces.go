@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/runner"
 	"github.com/sandgate/sandgate/store"
 )
 
@@ -130,10 +131,66 @@ func (r *Reaper) settle(ctx context.Context, w sandgate.Workspace, now time.Time
 			r.end(ctx, w, sandgate.ReasonExpired, store.CondExpired, &r.stats.Expired, attrs)
 			return
 		}
+		if w.IdleTimeout > 0 && !now.Before(w.LastActivity.Add(w.IdleTimeout)) && now.Before(w.IdleAt()) {
+			// Idle but for its busy mark: durable commands may have finished
+			// with nobody reading them.
+			w = r.finishCommands(ctx, w, now)
+		}
 		if w.IdleTimeout > 0 && !now.Before(w.IdleAt()) {
 			r.end(ctx, w, sandgate.ReasonIdle, store.CondIdle, &r.stats.Idle, attrs)
 		}
 	}
+}
+
+// commandReadTimeout bounds one read of a durable command in its sandbox.
+const commandReadTimeout = 10 * time.Second
+
+// finishCommands asks the sandbox about each durable command that keeps w
+// busy and records those it finished, at their end (the time the sandbox
+// gives, or now when it gives none), as a read by the client would. It
+// returns w as the store has it then; on any failure, w as it was, which
+// only keeps the workspace longer.
+func (r *Reaper) finishCommands(ctx context.Context, w sandgate.Workspace, now time.Time) sandgate.Workspace {
+	if r.cfg.Providers == nil {
+		return w
+	}
+	e, err := r.cfg.Providers.Get(w.Provider)
+	if err != nil {
+		return w
+	}
+	cmds := runner.For(e.Provider)
+	keys, err := r.db.BusyCommands(ctx, w)
+	if err != nil {
+		return w
+	}
+	finished := 0
+	for _, key := range keys {
+		cmd, err := r.db.Command(ctx, w, key)
+		if err != nil || !cmd.Launched || (cmd.State != sandgate.CommandStarting && cmd.State != sandgate.CommandRunning) {
+			continue // a launch never confirmed is fenced by the client's next read
+		}
+		rctx, cancel := context.WithTimeout(ctx, commandReadTimeout)
+		st, err := cmds.ReadCommand(rctx, providers.Sandbox{Ref: w.ProviderRef}, key, 0)
+		cancel()
+		if err != nil || (st.State != providers.CommandCompleted && st.State != providers.CommandCanceled) {
+			continue
+		}
+		at := st.FinishedAt
+		if at.IsZero() || at.After(now) {
+			at = now
+		}
+		if _, err := r.db.FinishCommand(ctx, w, key, sandgate.CommandState(st.State), st.ExitCode, st.TimedOut, at); err == nil {
+			finished++
+		}
+	}
+	if finished == 0 {
+		return w
+	}
+	cur, err := r.db.Workspace(ctx, w.AccountID, w.ID)
+	if err != nil {
+		return w
+	}
+	return cur
 }
 
 func (r *Reaper) end(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, cond string, n interface{ Add(int64) int64 }, attrs []any) {

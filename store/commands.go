@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sandgate/sandgate"
@@ -115,6 +116,23 @@ func (db *DB) FinishCommand(ctx context.Context, w sandgate.Workspace, key strin
 		return "", fmt.Errorf("finish command: %w", err)
 	}
 	return sandgate.CommandState(st), nil
+}
+
+// BusyCommands returns the keys of the workspace's durable commands that
+// keep it busy: claimed, and not yet seen finished. Execs in flight, which
+// also keep it busy, are not commands and are left out.
+func (db *DB) BusyCommands(ctx context.Context, w sandgate.Workspace) ([]string, error) {
+	members, err := db.rdb.ZRange(ctx, busyKey(w.AccountID, w.ID), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	keys := members[:0]
+	for _, m := range members {
+		if !strings.HasPrefix(m, execBusyPrefix) {
+			keys = append(keys, m)
+		}
+	}
+	return keys, nil
 }
 
 // Command returns a workspace's durable command by identity key. Returns ErrNotFound.

@@ -156,3 +156,36 @@ func TestListWorkspacesTies(t *testing.T) {
 		}
 	}
 }
+
+// TestFinishCommandKeepsLaterActivity: a command found finished after the
+// workspace was used again (by the reaper, at the command's real end) no
+// longer keeps it busy, and does not move its last activity back; the busy
+// set lists commands only, not execs.
+func TestFinishCommandKeepsLaterActivity(t *testing.T) {
+	db := newDB(t)
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	w := newRunning(t, db, sandgate.NewID("acct_"), sandgate.NewID("inst_"), now)
+	if err := db.ClaimCommand(ctx, w, "k1", now, now.Add(time.Minute), now.Add(10*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.ExecStarted(ctx, w, "e1", now.Add(time.Minute), now); err != nil {
+		t.Fatal(err)
+	}
+	if keys, err := db.BusyCommands(ctx, w); err != nil || len(keys) != 1 || keys[0] != "k1" {
+		t.Errorf("BusyCommands = %q, %v; want [k1]", keys, err)
+	}
+	if err := db.ExecEnded(ctx, w, "e1", now.Add(20*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.FinishCommand(ctx, w, "k1", sandgate.CommandCompleted, 0, false, now.Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.Workspace(ctx, w.AccountID, w.ID)
+	if err != nil || !got.BusyUntil.IsZero() || !got.LastActivity.Equal(now.Add(20*time.Second)) {
+		t.Errorf("after the finish: busy until %v, last activity %v (%v); want none, %v", got.BusyUntil, got.LastActivity, err, now.Add(20*time.Second))
+	}
+	if keys, err := db.BusyCommands(ctx, w); err != nil || len(keys) != 0 {
+		t.Errorf("BusyCommands after the finish = %q, %v; want none", keys, err)
+	}
+}

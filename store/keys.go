@@ -22,6 +22,14 @@ func instanceKey(acct, inst string) string { return prefix + "{" + acct + "}:ins
 // instanceIndexKey maps an instance id to its account id. Example: sg:instance:inst_y
 func instanceIndexKey(inst string) string { return prefix + "instance:" + inst }
 
+// leaseIndexKey maps a lease id to its token's SHA-256, for revoking one
+// token by its lease id. Example: sg:lease:lse_5x2k…
+func leaseIndexKey(id string) string { return prefix + "lease:" + id }
+
+// dataDirKey is the JSON DataDir a host-local provider serves its
+// workspaces from. Example: sg:datadir:local
+func dataDirKey(provider string) string { return prefix + "datadir:" + provider }
+
 // tokenKey is a lease's JSON record, keyed by the token's SHA-256. Example: sg:token:9f86…
 func tokenKey(hash string) string { return prefix + "token:" + hash }
 

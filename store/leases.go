@@ -90,6 +90,7 @@ func (db *DB) IssueLease(ctx context.Context, l sandgate.Lease, supersede bool, 
 	pipe := db.rdb.TxPipeline()
 	pipe.Set(ctx, tokenKey(l.TokenHash), mustJSON(l), 0)
 	pipe.SAdd(ctx, leasesKey(l.AccountID, l.InstanceID), l.TokenHash)
+	pipe.Set(ctx, leaseIndexKey(l.ID), l.TokenHash, 0)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("issue lease: %w", err)
 	}
@@ -109,6 +110,65 @@ func (db *DB) RevokeLeases(ctx context.Context, acct, inst string, now time.Time
 		return true
 	})
 	return n, err
+}
+
+// LeaseByID returns the lease with the given id. Returns ErrNotFound when
+// there is none. A lease issued before the lease index existed is found by
+// walking every instance's leases once, and then indexed.
+func (db *DB) LeaseByID(ctx context.Context, id string) (sandgate.Lease, error) {
+	hash, err := db.rdb.Get(ctx, leaseIndexKey(id)).Result()
+	switch {
+	case err == nil:
+		var l sandgate.Lease
+		if err := db.getJSON(ctx, tokenKey(hash), &l); err != nil {
+			return sandgate.Lease{}, err
+		}
+		return l, nil
+	case !isNil(err):
+		return sandgate.Lease{}, err
+	}
+	accts, err := db.rdb.SMembers(ctx, accountsKey()).Result()
+	if err != nil {
+		return sandgate.Lease{}, err
+	}
+	for _, a := range accts {
+		insts, err := db.rdb.SMembers(ctx, instancesKey(a)).Result()
+		if err != nil {
+			return sandgate.Lease{}, err
+		}
+		for _, i := range insts {
+			ls, err := db.Leases(ctx, a, i)
+			if err != nil {
+				return sandgate.Lease{}, err
+			}
+			for _, l := range ls {
+				if l.ID == id {
+					if err := db.rdb.Set(ctx, leaseIndexKey(id), l.TokenHash, 0).Err(); err != nil {
+						return sandgate.Lease{}, err
+					}
+					return l, nil
+				}
+			}
+		}
+	}
+	return sandgate.Lease{}, fmt.Errorf("lease %s: %w", id, ErrNotFound)
+}
+
+// RevokeLease revokes the one lease l (of its instance) at now, leaving
+// the instance's other leases as they are, and reports whether it revoked
+// it (false when it already was). Auth caches are invalidated before it
+// returns, as for RevokeLeases.
+func (db *DB) RevokeLease(ctx context.Context, l sandgate.Lease, now time.Time) (bool, error) {
+	revoked := false
+	err := db.updateLeases(ctx, l.AccountID, l.InstanceID, func(cur *sandgate.Lease) bool {
+		if cur.ID != l.ID || !cur.RevokedAt.IsZero() {
+			return false
+		}
+		cur.RevokedAt = now
+		revoked = true
+		return true
+	})
+	return revoked, err
 }
 
 // EndGrace ends the grace period of every superseded lease of an instance

@@ -136,17 +136,21 @@ func (db *DB) SlotCounts(ctx context.Context, acct, inst string) (live, open int
 	return live, open, err
 }
 
+// execBusyPrefix starts the busy set's members that are execs; the others
+// are durable commands' keys (hex, so never with a colon).
+const execBusyPrefix = "exec:"
+
 // ExecStarted marks the workspace busy until deadline while the exec
 // named member runs, and touches its activity.
 func (db *DB) ExecStarted(ctx context.Context, w sandgate.Workspace, member string, deadline, now time.Time) error {
 	return execBusyScript.Run(ctx, db.rdb, []string{workspaceKey(w.AccountID, w.ID), busyKey(w.AccountID, w.ID)},
-		"exec:"+member, ms(now), "start", ms(deadline)).Err()
+		execBusyPrefix+member, ms(now), "start", ms(deadline)).Err()
 }
 
 // ExecEnded ends ExecStarted's mark and touches the workspace's activity.
 func (db *DB) ExecEnded(ctx context.Context, w sandgate.Workspace, member string, now time.Time) error {
 	return execBusyScript.Run(ctx, db.rdb, []string{workspaceKey(w.AccountID, w.ID), busyKey(w.AccountID, w.ID)},
-		"exec:"+member, ms(now), "end", 0).Err()
+		execBusyPrefix+member, ms(now), "end", 0).Err()
 }
 
 // InstanceAccount returns the account of an instance id, "" when unknown.

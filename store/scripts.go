@@ -335,7 +335,8 @@ return {` + itoa(resOK) + `, st, redis.call('HGET', KEYS[1], 'launched') or '0'}
 // finishCommandScript records a finished command's state and exit status
 // as the provider reports it: completed wins over a cancel that came too
 // late to kill it. The command stops keeping the workspace busy, and its
-// end counts as activity.
+// end counts as activity (never moving the last activity back: a command
+// found finished long after its end leaves later activity as it is).
 //
 // KEYS[1] command HASH, KEYS[2] workspace HASH, KEYS[3] workspace busy ZSET
 // ARGV[1] state (completed or canceled), ARGV[2] exit code (empty for none), ARGV[3] timed out (0/1),
@@ -350,7 +351,8 @@ if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'exit_code', ARGV[2], 'has_exi
 redis.call('ZREM', KEYS[3], ARGV[5])
 if redis.call('EXISTS', KEYS[2]) == 1 then
   local top = redis.call('ZREVRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-  redis.call('HSET', KEYS[2], 'busy_ms', top[2] or '0', 'activity_ms', ARGV[4])
+  local last = tonumber(redis.call('HGET', KEYS[2], 'activity_ms') or '0') or 0
+  redis.call('HSET', KEYS[2], 'busy_ms', top[2] or '0', 'activity_ms', math.max(last, tonumber(ARGV[4])))
 end
 return ARGV[1]
 `)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -275,25 +276,39 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 		return c
 	}
 	var keep bool
+	var lease string
 	revoke := &cobra.Command{
-		Use: "revoke", Short: "Revoke every token of the instance now and end its running workspaces; prints revoked=N terminated=N failed=N",
+		Use: "revoke",
+		Short: "Revoke every token of the instance now and end its running workspaces, or (--lease) one token alone; " +
+			"prints revoked=N terminated=N failed=N",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if (inst == "") == (lease == "") {
+				return errors.New("give exactly one of --instance (every token) and --lease (one token)")
+			}
+			if lease != "" && keep {
+				return errors.New("--keep-workspaces goes with --instance: revoking one token never ends workspaces")
+			}
 			cl, err := f.client()
 			if err != nil {
 				return err
 			}
-			terminate := !keep
 			var out admin.RevokeResult
-			req := admin.RevokeRequest{TerminateWorkspaces: &terminate}
-			if err := cl.Do(cmd.Context(), http.MethodPost, "/instances/"+url.PathEscape(inst)+"/tokens/revoke", req, &out); err != nil {
+			if lease != "" {
+				err = cl.Do(cmd.Context(), http.MethodPost, "/leases/"+url.PathEscape(lease)+"/revoke", nil, &out)
+			} else {
+				terminate := !keep
+				req := admin.RevokeRequest{TerminateWorkspaces: &terminate}
+				err = cl.Do(cmd.Context(), http.MethodPost, "/instances/"+url.PathEscape(inst)+"/tokens/revoke", req, &out)
+			}
+			if err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), out, fmt.Sprintf("revoked=%d terminated=%d failed=%d", out.Count, out.Terminated, out.Failed))
 		},
 	}
-	revoke.Flags().StringVar(&inst, "instance", "", "instance id (required)")
-	_ = revoke.MarkFlagRequired("instance")
-	revoke.Flags().BoolVar(&keep, "keep-workspaces", false, "leave the instance's running workspaces running")
+	revoke.Flags().StringVar(&inst, "instance", "", "instance id: revoke every token of it")
+	revoke.Flags().StringVar(&lease, "lease", "", "lease id (from token list): revoke this token only; the instance's other tokens and its workspaces are untouched")
+	revoke.Flags().BoolVar(&keep, "keep-workspaces", false, "with --instance: leave the instance's running workspaces running")
 	rotate := issue("rotate", "Issue a new token and supersede the others after a grace period; prints the token", "/tokens/rotate")
 	rotate.Flags().DurationVar(&grace, "grace", 0, "grace period of the superseded tokens (0: the broker's default)")
 	list := &cobra.Command{

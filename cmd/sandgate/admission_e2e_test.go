@@ -201,6 +201,15 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 		})
 	}
 
+	// The operator API cannot read the stop state either: 503, never 500.
+	for i, gw := range []*serveBroker{gwA, gwB} {
+		err := gw.Operator(t).Do(ctx, http.MethodGet, "/status", nil, &adminapi.Status{})
+		var ae *adminapi.APIError
+		if !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable || ae.Code != protocol.Unavailable {
+			t.Errorf("gateway %d: GET /admin/v1/status with Redis down = %v; want 503 unavailable", i, err)
+		}
+	}
+
 	rs.Restart()
 
 	// Both gateways reconnect and admit again on their own. The lease

@@ -22,6 +22,7 @@ import (
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/reaper"
 	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
@@ -88,6 +89,9 @@ func (b *broker) run(ctx context.Context) error {
 
 	// The one wiring place: everything below is built once and shared.
 	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
+	if err := claimDataDirs(ctx, db, provs, clock.Now()); err != nil {
+		return err
+	}
 	bill := billing.New(db, billing.Config{Provider: providers.LegacyName, Log: b.log.With("component", "billing"),
 		Webhook: billing.WebhookConfig{URL: b.cfg.Billing.Webhook.URL, Secret: b.cfg.webhookSecret, Timeout: b.cfg.Billing.Webhook.Timeout}})
 	rates := map[admission.Class]admission.Rate{}
@@ -140,9 +144,12 @@ func (b *broker) run(ctx context.Context) error {
 		return err
 	}
 
-	pub := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: b.tls,
+	// Both servers see the connections of listen.go, so that every answer,
+	// even those net/http gives by itself, is the envelope.
+	const readHeaderTimeout = 10 * time.Second
+	pub := &http.Server{Handler: withConnInfo(gw.Handler()), ReadHeaderTimeout: readHeaderTimeout, ConnContext: connContext,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
-	ops := &http.Server{Handler: withMetrics(adm.Handler(), metricsHandler), ReadHeaderTimeout: 10 * time.Second,
+	ops := &http.Server{Handler: withMetrics(adm.Handler(), metricsHandler), ReadHeaderTimeout: readHeaderTimeout,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -157,16 +164,16 @@ func (b *broker) run(ctx context.Context) error {
 	wg.Go(func() { bill.RunWebhooks(runCtx) })
 	errc := make(chan error, 2)
 	wg.Go(func() {
-		ln := b.public
+		var ln net.Listener = plainListener{b.public}
 		if b.tls != nil {
-			ln = tls.NewListener(ln, b.tls)
+			ln = newTLSListener(b.public, b.tls, readHeaderTimeout)
 		}
 		if err := pub.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("public listener: %w", err)
 		}
 	})
 	wg.Go(func() {
-		if err := ops.Serve(b.admin); !errors.Is(err, http.ErrServerClosed) {
+		if err := ops.Serve(plainListener{b.admin}); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("operator listener: %w", err)
 		}
 	})
@@ -195,6 +202,49 @@ func (b *broker) run(ctx context.Context) error {
 	cancel()
 	wg.Wait()
 	return runErr
+}
+
+// claimDataDir makes sure that every broker process on this store serves
+// local workspaces from one data directory: the first records its id, and
+// one with another refuses to start, saying why. A local workspace lives
+// only in the directory that created it: a process with another would
+// answer 410 workspace_gone for it, and reap it. The claim is never lifted
+// by the broker; an operator who retires a data directory for good deletes
+// it (providers/local/README.md).
+// claimDataDirs claims the data directory of every local provider of ps
+// (claimDataDir).
+func claimDataDirs(ctx context.Context, db *store.DB, ps *providers.Set, now time.Time) error {
+	for _, e := range ps.All() {
+		if lp, ok := e.Provider.(*local.Provider); ok {
+			if err := claimDataDir(ctx, db, e.Name, lp, now); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func claimDataDir(ctx context.Context, db *store.DB, name string, prov *local.Provider, now time.Time) error {
+	host, _ := os.Hostname()
+	ours := store.DataDir{ID: prov.DataDirID(), Host: host, Path: prov.DataDir(), ClaimedAt: now.UTC().Truncate(time.Second)}
+	got, err := db.ClaimDataDir(ctx, name, ours)
+	if err != nil {
+		return fmt.Errorf("provider %s: cannot record its data directory in Redis: %w", name, err)
+	}
+	if got.ID == ours.ID {
+		return nil
+	}
+	live := "an unknown number of"
+	if ws, err := db.LiveWorkspaces(ctx, "", "", now); err == nil {
+		live = fmt.Sprint(len(ws))
+	}
+	return fmt.Errorf("provider %s: refusing to start: this Redis already serves its local workspaces from the data directory %s "+
+		"on host %q (id %s, since %s; %s workspaces live now), and this process's data directory %s (id %s) is another one. "+
+		"A local workspace lives only in the data directory that created it, so this process would answer 410 workspace_gone "+
+		"for those of the other and its reaper would end them. Run every `sandgate serve` on this Redis with that data directory "+
+		"(on that host), or use another Redis; if that data directory is retired for good and no workspace of it is live, "+
+		"delete the Redis key %s and start again",
+		name, got.Path, got.Host, got.ID, got.ClaimedAt.Format(time.RFC3339), live, ours.Path, ours.ID, store.DataDirKey(name))
 }
 
 // isLoopback reports whether addr (host:port) binds only loopback.

@@ -258,12 +258,37 @@ func testAdminCLI(t *testing.T, d *devBroker) {
 		t.Fatalf("Lease with the new token after end-grace: %v", err)
 	}
 
+	// One token by its lease id: the token still in its grace period is cut
+	// off at once, its successor and the workspaces are untouched.
+	tok3 := cliToken(t, runCLI(t, env, "admin", "token", "rotate", "--instance", instID))
+	c3 := d.Client(t, tok3)
+	l2, err := c2.Lease(ctx)
+	if err != nil || l2.Lease.State != "superseded" {
+		t.Fatalf("Lease with the rotated-out token = %+v, %v; want superseded", l2, err)
+	}
+	for _, args := range [][]string{{}, {"--instance", instID, "--lease", l2.Lease.ID}, {"--lease", l2.Lease.ID, "--keep-workspaces"}} {
+		if _, stderr, err := tryCLI(env, append([]string{"admin", "token", "revoke"}, args...)...); err == nil {
+			t.Fatalf("token revoke %q succeeded; want a usage error (stderr %q)", args, stderr)
+		}
+	}
+	if out := strings.TrimSpace(runCLI(t, env, "admin", "token", "revoke", "--lease", l2.Lease.ID)); out != "revoked=1 terminated=0 failed=0" {
+		t.Fatalf("token revoke --lease printed %q; want revoked=1 terminated=0 failed=0", out)
+	}
+	_, err = c2.Lease(ctx)
+	wantCode(t, "Lease with the token revoked by its lease", err, http.StatusUnauthorized, protocol.LeaseRevoked)
+	if l3, err := c3.Lease(ctx); err != nil || l3.Lease.State != "active" {
+		t.Fatalf("Lease with the successor after revoke --lease = %+v, %v; want active", l3, err)
+	}
+	if got, err := c3.Workspace(ctx, ws.WorkspaceID); err != nil || got.State != "running" {
+		t.Fatalf("workspace after revoke --lease = %+v, %v; want running", got, err)
+	}
+
 	if n := strings.TrimSpace(runCLI(t, env, "admin", "token", "revoke", "--instance", instID)); n == "0" {
 		t.Fatalf("token revoke printed %q; want a count > 0", n)
 	}
-	_, err = c2.Lease(ctx)
+	_, err = c3.Lease(ctx)
 	wantCode(t, "Lease after revoke", err, http.StatusUnauthorized, protocol.LeaseRevoked)
-	_, err = c2.Workspace(ctx, ws.WorkspaceID)
+	_, err = c3.Workspace(ctx, ws.WorkspaceID)
 	wantCode(t, "Workspace after revoke", err, http.StatusUnauthorized, protocol.LeaseRevoked)
 
 	// A refusal of the operator API is a non-zero exit with a message.
@@ -429,6 +454,49 @@ func TestServeRefusesPlaintext(t *testing.T) {
 	if msg := strings.ToLower(stderr); !strings.Contains(msg, "tls") || !strings.Contains(msg, "plaintext") {
 		t.Fatalf("serve without TLS said %q; want a message naming TLS and plaintext", stderr)
 	}
+}
+
+// TestServeRefusesAnotherDataDir: two `sandgate serve` configs on one Redis
+// with different data directories. The first to start owns the store's
+// local workspaces; the other refuses to start, saying why, whether or not
+// workspaces are live, while another process on the first's data directory
+// starts and serves the first's workspaces.
+func TestServeRefusesAnotherDataDir(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rs := startRedis(t)
+	cfgA, cfgB := newServeConfig(t, rs.Addr, serveOptions{}), newServeConfig(t, rs.Addr, serveOptions{})
+	gwA := startServe(t, cfgA)
+	adm := gwA.Admin(t)
+	tok := issueToken(t, adm, createInstance(t, adm, createAccount(t, adm, "e2e-datadir"), 2))
+	ws := acquire(t, gwA.Client(t, tok), "datadir-1")
+
+	refused := func(live string) {
+		t.Helper()
+		stdout, stderr, err := tryCLI(cfgB.env, "serve", "--config", cfgB.Path)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+			t.Fatalf("serve with another data dir = %v; want a non-zero exit\nstdout: %s\nstderr: %s", err, stdout, stderr)
+		}
+		for _, want := range []string{"refusing to start", filepath.Join(cfgA.DataDir, "local"), filepath.Join(cfgB.DataDir, "local"),
+			live + " workspaces live", "410 workspace_gone", "sg:datadir:local"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("serve with another data dir said %q; want it to name %q", stderr, want)
+			}
+		}
+	}
+	refused("1")
+
+	// Another process on the first's data directory is welcome.
+	gwA2 := startServe(t, cfgA)
+	if got, err := gwA2.Client(t, tok).Workspace(ctx, ws.WorkspaceID); err != nil || got.State != "running" {
+		t.Fatalf("workspace through the second process on the same data dir = %+v, %v; want running", got, err)
+	}
+	if _, err := gwA2.Client(t, tok).Release(ctx, ws.WorkspaceID); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	// Still refused once nothing is live: the claim is the operator's to lift.
+	refused("0")
 }
 
 func quote(s string) string {

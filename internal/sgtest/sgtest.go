@@ -494,6 +494,15 @@ func (h *Harness) RevokeTokens(instanceID string) int {
 	return out.Count
 }
 
+// RevokeLease revokes the one token of a lease and returns how many it
+// revoked (0 when it already was).
+func (h *Harness) RevokeLease(leaseID string) int {
+	h.tb.Helper()
+	var out admin.RevokeResult
+	h.AdminDo(http.MethodPost, "/leases/"+leaseID+"/revoke", nil, &out)
+	return out.Count
+}
+
 // LiveCount returns how many concurrency slots an instance holds now.
 func (h *Harness) LiveCount(in Instance) int64 {
 	h.tb.Helper()

@@ -38,6 +38,7 @@ const (
 	exitNotFound = 81
 	exitNotAFile = 82
 	exitTooLarge = 83
+	exitReadOnly = 84
 )
 
 // readScript gets $1 = path, $2 = max bytes. It exits exitNotFound when the
@@ -58,7 +59,10 @@ exec cat -- "$p"
 // written to a temporary file beside the target and renamed over it, so a
 // reader sees the old or the new file, never a partial one. The new file is
 // 0644, or 0755 when it replaces an executable file. It exits exitNotAFile
-// when the path names a directory or a component of its parent is not one.
+// when the path names a directory or a component of its parent is not one,
+// and exitReadOnly when the deepest directory that exists on the way to
+// the path cannot be written (a read-only mount, or no write or search
+// permission: test -w and -x ask the kernel, so they see both).
 var writeScript = `p=$1
 case $p in */) exit ` + strconv.Itoa(exitNotAFile) + `;; esac
 if [ -L "$p" ]; then
@@ -73,8 +77,13 @@ if ! mkdir -p -- "$d" 2>/dev/null; then
 		if [ -e "$a" ] && [ ! -d "$a" ]; then exit ` + strconv.Itoa(exitNotAFile) + `; fi
 		a=${a%/*}
 	done
+	a=$d
+	while [ -n "$a" ] && [ ! -d "$a" ]; do a=${a%/*}; done
+	[ -n "$a" ] || a=/
+	[ -w "$a" ] && [ -x "$a" ] || exit ` + strconv.Itoa(exitReadOnly) + `
 	exit 1
 fi
+[ -w "$d" ] && [ -x "$d" ] || exit ` + strconv.Itoa(exitReadOnly) + `
 t=$d/.sandgate-write-$2
 set -C
 cat >"$t" || { rm -f -- "$t"; exit 1; }
@@ -121,8 +130,9 @@ func ReadFile(ctx context.Context, ex Execer, sb providers.Sandbox, path string,
 
 // WriteFile creates the parent directories of the absolute path in sb and
 // replaces the file there with data. Returns [providers.ErrNotAFile] when the
-// path is a directory or a parent is not a directory. Errors never carry the
-// path.
+// path is a directory or a parent is not a directory, and
+// [providers.ErrNotWritable] when the sandbox cannot write there. Errors
+// never carry the path.
 func WriteFile(ctx context.Context, ex Execer, sb providers.Sandbox, path string, data []byte) error {
 	if err := checkPath(path); err != nil {
 		return err
@@ -154,6 +164,8 @@ func exitErr(op string, res providers.ExecResult) error {
 		return fmt.Errorf("execfile: %s: %w", op, providers.ErrNotAFile)
 	case res.ExitCode == exitTooLarge:
 		return fmt.Errorf("execfile: %s: %w", op, providers.ErrFileTooLarge)
+	case res.ExitCode == exitReadOnly:
+		return fmt.Errorf("execfile: %s: %w", op, providers.ErrNotWritable)
 	}
 	return fmt.Errorf("execfile: %s: failed in the sandbox with exit code %d", op, res.ExitCode)
 }

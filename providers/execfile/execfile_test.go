@@ -209,6 +209,7 @@ func TestExitMapping(t *testing.T) {
 		{providers.ExecResult{ExitCode: 81}, providers.ErrFileNotFound},
 		{providers.ExecResult{ExitCode: 82}, providers.ErrNotAFile},
 		{providers.ExecResult{ExitCode: 83}, providers.ErrFileTooLarge},
+		{providers.ExecResult{ExitCode: 84}, providers.ErrNotWritable},
 	}
 	for _, tt := range tests {
 		_, err := execfile.ReadFile(t.Context(), fixedExecer(tt.res), sb, "/f", 10)
@@ -217,7 +218,8 @@ func TestExitMapping(t *testing.T) {
 			t.Errorf("ReadFile with result %+v = nil error; want one", tt.res)
 		case tt.wantErr != nil && !errors.Is(err, tt.wantErr):
 			t.Errorf("ReadFile with result %+v error = %v; want %v", tt.res, err, tt.wantErr)
-		case tt.wantErr == nil && (errors.Is(err, providers.ErrFileNotFound) || errors.Is(err, providers.ErrNotAFile) || errors.Is(err, providers.ErrFileTooLarge)):
+		case tt.wantErr == nil && (errors.Is(err, providers.ErrFileNotFound) || errors.Is(err, providers.ErrNotAFile) ||
+			errors.Is(err, providers.ErrFileTooLarge) || errors.Is(err, providers.ErrNotWritable)):
 			t.Errorf("ReadFile with result %+v error = %v; want a plain error", tt.res, err)
 		}
 	}

@@ -136,7 +136,8 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 	claim.Close()
 	launched := false
 	defer func() {
-		if !launched { // nothing runs: the id may be started again
+		if !launched { // nothing runs: the id may be started again, and stdin is not kept
+			os.Remove(filepath.Join(d, runner.FileStdin))
 			os.Remove(filepath.Join(d, runner.FileClaim))
 		}
 	}()

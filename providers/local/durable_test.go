@@ -170,6 +170,60 @@ func TestSnapshotStorage(t *testing.T) {
 	}
 }
 
+// TestCommandStdinNotKept checks, with a real sandbox, that a durable
+// command's stdin is no longer on the host's disk once the command runs,
+// though the command has not read it yet, and that it still reads it all.
+func TestCommandStdinNotKept(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p := newProvider(t, dataDir, broker)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	stdin := bytes.Repeat([]byte("stdin-marker-71c4 "), 1<<15) // over a pipe buffer
+	if err := p.StartCommand(t.Context(), sb, "in", providers.ExecSpec{
+		Argv:    []string{"sh", "-c", ": >/tmp/started; while [ ! -e /tmp/go ]; do sleep 0.02; done; cat"},
+		Timeout: time.Minute, MaxOutputBytes: 1 << 20, Stdin: stdin,
+	}); err != nil {
+		t.Fatalf("StartCommand: %v", err)
+	}
+	for i := 0; providertest.Exec(t, p, sb, "test", "-e", "/tmp/started").ExitCode != 0; i++ {
+		if i == 500 {
+			t.Fatal("the command did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	dir := filepath.Join(dataDir, "workspaces", sb.Ref, "commands", "in")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range entries {
+		if strings.HasPrefix(d.Name(), "stdin") {
+			t.Errorf("%s is still in the command's host directory while the command runs", d.Name())
+		}
+	}
+	// Nowhere else under the data directory either.
+	err = filepath.WalkDir(dataDir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil // the sandbox's own files may come and go
+		}
+		if b, err := os.ReadFile(path); err == nil && bytes.Contains(b, []byte("stdin-marker-71c4")) {
+			t.Errorf("%s holds the command's stdin", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WriteFile(t.Context(), sb, "/tmp/go", nil); err != nil {
+		t.Fatal(err)
+	}
+	st := providertest.WaitCommand(t, p, sb, "in", 1<<20)
+	if st.State != providers.CommandCompleted || st.ExitCode != 0 || !bytes.Equal(st.Stdout, stdin) {
+		t.Errorf("status = %q exit %d, %d bytes of stdout; want completed 0 with the %d bytes of stdin",
+			st.State, st.ExitCode, len(st.Stdout), len(stdin))
+	}
+}
+
 // TestCommandLogsCarryNoContent plants a marker in every part of a durable
 // command and checks the logs.
 func TestCommandLogsCarryNoContent(t *testing.T) {

@@ -46,6 +46,7 @@ type Config struct {
 // Provider that started an exec can kill it on Terminate.
 type Provider struct {
 	dataDir  string // absolute
+	dirID    string // the data directory's id (DataDirID)
 	etcDir   string // the generated /etc
 	bwrap    string
 	prlimit  string
@@ -121,12 +122,65 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if err := writeEtc(p.etcDir); err != nil {
 		return nil, fmt.Errorf("local: write /etc: %w", scrub(err))
 	}
+	if p.dirID, err = dataDirID(dataDir); err != nil {
+		return nil, fmt.Errorf("local: data directory id: %w", scrub(err))
+	}
 	p.emptyTrash()
 	p.sweepSnapshotTemps()
 	if err := p.probe(ctx); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// DataDir returns the provider's data directory, as an absolute path.
+func (p *Provider) DataDir() string { return p.dataDir }
+
+// DataDirID returns the id of the provider's data directory: random, made
+// when the directory is first used and kept in it, so that it names this
+// directory on this host however it is mounted or named, and changes when
+// the directory is replaced by an empty one. The broker records it in its
+// store and refuses to serve local workspaces from two data directories on
+// one store (see README.md, "One data directory per store").
+func (p *Provider) DataDirID() string { return p.dirID }
+
+// dataDirID reads the data directory's id, or makes it. Two Providers
+// making it at once agree: the file is created exclusively, complete.
+func dataDirID(dataDir string) (string, error) {
+	name := filepath.Join(dataDir, idFile)
+	for range 2 {
+		b, err := os.ReadFile(name)
+		if err == nil {
+			id := strings.TrimSpace(string(b))
+			if !strings.HasPrefix(id, "ldd_") {
+				return "", fmt.Errorf("%s holds no data directory id", idFile)
+			}
+			return id, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		var r [16]byte
+		rand.Read(r[:]) // never fails; see crypto/rand.Read
+		tmp, err := os.CreateTemp(dataDir, idFile+".tmp*")
+		if err != nil {
+			return "", err
+		}
+		_, werr := tmp.WriteString("ldd_" + hex.EncodeToString(r[:]) + "\n")
+		cerr := tmp.Close()
+		if err := errors.Join(werr, cerr); err != nil {
+			os.Remove(tmp.Name())
+			return "", err
+		}
+		// Link, not rename: it fails when another Provider made it first,
+		// whose id then wins.
+		err = os.Link(tmp.Name(), name)
+		os.Remove(tmp.Name())
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", err
+		}
+	}
+	return "", fmt.Errorf("%s could not be read after it was made", idFile)
 }
 
 // probe runs "true" in a throwaway sandbox exactly as Exec would.

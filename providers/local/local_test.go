@@ -190,8 +190,8 @@ func TestHostHidden(t *testing.T) {
 	if len(res.Stdout) != 0 || res.ExitCode != 0 {
 		t.Errorf("writable paths that should be read-only (exit %d):\n%s", res.ExitCode, res.Stdout)
 	}
-	if err := p.WriteFile(t.Context(), sb, "/usr/sandgate-test", []byte("x")); err == nil || errors.Is(err, providers.ErrNotAFile) {
-		t.Errorf("WriteFile into /usr = %v; want a plain error", err)
+	if err := p.WriteFile(t.Context(), sb, "/usr/sandgate-test", []byte("x")); !errors.Is(err, providers.ErrNotWritable) {
+		t.Errorf("WriteFile into /usr = %v; want ErrNotWritable", err)
 	}
 	// bwrap, pid 1 of the sandbox, shows neither the broker's environment
 	// nor the host paths of its options.
@@ -217,6 +217,82 @@ func TestHostHidden(t *testing.T) {
 	}
 	if res := providertest.Exec(t, p, sb, "unshare", "-U", "true"); res.ExitCode == 0 {
 		t.Errorf("unshare -U in the sandbox succeeded; want nested user namespaces disabled")
+	}
+}
+
+// TestWriteNotWritable checks that a write the sandbox can never make is
+// ErrNotWritable (the client's mistake), not a plain provider failure.
+func TestWriteNotWritable(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, t.TempDir(), broker)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	// A directory of the workspace that the sandbox's root may not write:
+	// it holds no capability that would override the mode.
+	if res := providertest.Exec(t, p, sb, "sh", "-c",
+		"mkdir -p /workspace/ro/sub /workspace/nox && chmod 555 /workspace/ro /workspace/ro/sub && chmod 222 /workspace/nox"); res.ExitCode != 0 {
+		t.Fatalf("chmod in the sandbox: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	tests := []struct {
+		path string
+		want error // nil when the write succeeds
+	}{
+		{"/usr/x", providers.ErrNotWritable},
+		{"/usr/new/dir/x", providers.ErrNotWritable},
+		{"/proc/x", providers.ErrNotWritable},
+		{"/proc/self/x", providers.ErrNotWritable},
+		{"/proc/sys/kernel/x", providers.ErrNotWritable},
+		{"/etc/x", providers.ErrNotWritable},
+		{"/x", providers.ErrNotWritable},
+		{"/workspace/ro/x", providers.ErrNotWritable},
+		{"/workspace/ro/new/x", providers.ErrNotWritable},
+		{"/workspace/ro/sub/x", providers.ErrNotWritable},
+		{"/workspace/nox/x", providers.ErrNotWritable}, // writable, but cannot be entered
+		{"/workspace/nox/new/x", providers.ErrNotWritable},
+		{"/workspace/ro", providers.ErrNotAFile},
+		{"/usr", providers.ErrNotAFile},
+		{"/workspace/ok/x", nil},
+		{"/tmp/x", nil},
+	}
+	for _, tt := range tests {
+		err := p.WriteFile(t.Context(), sb, tt.path, []byte("x"))
+		if !errors.Is(err, tt.want) || (tt.want == nil && err != nil) {
+			t.Errorf("WriteFile(%q) = %v; want %v", tt.path, err, tt.want)
+		}
+	}
+}
+
+// TestDataDirID checks that a data directory keeps one id, whichever
+// Provider made it and however many start at once, and that another
+// directory has another.
+func TestDataDirID(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ids := make(chan string, 4)
+	for range cap(ids) {
+		go func() {
+			p, err := local.New(context.Background(), local.Config{DataDir: dir}, providers.Env{BrokerID: broker})
+			if err != nil {
+				t.Errorf("local.New: %v", err)
+				ids <- ""
+				return
+			}
+			ids <- p.DataDirID()
+		}()
+	}
+	first := <-ids
+	for range cap(ids) - 1 {
+		if id := <-ids; id != first {
+			t.Errorf("DataDirID of Providers started at once = %q and %q; want one id", first, id)
+		}
+	}
+	if !strings.HasPrefix(first, "ldd_") || len(first) != 4+32 {
+		t.Errorf("DataDirID = %q; want ldd_ and 32 hex digits", first)
+	}
+	if again := newProvider(t, dir, broker).DataDirID(); again != first {
+		t.Errorf("DataDirID after a restart = %q; want %q", again, first)
+	}
+	if other := newProvider(t, t.TempDir(), broker).DataDirID(); other == first {
+		t.Errorf("DataDirID of another directory = %q, the same as the first's", other)
 	}
 }
 

@@ -28,12 +28,14 @@ import (
 //
 // <DataDir>/etc/ holds the generated /etc every sandbox mounts read-only,
 // <DataDir>/trash/ holds terminated workspaces until they are removed, and
-// <DataDir>/snapshots/<snapshot id>.tar.gz holds each snapshot's contents.
+// <DataDir>/snapshots/<snapshot id>.tar.gz holds each snapshot's contents,
+// and <DataDir>/id names the data directory (see Provider.DataDirID).
 const (
 	workspacesDir = "workspaces"
 	etcDir        = "etc"
 	trashDir      = "trash"
 	snapshotsDir  = "snapshots"
+	idFile        = "id"
 
 	labelsFile  = "labels.json"
 	envFile     = "env.json"

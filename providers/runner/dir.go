@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sandgate/sandgate/providers"
 )
@@ -24,6 +25,15 @@ func ReadDir(dir string, maxOut int64, alive func() bool) (providers.CommandStat
 		_, err := os.Lstat(filepath.Join(dir, name))
 		return err == nil
 	}
+	// modTime is when the runner, a cancel or the watchdog wrote name:
+	// when the command finished, as near as the files tell.
+	modTime := func(name string) time.Time {
+		fi, err := os.Lstat(filepath.Join(dir, name))
+		if err != nil {
+			return time.Time{}
+		}
+		return fi.ModTime()
+	}
 	if !exists(FileClaim) {
 		return st, nil
 	}
@@ -33,13 +43,13 @@ func ReadDir(dir string, maxOut int64, alive func() bool) (providers.CommandStat
 		if err != nil {
 			return st, errors.New("runner: read: malformed exit status")
 		}
-		st.State, st.ExitCode = providers.CommandCompleted, code
+		st.State, st.ExitCode, st.FinishedAt = providers.CommandCompleted, code, modTime(FileExit)
 	case !errors.Is(err, fs.ErrNotExist):
 		return st, fmt.Errorf("runner: read: %w", scrub(err))
 	case exists(FileCancel):
-		st.State, st.ExitCode = providers.CommandCanceled, killed
+		st.State, st.ExitCode, st.FinishedAt = providers.CommandCanceled, killed, modTime(FileCancel)
 	case exists(FileTimedOut):
-		st.State, st.ExitCode, st.TimedOut = providers.CommandCompleted, killed, true
+		st.State, st.ExitCode, st.TimedOut, st.FinishedAt = providers.CommandCompleted, killed, true, modTime(FileTimedOut)
 	case alive():
 		st.State = providers.CommandRunning
 		return st, nil

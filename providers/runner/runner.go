@@ -32,7 +32,7 @@ const DefaultDir = "/tmp/.sandgate/cmd"
 // Exit is written last, by a rename, once the output is complete.
 const (
 	FileClaim    = "claim"       // created once, exclusively, by the launch
-	FileStdin    = "stdin"       // the command's stdin
+	FileStdin    = "stdin"       // the command's stdin, removed by the runner before the command starts
 	FilePID      = "pid"         // the runner's pid, which is its process group
 	FileCancel   = "cancel"      // a cancel came: the fence a late launch obeys
 	FileTimedOut = "timedout"    // the watchdog killed the command at its timeout
@@ -56,14 +56,23 @@ const (
 // keeps) and counts the rest. The exit status is written by a rename once
 // both readers are done, so a reader of the directory sees complete output
 // whenever it sees the status.
+//
+// The stdin file is opened on descriptor 9 and removed at once, before the
+// command starts: the spec forbids persisting stdin, so it lives on only
+// in the open file, which the command alone reads (every other process of
+// the runner closes descriptor 9) and which is freed when it closes it.
+// Descriptors 3 and up to 8 are left to the caller (providers/local passes
+// bwrap its options and seccomp filter on 3 and 4).
 const Script = `d=$1 m=$2 t=$3
 shift 3
-echo $$ >"$d/pid.tmp" && mv -f "$d/pid.tmp" "$d/` + FilePID + `" || exit 1
+echo $$ >"$d/pid.tmp" && mv -f "$d/pid.tmp" "$d/` + FilePID + `" || { rm -f "$d/` + FileStdin + `"; exit 1; }
+exec 9<"$d/` + FileStdin + `"
+rm -f "$d/` + FileStdin + `"
 [ -e "$d/` + FileCancel + `" ] && exit 0
 rm -f "$d/out.fifo" "$d/err.fifo"
 mkfifo "$d/out.fifo" "$d/err.fifo" || exit 1
-{ head -c "$m" >"$d/` + FileStdout + `"; wc -c >"$d/` + FileStdoutN + `"; } <"$d/out.fifo" &
-{ head -c "$m" >"$d/` + FileStderr + `"; wc -c >"$d/` + FileStderrN + `"; } <"$d/err.fifo" &
+{ head -c "$m" >"$d/` + FileStdout + `"; wc -c >"$d/` + FileStdoutN + `"; } <"$d/out.fifo" 9<&- &
+{ head -c "$m" >"$d/` + FileStderr + `"; wc -c >"$d/` + FileStderrN + `"; } <"$d/err.fifo" 9<&- &
 w=
 if [ "$t" -gt 0 ]; then
 	(
@@ -73,10 +82,11 @@ if [ "$t" -gt 0 ]; then
 		wait "$s"
 		: >"$d/` + FileTimedOut + `"
 		kill -KILL 0
-	) &
+	) 9<&- &
 	w=$!
 fi
-"$@" <"$d/` + FileStdin + `" >"$d/out.fifo" 2>"$d/err.fifo" &
+"$@" <&9 9<&- >"$d/out.fifo" 2>"$d/err.fifo" &
+exec 9<&-
 wait "$!"
 c=$?
 [ -z "$w" ] || kill "$w" 2>/dev/null

@@ -170,6 +170,53 @@ func TestStartOnce(t *testing.T) {
 	}
 }
 
+// TestStdinNotKept checks that a command's stdin leaves the disk as soon as
+// the command has it: while the command still runs, before it has read a
+// byte, no file in the command's directory holds it, and the command reads
+// all of it all the same.
+func TestStdinNotKept(t *testing.T) {
+	tests := []struct {
+		name  string
+		stdin []byte
+	}{
+		{"short", []byte("secret-stdin-marker")},
+		{"over a pipe buffer", bytes.Repeat([]byte("0123456789abcdef"), 1<<16)}, // 1 MiB
+		{"empty", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t)
+			started, goOn := filepath.Join(e.tmp, "started"), filepath.Join(e.tmp, "go")
+			err := e.r.StartCommand(t.Context(), e.sb, "in", providers.ExecSpec{
+				Argv:    []string{"sh", "-c", `: >"$1"; while [ ! -e "$2" ]; do sleep 0.02; done; cat`, "sh", started, goOn},
+				Timeout: time.Minute, MaxOutputBytes: 2 << 20, Stdin: tt.stdin,
+			})
+			if err != nil {
+				t.Fatalf("StartCommand: %v", err)
+			}
+			waitFile(t, started)
+			dir := runner.CommandDir(e.dir, e.sb, "in")
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range entries {
+				if strings.HasPrefix(d.Name(), runner.FileStdin) {
+					t.Errorf("%s is still in the command's directory while the command runs", d.Name())
+				}
+			}
+			if err := os.WriteFile(goOn, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			st := e.wait(t, "in", 2<<20)
+			if st.State != providers.CommandCompleted || st.ExitCode != 0 || !bytes.Equal(st.Stdout, tt.stdin) {
+				t.Errorf("status = %q exit %d, %d bytes of stdout; want completed 0 with the %d bytes of stdin",
+					st.State, st.ExitCode, len(st.Stdout), len(tt.stdin))
+			}
+		})
+	}
+}
+
 func TestCancelBeforeLaunch(t *testing.T) {
 	e := newEnv(t)
 	if st, err := e.r.ReadCommand(t.Context(), e.sb, "fenced", 10); err != nil || st.State != providers.CommandAbsent {
