@@ -118,6 +118,8 @@ type job struct {
 	// capAdd are capabilities kept in the sandbox's user namespace; only
 	// the broker's own tar gets any, and never the workspace's env.
 	capAdd []string
+	// cgroups are the cgroup.procs files the step joins before it forks.
+	cgroups []string
 }
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
@@ -131,9 +133,9 @@ type run struct {
 	recorded   bool // recordExec wrote its file; killExecs removes it before killing
 }
 
-// kill sends SIGKILL to the run's process group, unless bwrap has already
-// exited (a reaped pgid could name someone else's processes by then). It
-// reports whether it sent the signal.
+// kill sends SIGTERM to the run's step, which kills the whole sandbox and
+// exits, unless the step has already exited (a reaped pid could name
+// someone else's process by then). It reports whether it sent the signal.
 func (r *run) kill(byTerminate bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -143,7 +145,7 @@ func (r *run) kill(byTerminate bool) bool {
 	if r.exited {
 		return false
 	}
-	killGroup(r.pgid) // ESRCH: it is exiting anyway
+	killStep(r.pgid) // ESRCH: it is exiting anyway
 	return true
 }
 
@@ -181,7 +183,15 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 
 	stdout := &cappedBuffer{max: j.maxOut}
 	stderr := &cappedBuffer{max: j.maxOut}
-	cmd := exec.Command(p.prlimit, prlimitArgs(j)...)
+	// The step (step_linux.go) joins the workspace's cgroups, then runs
+	// prlimit and bwrap and outlives neither the broker nor bwrap.
+	cmd := exec.Command(selfExe)
+	cmd.Args = []string{stepName, "--fds", strconv.Itoa(len(files))}
+	for _, f := range j.cgroups {
+		cmd.Args = append(cmd.Args, "--cgroup", f)
+	}
+	cmd.Args = append(cmd.Args, "--", p.prlimit)
+	cmd.Args = append(cmd.Args, prlimitArgs(j)...)
 	cmd.Args = append(cmd.Args, "--", p.bwrap, "--args", "3", "--")
 	cmd.Args = append(cmd.Args, j.argv...)
 	// bwrap's own environment is visible in the sandbox (/proc/1/environ),
@@ -243,9 +253,9 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 
 	exitErr := waitExited(cmd.Process.Pid)
 	if exitErr != nil {
-		// Not reaped yet, so the group is still ours to kill; without
+		// Not reaped yet, so the step is still ours to kill; without
 		// this, nothing would enforce the timeout.
-		killGroup(r.pgid)
+		killStep(r.pgid)
 	}
 	r.mu.Lock()
 	r.exited = true
@@ -368,7 +378,7 @@ func killExecs(ctx context.Context, l layout) (int, error) {
 		if os.Remove(filepath.Join(l.execs(), e.Name())) != nil {
 			continue
 		}
-		if killGroup(pgid) == nil {
+		if killStep(pgid) == nil {
 			killed = append(killed, pgid)
 		}
 	}

@@ -104,12 +104,20 @@ func closeOnExec() error {
 	return nil
 }
 
-// sysProcAttr puts the sandbox in its own process group, so that killing the
-// group reaches bwrap and anything it left in the group, and kills it if the
-// broker dies (bwrap's --die-with-parent then takes the rest down).
+// sysProcAttr puts an exec's step in its own process group and sends it
+// SIGTERM when the broker dies, upon which the step kills the sandbox (see
+// step_linux.go). The parent-death signal follows the thread that forks:
+// startPinned forks on a locked thread, which Go never retires while it is
+// unlocked in its pool.
 func sysProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 }
+
+// selfExe is the broker's own binary, run again as an exec's step.
+const selfExe = "/proc/self/exe"
+
+// killStep asks the exec step pid to kill its sandbox and exit.
+func killStep(pid int) error { return syscall.Kill(pid, syscall.SIGTERM) }
 
 // killGroup sends SIGKILL to the process group pgid.
 func killGroup(pgid int) error { return syscall.Kill(-pgid, syscall.SIGKILL) }

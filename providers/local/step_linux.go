@@ -1,0 +1,198 @@
+package local
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The exec step: every exec's sandbox is started through a small step that
+// is the broker's own binary run again (/proc/self/exe, with argv[0] =
+// stepName), recognised in this package's init before main runs:
+//
+//	sandgate-exec-step --fds N [--cgroup FILE]… -- prlimit … -- bwrap --args 3 -- ARGV…
+//
+// N is how many descriptors past stderr the broker handed over (bwrap's
+// options and seccomp filter); they go on to bwrap as they are.
+//
+// The step exists because bwrap's --die-with-parent cannot be relied on
+// alone. bwrap's pid 1 (inside the sandbox) calls setsid and sets its
+// parent-death signal only after the whole mount set-up; if the outer bwrap
+// dies in that window (killed with the broker, a timeout or a Terminate),
+// pid 1 is orphaned without a parent-death signal and outside the exec's
+// process group, and the command runs on with nobody to kill it. The step:
+//
+//   - joins the workspace's cgroups (each FILE is a cgroup.procs) before it
+//     forks anything, so nothing of the sandbox ever runs outside them;
+//   - is a child subreaper: whatever bwrap orphans is reparented to it, not
+//     to init;
+//   - gets SIGTERM as its parent-death signal, from the broker, and SIGTERM
+//     is also how the broker kills an exec: it then SIGKILLs every child it
+//     has (bwrap, or bwrap's orphaned pid 1, whose death ends the sandbox's
+//     pid namespace), until none is left, and exits with 137;
+//   - when bwrap exits, kills whatever is left the same way and exits with
+//     bwrap's status (128+n for a signal n).
+//
+// Its children are never reaped by anyone else, so signalling one by pid can
+// never hit a reused pid.
+const stepName = "sandgate-exec-step"
+
+// Exit codes of the step itself, before bwrap runs.
+const (
+	stepExitUsage  = 120 // malformed arguments: a bug
+	stepExitCgroup = 121 // a cgroup could not be joined: nothing ran
+	stepExitStart  = 122 // the command could not be started
+)
+
+func init() {
+	if len(os.Args) > 0 && os.Args[0] == stepName {
+		os.Exit(runStep(os.Args[1:]))
+	}
+}
+
+// runStep is the step's main; it returns the exit code.
+func runStep(args []string) int {
+	// Package init runs on the main thread, locked: the child's
+	// parent-death signal below follows this thread, which lives until the
+	// step exits.
+	runtime.LockOSThread()
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGCHLD)
+	if os.Getppid() == 1 {
+		return 128 + int(syscall.SIGKILL) // the broker is already gone
+	}
+	var cgroups []string
+	nfds := -1
+	for len(args) > 0 && args[0] != "--" {
+		if len(args) < 2 {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
+			return stepExitUsage
+		}
+		switch args[0] {
+		case "--cgroup":
+			cgroups = append(cgroups, args[1])
+		case "--fds":
+			n, err := strconv.Atoi(args[1])
+			if err != nil || n < 0 {
+				nfds = -1
+				break
+			}
+			nfds = n
+		default:
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
+			return stepExitUsage
+		}
+		args = args[2:]
+	}
+	if nfds < 0 {
+		fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
+		return stepExitUsage
+	}
+	if len(args) < 2 {
+		fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
+		return stepExitUsage
+	}
+	argv := args[1:]
+	self := []byte(strconv.Itoa(os.Getpid()))
+	for _, f := range cgroups {
+		if err := os.WriteFile(f, self, 0); err != nil {
+			// No path: the message reaches the exec's stderr.
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: cannot join the workspace's cgroup:", unwrapErrno(err))
+			return stepExitCgroup
+		}
+	}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "sandgate: exec step: subreaper:", err)
+		return stepExitStart
+	}
+	// Every descriptor the broker handed over (stdio, bwrap's options and
+	// seccomp filter) goes to bwrap as is.
+	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
+	for fd := 3; fd < 3+nfds; fd++ {
+		files = append(files, os.NewFile(uintptr(fd), "fd"+strconv.Itoa(fd)))
+	}
+	proc, err := os.StartProcess(argv[0], argv, &os.ProcAttr{
+		Env:   []string{},
+		Files: files,
+		Sys:   &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandgate: exec step: start:", unwrapErrno(err))
+		return stepExitStart
+	}
+	child := proc.Pid
+	for _, f := range files[3:] {
+		f.Close()
+	}
+	// The step is the one process that must live to clean up: keep the
+	// memory cgroup's OOM killer on the sandbox's processes (bwrap and
+	// its children were forked before this, and keep their score).
+	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
+	for s := range sigs {
+		if s == syscall.SIGTERM {
+			killChildren()
+			return 128 + int(syscall.SIGKILL)
+		}
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+			if pid == child {
+				killChildren()
+				if ws.Signaled() {
+					return 128 + int(ws.Signal())
+				}
+				return ws.ExitStatus()
+			}
+		}
+	}
+	return stepExitStart // not reached: sigs is never closed
+}
+
+// killChildren SIGKILLs every child of the step, orphans reparented to it
+// included, and reaps them, until it has none.
+func killChildren() {
+	for {
+		for _, pid := range children() {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for {
+			pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil)
+			if err == syscall.ECHILD {
+				return
+			}
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// children lists the step's children from /proc/self/task/*/children
+// (each thread has its own).
+func children() []int {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	var out []int
+	for _, t := range tasks {
+		b, _ := os.ReadFile("/proc/self/task/" + t.Name() + "/children")
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// unwrapErrno keeps only the cause of a file error: never a path.
+func unwrapErrno(err error) error { return scrub(err) }
