@@ -59,7 +59,9 @@ func (b *broker) run(ctx context.Context) error {
 		return errors.New("sandgate refuses plaintext: set tls.cert_file and tls.key_file, or tls.trusted_proxies for a TLS-terminating proxy")
 	}
 	penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir}
-	prov, err := local.New(ctx, local.Config{DataDir: filepath.Join(b.cfg.DataDir, "local"), BwrapPath: b.cfg.Provider.Local.BwrapPath}, penv)
+	lc := b.cfg.Provider.Local
+	lc.DataDir = filepath.Join(b.cfg.DataDir, "local")
+	prov, err := local.New(ctx, lc, penv)
 	if err != nil {
 		return fmt.Errorf("provider local: %w", err)
 	}

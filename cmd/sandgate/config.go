@@ -13,6 +13,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/providers/local"
 )
 
 // Config is the broker's one YAML file. Every field has an environment
@@ -36,10 +37,8 @@ type Config struct {
 		DB       int    `yaml:"db"`       // SANDGATE_REDIS_DB
 	} `yaml:"redis"`
 	Provider struct {
-		Name  string `yaml:"name"` // SANDGATE_PROVIDER; default "local"
-		Local struct {
-			BwrapPath string `yaml:"bwrap_path"` // default: bwrap on PATH
-		} `yaml:"local"`
+		Name  string       `yaml:"name"`  // SANDGATE_PROVIDER; default "local"
+		Local local.Config `yaml:"local"` // bwrap_path, tiers, cgroup_parent, allow_unenforced: see local.Config
 	} `yaml:"provider"`
 	Operators []struct {
 		Name        string `yaml:"name"`

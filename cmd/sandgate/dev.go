@@ -74,6 +74,7 @@ func runDev(ctx context.Context, listen, adminListen, dataDir string) error {
 	}
 	cfg.DataDir = dataDir
 	cfg.BrokerID = "sandgate-dev"
+	cfg.Provider.Local.AllowUnenforced = true // for trying things: warn loudly, run anyway
 	log, err := newLogger("info")
 	if err != nil {
 		return err

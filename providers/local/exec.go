@@ -69,6 +69,7 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 		stdin:   spec.Stdin,
 		timeout: timeout,
 		maxOut:  spec.MaxOutputBytes,
+		rec:     w.rec,
 	}
 	start := time.Now()
 	res, err := p.run(ctx, j)
@@ -120,6 +121,9 @@ type job struct {
 	capAdd []string
 	// cgroups are the cgroup.procs files the step joins before it forks.
 	cgroups []string
+	// rec is the workspace's record, whose limits recreate its cgroups
+	// when they are missing; unused when ref is "".
+	rec record
 }
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
@@ -179,6 +183,17 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
 		}
 		files = append(files, secR)
+	}
+
+	var leaf string
+	if j.ref != "" && p.cg != nil {
+		leaf = "e-" + randomHex()
+		procs, err := p.leaf(j.ref, j.rec, leaf)
+		if err != nil {
+			return providers.ExecResult{}, fmt.Errorf("local: exec: cgroup: %w", err)
+		}
+		defer p.cg.removeLeaf(j.ref, leaf)
+		j.cgroups = procs
 	}
 
 	stdout := &cappedBuffer{max: j.maxOut}
@@ -304,6 +319,13 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	}
 	if timedOut {
 		res.ExitCode = 128 + int(syscall.SIGKILL)
+	}
+	if leaf != "" && p.cg.oomKills(j.ref, leaf) > 0 {
+		// The workspace's memory ran out and the kernel killed a process
+		// of this exec: report it as the kill it was (protocol notes:
+		// 128+9), whatever the command made of it.
+		res.ExitCode = 128 + int(syscall.SIGKILL)
+		p.log.Info("exec oom killed", sandgate.WorkspaceAttr(j.ref))
 	}
 	return res, nil
 }

@@ -23,3 +23,10 @@ func SupervisorPID(p *Provider, ref string) int {
 
 // Alive reports whether pid runs (and is not a zombie).
 func Alive(pid int) bool { _, err := procStart(pid); return err == nil }
+
+// SetMountinfo makes New read the cgroup mounts from path.
+func SetMountinfo(c *Config, path string) { c.mountinfo = path }
+
+// CgroupDirs returns the workspace cgroup directories of ref, one per
+// controller (memory, pids, cpu on v1).
+func CgroupDirs(p *Provider, ref string) []string { return p.cg.controllers(ref) }

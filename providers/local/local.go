@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -35,9 +36,41 @@ const Image = "host"
 // broker has a data directory.
 type Config struct {
 	// DataDir holds the workspaces; "" means providers.Env.DataDir.
-	DataDir string
+	DataDir string `yaml:"-"`
 	// BwrapPath is the bwrap binary; "" means look up "bwrap" in PATH.
-	BwrapPath string
+	BwrapPath string `yaml:"bwrap_path"`
+	// Tiers holds the limits of each size beyond its cores and memory, by
+	// size name; a size not listed, or a zero field, gets the default
+	// noted on [Tier].
+	Tiers map[string]Tier `yaml:"tiers"`
+	// CgroupParent is the cgroup, relative to each cgroup hierarchy's root,
+	// under which the workspaces' cgroups live; "" means
+	// "sandgate/<hash of DataDir>", one per data directory.
+	CgroupParent string `yaml:"cgroup_parent"`
+	// AllowUnenforced decides what New does when this host cannot enforce
+	// a workspace limit (no cgroup controller, no swap accounting…): false
+	// (`sandgate serve`) fails, saying which limit and why; true (`sandgate
+	// dev`) logs a warning for each and runs without it.
+	AllowUnenforced bool `yaml:"allow_unenforced"`
+
+	// mountinfo replaces /proc/self/mountinfo in tests.
+	mountinfo string
+}
+
+// Tier is the limits of one size beyond its cores and memory.
+type Tier struct {
+	// Pids caps the processes (threads included) of all of a workspace's
+	// processes together; 0 means 1024 per CPU core (1024 for small).
+	Pids int `yaml:"pids"`
+}
+
+// tier returns the limits of size, defaults filled in.
+func (c Config) tier(size sandgate.Size) Tier {
+	t := c.Tiers[size.Name]
+	if t.Pids <= 0 {
+		t.Pids = 1024 * max(size.CPUCores, 1)
+	}
+	return t
 }
 
 // Provider runs workspaces as directories on this host under bwrap. Its
@@ -52,8 +85,10 @@ type Provider struct {
 	brokerID string
 	log      *slog.Logger
 	clock    sandgate.Clock
-	cpus     []int     // the CPUs sandboxes may be pinned to
-	usrLinks []usrLink // how /bin, /lib… reach /usr on this host
+	cpus     []int       // the CPUs sandboxes may be pinned to
+	usrLinks []usrLink   // how /bin, /lib… reach /usr on this host
+	cfg      Config      // defaults filled in
+	cg       *cgroupHost // nil: no cgroup at all (AllowUnenforced only)
 
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
@@ -94,7 +129,9 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("local: cpu affinity: %w", err)
 	}
+	c.CgroupParent = cmp.Or(c.CgroupParent, defaultCgroupParent(dataDir))
 	p := &Provider{
+		cfg:         c,
 		dataDir:     dataDir,
 		etcDir:      filepath.Join(dataDir, etcDir),
 		bwrap:       bwrap,
@@ -113,6 +150,14 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if p.clock == nil {
 		p.clock = sandgate.SystemClock{}
 	}
+	cg, problems := detectCgroups(cmp.Or(c.mountinfo, "/proc/self/mountinfo"), c.CgroupParent)
+	if len(problems) > 0 && !c.AllowUnenforced {
+		return nil, fmt.Errorf("local: this host cannot enforce the workspace limits: %s", strings.Join(problems, "; "))
+	}
+	for _, pr := range problems {
+		p.log.Warn("WORKSPACE LIMIT NOT ENFORCED: one workspace can take this host down for all", "problem", pr)
+	}
+	p.cg = cg
 	for _, d := range []string{workspacesDir, trashDir, snapshotsDir} {
 		if err := os.MkdirAll(filepath.Join(dataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("local: data directory: %w", scrub(err))
@@ -245,17 +290,20 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	rec := record{
 		CPUCores:  spec.Size.CPUCores,
 		MemoryMiB: spec.Size.MemoryMiB,
+		Pids:      p.cfg.tier(spec.Size).Pids,
 		StartedAt: sb.StartedAt,
 		ExpiresAt: spec.ExpiresAt,
 	}
 	for _, step := range []func() error{
 		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
 		l.makeDirs,
+		func() error { return p.limit(ref, rec) },
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return writeJSON(l.sandbox(), rec, 0o644) }, // marks the workspace ready
 		func() error { return p.supervise(l, spec.ExpiresAt) },     // the hard lifetime, without any broker
 	} {
 		if err := step(); err != nil {
+			p.cg.remove(ref)
 			removeAll(string(l))
 			return providers.Sandbox{}, fmt.Errorf("local: create: %w", scrub(err))
 		}
@@ -370,6 +418,7 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	}
 	commands := killCommands(p.layout(ref))
 	stopSupervisor(p.layout(ref))
+	p.cg.remove(ref)
 	// The rename is the moment the workspace is gone, for every Provider on
 	// this DataDir; removing the files may then take its time.
 	trash := filepath.Join(p.dataDir, trashDir, ref+"-"+randomHex())
@@ -384,6 +433,47 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 		p.log.Error("sandbox files not removed", sandgate.WorkspaceAttr(ref), sandgate.KeyError, err)
 	}
 	p.log.Info("sandbox terminated", sandgate.WorkspaceAttr(ref), "killed_execs", len(runs), "killed_commands", commands)
+	return nil
+}
+
+// limit creates the workspace's cgroups with the limits of rec.
+func (p *Provider) limit(ref string, rec record) error {
+	if p.cg == nil {
+		return nil
+	}
+	pids := cmp.Or(rec.Pids, 1024*max(rec.CPUCores, 1)) // 0: a workspace from before the cap
+	_, errs := p.cg.setLimits(ref, cgroupLimits{memory: int64(rec.MemoryMiB) << 20, pids: pids, cpuCores: rec.CPUCores})
+	if len(errs) > 0 {
+		return errs[0].err
+	}
+	return nil
+}
+
+// leaf returns the cgroup.procs files of a new leaf cgroup name of the
+// workspace w, recreating the workspace's cgroups when they are missing (a
+// workspace from before a reboot). nil when there are no cgroups at all.
+func (p *Provider) leaf(ref string, rec record, name string) ([]string, error) {
+	if p.cg == nil {
+		return nil, nil
+	}
+	procs, err := p.cg.leaf(ref, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := p.limit(ref, rec); err != nil {
+			return nil, err
+		}
+		procs, err = p.cg.leaf(ref, name)
+	}
+	return procs, err
+}
+
+// Close removes the DataDir's parent cgroups when no workspace is left in
+// them; workspaces and their durable commands stay as they are.
+func (p *Provider) Close() error {
+	if p.cg != nil {
+		for _, d := range p.cg.dirs {
+			os.Remove(d) // fails while a workspace cgroup is in it
+		}
+	}
 	return nil
 }
 
@@ -433,4 +523,5 @@ func randomHex() string {
 var (
 	_ providers.Provider = (*Provider)(nil)
 	_ execfile.Execer    = (*Provider)(nil)
+	_ io.Closer          = (*Provider)(nil)
 )

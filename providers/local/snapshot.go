@@ -98,6 +98,7 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 		layout: w.layout,
 		cpus:   p.pickCPUs(sb.Ref, w.rec.CPUCores),
 		memory: int64(w.rec.MemoryMiB) << 20,
+		rec:    w.rec,
 		// Not the workspace's env: tar is the broker's, and the env could
 		// load code into it (LD_PRELOAD) while it holds a capability.
 		dir:     "/",
@@ -186,6 +187,7 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 		layout:  w.layout,
 		cpus:    p.pickCPUs(sb.Ref, w.rec.CPUCores),
 		memory:  int64(w.rec.MemoryMiB) << 20,
+		rec:     w.rec,
 		dir:     "/",
 		argv:    []string{"sh", "-c", restoreScript, "sh", dir},
 		timeout: timeout,

@@ -262,3 +262,6 @@ func memfd(name string, b []byte) (*os.File, error) {
 // session: it outlives the broker (no parent-death signal), and killing its
 // process group reaches the runner, its readers and bwrap.
 func durableProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true} }
+
+// killPid sends SIGKILL to pid.
+func killPid(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }

@@ -39,3 +39,5 @@ const (
 )
 
 var errWouldBlock = errUnsupported
+
+func killPid(int) error { return errUnsupported }

@@ -88,6 +88,7 @@ func (l layout) makeDirs() error {
 type record struct {
 	CPUCores  int       `json:"cpu_cores"`
 	MemoryMiB int       `json:"memory_mib"`
+	Pids      int       `json:"pids,omitempty"` // the process cap; 0 in a workspace from before it
 	StartedAt time.Time `json:"started_at"`
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
