@@ -153,6 +153,7 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 		dir:    cmp.Or(spec.Dir, defaultDir),
 		argv:   spec.Argv,
 		rec:    w.rec,
+		uid:    w.rec.UID,
 	}
 	pid, err := p.launch(j, d, max(spec.MaxOutputBytes, 0), runner.TimeoutSeconds(timeout))
 	if err != nil {
@@ -197,8 +198,16 @@ func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, erro
 		return 0, fmt.Errorf("cgroup: %w", err)
 	}
 	args := append([]string{"-c", joinScript, "sh"}, procs...)
+	// The step (the broker's binary, named by its path: sh cannot set
+	// argv[0]) stages the workspace's directories and runs bwrap as the
+	// workspace's uid, as for an exec; the runner above already joined
+	// the cgroups.
+	sj := j
+	sj.cgroups = nil
 	args = append(args, "--", "/bin/sh", "-c", runner.Script, "sh", d, strconv.FormatInt(maxOut, 10), strconv.FormatInt(timeoutSecs, 10),
-		"env", "-i", p.prlimit)
+		"env", "-i", p.exe, "--"+stepName)
+	args = append(args, p.stepArgs(sj, len(files))...)
+	args = append(args, "--", p.prlimit)
 	args = append(args, prlimitArgs(j)...)
 	args = append(args, "--", p.bwrap, "--args", "3", "--")
 	args = append(args, j.argv...)

@@ -40,6 +40,18 @@ const waitDelay = 5 * time.Second
 // exist, was terminated (also while the command ran), or is past its
 // ExpiresAt. See README.md for what is enforced.
 func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	return p.exec(ctx, sb, spec, false)
+}
+
+// helperExecer runs the file helpers of package execfile: an Exec without
+// the workspace's env.
+type helperExecer struct{ p *Provider }
+
+func (h helperExecer) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	return h.p.exec(ctx, sb, spec, true)
+}
+
+func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec, helper bool) (providers.ExecResult, error) {
 	w, err := p.open(sb.Ref)
 	if err != nil {
 		return providers.ExecResult{}, err
@@ -70,6 +82,12 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 		timeout: timeout,
 		maxOut:  spec.MaxOutputBytes,
 		rec:     w.rec,
+		uid:     w.rec.UID,
+	}
+	if helper {
+		// The file helpers run with the broker's PATH and nothing of the
+		// client's env (no PATH, no LD_PRELOAD into the broker's sh).
+		j.env = nil
 	}
 	start := time.Now()
 	res, err := p.run(ctx, j)
@@ -121,6 +139,9 @@ type job struct {
 	capAdd []string
 	// cgroups are the cgroup.procs files the step joins before it forks.
 	cgroups []string
+	// uid is the host uid (and gid) the sandbox's uid 0 maps to; 0 only
+	// for a workspace from before unprivileged sandboxes.
+	uid int
 	// rec is the workspace's record, whose limits recreate its cgroups
 	// when they are missing; unused when ref is "".
 	rec record
@@ -201,10 +222,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	// The step (step_linux.go) joins the workspace's cgroups, then runs
 	// prlimit and bwrap and outlives neither the broker nor bwrap.
 	cmd := exec.Command(selfExe)
-	cmd.Args = []string{stepName, "--fds", strconv.Itoa(len(files))}
-	for _, f := range j.cgroups {
-		cmd.Args = append(cmd.Args, "--cgroup", f)
-	}
+	cmd.Args = append([]string{stepName}, p.stepArgs(j, len(files))...)
 	cmd.Args = append(cmd.Args, "--", p.prlimit)
 	cmd.Args = append(cmd.Args, prlimitArgs(j)...)
 	cmd.Args = append(cmd.Args, "--", p.bwrap, "--args", "3", "--")
@@ -432,6 +450,23 @@ func (p *Provider) forget(ref string, r *run) {
 	}
 }
 
+// stepArgs are the step's options for j, with nfds descriptors past stderr.
+func (p *Provider) stepArgs(j job, nfds int) []string {
+	a := []string{"--fds", strconv.Itoa(nfds)}
+	for _, f := range j.cgroups {
+		a = append(a, "--cgroup", f)
+	}
+	if j.uid > 0 {
+		u := strconv.Itoa(j.uid)
+		a = append(a, "--uid", u, "--gid", u, "--stage", p.stageDir,
+			"--bind", p.etcDir, "e",
+			"--bind", j.layout.workspace(), "w",
+			"--bind", j.layout.home(), "h",
+			"--bind", j.layout.tmp(), "t")
+	}
+	return a
+}
+
 // prlimitArgs sets the limits bwrap and everything in the sandbox inherit;
 // see README.md for why RLIMIT_DATA and not RLIMIT_AS.
 func prlimitArgs(j job) []string {
@@ -443,11 +478,23 @@ func prlimitArgs(j job) []string {
 
 // bwrapOptions returns bwrap's options, each NUL-terminated, for --args.
 func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
+	// src is where bwrap finds a host directory: below the step's stage
+	// when bwrap runs unprivileged (see stageArgs).
+	src := func(name, host string) string {
+		if j.uid > 0 {
+			return p.stageDir + "/" + name
+		}
+		return host
+	}
 	o := []string{
 		"--unshare-all", // mount, pid, ipc, uts, net, cgroup
 		"--unshare-user", "--uid", "0", "--gid", "0",
-		"--disable-userns", // no nested user namespaces: less kernel surface
 		"--cap-drop", "ALL",
+	}
+	if !seccomp {
+		// No nested user namespaces: less kernel surface. The seccomp
+		// filter does that where there is one, without a nested namespace.
+		o = append(o, "--disable-userns")
 	}
 	for _, c := range j.capAdd {
 		o = append(o, "--cap-add", c)
@@ -470,10 +517,10 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 		"--dev", "/dev",
 		// /dev/shm is memory: bound it like the rest of memory.
 		"--size", strconv.FormatInt(j.memory, 10), "--tmpfs", "/dev/shm",
-		"--ro-bind", p.etcDir, "/etc",
-		"--bind", j.layout.workspace(), defaultDir,
-		"--bind", j.layout.home(), "/root",
-		"--bind", j.layout.tmp(), "/tmp",
+		"--ro-bind", src("e", p.etcDir), "/etc",
+		"--bind", src("w", j.layout.workspace()), defaultDir,
+		"--bind", src("h", j.layout.home()), "/root",
+		"--bind", src("t", j.layout.tmp()), "/tmp",
 		// The root and /dev are tmpfs, that is memory: make them read-only.
 		"--remount-ro", "/dev",
 		"--remount-ro", "/",

@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -52,6 +54,21 @@ type Config struct {
 	// (`sandgate serve`) fails, saying which limit and why; true (`sandgate
 	// dev`) logs a warning for each and runs without it.
 	AllowUnenforced bool `yaml:"allow_unenforced"`
+
+	// UIDBase and UIDCount are the host uids given to workspaces, one
+	// each (the gid is the same number): the sandbox's uid 0 maps to it,
+	// so a process that escapes the sandbox lands without privileges, and
+	// workspaces cannot touch each other's files. The range must belong to
+	// no real user. 0 means 1048576 (2^20) and 65536. UIDBase itself is
+	// the uid of New's probe, never a workspace's.
+	UIDBase  int `yaml:"uid_base"`
+	UIDCount int `yaml:"uid_count"`
+	// StageDir is an existing directory of the host, searchable by every
+	// user, that each sandbox's step covers with a tmpfs in a mount
+	// namespace of its own to bind the workspace's directories below it
+	// (the data directory itself need not be searchable); "" means the
+	// first of /mnt, /srv, /opt, /media that is a directory.
+	StageDir string `yaml:"stage_dir"`
 
 	// mountinfo replaces /proc/self/mountinfo in tests.
 	mountinfo string
@@ -89,6 +106,8 @@ type Provider struct {
 	usrLinks []usrLink   // how /bin, /lib… reach /usr on this host
 	cfg      Config      // defaults filled in
 	cg       *cgroupHost // nil: no cgroup at all (AllowUnenforced only)
+	exe      string      // the broker's binary, for durable commands' step
+	stageDir string      // see Config.StageDir
 
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
@@ -130,8 +149,27 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		return nil, fmt.Errorf("local: cpu affinity: %w", err)
 	}
 	c.CgroupParent = cmp.Or(c.CgroupParent, defaultCgroupParent(dataDir))
+	if c.UIDBase <= 0 {
+		c.UIDBase = 1 << 20
+	}
+	if c.UIDCount <= 0 {
+		c.UIDCount = 1 << 16
+	}
+	if c.UIDCount < 2 || c.UIDBase+c.UIDCount > 1<<31 || (c.UIDBase <= 65534 && 65534 < c.UIDBase+c.UIDCount) {
+		return nil, errors.New("local: uid_base and uid_count must name at least 2 uids, below 2^31, apart from nobody (65534)")
+	}
+	stageDir, err := findStageDir(c.StageDir)
+	if err != nil {
+		return nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("local: the broker's own binary: %w", err)
+	}
 	p := &Provider{
 		cfg:         c,
+		exe:         exe,
+		stageDir:    stageDir,
 		dataDir:     dataDir,
 		etcDir:      filepath.Join(dataDir, etcDir),
 		bwrap:       bwrap,
@@ -158,7 +196,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.log.Warn("WORKSPACE LIMIT NOT ENFORCED: one workspace can take this host down for all", "problem", pr)
 	}
 	p.cg = cg
-	for _, d := range []string{workspacesDir, trashDir, snapshotsDir} {
+	for _, d := range []string{workspacesDir, trashDir, snapshotsDir, uidsDir} {
 		if err := os.MkdirAll(filepath.Join(dataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("local: data directory: %w", scrub(err))
 		}
@@ -186,7 +224,11 @@ func (p *Provider) probe(ctx context.Context) error {
 	if err := l.makeDirs(); err != nil {
 		return fmt.Errorf("local: probe: %w", scrub(err))
 	}
+	if err := l.chown(p.cfg.UIDBase); err != nil {
+		return fmt.Errorf("local: probe: %w", scrub(err))
+	}
 	res, err := p.run(ctx, job{
+		uid:    p.cfg.UIDBase,
 		layout: l,
 		cpus:   p.pickCPUs("", 1),
 		memory: 256 << 20,
@@ -297,6 +339,8 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	for _, step := range []func() error{
 		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
 		l.makeDirs,
+		func() (err error) { rec.UID, err = p.claimUID(ref); return err },
+		func() error { return l.chown(rec.UID) },
 		func() error { return p.limit(ref, rec) },
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return writeJSON(l.sandbox(), rec, 0o644) }, // marks the workspace ready
@@ -304,6 +348,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	} {
 		if err := step(); err != nil {
 			p.cg.remove(ref)
+			p.releaseUID(ref, rec.UID)
 			removeAll(string(l))
 			return providers.Sandbox{}, fmt.Errorf("local: create: %w", scrub(err))
 		}
@@ -361,12 +406,12 @@ func (p *Provider) open(ref string) (opened, error) {
 
 // ReadFile reads a file inside the sandbox; see [execfile.ReadFile].
 func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64) ([]byte, error) {
-	return execfile.ReadFile(ctx, p, sb, path, max)
+	return execfile.ReadFile(ctx, helperExecer{p}, sb, path, max)
 }
 
 // WriteFile writes a file inside the sandbox; see [execfile.WriteFile].
 func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, data []byte) error {
-	return execfile.WriteFile(ctx, p, sb, path, data)
+	return execfile.WriteFile(ctx, helperExecer{p}, sb, path, data)
 }
 
 // Terminate kills the workspace's running execs, waits for them, and
@@ -419,6 +464,10 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	commands := killCommands(p.layout(ref))
 	stopSupervisor(p.layout(ref))
 	p.cg.remove(ref)
+	var rec record
+	if readJSON(p.layout(ref).sandbox(), &rec) == nil {
+		defer p.releaseUID(ref, rec.UID) // once nothing of it runs or is left
+	}
 	// The rename is the moment the workspace is gone, for every Provider on
 	// this DataDir; removing the files may then take its time.
 	trash := filepath.Join(p.dataDir, trashDir, ref+"-"+randomHex())
@@ -434,6 +483,56 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	}
 	p.log.Info("sandbox terminated", sandgate.WorkspaceAttr(ref), "killed_execs", len(runs), "killed_commands", commands)
 	return nil
+}
+
+// findStageDir returns dir, or the first of the default stage directories
+// that exists; see Config.StageDir.
+func findStageDir(dir string) (string, error) {
+	cands := []string{"/mnt", "/srv", "/opt", "/media"}
+	if dir != "" {
+		cands = []string{dir}
+	}
+	for _, d := range cands {
+		if !filepath.IsAbs(d) {
+			continue
+		}
+		if fi, err := os.Lstat(d); err == nil && fi.IsDir() && fi.Mode().Perm()&0o001 != 0 {
+			return filepath.Clean(d), nil
+		}
+	}
+	return "", fmt.Errorf("local: no stage directory: set stage_dir to an existing directory searchable by all (tried %s)", strings.Join(cands, ", "))
+}
+
+// claimUID picks a free uid of the range for the workspace ref and claims
+// it, for every broker process on this DataDir, by creating uids/<uid>.
+func (p *Provider) claimUID(ref string) (int, error) {
+	dir := filepath.Join(p.dataDir, uidsDir)
+	for range 1000 {
+		var b [4]byte
+		rand.Read(b[:])
+		uid := p.cfg.UIDBase + 1 + int(binary.BigEndian.Uint32(b[:])%uint32(p.cfg.UIDCount-1))
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(uid)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		_, err = f.WriteString(ref)
+		return uid, errors.Join(err, f.Close())
+	}
+	return 0, errors.New("no free uid in uid_base…uid_base+uid_count")
+}
+
+// releaseUID frees the uid the workspace ref claimed.
+func (p *Provider) releaseUID(ref string, uid int) {
+	if uid <= 0 {
+		return
+	}
+	name := filepath.Join(p.dataDir, uidsDir, strconv.Itoa(uid))
+	if b, err := os.ReadFile(name); err == nil && string(b) == ref {
+		os.Remove(name)
+	}
 }
 
 // limit creates the workspace's cgroups with the limits of rec.

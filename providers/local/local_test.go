@@ -64,6 +64,12 @@ func TestNewRefusesBrokenBwrap(t *testing.T) {
 	if err == nil {
 		t.Errorf("New with a missing bwrap = nil error; want one")
 	}
+	// bwrap runs as the sandbox's unprivileged uid: it must reach it.
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	fake := filepath.Join(dir, "fake-bwrap")
 	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'bwrap: no namespaces for you' >&2\nexit 1\n"), 0o755); err != nil {
 		t.Fatal(err)

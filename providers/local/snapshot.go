@@ -99,6 +99,7 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 		cpus:   p.pickCPUs(sb.Ref, w.rec.CPUCores),
 		memory: int64(w.rec.MemoryMiB) << 20,
 		rec:    w.rec,
+		uid:    w.rec.UID,
 		// Not the workspace's env: tar is the broker's, and the env could
 		// load code into it (LD_PRELOAD) while it holds a capability.
 		dir:     "/",
@@ -188,6 +189,7 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 		cpus:    p.pickCPUs(sb.Ref, w.rec.CPUCores),
 		memory:  int64(w.rec.MemoryMiB) << 20,
 		rec:     w.rec,
+		uid:     w.rec.UID,
 		dir:     "/",
 		argv:    []string{"sh", "-c", restoreScript, "sh", dir},
 		timeout: timeout,

@@ -17,7 +17,8 @@ import (
 // is the broker's own binary run again (/proc/self/exe, with argv[0] =
 // stepName), recognised in this package's init before main runs:
 //
-//	sandgate-exec-step --fds N [--cgroup FILE]… -- prlimit … -- bwrap --args 3 -- ARGV…
+//	sandgate-exec-step --fds N [--cgroup FILE]… [--uid U --gid G]
+//	    [--stage DIR [--bind SRC NAME]…] -- prlimit … -- bwrap --args 3 -- ARGV…
 //
 // N is how many descriptors past stderr the broker handed over (bwrap's
 // options and seccomp filter); they go on to bwrap as they are.
@@ -52,8 +53,12 @@ const (
 )
 
 func init() {
-	if len(os.Args) > 0 && os.Args[0] == stepName {
+	switch {
+	case len(os.Args) > 0 && os.Args[0] == stepName:
 		os.Exit(runStep(os.Args[1:]))
+	case len(os.Args) > 1 && os.Args[1] == "--"+stepName:
+		// From a durable command's runner, a shell that cannot set argv[0].
+		os.Exit(runStep(os.Args[2:]))
 	}
 }
 
@@ -65,47 +70,23 @@ func runStep(args []string) int {
 	runtime.LockOSThread()
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGCHLD)
-	if os.Getppid() == 1 {
-		return 128 + int(syscall.SIGKILL) // the broker is already gone
-	}
-	var cgroups []string
-	nfds := -1
-	for len(args) > 0 && args[0] != "--" {
-		if len(args) < 2 {
-			fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
-			return stepExitUsage
-		}
-		switch args[0] {
-		case "--cgroup":
-			cgroups = append(cgroups, args[1])
-		case "--fds":
-			n, err := strconv.Atoi(args[1])
-			if err != nil || n < 0 {
-				nfds = -1
-				break
-			}
-			nfds = n
-		default:
-			fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
-			return stepExitUsage
-		}
-		args = args[2:]
-	}
-	if nfds < 0 {
+	o, argv, ok := parseStep(args)
+	if !ok {
 		fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
 		return stepExitUsage
 	}
-	if len(args) < 2 {
-		fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
-		return stepExitUsage
-	}
-	argv := args[1:]
 	self := []byte(strconv.Itoa(os.Getpid()))
-	for _, f := range cgroups {
+	for _, f := range o.cgroups {
 		if err := os.WriteFile(f, self, 0); err != nil {
 			// No path: the message reaches the exec's stderr.
 			fmt.Fprintln(os.Stderr, "sandgate: exec step: cannot join the workspace's cgroup:", unwrapErrno(err))
 			return stepExitCgroup
+		}
+	}
+	if o.stage != "" {
+		if err := stage(o); err != nil {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: stage:", err)
+			return stepExitStart
 		}
 	}
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -115,13 +96,19 @@ func runStep(args []string) int {
 	// Every descriptor the broker handed over (stdio, bwrap's options and
 	// seccomp filter) goes to bwrap as is.
 	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
-	for fd := 3; fd < 3+nfds; fd++ {
+	for fd := 3; fd < 3+o.nfds; fd++ {
 		files = append(files, os.NewFile(uintptr(fd), "fd"+strconv.Itoa(fd)))
+	}
+	attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if o.uid >= 0 {
+		// bwrap runs as the workspace's host uid: the sandbox's uid 0 maps
+		// to it, and nothing of the sandbox holds a host privilege.
+		attr.Credential = &syscall.Credential{Uid: uint32(o.uid), Gid: uint32(o.gid), Groups: []uint32{}}
 	}
 	proc, err := os.StartProcess(argv[0], argv, &os.ProcAttr{
 		Env:   []string{},
 		Files: files,
-		Sys:   &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
+		Sys:   attr,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sandgate: exec step: start:", unwrapErrno(err))
@@ -156,6 +143,86 @@ func runStep(args []string) int {
 		}
 	}
 	return stepExitStart // not reached: sigs is never closed
+}
+
+// stepOptions are the step's arguments before "--".
+type stepOptions struct {
+	nfds     int
+	cgroups  []string
+	uid, gid int    // -1: keep the broker's
+	stage    string // "": no staging
+	binds    [][2]string
+}
+
+// parseStep parses the step's arguments; argv is what follows "--".
+func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
+	o = stepOptions{nfds: -1, uid: -1, gid: -1}
+	num := func(s string) int {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return -1
+		}
+		return n
+	}
+	for len(args) > 0 && args[0] != "--" {
+		if len(args) < 2 {
+			return o, nil, false
+		}
+		n := 2
+		switch args[0] {
+		case "--cgroup":
+			o.cgroups = append(o.cgroups, args[1])
+		case "--fds":
+			o.nfds = num(args[1])
+		case "--uid":
+			o.uid = num(args[1])
+		case "--gid":
+			o.gid = num(args[1])
+		case "--stage":
+			o.stage = args[1]
+		case "--bind":
+			if len(args) < 3 || strings.Contains(args[2], "/") {
+				return o, nil, false
+			}
+			o.binds = append(o.binds, [2]string{args[1], args[2]})
+			n = 3
+		default:
+			return o, nil, false
+		}
+		args = args[n:]
+	}
+	if o.nfds < 0 || len(args) < 2 || (o.uid < 0) != (o.gid < 0) {
+		return o, nil, false
+	}
+	return o, args[1:], true
+}
+
+// stage gives the calling thread (the locked main thread; bwrap is forked
+// from it) a mount namespace of its own in which o.binds are bound below
+// o.stage, a fresh tmpfs. bwrap, running as the workspace's unprivileged
+// uid, then reaches the workspace's directories there: their host paths
+// below the broker's data directory need not be searchable by that uid.
+// The namespace dies with the step.
+func stage(o stepOptions) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make private: %w", err)
+	}
+	if err := unix.Mount("sandgate-stage", o.stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+		return fmt.Errorf("tmpfs: %w", err)
+	}
+	for _, b := range o.binds {
+		dst := o.stage + "/" + b[1]
+		if err := os.Mkdir(dst, 0o755); err != nil {
+			return fmt.Errorf("mkdir: %w", scrub(err))
+		}
+		if err := unix.Mount(b[0], dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind: %w", err)
+		}
+	}
+	return nil
 }
 
 // killChildren SIGKILLs every child of the step, orphans reparented to it

@@ -34,6 +34,7 @@ const (
 	etcDir        = "etc"
 	trashDir      = "trash"
 	snapshotsDir  = "snapshots"
+	uidsDir       = "uids" // uids/<uid> holds the ref of the workspace that has it
 
 	labelsFile  = "labels.json"
 	envFile     = "env.json"
@@ -84,11 +85,23 @@ func (l layout) makeDirs() error {
 	return nil
 }
 
+// chown gives the directories the sandbox mounts to uid (and gid uid),
+// the host ids of the sandbox's root.
+func (l layout) chown(uid int) error {
+	for _, d := range []string{l.workspace(), l.home(), l.tmp()} {
+		if err := os.Chown(d, uid, uid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // record is sandbox.json: what Exec needs beyond the labels and the env.
 type record struct {
 	CPUCores  int       `json:"cpu_cores"`
 	MemoryMiB int       `json:"memory_mib"`
 	Pids      int       `json:"pids,omitempty"` // the process cap; 0 in a workspace from before it
+	UID       int       `json:"uid,omitempty"`  // the host uid and gid of the sandbox's uid 0; 0 in a workspace from before
 	StartedAt time.Time `json:"started_at"`
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
