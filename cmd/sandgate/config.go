@@ -38,7 +38,7 @@ type Config struct {
 	} `yaml:"redis"`
 	Provider struct {
 		Name  string       `yaml:"name"`  // SANDGATE_PROVIDER; default "local"
-		Local local.Config `yaml:"local"` // bwrap_path, tiers, cgroup_parent, allow_unenforced: see local.Config
+		Local local.Config `yaml:"local"` // bwrap_path, tiers (pids, disk_mib), free_reserve_mib, uid_base, uid_count, stage_dir, cgroup_parent, allow_unenforced: see local.Config
 	} `yaml:"provider"`
 	Operators []struct {
 		Name        string `yaml:"name"`

@@ -154,6 +154,7 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 		argv:   spec.Argv,
 		rec:    w.rec,
 		uid:    w.rec.UID,
+		disk:   p.diskOf(w),
 	}
 	pid, err := p.launch(j, d, max(spec.MaxOutputBytes, 0), runner.TimeoutSeconds(timeout))
 	if err != nil {

@@ -51,8 +51,9 @@ func TestExecsDieWithBroker(t *testing.T) {
 	t.Parallel()
 	for i := range 12 {
 		marker := "die-with-broker-" + randomMarker()
+		dataDir := t.TempDir()
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperBroker$", "-test.count=1")
-		cmd.Env = append(os.Environ(), brokerEnv+"="+t.TempDir()+":"+marker)
+		cmd.Env = append(os.Environ(), brokerEnv+"="+dataDir+":"+marker)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
@@ -71,6 +72,9 @@ func TestExecsDieWithBroker(t *testing.T) {
 			}
 			t.Fatalf("round %d: processes %v outlived the broker; broker output:\n%s", i, left, out.String())
 		}
+		// The next broker on the data directory ends the workspace (its
+		// cleanup terminates what is listed).
+		newProvider(t, dataDir, broker)
 	}
 }
 

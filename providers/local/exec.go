@@ -83,6 +83,7 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 		maxOut:  spec.MaxOutputBytes,
 		rec:     w.rec,
 		uid:     w.rec.UID,
+		disk:    p.diskOf(w),
 	}
 	if helper {
 		// The file helpers run with the broker's PATH and nothing of the
@@ -142,6 +143,9 @@ type job struct {
 	// uid is the host uid (and gid) the sandbox's uid 0 maps to; 0 only
 	// for a workspace from before unprivileged sandboxes.
 	uid int
+	// disk is the workspace's image, which the step mounts; "" for a
+	// workspace without a disk quota.
+	disk string
 	// rec is the workspace's record, whose limits recreate its cgroups
 	// when they are missing; unused when ref is "".
 	rec record
@@ -458,11 +462,22 @@ func (p *Provider) stepArgs(j job, nfds int) []string {
 	}
 	if j.uid > 0 {
 		u := strconv.Itoa(j.uid)
-		a = append(a, "--uid", u, "--gid", u, "--stage", p.stageDir,
-			"--bind", p.etcDir, "e",
-			"--bind", j.layout.workspace(), "w",
-			"--bind", j.layout.home(), "h",
-			"--bind", j.layout.tmp(), "t")
+		a = append(a, "--uid", u, "--gid", u)
+	}
+	if j.uid > 0 || j.disk != "" {
+		a = append(a, "--stage", p.stageDir, "--bind", p.etcDir, "e")
+		if j.disk != "" {
+			mount := "/usr/bin/mount"
+			if p.disk != nil {
+				mount = p.disk.mount
+			}
+			a = append(a, "--disk", j.disk, "--mount-bin", mount)
+		} else {
+			a = append(a,
+				"--bind", j.layout.workspace(), "w",
+				"--bind", j.layout.home(), "h",
+				"--bind", j.layout.tmp(), "t")
+		}
 	}
 	return a
 }
@@ -481,7 +496,10 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 	// src is where bwrap finds a host directory: below the step's stage
 	// when bwrap runs unprivileged (see stageArgs).
 	src := func(name, host string) string {
-		if j.uid > 0 {
+		switch {
+		case j.disk != "" && name != "e":
+			return p.stageDir + "/d/" + map[string]string{"w": "workspace", "h": "home", "t": "tmp"}[name]
+		case j.uid > 0 || j.disk != "":
 			return p.stageDir + "/" + name
 		}
 		return host

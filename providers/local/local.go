@@ -70,6 +70,12 @@ type Config struct {
 	// first of /mnt, /srv, /opt, /media that is a directory.
 	StageDir string `yaml:"stage_dir"`
 
+	// FreeReserveMiB is the space New keeps free on the data directory's
+	// file system: a create is refused ([providers.ErrNoCapacity]) when
+	// this data directory's workspaces, each grown to its disk quota,
+	// would leave less; 0 means 1024.
+	FreeReserveMiB int `yaml:"free_reserve_mib"`
+
 	// mountinfo replaces /proc/self/mountinfo in tests.
 	mountinfo string
 }
@@ -79,6 +85,9 @@ type Tier struct {
 	// Pids caps the processes (threads included) of all of a workspace's
 	// processes together; 0 means 1024 per CPU core (1024 for small).
 	Pids int `yaml:"pids"`
+	// DiskMiB is the disk quota across /workspace, /root and /tmp
+	// together; 0 means 1024 per CPU core (1024 for small).
+	DiskMiB int `yaml:"disk_mib"`
 }
 
 // tier returns the limits of size, defaults filled in.
@@ -86,6 +95,9 @@ func (c Config) tier(size sandgate.Size) Tier {
 	t := c.Tiers[size.Name]
 	if t.Pids <= 0 {
 		t.Pids = 1024 * max(size.CPUCores, 1)
+	}
+	if t.DiskMiB <= 0 {
+		t.DiskMiB = 1024 * max(size.CPUCores, 1)
 	}
 	return t
 }
@@ -106,6 +118,7 @@ type Provider struct {
 	usrLinks []usrLink   // how /bin, /lib… reach /usr on this host
 	cfg      Config      // defaults filled in
 	cg       *cgroupHost // nil: no cgroup at all (AllowUnenforced only)
+	disk     *diskHost   // nil: no disk quota (AllowUnenforced only)
 	exe      string      // the broker's binary, for durable commands' step
 	stageDir string      // see Config.StageDir
 
@@ -154,6 +167,9 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	}
 	if c.UIDCount <= 0 {
 		c.UIDCount = 1 << 16
+	}
+	if c.FreeReserveMiB <= 0 {
+		c.FreeReserveMiB = 1024
 	}
 	if c.UIDCount < 2 || c.UIDBase+c.UIDCount > 1<<31 || (c.UIDBase <= 65534 && 65534 < c.UIDBase+c.UIDCount) {
 		return nil, errors.New("local: uid_base and uid_count must name at least 2 uids, below 2^31, apart from nobody (65534)")
@@ -204,6 +220,14 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if err := writeEtc(p.etcDir); err != nil {
 		return nil, fmt.Errorf("local: write /etc: %w", scrub(err))
 	}
+	disk, problem := detectDisk()
+	if problem != "" && !c.AllowUnenforced {
+		return nil, fmt.Errorf("local: this host cannot enforce the workspace limits: %s", problem)
+	}
+	if problem != "" {
+		p.log.Warn("WORKSPACE LIMIT NOT ENFORCED: one workspace can take this host down for all", "problem", problem)
+	}
+	p.disk = disk
 	p.emptyTrash()
 	p.sweepSnapshotTemps()
 	if err := p.probe(ctx); err != nil {
@@ -221,14 +245,21 @@ func (p *Provider) probe(ctx context.Context) error {
 	}
 	defer removeAll(dir)
 	l := layout(dir)
-	if err := l.makeDirs(); err != nil {
+	// Exactly as a workspace: on a disk image where there are disk quotas.
+	var disk string
+	if p.disk != nil {
+		if err := p.disk.create(ctx, l, 16, p.cfg.UIDBase); err != nil {
+			return fmt.Errorf("local: probe: disk image: %w", err)
+		}
+		disk = l.disk()
+	} else if err := l.makeDirs(); err != nil {
 		return fmt.Errorf("local: probe: %w", scrub(err))
-	}
-	if err := l.chown(p.cfg.UIDBase); err != nil {
+	} else if err := l.chown(p.cfg.UIDBase); err != nil {
 		return fmt.Errorf("local: probe: %w", scrub(err))
 	}
 	res, err := p.run(ctx, job{
 		uid:    p.cfg.UIDBase,
+		disk:   disk,
 		layout: l,
 		cpus:   p.pickCPUs("", 1),
 		memory: 256 << 20,
@@ -338,9 +369,8 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	}
 	for _, step := range []func() error{
 		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
-		l.makeDirs,
 		func() (err error) { rec.UID, err = p.claimUID(ref); return err },
-		func() error { return l.chown(rec.UID) },
+		func() error { return p.makeDisk(ctx, l, &rec, spec.Size) }, // or, without a disk quota, the directories
 		func() error { return p.limit(ref, rec) },
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return writeJSON(l.sandbox(), rec, 0o644) }, // marks the workspace ready
@@ -350,6 +380,9 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			p.cg.remove(ref)
 			p.releaseUID(ref, rec.UID)
 			removeAll(string(l))
+			if errors.Is(err, providers.ErrNoCapacity) {
+				return providers.Sandbox{}, err
+			}
 			return providers.Sandbox{}, fmt.Errorf("local: create: %w", scrub(err))
 		}
 	}
@@ -483,6 +516,46 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	}
 	p.log.Info("sandbox terminated", sandgate.WorkspaceAttr(ref), "killed_execs", len(runs), "killed_commands", commands)
 	return nil
+}
+
+// makeDisk gives the new workspace at l its disk image of the size's
+// quota, if the reserve allows (see disk.go), or, on a host without disk
+// quotas, its directories. Either way they belong to rec.UID.
+func (p *Provider) makeDisk(ctx context.Context, l layout, rec *record, size sandgate.Size) error {
+	if p.disk == nil {
+		if err := l.makeDirs(); err != nil {
+			return err
+		}
+		return l.chown(rec.UID)
+	}
+	mib := p.cfg.tier(size).DiskMiB
+	unlock, err := p.admitDisk(ctx, mib)
+	if err != nil {
+		return err
+	}
+	defer unlock() // once the image exists: its size counts from then on
+	if err := p.disk.create(ctx, l, mib, rec.UID); err != nil {
+		return err
+	}
+	rec.DiskMiB = mib
+	return nil
+}
+
+// diskOf is the image of the workspace w, "" when it has none.
+func (p *Provider) diskOf(w opened) string {
+	if w.rec.DiskMiB <= 0 {
+		return ""
+	}
+	return w.layout.disk()
+}
+
+// DiskMiB is the disk quota of a workspace of size, for the lease's sizes;
+// 0 when this host gives none.
+func (p *Provider) DiskMiB(size sandgate.Size) int {
+	if p.disk == nil {
+		return 0
+	}
+	return p.cfg.tier(size).DiskMiB
 }
 
 // findStageDir returns dir, or the first of the default stage directories

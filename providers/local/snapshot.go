@@ -100,6 +100,7 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 		memory: int64(w.rec.MemoryMiB) << 20,
 		rec:    w.rec,
 		uid:    w.rec.UID,
+		disk:   p.diskOf(w),
 		// Not the workspace's env: tar is the broker's, and the env could
 		// load code into it (LD_PRELOAD) while it holds a capability.
 		dir:     "/",
@@ -190,6 +191,7 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 		memory:  int64(w.rec.MemoryMiB) << 20,
 		rec:     w.rec,
 		uid:     w.rec.UID,
+		disk:    p.diskOf(w),
 		dir:     "/",
 		argv:    []string{"sh", "-c", restoreScript, "sh", dir},
 		timeout: timeout,

@@ -3,6 +3,7 @@ package local
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"runtime"
 	"strconv"
@@ -152,6 +153,8 @@ type stepOptions struct {
 	uid, gid int    // -1: keep the broker's
 	stage    string // "": no staging
 	binds    [][2]string
+	disk     string // the workspace's image, mounted on stage/d
+	mountBin string // mount(8), for the image
 }
 
 // parseStep parses the step's arguments; argv is what follows "--".
@@ -180,6 +183,10 @@ func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
 			o.gid = num(args[1])
 		case "--stage":
 			o.stage = args[1]
+		case "--disk":
+			o.disk = args[1]
+		case "--mount-bin":
+			o.mountBin = args[1]
 		case "--bind":
 			if len(args) < 3 || strings.Contains(args[2], "/") {
 				return o, nil, false
@@ -191,7 +198,7 @@ func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
 		}
 		args = args[n:]
 	}
-	if o.nfds < 0 || len(args) < 2 || (o.uid < 0) != (o.gid < 0) {
+	if o.nfds < 0 || len(args) < 2 || (o.uid < 0) != (o.gid < 0) || (o.disk != "" && (o.stage == "" || o.mountBin == "")) {
 		return o, nil, false
 	}
 	return o, args[1:], true
@@ -213,6 +220,11 @@ func stage(o stepOptions) error {
 	if err := unix.Mount("sandgate-stage", o.stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
 		return fmt.Errorf("tmpfs: %w", err)
 	}
+	if o.disk != "" {
+		if err := mountDisk(o); err != nil {
+			return err
+		}
+	}
 	for _, b := range o.binds {
 		dst := o.stage + "/" + b[1]
 		if err := os.Mkdir(dst, 0o755); err != nil {
@@ -221,6 +233,34 @@ func stage(o stepOptions) error {
 		if err := unix.Mount(b[0], dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("bind: %w", err)
 		}
+	}
+	return nil
+}
+
+// mountDisk mounts the workspace's image on stage/d, in the step's own
+// mount namespace. util-linux's mount reuses a loop device already
+// attached to the image (another exec of the workspace runs), so that all
+// share one file system; the flock on the image keeps two steps from each
+// attaching one at the same time. The loop device is set to clear itself
+// once its last mount is gone.
+func mountDisk(o stepOptions) error {
+	dst := o.stage + "/d"
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		return fmt.Errorf("mkdir: %w", scrub(err))
+	}
+	f, err := os.Open(o.disk)
+	if err != nil {
+		return fmt.Errorf("disk: %w", scrub(err))
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("disk lock: %w", err)
+	}
+	cmd := exec.Command(o.mountBin, "-t", "ext4", "-o", "loop,nosuid,nodev,noatime,noinit_itable", o.disk, dst)
+	cmd.Env = []string{"PATH=" + defaultPath}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("mount: %w: %s", err, firstLine(out))
 	}
 	return nil
 }

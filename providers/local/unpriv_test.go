@@ -2,6 +2,7 @@ package local_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -37,8 +38,15 @@ func TestUnprivileged(t *testing.T) {
 			t.Errorf("id -u in the sandbox = %q; want 0", lines[1])
 		}
 		uids[host] = true
+		// The files are on the workspace's disk image: look at it from the
+		// host, read-only.
+		mnt := t.TempDir()
+		if out, err := exec.Command("mount", "-o", "loop,ro", filepath.Join(dataDir, "workspaces", sb.Ref, "disk.img"), mnt).CombinedOutput(); err != nil {
+			t.Fatalf("mount the disk image: %v: %s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("umount", mnt).Run() })
 		for _, name := range []string{"workspace", "workspace/made", "home", "home/d", "tmp"} {
-			fi, err := os.Stat(filepath.Join(dataDir, "workspaces", sb.Ref, name))
+			fi, err := os.Stat(filepath.Join(mnt, name))
 			if err != nil {
 				t.Fatalf("stat %s: %v", name, err)
 			}
