@@ -34,8 +34,13 @@ func (s *Server) getLease(c echo.Context) error {
 		Images:       protocol.Images{Default: s.defaultImage(scope), Allowed: policy.AllowedImages(s.effectiveScope(scope))},
 		Egress:       protocol.EgressInfo{Ceiling: scope.EgressCeiling},
 	}
+	disk, _ := s.provider.(interface{ DiskMiB(sandgate.Size) int }) // optional: the local provider's quota
 	for _, sz := range scope.AllowedSizes() {
-		resp.Sizes = append(resp.Sizes, protocol.Size{Name: sz.Name, CPUCores: sz.CPUCores, MemoryMiB: sz.MemoryMiB})
+		ps := protocol.Size{Name: sz.Name, CPUCores: sz.CPUCores, MemoryMiB: sz.MemoryMiB}
+		if disk != nil {
+			ps.DiskMiB = disk.DiskMiB(sz)
+		}
+		resp.Sizes = append(resp.Sizes, ps)
 	}
 	return c.JSON(http.StatusOK, resp)
 }

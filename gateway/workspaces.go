@@ -98,6 +98,9 @@ func (s *Server) acquire(c echo.Context) error {
 		if rerr := s.bill.Release(ctx, ws.Workspace); rerr != nil {
 			s.log.Error("release hold after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any("err", rerr))
 		}
+		if errors.Is(err, providers.ErrNoCapacity) {
+			return &protocol.Error{Code: protocol.Unavailable, Message: "the sandbox provider has no capacity for a new workspace now; retry later", RetryAfter: time.Minute, Err: err}
+		}
 		return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not create the workspace; retry with the same Idempotency-Key", Err: err}
 	}
 	if s.cfg.AfterCreate != nil {
