@@ -255,6 +255,8 @@ func (h *cgroupHost) setLimits(ref string, lim cgroupLimits) (swap bool, errs []
 	mem := strconv.FormatInt(lim.memory, 10)
 	quota := strconv.Itoa(lim.cpuCores * cpuPeriod)
 	if h.v2 {
+		// The leaves below get the controllers too (their OOM events).
+		write("memory", "cgroup.subtree_control", "+memory +pids +cpu")
 		write("memory", "memory.max", mem)
 		if fileExists(filepath.Join(h.mem, ref, "memory.swap.max")) {
 			swap = write("memory", "memory.swap.max", "0")
@@ -308,6 +310,10 @@ func (h *cgroupHost) leaf(ref, name string) ([]string, error) {
 		l := filepath.Join(d, name)
 		if err := os.Mkdir(l, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("leaf cgroup: %w", scrub(err))
+		}
+		if h.v2 {
+			// An OOM kill takes the whole exec, not one of its processes.
+			_ = os.WriteFile(filepath.Join(l, "memory.oom.group"), []byte("1"), 0)
 		}
 		procs = append(procs, filepath.Join(l, "cgroup.procs"))
 	}
