@@ -121,6 +121,7 @@ type Provider struct {
 	disk     *diskHost   // nil: no disk quota (AllowUnenforced only)
 	exe      string      // the broker's binary, for durable commands' step
 	stageDir string      // see Config.StageDir
+	probeUID int         // Config.UIDBase; 0 when the broker is not root
 
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
@@ -221,6 +222,12 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		return nil, fmt.Errorf("local: write /etc: %w", scrub(err))
 	}
 	disk, problem := detectDisk()
+	p.probeUID = c.UIDBase
+	if os.Geteuid() != 0 {
+		// Only root can run a sandbox as another uid, or mount an image.
+		disk, problem = nil, "uids and disk: the broker does not run as root, so sandboxes run as its own uid and workspaces get no disk quota"
+		p.probeUID = 0
+	}
 	if problem != "" && !c.AllowUnenforced {
 		return nil, fmt.Errorf("local: this host cannot enforce the workspace limits: %s", problem)
 	}
@@ -229,6 +236,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	}
 	p.disk = disk
 	p.emptyTrash()
+	p.sweepCgroups()
 	p.sweepSnapshotTemps()
 	if err := p.probe(ctx); err != nil {
 		return nil, err
@@ -248,17 +256,17 @@ func (p *Provider) probe(ctx context.Context) error {
 	// Exactly as a workspace: on a disk image where there are disk quotas.
 	var disk string
 	if p.disk != nil {
-		if err := p.disk.create(ctx, l, 16, p.cfg.UIDBase); err != nil {
+		if err := p.disk.create(ctx, l, 16, p.probeUID); err != nil {
 			return fmt.Errorf("local: probe: disk image: %w", err)
 		}
 		disk = l.disk()
 	} else if err := l.makeDirs(); err != nil {
 		return fmt.Errorf("local: probe: %w", scrub(err))
-	} else if err := l.chown(p.cfg.UIDBase); err != nil {
+	} else if err := l.chownIf(p.probeUID); err != nil {
 		return fmt.Errorf("local: probe: %w", scrub(err))
 	}
 	res, err := p.run(ctx, job{
-		uid:    p.cfg.UIDBase,
+		uid:    p.probeUID,
 		disk:   disk,
 		layout: l,
 		cpus:   p.pickCPUs("", 1),
@@ -369,7 +377,12 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	}
 	for _, step := range []func() error{
 		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
-		func() (err error) { rec.UID, err = p.claimUID(ref); return err },
+		func() (err error) {
+			if p.probeUID > 0 { // else not root: the broker's own uid (AllowUnenforced)
+				rec.UID, err = p.claimUID(ref)
+			}
+			return err
+		},
 		func() error { return p.makeDisk(ctx, l, &rec, spec.Size) }, // or, without a disk quota, the directories
 		func() error { return p.limit(ref, rec) },
 		func() error { return writeJSON(l.env(), env, 0o600) },
@@ -526,7 +539,7 @@ func (p *Provider) makeDisk(ctx context.Context, l layout, rec *record, size san
 		if err := l.makeDirs(); err != nil {
 			return err
 		}
-		return l.chown(rec.UID)
+		return l.chownIf(rec.UID)
 	}
 	mib := p.cfg.tier(size).DiskMiB
 	unlock, err := p.admitDisk(ctx, mib)
@@ -647,6 +660,28 @@ func (p *Provider) Close() error {
 		}
 	}
 	return nil
+}
+
+// sweepCgroups removes the cgroups of workspaces that are gone (a
+// Terminate or a create cut short by a crash). A workspace's directory
+// exists before its cgroups and outlives them, so one in the making is
+// never hit.
+func (p *Provider) sweepCgroups() {
+	if p.cg == nil {
+		return
+	}
+	for _, d := range p.cg.dirs {
+		entries, _ := os.ReadDir(d)
+		for _, e := range entries {
+			if !e.IsDir() {
+				continue
+			}
+			ref := e.Name()
+			if _, err := os.Lstat(string(p.layout(ref))); errors.Is(err, fs.ErrNotExist) || strings.HasPrefix(ref, ".probe-") {
+				p.cg.remove(ref)
+			}
+		}
+	}
 }
 
 // emptyTrash removes what terminated workspaces left behind.

@@ -102,6 +102,14 @@ func (l layout) chown(uid int) error {
 	return nil
 }
 
+// chownIf is chown, except for uid 0 (a broker that is not root).
+func (l layout) chownIf(uid int) error {
+	if uid == 0 {
+		return nil
+	}
+	return l.chown(uid)
+}
+
 // record is sandbox.json: what Exec needs beyond the labels and the env.
 type record struct {
 	CPUCores  int       `json:"cpu_cores"`
