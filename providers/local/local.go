@@ -677,7 +677,10 @@ func (p *Provider) sweepCgroups() {
 				continue
 			}
 			ref := e.Name()
-			if _, err := os.Lstat(string(p.layout(ref))); errors.Is(err, fs.ErrNotExist) || strings.HasPrefix(ref, ".probe-") {
+			if checkRef(ref) != nil {
+				continue // another New's probe, say
+			}
+			if _, err := os.Lstat(string(p.layout(ref))); errors.Is(err, fs.ErrNotExist) {
 				p.cg.remove(ref)
 			}
 		}
