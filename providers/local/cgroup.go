@@ -237,7 +237,11 @@ func (h *cgroupHost) setLimits(ref string, lim cgroupLimits) (swap bool, errs []
 		if dirs[ctl] == "" {
 			continue
 		}
-		if err := os.Mkdir(filepath.Join(dirs[ctl], ref), 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		mkdir := os.MkdirAll // v1: the parent may have been removed by a Close
+		if h.v2 {
+			mkdir = os.Mkdir // v2: a parent made here would lack its controllers
+		}
+		if err := mkdir(filepath.Join(dirs[ctl], ref), 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			errs = append(errs, limitError{ctl, fmt.Errorf("%s: cannot create a workspace cgroup: %w", ctl, scrub(err))})
 			delete(dirs, ctl)
 		}

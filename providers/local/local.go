@@ -654,7 +654,7 @@ func (p *Provider) leaf(ref string, rec record, name string) ([]string, error) {
 // Close removes the DataDir's parent cgroups when no workspace is left in
 // them; workspaces and their durable commands stay as they are.
 func (p *Provider) Close() error {
-	if p.cg != nil {
+	if p.cg != nil && !p.cg.v2 { // on v2 the parent keeps its subtree_control
 		for _, d := range p.cg.dirs {
 			os.Remove(d) // fails while a workspace cgroup is in it
 		}
