@@ -494,7 +494,7 @@ func prlimitArgs(j job) []string {
 // bwrapOptions returns bwrap's options, each NUL-terminated, for --args.
 func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 	// src is where bwrap finds a host directory: below the step's stage
-	// when bwrap runs unprivileged (see stageArgs).
+	// when the step stages them (see stepArgs).
 	src := func(name, host string) string {
 		switch {
 		case j.disk != "" && name != "e":
