@@ -1,7 +1,8 @@
 # The README's test command: `make test` installs what the tests need on a
-# fresh Debian machine (redis-server, bubblewrap) and runs every test with -race.
+# fresh Debian machine (redis-server, bubblewrap, e2fsprogs and util-linux for
+# the local provider's disk images) and runs every test with -race.
 GO ?= go
-APT_PACKAGES := redis-server bubblewrap protobuf-compiler
+APT_PACKAGES := redis-server bubblewrap protobuf-compiler e2fsprogs util-linux mount
 
 .PHONY: test deps vet bench
 
@@ -10,6 +11,10 @@ deps:
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v protoc >/dev/null 2>&1 || missing="$$missing protobuf-compiler"; \
+	PATH="$$PATH:/usr/sbin:/sbin"; \
+	command -v mkfs.ext4 >/dev/null 2>&1 || missing="$$missing e2fsprogs"; \
+	command -v prlimit >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	command -v mount >/dev/null 2>&1 || missing="$$missing mount"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

@@ -90,6 +90,7 @@ type Size struct {
 	Name      string `json:"name"`
 	CPUCores  int    `json:"cpu_cores"`
 	MemoryMiB int    `json:"memory_mib"`
+	DiskMiB   int    `json:"disk_mib,omitempty"` // the disk quota, where the provider has one
 }
 
 // Images is the images object of GET /v1/lease.

@@ -29,6 +29,10 @@ var (
 	ErrFileTooLarge = errors.New("file too large")
 	// ErrSandboxGone: the sandbox no longer exists at the vendor.
 	ErrSandboxGone = errors.New("sandbox gone")
+	// ErrNoCapacity is a create refused because the provider has no room
+	// for another sandbox now (the local provider's disk reserve); nothing
+	// was created, and a later retry may succeed.
+	ErrNoCapacity = errors.New("no capacity for a new sandbox")
 	// ErrSnapshotGone: the snapshot's contents no longer exist (deleted,
 	// or never stored).
 	ErrSnapshotGone = errors.New("snapshot gone")

@@ -107,6 +107,9 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 		if rerr := s.holds.Release(ctx, ws); rerr != nil {
 			s.log.Error("release hold after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, rerr))
 		}
+		if errors.Is(err, providers.ErrNoCapacity) {
+			return Acquired{}, &protocol.Error{Code: protocol.Unavailable, Message: "the sandbox provider has no capacity for a new workspace now; retry later", RetryAfter: time.Minute, Err: err}
+		}
 		return Acquired{}, &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not create the workspace; retry with the same Idempotency-Key", Err: err}
 	}
 	if s.cfg.AfterCreate != nil {

@@ -41,8 +41,8 @@ type Config struct {
 	// providers: with no `providers:` list it opens as one provider named
 	// after its kind. Set one or the other, not both.
 	Provider struct {
-		Name  string    `yaml:"name"` // SANDGATE_PROVIDER; default "local"
-		Local yaml.Node `yaml:"local"`
+		Name  string    `yaml:"name"`  // SANDGATE_PROVIDER; default "local"
+		Local yaml.Node `yaml:"local"` // the local provider's settings: see local.Config
 	} `yaml:"provider"`
 	// Providers are the broker's named providers: each entry has name,
 	// kind and accept_new (default true), and the kind's own settings

@@ -153,6 +153,9 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 		env:    w.env,
 		dir:    cmp.Or(spec.Dir, defaultDir),
 		argv:   spec.Argv,
+		rec:    w.rec,
+		uid:    w.rec.UID,
+		disk:   p.diskOf(w),
 	}
 	pid, err := p.launch(j, d, max(spec.MaxOutputBytes, 0), runner.TimeoutSeconds(timeout))
 	if err != nil {
@@ -163,6 +166,11 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 		"stdin_bytes", len(spec.Stdin), "runner_pid", pid)
 	return nil
 }
+
+// joinScript writes its own pid into each cgroup.procs file before "--",
+// then executes the rest: a process joins its cgroups before it can fork.
+// Exit code 121, as the exec step's, when a cgroup cannot be joined.
+const joinScript = `for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 121; shift; done; shift; exec "$@"`
 
 // launch starts the runner over prlimit and bwrap for j, detached, records
 // its pid and start time in the command's host.pid, and returns the pid.
@@ -184,8 +192,24 @@ func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, erro
 	}
 	// The runner is sh on the host; bwrap, as in Exec, gets an empty
 	// environment (env -i) and its options from fd 3.
-	args := []string{"-c", runner.Script, "sh", d, strconv.FormatInt(maxOut, 10), strconv.FormatInt(timeoutSecs, 10),
-		"env", "-i", p.prlimit}
+	// First of all, the runner's sh joins the command's leaf of the
+	// workspace's cgroups (joinScript), so that the runner and everything
+	// it starts stay in them, long after this broker process.
+	procs, err := p.leaf(j.ref, j.rec, "c-"+filepath.Base(d))
+	if err != nil {
+		return 0, fmt.Errorf("cgroup: %w", err)
+	}
+	args := append([]string{"-c", joinScript, "sh"}, procs...)
+	// The step (the broker's binary, named by its path: sh cannot set
+	// argv[0]) stages the workspace's directories and runs bwrap as the
+	// workspace's uid, as for an exec; the runner above already joined
+	// the cgroups.
+	sj := j
+	sj.cgroups = nil
+	args = append(args, "--", "/bin/sh", "-c", runner.Script, "sh", d, strconv.FormatInt(maxOut, 10), strconv.FormatInt(timeoutSecs, 10),
+		"env", "-i", p.exe, "--"+stepName)
+	args = append(args, p.stepArgs(sj, len(files))...)
+	args = append(args, "--", p.prlimit)
 	args = append(args, prlimitArgs(j)...)
 	args = append(args, "--", p.bwrap, "--args", "3", "--")
 	args = append(args, j.argv...)

@@ -40,6 +40,18 @@ const waitDelay = 5 * time.Second
 // exist, was terminated (also while the command ran), or is past its
 // ExpiresAt. See README.md for what is enforced.
 func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	return p.exec(ctx, sb, spec, false)
+}
+
+// helperExecer runs the file helpers of package execfile: an Exec without
+// the workspace's env.
+type helperExecer struct{ p *Provider }
+
+func (h helperExecer) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	return h.p.exec(ctx, sb, spec, true)
+}
+
+func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec, helper bool) (providers.ExecResult, error) {
 	w, err := p.open(sb.Ref)
 	if err != nil {
 		return providers.ExecResult{}, err
@@ -71,6 +83,14 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 		maxOut:  spec.MaxOutputBytes,
 		outTo:   spec.Stdout,
 		errTo:   spec.Stderr,
+		rec:     w.rec,
+		uid:     w.rec.UID,
+		disk:    p.diskOf(w),
+	}
+	if helper {
+		// The file helpers run with the broker's PATH and nothing of the
+		// client's env (no PATH, no LD_PRELOAD into the broker's sh).
+		j.env = nil
 	}
 	start := time.Now()
 	res, err := p.run(ctx, j)
@@ -126,6 +146,17 @@ type job struct {
 	// fsize, when > 0, is RLIMIT_FSIZE: no file written may grow past it
 	// (the writer gets SIGXFSZ). Only a snapshot's archive sets it.
 	fsize int64
+	// cgroups are the cgroup.procs files the step joins before it forks.
+	cgroups []string
+	// uid is the host uid (and gid) the sandbox's uid 0 maps to; 0 only
+	// for a workspace from before unprivileged sandboxes.
+	uid int
+	// disk is the workspace's image, which the step mounts; "" for a
+	// workspace without a disk quota.
+	disk string
+	// rec is the workspace's record, whose limits recreate its cgroups
+	// when they are missing; unused when ref is "".
+	rec record
 }
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
@@ -139,9 +170,9 @@ type run struct {
 	recorded   bool // recordExec wrote its file; killExecs removes it before killing
 }
 
-// kill sends SIGKILL to the run's process group, unless bwrap has already
-// exited (a reaped pgid could name someone else's processes by then). It
-// reports whether it sent the signal.
+// kill sends SIGTERM to the run's step, which kills the whole sandbox and
+// exits, unless the step has already exited (a reaped pid could name
+// someone else's process by then). It reports whether it sent the signal.
 func (r *run) kill(byTerminate bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -151,7 +182,7 @@ func (r *run) kill(byTerminate bool) bool {
 	if r.exited {
 		return false
 	}
-	killGroup(r.pgid) // ESRCH: it is exiting anyway
+	killStep(r.pgid) // ESRCH: it is exiting anyway
 	return true
 }
 
@@ -187,9 +218,25 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		files = append(files, secR)
 	}
 
+	var leaf string
+	if j.ref != "" && p.cg != nil {
+		leaf = "e-" + randomHex()
+		procs, err := p.leaf(j.ref, j.rec, leaf)
+		if err != nil {
+			return providers.ExecResult{}, fmt.Errorf("local: exec: cgroup: %w", err)
+		}
+		defer p.cg.removeLeaf(j.ref, leaf)
+		j.cgroups = procs
+	}
+
 	stdout := &cappedBuffer{max: j.maxOut, w: j.outTo}
 	stderr := &cappedBuffer{max: j.maxOut, w: j.errTo}
-	cmd := exec.Command(p.prlimit, prlimitArgs(j)...)
+	// The step (step_linux.go) joins the workspace's cgroups, then runs
+	// prlimit and bwrap and outlives neither the broker nor bwrap.
+	cmd := exec.Command(selfExe)
+	cmd.Args = append([]string{stepName}, p.stepArgs(j, len(files))...)
+	cmd.Args = append(cmd.Args, "--", p.prlimit)
+	cmd.Args = append(cmd.Args, prlimitArgs(j)...)
 	cmd.Args = append(cmd.Args, "--", p.bwrap, "--args", "3", "--")
 	cmd.Args = append(cmd.Args, j.argv...)
 	// bwrap's own environment is visible in the sandbox (/proc/1/environ),
@@ -251,9 +298,9 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 
 	exitErr := waitExited(cmd.Process.Pid)
 	if exitErr != nil {
-		// Not reaped yet, so the group is still ours to kill; without
+		// Not reaped yet, so the step is still ours to kill; without
 		// this, nothing would enforce the timeout.
-		killGroup(r.pgid)
+		killStep(r.pgid)
 	}
 	r.mu.Lock()
 	r.exited = true
@@ -305,6 +352,13 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	}
 	if timedOut {
 		res.ExitCode = 128 + int(syscall.SIGKILL)
+	}
+	if leaf != "" && p.cg.oomKills(j.ref, leaf) > 0 {
+		// The workspace's memory ran out and the kernel killed a process
+		// of this exec: report it as the kill it was (protocol notes:
+		// 128+9), whatever the command made of it.
+		res.ExitCode = 128 + int(syscall.SIGKILL)
+		p.log.Info("exec oom killed", sandgate.WorkspaceAttr(j.ref))
 	}
 	return res, nil
 }
@@ -379,7 +433,7 @@ func killExecs(ctx context.Context, l layout) (int, error) {
 		if os.Remove(filepath.Join(l.execs(), e.Name())) != nil {
 			continue
 		}
-		if killGroup(pgid) == nil {
+		if killStep(pgid) == nil {
 			killed = append(killed, pgid)
 		}
 	}
@@ -411,6 +465,34 @@ func (p *Provider) forget(ref string, r *run) {
 	}
 }
 
+// stepArgs are the step's options for j, with nfds descriptors past stderr.
+func (p *Provider) stepArgs(j job, nfds int) []string {
+	a := []string{"--fds", strconv.Itoa(nfds)}
+	for _, f := range j.cgroups {
+		a = append(a, "--cgroup", f)
+	}
+	if j.uid > 0 {
+		u := strconv.Itoa(j.uid)
+		a = append(a, "--uid", u, "--gid", u)
+	}
+	if j.uid > 0 || j.disk != "" {
+		a = append(a, "--stage", p.stageDir, "--bind", p.etcDir, "e")
+		if j.disk != "" {
+			mount := "/usr/bin/mount"
+			if p.disk != nil {
+				mount = p.disk.mount
+			}
+			a = append(a, "--disk", j.disk, "--mount-bin", mount)
+		} else {
+			a = append(a,
+				"--bind", j.layout.workspace(), "w",
+				"--bind", j.layout.home(), "h",
+				"--bind", j.layout.tmp(), "t")
+		}
+	}
+	return a
+}
+
 // prlimitArgs sets the limits bwrap and everything in the sandbox inherit;
 // see README.md for why RLIMIT_DATA and not RLIMIT_AS.
 func prlimitArgs(j job) []string {
@@ -426,11 +508,26 @@ func prlimitArgs(j job) []string {
 
 // bwrapOptions returns bwrap's options, each NUL-terminated, for --args.
 func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
+	// src is where bwrap finds a host directory: below the step's stage
+	// when the step stages them (see stepArgs).
+	src := func(name, host string) string {
+		switch {
+		case j.disk != "" && name != "e":
+			return p.stageDir + "/d/" + map[string]string{"w": "workspace", "h": "home", "t": "tmp"}[name]
+		case j.uid > 0 || j.disk != "":
+			return p.stageDir + "/" + name
+		}
+		return host
+	}
 	o := []string{
 		"--unshare-all", // mount, pid, ipc, uts, net, cgroup
 		"--unshare-user", "--uid", "0", "--gid", "0",
-		"--disable-userns", // no nested user namespaces: less kernel surface
 		"--cap-drop", "ALL",
+	}
+	if !seccomp {
+		// No nested user namespaces: less kernel surface. The seccomp
+		// filter does that where there is one, without a nested namespace.
+		o = append(o, "--disable-userns")
 	}
 	for _, c := range j.capAdd {
 		o = append(o, "--cap-add", c)
@@ -453,10 +550,10 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 		"--dev", "/dev",
 		// /dev/shm is memory: bound it like the rest of memory.
 		"--size", strconv.FormatInt(j.memory, 10), "--tmpfs", "/dev/shm",
-		"--ro-bind", p.etcDir, "/etc",
-		"--bind", j.layout.workspace(), defaultDir,
-		"--bind", j.layout.home(), "/root",
-		"--bind", j.layout.tmp(), "/tmp",
+		"--ro-bind", src("e", p.etcDir), "/etc",
+		"--bind", src("w", j.layout.workspace()), defaultDir,
+		"--bind", src("h", j.layout.home()), "/root",
+		"--bind", src("t", j.layout.tmp()), "/tmp",
 		// The root and /dev are tmpfs, that is memory: make them read-only.
 		"--remount-ro", "/dev",
 		"--remount-ro", "/",

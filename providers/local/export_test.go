@@ -37,3 +37,10 @@ func CappedKeep(max int64, chunks ...[]byte) (kept []byte, capacity int, n int64
 	}
 	return c.buf, cap(c.buf), c.n, c.truncated()
 }
+
+// SetMountinfo makes New read the cgroup mounts from path.
+func SetMountinfo(c *Config, path string) { c.mountinfo = path }
+
+// CgroupDirs returns the workspace cgroup directories of ref, one per
+// controller (memory, pids, cpu on v1).
+func CgroupDirs(p *Provider, ref string) []string { return p.cg.controllers(ref) }

@@ -8,10 +8,12 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -19,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -35,9 +38,68 @@ const Image = "host"
 // broker has a data directory.
 type Config struct {
 	// DataDir holds the workspaces; "" means providers.Env.DataDir.
-	DataDir string
+	DataDir string `yaml:"-"`
 	// BwrapPath is the bwrap binary; "" means look up "bwrap" in PATH.
-	BwrapPath string
+	BwrapPath string `yaml:"bwrap_path"`
+	// Tiers holds the limits of each size beyond its cores and memory, by
+	// size name; a size not listed, or a zero field, gets the default
+	// noted on [Tier].
+	Tiers map[string]Tier `yaml:"tiers"`
+	// CgroupParent is the cgroup, relative to each cgroup hierarchy's root,
+	// under which the workspaces' cgroups live; "" means
+	// "sandgate/<hash of DataDir>", one per data directory.
+	CgroupParent string `yaml:"cgroup_parent"`
+	// AllowUnenforced decides what New does when this host cannot enforce
+	// a workspace limit (no cgroup controller, no swap accounting…): false
+	// (`sandgate serve`) fails, saying which limit and why; true (`sandgate
+	// dev`) logs a warning for each and runs without it.
+	AllowUnenforced bool `yaml:"allow_unenforced"`
+
+	// UIDBase and UIDCount are the host uids given to workspaces, one
+	// each (the gid is the same number): the sandbox's uid 0 maps to it,
+	// so a process that escapes the sandbox lands without privileges, and
+	// workspaces cannot touch each other's files. The range must belong to
+	// no real user. 0 means 1048576 (2^20) and 65536. UIDBase itself is
+	// the uid of New's probe, never a workspace's.
+	UIDBase  int `yaml:"uid_base"`
+	UIDCount int `yaml:"uid_count"`
+	// StageDir is an existing directory of the host, searchable by every
+	// user, that each sandbox's step covers with a tmpfs in a mount
+	// namespace of its own to bind the workspace's directories below it
+	// (the data directory itself need not be searchable); "" means the
+	// first of /mnt, /srv, /opt, /media that is a directory.
+	StageDir string `yaml:"stage_dir"`
+
+	// FreeReserveMiB is the space New keeps free on the data directory's
+	// file system: a create is refused ([providers.ErrNoCapacity]) when
+	// this data directory's workspaces, each grown to its disk quota,
+	// would leave less; 0 means 1024.
+	FreeReserveMiB int `yaml:"free_reserve_mib"`
+
+	// mountinfo replaces /proc/self/mountinfo in tests.
+	mountinfo string
+}
+
+// Tier is the limits of one size beyond its cores and memory.
+type Tier struct {
+	// Pids caps the processes (threads included) of all of a workspace's
+	// processes together; 0 means 1024 per CPU core (1024 for small).
+	Pids int `yaml:"pids"`
+	// DiskMiB is the disk quota across /workspace, /root and /tmp
+	// together; 0 means 1024 per CPU core (1024 for small).
+	DiskMiB int `yaml:"disk_mib"`
+}
+
+// tier returns the limits of size, defaults filled in.
+func (c Config) tier(size sandgate.Size) Tier {
+	t := c.Tiers[size.Name]
+	if t.Pids <= 0 {
+		t.Pids = 1024 * max(size.CPUCores, 1)
+	}
+	if t.DiskMiB <= 0 {
+		t.DiskMiB = 1024 * max(size.CPUCores, 1)
+	}
+	return t
 }
 
 // Provider runs workspaces as directories on this host under bwrap. Its
@@ -53,8 +115,14 @@ type Provider struct {
 	brokerID string
 	log      *slog.Logger
 	clock    sandgate.Clock
-	cpus     []int     // the CPUs sandboxes may be pinned to
-	usrLinks []usrLink // how /bin, /lib… reach /usr on this host
+	cpus     []int       // the CPUs sandboxes may be pinned to
+	usrLinks []usrLink   // how /bin, /lib… reach /usr on this host
+	cfg      Config      // defaults filled in
+	cg       *cgroupHost // nil: no cgroup at all (AllowUnenforced only)
+	disk     *diskHost   // nil: no disk quota (AllowUnenforced only)
+	exe      string      // the broker's binary, for durable commands' step
+	stageDir string      // see Config.StageDir
+	probeUID int         // Config.UIDBase; 0 when the broker is not root
 
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
@@ -95,7 +163,31 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("local: cpu affinity: %w", err)
 	}
+	c.CgroupParent = cmp.Or(c.CgroupParent, defaultCgroupParent(dataDir))
+	if c.UIDBase <= 0 {
+		c.UIDBase = 1 << 20
+	}
+	if c.UIDCount <= 0 {
+		c.UIDCount = 1 << 16
+	}
+	if c.FreeReserveMiB <= 0 {
+		c.FreeReserveMiB = 1024
+	}
+	if c.UIDCount < 2 || c.UIDBase+c.UIDCount > 1<<31 || (c.UIDBase <= 65534 && 65534 < c.UIDBase+c.UIDCount) {
+		return nil, errors.New("local: uid_base and uid_count must name at least 2 uids, below 2^31, apart from nobody (65534)")
+	}
+	stageDir, err := findStageDir(c.StageDir)
+	if err != nil {
+		return nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("local: the broker's own binary: %w", err)
+	}
 	p := &Provider{
+		cfg:         c,
+		exe:         exe,
+		stageDir:    stageDir,
 		dataDir:     dataDir,
 		etcDir:      filepath.Join(dataDir, etcDir),
 		bwrap:       bwrap,
@@ -114,7 +206,15 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if p.clock == nil {
 		p.clock = sandgate.SystemClock{}
 	}
-	for _, d := range []string{workspacesDir, trashDir, snapshotsDir} {
+	cg, problems := detectCgroups(cmp.Or(c.mountinfo, "/proc/self/mountinfo"), c.CgroupParent)
+	if len(problems) > 0 && !c.AllowUnenforced {
+		return nil, fmt.Errorf("local: this host cannot enforce the workspace limits: %s", strings.Join(problems, "; "))
+	}
+	for _, pr := range problems {
+		p.log.Warn("WORKSPACE LIMIT NOT ENFORCED: one workspace can take this host down for all", "problem", pr)
+	}
+	p.cg = cg
+	for _, d := range []string{workspacesDir, trashDir, snapshotsDir, uidsDir} {
 		if err := os.MkdirAll(filepath.Join(dataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("local: data directory: %w", scrub(err))
 		}
@@ -125,7 +225,22 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if p.dirID, err = dataDirID(dataDir); err != nil {
 		return nil, fmt.Errorf("local: data directory id: %w", scrub(err))
 	}
+	disk, problem := detectDisk()
+	p.probeUID = c.UIDBase
+	if os.Geteuid() != 0 {
+		// Only root can run a sandbox as another uid, or mount an image.
+		disk, problem = nil, "uids and disk: the broker does not run as root, so sandboxes run as its own uid and workspaces get no disk quota"
+		p.probeUID = 0
+	}
+	if problem != "" && !c.AllowUnenforced {
+		return nil, fmt.Errorf("local: this host cannot enforce the workspace limits: %s", problem)
+	}
+	if problem != "" {
+		p.log.Warn("WORKSPACE LIMIT NOT ENFORCED: one workspace can take this host down for all", "problem", problem)
+	}
+	p.disk = disk
 	p.emptyTrash()
+	p.sweepCgroups()
 	p.sweepSnapshotTemps()
 	if err := p.probe(ctx); err != nil {
 		return nil, err
@@ -192,10 +307,21 @@ func (p *Provider) probe(ctx context.Context) error {
 	}
 	defer removeAll(dir)
 	l := layout(dir)
-	if err := l.makeDirs(); err != nil {
+	// Exactly as a workspace: on a disk image where there are disk quotas.
+	var disk string
+	if p.disk != nil {
+		if err := p.disk.create(ctx, l, 16, p.probeUID); err != nil {
+			return fmt.Errorf("local: probe: disk image: %w", err)
+		}
+		disk = l.disk()
+	} else if err := l.makeDirs(); err != nil {
+		return fmt.Errorf("local: probe: %w", scrub(err))
+	} else if err := l.chownIf(p.probeUID); err != nil {
 		return fmt.Errorf("local: probe: %w", scrub(err))
 	}
 	res, err := p.run(ctx, job{
+		uid:    p.probeUID,
+		disk:   disk,
 		layout: l,
 		cpus:   p.pickCPUs("", 1),
 		memory: 256 << 20,
@@ -299,18 +425,31 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	rec := record{
 		CPUCores:  spec.Size.CPUCores,
 		MemoryMiB: spec.Size.MemoryMiB,
+		Pids:      p.cfg.tier(spec.Size).Pids,
 		StartedAt: sb.StartedAt,
 		ExpiresAt: spec.ExpiresAt,
 	}
 	for _, step := range []func() error{
 		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
-		l.makeDirs,
+		func() (err error) {
+			if p.probeUID > 0 { // else not root: the broker's own uid (AllowUnenforced)
+				rec.UID, err = p.claimUID(ref)
+			}
+			return err
+		},
+		func() error { return p.makeDisk(ctx, l, &rec, spec.Size) }, // or, without a disk quota, the directories
+		func() error { return p.limit(ref, rec) },
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return writeJSON(l.sandbox(), rec, 0o644) }, // marks the workspace ready
 		func() error { return p.supervise(l, spec.ExpiresAt) },     // the hard lifetime, without any broker
 	} {
 		if err := step(); err != nil {
+			p.cg.remove(ref)
+			p.releaseUID(ref, rec.UID)
 			removeAll(string(l))
+			if errors.Is(err, providers.ErrNoCapacity) {
+				return providers.Sandbox{}, err
+			}
 			return providers.Sandbox{}, fmt.Errorf("local: create: %w", scrub(err))
 		}
 	}
@@ -367,12 +506,12 @@ func (p *Provider) open(ref string) (opened, error) {
 
 // ReadFile reads a file inside the sandbox; see [execfile.ReadFile].
 func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64) ([]byte, error) {
-	return execfile.ReadFile(ctx, p, sb, path, max)
+	return execfile.ReadFile(ctx, helperExecer{p}, sb, path, max)
 }
 
 // WriteFile writes a file inside the sandbox; see [execfile.WriteFile].
 func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, data []byte) error {
-	return execfile.WriteFile(ctx, p, sb, path, data)
+	return execfile.WriteFile(ctx, helperExecer{p}, sb, path, data)
 }
 
 // Terminate kills the workspace's running execs, waits for them, and
@@ -424,6 +563,11 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	}
 	commands := killCommands(p.layout(ref))
 	stopSupervisor(p.layout(ref))
+	p.cg.remove(ref)
+	var rec record
+	if readJSON(p.layout(ref).sandbox(), &rec) == nil {
+		defer p.releaseUID(ref, rec.UID) // once nothing of it runs or is left
+	}
 	// The rename is the moment the workspace is gone, for every Provider on
 	// this DataDir; removing the files may then take its time.
 	trash := filepath.Join(p.dataDir, trashDir, ref+"-"+randomHex())
@@ -439,6 +583,162 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	}
 	p.log.Info("sandbox terminated", sandgate.WorkspaceAttr(ref), "killed_execs", len(runs), "killed_commands", commands)
 	return nil
+}
+
+// makeDisk gives the new workspace at l its disk image of the size's
+// quota, if the reserve allows (see disk.go), or, on a host without disk
+// quotas, its directories. Either way they belong to rec.UID.
+func (p *Provider) makeDisk(ctx context.Context, l layout, rec *record, size sandgate.Size) error {
+	if p.disk == nil {
+		if err := l.makeDirs(); err != nil {
+			return err
+		}
+		return l.chownIf(rec.UID)
+	}
+	mib := p.cfg.tier(size).DiskMiB
+	unlock, err := p.admitDisk(ctx, mib)
+	if err != nil {
+		return err
+	}
+	defer unlock() // once the image exists: its size counts from then on
+	if err := p.disk.create(ctx, l, mib, rec.UID); err != nil {
+		return err
+	}
+	rec.DiskMiB = mib
+	return nil
+}
+
+// diskOf is the image of the workspace w, "" when it has none.
+func (p *Provider) diskOf(w opened) string {
+	if w.rec.DiskMiB <= 0 {
+		return ""
+	}
+	return w.layout.disk()
+}
+
+// DiskMiB is the disk quota of a workspace of size, for the lease's sizes;
+// 0 when this host gives none.
+func (p *Provider) DiskMiB(size sandgate.Size) int {
+	if p.disk == nil {
+		return 0
+	}
+	return p.cfg.tier(size).DiskMiB
+}
+
+// findStageDir returns dir, or the first of the default stage directories
+// that exists; see Config.StageDir.
+func findStageDir(dir string) (string, error) {
+	cands := []string{"/mnt", "/srv", "/opt", "/media"}
+	if dir != "" {
+		cands = []string{dir}
+	}
+	for _, d := range cands {
+		if !filepath.IsAbs(d) {
+			continue
+		}
+		if fi, err := os.Lstat(d); err == nil && fi.IsDir() && fi.Mode().Perm()&0o001 != 0 {
+			return filepath.Clean(d), nil
+		}
+	}
+	return "", fmt.Errorf("local: no stage directory: set stage_dir to an existing directory searchable by all (tried %s)", strings.Join(cands, ", "))
+}
+
+// claimUID picks a free uid of the range for the workspace ref and claims
+// it, for every broker process on this DataDir, by creating uids/<uid>.
+func (p *Provider) claimUID(ref string) (int, error) {
+	dir := filepath.Join(p.dataDir, uidsDir)
+	for range 1000 {
+		var b [4]byte
+		rand.Read(b[:])
+		uid := p.cfg.UIDBase + 1 + int(binary.BigEndian.Uint32(b[:])%uint32(p.cfg.UIDCount-1))
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(uid)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		_, err = f.WriteString(ref)
+		return uid, errors.Join(err, f.Close())
+	}
+	return 0, errors.New("no free uid in uid_base…uid_base+uid_count")
+}
+
+// releaseUID frees the uid the workspace ref claimed.
+func (p *Provider) releaseUID(ref string, uid int) {
+	if uid <= 0 {
+		return
+	}
+	name := filepath.Join(p.dataDir, uidsDir, strconv.Itoa(uid))
+	if b, err := os.ReadFile(name); err == nil && string(b) == ref {
+		os.Remove(name)
+	}
+}
+
+// limit creates the workspace's cgroups with the limits of rec.
+func (p *Provider) limit(ref string, rec record) error {
+	if p.cg == nil {
+		return nil
+	}
+	pids := cmp.Or(rec.Pids, 1024*max(rec.CPUCores, 1)) // 0: a workspace from before the cap
+	_, errs := p.cg.setLimits(ref, cgroupLimits{memory: int64(rec.MemoryMiB) << 20, pids: pids, cpuCores: rec.CPUCores})
+	if len(errs) > 0 {
+		return errs[0].err
+	}
+	return nil
+}
+
+// leaf returns the cgroup.procs files of a new leaf cgroup name of the
+// workspace w, recreating the workspace's cgroups when they are missing (a
+// workspace from before a reboot). nil when there are no cgroups at all.
+func (p *Provider) leaf(ref string, rec record, name string) ([]string, error) {
+	if p.cg == nil {
+		return nil, nil
+	}
+	procs, err := p.cg.leaf(ref, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := p.limit(ref, rec); err != nil {
+			return nil, err
+		}
+		procs, err = p.cg.leaf(ref, name)
+	}
+	return procs, err
+}
+
+// Close removes the DataDir's parent cgroups when no workspace is left in
+// them; workspaces and their durable commands stay as they are.
+func (p *Provider) Close() error {
+	if p.cg != nil && !p.cg.v2 { // on v2 the parent keeps its subtree_control
+		for _, d := range p.cg.dirs {
+			os.Remove(d) // fails while a workspace cgroup is in it
+		}
+	}
+	return nil
+}
+
+// sweepCgroups removes the cgroups of workspaces that are gone (a
+// Terminate or a create cut short by a crash). A workspace's directory
+// exists before its cgroups and outlives them, so one in the making is
+// never hit.
+func (p *Provider) sweepCgroups() {
+	if p.cg == nil {
+		return
+	}
+	for _, d := range p.cg.dirs {
+		entries, _ := os.ReadDir(d)
+		for _, e := range entries {
+			if !e.IsDir() {
+				continue
+			}
+			ref := e.Name()
+			if checkRef(ref) != nil {
+				continue // another New's probe, say
+			}
+			if _, err := os.Lstat(string(p.layout(ref))); errors.Is(err, fs.ErrNotExist) {
+				p.cg.remove(ref)
+			}
+		}
+	}
 }
 
 // emptyTrash removes what terminated workspaces left behind.
@@ -487,4 +787,5 @@ func randomHex() string {
 var (
 	_ providers.Provider = (*Provider)(nil)
 	_ execfile.Execer    = (*Provider)(nil)
+	_ io.Closer          = (*Provider)(nil)
 )

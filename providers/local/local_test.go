@@ -36,7 +36,18 @@ func newProviderLog(t *testing.T, dataDir, brokerID string, log *slog.Logger) *l
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
+	t.Cleanup(func() { closeProvider(p) })
 	return p
+}
+
+// closeProvider terminates what the test left (its cgroups would stay on
+// the host) and closes p.
+func closeProvider(p *local.Provider) {
+	sbs, _ := p.List(context.Background())
+	for _, sb := range sbs {
+		p.Terminate(context.Background(), sb)
+	}
+	p.Close()
 }
 
 func TestProvider(t *testing.T) {
@@ -52,6 +63,12 @@ func TestNewRefusesBrokenBwrap(t *testing.T) {
 	_, err := local.New(t.Context(), local.Config{DataDir: dir, BwrapPath: filepath.Join(dir, "missing")}, providers.Env{})
 	if err == nil {
 		t.Errorf("New with a missing bwrap = nil error; want one")
+	}
+	// bwrap runs as the sandbox's unprivileged uid: it must reach it.
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	fake := filepath.Join(dir, "fake-bwrap")
 	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'bwrap: no namespaces for you' >&2\nexit 1\n"), 0o755); err != nil {

@@ -10,27 +10,22 @@ import (
 	"github.com/sandgate/sandgate/providers"
 )
 
-// Settings is the kind-specific block of a `kind: local` provider in the
-// broker's config. A zero field means the default noted beside it.
-type Settings struct {
-	// BwrapPath is the bwrap binary; "" means bwrap on PATH.
-	BwrapPath string `yaml:"bwrap_path"`
-}
-
-// Open opens a local provider from its config block. Its workspaces live
-// under the broker's data directory: data_dir/local for the provider
-// named "local" (as before providers had names), data_dir/local-NAME for
-// any other.
+// Open opens a local provider from its config block: the fields of
+// Config (bwrap_path, tiers, uid_base, free_reserve_mib, …). Its
+// workspaces live under the broker's data directory: data_dir/local for
+// the provider named "local" (as before providers had names),
+// data_dir/local-NAME for any other.
 func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (providers.Provider, error) {
-	var s Settings
-	if err := providers.DecodeSettings(raw, &s); err != nil {
+	var c Config
+	if err := providers.DecodeSettings(raw, &c); err != nil {
 		return nil, err
 	}
 	dir := "local"
 	if name != providers.LegacyName {
 		dir = "local-" + name
 	}
-	p, err := New(ctx, Config{DataDir: filepath.Join(env.DataDir, dir), BwrapPath: s.BwrapPath}, env)
+	c.DataDir = filepath.Join(env.DataDir, dir)
+	p, err := New(ctx, c, env)
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +47,3 @@ func (p *Provider) Capabilities() providers.Capabilities {
 		DefaultImage:   Image,
 	}
 }
-
-// Close implements providers.Provider. Workspaces and durable commands
-// outlive the process by design; execs in flight end with their requests.
-func (p *Provider) Close() error { return nil }

@@ -9,8 +9,9 @@ import (
 )
 
 // runBPF interprets the few classic BPF instructions the filter uses over a
-// seccomp_data holding nr and arch, and returns the verdict.
-func runBPF(t *testing.T, prog []byte, nr, arch uint32) uint32 {
+// seccomp_data holding nr, arch and the low half of args[0], and returns the
+// verdict.
+func runBPF(t *testing.T, prog []byte, nr, arch, arg0 uint32) uint32 {
 	t.Helper()
 	var acc uint32
 	for pc := 0; pc*8 < len(prog); pc++ {
@@ -25,6 +26,8 @@ func runBPF(t *testing.T, prog []byte, nr, arch uint32) uint32 {
 				acc = nr
 			case 4:
 				acc = arch
+			case 16:
+				acc = arg0
 			default:
 				t.Fatalf("load of offset %d", k)
 			}
@@ -36,6 +39,14 @@ func runBPF(t *testing.T, prog []byte, nr, arch uint32) uint32 {
 			} else {
 				pc += jf
 			}
+		case 0x45: // jset #k
+			if acc&k != 0 {
+				pc += jt
+			} else {
+				pc += jf
+			}
+		case 0x05: // ja k
+			pc += int(k)
 		case 0x06: // ret #k
 			return k
 		default:
@@ -47,24 +58,38 @@ func runBPF(t *testing.T, prog []byte, nr, arch uint32) uint32 {
 }
 
 func TestSeccompFilter(t *testing.T) {
-	const allow, eperm = 0x7fff0000, 0x00050001
+	const allow, eperm, enosys = 0x7fff0000, 0x00050001, 0x00050026
+	const newUser, newNS = 0x10000000, 0x00020000
 	tests := map[string][]struct {
-		name     string
-		nr, arch uint32
-		want     uint32
+		name           string
+		nr, arch, arg0 uint32
+		want           uint32
 	}{
 		"amd64": {
-			{"sched_setaffinity", 203, 0xc000003e, eperm},
-			{"x32 sched_setaffinity", 0x40000000 | 203, 0xc000003e, eperm},
-			{"i386 sched_setaffinity", 241, 0x40000003, eperm},
-			{"sched_getaffinity", 204, 0xc000003e, allow},
-			{"i386 203 (not affinity)", 203, 0x40000003, allow},
-			{"read", 0, 0xc000003e, allow},
+			{"sched_setaffinity", 203, 0xc000003e, 0, eperm},
+			{"x32 sched_setaffinity", 0x40000000 | 203, 0xc000003e, 0, eperm},
+			{"i386 sched_setaffinity", 241, 0x40000003, 0, eperm},
+			{"sched_getaffinity", 204, 0xc000003e, 0, allow},
+			{"i386 203 (not affinity)", 203, 0x40000003, 0, allow},
+			{"read", 0, 0xc000003e, 0, allow},
+			{"unshare(CLONE_NEWUSER)", 272, 0xc000003e, newUser | newNS, eperm},
+			{"unshare(CLONE_NEWNS)", 272, 0xc000003e, newNS, allow},
+			{"clone(CLONE_NEWUSER)", 56, 0xc000003e, newUser, eperm},
+			{"clone(thread)", 56, 0xc000003e, 0x3d0f00, allow},
+			{"clone3", 435, 0xc000003e, 0, enosys},
+			{"x32 unshare(CLONE_NEWUSER)", 0x40000000 | 272, 0xc000003e, newUser, eperm},
+			{"i386 unshare(CLONE_NEWUSER)", 310, 0x40000003, newUser, eperm},
+			{"i386 clone(CLONE_NEWUSER)", 120, 0x40000003, newUser, eperm},
+			{"i386 clone3", 435, 0x40000003, 0, enosys},
+			{"unknown arch", 272, 0x12345678, newUser, allow},
 		},
 		"arm64": {
-			{"sched_setaffinity", 122, 0xc00000b7, eperm},
-			{"arm sched_setaffinity", 241, 0x40000028, eperm},
-			{"sched_getaffinity", 123, 0xc00000b7, allow},
+			{"sched_setaffinity", 122, 0xc00000b7, 0, eperm},
+			{"arm sched_setaffinity", 241, 0x40000028, 0, eperm},
+			{"sched_getaffinity", 123, 0xc00000b7, 0, allow},
+			{"unshare(CLONE_NEWUSER)", 97, 0xc00000b7, newUser, eperm},
+			{"clone(CLONE_NEWUSER)", 220, 0xc00000b7, newUser, eperm},
+			{"clone3", 435, 0xc00000b7, 0, enosys},
 		},
 	}
 	cases, ok := tests[runtime.GOARCH]
@@ -76,7 +101,7 @@ func TestSeccompFilter(t *testing.T) {
 	}
 	prog := local.SeccompFilter()
 	for _, tt := range cases {
-		if got := runBPF(t, prog, tt.nr, tt.arch); got != tt.want {
+		if got := runBPF(t, prog, tt.nr, tt.arch, tt.arg0); got != tt.want {
 			t.Errorf("filter(%s) = %#x; want %#x", tt.name, got, tt.want)
 		}
 	}

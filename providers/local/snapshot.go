@@ -99,6 +99,9 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 		layout: w.layout,
 		cpus:   p.pickCPUs(sb.Ref, w.rec.CPUCores),
 		memory: int64(w.rec.MemoryMiB) << 20,
+		rec:    w.rec,
+		uid:    w.rec.UID,
+		disk:   p.diskOf(w),
 		// Not the workspace's env: tar is the broker's, and the env could
 		// load code into it (LD_PRELOAD) while it holds a capability.
 		dir:     "/",
@@ -198,6 +201,9 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 		layout:  w.layout,
 		cpus:    p.pickCPUs(sb.Ref, w.rec.CPUCores),
 		memory:  int64(w.rec.MemoryMiB) << 20,
+		rec:     w.rec,
+		uid:     w.rec.UID,
+		disk:    p.diskOf(w),
 		dir:     "/",
 		argv:    []string{"sh", "-c", restoreScript, "sh", dir},
 		timeout: timeout,

@@ -24,9 +24,10 @@ const (
 // session, no parent-death signal) that outlives every broker process. It
 // sleeps until the deadline (waking at least every 10 s, and leaving at
 // once when the workspace directory is gone: Terminate removed it), then
-// marks the workspace ended, so that open refuses it, and kills the process
-// group of every recorded exec and durable command runner whose process
-// still has its recorded start time (a reused pid is never signalled).
+// marks the workspace ended, so that open refuses it, and kills every
+// recorded exec (SIGTERM to its step, which kills its sandbox) and the
+// process group of every durable command runner whose process still has
+// its recorded start time (a reused pid is never signalled).
 //
 // $1 workspace directory, $2 deadline (unix seconds).
 const supervisorScript = `
@@ -43,7 +44,7 @@ done
 for f in "$dir"/execs/*; do
   [ -f "$f" ] || continue
   pg=${f##*/}; want=$(cat "$f")
-  [ "$(start_of "$pg")" = "$want" ] && kill -s KILL -- "-$pg" 2>/dev/null
+  [ "$(start_of "$pg")" = "$want" ] && kill -s TERM -- "$pg" 2>/dev/null
 done
 for f in "$dir"/commands/*/host.pid; do
   [ -f "$f" ] || continue

@@ -104,12 +104,20 @@ func closeOnExec() error {
 	return nil
 }
 
-// sysProcAttr puts the sandbox in its own process group, so that killing the
-// group reaches bwrap and anything it left in the group, and kills it if the
-// broker dies (bwrap's --die-with-parent then takes the rest down).
+// sysProcAttr puts an exec's step in its own process group and sends it
+// SIGTERM when the broker dies, upon which the step kills the sandbox (see
+// step_linux.go). The parent-death signal follows the thread that forks:
+// startPinned forks on a locked thread, which Go never retires while it is
+// unlocked in its pool.
 func sysProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 }
+
+// selfExe is the broker's own binary, run again as an exec's step.
+const selfExe = "/proc/self/exe"
+
+// killStep asks the exec step pid to kill its sandbox and exit.
+func killStep(pid int) error { return syscall.Kill(pid, syscall.SIGTERM) }
 
 // killGroup sends SIGKILL to the process group pgid.
 func killGroup(pgid int) error { return syscall.Kill(-pgid, syscall.SIGKILL) }
@@ -134,59 +142,114 @@ func waitExited(pid int) error {
 	}
 }
 
-// seccompFilter returns a seccomp program for bwrap's --seccomp that makes
-// sched_setaffinity fail with EPERM and allows everything else, or nil on
-// an architecture it does not know. Without it, a sandboxed process could
-// widen its own CPU affinity, which needs no privilege.
+// seccompFilter returns a seccomp program for bwrap's --seccomp, or nil on
+// an architecture it does not know. It allows everything but:
+//
+//   - sched_setaffinity fails with EPERM: without it, a sandboxed process
+//     could widen its own CPU affinity, which needs no privilege;
+//   - unshare and clone with CLONE_NEWUSER fail with EPERM, and clone3
+//     (whose flags a filter cannot read) with ENOSYS, so that the C
+//     library falls back to clone: no nested user namespace, the kernel
+//     surface bwrap's --disable-userns removes, without the nested
+//     namespace --disable-userns needs (which would hide the real uid map
+//     from /proc/self/uid_map).
 //
 // The program checks the audit architecture first, so a 32-bit compat
 // syscall (int 0x80 on amd64, AArch32 on arm64) cannot dodge it with a
 // different number, and masks the x32 bit on amd64 for the same reason.
 func seccompFilter() []byte {
-	var arch, nr, nrMask, compatArch, compatNr uint32
+	type nrs struct{ affinity, unshare, clone, clone3 uint32 }
+	var arch, nrMask, compatArch uint32
+	var native, compat nrs
 	switch runtime.GOARCH {
 	case "amd64":
-		arch, nr, nrMask = 0xc000003e, 203, 0xbfffffff // AUDIT_ARCH_X86_64; clears the x32 bit
-		compatArch, compatNr = 0x40000003, 241         // AUDIT_ARCH_I386
+		arch, nrMask = 0xc000003e, 0xbfffffff // AUDIT_ARCH_X86_64; clears the x32 bit
+		native = nrs{203, 272, 56, 435}
+		compatArch = 0x40000003 // AUDIT_ARCH_I386
+		compat = nrs{241, 310, 120, 435}
 	case "arm64":
-		arch, nr, nrMask = 0xc00000b7, 122, 0xffffffff // AUDIT_ARCH_AARCH64
-		compatArch, compatNr = 0x40000028, 241         // AUDIT_ARCH_ARM
+		arch, nrMask = 0xc00000b7, 0xffffffff // AUDIT_ARCH_AARCH64
+		native = nrs{122, 97, 220, 435}
+		compatArch = 0x40000028 // AUDIT_ARCH_ARM
+		compat = nrs{241, 337, 120, 435}
 	default:
 		return nil
 	}
 	const (
-		ldAbs    = 0x20 // BPF_LD|BPF_W|BPF_ABS
-		andK     = 0x54 // BPF_ALU|BPF_AND|BPF_K
-		jeqK     = 0x15 // BPF_JMP|BPF_JEQ|BPF_K
-		retK     = 0x06 // BPF_RET|BPF_K
-		offNr    = 0    // offsetof(struct seccomp_data, nr)
-		offArch  = 4    // offsetof(struct seccomp_data, arch)
-		retAllow = 0x7fff0000
-		retEPERM = 0x00050000 | uint32(syscall.EPERM) // SECCOMP_RET_ERRNO
+		ldAbs     = 0x20 // BPF_LD|BPF_W|BPF_ABS
+		andK      = 0x54 // BPF_ALU|BPF_AND|BPF_K
+		jeqK      = 0x15 // BPF_JMP|BPF_JEQ|BPF_K
+		jsetK     = 0x45 // BPF_JMP|BPF_JSET|BPF_K
+		ja        = 0x05 // BPF_JMP|BPF_JA
+		retK      = 0x06 // BPF_RET|BPF_K
+		offNr     = 0    // offsetof(struct seccomp_data, nr)
+		offArch   = 4    // offsetof(struct seccomp_data, arch)
+		offArg0   = 16   // offsetof(struct seccomp_data, args[0]), low half on little endian
+		retAllow  = 0x7fff0000
+		retEPERM  = 0x00050000 | uint32(syscall.EPERM)  // SECCOMP_RET_ERRNO
+		retENOSYS = 0x00050000 | uint32(syscall.ENOSYS) // SECCOMP_RET_ERRNO
+		newUser   = syscall.CLONE_NEWUSER
 	)
+	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
+		return nil // big endian: args[0]'s low half is elsewhere
+	}
 	type insn struct {
 		code   uint16
-		jt, jf uint8
+		jt, jf string // labels; "" is the next instruction
 		k      uint32
+		label  string // this instruction's label
+	}
+	nrChecks := func(n nrs) []insn {
+		return []insn{
+			{code: jeqK, k: n.affinity, jt: "eperm"},
+			{code: jeqK, k: n.clone3, jt: "enosys"},
+			{code: jeqK, k: n.unshare, jt: "flags"},
+			{code: jeqK, k: n.clone, jt: "flags"},
+			{code: ja, jt: "allow"},
+		}
+	}
+	prog := []insn{
+		{code: ldAbs, k: offArch},
+		{code: jeqK, k: arch, jt: "native"},
+		{code: jeqK, k: compatArch, jt: "compat", jf: "allow"},
+		{code: ldAbs, k: offNr, label: "native"},
+		{code: andK, k: nrMask},
+	}
+	prog = append(prog, nrChecks(native)...)
+	prog = append(prog, insn{code: ldAbs, k: offNr, label: "compat"})
+	prog = append(prog, nrChecks(compat)...)
+	prog = append(prog,
+		insn{code: ldAbs, k: offArg0, label: "flags"},
+		insn{code: jsetK, k: newUser, jt: "eperm", jf: "allow"},
+		insn{code: retK, k: retAllow, label: "allow"},
+		insn{code: retK, k: retEPERM, label: "eperm"},
+		insn{code: retK, k: retENOSYS, label: "enosys"},
+	)
+	at := map[string]int{}
+	for i, in := range prog {
+		if in.label != "" {
+			at[in.label] = i
+		}
 	}
 	// Jump offsets count instructions skipped after the jump.
-	prog := []insn{
-		/* 0 */ {ldAbs, 0, 0, offArch},
-		/* 1 */ {jeqK, 0, 3, arch}, // native: 2, else 5
-		/* 2 */ {ldAbs, 0, 0, offNr},
-		/* 3 */ {andK, 0, 0, nrMask},
-		/* 4 */ {jeqK, 4, 3, nr}, // 9: deny, 8: allow
-		/* 5 */ {jeqK, 0, 2, compatArch}, // compat: 6, else 8
-		/* 6 */ {ldAbs, 0, 0, offNr},
-		/* 7 */ {jeqK, 1, 0, compatNr}, // 9: deny, 8: allow
-		/* 8 */ {retK, 0, 0, retAllow},
-		/* 9 */ {retK, 0, 0, retEPERM},
+	off := func(pc int, label string) uint32 {
+		if label == "" {
+			return 0
+		}
+		return uint32(at[label] - pc - 1)
 	}
 	b := make([]byte, 0, 8*len(prog))
-	for _, in := range prog {
+	for pc, in := range prog {
+		k := in.k
+		var jt, jf uint8
+		if in.code == ja {
+			k = off(pc, in.jt)
+		} else if in.code != retK && in.code != ldAbs && in.code != andK {
+			jt, jf = uint8(off(pc, in.jt)), uint8(off(pc, in.jf))
+		}
 		b = binary.NativeEndian.AppendUint16(b, in.code)
-		b = append(b, in.jt, in.jf)
-		b = binary.NativeEndian.AppendUint32(b, in.k)
+		b = append(b, jt, jf)
+		b = binary.NativeEndian.AppendUint32(b, k)
 	}
 	return b
 }
@@ -254,3 +317,6 @@ func memfd(name string, b []byte) (*os.File, error) {
 // session: it outlives the broker (no parent-death signal), and killing its
 // process group reaches the runner, its readers and bwrap.
 func durableProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true} }
+
+// killPid sends SIGKILL to pid.
+func killPid(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }

@@ -13,11 +13,17 @@ import (
 
 const supported = false
 
-func hostCPUs() ([]int, error)               { return nil, errUnsupported }
-func startPinned(*exec.Cmd, []int) error     { return errUnsupported }
-func sysProcAttr() *syscall.SysProcAttr      { return nil }
-func closeOnExec() error                     { return errUnsupported }
-func killGroup(int) error                    { return errUnsupported }
+const stepName = "sandgate-exec-step"
+
+func hostCPUs() ([]int, error)           { return nil, errUnsupported }
+func startPinned(*exec.Cmd, []int) error { return errUnsupported }
+func sysProcAttr() *syscall.SysProcAttr  { return nil }
+func closeOnExec() error                 { return errUnsupported }
+func killGroup(int) error                { return errUnsupported }
+func killStep(int) error                 { return errUnsupported }
+
+const selfExe = ""
+
 func waitExited(int) error                   { return errUnsupported }
 func seccompFilter() []byte                  { return nil }
 func flock(int, int) error                   { return errUnsupported }
@@ -33,3 +39,5 @@ const (
 )
 
 var errWouldBlock = errUnsupported
+
+func killPid(int) error { return errUnsupported }

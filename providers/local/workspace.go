@@ -18,9 +18,12 @@ import (
 //	env.json      the workspace's Env, 0600; never logged
 //	sandbox.json  size, start and deadline; written last, it marks the
 //	              workspace ready (Exec on a workspace without it is gone)
-//	workspace/    mounted at /workspace, the default working directory
-//	home/         mounted at /root
-//	tmp/          mounted at /tmp
+//	disk.img      the workspace's ext4 image, DiskMiB, sparse (disk.go);
+//	              it holds workspace/, home/ and tmp/, which each exec's
+//	              step mounts at /workspace, /root and /tmp
+//	workspace/, home/, tmp/  the same, on the host, for a workspace without
+//	              a disk quota (a host without mkfs.ext4, allowed by
+//	              Config.AllowUnenforced)
 //	lock          flock'ed: shared to launch a durable command, exclusive to
 //	              cancel one or to terminate, across every broker process
 //	commands/<id>/ one durable command: the runner's files (providers/runner),
@@ -36,6 +39,7 @@ const (
 	trashDir      = "trash"
 	snapshotsDir  = "snapshots"
 	idFile        = "id"
+	uidsDir       = "uids" // uids/<uid> holds the ref of the workspace that has it
 
 	labelsFile  = "labels.json"
 	envFile     = "env.json"
@@ -43,6 +47,8 @@ const (
 	lockFile    = "lock"
 	commandsDir = "commands"
 	hostPIDFile = "host.pid"
+	diskImage   = "disk.img"  // the workspace's ext4 image (disk.go)
+	diskLock    = "disk.lock" // in DataDir: serialises the reserve check
 )
 
 // layout names the host directories of one workspace.
@@ -54,6 +60,7 @@ func (l layout) sandbox() string   { return filepath.Join(string(l), sandboxFile
 func (l layout) workspace() string { return filepath.Join(string(l), "workspace") }
 func (l layout) home() string      { return filepath.Join(string(l), "home") }
 func (l layout) tmp() string       { return filepath.Join(string(l), "tmp") }
+func (l layout) disk() string      { return filepath.Join(string(l), diskImage) }
 func (l layout) lock() string      { return filepath.Join(string(l), lockFile) }
 func (l layout) commands() string  { return filepath.Join(string(l), commandsDir) }
 
@@ -86,10 +93,32 @@ func (l layout) makeDirs() error {
 	return nil
 }
 
+// chown gives the directories the sandbox mounts to uid (and gid uid),
+// the host ids of the sandbox's root.
+func (l layout) chown(uid int) error {
+	for _, d := range []string{l.workspace(), l.home(), l.tmp()} {
+		if err := os.Chown(d, uid, uid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chownIf is chown, except for uid 0 (a broker that is not root).
+func (l layout) chownIf(uid int) error {
+	if uid == 0 {
+		return nil
+	}
+	return l.chown(uid)
+}
+
 // record is sandbox.json: what Exec needs beyond the labels and the env.
 type record struct {
 	CPUCores  int       `json:"cpu_cores"`
 	MemoryMiB int       `json:"memory_mib"`
+	Pids      int       `json:"pids,omitempty"`     // the process cap; 0 in a workspace from before it
+	UID       int       `json:"uid,omitempty"`      // the host uid and gid of the sandbox's uid 0; 0 in a workspace from before
+	DiskMiB   int       `json:"disk_mib,omitempty"` // the disk image's size; 0: no disk quota
 	StartedAt time.Time `json:"started_at"`
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }

@@ -1,0 +1,178 @@
+//go:build linux
+
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sandgate/sandgate/providers"
+)
+
+// Disk quota: each workspace's /workspace, /root and /tmp live on one ext4
+// file system of its own, a sparse image file (<ref>/disk.img), so writing
+// past the tier's disk size fails with ENOSPC inside the sandbox, whoever
+// writes. The image is never mounted on the host: each exec's step mounts
+// it (mount -o loop) in the mount namespace it makes for bwrap anyway, so
+// the mount goes away with the exec, and nothing needs unmounting after a
+// crash or mounting again after a reboot. Concurrent execs share one loop
+// device and so one file system: util-linux's mount reuses the loop device
+// already attached to the same file, and the steps take a flock on the
+// image around mount so that two never attach one each. We chose an image over
+// project quotas because it needs nothing of the file system that holds
+// the data directory (no prjquota mount option, any file system), counts
+// every kind of block (directories, xattrs, inodes) the same way, and goes
+// away with one unmount and one unlink. See README.md.
+//
+// The images are sparse, so that a workspace costs what it stores; the
+// free-space reserve then needs accounting: a create is admitted only when
+// the data directory's file system keeps Config.FreeReserveMiB free after
+// every workspace of this data directory has grown to its full size
+// (committed = apparent size - allocated blocks of each image), under one
+// lock (<DataDir>/disk.lock) across broker processes.
+
+// diskHost is what New found of this host's disk tools.
+type diskHost struct {
+	mkfs, mount string
+}
+
+// detectDisk finds mkfs.ext4 and mount. It returns nil and why when it
+// cannot; New's probe then checks that an image really mounts.
+func detectDisk() (*diskHost, string) {
+	find := func(name string) string {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+		for _, d := range []string{"/usr/sbin", "/sbin", "/usr/bin", "/bin"} {
+			if _, err := os.Stat(filepath.Join(d, name)); err == nil {
+				return filepath.Join(d, name)
+			}
+		}
+		return ""
+	}
+	h := &diskHost{mkfs: find("mkfs.ext4"), mount: find("mount")}
+	switch {
+	case h.mkfs == "":
+		return nil, "disk: mkfs.ext4 (e2fsprogs) is missing, so workspaces cannot get a disk quota"
+	case h.mount == "":
+		return nil, "disk: mount (util-linux) is missing, so workspaces cannot get a disk quota"
+	}
+	return h, ""
+}
+
+// create makes the workspace's sparse image of mib MiB at l, with an ext4
+// file system holding workspace/, home/ and tmp/, owned by uid (mkfs -d
+// copies them from a seed directory, so the broker never mounts the image
+// on the host).
+func (h *diskHost) create(ctx context.Context, l layout, mib, uid int) error {
+	seed := filepath.Join(string(l), ".seed")
+	if err := os.Mkdir(seed, 0o700); err != nil {
+		return scrub(err)
+	}
+	defer os.RemoveAll(seed)
+	sl := layout(seed)
+	if err := sl.makeDirs(); err != nil {
+		return scrub(err)
+	}
+	if err := sl.chown(uid); err != nil {
+		return scrub(err)
+	}
+	img := l.disk()
+	f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return scrub(err)
+	}
+	err = f.Truncate(int64(mib) << 20)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return scrub(err)
+	}
+	// No reserved blocks (the sandbox's root is not the host's); inode
+	// tables and journal are left as holes, which read as zeros.
+	out, err := exec.CommandContext(ctx, h.mkfs, "-q", "-F", "-m", "0",
+		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-d", seed, img).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("mkfs.ext4: %w: %s", err, firstLine(out))
+	}
+	return nil
+}
+
+func firstLine(b []byte) string {
+	s, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+	return s
+}
+
+// admitDisk takes the data directory's disk lock and checks that a new
+// workspace of mib MiB leaves the reserve free once every workspace is
+// full. Returns [providers.ErrNoCapacity] when it would not. On success the
+// caller creates the image and then calls unlock.
+func (p *Provider) admitDisk(ctx context.Context, mib int) (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(p.dataDir, diskLock), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, scrub(err)
+	}
+	if err := lockFD(ctx, f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	unlock = func() {
+		flock(int(f.Fd()), lockUnlock)
+		f.Close()
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(p.dataDir, &st); err != nil {
+		unlock()
+		return nil, err
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	need := int64(mib)<<20 + p.committed() + int64(p.cfg.FreeReserveMiB)<<20
+	if free < need {
+		unlock()
+		p.log.Warn("local workspace refused: disk reserve", "free_mib", free>>20, "needed_mib", need>>20)
+		return nil, fmt.Errorf("local: create: the data directory's file system keeps its free-space reserve: %w", providers.ErrNoCapacity)
+	}
+	return unlock, nil
+}
+
+// committed is what the images of this data directory may still grow by.
+func (p *Provider) committed() int64 {
+	entries, _ := os.ReadDir(filepath.Join(p.dataDir, workspacesDir))
+	var n int64
+	for _, e := range entries {
+		var st syscall.Stat_t
+		if syscall.Stat(filepath.Join(p.dataDir, workspacesDir, e.Name(), diskImage), &st) != nil {
+			continue
+		}
+		if left := st.Size - st.Blocks*512; left > 0 {
+			n += left
+		}
+	}
+	return n
+}
+
+// lockFD takes f's flock exclusively, waiting until ctx ends.
+func lockFD(ctx context.Context, f *os.File) error {
+	for {
+		err := flock(int(f.Fd()), lockExclusive|lockNonBlock)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, errWouldBlock) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(lockPoll):
+		}
+	}
+}

@@ -1,0 +1,69 @@
+package local_test
+
+import (
+	"errors"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
+)
+
+func freeMiB(t *testing.T, dir string) int {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int(int64(st.Bavail) * int64(st.Bsize) >> 20)
+}
+
+// TestDiskQuota: /workspace, /root and /tmp share the tier's disk quota,
+// and writing past it fails with ENOSPC inside the sandbox; the data
+// directory's file system keeps its reserve, and a create that could eat
+// into it is refused with ErrNoCapacity.
+func TestDiskQuota(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	const quota = 256
+	// A reserve that leaves room for one workspace grown full, not two.
+	reserve := freeMiB(t, dir) - 400
+	p, err := local.New(t.Context(), local.Config{DataDir: dir, FreeReserveMiB: reserve,
+		Tiers: map[string]local.Tier{"small": {DiskMiB: quota}}}, providers.Env{BrokerID: broker})
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	t.Cleanup(func() { closeProvider(p) })
+	if got := p.DiskMiB(providertest.Spec(t).Size); got != quota {
+		t.Errorf("DiskMiB(small) = %d; want %d", got, quota)
+	}
+	sb := providertest.Create(t, p, providertest.Spec(t))
+
+	// The one quota spans the three directories.
+	res := providertest.Exec(t, p, sb, "sh", "-c", "head -c 100M /dev/zero > /tmp/a && head -c 100M /dev/zero > /root/b && head -c 100M /dev/zero > /workspace/c")
+	if res.ExitCode == 0 || !strings.Contains(string(res.Stderr), "No space left on device") {
+		t.Errorf("300 MiB over /tmp, /root, /workspace in a %d MiB quota: exit %d, %q; want ENOSPC", quota, res.ExitCode, res.Stderr)
+	}
+	if err := p.WriteFile(t.Context(), sb, "/workspace/more", make([]byte, 64<<20)); err == nil {
+		t.Errorf("WriteFile past the quota succeeded")
+	}
+	if free := freeMiB(t, dir); free < reserve {
+		t.Errorf("host free space %d MiB after a workspace filled its quota; want at least the reserve %d MiB", free, reserve)
+	}
+	// Freed space is usable again.
+	if res := providertest.Exec(t, p, sb, "sh", "-c", "rm /tmp/a /root/b /workspace/c && head -c 100M /dev/zero > /workspace/c"); res.ExitCode != 0 {
+		t.Errorf("writing after freeing space: exit %d, %s", res.ExitCode, res.Stderr)
+	}
+
+	// A second workspace would let the two eat into the reserve.
+	_, err = p.Create(t.Context(), providertest.Spec(t))
+	if !errors.Is(err, providers.ErrNoCapacity) {
+		t.Errorf("Create past the reserve = %v; want ErrNoCapacity", err)
+	}
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	providertest.Create(t, p, providertest.Spec(t)) // room again
+}

@@ -1,0 +1,305 @@
+package local
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The exec step: every exec's sandbox is started through a small step that
+// is the broker's own binary run again (/proc/self/exe, with argv[0] =
+// stepName), recognised in this package's init before main runs:
+//
+//	sandgate-exec-step --fds N [--cgroup FILE]… [--uid U --gid G]
+//	    [--stage DIR [--bind SRC NAME]…] -- prlimit … -- bwrap --args 3 -- ARGV…
+//
+// N is how many descriptors past stderr the broker handed over (bwrap's
+// options and seccomp filter); they go on to bwrap as they are.
+//
+// The step exists because bwrap's --die-with-parent cannot be relied on
+// alone. bwrap's pid 1 (inside the sandbox) calls setsid and sets its
+// parent-death signal only after the whole mount set-up; if the outer bwrap
+// dies in that window (killed with the broker, a timeout or a Terminate),
+// pid 1 is orphaned without a parent-death signal and outside the exec's
+// process group, and the command runs on with nobody to kill it. The step:
+//
+//   - joins the workspace's cgroups (each FILE is a cgroup.procs) before it
+//     forks anything, so nothing of the sandbox ever runs outside them;
+//   - is a child subreaper: whatever bwrap orphans is reparented to it, not
+//     to init;
+//   - gets SIGTERM as its parent-death signal, from the broker, and SIGTERM
+//     is also how the broker kills an exec: it then SIGKILLs every child it
+//     has (bwrap, or bwrap's orphaned pid 1, whose death ends the sandbox's
+//     pid namespace), until none is left, and exits with 137;
+//   - when bwrap exits, kills whatever is left the same way and exits with
+//     bwrap's status (128+n for a signal n).
+//
+// Its children are never reaped by anyone else, so signalling one by pid can
+// never hit a reused pid.
+const stepName = "sandgate-exec-step"
+
+// Exit codes of the step itself, before bwrap runs.
+const (
+	stepExitUsage  = 120 // malformed arguments: a bug
+	stepExitCgroup = 121 // a cgroup could not be joined: nothing ran
+	stepExitStart  = 122 // the command could not be started
+)
+
+func init() {
+	switch {
+	case len(os.Args) > 0 && os.Args[0] == stepName:
+		os.Exit(runStep(os.Args[1:]))
+	case len(os.Args) > 1 && os.Args[1] == "--"+stepName:
+		// From a durable command's runner, a shell that cannot set argv[0].
+		os.Exit(runStep(os.Args[2:]))
+	}
+}
+
+// runStep is the step's main; it returns the exit code.
+func runStep(args []string) int {
+	// Package init runs on the main thread, locked: the child's
+	// parent-death signal below follows this thread, which lives until the
+	// step exits.
+	runtime.LockOSThread()
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGCHLD)
+	o, argv, ok := parseStep(args)
+	if !ok {
+		fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
+		return stepExitUsage
+	}
+	self := []byte(strconv.Itoa(os.Getpid()))
+	for _, f := range o.cgroups {
+		if err := os.WriteFile(f, self, 0); err != nil {
+			// No path: the message reaches the exec's stderr.
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: cannot join the workspace's cgroup:", unwrapErrno(err))
+			return stepExitCgroup
+		}
+	}
+	if o.stage != "" {
+		if err := stage(o); err != nil {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: stage:", err)
+			return stepExitStart
+		}
+	}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "sandgate: exec step: subreaper:", err)
+		return stepExitStart
+	}
+	// Every descriptor the broker handed over (stdio, bwrap's options and
+	// seccomp filter) goes to bwrap as is.
+	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
+	for fd := 3; fd < 3+o.nfds; fd++ {
+		files = append(files, os.NewFile(uintptr(fd), "fd"+strconv.Itoa(fd)))
+	}
+	attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if o.uid >= 0 {
+		// bwrap runs as the workspace's host uid: the sandbox's uid 0 maps
+		// to it, and nothing of the sandbox holds a host privilege.
+		attr.Credential = &syscall.Credential{Uid: uint32(o.uid), Gid: uint32(o.gid), Groups: []uint32{}}
+	}
+	proc, err := os.StartProcess(argv[0], argv, &os.ProcAttr{
+		Env:   []string{},
+		Files: files,
+		Sys:   attr,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandgate: exec step: start:", unwrapErrno(err))
+		return stepExitStart
+	}
+	child := proc.Pid
+	for _, f := range files[3:] {
+		f.Close()
+	}
+	// The step is the one process that must live to clean up: keep the
+	// memory cgroup's OOM killer on the sandbox's processes (bwrap and
+	// its children were forked before this, and keep their score).
+	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
+	for s := range sigs {
+		if s == syscall.SIGTERM {
+			killChildren()
+			return 128 + int(syscall.SIGKILL)
+		}
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+			if pid == child {
+				killChildren()
+				if ws.Signaled() {
+					return 128 + int(ws.Signal())
+				}
+				return ws.ExitStatus()
+			}
+		}
+	}
+	return stepExitStart // not reached: sigs is never closed
+}
+
+// stepOptions are the step's arguments before "--".
+type stepOptions struct {
+	nfds     int
+	cgroups  []string
+	uid, gid int    // -1: keep the broker's
+	stage    string // "": no staging
+	binds    [][2]string
+	disk     string // the workspace's image, mounted on stage/d
+	mountBin string // mount(8), for the image
+}
+
+// parseStep parses the step's arguments; argv is what follows "--".
+func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
+	o = stepOptions{nfds: -1, uid: -1, gid: -1}
+	num := func(s string) int {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return -1
+		}
+		return n
+	}
+	for len(args) > 0 && args[0] != "--" {
+		if len(args) < 2 {
+			return o, nil, false
+		}
+		n := 2
+		switch args[0] {
+		case "--cgroup":
+			o.cgroups = append(o.cgroups, args[1])
+		case "--fds":
+			o.nfds = num(args[1])
+		case "--uid":
+			o.uid = num(args[1])
+		case "--gid":
+			o.gid = num(args[1])
+		case "--stage":
+			o.stage = args[1]
+		case "--disk":
+			o.disk = args[1]
+		case "--mount-bin":
+			o.mountBin = args[1]
+		case "--bind":
+			if len(args) < 3 || strings.Contains(args[2], "/") {
+				return o, nil, false
+			}
+			o.binds = append(o.binds, [2]string{args[1], args[2]})
+			n = 3
+		default:
+			return o, nil, false
+		}
+		args = args[n:]
+	}
+	if o.nfds < 0 || len(args) < 2 || (o.uid < 0) != (o.gid < 0) || (o.disk != "" && (o.stage == "" || o.mountBin == "")) {
+		return o, nil, false
+	}
+	return o, args[1:], true
+}
+
+// stage gives the calling thread (the locked main thread; bwrap is forked
+// from it) a mount namespace of its own in which o.binds are bound below
+// o.stage, a fresh tmpfs. bwrap, running as the workspace's unprivileged
+// uid, then reaches the workspace's directories there: their host paths
+// below the broker's data directory need not be searchable by that uid.
+// The namespace dies with the step.
+func stage(o stepOptions) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make private: %w", err)
+	}
+	if err := unix.Mount("sandgate-stage", o.stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+		return fmt.Errorf("tmpfs: %w", err)
+	}
+	if o.disk != "" {
+		if err := mountDisk(o); err != nil {
+			return err
+		}
+	}
+	for _, b := range o.binds {
+		dst := o.stage + "/" + b[1]
+		if err := os.Mkdir(dst, 0o755); err != nil {
+			return fmt.Errorf("mkdir: %w", scrub(err))
+		}
+		if err := unix.Mount(b[0], dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind: %w", err)
+		}
+	}
+	return nil
+}
+
+// mountDisk mounts the workspace's image on stage/d, in the step's own
+// mount namespace. util-linux's mount reuses a loop device already
+// attached to the image (another exec of the workspace runs), so that all
+// share one file system; the flock on the image keeps two steps from each
+// attaching one at the same time. The loop device is set to clear itself
+// once its last mount is gone.
+func mountDisk(o stepOptions) error {
+	dst := o.stage + "/d"
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		return fmt.Errorf("mkdir: %w", scrub(err))
+	}
+	f, err := os.Open(o.disk)
+	if err != nil {
+		return fmt.Errorf("disk: %w", scrub(err))
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("disk lock: %w", err)
+	}
+	cmd := exec.Command(o.mountBin, "-t", "ext4", "-o", "loop,nosuid,nodev,noatime,noinit_itable", o.disk, dst)
+	cmd.Env = []string{"PATH=" + defaultPath}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("mount: %w: %s", err, firstLine(out))
+	}
+	return nil
+}
+
+// killChildren SIGKILLs every child of the step, orphans reparented to it
+// included, and reaps them, until it has none.
+func killChildren() {
+	for {
+		for _, pid := range children() {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for {
+			pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil)
+			if err == syscall.ECHILD {
+				return
+			}
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// children lists the step's children from /proc/self/task/*/children
+// (each thread has its own).
+func children() []int {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	var out []int
+	for _, t := range tasks {
+		b, _ := os.ReadFile("/proc/self/task/" + t.Name() + "/children")
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// unwrapErrno keeps only the cause of a file error: never a path.
+func unwrapErrno(err error) error { return scrub(err) }
