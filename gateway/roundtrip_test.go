@@ -53,6 +53,9 @@ func (c *rtCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (c *rtCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if setup(cmd.Name()) {
+			return next(ctx, cmd) // a new connection's set-up, not the request's
+		}
 		c.trips.Add(1)
 		if c.names {
 			c.record(strings.ToLower(cmd.Name()))
@@ -63,7 +66,7 @@ func (c *rtCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (c *rtCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) == 0 || strings.EqualFold(cmds[0].Name(), "hello") || strings.EqualFold(cmds[0].Name(), "auth") {
+		if len(cmds) == 0 || setup(cmds[0].Name()) {
 			return next(ctx, cmds) // connection set-up
 		}
 		c.trips.Add(1)
@@ -76,6 +79,13 @@ func (c *rtCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// setup reports whether a command is go-redis's set-up of a new
+// connection (HELLO, AUTH, CLIENT SETINFO), which a busy pool may do in the
+// middle of a request; the broker itself sends none of them.
+func setup(name string) bool {
+	return strings.EqualFold(name, "hello") || strings.EqualFold(name, "auth") || strings.EqualFold(name, "client")
 }
 
 func (c *rtCounter) record(name string) {
