@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/sandgate/sandgate"
@@ -207,4 +208,21 @@ type Env struct {
 	// endpoints); nil means os.Getenv. A missing credential is an error of
 	// Open naming the variable.
 	Getenv func(string) string
+	// Transport wraps a vendor client's HTTP transport with the broker's
+	// tracing (a span per vendor request, the caller's traceparent sent
+	// along); nil means none. Use it through HTTPTransport.
+	Transport func(base http.RoundTripper) http.RoundTripper
+}
+
+// HTTPTransport returns base (http.DefaultTransport when nil) wrapped
+// with the host's tracing, if it lends any: every vendor HTTP client
+// should use it.
+func (e Env) HTTPTransport(base http.RoundTripper) http.RoundTripper {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if e.Transport == nil {
+		return base
+	}
+	return e.Transport(base)
 }

@@ -88,7 +88,8 @@ type Config struct {
 		} `yaml:"rate_limits"` // keys: read, acquire, exec
 	} `yaml:"admission"`
 	Log struct {
-		Level string `yaml:"level"` // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
+		Level  string `yaml:"level"`  // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
+		Format string `yaml:"format"` // SANDGATE_LOG_FORMAT; json (default) or text
 	} `yaml:"log"`
 	Billing struct {
 		// RepairInterval is how often billing settles holds that lost
@@ -102,6 +103,11 @@ type Config struct {
 			Timeout   time.Duration `yaml:"timeout"`    // per attempt; default 10s
 		} `yaml:"webhook"`
 	} `yaml:"billing"`
+
+	// DrainDelay is how long a stopping gateway reports not ready (GET
+	// /readyz) while it still serves, before it refuses new requests: time
+	// for a load balancer to move traffic away. Default 0.
+	DrainDelay time.Duration `yaml:"drain_delay"`
 
 	// webhookSecret is the value of billing.webhook.secret_env.
 	webhookSecret sandgate.Secret

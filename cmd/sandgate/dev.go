@@ -85,10 +85,11 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 		cfg.providers = append(cfg.providers, providers.Config{Name: provider, Kind: provider, AcceptNew: true})
 	}
 	cfg.DefaultProvider = provider
-	log, err := newLogger("info")
+	log, err := newLogger("info", "json")
 	if err != nil {
 		return err
 	}
+	routeRedisLogs(log)
 	clock := sandgate.SystemClock{}
 	cert, caPath, err := devCerts(dataDir, clock.Now())
 	if err != nil {
