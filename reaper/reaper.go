@@ -114,6 +114,14 @@ func New(cfg Config, db *store.DB, term *termination.Terminator, clock sandgate.
 		metric.WithDescription("Corrections the reaper made, by kind.")); err != nil {
 		log.Warn("reaper metric not registered", slog.String("metric", MetricCorrections), slog.Any(sandgate.KeyError, err))
 	}
+	// Every kind starts at 0, so a rate over the series works from the start.
+	for _, kind := range []string{KindRetried, KindSlotFreed, KindSnapshotExpired, KindSnapshotDeleted,
+		string(sandgate.ReasonExpired), string(sandgate.ReasonIdle), string(sandgate.ReasonLeaseRevoked), string(sandgate.ReasonPaused),
+		string(sandgate.ReasonEmergencyStopped), string(sandgate.ReasonFailed), string(sandgate.ReasonOrphaned)} {
+		if r.corrections != nil {
+			r.corrections.Add(context.Background(), 0, metric.WithAttributeSet(attribute.NewSet(attribute.String(KindAttr, kind))))
+		}
+	}
 	if r.passes, err = cfg.Meter.Int64Counter(MetricPasses, metric.WithUnit("{pass}"),
 		metric.WithDescription("Reaper passes run.")); err != nil {
 		log.Warn("reaper metric not registered", slog.String("metric", MetricPasses), slog.Any(sandgate.KeyError, err))

@@ -22,8 +22,9 @@ const LiveWorkspacesEvery = 10 * time.Second
 
 // LiveWorkspaces registers MetricLiveWorkspaces, read by list (the store's
 // live workspaces of every account) at most once per LiveWorkspacesEvery,
-// each read bounded by timeout. A failed read keeps the last count.
-func LiveWorkspaces(m metric.Meter, timeout time.Duration, list func(ctx context.Context) ([]sandgate.Workspace, error)) error {
+// each read bounded by timeout. A failed read keeps the last count. Every
+// provider of names reports every live state, 0 when it has none.
+func LiveWorkspaces(m metric.Meter, names []string, timeout time.Duration, list func(ctx context.Context) ([]sandgate.Workspace, error)) error {
 	type key struct{ provider, state string }
 	var (
 		mu     sync.Mutex
@@ -41,6 +42,11 @@ func LiveWorkspaces(m metric.Meter, timeout time.Duration, list func(ctx context
 				cancel()
 				if err == nil {
 					counts := map[key]int64{}
+					for _, n := range names {
+						for _, st := range []sandgate.WorkspaceState{sandgate.WorkspaceStarting, sandgate.WorkspaceRunning, sandgate.WorkspaceTerminating} {
+							counts[key{n, string(st)}] = 0
+						}
+					}
 					for _, w := range ws {
 						p := w.Provider
 						if p == "" {

@@ -110,7 +110,7 @@ func (b *broker) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
-	if err := telemetry.LiveWorkspaces(meter, b.cfg.Admission.Timeout, func(ctx context.Context) ([]sandgate.Workspace, error) {
+	if err := telemetry.LiveWorkspaces(meter, provs.Names(), b.cfg.Admission.Timeout, func(ctx context.Context) ([]sandgate.Workspace, error) {
 		return db.LiveWorkspaces(ctx, "", "", clock.Now())
 	}); err != nil {
 		return fmt.Errorf("telemetry: %w", err)
