@@ -83,7 +83,7 @@ func newMeter(t *testing.T) (*sdkmetric.ManualReader, *sdkmetric.MeterProvider) 
 func attrs(kvs []attribute.KeyValue) map[string]string {
 	m := map[string]string{}
 	for _, kv := range kvs {
-		m[string(kv.Key)] = kv.Value.Emit()
+		m[string(kv.Key)] = kv.Value.String()
 	}
 	return m
 }
