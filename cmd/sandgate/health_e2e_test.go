@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -71,6 +72,18 @@ func TestE2EReadyzFollowsRedis(t *testing.T) {
 	wantReady("ready again once Redis is back", true, "")
 	if d := time.Since(back); d > 10*time.Second {
 		t.Errorf("ready again %v after Redis came back; want within a few seconds", d)
+	}
+	// Through the outage, go-redis's own messages too were structured
+	// lines of the one JSON log, with durations in milliseconds.
+	for _, line := range strings.Split(strings.TrimSpace(s.stderr.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Errorf("a log line is not JSON: %q", line)
+			continue
+		}
+		if _, ok := m["duration"]; ok {
+			t.Errorf("a log line has a duration without its unit: %q", line)
+		}
 	}
 }
 
