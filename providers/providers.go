@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sandgate/sandgate"
 )
 
@@ -212,6 +214,17 @@ type Env struct {
 	// tracing (a span per vendor request, the caller's traceparent sent
 	// along); nil means none. Use it through HTTPTransport.
 	Transport func(base http.RoundTripper) http.RoundTripper
+	// TracerProvider is the host's tracing, for a vendor's gRPC client
+	// (telemetry.GRPCDialOptions); nil means none.
+	TracerProvider trace.TracerProvider
+}
+
+// Checker is an optional interface of a Provider: a cheap check that the
+// vendor answers and the credentials work. Readiness (GET /readyz) runs
+// it on every provider that accepts new work; a provider without one is
+// checked with List.
+type Checker interface {
+	Check(ctx context.Context) error
 }
 
 // HTTPTransport returns base (http.DefaultTransport when nil) wrapped

@@ -66,7 +66,7 @@ func (b *broker) run(ctx context.Context) error {
 	defer obs.shutdown()
 	mp, metricsHandler, tp, meter := obs.mp, obs.metrics, obs.tracing.Provider, obs.meter
 	penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir, Getenv: getenv,
-		Transport: obs.transport}
+		Transport: obs.transport, TracerProvider: tp}
 	reg := b.kinds
 	if reg == nil {
 		reg = kinds()

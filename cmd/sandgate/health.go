@@ -24,12 +24,6 @@ const (
 	redisCheckTimeout = time.Second
 )
 
-// checker is a provider's own health check, when it has a cheaper one
-// than List.
-type checker interface {
-	Check(ctx context.Context) error
-}
-
 // health answers /livez and /readyz. Ready means Redis answers a PING,
 // the process is not draining, and every provider that accepts new work
 // passed its last check. It is safe for concurrent use.
@@ -73,7 +67,7 @@ func (h *health) checkProviders(ctx context.Context) {
 		}
 		cctx, cancel := context.WithTimeout(ctx, providerCheckTimeout)
 		var err error
-		if c, ok := e.Provider.(checker); ok {
+		if c, ok := e.Provider.(providers.Checker); ok {
 			err = c.Check(cctx)
 		} else {
 			_, err = e.Provider.List(cctx)
