@@ -119,3 +119,30 @@ func TestE2EReadyzFalseBeforeListenerCloses(t *testing.T) {
 	}
 	<-s.done
 }
+
+// TestE2EServeStartsWithoutRedis: `serve` starts with Redis down, is not
+// ready, and recovers on its own once Redis answers: ready, and an
+// acquire succeeds, with no restart.
+func TestE2EServeStartsWithoutRedis(t *testing.T) {
+	t.Parallel()
+	rs := startRedis(t)
+	rs.Kill()
+	cfg := newServeConfig(t, rs.Addr, serveOptions{})
+	s := startServe(t, cfg)
+	code, r, err := readyz(s.AdminURL)
+	if err != nil || code != http.StatusServiceUnavailable || !slices.Contains(r.Failing, "redis") {
+		t.Fatalf("readyz with Redis down = %d %+v, %v; want 503 naming redis", code, r, err)
+	}
+	rs.Restart()
+	waitFor(t, "ready once Redis answers", func() (bool, error) {
+		code, r, err := readyz(s.AdminURL)
+		return err == nil && r.Ready, fmt.Errorf("readyz = %d %+v, %v", code, r, err)
+	})
+	adm := s.Admin(t)
+	inst := createInstance(t, adm, createAccount(t, adm, "e2e-late-redis"), 1)
+	c := s.Client(t, issueToken(t, adm, inst))
+	ws := acquire(t, c, "late-redis-1")
+	if _, err := c.Release(t.Context(), ws.WorkspaceID); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+}
