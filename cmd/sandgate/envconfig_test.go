@@ -8,33 +8,33 @@ import (
 	"time"
 )
 
-// sampleEnv is a valid override value for a field of type t.
+// sampleEnv is a valid, non-zero override value for a field of type t,
+// built from the type so that a new field of any shape gets one.
 func sampleEnv(t reflect.Type) string {
 	switch {
 	case t == durationType:
 		return "7s"
 	case t == nodeType:
-		return "{bwrap_path: /usr/bin/bwrap}"
+		return "{k: v}"
 	}
 	switch t.Kind() {
 	case reflect.String:
 		return "x"
-	case reflect.Int, reflect.Int64:
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		return "7"
-	case reflect.Float64:
+	case reflect.Float32, reflect.Float64:
 		return "1.5"
 	case reflect.Bool:
 		return "true"
 	case reflect.Map:
-		return "{read: {per_second: 1, burst: 2}}"
+		return "{k: " + sampleEnv(t.Elem()) + "}"
 	case reflect.Slice:
-		switch t.Elem() {
-		case nodeType:
-			return "[{name: a, kind: local}]"
-		case reflect.TypeFor[string]():
-			return "[a, b]"
-		}
-		return "[{name: a}]"
+		return "[" + sampleEnv(t.Elem()) + "]"
+	case reflect.Struct:
+		return "{}"
+	case reflect.Pointer:
+		return sampleEnv(t.Elem())
 	}
 	return ""
 }
