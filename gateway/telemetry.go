@@ -51,9 +51,9 @@ func newServerTelemetry(cfg Config, log *slog.Logger) serverTelemetry {
 	return t
 }
 
-// route is the request's method and route template, or "unmatched": the
+// routeLabel is the request's method and route template, or "unmatched": the
 // method and path of an unknown route are the client's, unbounded.
-func (s *Server) route(c echo.Context) string {
+func (s *Server) routeLabel(c echo.Context) string {
 	route := c.Request().Method + " " + c.Path()
 	if !s.routeSet[route] {
 		return "unmatched"
@@ -71,7 +71,7 @@ func (s *Server) telemetry(next echo.HandlerFunc) echo.HandlerFunc {
 		start := time.Now()
 		r := c.Request()
 		ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		route := s.route(c)
+		route := s.routeLabel(c)
 		ctx, span := s.tel.tracer.Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
 			attribute.String("http.request.method", r.Method), attribute.String("http.route", c.Path())))
 		c.SetRequest(r.WithContext(ctx))
