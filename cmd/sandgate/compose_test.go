@@ -215,3 +215,42 @@ func anyStrings(v any) []string {
 	}
 	return nil
 }
+
+// TestDockerfile checks the Dockerfile without building it: two stages,
+// a builder on the go.mod's Go release, a runtime with bwrap and prlimit
+// for the local provider and curl for the health check, a non-root user,
+// the version stamped, and serve as the default command.
+func TestDockerfile(t *testing.T) {
+	root := filepath.Join("..", "..")
+	b, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(b)
+	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var goVersion string
+	for _, l := range strings.Split(string(mod), "\n") {
+		if v, ok := strings.CutPrefix(l, "go "); ok {
+			parts := strings.Split(strings.TrimSpace(v), ".")
+			goVersion = strings.Join(parts[:min(2, len(parts))], ".")
+		}
+	}
+	var froms []string
+	for _, l := range strings.Split(df, "\n") {
+		if f, ok := strings.CutPrefix(l, "FROM "); ok {
+			froms = append(froms, f)
+		}
+	}
+	if len(froms) != 2 || !strings.HasPrefix(froms[0], "golang:"+goVersion) || !strings.Contains(froms[0], " AS build") {
+		t.Errorf("Dockerfile stages %q; want a golang:%s builder and a runtime stage", froms, goVersion)
+	}
+	for _, want := range []string{"bubblewrap", "util-linux", "curl", "USER sandgate", "-X main.buildCommit=", "-X main.buildVersion=",
+		`ENTRYPOINT ["/usr/local/bin/sandgate"]`, `CMD ["serve", "--config", "/etc/sandgate/sandgate.yaml"]`, "COPY --from=build"} {
+		if !strings.Contains(df, want) {
+			t.Errorf("Dockerfile has no %s", want)
+		}
+	}
+}
