@@ -86,7 +86,7 @@ func (s *Server) telemetry(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 		}
 		if a := authFrom(c); a.Lease.ID != "" {
-			attrs = append(attrs, attribute.String(sandgate.KeyInstanceID, a.Lease.InstanceID))
+			attrs = append(attrs, attribute.String("sandgate.instance_id", a.Lease.InstanceID))
 		}
 		span.SetAttributes(attrs...)
 		span.End()

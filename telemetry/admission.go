@@ -59,7 +59,7 @@ type admitter struct {
 
 func (a *admitter) Admit(ctx context.Context, r *admission.Request) error {
 	ctx, span := a.tracer.Start(ctx, "admission", trace.WithAttributes(
-		attribute.String(sandgate.KeyWorkspaceID, r.Workspace.ID), attribute.String(sandgate.KeyInstanceID, r.Workspace.InstanceID),
+		attribute.String("sandgate.workspace_id", r.Workspace.ID), attribute.String("sandgate.instance_id", r.Workspace.InstanceID),
 		attribute.String("sandgate.size", r.Workspace.Size)))
 	defer span.End()
 	err := a.a.Admit(ctx, r)
@@ -117,7 +117,7 @@ type settler struct {
 
 func (s *settler) Settle(ctx context.Context, w sandgate.Workspace) error {
 	ctx, span := s.tracer.Start(ctx, "billing settle", trace.WithAttributes(
-		attribute.String(sandgate.KeyWorkspaceID, w.ID), attribute.String(sandgate.KeyAccountID, w.AccountID)))
+		attribute.String("sandgate.workspace_id", w.ID), attribute.String("sandgate.account_id", w.AccountID)))
 	defer span.End()
 	err := s.s.Settle(ctx, w)
 	if err != nil {

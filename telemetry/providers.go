@@ -155,7 +155,7 @@ func (c *call) end(ctx context.Context, err error, attrs ...attribute.KeyValue) 
 }
 
 func (pr *provider) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
-	ctx, c := pr.start(ctx, OpCreate, attribute.String("sandgate.size", spec.Size.Name),
+	ctx, c := pr.start(ctx, OpCreate, attribute.String("sandgate.workspace_id", spec.WorkspaceID), attribute.String("sandgate.size", spec.Size.Name),
 		attribute.Int("sandgate.env_count", len(spec.Env)), attribute.Int("sandgate.egress_domains", len(spec.Egress.AllowedDomains)))
 	sb, err := pr.p.Create(ctx, spec)
 	c.end(ctx, err)
