@@ -72,12 +72,15 @@ func (s *Server) telemetry(next echo.HandlerFunc) echo.HandlerFunc {
 		r := c.Request()
 		ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		route := s.routeLabel(c)
-		ctx, span := s.tel.tracer.Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
-			attribute.String("http.request.method", r.Method), attribute.String("http.route", c.Path())))
+		attrs := []attribute.KeyValue{attribute.String("http.request.method", r.Method)}
+		if route != "unmatched" {
+			attrs = append(attrs, attribute.String("http.route", c.Path())) // never an unknown path: the client's
+		}
+		ctx, span := s.tel.tracer.Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
 		c.SetRequest(r.WithContext(ctx))
 		err := next(c)
 		status := c.Response().Status
-		attrs := []attribute.KeyValue{attribute.Int("http.response.status_code", status),
+		attrs = []attribute.KeyValue{attribute.Int("http.response.status_code", status),
 			attribute.String("sandgate.request_id", requestID(c))}
 		if code, _ := c.Get(ctxCode).(protocol.Code); code != "" {
 			attrs = append(attrs, attribute.String("error.code", string(code)))
