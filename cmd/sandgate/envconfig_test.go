@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -46,8 +47,14 @@ func TestEnvOverridesEveryField(t *testing.T) {
 	if len(fields) < 40 {
 		t.Fatalf("envFields() has %d fields; want every config field", len(fields))
 	}
+	// Variables sandgate reads for other things must never name a field.
+	reserved := []string{"SANDGATE_ADMIN_URL", "SANDGATE_ADMIN_TOKEN", "SANDGATE_TEST_PAUSE_AFTER_CREATE", "SANDGATE_FLY_APP",
+		"SANDGATE_FLY_ORG", "SANDGATE_FLY_REGION", "SANDGATE_E2E_ADMIN_TOKEN"}
 	seen := map[string]string{}
 	for _, f := range fields {
+		if slices.Contains(reserved, f.Env) {
+			t.Errorf("%s overrides %s but is read for something else", f.Env, f.Path)
+		}
 		if other, dup := seen[f.Env]; dup {
 			t.Errorf("%s overrides both %s and %s", f.Env, other, f.Path)
 		}

@@ -146,3 +146,14 @@ func TestE2EServeStartsWithoutRedis(t *testing.T) {
 		t.Fatalf("release: %v", err)
 	}
 }
+
+// TestVersion: `sandgate version` and `--version` print the version, the
+// commit and the Go version.
+func TestVersion(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		out := runCLI(t, nil, args...)
+		if !strings.HasPrefix(out, "sandgate ") || !strings.Contains(out, "\ncommit ") || !strings.Contains(out, "\ngo1.") {
+			t.Errorf("sandgate %v printed %q; want version, commit and Go version lines", args, out)
+		}
+	}
+}

@@ -54,14 +54,3 @@ func TestRedisLoggerIsStructured(t *testing.T) {
 		t.Errorf("line = %v", line)
 	}
 }
-
-// TestVersion: `sandgate version` and `--version` print the version, the
-// commit and the Go version.
-func TestVersion(t *testing.T) {
-	for _, args := range [][]string{{"version"}, {"--version"}} {
-		out := runCLI(t, nil, args...)
-		if !strings.HasPrefix(out, "sandgate ") || !strings.Contains(out, "\ncommit ") || !strings.Contains(out, "\ngo1.") {
-			t.Errorf("sandgate %v printed %q; want version, commit and Go version lines", args, out)
-		}
-	}
-}
