@@ -86,6 +86,7 @@ var wiringConstructors = map[string][]string{
 	module + "/gateway":     {"New", "NewControls"},
 	module + "/admin":       {"New"},
 	module + "/reaper":      {"New"},
+	module + "/telemetry":   {"NewTracing", "Providers", "Admission", "Settlement", "LiveWorkspaces"},
 }
 
 // TestOneWiringPlace parses every non-test file of every package but cmd

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/store"
@@ -191,8 +193,27 @@ func (b *Billing) charge(ctx context.Context, w sandgate.Workspace, es []UsageEn
 	n, err := chargeScript.Run(ctx, b.rdb, keys, args...).Int()
 	if err == nil && n > 0 {
 		b.FlushAlerts(ctx, a)
+		b.countSettled(ctx, es, n)
 	}
 	return n, err
+}
+
+// countSettled adds what the last n entries of es charged to
+// MetricSettled: the script appends in order and skips only entries
+// already in the ledger, which precede the new ones.
+func (b *Billing) countSettled(ctx context.Context, es []UsageEntry, n int) {
+	if b.settled == nil || n > len(es) {
+		return
+	}
+	byCurrency := map[string]int64{}
+	for _, e := range es[len(es)-n:] {
+		byCurrency[e.Currency] += e.AmountMicros
+	}
+	for cur, amt := range byCurrency {
+		if amt > 0 {
+			b.settled.Add(ctx, amt, metric.WithAttributeSet(attribute.NewSet(attribute.String("currency", cur))))
+		}
+	}
 }
 
 // chargeScript appends a workspace's usage entries and charges each one

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sandgate/sandgate/store"
 )
@@ -18,6 +19,8 @@ type Config struct {
 	Log *slog.Logger
 	// Webhook also sends every budget alert to a URL; zero sends none.
 	Webhook WebhookConfig
+	// Meter records MetricSettled. nil means no metrics are recorded.
+	Meter metric.Meter
 }
 
 // Billing prices, holds, settles and reconciles. It is safe for
@@ -27,6 +30,8 @@ type Billing struct {
 	rdb    redis.UniversalClient
 	ledger *Ledger
 	cfg    Config
+	// settled records MetricSettled; nil without a Meter.
+	settled metric.Int64Counter
 }
 
 // New returns Billing over the store's Redis.
@@ -40,8 +45,21 @@ func New(db *store.DB, cfg Config) *Billing {
 	if cfg.Webhook.URL != "" {
 		cfg.Webhook = cfg.Webhook.withDefaults()
 	}
-	return &Billing{db: db, rdb: db.Redis(), ledger: NewLedger(db.Redis()), cfg: cfg}
+	b := &Billing{db: db, rdb: db.Redis(), ledger: NewLedger(db.Redis()), cfg: cfg}
+	if cfg.Meter != nil {
+		var err error
+		if b.settled, err = cfg.Meter.Int64Counter(MetricSettled, metric.WithUnit("{micro_unit}"),
+			metric.WithDescription("Money charged by accrual and settlement, in micro-units, by currency.")); err != nil {
+			cfg.Log.Warn("billing metric not registered", slog.String("metric", MetricSettled), slog.Any("err", err))
+		}
+	}
+	return b
 }
+
+// MetricSettled counts the money charged to accounts (accrued while a
+// workspace runs and settled at its end), in micro-units, by currency: its
+// one attribute, so the label set stays bounded.
+const MetricSettled = "sandgate.billing.settled_micros"
 
 // Ledger returns the usage ledger reader.
 func (b *Billing) Ledger() *Ledger { return b.ledger }

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
@@ -54,6 +55,8 @@ type Config struct {
 	// before it runs; one that does not fit is refused with 503
 	// unavailable and a Retry-After. 0 means DefaultInflightBytes (256 MiB).
 	InflightBytes int64
+	// Tracer makes each request's server span. nil means no spans.
+	Tracer trace.TracerProvider
 }
 
 // Deps are what a Server works with, built once by the broker's wiring
@@ -93,6 +96,7 @@ type Server struct {
 	draining atomic.Bool
 	requests metric.Int64Counter
 	routeSet map[string]bool // "METHOD /template" of every route, for requests
+	tel      serverTelemetry
 }
 
 // New returns a Server. A missing dependency is an error.
@@ -128,6 +132,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	for _, r := range s.echo.Routes() {
 		s.routeSet[r.Method+" "+r.Path] = true
 	}
+	s.tel = newServerTelemetry(cfg, log)
 	if cfg.Meter == nil {
 		cfg.Meter = noop.NewMeterProvider().Meter("")
 	}
@@ -152,7 +157,7 @@ func (s *Server) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.base, s.requireTLS, s.accessLog, s.recover, s.refuseWhileDraining)
+	e.Use(s.base, s.telemetry, s.requireTLS, s.accessLog, s.recover, s.refuseWhileDraining)
 	v1 := e.Group("/v1", s.authenticate)
 	// Routes on one workspace count against their class's limit in usable,
 	// sharing the workspace read's round trip.
@@ -281,6 +286,7 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 				code = fromEchoError(he).Code
 			}
 			attrs = append(attrs, slog.String(sandgate.KeyCode, string(code)))
+			c.Set(ctxCode, code)
 		}
 		s.countRequest(c, code)
 		s.log.LogAttrs(c.Request().Context(), slog.LevelInfo, "request", attrs...)

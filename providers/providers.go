@@ -8,7 +8,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sandgate/sandgate"
 )
@@ -241,4 +244,32 @@ type Env struct {
 	// endpoints); nil means os.Getenv. A missing credential is an error of
 	// Open naming the variable.
 	Getenv func(string) string
+	// Transport wraps a vendor client's HTTP transport with the broker's
+	// tracing (a span per vendor request, the caller's traceparent sent
+	// along); nil means none. Use it through HTTPTransport.
+	Transport func(base http.RoundTripper) http.RoundTripper
+	// TracerProvider is the host's tracing, for a vendor's gRPC client
+	// (telemetry.GRPCDialOptions); nil means none.
+	TracerProvider trace.TracerProvider
+}
+
+// Checker is an optional interface of a Provider: a cheap check that the
+// vendor answers and the credentials work. Readiness (GET /readyz) runs
+// it on every provider that accepts new work; a provider without one is
+// checked with List.
+type Checker interface {
+	Check(ctx context.Context) error
+}
+
+// HTTPTransport returns base (http.DefaultTransport when nil) wrapped
+// with the host's tracing, if it lends any: every vendor HTTP client
+// should use it.
+func (e Env) HTTPTransport(base http.RoundTripper) http.RoundTripper {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if e.Transport == nil {
+		return base
+	}
+	return e.Transport(base)
 }

@@ -11,8 +11,11 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
@@ -37,6 +40,9 @@ type Config struct {
 	// Meter records the reaper's metrics (MetricCorrections and
 	// MetricPasses). nil means none are recorded.
 	Meter metric.Meter
+	// Tracer makes a span of every pass ("reaper pass"), the parent of
+	// its store and provider calls. nil means no spans.
+	Tracer trace.TracerProvider
 }
 
 // The reaper's metrics. Their only attribute is KindAttr, from the bounded
@@ -73,6 +79,7 @@ type Reaper struct {
 	stats       Stats
 	corrections metric.Int64Counter
 	passes      metric.Int64Counter
+	tracer      trace.Tracer
 	fence       atomic.Int64 // the fencing token while leading, 0 otherwise
 }
 
@@ -98,11 +105,22 @@ func New(cfg Config, db *store.DB, term *termination.Terminator, clock sandgate.
 	if cfg.Meter == nil {
 		cfg.Meter = noop.NewMeterProvider().Meter("")
 	}
-	r := &Reaper{cfg: cfg, db: db, term: term, clock: clock, log: log}
+	if cfg.Tracer == nil {
+		cfg.Tracer = tracenoop.NewTracerProvider()
+	}
+	r := &Reaper{cfg: cfg, db: db, term: term, clock: clock, log: log, tracer: cfg.Tracer.Tracer("github.com/sandgate/sandgate/reaper")}
 	var err error
 	if r.corrections, err = cfg.Meter.Int64Counter(MetricCorrections, metric.WithUnit("{correction}"),
 		metric.WithDescription("Corrections the reaper made, by kind.")); err != nil {
 		log.Warn("reaper metric not registered", slog.String("metric", MetricCorrections), slog.Any(sandgate.KeyError, err))
+	}
+	// Every kind starts at 0, so a rate over the series works from the start.
+	for _, kind := range []string{KindRetried, KindSlotFreed, KindSnapshotExpired, KindSnapshotDeleted,
+		string(sandgate.ReasonExpired), string(sandgate.ReasonIdle), string(sandgate.ReasonLeaseRevoked), string(sandgate.ReasonPaused),
+		string(sandgate.ReasonEmergencyStopped), string(sandgate.ReasonFailed), string(sandgate.ReasonOrphaned)} {
+		if r.corrections != nil {
+			r.corrections.Add(context.Background(), 0, metric.WithAttributeSet(attribute.NewSet(attribute.String(KindAttr, kind))))
+		}
 	}
 	if r.passes, err = cfg.Meter.Int64Counter(MetricPasses, metric.WithUnit("{pass}"),
 		metric.WithDescription("Reaper passes run.")); err != nil {
@@ -202,7 +220,14 @@ func (r *Reaper) lead(ctx context.Context, token int64) {
 // with the control's reason, and then (sweepWorkspaces) ends expired,
 // idle and revoked workspaces, resolves unknown creates, terminates
 // orphans and frees stale slots. Every step is idempotent.
-func (r *Reaper) Pass(ctx context.Context) error {
+func (r *Reaper) Pass(ctx context.Context) (err error) {
+	ctx, span := r.tracer.Start(ctx, "reaper pass")
+	defer func() {
+		if err != nil {
+			span.SetStatus(codes.Error, "pass incomplete")
+		}
+		span.End()
+	}()
 	r.stats.Passes.Add(1)
 	if r.passes != nil {
 		r.passes.Add(ctx, 1)

@@ -26,6 +26,7 @@ import (
 	"github.com/sandgate/sandgate/reaper"
 	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/telemetry"
 	"github.com/sandgate/sandgate/termination"
 )
 
@@ -45,14 +46,6 @@ type broker struct {
 	getenv func(string) string
 }
 
-func newLogger(level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("log level %q: %w", level, err)
-	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
-}
-
 // run serves until ctx ends, then shuts down gracefully.
 func (b *broker) run(ctx context.Context) error {
 	clock := sandgate.SystemClock{}
@@ -67,32 +60,39 @@ func (b *broker) run(ctx context.Context) error {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir, Getenv: getenv}
+	obs, err := newObservability(ctx, b.cfg, b.rdb, getenv, b.log)
+	if err != nil {
+		return err
+	}
+	defer obs.shutdown()
+	mp, metricsHandler, tp, meter := obs.mp, obs.metrics, obs.tracing.Provider, obs.meter
+	penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir, Getenv: getenv,
+		Transport: obs.transport, TracerProvider: tp}
 	reg := b.kinds
 	if reg == nil {
 		reg = kinds()
 	}
-	provs, err := reg.Open(ctx, b.cfg.providers, b.cfg.DefaultProvider, penv)
+	rawProvs, err := reg.Open(ctx, b.cfg.providers, b.cfg.DefaultProvider, penv)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if err := provs.Close(); err != nil {
+		if err := rawProvs.Close(); err != nil {
 			b.log.Warn("providers not closed cleanly", slog.Any(sandgate.KeyError, err))
 		}
 	}()
-	mp, metricsHandler, err := newMetrics(b.cfg.BrokerID)
+	// Every provider call is a span and a latency point (telemetry.Providers).
+	provs, err := telemetry.Providers(rawProvs, tp, meter)
 	if err != nil {
-		return fmt.Errorf("metrics: %w", err)
+		return fmt.Errorf("telemetry: %w", err)
 	}
-	defer func() { _ = mp.Shutdown(context.Background()) }()
 
 	// The one wiring place: everything below is built once and shared.
 	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
 	if err := claimDataDirs(ctx, db, provs, clock.Now()); err != nil {
 		return err
 	}
-	bill := billing.New(db, billing.Config{Provider: providers.LegacyName, Log: b.log.With("component", "billing"),
+	bill := billing.New(db, billing.Config{Provider: providers.LegacyName, Log: b.log.With("component", "billing"), Meter: meter,
 		Webhook: billing.WebhookConfig{URL: b.cfg.Billing.Webhook.URL, Secret: b.cfg.webhookSecret, Timeout: b.cfg.Billing.Webhook.Timeout}})
 	rates := map[admission.Class]admission.Rate{}
 	for class, r := range b.cfg.Admission.RateLimits {
@@ -109,17 +109,26 @@ func (b *broker) run(ctx context.Context) error {
 		},
 	})...)
 	term := termination.New(db, provs, clock, b.log.With("component", "termination"), 0)
-	term.SetSettler(bill)
+	term.SetSettler(telemetry.Settlement(bill, tp))
+	tadmit, err := telemetry.Admission(admit, tp, meter)
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	if err := telemetry.LiveWorkspaces(meter, provs.Names(), b.cfg.Admission.Timeout, func(ctx context.Context) ([]sandgate.Workspace, error) {
+		return db.LiveWorkspaces(ctx, "", "", clock.Now())
+	}); err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
 	sg, err := saga.New(saga.Config{
 		// A create must end well within the pending deadline, past which
 		// the reaper ends the workspace under it.
 		CreateTimeout: b.cfg.Admission.PendingTimeout * 3 / 4,
 		AfterCreate:   pauseAfterCreate(b.cfg.testPauseAfterCreate),
-	}, saga.Deps{DB: db, Providers: provs, Admission: admit, Holds: bill, Terminator: term, Clock: clock, Log: b.log.With("component", "saga")})
+	}, saga.Deps{DB: db, Providers: provs, Admission: tadmit, Holds: bill, Terminator: term, Clock: clock, Log: b.log.With("component", "saga")})
 	if err != nil {
 		return err
 	}
-	gw, err := gateway.New(gateway.Config{TrustedProxies: proxies, Meter: mp.Meter("github.com/sandgate/sandgate/gateway"),
+	gw, err := gateway.New(gateway.Config{TrustedProxies: proxies, Meter: mp.Meter("github.com/sandgate/sandgate/gateway"), Tracer: tp,
 		// Counted per gateway process (README, admission.inflight).
 		MaxInflightPerWorkspace: b.cfg.Admission.Inflight.PerWorkspace,
 		MaxInflightPerInstance:  b.cfg.Admission.Inflight.PerInstance,
@@ -137,7 +146,7 @@ func (b *broker) run(ctx context.Context) error {
 	// Every gateway process runs the reaper; one at a time leads (a Redis
 	// lease), and its passes are idempotent all the same.
 	rp := reaper.New(reaper.Config{Providers: provs, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
-		Meter: mp.Meter("github.com/sandgate/sandgate/reaper")}, db, term, clock, b.log.With("component", "reaper"))
+		Meter: mp.Meter("github.com/sandgate/sandgate/reaper"), Tracer: tp}, db, term, clock, b.log.With("component", "reaper"))
 	adm, err := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults,
 		Providers: provs, Terminator: term, Billing: bill}, db, clock, b.log.With("component", "admin"))
 	if err != nil {
@@ -147,15 +156,17 @@ func (b *broker) run(ctx context.Context) error {
 	// Both servers see the connections of listen.go, so that every answer,
 	// even those net/http gives by itself, is the envelope.
 	const readHeaderTimeout = 10 * time.Second
-	pub := &http.Server{Handler: withConnInfo(gw.Handler()), ReadHeaderTimeout: readHeaderTimeout, ConnContext: connContext,
+	hl := newHealth(b.rdb, rawProvs)
+	pub := &http.Server{Handler: withConnInfo(withHealth(gw.Handler(), hl)), ReadHeaderTimeout: readHeaderTimeout, ConnContext: connContext,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
-	ops := &http.Server{Handler: withMetrics(adm.Handler(), metricsHandler), ReadHeaderTimeout: readHeaderTimeout,
+	ops := &http.Server{Handler: withMetrics(adm.Handler(), metricsHandler, hl), ReadHeaderTimeout: readHeaderTimeout,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { gw.Run(runCtx) })
+	wg.Go(func() { hl.run(runCtx) })
 	rpCtx, rpCancel := context.WithCancel(runCtx)
 	defer rpCancel()
 	rpDone := make(chan struct{})
@@ -189,7 +200,11 @@ func (b *broker) run(ctx context.Context) error {
 	// Nothing is lost: every state change is in Redis, and what an
 	// interrupted request left (a create past its pending deadline, a
 	// termination not confirmed) is the next leader's to settle.
-	b.log.Info("sandgate shutting down", slog.Duration("shutdown_timeout", b.cfg.ShutdownTimeout))
+	b.log.Info("sandgate shutting down", slog.Duration("shutdown_timeout", b.cfg.ShutdownTimeout), slog.Duration("drain_delay", b.cfg.DrainDelay))
+	// Not ready first, while still serving, so a load balancer moves
+	// traffic away before anything is refused.
+	hl.drain()
+	time.Sleep(b.cfg.DrainDelay)
 	gw.Drain()
 	rpCancel()
 	<-rpDone

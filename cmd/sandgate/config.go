@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"slices"
-	"strconv"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -18,7 +17,9 @@ import (
 )
 
 // Config is the broker's one YAML file. Every field has an environment
-// override named in its comment. A zero field means the default beside it.
+// override named after its YAML path (envFields): SANDGATE_ and the path
+// upper-cased, dots as underscores, e.g. SANDGATE_ADMISSION_RISK_MAX_SIZE.
+// A zero field means the default beside it.
 type Config struct {
 	Listen      string `yaml:"listen"`       // SANDGATE_LISTEN; default ":8443"
 	AdminListen string `yaml:"admin_listen"` // SANDGATE_ADMIN_LISTEN; default "127.0.0.1:8444"
@@ -95,7 +96,8 @@ type Config struct {
 		} `yaml:"inflight"`
 	} `yaml:"admission"`
 	Log struct {
-		Level string `yaml:"level"` // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
+		Level  string `yaml:"level"`  // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
+		Format string `yaml:"format"` // SANDGATE_LOG_FORMAT; json (default) or text
 	} `yaml:"log"`
 	Billing struct {
 		// RepairInterval is how often billing settles holds that lost
@@ -109,6 +111,11 @@ type Config struct {
 			Timeout   time.Duration `yaml:"timeout"`    // per attempt; default 10s
 		} `yaml:"webhook"`
 	} `yaml:"billing"`
+
+	// DrainDelay is how long a stopping gateway reports not ready (GET
+	// /readyz) while it still serves, before it refuses new requests: time
+	// for a load balancer to move traffic away. Default 0.
+	DrainDelay time.Duration `yaml:"drain_delay"`
 
 	// webhookSecret is the value of billing.webhook.secret_env.
 	webhookSecret sandgate.Secret
@@ -165,28 +172,8 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("config %s: %w", path, err)
 		}
 	}
-	str := func(dst *string, env string) {
-		if v := getenv(env); v != "" {
-			*dst = v
-		}
-	}
-	str(&c.Listen, "SANDGATE_LISTEN")
-	str(&c.AdminListen, "SANDGATE_ADMIN_LISTEN")
-	str(&c.DataDir, "SANDGATE_DATA_DIR")
-	str(&c.BrokerID, "SANDGATE_BROKER_ID")
-	str(&c.TLS.CertFile, "SANDGATE_TLS_CERT_FILE")
-	str(&c.TLS.KeyFile, "SANDGATE_TLS_KEY_FILE")
-	str(&c.Redis.Addr, "SANDGATE_REDIS_ADDR")
-	str(&c.Redis.Password, "SANDGATE_REDIS_PASSWORD")
-	str(&c.Provider.Name, "SANDGATE_PROVIDER")
-	str(&c.DefaultProvider, "SANDGATE_DEFAULT_PROVIDER")
-	str(&c.Log.Level, "SANDGATE_LOG_LEVEL")
-	if v := getenv("SANDGATE_REDIS_DB"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return nil, fmt.Errorf("SANDGATE_REDIS_DB: %w", err)
-		}
-		c.Redis.DB = n
+	if err := applyEnv(&c, getenv); err != nil {
+		return nil, err
 	}
 	def := func(dst *string, v string) {
 		if *dst == "" {

@@ -94,10 +94,11 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 				{Kind: yaml.ScalarNode, Tag: "!!str", Value: "allow_unenforced"}, {Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"}}}
 		}
 	}
-	log, err := newLogger("info")
+	log, err := newLogger("info", "json")
 	if err != nil {
 		return err
 	}
+	routeRedisLogs(log)
 	clock := sandgate.SystemClock{}
 	cert, caPath, err := devCerts(dataDir, clock.Now())
 	if err != nil {

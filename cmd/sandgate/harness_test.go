@@ -117,7 +117,7 @@ type process struct {
 }
 
 // cleanEnv is the test's environment without sandgate's own variables, so
-// a developer's SANDGATE_* or BROKER_* settings cannot leak into a test.
+// a developer's SANDGATE_*, BROKER_* or OTEL_* settings cannot leak into a test.
 //
 // GORACE gains atexit_sleep_ms=0 (unless it sets it): the race runtime
 // otherwise sleeps a second at every exit, which each CLI call would pay.
@@ -126,7 +126,7 @@ func cleanEnv(extra ...string) []string {
 	gorace := ""
 	for _, kv := range os.Environ() {
 		switch {
-		case strings.HasPrefix(kv, "SANDGATE_"), strings.HasPrefix(kv, "BROKER_"):
+		case strings.HasPrefix(kv, "SANDGATE_"), strings.HasPrefix(kv, "BROKER_"), strings.HasPrefix(kv, "OTEL_"):
 		case strings.HasPrefix(kv, "GORACE="):
 			gorace = strings.TrimPrefix(kv, "GORACE=")
 		default:

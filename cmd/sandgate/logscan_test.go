@@ -22,13 +22,16 @@ import (
 // stdout by design (that is how a developer gets it), so a dev run could
 // only be scanned for the token on stderr. serve prints no token anywhere,
 // so here its whole stdout and stderr are scanned for every secret. The
-// log level is debug, so the most talkative lines are covered too.
+// log level is debug, so the most talkative lines are covered too. Tracing
+// is on, exported over OTLP to an in-test receiver, and every exported
+// span (names, attributes, events, status, resource) is scanned too.
 func TestNoSecretsInLogs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rs := startRedis(t)
 	cfg := newServeConfig(t, rs.Addr, serveOptions{LogLevel: "debug"})
-	s := startServe(t, cfg)
+	recv := startOTLP(t)
+	s := startServeEnv(t, cfg, recv.Env()...)
 	adm := s.Admin(t)
 	inst := createInstance(t, adm, createAccount(t, adm, "e2e-logscan"), 2)
 	tok := issueToken(t, adm, inst)
@@ -151,6 +154,7 @@ func TestNoSecretsInLogs(t *testing.T) {
 	// Stop the broker so that everything it would write is written.
 	s.stop()
 	logs := s.Logs()
+	spans := recv.Raw()
 	secrets := map[string]string{
 		"the token":                      tok,
 		"the token's secret part":        tok[12:], // token.DisplayPrefix may show the first 12
@@ -171,8 +175,20 @@ func TestNoSecretsInLogs(t *testing.T) {
 		if i := strings.Index(logs, secret); i >= 0 {
 			t.Errorf("the broker's output contains %s: …%s…", what, logs[max(0, i-200):min(len(logs), i+len(secret)+50)])
 		}
+		if i := strings.Index(spans, secret); i >= 0 {
+			t.Errorf("an exported span contains %s: …%q…", what, spans[max(0, i-200):min(len(spans), i+len(secret)+50)])
+		}
 	}
-	// Guard against a vacuous pass: the failing requests were logged.
+	// Guard against a vacuous pass: the failing requests were logged, and
+	// their spans exported.
+	if n := len(recv.Spans()); n < 50 {
+		t.Errorf("the receiver got %d spans; want every request's, its Redis and provider calls", n)
+	}
+	for _, want := range []string{"POST /v1/workspaces/:id/exec", "provider exec", "provider write_file", "provider read_file", "admission"} {
+		if !strings.Contains(spans, want) {
+			t.Errorf("no exported span is named %q; is tracing on?", want)
+		}
+	}
 	for _, want := range []string{`"msg":"request failed"`, `"status":400`, `"status":401`, `"status":404`, `"status":409`, `"status":410`, `"status":422`, `"exec finished"`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the broker's output has no %s line; is logging captured?", want)

@@ -27,7 +27,9 @@ func rootCommand() *cobra.Command {
 		Short:         "sandgate is an execution broker (protocol v1)",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       readBuildInfo().Version,
 	}
-	root.AddCommand(serveCommand(), devCommand(), adminCommand(), usageCommand())
+	root.SetVersionTemplate(readBuildInfo().String())
+	root.AddCommand(serveCommand(), devCommand(), adminCommand(), usageCommand(), versionCommand())
 	return root
 }

@@ -19,8 +19,10 @@ import (
 // whatever records a metric is handed a Meter.
 func newMetrics(brokerID string) (*sdkmetric.MeterProvider, http.Handler, error) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewBuildInfoCollector())
+	// Without the scope labels: every series would carry otel_scope_name
+	// and its version, which say nothing an operator needs.
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -29,12 +31,15 @@ func newMetrics(brokerID string) (*sdkmetric.MeterProvider, http.Handler, error)
 	return mp, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
 }
 
-// withMetrics serves GET /metrics with m on the operator listener, and
-// everything else with next (the operator API). /metrics takes no token:
-// the listener is loopback-only, as Prometheus scrapes expect.
-func withMetrics(next, m http.Handler) http.Handler {
+// withMetrics serves GET /metrics with m, GET /livez and GET /readyz
+// (naming what is failing) with h, on the operator listener, and
+// everything else with next (the operator API). They take no token: the
+// listener is loopback-only, as Prometheus scrapes and probes expect.
+func withMetrics(next, m http.Handler, h *health) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m)
+	mux.HandleFunc("GET /livez", livez)
+	mux.HandleFunc("GET /readyz", h.readyz)
 	mux.Handle("/", next)
 	return mux
 }

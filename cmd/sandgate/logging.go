@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// newLogger returns the process's logger on stderr: format "json" (the
+// default) or "text", at level. A duration attribute is written in
+// milliseconds with the unit in its key: "duration" becomes
+// "duration_ms": 12.5.
+func newLogger(level, format string) (*slog.Logger, error) {
+	return newLoggerTo(os.Stderr, level, format)
+}
+
+func newLoggerTo(w io.Writer, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: %w", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: l, ReplaceAttr: millis}
+	switch format {
+	case "", "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("log format %q: want json or text", format)
+}
+
+// millis writes durations as milliseconds, the unit in the key.
+func millis(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.Float64(a.Key+"_ms", float64(a.Value.Duration())/float64(time.Millisecond))
+	}
+	return a
+}
+
+// redisLogger routes go-redis's own log lines (pool and reconnect
+// messages) into the process's structured log, instead of plain text on
+// stderr.
+type redisLogger struct{ log *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	msg := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
+	r.log.WarnContext(ctx, "redis client", slog.String("detail", msg))
+}
+
+// routeRedisLogs makes go-redis log through log. go-redis has one logger
+// per process.
+func routeRedisLogs(log *slog.Logger) {
+	redis.SetLogger(redisLogger{log: log.With("component", "redis")})
+}
