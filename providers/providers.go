@@ -142,6 +142,10 @@ type SnapshotSpec struct {
 	InstanceID string
 	// Dir is the absolute directory to store. Never log it.
 	Dir string
+	// ExpiresAt is when the broker deletes the snapshot (its TTL); a
+	// vendor with its own snapshot expiry deletes the contents then, even
+	// without any broker process. Zero means no expiry was given.
+	ExpiresAt time.Time
 }
 
 // SnapshotRef names stored snapshot contents.
