@@ -57,7 +57,7 @@ func wrap(execID string, timeout time.Duration, argv []string) []string {
 // sandgate-exec-$1. Its own arguments never hold the whole marker.
 const killScript = `for p in /proc/[0-9]*; do
 	case " $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)" in
-	*" ` + execMarker + `$1 "*) n=${p#/proc/}; kill -KILL -- "-$n" "$n" 2>/dev/null ;;
+	*" ` + execMarker + `$1 "*) n=${p#/proc/}; kill -9 "-$n" "$n" 2>/dev/null ;;
 	esac
 done
 exit 0
