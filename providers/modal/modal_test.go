@@ -3,11 +3,11 @@ package modal_test
 import (
 	"testing"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/modal"
 	"github.com/sandgate/sandgate/providers/modal/modaltest"
 	"github.com/sandgate/sandgate/providers/providertest"
-	"github.com/sandgate/sandgate"
 )
 
 const (
