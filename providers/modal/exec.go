@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/execfile"
 	"github.com/sandgate/sandgate/providers/modal/proto/routerpb"
@@ -89,7 +88,7 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 	if err != nil {
 		return providers.ExecResult{}, err
 	}
-	p.log.Debug("exec finished", sandgate.WorkspaceAttr(sb.Labels[providers.LabelWorkspace]),
+	p.log.Debug("exec finished",
 		"argc", len(spec.Argv), "stdin_bytes", len(spec.Stdin), "exit_code", res.ExitCode,
 		"stdout_bytes", res.StdoutBytes, "stderr_bytes", res.StderrBytes,
 		"timed_out", res.TimedOut, "duration", time.Since(start))

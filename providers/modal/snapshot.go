@@ -100,7 +100,7 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 		// An image stored anyway is deleted by Modal at its TTL.
 		return providers.SnapshotRef{}, p.routerError(ctx, r, "snapshot", err)
 	}
-	p.log.Info("snapshot stored", sandgate.WorkspaceAttr(sb.Labels[providers.LabelWorkspace]), sandgate.SnapshotAttr(spec.ID),
+	p.log.Info("snapshot stored", sandgate.SnapshotAttr(spec.ID),
 		"ttl_seconds", ttl, "duration", time.Since(start))
 	return providers.SnapshotRef{ID: spec.ID, Ref: resp.GetImageId()}, nil
 }

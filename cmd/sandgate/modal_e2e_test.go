@@ -1,0 +1,144 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/modal/modaltest"
+	"github.com/sandgate/sandgate/providers/modal/proto/clientpb"
+)
+
+// Credentials of the fake Modal; the secret is planted for the log scans.
+const (
+	modalTokenID     = "ak-e2e-modal-id"
+	modalTokenSecret = "as-e2e-modal-secret-PLANTED"
+)
+
+// startModal runs a fake Modal server in the test process and returns the
+// environment a broker needs to use it: the variables Modal's SDKs read,
+// and SSL_CERT_FILE naming the fake's CA.
+func startModal(t testing.TB) (*modaltest.Server, []string) {
+	t.Helper()
+	fake, err := modaltest.Start(t.Context(), modaltest.Config{TokenID: modalTokenID, TokenSecret: modalTokenSecret, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatalf("modaltest.Start: %v", err)
+	}
+	t.Cleanup(fake.Close)
+	return fake, []string{
+		"MODAL_SERVER_URL=" + fake.URL,
+		"MODAL_TOKEN_ID=" + modalTokenID,
+		"MODAL_TOKEN_SECRET=" + modalTokenSecret,
+		"SSL_CERT_FILE=" + fake.CAFile,
+	}
+}
+
+// readmeBlock returns the first ```sh block of README.md after heading.
+func readmeBlock(t testing.TB, heading string) string {
+	t.Helper()
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatalf("README.md: %v", err)
+	}
+	_, section, ok := strings.Cut(string(readme), heading)
+	if !ok {
+		t.Fatalf("README.md has no %q", heading)
+	}
+	_, block, _ := strings.Cut(section, "```sh\n")
+	block, _, _ = strings.Cut(block, "```")
+	return block
+}
+
+// TestModalWalkthrough runs the README's curl walk-through verbatim, with
+// its snapshot, warm start and durable command block before the release,
+// against `sandgate dev --provider modal` pointed at a fake Modal over TLS
+// (MODAL_SERVER_URL, the token variables and SSL_CERT_FILE), with the real
+// binaries and curl. Then it checks what Modal saw and scans the broker's
+// output for the credentials.
+func TestModalWalkthrough(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []string{"bash", "curl", "sed", "date"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("the walk-through needs %s: %v", tool, err)
+		}
+	}
+	fake, env := startModal(t)
+	d := startDevWith(t, env, "--provider", "modal")
+
+	walk := readmeBlock(t, "## Walk-through with curl")
+	before, release, ok := strings.Cut(walk, "# 5. Release it")
+	if !ok {
+		t.Fatal("the README's walk-through has no step 5")
+	}
+	script := "set -euo pipefail\n" + before + readmeBlock(t, "### Snapshots and durable commands") + "\n# 5. Release it" + release
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir = d.workDir
+	cmd.Env = cleanEnv()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("walk-through: %v\nstdout:\n%s\nstderr:\n%s\nbroker:\n%s", err, stdout.String(), stderr.String(), d.Logs())
+	}
+	out := stdout.String()
+	for _, want := range []string{
+		`"admission":{"state":"open"}`,
+		"workspace: ws_",
+		`"stdout_b64":"aGkK"`,
+		`"contents_b64":"aGVsbG8K"`,
+		`"state":"running"`, // the warm start
+		`"state":"terminated"`,
+		`"termination_reason":"released"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("walk-through output lacks %s", want)
+		}
+	}
+	if n := strings.Count(out, `"workspace_id":"ws_`); n < 2 {
+		t.Errorf("walk-through output has %d workspace ids; want the warm start and the release", n)
+	}
+	if t.Failed() {
+		t.Logf("walk-through output:\n%s\nstderr:\n%s", out, stderr.String())
+	}
+
+	// What Modal saw: sandboxes tagged with the broker's ids only, with
+	// limits equal to requests and no public egress.
+	sbs := fake.Sandboxes()
+	if len(sbs) < 2 {
+		t.Fatalf("Modal saw %d sandboxes; want the workspace and the warm start", len(sbs))
+	}
+	for _, sb := range sbs {
+		tags := map[string]string{}
+		for _, tg := range sb.Request.GetTags() {
+			tags[tg.GetTagName()] = tg.GetTagValue()
+		}
+		if len(tags) != 3 || tags[providers.LabelBroker] != "sandgate-dev" || !strings.HasPrefix(tags[providers.LabelWorkspace], "ws_") ||
+			!strings.HasPrefix(tags[providers.LabelInstance], "inst_") {
+			t.Errorf("sandbox %s tags = %v; want the broker, instance and workspace ids only", sb.ID, tags)
+		}
+		def := sb.Request.GetDefinition()
+		r := def.GetResources()
+		if r.GetMilliCpu() == 0 || r.GetMilliCpu() != r.GetMilliCpuMax() || r.GetMemoryMb() != r.GetMemoryMbMax() {
+			t.Errorf("sandbox %s resources = %v; want limits equal to requests", sb.ID, r)
+		}
+		if na := def.GetNetworkAccess(); na.GetNetworkAccessType() != clientpb.NetworkAccess_ALLOWLIST || len(na.GetAllowedDomains()) != 0 {
+			t.Errorf("sandbox %s network = %v; want an empty allowlist", sb.ID, na)
+		}
+		if def.GetTimeoutSecs() == 0 || def.IdleTimeoutSecs == nil {
+			t.Errorf("sandbox %s: timeout %d, idle %v; want both vendor-side", sb.ID, def.GetTimeoutSecs(), def.IdleTimeoutSecs)
+		}
+	}
+
+	d.stop()
+	logs := d.Logs()
+	for what, secret := range map[string]string{"the Modal token secret": modalTokenSecret, "the Modal token id": modalTokenID} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("the broker's output contains %s", what)
+		}
+	}
+}
