@@ -25,10 +25,27 @@ import (
 // log level is debug, so the most talkative lines are covered too.
 func TestNoSecretsInLogs(t *testing.T) {
 	t.Parallel()
+	testNoSecretsInLogs(t, serveOptions{LogLevel: "debug"}, nil, nil)
+}
+
+// TestNoSecretsInLogsModal is TestNoSecretsInLogs with the instance on
+// the Modal provider (against the fake Modal): the Modal credentials are
+// planted secrets too.
+func TestNoSecretsInLogsModal(t *testing.T) {
+	t.Parallel()
+	fake, env := startModal(t)
+	o := serveOptions{LogLevel: "debug", Providers: "providers:\n  - {name: local, kind: local}\n  - {name: modal, kind: modal}\ndefault_provider: modal"}
+	testNoSecretsInLogs(t, o, env, map[string]string{"the Modal token secret": modalTokenSecret, "the Modal token id": modalTokenID})
+	if len(fake.Sandboxes()) == 0 {
+		t.Error("the session ran no sandbox on Modal")
+	}
+}
+
+func testNoSecretsInLogs(t *testing.T, o serveOptions, env []string, more map[string]string) {
 	ctx := context.Background()
 	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{LogLevel: "debug"})
-	s := startServe(t, cfg)
+	cfg := newServeConfig(t, rs.Addr, o)
+	s := startServeEnv(t, cfg, env...)
 	adm := s.Admin(t)
 	inst := createInstance(t, adm, createAccount(t, adm, "e2e-logscan"), 2)
 	tok := issueToken(t, adm, inst)
@@ -160,6 +177,9 @@ func TestNoSecretsInLogs(t *testing.T) {
 		"the random part of any secret":  rnd,
 		"the operator token (token_env)": cfg.AdminToken,
 		"the operator token (sha256)":    cfg.OpToken,
+	}
+	for what, secret := range more {
+		secrets[what] = secret
 	}
 	for what, secret := range secrets {
 		if i := strings.Index(logs, secret); i >= 0 {
