@@ -34,7 +34,7 @@ func TestNoSecretsInLogs(t *testing.T) {
 func TestNoSecretsInLogsModal(t *testing.T) {
 	t.Parallel()
 	fake, env := startModal(t)
-	o := serveOptions{LogLevel: "debug", Providers: "providers:\n  - {name: local, kind: local}\n  - {name: modal, kind: modal}\ndefault_provider: modal"}
+	o := serveOptions{LogLevel: "debug", Providers: modalServe}
 	testNoSecretsInLogs(t, o, env, map[string]string{"the Modal token secret": modalTokenSecret, "the Modal token id": modalTokenID})
 	if len(fake.Sandboxes()) == 0 {
 		t.Error("the session ran no sandbox on Modal")

@@ -4,13 +4,19 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/modal"
 	"github.com/sandgate/sandgate/providers/modal/modaltest"
 	"github.com/sandgate/sandgate/providers/modal/proto/clientpb"
 )
@@ -139,6 +145,63 @@ func TestModalWalkthrough(t *testing.T) {
 	for what, secret := range map[string]string{"the Modal token secret": modalTokenSecret, "the Modal token id": modalTokenID} {
 		if strings.Contains(logs, secret) {
 			t.Errorf("the broker's output contains %s", what)
+		}
+	}
+}
+
+// modalServe is the providers block of a serve config with the Modal
+// provider as the default.
+const modalServe = "providers:\n  - {name: local, kind: local}\n  - {name: modal, kind: modal}\ndefault_provider: modal"
+
+// TestModalOrphanSweep: a sandbox created on Modal straight through the
+// provider, with this broker's tags and no record, is terminated by the
+// running gateway's reaper (found by SandboxList with the broker's tag);
+// another broker's sandbox is left alone.
+func TestModalOrphanSweep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fake, env := startModal(t)
+	rs := startRedis(t)
+	cfg := newServeConfig(t, rs.Addr, serveOptions{Providers: modalServe})
+	gw := startServeEnv(t, cfg, env...)
+	_, inst, _ := obligationsInstance(t, gw, "e2e-modal-orphans", 1, time.Hour)
+
+	newProv := func(broker string) *modal.Provider {
+		p, err := modal.New(ctx, modal.Config{ServerURL: fake.URL, TokenID: modalTokenID, TokenSecret: modalTokenSecret, RootCAs: fake.CertPool},
+			providers.Env{BrokerID: broker})
+		if err != nil {
+			t.Fatalf("modal.New: %v", err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+	create := func(p *modal.Provider, inst string) (string, string) {
+		id := sandgate.NewID(sandgate.PrefixWorkspace)
+		sb, err := p.Create(ctx, providers.CreateSpec{WorkspaceID: id, InstanceID: inst, Size: modal.Sizes[0],
+			Egress: sandgate.EgressPolicy{AllowedDomains: []string{}}, ExpiresAt: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatalf("provider create: %v", err)
+		}
+		return id, sb.Ref
+	}
+	foreign, foreignRef := create(newProv("another-broker"), inst)
+	ours := newProv("sandgate-e2e")
+	orphan, orphanRef := create(ours, inst)
+	waitFor(t, "orphan "+orphan+" to be terminated and logged", func() (bool, error) {
+		logged := false
+		for _, l := range logLines(gw.Logs(), "reaper terminated an orphan") {
+			logged = logged || l[sandgate.KeyWorkspaceID] == orphan
+		}
+		for _, sb := range fake.Sandboxes() {
+			if sb.ID == orphanRef {
+				return logged && sb.Result != nil, fmt.Errorf("logged %v, result %v", logged, sb.Result)
+			}
+		}
+		return false, errors.New("no such sandbox")
+	})
+	for _, sb := range fake.Sandboxes() {
+		if sb.ID == foreignRef && sb.Result != nil {
+			t.Errorf("another broker's sandbox (workspace %s) was ended: %v", foreign, sb.Result)
 		}
 	}
 }
