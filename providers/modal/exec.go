@@ -118,6 +118,12 @@ func (p *Provider) exec(ctx context.Context, r *router, spec providers.ExecSpec)
 		return err
 	})
 	if err != nil {
+		if ctx.Err() != nil {
+			// Canceled in flight: the start may have been dispatched.
+			kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killWait)
+			p.kill(kctx, r, execID)
+			cancel()
+		}
 		return providers.ExecResult{}, p.routerError(ctx, r, "exec: start", err)
 	}
 

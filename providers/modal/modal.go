@@ -119,7 +119,9 @@ type Provider struct {
 	appID   string
 	images  map[string]string  // registry tag → image id
 	routers map[string]*router // sandbox id → its task's command router
-	imageMu sync.Mutex         // one image resolution at a time
+	// routerConns are the connections to router hosts, by dial target.
+	routerConns map[string]*grpc.ClientConn
+	imageMu     sync.Mutex // one image resolution at a time
 }
 
 // Open opens a Modal provider from its config block and the environment
@@ -191,6 +193,8 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		clock:    env.Clock,
 		images:   map[string]string{},
 		routers:  map[string]*router{},
+
+		routerConns: map[string]*grpc.ClientConn{},
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -252,11 +256,11 @@ func (p *Provider) Capabilities() providers.Capabilities {
 // them at their timeouts.
 func (p *Provider) Close() error {
 	p.mu.Lock()
-	routers := p.routers
-	p.routers = map[string]*router{}
+	conns := p.routerConns
+	p.routers, p.routerConns = map[string]*router{}, map[string]*grpc.ClientConn{}
 	p.mu.Unlock()
-	for _, r := range routers {
-		r.close()
+	for _, c := range conns {
+		c.Close()
 	}
 	return p.conn.Close()
 }

@@ -34,7 +34,7 @@ const (
 )
 
 // router is the command router of one sandbox's task: its URL, JWT and
-// connection.
+// connection. Routers of one URL (one worker host) share a connection.
 type router struct {
 	sandboxID, taskID string
 	url               string
@@ -45,8 +45,6 @@ type router struct {
 	jwt string
 	exp time.Time
 }
-
-func (r *router) close() { r.conn.Close() }
 
 // authed returns ctx with the router's bearer JWT, the only metadata a
 // router call carries.
@@ -77,7 +75,6 @@ func (p *Provider) router(ctx context.Context, id string) (*router, error) {
 	p.mu.Lock()
 	if old, ok := p.routers[id]; ok {
 		p.mu.Unlock()
-		r.close()
 		return old, nil
 	}
 	p.routers[id] = r
@@ -88,12 +85,8 @@ func (p *Provider) router(ctx context.Context, id string) (*router, error) {
 // forget drops the cached router of sandbox id.
 func (p *Provider) forget(id string) {
 	p.mu.Lock()
-	r, ok := p.routers[id]
 	delete(p.routers, id)
 	p.mu.Unlock()
-	if ok {
-		r.close()
-	}
 }
 
 // taskID polls SandboxGetTaskId every 500 ms, up to 600 times, until the
@@ -133,7 +126,7 @@ func (p *Provider) connectRouter(ctx context.Context, sandboxID, taskID string) 
 	if err != nil {
 		return nil, err
 	}
-	conn, err := p.dial(target, true, false)
+	conn, err := p.routerConn(target)
 	if err != nil {
 		return nil, fmt.Errorf("modal: router: %w", err)
 	}
@@ -148,13 +141,28 @@ func (p *Provider) connectRouter(ctx context.Context, sandboxID, taskID string) 
 			return r, nil
 		}
 		if !conn.WaitForStateChange(rctx, s) {
-			conn.Close()
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
 			return nil, errors.New("modal: the sandbox's command router did not accept a connection within 5 minutes")
 		}
 	}
+}
+
+// routerConn returns the shared connection to a router host, dialling it
+// once per process.
+func (p *Provider) routerConn(target string) (*grpc.ClientConn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c, ok := p.routerConns[target]; ok {
+		return c, nil
+	}
+	c, err := p.dial(target, true, false)
+	if err != nil {
+		return nil, err
+	}
+	p.routerConns[target] = c
+	return c, nil
 }
 
 // routerAccess calls TaskGetCommandRouterAccess.
