@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/modal"
 	"github.com/sandgate/sandgate/providers/modal/modaltest"
@@ -204,4 +205,49 @@ func TestModalOrphanSweep(t *testing.T) {
 			t.Errorf("another broker's sandbox (workspace %s) was ended: %v", foreign, sb.Result)
 		}
 	}
+}
+
+// TestModalLifetimeEndsWithoutGateways: a workspace with a 5-second
+// lifetime on Modal ends at expires_at with every gateway process stopped,
+// by Modal itself (its sandbox timeout), background processes included;
+// a gateway started afterwards records it expired.
+func TestModalLifetimeEndsWithoutGateways(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fake, env := startModal(t)
+	rs := startRedis(t)
+	cfg := newServeConfig(t, rs.Addr, serveOptions{Providers: modalServe})
+	gw := startServeEnv(t, cfg, env...)
+	acct, _, tok := obligationsInstance(t, gw, "e2e-modal-lifetime", 1, 5*time.Second)
+	c := gw.Client(t, tok)
+	ws := acquire(t, c, "modal-lifetime-1")
+	if _, err := c.Exec(ctx, ws.WorkspaceID, protocol.ExecRequest{Argv: []string{"sh", "-c", "sleep 600 >/dev/null 2>&1 &"}}); err != nil {
+		t.Fatalf("Exec: %v", err)
+	}
+	expires, err := time.Parse(time.RFC3339, ws.ExpiresAt)
+	if err != nil {
+		t.Fatalf("expires_at %q: %v", ws.ExpiresAt, err)
+	}
+	gw.kill()
+
+	var ended *modaltest.Sandbox
+	waitFor(t, "Modal to end the sandbox with no gateway running", func() (bool, error) {
+		for _, sb := range fake.Sandboxes() {
+			if sb.Result != nil {
+				ended = &sb
+				return true, nil
+			}
+		}
+		return false, errors.New("still running")
+	})
+	if ended.Result.GetStatus() != clientpb.GenericResult_GENERIC_STATUS_TIMEOUT {
+		t.Errorf("the sandbox ended %v; want Modal's TIMEOUT", ended.Result.GetStatus())
+	}
+	if late := time.Since(expires); late > 3*time.Second {
+		t.Errorf("the sandbox ended %v after expires_at; want at it", late)
+	}
+
+	gw2 := startServeEnv(t, cfg, env...)
+	waitRecordTerminated(t, rs.Client(), acct, ws.WorkspaceID)
+	waitTerminated(t, gw2.Client(t, tok), ws.WorkspaceID, "expired")
 }
