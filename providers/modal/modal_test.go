@@ -371,3 +371,28 @@ func TestSnapshotTTL(t *testing.T) {
 		t.Errorf("Restore after the TTL = %v; want ErrSnapshotGone", err)
 	}
 }
+
+// TestThrottle: a call Modal throttles (an RPCRetryPolicy detail) waits
+// the delay asked and is sent again, counting its throttle attempts.
+func TestThrottle(t *testing.T) {
+	fake := startFake(t, modaltest.Config{})
+	p := newProvider(t, fake, "sandgate-throttle")
+	const list = "/modal.client.ModalClient/SandboxList"
+	if _, err := p.List(t.Context()); err != nil { // the App exists from here on
+		t.Fatalf("List: %v", err)
+	}
+	before := len(fake.Calls(list))
+	fake.Throttle(list, 200*time.Millisecond, 2)
+	start := time.Now()
+	if _, err := p.List(t.Context()); err != nil {
+		t.Fatalf("List throttled twice: %v", err)
+	}
+	if d := time.Since(start); d < 400*time.Millisecond {
+		t.Errorf("List returned after %v; want the 2 × 200 ms asked", d)
+	}
+	calls := fake.Calls(list)[before:]
+	if len(calls) < 3 || len(calls[0].Get("x-throttle-retry-attempt")) != 0 ||
+		!slices.Equal(calls[1].Get("x-throttle-retry-attempt"), []string{"1"}) || !slices.Equal(calls[2].Get("x-throttle-retry-attempt"), []string{"2"}) {
+		t.Errorf("throttle attempts %v; want none, 1, 2", calls)
+	}
+}

@@ -92,7 +92,7 @@ type Server struct {
 	sandboxes map[string]*sandbox
 	tasks     map[string]*sandbox
 	snapIDs   map[string]string // TaskSnapshotDirectory snapshot_id → image id
-	faults    map[string][]codes.Code
+	faults    map[string][]fault
 	calls     map[string][]metadata.MD
 	lastTime  time.Time
 }
@@ -148,7 +148,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		CAFile: caFile, CertPool: pool, cfg: cfg, log: log, local: lp, key: key, ctx: sctx, stop: stop,
 		apps: map[string]string{}, appNames: map[string]string{}, images: map[string]*image{},
 		secrets: map[string]map[string]string{}, sandboxes: map[string]*sandbox{}, tasks: map[string]*sandbox{},
-		snapIDs: map[string]string{}, faults: map[string][]codes.Code{}, calls: map[string][]metadata.MD{},
+		snapIDs: map[string]string{}, faults: map[string][]fault{}, calls: map[string][]metadata.MD{},
 	}
 	creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	opts := []grpc.ServerOption{
@@ -241,7 +241,23 @@ func (s *Server) Fail(method string, code codes.Code, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for range n {
-		s.faults[method] = append(s.faults[method], code)
+		s.faults[method] = append(s.faults[method], fault{code: code})
+	}
+}
+
+// fault is an injected failure.
+type fault struct {
+	code       codes.Code
+	retryAfter time.Duration // > 0: with an RPCRetryPolicy detail
+}
+
+// Throttle makes the next n calls of method fail with RESOURCE_EXHAUSTED
+// and a modal.client.RPCRetryPolicy detail asking for a delay of after.
+func (s *Server) Throttle(method string, after time.Duration, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.faults[method] = append(s.faults[method], fault{code: codes.ResourceExhausted, retryAfter: after})
 	}
 }
 
@@ -288,11 +304,18 @@ func (s *Server) fault(method string, md metadata.MD) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls[method] = append(s.calls[method], md.Copy())
-	if f := s.faults[method]; len(f) > 0 {
-		s.faults[method] = f[1:]
-		return status.Error(f[0], "modaltest: injected failure")
+	f := s.faults[method]
+	if len(f) == 0 {
+		return nil
 	}
-	return nil
+	s.faults[method] = f[1:]
+	st := status.New(f[0].code, "modaltest: injected failure")
+	if f[0].retryAfter > 0 {
+		if d, err := st.WithDetails(&clientpb.RPCRetryPolicy{RetryAfterSecs: float32(f[0].retryAfter.Seconds())}); err == nil {
+			st = d
+		}
+	}
+	return st.Err()
 }
 
 // checkControl enforces the control plane's metadata: the token id and
