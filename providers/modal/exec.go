@@ -29,10 +29,10 @@ const (
 	waitRetry = time.Second
 	// execGrace is how long past its timeout the broker waits for Modal
 	// to report a command's end before it kills the command itself.
-	execGrace = 30 * time.Second
+	execGrace = 10 * time.Second
 	// drainWait bounds reading the rest of the output once the command
-	// has ended.
-	drainWait = 30 * time.Second
+	// has ended (a background child may hold the output open).
+	drainWait = 5 * time.Second
 	killWait  = 30 * time.Second
 )
 

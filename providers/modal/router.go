@@ -94,7 +94,11 @@ func (p *Provider) forget(id string) {
 // and polls anyway, so it works whether or not the server long-polls.
 func (p *Provider) taskID(ctx context.Context, id string) (string, error) {
 	timeout := float32(10)
+	deadline := time.Now().Add(taskPolls * taskPoll)
 	for range taskPolls {
+		if time.Now().After(deadline) {
+			break
+		}
 		cctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 		resp, err := p.client.SandboxGetTaskId(cctx, &clientpb.SandboxGetTaskIdRequest{SandboxId: id, Timeout: &timeout}, retryable)
 		cancel()
