@@ -238,13 +238,14 @@ func parseServerURL(raw string) (target string, secure bool, err error) {
 // Capabilities implements providers.Provider: Modal filters egress by
 // domain itself, ends each sandbox at its timeout and idle timeout with no
 // broker alive, and stores directory snapshots; durable commands run
-// through package runner.
+// through package runner, with a watcher exec each (commands.go).
 func (p *Provider) Capabilities() providers.Capabilities {
 	return providers.Capabilities{
 		Egress:         providers.EgressNative,
 		VendorLifetime: true,
 		VendorIdle:     true,
 		Snapshots:      true,
+		NativeCommands: true,
 		Sizes:          Sizes,
 		Images:         p.cfg.Images,
 		DefaultImage:   p.cfg.DefaultImage,

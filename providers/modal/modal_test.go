@@ -396,3 +396,25 @@ func TestThrottle(t *testing.T) {
 		t.Errorf("throttle attempts %v; want none, 1, 2", calls)
 	}
 }
+
+// TestDurableCommandKeepsSandbox: a durable command running longer than
+// the idle timeout, with nobody reading it, keeps Modal from ending the
+// sandbox as idle (its watcher is a running exec).
+func TestDurableCommandKeepsSandbox(t *testing.T) {
+	fake := startFake(t, modaltest.Config{})
+	p := newProvider(t, fake, "sandgate-durable")
+	sp := spec(t, "small", time.Hour)
+	sp.IdleTimeout = 2 * time.Second
+	sb := providertest.Create(t, p, sp)
+	if err := p.StartCommand(t.Context(), sb, "long", providers.ExecSpec{Argv: []string{"sleep", "5"}, Timeout: time.Minute}); err != nil {
+		t.Fatalf("StartCommand: %v", err)
+	}
+	time.Sleep(4 * time.Second)
+	if r := fakeSandbox(t, fake, sb.Ref).Result; r != nil {
+		t.Fatalf("the sandbox ended %v while its command ran", r)
+	}
+	st := providertest.WaitCommand(t, p, sb, "long", 10)
+	if st.State != providers.CommandCompleted || st.ExitCode != 0 {
+		t.Errorf("command = %q exit %d; want completed 0", st.State, st.ExitCode)
+	}
+}
