@@ -121,7 +121,7 @@ type Provider struct {
 	routers map[string]*router // sandbox id → its task's command router
 	// routerConns are the connections to router hosts, by dial target.
 	routerConns map[string]*grpc.ClientConn
-	imageMu     sync.Mutex // one image resolution at a time
+	imageMu     map[string]*sync.Mutex // per tag: one resolution at a time
 }
 
 // Open opens a Modal provider from its config block and the environment
@@ -193,6 +193,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		clock:    env.Clock,
 		images:   map[string]string{},
 		routers:  map[string]*router{},
+		imageMu:  map[string]*sync.Mutex{},
 
 		routerConns: map[string]*grpc.ClientConn{},
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -46,8 +47,15 @@ func (p *Provider) app(ctx context.Context) (string, error) {
 // image returns the image id of a registry tag, built or looked up once
 // per process and cached by tag.
 func (p *Provider) image(ctx context.Context, appID, tag string) (string, error) {
-	p.imageMu.Lock()
-	defer p.imageMu.Unlock()
+	p.mu.Lock()
+	l, ok := p.imageMu[tag]
+	if !ok {
+		l = &sync.Mutex{}
+		p.imageMu[tag] = l
+	}
+	p.mu.Unlock()
+	l.Lock()
+	defer l.Unlock()
 	p.mu.Lock()
 	id, ok := p.images[tag]
 	p.mu.Unlock()
