@@ -251,3 +251,60 @@ func TestModalLifetimeEndsWithoutGateways(t *testing.T) {
 	waitRecordTerminated(t, rs.Client(), acct, ws.WorkspaceID)
 	waitTerminated(t, gw2.Client(t, tok), ws.WorkspaceID, "expired")
 }
+
+// TestModalUnconfirmedCreate: a gateway SIGKILLed after Modal created the
+// sandbox and before the record was confirmed leaves a starting record and
+// a running sandbox; a gateway started afterwards finds the sandbox by its
+// tags, ends it on Modal and records the workspace failed.
+func TestModalUnconfirmedCreate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fake, env := startModal(t)
+	rs := startRedis(t)
+	cfg := newServeConfig(t, rs.Addr, serveOptions{Providers: modalServe})
+	appendConfig(t, cfg, "admission:\n  pending_timeout: 3s\n")
+	pause := t.TempDir()
+	gwA := startServeEnv(t, cfg, append(env, "SANDGATE_TEST_PAUSE_AFTER_CREATE="+pause)...)
+	_, _, tok := obligationsInstance(t, gwA, "e2e-modal-unknown-create", 1, time.Hour)
+
+	acqCtx, cancelAcq := context.WithCancel(ctx)
+	defer cancelAcq()
+	acqDone := make(chan error, 1)
+	go func() {
+		_, _, err := gwA.Client(t, tok).Acquire(acqCtx, "modal-unknown-create", protocol.AcquireRequest{Label: "e2e", Egress: noEgress()})
+		acqDone <- err
+	}()
+	var id string
+	waitFor(t, "the acquire to pause after the provider create", func() (bool, error) {
+		entries, err := os.ReadDir(pause)
+		if err != nil || len(entries) == 0 {
+			return false, err
+		}
+		id = entries[0].Name()
+		return true, nil
+	})
+	gwA.kill()
+	<-acqDone
+	ref := ""
+	for _, sb := range fake.Sandboxes() {
+		for _, tg := range sb.Request.GetTags() {
+			if tg.GetTagName() == providers.LabelWorkspace && tg.GetTagValue() == id && sb.Result == nil {
+				ref = sb.ID
+			}
+		}
+	}
+	if ref == "" {
+		t.Fatalf("Modal runs no sandbox tagged with workspace %s", id)
+	}
+
+	gwB := startServeEnv(t, cfg, env...)
+	waitTerminated(t, gwB.Client(t, tok), id, "failed")
+	waitFor(t, "Modal to end the sandbox", func() (bool, error) {
+		for _, sb := range fake.Sandboxes() {
+			if sb.ID == ref {
+				return sb.Result != nil, errors.New("still running")
+			}
+		}
+		return false, errors.New("no such sandbox")
+	})
+}
