@@ -4,7 +4,7 @@
 GO ?= go
 APT_PACKAGES := redis-server bubblewrap protobuf-compiler e2fsprogs util-linux mount
 
-.PHONY: test deps vet bench
+.PHONY: test deps vet bench generate
 
 deps:
 	@missing=""; \
@@ -33,3 +33,12 @@ test: deps vet
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem ./gateway/ ./store/
+
+# Regenerate the Modal provider's gRPC code with the pinned generators
+# (providers/modal/proto/README.md); protoc comes from deps.
+PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+
+generate: deps
+	GOFLAGS= $(GO) install $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) generate ./providers/modal/proto/

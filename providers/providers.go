@@ -171,6 +171,10 @@ type SnapshotSpec struct {
 	// nothing, so that an oversized snapshot never fills the disk first. A
 	// provider may ignore it; the broker checks SnapshotRef.Bytes anyway.
 	MaxBytes int64
+	// ExpiresAt is when the broker deletes the snapshot (its TTL); a
+	// vendor with its own snapshot expiry deletes the contents then, even
+	// without any broker process. Zero means no expiry was given.
+	ExpiresAt time.Time
 }
 
 // SnapshotRef names stored snapshot contents.

@@ -125,7 +125,7 @@ func (s *Saga) CreateSnapshot(ctx context.Context, in sandgate.Instance, w sandg
 	// The key and the slot are held: finish even if the client goes away.
 	ctx = context.WithoutCancel(ctx)
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.SnapshotTimeout)
-	ref, err := p.Snapshot(sctx, providers.Sandbox{Ref: w.ProviderRef}, providers.SnapshotSpec{ID: snap.ID, InstanceID: w.InstanceID, Dir: req.Dir, MaxBytes: room})
+	ref, err := p.Snapshot(sctx, providers.Sandbox{Ref: w.ProviderRef}, providers.SnapshotSpec{ID: snap.ID, InstanceID: w.InstanceID, Dir: req.Dir, MaxBytes: room, ExpiresAt: snap.ExpiresAt})
 	cancel()
 	if err != nil {
 		// The provider stored nothing: free the key and the slot, so a

@@ -70,7 +70,9 @@ func TestServeRefusesBadProviders(t *testing.T) {
 		name, providers string
 		want            []string
 	}{
-		{"unknown kind", "  - {name: m1, kind: modal}\n", []string{`"m1"`, `"modal"`, "local"}},
+		{"unknown kind", "  - {name: f1, kind: fly-machines}\n", []string{`"f1"`, `"fly-machines"`, "local, modal"}},
+		{"modal without its token", "  - {name: m1, kind: modal}\n", []string{`"m1"`, "MODAL_TOKEN_ID"}},
+		{"unknown modal setting", "  - {name: m2, kind: modal, token: x}\n", []string{`"m2"`, "token"}},
 		{"unknown setting", "  - {name: l2, kind: local, bwrap: /x}\n", []string{`"l2"`, "bwrap"}},
 	}
 	for _, tt := range tests {
@@ -85,7 +87,7 @@ func TestServeRefusesBadProviders(t *testing.T) {
 			if err != nil {
 				t.Fatalf("loadConfig: %v", err)
 			}
-			b := &broker{cfg: cfg, log: discardLogger()}
+			b := &broker{cfg: cfg, log: discardLogger(), getenv: func(string) string { return "" }}
 			err = b.run(t.Context())
 			if err == nil {
 				t.Fatal("run succeeded; want a startup error")

@@ -388,10 +388,17 @@ var devEnvKeys = []string{"BROKER_URL", "BROKER_CA", "BROKER_TOKEN", "SANDGATE_A
 // until dev.env is complete and GET /v1/lease answers 200.
 func startDev(t testing.TB) *devBroker {
 	t.Helper()
+	return startDevWith(t, nil)
+}
+
+// startDevWith is startDev with extra environment variables and flags
+// (for example a vendor's variables and --provider).
+func startDevWith(t testing.TB, env []string, flags ...string) *devBroker {
+	t.Helper()
 	work := t.TempDir()
 	d := &devBroker{workDir: work, dataDir: filepath.Join(work, ".sandgate")}
-	d.process = startProcess(t, "sandgate dev", work, nil,
-		"dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", ".sandgate")
+	args := append([]string{"dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", ".sandgate"}, flags...)
+	d.process = startProcess(t, "sandgate dev", work, env, args...)
 	envPath := filepath.Join(d.dataDir, "dev.env")
 	waitFor(t, "dev.env", func() (bool, error) {
 		if d.exited() {
@@ -483,6 +490,9 @@ type serveConfig struct {
 // noted beside each.
 type serveOptions struct {
 	LogLevel string // "" means info
+	// Providers replaces the config's provider block (YAML); "" means
+	// the local provider alone.
+	Providers string
 }
 
 const adminTokenEnv = "SANDGATE_E2E_ADMIN_TOKEN"
@@ -507,6 +517,10 @@ func newServeConfig(t testing.TB, redisAddr string, o serveOptions) *serveConfig
 	if level == "" {
 		level = "info"
 	}
+	provs := o.Providers
+	if provs == "" {
+		provs = "provider:\n  name: local"
+	}
 	yaml := fmt.Sprintf(`# sandgate serve, written by the e2e tests
 listen: "127.0.0.1:0"
 admin_listen: "127.0.0.1:0"
@@ -517,8 +531,7 @@ tls:
   key_file: %q
 redis:
   addr: %q
-provider:
-  name: local
+%s
 operators:
   - name: e2e-admin
     role: admin
@@ -537,7 +550,7 @@ defaults:
     idle_timeout: 15m
 log:
   level: %s
-`, c.DataDir, c.PKI.CertPath, c.PKI.KeyPath, redisAddr, adminTokenEnv, hex.EncodeToString(opHash[:]), level)
+`, c.DataDir, c.PKI.CertPath, c.PKI.KeyPath, redisAddr, provs, adminTokenEnv, hex.EncodeToString(opHash[:]), level)
 	if err := os.WriteFile(c.Path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -27,11 +27,28 @@ import (
 // span (names, attributes, events, status, resource) is scanned too.
 func TestNoSecretsInLogs(t *testing.T) {
 	t.Parallel()
+	testNoSecretsInLogs(t, serveOptions{LogLevel: "debug"}, nil, nil)
+}
+
+// TestNoSecretsInLogsModal is TestNoSecretsInLogs with the instance on
+// the Modal provider (against the fake Modal): the Modal credentials are
+// planted secrets too.
+func TestNoSecretsInLogsModal(t *testing.T) {
+	t.Parallel()
+	fake, env := startModal(t)
+	o := serveOptions{LogLevel: "debug", Providers: modalServe}
+	testNoSecretsInLogs(t, o, env, map[string]string{"the Modal token secret": modalTokenSecret, "the Modal token id": modalTokenID})
+	if len(fake.Sandboxes()) == 0 {
+		t.Error("the session ran no sandbox on Modal")
+	}
+}
+
+func testNoSecretsInLogs(t *testing.T, o serveOptions, env []string, more map[string]string) {
 	ctx := context.Background()
 	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{LogLevel: "debug"})
+	cfg := newServeConfig(t, rs.Addr, o)
 	recv := startOTLP(t)
-	s := startServeEnv(t, cfg, recv.Env()...)
+	s := startServeEnv(t, cfg, append(env, recv.Env()...)...)
 	adm := s.Admin(t)
 	inst := createInstance(t, adm, createAccount(t, adm, "e2e-logscan"), 2)
 	tok := issueToken(t, adm, inst)
@@ -170,6 +187,9 @@ func TestNoSecretsInLogs(t *testing.T) {
 		"the random part of any secret":  rnd,
 		"the operator token (token_env)": cfg.AdminToken,
 		"the operator token (sha256)":    cfg.OpToken,
+	}
+	for what, secret := range more {
+		secrets[what] = secret
 	}
 	for what, secret := range secrets {
 		if i := strings.Index(logs, secret); i >= 0 {

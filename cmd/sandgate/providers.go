@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/modal"
 )
 
 // kinds is the one table of the provider kinds this binary runs: a kind
@@ -11,5 +12,6 @@ import (
 func kinds() providers.Registry {
 	return providers.Registry{
 		"local": local.Open,
+		"modal": modal.Open,
 	}
 }
