@@ -526,26 +526,6 @@ func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
 	return out, nil
 }
 
-// Snapshot implements providers.Provider through the blob store: Sprites
-// checkpoints restore only into the same sprite (sheet §7), and a
-// snapshot must warm-start a new one.
-func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec providers.SnapshotSpec) (providers.SnapshotRef, error) {
-	ref, err := p.snap.Snapshot(ctx, sb, spec)
-	if err != nil {
-		return providers.SnapshotRef{}, fmt.Errorf("flysprites: snapshot: %w", err)
-	}
-	return ref, nil
-}
-
-// Restore implements providers.Provider: the archive is written back into
-// sb at dir.
-func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref providers.SnapshotRef, dir string) error {
-	if err := p.snap.Restore(ctx, sb, ref, dir); err != nil {
-		return fmt.Errorf("flysprites: restore: %w", err)
-	}
-	return nil
-}
-
 // DeleteSnapshot implements providers.Provider: the blob is deleted.
 func (p *Provider) DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef) error {
 	if err := p.snap.Delete(ctx, ref); err != nil {

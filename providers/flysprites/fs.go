@@ -71,6 +71,7 @@ const (
 	kindNone kind = iota
 	kindFile
 	kindDir
+	kindBlocked // nothing there, and a parent is a file: nothing can be
 )
 
 // stat finds what is at p. sprites-go stats a file by listing its path and
@@ -79,9 +80,19 @@ const (
 // exactly that path as a file.
 func (p *Provider) stat(ctx context.Context, name, file string) (kind, fsEntry, error) {
 	l, err := p.c.fsList(ctx, name, file)
-	switch {
-	case statusOf(err) == http.StatusNotFound:
+	switch s := statusOf(err); {
+	case s == http.StatusNotFound:
 		return kindNone, fsEntry{}, p.goneOr(ctx, name, nil)
+	case s >= 400 && s < 500 && s != http.StatusUnauthorized && s != http.StatusForbidden && s != http.StatusTooManyRequests:
+		// The vendor's answer for a path below a file is not documented:
+		// look for a parent that is a file.
+		if gerr := p.goneOr(ctx, name, nil); gerr != nil {
+			return kindNone, fsEntry{}, gerr
+		}
+		if p.parentIsFile(ctx, name, file) {
+			return kindBlocked, fsEntry{}, nil
+		}
+		return kindNone, fsEntry{}, err
 	case err != nil:
 		return kindNone, fsEntry{}, err
 	}
@@ -108,7 +119,7 @@ func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, file stri
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("flysprites: read: %w", err)
-	case k == kindNone:
+	case k == kindNone || k == kindBlocked:
 		return nil, fmt.Errorf("flysprites: read: %w", providers.ErrFileNotFound)
 	case k == kindDir:
 		return nil, fmt.Errorf("flysprites: read: %w", providers.ErrNotAFile)
@@ -151,7 +162,7 @@ func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, file str
 	switch {
 	case err != nil:
 		return fmt.Errorf("flysprites: write: %w", err)
-	case k == kindDir:
+	case k == kindDir || k == kindBlocked:
 		return fmt.Errorf("flysprites: write: %w", providers.ErrNotAFile)
 	}
 	mode := "0644"
@@ -168,21 +179,27 @@ func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, file str
 		if err := p.goneOr(ctx, sb.Ref, nil); err != nil {
 			return fmt.Errorf("flysprites: write: %w", err)
 		}
-		// Which parent is not a directory? Walk up until one exists.
-		for d := path.Dir(file); d != "/"; d = path.Dir(d) {
-			k, _, serr := p.stat(ctx, sb.Ref, d)
-			if serr != nil {
-				break
-			}
-			if k == kindFile {
-				return fmt.Errorf("flysprites: write: %w", providers.ErrNotAFile)
-			}
-			if k == kindDir {
-				break
-			}
+		if p.parentIsFile(ctx, sb.Ref, file) {
+			return fmt.Errorf("flysprites: write: %w", providers.ErrNotAFile)
 		}
 	}
 	return fmt.Errorf("flysprites: write: %w", err)
+}
+
+// parentIsFile reports whether a parent of file is a file, walking up
+// from the nearest parent until one exists.
+func (p *Provider) parentIsFile(ctx context.Context, name, file string) bool {
+	for d := path.Dir(file); d != "/"; d = path.Dir(d) {
+		l, err := p.c.fsList(ctx, name, d)
+		if statusOf(err) == http.StatusNotFound || (err != nil && statusOf(err) >= 400 && statusOf(err) < 500) {
+			continue
+		}
+		if err != nil {
+			return false
+		}
+		return len(l.Entries) == 1 && l.Entries[0].Path == d && !l.Entries[0].IsDir && l.Entries[0].Type != "directory"
+	}
+	return false
 }
 
 // goneOr returns ErrSandboxGone when the sprite no longer exists, else
