@@ -388,10 +388,17 @@ var devEnvKeys = []string{"BROKER_URL", "BROKER_CA", "BROKER_TOKEN", "SANDGATE_A
 // until dev.env is complete and GET /v1/lease answers 200.
 func startDev(t testing.TB) *devBroker {
 	t.Helper()
+	return startDevWith(t, nil)
+}
+
+// startDevWith is startDev with extra environment variables and flags
+// (e.g. --provider and the vendor's variables).
+func startDevWith(t testing.TB, env []string, flags ...string) *devBroker {
+	t.Helper()
 	work := t.TempDir()
 	d := &devBroker{workDir: work, dataDir: filepath.Join(work, ".sandgate")}
-	d.process = startProcess(t, "sandgate dev", work, nil,
-		"dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", ".sandgate")
+	d.process = startProcess(t, "sandgate dev", work, env, append([]string{
+		"dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", ".sandgate"}, flags...)...)
 	envPath := filepath.Join(d.dataDir, "dev.env")
 	waitFor(t, "dev.env", func() (bool, error) {
 		if d.exited() {

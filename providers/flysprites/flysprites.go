@@ -502,7 +502,7 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 		return fmt.Errorf("flysprites: terminate: %w", err)
 	}
 	p.forget(sb.Ref)
-	p.log.Info("sandbox terminated", sandgate.WorkspaceAttr(sb.Labels[providers.LabelWorkspace]))
+	p.log.Info("sandbox terminated", "sprite", sb.Ref)
 	return nil
 }
 
