@@ -5,6 +5,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/providers/flysprites"
 )
 
 // startFakeSprites builds and runs the fake Sprites API as its own
@@ -157,6 +162,33 @@ func TestFlySpritesWalkthrough(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("walk-through output:\n%s\nstderr:\n%s", out, stderr.String())
+	}
+
+	// An orphan: a sprite of this broker and provider that no record
+	// knows (its create's answer was lost). The reaper's sweep deletes it.
+	orphan := flysprites.NamePrefix("sandgate-dev", "fly-sprites") + "ws-orphan" + randHex(6)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: loadPool(t, caFile)}}}
+	vendor := func(method, path, body string) int {
+		req, _ := http.NewRequest(method, apiURL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s at the fake: %v", method, path, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	labels := `["sandgate-broker=sandgate-dev","sandgate-workspace=ws_orphan","sandgate-instance=inst_orphan"]`
+	if st := vendor(http.MethodPost, "/v1/sprites", `{"name":"`+orphan+`","labels":`+labels+`}`); st != http.StatusCreated {
+		t.Fatalf("creating the orphan at the fake: status %d", st)
+	}
+	waitFor(t, "the reaper to sweep the orphan sprite", func() (bool, error) {
+		st := vendor(http.MethodGet, "/v1/sprites/"+orphan, "")
+		return st == http.StatusNotFound, fmt.Errorf("GET the orphan: status %d", st)
+	})
+	if !strings.Contains(d.Logs(), `"msg":"reaper terminated an orphan","component":"reaper","workspace_id":"ws_orphan"`) {
+		t.Errorf("the broker's log does not show the orphan sweep")
 	}
 
 	// No token or content in any log: dev's stderr (its stdout prints

@@ -136,12 +136,10 @@ func New(_ context.Context, c Config, env providers.Env) (*Provider, error) {
 	if hc == nil {
 		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	}
-	name := cmp.Or(c.Name, "fly-sprites")
-	sum := sha256.Sum256([]byte(env.BrokerID + "\x00" + name))
 	p := &Provider{
 		c: &client{base: base, token: c.Token, hc: hc, timeout: cmp.Or(c.Timeout, 30*time.Second),
 			retries: 3, maxWait: time.Minute},
-		prefix:   "sg-" + hex.EncodeToString(sum[:4]) + "-",
+		prefix:   NamePrefix(env.BrokerID, cmp.Or(c.Name, "fly-sprites")),
 		brokerID: env.BrokerID,
 		log:      env.Logger,
 		clock:    env.Clock,
@@ -182,6 +180,14 @@ func (p *Provider) Close() error {
 		t.CloseIdleConnections()
 	}
 	return nil
+}
+
+// NamePrefix is the prefix of every sprite name of the provider called
+// provider on the broker brokerID: "sg-", 8 hex digits of a hash of both,
+// and "-". The list's only server-side filter is this prefix (sheet §4).
+func NamePrefix(brokerID, provider string) string {
+	sum := sha256.Sum256([]byte(brokerID + "\x00" + provider))
+	return "sg-" + hex.EncodeToString(sum[:4]) + "-"
 }
 
 // spriteName is the broker-derived name of a workspace's sprite: the
