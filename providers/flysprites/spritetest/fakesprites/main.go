@@ -32,7 +32,8 @@ func main() {
 		os.Exit(1)
 	}
 	body := fmt.Sprintf("SPRITES_API_URL=%s\nSSL_CERT_FILE=%s\n", srv.URL, srv.CAFile)
-	if err := os.WriteFile(*info+".tmp", []byte(body), 0o600); err == nil {
+	err = os.WriteFile(*info+".tmp", []byte(body), 0o600)
+	if err == nil {
 		err = os.Rename(*info+".tmp", *info)
 	}
 	if err != nil {
