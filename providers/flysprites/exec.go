@@ -1,6 +1,7 @@
 package flysprites
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,8 +30,8 @@ const (
 // Keepalive and sizes of sprites-go (sheet §5.1).
 const (
 	pingEvery    = 15 * time.Second
-	readLimit    = 1<<20 + 64 // 1 MiB buffers, and the stream id
-	stdinChunk   = 32 << 10
+	readLimit    = 1<<20 + 64       // 1 MiB buffers, and the stream id
+	stdinChunk   = 16 << 10         // with its stream id, well under any peer's frame limit (coder/websocket: 32 KiB)
 	killGrace    = 5 * time.Second  // after the timeout: the wrapper should have ended it by then
 	exitWait     = 10 * time.Second // after a kill: how long the exit is awaited
 	cleanupLimit = 10 * time.Second // the kill of a canceled command, outliving its request
@@ -114,24 +115,47 @@ type wsMessage struct {
 // is unknown, never a success (sheet §5.2).
 var errNoExit = errors.New("sprites: exec: the connection closed without an exit status")
 
+// dial opens the exec WebSocket. Nothing runs before the upgrade, so a 429
+// there is retried like a REST call's (sheet §2).
+func (c *client) dial(ctx context.Context, name string, cmd wsCommand) (*websocket.Conn, error) {
+	hdr := http.Header{}
+	hdr.Set("Authorization", "Bearer "+c.token.Reveal())
+	for attempt := 0; ; attempt++ {
+		dctx, dcancel := context.WithTimeout(ctx, c.timeout)
+		conn, resp, err := websocket.Dial(dctx, c.execURL(name, cmd), &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: hdr})
+		dcancel()
+		if err == nil {
+			return conn, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("sprites: exec: %w", context.Cause(ctx))
+		}
+		if resp == nil || resp.StatusCode < 400 {
+			// The library's error may quote the URL, which holds the argv.
+			return nil, errors.New("sprites: exec: the WebSocket did not open")
+		}
+		ae := readError("exec", resp)
+		wait := cmp.Or(ae.RetryAfter, time.Second)
+		if ae.Status != http.StatusTooManyRequests || attempt >= c.retries || wait > c.maxWait {
+			return nil, ae
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("sprites: exec: %w", context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
 // run runs cmd in the sprite and returns its result. When ctx ends first
 // the session is killed through the kill route (the vendor would keep a
 // non-TTY command running for a while after a disconnect, sheet §9).
 func (c *client) run(ctx context.Context, name string, cmd wsCommand) (wsResult, error) {
-	hdr := http.Header{}
-	hdr.Set("Authorization", "Bearer "+c.token.Reveal())
-	dctx, dcancel := context.WithTimeout(ctx, c.timeout)
-	conn, resp, err := websocket.Dial(dctx, c.execURL(name, cmd), &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: hdr})
-	dcancel()
+	conn, err := c.dial(ctx, name, cmd)
 	if err != nil {
-		if resp != nil && resp.StatusCode >= 400 {
-			return wsResult{}, readError("exec", resp)
-		}
-		if ctx.Err() != nil {
-			return wsResult{}, fmt.Errorf("sprites: exec: %w", context.Cause(ctx))
-		}
-		// The library's error may quote the URL, which holds the argv.
-		return wsResult{}, errors.New("sprites: exec: the WebSocket did not open")
+		return wsResult{}, err
 	}
 	defer conn.CloseNow()
 	conn.SetReadLimit(readLimit)
@@ -172,8 +196,15 @@ func (c *client) run(ctx context.Context, name string, cmd wsCommand) (wsResult,
 				return
 			case <-t.C:
 				pctx, cancel := context.WithTimeout(lctx, 10*time.Second)
-				conn.Ping(pctx)
+				err := conn.Ping(pctx)
 				cancel()
+				if err != nil && lctx.Err() == nil {
+					// No pong: the connection is dead (sprites-go's read
+					// deadline is 45s); the reader then ends the command
+					// with errNoExit.
+					conn.CloseNow()
+					return
+				}
 			}
 		}
 	}()

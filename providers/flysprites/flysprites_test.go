@@ -197,9 +197,6 @@ func TestListFindsOrphans(t *testing.T) {
 	srv := spritetest.Start(t)
 	p := newProvider(t, srv, "broker-list", nil)
 	other := newProvider(t, srv, "broker-other", nil)
-	// An unclear answer (500 after the create landed): the provider looks
-	// the name up and takes the sprite as its own.
-	srv.InjectAfter(http.MethodPost, "/v1/sprites", http.StatusInternalServerError, `{"error":"internal"}`)
 	spec := providertest.Spec(t)
 	sb := providertest.Create(t, p, spec)
 	providertest.Create(t, other, providertest.Spec(t))
@@ -227,6 +224,29 @@ func TestListFindsOrphans(t *testing.T) {
 	}
 	if err := p.Terminate(t.Context(), sb); err != nil {
 		t.Fatalf("Terminate of an orphan: %v", err)
+	}
+}
+
+// TestCreateAfterUnclearAnswer: the create landed but its answer was a
+// 500; the provider looks the name up and takes the sprite as its own
+// instead of creating a second one.
+func TestCreateAfterUnclearAnswer(t *testing.T) {
+	t.Parallel()
+	srv := spritetest.Start(t)
+	p := newProvider(t, srv, "broker-unclear", nil)
+	srv.InjectAfter(http.MethodPost, "/v1/sprites", http.StatusInternalServerError, `{"error":"internal"}`)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	if res := providertest.Exec(t, p, sb, "true"); res.ExitCode != 0 {
+		t.Errorf("exec in the sprite = exit %d", res.ExitCode)
+	}
+	creates := 0
+	for _, e := range srv.Events(sb.Ref) {
+		if e.Kind == "create" {
+			creates++
+		}
+	}
+	if names := srv.Names(); creates != 1 || len(names) != 1 {
+		t.Errorf("after an unclear create: %d creates, sprites %v; want one", creates, names)
 	}
 }
 
