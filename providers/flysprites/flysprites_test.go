@@ -248,6 +248,23 @@ func TestCreateAfterUnclearAnswer(t *testing.T) {
 	if names := srv.Names(); creates != 1 || len(names) != 1 {
 		t.Errorf("after an unclear create: %d creates, sprites %v; want one", creates, names)
 	}
+	// A name held by a sprite that is not this workspace's is refused.
+	spec := providertest.Spec(t)
+	name := flysprites.NamePrefix("broker-unclear", "fly-sprites") + strings.ReplaceAll(spec.WorkspaceID, "_", "-")
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/sprites",
+		strings.NewReader(`{"name":"`+name+`","labels":["sandgate-broker=someone-else"]}`))
+	req.Header.Set("Authorization", "Bearer "+srv.Token())
+	resp, err := srv.Client().Do(req)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("creating a sprite at the fake: %v, %v", resp, err)
+	}
+	resp.Body.Close()
+	if _, err := p.Create(t.Context(), spec); err == nil {
+		t.Errorf("Create of a name another sprite holds succeeded; want an error")
+	}
+	if info, _ := srv.Sprite(name); !slices.Equal(info.Labels, []string{"sandgate-broker=someone-else"}) {
+		t.Errorf("the other sprite's labels = %v; want it untouched", info.Labels)
+	}
 }
 
 // TestRateLimitRetried: a 429 is retried after retry_after_seconds.
