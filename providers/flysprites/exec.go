@@ -35,6 +35,7 @@ const (
 	killGrace    = 5 * time.Second  // after the timeout: the wrapper should have ended it by then
 	exitWait     = 10 * time.Second // after a kill: how long the exit is awaited
 	cleanupLimit = 10 * time.Second // the kill of a canceled command, outliving its request
+	termWait     = 2 * time.Second  // after a TERM: how long the exit is awaited before KILL
 )
 
 // wsCommand is one command over the exec WebSocket.
@@ -103,6 +104,16 @@ func sessionID(raw json.RawMessage) string {
 		return n.String()
 	}
 	return ""
+}
+
+// isExit reports whether m ends the command: binary frame 3 or the text
+// exit message.
+func isExit(m wsMessage) bool {
+	if m.typ == websocket.MessageBinary {
+		return len(m.data) > 0 && m.data[0] == streamExit
+	}
+	var tm textMessage
+	return json.Unmarshal(m.data, &tm) == nil && tm.Type == "exit"
 }
 
 type wsMessage struct {
@@ -235,10 +246,35 @@ func (c *client) run(ctx context.Context, name string, cmd wsCommand) (wsResult,
 		defer cancel()
 		_ = c.killSession(kctx, name, session, "KILL")
 	}
+	// stop ends a command whose request is gone: TERM first, which the
+	// guest's timeout wrapper forwards to the command's whole process
+	// group (and escalates to KILL after its -k), then KILL through the
+	// route if no exit came within termWait.
+	stop := func() {
+		if session == "" {
+			return // closing the socket leaves it to the vendor's disconnect timer
+		}
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupLimit)
+		defer cancel()
+		_ = c.killSession(kctx, name, session, "TERM")
+		t := time.NewTimer(termWait)
+		defer t.Stop()
+		for {
+			select {
+			case m := <-msgs:
+				if m.err != nil || isExit(m) {
+					return
+				}
+			case <-t.C:
+				_ = c.killSession(kctx, name, session, "KILL")
+				return
+			}
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			killSession()
+			stop()
 			return wsResult{}, fmt.Errorf("sprites: exec: %w", context.Cause(ctx))
 		case <-kill:
 			kill = nil

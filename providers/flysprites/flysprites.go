@@ -465,6 +465,7 @@ func (p *Provider) envOf(ctx context.Context, name string) ([]string, error) {
 // `timeout -s KILL` (sheet §9), so the command and its process group are
 // killed at the deadline even if the broker is gone, and the session is
 // killed through the kill route if the exit has not come shortly after.
+// A canceled ctx kills the session (TERM, then KILL).
 func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
 	if len(spec.Argv) == 0 {
 		return providers.ExecResult{}, errors.New("flysprites: exec: empty argv")
@@ -476,7 +477,9 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 	cmd := wsCommand{argv: spec.Argv, env: env, dir: spec.Dir, stdin: spec.Stdin, max: max(spec.MaxOutputBytes, 0)}
 	if spec.Timeout > 0 {
 		secs := strconv.FormatFloat(spec.Timeout.Seconds(), 'f', 3, 64)
-		cmd.argv = append([]string{"timeout", "-s", "KILL", secs}, spec.Argv...)
+		// -k 1: a TERM from the kill route (a canceled request) reaches
+		// the whole group, and KILL follows a second later.
+		cmd.argv = append([]string{"timeout", "-s", "KILL", "-k", "1", secs}, spec.Argv...)
 		cmd.killAfter = spec.Timeout + killGrace
 	}
 	start := time.Now()
