@@ -57,10 +57,42 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
-// TestProvider runs the contract suite against the fake.
+// TestProvider runs the contract suite against the fake, and then checks
+// that every sprite the suite made had its policy (no network: the deny
+// rule alone) before its first command.
 func TestProvider(t *testing.T) {
 	srv := spritetest.Start(t)
+	t.Cleanup(func() { // runs last, once every sprite is gone
+		all := srv.AllEvents()
+		if len(all) < 5 {
+			t.Errorf("the suite made %d sprites; want several", len(all))
+		}
+		for name, evs := range all {
+			checkPolicyFirst(t, name, evs, []string{"deny:*"})
+		}
+	})
 	providertest.Run(t, func(t *testing.T) providers.Provider { return newProvider(t, srv, "broker-suite", nil) })
+}
+
+// checkPolicyFirst fails unless the sprite's first policy is want and
+// came before its first exec.
+func checkPolicyFirst(t *testing.T, name string, evs []spritetest.Event, want []string) {
+	t.Helper()
+	policy, exec := -1, -1
+	for i, e := range evs {
+		if e.Kind == "policy" && policy < 0 {
+			policy = i
+			if !slices.Equal(e.Rules, want) {
+				t.Errorf("%s: policy = %v; want %v", name, e.Rules, want)
+			}
+		}
+		if e.Kind == "exec" && exec < 0 {
+			exec = i
+		}
+	}
+	if policy < 0 || (exec >= 0 && policy > exec) {
+		t.Errorf("%s: policy at event %d, first exec at %d; want the policy first", name, policy, exec)
+	}
 }
 
 // TestPolicyBeforeFirstCommand: every sprite's policy is set, and is the
@@ -80,22 +112,7 @@ func TestPolicyBeforeFirstCommand(t *testing.T) {
 		spec.Egress.AllowedDomains = tt.allow
 		sb := providertest.Create(t, p, spec)
 		providertest.Exec(t, p, sb, "true")
-		evs := srv.Events(sb.Ref)
-		policy, exec := -1, -1
-		for i, e := range evs {
-			if e.Kind == "policy" && policy < 0 {
-				policy = i
-				if !slices.Equal(e.Rules, tt.want) {
-					t.Errorf("policy of %v = %v; want %v", tt.allow, e.Rules, tt.want)
-				}
-			}
-			if e.Kind == "exec" && exec < 0 {
-				exec = i
-			}
-		}
-		if policy < 0 || exec < 0 || policy > exec {
-			t.Errorf("events of %v: policy at %d, first exec at %d; want the policy first (%+v)", tt.allow, policy, exec, evs)
-		}
+		checkPolicyFirst(t, sb.Ref, srv.Events(sb.Ref), tt.want)
 	}
 }
 

@@ -141,6 +141,17 @@ func (s *Server) Events(name string) []Event {
 	return slices.Clone(s.events[name])
 }
 
+// AllEvents returns what happened to every sprite ever created, by name.
+func (s *Server) AllEvents() map[string][]Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string][]Event{}
+	for n, evs := range s.events {
+		out[n] = slices.Clone(evs)
+	}
+	return out
+}
+
 // Sprite returns what the fake holds of the sprite called name.
 func (s *Server) Sprite(name string) (Info, bool) {
 	s.mu.Lock()
