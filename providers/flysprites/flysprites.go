@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -68,7 +69,7 @@ func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (p
 	}
 	getenv := env.Getenv
 	if getenv == nil {
-		return nil, errors.New("flysprites: no environment to read " + EnvToken + " from")
+		getenv = os.Getenv
 	}
 	tok := getenv(EnvToken)
 	if tok == "" {

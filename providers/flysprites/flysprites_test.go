@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/blobstore"
@@ -371,4 +373,39 @@ func TestNoSecretsInErrors(t *testing.T) {
 		t.Errorf("Exec after Terminate = %v; want ErrSandboxGone", errs[3])
 	}
 	_ = context.Background
+}
+
+// TestOpen: the token comes from SPRITE_TOKEN and its absence is an error
+// naming it; SPRITES_API_URL must be an http(s) URL; settings have no keys.
+func TestOpen(t *testing.T) {
+	t.Parallel()
+	env := func(vars map[string]string) providers.Env {
+		return providers.Env{BrokerID: "b", DataDir: t.TempDir(), Getenv: func(k string) string { return vars[k] }}
+	}
+	var empty yaml.Node
+	if _, err := flysprites.Open(t.Context(), "fly-sprites", empty, env(nil)); err == nil || !strings.Contains(err.Error(), "SPRITE_TOKEN") {
+		t.Errorf("Open without SPRITE_TOKEN = %v; want an error naming it", err)
+	}
+	if _, err := flysprites.Open(t.Context(), "fly-sprites", empty, env(map[string]string{"SPRITE_TOKEN": "tok-open-1", "SPRITES_API_URL": "ftp://x"})); err == nil ||
+		!strings.Contains(err.Error(), "SPRITES_API_URL") || strings.Contains(err.Error(), "tok-open-1") {
+		t.Errorf("Open with a bad SPRITES_API_URL = %v; want an error naming it, without the token", err)
+	}
+	var settings yaml.Node
+	if err := yaml.Unmarshal([]byte("token: x\n"), &settings); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := flysprites.Open(t.Context(), "fly-sprites", *settings.Content[0], env(map[string]string{"SPRITE_TOKEN": "t"})); err == nil {
+		t.Errorf("Open with an unknown settings key succeeded")
+	}
+	p, err := flysprites.Open(t.Context(), "fly-sprites", empty, env(map[string]string{"SPRITE_TOKEN": "t"}))
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	caps := p.Capabilities()
+	if caps.Egress != providers.EgressNative || !caps.Snapshots || caps.VendorLifetime || caps.VendorIdle || caps.DefaultImage != flysprites.Image {
+		t.Errorf("Capabilities = %+v", caps)
+	}
+	if err := caps.CheckScope("fly-sprites", sandgate.Scope{EgressCeiling: []string{"github.com"}}); err != nil {
+		t.Errorf("a domain ceiling: %v; want it enforceable", err)
+	}
 }

@@ -566,6 +566,10 @@ type sprite struct {
 	closed      bool
 }
 
+// spriteLife bounds a fake sprite: its sandbox and agent end by then even
+// if the fake was killed without deleting them.
+const spriteLife = 6 * time.Hour
+
 // Inside the sprite: the spool the agent reads its jobs from.
 const guestSpool = "/tmp/.sprite-spool"
 
@@ -597,7 +601,7 @@ func (sp *sprite) boot(ctx context.Context) error {
 	size := sandgate.Size{Name: "fake", CPUCores: max(sp.cpus, 1), MemoryMiB: max(sp.ramMB, 512)}
 	lsb, err := sp.s.lp.Create(ctx, providers.CreateSpec{
 		WorkspaceID: sp.name, InstanceID: "spritetest", Size: size,
-		Egress: sandgate.EgressPolicy{AllowedDomains: []string{}}, ExpiresAt: time.Now().Add(48 * time.Hour),
+		Egress: sandgate.EgressPolicy{AllowedDomains: []string{}}, ExpiresAt: time.Now().Add(spriteLife),
 	})
 	if err != nil {
 		return err
@@ -622,7 +626,7 @@ func (sp *sprite) boot(ctx context.Context) error {
 	}
 	sp.ctl = ctl
 	if err := sp.s.lp.StartCommand(ctx, lsb, "agent", providers.ExecSpec{
-		Argv: []string{"sh", "-c", agentScript, "sh", guestSpool}, Timeout: 48 * time.Hour,
+		Argv: []string{"sh", "-c", agentScript, "sh", guestSpool}, Timeout: spriteLife,
 	}); err != nil {
 		ctl.Close()
 		return fail(err)
