@@ -159,7 +159,7 @@ func TestDeadlineWithoutBroker(t *testing.T) {
 	srv := spritetest.Start(t)
 	p := newProvider(t, srv, "broker-deadline", nil)
 	spec := providertest.Spec(t)
-	spec.ExpiresAt = time.Now().Add(4 * time.Second)
+	spec.ExpiresAt = time.Now().Add(6 * time.Second)
 	sb := providertest.Create(t, p, spec)
 	const hb = "/tmp/deadline-hb"
 	heartbeat := `( i=0; while :; do i=$((i+1)); echo $i >"$1.tmp"; mv "$1.tmp" "$1"; sleep 0.1; done ) & sleep 300`
