@@ -374,21 +374,37 @@ const markerVar = "SANDGATE_SPRITE"
 // parameter replaces it (sheet §5.1), so every exec sends it along with
 // the workspace's.
 func (p *Provider) defaultEnv(ctx context.Context, name string) ([]string, error) {
-	r, err := p.c.run(ctx, name, wsCommand{argv: []string{"cat", "/proc/self/environ"}, max: 1 << 20, killAfter: time.Minute})
+	r, err := p.c.run(ctx, name, wsCommand{argv: []string{"sh", "-c", toolsScript}, max: 1 << 20, killAfter: time.Minute})
 	if err != nil {
 		return nil, fmt.Errorf("flysprites: create: read the default environment: %w", err)
+	}
+	if r.res.ExitCode == exitNoTools {
+		return nil, errors.New("flysprites: create: the sprite lacks a tool the broker needs (timeout, setsid, tar, gzip, grep)")
 	}
 	if r.res.ExitCode != 0 || r.res.StdoutTruncated {
 		return nil, fmt.Errorf("flysprites: create: read the default environment: exit %d", r.res.ExitCode)
 	}
 	var env []string
 	for _, kv := range bytes.Split(r.res.Stdout, []byte{0}) {
-		if k, _, ok := strings.Cut(string(kv), "="); ok && k != "" && k != markerVar {
+		if k, _, ok := strings.Cut(string(kv), "="); ok && k != "" && k != markerVar && !shellVars[k] {
 			env = append(env, string(kv))
 		}
 	}
 	return env, nil
 }
+
+// toolsScript checks for the tools the broker runs in the guest (the exec
+// wrapper, the deadline process, snapshots), then prints the default
+// environment, NUL-separated.
+var toolsScript = `for t in timeout setsid tar gzip grep; do command -v "$t" >/dev/null 2>&1 || exit ` + strconv.Itoa(exitNoTools) + `; done
+exec cat /proc/self/environ
+`
+
+const exitNoTools = 85
+
+// shellVars are what the shell of toolsScript may add to the environment
+// it passes on; they are not the sprite's.
+var shellVars = map[string]bool{"PWD": true, "OLDPWD": true, "SHLVL": true, "_": true}
 
 // mergeEnv returns base with ws's variables set over it, and extra last.
 func mergeEnv(base []string, ws map[string]string, extra ...string) []string {
