@@ -3,7 +3,6 @@ package flysprites
 import (
 	"context"
 	"fmt"
-	"io"
 	"strconv"
 	"time"
 )
@@ -71,5 +70,3 @@ func (p *Provider) startDeadline(ctx context.Context, name string, base []string
 	}
 	return nil
 }
-
-func limited(r io.Reader, n int64) io.Reader { return io.LimitReader(r, n) }

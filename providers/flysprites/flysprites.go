@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -465,7 +466,7 @@ func (p *Provider) envOf(ctx context.Context, name string) ([]string, error) {
 	}
 	defer body.Close()
 	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(limited(body, 4<<20)); err != nil {
+	if _, err := buf.ReadFrom(io.LimitReader(body, 4<<20)); err != nil {
 		return nil, err
 	}
 	for _, kv := range bytes.Split(buf.Bytes(), []byte{0}) {

@@ -275,6 +275,7 @@ func TestCreateAfterUnclearAnswer(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/sprites",
 		strings.NewReader(`{"name":"`+name+`","labels":["sandgate-broker=someone-else"]}`))
 	req.Header.Set("Authorization", "Bearer "+srv.Token())
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := srv.Client().Do(req)
 	if err != nil || resp.StatusCode != http.StatusCreated {
 		t.Fatalf("creating a sprite at the fake: %v, %v", resp, err)

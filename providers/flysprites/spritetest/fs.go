@@ -70,7 +70,7 @@ func (s *Server) fsOpen(w http.ResponseWriter, r *http.Request) (*sprite, *os.Ro
 	}
 	q := r.URL.Query()
 	p := q.Get("path")
-	if p == "" {
+	if p == "" || !q.Has("workingDir") { // sprites-go sends workingDir on every call (sheet §6)
 		fsErr(w, http.StatusBadRequest, "invalid_path", p)
 		return nil, nil, "", "", false
 	}

@@ -284,6 +284,18 @@ func (s *Server) routes() http.Handler {
 			return
 		}
 		w.Header().Set("Sprite-Version", "0.0.1-rc46-fake")
+		// Bodies as the sheet sends them (§1): JSON as application/json,
+		// file writes as application/octet-stream.
+		if ct := r.Header.Get("Content-Type"); r.ContentLength > 0 || r.Method == http.MethodPut {
+			want := "application/json"
+			if strings.HasSuffix(r.URL.Path, "/fs/write") {
+				want = "application/octet-stream"
+			}
+			if ct != want {
+				apiErr(w, http.StatusUnsupportedMediaType, "unsupported_media_type", "wrong Content-Type")
+				return
+			}
+		}
 		if in, ok := s.takeInjection(r); ok {
 			if in.after {
 				mux.ServeHTTP(discard{}, r)
