@@ -187,9 +187,9 @@ func TestFlySpritesWalkthrough(t *testing.T) {
 		st := vendor(http.MethodGet, "/v1/sprites/"+orphan, "")
 		return st == http.StatusNotFound, fmt.Errorf("GET the orphan: status %d", st)
 	})
-	if !strings.Contains(d.Logs(), `"msg":"reaper terminated an orphan","component":"reaper","workspace_id":"ws_orphan"`) {
-		t.Errorf("the broker's log does not show the orphan sweep")
-	}
+	waitFor(t, "the broker's log of the orphan sweep", func() (bool, error) {
+		return strings.Contains(d.Logs(), `"msg":"reaper terminated an orphan","component":"reaper","workspace_id":"ws_orphan"`), nil
+	})
 
 	// No token or content in any log: dev's stderr (its stdout prints
 	// BROKER_TOKEN by design) and everything the fake vendor wrote.
