@@ -478,8 +478,29 @@ func (p *Provider) envOf(ctx context.Context, name string) ([]string, error) {
 	return env, nil
 }
 
+// waitScript runs its arguments as one command (never interpreted by
+// the shell) and exits with its status, 128+n when signal n killed it: the
+// exit byte's coding of a signal death is not documented (sheet §5.2,
+// UNCERTAIN), so the vendor only ever sees a normal exit. It passes TERM,
+// INT and HUP on to the command (the guest's timeout then passes them to
+// the command's whole group) and keeps stdin, which sh would otherwise
+// replace by /dev/null for a background command.
+const waitScript = `trap 'kill -TERM "$p" 2>/dev/null' TERM INT HUP
+exec 3<&0
+"$@" <&3 3<&- &
+p=$!
+exec 3<&-
+while :; do
+	wait "$p"
+	s=$?
+	kill -0 "$p" 2>/dev/null || break
+done
+exit "$s"
+`
+
 // Exec implements providers.Provider. The argv goes as the vendor's cmd
-// parameters, with no shell; a timeout wraps it in the guest's
+// parameters, after waitScript's, and is never interpreted by a shell; a
+// timeout wraps it in the guest's
 // `timeout -s KILL` (sheet §9), so the command and its process group are
 // killed at the deadline even if the broker is gone, and the session is
 // killed through the kill route if the exit has not come shortly after.
@@ -492,12 +513,16 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 	if err != nil {
 		return providers.ExecResult{}, fmt.Errorf("flysprites: exec: %w", err)
 	}
-	cmd := wsCommand{argv: spec.Argv, env: env, dir: spec.Dir, stdin: spec.Stdin, max: max(spec.MaxOutputBytes, 0)}
+	argv := spec.Argv
 	if spec.Timeout > 0 {
 		secs := strconv.FormatFloat(spec.Timeout.Seconds(), 'f', 3, 64)
 		// -k 1: a TERM from the kill route (a canceled request) reaches
 		// the whole group, and KILL follows a second later.
-		cmd.argv = append([]string{"timeout", "-s", "KILL", "-k", "1", secs}, spec.Argv...)
+		argv = append([]string{"timeout", "-s", "KILL", "-k", "1", secs}, argv...)
+	}
+	cmd := wsCommand{argv: append([]string{"sh", "-c", waitScript, "sh"}, argv...), env: env, dir: spec.Dir,
+		stdin: spec.Stdin, max: max(spec.MaxOutputBytes, 0)}
+	if spec.Timeout > 0 {
 		cmd.killAfter = spec.Timeout + killGrace
 	}
 	start := time.Now()
