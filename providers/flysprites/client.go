@@ -83,11 +83,24 @@ func readError(op string, resp *http.Response) *apiError {
 			e.RetryAfter = time.Duration(s) * time.Second
 		}
 	}
-	// A code is a short machine name; anything else is not kept.
-	if len(e.Code) > 64 || strings.ContainsAny(e.Code, " \n\t\"") {
+	// A code is a short machine name; anything else (a message that may
+	// quote a path) is not kept.
+	if !machineCode(e.Code) {
 		e.Code = ""
 	}
 	return e
+}
+
+func machineCode(s string) bool {
+	if len(s) > 64 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // request is one REST call.
