@@ -25,7 +25,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"github.com/sandgate/sandgate/providers/local"
 	"io"
 	"math/big"
 	"net"
@@ -39,6 +38,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/providers/local"
 
 	"github.com/sandgate/sandgate"
 	adminapi "github.com/sandgate/sandgate/admin"
@@ -927,4 +928,22 @@ func wantConcurrencySplit(t *testing.T, results []raced, limit int) []raced {
 			len(results), len(won), refused, limit, len(results)-limit)
 	}
 	return won
+}
+
+// readmeBlock returns the first sh block of README.md after the line
+// heading, failing the test when there is none: the e2e walk-throughs run
+// the README's own text.
+func readmeBlock(t testing.TB, heading string) string {
+	t.Helper()
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatalf("README.md: %v", err)
+	}
+	_, section, ok := strings.Cut(string(readme), heading)
+	_, block, ok2 := strings.Cut(section, "```sh\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatalf("README.md has no sh block under %q", heading)
+	}
+	return block
 }

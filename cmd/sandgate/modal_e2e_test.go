@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -44,22 +43,6 @@ func startModal(t testing.TB) (*modaltest.Server, []string) {
 		"MODAL_TOKEN_SECRET=" + modalTokenSecret,
 		"SSL_CERT_FILE=" + fake.CAFile,
 	}
-}
-
-// readmeBlock returns the first ```sh block of README.md after heading.
-func readmeBlock(t testing.TB, heading string) string {
-	t.Helper()
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	if err != nil {
-		t.Fatalf("README.md: %v", err)
-	}
-	_, section, ok := strings.Cut(string(readme), heading)
-	if !ok {
-		t.Fatalf("README.md has no %q", heading)
-	}
-	_, block, _ := strings.Cut(section, "```sh\n")
-	block, _, _ = strings.Cut(block, "```")
-	return block
 }
 
 // TestModalWalkthrough runs the README's curl walk-through verbatim, with

@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/flysprites"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/providers/modal"
 )
@@ -11,7 +12,8 @@ import (
 // registries of their own.
 func kinds() providers.Registry {
 	return providers.Registry{
-		"local": local.Open,
-		"modal": modal.Open,
+		"local":       local.Open,
+		"modal":       modal.Open,
+		"fly-sprites": flysprites.Open,
 	}
 }
