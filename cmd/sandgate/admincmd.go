@@ -70,6 +70,7 @@ func adminCommand() *cobra.Command {
 	cmd.AddCommand(accountCommand(f), instanceCommand(f), tokenCommand(f),
 		stopCommand(f), pauseCommand(f), resumeCommand(f), limitsCommand(f), statusCommand(f), auditCommand(f),
 		rateCardCommand(f), billingCommand(f), fundsCommand(f), budgetCommand(f))
+	cmd.AddCommand(workspaceCommand(f))
 	return cmd
 }
 
