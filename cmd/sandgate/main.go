@@ -29,5 +29,6 @@ func rootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCommand(), devCommand(), adminCommand(), usageCommand())
+	refuseUnknownSubcommands(root)
 	return root
 }
