@@ -1,7 +1,9 @@
 # The README's test command: `make test` installs what the tests need on a
-# fresh Debian machine (redis-server, bubblewrap) and runs every test with -race.
+# fresh Debian machine (redis-server, bubblewrap, protoc, jq and curl for the
+# README's shell blocks, chromium for the console's browser tests) and runs
+# every test with -race.
 GO ?= go
-APT_PACKAGES := redis-server bubblewrap protobuf-compiler
+APT_PACKAGES := redis-server bubblewrap protobuf-compiler jq curl chromium
 
 .PHONY: test deps vet bench
 
@@ -10,6 +12,9 @@ deps:
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v protoc >/dev/null 2>&1 || missing="$$missing protobuf-compiler"; \
+	command -v jq >/dev/null 2>&1 || missing="$$missing jq"; \
+	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
