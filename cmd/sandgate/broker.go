@@ -140,6 +140,7 @@ func (b *broker) run(ctx context.Context) error {
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
 	ops := &http.Server{Handler: withMetrics(adm.Handler(), metricsHandler), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
+	ops.Handler = withConsole(ops.Handler, adm.Handler(), clock, b.log.With("component", "console"))
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
