@@ -53,6 +53,10 @@ type Config struct {
 	Clock sandgate.Clock
 	// Log receives failures of the console itself. nil discards them.
 	Log *slog.Logger
+	// Metrics serves GET /metrics (the Prometheus exposition of this
+	// process), from which the overview counts refusals by code. nil
+	// leaves them out.
+	Metrics http.Handler
 }
 
 // Console serves the operator console. It is safe for concurrent use.
@@ -63,6 +67,7 @@ type Console struct {
 	key   []byte // signs CSRF tokens; new at every start, so a restart ends every form
 	pages map[string]*template.Template
 	mux   *http.ServeMux
+	refs  *refusals
 }
 
 // New returns the console over the operator API.
@@ -76,7 +81,8 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	c := &Console{api: cfg.API, clock: cfg.Clock, log: cfg.Log, key: make([]byte, 32), pages: map[string]*template.Template{}}
+	c := &Console{api: cfg.API, clock: cfg.Clock, log: cfg.Log, key: make([]byte, 32), pages: map[string]*template.Template{},
+		refs: &refusals{metrics: cfg.Metrics}}
 	rand.Read(c.key)
 	names, err := fs.Glob(files, "templates/*.html")
 	if err != nil {

@@ -210,6 +210,9 @@ type overviewData struct {
 	ByAccount  []count
 	Status     *admin.Status
 	Accounts   int
+	Refusals   []refusalRow
+	Since      string // the start of the refusals' window
+	Counted    bool   // whether refusals could be counted
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
@@ -227,6 +230,9 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		d.Live = len(ws)
 		d.ByProvider = countBy(ws, func(w admin.Workspace) string { return w.Provider })
 		d.ByAccount = countBy(ws, func(w admin.Workspace) string { return w.AccountID })
+		var since time.Time
+		d.Refusals, since, d.Counted = c.refs.window(r, c.clock.Now())
+		d.Since = since.UTC().Format(time.RFC3339)
 		d.Status = &admin.Status{}
 		if err := c.call(r, s.token, http.MethodGet, "/status", nil, d.Status); err != nil {
 			c.fail(w, r, s, err)

@@ -9,11 +9,12 @@ import (
 )
 
 // withConsole serves the operator console under /console/ on the operator
-// listener, over the operator API api, and everything else with next.
+// listener, over the operator API api, and everything else with next
+// (whose GET /metrics the overview reads refusals from).
 // The console reads and acts only through api, with the signed-in
 // operator's token.
 func withConsole(next, api http.Handler, clock sandgate.Clock, log *slog.Logger) http.Handler {
-	con, err := console.New(console.Config{API: api, Clock: clock, Log: log})
+	con, err := console.New(console.Config{API: api, Clock: clock, Log: log, Metrics: next})
 	if err != nil {
 		// The templates are embedded: a failure is a build defect, caught by every test.
 		panic(err)

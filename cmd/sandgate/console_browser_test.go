@@ -147,6 +147,11 @@ func TestConsoleInBrowser(t *testing.T) {
 	_, _, err = c.Acquire(context.Background(), "console-stopped-"+randHex(8), protocol.AcquireRequest{Label: "e2e", Egress: noEgress()})
 	wantCode(t, "acquire while the console's stop is on", err, 403, protocol.EmergencyStopped)
 	do(t, ctx, "stop off", chromedp.Click(chromedp.ID("stop-lift")), chromedp.WaitVisible(chromedp.ID("nothing-stopped")))
+	// The overview counts the refusal (this process's request counter).
+	do(t, ctx, "overview refusals", chromedp.Navigate(base), chromedp.WaitVisible(chromedp.ID("refusals")))
+	if n := get(t, ctx, "refusal count", chromedp.Text(chromedp.CSS(`#refusals tr[data-code="emergency_stopped"] td.num`))); n != "1" {
+		t.Errorf("overview's emergency_stopped refusals = %q; want 1", n)
+	}
 	again := acquire(t, c, "console-after-"+randHex(8))
 	if _, err := c.Release(context.Background(), again.WorkspaceID); err != nil {
 		t.Fatal(err)
