@@ -29,6 +29,8 @@ func rootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCommand(), devCommand(), adminCommand(), usageCommand())
+	root.AddCommand(operatorTokenCommand())
 	refuseUnknownSubcommands(root)
+	addExamples(root)
 	return root
 }

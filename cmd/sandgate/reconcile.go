@@ -17,6 +17,7 @@ import (
 func usageCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "usage", Short: "Reconcile and export the usage ledger (finance or admin token)"}
 	cmd.AddCommand(reconcileCommand(), usageExportCommand())
+	cmd.AddCommand(usageSummaryCommand(), usageStatementCommand())
 	return cmd
 }
 
@@ -73,7 +74,7 @@ func reconcileCommand() *cobra.Command {
 	fl.StringVar(&acct, "account", "", "one account (default: every account)")
 	fl.StringVar(&f.url, "url", "", "operator API URL (default $SANDGATE_ADMIN_URL)")
 	fl.StringVar(&f.token, "token", "", "operator token (default $SANDGATE_ADMIN_TOKEN)")
-	fl.StringVarP(&f.output, "output", "o", "", "output format: text (default) or json")
+	fl.StringVarP(&f.output, "output", "o", "", "output format: table (default) or json")
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Minute, "bound on the request")
 	return cmd
 }

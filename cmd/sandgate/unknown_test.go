@@ -68,3 +68,21 @@ func TestMistypedStopExitsNonZero(t *testing.T) {
 		t.Errorf("sandgate admin stp on stderr = %q; want %q", stderr, want)
 	}
 }
+
+// TestEveryCommandHasExamples: every command's help has an Examples:
+// section.
+func TestEveryCommandHasExamples(t *testing.T) {
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Name() == "help" || c.Name() == "completion" {
+			return
+		}
+		if strings.TrimSpace(c.Example) == "" {
+			t.Errorf("%s has no Examples: section", c.CommandPath())
+		}
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(rootCommand())
+}
