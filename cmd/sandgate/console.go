@@ -6,9 +6,11 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/console"
+	"github.com/sandgate/sandgate/openapi"
 )
 
-// withConsole serves the operator console under /console/ on the operator
+// withConsole serves the operator console under /console/ and the API
+// documents under /openapi/ (package openapi) on the operator
 // listener, over the operator API api, and everything else with next
 // (whose GET /metrics the overview reads refusals from).
 // The console reads and acts only through api, with the signed-in
@@ -22,6 +24,7 @@ func withConsole(next, api http.Handler, clock sandgate.Clock, log *slog.Logger)
 	mux := http.NewServeMux()
 	mux.Handle(console.Prefix, con.Handler())
 	mux.Handle("GET /console", http.RedirectHandler(console.Prefix, http.StatusSeeOther))
+	mux.Handle("GET /openapi/", openapi.Handler())
 	mux.Handle("/", next)
 	return mux
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -60,6 +61,29 @@ func TestUsageSummaryAndStatementCLI(t *testing.T) {
 	}
 	if _, stderr, err := tryCLI(fin, "usage", "statement", "--account", acct, "--month", "2026-13"); err == nil || !strings.Contains(stderr, "--month takes YYYY-MM") {
 		t.Errorf("usage statement --month 2026-13 = %v, %q; want a refusal", err, stderr)
+	}
+}
+
+// TestOperatorListenerServesAPIDocuments: both OpenAPI documents, without
+// a token, on the operator listener of sandgate dev.
+func TestOperatorListenerServesAPIDocuments(t *testing.T) {
+	t.Parallel()
+	d := startDev(t)
+	for _, name := range []string{"v1.json", "admin-v1.json"} {
+		resp, err := http.Get(d.AdminURL + "/openapi/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			OpenAPI string         `json:"openapi"`
+			Paths   map[string]any `json:"paths"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&doc)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" || err != nil || doc.OpenAPI != "3.1.0" || len(doc.Paths) < 10 {
+			t.Errorf("GET /openapi/%s = %d %q, %v, openapi %q with %d paths; want 200 JSON of OpenAPI 3.1.0",
+				name, resp.StatusCode, resp.Header.Get("Content-Type"), err, doc.OpenAPI, len(doc.Paths))
+		}
 	}
 }
 
