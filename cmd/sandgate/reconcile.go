@@ -52,10 +52,11 @@ func reconcileCommand() *cobra.Command {
 				if len(r.Drift) > 0 {
 					status = "DRIFT"
 				}
+				f := func(m int64) string { return billing.FormatExact(m, r.Stored.Currency) }
 				lines = append(lines, fmt.Sprintf("%s %s balance=%s holds=%s settled=%s credits=%s debits=%s open_holds=%d usage_entries=%d",
-					r.AccountID, status, billing.FormatAmount(r.Stored.BalanceMicros), billing.FormatAmount(r.Stored.HoldsMicros),
-					billing.FormatAmount(r.Stored.SettledMicros), billing.FormatAmount(r.Stored.CreditsMicros),
-					billing.FormatAmount(r.Stored.DebitsMicros), r.OpenHolds, r.UsageEntries))
+					r.AccountID, status, f(r.Stored.BalanceMicros), f(r.Stored.HoldsMicros),
+					f(r.Stored.SettledMicros), f(r.Stored.CreditsMicros),
+					f(r.Stored.DebitsMicros), r.OpenHolds, r.UsageEntries))
 				for _, d := range r.Drift {
 					lines = append(lines, "  "+d)
 				}
