@@ -226,4 +226,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	if !errors.As(err, &ae) || ae.Status != 403 || ae.Code != protocol.Forbidden {
 		t.Errorf("finance POST /admin/v1/stop = %v; want 403 forbidden", err)
 	}
+	// No operator token in any log line (stdout is dev.env, which holds them
+	// by design; the logs are on stderr).
+	logs := d.stderr.String()
+	for _, tok := range []string{d.AdminToken, d.env["FINANCE_TOKEN"]} {
+		if strings.Contains(logs, tok) || strings.Contains(logs, tok[12:]) {
+			t.Errorf("an operator token is in the broker's logs")
+		}
+	}
 }
