@@ -23,6 +23,7 @@ type chart struct {
 	Height int
 	Bars   []bar
 	Total  string
+	Wide   bool // bars of named groups (sizes), labelled under the bars
 }
 
 // bar is one day of a chart, with its SVG geometry.
@@ -76,12 +77,50 @@ func dayCharts(title string, groups []admin.SummaryGroup, from, to time.Time) []
 	return out
 }
 
+// sizeCharts draws the seconds and, per currency, the amounts of groups
+// (a summary grouped by size), one bar per size.
+func sizeCharts(groups []admin.SummaryGroup) []chart {
+	var sizes []string
+	secs := map[string]int64{}
+	amounts := map[string]map[string]int64{}
+	var currencies []string
+	for _, g := range groups {
+		if !slices.Contains(sizes, g.Key) {
+			sizes = append(sizes, g.Key)
+		}
+		secs[g.Key] += g.Seconds
+		if amounts[g.Currency] == nil {
+			amounts[g.Currency] = map[string]int64{}
+			currencies = append(currencies, g.Currency)
+		}
+		amounts[g.Currency][g.Key] += g.AmountMicros
+	}
+	if len(sizes) == 0 {
+		return nil
+	}
+	slices.Sort(currencies)
+	out := []chart{draw("metered seconds per size", "seconds", "s", sizes, secs, "",
+		func(v int64) string { return strconv.FormatInt(v, 10) + " s" })}
+	for _, cur := range currencies {
+		out = append(out, draw("amount per size ("+cur+")", "amount", cur, sizes, amounts[cur], "",
+			func(v int64) string { return billing.FormatMinor(v, cur) + " " + cur }))
+	}
+	for i := range out {
+		out[i].Wide = true
+	}
+	return out
+}
+
 func draw(title, metric, unit string, days []string, values map[string]int64, total string, label func(int64) string) chart {
 	var top int64
 	for _, v := range values {
 		top = max(top, v)
 	}
-	c := chart{Title: title, Metric: metric, Unit: unit, Width: len(days) * (barWidth + barGap), Height: chartHeight + 16, Total: total}
+	step := barWidth + barGap
+	if len(days) <= 8 {
+		step = 64 // named groups (sizes): room for their labels
+	}
+	c := chart{Title: title, Metric: metric, Unit: unit, Width: len(days) * step, Height: chartHeight + 16, Total: total}
 	for i, d := range days {
 		v := values[d]
 		h := 0
@@ -89,7 +128,7 @@ func draw(title, metric, unit string, days []string, values map[string]int64, to
 			h = max(1, int(v*chartHeight/top))
 		}
 		c.Bars = append(c.Bars, bar{Day: d, Value: v, Label: fmt.Sprintf("%s: %s", d, label(v)),
-			X: i * (barWidth + barGap), Y: chartHeight - h, W: barWidth, H: h})
+			X: i * step, Y: chartHeight - h, W: barWidth, H: h})
 	}
 	return c
 }

@@ -373,6 +373,7 @@ type usageData struct {
 	ByAccount         []admin.SummaryGroup
 	BySize            []admin.SummaryGroup
 	AccountCharts     []chart
+	SizeCharts        []chart
 	CSV               string
 }
 
@@ -421,6 +422,7 @@ func (c *Console) usage(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, s, err)
 		return
 	}
+	d.SizeCharts = sizeCharts(d.BySize)
 	seen := map[string]bool{}
 	for _, g := range d.ByAccount {
 		if seen[g.Key] || len(seen) == 10 {
