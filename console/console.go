@@ -274,21 +274,49 @@ func (c *Console) call(r *http.Request, tok sandgate.Secret, method, path string
 	return nil
 }
 
-// stream sends a GET to the operator API and returns its whole body (the
-// audit export's JSON lines).
-func (c *Console) stream(r *http.Request, tok sandgate.Secret, path string) ([]byte, error) {
+// streamLines sends a GET to the operator API and hands each line of a
+// successful answer to fn as it is written (the audit export's JSON
+// lines), so memory stays bounded whatever the answer's length.
+func (c *Console) streamLines(r *http.Request, tok sandgate.Secret, path string, fn func([]byte)) error {
 	req, err := apiRequest(r, tok, http.MethodGet, path, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	rec := &recorder{header: http.Header{}}
-	c.api.ServeHTTP(rec, req)
-	if rec.status >= 300 {
+	lw := &lineWriter{recorder: recorder{header: http.Header{}}, fn: fn}
+	c.api.ServeHTTP(lw, req)
+	if lw.status >= 300 {
 		var env protocol.Envelope
-		_ = json.Unmarshal(rec.body.Bytes(), &env)
-		return nil, &apiError{Status: rec.status, Code: env.Error.Code, Message: env.Error.Message}
+		_ = json.Unmarshal(lw.body.Bytes(), &env)
+		return &apiError{Status: lw.status, Code: env.Error.Code, Message: env.Error.Message}
 	}
-	return rec.body.Bytes(), nil
+	if rest := bytes.TrimSpace(lw.body.Bytes()); len(rest) > 0 {
+		fn(rest)
+	}
+	return nil
+}
+
+// lineWriter is a recorder that, once the status is a success, passes
+// each complete line to fn instead of keeping it.
+type lineWriter struct {
+	recorder
+	fn func([]byte)
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	n, err := w.recorder.Write(p)
+	if w.status >= 300 {
+		return n, err
+	}
+	for {
+		b := w.body.Bytes()
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			break
+		}
+		w.fn(b[:i])
+		w.body.Next(i + 1)
+	}
+	return n, err
 }
 
 // recorder is the http.ResponseWriter of an in-process API call.
@@ -319,5 +347,6 @@ func (r *recorder) Flush() {}
 // Interface guards
 var (
 	_ http.Flusher = (*recorder)(nil)
+	_ http.Flusher = (*lineWriter)(nil)
 	_ http.Handler = (*Console)(nil)
 )

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -45,6 +46,11 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.Method + " " + r.URL.Path {
 	case "GET /admin/v1/whoami":
 		json.NewEncoder(w).Encode(admin.Whoami{Name: string(role), Role: role, Actor: string(role) + ":sgo_TEST"})
+	case "GET /admin/v1/audit":
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		for i := range 120 {
+			fmt.Fprintf(w, `{"time":"2026-12-01T00:%02d:%02dZ","actor":"a","action":"act.%d","target":"broker","outcome":{"status":200}}`+"\n", i/60, i%60, i)
+		}
 	case "GET /admin/v1/accounts":
 		w.Write([]byte(`[]`))
 	case "GET /admin/v1/status":
@@ -203,5 +209,21 @@ func TestFinanceSeesNoControls(t *testing.T) {
 		url.Values{"csrf": {csrf}, "on": {"true"}, "reason": {"x"}, "confirm": {"STOP"}}, nil)
 	if resp.StatusCode != 403 || !strings.Contains(page, "forbidden") || api.stopCalls() != 0 {
 		t.Errorf("finance POST /console/controls/stop = %d (stops %d); want the API's 403 forbidden", resp.StatusCode, api.stopCalls())
+	}
+}
+
+func TestAuditPages(t *testing.T) {
+	srv, _ := newConsole(t)
+	actions := regexp.MustCompile(`data-action="(act\.\d+)"`)
+	for _, tt := range []struct {
+		page        string
+		first, last string
+		n           int
+	}{{"1", "act.119", "act.70", 50}, {"2", "act.69", "act.20", 50}, {"3", "act.19", "act.0", 20}} {
+		resp, page := send(t, srv, http.MethodGet, "/console/audit?page="+tt.page, adminTok, nil, nil)
+		got := actions.FindAllStringSubmatch(page, -1)
+		if resp.StatusCode != 200 || len(got) != tt.n || got[0][1] != tt.first || got[len(got)-1][1] != tt.last {
+			t.Errorf("audit page %s = %d with %d rows; want %d rows, %s first and %s last", tt.page, resp.StatusCode, len(got), tt.n, tt.first, tt.last)
+		}
 	}
 }

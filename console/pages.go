@@ -1,7 +1,6 @@
 package console
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"encoding/json"
@@ -622,11 +621,17 @@ type auditEntry struct {
 type auditData struct {
 	Days, Page, Pages int
 	Entries           []auditEntry
-	Total             int
+	Total             int // entries in the range
+	Shown             int // the newest of them that can be paged (at most auditKeep)
 }
 
-// auditPageSize is the audit page's rows.
-const auditPageSize = 50
+// auditPageSize is the audit page's rows; auditKeep bounds how many of
+// the newest entries of a range the console pages through (the full
+// range is `sandgate admin audit`'s).
+const (
+	auditPageSize = 50
+	auditKeep     = 5000
+)
 
 // audit pages through the audit log of the last days (1 by default),
 // newest first, through the audit export (which audits its own reading).
@@ -644,22 +649,26 @@ func (c *Console) audit(w http.ResponseWriter, r *http.Request) {
 	page, _ := strconv.Atoi(r.URL.Query().Get("page"))
 	page = max(page, 1)
 	from := c.clock.Now().Add(-time.Duration(days) * 24 * time.Hour).UTC().Format(time.RFC3339)
-	body, err := c.stream(r, s.token, "/audit?from="+url.QueryEscape(from))
+	// Only the newest auditKeep entries are kept while the export streams.
+	var all []auditEntry
+	total := 0
+	err := c.streamLines(r, s.token, "/audit?from="+url.QueryEscape(from), func(line []byte) {
+		var e auditEntry
+		if json.Unmarshal(line, &e) != nil {
+			return
+		}
+		total++
+		if len(all) == auditKeep {
+			all = append(all[:0:0], all[auditKeep/2:]...)
+		}
+		all = append(all, e)
+	})
 	if err != nil {
 		c.fail(w, r, s, err)
 		return
 	}
-	var all []auditEntry
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
-	for sc.Scan() {
-		var e auditEntry
-		if json.Unmarshal(sc.Bytes(), &e) == nil {
-			all = append(all, e)
-		}
-	}
 	slices.Reverse(all)
-	d := auditData{Days: days, Page: page, Total: len(all), Pages: max(1, (len(all)+auditPageSize-1)/auditPageSize)}
+	d := auditData{Days: days, Page: page, Total: total, Shown: len(all), Pages: max(1, (len(all)+auditPageSize-1)/auditPageSize)}
 	lo := min((page-1)*auditPageSize, len(all))
 	d.Entries = all[lo:min(lo+auditPageSize, len(all))]
 	c.renderView(w, s, http.StatusOK, "audit", view{Title: "audit log", Data: d})
