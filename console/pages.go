@@ -373,13 +373,22 @@ type usageData struct {
 	BySize            []admin.SummaryGroup
 	AccountCharts     []chart
 	SizeCharts        []chart
+	SizeDayCharts     []chart
 	CSV               string
 }
 
 func (c *Console) summary(r *http.Request, s *session, by string, from, to time.Time, acct string) ([]admin.SummaryGroup, error) {
+	return c.summaryOf(r, s, by, from, to, url.Values{"account": {acct}})
+}
+
+// summaryOf is GET /usage/summary grouped by by over [from, to), with the
+// non-empty filters of f (account, size).
+func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to time.Time, f url.Values) ([]admin.SummaryGroup, error) {
 	q := url.Values{"group_by": {by}, "from": {from.Format(time.RFC3339)}, "to": {to.Format(time.RFC3339)}}
-	if acct != "" {
-		q.Set("account", acct)
+	for k := range f {
+		if v := f.Get(k); v != "" {
+			q.Set(k, v)
+		}
 	}
 	var sum admin.UsageSummary
 	if err := c.call(r, s.token, http.MethodGet, "/usage/summary?"+q.Encode(), nil, &sum); err != nil {
@@ -422,6 +431,19 @@ func (c *Console) usage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.SizeCharts = sizeCharts(d.BySize)
+	sizes := map[string]bool{}
+	for _, g := range d.BySize {
+		if sizes[g.Key] || g.Key == "" {
+			continue
+		}
+		sizes[g.Key] = true
+		days, err := c.summaryOf(r, s, "day", from, to, url.Values{"size": {g.Key}})
+		if err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
+		d.SizeDayCharts = append(d.SizeDayCharts, dayCharts("size "+g.Key, days, from, to)...)
+	}
 	seen := map[string]bool{}
 	for _, g := range d.ByAccount {
 		if seen[g.Key] || len(seen) == 10 {

@@ -168,6 +168,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	if sz := get(t, ctx, "size chart", chromedp.AttributeValue(chromedp.CSS(`#size-charts figure[data-metric="seconds"] rect[data-day="standard"]`), "data-value")); !sz.Exists || sz.Value == "0" {
 		t.Errorf("usage chart's bar for size standard = %+v; want seconds", sz)
 	}
+	if sd := get(t, ctx, "size-day chart", chromedp.AttributeValue(chromedp.CSS(`#size-charts rect[data-day="`+today+`"]`), "data-value")); !sd.Exists || sd.Value == "0" {
+		t.Errorf("per-size chart's bar for %s = %+v; want seconds", today, sd)
+	}
 	if href := get(t, ctx, "csv link", chromedp.AttributeValue(chromedp.ID("csv"), "href")); href.Value != "/console/usage.csv?month="+today[:7] {
 		t.Errorf("CSV link = %q; want /console/usage.csv?month=%s", href.Value, today[:7])
 	}

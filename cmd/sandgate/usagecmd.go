@@ -27,7 +27,7 @@ func usageFlags(cmd *cobra.Command, f *adminFlags) {
 // usageSummaryCommand is `sandgate usage summary`: GET /admin/v1/usage/summary.
 func usageSummaryCommand() *cobra.Command {
 	var f adminFlags
-	var by, from, to, acct, inst, agent string
+	var by, from, to, acct, inst, agent, size string
 	cmd := &cobra.Command{
 		Use:   "summary [--group-by account|instance|agent|size|day]",
 		Short: "Total the usage ledger by account, instance, agent, size or UTC day (finance or admin token)",
@@ -40,7 +40,7 @@ rounded once at the currency's minor units.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			q := url.Values{"group_by": {by}}
-			for k, v := range map[string]string{"from": from, "to": to, "account": acct, "instance": inst, "agent": agent} {
+			for k, v := range map[string]string{"from": from, "to": to, "account": acct, "instance": inst, "agent": agent, "size": size} {
 				if v == "" {
 					continue
 				}
@@ -78,6 +78,7 @@ rounded once at the currency's minor units.`,
 	fl.StringVar(&acct, "account", "", "only this account")
 	fl.StringVar(&inst, "instance", "", "only this instance")
 	fl.StringVar(&agent, "agent", "", "only this agent")
+	fl.StringVar(&size, "size", "", "only this size (small, standard, large, xlarge)")
 	return cmd
 }
 
