@@ -12,7 +12,6 @@ package console
 import (
 	"bytes"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"embed"
 	"encoding/base64"
@@ -64,7 +63,6 @@ type Console struct {
 	api   http.Handler
 	clock sandgate.Clock
 	log   *slog.Logger
-	key   []byte // signs CSRF tokens; new at every start, so a restart ends every form
 	pages map[string]*template.Template
 	mux   *http.ServeMux
 	refs  *refusals
@@ -81,9 +79,8 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	c := &Console{api: cfg.API, clock: cfg.Clock, log: cfg.Log, key: make([]byte, 32), pages: map[string]*template.Template{},
+	c := &Console{api: cfg.API, clock: cfg.Clock, log: cfg.Log, pages: map[string]*template.Template{},
 		refs: &refusals{metrics: cfg.Metrics}}
-	rand.Read(c.key)
 	names, err := fs.Glob(files, "templates/*.html")
 	if err != nil {
 		return nil, err
@@ -147,12 +144,14 @@ func (s *session) may(roles ...admin.Role) bool {
 	return false
 }
 
-// csrfFor is the CSRF token of the session of tok: an HMAC of the token's
-// hash under the console's key, so it needs no storage and differs per
-// operator token.
-func (c *Console) csrfFor(tok sandgate.Secret) string {
-	m := hmac.New(sha256.New, c.key)
-	m.Write([]byte("csrf:" + admin.HashToken(tok)))
+// csrfFor is the CSRF token of the session of tok: an HMAC keyed by the
+// operator token itself, so it needs no storage, holds in every broker
+// process and across restarts, differs per operator token, and cannot be
+// made without the token, which the cookie keeps from the page's scripts
+// and other sites.
+func csrfFor(tok sandgate.Secret) string {
+	m := hmac.New(sha256.New, []byte(tok.Reveal()))
+	m.Write([]byte("sandgate console csrf v1"))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
@@ -177,7 +176,7 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) *session {
 		c.fail(w, r, nil, err)
 		return nil
 	}
-	return &session{token: tok, who: who, csrf: c.csrfFor(tok)}
+	return &session{token: tok, who: who, csrf: csrfFor(tok)}
 }
 
 // change returns the session of a POST whose CSRF token is right, or nil

@@ -227,3 +227,21 @@ func TestAuditPages(t *testing.T) {
 		}
 	}
 }
+
+// TestCSRFHoldsAcrossProcesses: a form of one broker process is accepted
+// by another (or by the same after a restart): the token needs no state.
+func TestCSRFHoldsAcrossProcesses(t *testing.T) {
+	one, _ := newConsole(t)
+	other, api := newConsole(t)
+	_, page := send(t, one, http.MethodGet, "/console/controls", adminTok, nil, nil)
+	csrf := csrfPattern.FindStringSubmatch(page)[1]
+	resp, _ := send(t, other, http.MethodPost, "/console/controls/stop", adminTok,
+		url.Values{"csrf": {csrf}, "on": {"false"}}, nil)
+	if resp.StatusCode != http.StatusSeeOther || api.stopCalls() != 1 {
+		t.Errorf("another process's form = %d with %d stops; want 303 and the stop lifted", resp.StatusCode, api.stopCalls())
+	}
+	_, fpage := send(t, one, http.MethodGet, "/console/", financeTok, nil, nil)
+	if fcsrf := csrfPattern.FindStringSubmatch(fpage)[1]; fcsrf == csrf {
+		t.Error("two operator tokens have the same CSRF token")
+	}
+}
