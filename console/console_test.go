@@ -44,7 +44,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch r.Method + " " + r.URL.Path {
-	case "GET /admin/v1/whoami":
+	case "GET /admin/v1/whoami", "POST /admin/v1/signin", "POST /admin/v1/signout":
 		json.NewEncoder(w).Encode(admin.Whoami{Name: string(role), Role: role, Actor: string(role) + ":sgo_TEST"})
 	case "GET /admin/v1/audit":
 		w.Header().Set("Content-Type", "application/x-ndjson")

@@ -135,9 +135,9 @@ func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 	c.renderView(w, nil, http.StatusOK, "login", view{Title: "sign in"})
 }
 
-// login checks the token against the operator API (GET /whoami: an
-// unknown token is refused, and audited, there) and keeps it in the
-// session cookie.
+// login checks the token against the operator API (POST /signin, audited
+// as console.signin; an unknown token is refused, and audited, there) and
+// keeps it in the session cookie.
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	if err := r.ParseForm(); err != nil {
 		c.renderView(w, nil, http.StatusBadRequest, "login", view{Title: "sign in", Flash: "the form could not be read"})
@@ -145,7 +145,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	}
 	tok := sandgate.Secret(strings.TrimSpace(r.PostForm.Get("token")))
 	var who admin.Whoami
-	if err := c.call(r, tok, http.MethodGet, "/whoami", nil, &who); err != nil {
+	if err := c.call(r, tok, http.MethodPost, "/signin", nil, &who); err != nil {
 		var ae *apiError
 		if errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {
 			c.renderView(w, nil, http.StatusUnauthorized, "login", view{Title: "sign in", Flash: "unknown operator token"})
@@ -159,8 +159,12 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
-	if c.change(w, r) == nil {
+	s := c.change(w, r)
+	if s == nil {
 		return
+	}
+	if err := c.call(r, s.token, http.MethodPost, "/signout", nil, nil); err != nil {
+		c.log.Warn("console sign-out not audited", slog.Any(sandgate.KeyError, err))
 	}
 	clearCookie(w)
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)

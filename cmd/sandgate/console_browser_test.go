@@ -175,11 +175,12 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("CSV link = %q; want /console/usage.csv?month=%s", href.Value, today[:7])
 	}
 
-	// The kill and the stop are in the audit log.
+	// The sign-in, the kill and the stop are in the audit log.
 	do(t, ctx, "audit page",
 		chromedp.Navigate(base+"audit"),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-action="workspace.kill"][data-status="200"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`tr[data-action="stop.on"][data-status="200"]`)))
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-action="stop.on"][data-status="200"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-action="console.signin"][data-status="200"]`)))
 
 	// Finance: no controls to find, and no way to call them.
 	do(t, ctx, "sign out", chromedp.Click(chromedp.ID("signout")), chromedp.WaitVisible(chromedp.ID("token")))
