@@ -1,8 +1,9 @@
 # The README's test command: `make test` installs what the tests need on a
 # fresh Debian machine (redis-server, bubblewrap, e2fsprogs and util-linux for
-# the local provider's disk images) and runs every test with -race.
+# the local provider's disk images, protoc, jq and curl for the README's shell
+# blocks, chromium for the console's browser tests) and runs every test with -race.
 GO ?= go
-APT_PACKAGES := redis-server bubblewrap protobuf-compiler e2fsprogs util-linux mount
+APT_PACKAGES := redis-server bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl chromium
 
 .PHONY: test deps vet bench generate
 
@@ -15,6 +16,9 @@ deps:
 	command -v mkfs.ext4 >/dev/null 2>&1 || missing="$$missing e2fsprogs"; \
 	command -v prlimit >/dev/null 2>&1 || missing="$$missing util-linux"; \
 	command -v mount >/dev/null 2>&1 || missing="$$missing mount"; \
+	command -v jq >/dev/null 2>&1 || missing="$$missing jq"; \
+	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

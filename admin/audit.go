@@ -54,6 +54,8 @@ func (s *Server) audit(next echo.HandlerFunc) echo.HandlerFunc {
 		if id := c.Param("id"); id != "" {
 			if strings.HasPrefix(c.Path(), "/admin/v1/accounts/") {
 				n.target = "account:" + id
+			} else if strings.HasPrefix(c.Path(), "/admin/v1/workspaces/") {
+				n.target = "workspace:" + id
 			} else {
 				n.target = "instance:" + id
 			}

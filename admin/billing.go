@@ -238,7 +238,7 @@ type Balance struct {
 }
 
 func toBalance(b billing.Balance) Balance {
-	f := billing.FormatAmount
+	f := func(m int64) string { return billing.FormatExact(m, b.Currency) }
 	return Balance{AccountID: b.AccountID, Currency: b.Currency, Postpaid: b.Postpaid,
 		Available: f(b.AvailableMicros), Holds: f(b.HoldsMicros), Settled: f(b.SettledMicros), Balance: f(b.BalanceMicros),
 		Credits: f(b.CreditsMicros), Debits: f(b.DebitsMicros), CreditLimit: f(b.CreditLimitMicros),

@@ -35,6 +35,9 @@ func TestBillingRolesAndIdempotentFunds(t *testing.T) {
 	if st, _ := e.refused(adminToken, http.MethodPut, "/accounts/"+acct+"/billing", admin.BillingSettings{RateCard: "std", Currency: "usd"}); st != 400 {
 		t.Fatalf("bad currency: %d, want 400", st)
 	}
+	if st, code := e.refused(adminToken, http.MethodPut, "/accounts/"+acct+"/billing", admin.BillingSettings{RateCard: "std", Currency: "ABC"}); st != 400 || code != protocol.InvalidRequest {
+		t.Fatalf("currency ABC (not ISO 4217): %d %s, want 400 invalid_request", st, code)
+	}
 	e.do(adminToken, http.MethodPut, "/accounts/"+acct+"/billing", admin.BillingSettings{RateCard: "std", Currency: "EUR", CreditLimit: "10"}, nil)
 
 	credit := admin.FundsRequest{Amount: "25.00", Reason: "wire 123", IdempotencyKey: "w123"}

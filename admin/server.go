@@ -177,6 +177,8 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) (*Ser
 	route(http.MethodGet, "/status", "status.read", s.status, ops)
 	route(http.MethodGet, "/audit", "audit.export", s.exportAudit, ops)
 	s.usageRoutes(route)
+	s.workspaceRoutes(route)
+	s.whoamiRoutes(route)
 	s.billingRoutes(route)
 	s.echo = e
 	return s, nil

@@ -49,6 +49,7 @@ type usageRange struct {
 	Account  string `json:"account,omitempty"`
 	Instance string `json:"instance,omitempty"`
 	Agent    string `json:"agent,omitempty"`
+	Size     string `json:"size,omitempty"`
 	Format   string `json:"format,omitempty"`
 	GroupBy  string `json:"group_by,omitempty"`
 	Rows     int64  `json:"rows"`
@@ -62,7 +63,10 @@ func (s *Server) parseUsageQuery(c echo.Context) (usageQuery, error) {
 	ctx := c.Request().Context()
 	month := billing.MonthOf(s.clock.Now())
 	q := usageQuery{filter: billing.ExportFilter{From: month, To: month.AddDate(0, 1, 0),
-		InstanceID: c.QueryParam("instance"), Agent: c.QueryParam("agent")}}
+		InstanceID: c.QueryParam("instance"), Agent: c.QueryParam("agent"), Size: c.QueryParam("size")}}
+	if _, ok := sandgate.LookupSize(q.filter.Size); q.filter.Size != "" && !ok {
+		return q, invalid("size must be one of small, standard, large, xlarge")
+	}
 	for _, p := range []struct {
 		name string
 		dst  *time.Time
@@ -108,7 +112,7 @@ func (s *Server) parseUsageQuery(c echo.Context) (usageQuery, error) {
 
 func (q usageQuery) audited(c echo.Context) *usageRange {
 	return &usageRange{From: q.filter.From.Format(time.RFC3339), To: q.filter.To.Format(time.RFC3339),
-		Account: c.QueryParam("account"), Instance: q.filter.InstanceID, Agent: q.filter.Agent}
+		Account: c.QueryParam("account"), Instance: q.filter.InstanceID, Agent: q.filter.Agent, Size: q.filter.Size}
 }
 
 func (s *Server) ledger() *billing.Ledger { return billing.NewLedger(s.db.Redis()) }

@@ -131,10 +131,12 @@ type ExportFilter struct {
 	From, To   time.Time
 	InstanceID string
 	Agent      string
+	Size       string // only entries of workspaces of this size (adjustments carry none)
 }
 
 func (f ExportFilter) match(e UsageEntry) bool {
-	return (f.InstanceID == "" || e.InstanceID == f.InstanceID) && (f.Agent == "" || e.Agent == f.Agent)
+	return (f.InstanceID == "" || e.InstanceID == f.InstanceID) && (f.Agent == "" || e.Agent == f.Agent) &&
+		(f.Size == "" || e.Size == f.Size)
 }
 
 // Scanner reads an account's usage ledger; *[Ledger] is the one in use.

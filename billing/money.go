@@ -3,6 +3,7 @@ package billing
 import (
 	"errors"
 	"fmt"
+	"golang.org/x/text/currency"
 	"math"
 	"math/bits"
 	"strconv"
@@ -108,18 +109,15 @@ func WorstCase(unitMicros int64, created, expires time.Time) (int64, error) {
 	return Amount(unitMicros, MeteredSeconds(created, expires))
 }
 
-// ValidCurrency reports whether c looks like an ISO 4217 code (three
-// upper-case letters).
+// ValidCurrency reports whether c is an ISO 4217 currency code, in
+// upper case (USD, EUR, JPY; XXX, "no currency", included), as
+// golang.org/x/text/currency knows them. "ABC" and "usd" are not.
 func ValidCurrency(c string) bool {
-	if len(c) != 3 {
+	if len(c) != 3 || strings.ToUpper(c) != c {
 		return false
 	}
-	for _, r := range c {
-		if r < 'A' || r > 'Z' {
-			return false
-		}
-	}
-	return true
+	_, err := currency.ParseISO(c)
+	return err == nil
 }
 
 // NoCurrency is ISO 4217's "no currency", the currency of an account never

@@ -54,11 +54,11 @@ func (f *adminFlags) print(w io.Writer, v any, plain string) error {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
-	case "", "text":
+	case "", "text", "table":
 		_, err := fmt.Fprintln(w, plain)
 		return err
 	}
-	return fmt.Errorf("-o %q: want json or text", f.output)
+	return fmt.Errorf("-o %q: want table or json", f.output)
 }
 
 func adminCommand() *cobra.Command {
@@ -66,11 +66,12 @@ func adminCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "admin", Short: "Drive the operator API (accounts, instances, tokens, stops, pauses, limits, audit, billing)"}
 	cmd.PersistentFlags().StringVar(&f.url, "url", "", "operator API URL (default $SANDGATE_ADMIN_URL)")
 	cmd.PersistentFlags().StringVar(&f.token, "token", "", "operator token (default $SANDGATE_ADMIN_TOKEN)")
-	cmd.PersistentFlags().StringVarP(&f.output, "output", "o", "", "output format: text (default) or json")
+	cmd.PersistentFlags().StringVarP(&f.output, "output", "o", "", "output format: table (default) or json")
 	cmd.PersistentFlags().DurationVar(&f.timeout, "timeout", 10*time.Minute, "bound on one request (a stop waits for its workspaces to end)")
 	cmd.AddCommand(accountCommand(f), instanceCommand(f), tokenCommand(f),
 		stopCommand(f), pauseCommand(f), resumeCommand(f), limitsCommand(f), statusCommand(f), auditCommand(f),
 		rateCardCommand(f), billingCommand(f), fundsCommand(f), budgetCommand(f))
+	cmd.AddCommand(workspaceCommand(f))
 	return cmd
 }
 
@@ -96,14 +97,11 @@ func accountCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodGet, "/accounts", nil, &as); err != nil {
 				return err
 			}
-			plain := ""
-			for i, a := range as {
-				if i > 0 {
-					plain += "\n"
-				}
-				plain += a.ID + "\t" + a.Name
+			var rows [][]string
+			for _, a := range as {
+				rows = append(rows, []string{a.ID, a.Name, a.CreatedAt})
 			}
-			return f.print(cmd.OutOrStdout(), as, plain)
+			return f.print(cmd.OutOrStdout(), as, table([]string{"ID", "NAME", "CREATED"}, rows))
 		},
 	}
 	cmd.AddCommand(create, list)
@@ -175,7 +173,7 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodGet, "/instances/"+url.PathEscape(args[0]), nil, &in); err != nil {
 				return err
 			}
-			if f.output == "" || f.output == "text" {
+			if f.output == "" || f.output == "text" || f.output == "table" {
 				f.output = "json" // the scope has no one-line form
 			}
 			return f.print(cmd.OutOrStdout(), in, "")
@@ -189,14 +187,11 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodGet, "/instances?account="+url.QueryEscape(acct), nil, &ins); err != nil {
 				return err
 			}
-			plain := ""
-			for i, in := range ins {
-				if i > 0 {
-					plain += "\n"
-				}
-				plain += in.ID + "\t" + in.AccountID + "\t" + in.Name
+			var rows [][]string
+			for _, in := range ins {
+				rows = append(rows, []string{in.ID, in.AccountID, in.Name, in.Provider, in.CreatedAt})
 			}
-			return f.print(cmd.OutOrStdout(), ins, plain)
+			return f.print(cmd.OutOrStdout(), ins, table([]string{"ID", "ACCOUNT", "NAME", "PROVIDER", "CREATED"}, rows))
 		},
 	}
 	list.Flags().StringVar(&acct, "account", "", "only this account's instances")
@@ -221,14 +216,11 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodGet, "/providers", nil, &ps); err != nil {
 				return err
 			}
-			plain := ""
-			for i, p := range ps {
-				if i > 0 {
-					plain += "\n"
-				}
-				plain += fmt.Sprintf("%s\t%s\tdefault=%t\taccept_new=%t\tegress=%s", p.Name, p.Kind, p.Default, p.AcceptNew, p.Egress)
+			var rows [][]string
+			for _, p := range ps {
+				rows = append(rows, []string{p.Name, p.Kind, fmt.Sprint(p.Default), fmt.Sprint(p.AcceptNew), p.Egress})
 			}
-			return f.print(cmd.OutOrStdout(), ps, plain)
+			return f.print(cmd.OutOrStdout(), ps, table([]string{"NAME", "KIND", "DEFAULT", "ACCEPT_NEW", "EGRESS"}, rows))
 		},
 	}
 	cmd.AddCommand(create, get, list, setProvider, providersCmd)
@@ -318,14 +310,11 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodGet, "/instances/"+url.PathEscape(inst)+"/tokens", nil, &out); err != nil {
 				return err
 			}
-			plain := ""
-			for i, l := range out {
-				if i > 0 {
-					plain += "\n"
-				}
-				plain += l.ID + "\t" + l.TokenPrefix + "…\t" + l.State
+			var rows [][]string
+			for _, l := range out {
+				rows = append(rows, []string{l.ID, l.TokenPrefix + "…", l.State, l.IssuedAt})
 			}
-			return f.print(cmd.OutOrStdout(), out, plain)
+			return f.print(cmd.OutOrStdout(), out, table([]string{"LEASE", "TOKEN", "STATE", "ISSUED"}, rows))
 		},
 	}
 	list.Flags().StringVar(&inst, "instance", "", "instance id (required)")

@@ -56,11 +56,19 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodGet, "/rate-cards", nil, &out); err != nil {
 				return err
 			}
-			lines := make([]string, 0, len(out))
-			for _, rc := range out {
-				lines = append(lines, rateCardLine(rc))
+			header := []string{"NAME", "VERSION"}
+			for _, s := range sandgate.StandardSizes {
+				header = append(header, strings.ToUpper(s.Name)+"/S")
 			}
-			return f.print(cmd.OutOrStdout(), out, strings.Join(lines, "\n"))
+			var rows [][]string
+			for _, rc := range out {
+				row := []string{rc.Name, fmt.Sprint(rc.Version)}
+				for _, s := range sandgate.StandardSizes {
+					row = append(row, rc.Prices[s.Name])
+				}
+				rows = append(rows, row)
+			}
+			return f.print(cmd.OutOrStdout(), out, table(header, rows))
 		},
 	}
 	cmd.AddCommand(create, list)
@@ -176,7 +184,7 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 	var acct string
 	var req admin.BudgetRequest
 	show := func(cmd *cobra.Command, out []admin.Budget) error {
-		lines := []string{}
+		var rows [][]string
 		for _, b := range out {
 			scope := "account"
 			if b.InstanceID != "" {
@@ -189,9 +197,9 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 			if b.Soft {
 				kind = "soft"
 			}
-			lines = append(lines, fmt.Sprintf("%s monthly=%s used=%s %s", scope, b.Monthly, b.Used, kind))
+			rows = append(rows, []string{scope, b.Monthly, b.Used, kind})
 		}
-		return f.print(cmd.OutOrStdout(), out, strings.Join(lines, "\n"))
+		return f.print(cmd.OutOrStdout(), out, table([]string{"SCOPE", "MONTHLY", "USED", "KIND"}, rows))
 	}
 	set := &cobra.Command{
 		Use:   "set --account ID [--instance ID] [--agent SLUG] --monthly 100.00 [--soft]",

@@ -161,6 +161,7 @@ func (b *broker) run(ctx context.Context) error {
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
 	ops := &http.Server{Handler: withMetrics(adm.Handler(), metricsHandler, hl), ReadHeaderTimeout: readHeaderTimeout,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
+	ops.Handler = withConsole(ops.Handler, adm.Handler(), clock, b.log.With("component", "console"))
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

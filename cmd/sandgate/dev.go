@@ -32,6 +32,9 @@ type devState struct {
 	LeaseID    string `json:"lease_id"`
 	Token      string `json:"token"`
 	AdminToken string `json:"admin_token"`
+	// FinanceToken is an operator token of role finance, for the README's
+	// finance section and the console's finance view.
+	FinanceToken string `json:"finance_token"`
 }
 
 // operatorPrefix starts dev operator tokens, so scanners tell them apart
@@ -46,7 +49,8 @@ func devCommand() *cobra.Command {
 		Long: `dev runs a complete broker for trying sandgate: an embedded in-memory
 Redis-protocol store (nothing survives a restart but the token), the local
 bubblewrap provider, and a self-signed CA. It bootstraps one account,
-instance and token and prints them, also writing DATA_DIR/dev.env.
+instance and token, an admin and a finance operator token, and prints
+them, also writing DATA_DIR/dev.env.
 With --provider KIND the instance runs on that provider instead, its
 credentials and endpoint read from the vendor's own environment variables
 (see the README); the local provider is configured beside it.
@@ -130,7 +134,9 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 
 	b := &broker{cfg: cfg, log: log, rdb: rdb, tls: serverTLS(cert),
 		operators: []admin.OperatorToken{{Name: "dev", Role: admin.RoleAdmin,
-			Hash: admin.HashToken(sandgate.Secret(st.AdminToken)), Prefix: admin.TokenPrefix(sandgate.Secret(st.AdminToken))}}}
+			Hash: admin.HashToken(sandgate.Secret(st.AdminToken)), Prefix: admin.TokenPrefix(sandgate.Secret(st.AdminToken))},
+			{Name: "dev-finance", Role: admin.RoleFinance,
+				Hash: admin.HashToken(sandgate.Secret(st.FinanceToken)), Prefix: admin.TokenPrefix(sandgate.Secret(st.FinanceToken))}}}
 	if b.public, err = net.Listen("tcp", listen); err != nil {
 		return err
 	}
@@ -153,6 +159,7 @@ func devEnv(public, adminAddr, caPath string, st devState) string {
 	fmt.Fprintf(&b, "BROKER_TOKEN=%s\n", st.Token)
 	fmt.Fprintf(&b, "SANDGATE_ADMIN_URL=http://%s\n", adminAddr)
 	fmt.Fprintf(&b, "SANDGATE_ADMIN_TOKEN=%s\n", st.AdminToken)
+	fmt.Fprintf(&b, "FINANCE_TOKEN=%s\n", st.FinanceToken)
 	fmt.Fprintf(&b, "# try: curl --cacert \"$BROKER_CA\" -H \"Authorization: Bearer $BROKER_TOKEN\" \"$BROKER_URL/v1/lease\"\n")
 	return b.String()
 }
@@ -189,6 +196,9 @@ func bootstrapDev(ctx context.Context, db *store.DB, st *devState, provider stri
 			Token:      token.New(token.Prefix).Reveal(),
 			AdminToken: token.New(operatorPrefix).Reveal(),
 		}
+	}
+	if !token.Valid(st.FinanceToken, operatorPrefix) {
+		st.FinanceToken = token.New(operatorPrefix).Reveal() // dev.json of a run before finance tokens
 	}
 	if err := db.CreateAccount(ctx, sandgate.Account{ID: st.AccountID, Name: "dev", CreatedAt: now}); err != nil {
 		return fmt.Errorf("bootstrap account: %w", err)

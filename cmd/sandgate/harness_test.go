@@ -382,7 +382,7 @@ type devBroker struct {
 }
 
 // devEnvKeys are the variables dev.env must define.
-var devEnvKeys = []string{"BROKER_URL", "BROKER_CA", "BROKER_TOKEN", "SANDGATE_ADMIN_URL", "SANDGATE_ADMIN_TOKEN"}
+var devEnvKeys = []string{"BROKER_URL", "BROKER_CA", "BROKER_TOKEN", "SANDGATE_ADMIN_URL", "SANDGATE_ADMIN_TOKEN", "FINANCE_TOKEN"}
 
 // startDev runs `sandgate dev` on runtime-chosen ports in a fresh working
 // directory (data dir .sandgate inside it, as the README runs it) and waits

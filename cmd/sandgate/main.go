@@ -31,5 +31,8 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetVersionTemplate(readBuildInfo().String())
 	root.AddCommand(serveCommand(), devCommand(), adminCommand(), usageCommand(), versionCommand())
+	root.AddCommand(operatorTokenCommand())
+	refuseUnknownSubcommands(root)
+	addExamples(root)
 	return root
 }

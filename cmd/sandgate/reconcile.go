@@ -17,6 +17,7 @@ import (
 func usageCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "usage", Short: "Reconcile and export the usage ledger (finance or admin token)"}
 	cmd.AddCommand(reconcileCommand(), usageExportCommand())
+	cmd.AddCommand(usageSummaryCommand(), usageStatementCommand())
 	return cmd
 }
 
@@ -51,10 +52,11 @@ func reconcileCommand() *cobra.Command {
 				if len(r.Drift) > 0 {
 					status = "DRIFT"
 				}
+				f := func(m int64) string { return billing.FormatExact(m, r.Stored.Currency) }
 				lines = append(lines, fmt.Sprintf("%s %s balance=%s holds=%s settled=%s credits=%s debits=%s open_holds=%d usage_entries=%d",
-					r.AccountID, status, billing.FormatAmount(r.Stored.BalanceMicros), billing.FormatAmount(r.Stored.HoldsMicros),
-					billing.FormatAmount(r.Stored.SettledMicros), billing.FormatAmount(r.Stored.CreditsMicros),
-					billing.FormatAmount(r.Stored.DebitsMicros), r.OpenHolds, r.UsageEntries))
+					r.AccountID, status, f(r.Stored.BalanceMicros), f(r.Stored.HoldsMicros),
+					f(r.Stored.SettledMicros), f(r.Stored.CreditsMicros),
+					f(r.Stored.DebitsMicros), r.OpenHolds, r.UsageEntries))
 				for _, d := range r.Drift {
 					lines = append(lines, "  "+d)
 				}
@@ -73,7 +75,7 @@ func reconcileCommand() *cobra.Command {
 	fl.StringVar(&acct, "account", "", "one account (default: every account)")
 	fl.StringVar(&f.url, "url", "", "operator API URL (default $SANDGATE_ADMIN_URL)")
 	fl.StringVar(&f.token, "token", "", "operator token (default $SANDGATE_ADMIN_TOKEN)")
-	fl.StringVarP(&f.output, "output", "o", "", "output format: text (default) or json")
+	fl.StringVarP(&f.output, "output", "o", "", "output format: table (default) or json")
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Minute, "bound on the request")
 	return cmd
 }

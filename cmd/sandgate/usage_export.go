@@ -23,6 +23,7 @@ func usageExportCommand() *cobra.Command {
 	var (
 		f                                adminFlags
 		from, to, acct, inst, agent, out string
+		size                             string
 		format                           string
 	)
 	cmd := &cobra.Command{
@@ -56,7 +57,7 @@ progress line counts the rows.`,
 				}
 				q.Set(p.name, t.UTC().Format(time.RFC3339))
 			}
-			for k, v := range map[string]string{"account": acct, "instance": inst, "agent": agent} {
+			for k, v := range map[string]string{"account": acct, "instance": inst, "agent": agent, "size": size} {
 				if v != "" {
 					q.Set(k, v)
 				}
@@ -77,6 +78,7 @@ progress line counts the rows.`,
 	fl.StringVar(&acct, "account", "", "only this account (default: every account, in id order)")
 	fl.StringVar(&inst, "instance", "", "only this instance")
 	fl.StringVar(&agent, "agent", "", "only this agent")
+	fl.StringVar(&size, "size", "", "only this size (small, standard, large, xlarge)")
 	fl.StringVar(&format, "format", "csv", "csv or jsonl")
 	fl.StringVar(&out, "out", "", "write to this file (mode 0600) instead of stdout")
 	return cmd

@@ -1,0 +1,298 @@
+package admin
+
+import (
+	"cmp"
+	"context"
+	"encoding/base64"
+	"errors"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/termination"
+)
+
+// Single workspaces across accounts and instances: list, show and end one
+// (roles admin and operator). An operator's kill ends the workspace with
+// termination_reason emergency_stopped, the spec's reason for "the broker's
+// operator stopped execution"; no other reason of the spec's set says that
+// an operator ended it (docs/protocol-notes.md).
+
+// KillReason is the termination_reason of a workspace an operator ends
+// with DELETE /admin/v1/workspaces/{id}.
+const KillReason = sandgate.ReasonEmergencyStopped
+
+// Workspace is one workspace as the operator API shows it: who owns it,
+// where it runs, how long it has lived and what it has cost so far.
+type Workspace struct {
+	ID                string  `json:"id"`
+	AccountID         string  `json:"account_id"`
+	InstanceID        string  `json:"instance_id"`
+	Provider          string  `json:"provider"`
+	Label             string  `json:"label"`
+	Agent             string  `json:"agent,omitempty"`
+	RunID             string  `json:"run_id,omitempty"`
+	Size              string  `json:"size"`
+	Image             string  `json:"image"`
+	State             string  `json:"state"`
+	CreatedAt         string  `json:"created_at"`
+	StartedAt         *string `json:"started_at"`
+	ExpiresAt         string  `json:"expires_at"`
+	TerminatedAt      *string `json:"terminated_at"`
+	TerminationReason *string `json:"termination_reason"`
+	// AgeSeconds is the whole seconds since created_at (to terminated_at
+	// once it ended).
+	AgeSeconds int64 `json:"age_seconds"`
+	// MeteredSeconds is the whole seconds from the provider-confirmed start
+	// to now (to its recorded end once terminated), rounded up, never past
+	// expires_at: what it would be charged for if it ended now.
+	MeteredSeconds int64  `json:"metered_seconds"`
+	Currency       string `json:"currency"`          // ISO 4217; XXX without a price
+	UnitPrice      int64  `json:"unit_price_micros"` // per second, micro-units
+	AmountMicros   int64  `json:"amount_micros"`     // metered_seconds × unit price
+	Amount         string `json:"amount"`            // amount_micros at the currency's minor units
+}
+
+// WorkspaceList is the answer of GET /admin/v1/workspaces.
+type WorkspaceList struct {
+	Workspaces []Workspace `json:"workspaces"`
+	NextCursor *string     `json:"next_cursor"` // null on the last page
+}
+
+// workspaceRoutes adds the per-workspace routes; New calls it with its
+// route helper.
+func (s *Server) workspaceRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []Role)) {
+	ops := []Role{RoleAdmin, RoleOperator}
+	route(http.MethodGet, "/workspaces", "workspace.list", s.listWorkspaces, ops)
+	route(http.MethodGet, "/workspaces/:id", "workspace.get", s.getWorkspace, ops)
+	route(http.MethodDelete, "/workspaces/:id", "workspace.kill", s.killWorkspace, ops)
+}
+
+// toWorkspace renders w as of now.
+func toWorkspace(w sandgate.Workspace, now time.Time) Workspace {
+	out := Workspace{
+		ID: w.ID, AccountID: w.AccountID, InstanceID: w.InstanceID, Provider: w.Provider,
+		Label: w.Label, Agent: w.Agent, RunID: w.RunID, Size: w.Size, Image: w.Image, State: string(w.State),
+		CreatedAt: wireTime(w.CreatedAt), StartedAt: timePtr(w.StartedAt), ExpiresAt: wireTime(w.ExpiresAt),
+		TerminatedAt: timePtr(w.TerminatedAt), Currency: w.Price.Currency, UnitPrice: w.Price.UnitMicros,
+	}
+	if out.Provider == "" {
+		out.Provider = "local" // records written before providers had names
+	}
+	if w.TerminationReason != "" {
+		r := string(w.TerminationReason)
+		out.TerminationReason = &r
+	}
+	if out.Currency == "" {
+		out.Currency = billing.NoCurrency
+	}
+	end := now
+	if w.State == sandgate.WorkspaceTerminated {
+		out.MeteredSeconds, _ = billing.Metered(w)
+		end = w.TerminatedAt
+	} else {
+		to := now
+		if !w.ExpiresAt.IsZero() && to.After(w.ExpiresAt) {
+			to = w.ExpiresAt
+		}
+		out.MeteredSeconds = billing.MeteredSeconds(w.StartedAt, to)
+	}
+	if end.After(w.CreatedAt) {
+		out.AgeSeconds = int64(end.Sub(w.CreatedAt) / time.Second)
+	}
+	out.AmountMicros, _ = billing.Amount(w.Price.UnitMicros, out.MeteredSeconds)
+	out.Amount = billing.FormatMinor(out.AmountMicros, out.Currency)
+	return out
+}
+
+// workspaceFilter is the query of GET /admin/v1/workspaces.
+type workspaceFilter struct {
+	account, instance, provider string
+	states                      []sandgate.WorkspaceState // nil: every state
+	all                         bool                      // terminated ones too
+	after, before               time.Time                 // created_at in [after, before); zero: unbounded
+	limit                       int
+	afterMS                     int64 // the cursor: the last row of the previous page
+	afterID                     string
+}
+
+func parseWorkspaceFilter(c echo.Context) (workspaceFilter, error) {
+	q := c.QueryParams()
+	f := workspaceFilter{account: q.Get("account"), instance: q.Get("instance"), provider: q.Get("provider"), limit: 100}
+	switch st := q.Get("state"); st {
+	case "", "live":
+		f.states = []sandgate.WorkspaceState{sandgate.WorkspaceStarting, sandgate.WorkspaceRunning, sandgate.WorkspaceTerminating}
+	case "all":
+		f.all = true
+	case string(sandgate.WorkspaceStarting), string(sandgate.WorkspaceRunning), string(sandgate.WorkspaceTerminating):
+		f.states = []sandgate.WorkspaceState{sandgate.WorkspaceState(st)}
+	case string(sandgate.WorkspaceTerminated):
+		f.states, f.all = []sandgate.WorkspaceState{sandgate.WorkspaceTerminated}, true
+	default:
+		return f, invalid("state must be live (the default), all, starting, running, terminating or terminated")
+	}
+	for _, p := range []struct {
+		name string
+		dst  *time.Time
+	}{{"created_after", &f.after}, {"created_before", &f.before}} {
+		if v := q.Get(p.name); v != "" {
+			t, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				return f, invalid(p.name + " must be an RFC 3339 time, for example 2026-01-02T15:04:05Z")
+			}
+			*p.dst = t
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 500 {
+			return f, invalid("limit must be 1 to 500 (default 100)")
+		}
+		f.limit = n
+	}
+	if v := q.Get("cursor"); v != "" {
+		b, err := base64.RawURLEncoding.DecodeString(v)
+		ms, id, ok := strings.Cut(string(b), ":")
+		n, perr := strconv.ParseInt(ms, 10, 64)
+		if err != nil || !ok || perr != nil || id == "" {
+			return f, invalid("cursor is not one this API returned")
+		}
+		f.afterMS, f.afterID = n, id
+	}
+	return f, nil
+}
+
+func workspaceCursor(w sandgate.Workspace) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(w.CreatedAt.UnixMilli(), 10) + ":" + w.ID))
+}
+
+// listWorkspaces is GET /workspaces: the workspaces of every account
+// (or of one account, instance or provider) in creation order, then id,
+// a page at a time. The cursor names the last row returned, so rows
+// created or ended during a walk never shift it.
+func (s *Server) listWorkspaces(c echo.Context) error {
+	f, err := parseWorkspaceFilter(c)
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	acct := f.account
+	if f.instance != "" {
+		in, err := s.instanceByID(ctx, f.instance)
+		if err != nil {
+			return err
+		}
+		if acct != "" && acct != in.AccountID {
+			return c.JSON(http.StatusOK, WorkspaceList{Workspaces: []Workspace{}})
+		}
+		acct = in.AccountID
+	} else if acct != "" {
+		if err := s.account(ctx, acct); err != nil {
+			return err
+		}
+	}
+	now := s.clock.Now()
+	ws, err := s.db.Workspaces(ctx, acct, f.instance, f.all, now)
+	if err != nil {
+		return storeFailed(err)
+	}
+	ws = slices.DeleteFunc(ws, func(w sandgate.Workspace) bool {
+		prov := cmp.Or(w.Provider, "local")
+		created := w.CreatedAt.UnixMilli()
+		return (f.provider != "" && prov != f.provider) ||
+			(f.states != nil && !slices.Contains(f.states, w.State)) ||
+			(!f.after.IsZero() && w.CreatedAt.Before(f.after)) ||
+			(!f.before.IsZero() && !w.CreatedAt.Before(f.before)) ||
+			(f.afterID != "" && (created < f.afterMS || created == f.afterMS && w.ID <= f.afterID))
+	})
+	slices.SortFunc(ws, func(a, b sandgate.Workspace) int {
+		return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
+	})
+	out := WorkspaceList{Workspaces: []Workspace{}}
+	if len(ws) > f.limit {
+		ws = ws[:f.limit]
+		next := workspaceCursor(ws[len(ws)-1])
+		out.NextCursor = &next
+	}
+	for _, w := range ws {
+		out.Workspaces = append(out.Workspaces, toWorkspace(w, now))
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// workspace returns the workspace the route's id names. Returns NotFound.
+func (s *Server) workspace(c echo.Context) (sandgate.Workspace, error) {
+	id := c.Param("id")
+	note(c).target = "workspace:" + id
+	w, err := s.db.FindWorkspace(c.Request().Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		return w, protocol.E(protocol.NotFound, "no such workspace")
+	}
+	if err != nil {
+		return w, storeFailed(err)
+	}
+	return w, nil
+}
+
+func (s *Server) getWorkspace(c echo.Context) error {
+	w, err := s.workspace(c)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, toWorkspace(w, s.clock.Now()))
+}
+
+// killWorkspace is DELETE /workspaces/{id}: it ends one workspace now
+// with reason emergency_stopped (KillReason) and answers its status. A
+// workspace already terminated answers as it is (a kill is idempotent);
+// one still starting is ended by its Acquire when the create returns
+// (state terminating). When the provider does not confirm the end the
+// workspace stays terminating, the reaper retries it, and the answer is
+// 502 upstream_error.
+func (s *Server) killWorkspace(c echo.Context) error {
+	w, err := s.workspace(c)
+	if err != nil {
+		return err
+	}
+	n := note(c)
+	now := s.clock.Now()
+	n.before = toWorkspace(w, now)
+	ctx := c.Request().Context()
+	// Terminate also finishes a workspace already terminating, and
+	// outlives the request.
+	ok, err := s.cfg.Terminator.Terminate(ctx, w, KillReason)
+	res := termination.Result{}
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return protocol.E(protocol.NotFound, "no such workspace")
+	case err != nil:
+		res.Failed = 1
+	case ok || w.State == sandgate.WorkspaceStarting:
+		res.Terminated = 1
+	}
+	n.swept = &res
+	cur, gerr := s.db.Workspace(context.WithoutCancel(ctx), w.AccountID, w.ID)
+	if gerr != nil {
+		cur = w
+	}
+	n.after = toWorkspace(cur, s.clock.Now())
+	s.log.Info("workspace killed", sandgate.WorkspaceAttr(w.ID), slog.String(sandgate.KeyAccountID, w.AccountID),
+		slog.Bool("confirmed", err == nil && ok), slog.String("actor", operator(c).Actor()))
+	if err != nil {
+		if errors.Is(err, termination.ErrProvider) {
+			return &protocol.Error{Code: protocol.UpstreamError, Err: err,
+				Message: "the provider did not confirm the end; the workspace is terminating and the broker retries it"}
+		}
+		return storeFailed(err)
+	}
+	return c.JSON(http.StatusOK, n.after)
+}

@@ -1,0 +1,4 @@
+package console
+
+// ParseRefusals bridges parseRefusals to the external tests.
+var ParseRefusals = parseRefusals

@@ -1,0 +1,701 @@
+package console
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admin"
+)
+
+func (c *Console) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /console/{$}", c.overview)
+	m.HandleFunc("GET /console/login", c.loginPage)
+	m.HandleFunc("POST /console/login", c.login)
+	m.HandleFunc("POST /console/logout", c.logout)
+	m.HandleFunc("GET /console/workspaces", c.workspaces)
+	m.HandleFunc("GET /console/workspaces/{id}/kill", c.killConfirm)
+	m.HandleFunc("POST /console/workspaces/{id}/kill", c.kill)
+	m.HandleFunc("GET /console/accounts", c.accounts)
+	m.HandleFunc("GET /console/usage", c.usage)
+	m.HandleFunc("GET /console/usage.csv", c.usageCSV)
+	m.HandleFunc("GET /console/controls", c.controls)
+	m.HandleFunc("POST /console/controls/stop", c.stop)
+	m.HandleFunc("POST /console/controls/pause", c.pause)
+	m.HandleFunc("POST /console/controls/resume", c.resume)
+	m.HandleFunc("GET /console/audit", c.audit)
+	m.Handle("GET /console/static/", http.StripPrefix("/console/", http.FileServerFS(files)))
+	c.mux = m
+}
+
+// Roles of the pages, as the operator API grants them. The console only
+// hides what a role may not use; the API refuses it all the same.
+var (
+	opsRoles     = []admin.Role{admin.RoleAdmin, admin.RoleOperator}
+	financeRoles = []admin.Role{admin.RoleAdmin, admin.RoleFinance}
+)
+
+// view is what every page template gets.
+type view struct {
+	Title    string
+	Who      admin.Whoami
+	CSRF     string
+	Ops      bool // may see workspaces, controls and the audit log
+	Finance  bool // may see usage
+	SignedIn bool
+	Refresh  int // seconds; 0: no automatic refresh
+	Flash    string
+	Data     any
+}
+
+var funcs = template.FuncMap{
+	"pct": func(used, of int64) int64 {
+		if of <= 0 {
+			return 0
+		}
+		return used * 100 / of
+	},
+	"deref": func(p *string) string {
+		if p == nil {
+			return ""
+		}
+		return *p
+	},
+	"dur": func(s int64) string { return (time.Duration(s) * time.Second).String() },
+	"inc": func(n int) int { return n + 1 },
+	"dec": func(n int) int { return n - 1 },
+}
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, s *session, status int, page string, data any) {
+	c.renderView(w, s, status, page, view{Data: data})
+}
+
+func (c *Console) renderView(w http.ResponseWriter, s *session, status int, page string, v view) {
+	if s != nil {
+		v.Who, v.CSRF, v.SignedIn = s.who, s.csrf, true
+		v.Ops, v.Finance = s.may(opsRoles...), s.may(financeRoles...)
+	}
+	if v.Title == "" {
+		v.Title = page
+	}
+	var b bytes.Buffer
+	t := c.pages[page]
+	if t == nil {
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	if err := t.Execute(&b, v); err != nil {
+		c.log.Error("console page failed", slog.String("page", page), slog.Any(sandgate.KeyError, err))
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	w.Write(b.Bytes())
+}
+
+// errorPage is the data of the error page.
+type errorPage struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+// fail answers a failed API call: the API's own refusal (403 for a role
+// that may not, 404, …), or 500.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, s *session, err error) {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		c.render(w, r, s, ae.Status, "error", errorPage{Status: ae.Status, Code: string(ae.Code), Message: ae.Message})
+		return
+	}
+	c.log.Error("console request failed", slog.String("path", r.URL.Path), slog.Any(sandgate.KeyError, err))
+	c.render(w, r, s, http.StatusInternalServerError, "error", errorPage{Status: 500, Message: "internal error"})
+}
+
+// forbidden answers a page the role may not see, as the API would.
+func (c *Console) forbidden(w http.ResponseWriter, r *http.Request, s *session) {
+	c.render(w, r, s, http.StatusForbidden, "error", errorPage{Status: 403, Code: "forbidden",
+		Message: "this operator token's role does not allow the action"})
+}
+
+func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
+	c.renderView(w, nil, http.StatusOK, "login", view{Title: "sign in"})
+}
+
+// login checks the token against the operator API (POST /signin, audited
+// as console.signin; an unknown token is refused, and audited, there) and
+// keeps it in the session cookie.
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil {
+		c.renderView(w, nil, http.StatusBadRequest, "login", view{Title: "sign in", Flash: "the form could not be read"})
+		return
+	}
+	tok := sandgate.Secret(strings.TrimSpace(r.PostForm.Get("token")))
+	var who admin.Whoami
+	if err := c.call(r, tok, http.MethodPost, "/signin", nil, &who); err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {
+			c.renderView(w, nil, http.StatusUnauthorized, "login", view{Title: "sign in", Flash: "unknown operator token"})
+			return
+		}
+		c.fail(w, r, nil, err)
+		return
+	}
+	setCookie(w, tok.Reveal())
+	http.Redirect(w, r, Prefix, http.StatusSeeOther)
+}
+
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	s := c.change(w, r)
+	if s == nil {
+		return
+	}
+	if err := c.call(r, s.token, http.MethodPost, "/signout", nil, nil); err != nil {
+		c.log.Warn("console sign-out not audited", slog.Any(sandgate.KeyError, err))
+	}
+	clearCookie(w)
+	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+}
+
+// liveWorkspaces walks every page of GET /workspaces with query q.
+func (c *Console) liveWorkspaces(r *http.Request, s *session, q url.Values) ([]admin.Workspace, error) {
+	var out []admin.Workspace
+	q.Set("limit", "500")
+	for range 20 { // 10 000 rows at most on one page of the console
+		var l admin.WorkspaceList
+		if err := c.call(r, s.token, http.MethodGet, "/workspaces?"+q.Encode(), nil, &l); err != nil {
+			return nil, err
+		}
+		out = append(out, l.Workspaces...)
+		if l.NextCursor == nil {
+			break
+		}
+		q.Set("cursor", *l.NextCursor)
+	}
+	return out, nil
+}
+
+// count is one row of a count by key.
+type count struct {
+	Key string
+	N   int
+}
+
+func countBy(ws []admin.Workspace, key func(admin.Workspace) string) []count {
+	m := map[string]int{}
+	for _, w := range ws {
+		m[key(w)]++
+	}
+	out := make([]count, 0, len(m))
+	for k, n := range m {
+		out = append(out, count{k, n})
+	}
+	slices.SortFunc(out, func(a, b count) int { return cmp.Or(cmp.Compare(b.N, a.N), cmp.Compare(a.Key, b.Key)) })
+	return out
+}
+
+type overviewData struct {
+	Live       int
+	ByProvider []count
+	ByAccount  []count
+	Status     *admin.Status
+	Accounts   int
+	Refusals   []refusalRow
+	Since      string // the start of the refusals' window
+	Counted    bool   // whether refusals could be counted
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	s := c.session(w, r)
+	if s == nil {
+		return
+	}
+	var d overviewData
+	if s.may(opsRoles...) {
+		ws, err := c.liveWorkspaces(r, s, url.Values{})
+		if err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
+		d.Live = len(ws)
+		d.ByProvider = countBy(ws, func(w admin.Workspace) string { return w.Provider })
+		d.ByAccount = countBy(ws, func(w admin.Workspace) string { return w.AccountID })
+		var since time.Time
+		d.Refusals, since, d.Counted = c.refs.window(r, c.clock.Now())
+		d.Since = since.UTC().Format(time.RFC3339)
+		d.Status = &admin.Status{}
+		if err := c.call(r, s.token, http.MethodGet, "/status", nil, d.Status); err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
+	}
+	var as []admin.Account
+	if err := c.call(r, s.token, http.MethodGet, "/accounts", nil, &as); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	d.Accounts = len(as)
+	c.renderView(w, s, http.StatusOK, "overview", view{Title: "overview", Refresh: 10, Data: d})
+}
+
+type workspacesData struct {
+	Filter     url.Values
+	States     []string
+	Workspaces []admin.Workspace
+}
+
+// workspaces is the live table: filters, a refresh every 5 s, and a kill
+// button per row.
+func (c *Console) workspaces(w http.ResponseWriter, r *http.Request) {
+	s := c.session(w, r)
+	if s == nil {
+		return
+	}
+	if !s.may(opsRoles...) {
+		c.forbidden(w, r, s)
+		return
+	}
+	f := url.Values{}
+	for _, k := range []string{"account", "instance", "provider", "state"} {
+		if v := strings.TrimSpace(r.URL.Query().Get(k)); v != "" {
+			f.Set(k, v)
+		}
+	}
+	ws, err := c.liveWorkspaces(r, s, cloneValues(f))
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	flash := ""
+	if id := r.URL.Query().Get("killed"); id != "" {
+		flash = "killed " + id
+	}
+	c.renderView(w, s, http.StatusOK, "workspaces", view{Title: "workspaces", Refresh: 5, Flash: flash,
+		Data: workspacesData{Filter: f, States: []string{"live", "all", "starting", "running", "terminating", "terminated"}, Workspaces: ws}})
+}
+
+func cloneValues(v url.Values) url.Values {
+	out := url.Values{}
+	for k, vs := range v {
+		out[k] = slices.Clone(vs)
+	}
+	return out
+}
+
+func (c *Console) killConfirm(w http.ResponseWriter, r *http.Request) {
+	s := c.session(w, r)
+	if s == nil {
+		return
+	}
+	var ws admin.Workspace
+	if err := c.call(r, s.token, http.MethodGet, "/workspaces/"+url.PathEscape(r.PathValue("id")), nil, &ws); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	c.renderView(w, s, http.StatusOK, "kill", view{Title: "kill " + ws.ID, Data: ws})
+}
+
+// kill ends one workspace through DELETE /admin/v1/workspaces/{id}.
+func (c *Console) kill(w http.ResponseWriter, r *http.Request) {
+	s := c.change(w, r)
+	if s == nil {
+		return
+	}
+	id := r.PathValue("id")
+	var ws admin.Workspace
+	if err := c.call(r, s.token, http.MethodDelete, "/workspaces/"+url.PathEscape(id), nil, &ws); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	http.Redirect(w, r, Prefix+"workspaces?killed="+url.QueryEscape(id), http.StatusSeeOther)
+}
+
+// accountRow is one account with its funds and budgets.
+type accountRow struct {
+	Account admin.Account
+	Balance *admin.Balance
+	Budgets []admin.Budget
+}
+
+func (c *Console) accounts(w http.ResponseWriter, r *http.Request) {
+	s := c.session(w, r)
+	if s == nil {
+		return
+	}
+	var as []admin.Account
+	if err := c.call(r, s.token, http.MethodGet, "/accounts", nil, &as); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	rows := make([]accountRow, 0, len(as))
+	for _, a := range as {
+		row := accountRow{Account: a, Balance: &admin.Balance{}}
+		if err := c.call(r, s.token, http.MethodGet, "/accounts/"+url.PathEscape(a.ID)+"/funds", nil, row.Balance); err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
+		if err := c.call(r, s.token, http.MethodGet, "/accounts/"+url.PathEscape(a.ID)+"/budgets", nil, &row.Budgets); err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
+		rows = append(rows, row)
+	}
+	c.renderView(w, s, http.StatusOK, "accounts", view{Title: "accounts", Data: rows})
+}
+
+// month parses ?month=YYYY-MM (default: the current UTC month) into its
+// half-open range.
+func (c *Console) month(r *http.Request) (string, time.Time, time.Time, error) {
+	m := r.URL.Query().Get("month")
+	if m == "" {
+		m = c.clock.Now().UTC().Format("2006-01")
+	}
+	from, err := time.Parse("2006-01", m)
+	if err != nil {
+		return "", time.Time{}, time.Time{}, &apiError{Status: http.StatusBadRequest, Code: "invalid_request", Message: "month must be YYYY-MM"}
+	}
+	return m, from, from.AddDate(0, 1, 0), nil
+}
+
+type usageData struct {
+	Month, Prev, Next string
+	Days              []chart // per currency: seconds and amounts per day
+	ByAccount         []admin.SummaryGroup
+	BySize            []admin.SummaryGroup
+	AccountCharts     []chart
+	SizeCharts        []chart
+	SizeDayCharts     []chart
+	CSV               string
+}
+
+func (c *Console) summary(r *http.Request, s *session, by string, from, to time.Time, acct string) ([]admin.SummaryGroup, error) {
+	return c.summaryOf(r, s, by, from, to, url.Values{"account": {acct}})
+}
+
+// summaryOf is GET /usage/summary grouped by by over [from, to), with the
+// non-empty filters of f (account, size).
+func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to time.Time, f url.Values) ([]admin.SummaryGroup, error) {
+	q := url.Values{"group_by": {by}, "from": {from.Format(time.RFC3339)}, "to": {to.Format(time.RFC3339)}}
+	for k := range f {
+		if v := f.Get(k); v != "" {
+			q.Set(k, v)
+		}
+	}
+	var sum admin.UsageSummary
+	if err := c.call(r, s.token, http.MethodGet, "/usage/summary?"+q.Encode(), nil, &sum); err != nil {
+		return nil, err
+	}
+	return sum.Groups, nil
+}
+
+// usage is the usage page: metered seconds and amounts per day of one
+// month, overall and per account, totals per account and per size, and
+// the month's CSV export.
+func (c *Console) usage(w http.ResponseWriter, r *http.Request) {
+	s := c.session(w, r)
+	if s == nil {
+		return
+	}
+	if !s.may(financeRoles...) {
+		c.forbidden(w, r, s)
+		return
+	}
+	m, from, to, err := c.month(r)
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	d := usageData{Month: m, Prev: from.AddDate(0, -1, 0).Format("2006-01"), Next: to.Format("2006-01"),
+		CSV: Prefix + "usage.csv?month=" + m}
+	days, err := c.summary(r, s, "day", from, to, "")
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	d.Days = dayCharts("all accounts", days, from, to)
+	if d.ByAccount, err = c.summary(r, s, "account", from, to, ""); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	if d.BySize, err = c.summary(r, s, "size", from, to, ""); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	d.SizeCharts = sizeCharts(d.BySize)
+	sizes := map[string]bool{}
+	for _, g := range d.BySize {
+		if sizes[g.Key] || g.Key == "" {
+			continue
+		}
+		sizes[g.Key] = true
+		days, err := c.summaryOf(r, s, "day", from, to, url.Values{"size": {g.Key}})
+		if err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
+		d.SizeDayCharts = append(d.SizeDayCharts, dayCharts("size "+g.Key, days, from, to)...)
+	}
+	seen := map[string]bool{}
+	for _, g := range d.ByAccount {
+		if seen[g.Key] || len(seen) == 10 {
+			continue
+		}
+		seen[g.Key] = true
+		days, err := c.summary(r, s, "day", from, to, g.Key)
+		if err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
+		d.AccountCharts = append(d.AccountCharts, dayCharts(g.Key, days, from, to)...)
+	}
+	c.renderView(w, s, http.StatusOK, "usage", view{Title: "usage", Data: d})
+}
+
+// usageCSV is the month's export as finance downloads it: the operator
+// API's GET /usage?format=csv itself, streamed through.
+func (c *Console) usageCSV(w http.ResponseWriter, r *http.Request) {
+	s := c.session(w, r)
+	if s == nil {
+		return
+	}
+	m, from, to, err := c.month(r)
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	q := url.Values{"format": {"csv"}, "from": {from.Format(time.RFC3339)}, "to": {to.Format(time.RFC3339)}}
+	req, err := apiRequest(r, s.token, http.MethodGet, "/usage?"+q.Encode(), nil)
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	if !s.may(financeRoles...) {
+		c.forbidden(w, r, s)
+		return
+	}
+	w.Header().Set("Content-Disposition", `attachment; filename="usage-`+m+`.csv"`)
+	c.api.ServeHTTP(w, req)
+}
+
+type controlsData struct {
+	Status admin.Status
+}
+
+func (c *Console) controls(w http.ResponseWriter, r *http.Request) {
+	s := c.session(w, r)
+	if s == nil {
+		return
+	}
+	if !s.may(opsRoles...) {
+		c.forbidden(w, r, s)
+		return
+	}
+	var d controlsData
+	if err := c.call(r, s.token, http.MethodGet, "/status", nil, &d.Status); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	c.renderView(w, s, http.StatusOK, "controls", view{Title: "controls", Flash: r.URL.Query().Get("done"), Data: d})
+}
+
+// until turns the form's "for" (a duration such as 30m) into an RFC 3339
+// time; empty means until lifted.
+func (c *Console) until(f url.Values) (string, error) {
+	v := strings.TrimSpace(f.Get("for"))
+	if v == "" {
+		return "", nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return "", &apiError{Status: http.StatusBadRequest, Code: "invalid_request", Message: "for must be a positive duration such as 30m or 2h"}
+	}
+	return c.clock.Now().Add(d).UTC().Format(time.RFC3339), nil
+}
+
+func badForm(msg string) error {
+	return &apiError{Status: http.StatusBadRequest, Code: "invalid_request", Message: msg}
+}
+
+func doneRedirect(w http.ResponseWriter, r *http.Request, msg string) {
+	http.Redirect(w, r, Prefix+"controls?done="+url.QueryEscape(msg), http.StatusSeeOther)
+}
+
+// stop sets or lifts an emergency stop. Setting one needs the word STOP
+// typed into the confirmation field.
+func (c *Console) stop(w http.ResponseWriter, r *http.Request) {
+	s := c.change(w, r)
+	if s == nil {
+		return
+	}
+	f := r.PostForm
+	on := f.Get("on") == "true"
+	req := admin.StopRequest{On: &on, AccountID: strings.TrimSpace(f.Get("account"))}
+	scope := "the broker"
+	if req.AccountID != "" {
+		scope = "account " + req.AccountID
+	}
+	if on {
+		if f.Get("confirm") != "STOP" {
+			c.fail(w, r, s, badForm("type STOP to confirm the emergency stop"))
+			return
+		}
+		until, err := c.until(f)
+		if err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
+		req.Reason, req.Note, req.Until = strings.TrimSpace(f.Get("reason")), f.Get("note"), until
+	}
+	var out admin.Swept
+	if err := c.call(r, s.token, http.MethodPost, "/stop", req, &out); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	if on {
+		doneRedirect(w, r, fmt.Sprintf("emergency stop set on %s: terminated=%d failed=%d", scope, out.Terminated, out.Failed))
+		return
+	}
+	doneRedirect(w, r, "emergency stop lifted on "+scope)
+}
+
+// target reads a pause or resume form's one target: an account or an
+// instance id.
+func target(f url.Values) (acct, inst, id string, err error) {
+	acct, inst = strings.TrimSpace(f.Get("account")), strings.TrimSpace(f.Get("instance"))
+	if (acct == "") == (inst == "") {
+		return "", "", "", badForm("give exactly one of account and instance")
+	}
+	return acct, inst, acct + inst, nil
+}
+
+// pause pauses an account or an instance; the confirmation field must
+// repeat its id.
+func (c *Console) pause(w http.ResponseWriter, r *http.Request) {
+	s := c.change(w, r)
+	if s == nil {
+		return
+	}
+	f := r.PostForm
+	acct, inst, id, err := target(f)
+	if err == nil && strings.TrimSpace(f.Get("confirm")) != id {
+		err = badForm("type the id of the account or instance again to confirm the pause")
+	}
+	var until string
+	if err == nil {
+		until, err = c.until(f)
+	}
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	var out admin.Swept
+	req := admin.PauseRequest{AccountID: acct, InstanceID: inst, Reason: strings.TrimSpace(f.Get("reason")), Note: f.Get("note"), Until: until}
+	if err := c.call(r, s.token, http.MethodPost, "/pause", req, &out); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	doneRedirect(w, r, fmt.Sprintf("paused %s: terminated=%d failed=%d", id, out.Terminated, out.Failed))
+}
+
+func (c *Console) resume(w http.ResponseWriter, r *http.Request) {
+	s := c.change(w, r)
+	if s == nil {
+		return
+	}
+	acct, inst, id, err := target(r.PostForm)
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	if err := c.call(r, s.token, http.MethodPost, "/resume", admin.ResumeRequest{AccountID: acct, InstanceID: inst}, nil); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	doneRedirect(w, r, "resumed "+id)
+}
+
+// auditEntry is one line of the audit export, as the page shows it.
+type auditEntry struct {
+	Time    time.Time `json:"time"`
+	Actor   string    `json:"actor"`
+	Role    string    `json:"role"`
+	Action  string    `json:"action"`
+	Target  string    `json:"target"`
+	Outcome struct {
+		Status     int    `json:"status"`
+		Code       string `json:"code"`
+		Terminated *int   `json:"terminated"`
+		Failed     *int   `json:"failed"`
+	} `json:"outcome"`
+	SourceIP  string `json:"source_ip"`
+	RequestID string `json:"request_id"`
+}
+
+type auditData struct {
+	Days, Page, Pages int
+	Entries           []auditEntry
+	Total             int // entries in the range
+	Shown             int // the newest of them that can be paged (at most auditKeep)
+}
+
+// auditPageSize is the audit page's rows; auditKeep bounds how many of
+// the newest entries of a range the console pages through (the full
+// range is `sandgate admin audit`'s).
+const (
+	auditPageSize = 50
+	auditKeep     = 5000
+)
+
+// audit pages through the audit log of the last days (1 by default),
+// newest first, through the audit export (which audits its own reading).
+func (c *Console) audit(w http.ResponseWriter, r *http.Request) {
+	s := c.session(w, r)
+	if s == nil {
+		return
+	}
+	if !s.may(opsRoles...) {
+		c.forbidden(w, r, s)
+		return
+	}
+	days, _ := strconv.Atoi(r.URL.Query().Get("days"))
+	days = min(max(days, 1), 400)
+	page, _ := strconv.Atoi(r.URL.Query().Get("page"))
+	page = max(page, 1)
+	from := c.clock.Now().Add(-time.Duration(days) * 24 * time.Hour).UTC().Format(time.RFC3339)
+	// Only the newest auditKeep entries are kept while the export streams.
+	var all []auditEntry
+	total := 0
+	err := c.streamLines(r, s.token, "/audit?from="+url.QueryEscape(from), func(line []byte) {
+		var e auditEntry
+		if json.Unmarshal(line, &e) != nil {
+			return
+		}
+		total++
+		if len(all) == auditKeep {
+			all = append(all[:0:0], all[auditKeep/2:]...)
+		}
+		all = append(all, e)
+	})
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	slices.Reverse(all)
+	d := auditData{Days: days, Page: page, Total: total, Shown: len(all), Pages: max(1, (len(all)+auditPageSize-1)/auditPageSize)}
+	lo := min((page-1)*auditPageSize, len(all))
+	d.Entries = all[lo:min(lo+auditPageSize, len(all))]
+	c.renderView(w, s, http.StatusOK, "audit", view{Title: "audit log", Data: d})
+}
