@@ -37,7 +37,11 @@ const inlineStdin = 1 << 20
 //
 // The command runs as the leader of its own session (setsid, which does
 // not fork here: a background job of sh leads no group), so the timeout
-// and the end of the command kill all it started. Each stream goes
+// kills all it started. The answer comes once the command has exited and
+// nothing holds its output open any more; a process it left behind in its
+// session (one that did not leave it, as package runner's runner does) is
+// killed at the timeout by the watchdog, which outlives the answer only
+// while such a process remains. Each stream goes
 // through a FIFO to a reader that keeps the first $3 bytes and counts the
 // rest, so memory and disk stay bounded whatever the command writes. The
 // answer is one line "sandgate-exec STATUS TIMEDOUT MORE_OUT MORE_ERR"
@@ -51,25 +55,19 @@ if [ "$n" -gt 0 ]; then head -c "$n" | base64 -d >>"$d/in" || { rm -rf "$d"; exi
 : >>"$d/in"
 mkfifo "$d/o" "$d/e" || { rm -rf "$d"; exit 92; }
 { head -c "$m" >"$d/so"; wc -c >"$d/no"; } <"$d/o" &
+o=$!
 { head -c "$m" >"$d/se"; wc -c >"$d/ne"; } <"$d/e" &
+e=$!
 setsid sh -c 'echo $$ >"$1/pid"; if [ -n "$2" ]; then cd "$2" || exit 126; fi; shift 2; exec "$@"' sh "$d" "$w" "$@" <"$d/in" >"$d/o" 2>"$d/e" &
 c=$!
-(
-	trap 'kill "$s" 2>/dev/null; exit 0' TERM
-	sleep "$t" &
-	s=$!
-	wait "$s"
-	: >"$d/to"
-	kill -9 "-$c" 2>/dev/null || kill -9 "$c" 2>/dev/null
-) &
+sh -c 'trap "kill \"\$s\" 2>/dev/null; exit 0" TERM; sleep "$1" & s=$!; wait "$s"; : >"$2/to"; kill -9 "-$3" 2>/dev/null || kill -9 "$3" 2>/dev/null' sh "$t" "$d" "$c" </dev/null >/dev/null 2>&1 &
 k=$!
 wait "$c"
 s=$?
-kill "$k" 2>/dev/null
-kill -9 "-$c" 2>/dev/null
-wait
+wait "$o" "$e"
+kill -0 "-$c" 2>/dev/null || kill "$k" 2>/dev/null
 x=0
-[ -e "$d/to" ] && x=1
+[ -e "$d/to" ] && [ "$s" -eq 137 ] && x=1
 a=$(cat "$d/no" 2>/dev/null) b=$(cat "$d/ne" 2>/dev/null)
 echo "sandgate-exec $s $x ${a:-0} ${b:-0}"
 base64 -w0 "$d/so"; echo

@@ -417,7 +417,7 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 		"--disable-userns", // no nested user namespaces: less kernel surface
 		"--cap-drop", "ALL",
 	}
-	for _, c := range j.capAdd {
+	for _, c := range slices.Concat(p.caps, j.capAdd) {
 		o = append(o, "--cap-add", c)
 	}
 	o = append(o,

@@ -38,6 +38,12 @@ type Config struct {
 	DataDir string
 	// BwrapPath is the bwrap binary; "" means look up "bwrap" in PATH.
 	BwrapPath string
+	// GuestCapabilities are capabilities (e.g. "CAP_DAC_OVERRIDE") every
+	// sandbox's root keeps in its own user namespace, where they reach only
+	// the workspace's own files. nil means none. The broker never sets it:
+	// it is for a fake vendor (providers/flymachines/flytest) whose guests
+	// stand for VMs with a real root.
+	GuestCapabilities []string
 }
 
 // Provider runs workspaces as directories on this host under bwrap. Its
@@ -54,6 +60,7 @@ type Provider struct {
 	clock    sandgate.Clock
 	cpus     []int     // the CPUs sandboxes may be pinned to
 	usrLinks []usrLink // how /bin, /lib… reach /usr on this host
+	caps     []string  // Config.GuestCapabilities
 
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
@@ -104,6 +111,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		clock:       env.Clock,
 		cpus:        cpus,
 		usrLinks:    findUsrLinks(),
+		caps:        slices.Clone(c.GuestCapabilities),
 		runs:        make(map[string]map[*run]struct{}),
 		terminating: make(map[string]int),
 	}
