@@ -388,10 +388,17 @@ var devEnvKeys = []string{"BROKER_URL", "BROKER_CA", "BROKER_TOKEN", "SANDGATE_A
 // until dev.env is complete and GET /v1/lease answers 200.
 func startDev(t testing.TB) *devBroker {
 	t.Helper()
+	return startDevEnv(t, nil)
+}
+
+// startDevEnv is startDev with extra environment variables (a vendor's,
+// for --provider) and extra arguments of dev.
+func startDevEnv(t testing.TB, env []string, args ...string) *devBroker {
+	t.Helper()
 	work := t.TempDir()
 	d := &devBroker{workDir: work, dataDir: filepath.Join(work, ".sandgate")}
-	d.process = startProcess(t, "sandgate dev", work, nil,
-		"dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", ".sandgate")
+	d.process = startProcess(t, "sandgate dev", work, env, append([]string{
+		"dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", ".sandgate"}, args...)...)
 	envPath := filepath.Join(d.dataDir, "dev.env")
 	waitFor(t, "dev.env", func() (bool, error) {
 		if d.exited() {

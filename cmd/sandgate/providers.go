@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/flymachines"
 	"github.com/sandgate/sandgate/providers/local"
 )
 
@@ -10,6 +11,7 @@ import (
 // registries of their own.
 func kinds() providers.Registry {
 	return providers.Registry{
-		"local": local.Open,
+		"local":        local.Open,
+		"fly-machines": flymachines.Open,
 	}
 }
