@@ -127,10 +127,33 @@ func (f *fakeFly) machines(t *testing.T, app string) []fakeMachine {
 	return ms
 }
 
+// createMachine creates a Machine in the fake directly, as another
+// client of the account would, and returns its id.
+func (f *fakeFly) createMachine(t *testing.T, app string, metadata map[string]string) string {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"config": map[string]any{
+		"image": "docker.io/library/ubuntu:24.04", "metadata": metadata, "auto_destroy": true,
+		"restart": map[string]string{"policy": "no"}, "guest": map[string]any{"cpu_kind": "shared", "cpus": 1, "memory_mb": 256}}})
+	req, _ := http.NewRequest(http.MethodPost, f.url+"/v1/apps/"+app+"/machines", bytes.NewReader(body))
+	req.Header.Set("Authorization", "FlyV1 "+f.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := httpsClient(loadPool(t, f.caFile)).Do(req)
+	if err != nil {
+		t.Fatalf("create a machine in the fake: %v", err)
+	}
+	defer resp.Body.Close()
+	var m fakeMachine
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || resp.StatusCode != 200 || m.ID == "" {
+		t.Fatalf("create a machine in the fake: HTTP %d, %v", resp.StatusCode, err)
+	}
+	return m.ID
+}
+
 // TestFlyMachinesDev runs `sandgate dev --provider fly-machines` against
 // the fake Machines API with the vendor's own variables and the fake's CA
 // in SSL_CERT_FILE: the README's walk-through verbatim, then a snapshot
-// and a warm start from it. Every Machine is gone at the end, each was
+// and a warm start from it, and an orphan Machine is swept by the
+// reaper. Every Machine is gone at the end, each was
 // created with auto_destroy, restart "no", the lifetime init and only
 // the broker's metadata, and no token or content is in the broker's logs.
 func TestFlyMachinesDev(t *testing.T) {
@@ -202,8 +225,8 @@ func TestFlyMachinesDev(t *testing.T) {
 	}
 
 	ms := f.machines(t, app)
-	if len(ms) < 3 {
-		t.Errorf("the fake had %d machines; want at least 3 (walk-through, cold, warm)", len(ms))
+	if len(ms) != 3 {
+		t.Errorf("the fake had %d machines; want 3 (walk-through, cold, warm)", len(ms))
 	}
 	for _, m := range ms {
 		if m.State != "destroyed" {
@@ -217,6 +240,19 @@ func TestFlyMachinesDev(t *testing.T) {
 			t.Errorf("machine %s metadata = %v; want the broker's three ids", m.ID, cfg.Metadata)
 		}
 	}
+
+	// An orphan: a Machine with the broker's labels and no record. The
+	// reaper's orphan sweep finds it by List and destroys it.
+	orphan := f.createMachine(t, app, map[string]string{
+		"sandgate-broker": "sandgate-dev", "sandgate-workspace": "ws_orphan" + randHex(6), "sandgate-instance": "inst_orphan"})
+	waitFor(t, "the orphan machine swept", func() (bool, error) {
+		for _, m := range f.machines(t, app) {
+			if m.ID == orphan && m.State == "destroyed" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
 
 	d.stop()
 	logs := d.Logs()
