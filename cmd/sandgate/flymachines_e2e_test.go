@@ -127,6 +127,22 @@ func (f *fakeFly) machines(t *testing.T, app string) []fakeMachine {
 	return ms
 }
 
+// readmeBlock returns the first sh block of README.md after heading.
+func readmeBlock(t *testing.T, heading string) string {
+	t.Helper()
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatalf("README.md: %v", err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n"+heading+"\n")
+	_, block, ok2 := strings.Cut(section, "```sh\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatalf("README.md has no sh block under %q", heading)
+	}
+	return block
+}
+
 // createMachine creates a Machine in the fake directly, as another
 // client of the account would, and returns its id.
 func (f *fakeFly) createMachine(t *testing.T, app string, metadata map[string]string) string {
@@ -166,30 +182,58 @@ func TestFlyMachinesDev(t *testing.T) {
 		"SANDGATE_FLY_APP=" + app, "SANDGATE_FLY_ORG=sandgate-org", "SSL_CERT_FILE=" + f.caFile,
 	}, "--provider", "fly-machines")
 
+	// The README's walk-through, verbatim, with its "Snapshots and durable
+	// commands" block run before the release (it needs the workspace).
 	script, err := filepath.Abs("testdata/walkthrough.sh")
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkReadmeWalkthrough(t, script)
-	cmd := exec.Command("bash", script)
+	b, err := os.ReadFile(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, body, _ := strings.Cut(string(b), "set -euo pipefail\n\n")
+	before, release, ok := strings.Cut(body, "# 5. Release")
+	if !ok {
+		t.Fatalf("walkthrough.sh has no step 5 (the release)")
+	}
+	full := head + "set -euo pipefail\n\n" + before + readmeBlock(t, "### Snapshots and durable commands") + "\n# 5. Release" + release
+	fullPath := filepath.Join(t.TempDir(), "walkthrough-fly.sh")
+	if err := os.WriteFile(fullPath, []byte(full), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", fullPath)
 	cmd.Dir = d.workDir
 	cmd.Env = cleanEnv()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("walkthrough.sh: %v\nstdout:\n%s\nstderr:\n%s\nbroker:\n%s", err, stdout.String(), stderr.String(), tail(d.Logs(), 8<<10))
+		t.Fatalf("the walk-through: %v\nstdout:\n%s\nstderr:\n%s\nbroker:\n%s", err, stdout.String(), stderr.String(), tail(d.Logs(), 8<<10))
 	}
 	for _, want := range []string{`"state":"active"`, "workspace: ws_", `"exit_code":0`, `"stdout_b64":"aGkK"`,
-		`"contents_b64":"aGVsbG8K"`, `"state":"terminated"`, `"termination_reason":"released"`} {
+		`"contents_b64":"aGVsbG8K"`, `"state":"canceled"`, `"state":"terminated"`, `"termination_reason":"released"`} {
 		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("walkthrough.sh output lacks %s:\n%s", want, stdout.String())
+			t.Errorf("the walk-through's output lacks %s:\n%s", want, stdout.String())
 		}
+	}
+	c := d.Client(t, "")
+	// The warm workspace of the walk-through: its file is back, then release it.
+	live, err := c.ListWorkspaces(ctx, "live", "", 0)
+	if err != nil || len(live.Workspaces) != 1 {
+		t.Fatalf("live workspaces after the walk-through = %+v, %v; want the warm one", live, err)
+	}
+	warmID := live.Workspaces[0].WorkspaceID
+	if got, err := c.ReadFile(ctx, warmID, "/workspace/notes/hello.txt"); err != nil || string(got) != "hello\n" {
+		t.Errorf("warm start of the walk-through: ReadFile = %q, %v; want %q", got, err, "hello\n")
+	}
+	if _, err := c.Release(ctx, warmID); err != nil {
+		t.Fatalf("Release: %v", err)
 	}
 
 	// A snapshot and a warm start, with secrets planted for the log scan.
 	rnd := randHex(10)
 	secEnv, secArgv, secContent := "SECRET-ENV-"+rnd, "SECRET-ARGV-"+rnd, "SECRET-CONTENT-"+rnd
-	c := d.Client(t, "")
 	ws, _, err := c.Acquire(ctx, "fly-e2e-1", protocol.AcquireRequest{Label: "fly", Egress: noEgress(), Env: map[string]string{"SG_SECRET": secEnv}})
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
@@ -225,8 +269,8 @@ func TestFlyMachinesDev(t *testing.T) {
 	}
 
 	ms := f.machines(t, app)
-	if len(ms) != 3 {
-		t.Errorf("the fake had %d machines; want 3 (walk-through, cold, warm)", len(ms))
+	if len(ms) != 4 {
+		t.Errorf("the fake had %d machines; want 4 (the walk-through's two, cold, warm)", len(ms))
 	}
 	for _, m := range ms {
 		if m.State != "destroyed" {

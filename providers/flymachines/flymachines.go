@@ -567,7 +567,7 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	if err := p.destroy(ctx, sb.Ref); err != nil {
 		return fmt.Errorf("flymachines: terminate: %w", err)
 	}
-	p.log.Info("sandbox terminated", sandgate.WorkspaceAttr(sb.Labels[providers.LabelWorkspace]))
+	p.log.Info("sandbox terminated", "fly_machine_id", sb.Ref)
 	return nil
 }
 
