@@ -102,7 +102,7 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 	if err != nil {
 		return providers.ExecResult{}, err
 	}
-	p.log.Debug("exec finished", sandgate.WorkspaceAttr(sb.Labels[providers.LabelWorkspace]), "via", via,
+	p.log.Debug("exec finished", "fly_machine_id", sb.Ref, "via", via,
 		"argc", len(spec.Argv), "stdin_bytes", len(spec.Stdin), "exit_code", res.ExitCode,
 		"stdout_bytes", res.StdoutBytes, "stderr_bytes", res.StderrBytes, "timed_out", res.TimedOut,
 		"duration", time.Since(start))
@@ -286,7 +286,7 @@ func (p *Provider) kill(ctx context.Context, sb providers.Sandbox, dir string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
 	defer cancel()
 	if _, err := p.vendorExec(ctx, sb, []string{"sh", "-c", killScript, "sh", dir}, "", 5*time.Second, 64<<10); err != nil {
-		p.log.Warn("exec not killed after its answer was lost", sandgate.WorkspaceAttr(sb.Labels[providers.LabelWorkspace]), sandgate.KeyError, err)
+		p.log.Warn("exec not killed after its answer was lost", "fly_machine_id", sb.Ref, sandgate.KeyError, err)
 	}
 }
 
@@ -339,7 +339,7 @@ func (p *Provider) cancelCommand(ctx context.Context, sb providers.Sandbox, id s
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	if err := p.runner.CancelCommand(ctx, sb, id); err != nil {
-		p.log.Warn("exec not canceled", sandgate.WorkspaceAttr(sb.Labels[providers.LabelWorkspace]), sandgate.KeyError, err)
+		p.log.Warn("exec not canceled", "fly_machine_id", sb.Ref, sandgate.KeyError, err)
 	}
 }
 

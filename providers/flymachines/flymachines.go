@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -127,7 +128,7 @@ func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (p
 	}
 	getenv := env.Getenv
 	if getenv == nil {
-		return nil, errors.New("flymachines: no environment to read the token from")
+		getenv = os.Getenv
 	}
 	tokenEnv := cmp.Or(s.TokenEnv, EnvToken)
 	c := Config{
