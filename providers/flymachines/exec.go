@@ -206,8 +206,20 @@ func (p *Provider) vendorExec(ctx context.Context, sb providers.Sandbox, argv []
 	defer cancel()
 	req := ExecRequest{Command: argv, Stdin: stdin, Timeout: vt}
 	var raw rawAnswer
-	if err := p.c.do(ctx, "exec", http.MethodPost, p.machinePath(sb.Ref)+"/exec", nil, req, &raw, limit); err != nil {
-		return vendorOut{}, err
+	for attempt := 0; ; attempt++ {
+		err := p.c.do(ctx, "exec", http.MethodPost, p.machinePath(sb.Ref)+"/exec", nil, req, &raw, limit)
+		if err == nil {
+			break
+		}
+		// A 429 is the rate limiter refusing the request before anything
+		// ran (Fly allows about 1 request per second per action and
+		// Machine, bursts of 3): that alone is safe to send again.
+		if !statusIs(err, http.StatusTooManyRequests) || attempt >= 5 {
+			return vendorOut{}, err
+		}
+		if serr := p.c.sleep(ctx, time.Duration(500<<attempt)*time.Millisecond); serr != nil {
+			return vendorOut{}, err
+		}
 	}
 	mt, _, _ := mime.ParseMediaType(raw.contentType)
 	if mt == "application/octet-stream" {
@@ -309,17 +321,21 @@ func (p *Provider) viaRunner(ctx context.Context, sb providers.Sandbox, spec pro
 		return providers.ExecResult{}, fmt.Errorf("flymachines: exec: %w", err)
 	}
 	defer p.cleanup(ctx, sb, runner.CommandDir(runner.DefaultDir, sb, id))
-	pause := 50 * time.Millisecond
+	pause, failures := 100*time.Millisecond, 0
 	for {
 		st, err := p.runner.ReadCommand(ctx, sb, id, max(spec.MaxOutputBytes, 0))
 		if ctx.Err() != nil {
 			p.cancelCommand(ctx, sb, id)
 			return providers.ExecResult{}, fmt.Errorf("flymachines: exec: %w", context.Cause(ctx))
 		}
-		if err != nil {
+		if err != nil && !errors.Is(err, providers.ErrSandboxGone) && failures < 5 {
+			// A read changes nothing: poll again after a vendor failure.
+			failures++
+			p.log.Warn("durable exec not read; polling again", "fly_machine_id", sb.Ref, sandgate.KeyError, err)
+		} else if err != nil {
 			return providers.ExecResult{}, fmt.Errorf("flymachines: exec: %w", err)
 		}
-		if st.State == providers.CommandCompleted || st.State == providers.CommandCanceled {
+		if err == nil && (st.State == providers.CommandCompleted || st.State == providers.CommandCanceled) {
 			return providers.ExecResult{
 				ExitCode: st.ExitCode, TimedOut: st.TimedOut,
 				Stdout: st.Stdout, Stderr: st.Stderr,
@@ -331,7 +347,7 @@ func (p *Provider) viaRunner(ctx context.Context, sb providers.Sandbox, spec pro
 			p.cancelCommand(ctx, sb, id)
 			return providers.ExecResult{}, fmt.Errorf("flymachines: exec: %w", err)
 		}
-		pause = min(2*pause, time.Second)
+		pause = min(2*pause, 2*time.Second)
 	}
 }
 

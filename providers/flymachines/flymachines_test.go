@@ -187,7 +187,10 @@ func TestEgressDenyAllBeforeFirstExec(t *testing.T) {
 		t.Fatalf("policies = %+v; want the one deny-all egress policy for all machines", pols)
 	}
 	sb := providertest.Create(t, p, providertest.Spec(t))
-	providertest.Exec(t, p, sb, "true")
+	// The fake runs the Machine with no network at all: only lo.
+	if res := providertest.Exec(t, p, sb, "cat", "/proc/net/dev"); strings.Count(string(res.Stdout), ":") != 1 || !strings.Contains(string(res.Stdout), "lo:") {
+		t.Errorf("interfaces in the machine:\n%s\nwant only lo", res.Stdout)
+	}
 	m, _ := s.Machine(sb.Ref)
 	if m.EgressAtFirstExec != "deny-all" {
 		t.Errorf("egress at the first exec = %q; want deny-all", m.EgressAtFirstExec)
@@ -267,6 +270,12 @@ func TestLongExecThroughRunner(t *testing.T) {
 	})
 	if err != nil || res.ExitCode != 5 || string(res.Stdout) != "done\xff" {
 		t.Fatalf("long exec = %+v, %v; want exit 5, %q", res, err, "done\xff")
+	}
+	// Rate-limited execs are sent again; the command runs once.
+	s.RateLimit("POST /v1/apps/{app}/machines/{id}/exec", 2)
+	res, err = p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"sh", "-c", "echo x >>/tmp/once; cat /tmp/once"}, Timeout: time.Second, MaxOutputBytes: 100})
+	if err != nil || string(res.Stdout) != "x\n" {
+		t.Errorf("exec after two 429s = %+v, %v; want it run once", res, err)
 	}
 	// A direct exec within the vendor's deadline still answers directly.
 	res, err = p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"echo", "quick"}, Timeout: time.Second, MaxOutputBytes: 100})

@@ -78,6 +78,7 @@ type Server struct {
 	apps     map[string]*app
 	machines map[string]*Machine
 	lose     map[string]int // "METHOD pattern" → answers still to lose
+	refuse   map[string]int // "METHOD pattern" → requests still to refuse with 429
 	requests []Request
 }
 
@@ -133,7 +134,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flytest: %w", err)
 	}
-	s := &Server{opts: o, local: lp, log: o.Logger, apps: map[string]*app{}, machines: map[string]*Machine{}, lose: map[string]int{}}
+	s := &Server{opts: o, local: lp, log: o.Logger, apps: map[string]*app{}, machines: map[string]*Machine{}, lose: map[string]int{}, refuse: map[string]int{}}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.srv = httptest.NewUnstartedServer(s.handler())
 	s.srv.StartTLS()
@@ -221,6 +222,14 @@ func (s *Server) LoseAnswers(route string, n int) {
 	s.lose[route] = n
 }
 
+// RateLimit makes the next n requests to route answer 429 without
+// doing anything, as Fly's rate limiter does.
+func (s *Server) RateLimit(route string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuse[route] = n
+}
+
 // CreateApp creates an app directly, as if made beforehand.
 func (s *Server) CreateApp(name, org string) {
 	s.mu.Lock()
@@ -240,6 +249,16 @@ func (s *Server) handler() http.Handler {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			if !s.authorized(r) {
 				s.answer(w, r, pattern, http.StatusUnauthorized, errorResponse{Error: "Authenticate: token validation error"})
+				return
+			}
+			s.mu.Lock()
+			limited := s.refuse[pattern] > 0
+			if limited {
+				s.refuse[pattern]--
+			}
+			s.mu.Unlock()
+			if limited {
+				s.answer(w, r, pattern, http.StatusTooManyRequests, errorResponse{Error: "rate limit exceeded"})
 				return
 			}
 			status, body := h(w, r)
