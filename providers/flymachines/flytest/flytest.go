@@ -562,6 +562,12 @@ func (s *Server) run(m *Machine) {
 		return
 	}
 	s.mu.Lock()
+	if m.State == "destroyed" || m.State == "destroying" {
+		// Destroyed while it was being made: nothing may keep running.
+		s.mu.Unlock()
+		s.local.Terminate(context.Background(), ws)
+		return
+	}
 	m.ws = ws
 	m.Egress = egressOf(s.apps[m.App], m)
 	s.mu.Unlock()
