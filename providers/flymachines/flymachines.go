@@ -81,8 +81,9 @@ type Config struct {
 	StartTimeout time.Duration
 	// BlobDir holds the snapshot blobs; "" means DATA_DIR/blobs.
 	BlobDir string
-	// Transport carries the requests; nil means http.DefaultTransport,
-	// which trusts the system roots (and SSL_CERT_FILE).
+	// Transport carries the requests; nil means a clone of
+	// http.DefaultTransport, which trusts the system roots (and
+	// SSL_CERT_FILE).
 	Transport http.RoundTripper
 }
 
@@ -97,7 +98,9 @@ func (c *Config) setDefaults(env providers.Env) {
 		c.BlobDir = filepath.Join(env.DataDir, "blobs")
 	}
 	if c.Transport == nil {
-		c.Transport = http.DefaultTransport
+		// A transport of its own: Close may then drop its idle
+		// connections without touching anyone else's.
+		c.Transport = http.DefaultTransport.(*http.Transport).Clone()
 	}
 }
 
