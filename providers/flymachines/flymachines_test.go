@@ -1,8 +1,10 @@
 package flymachines_test
 
 import (
+	"encoding/json"
 	"errors"
 	stdmaps "maps"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -381,3 +383,34 @@ func TestOpenFromEnvironment(t *testing.T) {
 }
 
 func maps(m map[string]string) map[string]string { return stdmaps.Clone(m) }
+
+// TestFakeExecAnswersJSONStrings shows why the provider base64-encodes in
+// the guest: like Fly, the fake answers exec output as JSON strings, in
+// which a byte that is not UTF-8 does not survive.
+func TestFakeExecAnswersJSONStrings(t *testing.T) {
+	s := startFake(t, flytest.Options{})
+	p := newProvider(t, config(t, s), "broker-json")
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	body := strings.NewReader(`{"command":["printf","\\377ok"],"timeout":10}`)
+	req, _ := http.NewRequest(http.MethodPost, s.URL()+"/v1/apps/sandgate-test/machines/"+sb.Ref+"/exec", body)
+	req.Header.Set("Authorization", "FlyV1 "+testToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Transport: s.Transport()}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Stdout   string `json:"stdout"`
+		ExitCode int    `json:"exit_code"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("raw exec: HTTP %d, %v", resp.StatusCode, err)
+	}
+	if out.Stdout != "\ufffdok" || out.ExitCode != 0 {
+		t.Errorf("raw exec stdout = %q, exit %d; want %q, 0 (the byte 0xff lost)", out.Stdout, out.ExitCode, "\ufffdok")
+	}
+	if res := providertest.Exec(t, p, sb, "printf", `\377ok`); string(res.Stdout) != "\xffok" {
+		t.Errorf("the provider's exec stdout = %q; want %q", res.Stdout, "\xffok")
+	}
+}
