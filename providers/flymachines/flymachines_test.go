@@ -414,3 +414,16 @@ func TestFakeExecAnswersJSONStrings(t *testing.T) {
 		t.Errorf("the provider's exec stdout = %q; want %q", res.Stdout, "\xffok")
 	}
 }
+
+// TestExecOctetStream: an exec answered as raw output (the OpenAPI's
+// other content type, without an exit status) still gives the whole
+// result, since the guest wrapper's own answer carries it.
+func TestExecOctetStream(t *testing.T) {
+	s := startFake(t, flytest.Options{ExecOctetStream: true})
+	p := newProvider(t, config(t, s), "broker-raw")
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	res := providertest.ExecWith(t, p, sb, providers.ExecSpec{Argv: []string{"sh", "-c", `printf '\000\377'; printf e >&2; exit 4`}})
+	if res.ExitCode != 4 || string(res.Stdout) != "\x00\xff" || string(res.Stderr) != "e" {
+		t.Errorf("exec over octet-stream = %+v; want exit 4, %q, %q", res, "\x00\xff", "e")
+	}
+}

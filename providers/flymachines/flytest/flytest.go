@@ -57,6 +57,10 @@ type Options struct {
 	// after it (third parties report about 30s at Fly); 0 means none
 	// beyond the request's own timeout.
 	ExecDeadline time.Duration
+	// ExecOctetStream answers exec with the raw stdout as
+	// application/octet-stream (the OpenAPI lists it beside JSON), with no
+	// exit status.
+	ExecOctetStream bool
 	// PageSize > 0 answers machine lists as {machines, next_cursor}
 	// pages of that size instead of a bare array.
 	PageSize int
@@ -314,10 +318,19 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, pattern string, 
 		w.WriteHeader(status)
 		return
 	}
+	if raw, ok := body.(rawBody); ok {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.WriteHeader(status)
+		w.Write(raw)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(body)
 }
+
+// rawBody is an answer sent as application/octet-stream.
+type rawBody []byte
 
 func errAnswer(status int, code, msg string) (int, any) {
 	return status, errorResponse{Error: msg, Status: code}
@@ -926,6 +939,9 @@ func (s *Server) execMachine(_ http.ResponseWriter, r *http.Request) (int, any) 
 	no, _ := strconv.Atoi(f[2])
 	if no > len(rest) {
 		return errAnswer(http.StatusInternalServerError, "unknown", "exec agent answer short")
+	}
+	if s.opts.ExecOctetStream {
+		return http.StatusOK, rawBody(rest[:no])
 	}
 	return http.StatusOK, execResponse{Stdout: string(rest[:no]), Stderr: string(rest[no:]), ExitCode: code}
 }
