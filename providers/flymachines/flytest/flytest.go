@@ -176,6 +176,12 @@ func (s *Server) Close() {
 		s.destroy(m, "closed")
 	}
 	s.wg.Wait()
+	// Belt and braces: no workspace of the fake outlives it.
+	if sbs, err := s.local.List(context.Background()); err == nil {
+		for _, sb := range sbs {
+			s.local.Terminate(context.Background(), sb)
+		}
+	}
 }
 
 // Machine returns a copy of the Machine id.
