@@ -70,7 +70,7 @@ func TestServeRefusesBadProviders(t *testing.T) {
 		name, providers string
 		want            []string
 	}{
-		{"unknown kind", "  - {name: f1, kind: fly-machines}\n", []string{`"f1"`, `"fly-machines"`, "local, modal"}},
+		{"unknown kind", "  - {name: k1, kind: k8s}\n", []string{`"k1"`, `"k8s"`, "fly-machines, fly-sprites, local, modal"}},
 		{"modal without its token", "  - {name: m1, kind: modal}\n", []string{`"m1"`, "MODAL_TOKEN_ID"}},
 		{"unknown modal setting", "  - {name: m2, kind: modal, token: x}\n", []string{`"m2"`, "token"}},
 		{"unknown setting", "  - {name: l2, kind: local, bwrap: /x}\n", []string{`"l2"`, "bwrap"}},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/flymachines"
 	"github.com/sandgate/sandgate/providers/flysprites"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/providers/modal"
@@ -12,8 +13,9 @@ import (
 // registries of their own.
 func kinds() providers.Registry {
 	return providers.Registry{
-		"local":       local.Open,
-		"modal":       modal.Open,
-		"fly-sprites": flysprites.Open,
+		"local":        local.Open,
+		"modal":        modal.Open,
+		"fly-machines": flymachines.Open,
+		"fly-sprites":  flysprites.Open,
 	}
 }

@@ -529,7 +529,7 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 		// filter does that where there is one, without a nested namespace.
 		o = append(o, "--disable-userns")
 	}
-	for _, c := range j.capAdd {
+	for _, c := range slices.Concat(p.caps, j.capAdd) {
 		o = append(o, "--cap-add", c)
 	}
 	o = append(o,

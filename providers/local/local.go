@@ -76,6 +76,14 @@ type Config struct {
 	// would leave less; 0 means 1024.
 	FreeReserveMiB int `yaml:"free_reserve_mib"`
 
+	// GuestCapabilities are capabilities (e.g. "CAP_DAC_OVERRIDE") every
+	// sandbox's root keeps in its own user namespace, where they reach only
+	// the workspace's own files. nil means none. Not a config setting: the
+	// broker never sets it; it is for a fake vendor
+	// (providers/flymachines/flytest) whose guests stand for VMs with a
+	// real root.
+	GuestCapabilities []string `yaml:"-"`
+
 	// mountinfo replaces /proc/self/mountinfo in tests.
 	mountinfo string
 }
@@ -123,6 +131,7 @@ type Provider struct {
 	exe      string      // the broker's binary, for durable commands' step
 	stageDir string      // see Config.StageDir
 	probeUID int         // Config.UIDBase; 0 when the broker is not root
+	caps     []string    // Config.GuestCapabilities
 
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
@@ -197,6 +206,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		clock:       env.Clock,
 		cpus:        cpus,
 		usrLinks:    findUsrLinks(),
+		caps:        slices.Clone(c.GuestCapabilities),
 		runs:        make(map[string]map[*run]struct{}),
 		terminating: make(map[string]int),
 	}

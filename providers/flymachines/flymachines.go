@@ -1,0 +1,714 @@
+// Package flymachines runs workspaces as Fly Machines over the Machines
+// REST API, with a small client written from the vendor's fact sheet. Fly
+// has no lifetime field, no domain egress control and no filesystem
+// snapshots: the provider bounds each Machine's life by its own main
+// process (auto_destroy, restart "no"), denies all egress with an app-wide
+// network policy made before any Machine, and snapshots through exec into
+// the broker's blob store. README.md's "Fly Machines" section says what is
+// enforced where.
+package flymachines
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/blobstore"
+	"github.com/sandgate/sandgate/providers/execfile"
+	"github.com/sandgate/sandgate/providers/execsnap"
+	"github.com/sandgate/sandgate/providers/runner"
+)
+
+// The vendor's environment variables and the broker's own for Fly.
+const (
+	EnvToken   = "FLY_API_TOKEN"
+	EnvBaseURL = "FLY_FLAPS_BASE_URL"
+	EnvApp     = "SANDGATE_FLY_APP"
+	EnvOrg     = "SANDGATE_FLY_ORG"
+	EnvRegion  = "SANDGATE_FLY_REGION"
+)
+
+// DefaultImage is the image of a workspace whose scope names none. Every
+// image must have a POSIX sh, GNU coreutils (base64, head, timeout…),
+// setsid, tar and gzip: exec, files, commands and snapshots run through them.
+const DefaultImage = "docker.io/library/ubuntu:24.04"
+
+// PolicyName is the app-wide network policy that denies all egress.
+const PolicyName = "sandgate-deny-egress"
+
+// Settings is the kind-specific block of a `kind: fly-machines` provider.
+// A zero field means the default noted beside it; the token is only ever
+// named by environment variable.
+type Settings struct {
+	App          string        `yaml:"app"`           // "" means $SANDGATE_FLY_APP; required
+	Org          string        `yaml:"org"`           // "" means $SANDGATE_FLY_ORG; needed to create the app
+	Region       string        `yaml:"region"`        // "" means $SANDGATE_FLY_REGION, else Fly's default
+	DefaultImage string        `yaml:"default_image"` // "" means DefaultImage
+	TokenEnv     string        `yaml:"token_env"`     // "" means FLY_API_TOKEN
+	Timeout      time.Duration `yaml:"timeout"`       // 0 means 30s per vendor call
+}
+
+// Config configures New. A zero field means the default noted beside it.
+type Config struct {
+	BaseURL      string          // "" means DefaultBaseURL
+	Token        sandgate.Secret // required
+	App          string          // required
+	Org          string          // required only when the app does not exist yet
+	Region       string          // "" means Fly's default (near the caller)
+	DefaultImage string          // "" means DefaultImage
+	// Timeout bounds one vendor call other than exec and wait; 0 means 30s.
+	Timeout time.Duration
+	// DirectExecMax is the longest exec timeout run as one vendor exec;
+	// longer ones go through package runner. 0 means 30s, the length past
+	// which third parties report exec answering 408 (sheet §1.5).
+	DirectExecMax time.Duration
+	// StartTimeout bounds the wait for a new Machine to start; 0 means 5m.
+	StartTimeout time.Duration
+	// BlobDir holds the snapshot blobs; "" means DATA_DIR/blobs.
+	BlobDir string
+	// Transport carries the requests; nil means a clone of
+	// http.DefaultTransport, which trusts the system roots (and
+	// SSL_CERT_FILE).
+	Transport http.RoundTripper
+}
+
+// setDefaults fills the zero fields.
+func (c *Config) setDefaults(env providers.Env) {
+	c.BaseURL = strings.TrimRight(cmp.Or(c.BaseURL, DefaultBaseURL), "/")
+	c.DefaultImage = cmp.Or(c.DefaultImage, DefaultImage)
+	c.Timeout = cmp.Or(c.Timeout, 30*time.Second)
+	c.DirectExecMax = cmp.Or(c.DirectExecMax, 30*time.Second)
+	c.StartTimeout = cmp.Or(c.StartTimeout, 5*time.Minute)
+	if c.BlobDir == "" && env.DataDir != "" {
+		c.BlobDir = filepath.Join(env.DataDir, "blobs")
+	}
+	if c.Transport == nil {
+		// A transport of its own: Close may then drop its idle
+		// connections without touching anyone else's.
+		c.Transport = http.DefaultTransport.(*http.Transport).Clone()
+	}
+}
+
+// Validate checks a Config with its defaults filled.
+func (c *Config) Validate() error {
+	switch {
+	case c.Token == "":
+		return errors.New("flymachines: no API token")
+	case c.App == "":
+		return errors.New("flymachines: no app")
+	case c.BlobDir == "":
+		return errors.New("flymachines: no data directory for the snapshot blobs")
+	}
+	u, err := url.Parse(c.BaseURL)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return errors.New("flymachines: the base URL must be an http(s) URL")
+	}
+	return nil
+}
+
+// Open opens a fly-machines provider from its settings and the vendor's
+// environment variables. A missing token or app is an error naming the
+// variable.
+func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (providers.Provider, error) {
+	var s Settings
+	if err := providers.DecodeSettings(raw, &s); err != nil {
+		return nil, err
+	}
+	getenv := env.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	tokenEnv := cmp.Or(s.TokenEnv, EnvToken)
+	c := Config{
+		BaseURL:      getenv(EnvBaseURL),
+		Token:        sandgate.Secret(getenv(tokenEnv)),
+		App:          cmp.Or(s.App, getenv(EnvApp)),
+		Org:          cmp.Or(s.Org, getenv(EnvOrg)),
+		Region:       cmp.Or(s.Region, getenv(EnvRegion)),
+		DefaultImage: s.DefaultImage,
+		Timeout:      s.Timeout,
+	}
+	if c.Token == "" {
+		return nil, fmt.Errorf("flymachines: %s is not set", tokenEnv)
+	}
+	if c.App == "" {
+		return nil, fmt.Errorf("flymachines: %s is not set (or settings.app)", EnvApp)
+	}
+	p, err := New(ctx, c, env)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Provider runs workspaces as Fly Machines of one app. Safe for concurrent use.
+type Provider struct {
+	cfg      Config
+	c        *client
+	log      *slog.Logger
+	clock    sandgate.Clock
+	brokerID string
+	runner   *runner.Runner
+	snap     *execsnap.Snapshotter
+	http     *http.Client
+}
+
+// New returns a provider over the app c.App: it creates the app in c.Org
+// when it is missing and makes sure the deny-all egress policy exists,
+// before any Machine is created.
+func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
+	c.setDefaults(env)
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if env.BrokerID == "" {
+		return nil, errors.New("flymachines: no broker id")
+	}
+	store, err := blobstore.NewDir(c.BlobDir)
+	if err != nil {
+		return nil, fmt.Errorf("flymachines: %w", err)
+	}
+	p := &Provider{cfg: c, log: env.Logger, clock: env.Clock, brokerID: env.BrokerID}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	if p.clock == nil {
+		p.clock = sandgate.SystemClock{}
+	}
+	p.http = &http.Client{Transport: c.Transport}
+	p.c = &client{base: c.BaseURL, auth: sandgate.Secret(authHeader(c.Token.Reveal())), http: p.http, log: p.log, sleep: sleepCtx}
+	p.runner = runner.New(directExecer{p}, "")
+	p.snap = execsnap.New(directExecer{p}, store, execsnap.Config{ChunkBytes: snapChunk, OpTimeout: c.DirectExecMax})
+	if err := p.ensureApp(ctx); err != nil {
+		p.http.CloseIdleConnections()
+		return nil, err
+	}
+	if err := p.ensurePolicy(ctx); err != nil {
+		p.http.CloseIdleConnections()
+		return nil, err
+	}
+	return p, nil
+}
+
+// snapChunk is what one exec moves of a snapshot: well below any output
+// or request size a vendor would allow, once base64 adds a third.
+const snapChunk = 512 << 10
+
+func (p *Provider) appPath() string { return "/apps/" + url.PathEscape(p.cfg.App) }
+
+func (p *Provider) machinePath(id string) string {
+	return p.appPath() + "/machines/" + url.PathEscape(id)
+}
+
+// callCtx bounds one vendor call by cfg.Timeout.
+func (p *Provider) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, p.cfg.Timeout)
+}
+
+// ensureApp creates the app when GET answers 404. The create carries one
+// idempotency key, reused on its retries; a 422 name_taken is answered by
+// reading the app again, since it may be an earlier attempt of our own.
+func (p *Provider) ensureApp(ctx context.Context) error {
+	get := func() error {
+		ctx, cancel := p.callCtx(ctx)
+		defer cancel()
+		return p.c.call(ctx, "get app", http.MethodGet, p.appPath(), nil, nil, nil)
+	}
+	err := get()
+	if err == nil {
+		return nil
+	}
+	if !statusIs(err, http.StatusNotFound) {
+		return fmt.Errorf("flymachines: app: %w", err)
+	}
+	if p.cfg.Org == "" {
+		return fmt.Errorf("flymachines: app does not exist and %s is not set to create it in", EnvOrg)
+	}
+	req := CreateAppRequest{Name: p.cfg.App, OrgSlug: p.cfg.Org, IdempotencyKey: newUUID()}
+	for attempt := range 4 {
+		if attempt > 0 {
+			if err := sleepCtx(ctx, backoff(attempt)); err != nil {
+				return fmt.Errorf("flymachines: create app: %w", err)
+			}
+		}
+		cctx, cancel := p.callCtx(ctx)
+		err = p.c.do(cctx, "create app", http.MethodPost, "/apps", nil, req, nil, maxBody)
+		cancel()
+		var ae *APIError
+		switch {
+		case err == nil:
+			p.log.Info("fly app created", "org_slug", p.cfg.Org)
+			return nil
+		case statusIs(err, http.StatusUnprocessableEntity) && errors.As(err, &ae) &&
+			(ae.Status == "name_taken" || strings.Contains(strings.ToLower(ae.Message), "already been taken")):
+			if gerr := get(); gerr == nil {
+				return nil
+			}
+			return fmt.Errorf("flymachines: create app: the name is taken by an app this token cannot read: %w", err)
+		case errors.As(err, &ae) && !retryable(err):
+			return fmt.Errorf("flymachines: create app: %w", err)
+		case ctx.Err() != nil:
+			return fmt.Errorf("flymachines: create app: %w", err)
+		}
+		// A transport error or a retryable status: same request, same key.
+	}
+	return fmt.Errorf("flymachines: create app: %w", err)
+}
+
+// denyEgress is the deny-all policy. The first egress rule makes egress
+// default-deny (sheet §1.11). The rule must allow something, and whether
+// an empty port list means "no port" or "every port" is not documented:
+// it allows TCP port 0 only, which no connection can use. A vendor that
+// refuses port 0 refuses the policy, and then the provider does not open
+// (fail closed), rather than risking the other reading of [].
+func denyEgress() NetworkPolicy {
+	return NetworkPolicy{
+		Name:     PolicyName,
+		Selector: PolicySelector{All: true},
+		Rules: []PolicyRule{{Action: "allow", Direction: "egress",
+			Ports: []PolicyPort{{Protocol: "tcp", Port: 0}}}},
+	}
+}
+
+// ensurePolicy makes sure the app has the deny-all egress policy. Policies
+// take effect when a Machine starts, so this runs before any Create.
+func (p *Provider) ensurePolicy(ctx context.Context) error {
+	have, err := p.policies(ctx)
+	if err != nil {
+		return err
+	}
+	want := denyEgress()
+	for _, np := range have {
+		if np.Name == PolicyName && samePolicy(np, want) {
+			return nil
+		}
+	}
+	cctx, cancel := p.callCtx(ctx)
+	defer cancel()
+	if err := p.c.do(cctx, "create network policy", http.MethodPost, p.appPath()+"/network_policies", nil, want, nil, maxBody); err != nil {
+		return fmt.Errorf("flymachines: deny-all egress policy: %w", err)
+	}
+	p.log.Info("fly network policy created", "policy", PolicyName)
+	return nil
+}
+
+// policies lists the app's network policies. The list's shape is not in
+// the sheet: a bare array or an object holding one are both read.
+func (p *Provider) policies(ctx context.Context) ([]NetworkPolicy, error) {
+	cctx, cancel := p.callCtx(ctx)
+	defer cancel()
+	var raw rawAnswer
+	if err := p.c.call(cctx, "list network policies", http.MethodGet, p.appPath()+"/network_policies/", nil, nil, &raw); err != nil {
+		return nil, fmt.Errorf("flymachines: network policies: %w", err)
+	}
+	return decodePolicies(raw.body), nil
+}
+
+func samePolicy(a, b NetworkPolicy) bool {
+	if a.Selector.All != b.Selector.All || len(a.Selector.Machines) > 0 || len(a.Selector.Metadata) > 0 || len(a.Rules) != len(b.Rules) {
+		return false
+	}
+	for i := range a.Rules {
+		ra, rb := a.Rules[i], b.Rules[i]
+		if ra.Action != rb.Action || ra.Direction != rb.Direction || len(ra.Ports) != len(rb.Ports) {
+			return false
+		}
+		for j := range ra.Ports {
+			if ra.Ports[j] != rb.Ports[j] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Labels of the Machine of spec: the broker's identifiers and nothing the
+// client sent.
+func (p *Provider) labels(spec providers.CreateSpec) map[string]string {
+	return map[string]string{
+		providers.LabelBroker:    p.brokerID,
+		providers.LabelWorkspace: spec.WorkspaceID,
+		providers.LabelInstance:  spec.InstanceID,
+	}
+}
+
+// lifetimeScript is the Machine's main process: it ends at $1 (unix
+// seconds, by the guest's clock) or after $2 seconds of its own sleeping,
+// whichever comes first, so a wrong guest clock cannot stretch the
+// lifetime past the create's own count. Fly then destroys the Machine
+// (auto_destroy with restart "no"), with or without a broker alive.
+const lifetimeScript = `d=$1 n=$2 e=0
+while [ "$e" -lt "$n" ]; do
+	t=$(date +%s) && [ "$t" -ge "$d" ] && exit 0
+	s=$((n - e))
+	[ "$s" -gt 10 ] && s=10
+	sleep "$s"
+	e=$((e + s))
+done
+exit 0
+`
+
+// MachineConfig returns the config Create sends for spec at now. Tests
+// check it field by field.
+func (p *Provider) MachineConfig(spec providers.CreateSpec, now time.Time) (MachineConfig, error) {
+	if spec.ExpiresAt.IsZero() {
+		return MachineConfig{}, errors.New("flymachines: create: no expires_at: the Machine's lifetime needs one")
+	}
+	left := spec.ExpiresAt.Sub(now)
+	if left <= 0 {
+		return MachineConfig{}, errors.New("flymachines: create: expires_at has passed")
+	}
+	secs := int64(left / time.Second) // rounded down: never past expires_at
+	if secs < 1 {
+		secs = 1
+	}
+	g, err := guestFor(tierOf(spec.Size))
+	if err != nil {
+		return MachineConfig{}, err
+	}
+	env := spec.Env
+	if env == nil {
+		env = map[string]string{}
+	}
+	return MachineConfig{
+		Image:       cmp.Or(spec.Image, p.cfg.DefaultImage),
+		Guest:       &g,
+		Init:        &Init{Exec: []string{"/bin/sh", "-c", lifetimeScript, "sandgate-lifetime", strconv.FormatInt(spec.ExpiresAt.Unix(), 10), strconv.FormatInt(secs, 10)}},
+		Env:         env,
+		Metadata:    p.labels(spec),
+		AutoDestroy: true,
+		Restart:     &Restart{Policy: "no"},
+	}, nil
+}
+
+// Create creates the workspace's Machine and waits until it has started.
+// It refuses a non-empty egress allowlist: Fly can only be made to deny
+// everything. A Machine whose start fails or cannot be confirmed is
+// destroyed again.
+func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
+	if len(spec.Egress.AllowedDomains) > 0 {
+		return providers.Sandbox{}, errors.New("flymachines: create: cannot filter egress by domain; only an empty allowlist (no network) is supported")
+	}
+	now := p.clock.Now()
+	cfg, err := p.MachineConfig(spec, now)
+	if err != nil {
+		return providers.Sandbox{}, err
+	}
+	req := CreateMachineRequest{Config: cfg, Region: p.cfg.Region, SkipServiceRegistration: true}
+	var m Machine
+	cctx, cancel := p.callCtx(ctx)
+	err = p.c.do(cctx, "create machine", http.MethodPost, p.appPath()+"/machines", nil, req, &m, maxBody)
+	cancel()
+	if err != nil {
+		var ae *APIError
+		if !errors.As(err, &ae) || ae.StatusCode >= 500 || ae.StatusCode == http.StatusRequestTimeout {
+			// The create may have happened: find it by its metadata and
+			// destroy it, never create again blindly.
+			p.destroyByWorkspace(context.WithoutCancel(ctx), spec.WorkspaceID)
+		}
+		return providers.Sandbox{}, fmt.Errorf("flymachines: create: %w", err)
+	}
+	if m.ID == "" {
+		return providers.Sandbox{}, errors.New("flymachines: create: the answer has no machine id")
+	}
+	if err := p.waitStarted(ctx, m); err != nil {
+		p.destroy(context.WithoutCancel(ctx), m.ID)
+		return providers.Sandbox{}, fmt.Errorf("flymachines: create: %w", err)
+	}
+	sb := providers.Sandbox{Ref: m.ID, Labels: p.labels(spec), StartedAt: p.clock.Now()}
+	p.log.Info("sandbox created", sandgate.WorkspaceAttr(spec.WorkspaceID), sandgate.InstanceAttr(spec.InstanceID),
+		"fly_cpus", cfg.Guest.CPUs, "fly_memory_mb", cfg.Guest.MemoryMB, "env_count", len(cfg.Env))
+	return sb, nil
+}
+
+// goneStates are the states of a Machine that will never run a command
+// again: the broker never stops one, so a stopped Machine has ended (its
+// lifetime, or a stop from outside) and auto_destroy removes it.
+var goneStates = map[string]bool{
+	"destroyed": true, "destroying": true, "stopped": true, "stopping": true, "failed": true,
+	"launch_failed": true, "replaced": true, "migrated": true, "suspended": true, "suspending": true,
+}
+
+// waitStarted waits until m has started, looping on the wait endpoint's
+// deadline answers (408, or a 400 that says the deadline passed) and
+// re-reading the Machine between rounds, for at most cfg.StartTimeout.
+func (p *Provider) waitStarted(ctx context.Context, m Machine) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
+	defer cancel()
+	if m.State == "started" {
+		return nil
+	}
+	for {
+		left := time.Until(deadlineOf(ctx))
+		secs := min(max(int(left/time.Second), 1), 60)
+		q := url.Values{"state": {"started"}, "timeout": {strconv.Itoa(secs)}}
+		if m.InstanceID != "" {
+			q.Set("version", m.InstanceID)
+		}
+		var w WaitResponse
+		wctx, wcancel := context.WithTimeout(ctx, time.Duration(secs+15)*time.Second)
+		err := p.c.do(wctx, "wait machine", http.MethodGet, p.machinePath(m.ID)+"/wait", q, nil, &w, maxBody)
+		wcancel()
+		switch {
+		case err == nil && (w.State == "" || w.State == "started"):
+			return nil
+		case err == nil:
+			return fmt.Errorf("machine is %s, not started", w.State)
+		case ctx.Err() != nil:
+			return fmt.Errorf("wait for start: %w", context.Cause(ctx))
+		case !waitDeadline(err) && !retryable(err):
+			var ae *APIError
+			if errors.As(err, &ae) {
+				return fmt.Errorf("wait for start: %w", err)
+			}
+			// A transport error: read the Machine and wait again.
+		}
+		cur, gerr := p.get(ctx, m.ID)
+		switch {
+		case statusIs(gerr, http.StatusNotFound):
+			return errors.New("machine gone before it started")
+		case gerr == nil && cur.State == "started":
+			return nil
+		case gerr == nil && goneStates[cur.State]:
+			return fmt.Errorf("machine is %s, not started", cur.State)
+		case gerr == nil && cur.InstanceID != "":
+			m.InstanceID = cur.InstanceID
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return fmt.Errorf("wait for start: %w", err)
+		}
+	}
+}
+
+func deadlineOf(ctx context.Context) time.Time {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return time.Now().Add(time.Minute)
+	}
+	return d
+}
+
+// waitDeadline reports whether err is the wait endpoint running out of
+// time: a 408, or a 400 whose body says the deadline passed (the exact
+// 400 text is not documented; sheet §1.6).
+func waitDeadline(err error) bool {
+	var ae *APIError
+	if !errors.As(err, &ae) {
+		return false
+	}
+	if ae.StatusCode == http.StatusRequestTimeout {
+		return true
+	}
+	if ae.StatusCode != http.StatusBadRequest {
+		return false
+	}
+	s := strings.ToLower(ae.Status + " " + ae.Message)
+	return strings.Contains(s, "deadline") || strings.Contains(s, "timeout") || strings.Contains(s, "timed out")
+}
+
+// get reads one Machine.
+func (p *Provider) get(ctx context.Context, id string) (Machine, error) {
+	cctx, cancel := p.callCtx(ctx)
+	defer cancel()
+	var m Machine
+	err := p.c.call(cctx, "get machine", http.MethodGet, p.machinePath(id), nil, nil, &m)
+	return m, err
+}
+
+// destroy force-destroys a Machine; gone already is success. fly-go sends
+// kill=true where the docs and the OpenAPI say force=true (sheet §1.3,
+// UNCERTAIN): both are sent.
+func (p *Provider) destroy(ctx context.Context, id string) error {
+	cctx, cancel := p.callCtx(ctx)
+	defer cancel()
+	q := url.Values{"force": {"true"}, "kill": {"true"}}
+	err := p.c.do(cctx, "destroy machine", http.MethodDelete, p.machinePath(id), q, nil, nil, maxBody)
+	if err == nil || statusIs(err, http.StatusNotFound) {
+		return nil
+	}
+	// Some other refusal of a Machine that is already going away.
+	if m, gerr := p.get(ctx, id); statusIs(gerr, http.StatusNotFound) || (gerr == nil && (m.State == "destroyed" || m.State == "destroying")) {
+		return nil
+	}
+	return err
+}
+
+// destroyByWorkspace destroys every Machine of the broker labelled with
+// the workspace id: the cleanup of a create whose answer was lost.
+func (p *Provider) destroyByWorkspace(ctx context.Context, wsID string) {
+	ms, err := p.list(ctx, url.Values{"metadata." + providers.LabelWorkspace: {wsID}})
+	if err != nil {
+		p.log.Error("unconfirmed create not looked up", sandgate.WorkspaceAttr(wsID), sandgate.KeyError, err)
+		return
+	}
+	for _, m := range ms {
+		if err := p.destroy(ctx, m.ID); err != nil {
+			p.log.Error("unconfirmed create not destroyed", sandgate.WorkspaceAttr(wsID), sandgate.KeyError, err)
+		}
+	}
+}
+
+// Terminate force-destroys the Machine; one already gone is success.
+func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
+	if sb.Ref == "" {
+		return nil
+	}
+	if err := p.destroy(ctx, sb.Ref); err != nil {
+		return fmt.Errorf("flymachines: terminate: %w", err)
+	}
+	p.log.Info("sandbox terminated", "fly_machine_id", sb.Ref)
+	return nil
+}
+
+// List returns the broker's Machines that are not destroyed, found by the
+// vendor's server-side metadata filter and checked again here.
+func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
+	ms, err := p.list(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("flymachines: list: %w", err)
+	}
+	out := make([]providers.Sandbox, 0, len(ms))
+	for _, m := range ms {
+		md := m.metadata()
+		sb := providers.Sandbox{Ref: m.ID, Labels: map[string]string{
+			providers.LabelBroker:    md[providers.LabelBroker],
+			providers.LabelWorkspace: md[providers.LabelWorkspace],
+			providers.LabelInstance:  md[providers.LabelInstance],
+		}}
+		if t, err := time.Parse(time.RFC3339Nano, m.CreatedAt); err == nil {
+			sb.StartedAt = t
+		}
+		out = append(out, sb)
+	}
+	return out, nil
+}
+
+// list lists the app's Machines carrying this broker's metadata (and the
+// extra filters). Every metadata.KEY=VALUE must match. The app list's
+// pagination is not in the sheet: an array answer is the whole list, and
+// an object answer {machines, next_cursor} is followed by its cursor.
+func (p *Provider) list(ctx context.Context, extra url.Values) ([]Machine, error) {
+	q := url.Values{"metadata." + providers.LabelBroker: {p.brokerID}}
+	for k, v := range extra {
+		q[k] = v
+	}
+	var out []Machine
+	for page := 0; ; page++ {
+		if page > 1000 {
+			return nil, errors.New("fly: list machines: too many pages")
+		}
+		cctx, cancel := p.callCtx(ctx)
+		var raw rawAnswer
+		err := p.c.call(cctx, "list machines", http.MethodGet, p.appPath()+"/machines", q, nil, &raw)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		ms, next, err := decodeMachines(raw.body)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range ms {
+			md := m.metadata()
+			if md[providers.LabelBroker] != p.brokerID || m.State == "destroyed" || m.State == "destroying" {
+				continue
+			}
+			ok := true
+			for k, v := range extra {
+				if key, isMD := strings.CutPrefix(k, "metadata."); isMD && md[key] != v[0] {
+					ok = false
+				}
+			}
+			if ok {
+				out = append(out, m)
+			}
+		}
+		if next == "" {
+			return out, nil
+		}
+		q.Set("cursor", next)
+	}
+}
+
+// ReadFile reads a file in the Machine; see [execfile.ReadFile].
+func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64) ([]byte, error) {
+	return execfile.ReadFile(ctx, directExecer{p}, sb, path, max)
+}
+
+// WriteFile writes a file in the Machine; see [execfile.WriteFile].
+func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, data []byte) error {
+	return execfile.WriteFile(ctx, directExecer{p}, sb, path, data)
+}
+
+// Snapshot archives spec.Dir in the Machine and stores it in the blob
+// store, in bounded chunks through exec; see [execsnap.Snapshotter].
+func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec providers.SnapshotSpec) (providers.SnapshotRef, error) {
+	return p.snap.Snapshot(ctx, sb, spec)
+}
+
+// Restore writes a stored snapshot into the Machine at dir.
+func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref providers.SnapshotRef, dir string) error {
+	return p.snap.Restore(ctx, sb, ref, dir)
+}
+
+// DeleteSnapshot deletes the snapshot's blob; one already gone is success.
+func (p *Provider) DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef) error {
+	return p.snap.Delete(ctx, ref)
+}
+
+// Capabilities implements providers.Provider: egress [] only (the app's
+// deny-all policy; domain allowlists wait for the broker's egress proxy),
+// a vendor-side lifetime (the main process ends at expires_at and Fly
+// destroys the Machine), the idle timeout by the broker's reaper,
+// snapshots through the blob store, durable commands by package runner.
+func (p *Provider) Capabilities() providers.Capabilities {
+	return providers.Capabilities{
+		Egress:         providers.EgressNoneOnly,
+		VendorLifetime: true,
+		VendorIdle:     false,
+		Snapshots:      true,
+		NativeCommands: true, // the provider implements Commander (package runner over exec)
+		Sizes:          Sizes(),
+		Images:         nil,
+		DefaultImage:   p.cfg.DefaultImage,
+	}
+}
+
+// Close releases idle connections. Machines keep running until their
+// lifetime ends or the broker terminates them.
+func (p *Provider) Close() error {
+	p.http.CloseIdleConnections()
+	return nil
+}
+
+func randRead(b []byte) { rand.Read(b) }
+
+func newUUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// Interface guards
+var (
+	_ providers.Provider  = (*Provider)(nil)
+	_ providers.Commander = (*Provider)(nil)
+)

@@ -1,0 +1,429 @@
+package flymachines_test
+
+import (
+	"encoding/json"
+	"errors"
+	stdmaps "maps"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/flymachines"
+	"github.com/sandgate/sandgate/providers/flymachines/flytest"
+	"github.com/sandgate/sandgate/providers/providertest"
+)
+
+const testToken = "fm2_flytest-token-7f3a"
+
+// startFake starts a fake Machines API for the test.
+func startFake(t testing.TB, o flytest.Options) *flytest.Server {
+	t.Helper()
+	if o.Token == "" {
+		o.Token = testToken
+	}
+	if o.DataDir == "" {
+		o.DataDir = t.TempDir()
+	}
+	s, err := flytest.New(t.Context(), o)
+	if err != nil {
+		t.Fatalf("flytest.New: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// config is a provider config against s.
+func config(t testing.TB, s *flytest.Server) flymachines.Config {
+	return flymachines.Config{
+		BaseURL: s.URL(), Token: sandgate.Secret(testToken), App: "sandgate-test", Org: "personal",
+		BlobDir: t.TempDir(), Transport: s.Transport(),
+	}
+}
+
+func newProvider(t testing.TB, c flymachines.Config, broker string) *flymachines.Provider {
+	t.Helper()
+	p, err := flymachines.New(t.Context(), c, providers.Env{BrokerID: broker})
+	if err != nil {
+		t.Fatalf("flymachines.New: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func TestProviderSuite(t *testing.T) {
+	s := startFake(t, flytest.Options{})
+	cfg := config(t, s)
+	providertest.Run(t, func(t *testing.T) providers.Provider { return newProvider(t, cfg, "broker-suite") })
+}
+
+// waitUntil polls cond for at most d.
+func waitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestMachineConfig checks what the fake received: auto_destroy, restart
+// "no", the lifetime-bound init, the broker's metadata and nothing the
+// client sent but the env, and the tier's guest.
+func TestMachineConfig(t *testing.T) {
+	s := startFake(t, flytest.Options{})
+	p := newProvider(t, config(t, s), "broker-cfg")
+	for _, tt := range []struct {
+		size     string
+		kind     string
+		cpus, mb int
+	}{
+		{"small", "shared", 2, 512},
+		{"standard", "shared", 4, 2048},
+		{"large", "shared", 8, 8192},
+		{"xlarge", "performance", 16, 32768},
+	} {
+		t.Run(tt.size, func(t *testing.T) {
+			spec := providertest.Spec(t)
+			spec.Size, _ = sandgate.LookupSize(tt.size)
+			if tt.size != "small" {
+				// Only the config matters here; the fake would really run
+				// an xlarge guest.
+				cfg, err := p.MachineConfig(spec, time.Now())
+				if err != nil {
+					t.Fatalf("MachineConfig: %v", err)
+				}
+				if g := cfg.Guest; g.CPUKind != tt.kind || g.CPUs != tt.cpus || g.MemoryMB != tt.mb {
+					t.Errorf("guest of %s = %+v; want %s, %d vCPUs, %d MB", tt.size, *g, tt.kind, tt.cpus, tt.mb)
+				}
+				return
+			}
+			spec.ExpiresAt = time.Now().Add(10 * time.Minute).Truncate(time.Second)
+			sb := providertest.Create(t, p, spec)
+			m, ok := s.Machine(sb.Ref)
+			if !ok {
+				t.Fatalf("the fake has no machine %s", sb.Ref)
+			}
+			c := m.Config
+			if !c.AutoDestroy || c.Restart == nil || c.Restart.Policy != "no" {
+				t.Errorf("auto_destroy %v, restart %+v; want true, policy no", c.AutoDestroy, c.Restart)
+			}
+			if g := c.Guest; g == nil || g.CPUKind != tt.kind || g.CPUs != tt.cpus || g.MemoryMB != tt.mb {
+				t.Errorf("guest = %+v; want %s, %d vCPUs, %d MB", g, tt.kind, tt.cpus, tt.mb)
+			}
+			wantMD := map[string]string{providers.LabelBroker: "broker-cfg", providers.LabelWorkspace: spec.WorkspaceID, providers.LabelInstance: spec.InstanceID}
+			if len(c.Metadata) != len(wantMD) {
+				t.Errorf("metadata = %v; want exactly %v", c.Metadata, wantMD)
+			}
+			for k, v := range wantMD {
+				if c.Metadata[k] != v {
+					t.Errorf("metadata[%s] = %q; want %q", k, c.Metadata[k], v)
+				}
+			}
+			for k, v := range c.Metadata {
+				if strings.Contains(v, providertest.EnvValue) || k == providertest.EnvVar {
+					t.Errorf("metadata carries client data: %s=%s", k, v)
+				}
+			}
+			if c.Env[providertest.EnvVar] != providertest.EnvValue || len(c.Env) != 1 {
+				t.Errorf("env = %v; want only the workspace's", c.Env)
+			}
+			if c.Init == nil || len(c.Init.Exec) < 4 || c.Init.Exec[0] != "/bin/sh" ||
+				!slices.Contains(c.Init.Exec, strconvUnix(spec.ExpiresAt)) {
+				t.Errorf("init = %+v; want the lifetime script ending at %d", c.Init, spec.ExpiresAt.Unix())
+			}
+			if c.Image != flymachines.DefaultImage {
+				t.Errorf("image = %q; want %q", c.Image, flymachines.DefaultImage)
+			}
+		})
+	}
+}
+
+func strconvUnix(t time.Time) string { return strconv.FormatInt(t.Unix(), 10) }
+
+// TestLifetimeWithoutBroker: with no broker process alive, the Machine's
+// own main process ends at expires_at and Fly destroys it (auto_destroy).
+func TestLifetimeWithoutBroker(t *testing.T) {
+	s := startFake(t, flytest.Options{})
+	p, err := flymachines.New(t.Context(), config(t, s), providers.Env{BrokerID: "broker-life"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := providertest.Spec(t)
+	spec.ExpiresAt = time.Now().Add(3 * time.Second)
+	sb, err := p.Create(t.Context(), spec)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	p.Close() // no broker from here on
+	waitUntil(t, 30*time.Second, "machine destroyed at expires_at", func() bool {
+		m, _ := s.Machine(sb.Ref)
+		return m.State == "destroyed"
+	})
+	m, _ := s.Machine(sb.Ref)
+	if m.DestroyedAt.Before(spec.ExpiresAt.Add(-time.Second)) {
+		t.Errorf("destroyed at %v, before expires_at %v", m.DestroyedAt, spec.ExpiresAt)
+	}
+	if m.ExitCode == nil || *m.ExitCode != 0 {
+		t.Errorf("main process exit = %v; want 0 (it ended by itself)", m.ExitCode)
+	}
+}
+
+// TestEgressDenyAllBeforeFirstExec: the app's deny-all policy exists
+// before any Machine, so every Machine starts under it.
+func TestEgressDenyAllBeforeFirstExec(t *testing.T) {
+	s := startFake(t, flytest.Options{})
+	p := newProvider(t, config(t, s), "broker-egress")
+	pols := s.Policies("sandgate-test")
+	if len(pols) != 1 || pols[0].Name != flymachines.PolicyName || !pols[0].Selector.All ||
+		len(pols[0].Rules) != 1 || pols[0].Rules[0].Direction != "egress" {
+		t.Fatalf("policies = %+v; want the one deny-all egress policy for all machines", pols)
+	}
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	// The fake runs the Machine with no network at all: only lo.
+	if res := providertest.Exec(t, p, sb, "cat", "/proc/net/dev"); strings.Count(string(res.Stdout), ":") != 1 || !strings.Contains(string(res.Stdout), "lo:") {
+		t.Errorf("interfaces in the machine:\n%s\nwant only lo", res.Stdout)
+	}
+	m, _ := s.Machine(sb.Ref)
+	if m.EgressAtFirstExec != "deny-all" {
+		t.Errorf("egress at the first exec = %q; want deny-all", m.EgressAtFirstExec)
+	}
+	// A second broker process on the same app does not add another.
+	newProvider(t, config(t, s), "broker-egress")
+	if n := len(s.Policies("sandgate-test")); n != 1 {
+		t.Errorf("%d policies after a second New; want 1", n)
+	}
+	spec := providertest.Spec(t)
+	spec.Egress.AllowedDomains = []string{"example.com"}
+	if _, err := p.Create(t.Context(), spec); err == nil {
+		t.Errorf("Create with a domain allowlist succeeded; want a refusal")
+	}
+	if c := p.Capabilities(); c.Egress != providers.EgressNoneOnly || !c.VendorLifetime || c.VendorIdle || !c.Snapshots {
+		t.Errorf("capabilities = %+v; want egress none, vendor lifetime, no vendor idle, snapshots", c)
+	}
+}
+
+// TestAppCreatedOnce: a missing app is created in the org; an answer lost
+// on the way is retried with the same idempotency key.
+func TestAppCreatedOnce(t *testing.T) {
+	s := startFake(t, flytest.Options{Orgs: []string{"personal"}})
+	s.LoseAnswers("POST /v1/apps", 1)
+	newProvider(t, config(t, s), "broker-app")
+	var posts int
+	for _, r := range s.Requests() {
+		if r.Method == "POST" && r.Path == "/v1/apps" {
+			posts++
+		}
+	}
+	if posts != 2 {
+		t.Errorf("%d app creates; want 2 (one answer lost, one retry)", posts)
+	}
+	c := config(t, s)
+	c.App, c.Org = "sandgate-other", ""
+	if _, err := flymachines.New(t.Context(), c, providers.Env{BrokerID: "b"}); err == nil || !strings.Contains(err.Error(), flymachines.EnvOrg) {
+		t.Errorf("New without an org for a missing app = %v; want an error naming %s", err, flymachines.EnvOrg)
+	}
+}
+
+// TestWaitDeadlineAnswers: Create waits through wait's 408 and through a
+// 400 that says the deadline passed.
+func TestWaitDeadlineAnswers(t *testing.T) {
+	for _, wait400 := range []bool{false, true} {
+		s := startFake(t, flytest.Options{StartDelay: 1500 * time.Millisecond, MaxWait: 200 * time.Millisecond, Wait400: wait400})
+		p := newProvider(t, config(t, s), "broker-wait")
+		sb := providertest.Create(t, p, providertest.Spec(t))
+		if res := providertest.Exec(t, p, sb, "echo", "up"); string(res.Stdout) != "up\n" {
+			t.Errorf("wait400=%v: exec after start = %q", wait400, res.Stdout)
+		}
+		var deadlines int
+		for _, r := range s.Requests() {
+			if strings.HasSuffix(r.Path, "/wait") && (r.Status == 408 || r.Status == 400) {
+				deadlines++
+			}
+			if strings.HasSuffix(r.Path, "/wait") && !strings.Contains(r.Query, "timeout=") {
+				t.Errorf("wait without a timeout: %s", r.Query)
+			}
+		}
+		if deadlines == 0 {
+			t.Errorf("wait400=%v: no deadline answer was met; the test shows nothing", wait400)
+		}
+	}
+}
+
+// TestLongExecThroughRunner: an exec longer than one vendor exec may last
+// runs as a durable command and is polled, instead of failing with 408.
+func TestLongExecThroughRunner(t *testing.T) {
+	s := startFake(t, flytest.Options{ExecDeadline: 3 * time.Second})
+	c := config(t, s)
+	c.DirectExecMax = 2 * time.Second
+	p := newProvider(t, c, "broker-long")
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	res, err := p.Exec(t.Context(), sb, providers.ExecSpec{
+		Argv: []string{"sh", "-c", "sleep 4; printf 'done\\377'; exit 5"}, Timeout: 20 * time.Second, MaxOutputBytes: 100,
+	})
+	if err != nil || res.ExitCode != 5 || string(res.Stdout) != "done\xff" {
+		t.Fatalf("long exec = %+v, %v; want exit 5, %q", res, err, "done\xff")
+	}
+	// Rate-limited execs are sent again; the command runs once.
+	s.RateLimit("POST /v1/apps/{app}/machines/{id}/exec", 2)
+	res, err = p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"sh", "-c", "echo x >>/tmp/once; cat /tmp/once"}, Timeout: time.Second, MaxOutputBytes: 100})
+	if err != nil || string(res.Stdout) != "x\n" {
+		t.Errorf("exec after two 429s = %+v, %v; want it run once", res, err)
+	}
+	// A direct exec within the vendor's deadline still answers directly.
+	res, err = p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"echo", "quick"}, Timeout: time.Second, MaxOutputBytes: 100})
+	if err != nil || string(res.Stdout) != "quick\n" {
+		t.Errorf("short exec = %+v, %v", res, err)
+	}
+}
+
+// TestListAndOrphans: List finds the broker's Machines by their metadata
+// (paginated or not), never another broker's; a create whose answer was
+// lost is found by its metadata and destroyed; an orphan found by List is
+// terminated.
+func TestListAndOrphans(t *testing.T) {
+	s := startFake(t, flytest.Options{PageSize: 1})
+	p := newProvider(t, config(t, s), "broker-a")
+	other := newProvider(t, config(t, s), "broker-b")
+	a1 := providertest.Create(t, p, providertest.Spec(t))
+	a2 := providertest.Create(t, p, providertest.Spec(t))
+	providertest.Create(t, other, providertest.Spec(t))
+	got, err := p.List(t.Context())
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	var refs []string
+	for _, sb := range got {
+		refs = append(refs, sb.Ref)
+		if sb.Labels[providers.LabelBroker] != "broker-a" {
+			t.Errorf("List returned another broker's machine: %v", sb.Labels)
+		}
+	}
+	slices.Sort(refs)
+	want := []string{a1.Ref, a2.Ref}
+	slices.Sort(want)
+	if !slices.Equal(refs, want) {
+		t.Errorf("List = %v; want %v", refs, want)
+	}
+	var filtered bool
+	for _, r := range s.Requests() {
+		if r.Method == "GET" && strings.HasSuffix(r.Path, "/machines") && strings.Contains(r.Query, "metadata.sandgate-broker=broker-a") {
+			filtered = true
+		}
+	}
+	if !filtered {
+		t.Errorf("List did not use the server-side metadata filter")
+	}
+
+	// An orphan: a Machine the broker has no record of is swept by id.
+	if err := p.Terminate(t.Context(), a2); err != nil {
+		t.Fatalf("Terminate: %v", err)
+	}
+	if m, _ := s.Machine(a2.Ref); m.State != "destroyed" {
+		t.Errorf("swept orphan is %s; want destroyed", m.State)
+	}
+
+	// A create whose answer is lost leaves no Machine behind.
+	s.LoseAnswers("POST /v1/apps/{app}/machines", 1)
+	spec := providertest.Spec(t)
+	if _, err := p.Create(t.Context(), spec); err == nil {
+		t.Fatalf("Create with its answer lost succeeded")
+	}
+	for _, m := range s.Machines() {
+		if m.Config.Metadata[providers.LabelWorkspace] == spec.WorkspaceID && m.State != "destroyed" {
+			t.Errorf("the unconfirmed create's machine is %s; want destroyed", m.State)
+		}
+	}
+}
+
+func TestAuthAndErrors(t *testing.T) {
+	s := startFake(t, flytest.Options{})
+	c := config(t, s)
+	c.Token = "fm2_wrong-secret-token"
+	_, err := flymachines.New(t.Context(), c, providers.Env{BrokerID: "b"})
+	var ae *flymachines.APIError
+	if !errors.As(err, &ae) || ae.StatusCode != 401 {
+		t.Fatalf("New with a wrong token = %v; want a 401 APIError", err)
+	}
+	if strings.Contains(err.Error(), "wrong-secret-token") {
+		t.Errorf("error %q carries the token", err)
+	}
+	// The token as `fly tokens create` prints it works too.
+	c.Token = sandgate.Secret("FlyV1 " + testToken)
+	newProvider(t, c, "b")
+}
+
+func TestOpenFromEnvironment(t *testing.T) {
+	s := startFake(t, flytest.Options{})
+	env := map[string]string{
+		flymachines.EnvToken: testToken, flymachines.EnvBaseURL: s.URL(),
+		flymachines.EnvApp: "sandgate-open", flymachines.EnvOrg: "personal",
+	}
+	t.Setenv("SSL_CERT_FILE", s.CAFile()) // read once per process: only if nothing read the roots before
+	for _, missing := range []string{flymachines.EnvToken, flymachines.EnvApp} {
+		e := maps(env)
+		delete(e, missing)
+		_, err := flymachines.Open(t.Context(), "fly-machines", yaml.Node{}, providers.Env{BrokerID: "b", DataDir: t.TempDir(), Getenv: func(k string) string { return e[k] }})
+		if err == nil || !strings.Contains(err.Error(), missing) {
+			t.Errorf("Open without %s = %v; want an error naming it", missing, err)
+		}
+	}
+	if _, err := os.Stat(s.CAFile()); err != nil {
+		t.Errorf("CA file: %v", err)
+	}
+}
+
+func maps(m map[string]string) map[string]string { return stdmaps.Clone(m) }
+
+// TestFakeExecAnswersJSONStrings shows why the provider base64-encodes in
+// the guest: like Fly, the fake answers exec output as JSON strings, in
+// which a byte that is not UTF-8 does not survive.
+func TestFakeExecAnswersJSONStrings(t *testing.T) {
+	s := startFake(t, flytest.Options{})
+	p := newProvider(t, config(t, s), "broker-json")
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	body := strings.NewReader(`{"command":["printf","\\377ok"],"timeout":10}`)
+	req, _ := http.NewRequest(http.MethodPost, s.URL()+"/v1/apps/sandgate-test/machines/"+sb.Ref+"/exec", body)
+	req.Header.Set("Authorization", "FlyV1 "+testToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Transport: s.Transport()}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Stdout   string `json:"stdout"`
+		ExitCode int    `json:"exit_code"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("raw exec: HTTP %d, %v", resp.StatusCode, err)
+	}
+	if out.Stdout != "\ufffdok" || out.ExitCode != 0 {
+		t.Errorf("raw exec stdout = %q, exit %d; want %q, 0 (the byte 0xff lost)", out.Stdout, out.ExitCode, "\ufffdok")
+	}
+	if res := providertest.Exec(t, p, sb, "printf", `\377ok`); string(res.Stdout) != "\xffok" {
+		t.Errorf("the provider's exec stdout = %q; want %q", res.Stdout, "\xffok")
+	}
+}
+
+// TestExecOctetStream: an exec answered as raw output (the OpenAPI's
+// other content type, without an exit status) still gives the whole
+// result, since the guest wrapper's own answer carries it.
+func TestExecOctetStream(t *testing.T) {
+	s := startFake(t, flytest.Options{ExecOctetStream: true})
+	p := newProvider(t, config(t, s), "broker-raw")
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	res := providertest.ExecWith(t, p, sb, providers.ExecSpec{Argv: []string{"sh", "-c", `printf '\000\377'; printf e >&2; exit 4`}})
+	if res.ExitCode != 4 || string(res.Stdout) != "\x00\xff" || string(res.Stderr) != "e" {
+		t.Errorf("exec over octet-stream = %+v; want exit 4, %q, %q", res, "\x00\xff", "e")
+	}
+}
