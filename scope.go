@@ -10,6 +10,9 @@ type Size struct {
 	Name      string
 	CPUCores  int
 	MemoryMiB int
+	// DiskMiB is the provider's disk quota of the tier; 0 when it reports
+	// none.
+	DiskMiB int
 }
 
 // StandardSizes are the tiers sandgate knows, smallest first. An instance's

@@ -45,14 +45,9 @@ func (s *Server) getLease(c echo.Context) error {
 	caps := prov.Provider.Capabilities()
 	resp.DefaultSize = defaultSize(scope)
 	resp.Images = protocol.Images{Default: scope.DefaultImage, Allowed: policy.AllowedImages(scope)}
-	disk, _ := prov.Provider.(interface{ DiskMiB(sandgate.Size) int }) // optional: the local provider's quota
 	for _, sz := range scope.AllowedSizes() {
 		if ps, ok := caps.Size(sz.Name); ok {
-			out := protocol.Size{Name: ps.Name, CPUCores: ps.CPUCores, MemoryMiB: ps.MemoryMiB}
-			if disk != nil {
-				out.DiskMiB = disk.DiskMiB(ps)
-			}
-			resp.Sizes = append(resp.Sizes, out)
+			resp.Sizes = append(resp.Sizes, protocol.Size{Name: ps.Name, CPUCores: ps.CPUCores, MemoryMiB: ps.MemoryMiB, DiskMiB: ps.DiskMiB})
 		}
 	}
 	return c.JSON(http.StatusOK, resp)

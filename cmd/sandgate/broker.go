@@ -89,7 +89,7 @@ func (b *broker) run(ctx context.Context) error {
 
 	// The one wiring place: everything below is built once and shared.
 	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
-	if err := claimDataDirs(ctx, db, provs, clock.Now()); err != nil {
+	if err := claimDataDirs(ctx, db, rawProvs, clock.Now()); err != nil {
 		return err
 	}
 	bill := billing.New(db, billing.Config{Provider: providers.LegacyName, Log: b.log.With("component", "billing"), Meter: meter,

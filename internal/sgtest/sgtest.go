@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -104,22 +105,19 @@ type Provider struct {
 	execs       []providers.ExecSpec
 	terminates  int
 	createSpecs []providers.CreateSpec
-	diskMiB     int
 }
 
 // SetDiskMiB makes the provider report a disk quota of mib for every size,
 // as the local provider reports its tiers' (0: none).
 func (p *Provider) SetDiskMiB(mib int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.diskMiB = mib
-}
-
-// DiskMiB is the disk quota set by SetDiskMiB.
-func (p *Provider) DiskMiB(sandgate.Size) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.diskMiB
+	p.Provider.Set(func(f *fakeprovider.Provider) {
+		caps := *f.Caps
+		caps.Sizes = slices.Clone(caps.Sizes)
+		for i := range caps.Sizes {
+			caps.Sizes[i].DiskMiB = mib
+		}
+		f.Caps = &caps
+	})
 }
 
 // ProviderName is the harness provider's name: the legacy name, so that

@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"path/filepath"
+	"slices"
 
 	"go.yaml.in/yaml/v3"
 
@@ -42,8 +43,17 @@ func (p *Provider) Capabilities() providers.Capabilities {
 		VendorLifetime: true, // the detached supervisor ends it at expires_at with no broker alive
 		Snapshots:      true,
 		NativeCommands: true,
-		Sizes:          sandgate.StandardSizes,
+		Sizes:          p.sizes(),
 		Images:         []string{Image},
 		DefaultImage:   Image,
 	}
+}
+
+// sizes are the standard tiers with this host's disk quota of each.
+func (p *Provider) sizes() []sandgate.Size {
+	out := slices.Clone(sandgate.StandardSizes)
+	for i := range out {
+		out[i].DiskMiB = p.DiskMiB(out[i])
+	}
+	return out
 }
