@@ -83,6 +83,13 @@ type Config struct {
 	// (providers/flymachines/flytest) whose guests stand for VMs with a
 	// real root.
 	GuestCapabilities []string `yaml:"-"`
+	// HostDirs keeps each workspace's /workspace, /root and /tmp as plain
+	// directories of the data directory, with no disk image and no host
+	// uid of its own (the sandbox's uid 0 is the broker's uid). Not a
+	// config setting: the broker never sets it; it is for the fake vendors
+	// (modaltest, spritetest, flytest) that reach into those directories
+	// from the host, as a vendor's agent inside its VM would.
+	HostDirs bool `yaml:"-"`
 
 	// mountinfo replaces /proc/self/mountinfo in tests.
 	mountinfo string
@@ -237,7 +244,9 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	}
 	disk, problem := detectDisk()
 	p.probeUID = c.UIDBase
-	if os.Geteuid() != 0 {
+	if c.HostDirs {
+		disk, problem, p.probeUID = nil, "", 0
+	} else if os.Geteuid() != 0 {
 		// Only root can run a sandbox as another uid, or mount an image.
 		disk, problem = nil, "uids and disk: the broker does not run as root, so sandboxes run as its own uid and workspaces get no disk quota"
 		p.probeUID = 0

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -80,6 +81,15 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	case code != 0:
 		return providers.SnapshotRef{}, fmt.Errorf("modal: snapshot: the directory check failed with exit code %d", code)
 	}
+	// Modal does not report an image's size: the directory's, as the guest
+	// counts it, is what the instance's max_snapshot_bytes is charged.
+	size, err := p.dirBytes(ctx, sb, spec.Dir)
+	if err != nil {
+		return providers.SnapshotRef{}, fmt.Errorf("modal: snapshot: size: %w", err)
+	}
+	if spec.MaxBytes > 0 && size > spec.MaxBytes {
+		return providers.SnapshotRef{}, fmt.Errorf("modal: snapshot: %w", providers.ErrSnapshotTooLarge)
+	}
 	ttl := int64(defaultSnapshotTTL / time.Second)
 	if !spec.ExpiresAt.IsZero() {
 		left := spec.ExpiresAt.Sub(p.clock.Now())
@@ -102,7 +112,25 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	}
 	p.log.Info("snapshot stored", sandgate.SnapshotAttr(spec.ID),
 		"ttl_seconds", ttl, "duration", time.Since(start))
-	return providers.SnapshotRef{ID: spec.ID, Ref: resp.GetImageId()}, nil
+	return providers.SnapshotRef{ID: spec.ID, Ref: resp.GetImageId(), Bytes: size}, nil
+}
+
+// dirBytes is the disk space dir takes in the sandbox (du, in KiB blocks),
+// at least 1.
+func (p *Provider) dirBytes(ctx context.Context, sb providers.Sandbox, dir string) (int64, error) {
+	res, err := p.Exec(ctx, sb, providers.ExecSpec{Argv: []string{"du", "-sk", "--", dir}, Timeout: time.Minute, MaxOutputBytes: 4096})
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(res.Stdout))
+	if res.ExitCode != 0 || len(f) == 0 {
+		return 0, fmt.Errorf("du exited %d", res.ExitCode)
+	}
+	kib, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	return max(kib*1024, 1), nil
 }
 
 // Restore mounts the snapshot's image at dir with TaskMountDirectory,

@@ -44,6 +44,11 @@ func ReadDir(dir string, maxOut int64, alive func() bool) (providers.CommandStat
 			return st, errors.New("runner: read: malformed exit status")
 		}
 		st.State, st.ExitCode, st.FinishedAt = providers.CommandCompleted, code, modTime(FileExit)
+		// The watchdog marks its kill before it sends it; a runner outside
+		// the killed group (a vendor's exec wrapper may lead its own) can
+		// still record the exit after it. The command ended at its timeout
+		// all the same.
+		st.TimedOut = exists(FileTimedOut)
 	case !errors.Is(err, fs.ErrNotExist):
 		return st, fmt.Errorf("runner: read: %w", scrub(err))
 	case exists(FileCancel):

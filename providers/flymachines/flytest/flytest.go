@@ -134,7 +134,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	lp, err := local.New(ctx, local.Config{DataDir: filepath.Join(o.DataDir, "machines"),
 		// A guest's root, as in a VM, reads and writes its files whatever their modes.
-		GuestCapabilities: []string{"CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER"}}, providers.Env{BrokerID: "flytest", Logger: o.Logger})
+		GuestCapabilities: []string{"CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER"}, HostDirs: true}, providers.Env{BrokerID: "flytest", Logger: o.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("flytest: %w", err)
 	}

@@ -81,7 +81,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	if c.Token == "" || c.DataDir == "" {
 		return nil, errors.New("spritetest: a token and a data directory are required")
 	}
-	lp, err := local.New(ctx, local.Config{DataDir: filepath.Join(c.DataDir, "local")}, providers.Env{BrokerID: "spritetest"})
+	lp, err := local.New(ctx, local.Config{DataDir: filepath.Join(c.DataDir, "local"), HostDirs: true}, providers.Env{BrokerID: "spritetest"})
 	if err != nil {
 		return nil, err
 	}

@@ -128,7 +128,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
-	lp, err := local.New(ctx, local.Config{DataDir: filepath.Join(cfg.DataDir, "local"), BwrapPath: cfg.BwrapPath},
+	lp, err := local.New(ctx, local.Config{DataDir: filepath.Join(cfg.DataDir, "local"), BwrapPath: cfg.BwrapPath, HostDirs: true},
 		providers.Env{Logger: log, BrokerID: "modal-fake", DataDir: cfg.DataDir})
 	if err != nil {
 		return nil, err
