@@ -89,8 +89,15 @@ func (b *broker) run(ctx context.Context) error {
 
 	// The one wiring place: everything below is built once and shared.
 	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
-	if err := claimDataDirs(ctx, db, rawProvs, clock.Now()); err != nil {
+	// A data directory another one holds stops the broker at once; a store
+	// that cannot be asked yet (serve starts with Redis down) is asked again
+	// in the background, below, and a refusal then stops it as well.
+	claimLater := false
+	if err := claimDataDirs(ctx, db, rawProvs, clock.Now()); errors.Is(err, errDataDirTaken) {
 		return err
+	} else if err != nil {
+		b.log.Warn("local data directory not yet recorded in Redis; retrying", slog.Any(sandgate.KeyError, err))
+		claimLater = true
 	}
 	bill := billing.New(db, billing.Config{Provider: providers.LegacyName, Log: b.log.With("component", "billing"), Meter: meter,
 		Webhook: billing.WebhookConfig{URL: b.cfg.Billing.Webhook.URL, Secret: b.cfg.webhookSecret, Timeout: b.cfg.Billing.Webhook.Timeout}})
@@ -174,7 +181,27 @@ func (b *broker) run(ctx context.Context) error {
 	wg.Go(func() { defer close(rpDone); rp.Run(rpCtx) })
 	wg.Go(func() { bill.Run(runCtx, b.cfg.Billing.RepairInterval) })
 	wg.Go(func() { bill.RunWebhooks(runCtx) })
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	if claimLater {
+		wg.Go(func() {
+			for {
+				select {
+				case <-runCtx.Done():
+					return
+				case <-time.After(time.Second):
+				}
+				err := claimDataDirs(runCtx, db, rawProvs, clock.Now())
+				if err == nil {
+					b.log.Info("local data directory recorded in Redis")
+					return
+				}
+				if errors.Is(err, errDataDirTaken) {
+					errc <- err
+					return
+				}
+			}
+		})
+	}
 	wg.Go(func() {
 		var ln net.Listener = plainListener{b.public}
 		if b.tls != nil {
@@ -227,6 +254,10 @@ func (b *broker) run(ctx context.Context) error {
 // answer 410 workspace_gone for it, and reap it. The claim is never lifted
 // by the broker; an operator who retires a data directory for good deletes
 // it (providers/local/README.md).
+// errDataDirTaken is claimDataDir's refusal: another data directory serves
+// this Redis's local workspaces.
+var errDataDirTaken = errors.New("the data directory is another one than this Redis serves")
+
 // claimDataDirs claims the data directory of every local provider of ps
 // (claimDataDir).
 func claimDataDirs(ctx context.Context, db *store.DB, ps *providers.Set, now time.Time) error {
@@ -254,13 +285,13 @@ func claimDataDir(ctx context.Context, db *store.DB, name string, prov *local.Pr
 	if ws, err := db.LiveWorkspaces(ctx, "", "", now); err == nil {
 		live = fmt.Sprint(len(ws))
 	}
-	return fmt.Errorf("provider %s: refusing to start: this Redis already serves its local workspaces from the data directory %s "+
+	return fmt.Errorf("provider %s: %w: refusing to start: this Redis already serves its local workspaces from the data directory %s "+
 		"on host %q (id %s, since %s; %s workspaces live now), and this process's data directory %s (id %s) is another one. "+
 		"A local workspace lives only in the data directory that created it, so this process would answer 410 workspace_gone "+
 		"for those of the other and its reaper would end them. Run every `sandgate serve` on this Redis with that data directory "+
 		"(on that host), or use another Redis; if that data directory is retired for good and no workspace of it is live, "+
 		"delete the Redis key %s and start again",
-		name, got.Path, got.Host, got.ID, got.ClaimedAt.Format(time.RFC3339), live, ours.Path, ours.ID, store.DataDirKey(name))
+		name, errDataDirTaken, got.Path, got.Host, got.ID, got.ClaimedAt.Format(time.RFC3339), live, ours.Path, ours.ID, store.DataDirKey(name))
 }
 
 // isLoopback reports whether addr (host:port) binds only loopback.

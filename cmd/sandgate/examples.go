@@ -68,6 +68,8 @@ var examples = map[string]string{
 	"sandgate dev": `  go run ./cmd/sandgate dev
   sandgate dev --listen 127.0.0.1:9443 --admin-listen 127.0.0.1:9444 --data-dir /tmp/sg`,
 	"sandgate serve": `  sandgate serve --config /etc/sandgate/sandgate.yaml`,
+	"sandgate version": `  sandgate version
+  sandgate --version`,
 	"sandgate usage": `  sandgate usage summary --group-by size
   sandgate usage export --format csv --out usage.csv`,
 	"sandgate usage export": `  sandgate usage export --format csv --out usage-2026-10.csv --from 2026-10-01T00:00:00Z --to 2026-11-01T00:00:00Z

@@ -61,12 +61,9 @@ func TestModalWalkthrough(t *testing.T) {
 	fake, env := startModal(t)
 	d := startDevWith(t, env, "--provider", "modal")
 
-	walk := readmeBlock(t, "## Walk-through with curl")
-	before, release, ok := strings.Cut(walk, "# 5. Release it")
-	if !ok {
-		t.Fatal("the README's walk-through has no step 5")
-	}
-	script := "set -euo pipefail\n" + before + readmeBlock(t, "### Snapshots and durable commands") + "\n# 5. Release it" + release
+	// The walk-through, then its "Snapshots and durable commands" section,
+	// in the same shell, as the README says.
+	script := "set -euo pipefail\n" + readmeBlock(t, "## Walk-through with curl") + readmeBlock(t, "### Snapshots and durable commands")
 	cmd := exec.Command("bash", "-c", script)
 	cmd.Dir = d.workDir
 	cmd.Env = cleanEnv()
@@ -88,6 +85,10 @@ func TestModalWalkthrough(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("walk-through output lacks %s", want)
 		}
+	}
+	// The file read back in the walk-through, and again in the warm start.
+	if n := strings.Count(out, `"contents_b64":"aGVsbG8K"`); n < 2 {
+		t.Errorf("the file was read back %d times; want 2 (the warm start has it too)", n)
 	}
 	if n := strings.Count(out, `"workspace_id":"ws_`); n < 2 {
 		t.Errorf("walk-through output has %d workspace ids; want the warm start and the release", n)

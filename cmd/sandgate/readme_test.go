@@ -21,6 +21,12 @@ var readmeNotRun = map[string]string{
 	"go run ./cmd/sandgate dev\n": "the test starts sandgate dev itself (startDev)",
 	"make test\n":                 "it is the test suite",
 	"sandgate serve --config /etc/sandgate/sandgate.yaml\n": "the serve tests run it with their own config",
+	"export SANDGATE_OPERATOR_TOKEN_ADMIN=sgo_$(openssl rand -hex 24)   # the operator API's admin token\n" +
+		"docker compose up -d --build\n" +
+		"docker compose ps                        # sandgate turns healthy once Redis answers and its provider passed its check\n" +
+		"docker compose exec sandgate sandgate admin account list   # the operator API is loopback-only: use it inside the container\n": "no Docker engine runs here; TestComposeFile and TestDockerfile check both files",
+	"sandgate dev --provider fly-sprites   # with SPRITE_TOKEN (and SPRITES_API_URL, if not Sprites' own) in the environment\n":                                                     "TestFlySpritesWalkthrough runs it against the fake Sprites",
+	"go run ./providers/modal/modaltest/cmd/modalfake --data-dir /tmp/modalfake >modal.env &\nsleep 5; set -a; . ./modal.env; set +a\ngo run ./cmd/sandgate dev --provider modal\n": "TestModalWalkthrough runs dev against the fake Modal",
 }
 
 // readmeShellBlocks returns README.md's ```sh blocks, in order.
