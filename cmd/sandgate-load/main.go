@@ -9,6 +9,13 @@
 // measures the broker of that revision the same way, for comparison.
 //
 //	go run ./cmd/sandgate-load -execs 40 -bytes 4194304 [-before REV]
+//
+// With -noisy it measures noisy neighbours instead (noisy.go): the
+// latency of `exec true` in one small workspace, quiet and then while a
+// second one keeps a fork tree at its process cap and a third allocates
+// past its memory limit.
+//
+//	go run ./cmd/sandgate-load -noisy [-n 200] [-hold 300s]
 package main
 
 import (
@@ -44,10 +51,19 @@ func main() {
 	bin := flag.String("sandgate", "", "sandgate binary to run; empty builds ./cmd/sandgate")
 	before := flag.String("before", "", "also measure the broker of this git revision first (built from git archive), for comparison")
 	timeout := flag.Duration("timeout", 10*time.Minute, "bound of the whole run")
+	noisy := flag.Bool("noisy", false, "measure noisy neighbours instead: exec true latency in one workspace, quiet and beside a fork tree and a memory hog")
+	n := flag.Int("n", 200, "-noisy: sequential `exec true` per phase")
+	hold := flag.Duration("hold", 300*time.Second, "-noisy: the neighbours' durable commands' timeout (they are cancelled before)")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	if err := run(ctx, *bin, *before, *execs, *size); err != nil {
+	var err error
+	if *noisy {
+		err = runNoisy(ctx, *bin, *n, *hold)
+	} else {
+		err = run(ctx, *bin, *before, *execs, *size)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "sandgate-load:", err)
 		os.Exit(1)
 	}
@@ -59,6 +75,8 @@ type broker struct {
 	url   string
 	token string
 	hc    *http.Client
+	env   map[string]string // dev.env
+	logs  string            // the broker's stderr
 }
 
 func run(ctx context.Context, bin, before string, execs int, size int64) error {
@@ -239,8 +257,8 @@ func startDev(ctx context.Context, bin, dataDir string) (*broker, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	b := &broker{cmd: cmd}
 	env := map[string]string{}
+	b := &broker{cmd: cmd, env: env, logs: logs.Name()}
 	for i := 0; ; i++ {
 		if raw, err := os.ReadFile(filepath.Join(dataDir, "dev.env")); err == nil {
 			for _, line := range strings.Split(string(raw), "\n") {
