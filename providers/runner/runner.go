@@ -132,6 +132,9 @@ exit 0
 var readScript = `d=$1 m=$2
 [ -e "$d/` + FileClaim + `" ] || { echo absent; exit 0; }
 if [ -e "$d/` + FileExit + `" ]; then s="completed $(cat "$d/` + FileExit + `")"
+	# The watchdog marks its kill before it sends it: an exit recorded after
+	# it is the timeout's (as ReadDir reads it).
+	[ -e "$d/` + FileTimedOut + `" ] && s=timedout
 elif [ -e "$d/` + FileCancel + `" ]; then s=canceled
 elif [ -e "$d/` + FileTimedOut + `" ]; then s=timedout
 elif p=$(cat "$d/` + FilePID + `" 2>/dev/null) && [ -n "$p" ] && ! kill -0 "$p" 2>/dev/null; then s=lost
