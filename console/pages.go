@@ -121,7 +121,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, s *session, err e
 		c.render(w, r, s, ae.Status, "error", errorPage{Status: ae.Status, Code: string(ae.Code), Message: ae.Message})
 		return
 	}
-	c.log.Error("console request failed", slog.String("path", r.URL.Path), slog.Any(sandgate.KeyError, err))
+	c.log.Error("console request failed", slog.String("route", r.Pattern), slog.Any(sandgate.KeyError, err))
 	c.render(w, r, s, http.StatusInternalServerError, "error", errorPage{Status: 500, Message: "internal error"})
 }
 

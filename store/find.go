@@ -43,48 +43,5 @@ func (db *DB) FindWorkspace(ctx context.Context, id string) (sandgate.Workspace,
 // set), one account (inst empty), or every account (both empty), each
 // instance's in creation order.
 func (db *DB) Workspaces(ctx context.Context, acct, inst string, all bool, now time.Time) ([]sandgate.Workspace, error) {
-	if !all {
-		return db.LiveWorkspaces(ctx, acct, inst, now)
-	}
-	type pair struct{ acct, inst string }
-	var scopes []pair
-	if acct != "" && inst != "" {
-		scopes = []pair{{acct, inst}}
-	} else {
-		accts := []string{acct}
-		if acct == "" {
-			as, err := db.Accounts(ctx)
-			if err != nil {
-				return nil, err
-			}
-			accts = accts[:0]
-			for _, a := range as {
-				accts = append(accts, a.ID)
-			}
-		}
-		for _, a := range accts {
-			ids, err := db.rdb.SMembers(ctx, instancesKey(a)).Result()
-			if err != nil {
-				return nil, err
-			}
-			for _, i := range ids {
-				scopes = append(scopes, pair{a, i})
-			}
-		}
-	}
-	var out []sandgate.Workspace
-	for _, sc := range scopes {
-		for cursor := ""; ; {
-			ws, next, err := db.ListWorkspaces(ctx, sc.acct, sc.inst, cursor, 100, false, now)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, ws...)
-			if next == "" {
-				break
-			}
-			cursor = next
-		}
-	}
-	return out, nil
+	return db.walkWorkspaces(ctx, acct, inst, !all, now)
 }

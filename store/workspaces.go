@@ -313,6 +313,13 @@ func parseWorkspace(m map[string]string) (sandgate.Workspace, error) {
 // account (both empty). It walks the workspace indexes, so a workspace
 // whose slot was pruned past its deadline is still found.
 func (db *DB) LiveWorkspaces(ctx context.Context, acct, inst string, now time.Time) ([]sandgate.Workspace, error) {
+	return db.walkWorkspaces(ctx, acct, inst, true, now)
+}
+
+// walkWorkspaces lists the workspaces of a scope (see LiveWorkspaces), live
+// ones only or every one within retention, each instance's in creation
+// order, a page of ListWorkspaces at a time.
+func (db *DB) walkWorkspaces(ctx context.Context, acct, inst string, liveOnly bool, now time.Time) ([]sandgate.Workspace, error) {
 	type pair struct{ acct, inst string }
 	var scopes []pair
 	switch {
@@ -342,9 +349,8 @@ func (db *DB) LiveWorkspaces(ctx context.Context, acct, inst string, now time.Ti
 	}
 	var out []sandgate.Workspace
 	for _, sc := range scopes {
-		cursor := ""
-		for {
-			ws, next, err := db.ListWorkspaces(ctx, sc.acct, sc.inst, cursor, 100, true, now)
+		for cursor := ""; ; {
+			ws, next, err := db.ListWorkspaces(ctx, sc.acct, sc.inst, cursor, 100, liveOnly, now)
 			if err != nil {
 				return nil, err
 			}
