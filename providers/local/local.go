@@ -17,6 +17,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +27,7 @@ import (
 	"sync"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/execfile"
 )
@@ -90,9 +92,19 @@ type Config struct {
 	// (modaltest, spritetest, flytest) that reach into those directories
 	// from the host, as a vendor's agent inside its VM would.
 	HostDirs bool `yaml:"-"`
+	// Egress serves each workspace's egress proxy listener; nil means no
+	// egress. Not a config setting: cmd/sandgate passes the broker's proxy.
+	Egress Egress `yaml:"-"`
 
 	// mountinfo replaces /proc/self/mountinfo in tests.
 	mountinfo string
+}
+
+// Egress is the broker's egress proxy as the local provider uses it:
+// Serve answers proxy requests on l, every one attributed to ws, until l
+// is closed or ctx is done. *egress.Proxy satisfies it.
+type Egress interface {
+	Serve(ctx context.Context, l net.Listener, ws egress.Workspace) error
 }
 
 // Tier is the limits of one size beyond its cores and memory.
