@@ -754,7 +754,9 @@ func TestServeEndsTunnels(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- e.proxy.Serve(ctx, l, egress.Workspace{ID: "ws_one", AllowedDomains: []string{"allowed.sg.test"}}) }()
+	go func() {
+		done <- e.proxy.Serve(ctx, l, egress.Workspace{ID: "ws_one", AllowedDomains: []string{"allowed.sg.test"}})
+	}()
 	code, c := connect(t, l.Addr().String(), net.JoinHostPort("allowed.sg.test", strconv.Itoa(int(e.echoPort))), "")
 	if code != 200 {
 		t.Fatalf("CONNECT = %d", code)
