@@ -72,7 +72,7 @@ type Config struct {
 	// 0 means 64.
 	MaxConnsPerWorkspace int
 	// MaxSharedConns bounds the connections to ServeShared's listener
-	// that have not yet named a workspace; 0 means 1024.
+	// open at once, of all workspaces and of none; 0 means 1024.
 	MaxSharedConns int
 	// IdleTimeout closes a connection that moved no byte in either
 	// direction for this long; 0 means 5 minutes.
