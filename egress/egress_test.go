@@ -878,7 +878,9 @@ func TestServerSpeaksFirst(t *testing.T) {
 		t.Errorf("TLS handshake with SNI denied.sg.test after a banner succeeded; want the tunnel closed")
 	}
 	waitFor(t, func() bool { return e.denied(t, egress.ReasonSNI) == 1 },
-		func() string { return fmt.Sprintf("%s{reason=sni} = %d; want 1", egress.MetricDenied, e.denied(t, egress.ReasonSNI)) })
+		func() string {
+			return fmt.Sprintf("%s{reason=sni} = %d; want 1", egress.MetricDenied, e.denied(t, egress.ReasonSNI))
+		})
 }
 
 // TestPlainHTTPUpgradeRefused: a protocol switch must use CONNECT.
