@@ -171,6 +171,21 @@ type Workspace struct {
 	AllowedDomains []string
 }
 
+// Validate reports an entry of AllowedDomains outside the protocol's
+// grammar (the gateway admits none; the proxy checks again rather than
+// read "*" or "*.com" some other way).
+func (w Workspace) Validate() error {
+	if w.ID == "" {
+		return errors.New("egress: a workspace needs an id")
+	}
+	for i, d := range w.AllowedDomains {
+		if _, err := policy.ParseDomain(d); err != nil {
+			return fmt.Errorf("egress: workspace %s: allowed_domains[%d]: %w", w.ID, i, err)
+		}
+	}
+	return nil
+}
+
 // Allows reports whether host (lowercase, no trailing dot) matches one of
 // the workspace's allowed domains.
 func (w Workspace) Allows(host string) bool {

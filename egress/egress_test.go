@@ -894,3 +894,23 @@ func TestPlainHTTPUpgradeRefused(t *testing.T) {
 		t.Errorf("GET with Upgrade: websocket = %d; want 400", resp.StatusCode)
 	}
 }
+
+// TestInvalidWorkspace: entries outside the grammar are refused, not read
+// some other way.
+func TestInvalidWorkspace(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, domains := range [][]string{{"*"}, {"*.com"}, {"Example.com"}, {"127.0.0.1"}, {"example.com:443"}} {
+		ws := egress.Workspace{ID: "ws_bad", AllowedDomains: domains}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.proxy.Serve(context.Background(), l, ws); err == nil {
+			t.Errorf("Serve(allowed_domains %q) = nil; want an error", domains)
+		}
+		l.Close()
+		if _, err := e.proxy.Register(ws); err == nil {
+			t.Errorf("Register(allowed_domains %q) = nil error; want one", domains)
+		}
+	}
+}
