@@ -15,6 +15,11 @@ const (
 	KeyStatus      = "status"
 	KeyError       = "err"
 	KeyProvider    = "provider"
+	// KeyHost and KeyPort name a destination the egress proxy refused
+	// (policy, not content: never a URL path), KeyReason why.
+	KeyHost   = "host"
+	KeyPort   = "port"
+	KeyReason = "reason"
 )
 
 // WorkspaceAttr is the log attribute of a workspace id.

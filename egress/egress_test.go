@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -55,9 +56,11 @@ func port(t testing.TB, addr net.Addr) uint16 {
 func newEnv(t *testing.T, mod func(*egress.Config)) *env {
 	t.Helper()
 	e := &env{logs: &sgtest.Logs{}, reader: sdkmetric.NewManualReader()}
-	e.tlsSrv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e.tlsSrv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "tls page for %s", r.Host)
 	}))
+	e.tlsSrv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes are the point
+	e.tlsSrv.StartTLS()
 	t.Cleanup(e.tlsSrv.Close)
 	e.httpSrv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -713,14 +716,21 @@ func TestLimits(t *testing.T) {
 	}
 	waitFor(t, func() bool { code, _ := connect(t, addr, echo, ""); return code == 200 },
 		func() string { return "no CONNECT succeeded after the idle tunnels closed" })
+}
 
-	// A header past MaxHeaderBytes is refused.
-	c, err = net.Dial("tcp", addr)
+// TestHeaderLimit: a header past MaxHeaderBytes is refused.
+func TestHeaderLimit(t *testing.T) {
+	e := newEnv(t, nil)
+	addr := e.serve(t, egress.Workspace{ID: "ws_one", AllowedDomains: []string{"allowed.sg.test"}})
+	echo := net.JoinHostPort("allowed.sg.test", strconv.Itoa(int(e.echoPort)))
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nX-Big: %s\r\n\r\n", echo, echo, strings.Repeat("h", 64<<10))
+	// Written while the answer is read: the proxy answers before it has
+	// read the whole header.
+	go fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nX-Big: %s\r\n\r\n", echo, echo, strings.Repeat("h", 64<<10))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
 		t.Errorf("CONNECT with a 64 KiB header = %v, %v; want 431", resp, err)

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -254,12 +253,12 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, wsID, host string
 // host and port, and the reason; never a path, header or body.
 func (p *Proxy) refused(ctx context.Context, wsID, host string, port uint16, reason string) {
 	p.denied.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(attribute.String(AttrReason, reason)))
-	attrs := []slog.Attr{slog.String("reason", reason)}
+	attrs := []slog.Attr{slog.String(sandgate.KeyReason, reason)}
 	if wsID != "" {
-		attrs = append(attrs, slog.String(sandgate.KeyWorkspaceID, wsID))
+		attrs = append(attrs, sandgate.WorkspaceAttr(wsID))
 	}
 	if host != "" {
-		attrs = append(attrs, slog.String("host", host), slog.String("port", strconv.Itoa(int(port))))
+		attrs = append(attrs, slog.String(sandgate.KeyHost, host), slog.Int(sandgate.KeyPort, int(port)))
 	}
 	p.log.LogAttrs(ctx, slog.LevelInfo, "egress denied", attrs...)
 }
