@@ -68,8 +68,9 @@ type Config struct {
 	// hostnames in the allowed_domains grammar, without wildcards.
 	Hosts map[string]netip.Addr
 	// MaxConnsPerWorkspace bounds the connections of one workspace open
-	// at once, both the ones to the proxy and the ones to destinations;
-	// 0 means 64.
+	// at once, counted apart: the ones to its listener ([Proxy.Serve]; more
+	// are closed as they arrive) and the ones to destinations (more are
+	// refused with 429); 0 means 64.
 	MaxConnsPerWorkspace int
 	// MaxSharedConns bounds the connections to ServeShared's listener
 	// open at once, of all workspaces and of none; 0 means 1024.
@@ -224,7 +225,7 @@ type Proxy struct {
 // wsState is the counters of one workspace.
 type wsState struct {
 	out, in atomic.Int64
-	conns   atomic.Int64 // open connections, to the proxy and to destinations
+	conns   atomic.Int64 // open connections to destinations
 }
 
 // registration is one workspace of credential mode.
