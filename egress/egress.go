@@ -1,15 +1,56 @@
 // Package egress is the broker's domain-allowlist egress proxy: HTTP
 // CONNECT and plain-HTTP forwarding to the domains and ports a workspace
-// was admitted with, and nothing else. docs/egress.md has the threat model.
+// was admitted with, and nothing else. docs/egress.md has the threat model
+// and how each threat is stopped.
 package egress
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/sandgate/sandgate/policy"
+)
+
+// The proxy's metrics.
+const (
+	// MetricDenied counts refused proxy requests, by reason (AttrReason).
+	MetricDenied = "sandgate.egress.denied"
+	// MetricBytes counts the bytes moved to and from destinations, by
+	// direction (AttrDirection: "out" is sandbox to destination, "in" the
+	// reverse).
+	MetricBytes = "sandgate.egress.bytes"
+	// AttrReason is the attribute of MetricDenied.
+	AttrReason = "reason"
+	// AttrDirection is the attribute of MetricBytes.
+	AttrDirection = "direction"
+)
+
+// Reasons of a refusal, the values of AttrReason and of the "reason" log
+// attribute.
+const (
+	ReasonBadRequest = "bad_request"  // not a proxy request, or a malformed one
+	ReasonAuth       = "auth"         // credential mode: no or a wrong credential
+	ReasonIPLiteral  = "ip_literal"   // the destination is an address, not a name
+	ReasonDomain     = "domain"       // the name is not in the workspace's allowed_domains
+	ReasonPort       = "port"         // the port is not in Config.Ports
+	ReasonAddress    = "address"      // the name resolves only to refused addresses
+	ReasonSNI        = "sni"          // the TLS ClientHello names another host, or none
+	ReasonNotTLS     = "not_tls"      // a tunnel to a TLS port that does not start with a ClientHello
+	ReasonLimit      = "limit"        // the workspace has MaxConnsPerWorkspace connections open
+	ReasonResolve    = "resolve"      // the name does not resolve
+	ReasonUnreached  = "unreachable"  // no checked address answered
 )
 
 // Config configures a [Proxy]. A zero field means the default noted beside it.
@@ -17,34 +58,132 @@ type Config struct {
 	// Ports are the destination ports a workspace may reach; nil means
 	// 80 and 443.
 	Ports []uint16
+	// TLSPorts are the ports on which a CONNECT tunnel must start with a
+	// TLS ClientHello; nil means 443. On every port, a tunnel that starts
+	// with a ClientHello must name the CONNECT host in its SNI.
+	TLSPorts []uint16
 	// Hosts are the operator's static hosts (on-premises mirrors, tests):
 	// these names are looked up here and nowhere else, and their addresses
-	// are exempt from the private-address refusal.
+	// are exempt from the private-address refusal. Names are lowercase
+	// hostnames in the allowed_domains grammar, without wildcards.
 	Hosts map[string]netip.Addr
-	// MaxConnsPerWorkspace bounds the open connections of one workspace;
+	// MaxConnsPerWorkspace bounds the connections of one workspace open
+	// at once, both the ones to the proxy and the ones to destinations;
 	// 0 means 64.
 	MaxConnsPerWorkspace int
-	// IdleTimeout closes a connection that moved no byte for this long; 0
-	// means 5 minutes.
+	// MaxSharedConns bounds the connections to ServeShared's listener
+	// that have not yet named a workspace; 0 means 1024.
+	MaxSharedConns int
+	// IdleTimeout closes a connection that moved no byte in either
+	// direction for this long; 0 means 5 minutes.
 	IdleTimeout time.Duration
-	// Logger logs denied destinations (host and port, never a path, header
-	// or body); nil means discard.
+	// HeaderTimeout bounds reading a request's header; 0 means 30s.
+	HeaderTimeout time.Duration
+	// MaxHeaderBytes bounds a request's header, and a response's header
+	// in plain-HTTP forwarding; 0 means 16 KiB.
+	MaxHeaderBytes int
+	// DialTimeout bounds resolving and connecting to a destination; 0
+	// means 30s.
+	DialTimeout time.Duration
+	// Logger logs refusals: the workspace id, the destination's host and
+	// port and the reason, never a path, header or body; nil means
+	// discard.
 	Logger *slog.Logger
+	// Meter makes MetricDenied and MetricBytes; nil means no metrics.
+	Meter metric.Meter
 	// Resolver looks up the names not in Hosts; nil means net.DefaultResolver.
 	Resolver interface {
 		LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 	}
-	// Dial connects to the checked address; nil means a net.Dialer.
+	// Dial connects to the checked address (always an IP address and a
+	// port); nil means a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.Ports == nil {
+		c.Ports = []uint16{80, 443}
+	}
+	if c.TLSPorts == nil {
+		c.TLSPorts = []uint16{443}
+	}
+	if c.MaxConnsPerWorkspace == 0 {
+		c.MaxConnsPerWorkspace = 64
+	}
+	if c.MaxSharedConns == 0 {
+		c.MaxSharedConns = 1024
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 5 * time.Minute
+	}
+	if c.HeaderTimeout == 0 {
+		c.HeaderTimeout = 30 * time.Second
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = 16 << 10
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Meter == nil {
+		c.Meter = noop.NewMeterProvider().Meter("")
+	}
+	if c.Resolver == nil {
+		c.Resolver = net.DefaultResolver
+	}
+	if c.Dial == nil {
+		c.Dial = (&net.Dialer{}).DialContext
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c Config) Validate() error {
+	if slices.Contains(c.Ports, 0) || slices.Contains(c.TLSPorts, 0) {
+		return errors.New("egress: port 0 is not a destination port")
+	}
+	for name, a := range c.Hosts {
+		if _, err := policy.ParseDomain(name); err != nil || strings.HasPrefix(name, "*.") {
+			return fmt.Errorf("egress: hosts: %q is not a lowercase host name (as in mirror.example.com)", name)
+		}
+		if !a.IsValid() || a.Zone() != "" {
+			return fmt.Errorf("egress: hosts: %s: not a valid IP address", name)
+		}
+	}
+	if c.MaxConnsPerWorkspace < 0 || c.MaxSharedConns < 0 || c.IdleTimeout < 0 || c.HeaderTimeout < 0 ||
+		c.MaxHeaderBytes < 0 || c.DialTimeout < 0 {
+		return errors.New("egress: limits and timeouts must not be negative")
+	}
+	return nil
 }
 
 // Workspace is what the proxy knows of one workspace.
 type Workspace struct {
 	// ID is the workspace id, for counters and logs.
 	ID string
-	// AllowedDomains are the admitted domains in the protocol's grammar;
-	// nil or empty reaches nothing.
+	// AllowedDomains are the admitted domains in the protocol's grammar
+	// (an exact name, or "*." and a name for its subdomains, not the name
+	// itself); nil or empty reaches nothing.
 	AllowedDomains []string
+}
+
+// Allows reports whether host (lowercase, no trailing dot) matches one of
+// the workspace's allowed domains.
+func (w Workspace) Allows(host string) bool {
+	for _, d := range w.AllowedDomains {
+		if parent, ok := strings.CutPrefix(d, "*."); ok {
+			if len(host) > len(parent)+1 && strings.HasSuffix(host, parent) && host[len(host)-len(parent)-1] == '.' {
+				return true
+			}
+		} else if host == d {
+			return true
+		}
+	}
+	return false
 }
 
 // Usage is the bytes a workspace moved through the proxy.
@@ -55,40 +194,87 @@ type Usage struct {
 
 // Proxy is the egress proxy. Its methods are safe for concurrent use.
 type Proxy struct {
-	cfg Config
+	cfg    Config
+	ports  map[uint16]bool
+	tls    map[uint16]bool
+	log    *slog.Logger
+	denied metric.Int64Counter
+	bytes  metric.Int64Counter
+
+	mu    sync.Mutex
+	state map[string]*wsState     // by workspace id
+	creds map[string]registration // credential mode, by workspace id
 }
 
-// New returns a proxy for cfg.
+// wsState is the counters of one workspace.
+type wsState struct {
+	out, in atomic.Int64
+	conns   atomic.Int64 // open connections, to the proxy and to destinations
+}
+
+// registration is one workspace of credential mode.
+type registration struct {
+	ws   Workspace
+	cred []byte
+}
+
+// New returns a proxy for cfg, defaults filled in.
 func New(cfg Config) (*Proxy, error) {
-	return &Proxy{cfg: cfg}, nil
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	p := &Proxy{cfg: cfg, ports: map[uint16]bool{}, tls: map[uint16]bool{}, log: cfg.Logger,
+		state: map[string]*wsState{}, creds: map[string]registration{}}
+	for _, port := range cfg.Ports {
+		p.ports[port] = true
+	}
+	for _, port := range cfg.TLSPorts {
+		p.tls[port] = true
+	}
+	var err error
+	if p.denied, err = cfg.Meter.Int64Counter(MetricDenied, metric.WithUnit("{request}"),
+		metric.WithDescription("Egress proxy requests refused, by reason.")); err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	if p.bytes, err = cfg.Meter.Int64Counter(MetricBytes, metric.WithUnit("By"),
+		metric.WithDescription("Bytes moved through the egress proxy, by direction: out (sandbox to destination) or in.")); err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	return p, nil
 }
 
-// Serve answers proxy requests on l, every one attributed to ws (the local
-// provider: a listener per workspace). It returns when l is closed or ctx
-// is done.
-func (p *Proxy) Serve(ctx context.Context, l net.Listener, ws Workspace) error {
-	return errors.New("egress: not implemented")
+// workspace returns the counters of id, made on first use.
+func (p *Proxy) workspace(id string) *wsState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.state[id]
+	if s == nil {
+		s = &wsState{}
+		p.state[id] = s
+	}
+	return s
 }
 
-// Register lets ws use the shared listener of [Proxy.ServeShared] and
-// returns its credential: the password of Proxy-Authorization Basic with
-// the workspace id as user.
-func (p *Proxy) Register(ws Workspace) (credential string, err error) {
-	return "", errors.New("egress: not implemented")
+// Usage returns the bytes workspace id moved so far: zero for a workspace
+// the proxy has not seen.
+func (p *Proxy) Usage(id string) Usage {
+	p.mu.Lock()
+	s := p.state[id]
+	p.mu.Unlock()
+	if s == nil {
+		return Usage{}
+	}
+	return Usage{BytesOut: s.out.Load(), BytesIn: s.in.Load()}
 }
-
-// Unregister revokes the credential of workspace id.
-func (p *Proxy) Unregister(id string) {}
-
-// ServeShared answers proxy requests on l, each attributed to the
-// workspace its Proxy-Authorization names (credential mode, for remote
-// vendors). It returns when l is closed or ctx is done.
-func (p *Proxy) ServeShared(ctx context.Context, l net.Listener) error {
-	return errors.New("egress: not implemented")
-}
-
-// Usage returns the bytes workspace id moved so far.
-func (p *Proxy) Usage(id string) Usage { return Usage{} }
 
 // Forget returns the final count of workspace id and drops its counters.
-func (p *Proxy) Forget(id string) Usage { return Usage{} }
+// Call it once the workspace's listener is closed and its Serve returned
+// (or after Unregister): bytes moved afterwards are not counted.
+func (p *Proxy) Forget(id string) Usage {
+	u := p.Usage(id)
+	p.mu.Lock()
+	delete(p.state, id)
+	p.mu.Unlock()
+	return u
+}

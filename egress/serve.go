@@ -1,0 +1,301 @@
+package egress
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sandgate/sandgate"
+)
+
+// Serve answers proxy requests on l, every one attributed to ws (the local
+// provider: a listener per workspace, so nothing the sandbox says decides
+// whose request it is). At most MaxConnsPerWorkspace connections to l are
+// served at once; more are closed as they arrive. Serve returns nil when
+// l is closed or ctx is done, once every connection it served is closed:
+// the workspace's [Proxy.Usage] is then final.
+func (p *Proxy) Serve(ctx context.Context, l net.Listener, ws Workspace) error {
+	st := p.workspace(ws.ID)
+	var open atomic.Int64
+	ll := &limitListener{Listener: l, open: &open, max: int64(p.cfg.MaxConnsPerWorkspace), refused: func() {
+		p.refused(ctx, ws.ID, "", 0, ReasonLimit)
+	}}
+	return p.serve(ctx, ll, func(*http.Request) (Workspace, *wsState, *denial) { return ws, st, nil })
+}
+
+// Register lets ws use the shared listener of [Proxy.ServeShared] and
+// returns its credential: the password of a Proxy-Authorization Basic
+// header whose user is the workspace id. The credential names that
+// workspace and no other. Registering an id twice is an error.
+func (p *Proxy) Register(ws Workspace) (credential string, err error) {
+	if ws.ID == "" || strings.ContainsAny(ws.ID, ":\r\n") {
+		return "", errors.New("egress: register: a workspace id must be non-empty, without ':'")
+	}
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("egress: register: %w", err)
+	}
+	credential = base64.RawURLEncoding.EncodeToString(b)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, dup := p.creds[ws.ID]; dup {
+		return "", fmt.Errorf("egress: register: workspace %s is already registered", ws.ID)
+	}
+	p.creds[ws.ID] = registration{ws: ws, cred: []byte(credential)}
+	if p.state[ws.ID] == nil {
+		p.state[ws.ID] = &wsState{}
+	}
+	return credential, nil
+}
+
+// Unregister revokes the credential of workspace id: its next request is
+// refused. Tunnels already open run on until they end or idle out (the
+// workspace's sandbox is normally gone by then). Its counters stay until
+// [Proxy.Forget].
+func (p *Proxy) Unregister(id string) {
+	p.mu.Lock()
+	delete(p.creds, id)
+	p.mu.Unlock()
+}
+
+// ServeShared answers proxy requests on l, each attributed to the
+// workspace its Proxy-Authorization names (credential mode, for remote
+// vendors that reach the proxy over a private network); a request without
+// a valid credential gets 407. At most MaxSharedConns connections are
+// served at once. It returns nil when l is closed or ctx is done, once
+// every connection it served is closed.
+func (p *Proxy) ServeShared(ctx context.Context, l net.Listener) error {
+	var open atomic.Int64
+	ll := &limitListener{Listener: l, open: &open, max: int64(p.cfg.MaxSharedConns), refused: func() {
+		p.refused(ctx, "", "", 0, ReasonLimit)
+	}}
+	return p.serve(ctx, ll, p.authenticate)
+}
+
+// authenticate finds the workspace r's Proxy-Authorization names. The
+// credential is compared in constant time, and only with the one the
+// named workspace was registered with.
+func (p *Proxy) authenticate(r *http.Request) (Workspace, *wsState, *denial) {
+	user, pass, ok := parseBasic(r.Header.Get("Proxy-Authorization"))
+	if !ok {
+		return Workspace{}, nil, deny(ReasonAuth, http.StatusProxyAuthRequired)
+	}
+	p.mu.Lock()
+	reg, found := p.creds[user]
+	st := p.state[user]
+	p.mu.Unlock()
+	want := reg.cred
+	if !found {
+		want = make([]byte, len(pass)) // compare anyway: the same work for a known and an unknown id
+	}
+	if subtle.ConstantTimeCompare([]byte(pass), want) != 1 || !found || st == nil {
+		return Workspace{}, nil, deny(ReasonAuth, http.StatusProxyAuthRequired)
+	}
+	return reg.ws, st, nil
+}
+
+// parseBasic parses a Basic Proxy-Authorization value.
+func parseBasic(h string) (user, pass string, ok bool) {
+	scheme, enc, found := strings.Cut(h, " ")
+	if !found || !strings.EqualFold(scheme, "Basic") {
+		return "", "", false
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
+	if err != nil {
+		return "", "", false
+	}
+	user, pass, ok = strings.Cut(string(b), ":")
+	return user, pass, ok && user != "" && pass != ""
+}
+
+// identifyFunc names the workspace of a request, or refuses it.
+type identifyFunc func(r *http.Request) (Workspace, *wsState, *denial)
+
+// session is one Serve or ServeShared: the handlers and tunnels it must
+// close and wait for before it returns.
+type session struct {
+	p        *Proxy
+	identify identifyFunc
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	closed   bool
+	conns    map[io.Closer]struct{} // hijacked connections, both ends of each tunnel
+}
+
+func (p *Proxy) serve(ctx context.Context, l net.Listener, identify identifyFunc) error {
+	s := &session{p: p, identify: identify, conns: map[io.Closer]struct{}{}}
+	srv := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: p.cfg.HeaderTimeout,
+		IdleTimeout:       p.cfg.IdleTimeout,
+		MaxHeaderBytes:    p.cfg.MaxHeaderBytes,
+		// net/http's own messages may quote a request line: none is logged.
+		ErrorLog:    log.New(io.Discard, "", 0),
+		BaseContext: func(net.Listener) context.Context { return ctx },
+	}
+	done := make(chan struct{})
+	go func() { // exits when ctx is done or Serve returned
+		select {
+		case <-ctx.Done():
+			_ = srv.Close()
+		case <-done:
+		}
+	}()
+	err := srv.Serve(l)
+	close(done)
+	_ = srv.Close()
+	s.shutdown()
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// enter starts a handler; false once the session is shutting down.
+func (s *session) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
+	return true
+}
+
+// track registers the ends of a tunnel, to be closed at shutdown; false
+// (and c closed) once the session is shutting down.
+func (s *session) track(cs ...io.Closer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		for _, c := range cs {
+			_ = c.Close()
+		}
+		return false
+	}
+	for _, c := range cs {
+		s.conns[c] = struct{}{}
+	}
+	return true
+}
+
+func (s *session) untrack(cs ...io.Closer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range cs {
+		delete(s.conns, c)
+		_ = c.Close()
+	}
+}
+
+// shutdown closes every tunnel and waits for every handler.
+func (s *session) shutdown() {
+	s.mu.Lock()
+	s.closed = true
+	for c := range s.conns {
+		_ = c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+func (s *session) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.enter() {
+		return
+	}
+	defer s.wg.Done()
+	ws, st, d := s.identify(r)
+	if d != nil {
+		if d.status == http.StatusProxyAuthRequired {
+			w.Header().Set("Proxy-Authenticate", `Basic realm="sandgate-egress"`)
+		}
+		s.p.refuse(w, r, ws.ID, "", 0, d)
+		return
+	}
+	if r.Method == http.MethodConnect {
+		s.tunnel(w, r, ws, st)
+		return
+	}
+	s.forward(w, r, ws, st)
+}
+
+// refuse counts and logs a refusal and answers it.
+func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, wsID, host string, port uint16, d *denial) {
+	p.refused(r.Context(), wsID, host, port, d.reason)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Connection", "close")
+	w.WriteHeader(d.status)
+	_, _ = io.WriteString(w, "sandgate egress: refused ("+d.reason+")\n")
+}
+
+// refused counts a refusal and logs it: the workspace, the destination's
+// host and port, and the reason; never a path, header or body.
+func (p *Proxy) refused(ctx context.Context, wsID, host string, port uint16, reason string) {
+	p.denied.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(attribute.String(AttrReason, reason)))
+	attrs := []slog.Attr{slog.String("reason", reason)}
+	if wsID != "" {
+		attrs = append(attrs, slog.String(sandgate.KeyWorkspaceID, wsID))
+	}
+	if host != "" {
+		attrs = append(attrs, slog.String("host", host), slog.String("port", strconv.Itoa(int(port))))
+	}
+	p.log.LogAttrs(ctx, slog.LevelInfo, "egress denied", attrs...)
+}
+
+// limitListener closes the connections past max open at once.
+type limitListener struct {
+	net.Listener
+	open    *atomic.Int64
+	max     int64
+	refused func()
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.open.Add(1) > l.max {
+			l.open.Add(-1)
+			_ = c.Close()
+			l.refused()
+			continue
+		}
+		return &limitConn{Conn: c, release: sync.OnceFunc(func() { l.open.Add(-1) })}, nil
+	}
+}
+
+// limitConn gives its slot back when closed.
+type limitConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	c.release()
+	return c.Conn.Close()
+}
+
+// CloseWrite half-closes the connection when the one below can.
+func (c *limitConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
