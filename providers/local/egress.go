@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/egress"
@@ -64,7 +65,13 @@ type egressServer struct {
 	ln     *net.UnixListener
 	ino    uint64 // the socket file's inode: another Provider may replace it
 	cancel context.CancelFunc
+	done   chan struct{} // closed when Serve has returned
 }
+
+// egressStopWait bounds how long stopping a server waits for Serve to
+// return (every connection it served closed, so that the proxy's count
+// of the workspace's bytes is final when Terminate returns).
+const egressStopWait = 5 * time.Second
 
 // serveEgress makes sure this Provider serves the egress socket of the
 // workspace ref at l, whose record is rec; nothing for a workspace without
@@ -114,10 +121,11 @@ func (p *Provider) serveEgress(ref string, l layout, rec record) error {
 		return fmt.Errorf("egress: %w", scrub(err))
 	}
 	ctx, cancel := context.WithCancel(p.egressCtx)
-	s := &egressServer{ln: ln, ino: inode(sock), cancel: cancel}
+	s := &egressServer{ln: ln, ino: inode(sock), cancel: cancel, done: make(chan struct{})}
 	p.egress[ref] = s
 	ws := egress.Workspace{ID: ref, AllowedDomains: rec.AllowedDomains}
 	go func() {
+		defer close(s.done)
 		err := p.cfg.Egress.Serve(ctx, ln, ws)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
 			p.log.Error("egress listener stopped", sandgate.WorkspaceAttr(ref), sandgate.KeyError, err)
@@ -132,13 +140,26 @@ func (s *egressServer) stop() {
 	s.ln.Close()
 }
 
-// stopEgress stops serving the egress socket of ref, if this Provider does.
+// wait waits, a bounded time, for Serve to return.
+func (s *egressServer) wait() {
+	t := time.NewTimer(egressStopWait)
+	defer t.Stop()
+	select {
+	case <-s.done:
+	case <-t.C:
+	}
+}
+
+// stopEgress stops serving the egress socket of ref, if this Provider
+// does, and waits for its connections to close.
 func (p *Provider) stopEgress(ref string) {
 	p.egressMu.Lock()
-	defer p.egressMu.Unlock()
-	if s := p.egress[ref]; s != nil {
+	s := p.egress[ref]
+	delete(p.egress, ref)
+	p.egressMu.Unlock()
+	if s != nil {
 		s.stop()
-		delete(p.egress, ref)
+		s.wait()
 	}
 }
 
