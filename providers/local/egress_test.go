@@ -10,6 +10,8 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -73,6 +75,7 @@ func startTLSSite(t *testing.T) tlsSite {
 		}
 		fmt.Fprintf(w, "hello %s\n", host)
 	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: key}}}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)

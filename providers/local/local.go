@@ -1,6 +1,7 @@
 // Package local runs sandboxes on the broker's own host: each workspace is a
 // directory, and every command runs in a fresh bubblewrap (bwrap) sandbox
-// over it, with no network and nothing of the host but a read-only /usr.
+// over it, with no network but the broker's egress proxy (for a workspace
+// with allowed domains) and nothing of the host but a read-only /usr.
 // README.md says which limits are enforced and how.
 package local
 
