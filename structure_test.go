@@ -86,6 +86,7 @@ var wiringConstructors = map[string][]string{
 	module + "/gateway":     {"New", "NewControls"},
 	module + "/admin":       {"New"},
 	module + "/reaper":      {"New"},
+	module + "/egress":      {"New"},
 	module + "/telemetry":   {"NewTracing", "Providers", "Admission", "Settlement", "LiveWorkspaces"},
 }
 

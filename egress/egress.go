@@ -40,17 +40,17 @@ const (
 // Reasons of a refusal, the values of AttrReason and of the "reason" log
 // attribute.
 const (
-	ReasonBadRequest = "bad_request"  // not a proxy request, or a malformed one
-	ReasonAuth       = "auth"         // credential mode: no or a wrong credential
-	ReasonIPLiteral  = "ip_literal"   // the destination is an address, not a name
-	ReasonDomain     = "domain"       // the name is not in the workspace's allowed_domains
-	ReasonPort       = "port"         // the port is not in Config.Ports
-	ReasonAddress    = "address"      // the name resolves only to refused addresses
-	ReasonSNI        = "sni"          // the TLS ClientHello names another host, or none
-	ReasonNotTLS     = "not_tls"      // a tunnel to a TLS port that does not start with a ClientHello
-	ReasonLimit      = "limit"        // the workspace has MaxConnsPerWorkspace connections open
-	ReasonResolve    = "resolve"      // the name does not resolve
-	ReasonUnreached  = "unreachable"  // no checked address answered
+	ReasonBadRequest = "bad_request" // not a proxy request, or a malformed one
+	ReasonAuth       = "auth"        // credential mode: no or a wrong credential
+	ReasonIPLiteral  = "ip_literal"  // the destination is an address, not a name
+	ReasonDomain     = "domain"      // the name is not in the workspace's allowed_domains
+	ReasonPort       = "port"        // the port is not in Config.Ports
+	ReasonAddress    = "address"     // the name resolves only to refused addresses
+	ReasonSNI        = "sni"         // the TLS ClientHello names another host, or none
+	ReasonNotTLS     = "not_tls"     // a tunnel to a TLS port that does not start with a ClientHello
+	ReasonLimit      = "limit"       // the workspace has MaxConnsPerWorkspace connections open
+	ReasonResolve    = "resolve"     // the name does not resolve
+	ReasonUnreached  = "unreachable" // no checked address answered
 )
 
 // Config configures a [Proxy]. A zero field means the default noted beside it.

@@ -20,6 +20,7 @@ import (
 	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
@@ -68,9 +69,19 @@ func (b *broker) run(ctx context.Context) error {
 	mp, metricsHandler, tp, meter := obs.mp, obs.metrics, obs.tracing.Provider, obs.meter
 	penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir, Getenv: getenv,
 		Transport: obs.transport, TracerProvider: tp}
+	// One egress proxy per broker process: the local provider serves each
+	// workspace's listener with it (docs/egress.md).
+	ecfg, err := b.cfg.egressConfig(b.log.With("component", "egress"), meter)
+	if err != nil {
+		return err
+	}
+	proxy, err := egress.New(ecfg)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
 	reg := b.kinds
 	if reg == nil {
-		reg = kinds()
+		reg = kinds(proxy)
 	}
 	rawProvs, err := reg.Open(ctx, b.cfg.providers, b.cfg.DefaultProvider, penv)
 	if err != nil {

@@ -112,6 +112,19 @@ type Config struct {
 		} `yaml:"webhook"`
 	} `yaml:"billing"`
 
+	// Egress is the broker's egress proxy, through which the local
+	// provider's workspaces reach their allowed_domains (docs/egress.md).
+	Egress struct {
+		// Ports are the destination ports a workspace may reach;
+		// SANDGATE_EGRESS_PORTS=80,443; default 80 and 443.
+		Ports egressPorts `yaml:"ports"`
+		// Hosts are the operator's static names (on-premises mirrors,
+		// tests), name to IP address: looked up here and nowhere else,
+		// and exempt from the private-address refusal;
+		// SANDGATE_EGRESS_HOSTS=name=ip,name=ip.
+		Hosts egressHosts `yaml:"hosts"`
+	} `yaml:"egress"`
+
 	// DrainDelay is how long a stopping gateway reports not ready (GET
 	// /readyz) while it still serves, before it refuses new requests: time
 	// for a load balancer to move traffic away. Default 0.
@@ -231,6 +244,9 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 		if c.webhookSecret = sandgate.Secret(getenv(wh.SecretEnv)); c.webhookSecret == "" {
 			return nil, fmt.Errorf("config: billing.webhook: %s is empty", wh.SecretEnv)
 		}
+	}
+	if _, err := c.egressConfig(nil, nil); err != nil {
+		return nil, err
 	}
 	pcs, err := c.providerConfigs()
 	if err != nil {

@@ -121,6 +121,9 @@ func decodeEnv(v string, dst reflect.Value) error {
 
 // typeName is how an override's error and the README name a field's type.
 func typeName(t reflect.Type) string {
+	if s, ok := reflect.Zero(t).Interface().(interface{ envSyntax() string }); ok {
+		return s.envSyntax()
+	}
 	switch {
 	case t == durationType:
 		return "duration (Go syntax: 30s, 2m)"
