@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -104,7 +105,7 @@ func (p *Provider) serveEgress(ref string, l layout, rec record) error {
 	if err := os.Remove(sock); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("egress: %w", scrub(err))
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	ln, err := listenUnixIn(l.egress(), egressSockName)
 	if err != nil {
 		return fmt.Errorf("egress: listen: %w", scrubNet(err))
 	}
@@ -191,6 +192,18 @@ func (p *Provider) ensureEgress(ref string, w opened) {
 	if err := p.serveEgress(ref, w.layout, w.rec); err != nil {
 		p.log.Error("egress listener not served", sandgate.WorkspaceAttr(ref), sandgate.KeyError, err)
 	}
+}
+
+// listenUnixIn listens on the Unix socket name in dir. It binds through
+// the directory's descriptor (/proc/self/fd/N/name): a socket's path is
+// limited to 107 bytes, which a data directory's may pass alone.
+func listenUnixIn(dir, name string) (*net.UnixListener, error) {
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return net.ListenUnix("unix", &net.UnixAddr{Name: "/proc/self/fd/" + strconv.Itoa(int(d.Fd())) + "/" + name, Net: "unix"})
 }
 
 // inode is the inode number of the file at name, 0 when there is none.

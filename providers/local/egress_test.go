@@ -98,6 +98,12 @@ type egressEnv struct {
 
 func newEgressEnv(t *testing.T) *egressEnv {
 	t.Helper()
+	return newEgressEnvIn(t, t.TempDir())
+}
+
+// newEgressEnvIn is newEgressEnv with the provider's data directory.
+func newEgressEnvIn(t *testing.T, dataDir string) *egressEnv {
+	t.Helper()
 	site := startTLSSite(t)
 	hosts := map[string]netip.Addr{}
 	for _, n := range egressNames {
@@ -112,7 +118,7 @@ func newEgressEnv(t *testing.T) *egressEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { other.Close() })
-	e := &egressEnv{site: site, proxy: proxy, dataDir: t.TempDir(), other: other.Addr().(*net.TCPAddr).Port}
+	e := &egressEnv{site: site, proxy: proxy, dataDir: dataDir, other: other.Addr().(*net.TCPAddr).Port}
 	e.p = e.provider(t)
 	return e
 }
@@ -378,10 +384,11 @@ func statUID(t *testing.T, name string) int {
 
 // A broker restart: a new provider over the same data directory serves
 // the socket of a workspace that survived, and its sandboxes reach the
-// allowed domain again.
+// allowed domain again. The data directory's path is long: a socket's
+// own path could not hold it (107 bytes).
 func TestEgressAfterRestart(t *testing.T) {
 	t.Parallel()
-	e := newEgressEnv(t)
+	e := newEgressEnvIn(t, filepath.Join(t.TempDir(), strings.Repeat("long-data-directory-", 5)))
 	sb := e.workspace(t, "allowed.sg.test")
 	url := "https://allowed.sg.test:" + strconv.Itoa(e.site.port) + "/"
 	e.p.Close() // the broker stops; the workspace stays
