@@ -129,7 +129,7 @@ func (p *Provider) serveEgress(ref string, l layout, rec record) error {
 		defer close(s.done)
 		err := p.cfg.Egress.Serve(ctx, ln, ws)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
-			p.log.Error("egress listener stopped", sandgate.WorkspaceAttr(ref), sandgate.KeyError, err)
+			p.log.Error("egress listener stopped", sandgate.WorkspaceAttr(ref), sandgate.KeyError, scrubNet(err))
 		}
 	}()
 	return nil
