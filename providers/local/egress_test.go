@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/cgi"
 	"net/http/httptest"
 	"net/netip"
 	"os"
@@ -44,6 +45,7 @@ type tlsSite struct {
 
 func startTLSSite(t *testing.T) tlsSite {
 	t.Helper()
+	git := gitServer(t)
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +71,10 @@ func startTLSSite(t *testing.T) tlsSite {
 		t.Fatal(err)
 	}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/git/") {
+			git.ServeHTTP(w, r)
+			return
+		}
 		host := r.Host
 		if h, _, err := net.SplitHostPort(r.Host); err == nil {
 			host = h
@@ -83,6 +89,38 @@ func startTLSSite(t *testing.T) tlsSite {
 		port:  srv.Listener.Addr().(*net.TCPAddr).Port,
 		caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
 	}
+}
+
+// gitServer serves a bare repository, repo.git, holding one commit with
+// README "hello from git", over git's smart HTTP (git http-backend as a
+// CGI) below /git/.
+func gitServer(t *testing.T) http.Handler {
+	t.Helper()
+	root := t.TempDir()
+	work := filepath.Join(root, "work")
+	gitEnv := []string{"HOME=" + root, "GIT_CONFIG_NOSYSTEM=1", "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@sg.test",
+		"GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@sg.test", "PATH=" + os.Getenv("PATH")}
+	git := func(dir string, args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir, cmd.Env = dir, gitEnv
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %s: %v\n%s", args, err, out)
+		}
+	}
+	git(root, "init", "-q", "-b", "main", work)
+	if err := os.WriteFile(filepath.Join(work, "README"), []byte("hello from git\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git(work, "add", "README")
+	git(work, "commit", "-q", "-m", "first")
+	git(root, "clone", "-q", "--bare", work, filepath.Join(root, "repo.git"))
+	backend, err := exec.LookPath("git")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return http.StripPrefix("/git", &cgi.Handler{Path: backend, Args: []string{"http-backend"}, Root: "/",
+		Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1", "HOME=" + root, "GIT_CONFIG_NOSYSTEM=1"}})
 }
 
 // egressEnv is a local provider behind a real egress proxy that allows
@@ -244,6 +282,13 @@ func TestEgressAllowlist(t *testing.T) {
 		}
 		if out, code := sclient("denied.sg.test"); strings.Contains(out, "hello") {
 			t.Errorf("openssl s_client, CONNECT allowed.sg.test with SNI denied.sg.test: exit %d, %q; want it refused", code, out)
+		}
+	})
+	t.Run("git clone", func(t *testing.T) {
+		res := providertest.Exec(t, e.p, sb, "sh", "-c", `git -c http.sslCAInfo=/workspace/ca.pem clone -q "$1" /workspace/repo && cat /workspace/repo/README`,
+			"sh", "https://allowed.sg.test:"+port+"/git/repo.git")
+		if res.ExitCode != 0 || string(res.Stdout) != "hello from git\n" {
+			t.Errorf("git clone through the proxy: exit %d, stdout %q, stderr %q; want the repository", res.ExitCode, res.Stdout, res.Stderr)
 		}
 	})
 	t.Run("durable command", func(t *testing.T) {
@@ -411,5 +456,21 @@ func TestCreateRefusesDomainsWithoutEgress(t *testing.T) {
 	spec.Egress.AllowedDomains = []string{"allowed.sg.test"}
 	if _, err := p.Create(context.Background(), spec); err == nil {
 		t.Errorf("Create with domains and no egress proxy = nil error; want a refusal")
+	}
+}
+
+// Two providers on one data directory (two broker processes): each takes
+// the workspace's socket over before it runs an exec, and the sandboxes
+// of either reach the allowed domain.
+func TestEgressTwoProviders(t *testing.T) {
+	t.Parallel()
+	e := newEgressEnv(t)
+	sb := e.workspace(t, "allowed.sg.test")
+	url := "https://allowed.sg.test:" + strconv.Itoa(e.site.port) + "/"
+	p2 := e.provider(t)
+	for i, p := range []*local.Provider{p2, e.p, p2} {
+		if out, code := fetch(t, p, sb, url); code != 0 || !strings.HasPrefix(out, "hello allowed.sg.test\n") {
+			t.Errorf("fetch %d: exit %d, %q; want the page", i, code, out)
+		}
 	}
 }
