@@ -72,7 +72,7 @@ type Config struct {
 	// 0 means 64.
 	MaxConnsPerWorkspace int
 	// MaxSharedConns bounds the connections to ServeShared's listener
-	// that have not yet named a workspace; 0 means 1024.
+	// open at once, of all workspaces and of none; 0 means 1024.
 	MaxSharedConns int
 	// IdleTimeout closes a connection that moved no byte in either
 	// direction for this long; 0 means 5 minutes.
@@ -169,6 +169,21 @@ type Workspace struct {
 	// (an exact name, or "*." and a name for its subdomains, not the name
 	// itself); nil or empty reaches nothing.
 	AllowedDomains []string
+}
+
+// Validate reports an entry of AllowedDomains outside the protocol's
+// grammar (the gateway admits none; the proxy checks again rather than
+// read "*" or "*.com" some other way).
+func (w Workspace) Validate() error {
+	if w.ID == "" {
+		return errors.New("egress: a workspace needs an id")
+	}
+	for i, d := range w.AllowedDomains {
+		if _, err := policy.ParseDomain(d); err != nil {
+			return fmt.Errorf("egress: workspace %s: allowed_domains[%d]: %w", w.ID, i, err)
+		}
+	}
+	return nil
 }
 
 // Allows reports whether host (lowercase, no trailing dot) matches one of

@@ -177,8 +177,16 @@ func connect(t *testing.T, addr, authority, auth string) (int, net.Conn) {
 		return resp.StatusCode, nil
 	}
 	t.Cleanup(func() { c.Close() })
-	return resp.StatusCode, c
+	return resp.StatusCode, bufConn{Conn: c, r: br} // br may hold the server's first bytes
 }
+
+// bufConn reads through r, the buffer that read the CONNECT answer.
+type bufConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c bufConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
 // fetchTLS fetches https://authority/ through the tunnel at proxy addr
 // with sni in the ClientHello; it returns the page, or the error.
@@ -822,6 +830,87 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	for _, c := range tests {
 		if _, err := egress.New(c); err == nil {
 			t.Errorf("New(%+v): nil error; want one", c)
+		}
+	}
+}
+
+// TestServerSpeaksFirst: on a port that is not a TLS port, the
+// destination's banner reaches the sandbox before it sends anything, and
+// a later ClientHello is still checked.
+func TestServerSpeaksFirst(t *testing.T) {
+	banner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer banner.Close()
+	go func() {
+		for {
+			c, err := banner.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.WriteString(c, "SSH-2.0-test\r\n"); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	bp := port(t, banner.Addr())
+	e := newEnv(t, func(c *egress.Config) { c.Ports = append(c.Ports, bp) })
+	addr := e.serve(t, egress.Workspace{ID: "ws_one", AllowedDomains: []string{"allowed.sg.test"}})
+	authority := net.JoinHostPort("allowed.sg.test", strconv.Itoa(int(bp)))
+	code, c := connect(t, addr, authority, "")
+	if code != 200 {
+		t.Fatalf("CONNECT = %d; want 200", code)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || line != "SSH-2.0-test\r\n" {
+		t.Fatalf("banner through the tunnel = %q, %v; want SSH-2.0-test", line, err)
+	}
+	// A ClientHello for another name, after the banner, is refused.
+	code, c = connect(t, addr, authority, "")
+	if code != 200 {
+		t.Fatalf("CONNECT = %d; want 200", code)
+	}
+	br := bufio.NewReader(c)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(c, &tls.Config{ServerName: "denied.sg.test", InsecureSkipVerify: true})
+	if err := tc.Handshake(); err == nil {
+		t.Errorf("TLS handshake with SNI denied.sg.test after a banner succeeded; want the tunnel closed")
+	}
+	waitFor(t, func() bool { return e.denied(t, egress.ReasonSNI) == 1 },
+		func() string {
+			return fmt.Sprintf("%s{reason=sni} = %d; want 1", egress.MetricDenied, e.denied(t, egress.ReasonSNI))
+		})
+}
+
+// TestPlainHTTPUpgradeRefused: a protocol switch must use CONNECT.
+func TestPlainHTTPUpgradeRefused(t *testing.T) {
+	e := newEnv(t, nil)
+	addr := e.serve(t, egress.Workspace{ID: "ws_one", AllowedDomains: []string{"allowed.sg.test"}})
+	req, _ := http.NewRequest(http.MethodGet, "http://allowed.sg.test:"+strconv.Itoa(int(e.httpPort))+"/ws", nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	if resp := do(t, addr, req, ""); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("GET with Upgrade: websocket = %d; want 400", resp.StatusCode)
+	}
+}
+
+// TestInvalidWorkspace: entries outside the grammar are refused, not read
+// some other way.
+func TestInvalidWorkspace(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, domains := range [][]string{{"*"}, {"*.com"}, {"Example.com"}, {"127.0.0.1"}, {"example.com:443"}} {
+		ws := egress.Workspace{ID: "ws_bad", AllowedDomains: domains}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.proxy.Serve(context.Background(), l, ws); err == nil {
+			t.Errorf("Serve(allowed_domains %q) = nil; want an error", domains)
+		}
+		l.Close()
+		if _, err := e.proxy.Register(ws); err == nil {
+			t.Errorf("Register(allowed_domains %q) = nil error; want one", domains)
 		}
 	}
 }

@@ -24,6 +24,12 @@ func (s *session) forward(w http.ResponseWriter, r *http.Request, ws Workspace, 
 		p.refuse(w, r, ws.ID, "", 0, deny(ReasonBadRequest, http.StatusBadRequest))
 		return
 	}
+	if r.Header.Get("Upgrade") != "" {
+		// A protocol switch (WebSocket) goes through CONNECT, where the
+		// tunnel is bounded and closed with the listener.
+		p.refuse(w, r, ws.ID, "", 0, deny(ReasonBadRequest, http.StatusBadRequest))
+		return
+	}
 	host, port, d := parseHostPort(r.URL.Host, 80)
 	if d != nil {
 		p.refuse(w, r, ws.ID, "", 0, d)

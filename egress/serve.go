@@ -25,11 +25,15 @@ import (
 
 // Serve answers proxy requests on l, every one attributed to ws (the local
 // provider: a listener per workspace, so nothing the sandbox says decides
-// whose request it is). At most MaxConnsPerWorkspace connections to l are
+// whose request it is). It returns an error at once when ws is not valid
+// ([Workspace.Validate]). At most MaxConnsPerWorkspace connections to l are
 // served at once; more are closed as they arrive. Serve returns nil when
 // l is closed or ctx is done, once every connection it served is closed:
 // the workspace's [Proxy.Usage] is then final.
 func (p *Proxy) Serve(ctx context.Context, l net.Listener, ws Workspace) error {
+	if err := ws.Validate(); err != nil {
+		return err
+	}
 	st := p.workspace(ws.ID)
 	var open atomic.Int64
 	ll := &limitListener{Listener: l, open: &open, max: int64(p.cfg.MaxConnsPerWorkspace), refused: func() {
@@ -43,8 +47,11 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener, ws Workspace) error {
 // header whose user is the workspace id. The credential names that
 // workspace and no other. Registering an id twice is an error.
 func (p *Proxy) Register(ws Workspace) (credential string, err error) {
-	if ws.ID == "" || strings.ContainsAny(ws.ID, ":\r\n") {
-		return "", errors.New("egress: register: a workspace id must be non-empty, without ':'")
+	if strings.ContainsAny(ws.ID, ":\r\n") {
+		return "", errors.New("egress: register: a workspace id must not hold ':'")
+	}
+	if err := ws.Validate(); err != nil {
+		return "", err
 	}
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {

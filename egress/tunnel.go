@@ -106,13 +106,11 @@ func (s *session) splice(w http.ResponseWriter, r *http.Request, ws Workspace, s
 		// sandbox's first flight.
 		startIn()
 	}
-	timeout := p.cfg.IdleTimeout
-	if tlsPort {
-		timeout = p.cfg.HeaderTimeout
-	}
-	hello, reason := checkHello(conn, br, host, tlsPort, timeout)
-	if reason != "" {
-		p.refused(r.Context(), ws.ID, host, port, reason)
+	hello, reason, ok := p.checkHello(conn, br, host, tlsPort, &last)
+	if !ok {
+		if reason != "" {
+			p.refused(r.Context(), ws.ID, host, port, reason)
+		}
 		_ = up.Close()
 		_ = conn.Close()
 		wg.Wait()
@@ -139,22 +137,38 @@ func (s *session) splice(w http.ResponseWriter, r *http.Request, ws Workspace, s
 
 // checkHello reads the sandbox's first flight when it is a TLS ClientHello
 // (or must be one, on a TLS port) and checks that its SNI names host. It
-// returns the bytes read, to be sent on, or the reason of a refusal.
-func checkHello(conn net.Conn, br *bufio.Reader, host string, tlsPort bool, timeout time.Duration) ([]byte, string) {
-	_ = conn.SetReadDeadline(time.Now().Add(timeout))
+// returns the bytes read, to be sent on; or ok false, with the reason of
+// the refusal, or with "" when the sandbox closed the tunnel or it idled
+// out before its first byte. On a TLS port the ClientHello must come
+// within HeaderTimeout; on another port the server may speak first, and
+// the wait lasts as long as the tunnel is not idle (last).
+func (p *Proxy) checkHello(conn net.Conn, br *bufio.Reader, host string, tlsPort bool, last *atomic.Int64) (hello []byte, reason string, ok bool) {
 	defer func() { _ = conn.SetReadDeadline(time.Time{}) }()
-	first, err := br.Peek(1)
-	if err != nil {
+	var first []byte
+	for {
+		timeout := p.cfg.IdleTimeout
 		if tlsPort {
-			return nil, ReasonNotTLS
+			timeout = p.cfg.HeaderTimeout
 		}
-		return nil, "" // no first flight in time: the pipe decides
+		_ = conn.SetReadDeadline(time.Now().Add(timeout))
+		var err error
+		if first, err = br.Peek(1); err == nil {
+			break
+		}
+		var ne net.Error
+		if !tlsPort && errors.As(err, &ne) && ne.Timeout() && time.Since(time.Unix(0, last.Load())) < p.cfg.IdleTimeout {
+			continue // the server is talking: keep waiting
+		}
+		if tlsPort {
+			return nil, ReasonNotTLS, false
+		}
+		return nil, "", false
 	}
 	if first[0] != 0x16 { // not a TLS handshake record
 		if tlsPort {
-			return nil, ReasonNotTLS
+			return nil, ReasonNotTLS, false
 		}
-		return nil, ""
+		return nil, "", true
 	}
 	rec := &recorder{r: br, max: maxHello}
 	var sni string
@@ -166,14 +180,15 @@ func checkHello(conn net.Conn, br *bufio.Reader, host string, tlsPort bool, time
 			return nil, errStop
 		},
 	})
+	_ = conn.SetReadDeadline(time.Now().Add(p.cfg.HeaderTimeout))
 	_ = srv.Handshake()
 	if !saw {
-		return nil, ReasonNotTLS
+		return nil, ReasonNotTLS, false
 	}
 	if sni == "" || !strings.EqualFold(strings.TrimSuffix(sni, "."), host) {
-		return nil, ReasonSNI
+		return nil, ReasonSNI, false
 	}
-	return rec.buf.Bytes(), ""
+	return rec.buf.Bytes(), "", true
 }
 
 // recorder keeps everything read through it, up to max bytes.
