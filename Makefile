@@ -1,9 +1,11 @@
 # The README's test command: `make test` installs what the tests need on a
 # fresh Debian machine (redis-server, bubblewrap, e2fsprogs and util-linux for
 # the local provider's disk images, protoc, jq and curl for the README's shell
-# blocks, chromium for the console's browser tests) and runs every test with -race.
+# blocks and the egress tests, openssl and git for the egress tests (SNI
+# checks, a clone through the proxy),
+# chromium for the console's browser tests) and runs every test with -race.
 GO ?= go
-APT_PACKAGES := redis-server bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl chromium
+APT_PACKAGES := redis-server bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl openssl git chromium
 
 .PHONY: test deps vet bench generate
 
@@ -18,6 +20,9 @@ deps:
 	command -v mount >/dev/null 2>&1 || missing="$$missing mount"; \
 	command -v jq >/dev/null 2>&1 || missing="$$missing jq"; \
 	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
+	command -v setpriv >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \

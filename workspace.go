@@ -64,6 +64,12 @@ type Workspace struct {
 	// Price is what the workspace was admitted at (package billing):
 	// later rate-card changes never reach a workspace already admitted.
 	Price Price
+	// EgressBytesOut and EgressBytesIn are the bytes the workspace moved
+	// through the broker's egress proxy (sandbox to destination, and
+	// back), recorded when its end is (package termination); zero while
+	// it runs, and for traffic that never passes the proxy.
+	EgressBytesOut int64
+	EgressBytesIn  int64
 }
 
 // Price is the rate a workspace was admitted at and the funds held for it.

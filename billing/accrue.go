@@ -101,6 +101,7 @@ func (b *Billing) entries(w sandgate.Workspace, ps []period) ([]UsageEntry, erro
 		}
 		if p.final {
 			e.TerminatedAt, e.TerminationReason = w.TerminatedAt, string(w.TerminationReason)
+			e.EgressBytesOut, e.EgressBytesIn = w.EgressBytesOut, w.EgressBytesIn
 		}
 		out = append(out, e.normalized())
 	}

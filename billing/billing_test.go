@@ -415,3 +415,48 @@ func TestAdjustUsageAppendsOnce(t *testing.T) {
 	}
 	e.noDrift("acct_j")
 }
+
+// The egress bytes the Terminator's meter reports at the end land on the
+// workspace's final ledger entry, and in its statement line.
+func TestSettleRecordsEgressBytes(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_e", 10, false)
+	e.credit("acct_e", 10_000_000, "c")
+	w, err := e.acquire("acct_e", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Minute)
+	term := termination.New(e.db, nil, e.clock, nil, 0)
+	term.SetSettler(e.bill)
+	asked := map[string]int{}
+	term.SetEgressMeter(func(id string) (int64, int64) {
+		asked[id]++
+		return 1234, 56789
+	})
+	if ok, err := term.Terminate(ctx, w, sandgate.ReasonReleased); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if asked[w.ID] != 1 {
+		t.Errorf("egress meter asked %v; want once for %s", asked, w.ID)
+	}
+	var final billing.UsageEntry
+	_ = e.bill.Ledger().Scan(ctx, "acct_e", time.Time{}, time.Time{}, func(u billing.UsageEntry) error {
+		if u.Final {
+			final = u
+		}
+		return nil
+	})
+	if final.ID != billing.FinalID(w.ID) || final.EgressBytesOut != 1234 || final.EgressBytesIn != 56789 {
+		t.Errorf("final entry %s: egress out %d, in %d; want %s, 1234, 56789", final.ID, final.EgressBytesOut, final.EgressBytesIn, billing.FinalID(w.ID))
+	}
+	st, err := billing.BuildStatement(ctx, e.bill.Ledger(), nil, "acct_e", e.clock.Now(), e.clock.Now().Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Lines) != 1 || st.Lines[0].EgressBytesOut != 1234 || st.Lines[0].EgressBytesIn != 56789 {
+		t.Errorf("statement lines = %+v; want one with egress 1234 out, 56789 in", st.Lines)
+	}
+	e.noDrift("acct_e")
+}

@@ -54,6 +54,7 @@ var Columns = []string{
 	"size", "image", "provider", "rate_card", "rate_card_version", "currency",
 	"unit_price", "unit_price_micros", "seconds", "amount", "amount_micros",
 	"started_at", "ended_at", "terminated_at", "termination_reason", "corrects",
+	"egress_bytes_out", "egress_bytes_in",
 }
 
 // ExportRow is one line of a usage export: a [UsageEntry] plus its two
@@ -85,6 +86,8 @@ type ExportRow struct {
 	TerminatedAt      string `json:"terminated_at"` // what From and To select on
 	TerminationReason string `json:"termination_reason"`
 	Corrects          string `json:"corrects"`
+	EgressBytesOut    int64  `json:"egress_bytes_out"` // through the broker's egress proxy, on the final entry
+	EgressBytesIn     int64  `json:"egress_bytes_in"`
 }
 
 // NewExportRow renders e as an export row.
@@ -97,6 +100,7 @@ func NewExportRow(e UsageEntry) ExportRow {
 		Amount: FormatMinor(e.AmountMicros, e.Currency), AmountMicros: e.AmountMicros,
 		StartedAt: exportTime(e.StartedAt), EndedAt: exportTime(e.EndedAt), TerminatedAt: exportTime(e.TerminatedAt),
 		TerminationReason: e.TerminationReason, Corrects: e.Corrects,
+		EgressBytesOut: e.EgressBytesOut, EgressBytesIn: e.EgressBytesIn,
 	}
 }
 
@@ -108,6 +112,7 @@ func (r *ExportRow) record(rec []string) {
 		r.UnitPrice, strconv.FormatInt(r.UnitPriceMicros, 10), strconv.FormatInt(r.Seconds, 10),
 		r.Amount, strconv.FormatInt(r.AmountMicros, 10),
 		r.StartedAt, r.EndedAt, r.TerminatedAt, r.TerminationReason, r.Corrects,
+		strconv.FormatInt(r.EgressBytesOut, 10), strconv.FormatInt(r.EgressBytesIn, 10),
 	})
 }
 

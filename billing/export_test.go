@@ -86,6 +86,7 @@ func seed(t *testing.T, l *billing.Ledger, acct string) []billing.UsageEntry {
 			UnitPriceMicros: prices[s], Seconds: secs, AmountMicros: prices[s] * secs,
 			StartedAt: end.Add(-time.Duration(secs) * time.Second), EndedAt: end, TerminatedAt: end,
 			TerminationReason: "released",
+			EgressBytesOut:    int64(i * 1000), EgressBytesIn: int64(i * 7000),
 		}
 		add(e, end.Before(month.AddDate(0, 1, 0)))
 	}
@@ -162,9 +163,13 @@ func TestExportCSVParsesBackAndReconciles(t *testing.T) {
 	wantFirst := []string{"ws_acct_a_000:final", "usage", "true", "acct_a", "inst_acct_a_0", "ws_acct_a_000", "",
 		"3f1e2d4c-0000-4000-8000-000000000000", "small", "python:3.12", "local", "standard", "2", "USD",
 		"0.000097", "97", "1", "0.00", "97", "2026-09-30T23:59:59.123Z", "2026-10-01T00:00:00.123Z",
-		"2026-10-01T00:00:00.123Z", "released", ""}
+		"2026-10-01T00:00:00.123Z", "released", "", "0", "0"}
 	if !slices.Equal(first, wantFirst) {
 		t.Errorf("first row = %q\nwant %q", first, wantFirst)
+	}
+	if r := rows[1]; r[col("workspace_id")] != "ws_acct_a_001" || r[col("egress_bytes_out")] != "1000" || r[col("egress_bytes_in")] != "7000" {
+		t.Errorf("second row: workspace %s egress_bytes_out %s, egress_bytes_in %s; want ws_acct_a_001, 1000, 7000",
+			r[col("workspace_id")], r[col("egress_bytes_out")], r[col("egress_bytes_in")])
 	}
 }
 

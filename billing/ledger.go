@@ -54,6 +54,12 @@ type UsageEntry struct {
 	TerminatedAt      time.Time `json:"terminated_at"`     // what exports, statements and budget months file it under: the termination for a final entry, the period's start for an interim one
 	TerminationReason string    `json:"termination_reason"`
 	Corrects          string    `json:"corrects"` // for an adjustment, the id of the entry it corrects
+	// EgressBytesOut and EgressBytesIn are the bytes the workspace moved
+	// through the broker's egress proxy (out: to destinations), on its
+	// final entry; 0 on interim entries and adjustments, and for traffic
+	// the proxy never saw (a vendor's own egress).
+	EgressBytesOut int64 `json:"egress_bytes_out"`
+	EgressBytesIn  int64 `json:"egress_bytes_in"`
 }
 
 // FinalID is the ledger entry id of a workspace's final usage.

@@ -60,6 +60,10 @@ type StatementLine struct {
 	Seconds         int64  `json:"seconds"`
 	AmountMicros    int64  `json:"amount_micros"`
 	Amount          string `json:"amount"` // FormatMinor of AmountMicros
+	// EgressBytesOut and EgressBytesIn are the line's workspaces' bytes
+	// through the broker's egress proxy; not charged.
+	EgressBytesOut int64 `json:"egress_bytes_out"`
+	EgressBytesIn  int64 `json:"egress_bytes_in"`
 }
 
 // AdjustmentLine is one adjustment entry of the month.
@@ -208,6 +212,8 @@ func BuildStatement(ctx context.Context, sc Scanner, fr FundsReader, acct string
 			l.Workspaces++
 		}
 		l.Seconds += e.Seconds
+		l.EgressBytesOut += e.EgressBytesOut
+		l.EgressBytesIn += e.EgressBytesIn
 		l.AmountMicros += e.AmountMicros
 		st.UsageMicros += e.AmountMicros
 		return nil

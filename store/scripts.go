@@ -356,3 +356,13 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 end
 return ARGV[1]
 `)
+
+// addEgressScript adds egress bytes to a workspace record that exists.
+//
+// KEYS[1] workspace HASH; ARGV[1] bytes out, ARGV[2] bytes in.
+var addEgressScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'egress_out', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'egress_in', ARGV[2])
+return 1
+`)

@@ -150,6 +150,18 @@ func (db *DB) FinishTerminate(ctx context.Context, w sandgate.Workspace, at time
 	return nil
 }
 
+// AddEgressBytes adds what a workspace moved through the egress proxy to
+// its record, if the record still exists.
+func (db *DB) AddEgressBytes(ctx context.Context, w sandgate.Workspace, out, in int64) error {
+	if out == 0 && in == 0 {
+		return nil
+	}
+	if err := addEgressScript.Run(ctx, db.rdb, []string{workspaceKey(w.AccountID, w.ID)}, out, in).Err(); err != nil {
+		return fmt.Errorf("egress bytes: %w", err)
+	}
+	return nil
+}
+
 // Touch records activity on a workspace, for the idle timeout.
 func (db *DB) Touch(ctx context.Context, w sandgate.Workspace, now time.Time) error {
 	return db.rdb.HSet(ctx, workspaceKey(w.AccountID, w.ID), "activity_ms", ms(now)).Err()
@@ -301,6 +313,8 @@ func parseWorkspace(m map[string]string) (sandgate.Workspace, error) {
 			RateCard: m["rate_card"], RateCardVersion: int(num("rate_card_version")),
 			Currency: m["currency"], UnitMicros: num("price_micros"), HoldMicros: num("hold_micros"),
 		},
+		EgressBytesOut: num("egress_out"),
+		EgressBytesIn:  num("egress_in"),
 	}
 	if w.ID == "" || w.State == "" {
 		return sandgate.Workspace{}, fmt.Errorf("store: workspace record without id or state")

@@ -31,7 +31,17 @@ type Terminator struct {
 	log     *slog.Logger
 	timeout time.Duration
 	settler Settler
+	egress  EgressMeter
 }
+
+// EgressMeter returns, and forgets, the bytes workspace id moved through
+// the broker's egress proxy since it last answered for it: out is sandbox
+// to destination, in is back. cmd/sandgate passes the proxy's Forget.
+type EgressMeter func(workspaceID string) (out, in int64)
+
+// SetEgressMeter makes every confirmed end record the workspace's egress
+// bytes with its usage. Call it before the Terminator is used.
+func (t *Terminator) SetEgressMeter(m EgressMeter) { t.egress = m }
 
 // Settler charges a workspace whose end is recorded (package billing). It
 // must be idempotent by workspace id: Finish may run more than once.
@@ -115,6 +125,16 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 		if err != nil && !errors.Is(err, providers.ErrSandboxGone) {
 			t.log.Error("provider terminate failed; will retry", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
 			return false, fmt.Errorf("%w: %w", ErrProvider, err)
+		}
+	}
+	if t.egress != nil {
+		// After the provider's end, so no byte comes later. Counted in
+		// this broker process: bytes another process proxied for the
+		// workspace are not (README, "Egress bytes").
+		if out, in := t.egress(w.ID); out != 0 || in != 0 {
+			if err := t.db.AddEgressBytes(ctx, w, out, in); err != nil {
+				t.log.Error("terminate: record egress bytes", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
+			}
 		}
 	}
 	if err := t.db.FinishTerminate(ctx, w, t.clock.Now()); err != nil {

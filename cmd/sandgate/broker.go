@@ -128,6 +128,11 @@ func (b *broker) run(ctx context.Context) error {
 	})...)
 	term := termination.New(db, provs, clock, b.log.With("component", "termination"), 0)
 	term.SetSettler(telemetry.Settlement(bill, tp))
+	// A workspace's egress bytes are recorded with its usage at its end.
+	term.SetEgressMeter(func(id string) (int64, int64) {
+		u := proxy.Forget(id)
+		return u.BytesOut, u.BytesIn
+	})
 	tadmit, err := telemetry.Admission(admit, tp, meter)
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)

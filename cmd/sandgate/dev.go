@@ -203,8 +203,14 @@ func bootstrapDev(ctx context.Context, db *store.DB, st *devState, provider stri
 	if err := db.CreateAccount(ctx, sandgate.Account{ID: st.AccountID, Name: "dev", CreatedAt: now}); err != nil {
 		return fmt.Errorf("bootstrap account: %w", err)
 	}
-	// No egress at all: the one ceiling every provider can enforce.
+	// The local provider reaches domains through the broker's egress
+	// proxy: ceiling null, any valid domain up to max_egress_domains.
+	// Another provider kind gets no egress at all, the one ceiling every
+	// provider can enforce.
 	scope := sandgate.Scope{EgressCeiling: []string{}, Limits: sandgate.DefaultLimits}
+	if provider == "local" {
+		scope.EgressCeiling = nil
+	}
 	in := sandgate.Instance{ID: st.InstanceID, AccountID: st.AccountID, Name: "dev", Provider: provider, Scope: scope, CreatedAt: now}
 	if err := db.PutInstance(ctx, in); err != nil {
 		return fmt.Errorf("bootstrap instance: %w", err)

@@ -156,6 +156,10 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 		rec:    w.rec,
 		uid:    w.rec.UID,
 		disk:   p.diskOf(w),
+		egress: len(w.rec.AllowedDomains) > 0,
+	}
+	if j.egress {
+		p.ensureEgress(sb.Ref, w)
 	}
 	pid, err := p.launch(j, d, max(spec.MaxOutputBytes, 0), runner.TimeoutSeconds(timeout))
 	if err != nil {
@@ -212,7 +216,7 @@ func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, erro
 	args = append(args, "--", p.prlimit)
 	args = append(args, prlimitArgs(j)...)
 	args = append(args, "--", p.bwrap, "--args", "3", "--")
-	args = append(args, j.argv...)
+	args = append(args, sandboxArgv(j)...)
 	cmd := exec.Command("/bin/sh", args...)
 	cmd.Env = []string{"PATH=" + defaultPath}
 	cmd.Dir = d

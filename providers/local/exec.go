@@ -91,6 +91,9 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 		// The file helpers run with the broker's PATH and nothing of the
 		// client's env (no PATH, no LD_PRELOAD into the broker's sh).
 		j.env = nil
+	} else if len(w.rec.AllowedDomains) > 0 {
+		p.ensureEgress(sb.Ref, w)
+		j.egress = true
 	}
 	start := time.Now()
 	res, err := p.run(ctx, j)
@@ -157,6 +160,9 @@ type job struct {
 	// rec is the workspace's record, whose limits recreate its cgroups
 	// when they are missing; unused when ref is "".
 	rec record
+	// egress runs argv below the forwarder, with the workspace's egress
+	// socket bound and the proxy variables set (egress.go).
+	egress bool
 }
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
@@ -238,7 +244,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	cmd.Args = append(cmd.Args, "--", p.prlimit)
 	cmd.Args = append(cmd.Args, prlimitArgs(j)...)
 	cmd.Args = append(cmd.Args, "--", p.bwrap, "--args", "3", "--")
-	cmd.Args = append(cmd.Args, j.argv...)
+	cmd.Args = append(cmd.Args, sandboxArgv(j)...)
 	// bwrap's own environment is visible in the sandbox (/proc/1/environ),
 	// and with the workspace's Env it could even load code on the host
 	// (LD_PRELOAD): give it none. The sandbox's comes from --setenv.
@@ -489,6 +495,9 @@ func (p *Provider) stepArgs(j job, nfds int) []string {
 				"--bind", j.layout.home(), "h",
 				"--bind", j.layout.tmp(), "t")
 		}
+		if j.egress {
+			a = append(a, "--bind", j.layout.egress(), "g", "--bind", p.exe, "x")
+		}
 	}
 	return a
 }
@@ -512,7 +521,7 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 	// when the step stages them (see stepArgs).
 	src := func(name, host string) string {
 		switch {
-		case j.disk != "" && name != "e":
+		case j.disk != "" && (name == "w" || name == "h" || name == "t"):
 			return p.stageDir + "/d/" + map[string]string{"w": "workspace", "h": "home", "t": "tmp"}[name]
 		case j.uid > 0 || j.disk != "":
 			return p.stageDir + "/" + name
@@ -554,6 +563,14 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 		"--bind", src("w", j.layout.workspace()), defaultDir,
 		"--bind", src("h", j.layout.home()), "/root",
 		"--bind", src("t", j.layout.tmp()), "/tmp",
+	)
+	if j.egress {
+		// Before / is read-only: bwrap makes the mount points there.
+		o = append(o,
+			"--ro-bind", src("x", p.exe), forwardBin,
+			"--ro-bind", src("g", j.layout.egress()), egressMount)
+	}
+	o = append(o,
 		// The root and /dev are tmpfs, that is memory: make them read-only.
 		"--remount-ro", "/dev",
 		"--remount-ro", "/",
@@ -563,6 +580,11 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 	)
 	for _, k := range slices.Sorted(maps.Keys(j.env)) {
 		o = append(o, "--setenv", k, j.env[k])
+	}
+	if j.egress {
+		for _, kv := range proxyEnv {
+			o = append(o, "--setenv", kv[0], kv[1])
+		}
 	}
 	o = append(o, "--chdir", j.dir)
 	if seccomp {

@@ -1,6 +1,7 @@
 // Package local runs sandboxes on the broker's own host: each workspace is a
 // directory, and every command runs in a fresh bubblewrap (bwrap) sandbox
-// over it, with no network and nothing of the host but a read-only /usr.
+// over it, with no network but the broker's egress proxy (for a workspace
+// with allowed domains) and nothing of the host but a read-only /usr.
 // README.md says which limits are enforced and how.
 package local
 
@@ -155,6 +156,11 @@ type Provider struct {
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
 	terminating map[string]int               // ref → Terminate calls in flight
+
+	egressMu   sync.Mutex
+	egress     map[string]*egressServer // ref → the egress socket this Provider serves
+	egressCtx  context.Context          // the egress servers' context; ended by Close
+	egressStop context.CancelFunc
 }
 
 // usrLink is a top-level directory such as /bin. On a merged-/usr host it
@@ -228,7 +234,9 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		caps:        slices.Clone(c.GuestCapabilities),
 		runs:        make(map[string]map[*run]struct{}),
 		terminating: make(map[string]int),
+		egress:      make(map[string]*egressServer),
 	}
+	p.egressCtx, p.egressStop = context.WithCancel(context.WithoutCancel(ctx))
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -274,7 +282,11 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	p.sweepCgroups()
 	p.sweepSnapshotTemps()
 	if err := p.probe(ctx); err != nil {
+		p.egressStop()
 		return nil, err
+	}
+	if c.Egress != nil {
+		p.reopenEgress()
 	}
 	return p, nil
 }
@@ -412,15 +424,17 @@ func (p *Provider) pickCPUs(ref string, n int) []int {
 }
 
 // Create makes the workspace's directories and records its labels, env and
-// size. Nothing runs until Exec. It refuses an image other than [Image], a
-// non-empty egress allowlist (the local provider can only give no network at
-// all), a WorkspaceID that is not a safe directory name, and an existing one.
+// size, and, for a workspace with allowed domains, serves its egress socket
+// (egress.go). Nothing runs until Exec. It refuses an image other than
+// [Image], a non-empty egress allowlist without [Config.Egress] (no domain
+// filter: only no network at all), a WorkspaceID that is not a safe
+// directory name, and an existing one.
 func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
 	if spec.Image != "" && spec.Image != Image {
 		return providers.Sandbox{}, errors.New("local: create: unknown image; the only image is " + Image)
 	}
-	if len(spec.Egress.AllowedDomains) > 0 {
-		return providers.Sandbox{}, errors.New("local: create: cannot filter egress by domain; only an empty allowlist (no network) is supported")
+	if len(spec.Egress.AllowedDomains) > 0 && p.cfg.Egress == nil {
+		return providers.Sandbox{}, errNoEgress
 	}
 	ref := spec.WorkspaceID
 	if err := checkRef(ref); err != nil {
@@ -460,6 +474,9 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		StartedAt: sb.StartedAt,
 		ExpiresAt: spec.ExpiresAt,
 	}
+	if len(spec.Egress.AllowedDomains) > 0 {
+		rec.AllowedDomains = slices.Clone(spec.Egress.AllowedDomains)
+	}
 	for _, step := range []func() error{
 		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
 		func() (err error) {
@@ -471,10 +488,12 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		func() error { return p.makeDisk(ctx, l, &rec, spec.Size) }, // or, without a disk quota, the directories
 		func() error { return p.limit(ref, rec) },
 		func() error { return writeJSON(l.env(), env, 0o600) },
+		func() error { return p.serveEgress(ref, l, rec) },
 		func() error { return writeJSON(l.sandbox(), rec, 0o644) }, // marks the workspace ready
 		func() error { return p.supervise(l, spec.ExpiresAt) },     // the hard lifetime, without any broker
 	} {
 		if err := step(); err != nil {
+			p.stopEgress(ref)
 			p.cg.remove(ref)
 			p.releaseUID(ref, rec.UID)
 			removeAll(string(l))
@@ -485,7 +504,8 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		}
 	}
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(ref), sandgate.InstanceAttr(spec.InstanceID),
-		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env))
+		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env),
+		"egress_domains", len(rec.AllowedDomains))
 	return sb, nil
 }
 
@@ -587,6 +607,7 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	// Gone from now on for every Provider on this DataDir (open refuses
 	// it, and an exec killed below reports it), before anything is killed.
 	markEnded(p.layout(ref))
+	p.stopEgress(ref)
 	// Execs another broker process started (a stop set through one gateway
 	// while another runs the workspace's command) are killed here too.
 	if _, err := killExecs(ctx, p.layout(ref)); err != nil {
@@ -736,9 +757,17 @@ func (p *Provider) leaf(ref string, rec record, name string) ([]string, error) {
 	return procs, err
 }
 
-// Close removes the DataDir's parent cgroups when no workspace is left in
-// them; workspaces and their durable commands stay as they are.
+// Close stops serving the workspaces' egress sockets and removes the
+// DataDir's parent cgroups when no workspace is left in them; workspaces
+// and their durable commands stay as they are.
 func (p *Provider) Close() error {
+	p.egressStop()
+	p.egressMu.Lock()
+	for ref, s := range p.egress {
+		s.stop()
+		delete(p.egress, ref)
+	}
+	p.egressMu.Unlock()
 	if p.cg != nil && !p.cg.v2 { // on v2 the parent keeps its subtree_control
 		for _, d := range p.cg.dirs {
 			os.Remove(d) // fails while a workspace cgroup is in it

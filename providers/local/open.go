@@ -33,13 +33,18 @@ func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (p
 	return p, nil
 }
 
-// Capabilities implements providers.Provider: no network at all (until
-// the egress proxy lands), the broker's reaper and each workspace's
-// supervisor end workspaces at their deadlines, snapshots and durable
-// commands are its own, and the one image is the host's /usr.
+// Capabilities implements providers.Provider: domain allowlists through
+// the broker's egress proxy when it has one (Config.Egress), else no
+// network at all; the broker's reaper and each workspace's supervisor end
+// workspaces at their deadlines, snapshots and durable commands are its
+// own, and the one image is the host's /usr.
 func (p *Provider) Capabilities() providers.Capabilities {
+	mode := providers.EgressNoneOnly
+	if p.cfg.Egress != nil {
+		mode = providers.EgressProxy
+	}
 	return providers.Capabilities{
-		Egress:         providers.EgressNoneOnly,
+		Egress:         mode,
 		VendorLifetime: true, // the detached supervisor ends it at expires_at with no broker alive
 		Snapshots:      true,
 		NativeCommands: true,

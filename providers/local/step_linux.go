@@ -60,6 +60,9 @@ func init() {
 	case len(os.Args) > 1 && os.Args[1] == "--"+stepName:
 		// From a durable command's runner, a shell that cannot set argv[0].
 		os.Exit(runStep(os.Args[2:]))
+	case len(os.Args) > 1 && os.Args[1] == "--"+forwardName:
+		// Inside a sandbox with egress: see egress.go.
+		os.Exit(runForward(os.Args[2:]))
 	}
 }
 
@@ -227,12 +230,28 @@ func stage(o stepOptions) error {
 	}
 	for _, b := range o.binds {
 		dst := o.stage + "/" + b[1]
-		if err := os.Mkdir(dst, 0o755); err != nil {
-			return fmt.Errorf("mkdir: %w", scrub(err))
+		if err := mkMountPoint(b[0], dst); err != nil {
+			return err
 		}
 		if err := unix.Mount(b[0], dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("bind: %w", err)
 		}
+	}
+	return nil
+}
+
+// mkMountPoint makes dst, a directory or (src is a file, such as the
+// egress forwarder's binary) an empty file, to bind src on.
+func mkMountPoint(src, dst string) error {
+	if fi, err := os.Stat(src); err == nil && !fi.IsDir() {
+		f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return fmt.Errorf("mount point: %w", scrub(err))
+		}
+		return f.Close()
+	}
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		return fmt.Errorf("mkdir: %w", scrub(err))
 	}
 	return nil
 }

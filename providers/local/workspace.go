@@ -26,6 +26,9 @@ import (
 //	              Config.AllowUnenforced)
 //	lock          flock'ed: shared to launch a durable command, exclusive to
 //	              cancel one or to terminate, across every broker process
+//	egress/       for a workspace with allowed domains: egress.sock, the
+//	              Unix socket of its proxy listener (0600, the workspace's
+//	              uid), bound read-only into its sandboxes (egress.go)
 //	commands/<id>/ one durable command: the runner's files (providers/runner),
 //	              and host.pid, "<pid> <start time>" of its runner; never mounted
 //
@@ -46,6 +49,7 @@ const (
 	sandboxFile = "sandbox.json"
 	lockFile    = "lock"
 	commandsDir = "commands"
+	egressDir   = "egress"
 	hostPIDFile = "host.pid"
 	diskImage   = "disk.img"  // the workspace's ext4 image (disk.go)
 	diskLock    = "disk.lock" // in DataDir: serialises the reserve check
@@ -63,6 +67,7 @@ func (l layout) tmp() string       { return filepath.Join(string(l), "tmp") }
 func (l layout) disk() string      { return filepath.Join(string(l), diskImage) }
 func (l layout) lock() string      { return filepath.Join(string(l), lockFile) }
 func (l layout) commands() string  { return filepath.Join(string(l), commandsDir) }
+func (l layout) egress() string    { return filepath.Join(string(l), egressDir) }
 
 // execs holds one file per exec in flight, named by its process group and
 // holding its start time, so that a Terminate in any broker process can
@@ -121,6 +126,9 @@ type record struct {
 	DiskMiB   int       `json:"disk_mib,omitempty"` // the disk image's size; 0: no disk quota
 	StartedAt time.Time `json:"started_at"`
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// AllowedDomains is the workspace's egress allowlist; empty: no
+	// network at all (egress.go).
+	AllowedDomains []string `json:"allowed_domains,omitempty"`
 }
 
 // readJSON decodes the JSON file at name into v.

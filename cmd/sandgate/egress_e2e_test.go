@@ -1,0 +1,248 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	adminapi "github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/protocol"
+)
+
+// egressSite is a TLS server on the host's loopback answering "hello
+// NAME" for each of its names, and its CA's certificate in PEM.
+type egressSite struct {
+	port  int
+	caPEM []byte
+}
+
+func startEgressSite(t *testing.T, names ...string) egressSite {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sandgate e2e egress CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(r.Host); err == nil {
+			host = h
+		}
+		fmt.Fprintf(w, "hello %s\n", host)
+	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: key}}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return egressSite{port: srv.Listener.Addr().(*net.TCPAddr).Port, caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})}
+}
+
+// domains returns n distinct valid domains.
+func domains(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "d" + strconv.Itoa(i) + ".example.com"
+	}
+	return out
+}
+
+// The dev instance's lease shows ceiling null, and the spec's limit
+// holds: max_egress_domains entries are admitted, one more is refused.
+func TestE2EEgressDevLease(t *testing.T) {
+	d := startDev(t)
+	c := d.Client(t, "")
+	ctx := context.Background()
+	lease, err := c.Lease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.Egress.Ceiling != nil {
+		t.Errorf("dev lease egress.ceiling = %v; want null (any valid domain)", lease.Egress.Ceiling)
+	}
+	max := lease.Limits.MaxEgressDomains
+	if max <= 0 {
+		t.Fatalf("dev lease max_egress_domains = %d", max)
+	}
+	_, _, err = c.Acquire(ctx, "k-too-many", protocol.AcquireRequest{Label: "e2e", Egress: &protocol.Egress{AllowedDomains: domains(max + 1)}})
+	wantCode(t, "acquire with max_egress_domains+1 domains", err, http.StatusBadRequest, protocol.InvalidRequest)
+	ws, created, err := c.Acquire(ctx, "k-max", protocol.AcquireRequest{Label: "e2e", Egress: &protocol.Egress{AllowedDomains: domains(max)}})
+	if err != nil || !created {
+		t.Fatalf("acquire with max_egress_domains (%d) domains: created %v, %v; want 201", max, created, err)
+	}
+	if _, err := c.Release(ctx, ws.WorkspaceID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A `sandgate serve` broker with SANDGATE_EGRESS_HOSTS and
+// SANDGATE_EGRESS_PORTS: a workspace reaches its allowed domain with curl
+// through the proxy variables, and not the broker's own listeners or
+// Redis; its egress bytes are in its usage export.
+func TestE2EEgressServe(t *testing.T) {
+	rds := startRedis(t)
+	names := []string{"allowed.sg.test", "denied.sg.test", "a.sg.test", "sg.test"}
+	site := startEgressSite(t, names...)
+	port := strconv.Itoa(site.port)
+	var hosts []string
+	for _, n := range names {
+		hosts = append(hosts, n+"=127.0.0.1")
+	}
+	cfg := newServeConfig(t, rds.Addr, serveOptions{})
+	s := startServeEnv(t, cfg, "SANDGATE_EGRESS_HOSTS="+strings.Join(hosts, ","), "SANDGATE_EGRESS_PORTS=80,443,"+port)
+	a := s.Admin(t)
+	ctx := context.Background()
+	acct := createAccount(t, a, "egress")
+	req := adminapi.CreateInstanceRequest{AccountID: acct, Name: "egress"}
+	req.Scope.AnyEgress = true
+	var in adminapi.Instance
+	if err := a.Do(ctx, http.MethodPost, "/instances", req, &in); err != nil {
+		t.Fatalf("create instance with any egress on the local provider: %v", err)
+	}
+	c := s.Client(t, issueToken(t, a, in.ID))
+	lease, err := c.Lease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.Egress.Ceiling != nil {
+		t.Errorf("lease egress.ceiling = %v; want null", lease.Egress.Ceiling)
+	}
+
+	ws, created, err := c.Acquire(ctx, "k-egress", protocol.AcquireRequest{Label: "e2e", Egress: &protocol.Egress{AllowedDomains: []string{"allowed.sg.test"}}})
+	if err != nil || !created {
+		t.Fatalf("acquire with allowed.sg.test: %v", err)
+	}
+	if err := c.WriteFile(ctx, ws.WorkspaceID, "/workspace/ca.pem", site.caPEM); err != nil {
+		t.Fatal(err)
+	}
+	run := func(argv ...string) (string, int) {
+		t.Helper()
+		res, err := c.Exec(ctx, ws.WorkspaceID, protocol.ExecRequest{Argv: argv, TimeoutSeconds: 60})
+		if err != nil {
+			t.Fatalf("exec %s: %v", argv[0], err)
+		}
+		out, _ := base64.StdEncoding.DecodeString(res.StdoutB64)
+		errOut, _ := base64.StdEncoding.DecodeString(res.StderrB64)
+		return string(out) + string(errOut), res.ExitCode
+	}
+	curl := func(url string, opts ...string) (string, int) {
+		t.Helper()
+		return run(append(append([]string{"curl", "-fsS", "--max-time", "20", "--cacert", "/workspace/ca.pem"}, opts...), url)...)
+	}
+
+	if out, code := curl("https://allowed.sg.test:" + port + "/"); code != 0 || out != "hello allowed.sg.test\n" {
+		t.Fatalf("curl allowed.sg.test: exit %d, %q; want the page", code, out)
+	}
+	if out, _ := run("env"); !strings.Contains(out, "HTTPS_PROXY=http://127.0.0.1:3128\n") || !strings.Contains(out, "http_proxy=http://127.0.0.1:3128\n") {
+		t.Errorf("exec env has no proxy variables: %q", out)
+	}
+	if out, code := curl("https://denied.sg.test:" + port + "/"); code == 0 || strings.Contains(out, "hello") {
+		t.Errorf("curl denied.sg.test: exit %d, %q; want it refused", code, out)
+	}
+	// The broker's own listeners and Redis, through the proxy (IP
+	// literals) and directly (no route: the sandbox's own loopback).
+	pub, _ := url.Parse(s.URL)
+	adm, _ := url.Parse(s.AdminURL)
+	for _, hostport := range []string{pub.Host, adm.Host, rds.Addr, "localhost:" + pub.Port()} {
+		for _, opts := range [][]string{{"--proxy", "http://127.0.0.1:3128", "--noproxy", ""}, {"--noproxy", "*"}} {
+			out, code := curl("http://"+hostport+"/", opts...)
+			// No answer of the broker (a JSON envelope) or Redis (-ERR).
+			if code == 0 || strings.Contains(out, "{") || strings.Contains(out, "ERR") {
+				t.Errorf("curl %s %q in the sandbox: exit %d, %q; want no connection", hostport, opts, code, out)
+			}
+		}
+	}
+	if out, code := run("getent", "hosts", "example.com"); code == 0 {
+		t.Errorf("getent hosts example.com in the sandbox: %q; want no resolver", out)
+	}
+	// A durable command gets the variables too.
+	st, _, err := c.StartCommand(ctx, ws.WorkspaceID, "egress-cmd", protocol.ExecRequest{
+		Argv: []string{"curl", "-fsS", "--max-time", "20", "--cacert", "/workspace/ca.pem", "https://allowed.sg.test:" + port + "/"}, TimeoutSeconds: 60})
+	if err != nil {
+		t.Fatalf("start command: %v", err)
+	}
+	waitFor(t, "the durable curl", func() (bool, error) {
+		st, err = c.ReadCommand(ctx, ws.WorkspaceID, "egress-cmd")
+		return err == nil && st.State == protocol.CommandCompleted, err
+	})
+	if out, _ := base64.StdEncoding.DecodeString(st.StdoutB64); st.ExitCode == nil || *st.ExitCode != 0 || string(out) != "hello allowed.sg.test\n" {
+		t.Errorf("durable curl: %+v, stdout %q; want exit 0 and the page", st, out)
+	}
+
+	if _, err := c.Release(ctx, ws.WorkspaceID); err != nil {
+		t.Fatal(err)
+	}
+	// The workspace's final usage entry carries its egress bytes.
+	now := time.Now().UTC()
+	var final struct {
+		ID       string `json:"id"`
+		BytesOut int64  `json:"egress_bytes_out"`
+		BytesIn  int64  `json:"egress_bytes_in"`
+	}
+	waitFor(t, "the workspace's final usage entry", func() (bool, error) {
+		out := runCLI(t, s.AdminEnv(), "usage", "export", "--format", "jsonl", "--account", acct,
+			"--from", now.Add(-time.Hour).Format(time.RFC3339), "--to", now.Add(time.Hour).Format(time.RFC3339))
+		sc := bufio.NewScanner(strings.NewReader(out))
+		for sc.Scan() {
+			if err := json.Unmarshal(sc.Bytes(), &final); err != nil {
+				return false, err
+			}
+			if final.ID == ws.WorkspaceID+":final" {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("no final entry for %s yet", ws.WorkspaceID)
+	})
+	// Three fetches of a small page: a TLS handshake each way at least.
+	if final.BytesOut < 200 || final.BytesIn < 500 {
+		t.Errorf("final usage entry egress bytes out %d, in %d; want the fetches' bytes", final.BytesOut, final.BytesIn)
+	}
+	csv := runCLI(t, s.AdminEnv(), "usage", "export", "--format", "csv", "--account", acct,
+		"--from", now.Add(-time.Hour).Format(time.RFC3339), "--to", now.Add(time.Hour).Format(time.RFC3339))
+	if header, _, _ := strings.Cut(csv, "\r\n"); !strings.HasSuffix(header, ",egress_bytes_out,egress_bytes_in") {
+		t.Errorf("CSV header %q; want it to end in the egress columns", header)
+	}
+	if !strings.Contains(csv, ","+strconv.FormatInt(final.BytesOut, 10)+","+strconv.FormatInt(final.BytesIn, 10)+"\r\n") {
+		t.Errorf("CSV export has no row ending in the workspace's egress bytes %d,%d:\n%s", final.BytesOut, final.BytesIn, csv)
+	}
+}
