@@ -12,25 +12,34 @@ import (
 )
 
 // Open opens a local provider from its config block: the fields of
-// Config (bwrap_path, tiers, uid_base, free_reserve_mib, …). Its
-// workspaces live under the broker's data directory: data_dir/local for
-// the provider named "local" (as before providers had names),
-// data_dir/local-NAME for any other.
+// Config (bwrap_path, tiers, uid_base, free_reserve_mib, …), with no
+// egress proxy. Its workspaces live under the broker's data directory:
+// data_dir/local for the provider named "local" (as before providers had
+// names), data_dir/local-NAME for any other.
 func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (providers.Provider, error) {
-	var c Config
-	if err := providers.DecodeSettings(raw, &c); err != nil {
-		return nil, err
+	return Opener(nil)(ctx, name, raw, env)
+}
+
+// Opener is Open with the broker's egress proxy in the config (nil: none),
+// so that workspaces may be admitted with domain allowlists.
+func Opener(ex Egress) providers.Opener {
+	return func(ctx context.Context, name string, raw yaml.Node, env providers.Env) (providers.Provider, error) {
+		var c Config
+		if err := providers.DecodeSettings(raw, &c); err != nil {
+			return nil, err
+		}
+		dir := "local"
+		if name != providers.LegacyName {
+			dir = "local-" + name
+		}
+		c.DataDir = filepath.Join(env.DataDir, dir)
+		c.Egress = ex
+		p, err := New(ctx, c, env)
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
 	}
-	dir := "local"
-	if name != providers.LegacyName {
-		dir = "local-" + name
-	}
-	c.DataDir = filepath.Join(env.DataDir, dir)
-	p, err := New(ctx, c, env)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
 }
 
 // Capabilities implements providers.Provider: domain allowlists through
