@@ -20,4 +20,3 @@ func kinds(ex local.Egress) providers.Registry {
 		"fly-sprites":  flysprites.Open,
 	}
 }
-
