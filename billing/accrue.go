@@ -190,12 +190,21 @@ func (b *Billing) charge(ctx context.Context, w sandgate.Workspace, es []UsageEn
 		keys = append(keys, spendKey(a, m), alertedKey(a, m))
 		args = append(args, e.ID, string(body), e.TerminatedAt.UnixMilli(), e.AmountMicros, m)
 	}
-	n, err := chargeScript.Run(ctx, b.rdb, keys, args...).Int()
-	if err == nil && n > 0 {
+	res, err := chargeScript.Run(ctx, b.rdb, keys, args...).Int64Slice()
+	if err != nil {
+		return 0, err
+	}
+	if len(res) != 2 {
+		return 0, fmt.Errorf("charge: unexpected script result %v", res)
+	}
+	n := int(res[0])
+	if res[1] == 1 {
 		b.FlushAlerts(ctx, a)
+	}
+	if n > 0 {
 		b.countSettled(ctx, es, n)
 	}
-	return n, err
+	return n, nil
 }
 
 // countSettled adds what the last n entries of es charged to
@@ -232,17 +241,18 @@ func (b *Billing) countSettled(ctx context.Context, es []UsageEntry, n int) {
 // ARGV[1] workspace id, ARGV[2] "accrue" or "settle", ARGV[3] number of
 // budget scopes ns, ARGV[4..3+ns] the scopes, then per entry five: id,
 // JSON, terminated_at (unix ms), amount (micros), month (YYYYMM)
-// Returns how many entries it appended.
+// Returns {appended, queued}: how many entries it appended, and 1 when it
+// queued a budget alert (the caller flushes the alerts only then).
 var chargeScript = redis.NewScript(appendLua + budgetLua + `
 local ws, mode, ns = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local base = 4 + ns
 local ne = (#ARGV - base + 1) / 5
 if mode == 'accrue' then
-  if redis.call('HGET', KEYS[8], 'state') ~= 'running' then return 0 end
+  if redis.call('HGET', KEYS[8], 'state') ~= 'running' then return {0, 0} end
 elseif ne > 0 and redis.call('SISMEMBER', KEYS[4], ARGV[base + (ne - 1) * 5]) == 1 then
-  return 0
+  return {0, 0}
 end
-local n = 0
+local n, queued = 0, 0
 for i = 0, ne - 1 do
   local a = base + i * 5
   local eid, amt = ARGV[a], tonumber(ARGV[a + 3])
@@ -266,7 +276,7 @@ for i = 0, ne - 1 do
     redis.call('HINCRBY', KEYS[1], 'balance', string.format('%d', -amt))
     for s = 4, 3 + ns do
       redis.call('HINCRBY', spend, ARGV[s] .. ':s', ARGV[a + 3])
-      budget_alerts(KEYS[6], spend, alerted, KEYS[7], ARGV[s], ARGV[a + 4], ARGV[a + 2])
+      if budget_alerts(KEYS[6], spend, alerted, KEYS[7], ARGV[s], ARGV[a + 4], ARGV[a + 2]) then queued = 1 end
     end
     redis.call('PEXPIRE', spend, ` + spendTTL + `)
     append_usage(KEYS[3], KEYS[4], eid, ARGV[a + 1], ARGV[a + 2])
@@ -282,5 +292,5 @@ if mode == 'settle' then
     for s = 4, 3 + ns do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
   end
 end
-return n
+return {n, queued}
 `)

@@ -387,8 +387,19 @@ func TestRoundTripsAcquireAdmission(t *testing.T) {
 	if got := rtScripts(adm); got != 1 {
 		t.Errorf("Acquire admission: %d script calls in %v; want exactly 1", got, adm)
 	}
+	// In all: the idempotency lookup, the admission script (which also
+	// records and reserves) and the confirm (which also answers the
+	// record). Pricing comes from billing's cache; the budget-alert queue
+	// is read only when the script says an alert was queued.
+	if total != rtAcquire || len(adm) != 2 {
+		t.Errorf("Acquire: %d round trips in all %v, %d before the provider create %v; want exactly %d in all (get · evalsha admit · evalsha confirm), 2 before the create",
+			total, cmds, len(adm), adm, rtAcquire)
+	}
 	t.Logf("Acquire: %d round trips in all %v; %d before the provider create %v", total, cmds, len(adm), adm)
 }
+
+// rtAcquire is what an Acquire costs in Redis round trips end to end.
+const rtAcquire = 3
 
 func TestRoundTripsExec(t *testing.T) {
 	e := rtStart(t, rtOptions{names: true})

@@ -88,6 +88,12 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
+// Invalidate announces a change to state that another package caches in
+// process (billing's settings and rate cards) on the same channel as
+// token, instance and control changes, and waits like they do until every
+// gateway confirmed it dropped its caches.
+func (db *DB) Invalidate(ctx context.Context) error { return db.publishInvalidate(ctx) }
+
 // invalidateAckTimeout bounds how long a change waits for the gateways to
 // confirm that they dropped their auth caches.
 const invalidateAckTimeout = 2 * time.Second

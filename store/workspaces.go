@@ -53,19 +53,55 @@ func (db *DB) FreeKey(ctx context.Context, acct, inst, op, keyHash string) error
 // release, or its pending slot expired); the caller must then terminate
 // the sandbox. Either way the Idempotency-Key is marked done.
 func (db *DB) Confirm(ctx context.Context, w sandgate.Workspace, providerRef string, startedAt time.Time, keyHash, requestHash string) (bool, error) {
+	_, ok, err := db.ConfirmRecord(ctx, w, providerRef, startedAt, keyHash, requestHash)
+	return ok, err
+}
+
+// ConfirmRecord is Confirm that also returns the workspace's record as the
+// same script left it (ErrNotFound when there is none), so an Acquire
+// answers without another read.
+func (db *DB) ConfirmRecord(ctx context.Context, w sandgate.Workspace, providerRef string, startedAt time.Time, keyHash, requestHash string) (sandgate.Workspace, bool, error) {
 	keys := []string{
 		liveKey(w.AccountID, w.InstanceID),
 		workspaceKey(w.AccountID, w.ID),
 		idempotencyKey(w.AccountID, w.InstanceID, OpAcquire, keyHash),
 		openKey(w.AccountID),
 	}
-	n, err := confirmScript.Run(ctx, db.rdb, keys, w.ID, ms(w.ExpiresAt), providerRef, ms(startedAt),
+	res, err := confirmScript.Run(ctx, db.rdb, keys, w.ID, ms(w.ExpiresAt), providerRef, ms(startedAt),
 		mustJSON(IdemRecord{Hash: requestHash, WorkspaceID: w.ID, State: IdemDone}),
-		db.cfg.IdempotencyTTL.Milliseconds()).Int()
+		db.cfg.IdempotencyTTL.Milliseconds()).Slice()
 	if err != nil {
-		return false, fmt.Errorf("confirm: %w", err)
+		return sandgate.Workspace{}, false, fmt.Errorf("confirm: %w", err)
 	}
-	return n == 1, nil
+	if len(res) != 2 {
+		return sandgate.Workspace{}, false, fmt.Errorf("confirm: unexpected script result %v", res)
+	}
+	ok, _ := res[0].(int64)
+	m, err := flatHash(res[1])
+	if err != nil {
+		return sandgate.Workspace{}, false, fmt.Errorf("confirm: %w", err)
+	}
+	if len(m) == 0 {
+		return sandgate.Workspace{}, ok == 1, ErrNotFound
+	}
+	cur, err := parseWorkspace(m)
+	return cur, ok == 1, err
+}
+
+// flatHash decodes a HASH a script returned as HGETALL's flat list of
+// fields and values.
+func flatHash(v any) (map[string]string, error) {
+	xs, ok := v.([]any)
+	if !ok || len(xs)%2 != 0 {
+		return nil, fmt.Errorf("not a field/value list: %T", v)
+	}
+	m := make(map[string]string, len(xs)/2)
+	for i := 0; i < len(xs); i += 2 {
+		k, _ := xs[i].(string)
+		val, _ := xs[i+1].(string)
+		m[k] = val
+	}
+	return m, nil
 }
 
 // Abort removes an Acquire whose create failed: record, slot, index entry
