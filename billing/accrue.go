@@ -172,23 +172,14 @@ func (b *Billing) Accrue(ctx context.Context, acct string, now time.Time) (int, 
 // of the hold, once (the last entry of es is the final one).
 func (b *Billing) charge(ctx context.Context, w sandgate.Workspace, es []UsageEntry, settle bool) (int, error) {
 	a := w.AccountID
-	keys := []string{fundsKey(a), holdsKey(a), usageKey(a), usageIDsKey(a),
-		spendKey(a, month(w.CreatedAt)), budgetsKey(a), alertsKey(a), store.AdmissionKeys(a, "", w.ID, "").Workspace}
 	mode := "accrue"
 	if settle {
 		mode = "settle"
 	}
-	sc := scopes(w.InstanceID, w.Agent)
-	args := []any{w.ID, mode, len(sc)}
-	args = append(args, anys(sc)...)
-	for _, e := range es {
-		body, err := json.Marshal(e)
-		if err != nil {
-			return 0, err
-		}
-		m := month(e.TerminatedAt)
-		keys = append(keys, spendKey(a, m), alertedKey(a, m))
-		args = append(args, e.ID, string(body), e.TerminatedAt.UnixMilli(), e.AmountMicros, m)
+	wsKey, _, _ := b.db.FinishArgs(w, time.Time{})
+	keys, args, err := chargeBinding(w, wsKey, es, mode)
+	if err != nil {
+		return 0, err
 	}
 	res, err := chargeScript.Run(ctx, b.rdb, keys, args...).Int64Slice()
 	if err != nil {
@@ -205,6 +196,29 @@ func (b *Billing) charge(ctx context.Context, w sandgate.Workspace, es []UsageEn
 		b.countSettled(ctx, es, n)
 	}
 	return n, nil
+}
+
+// chargeBinding returns the KEYS and ARGV of chargeScript for w's
+// entries es in mode, wsKey being w's record; extra arguments (the
+// finish's) go between the mode's and the scopes.
+func chargeBinding(w sandgate.Workspace, wsKey string, es []UsageEntry, mode string, extra ...any) ([]string, []any, error) {
+	a := w.AccountID
+	keys := []string{fundsKey(a), holdsKey(a), usageKey(a), usageIDsKey(a),
+		spendKey(a, month(w.CreatedAt)), budgetsKey(a), alertsKey(a), wsKey}
+	sc := scopes(w.InstanceID, w.Agent)
+	args := []any{w.ID, mode, len(sc)}
+	args = append(args, extra...)
+	args = append(args, anys(sc)...)
+	for _, e := range es {
+		body, err := json.Marshal(e)
+		if err != nil {
+			return nil, nil, err
+		}
+		m := month(e.TerminatedAt)
+		keys = append(keys, spendKey(a, m), alertedKey(a, m))
+		args = append(args, e.ID, string(body), e.TerminatedAt.UnixMilli(), e.AmountMicros, m)
+	}
+	return keys, args, nil
 }
 
 // countSettled adds what the last n entries of es charged to
@@ -243,9 +257,16 @@ func (b *Billing) countSettled(ctx context.Context, es []UsageEntry, n int) {
 // JSON, terminated_at (unix ms), amount (micros), month (YYYYMM)
 // Returns {appended, queued}: how many entries it appended, and 1 when it
 // queued a budget alert (the caller flushes the alerts only then).
-var chargeScript = redis.NewScript(appendLua + budgetLua + `
+var chargeScript = redis.NewScript(appendLua + budgetLua + "local off = 0\nlocal function charge()\n" + chargeLua + "end\nreturn charge()\n")
+
+// chargeLua is the body of the function charge() of chargeScript and
+// finishSettleScript, which returns {appended, queued}. It expects the
+// local off: how many arguments sit between ARGV[3] and the scopes (0, or
+// 2 for finish_workspace's).
+const chargeLua = `
 local ws, mode, ns = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local base = 4 + ns
+local s0, s1 = 4 + off, 3 + off + ns
+local base = 4 + off + ns
 local ne = (#ARGV - base + 1) / 5
 if mode == 'accrue' then
   if redis.call('HGET', KEYS[8], 'state') ~= 'running' then return {0, 0} end
@@ -268,13 +289,13 @@ for i = 0, ne - 1 do
           redis.call('HDEL', KEYS[2], ws)
         end
         redis.call('HINCRBY', KEYS[1], 'holds', neg)
-        for s = 4, 3 + ns do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
+        for s = s0, s1 do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
       end
     end
     local spend, alerted = KEYS[9 + 2 * i], KEYS[10 + 2 * i]
     redis.call('HINCRBY', KEYS[1], 'settled', ARGV[a + 3])
     redis.call('HINCRBY', KEYS[1], 'balance', string.format('%d', -amt))
-    for s = 4, 3 + ns do
+    for s = s0, s1 do
       redis.call('HINCRBY', spend, ARGV[s] .. ':s', ARGV[a + 3])
       if budget_alerts(KEYS[6], spend, alerted, KEYS[7], ARGV[s], ARGV[a + 4], ARGV[a + 2]) then queued = 1 end
     end
@@ -289,8 +310,8 @@ if mode == 'settle' then
     local neg = string.format('%d', -tonumber(hold))
     redis.call('HDEL', KEYS[2], ws)
     redis.call('HINCRBY', KEYS[1], 'holds', neg)
-    for s = 4, 3 + ns do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
+    for s = s0, s1 do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
   end
 end
 return {n, queued}
-`)
+`

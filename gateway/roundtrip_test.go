@@ -2,8 +2,8 @@ package gateway_test
 
 // The hot paths' Redis budget, asserted exactly (issue: "design the hot
 // paths for the floor"): a warm GET /v1/lease costs no round trip, an
-// Acquire's admission is one script call, and exec adds two round trips to
-// the provider's own time. Round trips are counted by a go-redis hook on
+// Acquire three (its admission one script call), a release two, and exec
+// adds three round trips to the provider's own time. Round trips are counted by a go-redis hook on
 // the gateway's client; a pipeline or MULTI/EXEC block is one round trip.
 // docs/benchmarks.md quotes these counts beside the benchmark figures.
 
@@ -400,6 +400,35 @@ func TestRoundTripsAcquireAdmission(t *testing.T) {
 
 // rtAcquire is what an Acquire costs in Redis round trips end to end.
 const rtAcquire = 3
+
+// rtRelease is what a release of a running workspace costs: the script
+// that starts the termination and answers the record, then (after the
+// provider's terminate) the one that records the end, settles and frees
+// the hold, answering the final record.
+const rtRelease = 2
+
+func TestRoundTripsRelease(t *testing.T) {
+	e := rtStart(t, rtOptions{names: true})
+	// The first release loads its scripts (once per Redis server).
+	e.mustDo(t, http.MethodDelete, "/v1/workspaces/"+e.acquire(t), "", nil, http.StatusOK)
+	for i := range 3 {
+		id := e.acquire(t)
+		e.rt.reset()
+		b := e.mustDo(t, http.MethodDelete, "/v1/workspaces/"+id, "", nil, http.StatusOK)
+		n, cmds := e.rt.snapshot()
+		var w protocol.Workspace
+		if err := json.Unmarshal(b, &w); err != nil {
+			t.Fatalf("release: decode %s: %v", b, err)
+		}
+		if w.State != "terminated" {
+			t.Errorf("release %d: state = %q; want terminated", i, w.State)
+		}
+		if n != rtRelease || rtScripts(cmds) != rtRelease {
+			t.Errorf("release %d: %d round trips %v; want exactly %d script calls (begin the termination, then finish and settle)", i, n, cmds, rtRelease)
+		}
+		t.Logf("release: %d round trips %v", n, cmds)
+	}
+}
 
 func TestRoundTripsExec(t *testing.T) {
 	e := rtStart(t, rtOptions{names: true})
