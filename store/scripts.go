@@ -60,7 +60,7 @@ return 1
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] account open ZSET
 // ARGV[1] workspace id, ARGV[2] termination reason, ARGV[3] now (unix ms),
 // ARGV[4] condition ("", "expired" or "idle"), ARGV[5] owning instance id or ""
-// Returns {0, ”} no record, {1, state} already terminating or terminated,
+// Returns {0, ""} no record, {1, state} already terminating or terminated,
 // {2, previous state} termination started, {3, state} condition not met;
 // with ARGV[5], each followed by the record (HGETALL's list; empty for 0).
 var terminateScript = redis.NewScript(`
