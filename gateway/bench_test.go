@@ -28,6 +28,7 @@ import (
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/noop"
 )
 
 // benchReport reports the round trips per operation since the last reset.
@@ -130,12 +131,13 @@ func BenchmarkLeaseVsTLSFloor(b *testing.B) {
 	b.ReportMetric(float64(floorNS)/float64(leaseNS), "lease÷floor")
 }
 
-// BenchmarkAcquireNoopProvider is POST /v1/workspaces with a provider whose
-// create costs nothing: authentication, the idempotency check, admission,
-// confirm and the status read. Each op uses a fresh Idempotency-Key, and
-// the limit is high enough that admission never refuses.
+// BenchmarkAcquireNoopProvider is POST /v1/workspaces on the noop
+// provider (providers/noop), whose create costs nothing: authentication,
+// the idempotency check, admission and the confirm that answers the
+// record. Each op uses a fresh Idempotency-Key, and the limit is high
+// enough that admission never refuses.
 func BenchmarkAcquireNoopProvider(b *testing.B) {
-	e := rtStart(b, rtOptions{maxConcurrent: 1 << 30})
+	e := rtStart(b, rtOptions{maxConcurrent: 1 << 30, provider: noop.New("bench")})
 	e.acquire(b) // loads the scripts
 	e.rt.reset()
 	for b.Loop() {
@@ -144,6 +146,19 @@ func BenchmarkAcquireNoopProvider(b *testing.B) {
 	}
 	benchReport(b, e)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "acquires/s")
+}
+
+// BenchmarkAcquireReleaseNoopProvider is an acquire and its release on the
+// noop provider, one pair at a time: five round trips a pair.
+func BenchmarkAcquireReleaseNoopProvider(b *testing.B) {
+	e := rtStart(b, rtOptions{maxConcurrent: 1 << 30, provider: noop.New("bench")})
+	e.mustDo(b, http.MethodDelete, "/v1/workspaces/"+e.acquire(b), "", nil, http.StatusOK) // loads the scripts
+	e.rt.reset()
+	for b.Loop() {
+		e.mustDo(b, http.MethodDelete, "/v1/workspaces/"+e.acquire(b), "", nil, http.StatusOK)
+	}
+	benchReport(b, e)
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
 }
 
 // BenchmarkExecFakeProvider is POST …/exec with a provider that answers at

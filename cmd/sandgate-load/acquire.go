@@ -7,7 +7,6 @@ package main
 // a ratio.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -32,7 +31,6 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +44,7 @@ type acquireOptions struct {
 	n      int    // acquire+release pairs per round
 	c      int    // concurrent clients
 	rounds int    // rounds, each: redis-benchmark, then the broker
+	level  string // the broker's log level: info logs a line per request
 }
 
 const adminTokenEnv = "SANDGATE_LOAD_ADMIN_TOKEN"
@@ -81,7 +80,7 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 		return err
 	}
 
-	srv, err := startServe(ctx, dir, o.bin, redisAddr, o.c)
+	srv, err := startServe(ctx, dir, o.bin, redisAddr, o.c, o.level)
 	if err != nil {
 		return err
 	}
@@ -102,9 +101,9 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 	if out, err := load.CombinedOutput(); err != nil {
 		return fmt.Errorf("redis-cli SCRIPT LOAD: %w: %s", err, out)
 	}
-	fmt.Printf("workload: %d acquire+release pairs per round over %d clients (keep-alive TLS), provider noop; "+
+	fmt.Printf("workload: %d acquire+release pairs per round over %d clients (keep-alive TLS), provider noop, broker log level %s; "+
 		"baseline: redis-benchmark -n %d -c %d EVALSHA %x 0 on the same redis-server; %d rounds, alternating\n\n",
-		o.n, o.c, 10*o.n, o.c, sha, o.rounds)
+		o.n, o.c, o.level, 10*o.n, o.c, sha, o.rounds)
 	fmt.Printf("| round | EVALSHA req/s | acquire+release pairs/s | pairs ÷ EVALSHA |\n| --- | ---: | ---: | ---: |\n")
 	var ratios []float64
 	for r := range o.rounds {
@@ -151,8 +150,18 @@ type serve struct {
 	hc       *http.Client
 }
 
-func startServe(ctx context.Context, dir, bin, redisAddr string, clients int) (*serve, error) {
+func startServe(ctx context.Context, dir, bin, redisAddr string, clients int, level string) (*serve, error) {
 	cert, key, roots, err := selfSigned(dir)
+	if err != nil {
+		return nil, err
+	}
+	// Fixed free ports, so that a log level above info (which hides the
+	// "sandgate listening" line) still finds the listeners.
+	pub, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	adm, err := freePort()
 	if err != nil {
 		return nil, err
 	}
@@ -161,8 +170,8 @@ func startServe(ctx context.Context, dir, bin, redisAddr string, clients int) (*
 	// on, wide enough not to refuse it; risk velocity and open workspaces
 	// likewise.
 	cfg := fmt.Sprintf(`# sandgate-load -acquire
-listen: "127.0.0.1:0"
-admin_listen: "127.0.0.1:0"
+listen: "127.0.0.1:%d"
+admin_listen: "127.0.0.1:%d"
 data_dir: %q
 broker_id: "sandgate-load"
 tls:
@@ -190,8 +199,8 @@ admission:
     acquire: {per_second: 1000000, burst: 1000000}
     read: {per_second: 1000000, burst: 1000000}
 log:
-  level: info
-`, filepath.Join(dir, "data"), cert, key, redisAddr, adminTokenEnv, 4*clients)
+  level: %s
+`, pub, adm, filepath.Join(dir, "data"), cert, key, redisAddr, adminTokenEnv, 4*clients, level)
 	path := filepath.Join(dir, "sandgate.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, err
@@ -204,14 +213,20 @@ log:
 	}
 	s.hc = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots},
 		MaxIdleConnsPerHost: clients}}
+	s.url, s.adminURL = fmt.Sprintf("https://127.0.0.1:%d", pub), fmt.Sprintf("http://127.0.0.1:%d", adm)
 	for i := 0; ; i++ {
-		if pub, adm, ok := listenAddrs(s.stderr.String()); ok {
-			s.url, s.adminURL = "https://"+pub, "http://"+adm
-			return s, nil
+		if s.cmd.ProcessState != nil {
+			return nil, fmt.Errorf("sandgate serve exited:\n%s", s.stderr.String())
+		}
+		if resp, err := s.hc.Get(s.url + "/v1/lease"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusUnauthorized {
+				return s, nil
+			}
 		}
 		if i == 600 || ctx.Err() != nil {
 			s.stop()
-			return nil, fmt.Errorf("sandgate serve did not log its listeners within 60s:\n%s", s.stderr.String())
+			return nil, fmt.Errorf("sandgate serve did not answer within 60s:\n%s", s.stderr.String())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -227,23 +242,6 @@ func (s *serve) stop() {
 		_ = s.cmd.Process.Kill()
 		<-done
 	}
-}
-
-// listenAddrs finds the "sandgate listening" line in a JSON log.
-func listenAddrs(logs string) (public, adminAddr string, ok bool) {
-	sc := bufio.NewScanner(strings.NewReader(logs))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var line struct {
-			Msg         string `json:"msg"`
-			Listen      string `json:"listen"`
-			AdminListen string `json:"admin_listen"`
-		}
-		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "sandgate listening" {
-			return line.Listen, line.AdminListen, true
-		}
-	}
-	return "", "", false
 }
 
 // tenant creates an account, an instance with room for the clients'

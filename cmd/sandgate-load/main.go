@@ -23,7 +23,7 @@
 // alternating with redis-benchmark's EVALSHA of `return 1` on the same
 // server, reported as their ratio.
 //
-//	go run ./cmd/sandgate-load -acquire [-pairs 2000] [-c 8] [-rounds 3]
+//	go run ./cmd/sandgate-load -acquire [-pairs 2000] [-c 8] [-rounds 3] [-log-level info]
 package main
 
 import (
@@ -66,13 +66,14 @@ func main() {
 	pairs := flag.Int("pairs", 2000, "-acquire: acquire+release pairs per round")
 	clients := flag.Int("c", 8, "-acquire: concurrent clients")
 	rounds := flag.Int("rounds", 3, "-acquire: rounds, each redis-benchmark then the broker")
+	level := flag.String("log-level", "info", "-acquire: the broker's log level (info writes one line per request)")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	var err error
 	switch {
 	case *acq:
-		err = runAcquire(ctx, acquireOptions{bin: *bin, n: *pairs, c: *clients, rounds: max(*rounds, 1)})
+		err = runAcquire(ctx, acquireOptions{bin: *bin, n: *pairs, c: *clients, rounds: max(*rounds, 1), level: *level})
 	case *noisy:
 		err = runNoisy(ctx, *bin, *n, *hold)
 	default:
