@@ -63,7 +63,11 @@ func New(rdb redis.UniversalClient, cfg Config) *DB {
 // Config returns the effective configuration.
 func (db *DB) Config() Config { return db.cfg }
 
-// Redis returns the underlying client, for health checks and benchmarks.
+// Redis returns the underlying client: the packages that own keys of
+// their own in the same Redis (billing's, admission's; see README.md) are
+// built over it, and health checks and benchmarks use it. Keys the store
+// owns are reached only through the store's methods, or handed out by it
+// (AdmissionKeys, FinishArgs).
 func (db *DB) Redis() redis.UniversalClient { return db.rdb }
 
 // Ping checks that Redis answers.
