@@ -25,6 +25,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/sgtest"
@@ -126,6 +127,7 @@ func rtScripts(cmds []string) int {
 // returns.
 type rtEnv struct {
 	db     *store.DB
+	bill   *billing.Billing
 	rt     *rtCounter
 	fake   *fakeprovider.Provider // nil when another provider serves
 	srv    *httptest.Server
@@ -182,8 +184,10 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 			rates = map[admission.Class]admission.Rate{} // the production defaults
 		}
 	}
-	gw := sgtest.Wire(tb, sgtest.WireOptions{DB: e.db, Providers: providers.Single(providers.LegacyName, p), Clock: sandgate.SystemClock{},
-		RateLimits: rates}).Gateway
+	wired := sgtest.Wire(tb, sgtest.WireOptions{DB: e.db, Providers: providers.Single(providers.LegacyName, p), Clock: sandgate.SystemClock{},
+		RateLimits: rates})
+	gw := wired.Gateway
+	e.bill = wired.Billing
 	e.srv = httptest.NewTLSServer(gw.Handler())
 	tb.Cleanup(e.srv.Close)
 	e.client = e.srv.Client() // keep-alive; trusts the test certificate
@@ -404,6 +408,57 @@ func TestRoundTripsAcquireAdmission(t *testing.T) {
 
 // rtAcquire is what an Acquire costs in Redis round trips end to end.
 const rtAcquire = 3
+
+// TestRoundTripsPriceCache: an Acquire prices its workspace from
+// billing's in-process cache, and a change of the account's rate card (a
+// new version) or settings reaches it before the operator's call returns:
+// the very next Acquire is priced at the new version.
+func TestRoundTripsPriceCache(t *testing.T) {
+	e := rtStart(t, rtOptions{names: true, maxConcurrent: 100})
+	ctx := context.Background()
+	card := func(unit int64) {
+		t.Helper()
+		prices := map[string]int64{}
+		for _, sz := range sandgate.StandardSizes {
+			prices[sz.Name] = unit
+		}
+		if _, err := e.bill.CreateRateCard(ctx, "rt", prices, time.Now().UTC()); err != nil {
+			t.Fatalf("CreateRateCard: %v", err)
+		}
+	}
+	price := func(id string) sandgate.Price {
+		t.Helper()
+		w, err := e.db.Workspace(ctx, e.inst.AccountID, id)
+		if err != nil {
+			t.Fatalf("Workspace: %v", err)
+		}
+		return w.Price
+	}
+	card(5)
+	if err := e.bill.SetSettings(ctx, billing.Settings{AccountID: e.inst.AccountID, RateCard: "rt", Currency: "EUR", Postpaid: true}); err != nil {
+		t.Fatalf("SetSettings: %v", err)
+	}
+	if p := price(e.acquire(t)); p.UnitMicros != 5 || p.RateCardVersion != 1 || p.Currency != "EUR" {
+		t.Fatalf("price after SetSettings = %+v; want 5 micros/s, version 1, EUR", p)
+	}
+	e.rt.reset()
+	if p := price(e.acquire(t)); p.UnitMicros != 5 {
+		t.Fatalf("price = %+v; want 5 micros/s", p)
+	}
+	if n, cmds := e.rt.snapshot(); n != rtAcquire+1 { // + the price read above
+		t.Errorf("warm Acquire on a priced account: %d round trips %v; want %d (pricing from the cache)", n-1, cmds, rtAcquire)
+	}
+	card(9)
+	if p := price(e.acquire(t)); p.UnitMicros != 9 || p.RateCardVersion != 2 {
+		t.Errorf("price right after a new rate card version = %+v; want 9 micros/s, version 2", p)
+	}
+	if err := e.bill.SetSettings(ctx, billing.Settings{AccountID: e.inst.AccountID, Currency: "USD", Postpaid: true}); err != nil {
+		t.Fatalf("SetSettings: %v", err)
+	}
+	if p := price(e.acquire(t)); p.UnitMicros != 0 || p.RateCard != "" || p.Currency != "USD" {
+		t.Errorf("price right after the rate card was removed = %+v; want none, USD", p)
+	}
+}
 
 // rtRelease is what a release of a running workspace costs: the script
 // that starts the termination and answers the record, then (after the
