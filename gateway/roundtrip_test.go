@@ -15,6 +15,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -457,6 +458,57 @@ func TestRoundTripsPriceCache(t *testing.T) {
 	}
 	if p := price(e.acquire(t)); p.UnitMicros != 0 || p.RateCard != "" || p.Currency != "USD" {
 		t.Errorf("price right after the rate card was removed = %+v; want none, USD", p)
+	}
+}
+
+// TestAcquireFlushesQueuedAlerts: the budget-alert queue is read only when
+// the admission script says it queued an alert, and then the alert reaches
+// the audit log before the Acquire answers.
+func TestAcquireFlushesQueuedAlerts(t *testing.T) {
+	e := rtStart(t, rtOptions{names: true, maxConcurrent: 100})
+	ctx := context.Background()
+	prices := map[string]int64{}
+	for _, sz := range sandgate.StandardSizes {
+		prices[sz.Name] = 1000
+	}
+	if _, err := e.bill.CreateRateCard(ctx, "alerts", prices, time.Now().UTC()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.bill.SetSettings(ctx, billing.Settings{AccountID: e.inst.AccountID, RateCard: "alerts", Currency: "USD", Postpaid: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.acquire(t) // fills the price cache, loads the scripts
+	// A soft budget the next workspace's hold alone goes past: 50, 80 and
+	// 100 % are queued by its admission.
+	if err := e.bill.SetBudget(ctx, e.inst.AccountID, billing.Budget{InstanceID: e.inst.ID, MonthlyMicros: 1, Soft: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.rt.reset()
+	e.acquire(t)
+	_, cmds := e.rt.snapshot()
+	if !slices.Contains(cmds, "lpop") {
+		t.Errorf("Acquire that queued alerts sent %v; want the queue read (lpop)", cmds)
+	}
+	alerts := 0
+	if err := e.db.AuditRange(ctx, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), 100, func(raw []byte) error {
+		var ev struct{ Action string }
+		if err := json.Unmarshal(raw, &ev); err != nil {
+			return err
+		}
+		if ev.Action == "budget.alert" {
+			alerts++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if alerts != 3 {
+		t.Errorf("budget.alert entries in the audit log = %d; want 3 (50, 80, 100 %%)", alerts)
+	}
+	e.rt.reset()
+	e.acquire(t) // every threshold of the month already alerted
+	if n, cmds := e.rt.snapshot(); n != rtAcquire {
+		t.Errorf("Acquire that queued nothing: %d round trips %v; want %d", n, cmds, rtAcquire)
 	}
 }
 
