@@ -123,9 +123,14 @@ func (t *Terminator) Release(ctx context.Context, acct, inst, id string) (sandga
 		}
 	}
 	fs, ok := t.settler.(FinishSettler)
-	if !ok {
-		if _, err := t.Finish(ctx, sandgate.Workspace{ID: rec.ID, AccountID: rec.AccountID, InstanceID: rec.InstanceID}); err != nil {
+	if !ok { // no billing, or one without the one-step path: step by step
+		if err := t.db.FinishTerminate(ctx, rec, t.clock.Now()); err != nil {
 			return rec, err
+		}
+		if t.settler != nil {
+			if err := t.settler.Settle(ctx, rec); err != nil {
+				t.log.Error("terminate: settle usage", sandgate.WorkspaceAttr(rec.ID), slog.Any("err", err))
+			}
 		}
 		return t.db.Workspace(ctx, acct, id)
 	}
