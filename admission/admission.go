@@ -31,6 +31,12 @@ type Request struct {
 	// KeyHash and RequestHash identify the Idempotency-Key and the request.
 	KeyHash, RequestHash string
 	Now                  time.Time
+
+	// Queued is set by Admit when an admitted request's checks queued
+	// follow-up work outside the script (billing's budget check queued a
+	// budget alert): the caller flushes it. Otherwise nothing was queued
+	// and the caller need not look.
+	Queued bool
 }
 
 // Check is one admission rule. Its Lua runs inside the one admission
@@ -41,7 +47,8 @@ type Check interface {
 	// Lua returns the check's fragments. Each is the body of a Lua function
 	// of (K, A): its bound keys and arguments. Check runs before anything
 	// is written and returns nil to pass, or {code, reason, retry_after_ms}
-	// to refuse; Apply runs only once every check has passed.
+	// to refuse; Apply runs only once every check has passed, and returns
+	// true when it queued follow-up work (see Request.Queued).
 	Lua() (check, apply string)
 	// Bind returns the keys (all of the request's account) and arguments
 	// of the check for r.
@@ -94,8 +101,11 @@ for i = 1, n do
   local r = checks[i](K[i], A[i])
   if r then return {0, i, r[1], r[2] or '', tostring(r[3] or 0)} end
 end
-for i = 1, n do applies[i](K[i], A[i]) end
-return {1}
+local queued = 0
+for i = 1, n do
+  if applies[i](K[i], A[i]) then queued = 1 end
+end
+return {1, queued}
 `
 
 // Replay is returned by Admit when the Idempotency-Key was already claimed.
@@ -132,6 +142,10 @@ func (p *Pipeline) Admit(ctx context.Context, r *Request) error {
 		return unavailable(err)
 	}
 	if ok, _ := res[0].(int64); ok == 1 {
+		if len(res) == 2 {
+			q, _ := res[1].(int64)
+			r.Queued = q == 1
+		}
 		return nil
 	}
 	if len(res) != 5 {

@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,32 +35,80 @@ var DefaultRates = map[Class]Rate{
 	ClassExec:    {PerSecond: 100, Burst: 400},
 }
 
-// gcraScript is the generic cell rate algorithm over one key: the key
-// holds the theoretical arrival time (TAT) of the next request. Its one
-// clock is Redis's own TIME, so gateways whose clocks differ share one
-// limit exactly.
+// borrowScript is the generic cell rate algorithm over one key, taking up
+// to ARGV[3] requests at once: the key holds the theoretical arrival time
+// (TAT) of the next request, and it grants as many of the wanted requests
+// as fit within the burst. Its one clock is Redis's own TIME, so gateways
+// whose clocks differ share one limit exactly.
 //
 // KEYS[1] TAT STRING
-// ARGV[1] emission interval (ms per request, may be fractional), ARGV[2] burst
-// Returns {1, 0} allowed, {0, retry_after_ms} refused.
-var gcraScript = redis.NewScript(`
+// ARGV[1] emission interval (ms per request, may be fractional), ARGV[2]
+// burst, ARGV[3] requests wanted (at least 1)
+// Returns {granted, 0} with granted ≥ 1, or {0, retry_after_ms} refused.
+var borrowScript = redis.NewScript(`
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
-local t, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local t, burst, want = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 if tat < now then tat = now end
-local new = tat + t
-local ahead = new - now
-if ahead > burst * t then return {0, math.ceil(ahead - burst * t)} end
-redis.call('SET', KEYS[1], tostring(new), 'PX', math.ceil(ahead) + 1000)
-return {1, 0}
+local room = math.floor((burst * t - (tat - now)) / t + 1e-9)
+if room < 1 then return {0, math.ceil(tat + t - now - burst * t)} end
+local g = math.min(want, room)
+local new = tat + g * t
+redis.call('SET', KEYS[1], tostring(new), 'PX', math.ceil(new - now) + 1000)
+return {g, 0}
 `)
 
-// Limiter limits request rates per token and class in Redis, so the limit
-// holds across every gateway process.
+// Limiter limits request rates per token and class. The limit itself
+// lives in Redis (borrowScript), so it holds across every gateway process;
+// each process borrows requests from it in batches and spends them from a
+// local bucket per token and class, so that most requests cost no round
+// trip.
+//
+// The bound: every request spends a request borrowed from Redis's limit,
+// and a process holds at most one batch of a token's class at a time
+// (Batch: Burst/20, between 1 and 64), so in any window the requests let
+// through are at most what the limit allows in it (burst + rate × window)
+// plus Batch × the number of gateway processes. Requests a process
+// borrowed and did not spend within BorrowedLifetime are dropped: a limit
+// can only be under-used that way, never exceeded.
 type Limiter struct {
 	rdb   redis.UniversalClient
 	rates map[Class]Rate
+
+	mu      sync.Mutex
+	buckets map[string]*bucket // by Redis key
+}
+
+// BorrowedLifetime is how long a process keeps requests it borrowed. The
+// bound above holds whatever it is (a process never holds more than one
+// batch); it only keeps a token that went quiet from holding them forever.
+const BorrowedLifetime = 10 * time.Second
+
+// maxBuckets bounds the local buckets; past it they start over (what
+// they held is dropped, which only under-uses a limit).
+const maxBuckets = 100_000
+
+// Batch is how many requests a process borrows from r's limit at once:
+// Burst/20, between 1 and 64.
+func (r Rate) Batch() int { return min(max(r.Burst/20, 1), 64) }
+
+// bucket holds the requests a process borrowed for one token and class.
+type bucket struct {
+	mu        sync.Mutex
+	tokens    int
+	expires   time.Time // tokens not spent by then are dropped
+	borrowing bool      // a batch borrow is in flight: others borrow one at a time
+}
+
+// take spends one held request.
+func (b *bucket) take(now time.Time) bool {
+	if b.tokens > 0 && now.Before(b.expires) {
+		b.tokens--
+		return true
+	}
+	b.tokens = 0
+	return false
 }
 
 // NewLimiter returns a limiter with rates; a class missing from rates uses DefaultRates.
@@ -71,24 +120,81 @@ func NewLimiter(rdb redis.UniversalClient, rates map[Class]Rate) *Limiter {
 	for c, r := range rates {
 		all[c] = r
 	}
-	return &Limiter{rdb: rdb, rates: all}
+	return &Limiter{rdb: rdb, rates: all, buckets: map[string]*bucket{}}
 }
 
+func (l *Limiter) bucket(key string) *bucket {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.buckets[key]
+	if !ok {
+		if len(l.buckets) >= maxBuckets {
+			l.buckets = map[string]*bucket{}
+		}
+		b = &bucket{}
+		l.buckets[key] = b
+	}
+	return b
+}
+
+// reserve spends a held request of key (0, true), or returns how many to
+// borrow: a batch, or one while another batch borrow is in flight.
+func (l *Limiter) reserve(key string, r Rate) (b *bucket, want int, ok bool) {
+	b = l.bucket(key)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.take(time.Now()) {
+		return b, 0, true
+	}
+	want = 1
+	if !b.borrowing && r.Batch() > 1 {
+		b.borrowing, want = true, r.Batch()
+	}
+	return b, want, false
+}
+
+// settle keeps what a borrow of want granted beyond the one request it
+// was for.
+func (b *bucket) settle(want int, res []any, err error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if want > 1 {
+		b.borrowing = false
+	}
+	if err != nil {
+		return err
+	}
+	g, _ := res[0].(int64)
+	if g > 1 {
+		b.tokens, b.expires = b.tokens+int(g-1), time.Now().Add(BorrowedLifetime)
+	}
+	return result(res, nil)
+}
+
+func borrowArgs(r Rate, want int) []any { return []any{1000 / r.PerSecond, max(r.Burst, 1), want} }
+
 // Queue queues the rate check of one request on a pipeline, so it shares a
-// round trip with the request's first read. The returned function, called
-// after the pipeline ran, answers like Allow.
+// round trip with the request's first read; with a request held locally
+// it queues nothing. The returned function, called after the pipeline ran,
+// answers like Allow.
 func (l *Limiter) Queue(ctx context.Context, p redis.Pipeliner, leaseID string, class Class) func() error {
 	r := l.rates[class]
 	if r.PerSecond <= 0 {
 		return func() error { return nil }
 	}
+	key := rateKey(leaseID, class)
+	b, want, ok := l.reserve(key, r)
+	if ok {
+		return func() error { return nil }
+	}
 	// EVAL, not EVALSHA: a pipeline cannot fall back when the script cache
 	// is cold, and Redis caches the compiled script by its hash anyway.
-	cmd := gcraScript.Eval(ctx, p, []string{rateKey(leaseID, class)}, 1000/r.PerSecond, max(r.Burst, 1))
-	return func() error { return result(cmd.Slice()) }
+	cmd := borrowScript.Eval(ctx, p, []string{key}, borrowArgs(r, want)...)
+	return func() error {
+		res, err := cmd.Slice()
+		return b.settle(want, res, err)
+	}
 }
-
-func rateKey(leaseID string, class Class) string { return "sg:rl:" + leaseID + ":" + string(class) }
 
 // Allow counts one request of class by the lease. It returns a 429
 // rate_limited refusal with Retry-After when over the limit. A Redis
@@ -98,14 +204,20 @@ func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error 
 	if r.PerSecond <= 0 {
 		return nil
 	}
-	return result(gcraScript.Run(ctx, l.rdb, []string{rateKey(leaseID, class)}, 1000/r.PerSecond, max(r.Burst, 1)).Slice())
+	key := rateKey(leaseID, class)
+	b, want, ok := l.reserve(key, r)
+	if ok {
+		return nil
+	}
+	res, err := borrowScript.Run(ctx, l.rdb, []string{key}, borrowArgs(r, want)...).Slice()
+	return b.settle(want, res, err)
 }
 
 func result(res []any, err error) error {
 	if err != nil {
 		return err
 	}
-	if ok, _ := res[0].(int64); ok == 1 {
+	if ok, _ := res[0].(int64); ok >= 1 {
 		return nil
 	}
 	wait, _ := res[1].(int64)

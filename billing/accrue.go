@@ -173,30 +173,53 @@ func (b *Billing) Accrue(ctx context.Context, acct string, now time.Time) (int, 
 // of the hold, once (the last entry of es is the final one).
 func (b *Billing) charge(ctx context.Context, w sandgate.Workspace, es []UsageEntry, settle bool) (int, error) {
 	a := w.AccountID
-	keys := []string{fundsKey(a), holdsKey(a), usageKey(a), usageIDsKey(a),
-		spendKey(a, month(w.CreatedAt)), budgetsKey(a), alertsKey(a), store.AdmissionKeys(a, "", w.ID, "").Workspace}
 	mode := "accrue"
 	if settle {
 		mode = "settle"
 	}
+	wsKey, _, _ := b.db.FinishArgs(w, time.Time{})
+	keys, args, err := chargeBinding(w, wsKey, es, mode)
+	if err != nil {
+		return 0, err
+	}
+	res, err := chargeScript.Run(ctx, b.rdb, keys, args...).Int64Slice()
+	if err != nil {
+		return 0, err
+	}
+	if len(res) != 2 {
+		return 0, fmt.Errorf("charge: unexpected script result %v", res)
+	}
+	n := int(res[0])
+	if res[1] == 1 {
+		b.FlushAlerts(ctx, a)
+	}
+	if n > 0 {
+		b.countSettled(ctx, es, n)
+	}
+	return n, nil
+}
+
+// chargeBinding returns the KEYS and ARGV of chargeScript for w's
+// entries es in mode, wsKey being w's record; extra arguments (the
+// finish's) go between the mode's and the scopes.
+func chargeBinding(w sandgate.Workspace, wsKey string, es []UsageEntry, mode string, extra ...any) ([]string, []any, error) {
+	a := w.AccountID
+	keys := []string{fundsKey(a), holdsKey(a), usageKey(a), usageIDsKey(a),
+		spendKey(a, month(w.CreatedAt)), budgetsKey(a), alertsKey(a), wsKey}
 	sc := scopes(w.InstanceID, w.Agent)
 	args := []any{w.ID, mode, len(sc)}
+	args = append(args, extra...)
 	args = append(args, anys(sc)...)
 	for _, e := range es {
 		body, err := json.Marshal(e)
 		if err != nil {
-			return 0, err
+			return nil, nil, err
 		}
 		m := month(e.TerminatedAt)
 		keys = append(keys, spendKey(a, m), alertedKey(a, m))
 		args = append(args, e.ID, string(body), e.TerminatedAt.UnixMilli(), e.AmountMicros, m)
 	}
-	n, err := chargeScript.Run(ctx, b.rdb, keys, args...).Int()
-	if err == nil && n > 0 {
-		b.FlushAlerts(ctx, a)
-		b.countSettled(ctx, es, n)
-	}
-	return n, err
+	return keys, args, nil
 }
 
 // countSettled adds what the last n entries of es charged to
@@ -233,17 +256,25 @@ func (b *Billing) countSettled(ctx context.Context, es []UsageEntry, n int) {
 // ARGV[1] workspace id, ARGV[2] "accrue" or "settle", ARGV[3] number of
 // budget scopes ns, ARGV[4..3+ns] the scopes, then per entry five: id,
 // JSON, terminated_at (unix ms), amount (micros), month (YYYYMM)
-// Returns how many entries it appended.
-var chargeScript = redis.NewScript(appendLua + budgetLua + `
+// Returns {appended, queued}: how many entries it appended, and 1 when it
+// queued a budget alert (the caller flushes the alerts only then).
+var chargeScript = redis.NewScript(appendLua + budgetLua + "local off = 0\nlocal function charge()\n" + chargeLua + "end\nreturn charge()\n")
+
+// chargeLua is the body of the function charge() of chargeScript and
+// finishSettleScript, which returns {appended, queued}. It expects the
+// local off: how many arguments sit between ARGV[3] and the scopes (0, or
+// 2 for finish_workspace's).
+const chargeLua = `
 local ws, mode, ns = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local base = 4 + ns
+local s0, s1 = 4 + off, 3 + off + ns
+local base = 4 + off + ns
 local ne = (#ARGV - base + 1) / 5
 if mode == 'accrue' then
-  if redis.call('HGET', KEYS[8], 'state') ~= 'running' then return 0 end
+  if redis.call('HGET', KEYS[8], 'state') ~= 'running' then return {0, 0} end
 elseif ne > 0 and redis.call('SISMEMBER', KEYS[4], ARGV[base + (ne - 1) * 5]) == 1 then
-  return 0
+  return {0, 0}
 end
-local n = 0
+local n, queued = 0, 0
 for i = 0, ne - 1 do
   local a = base + i * 5
   local eid, amt = ARGV[a], tonumber(ARGV[a + 3])
@@ -259,15 +290,15 @@ for i = 0, ne - 1 do
           redis.call('HDEL', KEYS[2], ws)
         end
         redis.call('HINCRBY', KEYS[1], 'holds', neg)
-        for s = 4, 3 + ns do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
+        for s = s0, s1 do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
       end
     end
     local spend, alerted = KEYS[9 + 2 * i], KEYS[10 + 2 * i]
     redis.call('HINCRBY', KEYS[1], 'settled', ARGV[a + 3])
     redis.call('HINCRBY', KEYS[1], 'balance', string.format('%d', -amt))
-    for s = 4, 3 + ns do
+    for s = s0, s1 do
       redis.call('HINCRBY', spend, ARGV[s] .. ':s', ARGV[a + 3])
-      budget_alerts(KEYS[6], spend, alerted, KEYS[7], ARGV[s], ARGV[a + 4], ARGV[a + 2])
+      if budget_alerts(KEYS[6], spend, alerted, KEYS[7], ARGV[s], ARGV[a + 4], ARGV[a + 2]) then queued = 1 end
     end
     redis.call('PEXPIRE', spend, ` + spendTTL + `)
     append_usage(KEYS[3], KEYS[4], eid, ARGV[a + 1], ARGV[a + 2])
@@ -280,8 +311,8 @@ if mode == 'settle' then
     local neg = string.format('%d', -tonumber(hold))
     redis.call('HDEL', KEYS[2], ws)
     redis.call('HINCRBY', KEYS[1], 'holds', neg)
-    for s = 4, 3 + ns do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
+    for s = s0, s1 do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
   end
 end
-return n
-`)
+return {n, queued}
+`

@@ -29,6 +29,7 @@ type Billing struct {
 	db     *store.DB
 	rdb    redis.UniversalClient
 	ledger *Ledger
+	prices *PriceCache
 	cfg    Config
 	// settled records MetricSettled; nil without a Meter.
 	settled metric.Int64Counter
@@ -45,7 +46,7 @@ func New(db *store.DB, cfg Config) *Billing {
 	if cfg.Webhook.URL != "" {
 		cfg.Webhook = cfg.Webhook.withDefaults()
 	}
-	b := &Billing{db: db, rdb: db.Redis(), ledger: NewLedger(db.Redis()), cfg: cfg}
+	b := &Billing{db: db, rdb: db.Redis(), ledger: NewLedger(db.Redis()), prices: &PriceCache{}, cfg: cfg}
 	if cfg.Meter != nil {
 		var err error
 		if b.settled, err = cfg.Meter.Int64Counter(MetricSettled, metric.WithUnit("{micro_unit}"),

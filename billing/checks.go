@@ -77,11 +77,13 @@ for i = 4, #A do
   if lim and redis.call('HGET', K[1], A[i] .. ':soft') ~= '1' then
     if spent(K[2], A[i]) + w > lim then return {'` + string(protocol.BudgetExhausted) + `', scope_level(A[i])} end
   end
-end`, budgetLua + `for i = 4, #A do
+end`, budgetLua + `local queued = false
+for i = 4, #A do
   if tonumber(A[1]) > 0 then redis.call('HINCRBY', K[2], A[i] .. ':h', A[1]) end
-  budget_alerts(K[1], K[2], K[3], K[4], A[i], A[2], A[3])
+  if budget_alerts(K[1], K[2], K[3], K[4], A[i], A[2], A[3]) then queued = true end
 end
-redis.call('PEXPIRE', K[2], ` + spendTTL + `)`
+redis.call('PEXPIRE', K[2], ` + spendTTL + `)
+return queued`
 }
 
 // Bind implements admission.Check.
@@ -102,7 +104,7 @@ const spendTTL = "34560000000"
 // scope) is the month's settled plus held amount of a scope; scope_level
 // names a scope's level for a refusal's reason; budget_alerts queues an
 // alert the first time a scope's spending reaches 50, 80 and 100 % of its
-// cap in a month.
+// cap in a month, and returns whether it queued one.
 const budgetLua = `
 local function spent(spend, s)
   return (tonumber(redis.call('HGET', spend, s .. ':h')) or 0) + (tonumber(redis.call('HGET', spend, s .. ':s')) or 0)
@@ -114,7 +116,8 @@ local function scope_level(s)
 end
 local function budget_alerts(budgets, spend, alerted, list, s, mon, now)
   local lim = tonumber(redis.call('HGET', budgets, s))
-  if not lim or lim <= 0 then return end
+  if not lim or lim <= 0 then return false end
+  local queued = false
   local used = spent(spend, s)
   for _, p in ipairs({50, 80, 100}) do
     if used * 100 >= lim * p and redis.call('SADD', alerted, s .. ':' .. p) == 1 then
@@ -122,8 +125,10 @@ local function budget_alerts(budgets, spend, alerted, list, s, mon, now)
       redis.call('RPUSH', list, cjson.encode({scope = s, level = scope_level(s), threshold = p, month = mon,
         used_micros = string.format('%d', used), limit_micros = string.format('%d', lim),
         soft = redis.call('HGET', budgets, s .. ':soft') == '1', at_ms = string.format('%d', tonumber(now))}))
+      queued = true
     end
   end
+  return queued
 end
 `
 

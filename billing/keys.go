@@ -64,3 +64,23 @@ func alertedKey(acct, month string) string { return tag(acct) + "alerted:" + mon
 // alertsKey is the LIST of budget alerts not yet written to the audit
 // log (JSON). Example: sg:{acct_x}:alerts
 func alertsKey(acct string) string { return tag(acct) + "alerts" }
+
+// Webhook deliveries live in one hash slot, {webhook}, so that the
+// scripts below touch one Redis Cluster slot.
+
+// webhookDueKey is the ZSET of alert deliveries, score the unix ms at
+// which each is next due (a claimed delivery is pushed past its attempt's
+// end, so a deliverer that dies hands it back). Example: sg:{webhook}:due
+func webhookDueKey() string { return prefix + "{webhook}:due" }
+
+// webhookDeliveriesKey is the HASH of pending deliveries: field the event
+// id, value the JSON [delivery]. Example: sg:{webhook}:deliveries
+func webhookDeliveriesKey() string { return prefix + "{webhook}:deliveries" }
+
+// webhookDoneKey marks a delivered (or abandoned) event id, so a second
+// enqueue of it is a no-op. Example: sg:{webhook}:done:bga_…
+func webhookDoneKey(id string) string { return prefix + "{webhook}:done:" + id }
+
+// webhookDeadKey is the LIST of event ids given up on, newest last, capped.
+// Example: sg:{webhook}:dead
+func webhookDeadKey() string { return prefix + "{webhook}:dead" }

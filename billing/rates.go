@@ -56,6 +56,11 @@ func (b *Billing) CreateRateCard(ctx context.Context, name string, prices map[st
 	}
 	b.rdb.SAdd(ctx, rateCardsKey(), name)
 	c.Version = v
+	// Accounts on this card follow its newest version: every gateway's
+	// price cache drops the old one before this call returns.
+	if err := b.db.Invalidate(ctx); err != nil {
+		return c, fmt.Errorf("create rate card: announce: %w", err)
+	}
 	return c, nil
 }
 
@@ -146,8 +151,13 @@ func (b *Billing) SetSettings(ctx context.Context, s Settings) error {
 			return err
 		}
 	}
-	return b.rdb.HSet(ctx, settingsKey(s.AccountID), "configured", "1", "rate_card", s.RateCard,
-		"currency", s.Currency, "credit_limit", s.CreditLimitMicros, "postpaid", boolField(s.Postpaid)).Err()
+	if err := b.rdb.HSet(ctx, settingsKey(s.AccountID), "configured", "1", "rate_card", s.RateCard,
+		"currency", s.Currency, "credit_limit", s.CreditLimitMicros, "postpaid", boolField(s.Postpaid)).Err(); err != nil {
+		return err
+	}
+	// Every gateway's price cache drops the account's old settings before
+	// this call returns.
+	return b.db.Invalidate(ctx)
 }
 
 func boolField(v bool) string {
@@ -174,19 +184,19 @@ func (b *Billing) Settings(ctx context.Context, acct string) (Settings, error) {
 
 // Price returns the price a workspace of size admitted now for acct gets,
 // its worst case included.
+//
+// The settings and the rate card come from the price cache when it is
+// live (see [PriceCache]).
 func (b *Billing) Price(ctx context.Context, acct, size string, created, expires time.Time) (sandgate.Price, error) {
-	s, err := b.Settings(ctx, acct)
+	pr, err := b.pricing(ctx, acct)
 	if err != nil {
 		return sandgate.Price{}, err
 	}
-	p := sandgate.Price{Currency: s.Currency}
-	if s.RateCard == "" {
+	p := sandgate.Price{Currency: pr.settings.Currency}
+	if pr.card == nil {
 		return p, nil
 	}
-	c, err := b.RateCard(ctx, s.RateCard, 0)
-	if err != nil {
-		return p, err
-	}
+	c := *pr.card
 	unit, ok := c.Prices[size]
 	if !ok {
 		return p, fmt.Errorf("rate card %s v%d has no price for size %q", c.Name, c.Version, size)

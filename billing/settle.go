@@ -48,6 +48,74 @@ func (b *Billing) Settle(ctx context.Context, w sandgate.Workspace) error {
 	return nil
 }
 
+// FinishAndSettle records the provider-confirmed end at at of the
+// terminating workspace w and settles it (as [Billing.Settle] would), in
+// one script: store's finish_workspace transition ([store.FinishLua])
+// followed by the charge, so that a release costs one round trip after
+// the provider's terminate. w must be the record as it is now, read after
+// its termination began (store.DB.BeginRelease answers it): its start,
+// price and creation month decide the entries. When the record is no
+// longer terminating (another process recorded the end first) nothing is
+// charged by the script and it settles as Settle does, from the record.
+// It returns the record as the script left it.
+//
+// It implements termination.FinishSettler.
+func (b *Billing) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time) (sandgate.Workspace, error) {
+	wsKey, atMS, retention := b.db.FinishArgs(w, at)
+	cur := w
+	cur.State, cur.TerminatedAt = sandgate.WorkspaceTerminated, time.UnixMilli(atMS).UTC()
+	_, end := Metered(cur)
+	es, err := b.entries(cur, periods(cur.ID, cur.StartedAt, end, time.Time{}))
+	var keys []string
+	var args []any
+	if err == nil {
+		keys, args, err = chargeBinding(cur, wsKey, es, "settle", atMS, retention)
+	}
+	if err != nil { // not reached for a record admission priced; the plain path keeps the end
+		if ferr := b.db.FinishTerminate(ctx, w, at); ferr != nil {
+			return w, ferr
+		}
+		return w, fmt.Errorf("settle %s: %w", w.ID, err)
+	}
+	res, err := finishSettleScript.Run(ctx, b.rdb, keys, args...).Slice()
+	if err != nil {
+		return w, fmt.Errorf("finish and settle %s: %w", w.ID, err)
+	}
+	if len(res) != 3 {
+		return w, fmt.Errorf("finish and settle %s: unexpected script result %v", w.ID, res)
+	}
+	n, _ := res[0].(int64)
+	queued, _ := res[1].(int64)
+	rec, err := store.DecodeWorkspace(res[2])
+	if err != nil {
+		return w, fmt.Errorf("finish and settle %s: %w", w.ID, err)
+	}
+	if n < 0 {
+		// Not terminating: settled from the record by whoever ended it,
+		// or now (idempotent by entry id).
+		return rec, b.Settle(ctx, rec)
+	}
+	if queued == 1 {
+		b.FlushAlerts(ctx, w.AccountID)
+	}
+	if n > 0 {
+		b.countSettled(ctx, es, int(n))
+	}
+	return rec, nil
+}
+
+// finishSettleScript records a workspace's end and settles it: the
+// finish_workspace transition of [store.FinishLua], then chargeLua in
+// settle mode. KEYS as chargeScript's; ARGV as chargeScript's with two
+// more after ARGV[3]: ARGV[4] terminated (unix ms), ARGV[5] the record's
+// retention (ms). Returns {appended, queued, record} once finished, or
+// {-1, 0, record} when the record was not terminating (nothing changed).
+var finishSettleScript = redis.NewScript(store.FinishLua + appendLua + budgetLua + "local off = 2\nlocal function charge()\n" + chargeLua + `end
+if not finish_workspace(KEYS[8], ARGV[4], ARGV[5]) then return {-1, 0, redis.call('HGETALL', KEYS[8])} end
+local r = charge()
+return {r[1], r[2], redis.call('HGETALL', KEYS[8])}
+`)
+
 // Metered is a terminated workspace's metered_seconds and the end they
 // run to: the whole seconds from the provider-confirmed start to the
 // recorded end, rounded up. The provider enforces expires_at

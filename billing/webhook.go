@@ -151,26 +151,6 @@ func VerifyWebhook(secret sandgate.Secret, header string, body []byte, now time.
 	return nil
 }
 
-// Webhook deliveries live in one hash slot, {webhook}, so that the
-// scripts below touch one Redis Cluster slot.
-
-// webhookDueKey is the ZSET of alert deliveries, score the unix ms at
-// which each is next due (a claimed delivery is pushed past its attempt's
-// end, so a deliverer that dies hands it back). Example: sg:{webhook}:due
-func webhookDueKey() string { return prefix + "{webhook}:due" }
-
-// webhookDeliveriesKey is the HASH of pending deliveries: field the event
-// id, value the JSON [delivery]. Example: sg:{webhook}:deliveries
-func webhookDeliveriesKey() string { return prefix + "{webhook}:deliveries" }
-
-// webhookDoneKey marks a delivered (or abandoned) event id, so a second
-// enqueue of it is a no-op. Example: sg:{webhook}:done:bga_…
-func webhookDoneKey(id string) string { return prefix + "{webhook}:done:" + id }
-
-// webhookDeadKey is the LIST of event ids given up on, newest last, capped.
-// Example: sg:{webhook}:dead
-func webhookDeadKey() string { return prefix + "{webhook}:dead" }
-
 // webhookDoneTTL keeps done marks past any month's alerts.
 const webhookDoneTTL = 40 * 24 * time.Hour
 

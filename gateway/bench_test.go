@@ -14,17 +14,21 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/noop"
 )
 
 // benchReport reports the round trips per operation since the last reset.
@@ -77,12 +81,63 @@ func BenchmarkLease(b *testing.B) {
 	benchReport(b, e)
 }
 
-// BenchmarkAcquireNoopProvider is POST /v1/workspaces with a provider whose
-// create costs nothing: authentication, the idempotency check, admission,
-// confirm and the status read. Each op uses a fresh Idempotency-Key, and
-// the limit is high enough that admission never refuses.
+// BenchmarkLeaseVsTLSFloor alternates, in one run, a warm GET /v1/lease
+// with the request-rate limits on and a minimal TLS handler that serves
+// the same body from memory with no Redis at all (the floor), each over
+// its own keep-alive connection, and reports their ratio: floor-ns ÷
+// lease-ns, the lease's throughput as a share of the floor's (target ≥
+// 0.9). The read limit's burst is the production one (so the limiter
+// borrows in its production batches), its rate high enough that nothing
+// is refused.
+func BenchmarkLeaseVsTLSFloor(b *testing.B) {
+	read := admission.DefaultRates[admission.ClassRead]
+	read.PerSecond = 1e9
+	e := rtStart(b, rtOptions{rateLimited: true, rates: map[admission.Class]admission.Rate{admission.ClassRead: read}})
+	req := benchRequest(b, e, http.MethodGet, "/v1/lease", "", nil)
+	resp, err := e.client.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	floor := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+	}))
+	b.Cleanup(floor.Close)
+	fc := floor.Client()
+	freq, err := http.NewRequest(http.MethodGet, floor.URL+"/v1/lease", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	freq.Header = req.Header.Clone()
+	var leaseNS, floorNS time.Duration
+	e.rt.reset()
+	for b.Loop() {
+		t0 := time.Now()
+		r, err := fc.Do(freq)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+		t1 := time.Now()
+		benchSend(b, e, req, "", http.StatusOK)
+		floorNS, leaseNS = floorNS+t1.Sub(t0), leaseNS+time.Since(t1)
+	}
+	benchReport(b, e)
+	b.ReportMetric(float64(leaseNS.Nanoseconds())/float64(b.N), "lease-ns/op")
+	b.ReportMetric(float64(floorNS.Nanoseconds())/float64(b.N), "floor-ns/op")
+	b.ReportMetric(float64(floorNS)/float64(leaseNS), "lease÷floor")
+}
+
+// BenchmarkAcquireNoopProvider is POST /v1/workspaces on the noop
+// provider (providers/noop), whose create costs nothing: authentication,
+// the idempotency check, admission and the confirm that answers the
+// record. Each op uses a fresh Idempotency-Key, and the limit is high
+// enough that admission never refuses.
 func BenchmarkAcquireNoopProvider(b *testing.B) {
-	e := rtStart(b, rtOptions{maxConcurrent: 1 << 30})
+	e := rtStart(b, rtOptions{maxConcurrent: 1 << 30, provider: noop.New("bench")})
 	e.acquire(b) // loads the scripts
 	e.rt.reset()
 	for b.Loop() {
@@ -91,6 +146,19 @@ func BenchmarkAcquireNoopProvider(b *testing.B) {
 	}
 	benchReport(b, e)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "acquires/s")
+}
+
+// BenchmarkAcquireReleaseNoopProvider is an acquire and its release on the
+// noop provider, one pair at a time: five round trips a pair.
+func BenchmarkAcquireReleaseNoopProvider(b *testing.B) {
+	e := rtStart(b, rtOptions{maxConcurrent: 1 << 30, provider: noop.New("bench")})
+	e.mustDo(b, http.MethodDelete, "/v1/workspaces/"+e.acquire(b), "", nil, http.StatusOK) // loads the scripts
+	e.rt.reset()
+	for b.Loop() {
+		e.mustDo(b, http.MethodDelete, "/v1/workspaces/"+e.acquire(b), "", nil, http.StatusOK)
+	}
+	benchReport(b, e)
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
 }
 
 // BenchmarkExecFakeProvider is POST …/exec with a provider that answers at

@@ -72,7 +72,24 @@ type Deps struct {
 	Controls *Controls
 	Clock    sandgate.Clock
 	Log      *slog.Logger // nil discards
+	// Caches are in-process caches of other packages (billing's prices)
+	// that Run's invalidation subscription drives with the gateway's own.
+	// Optional.
+	Caches []Cache
 }
+
+// Cache is a cache outside the gateway that is trusted only while an
+// invalidation subscription is up, and dropped on every invalidation.
+type Cache interface {
+	Invalidate()
+	SetLive(live bool)
+}
+
+// externalCache adapts a Cache to the subscription loop.
+type externalCache struct{ c Cache }
+
+func (e externalCache) invalidate()       { e.c.Invalidate() }
+func (e externalCache) setLive(live bool) { e.c.SetLive(live) }
 
 // MetricRequests counts requests by route (the method and route template,
 // or "unmatched"), status and protocol code: bounded attributes only, never
@@ -97,6 +114,7 @@ type Server struct {
 	requests metric.Int64Counter
 	routeSet map[string]bool // "METHOD /template" of every route, for requests
 	tel      serverTelemetry
+	external []Cache
 }
 
 // New returns a Server. A missing dependency is an error.
@@ -125,7 +143,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, db: d.DB, provs: d.Providers, saga: d.Saga, clock: d.Clock, log: log,
-		cache: newCache[store.Auth](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator}
+		cache: newCache[store.Auth](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
 	s.inflight = newInflight(cfg)
 	s.echo = s.routes()
 	s.routeSet = map[string]bool{}
@@ -150,7 +168,11 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // Run keeps the auth cache's invalidation subscription up until ctx ends.
 // Until it has subscribed, every request reads the token from Redis.
 func (s *Server) Run(ctx context.Context) {
-	subscribe(ctx, s.db, s.log, s.cache, s.controls.cache)
+	caches := []invalidator{s.cache, s.controls.cache}
+	for _, c := range s.external {
+		caches = append(caches, externalCache{c})
+	}
+	subscribe(ctx, s.db, s.log, caches...)
 }
 
 func (s *Server) routes() *echo.Echo {

@@ -197,19 +197,22 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 // release is DELETE /v1/workspaces/{id}: idempotent, never refused for
 // funds, budgets, pauses or stops (spec §Release).
 func (s *Server) release(c echo.Context) error {
-	w, err := s.loadWorkspace(c)
-	if err != nil {
-		return err
+	id := c.Param("id")
+	if !policy.ValidID(id) {
+		return errNotFound
 	}
-	ctx := context.WithoutCancel(c.Request().Context())
-	// A starting workspace is finished by its Acquire, which sees the
-	// release when it confirms; a terminating one is retried here.
-	if _, err := s.term.Terminate(ctx, w, sandgate.ReasonReleased); err != nil && !errors.Is(err, termination.ErrProvider) && !errors.Is(err, store.ErrNotFound) {
+	a := authFrom(c)
+	// Two round trips (termination.Terminator.Release): start the
+	// termination, reading the record; after the provider's terminate,
+	// record the end and settle. A starting workspace is finished by its
+	// Acquire, which sees the release when it confirms; a terminating one
+	// is retried here.
+	w, err := s.term.Release(c.Request().Context(), a.Lease.AccountID, a.Lease.InstanceID, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return errNotFound
+	case err != nil && !errors.Is(err, termination.ErrProvider):
 		return unavailable(err)
 	}
-	cur, err := s.db.Workspace(ctx, w.AccountID, w.ID)
-	if err != nil {
-		return unavailable(err)
-	}
-	return c.JSON(http.StatusOK, s.status(cur))
+	return c.JSON(http.StatusOK, s.status(w))
 }

@@ -77,18 +77,21 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 	ws.ID = sandgate.NewID(sandgate.PrefixWorkspace)
 	ws.AccountID, ws.InstanceID, ws.Provider = in.AccountID, in.ID, prov.Name
 
-	err = s.admit.Admit(ctx, &admission.Request{
+	areq := &admission.Request{
 		Workspace: ws, Scope: scope,
 		Keys:    store.AdmissionKeys(ws.AccountID, ws.InstanceID, ws.ID, keyHash),
 		KeyHash: keyHash, RequestHash: reqHash, Now: now,
-	})
+	}
+	err = s.admit.Admit(ctx, areq)
 	if rec, ok := admission.IsReplay(err); ok { // a concurrent request claimed the key first
 		return s.replayAcquire(ctx, in, rec, reqHash)
 	}
 	if err != nil {
 		return Acquired{}, err
 	}
-	s.holds.FlushAlerts(ctx, ws.AccountID)
+	if areq.Queued {
+		s.holds.FlushAlerts(ctx, ws.AccountID)
+	}
 
 	// The create must finish even if the client goes away: the slot and
 	// the key are already held, and only this goroutine can settle them.
@@ -136,16 +139,20 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 	if started.IsZero() {
 		started = s.clock.Now()
 	}
-	ok, err = s.db.Confirm(ctx, ws, sb.Ref, started, keyHash, reqHash)
-	if err != nil || !ok {
-		// Released while starting, pending slot lost, or Redis failed:
-		// nothing may run that the broker does not account for.
-		s.terminateSandbox(ctx, ws, sb.Ref)
-		if err != nil {
-			return Acquired{}, Unavailable(err)
-		}
+	// The confirm answers with the record it left: the answer costs no
+	// further read (acquire's third and last round trip).
+	cur, ok, err := s.db.ConfirmRecord(ctx, ws, sb.Ref, started, keyHash, reqHash)
+	if err == nil && ok {
+		return Acquired{Workspace: cur}, nil
 	}
-	cur, err := s.db.Workspace(ctx, ws.AccountID, ws.ID)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		// Redis failed: nothing may run that the broker does not account for.
+		s.terminateSandbox(ctx, ws, sb.Ref)
+		return Acquired{}, Unavailable(err)
+	}
+	// Released while starting, or pending slot lost.
+	s.terminateSandbox(ctx, ws, sb.Ref)
+	cur, err = s.db.Workspace(ctx, ws.AccountID, ws.ID)
 	if err != nil {
 		return Acquired{}, Unavailable(err)
 	}

@@ -37,7 +37,3 @@ func (db *DB) ClaimDataDir(ctx context.Context, provider string, d DataDir) (Dat
 	}
 	return got, nil
 }
-
-// DataDirKey is the key ClaimDataDir writes, for the operator's message
-// on how to retire a data directory.
-func DataDirKey(provider string) string { return dataDirKey(provider) }

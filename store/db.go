@@ -63,7 +63,11 @@ func New(rdb redis.UniversalClient, cfg Config) *DB {
 // Config returns the effective configuration.
 func (db *DB) Config() Config { return db.cfg }
 
-// Redis returns the underlying client, for health checks and benchmarks.
+// Redis returns the underlying client: the packages that own keys of
+// their own in the same Redis (billing's, admission's; see README.md) are
+// built over it, and health checks and benchmarks use it. Keys the store
+// owns are reached only through the store's methods, or handed out by it
+// (AdmissionKeys, FinishArgs).
 func (db *DB) Redis() redis.UniversalClient { return db.rdb }
 
 // Ping checks that Redis answers.
@@ -87,6 +91,12 @@ func mustJSON(v any) string {
 	}
 	return string(b)
 }
+
+// Invalidate announces a change to state that another package caches in
+// process (billing's settings and rate cards) on the same channel as
+// token, instance and control changes, and waits like they do until every
+// gateway confirmed it dropped its caches.
+func (db *DB) Invalidate(ctx context.Context) error { return db.publishInvalidate(ctx) }
 
 // invalidateAckTimeout bounds how long a change waits for the gateways to
 // confirm that they dropped their auth caches.

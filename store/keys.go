@@ -30,6 +30,10 @@ func leaseIndexKey(id string) string { return prefix + "lease:" + id }
 // workspaces from. Example: sg:datadir:local
 func dataDirKey(provider string) string { return prefix + "datadir:" + provider }
 
+// DataDirKey is the key ClaimDataDir writes, for the operator's message
+// on how to retire a data directory. Example: sg:datadir:local
+func DataDirKey(provider string) string { return dataDirKey(provider) }
+
 // tokenKey is a lease's JSON record, keyed by the token's SHA-256. Example: sg:token:9f86…
 func tokenKey(hash string) string { return prefix + "token:" + hash }
 
@@ -60,7 +64,9 @@ func idempotencyKey(acct, inst, op, keyHash string) string {
 func invalidateAckKey(nonce string) string { return prefix + "invalidate:ack:" + nonce }
 
 // InvalidateChannel is the pub/sub channel on which every change to a
-// token or an instance is announced, so gateways drop their auth caches.
+// token, an instance, a control or a price (billing's settings and rate
+// cards, through DB.Invalidate) is announced, so gateways drop their
+// caches. Example: sg:invalidate
 const InvalidateChannel = prefix + "invalidate"
 
 // openKey is the ZSET of an account's open workspaces across all its

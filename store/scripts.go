@@ -13,15 +13,18 @@ import "github.com/redis/go-redis/v9"
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] idempotency STRING, KEYS[4] account open ZSET
 // ARGV[1] workspace id, ARGV[2] expires_at (unix ms), ARGV[3] provider ref,
 // ARGV[4] started (unix ms), ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms)
-// Returns 1 confirmed, 0 refused.
+// Returns {1, record} confirmed or {0, record} refused, record the
+// workspace HASH as HGETALL answers it (empty when there is none), so the
+// Acquire's answer costs no further round trip.
 var confirmScript = redis.NewScript(`
 redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
-if redis.call('HGET', KEYS[2], 'state') ~= 'starting' then return 0 end
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+if redis.call('HGET', KEYS[2], 'state') ~= 'starting' or not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return {0, redis.call('HGETALL', KEYS[2])}
+end
 redis.call('HSET', KEYS[2], 'state', 'running', 'provider_ref', ARGV[3], 'started_ms', ARGV[4], 'activity_ms', ARGV[4])
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
-return 1
+return {1, redis.call('HGETALL', KEYS[2])}
 `)
 
 // abortScript removes every trace of an Acquire whose create failed before
@@ -50,27 +53,37 @@ return 1
 // (running, an idle timeout behind both its last activity and busy_ms), so
 // an exec that touches the workspace meanwhile always wins over the reaper.
 //
+// With ARGV[5] set (a release) the record must belong to that instance,
+// else it reads as absent and nothing changes; and the record as the
+// script left it is returned too, so that a release needs no other read.
+//
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] account open ZSET
 // ARGV[1] workspace id, ARGV[2] termination reason, ARGV[3] now (unix ms),
-// ARGV[4] condition ("", "expired" or "idle")
-// Returns {0} no record, {1, state} already terminating or terminated,
-// {2, previous state} termination started, {3, state} condition not met.
+// ARGV[4] condition ("", "expired" or "idle"), ARGV[5] owning instance id or ""
+// Returns {0, ""} no record, {1, state} already terminating or terminated,
+// {2, previous state} termination started, {3, state} condition not met;
+// with ARGV[5], each followed by the record (HGETALL's list; empty for 0).
 var terminateScript = redis.NewScript(`
+local function out(code, st)
+  if ARGV[5] ~= '' and code ~= 0 then return {code, st, redis.call('HGETALL', KEYS[2])} end
+  return {code, st}
+end
 local st = redis.call('HGET', KEYS[2], 'state')
 if not st then return {0, ''} end
-if st == 'terminated' or st == 'terminating' then return {1, st} end
+if ARGV[5] ~= '' and redis.call('HGET', KEYS[2], 'instance') ~= ARGV[5] then return {0, ''} end
+if st == 'terminated' or st == 'terminating' then return out(1, st) end
 local now = tonumber(ARGV[3])
 if ARGV[4] == 'expired' then
-  if st ~= 'running' or tonumber(redis.call('HGET', KEYS[2], 'expires_ms') or '0') > now then return {3, st} end
+  if st ~= 'running' or tonumber(redis.call('HGET', KEYS[2], 'expires_ms') or '0') > now then return out(3, st) end
 elseif ARGV[4] == 'idle' then
   local f = redis.call('HMGET', KEYS[2], 'idle_ms', 'activity_ms', 'busy_ms')
   local idle, last = tonumber(f[1]) or 0, math.max(tonumber(f[2]) or 0, tonumber(f[3]) or 0)
-  if st ~= 'running' or idle <= 0 or last + idle > now then return {3, st} end
+  if st ~= 'running' or idle <= 0 or last + idle > now then return out(3, st) end
 end
 redis.call('HSET', KEYS[2], 'state', 'terminating', 'reason', ARGV[2], 'terminating_ms', ARGV[3])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-return {2, st}
+return out(2, st)
 `)
 
 // finishScript records a termination the provider confirmed and starts the
@@ -79,12 +92,27 @@ return {2, st}
 // KEYS[1] workspace HASH
 // ARGV[1] terminated (unix ms), ARGV[2] retention (ms)
 // Returns 1 finished, 0 not terminating.
-var finishScript = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'state') ~= 'terminating' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'terminated', 'terminated_ms', ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
+var finishScript = redis.NewScript(FinishLua + `
+if finish_workspace(KEYS[1], ARGV[1], ARGV[2]) then return 1 end
+return 0
 `)
+
+// FinishLua defines the Lua function finish_workspace(key, at, retention):
+// the provider-confirmed end of the terminating workspace whose record is
+// key (state terminated, terminated_ms at, retention in ms starts); it
+// returns false, changing nothing, when the record is not terminating. It
+// is the one definition of that transition: finishScript runs it, and
+// billing's settle-at-finish script (billing.Billing.FinishAndSettle)
+// splices it in so that a release records its end and settles in one
+// step. Bind its arguments with [DB.FinishArgs].
+const FinishLua = `
+local function finish_workspace(key, at, retention)
+  if redis.call('HGET', key, 'state') ~= 'terminating' then return false end
+  redis.call('HSET', key, 'state', 'terminated', 'terminated_ms', at)
+  redis.call('PEXPIRE', key, retention)
+  return true
+end
+`
 
 // auditScript appends one operator audit entry. The entry's id is the
 // event's time, or the newest entry's when that is later (a gateway whose

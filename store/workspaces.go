@@ -53,19 +53,55 @@ func (db *DB) FreeKey(ctx context.Context, acct, inst, op, keyHash string) error
 // release, or its pending slot expired); the caller must then terminate
 // the sandbox. Either way the Idempotency-Key is marked done.
 func (db *DB) Confirm(ctx context.Context, w sandgate.Workspace, providerRef string, startedAt time.Time, keyHash, requestHash string) (bool, error) {
+	_, ok, err := db.ConfirmRecord(ctx, w, providerRef, startedAt, keyHash, requestHash)
+	return ok, err
+}
+
+// ConfirmRecord is Confirm that also returns the workspace's record as the
+// same script left it (ErrNotFound when there is none), so an Acquire
+// answers without another read.
+func (db *DB) ConfirmRecord(ctx context.Context, w sandgate.Workspace, providerRef string, startedAt time.Time, keyHash, requestHash string) (sandgate.Workspace, bool, error) {
 	keys := []string{
 		liveKey(w.AccountID, w.InstanceID),
 		workspaceKey(w.AccountID, w.ID),
 		idempotencyKey(w.AccountID, w.InstanceID, OpAcquire, keyHash),
 		openKey(w.AccountID),
 	}
-	n, err := confirmScript.Run(ctx, db.rdb, keys, w.ID, ms(w.ExpiresAt), providerRef, ms(startedAt),
+	res, err := confirmScript.Run(ctx, db.rdb, keys, w.ID, ms(w.ExpiresAt), providerRef, ms(startedAt),
 		mustJSON(IdemRecord{Hash: requestHash, WorkspaceID: w.ID, State: IdemDone}),
-		db.cfg.IdempotencyTTL.Milliseconds()).Int()
+		db.cfg.IdempotencyTTL.Milliseconds()).Slice()
 	if err != nil {
-		return false, fmt.Errorf("confirm: %w", err)
+		return sandgate.Workspace{}, false, fmt.Errorf("confirm: %w", err)
 	}
-	return n == 1, nil
+	if len(res) != 2 {
+		return sandgate.Workspace{}, false, fmt.Errorf("confirm: unexpected script result %v", res)
+	}
+	ok, _ := res[0].(int64)
+	m, err := flatHash(res[1])
+	if err != nil {
+		return sandgate.Workspace{}, false, fmt.Errorf("confirm: %w", err)
+	}
+	if len(m) == 0 {
+		return sandgate.Workspace{}, ok == 1, ErrNotFound
+	}
+	cur, err := parseWorkspace(m)
+	return cur, ok == 1, err
+}
+
+// flatHash decodes a HASH a script returned as HGETALL's flat list of
+// fields and values.
+func flatHash(v any) (map[string]string, error) {
+	xs, ok := v.([]any)
+	if !ok || len(xs)%2 != 0 {
+		return nil, fmt.Errorf("not a field/value list: %T", v)
+	}
+	m := make(map[string]string, len(xs)/2)
+	for i := 0; i < len(xs); i += 2 {
+		k, _ := xs[i].(string)
+		val, _ := xs[i+1].(string)
+		m[k] = val
+	}
+	return m, nil
 }
 
 // Abort removes an Acquire whose create failed: record, slot, index entry
@@ -131,13 +167,53 @@ const (
 // now; otherwise it returns the current state with started false.
 func (db *DB) BeginTerminateIf(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, now time.Time, cond string) (prev sandgate.WorkspaceState, started bool, err error) {
 	keys := []string{liveKey(w.AccountID, w.InstanceID), workspaceKey(w.AccountID, w.ID), openKey(w.AccountID)}
-	res, err := terminateScript.Run(ctx, db.rdb, keys, w.ID, string(reason), ms(now), cond).Slice()
+	res, err := terminateScript.Run(ctx, db.rdb, keys, w.ID, string(reason), ms(now), cond, "").Slice()
 	if err != nil {
 		return "", false, fmt.Errorf("terminate: %w", err)
 	}
 	code, _ := res[0].(int64)
 	st, _ := res[1].(string)
 	return sandgate.WorkspaceState(st), code == 2, nil
+}
+
+// BeginRelease is BeginTerminate for a client's release of workspace id
+// through a token of instance inst: in one round trip it checks that the
+// record belongs to inst (ErrNotFound otherwise, and when there is none),
+// starts the termination unless it has begun, and returns the record as it
+// left it with the state before the call.
+func (db *DB) BeginRelease(ctx context.Context, acct, inst, id string, reason sandgate.TerminationReason, now time.Time) (prev sandgate.WorkspaceState, started bool, rec sandgate.Workspace, err error) {
+	keys := []string{liveKey(acct, inst), workspaceKey(acct, id), openKey(acct)}
+	res, err := terminateScript.Run(ctx, db.rdb, keys, id, string(reason), ms(now), CondNone, inst).Slice()
+	if err != nil {
+		return "", false, sandgate.Workspace{}, fmt.Errorf("release: %w", err)
+	}
+	code, _ := res[0].(int64)
+	if code == 0 || len(res) != 3 {
+		return "", false, sandgate.Workspace{}, ErrNotFound
+	}
+	st, _ := res[1].(string)
+	rec, err = DecodeWorkspace(res[2])
+	return sandgate.WorkspaceState(st), code == 2, rec, err
+}
+
+// DecodeWorkspace decodes a workspace record that a script returned as
+// HGETALL's flat list of fields and values (a script that splices
+// [FinishLua] answers its record so). Returns ErrNotFound for an empty one.
+func DecodeWorkspace(v any) (sandgate.Workspace, error) {
+	m, err := flatHash(v)
+	if err != nil {
+		return sandgate.Workspace{}, fmt.Errorf("store: workspace record: %w", err)
+	}
+	if len(m) == 0 {
+		return sandgate.Workspace{}, ErrNotFound
+	}
+	return parseWorkspace(m)
+}
+
+// FinishArgs are the key and arguments of [FinishLua]'s finish_workspace
+// for w ended at at: the record's key, at (unix ms), the retention (ms).
+func (db *DB) FinishArgs(w sandgate.Workspace, at time.Time) (key string, atMS, retentionMS int64) {
+	return workspaceKey(w.AccountID, w.ID), ms(at), db.cfg.Retention.Milliseconds()
 }
 
 // FinishTerminate records the provider-confirmed end of a terminating

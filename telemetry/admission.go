@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -106,13 +107,39 @@ type Settler interface {
 }
 
 // Settlement returns s with every settlement a span ("billing settle").
+// When s also finishes and settles in one step (termination.FinishSettler,
+// as billing does), so does the result.
 func Settlement(s Settler, tp trace.TracerProvider) Settler {
-	return &settler{s: s, tracer: tp.Tracer(ScopeName + "/billing")}
+	st := &settler{s: s, tracer: tp.Tracer(ScopeName + "/billing")}
+	if _, ok := s.(finishSettler); ok {
+		return finishingSettler{st}
+	}
+	return st
 }
 
 type settler struct {
 	s      Settler
 	tracer trace.Tracer
+}
+
+// finishSettler is termination.FinishSettler.
+type finishSettler interface {
+	FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time) (sandgate.Workspace, error)
+}
+
+// finishingSettler is a settler whose wrapped settler also finishes and
+// settles in one step (billing does), which it passes through in a span.
+type finishingSettler struct{ *settler }
+
+func (s finishingSettler) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time) (sandgate.Workspace, error) {
+	ctx, span := s.tracer.Start(ctx, "billing settle", trace.WithAttributes(
+		attribute.String("sandgate.workspace_id", w.ID), attribute.String("sandgate.account_id", w.AccountID)))
+	defer span.End()
+	cur, err := s.s.(finishSettler).FinishAndSettle(ctx, w, at)
+	if err != nil {
+		span.SetStatus(codes.Error, "settlement failed")
+	}
+	return cur, err
 }
 
 func (s *settler) Settle(ctx context.Context, w sandgate.Workspace) error {

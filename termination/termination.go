@@ -49,6 +49,14 @@ type Settler interface {
 	Settle(ctx context.Context, w sandgate.Workspace) error
 }
 
+// FinishSettler is an optional interface of a Settler: it records a
+// terminating workspace's confirmed end at at and settles it in one step
+// (billing.Billing.FinishAndSettle), returning the record as it left it.
+// w is the record as it is now. Release uses it.
+type FinishSettler interface {
+	FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time) (sandgate.Workspace, error)
+}
+
 // SetSettler makes every confirmed end settle the workspace's usage. Call
 // it before the Terminator is used.
 func (t *Terminator) SetSettler(s Settler) { t.settler = s }
@@ -98,6 +106,55 @@ func (t *Terminator) TerminateIf(ctx context.Context, w sandgate.Workspace, reas
 	}
 	ok, err = t.Finish(ctx, w)
 	return ok, started, err
+}
+
+// Release ends workspace id for a client of instance inst (account
+// acct): the release, in two Redis round trips. The first starts the
+// termination (store.DB.BeginRelease: ownership checked, slot freed, the
+// record answered); the provider then ends the sandbox; the second records
+// the end and settles (FinishSettler), answering the final record. A
+// workspace of another instance, or none, is store.ErrNotFound. One still
+// starting is left to its Acquire, one already terminated is answered as
+// it is. A provider failure leaves it terminating for a later retry and
+// returns the record with an error wrapping ErrProvider.
+func (t *Terminator) Release(ctx context.Context, acct, inst, id string) (sandgate.Workspace, error) {
+	ctx = context.WithoutCancel(ctx)
+	prev, started, rec, err := t.db.BeginRelease(ctx, acct, inst, id, sandgate.ReasonReleased, t.clock.Now())
+	if err != nil {
+		return rec, err
+	}
+	if prev == sandgate.WorkspaceTerminated || (started && prev == sandgate.WorkspaceStarting) {
+		return rec, nil
+	}
+	if rec.ProviderRef != "" && t.provs != nil {
+		if err := t.terminate(ctx, rec); err != nil && !errors.Is(err, providers.ErrSandboxGone) {
+			t.log.Error("provider terminate failed; will retry", sandgate.WorkspaceAttr(rec.ID), slog.Any("err", err))
+			return rec, fmt.Errorf("%w: %w", ErrProvider, err)
+		}
+	}
+	fs, ok := t.settler.(FinishSettler)
+	if !ok { // no billing, or one without the one-step path: step by step
+		if err := t.db.FinishTerminate(ctx, rec, t.clock.Now()); err != nil {
+			return rec, err
+		}
+		if t.settler != nil {
+			if err := t.settler.Settle(ctx, rec); err != nil {
+				t.log.Error("terminate: settle usage", sandgate.WorkspaceAttr(rec.ID), slog.Any("err", err))
+			}
+		}
+		return t.db.Workspace(ctx, acct, id)
+	}
+	cur, err := fs.FinishAndSettle(ctx, rec, t.clock.Now())
+	if err != nil {
+		// The end may be recorded with the settlement failed: the hold
+		// stays open, reconcile reports it and billing's repair settles it.
+		t.log.Error("terminate: record end and settle", sandgate.WorkspaceAttr(rec.ID), slog.Any("err", err))
+		if cur.State == sandgate.WorkspaceTerminated {
+			return cur, nil
+		}
+		return rec, err
+	}
+	return cur, nil
 }
 
 // FailCreate ends a workspace whose create nobody confirmed (its gateway

@@ -16,6 +16,14 @@
 // past its memory limit.
 //
 //	go run ./cmd/sandgate-load -noisy [-n 200] [-hold 300s]
+//
+// With -acquire it measures acquire + release throughput instead
+// (acquire.go): a real `sandgate serve` over a private redis-server with
+// one provider of kind noop, C clients running N acquire+release pairs,
+// alternating with redis-benchmark's EVALSHA of `return 1` on the same
+// server, reported as their ratio.
+//
+//	go run ./cmd/sandgate-load -acquire [-pairs 2000] [-c 8] [-rounds 3] [-log-level info]
 package main
 
 import (
@@ -54,13 +62,21 @@ func main() {
 	noisy := flag.Bool("noisy", false, "measure noisy neighbours instead: exec true latency in one workspace, quiet and beside a fork tree and a memory hog")
 	n := flag.Int("n", 200, "-noisy: sequential `exec true` per phase")
 	hold := flag.Duration("hold", 300*time.Second, "-noisy: the neighbours' durable commands' timeout (they are cancelled before)")
+	acq := flag.Bool("acquire", false, "measure acquire+release throughput with the noop provider beside redis-benchmark EVALSHA instead")
+	pairs := flag.Int("pairs", 2000, "-acquire: acquire+release pairs per round")
+	clients := flag.Int("c", 8, "-acquire: concurrent clients")
+	rounds := flag.Int("rounds", 3, "-acquire: rounds, each redis-benchmark then the broker")
+	level := flag.String("log-level", "info", "-acquire: the broker's log level (info writes one line per request)")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	var err error
-	if *noisy {
+	switch {
+	case *acq:
+		err = runAcquire(ctx, acquireOptions{bin: *bin, n: *pairs, c: *clients, rounds: max(*rounds, 1), level: *level})
+	case *noisy:
 		err = runNoisy(ctx, *bin, *n, *hold)
-	} else {
+	default:
 		err = run(ctx, *bin, *before, *execs, *size)
 	}
 	if err != nil {

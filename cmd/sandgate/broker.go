@@ -157,7 +157,7 @@ func (b *broker) run(ctx context.Context) error {
 		MaxInflightPerInstance:  b.cfg.Admission.Inflight.PerInstance,
 		InflightBytes:           b.cfg.Admission.Inflight.MaxBytes},
 		gateway.Deps{DB: db, Providers: provs, Saga: sg, Terminator: term, Limiter: admission.NewLimiter(b.rdb, rates),
-			Controls: controls, Clock: clock, Log: b.log.With("component", "gateway")})
+			Controls: controls, Clock: clock, Log: b.log.With("component", "gateway"), Caches: []gateway.Cache{bill.Prices()}})
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/noop"
 )
 
 // Config is the broker's one YAML file. Every field has an environment
@@ -254,6 +255,10 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 	}
 	c.providers = pcs
 	if c.DefaultProvider == "" {
+		// A provider that runs nothing is never the default by accident.
+		if pcs[0].Kind == noop.Kind {
+			return nil, fmt.Errorf("config: provider %q is of kind noop (runs nothing, for load tests): name it in default_provider to make it the default", pcs[0].Name)
+		}
 		c.DefaultProvider = pcs[0].Name
 	}
 	if !slices.ContainsFunc(pcs, func(p providers.Config) bool { return p.Name == c.DefaultProvider }) {

@@ -28,6 +28,10 @@ func TestConfigProviders(t *testing.T) {
 		{name: "no kind", yaml: "providers:\n  - {name: x}\n", wantErr: []string{`"x"`, "kind"}},
 		{name: "bad name", yaml: "providers:\n  - {name: Big_Name, kind: local}\n", wantErr: []string{"Big_Name"}},
 		{name: "unknown default", yaml: "providers:\n  - {name: a, kind: local}\ndefault_provider: z\n", wantErr: []string{`"z"`}},
+		{name: "noop, named the default", yaml: "providers:\n  - {name: bench, kind: noop}\ndefault_provider: bench\n",
+			wantNames: []string{"bench"}, wantDef: "bench"},
+		{name: "noop is never the default by accident", yaml: "providers:\n  - {name: bench, kind: noop}\n  - {name: local, kind: local}\n",
+			wantErr: []string{`"bench"`, "noop", "default_provider"}},
 		{name: "accept_new not a bool", yaml: "providers:\n  - {name: a, kind: local, accept_new: maybe}\n", wantErr: []string{`"a"`, "accept_new"}},
 	}
 	for _, tt := range tests {

@@ -6,6 +6,7 @@ import (
 	"github.com/sandgate/sandgate/providers/flysprites"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/providers/modal"
+	"github.com/sandgate/sandgate/providers/noop"
 )
 
 // kinds is the one table of the provider kinds this binary runs: a kind
@@ -18,5 +19,6 @@ func kinds(ex local.Egress) providers.Registry {
 		"modal":        modal.Open,
 		"fly-machines": flymachines.Open,
 		"fly-sprites":  flysprites.Open,
+		noop.Kind:      noop.Open, // load tests only: never a default, warns at startup
 	}
 }

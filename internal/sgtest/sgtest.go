@@ -584,7 +584,7 @@ func Wire(tb testing.TB, o WireOptions) Wired {
 		tb.Fatalf("saga.New: %v", err)
 	}
 	w.Gateway, err = gateway.New(o.Gateway, gateway.Deps{DB: o.DB, Providers: o.Providers, Saga: w.Saga, Terminator: w.Terminator,
-		Limiter: admission.NewLimiter(o.DB.Redis(), o.RateLimits), Controls: controls, Clock: o.Clock, Log: o.Log.With("component", "gateway")})
+		Limiter: admission.NewLimiter(o.DB.Redis(), o.RateLimits), Controls: controls, Clock: o.Clock, Log: o.Log.With("component", "gateway"), Caches: []gateway.Cache{w.Billing.Prices()}})
 	if err != nil {
 		tb.Fatalf("gateway.New: %v", err)
 	}

@@ -1,0 +1,439 @@
+package main
+
+// -acquire: acquire + release throughput against a real `sandgate serve`
+// whose one provider is of kind noop (nothing runs, so the figure is the
+// broker's: HTTP, TLS, admission, billing, Redis), beside redis-benchmark's
+// EVALSHA of `return 1` on the same redis-server, alternating, reported as
+// a ratio.
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha1"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandgate/sandgate/protocol"
+)
+
+// acquireOptions bound an -acquire run.
+type acquireOptions struct {
+	bin    string // sandgate binary; "" builds ./cmd/sandgate
+	n      int    // acquire+release pairs per round
+	c      int    // concurrent clients
+	rounds int    // rounds, each: redis-benchmark, then the broker
+	level  string // the broker's log level: info logs a line per request
+}
+
+const adminTokenEnv = "SANDGATE_LOAD_ADMIN_TOKEN"
+
+func runAcquire(ctx context.Context, o acquireOptions) error {
+	if _, err := exec.LookPath("redis-benchmark"); err != nil {
+		return errors.New("redis-benchmark not found: install redis-tools (Debian: a dependency of redis-server)")
+	}
+	dir, err := os.MkdirTemp("", "sandgate-load-acquire-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if o.bin == "" {
+		o.bin = filepath.Join(dir, "sandgate")
+		if err := build(ctx, ".", o.bin); err != nil {
+			return err
+		}
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	redisAddr := "127.0.0.1:" + strconv.Itoa(port)
+	rs := exec.CommandContext(ctx, "redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--save", "", "--appendonly", "no", "--dir", dir)
+	rs.Stdout, rs.Stderr = io.Discard, io.Discard
+	if err := rs.Start(); err != nil {
+		return fmt.Errorf("redis-server: %w", err)
+	}
+	defer func() { _ = rs.Process.Kill(); _ = rs.Wait() }()
+	if err := waitTCP(ctx, redisAddr); err != nil {
+		return err
+	}
+
+	srv, err := startServe(ctx, dir, o.bin, redisAddr, o.c, o.level)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	tok, err := srv.tenant(ctx, o.c)
+	if err != nil {
+		return err
+	}
+	srv.token = tok
+
+	// Warm up: load every script into Redis, fill the caches, open the
+	// connections.
+	if _, err := srv.pairs(ctx, min(o.n, 4*o.c), o.c); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	sha := sha1.Sum([]byte("return 1"))
+	load := exec.CommandContext(ctx, "redis-cli", "-h", "127.0.0.1", "-p", strconv.Itoa(port), "SCRIPT", "LOAD", "return 1")
+	if out, err := load.CombinedOutput(); err != nil {
+		return fmt.Errorf("redis-cli SCRIPT LOAD: %w: %s", err, out)
+	}
+	fmt.Printf("workload: %d acquire+release pairs per round over %d clients (keep-alive TLS), provider noop, broker log level %s; "+
+		"baseline: redis-benchmark -n %d -c %d EVALSHA %x 0 on the same redis-server; %d rounds, alternating\n\n",
+		o.n, o.c, o.level, 10*o.n, o.c, sha, o.rounds)
+	fmt.Printf("| round | EVALSHA req/s | acquire+release pairs/s | pairs ÷ EVALSHA |\n| --- | ---: | ---: | ---: |\n")
+	var ratios []float64
+	for r := range o.rounds {
+		bench := exec.CommandContext(ctx, "redis-benchmark", "-h", "127.0.0.1", "-p", strconv.Itoa(port),
+			"-n", strconv.Itoa(10*o.n), "-c", strconv.Itoa(o.c), "-q", "evalsha", hex.EncodeToString(sha[:]), "0")
+		out, err := bench.Output()
+		if err != nil {
+			return fmt.Errorf("redis-benchmark: %w", err)
+		}
+		evalsha, err := benchRate(out)
+		if err != nil {
+			return err
+		}
+		pairs, err := srv.pairs(ctx, o.n, o.c)
+		if err != nil {
+			return fmt.Errorf("round %d: %w", r+1, err)
+		}
+		ratio := pairs / evalsha
+		ratios = append(ratios, ratio)
+		fmt.Printf("| %d | %.0f | %.0f | %.3f |\n", r+1, evalsha, pairs, ratio)
+	}
+	sort.Float64s(ratios)
+	fmt.Printf("\nmedian pairs ÷ EVALSHA: %.3f (target ≥ 0.3)\n", ratios[len(ratios)/2])
+	return nil
+}
+
+// benchRate parses redis-benchmark -q's "…: N requests per second" line.
+func benchRate(out []byte) (float64, error) {
+	m := regexp.MustCompile(`([0-9.]+) requests per second`).FindAllSubmatch(out, -1)
+	if len(m) == 0 {
+		return 0, fmt.Errorf("redis-benchmark: no rate in %q", out)
+	}
+	return strconv.ParseFloat(string(m[len(m)-1][1]), 64)
+}
+
+// serve is the running `sandgate serve`.
+type serve struct {
+	cmd      *exec.Cmd
+	stderr   *syncBuffer
+	url      string
+	adminURL string
+	admin    string // admin operator token
+	token    string // the tenant's token
+	hc       *http.Client
+}
+
+func startServe(ctx context.Context, dir, bin, redisAddr string, clients int, level string) (*serve, error) {
+	cert, key, roots, err := selfSigned(dir)
+	if err != nil {
+		return nil, err
+	}
+	// Fixed free ports, so that a log level above info (which hides the
+	// "sandgate listening" line) still finds the listeners.
+	pub, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	adm, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &serve{admin: "sgo_" + randHex(24), stderr: &syncBuffer{}}
+	// Limits sized for the load: the production request-rate limits stay
+	// on, wide enough not to refuse it; risk velocity and open workspaces
+	// likewise.
+	cfg := fmt.Sprintf(`# sandgate-load -acquire
+listen: "127.0.0.1:%d"
+admin_listen: "127.0.0.1:%d"
+data_dir: %q
+broker_id: "sandgate-load"
+tls:
+  cert_file: %q
+  key_file: %q
+redis:
+  addr: %q
+providers:
+  - name: bench
+    kind: noop
+default_provider: bench
+operators:
+  - name: load-admin
+    role: admin
+    token_env: %s
+defaults:
+  limits:
+    max_concurrent_workspaces: %d
+    max_lifetime: 1h
+admission:
+  risk:
+    acquires_per_minute: 100000000
+    max_open_workspaces: 100000
+  rate_limits:
+    acquire: {per_second: 1000000, burst: 1000000}
+    read: {per_second: 1000000, burst: 1000000}
+log:
+  level: %s
+`, pub, adm, filepath.Join(dir, "data"), cert, key, redisAddr, adminTokenEnv, 4*clients, level)
+	path := filepath.Join(dir, "sandgate.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	s.cmd = exec.Command(bin, "serve", "--config", path)
+	s.cmd.Env = append(os.Environ(), adminTokenEnv+"="+s.admin)
+	s.cmd.Stdout, s.cmd.Stderr = io.Discard, s.stderr
+	if err := s.cmd.Start(); err != nil {
+		return nil, err
+	}
+	s.hc = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots},
+		MaxIdleConnsPerHost: clients}}
+	s.url, s.adminURL = fmt.Sprintf("https://127.0.0.1:%d", pub), fmt.Sprintf("http://127.0.0.1:%d", adm)
+	for i := 0; ; i++ {
+		if s.cmd.ProcessState != nil {
+			return nil, fmt.Errorf("sandgate serve exited:\n%s", s.stderr.String())
+		}
+		if resp, err := s.hc.Get(s.url + "/v1/lease"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusUnauthorized {
+				return s, nil
+			}
+		}
+		if i == 600 || ctx.Err() != nil {
+			s.stop()
+			return nil, fmt.Errorf("sandgate serve did not answer within 60s:\n%s", s.stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (s *serve) stop() {
+	_ = s.cmd.Process.Signal(os.Interrupt)
+	done := make(chan struct{})
+	go func() { _ = s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// tenant creates an account, an instance with room for the clients'
+// workspaces, and a token, through the operator API.
+func (s *serve) tenant(ctx context.Context, clients int) (string, error) {
+	var acct struct{ ID string }
+	if err := s.adminDo(ctx, "/accounts", map[string]any{"name": "load"}, &acct); err != nil {
+		return "", fmt.Errorf("create account: %w", err)
+	}
+	var in struct{ ID string }
+	req := map[string]any{"account_id": acct.ID, "name": "load",
+		"scope": map[string]any{"limits": map[string]any{"max_concurrent_workspaces": 4 * clients}}}
+	if err := s.adminDo(ctx, "/instances", req, &in); err != nil {
+		return "", fmt.Errorf("create instance: %w", err)
+	}
+	var tok struct{ Token string }
+	if err := s.adminDo(ctx, "/instances/"+in.ID+"/tokens", map[string]any{}, &tok); err != nil {
+		return "", fmt.Errorf("issue token: %w", err)
+	}
+	return tok.Token, nil
+}
+
+func (s *serve) adminDo(ctx context.Context, path string, in, out any) error {
+	body, _ := json.Marshal(in)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.adminURL+"/admin/v1"+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.admin)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("POST %s: %d %s", path, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	return json.Unmarshal(b, out)
+}
+
+// pairs runs n acquire+release pairs over c clients and returns pairs/s.
+func (s *serve) pairs(ctx context.Context, n, c int) (float64, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, c)
+	start := time.Now()
+	for range c {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if err := s.pair(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	return float64(n) / elapsed.Seconds(), nil
+}
+
+var acquireBody = []byte(`{"label":"load","egress":{"allowed_domains":[]}}`)
+
+// pair acquires a workspace and releases it.
+func (s *serve) pair(ctx context.Context) error {
+	var ws protocol.Workspace
+	if err := s.do(ctx, http.MethodPost, "/v1/workspaces", acquireBody, "load-"+randHex(12), http.StatusCreated, &ws); err != nil {
+		return fmt.Errorf("acquire: %w", err)
+	}
+	if err := s.do(ctx, http.MethodDelete, "/v1/workspaces/"+ws.WorkspaceID, nil, "", http.StatusOK, &ws); err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	if ws.State != "terminated" {
+		return fmt.Errorf("release: state %q; want terminated", ws.State)
+	}
+	return nil
+}
+
+func (s *serve) do(ctx context.Context, method, path string, body []byte, key string, want int, out any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, s.url+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if key != "" {
+		req.Header.Set(protocol.HeaderIdempotencyKey, key)
+	}
+	resp, err := s.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != want {
+		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	return json.Unmarshal(b, out)
+}
+
+// selfSigned writes a throwaway certificate for 127.0.0.1 and returns its
+// files and a pool that trusts it.
+func selfSigned(dir string) (certPath, keyPath string, roots *x509.CertPool, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", nil, err
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sandgate-load"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return "", "", nil, err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return "", "", nil, err
+	}
+	certPath, keyPath = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		return "", "", nil, err
+	}
+	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		return "", "", nil, err
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		return "", "", nil, err
+	}
+	roots = x509.NewCertPool()
+	roots.AddCert(c)
+	return certPath, keyPath, roots, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func waitTCP(ctx context.Context, addr string) error {
+	for i := 0; ; i++ {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			return c.Close()
+		}
+		if i == 100 || ctx.Err() != nil {
+			return fmt.Errorf("redis-server at %s did not answer within 10s: %w", addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
