@@ -304,3 +304,35 @@ func ReadFileBytes(ctx context.Context, p Provider, sb Sandbox, path string, max
 func WriteFileBytes(ctx context.Context, p Provider, sb Sandbox, path string, data []byte) error {
 	return p.WriteFile(ctx, sb, path, bytes.NewReader(data))
 }
+
+// ReadContent reads r to its end, for a provider that must hold a file's
+// content whole before it replaces the file (WriteFile). When r tells an
+// upper bound of its size (a SizeHint method, or the Len of a
+// *bytes.Reader), the buffer is allocated once at that size, so that the
+// content is never copied to grow.
+func ReadContent(r io.Reader) ([]byte, error) {
+	var hint int64
+	switch h := r.(type) {
+	case interface{ SizeHint() int64 }:
+		hint = h.SizeHint()
+	case interface{ Len() int }:
+		hint = int64(h.Len())
+	}
+	if hint <= 0 || hint > 1<<30 {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, 0, hint+1) // one more: io.EOF is seen without growing
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // the hint was low: grow as append does
+		}
+	}
+}

@@ -141,7 +141,7 @@ func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path str
 	if !p.exists(sb.Ref) {
 		return providers.ErrSandboxGone
 	}
-	data, err := io.ReadAll(r)
+	data, err := providers.ReadContent(r)
 	if err != nil {
 		return fmt.Errorf("fakeprovider: write: %w", err)
 	}

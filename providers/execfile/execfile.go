@@ -170,7 +170,7 @@ func WriteFile(ctx context.Context, ex Execer, sb providers.Sandbox, path string
 	if err := checkPath(path); err != nil {
 		return err
 	}
-	data, err := io.ReadAll(r)
+	data, err := providers.ReadContent(r)
 	if err != nil {
 		return fmt.Errorf("execfile: write: %w", err)
 	}

@@ -157,7 +157,7 @@ func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, file str
 	if err := checkPath(file); err != nil {
 		return err
 	}
-	data, err := io.ReadAll(r)
+	data, err := providers.ReadContent(r)
 	if err != nil {
 		return fmt.Errorf("flysprites: write: %w", err)
 	}
