@@ -108,7 +108,7 @@ func (l *Ledger) Scan(ctx context.Context, acct string, from, to time.Time, fn f
 func decodeEntry(m redis.XMessage) (UsageEntry, error) {
 	var e UsageEntry
 	s, _ := m.Values["e"].(string)
-	if err := json.Unmarshal([]byte(s), &e); err != nil {
+	if err := decodeEntryJSON(s, &e); err != nil {
 		return e, fmt.Errorf("usage ledger entry %s: %w", m.ID, err)
 	}
 	return e, nil
