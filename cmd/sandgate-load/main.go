@@ -53,14 +53,20 @@ func main() {
 	timeout := flag.Duration("timeout", 10*time.Minute, "bound of the whole run")
 	noisy := flag.Bool("noisy", false, "measure noisy neighbours instead: exec true latency in one workspace, quiet and beside a fork tree and a memory hog")
 	n := flag.Int("n", 200, "-noisy: sequential `exec true` per phase")
+	files := flag.Bool("files", false, "measure file transfers instead: -c clients each writing then reading a file of -size bytes")
+	clients := flag.Int("c", 16, "-files: clients at once")
+	fileSize := flag.Int64("size", 8<<20, "-files: bytes of each client's file")
 	hold := flag.Duration("hold", 300*time.Second, "-noisy: the neighbours' durable commands' timeout (they are cancelled before)")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	var err error
-	if *noisy {
+	switch {
+	case *files:
+		err = runFiles(ctx, *bin, *before, *clients, *fileSize)
+	case *noisy:
 		err = runNoisy(ctx, *bin, *n, *hold)
-	} else {
+	default:
 		err = run(ctx, *bin, *before, *execs, *size)
 	}
 	if err != nil {
@@ -93,19 +99,8 @@ func run(ctx context.Context, bin, before string, execs int, size int64) error {
 	}
 	var old *figures
 	if before != "" {
-		// The same workload against the broker as of another revision,
-		// built from `git archive` in a temporary directory.
-		src := filepath.Join(dir, "before")
-		if err := os.MkdirAll(src, 0o700); err != nil {
-			return err
-		}
-		archive := exec.CommandContext(ctx, "sh", "-c", `git archive "$1" | tar -x -C "$2"`, "sh", before, src)
-		archive.Stderr = os.Stderr
-		if err := archive.Run(); err != nil {
-			return fmt.Errorf("git archive %s: %w", before, err)
-		}
-		oldBin := filepath.Join(dir, "sandgate-before")
-		if err := build(ctx, src, oldBin); err != nil {
+		oldBin, err := buildBefore(ctx, dir, before)
+		if err != nil {
 			return err
 		}
 		f, err := measure(ctx, oldBin, filepath.Join(dir, "data-before"), execs, size)
@@ -150,6 +145,25 @@ func run(ctx context.Context, bin, before string, execs int, size int64) error {
 		return fmt.Errorf("peak RSS %s is not under 512 MiB and within 3× %s", mib(f.peak), mib(admitted))
 	}
 	return nil
+}
+
+// buildBefore builds the broker as of revision rev, from `git archive` in
+// a directory under dir, and returns the binary.
+func buildBefore(ctx context.Context, dir, rev string) (string, error) {
+	src := filepath.Join(dir, "before")
+	if err := os.MkdirAll(src, 0o700); err != nil {
+		return "", err
+	}
+	archive := exec.CommandContext(ctx, "sh", "-c", `git archive "$1" | tar -x -C "$2"`, "sh", rev, src)
+	archive.Stderr = os.Stderr
+	if err := archive.Run(); err != nil {
+		return "", fmt.Errorf("git archive %s: %w", rev, err)
+	}
+	oldBin := filepath.Join(dir, "sandgate-before")
+	if err := build(ctx, src, oldBin); err != nil {
+		return "", err
+	}
+	return oldBin, nil
 }
 
 func build(ctx context.Context, dir, out string) error {
