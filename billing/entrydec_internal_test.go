@@ -1,9 +1,12 @@
 package billing
 
 import (
+	"bytes"
+	"encoding/csv"
 	"encoding/json"
 	"math"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -38,6 +41,42 @@ func TestParseEntryAsJSON(t *testing.T) {
 		var e UsageEntry
 		if parseEntry(s, &e) {
 			t.Errorf("parseEntry(%s) = true; want it to leave the entry to encoding/json", s)
+		}
+	}
+}
+
+// TestRowEncodersAsExportRow checks the hand-written encoders against
+// encoding/csv and encoding/json of the documented ExportRow, on entries
+// with every kind of character a field may hold.
+func TestRowEncodersAsExportRow(t *testing.T) {
+	var odd []string
+	for r := rune(0); r < 0x80; r++ {
+		odd = append(odd, "a"+string(r)+"b", string(r))
+	}
+	odd = append(odd, "", " x", "\u00a0x", "\u2028", "\u2029", "\xff", "a\xc3", "é漢😀", `\.`, "x\r\ny")
+	for i, s := range odd {
+		e := UsageEntry{ID: s, Kind: s, Agent: s, RunID: s, Image: s, Corrects: s, Currency: "USD",
+			AmountMicros: int64(i) * -12345, UnitPriceMicros: int64(i), TerminatedAt: time.UnixMilli(int64(i) * 1_000_003).UTC()}
+		row := NewExportRow(e)
+		var jb bytes.Buffer
+		enc := json.NewEncoder(&jb)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(&row); err != nil {
+			t.Fatal(err)
+		}
+		if got := appendJSONRow(nil, &e); !bytes.Equal(got, jb.Bytes()) {
+			t.Errorf("JSONL row of %q:\n got %q\nwant %q", s, got, jb.Bytes())
+		}
+		var cb bytes.Buffer
+		cw := csv.NewWriter(&cb)
+		cw.UseCRLF = true
+		cw.Write([]string{row.ID, row.Kind, strconv.FormatBool(row.Final), row.AccountID, row.InstanceID, row.WorkspaceID,
+			row.Agent, row.RunID, row.Size, row.Image, row.Provider, row.RateCard, strconv.Itoa(row.RateCardVersion), row.Currency,
+			row.UnitPrice, strconv.FormatInt(row.UnitPriceMicros, 10), strconv.FormatInt(row.Seconds, 10), row.Amount,
+			strconv.FormatInt(row.AmountMicros, 10), row.StartedAt, row.EndedAt, row.TerminatedAt, row.TerminationReason, row.Corrects})
+		cw.Flush()
+		if got := appendCSVRow(nil, &e); !bytes.Equal(got, cb.Bytes()) {
+			t.Errorf("CSV row of %q:\n got %q\nwant %q", s, got, cb.Bytes())
 		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -96,17 +95,6 @@ func NewExportRow(e UsageEntry) ExportRow {
 		StartedAt: exportTime(e.StartedAt), EndedAt: exportTime(e.EndedAt), TerminatedAt: exportTime(e.TerminatedAt),
 		TerminationReason: e.TerminationReason, Corrects: e.Corrects,
 	}
-}
-
-// record fills rec (len(Columns)) with r's fields in column order.
-func (r *ExportRow) record(rec []string) {
-	copy(rec, []string{
-		r.ID, r.Kind, strconv.FormatBool(r.Final), r.AccountID, r.InstanceID, r.WorkspaceID, r.Agent, r.RunID,
-		r.Size, r.Image, r.Provider, r.RateCard, strconv.Itoa(r.RateCardVersion), r.Currency,
-		r.UnitPrice, strconv.FormatInt(r.UnitPriceMicros, 10), strconv.FormatInt(r.Seconds, 10),
-		r.Amount, strconv.FormatInt(r.AmountMicros, 10),
-		r.StartedAt, r.EndedAt, r.TerminatedAt, r.TerminationReason, r.Corrects,
-	})
 }
 
 // exportLayout is how exports write times: RFC 3339 in UTC with exactly

@@ -26,8 +26,11 @@ import (
 // process's peak RSS (VmHWM, reset before the load) and its RSS 5 s after,
 // each against the bytes in flight (c × size), and fails when the peak is
 // over 3 × that. With before, it first measures the broker of that
-// revision the same way, in the same run.
-func runFiles(ctx context.Context, bin, before string, c int, size int64) error {
+// revision the same way, in the same run. budget > 0 sets both brokers'
+// admission.inflight.max_bytes, so that the budget admits every client
+// at once (the default 256 MiB holds about 5 transfers of 8 MiB of the
+// broker before streaming, which reserved 4 × the body).
+func runFiles(ctx context.Context, bin, before string, c int, size, budget int64) error {
 	if c < 1 || size < 1 || size > 9<<20 {
 		return errors.New("-c must be at least 1 and -size between 1 and 9 MiB (the 12 MiB body holds 9 MiB of base64)")
 	}
@@ -44,8 +47,14 @@ func runFiles(ctx context.Context, bin, before string, c int, size int64) error 
 	}
 	inflight := float64(int64(c) * size)
 	mib := func(b int64) float64 { return float64(b) / (1 << 20) }
-	fmt.Printf("workload: %d clients at once, each writing a file of %d bytes then reading it back; bytes in flight %.1f MiB\n\n",
-		c, size, inflight/(1<<20))
+	var env []string
+	budgetText := "default"
+	if budget > 0 {
+		env = []string{"SANDGATE_ADMISSION_INFLIGHT_MAX_BYTES=" + strconv.FormatInt(budget, 10)}
+		budgetText = fmt.Sprintf("%.0f MiB", float64(budget)/(1<<20))
+	}
+	fmt.Printf("workload: %d clients at once, each writing a file of %d bytes then reading it back; bytes in flight %.1f MiB; in-flight budget %s\n\n",
+		c, size, inflight/(1<<20), budgetText)
 	fmt.Printf("| broker | RSS at rest | peak RSS | 5 s after | peak ÷ in flight | (peak − rest) ÷ in flight | after ÷ in flight | refusals retried | wall |\n")
 	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	row := func(name string, f fileFigures) {
@@ -57,13 +66,13 @@ func runFiles(ctx context.Context, bin, before string, c int, size int64) error 
 		if err != nil {
 			return err
 		}
-		f, err := measureFiles(ctx, oldBin, filepath.Join(dir, "data-before"), c, size)
+		f, err := measureFiles(ctx, oldBin, filepath.Join(dir, "data-before"), c, size, env)
 		if err != nil {
 			return fmt.Errorf("before (%s): %w", before, err)
 		}
 		row("before ("+before+")", f)
 	}
-	f, err := measureFiles(ctx, bin, filepath.Join(dir, "data"), c, size)
+	f, err := measureFiles(ctx, bin, filepath.Join(dir, "data"), c, size, env)
 	if err != nil {
 		return err
 	}
@@ -81,9 +90,9 @@ type fileFigures struct {
 	elapsed           time.Duration
 }
 
-func measureFiles(ctx context.Context, bin, dataDir string, c int, size int64) (fileFigures, error) {
+func measureFiles(ctx context.Context, bin, dataDir string, c int, size int64, env []string) (fileFigures, error) {
 	var f fileFigures
-	b, err := startDev(ctx, bin, dataDir)
+	b, err := startDev(ctx, bin, dataDir, env...)
 	if err != nil {
 		return f, err
 	}
