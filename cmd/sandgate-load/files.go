@@ -27,9 +27,9 @@ import (
 // each against the bytes in flight (c × size), and fails when the peak is
 // over 3 × that. With before, it first measures the broker of that
 // revision the same way, in the same run. budget > 0 sets both brokers'
-// admission.inflight.max_bytes, so that the budget admits every client
-// at once (the default 256 MiB holds about 5 transfers of 8 MiB of the
-// broker before streaming, which reserved 4 × the body).
+// admission.inflight.max_bytes, and their two caps to 2 × c, so that every
+// client is admitted at once (the default 256 MiB holds about 5 transfers
+// of 8 MiB of the broker before streaming, which reserved 4 × the body).
 func runFiles(ctx context.Context, bin, before string, c int, size, budget int64) error {
 	if c < 1 || size < 1 || size > 9<<20 {
 		return errors.New("-c must be at least 1 and -size between 1 and 9 MiB (the 12 MiB body holds 9 MiB of base64)")
@@ -50,16 +50,21 @@ func runFiles(ctx context.Context, bin, before string, c int, size, budget int64
 	var env []string
 	budgetText := "default"
 	if budget > 0 {
-		env = []string{"SANDGATE_ADMISSION_INFLIGHT_MAX_BYTES=" + strconv.FormatInt(budget, 10)}
+		// Raise the two caps too, so that only the c clients bound what
+		// is in flight (a client's read may reach the broker before its
+		// write's reservation is released, just after the answer).
+		caps := strconv.Itoa(2 * c)
+		env = []string{"SANDGATE_ADMISSION_INFLIGHT_MAX_BYTES=" + strconv.FormatInt(budget, 10),
+			"SANDGATE_ADMISSION_INFLIGHT_PER_WORKSPACE=" + caps, "SANDGATE_ADMISSION_INFLIGHT_PER_INSTANCE=" + caps}
 		budgetText = fmt.Sprintf("%.0f MiB", float64(budget)/(1<<20))
 	}
 	fmt.Printf("workload: %d clients at once, each writing a file of %d bytes then reading it back; bytes in flight %.1f MiB; in-flight budget %s\n\n",
 		c, size, inflight/(1<<20), budgetText)
-	fmt.Printf("| broker | RSS at rest | peak RSS | 5 s after | peak ÷ in flight | (peak − rest) ÷ in flight | after ÷ in flight | refusals retried | wall |\n")
+	fmt.Printf("| broker | RSS at rest | peak RSS | 5 s after | peak ÷ in flight | (peak − rest) ÷ in flight | after ÷ in flight | refusals retried (of which 503) | wall |\n")
 	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	row := func(name string, f fileFigures) {
-		fmt.Printf("| %s | %.1f MiB | %.1f MiB | %.1f MiB | %.2f | %.2f | %.2f | %d | %s |\n", name, mib(f.idle), mib(f.peak), mib(f.after),
-			float64(f.peak)/inflight, float64(f.peak-f.idle)/inflight, float64(f.after)/inflight, f.refusals, f.elapsed.Round(time.Millisecond))
+		fmt.Printf("| %s | %.1f MiB | %.1f MiB | %.1f MiB | %.2f | %.2f | %.2f | %d (%d) | %s |\n", name, mib(f.idle), mib(f.peak), mib(f.after),
+			float64(f.peak)/inflight, float64(f.peak-f.idle)/inflight, float64(f.after)/inflight, f.refusals, f.unavailable, f.elapsed.Round(time.Millisecond))
 	}
 	if before != "" {
 		oldBin, err := buildBefore(ctx, dir, before)
@@ -86,7 +91,8 @@ func runFiles(ctx context.Context, bin, before string, c int, size, budget int64
 // fileFigures are one broker's figures under the file workload.
 type fileFigures struct {
 	idle, peak, after int64 // bytes
-	refusals          int64
+	refusals          int64 // 429 and 503 retried
+	unavailable       int64 // of which 503
 	elapsed           time.Duration
 }
 
@@ -160,7 +166,7 @@ func measureFiles(ctx context.Context, bin, dataDir string, c int, size int64, e
 	}
 	wg.Wait()
 	close(errs)
-	f.elapsed, f.refusals = time.Since(start), refusals.Load()
+	f.elapsed, f.refusals, f.unavailable = time.Since(start), refusals.Load(), b.unavailable.Load()
 	if err := <-errs; err != nil {
 		return f, err
 	}
@@ -192,6 +198,9 @@ func (b *broker) transfer(ctx context.Context, ws, route string, body []byte, ou
 		case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 			resp.Body.Close()
 			refused++
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				b.unavailable.Add(1)
+			}
 			wait, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 			select {
 			case <-ctx.Done():

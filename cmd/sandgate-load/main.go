@@ -84,6 +84,8 @@ type broker struct {
 	hc    *http.Client
 	env   map[string]string // dev.env
 	logs  string            // the broker's stderr
+
+	unavailable atomic.Int64 // -files: 503s retried
 }
 
 func run(ctx context.Context, bin, before string, execs int, size int64) error {
