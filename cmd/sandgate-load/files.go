@@ -26,11 +26,10 @@ import (
 // process's peak RSS (VmHWM, reset before the load) and its RSS 5 s after,
 // each against the bytes in flight (c × size), and fails when the peak is
 // over 3 × that. With before, it first measures the broker of that
-// revision the same way, in the same run. budget > 0 sets both brokers'
-// admission.inflight.max_bytes, and their two caps to 2 × c, so that every
-// client is admitted at once (the default 256 MiB holds about 5 transfers
-// of 8 MiB of the broker before streaming, which reserved 4 × the body).
-func runFiles(ctx context.Context, bin, before string, c int, size, budget int64) error {
+// revision the same way, in the same run (`sandgate dev` takes no config:
+// both run with the default caps, under which a broker that reserves more
+// per transfer holds fewer at once and answers the rest 503, retried).
+func runFiles(ctx context.Context, bin, before string, c int, size int64) error {
 	if c < 1 || size < 1 || size > 9<<20 {
 		return errors.New("-c must be at least 1 and -size between 1 and 9 MiB (the 12 MiB body holds 9 MiB of base64)")
 	}
@@ -47,19 +46,8 @@ func runFiles(ctx context.Context, bin, before string, c int, size, budget int64
 	}
 	inflight := float64(int64(c) * size)
 	mib := func(b int64) float64 { return float64(b) / (1 << 20) }
-	var env []string
-	budgetText := "default"
-	if budget > 0 {
-		// Raise the two caps too, so that only the c clients bound what
-		// is in flight (a client's read may reach the broker before its
-		// write's reservation is released, just after the answer).
-		caps := strconv.Itoa(2 * c)
-		env = []string{"SANDGATE_ADMISSION_INFLIGHT_MAX_BYTES=" + strconv.FormatInt(budget, 10),
-			"SANDGATE_ADMISSION_INFLIGHT_PER_WORKSPACE=" + caps, "SANDGATE_ADMISSION_INFLIGHT_PER_INSTANCE=" + caps}
-		budgetText = fmt.Sprintf("%.0f MiB", float64(budget)/(1<<20))
-	}
-	fmt.Printf("workload: %d clients at once, each writing a file of %d bytes then reading it back; bytes in flight %.1f MiB; in-flight budget %s\n\n",
-		c, size, inflight/(1<<20), budgetText)
+	fmt.Printf("workload: %d clients at once, each writing a file of %d bytes then reading it back; bytes in flight %.1f MiB; default in-flight caps\n\n",
+		c, size, inflight/(1<<20))
 	fmt.Printf("| broker | RSS at rest | peak RSS | 5 s after | peak ÷ in flight | (peak − rest) ÷ in flight | after ÷ in flight | refusals retried (of which 503) | wall |\n")
 	fmt.Printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	row := func(name string, f fileFigures) {
@@ -71,13 +59,13 @@ func runFiles(ctx context.Context, bin, before string, c int, size, budget int64
 		if err != nil {
 			return err
 		}
-		f, err := measureFiles(ctx, oldBin, filepath.Join(dir, "data-before"), c, size, env)
+		f, err := measureFiles(ctx, oldBin, filepath.Join(dir, "data-before"), c, size)
 		if err != nil {
 			return fmt.Errorf("before (%s): %w", before, err)
 		}
 		row("before ("+before+")", f)
 	}
-	f, err := measureFiles(ctx, bin, filepath.Join(dir, "data"), c, size, env)
+	f, err := measureFiles(ctx, bin, filepath.Join(dir, "data"), c, size)
 	if err != nil {
 		return err
 	}
@@ -96,9 +84,9 @@ type fileFigures struct {
 	elapsed           time.Duration
 }
 
-func measureFiles(ctx context.Context, bin, dataDir string, c int, size int64, env []string) (fileFigures, error) {
+func measureFiles(ctx context.Context, bin, dataDir string, c int, size int64) (fileFigures, error) {
 	var f fileFigures
-	b, err := startDev(ctx, bin, dataDir, env...)
+	b, err := startDev(ctx, bin, dataDir)
 	if err != nil {
 		return f, err
 	}

@@ -56,7 +56,6 @@ func main() {
 	files := flag.Bool("files", false, "measure file transfers instead: -c clients each writing then reading a file of -size bytes")
 	clients := flag.Int("c", 16, "-files: clients at once")
 	fileSize := flag.Int64("size", 8<<20, "-files: bytes of each client's file")
-	inflightBytes := flag.Int64("inflight-bytes", 0, "-files: the brokers' admission.inflight.max_bytes; 0 keeps the default (256 MiB)")
 	hold := flag.Duration("hold", 300*time.Second, "-noisy: the neighbours' durable commands' timeout (they are cancelled before)")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
@@ -64,7 +63,7 @@ func main() {
 	var err error
 	switch {
 	case *files:
-		err = runFiles(ctx, *bin, *before, *clients, *fileSize, *inflightBytes)
+		err = runFiles(ctx, *bin, *before, *clients, *fileSize)
 	case *noisy:
 		err = runNoisy(ctx, *bin, *n, *hold)
 	default:
@@ -263,11 +262,8 @@ func measure(ctx context.Context, bin, dataDir string, execs int, size int64) (f
 
 // startDev starts `sandgate dev` on free loopback ports and waits for its
 // dev.env.
-func startDev(ctx context.Context, bin, dataDir string, extraEnv ...string) (*broker, error) {
+func startDev(ctx context.Context, bin, dataDir string) (*broker, error) {
 	cmd := exec.Command(bin, "dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", dataDir)
-	if len(extraEnv) > 0 {
-		cmd.Env = append(os.Environ(), extraEnv...)
-	}
 	cmd.Stdout = io.Discard
 	logs, err := os.Create(dataDir + ".log")
 	if err != nil {
