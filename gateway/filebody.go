@@ -104,19 +104,25 @@ var (
 // newWriteBody scans body (already under the request's MaxBytesReader)
 // whose declared length is contentLength (-1 when unknown).
 func newWriteBody(body io.Reader, contentLength, maxFileBytes int64) *writeBody {
+	return &writeBody{br: bufio.NewReaderSize(body, 32<<10), max: maxFileBytes,
+		hint: decodedBound(contentLength, maxFileBytes)}
+}
+
+// decodedBound is the most contents a body of that declared length (-1:
+// unknown) may decode to under max_file_bytes.
+func decodedBound(contentLength, maxFileBytes int64) int64 {
 	bound := int64(protocol.MaxBodyBytes)
 	if contentLength >= 0 && contentLength < bound {
 		bound = contentLength
 	}
-	return &writeBody{br: bufio.NewReaderSize(body, 32<<10), max: maxFileBytes,
-		hint: min(max(maxFileBytes, 0), bound/4*3+3)}
+	return min(max(maxFileBytes, 0), bound/4*3+3)
 }
 
 // writeCost is what a write of that declared length holds at most in the
 // gateway and the provider together, when the path comes first: the
 // decoded contents once (the provider's copy) and the scan's buffers.
 func writeCost(contentLength, maxFileBytes int64) int64 {
-	return newWriteBody(nil, contentLength, maxFileBytes).hint + writeBodyBuffers
+	return decodedBound(contentLength, maxFileBytes) + writeBodyBuffers
 }
 
 // fail records a fault; the one of lowest rank, then the first, wins.

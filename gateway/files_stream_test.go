@@ -71,7 +71,7 @@ func TestFilesStreamed(t *testing.T) {
 			http.StatusRequestEntityTooLarge, protocol.FileTooLarge},
 		// Without a Content-Length: the limit is found while streaming, and
 		// wins over max_file_bytes, which the contents are over too.
-		{"body over 12 MiB", io.MultiReader(strings.NewReader(`{"path":"`+file+`","contents_b64":"`+b64(make([]byte, 9<<20))+`"}`)),
+		{"body over 12 MiB", io.MultiReader(strings.NewReader(`{"path":"` + file + `","contents_b64":"` + b64(make([]byte, 9<<20)) + `"}`)),
 			http.StatusRequestEntityTooLarge, protocol.PayloadTooLarge},
 	}
 	for _, tt := range refused {
