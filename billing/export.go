@@ -4,13 +4,10 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"encoding/csv"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -104,18 +101,6 @@ func NewExportRow(e UsageEntry) ExportRow {
 	}
 }
 
-// record fills rec (len(Columns)) with r's fields in column order.
-func (r *ExportRow) record(rec []string) {
-	copy(rec, []string{
-		r.ID, r.Kind, strconv.FormatBool(r.Final), r.AccountID, r.InstanceID, r.WorkspaceID, r.Agent, r.RunID,
-		r.Size, r.Image, r.Provider, r.RateCard, strconv.Itoa(r.RateCardVersion), r.Currency,
-		r.UnitPrice, strconv.FormatInt(r.UnitPriceMicros, 10), strconv.FormatInt(r.Seconds, 10),
-		r.Amount, strconv.FormatInt(r.AmountMicros, 10),
-		r.StartedAt, r.EndedAt, r.TerminatedAt, r.TerminationReason, r.Corrects,
-		strconv.FormatInt(r.EgressBytesOut, 10), strconv.FormatInt(r.EgressBytesIn, 10),
-	})
-}
-
 // exportLayout is how exports write times: RFC 3339 in UTC with exactly
 // three fractional digits (the ledger keeps milliseconds), so the column
 // sorts as text.
@@ -196,14 +181,7 @@ type flusher interface{ Flush() }
 func Export(ctx context.Context, sc Scanner, accounts []string, f ExportFilter, format Format, w io.Writer) (ExportStats, error) {
 	st := ExportStats{Totals: map[string]int64{}}
 	bw := bufio.NewWriterSize(w, 64<<10)
-	var cw *csv.Writer
 	flush := func() error {
-		if cw != nil {
-			cw.Flush()
-			if err := cw.Error(); err != nil {
-				return err
-			}
-		}
 		if err := bw.Flush(); err != nil {
 			return err
 		}
@@ -212,38 +190,50 @@ func Export(ctx context.Context, sc Scanner, accounts []string, f ExportFilter, 
 		}
 		return nil
 	}
-	var write func(*ExportRow) error
+	// Each row is appended to row, reused: no allocation per row.
+	var appendRow func([]byte, *UsageEntry) []byte
 	switch format {
 	case FormatCSV:
-		cw = csv.NewWriter(bw)
-		cw.UseCRLF = true
-		if err := cw.Write(Columns); err != nil {
+		var head []byte
+		for i, c := range Columns {
+			if i > 0 {
+				head = append(head, ',')
+			}
+			head = appendCSVField(head, c)
+		}
+		if _, err := bw.Write(append(head, '\r', '\n')); err != nil {
 			return st, err
 		}
-		rec := make([]string, len(Columns))
-		write = func(r *ExportRow) error {
-			r.record(rec)
-			return cw.Write(rec)
-		}
+		appendRow = appendCSVRow
 	case FormatJSONL:
-		enc := json.NewEncoder(bw)
-		enc.SetEscapeHTML(false)
-		write = func(r *ExportRow) error { return enc.Encode(r) }
+		appendRow = appendJSONRow
 	default:
 		return st, fmt.Errorf("export format %q: want csv or jsonl", format)
 	}
+	row := make([]byte, 0, 1024)
+	var cur string
+	var total int64 // of cur: the totals map is written when the currency changes
 	err := scanAll(ctx, sc, accounts, f, func(e UsageEntry) error {
-		r := NewExportRow(e)
-		if err := write(&r); err != nil {
+		row = appendRow(row[:0], &e)
+		if _, err := bw.Write(row); err != nil {
 			return err
 		}
 		st.Rows++
-		st.Totals[e.Currency] += e.AmountMicros
+		if e.Currency != cur {
+			if st.Rows > 1 {
+				st.Totals[cur] += total
+			}
+			cur, total = e.Currency, 0
+		}
+		total += e.AmountMicros
 		if st.Rows%exportFlushRows == 0 {
 			return flush()
 		}
 		return nil
 	})
+	if st.Rows > 0 {
+		st.Totals[cur] += total
+	}
 	if err != nil {
 		_ = flush()
 		return st, err
@@ -367,49 +357,13 @@ func MinorUnits(currency string) int {
 // renders as the negation of the charge it refunds. The rendering may lose
 // up to half a minor unit; the exact figure is the micro-unit integer.
 func FormatMinor(micros int64, currency string) string {
-	d := MinorUnits(currency)
-	step := int64(1)
-	for range 6 - d {
-		step *= 10
-	}
-	neg := micros < 0
-	// Work on the magnitude as uint64, so math.MinInt64 has one.
-	m := uint64(micros)
-	if neg {
-		m = -m
-	}
-	units := m / uint64(step)
-	if rem := m % uint64(step); rem*2 >= uint64(step) {
-		units++
-	}
-	return fixedPoint(neg && units != 0, units, d)
+	return string(appendMinor(nil, micros, currency))
 }
 
 // FormatMicros renders micro-units exactly as a decimal string with six
 // fractional digits: FormatMicros(150) = "0.000150". Unit prices (per
 // second) are shown this way, since they are usually below a minor unit.
-func FormatMicros(micros int64) string {
-	m := uint64(micros)
-	if micros < 0 {
-		m = -m
-	}
-	return fixedPoint(micros < 0, m, 6)
-}
-
-// fixedPoint renders v / 10^d with d fractional digits.
-func fixedPoint(neg bool, v uint64, d int) string {
-	s := strconv.FormatUint(v, 10)
-	if d > 0 {
-		if len(s) <= d {
-			s = strings.Repeat("0", d-len(s)+1) + s
-		}
-		s = s[:len(s)-d] + "." + s[len(s)-d:]
-	}
-	if neg {
-		s = "-" + s
-	}
-	return s
-}
+func FormatMicros(micros int64) string { return string(appendMicros(nil, micros)) }
 
 // Interface guards
 var _ Scanner = (*Ledger)(nil)

@@ -78,21 +78,43 @@ const scanPage = 500
 
 // Scan calls fn, in ledger order, for every entry of acct whose
 // TerminatedAt is in [from, to); a zero from or to leaves that side open.
-// It pages the stream 500 entries at a time, so memory is constant. An
-// entry's stream id is never earlier than its TerminatedAt (see
-// appendScript), so the walk starts at from. fn's error stops the walk and
-// is returned.
+// It pages the stream 500 entries at a time, reading the next page while
+// fn is called for the entries of this one, so memory is constant (two
+// pages) and Redis's latency overlaps the work of fn. An entry's stream id
+// is never earlier than its TerminatedAt (see appendScript), so the walk
+// starts at from. fn's error stops the walk and is returned.
 func (l *Ledger) Scan(ctx context.Context, acct string, from, to time.Time, fn func(UsageEntry) error) error {
 	start := "-"
 	if !from.IsZero() {
 		start = strconv.FormatInt(from.UnixMilli(), 10)
 	}
-	for {
-		msgs, err := l.rdb.XRangeN(ctx, usageKey(acct), start, "+", scanPage).Result()
-		if err != nil {
-			return fmt.Errorf("usage ledger: %w", err)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the reader when fn fails
+	type page struct {
+		msgs []redis.XMessage
+		err  error
+	}
+	pages := make(chan page, 1)
+	go func() {
+		defer close(pages)
+		for {
+			msgs, err := l.rdb.XRangeN(ctx, usageKey(acct), start, "+", scanPage).Result()
+			select {
+			case pages <- page{msgs, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil || len(msgs) < scanPage {
+				return
+			}
+			start = "(" + msgs[len(msgs)-1].ID
 		}
-		for _, m := range msgs {
+	}()
+	for p := range pages {
+		if p.err != nil {
+			return fmt.Errorf("usage ledger: %w", p.err)
+		}
+		for _, m := range p.msgs {
 			e, err := decodeEntry(m)
 			if err != nil {
 				return err
@@ -104,17 +126,14 @@ func (l *Ledger) Scan(ctx context.Context, acct string, from, to time.Time, fn f
 				return err
 			}
 		}
-		if len(msgs) < scanPage {
-			return nil
-		}
-		start = "(" + msgs[len(msgs)-1].ID
 	}
+	return ctx.Err()
 }
 
 func decodeEntry(m redis.XMessage) (UsageEntry, error) {
 	var e UsageEntry
 	s, _ := m.Values["e"].(string)
-	if err := json.Unmarshal([]byte(s), &e); err != nil {
+	if err := decodeEntryJSON(s, &e); err != nil {
 		return e, fmt.Errorf("usage ledger entry %s: %w", m.ID, err)
 	}
 	return e, nil

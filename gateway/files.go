@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -37,7 +39,9 @@ func (s *Server) readFile(c echo.Context) error {
 		return err
 	}
 	lim := limitsOf(c)
-	release, err := s.reserveTransfer(c, w, lim.MaxFileBytes)
+	// The body (a path), and the contents: at most max_file_bytes, and
+	// one byte more that a read keeps to tell a file that grew.
+	release, err := s.inflight.acquire(w.ID, w.InstanceID, bodyCost(c)+lim.MaxFileBytes+1)
 	if err != nil {
 		return err
 	}
@@ -57,50 +61,59 @@ func (s *Server) readFile(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	b, err := p.ReadFile(ctx, sandboxOf(w), req.Path, lim.MaxFileBytes)
+	// The provider writes the file into chunks as it reads it; the answer
+	// is base64-encoded from them into the connection. The status and
+	// length depend on the whole read, so the contents are held once.
+	var buf fileBuf
+	n, err := p.ReadFile(ctx, sandboxOf(w), req.Path, lim.MaxFileBytes, &buf)
 	if err != nil {
 		return providerError(err)
 	}
+	if n != buf.n {
+		return providerError(fmt.Errorf("gateway: read: the provider counted %d bytes and wrote %d", n, buf.n))
+	}
 	// protocol.ReadFileResponse, encoded straight into the response.
 	return b64JSON{
-		text: []string{`{"contents_b64":"`, `","size_bytes":` + jsonInt(int64(len(b))) + `}`},
-		b64:  [][][]byte{onepart(b)},
+		text: []string{`{"contents_b64":"`, `","size_bytes":` + jsonInt(n) + `}`},
+		b64:  [][][]byte{buf.chunks},
 	}.write(c, http.StatusOK)
 }
 
-// reserveTransfer reserves a file transfer of w before its body is read:
-// the body, and the contents (at most max_file_bytes, and one byte more
-// that a read keeps to tell a file that grew).
-func (s *Server) reserveTransfer(c echo.Context, w sandgate.Workspace, maxFileBytes int64) (func(), error) {
-	return s.inflight.acquire(w.ID, w.InstanceID, bodyCost(c)+maxFileBytes+1)
-}
-
+// writeFile streams contents_b64 from the body into the provider: the
+// path must come first for that (as every client sends it); when the
+// contents come first, the gateway holds them decoded until the path is
+// read, reserving them once more.
 func (s *Server) writeFile(c echo.Context) error {
 	w, err := s.usable(c, admission.ClassExec)
 	if err != nil {
 		return err
 	}
 	lim := limitsOf(c)
-	release, err := s.reserveTransfer(c, w, lim.MaxFileBytes)
+	req := c.Request()
+	release, err := s.inflight.acquire(w.ID, w.InstanceID, writeCost(req.ContentLength, lim.MaxFileBytes))
 	if err != nil {
 		return err
 	}
 	defer release()
-	var req protocol.WriteFileRequest
-	if err := decode(c, &req); err != nil {
-		return err
+	body := newWriteBody(req.Body, req.ContentLength, lim.MaxFileBytes)
+	stream := body.head()
+	if body.err != nil {
+		return body.err
 	}
-	if err := policy.ValidatePath(req.Path); err != nil {
-		return err
+	var contents io.Reader = body
+	if !stream {
+		// Scanned whole: the contents are held (or empty).
+		contents = &fileBuf{}
+		if body.held != nil {
+			more, err := s.inflight.acquireBytes(body.held.n)
+			if err != nil {
+				return err
+			}
+			defer more()
+			contents = body.held
+		}
 	}
-	data, err := decodeB64("contents_b64", req.ContentsB64)
-	if err != nil {
-		return err
-	}
-	if int64(len(data)) > lim.MaxFileBytes {
-		return protocol.E(protocol.FileTooLarge, "contents are over max_file_bytes")
-	}
-	ctx := c.Request().Context()
+	ctx := req.Context()
 	if err := s.db.Touch(ctx, w, s.clock.Now()); err != nil {
 		return unavailable(err)
 	}
@@ -108,7 +121,13 @@ func (s *Server) writeFile(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := p.WriteFile(ctx, sandboxOf(w), req.Path, data); err != nil {
+	err = p.WriteFile(ctx, sandboxOf(w), body.path, contents)
+	if ferr := body.finish(); ferr != nil {
+		// A refused body wins over what the provider made of it: the
+		// provider read the fault and wrote nothing.
+		return ferr
+	}
+	if err != nil {
 		return providerError(err)
 	}
 	return c.NoContent(http.StatusNoContent)

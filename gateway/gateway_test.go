@@ -1575,7 +1575,7 @@ func TestFiles(t *testing.T) {
 	wantError(t, "read a directory", read("/workspace/dir"), http.StatusUnprocessableEntity, protocol.NotAFile)
 	wantError(t, "write over max_file_bytes", write("/workspace/big", strings.Repeat("f", 1025)), http.StatusRequestEntityTooLarge, protocol.FileTooLarge)
 	wantError(t, "read the file never written", read("/workspace/big"), http.StatusNotFound, protocol.FileNotFound)
-	if err := h.Provider.Provider.WriteFile(context.Background(), providers.Sandbox{Ref: ws.WorkspaceID}, "/workspace/big", make([]byte, 1025)); err != nil {
+	if err := providers.WriteFileBytes(context.Background(), h.Provider.Provider, providers.Sandbox{Ref: ws.WorkspaceID}, "/workspace/big", make([]byte, 1025)); err != nil {
 		t.Fatalf("fake write: %v", err)
 	}
 	wantError(t, "read over max_file_bytes", read("/workspace/big"), http.StatusRequestEntityTooLarge, protocol.FileTooLarge)

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"io"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -40,11 +41,28 @@ type inflight struct {
 	used int64
 	ws   map[string]int // workspace id -> requests in flight
 	inst map[string]int // instance id -> requests in flight
+
+	// After a burst: when nothing is in flight any more and the burst
+	// reserved at least releaseAbove bytes, giveBack (debug.FreeOSMemory)
+	// runs once, at most every releaseEvery. The Go runtime keeps a
+	// burst's memory for reuse until two GCs and its scavenger give it
+	// back, and an idle broker runs few GCs: without this, a burst of
+	// large transfers leaves the process at its peak RSS for minutes.
+	giveBack  func()
+	high      int64 // the most reserved at once since the last give-back
+	givingAt  time.Time
+	givingNow bool
 }
+
+// Give-back thresholds of inflight (see giveBack).
+const (
+	releaseAbove = 64 << 20
+	releaseEvery = 10 * time.Second
+)
 
 func newInflight(cfg Config) *inflight {
 	f := &inflight{perWorkspace: cfg.MaxInflightPerWorkspace, perInstance: cfg.MaxInflightPerInstance,
-		budget: cfg.InflightBytes, ws: map[string]int{}, inst: map[string]int{}}
+		budget: cfg.InflightBytes, ws: map[string]int{}, inst: map[string]int{}, giveBack: debug.FreeOSMemory}
 	if f.perWorkspace <= 0 {
 		f.perWorkspace = DefaultInflightPerWorkspace
 	}
@@ -89,6 +107,7 @@ func (f *inflight) reserve(ws, inst string, bytes int64, counted bool) (func(), 
 			Message: "the broker holds as much exec output and file content as it allows; retry shortly"}
 	}
 	f.used += bytes
+	f.high = max(f.high, f.used)
 	if counted {
 		f.ws[ws]++
 		f.inst[inst]++
@@ -99,6 +118,7 @@ func (f *inflight) reserve(ws, inst string, bytes int64, counted bool) (func(), 
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			f.used -= bytes
+			f.maybeGiveBack()
 			if !counted {
 				return
 			}
@@ -110,6 +130,22 @@ func (f *inflight) reserve(ws, inst string, bytes int64, counted bool) (func(), 
 			}
 		})
 	}, nil
+}
+
+// maybeGiveBack starts giveBack when the burst is over (see giveBack).
+// f.mu is held.
+func (f *inflight) maybeGiveBack() {
+	now := time.Now()
+	if f.used != 0 || f.high < releaseAbove || f.givingNow || (!f.givingAt.IsZero() && now.Sub(f.givingAt) < releaseEvery) {
+		return
+	}
+	f.high, f.givingNow, f.givingAt = 0, true, now
+	go func() {
+		f.giveBack()
+		f.mu.Lock()
+		f.givingNow = false
+		f.mu.Unlock()
+	}()
 }
 
 // bodyCost is what a request's body may cost in memory before it reaches

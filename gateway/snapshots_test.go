@@ -358,7 +358,7 @@ func TestSnapshotByteQuota(t *testing.T) {
 	ws := e.acquire("")
 	sb := providers.Sandbox{Ref: ws.WorkspaceID}
 	write := func(path, s string) {
-		if err := fake.WriteFile(context.Background(), sb, path, []byte(s)); err != nil {
+		if err := providers.WriteFileBytes(context.Background(), fake, sb, path, []byte(s)); err != nil {
 			t.Fatal(err)
 		}
 	}

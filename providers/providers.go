@@ -4,6 +4,7 @@
 package providers
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -122,11 +123,18 @@ type Provider interface {
 	Create(ctx context.Context, spec CreateSpec) (Sandbox, error)
 	// Exec runs one command to completion. A non-zero exit is a result, not an error.
 	Exec(ctx context.Context, sb Sandbox, spec ExecSpec) (ExecResult, error)
-	// ReadFile returns the file at an absolute path. Returns ErrFileNotFound,
-	// ErrNotAFile, or ErrFileTooLarge when the file is over max bytes.
-	ReadFile(ctx context.Context, sb Sandbox, path string, max int64) ([]byte, error)
-	// WriteFile creates parent directories and replaces the file. Returns ErrNotAFile.
-	WriteFile(ctx context.Context, sb Sandbox, path string, data []byte) error
+	// ReadFile copies the file at an absolute path to w as it reads it
+	// and returns the bytes written. Returns ErrFileNotFound, ErrNotAFile,
+	// or ErrFileTooLarge when the file is over max bytes. It writes at
+	// most max+1 bytes to w (one more tells a file that grew while it was
+	// read); on an error, what it wrote is not the file and the caller
+	// discards it.
+	ReadFile(ctx context.Context, sb Sandbox, path string, max int64, w io.Writer) (int64, error)
+	// WriteFile creates parent directories and replaces the file with
+	// what r yields up to its io.EOF. When reading r fails, the file is
+	// left as it was (no partial file is ever visible) and the error
+	// returned wraps r's. Returns ErrNotAFile, ErrNotWritable.
+	WriteFile(ctx context.Context, sb Sandbox, path string, r io.Reader) error
 	// Terminate ends the sandbox and every process in it. Terminating a
 	// sandbox that is already gone succeeds.
 	Terminate(ctx context.Context, sb Sandbox) error
@@ -276,4 +284,55 @@ func (e Env) HTTPTransport(base http.RoundTripper) http.RoundTripper {
 		return base
 	}
 	return e.Transport(base)
+}
+
+// ReadFileBytes reads the file at path of sb through p.ReadFile into
+// memory: for callers that want the whole file (tests, small files).
+func ReadFileBytes(ctx context.Context, p Provider, sb Sandbox, path string, max int64) ([]byte, error) {
+	var b bytes.Buffer
+	if _, err := p.ReadFile(ctx, sb, path, max, &b); err != nil {
+		return nil, err
+	}
+	if b.Len() == 0 {
+		return []byte{}, nil
+	}
+	return b.Bytes(), nil
+}
+
+// WriteFileBytes replaces the file at path of sb with data through
+// p.WriteFile.
+func WriteFileBytes(ctx context.Context, p Provider, sb Sandbox, path string, data []byte) error {
+	return p.WriteFile(ctx, sb, path, bytes.NewReader(data))
+}
+
+// ReadContent reads r to its end, for a provider that must hold a file's
+// content whole before it replaces the file (WriteFile). When r tells an
+// upper bound of its size (a SizeHint method, or the Len of a
+// *bytes.Reader), the buffer is allocated once at that size, so that the
+// content is never copied to grow.
+func ReadContent(r io.Reader) ([]byte, error) {
+	var hint int64
+	switch h := r.(type) {
+	case interface{ SizeHint() int64 }:
+		hint = h.SizeHint()
+	case interface{ Len() int }:
+		hint = int64(h.Len())
+	}
+	if hint <= 0 || hint > 1<<30 {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, 0, hint+1) // one more: io.EOF is seen without growing
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // the hint was low: grow as append does
+		}
+	}
 }

@@ -118,7 +118,7 @@ func TestAcquireRoutesToTheInstanceProvider(t *testing.T) {
 		if res.Replayed || res.Workspace.Provider != tt.want || res.Workspace.State != sandgate.WorkspaceRunning {
 			t.Errorf("Acquire on %q = %+v; want a new running workspace on %s", tt.provider, res, tt.want)
 		}
-		if _, err := tt.fake.ReadFile(ctx, providers.Sandbox{Ref: res.Workspace.ProviderRef}, "/none", 1); !errors.Is(err, providers.ErrFileNotFound) {
+		if _, err := providers.ReadFileBytes(ctx, tt.fake, providers.Sandbox{Ref: res.Workspace.ProviderRef}, "/none", 1); !errors.Is(err, providers.ErrFileNotFound) {
 			t.Errorf("sandbox %s not at provider %s: %v", res.Workspace.ProviderRef, tt.want, err)
 		}
 		again, err := e.saga.Acquire(ctx, in, "k", req())

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"io"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -174,18 +175,31 @@ func (pr *provider) Exec(ctx context.Context, sb providers.Sandbox, spec provide
 	return res, nil
 }
 
-func (pr *provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64) ([]byte, error) {
+func (pr *provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64, w io.Writer) (int64, error) {
 	ctx, c := pr.start(ctx, OpReadFile)
-	b, err := pr.p.ReadFile(ctx, sb, path, max)
-	c.end(ctx, err, attribute.Int("sandgate.bytes", len(b)))
-	return b, err
+	n, err := pr.p.ReadFile(ctx, sb, path, max, w)
+	c.end(ctx, err, attribute.Int64("sandgate.bytes", n))
+	return n, err
 }
 
-func (pr *provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, data []byte) error {
-	ctx, c := pr.start(ctx, OpWriteFile, attribute.Int("sandgate.bytes", len(data)))
-	err := pr.p.WriteFile(ctx, sb, path, data)
-	c.end(ctx, err)
+func (pr *provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, r io.Reader) error {
+	ctx, c := pr.start(ctx, OpWriteFile)
+	cr := &countReader{r: r}
+	err := pr.p.WriteFile(ctx, sb, path, cr)
+	c.end(ctx, err, attribute.Int64("sandgate.bytes", cr.n))
 	return err
+}
+
+// countReader counts the bytes read through it.
+type countReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 func (pr *provider) Terminate(ctx context.Context, sb providers.Sandbox) error {

@@ -151,7 +151,7 @@ func TestProviders(t *testing.T) {
 	if _, err := a.Provider.Exec(ctx, sb, providers.ExecSpec{Argv: []string{"echo", secret}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Provider.ReadFile(ctx, sb, "/"+secret, 10); !errors.Is(err, providers.ErrFileNotFound) {
+	if _, err := providers.ReadFileBytes(ctx, a.Provider, sb, "/"+secret, 10); !errors.Is(err, providers.ErrFileNotFound) {
 		t.Fatalf("ReadFile = %v; want ErrFileNotFound through the wrapper", err)
 	}
 	fake.TerminateErr = fmt.Errorf("vendor said %s", secret)

@@ -61,10 +61,12 @@ func main() {
 	timeout := flag.Duration("timeout", 10*time.Minute, "bound of the whole run")
 	noisy := flag.Bool("noisy", false, "measure noisy neighbours instead: exec true latency in one workspace, quiet and beside a fork tree and a memory hog")
 	n := flag.Int("n", 200, "-noisy: sequential `exec true` per phase")
+	files := flag.Bool("files", false, "measure file transfers instead: -c clients each writing then reading a file of -size bytes")
+	clients := flag.Int("c", 0, "-files, -acquire: clients at once (default 16 for -files, 8 for -acquire)")
+	fileSize := flag.Int64("size", 8<<20, "-files: bytes of each client's file")
 	hold := flag.Duration("hold", 300*time.Second, "-noisy: the neighbours' durable commands' timeout (they are cancelled before)")
 	acq := flag.Bool("acquire", false, "measure acquire+release throughput with the noop provider beside redis-benchmark EVALSHA instead")
 	pairs := flag.Int("pairs", 2000, "-acquire: acquire+release pairs per round")
-	clients := flag.Int("c", 8, "-acquire: concurrent clients")
 	rounds := flag.Int("rounds", 3, "-acquire: rounds, each redis-benchmark then the broker")
 	level := flag.String("log-level", "info", "-acquire: the broker's log level (info writes one line per request)")
 	flag.Parse()
@@ -73,7 +75,9 @@ func main() {
 	var err error
 	switch {
 	case *acq:
-		err = runAcquire(ctx, acquireOptions{bin: *bin, n: *pairs, c: *clients, rounds: max(*rounds, 1), level: *level})
+		err = runAcquire(ctx, acquireOptions{bin: *bin, n: *pairs, c: orDefault(*clients, 8), rounds: max(*rounds, 1), level: *level})
+	case *files:
+		err = runFiles(ctx, *bin, *before, orDefault(*clients, 16), *fileSize)
 	case *noisy:
 		err = runNoisy(ctx, *bin, *n, *hold)
 	default:
@@ -93,6 +97,8 @@ type broker struct {
 	hc    *http.Client
 	env   map[string]string // dev.env
 	logs  string            // the broker's stderr
+
+	unavailable atomic.Int64 // -files: 503s retried
 }
 
 func run(ctx context.Context, bin, before string, execs int, size int64) error {
@@ -109,19 +115,8 @@ func run(ctx context.Context, bin, before string, execs int, size int64) error {
 	}
 	var old *figures
 	if before != "" {
-		// The same workload against the broker as of another revision,
-		// built from `git archive` in a temporary directory.
-		src := filepath.Join(dir, "before")
-		if err := os.MkdirAll(src, 0o700); err != nil {
-			return err
-		}
-		archive := exec.CommandContext(ctx, "sh", "-c", `git archive "$1" | tar -x -C "$2"`, "sh", before, src)
-		archive.Stderr = os.Stderr
-		if err := archive.Run(); err != nil {
-			return fmt.Errorf("git archive %s: %w", before, err)
-		}
-		oldBin := filepath.Join(dir, "sandgate-before")
-		if err := build(ctx, src, oldBin); err != nil {
+		oldBin, err := buildBefore(ctx, dir, before)
+		if err != nil {
 			return err
 		}
 		f, err := measure(ctx, oldBin, filepath.Join(dir, "data-before"), execs, size)
@@ -166,6 +161,25 @@ func run(ctx context.Context, bin, before string, execs int, size int64) error {
 		return fmt.Errorf("peak RSS %s is not under 512 MiB and within 3× %s", mib(f.peak), mib(admitted))
 	}
 	return nil
+}
+
+// buildBefore builds the broker as of revision rev, from `git archive` in
+// a directory under dir, and returns the binary.
+func buildBefore(ctx context.Context, dir, rev string) (string, error) {
+	src := filepath.Join(dir, "before")
+	if err := os.MkdirAll(src, 0o700); err != nil {
+		return "", err
+	}
+	archive := exec.CommandContext(ctx, "sh", "-c", `git archive "$1" | tar -x -C "$2"`, "sh", rev, src)
+	archive.Stderr = os.Stderr
+	if err := archive.Run(); err != nil {
+		return "", fmt.Errorf("git archive %s: %w", rev, err)
+	}
+	oldBin := filepath.Join(dir, "sandgate-before")
+	if err := build(ctx, src, oldBin); err != nil {
+		return "", err
+	}
+	return oldBin, nil
 }
 
 func build(ctx context.Context, dir, out string) error {
@@ -406,4 +420,12 @@ func status(pid int, field string) (int64, error) {
 // resetPeak resets the process's VmHWM to its current resident set.
 func resetPeak(pid int) error {
 	return os.WriteFile("/proc/"+strconv.Itoa(pid)+"/clear_refs", []byte("5"), 0)
+}
+
+// orDefault is n, or def when n is not set (0).
+func orDefault(n, def int) int {
+	if n <= 0 {
+		return def
+	}
+	return n
 }

@@ -7,6 +7,8 @@ package fakeprovider
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"maps"
 	"strings"
 	"sync"
@@ -105,37 +107,51 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 }
 
 // ReadFile implements providers.Provider.
-func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64) ([]byte, error) {
+func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64, w io.Writer) (int64, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	fs, ok := p.sandboxes[sb.Ref]
 	if !ok {
-		return nil, providers.ErrSandboxGone
+		p.mu.Unlock()
+		return 0, providers.ErrSandboxGone
 	}
 	b, ok := fs[path]
 	if !ok {
+		defer p.mu.Unlock()
 		for k := range fs {
 			if strings.HasPrefix(k, strings.TrimSuffix(path, "/")+"/") {
-				return nil, providers.ErrNotAFile
+				return 0, providers.ErrNotAFile
 			}
 		}
-		return nil, providers.ErrFileNotFound
+		return 0, providers.ErrFileNotFound
 	}
+	p.mu.Unlock()
 	if int64(len(b)) > max {
-		return nil, providers.ErrFileTooLarge
+		return 0, providers.ErrFileTooLarge
 	}
-	return append([]byte(nil), b...), nil
+	// A stored file is never changed in place (WriteFile replaces it), so
+	// it may be written out without the lock.
+	n, err := w.Write(b)
+	return int64(n), err
 }
 
 // WriteFile implements providers.Provider.
-func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, data []byte) error {
+// Like a real sandbox's, a file is replaced whole once r is read to its
+// end: a failing r leaves it as it was.
+func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, r io.Reader) error {
+	if !p.exists(sb.Ref) {
+		return providers.ErrSandboxGone
+	}
+	data, err := providers.ReadContent(r)
+	if err != nil {
+		return fmt.Errorf("fakeprovider: write: %w", err)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	fs, ok := p.sandboxes[sb.Ref]
 	if !ok {
 		return providers.ErrSandboxGone
 	}
-	fs[path] = append([]byte(nil), data...)
+	fs[path] = data
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -212,7 +213,7 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 }
 
 // WriteFile implements providers.Provider.
-func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, data []byte) error {
+func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, r io.Reader) error {
 	p.mu.Lock()
 	f := p.writeFile
 	p.mu.Unlock()
@@ -221,7 +222,7 @@ func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path str
 			return err
 		}
 	}
-	return p.Provider.WriteFile(ctx, sb, path, data)
+	return p.Provider.WriteFile(ctx, sb, path, r)
 }
 
 // Terminate implements providers.Provider.

@@ -13,6 +13,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"io/fs"
 	"strconv"
 	"strings"
@@ -92,50 +93,86 @@ m=644
 chmod "$m" "$t" && mv -f -- "$t" "$p" || { rm -f -- "$t"; exit 1; }
 `
 
-// ReadFile returns the content of the regular file at the absolute path in
-// sb. Returns [providers.ErrFileNotFound] when it does not exist,
-// [providers.ErrNotAFile] when it is a directory or another non-regular file,
-// and [providers.ErrFileTooLarge] when it is over max bytes; in that last case
-// the content never leaves the sandbox. Errors never carry the path.
-func ReadFile(ctx context.Context, ex Execer, sb providers.Sandbox, path string, max int64) ([]byte, error) {
+// ReadFile copies the content of the regular file at the absolute path in
+// sb to w as the sandbox sends it, and returns the bytes written. Returns
+// [providers.ErrFileNotFound] when it does not exist,
+// [providers.ErrNotAFile] when it is a directory or another non-regular
+// file, and [providers.ErrFileTooLarge] when it is over max bytes; in that
+// last case the content never leaves the sandbox, unless the file grew
+// after its size was checked (then at most max+1 bytes reach w). On an
+// error, what reached w is not the file. Errors never carry the path.
+func ReadFile(ctx context.Context, ex Execer, sb providers.Sandbox, path string, max int64, w io.Writer) (int64, error) {
 	if err := checkPath(path); err != nil {
-		return nil, err
+		return 0, err
 	}
 	max = clamp(max)
+	cw := &countWriter{w: w}
 	res, err := ex.Exec(ctx, sb, providers.ExecSpec{
 		Argv:    []string{"sh", "-c", readScript, "sh", path, strconv.FormatInt(max, 10)},
 		Timeout: opTimeout,
 		// One byte over max lets us tell a file that grew after the size
 		// check from one that is exactly max bytes.
 		MaxOutputBytes: max + 1,
+		Stdout:         cw,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("execfile: read: %w", err)
+		return cw.n, fmt.Errorf("execfile: read: %w", err)
+	}
+	if cw.err != nil {
+		return cw.n, fmt.Errorf("execfile: read: %w", cw.err)
 	}
 	if err := exitErr("read", res); err != nil {
-		return nil, err
+		return cw.n, err
 	}
 	// The file may have grown between the size check and cat.
 	if res.StdoutBytes > max || res.StdoutTruncated {
-		return nil, fmt.Errorf("execfile: read: %w", providers.ErrFileTooLarge)
+		return cw.n, fmt.Errorf("execfile: read: %w", providers.ErrFileTooLarge)
 	}
-	if int64(len(res.Stdout)) != res.StdoutBytes {
-		return nil, fmt.Errorf("execfile: read: got %d of %d bytes", len(res.Stdout), res.StdoutBytes)
+	if res.Stdout != nil {
+		// A provider may return the bytes instead of writing them to w.
+		if _, err := cw.Write(res.Stdout); err != nil {
+			return cw.n, fmt.Errorf("execfile: read: %w", err)
+		}
 	}
-	if res.Stdout == nil {
-		return []byte{}, nil
+	if cw.n != res.StdoutBytes {
+		return cw.n, fmt.Errorf("execfile: read: got %d of %d bytes", cw.n, res.StdoutBytes)
 	}
-	return res.Stdout, nil
+	return cw.n, nil
+}
+
+// countWriter counts what it passes on, and keeps the first error of w
+// (a provider's Exec does not report a failing Stdout).
+type countWriter struct {
+	w   io.Writer
+	n   int64
+	err error
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	c.err = err
+	return n, err
 }
 
 // WriteFile creates the parent directories of the absolute path in sb and
-// replaces the file there with data. Returns [providers.ErrNotAFile] when the
-// path is a directory or a parent is not a directory, and
-// [providers.ErrNotWritable] when the sandbox cannot write there. Errors
-// never carry the path.
-func WriteFile(ctx context.Context, ex Execer, sb providers.Sandbox, path string, data []byte) error {
+// replaces the file there with what r yields. r is read to its end before
+// anything runs in the sandbox, so a failing r (a request body cut short,
+// invalid base64) leaves the file as it was; the script then writes a
+// temporary file and renames it over the path. Returns
+// [providers.ErrNotAFile] when the path is a directory or a parent is not a
+// directory, and [providers.ErrNotWritable] when the sandbox cannot write
+// there. Errors never carry the path.
+func WriteFile(ctx context.Context, ex Execer, sb providers.Sandbox, path string, r io.Reader) error {
 	if err := checkPath(path); err != nil {
 		return err
+	}
+	data, err := providers.ReadContent(r)
+	if err != nil {
+		return fmt.Errorf("execfile: write: %w", err)
 	}
 	var tok [12]byte
 	rand.Read(tok[:]) // never fails; see crypto/rand.Read

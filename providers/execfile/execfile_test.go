@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"testing/iotest"
 
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/execfile"
@@ -99,7 +101,7 @@ func TestReadFile(t *testing.T) {
 	}
 	for _, tt := range tests {
 		ex := &hostExecer{}
-		got, err := execfile.ReadFile(t.Context(), ex, sb, filepath.Join(dir, tt.name), tt.max)
+		got, err := readFile(t, ex, filepath.Join(dir, tt.name), tt.max)
 		if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
 			t.Errorf("ReadFile(%q, %d) error = %v; want %v", tt.name, tt.max, err, tt.wantErr)
 			continue
@@ -117,7 +119,7 @@ func TestReadFileGrew(t *testing.T) {
 	// The sandbox reported more bytes than max: the file grew after the size
 	// check, and the read must fail rather than return a cut file.
 	ex := fixedExecer{Stdout: []byte("0123"), StdoutBytes: 5, StdoutTruncated: true}
-	if _, err := execfile.ReadFile(t.Context(), ex, sb, "/f", 3); !errors.Is(err, providers.ErrFileTooLarge) {
+	if _, err := readFile(t, ex, "/f", 3); !errors.Is(err, providers.ErrFileTooLarge) {
 		t.Errorf("ReadFile of a grown file error = %v; want ErrFileTooLarge", err)
 	}
 }
@@ -126,7 +128,7 @@ func TestWriteFile(t *testing.T) {
 	dir := t.TempDir()
 	ex := &hostExecer{}
 	write := func(name string, data []byte) error {
-		return execfile.WriteFile(t.Context(), ex, sb, dir+"/"+name, data) // not Join: keep a trailing slash
+		return execfile.WriteFile(t.Context(), ex, sb, dir+"/"+name, bytes.NewReader(data)) // not Join: keep a trailing slash
 	}
 
 	if err := write("a/b/c/bin", allBytes()); err != nil {
@@ -189,10 +191,10 @@ func TestWriteFile(t *testing.T) {
 
 func TestBadPath(t *testing.T) {
 	for _, p := range []string{"", "rel/path", "/nul\x00byte"} {
-		if _, err := execfile.ReadFile(t.Context(), &hostExecer{}, sb, p, 10); !errors.Is(err, fs.ErrInvalid) {
+		if _, err := readFile(t, &hostExecer{}, p, 10); !errors.Is(err, fs.ErrInvalid) {
 			t.Errorf("ReadFile(%q) error = %v; want fs.ErrInvalid", p, err)
 		}
-		if err := execfile.WriteFile(t.Context(), &hostExecer{}, sb, p, nil); !errors.Is(err, fs.ErrInvalid) {
+		if err := execfile.WriteFile(t.Context(), &hostExecer{}, sb, p, bytes.NewReader(nil)); !errors.Is(err, fs.ErrInvalid) {
 			t.Errorf("WriteFile(%q) error = %v; want fs.ErrInvalid", p, err)
 		}
 	}
@@ -212,7 +214,7 @@ func TestExitMapping(t *testing.T) {
 		{providers.ExecResult{ExitCode: 84}, providers.ErrNotWritable},
 	}
 	for _, tt := range tests {
-		_, err := execfile.ReadFile(t.Context(), fixedExecer(tt.res), sb, "/f", 10)
+		_, err := readFile(t, fixedExecer(tt.res), "/f", 10)
 		switch {
 		case err == nil:
 			t.Errorf("ReadFile with result %+v = nil error; want one", tt.res)
@@ -222,6 +224,61 @@ func TestExitMapping(t *testing.T) {
 			errors.Is(err, providers.ErrFileTooLarge) || errors.Is(err, providers.ErrNotWritable)):
 			t.Errorf("ReadFile with result %+v error = %v; want a plain error", tt.res, err)
 		}
+	}
+}
+
+// readFile reads through execfile.ReadFile into memory, nil on an error;
+// it checks that the count returned is what reached the writer.
+func readFile(t *testing.T, ex execfile.Execer, path string, max int64) ([]byte, error) {
+	t.Helper()
+	var b bytes.Buffer
+	n, err := execfile.ReadFile(t.Context(), ex, sb, path, max, &b)
+	if n != int64(b.Len()) {
+		t.Errorf("ReadFile returned %d bytes written; the writer got %d", n, b.Len())
+	}
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte{}, b.Bytes()...), nil
+}
+
+// TestReadFileStreams checks that the content reaches the writer from a
+// provider that writes to ExecSpec.Stdout, not only from one that returns
+// it in the result.
+func TestReadFileStreams(t *testing.T) {
+	want := allBytes()
+	ex := streamExecer{out: want}
+	got, err := readFile(t, ex, "/f", int64(len(want)))
+	if err != nil || !bytes.Equal(got, want) {
+		t.Errorf("ReadFile through Stdout = %d bytes, %v; want the %d bytes", len(got), err, len(want))
+	}
+}
+
+// streamExecer writes out to spec.Stdout, as the local provider does.
+type streamExecer struct{ out []byte }
+
+func (s streamExecer) Exec(_ context.Context, _ providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	if _, err := spec.Stdout.Write(s.out); err != nil {
+		return providers.ExecResult{}, err
+	}
+	return providers.ExecResult{StdoutBytes: int64(len(s.out))}, nil
+}
+
+// TestWriteFileFailingReader checks that a reader that fails part way
+// (a request cut short) leaves the file as it was, and nothing else.
+func TestWriteFileFailingReader(t *testing.T) {
+	dir := t.TempDir()
+	name := filepath.Join(dir, "f")
+	mustWrite(t, name, []byte("old"), 0o644)
+	boom := errors.New("body cut short")
+	r := io.MultiReader(bytes.NewReader([]byte("new content")), iotest.ErrReader(boom))
+	if err := execfile.WriteFile(t.Context(), &hostExecer{}, sb, name, r); !errors.Is(err, boom) {
+		t.Errorf("WriteFile with a failing reader error = %v; want it to wrap the reader's", err)
+	}
+	checkFile(t, name, []byte("old"), 0o644)
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != 1 {
+		t.Errorf("directory after a failed write holds %d entries (%v); want only the file", len(entries), err)
 	}
 }
 

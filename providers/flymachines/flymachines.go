@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -646,13 +647,13 @@ func (p *Provider) list(ctx context.Context, extra url.Values) ([]Machine, error
 }
 
 // ReadFile reads a file in the Machine; see [execfile.ReadFile].
-func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64) ([]byte, error) {
-	return execfile.ReadFile(ctx, directExecer{p}, sb, path, max)
+func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64, w io.Writer) (int64, error) {
+	return execfile.ReadFile(ctx, directExecer{p}, sb, path, max, w)
 }
 
 // WriteFile writes a file in the Machine; see [execfile.WriteFile].
-func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, data []byte) error {
-	return execfile.WriteFile(ctx, directExecer{p}, sb, path, data)
+func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, r io.Reader) error {
+	return execfile.WriteFile(ctx, directExecer{p}, sb, path, r)
 }
 
 // Snapshot archives spec.Dir in the Machine and stores it in the blob

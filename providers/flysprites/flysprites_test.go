@@ -336,10 +336,10 @@ func TestNoSecretsInErrors(t *testing.T) {
 	spec.Env = map[string]string{"SECRET_ENV": "secret-env-v1"}
 	sb := providertest.Create(t, p, spec)
 	var errs []error
-	_, err := p.ReadFile(t.Context(), sb, "/tmp/secret-path-p1/x", 10)
+	_, err := providers.ReadFileBytes(t.Context(), p, sb, "/tmp/secret-path-p1/x", 10)
 	errs = append(errs, err)
-	errs = append(errs, p.WriteFile(t.Context(), sb, "/tmp/secret-path-p1", nil))
-	errs = append(errs, p.WriteFile(t.Context(), sb, "/tmp/secret-path-p1/below", nil))
+	errs = append(errs, providers.WriteFileBytes(t.Context(), p, sb, "/tmp/secret-path-p1", nil))
+	errs = append(errs, providers.WriteFileBytes(t.Context(), p, sb, "/tmp/secret-path-p1/below", nil))
 	providertest.Exec(t, p, sb, "echo", "secret-argv-a1")
 	p.Terminate(t.Context(), sb)
 	_, err = p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"echo", "secret-argv-a1"}})

@@ -108,52 +108,58 @@ func (p *Provider) stat(ctx context.Context, name, file string) (kind, fsEntry, 
 
 // ReadFile implements providers.Provider through the fs API: a stat first,
 // so that a directory or a file over max is refused without moving its
-// content, then a read that keeps at most max bytes (a file that grew in
-// between is refused too).
-func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, file string, limit int64) ([]byte, error) {
+// content, then a read copied to w as it arrives, of at most max+1 bytes
+// (a file that grew in between is refused too).
+func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, file string, limit int64, w io.Writer) (int64, error) {
 	if err := checkPath(file); err != nil {
-		return nil, err
+		return 0, err
 	}
 	limit = max(0, limit)
 	k, e, err := p.stat(ctx, sb.Ref, file)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("flysprites: read: %w", err)
+		return 0, fmt.Errorf("flysprites: read: %w", err)
 	case k == kindNone || k == kindBlocked:
-		return nil, fmt.Errorf("flysprites: read: %w", providers.ErrFileNotFound)
+		return 0, fmt.Errorf("flysprites: read: %w", providers.ErrFileNotFound)
 	case k == kindDir:
-		return nil, fmt.Errorf("flysprites: read: %w", providers.ErrNotAFile)
+		return 0, fmt.Errorf("flysprites: read: %w", providers.ErrNotAFile)
 	case e.Size > limit:
-		return nil, fmt.Errorf("flysprites: read: %w", providers.ErrFileTooLarge)
+		return 0, fmt.Errorf("flysprites: read: %w", providers.ErrFileTooLarge)
 	}
 	body, err := p.c.fsRead(ctx, sb.Ref, file)
 	if statusOf(err) == http.StatusNotFound {
 		if err := p.goneOr(ctx, sb.Ref, nil); err != nil {
-			return nil, fmt.Errorf("flysprites: read: %w", err)
+			return 0, fmt.Errorf("flysprites: read: %w", err)
 		}
-		return nil, fmt.Errorf("flysprites: read: %w", providers.ErrFileNotFound)
+		return 0, fmt.Errorf("flysprites: read: %w", providers.ErrFileNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("flysprites: read: %w", err)
+		return 0, fmt.Errorf("flysprites: read: %w", err)
 	}
 	defer body.Close()
-	b, err := io.ReadAll(io.LimitReader(body, limit+1))
+	n, err := io.Copy(w, io.LimitReader(body, limit+1))
 	if err != nil {
-		return nil, fmt.Errorf("flysprites: read: %w", err)
+		return n, fmt.Errorf("flysprites: read: %w", err)
 	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("flysprites: read: %w", providers.ErrFileTooLarge)
+	if n > limit {
+		return n, fmt.Errorf("flysprites: read: %w", providers.ErrFileTooLarge)
 	}
-	return b, nil
+	return n, nil
 }
 
 // WriteFile implements providers.Provider through the fs API. A path that
 // is a directory is refused before the write; a write the vendor refuses
 // is refused as ErrNotAFile when a parent turns out to be a file. A file
-// that exists keeps its mode; a new one is 0644.
-func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, file string, data []byte) error {
+// that exists keeps its mode; a new one is 0644. r is read to its end
+// before anything is sent, so a failing r sends nothing: the fs API
+// replaces the file with one request body, which must be whole.
+func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, file string, r io.Reader) error {
 	if err := checkPath(file); err != nil {
 		return err
+	}
+	data, err := providers.ReadContent(r)
+	if err != nil {
+		return fmt.Errorf("flysprites: write: %w", err)
 	}
 	if file == "/" || file[len(file)-1] == '/' {
 		return fmt.Errorf("flysprites: write: %w", providers.ErrNotAFile)

@@ -52,7 +52,7 @@ func TestDiskQuota(t *testing.T) {
 	if res.ExitCode == 0 || !strings.Contains(string(res.Stderr), "No space left on device") {
 		t.Errorf("300 MiB over /tmp, /root, /workspace in a %d MiB quota: exit %d, %q; want ENOSPC", quota, res.ExitCode, res.Stderr)
 	}
-	if err := p.WriteFile(t.Context(), sb, "/workspace/more", make([]byte, 64<<20)); err == nil {
+	if err := providers.WriteFileBytes(t.Context(), p, sb, "/workspace/more", make([]byte, 64<<20)); err == nil {
 		t.Errorf("WriteFile past the quota succeeded")
 	}
 	if free := freeMiB(t, dir); free < reserve {

@@ -214,7 +214,7 @@ func TestCommandStdinNotKept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.WriteFile(t.Context(), sb, "/tmp/go", nil); err != nil {
+	if err := providers.WriteFileBytes(t.Context(), p, sb, "/tmp/go", nil); err != nil {
 		t.Fatal(err)
 	}
 	st := providertest.WaitCommand(t, p, sb, "in", 1<<20)

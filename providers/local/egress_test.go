@@ -179,7 +179,7 @@ func (e *egressEnv) workspace(t *testing.T, domains ...string) providers.Sandbox
 	spec := providertest.Spec(t)
 	spec.Egress.AllowedDomains = append([]string{}, domains...)
 	sb := providertest.Create(t, e.p, spec)
-	if err := e.p.WriteFile(t.Context(), sb, "/workspace/ca.pem", e.site.caPEM); err != nil {
+	if err := providers.WriteFileBytes(t.Context(), e.p, sb, "/workspace/ca.pem", e.site.caPEM); err != nil {
 		t.Fatal(err)
 	}
 	return sb

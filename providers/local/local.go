@@ -556,13 +556,13 @@ func (p *Provider) open(ref string) (opened, error) {
 }
 
 // ReadFile reads a file inside the sandbox; see [execfile.ReadFile].
-func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64) ([]byte, error) {
-	return execfile.ReadFile(ctx, helperExecer{p}, sb, path, max)
+func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64, w io.Writer) (int64, error) {
+	return execfile.ReadFile(ctx, helperExecer{p}, sb, path, max, w)
 }
 
 // WriteFile writes a file inside the sandbox; see [execfile.WriteFile].
-func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, data []byte) error {
-	return execfile.WriteFile(ctx, helperExecer{p}, sb, path, data)
+func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, r io.Reader) error {
+	return execfile.WriteFile(ctx, helperExecer{p}, sb, path, r)
 }
 
 // Terminate kills the workspace's running execs, waits for them, and

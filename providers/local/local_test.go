@@ -207,7 +207,7 @@ func TestHostHidden(t *testing.T) {
 	if len(res.Stdout) != 0 || res.ExitCode != 0 {
 		t.Errorf("writable paths that should be read-only (exit %d):\n%s", res.ExitCode, res.Stdout)
 	}
-	if err := p.WriteFile(t.Context(), sb, "/usr/sandgate-test", []byte("x")); !errors.Is(err, providers.ErrNotWritable) {
+	if err := providers.WriteFileBytes(t.Context(), p, sb, "/usr/sandgate-test", []byte("x")); !errors.Is(err, providers.ErrNotWritable) {
 		t.Errorf("WriteFile into /usr = %v; want ErrNotWritable", err)
 	}
 	// bwrap, pid 1 of the sandbox, shows neither the broker's environment
@@ -271,7 +271,7 @@ func TestWriteNotWritable(t *testing.T) {
 		{"/tmp/x", nil},
 	}
 	for _, tt := range tests {
-		err := p.WriteFile(t.Context(), sb, tt.path, []byte("x"))
+		err := providers.WriteFileBytes(t.Context(), p, sb, tt.path, []byte("x"))
 		if !errors.Is(err, tt.want) || (tt.want == nil && err != nil) {
 			t.Errorf("WriteFile(%q) = %v; want %v", tt.path, err, tt.want)
 		}
@@ -322,7 +322,7 @@ func TestRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p1.WriteFile(t.Context(), sb, "/workspace/kept", []byte("kept")); err != nil {
+	if err := providers.WriteFileBytes(t.Context(), p1, sb, "/workspace/kept", []byte("kept")); err != nil {
 		t.Fatal(err)
 	}
 
@@ -334,7 +334,7 @@ func TestRestart(t *testing.T) {
 	if !all[0].StartedAt.Equal(sb.StartedAt) {
 		t.Errorf("StartedAt after restart = %v; want %v", all[0].StartedAt, sb.StartedAt)
 	}
-	if got, err := p2.ReadFile(t.Context(), all[0], "/workspace/kept", 100); err != nil || string(got) != "kept" {
+	if got, err := providers.ReadFileBytes(t.Context(), p2, all[0], "/workspace/kept", 100); err != nil || string(got) != "kept" {
 		t.Errorf("ReadFile after restart = %q, %v; want %q", got, err, "kept")
 	}
 	res := providertest.Exec(t, p2, all[0], "sh", "-c", `printf %s "$`+providertest.EnvVar+`"`)
@@ -543,13 +543,13 @@ func TestLogsCarryNoContent(t *testing.T) {
 		Dir:   "/tmp",
 	})
 	path := "/tmp/" + marker
-	if err := p.WriteFile(t.Context(), sb, path, []byte(marker)); err != nil {
+	if err := providers.WriteFileBytes(t.Context(), p, sb, path, []byte(marker)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.ReadFile(t.Context(), sb, path, 1); !errors.Is(err, providers.ErrFileTooLarge) {
+	if _, err := providers.ReadFileBytes(t.Context(), p, sb, path, 1); !errors.Is(err, providers.ErrFileTooLarge) {
 		t.Fatalf("ReadFile over max = %v; want ErrFileTooLarge", err)
 	}
-	if _, err := p.ReadFile(t.Context(), sb, path+"-missing", 100); err == nil || strings.Contains(err.Error(), marker) {
+	if _, err := providers.ReadFileBytes(t.Context(), p, sb, path+"-missing", 100); err == nil || strings.Contains(err.Error(), marker) {
 		t.Errorf("ReadFile of a missing file error = %v; want one without the path", err)
 	}
 	if err := p.Terminate(t.Context(), sb); err != nil {
@@ -584,7 +584,7 @@ func TestTerminateFromAnotherProvider(t *testing.T) {
 	}()
 	// Wait (bounded) until the command runs.
 	for i := 0; ; i++ {
-		if _, err := a.ReadFile(t.Context(), sb, marker, 10); err == nil {
+		if _, err := providers.ReadFileBytes(t.Context(), a, sb, marker, 10); err == nil {
 			break
 		}
 		if i == 500 {

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/providertest"
 )
 
@@ -80,10 +81,10 @@ func TestFileHelpersIgnoreClientPath(t *testing.T) {
 	if res.ExitCode != 0 {
 		t.Fatalf("setting up the fake tools: exit %d: %s", res.ExitCode, res.Stderr)
 	}
-	if err := p.WriteFile(t.Context(), sb, "/workspace/f.txt", []byte("hello\n")); err != nil {
+	if err := providers.WriteFileBytes(t.Context(), p, sb, "/workspace/f.txt", []byte("hello\n")); err != nil {
 		t.Fatalf("WriteFile: %v", err)
 	}
-	got, err := p.ReadFile(t.Context(), sb, "/workspace/f.txt", 100)
+	got, err := providers.ReadFileBytes(t.Context(), p, sb, "/workspace/f.txt", 100)
 	if err != nil || string(got) != "hello\n" {
 		t.Errorf("ReadFile = %q, %v; want %q", got, err, "hello\n")
 	}

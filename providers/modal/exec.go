@@ -357,13 +357,13 @@ func (c *capture) result() ([]byte, int64, bool) {
 }
 
 // ReadFile reads a file in the sandbox through Exec; see [execfile.ReadFile].
-func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64) ([]byte, error) {
-	return execfile.ReadFile(ctx, p, sb, path, max)
+func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64, w io.Writer) (int64, error) {
+	return execfile.ReadFile(ctx, p, sb, path, max, w)
 }
 
 // WriteFile writes a file in the sandbox through Exec; see [execfile.WriteFile].
-func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, data []byte) error {
-	return execfile.WriteFile(ctx, p, sb, path, data)
+func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, r io.Reader) error {
+	return execfile.WriteFile(ctx, p, sb, path, r)
 }
 
 // Interface guards

@@ -9,6 +9,7 @@ package noop
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -85,32 +86,41 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 }
 
 // ReadFile implements providers.Provider from the sandbox's memory.
-func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64) ([]byte, error) {
+func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64, w io.Writer) (int64, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	s, ok := p.sandboxes[sb.Ref]
-	if !ok {
-		return nil, providers.ErrSandboxGone
+	var b []byte
+	if ok {
+		b, ok = s.files[path]
+		if !ok {
+			p.mu.Unlock()
+			return 0, providers.ErrFileNotFound
+		}
 	}
-	b, ok := s.files[path]
-	if !ok {
-		return nil, providers.ErrFileNotFound
+	p.mu.Unlock()
+	if s == nil {
+		return 0, providers.ErrSandboxGone
 	}
 	if int64(len(b)) > max {
-		return nil, providers.ErrFileTooLarge
+		return 0, providers.ErrFileTooLarge
 	}
-	return append([]byte(nil), b...), nil
+	n, err := w.Write(b) // b is never changed in place: WriteFile replaces it
+	return int64(n), err
 }
 
 // WriteFile implements providers.Provider into the sandbox's memory.
-func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, data []byte) error {
+func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, r io.Reader) error {
+	data, err := providers.ReadContent(r)
+	if err != nil {
+		return err
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s, ok := p.sandboxes[sb.Ref]
 	if !ok {
 		return providers.ErrSandboxGone
 	}
-	s.files[path] = append([]byte(nil), data...)
+	s.files[path] = data
 	return nil
 }
 

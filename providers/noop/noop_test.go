@@ -49,16 +49,16 @@ func TestSandboxLifecycle(t *testing.T) {
 	if r, err := p.Exec(ctx, sb, providers.ExecSpec{Argv: []string{"true"}}); err != nil || r.ExitCode != 0 {
 		t.Fatalf("Exec = %+v, %v; want exit 0, nil", r, err)
 	}
-	if err := p.WriteFile(ctx, sb, "/w/a", []byte("hello")); err != nil {
+	if err := providers.WriteFileBytes(ctx, p, sb, "/w/a", []byte("hello")); err != nil {
 		t.Fatalf("WriteFile: %v", err)
 	}
-	if b, err := p.ReadFile(ctx, sb, "/w/a", 5); err != nil || string(b) != "hello" {
+	if b, err := providers.ReadFileBytes(ctx, p, sb, "/w/a", 5); err != nil || string(b) != "hello" {
 		t.Fatalf("ReadFile = %q, %v; want hello, nil", b, err)
 	}
-	if _, err := p.ReadFile(ctx, sb, "/w/a", 4); !errors.Is(err, providers.ErrFileTooLarge) {
+	if _, err := providers.ReadFileBytes(ctx, p, sb, "/w/a", 4); !errors.Is(err, providers.ErrFileTooLarge) {
 		t.Errorf("ReadFile over max: %v; want ErrFileTooLarge", err)
 	}
-	if _, err := p.ReadFile(ctx, sb, "/w/b", 5); !errors.Is(err, providers.ErrFileNotFound) {
+	if _, err := providers.ReadFileBytes(ctx, p, sb, "/w/b", 5); !errors.Is(err, providers.ErrFileNotFound) {
 		t.Errorf("ReadFile of a missing file: %v; want ErrFileNotFound", err)
 	}
 	l, _ := p.List(ctx)

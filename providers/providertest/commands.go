@@ -93,7 +93,7 @@ func testCommandOnce(t *testing.T, p providers.Provider, sb providers.Sandbox) {
 		}
 	}
 	WaitCommand(t, c, sb, "pt-once", 10)
-	if got, err := p.ReadFile(t.Context(), sb, "/tmp/pt-once", 100); err != nil || string(got) != "ran\n" {
+	if got, err := providers.ReadFileBytes(t.Context(), p, sb, "/tmp/pt-once", 100); err != nil || string(got) != "ran\n" {
 		t.Errorf("file after 6 concurrent starts = %q, %v; want exactly one line", got, err)
 	}
 }
@@ -108,7 +108,7 @@ func testCommandCancelBeforeLaunch(t *testing.T, p providers.Provider, sb provid
 		t.Errorf("StartCommand after a cancel = %v; want ErrCommandFenced", err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if _, err := p.ReadFile(t.Context(), sb, "/tmp/pt-fenced", 0); !errors.Is(err, providers.ErrFileNotFound) {
+	if _, err := providers.ReadFileBytes(t.Context(), p, sb, "/tmp/pt-fenced", 0); !errors.Is(err, providers.ErrFileNotFound) {
 		t.Errorf("a fenced command ran (ReadFile = %v)", err)
 	}
 }
@@ -121,7 +121,7 @@ const heartbeat = `( i=0; while :; do i=$((i+1)); echo $i >"$1.tmp"; mv "$1.tmp"
 func beats(t *testing.T, p providers.Provider, sb providers.Sandbox, name string) int {
 	t.Helper()
 	for {
-		b, err := p.ReadFile(t.Context(), sb, name, 100)
+		b, err := providers.ReadFileBytes(t.Context(), p, sb, name, 100)
 		if err == nil {
 			n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 			return n

@@ -11,8 +11,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/sandgate/sandgate"
@@ -342,31 +344,55 @@ func testFileRoundTrip(t *testing.T, p providers.Provider, sb providers.Sandbox)
 	ctx := t.Context()
 	name := "/tmp/pt-roundtrip/a/b/c/file"
 	data := allBytes(3)
-	if err := p.WriteFile(ctx, sb, name, data); err != nil {
+	if err := providers.WriteFileBytes(ctx, p, sb, name, data); err != nil {
 		t.Fatalf("WriteFile creating parents: %v", err)
 	}
-	got, err := p.ReadFile(ctx, sb, name, int64(len(data)))
+	got, err := providers.ReadFileBytes(ctx, p, sb, name, int64(len(data)))
 	if err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("ReadFile = %d bytes, %v; want the %d bytes written", len(got), err, len(data))
 	}
-	if err := p.WriteFile(ctx, sb, name, []byte("short")); err != nil {
+	if err := providers.WriteFileBytes(ctx, p, sb, name, []byte("short")); err != nil {
 		t.Fatalf("WriteFile replacing: %v", err)
 	}
-	if got, err := p.ReadFile(ctx, sb, name, 100); err != nil || string(got) != "short" {
+	if got, err := providers.ReadFileBytes(ctx, p, sb, name, 100); err != nil || string(got) != "short" {
 		t.Errorf("ReadFile after replace = %q, %v; want %q", got, err, "short")
 	}
-	if err := p.WriteFile(ctx, sb, name, nil); err != nil {
+	if err := providers.WriteFileBytes(ctx, p, sb, name, nil); err != nil {
 		t.Fatalf("WriteFile empty: %v", err)
 	}
-	if got, err := p.ReadFile(ctx, sb, name, 0); err != nil || len(got) != 0 {
+	if got, err := providers.ReadFileBytes(ctx, p, sb, name, 0); err != nil || len(got) != 0 {
 		t.Errorf("ReadFile of an empty file with max 0 = %q, %v; want empty", got, err)
+	}
+
+	// The content is streamed: ReadFile counts what it wrote, and a
+	// WriteFile whose reader fails part way leaves the old file whole.
+	if err := providers.WriteFileBytes(ctx, p, sb, name, data); err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	var buf bytes.Buffer
+	if n, err := p.ReadFile(ctx, sb, name, int64(len(data)), &buf); err != nil || n != int64(len(data)) || !bytes.Equal(buf.Bytes(), data) {
+		t.Errorf("ReadFile = %d bytes counted, %d written, %v; want %d of the file", n, buf.Len(), err, len(data))
+	}
+	errCut := errors.New("providertest: reader cut short")
+	cut := io.MultiReader(bytes.NewReader([]byte("partial")), iotest.ErrReader(errCut))
+	if err := p.WriteFile(ctx, sb, name, cut); !errors.Is(err, errCut) {
+		t.Errorf("WriteFile with a failing reader error = %v; want it to wrap the reader's", err)
+	}
+	if got, err := providers.ReadFileBytes(ctx, p, sb, name, int64(len(data))); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("file after a WriteFile whose reader failed = %d bytes, %v; want the %d bytes before", len(got), err, len(data))
+	}
+	if err := p.WriteFile(ctx, sb, "/tmp/pt-roundtrip/never", io.MultiReader(bytes.NewReader([]byte("x")), iotest.ErrReader(errCut))); !errors.Is(err, errCut) {
+		t.Errorf("WriteFile of a new file with a failing reader error = %v; want it to wrap the reader's", err)
+	}
+	if _, err := providers.ReadFileBytes(ctx, p, sb, "/tmp/pt-roundtrip/never", 10); !errors.Is(err, providers.ErrFileNotFound) {
+		t.Errorf("ReadFile of a file whose only write failed = %v; want ErrFileNotFound", err)
 	}
 }
 
 func testFileErrors(t *testing.T, p providers.Provider, sb providers.Sandbox) {
 	ctx := t.Context()
 	const file = "/tmp/pt-errors/file"
-	if err := p.WriteFile(ctx, sb, file, make([]byte, 100)); err != nil {
+	if err := providers.WriteFileBytes(ctx, p, sb, file, make([]byte, 100)); err != nil {
 		t.Fatalf("WriteFile: %v", err)
 	}
 	for _, tt := range []struct {
@@ -381,7 +407,7 @@ func testFileErrors(t *testing.T, p providers.Provider, sb providers.Sandbox) {
 		{file, 99, providers.ErrFileTooLarge},
 		{file, 100, nil},
 	} {
-		got, err := p.ReadFile(ctx, sb, tt.path, tt.max)
+		got, err := providers.ReadFileBytes(ctx, p, sb, tt.path, tt.max)
 		if !errors.Is(err, tt.want) || (tt.want == nil && err != nil) {
 			t.Errorf("ReadFile(%q, %d) error = %v; want %v", tt.path, tt.max, err, tt.want)
 		}
@@ -390,25 +416,25 @@ func testFileErrors(t *testing.T, p providers.Provider, sb providers.Sandbox) {
 		}
 	}
 	for _, path := range []string{"/tmp/pt-errors", "/tmp", file + "/below"} {
-		if err := p.WriteFile(ctx, sb, path, []byte("x")); !errors.Is(err, providers.ErrNotAFile) {
+		if err := providers.WriteFileBytes(ctx, p, sb, path, []byte("x")); !errors.Is(err, providers.ErrNotAFile) {
 			t.Errorf("WriteFile(%q) error = %v; want ErrNotAFile", path, err)
 		}
 	}
-	if got, err := p.ReadFile(ctx, sb, file, 100); err != nil || len(got) != 100 {
+	if got, err := providers.ReadFileBytes(ctx, p, sb, file, 100); err != nil || len(got) != 100 {
 		t.Errorf("file after refused writes = %d bytes, %v; want 100 bytes", len(got), err)
 	}
 }
 
 func testFileVisibleToExec(t *testing.T, p providers.Provider, sb providers.Sandbox) {
 	ctx := t.Context()
-	if err := p.WriteFile(ctx, sb, "/tmp/pt-visible/from-write", []byte("written")); err != nil {
+	if err := providers.WriteFileBytes(ctx, p, sb, "/tmp/pt-visible/from-write", []byte("written")); err != nil {
 		t.Fatalf("WriteFile: %v", err)
 	}
 	if res := Exec(t, p, sb, "cat", "/tmp/pt-visible/from-write"); string(res.Stdout) != "written" {
 		t.Errorf("cat of a written file = %q, exit %d; want %q", res.Stdout, res.ExitCode, "written")
 	}
 	Exec(t, p, sb, "sh", "-c", "printf executed > /tmp/pt-visible/from-exec")
-	if got, err := p.ReadFile(ctx, sb, "/tmp/pt-visible/from-exec", 100); err != nil || string(got) != "executed" {
+	if got, err := providers.ReadFileBytes(ctx, p, sb, "/tmp/pt-visible/from-exec", 100); err != nil || string(got) != "executed" {
 		t.Errorf("ReadFile of a file an exec wrote = %q, %v; want %q", got, err, "executed")
 	}
 }
@@ -449,10 +475,10 @@ func testTerminate(t *testing.T, p providers.Provider, _ providers.Sandbox) {
 	if _, err := p.Exec(ctx, sb, providers.ExecSpec{Argv: []string{"true"}, Timeout: time.Minute}); !errors.Is(err, providers.ErrSandboxGone) {
 		t.Errorf("Exec after Terminate error = %v; want ErrSandboxGone", err)
 	}
-	if _, err := p.ReadFile(ctx, sb, "/tmp/x", 10); !errors.Is(err, providers.ErrSandboxGone) {
+	if _, err := providers.ReadFileBytes(ctx, p, sb, "/tmp/x", 10); !errors.Is(err, providers.ErrSandboxGone) {
 		t.Errorf("ReadFile after Terminate error = %v; want ErrSandboxGone", err)
 	}
-	if err := p.WriteFile(ctx, sb, "/tmp/x", nil); !errors.Is(err, providers.ErrSandboxGone) {
+	if err := providers.WriteFileBytes(ctx, p, sb, "/tmp/x", nil); !errors.Is(err, providers.ErrSandboxGone) {
 		t.Errorf("WriteFile after Terminate error = %v; want ErrSandboxGone", err)
 	}
 }
@@ -511,7 +537,7 @@ func startRunning(t *testing.T, ctx context.Context, p providers.Provider, sb pr
 		done <- execResult{res, err}
 	}()
 	for {
-		_, err := p.ReadFile(t.Context(), sb, started, 0)
+		_, err := providers.ReadFileBytes(t.Context(), p, sb, started, 0)
 		if err == nil {
 			return done
 		}
