@@ -311,17 +311,6 @@ func serverTLS(cert tls.Certificate) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
 }
 
-// newRedis returns the client of the configured Redis. The admission timeout
-// bounds every call, so a Redis outage fails closed quickly instead of
-// hanging requests.
-func newRedis(cfg *Config) *redis.Client {
-	return redis.NewClient(&redis.Options{
-		Addr: cfg.Redis.Addr, Password: cfg.Redis.Password, DB: cfg.Redis.DB,
-		DialTimeout: cfg.Admission.Timeout, ReadTimeout: cfg.Admission.Timeout, WriteTimeout: cfg.Admission.Timeout,
-		PoolTimeout: cfg.Admission.Timeout, MaxRetries: 1,
-	})
-}
-
 // pauseAfterCreate returns the gateway's test-only AfterCreate hook for
 // SANDGATE_TEST_PAUSE_AFTER_CREATE (see Config.testPauseAfterCreate): it
 // writes dir/<workspace id> and blocks until the file is removed. dir ""
