@@ -363,6 +363,7 @@ func Open(tb testing.TB, topology string) redis.UniversalClient {
 		return Start(tb).Client()
 	case "cluster":
 		c := StartCluster(tb).Client()
+		CheckSlots(tb, c)
 		tb.Cleanup(func() { c.Close() })
 		return c
 	}
