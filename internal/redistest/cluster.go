@@ -217,6 +217,21 @@ func (c *Cluster) KillPrimaryOf(ctx context.Context, key string) (string, error)
 	return "", errors.New("redistest: no running primary serves the key's slot")
 }
 
+// Restart starts the killed node at addr again, on its port and data
+// directory: it rejoins the cluster as a replica of the primary that took
+// its slots. Use WaitHealthy to wait until it has synced.
+func (c *Cluster) Restart(addr string) error {
+	for _, n := range c.nodes {
+		if n.addr() == addr {
+			if n.cmd != nil {
+				return fmt.Errorf("redistest: %s is running", addr)
+			}
+			return n.start()
+		}
+	}
+	return fmt.Errorf("redistest: no node %s", addr)
+}
+
 // WaitFailover waits until every slot is served again by a running node
 // (the killed primary's replica promoted). The killed node stays down.
 func (c *Cluster) WaitFailover(ctx context.Context) error {
