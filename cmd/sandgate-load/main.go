@@ -16,6 +16,14 @@
 // past its memory limit.
 //
 //	go run ./cmd/sandgate-load -noisy [-n 200] [-hold 300s]
+//
+// With -cluster it runs acquire/release cycles across several `sandgate
+// serve` processes on a Redis Cluster it starts (cluster.go): no
+// over-admission, money reconciled, slots equal to live records; -chaos
+// kills a primary mid-run, -compare measures 1 vs N gateways and one
+// redis-server vs the cluster.
+//
+//	go run ./cmd/sandgate-load -cluster [-cycles 10000] [-gateways 3] [-chaos | -compare]
 package main
 
 import (
@@ -54,13 +62,28 @@ func main() {
 	noisy := flag.Bool("noisy", false, "measure noisy neighbours instead: exec true latency in one workspace, quiet and beside a fork tree and a memory hog")
 	n := flag.Int("n", 200, "-noisy: sequential `exec true` per phase")
 	hold := flag.Duration("hold", 300*time.Second, "-noisy: the neighbours' durable commands' timeout (they are cancelled before)")
+	cluster := flag.Bool("cluster", false, "acquire/release cycles across several `sandgate serve` processes on a Redis Cluster (cluster.go)")
+	var co clusterOpts
+	flag.IntVar(&co.cycles, "cycles", 10000, "-cluster: acquire/release cycles in all")
+	flag.IntVar(&co.gateways, "gateways", 3, "-cluster: sandgate serve processes")
+	flag.IntVar(&co.instances, "instances", 2, "-cluster: instances, each of its own account")
+	flag.IntVar(&co.max, "max", 4, "-cluster: every instance's max_concurrent_workspaces")
+	flag.IntVar(&co.concurrency, "concurrency", 0, "-cluster: requests in flight; 0 means 3 × max × instances")
+	flag.BoolVar(&co.chaos, "chaos", false, "-cluster: kill -9 the primary of one instance's slot mid-run")
+	flag.BoolVar(&co.compare, "compare", false, "-cluster: throughput of 1 and -gateways gateways on one redis-server and on the cluster, alternating")
+	flag.DurationVar(&co.hold, "hold-workspace", 20*time.Millisecond, "-cluster: how long a client keeps each workspace before releasing it")
+	flag.BoolVar(&co.single, "single", false, "-cluster: run on one redis-server instead of the cluster")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	var err error
-	if *noisy {
+	switch {
+	case *cluster:
+		co.bin = *bin
+		err = runCluster(ctx, co)
+	case *noisy:
 		err = runNoisy(ctx, *bin, *n, *hold)
-	} else {
+	default:
 		err = run(ctx, *bin, *before, *execs, *size)
 	}
 	if err != nil {

@@ -88,7 +88,10 @@ func (b *broker) run(ctx context.Context) error {
 	}
 
 	// The one wiring place: everything below is built once and shared.
-	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
+	// Every script that admits work or moves money waits for the
+	// replicas' acknowledgement (redis.wait, docs/scaling.md).
+	durable := store.Durable(b.rdb, b.cfg.Redis.Wait.Replicas, b.cfg.Redis.Wait.Timeout)
+	db := store.New(durable, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
 	// A data directory another one holds stops the broker at once; a store
 	// that cannot be asked yet (serve starts with Redis down) is asked again
 	// in the background, below, and a refusal then stops it as well.
@@ -107,7 +110,7 @@ func (b *broker) run(ctx context.Context) error {
 	}
 	controls := gateway.NewControls(db, clock)
 	dc := db.Config()
-	admit := admission.New(b.rdb, admission.Standard(controls, admission.StandardConfig{
+	admit := admission.New(durable, admission.Standard(controls, admission.StandardConfig{
 		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Billing: bill.Checks(),
 		Risk: admission.RiskDefaults{
 			AcquiresPerMinute: b.cfg.Admission.Risk.AcquiresPerMinute,

@@ -190,6 +190,9 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 	if c.Admission.Timeout == 0 {
 		c.Admission.Timeout = 2 * time.Second
 	}
+	if c.Redis.Wait.Replicas > 0 && c.Redis.Wait.Timeout >= c.Admission.Timeout {
+		return nil, fmt.Errorf("config: redis.wait.timeout (%s) must be shorter than admission.timeout (%s), which bounds every Redis call", c.Redis.Wait.Timeout, c.Admission.Timeout)
+	}
 	if c.Admission.PendingTimeout == 0 {
 		c.Admission.PendingTimeout = 2 * time.Minute
 	}
