@@ -54,6 +54,7 @@ type clusterOpts struct {
 	compare     bool          // throughput: 1 vs N gateways, single vs cluster
 	single      bool          // run on one redis-server instead of the cluster
 	hold        time.Duration // how long a client keeps each workspace
+	duration    time.Duration // no new cycle starts after this long; 0 means no bound
 }
 
 func runCluster(ctx context.Context, o clusterOpts) error {
@@ -248,15 +249,24 @@ log: {level: info}
 		errMu.Unlock()
 	}
 	start := time.Now()
+	// Cycles stop starting at the duration bound (or ctx's end), so that
+	// the checks below always run.
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	if o.duration > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(runCtx, o.duration)
+		defer cancel()
+	}
 	var wg sync.WaitGroup
 	for w := range o.concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for next.Add(1) <= int64(o.cycles) && ctx.Err() == nil {
+			for runCtx.Err() == nil && next.Add(1) <= int64(o.cycles) {
 				t := tenants[rand.IntN(len(tenants))]
 				key := sandgate.NewID("k")
-				for ctx.Err() == nil {
+				for runCtx.Err() == nil {
 					gw := urls[rand.IntN(len(urls))]
 					status, body, err := call(ctx, hc, http.MethodPost, gw+"/v1/workspaces", t.token, key,
 						protocol.AcquireRequest{Label: "load", Egress: &protocol.Egress{AllowedDomains: []string{}}})
@@ -295,7 +305,7 @@ log: {level: info}
 					switch {
 					case status == http.StatusTooManyRequests && pe.Code == protocol.ConcurrencyLimit:
 						atomic.AddInt64(&r.limited, 1)
-						time.Sleep(time.Duration(1+rand.IntN(5)) * time.Millisecond)
+						time.Sleep(time.Duration(10+rand.IntN(20)) * time.Millisecond)
 					case status == http.StatusServiceUnavailable && pe.Code == protocol.AdmissionUnavailable:
 						atomic.AddInt64(&r.unavailable, 1)
 						if killedAt.Load() != 0 {
@@ -317,7 +327,7 @@ log: {level: info}
 		}()
 	}
 	if chaos && c != nil {
-		for done.Load() < int64(o.cycles/3) && ctx.Err() == nil {
+		for done.Load() < int64(o.cycles/3) && runCtx.Err() == nil && (o.duration == 0 || time.Since(start) < o.duration/3) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		live := store.AdmissionKeys(tenants[0].acct, tenants[0].inst, "", "").Live
@@ -348,8 +358,10 @@ log: {level: info}
 	if f := firstOK.Load(); f != 0 {
 		r.recovered = time.Duration(f - killedAt.Load())
 	}
-	r.drift = reconcile(ctx, db, bill, tenants, funds)
-	return r, ctx.Err()
+	// A bound reached mid-cycle left its release to finish above; the
+	// checks get a context of their own (reconcile bounds itself).
+	r.drift = reconcile(context.WithoutCancel(ctx), db, bill, tenants, funds)
+	return r, nil
 }
 
 // release deletes a workspace through any gateway until one answers.

@@ -41,6 +41,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -72,9 +73,13 @@ func main() {
 	flag.BoolVar(&co.chaos, "chaos", false, "-cluster: kill -9 the primary of one instance's slot mid-run")
 	flag.BoolVar(&co.compare, "compare", false, "-cluster: throughput of 1 and -gateways gateways on one redis-server and on the cluster, alternating")
 	flag.DurationVar(&co.hold, "hold-workspace", 20*time.Millisecond, "-cluster: how long a client keeps each workspace before releasing it")
+	flag.DurationVar(&co.duration, "duration", 0, "-cluster: start no cycle after this long (per run), then check; 0 means no bound but -timeout")
 	flag.BoolVar(&co.single, "single", false, "-cluster: run on one redis-server instead of the cluster")
 	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	// SIGINT or SIGTERM ends the run early and still stops what it started.
+	sctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(sctx, *timeout)
 	defer cancel()
 	var err error
 	switch {
