@@ -192,21 +192,23 @@ func (c *Cluster) healthy(ctx context.Context) error {
 // returns its address. Its replica takes over after NodeTimeout; use
 // WaitFailover to wait for it.
 func (c *Cluster) KillPrimaryOf(ctx context.Context, key string) (string, error) {
-	slot := Slot(key)
+	slot := int64(Slot(key))
 	for _, n := range c.nodes {
 		if n.cmd == nil {
 			continue
 		}
-		rdb := redis.NewClient(&redis.Options{Addr: n.addr(), DialTimeout: time.Second, ReadTimeout: time.Second})
-		slots, err := rdb.ClusterSlots(ctx).Result()
-		rdb.Close()
+		shards, err := shardsOf(ctx, n.addr())
 		if err != nil {
 			continue
 		}
-		for _, s := range slots {
-			if slot >= s.Start && slot <= s.End && len(s.Nodes) > 0 {
+		for _, sh := range shards {
+			primary := primaryOf(sh)
+			for _, r := range sh.Slots {
+				if slot < r.Start || slot > r.End {
+					continue
+				}
 				for _, m := range c.nodes {
-					if m.addr() == s.Nodes[0].Addr && m.cmd != nil {
+					if m.addr() == primary && m.cmd != nil {
 						m.kill()
 						return m.addr(), nil
 					}
@@ -259,29 +261,48 @@ func (c *Cluster) served(ctx context.Context) error {
 		}
 		rdb := redis.NewClient(&redis.Options{Addr: n.addr(), DialTimeout: time.Second, ReadTimeout: time.Second})
 		info, err := rdb.ClusterInfo(ctx).Result()
-		var slots []redis.ClusterSlot
-		if err == nil {
-			slots, err = rdb.ClusterSlots(ctx).Result()
-		}
 		rdb.Close()
+		var shards []redis.ClusterShard
+		if err == nil {
+			shards, err = shardsOf(ctx, n.addr())
+		}
 		if err != nil {
 			return err
 		}
 		if !strings.Contains(info, "cluster_state:ok") {
 			return fmt.Errorf("%s: cluster not ok", n.addr())
 		}
-		covered := 0
-		for _, s := range slots {
-			if len(s.Nodes) == 0 || !running[s.Nodes[0].Addr] {
-				return fmt.Errorf("%s: slots %d-%d still on a stopped primary", n.addr(), s.Start, s.End)
+		var covered int64
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if p := primaryOf(sh); !running[p] {
+					return fmt.Errorf("%s: slots %d-%d still on a stopped primary %s", n.addr(), r.Start, r.End, p)
+				}
+				covered += r.End - r.Start + 1
 			}
-			covered += s.End - s.Start + 1
 		}
 		if covered != 16384 {
 			return fmt.Errorf("%s: %d slots served", n.addr(), covered)
 		}
 	}
 	return nil
+}
+
+// shardsOf returns CLUSTER SHARDS as the node at addr sees it.
+func shardsOf(ctx context.Context, addr string) ([]redis.ClusterShard, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, ReadTimeout: time.Second})
+	defer rdb.Close()
+	return rdb.ClusterShards(ctx).Result()
+}
+
+// primaryOf returns the host:port of a shard's primary, "" when it has none.
+func primaryOf(sh redis.ClusterShard) string {
+	for _, n := range sh.Nodes {
+		if n.Role == "master" {
+			return n.IP + ":" + strconv.FormatInt(n.Port, 10)
+		}
+	}
+	return ""
 }
 
 // Slot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of the key,

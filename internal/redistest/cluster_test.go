@@ -37,7 +37,7 @@ func TestClusterFailover(t *testing.T) {
 	c := redistest.StartCluster(t)
 	rdb := c.Client()
 	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
