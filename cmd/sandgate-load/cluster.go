@@ -19,6 +19,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -128,6 +129,8 @@ type result struct {
 	peak         int64 // most acknowledged workspaces of one instance at once
 	limited      int64 // 429 concurrency_limit (retried)
 	unavailable  int64 // 503 admission_unavailable (retried)
+	busy         int64 // 503 unavailable: the provider had no capacity (retried)
+	timeouts     int64 // requests the broker did not answer within the client's timeout (retried)
 	otherErrors  []string
 	drift        []string // money and slots that do not reconcile
 	killedAt     time.Duration
@@ -139,7 +142,8 @@ type result struct {
 func (r *result) print(o clusterOpts) {
 	fmt.Printf("cycles: %d in %s (%.0f/s); load %s\n", r.cycles, r.elapsed.Round(time.Millisecond), float64(r.cycles)/r.elapsed.Seconds(), loadavg())
 	fmt.Printf("concurrency %d over %d instances of max %d: peak %d held, %d over-admissions\n", o.concurrency, o.instances, o.max, r.peak, r.overAdmitted)
-	fmt.Printf("refused and retried: %d concurrency_limit, %d admission_unavailable\n", r.limited, r.unavailable)
+	fmt.Printf("refused and retried: %d concurrency_limit, %d admission_unavailable, %d unavailable (provider capacity), %d client timeouts (%s)\n",
+		r.limited, r.unavailable, r.busy, r.timeouts, clientTimeout)
 	if r.killedAt > 0 {
 		fmt.Printf("chaos: primary killed at %s; %d admission_unavailable after it; dead node restarted %s after the kill; first acquire after the kill %s after it\n",
 			r.killedAt.Round(time.Millisecond), r.unavailAfter, r.failClosed.Round(time.Millisecond), r.recovered.Round(time.Millisecond))
@@ -164,6 +168,11 @@ func (r *result) verdict() error {
 	}
 	return nil
 }
+
+// clientTimeout bounds one request of the load's clients; a request past
+// it is counted and retried with a new key (its workspace, if created,
+// stays until the reaper or the checks see it).
+const clientTimeout = time.Minute
 
 // tenant is one account with one instance and its token.
 type tenant struct {
@@ -234,7 +243,7 @@ log: {level: info}
 	}
 
 	r := &result{}
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: o.concurrency}}
+	hc := &http.Client{Timeout: clientTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: o.concurrency}}
 	var (
 		next     atomic.Int64
 		done     atomic.Int64
@@ -272,7 +281,12 @@ log: {level: info}
 					status, body, err := call(ctx, hc, http.MethodPost, gw+"/v1/workspaces", t.token, key,
 						protocol.AcquireRequest{Label: "load", Egress: &protocol.Egress{AllowedDomains: []string{}}})
 					if err != nil {
-						fail(err.Error())
+						if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "Client.Timeout") {
+							atomic.AddInt64(&r.timeouts, 1)
+						} else {
+							fail(err.Error())
+						}
+						key = sandgate.NewID("k")
 						time.Sleep(50 * time.Millisecond)
 						continue
 					}
@@ -315,6 +329,10 @@ log: {level: info}
 						// A new key: this one may hold a pending claim the reaper frees.
 						key = sandgate.NewID("k")
 						time.Sleep(50 * time.Millisecond)
+					case status == http.StatusServiceUnavailable && pe.Code == protocol.Unavailable:
+						atomic.AddInt64(&r.busy, 1)
+						key = sandgate.NewID("k")
+						time.Sleep(100 * time.Millisecond)
 					case status == http.StatusConflict:
 						key = sandgate.NewID("k") // the key's acquire is still in progress elsewhere
 					default:
