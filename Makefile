@@ -3,13 +3,14 @@
 # the local provider's disk images, protoc, jq and curl for the README's shell
 # blocks, chromium for the console's browser tests) and runs every test with -race.
 GO ?= go
-APT_PACKAGES := redis-server bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl chromium
+APT_PACKAGES := redis-server redis-tools bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl chromium
 
 .PHONY: test deps vet bench generate
 
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
 	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v protoc >/dev/null 2>&1 || missing="$$missing protobuf-compiler"; \
 	PATH="$$PATH:/usr/sbin:/sbin"; \
