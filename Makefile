@@ -5,13 +5,14 @@
 # checks, a clone through the proxy),
 # chromium for the console's browser tests) and runs every test with -race.
 GO ?= go
-APT_PACKAGES := redis-server bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl openssl git chromium
+APT_PACKAGES := redis-server redis-tools bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl openssl git chromium
 
 .PHONY: test deps vet bench generate
 
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
 	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v protoc >/dev/null 2>&1 || missing="$$missing protobuf-compiler"; \
 	PATH="$$PATH:/usr/sbin:/sbin"; \

@@ -47,11 +47,18 @@ func (db *DB) Accounts(ctx context.Context) ([]sandgate.Account, error) {
 
 // PutInstance stores an instance, new or updated, and invalidates auth caches.
 func (db *DB) PutInstance(ctx context.Context, in sandgate.Instance) error {
+	// The record and the account's set share the account's slot and
+	// change together; the global id index is another slot (a separate
+	// write on Redis Cluster), written after, so an instance found by id
+	// always has its record. A failure between leaves a record not yet
+	// found by id; the operator's retry writes the index.
 	pipe := db.rdb.TxPipeline()
 	pipe.Set(ctx, instanceKey(in.AccountID, in.ID), mustJSON(in), 0)
 	pipe.SAdd(ctx, instancesKey(in.AccountID), in.ID)
-	pipe.Set(ctx, instanceIndexKey(in.ID), in.AccountID, 0)
 	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("put instance: %w", err)
+	}
+	if err := db.rdb.Set(ctx, instanceIndexKey(in.ID), in.AccountID, 0).Err(); err != nil {
 		return fmt.Errorf("put instance: %w", err)
 	}
 	return db.publishInvalidate(ctx)

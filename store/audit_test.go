@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/store"
 )
 
@@ -15,72 +14,74 @@ import (
 // whose clock is behind still appends (after the newest entry), and [from,
 // to) is half-open.
 func TestAuditRange(t *testing.T) {
-	db := store.New(redistest.Start(t).Client(), store.Config{})
-	ctx := context.Background()
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	times := []time.Duration{0, time.Second, 2 * time.Second, time.Second /* behind */, 3 * time.Second, 3 * time.Second, 4 * time.Second}
-	for i, d := range times {
-		e := store.AuditEvent{Time: t0.Add(d), Actor: "alice:sgo_abcd", Action: fmt.Sprint("a", i), Outcome: store.AuditOutcome{Status: 200}}
-		if err := db.AppendAudit(ctx, e, 400*24*time.Hour); err != nil {
-			t.Fatalf("AppendAudit %d: %v", i, err)
-		}
-	}
-	read := func(from, to time.Time, page int) []string {
-		t.Helper()
-		var out []string
-		err := db.AuditRange(ctx, from, to, page, func(b []byte) error {
-			var e store.AuditEvent
-			if err := json.Unmarshal(b, &e); err != nil {
-				return err
+	eachDB(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+		times := []time.Duration{0, time.Second, 2 * time.Second, time.Second /* behind */, 3 * time.Second, 3 * time.Second, 4 * time.Second}
+		for i, d := range times {
+			e := store.AuditEvent{Time: t0.Add(d), Actor: "alice:sgo_abcd", Action: fmt.Sprint("a", i), Outcome: store.AuditOutcome{Status: 200}}
+			if err := db.AppendAudit(ctx, e, 400*24*time.Hour); err != nil {
+				t.Fatalf("AppendAudit %d: %v", i, err)
 			}
-			out = append(out, e.Action)
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
 		}
-		return out
-	}
-	tests := []struct {
-		name     string
-		from, to time.Time
-		want     string
-	}{
-		{"all", time.Time{}, time.Time{}, "[a0 a1 a2 a3 a4 a5 a6]"},
-		{"from", t0.Add(3 * time.Second), time.Time{}, "[a4 a5 a6]"},
-		{"to is excluded", t0.Add(time.Second), t0.Add(3 * time.Second), "[a1 a2 a3]"},
-		{"empty", t0.Add(time.Hour), time.Time{}, "[]"},
-	}
-	for _, tt := range tests {
-		for _, page := range []int{1, 2, 500} {
-			t.Run(fmt.Sprint(tt.name, "/page", page), func(t *testing.T) {
-				if got := fmt.Sprint(read(tt.from, tt.to, page)); got != tt.want {
-					t.Errorf("AuditRange(%s) = %s; want %s", tt.name, got, tt.want)
+		read := func(from, to time.Time, page int) []string {
+			t.Helper()
+			var out []string
+			err := db.AuditRange(ctx, from, to, page, func(b []byte) error {
+				var e store.AuditEvent
+				if err := json.Unmarshal(b, &e); err != nil {
+					return err
 				}
+				out = append(out, e.Action)
+				return nil
 			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return out
 		}
-	}
+		tests := []struct {
+			name     string
+			from, to time.Time
+			want     string
+		}{
+			{"all", time.Time{}, time.Time{}, "[a0 a1 a2 a3 a4 a5 a6]"},
+			{"from", t0.Add(3 * time.Second), time.Time{}, "[a4 a5 a6]"},
+			{"to is excluded", t0.Add(time.Second), t0.Add(3 * time.Second), "[a1 a2 a3]"},
+			{"empty", t0.Add(time.Hour), time.Time{}, "[]"},
+		}
+		for _, tt := range tests {
+			for _, page := range []int{1, 2, 500} {
+				t.Run(fmt.Sprint(tt.name, "/page", page), func(t *testing.T) {
+					if got := fmt.Sprint(read(tt.from, tt.to, page)); got != tt.want {
+						t.Errorf("AuditRange(%s) = %s; want %s", tt.name, got, tt.want)
+					}
+				})
+			}
+		}
+	})
 }
 
 // TestAuditRetention: appending trims entries older than the retention.
 func TestAuditRetention(t *testing.T) {
-	db := store.New(redistest.Start(t).Client(), store.Config{})
-	ctx := context.Background()
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	// MINID ~ trims whole stream nodes (100 entries by default), so fill some.
-	for i := range 250 {
-		if err := db.AppendAudit(ctx, store.AuditEvent{Time: t0.Add(time.Duration(i) * time.Millisecond), Action: "old"}, time.Hour); err != nil {
+	eachDB(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+		// MINID ~ trims whole stream nodes (100 entries by default), so fill some.
+		for i := range 250 {
+			if err := db.AppendAudit(ctx, store.AuditEvent{Time: t0.Add(time.Duration(i) * time.Millisecond), Action: "old"}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := db.AppendAudit(ctx, store.AuditEvent{Time: t0.Add(48 * time.Hour), Action: "new"}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := db.AppendAudit(ctx, store.AuditEvent{Time: t0.Add(48 * time.Hour), Action: "new"}, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	n, err := db.Redis().XLen(ctx, "sg:audit").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n >= 251 || n < 1 {
-		t.Errorf("entries after trimming = %d; want fewer than 251 (the old ones trimmed)", n)
-	}
+		n, err := db.Redis().XLen(ctx, "sg:audit").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n >= 251 || n < 1 {
+			t.Errorf("entries after trimming = %d; want fewer than 251 (the old ones trimmed)", n)
+		}
+	})
 }

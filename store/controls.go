@@ -137,14 +137,16 @@ func (db *DB) Control(ctx context.Context, acct, field string) (*Control, error)
 // controls (FieldStop, FieldPause or InstancePauseField) and tells every
 // gateway at once.
 func (db *DB) SetControl(ctx context.Context, acct, field string, c *Control) error {
-	pipe := db.rdb.TxPipeline()
+	// The global listing set is another slot than the account's
+	// controls, so on Redis Cluster it is a write of its own: first, so
+	// that a control in force is always listed by status.
+	var err error
 	if c == nil {
-		pipe.HDel(ctx, controlsKey(acct), field)
-	} else {
-		pipe.HSet(ctx, controlsKey(acct), field, mustJSON(c))
-		pipe.SAdd(ctx, controlledKey(), acct)
+		err = db.rdb.HDel(ctx, controlsKey(acct), field).Err()
+	} else if err = db.rdb.SAdd(ctx, controlledKey(), acct).Err(); err == nil {
+		err = db.rdb.HSet(ctx, controlsKey(acct), field, mustJSON(c)).Err()
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err != nil {
 		return fmt.Errorf("set control: %w", err)
 	}
 	return db.publishInvalidate(ctx)

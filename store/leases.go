@@ -87,11 +87,20 @@ func (db *DB) IssueLease(ctx context.Context, l sandgate.Lease, supersede bool, 
 			return err
 		}
 	}
-	pipe := db.rdb.TxPipeline()
-	pipe.Set(ctx, tokenKey(l.TokenHash), mustJSON(l), 0)
-	pipe.SAdd(ctx, leasesKey(l.AccountID, l.InstanceID), l.TokenHash)
-	pipe.Set(ctx, leaseIndexKey(l.ID), l.TokenHash, 0)
-	if _, err := pipe.Exec(ctx); err != nil {
+	// Three keys in three hash slots (the token and lease indexes are
+	// global), so on Redis Cluster no transaction can span them: they are
+	// written in an order in which a failure part-way is harmless. The
+	// instance's set and the lease index come first, so that a token
+	// that exists is always found by RevokeLeases and by its lease id; a
+	// failure before the token is written leaves index entries to a
+	// token nobody holds, which every reader skips.
+	if err := db.rdb.SAdd(ctx, leasesKey(l.AccountID, l.InstanceID), l.TokenHash).Err(); err != nil {
+		return fmt.Errorf("issue lease: %w", err)
+	}
+	if err := db.rdb.Set(ctx, leaseIndexKey(l.ID), l.TokenHash, 0).Err(); err != nil {
+		return fmt.Errorf("issue lease: %w", err)
+	}
+	if err := db.rdb.Set(ctx, tokenKey(l.TokenHash), mustJSON(l), 0).Err(); err != nil {
 		return fmt.Errorf("issue lease: %w", err)
 	}
 	return db.publishInvalidate(ctx)

@@ -24,6 +24,14 @@
 // server, reported as their ratio.
 //
 //	go run ./cmd/sandgate-load -acquire [-pairs 2000] [-c 8] [-rounds 3] [-log-level info]
+//
+// With -cluster it runs acquire/release cycles across several `sandgate
+// serve` processes on a Redis Cluster it starts (cluster.go): no
+// over-admission, money reconciled, slots equal to live records; -chaos
+// kills a primary mid-run, -compare measures 1 vs N gateways and one
+// redis-server vs the cluster.
+//
+//	go run ./cmd/sandgate-load -cluster [-cycles 10000] [-gateways 3] [-chaos | -compare]
 package main
 
 import (
@@ -41,6 +49,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -69,8 +78,23 @@ func main() {
 	pairs := flag.Int("pairs", 2000, "-acquire: acquire+release pairs per round")
 	rounds := flag.Int("rounds", 3, "-acquire: rounds, each redis-benchmark then the broker")
 	level := flag.String("log-level", "info", "-acquire: the broker's log level (info writes one line per request)")
+	cluster := flag.Bool("cluster", false, "acquire/release cycles across several `sandgate serve` processes on a Redis Cluster (cluster.go)")
+	var co clusterOpts
+	flag.IntVar(&co.cycles, "cycles", 10000, "-cluster: acquire/release cycles in all")
+	flag.IntVar(&co.gateways, "gateways", 3, "-cluster: sandgate serve processes")
+	flag.IntVar(&co.instances, "instances", 2, "-cluster: instances, each of its own account")
+	flag.IntVar(&co.max, "max", 4, "-cluster: every instance's max_concurrent_workspaces")
+	flag.IntVar(&co.concurrency, "concurrency", 0, "-cluster: requests in flight; 0 means 3 × max × instances")
+	flag.BoolVar(&co.chaos, "chaos", false, "-cluster: kill -9 the primary of one instance's slot mid-run")
+	flag.BoolVar(&co.compare, "compare", false, "-cluster: throughput of 1 and -gateways gateways on one redis-server and on the cluster, alternating")
+	flag.DurationVar(&co.hold, "hold-workspace", 20*time.Millisecond, "-cluster: how long a client keeps each workspace before releasing it")
+	flag.DurationVar(&co.duration, "duration", 0, "-cluster: start no cycle after this long (per run), then check; 0 means no bound but -timeout")
+	flag.BoolVar(&co.single, "single", false, "-cluster: run on one redis-server instead of the cluster")
 	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	// SIGINT or SIGTERM ends the run early and still stops what it started.
+	sctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(sctx, *timeout)
 	defer cancel()
 	var err error
 	switch {
@@ -78,6 +102,9 @@ func main() {
 		err = runAcquire(ctx, acquireOptions{bin: *bin, n: *pairs, c: orDefault(*clients, 8), rounds: max(*rounds, 1), level: *level})
 	case *files:
 		err = runFiles(ctx, *bin, *before, orDefault(*clients, 16), *fileSize)
+	case *cluster:
+		co.bin = *bin
+		err = runCluster(ctx, co)
 	case *noisy:
 		err = runNoisy(ctx, *bin, *n, *hold)
 	default:

@@ -99,7 +99,10 @@ func (b *broker) run(ctx context.Context) error {
 	}
 
 	// The one wiring place: everything below is built once and shared.
-	db := store.New(b.rdb, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
+	// Every script that admits work or moves money waits for the
+	// replicas' acknowledgement (redis.wait, docs/scaling.md).
+	durable := store.Durable(b.rdb, b.cfg.Redis.Wait.Replicas, b.cfg.Redis.Wait.Timeout)
+	db := store.New(durable, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
 	// A data directory another one holds stops the broker at once; a store
 	// that cannot be asked yet (serve starts with Redis down) is asked again
 	// in the background, below, and a refusal then stops it as well.
@@ -118,7 +121,7 @@ func (b *broker) run(ctx context.Context) error {
 	}
 	controls := gateway.NewControls(db, clock)
 	dc := db.Config()
-	admit := admission.New(b.rdb, admission.Standard(controls, admission.StandardConfig{
+	admit := admission.New(durable, admission.Standard(controls, admission.StandardConfig{
 		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Billing: bill.Checks(),
 		Risk: admission.RiskDefaults{
 			AcquiresPerMinute: b.cfg.Admission.Risk.AcquiresPerMinute,
@@ -325,17 +328,6 @@ func isLoopback(addr string) bool {
 
 func serverTLS(cert tls.Certificate) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
-}
-
-// newRedis returns the client of the configured Redis. The admission timeout
-// bounds every call, so a Redis outage fails closed quickly instead of
-// hanging requests.
-func newRedis(cfg *Config) *redis.Client {
-	return redis.NewClient(&redis.Options{
-		Addr: cfg.Redis.Addr, Password: cfg.Redis.Password, DB: cfg.Redis.DB,
-		DialTimeout: cfg.Admission.Timeout, ReadTimeout: cfg.Admission.Timeout, WriteTimeout: cfg.Admission.Timeout,
-		PoolTimeout: cfg.Admission.Timeout, MaxRetries: 1,
-	})
 }
 
 // pauseAfterCreate returns the gateway's test-only AfterCreate hook for

@@ -34,11 +34,7 @@ type Config struct {
 		KeyFile        string   `yaml:"key_file"`        // SANDGATE_TLS_KEY_FILE
 		TrustedProxies []string `yaml:"trusted_proxies"` // CIDRs or addresses of TLS-terminating proxies
 	} `yaml:"tls"`
-	Redis struct {
-		Addr     string `yaml:"addr"`     // SANDGATE_REDIS_ADDR; default "127.0.0.1:6379"
-		Password string `yaml:"password"` // SANDGATE_REDIS_PASSWORD
-		DB       int    `yaml:"db"`       // SANDGATE_REDIS_DB
-	} `yaml:"redis"`
+	Redis RedisConfig `yaml:"redis"`
 	// Provider is the single provider of configs older than named
 	// providers: with no `providers:` list it opens as one provider named
 	// after its kind. Set one or the other, not both.
@@ -197,7 +193,9 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 	def(&c.Listen, ":8443")
 	def(&c.AdminListen, "127.0.0.1:8444")
 	def(&c.DataDir, "/var/lib/sandgate")
-	def(&c.Redis.Addr, "127.0.0.1:6379")
+	if err := c.Redis.check(); err != nil {
+		return nil, err
+	}
 	def(&c.Log.Level, "info")
 	if c.BrokerID == "" {
 		h, _ := os.Hostname()
@@ -205,6 +203,9 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 	}
 	if c.Admission.Timeout == 0 {
 		c.Admission.Timeout = 2 * time.Second
+	}
+	if c.Redis.Wait.Replicas > 0 && c.Redis.Wait.Timeout >= c.Admission.Timeout {
+		return nil, fmt.Errorf("config: redis.wait.timeout (%s) must be shorter than admission.timeout (%s), which bounds every Redis call", c.Redis.Wait.Timeout, c.Admission.Timeout)
 	}
 	if c.Admission.PendingTimeout == 0 {
 		c.Admission.PendingTimeout = 2 * time.Minute

@@ -494,6 +494,9 @@ type serveOptions struct {
 	// Providers replaces the config's provider block (YAML); "" means
 	// the local provider alone.
 	Providers string
+	// Redis replaces the config's redis block (YAML, without the
+	// `redis:` line, indented two spaces); "" means `addr: redisAddr`.
+	Redis string
 }
 
 const adminTokenEnv = "SANDGATE_E2E_ADMIN_TOKEN"
@@ -518,6 +521,10 @@ func newServeConfig(t testing.TB, redisAddr string, o serveOptions) *serveConfig
 	if level == "" {
 		level = "info"
 	}
+	rds := o.Redis
+	if rds == "" {
+		rds = fmt.Sprintf("  addr: %q", redisAddr)
+	}
 	provs := o.Providers
 	if provs == "" {
 		provs = "provider:\n  name: local"
@@ -531,7 +538,7 @@ tls:
   cert_file: %q
   key_file: %q
 redis:
-  addr: %q
+%s
 %s
 operators:
   - name: e2e-admin
@@ -551,7 +558,7 @@ defaults:
     idle_timeout: 15m
 log:
   level: %s
-`, c.DataDir, c.PKI.CertPath, c.PKI.KeyPath, redisAddr, provs, adminTokenEnv, hex.EncodeToString(opHash[:]), level)
+`, c.DataDir, c.PKI.CertPath, c.PKI.KeyPath, rds, provs, adminTokenEnv, hex.EncodeToString(opHash[:]), level)
 	if err := os.WriteFile(c.Path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}

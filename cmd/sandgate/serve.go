@@ -45,7 +45,9 @@ func serveCommand() *cobra.Command {
 			if !isLoopback(cfg.AdminListen) {
 				return fmt.Errorf("admin_listen %q is not a loopback address; the operator API serves plain HTTP and must stay on loopback (put a TLS proxy in front to expose it)", cfg.AdminListen)
 			}
-			b.rdb = newRedis(cfg)
+			if b.rdb, err = newRedis(cfg); err != nil {
+				return err
+			}
 			defer b.rdb.Close()
 			if b.public, err = net.Listen("tcp", cfg.Listen); err != nil {
 				return err

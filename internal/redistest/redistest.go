@@ -63,8 +63,11 @@ func (s *Server) start() {
 }
 
 // Client returns a new client of the server, closed when the test ends.
+// It fails the test on a command that would span cluster slots
+// (CheckSlots).
 func (s *Server) Client() *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
+	CheckSlots(s.tb, c)
 	s.tb.Cleanup(func() { c.Close() })
 	return c
 }

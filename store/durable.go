@@ -1,0 +1,98 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrNotReplicated is returned by a script run through a Durable client
+// when fewer replicas than required acknowledged its writes in time. The
+// writes are on the primary, but a failover may lose them; the caller
+// must fail closed (the admission answers 503 admission_unavailable).
+var ErrNotReplicated = errors.New("store: the write was not acknowledged by enough replicas")
+
+// Durable returns rdb whose Lua scripts (Eval, EvalSha) are followed, on
+// the same connection and in the same round trip, by WAIT replicas
+// timeout: a script returns ErrNotReplicated unless that many replicas
+// acknowledged it (docs/scaling.md). Every state change that admits work
+// or moves money is a script, so a DB, billing and the admission pipeline
+// over a Durable client never act on a write that a failover could lose.
+// Other commands pass through unchanged. replicas 0 returns rdb itself.
+//
+// rdb must be a *redis.Client (one Redis, or Sentinel's failover client)
+// or a *redis.ClusterClient, whose script goes straight to the primary of
+// its first key's slot.
+func Durable(rdb redis.UniversalClient, replicas int, timeout time.Duration) redis.UniversalClient {
+	if replicas <= 0 {
+		return rdb
+	}
+	return &durable{UniversalClient: rdb, replicas: replicas, timeout: timeout}
+}
+
+type durable struct {
+	redis.UniversalClient
+	replicas int
+	timeout  time.Duration
+}
+
+func (d *durable) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return d.run(ctx, keys, func(p redis.Pipeliner) *redis.Cmd { return p.Eval(ctx, script, keys, args...) })
+}
+
+func (d *durable) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	return d.run(ctx, keys, func(p redis.Pipeliner) *redis.Cmd { return p.EvalSha(ctx, sha, keys, args...) })
+}
+
+func (d *durable) run(ctx context.Context, keys []string, queue func(redis.Pipeliner) *redis.Cmd) *redis.Cmd {
+	node, err := d.node(ctx, keys)
+	if err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	var cmd *redis.Cmd
+	wait := redis.NewIntCmd(ctx, "wait", d.replicas, d.timeout.Milliseconds())
+	// One pipeline is one connection: WAIT counts the replicas that
+	// acknowledged this connection's last write, the script's.
+	_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		cmd = queue(p)
+		_ = p.Process(ctx, wait)
+		return nil
+	})
+	if err := cmd.Err(); err != nil {
+		if cc, ok := d.UniversalClient.(*redis.ClusterClient); ok && movedOrDown(err) {
+			cc.ReloadState(ctx) // the slot moved (a failover): find its new primary
+		}
+		return cmd
+	}
+	if err := wait.Err(); err != nil {
+		cmd.SetErr(fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err))
+	} else if n := wait.Val(); n < int64(d.replicas) {
+		cmd.SetErr(fmt.Errorf("%w: %d of %d within %s", ErrNotReplicated, n, d.replicas, d.timeout))
+	}
+	return cmd
+}
+
+// node returns the client of the one server that runs a script on keys.
+func (d *durable) node(ctx context.Context, keys []string) (*redis.Client, error) {
+	switch c := d.UniversalClient.(type) {
+	case *redis.ClusterClient:
+		if len(keys) == 0 {
+			return nil, errors.New("store: a script on Redis Cluster needs a key to route by")
+		}
+		return c.MasterForKey(ctx, keys[0])
+	case *redis.Client:
+		return c, nil
+	}
+	return nil, fmt.Errorf("store: durable scripts need a *redis.Client or *redis.ClusterClient, not %T", d.UniversalClient)
+}
+
+func movedOrDown(err error) bool {
+	s := err.Error()
+	return strings.HasPrefix(s, "MOVED ") || strings.HasPrefix(s, "ASK ") || strings.HasPrefix(s, "CLUSTERDOWN") || strings.Contains(s, "connection refused")
+}
