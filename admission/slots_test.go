@@ -22,7 +22,7 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 		pipeline = append(pipeline, k...)
 	}
 	redistest.CheckScripts(t, ".", []redistest.Script{
-		{Var: "gcraScript", Keys: [][]string{{rateKey("lse_1", ClassAcquire)}}},
+		{Var: "borrowScript", Keys: [][]string{{rateKey("lse_1", ClassAcquire)}}},
 		{Var: "Pipeline (New)", Keys: [][]string{pipeline}},
 	})
 }
