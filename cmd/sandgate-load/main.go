@@ -16,6 +16,12 @@
 // past its memory limit.
 //
 //	go run ./cmd/sandgate-load -noisy [-n 200] [-hold 300s]
+//
+// With -idle it measures what idle local workspaces cost the host
+// (idle.go): host CPU from /proc/stat over a window with none, then with n
+// live idle workspaces.
+//
+//	go run ./cmd/sandgate-load -idle -n 1000 [-window 30s]
 package main
 
 import (
@@ -54,13 +60,19 @@ func main() {
 	noisy := flag.Bool("noisy", false, "measure noisy neighbours instead: exec true latency in one workspace, quiet and beside a fork tree and a memory hog")
 	n := flag.Int("n", 200, "-noisy: sequential `exec true` per phase")
 	hold := flag.Duration("hold", 300*time.Second, "-noisy: the neighbours' durable commands' timeout (they are cancelled before)")
+	idle := flag.Bool("idle", false, "measure idle workspaces instead: host CPU with -n live idle local workspaces against none")
+	window := flag.Duration("window", 30*time.Second, "-idle: each measuring window")
+	diskMiB := flag.Int("disk-mib", 16, "-idle: each workspace's disk image")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	var err error
-	if *noisy {
+	switch {
+	case *idle:
+		err = runIdle(ctx, *n, *window, *diskMiB)
+	case *noisy:
 		err = runNoisy(ctx, *bin, *n, *hold)
-	} else {
+	default:
 		err = run(ctx, *bin, *before, *execs, *size)
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package local
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -18,8 +19,8 @@ import (
 // is the broker's own binary run again (/proc/self/exe, with argv[0] =
 // stepName), recognised in this package's init before main runs:
 //
-//	sandgate-exec-step --fds N [--cgroup FILE]… [--uid U --gid G]
-//	    [--stage DIR [--bind SRC NAME]…] -- prlimit … -- bwrap --args 3 -- ARGV…
+//	sandgate-exec-step --fds N [--rlimit NAME=N]… [--cgroup FILE]… [--uid U --gid G]
+//	    [--stage DIR [--bind SRC NAME]…] -- bwrap --args 3 -- ARGV…
 //
 // N is how many descriptors past stderr the broker handed over (bwrap's
 // options and seccomp filter); they go on to bwrap as they are.
@@ -57,6 +58,8 @@ func init() {
 	switch {
 	case len(os.Args) > 0 && os.Args[0] == stepName:
 		os.Exit(runStep(os.Args[1:]))
+	case len(os.Args) > 0 && os.Args[0] == SupervisorName:
+		os.Exit(runSupervisor(os.Args[1:]))
 	case len(os.Args) > 1 && os.Args[1] == "--"+stepName:
 		// From a durable command's runner, a shell that cannot set argv[0].
 		os.Exit(runStep(os.Args[2:]))
@@ -95,10 +98,31 @@ func runStep(args []string) int {
 		return stepExitStart
 	}
 	// Every descriptor the broker handed over (stdio, bwrap's options and
-	// seccomp filter) goes to bwrap as is.
+	// seccomp filter) goes to bwrap as is, but for the options when there
+	// are limits to set: see setLimits.
 	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
 	for fd := 3; fd < 3+o.nfds; fd++ {
 		files = append(files, os.NewFile(uintptr(fd), "fd"+strconv.Itoa(fd)))
+	}
+	var opts []byte
+	var optsW *os.File
+	if len(o.rlimits) > 0 {
+		if len(files) < 4 {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
+			return stepExitUsage
+		}
+		b, err := io.ReadAll(files[3]) // the broker closes it once written
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: options:", err)
+			return stepExitStart
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: options:", err)
+			return stepExitStart
+		}
+		files[3].Close()
+		files[3], opts, optsW = r, b, w
 	}
 	attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if o.uid >= 0 {
@@ -118,6 +142,13 @@ func runStep(args []string) int {
 	child := proc.Pid
 	for _, f := range files[3:] {
 		f.Close()
+	}
+	if optsW != nil {
+		if err := setLimits(child, o.uid, o.gid, o.rlimits, opts, optsW); err != nil {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: rlimit:", err)
+			killChildren()
+			return stepExitStart
+		}
 	}
 	// The step is the one process that must live to clean up: keep the
 	// memory cgroup's OOM killer on the sandbox's processes (bwrap and
@@ -146,6 +177,57 @@ func runStep(args []string) int {
 	return stepExitStart // not reached: sigs is never closed
 }
 
+// setLimits sets the resource limits on bwrap (pid, running as uid and
+// gid, or as the step's own ids when uid < 0), soft and hard, and then
+// hands it its options. The step does not set them on itself, where bwrap
+// would inherit them: its own Go runtime (threads, the race detector's
+// memory in tests) must not be bound by a workspace's RLIMIT_DATA. bwrap
+// reads its options before it does anything else, forks nothing before it
+// has them, and gets them only once its limits are set: so every process
+// of the sandbox inherits them, as under prlimit(1), without running
+// prlimit.
+func setLimits(pid, uid, gid int, limits []rlimit, opts []byte, w *os.File) error {
+	defer w.Close()
+	if err := prlimitAs(pid, uid, gid, limits); err != nil {
+		return err
+	}
+	// An error here is bwrap gone before it read them: its status says why.
+	_, _ = w.Write(opts)
+	return nil
+}
+
+// prlimitAs sets limits on pid from a thread whose real uid and gid are
+// the target's (uid, gid; unchanged when uid < 0). The kernel lets a
+// process lower the limits of another whose uids and gids all equal its
+// real ones without CAP_SYS_RESOURCE, which a root broker in a container
+// may lack. The thread keeps effective uid 0, and so its capabilities, and
+// is never given back to the Go runtime: it ends with its goroutine.
+func prlimitAs(pid, uid, gid int, limits []rlimit) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		if uid >= 0 {
+			// Raw: per thread, where syscall.Setresuid would change every thread.
+			if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), ^uintptr(0), ^uintptr(0)); e != 0 {
+				done <- e
+				return
+			}
+			if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), ^uintptr(0), ^uintptr(0)); e != 0 {
+				done <- e
+				return
+			}
+		}
+		for _, l := range limits {
+			if err := unix.Prlimit(pid, l.resource, &unix.Rlimit{Cur: l.value, Max: l.value}, nil); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	return <-done
+}
+
 // stepOptions are the step's arguments before "--".
 type stepOptions struct {
 	nfds     int
@@ -155,6 +237,26 @@ type stepOptions struct {
 	binds    [][2]string
 	disk     string // the workspace's image, mounted on stage/d
 	mountBin string // mount(8), for the image
+	rlimits  []rlimit
+}
+
+// rlimit is one --rlimit NAME=N: a resource limit, soft and hard.
+type rlimit struct {
+	resource int
+	value    uint64
+}
+
+// rlimitResource is the resource --rlimit names name.
+func rlimitResource(name string) (int, bool) {
+	switch name {
+	case "data":
+		return unix.RLIMIT_DATA, true
+	case "core":
+		return unix.RLIMIT_CORE, true
+	case "fsize":
+		return unix.RLIMIT_FSIZE, true
+	}
+	return 0, false
 }
 
 // parseStep parses the step's arguments; argv is what follows "--".
@@ -187,6 +289,14 @@ func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
 			o.disk = args[1]
 		case "--mount-bin":
 			o.mountBin = args[1]
+		case "--rlimit":
+			name, v, _ := strings.Cut(args[1], "=")
+			res, known := rlimitResource(name)
+			n, err := strconv.ParseUint(v, 10, 64)
+			if !known || err != nil {
+				return o, nil, false
+			}
+			o.rlimits = append(o.rlimits, rlimit{res, n})
 		case "--bind":
 			if len(args) < 3 || strings.Contains(args[2], "/") {
 				return o, nil, false
