@@ -17,13 +17,24 @@ import (
 // how it shares a CPU it has been given with a neighbour pinned to the
 // same one: at equal weights the kernel splits a contended CPU evenly, so
 // a workspace that keeps its core busy (a fork tree, a build, a loop)
-// halves the speed of a neighbour's short exec. The governor below lowers
-// the weight of every workspace that has kept its cores busy for a while
-// (the background weight, 1/16 of the normal one), and gives it back once
-// it is quiet again. A background workspace still gets the whole of its
-// quota whenever nobody else wants the CPU; it only yields to others'
-// bursts. It is measured usage, not the kind of work, that decides: a
-// hog in an exec is treated as one in a durable command.
+// halves the speed of a neighbour's short exec. The governor below gives
+// the background weight (1/16 of the normal one) to every workspace that
+// is busy for two ticks in a row, and gives its normal weight back after
+// three quiet ones. Busy is either of:
+//
+//   - long-running work using CPU: an exec or durable command (a leaf
+//     cgroup) that has run for longer than longLeaf and used at least
+//     leafShare of a core in the tick. This holds on an overcommitted
+//     host too, where a hog gets far less than its quota;
+//   - the workspace used at least hotShare of its cores in the tick
+//     (short execs chained without pause, on a host with room).
+//
+// A background workspace still gets the whole of its quota whenever
+// nobody else wants the CPU; it only yields to others' short work. What
+// the processes do decides, not how they were started: a hog in an exec
+// is treated as one in a durable command, and a client running one short
+// exec after another (each its own leaf, well under longLeaf) keeps its
+// weight.
 
 const (
 	// cpuTick is how often the governor samples the workspaces' usage.
@@ -33,11 +44,20 @@ const (
 	// background weight.
 	hotShare = 0.75
 	hotTicks = 2
-	// coldShare is the share below which a background workspace counts
-	// as quiet in a tick; after coldTicks quiet ticks in a row it gets
-	// its normal weight back.
+	// longLeaf and leafShare: an exec or command that has run longer
+	// than longLeaf and used leafShare of a core in a tick makes its
+	// workspace busy in that tick.
+	longLeaf  = time.Second
+	leafShare = 0.05
+	// coldShare is the share below which a background workspace with no
+	// long-running work counts as quiet in a tick; after coldTicks quiet
+	// ticks in a row it gets its normal weight back.
 	coldShare = 0.25
 	coldTicks = 3
+	// activeShare is the share of one core the data directory's
+	// workspaces together must have used in a tick for the governor to
+	// look at each of them.
+	activeShare = 0.02
 	// backgroundDivisor divides the normal weight into the background one.
 	backgroundDivisor = 16
 )
@@ -64,18 +84,26 @@ type cpuState struct {
 	cores      int
 	hot, cold  int // busy or quiet ticks in a row
 	background bool
+	leaves     map[string]*leafState
 }
 
-// observe records a tick in which the workspace used share of its cores
-// and reports whether its weight must change (background then says to
-// which).
-func (s *cpuState) observe(share float64) bool {
-	if share >= hotShare {
+// leafState is one exec's or command's leaf cgroup.
+type leafState struct {
+	seen    time.Time // first seen: its age, near enough
+	usage   uint64
+	sampled time.Time
+}
+
+// observe records a tick in which the workspace used share of its cores,
+// and had (long) long-running work using CPU or not, and reports whether
+// its weight must change (background then says to which).
+func (s *cpuState) observe(share float64, long bool) bool {
+	if share >= hotShare || long {
 		s.hot++
 	} else {
 		s.hot = 0
 	}
-	if share < coldShare {
+	if share < coldShare && !long {
 		s.cold++
 	} else {
 		s.cold = 0
@@ -124,16 +152,16 @@ func (g *cpuGovernor) run(tick time.Duration, stop <-chan struct{}) {
 }
 
 // tick samples and decides. When the data directory's workspaces together
-// used less than hotShare of one core since the last tick, none of them
-// can be busy, and only the background ones are looked at (to give their
-// weight back): an idle host costs one read per tick, however many
+// used less than activeShare of one core since the last tick, none of
+// them can be busy, and only the background ones are looked at (to give
+// their weight back): an idle host costs one read per tick, however many
 // workspaces it holds.
 func (g *cpuGovernor) tick(now time.Time) {
 	parent, err := readUsage(g.h.v2, g.h.acct)
 	if err != nil {
 		return
 	}
-	quiet := !g.lastTick.IsZero() && float64(parent-g.parent) < hotShare*float64(now.Sub(g.lastTick).Nanoseconds())
+	quiet := !g.lastTick.IsZero() && float64(parent-g.parent) < activeShare*float64(now.Sub(g.lastTick).Nanoseconds())
 	g.parent, g.lastTick = parent, now
 	if quiet {
 		for ref, s := range g.ws {
@@ -174,7 +202,7 @@ func (g *cpuGovernor) tick(now time.Time) {
 // its cores from its quota, and whether an earlier broker process left it
 // at the background weight.
 func (g *cpuGovernor) first(ref string) *cpuState {
-	s := &cpuState{cores: g.cores(ref)}
+	s := &cpuState{cores: g.cores(ref), leaves: make(map[string]*leafState)}
 	file := "cpu.shares"
 	if g.h.v2 {
 		file = "cpu.weight"
@@ -198,7 +226,7 @@ func (g *cpuGovernor) sample(now time.Time, ref string, s *cpuState) {
 		return
 	}
 	share := float64(usage-prev) / float64(now.Sub(prevAt).Nanoseconds()*int64(s.cores))
-	if !s.observe(share) {
+	if !s.observe(share, g.longRunning(now, ref, s)) {
 		return
 	}
 	w := cpuWeight(g.h.v2, s.cores, s.background)
@@ -214,6 +242,46 @@ func (g *cpuGovernor) sample(now time.Time, ref string, s *cpuState) {
 	} else {
 		g.log.Info("workspace quiet again: normal CPU weight", sandgate.WorkspaceAttr(ref), "weight", w)
 	}
+}
+
+// longRunning samples the leaves of ref and reports whether one that has
+// run longer than longLeaf used at least leafShare of a core since its
+// last sample.
+func (g *cpuGovernor) longRunning(now time.Time, ref string, s *cpuState) bool {
+	dir := filepath.Join(g.h.acct, ref)
+	entries, _ := os.ReadDir(dir)
+	long := false
+	seen := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		name := e.Name()
+		seen[name] = true
+		l := s.leaves[name]
+		if l == nil {
+			l = &leafState{seen: now}
+			s.leaves[name] = l
+		}
+		usage, err := readUsage(g.h.v2, filepath.Join(dir, name))
+		if err != nil {
+			continue
+		}
+		prev, prevAt := l.usage, l.sampled
+		l.usage, l.sampled = usage, now
+		if prevAt.IsZero() || usage < prev || now.Sub(l.seen) < longLeaf {
+			continue
+		}
+		if float64(usage-prev) >= leafShare*float64(now.Sub(prevAt).Nanoseconds()) {
+			long = true
+		}
+	}
+	for name := range s.leaves {
+		if !seen[name] {
+			delete(s.leaves, name)
+		}
+	}
+	return long
 }
 
 // cores is the workspace's CPU quota in cores, from its cgroup; the host's

@@ -11,24 +11,36 @@ import (
 )
 
 // TestCPUWeightDecision: a workspace gets the background weight after two
-// busy ticks in a row (not after one, nor after two apart), keeps it while
-// it stays busy or half busy, and gets its normal weight back after three
-// quiet ticks in a row.
+// busy ticks in a row (its cores mostly used, or long-running work using
+// CPU), not after one or two apart; keeps it while long-running work
+// goes on, however little CPU it gets; and gets its normal weight back
+// after three quiet ticks in a row.
 func TestCPUWeightDecision(t *testing.T) {
+	type tk = local.CPUTick
+	share := func(s ...float64) []tk {
+		var out []tk
+		for _, v := range s {
+			out = append(out, tk{Share: v})
+		}
+		return out
+	}
 	for _, c := range []struct {
-		name   string
-		shares []float64
-		want   []bool
+		name  string
+		ticks []tk
+		want  []bool
 	}{
-		{"one busy tick", []float64{1, 0.1, 1, 0.1}, []bool{false, false, false, false}},
-		{"two busy ticks", []float64{0.9, 0.8, 0.9}, []bool{false, true, true}},
-		{"half busy keeps background", []float64{1, 1, 0.5, 0.3, 0.5}, []bool{false, true, true, true, true}},
-		{"quiet gives it back", []float64{1, 1, 0.1, 0.1, 0.2, 0.1}, []bool{false, true, true, true, false, false}},
-		{"quiet ticks must follow one another", []float64{1, 1, 0.1, 0.1, 0.5, 0.1, 0.1}, []bool{false, true, true, true, true, true, true}},
-		{"exec after exec is not busy", []float64{0.5, 0.6, 0.55, 0.7}, []bool{false, false, false, false}},
+		{"one busy tick", share(1, 0.1, 1, 0.1), []bool{false, false, false, false}},
+		{"two busy ticks", share(0.9, 0.8, 0.9), []bool{false, true, true}},
+		{"half busy keeps background", share(1, 1, 0.5, 0.3, 0.5), []bool{false, true, true, true, true}},
+		{"quiet gives it back", share(1, 1, 0.1, 0.1, 0.2, 0.1), []bool{false, true, true, true, false, false}},
+		{"quiet ticks must follow one another", share(1, 1, 0.1, 0.1, 0.5, 0.1, 0.1), []bool{false, true, true, true, true, true, true}},
+		{"exec after exec is not busy", share(0.5, 0.6, 0.55, 0.7), []bool{false, false, false, false}},
+		{"a hog on a crowded host", []tk{{0.2, true}, {0.15, true}, {0.1, true}, {0.1, true}}, []bool{false, true, true, true}},
+		{"long-running work keeps it", []tk{{0.2, true}, {0.2, true}, {0.05, true}, {0.05, true}, {0.05, true}, {0.05, false}}, []bool{false, true, true, true, true, true}},
+		{"long-running work ends", []tk{{0.2, true}, {0.2, true}, {0, false}, {0, false}, {0, false}}, []bool{false, true, true, true, false}},
 	} {
-		if got := local.ObserveCPU(c.shares...); !slices.Equal(got, c.want) {
-			t.Errorf("%s: shares %v gave background %v; want %v", c.name, c.shares, got, c.want)
+		if got := local.ObserveCPU(c.ticks...); !slices.Equal(got, c.want) {
+			t.Errorf("%s: ticks %v gave background %v; want %v", c.name, c.ticks, got, c.want)
 		}
 	}
 }

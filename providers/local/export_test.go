@@ -62,14 +62,20 @@ func CPUWeight(p *Provider, ref string, cores int) (got, normal int) {
 	return got, cpuWeight(p.cg.v2, cores, false)
 }
 
+// CPUTick is one tick of a workspace as the CPU governor sees it: the share
+// of its cores it used, and whether long-running work of it used CPU.
+type CPUTick struct {
+	Share float64
+	Long  bool
+}
+
 // ObserveCPU runs the governor's decision over a workspace's successive
-// shares of its cores and returns whether it had the background weight
-// after each.
-func ObserveCPU(shares ...float64) []bool {
+// ticks and returns whether it had the background weight after each.
+func ObserveCPU(ticks ...CPUTick) []bool {
 	var s cpuState
-	out := make([]bool, len(shares))
-	for i, sh := range shares {
-		s.observe(sh)
+	out := make([]bool, len(ticks))
+	for i, t := range ticks {
+		s.observe(t.Share, t.Long)
 		out[i] = s.background
 	}
 	return out

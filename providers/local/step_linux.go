@@ -1,11 +1,12 @@
 package local
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -348,17 +349,20 @@ func stage(o stepOptions) error {
 }
 
 // mountDisk mounts the workspace's image on stage/d, in the step's own
-// mount namespace. util-linux's mount reuses a loop device already
-// attached to the image (another exec of the workspace runs), so that all
-// share one file system; the flock on the image keeps two steps from each
-// attaching one at the same time. The loop device is set to clear itself
-// once its last mount is gone.
+// mount namespace, with mount(2) itself rather than mount(8): one process
+// less per exec. Concurrent execs of a workspace must share one file
+// system (two ext4 mounts of one image through two loop devices would
+// corrupt it), so a loop device already bound to the image (another exec
+// runs) is reused, as util-linux's mount does: the kernel then hands out
+// the same super block. The flock on the image keeps two steps from each
+// binding one at the same time. A new loop device clears itself once its
+// last mount is gone (LO_FLAGS_AUTOCLEAR), so nothing outlives the execs.
 func mountDisk(o stepOptions) error {
 	dst := o.stage + "/d"
 	if err := os.Mkdir(dst, 0o755); err != nil {
 		return fmt.Errorf("mkdir: %w", scrub(err))
 	}
-	f, err := os.Open(o.disk)
+	f, err := os.OpenFile(o.disk, os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("disk: %w", scrub(err))
 	}
@@ -366,13 +370,81 @@ func mountDisk(o stepOptions) error {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		return fmt.Errorf("disk lock: %w", err)
 	}
-	cmd := exec.Command(o.mountBin, "-t", "ext4", "-o", "loop,nosuid,nodev,noatime,noinit_itable", o.disk, dst)
-	cmd.Env = []string{"PATH=" + defaultPath}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("mount: %w: %s", err, firstLine(out))
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("disk: %w", err)
 	}
-	return nil
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOATIME
+	var last error
+	for range 3 {
+		dev, err := loopOf(o.disk, &st)
+		if err != nil {
+			return fmt.Errorf("loop device: %w", err)
+		}
+		// Held open until mounted, so that it cannot clear itself in
+		// between; should it have begun to (the last exec's mount just
+		// went), the mount fails: bind one again and retry.
+		last = unix.Mount(dev.Name(), dst, "ext4", flags, "noinit_itable")
+		dev.Close()
+		if last == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("mount: %w", last)
+}
+
+// loopOf returns the loop device bound to the image (whose stat is st),
+// open, binding a free one when there is none. The device is bound to a
+// descriptor of its own, not the one that holds the flock: the loop
+// device keeps what it is bound to open for as long as it exists, and with
+// it the lock.
+func loopOf(image string, st *unix.Stat_t) (*os.File, error) {
+	devs, _ := filepath.Glob("/dev/loop[0-9]*")
+	for _, d := range devs {
+		l, err := os.Open(d)
+		if err != nil {
+			continue
+		}
+		info, err := unix.IoctlLoopGetStatus64(int(l.Fd()))
+		if err == nil && info.Device == uint64(st.Dev) && info.Inode == st.Ino && info.Offset == 0 && info.Sizelimit == 0 {
+			return l, nil
+		}
+		l.Close()
+	}
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		return nil, scrub(err)
+	}
+	defer ctl.Close()
+	for range 10 {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return nil, err
+		}
+		l, err := os.OpenFile("/dev/loop"+strconv.Itoa(n), os.O_RDWR, 0)
+		if err != nil {
+			return nil, scrub(err)
+		}
+		f, err := os.OpenFile(image, os.O_RDWR, 0)
+		if err != nil {
+			l.Close()
+			return nil, scrub(err)
+		}
+		err = unix.IoctlLoopConfigure(int(l.Fd()), &unix.LoopConfig{
+			Fd:   uint32(f.Fd()),
+			Info: unix.LoopInfo64{Flags: unix.LO_FLAGS_AUTOCLEAR},
+		})
+		f.Close() // the loop device holds its own reference
+		if err == nil {
+			return l, nil
+		}
+		l.Close()
+		if err != unix.EBUSY {
+			return nil, err
+		}
+		// Taken by someone else between GET_FREE and CONFIGURE: the next.
+	}
+	return nil, errors.New("no free loop device")
 }
 
 // killChildren SIGKILLs every child of the step, orphans reparented to it
