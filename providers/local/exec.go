@@ -225,7 +225,10 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		if err != nil {
 			return providers.ExecResult{}, fmt.Errorf("local: exec: cgroup: %w", err)
 		}
-		defer p.cg.removeLeaf(j.ref, leaf)
+		// Off the exec's path: the kernel may hold an emptied cgroup for
+		// a moment, and removeLeaf waits it out; the exec's result (its
+		// OOM kills included) is read before.
+		defer func() { go p.cg.removeLeaf(j.ref, leaf) }()
 		j.cgroups = procs
 	}
 
