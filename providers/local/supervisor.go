@@ -21,8 +21,7 @@ import (
 // deadline is added or removed (inotify on deadlines/), and, while it holds
 // any deadline, at least every supervisorRecheck to read the wall clock
 // again (a clock stepped forward must not make it late); with no deadline
-// at all it sleeps until one is added. So idle workspaces cost the host
-// nothing.
+// at all it leaves. So idle workspaces cost the host nothing.
 //
 //	<DataDir>/deadlines/<ref>  the workspace's deadline, unix milliseconds;
 //	                           written (by a rename) at Create, removed by
@@ -33,8 +32,9 @@ import (
 // Create writes the deadline before it makes sure a supervisor runs (New
 // does too), and a supervisor watches deadlines/ before it reads it, so no
 // deadline is ever missed. Two supervisors started at once agree: the one
-// that gets the lock runs, the other exits. The supervisor leaves when the
-// data directory is removed.
+// that gets the lock runs, the other exits. The supervisor leaves when it
+// holds no deadline (it unlocks, reads deadlines/ once more, and stays if a
+// Create added one meanwhile), and when the data directory is removed.
 //
 // At a deadline it writes the workspace's `ended` (from then on open
 // answers ErrSandboxGone, so no exec, file call or command starts), sends
@@ -162,20 +162,20 @@ func (p *Provider) ensureSupervisor() error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }() // reap it while this process lives; after that, init does
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }() // reap it while this process lives; after that, init does
 	for range 300 {
 		if supervising(p.dataDir) {
 			return nil
 		}
 		select {
-		case <-exited:
-			// Another broker process's won the lock meanwhile, or it
-			// failed: either way the lock says which.
-			if supervising(p.dataDir) {
-				return nil
+		case err := <-exited:
+			// Status 0: another one holds the lock, or there was no
+			// deadline left to hold (a Terminate came first).
+			if err != nil && !supervising(p.dataDir) {
+				return errors.New("the supervisor exited at once")
 			}
-			return errors.New("the supervisor exited at once")
+			return nil
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

@@ -48,9 +48,35 @@ func runSupervisor(args []string) int {
 	go readEvents(os.NewFile(uintptr(fd), "inotify"), events, gone)
 	s.scan()
 
+	var dirSt unix.Stat_t
+	if err := unix.Stat(dir, &dirSt); err != nil {
+		return 1
+	}
 	timer := time.NewTimer(time.Hour)
 	for {
 		wait := s.due(time.Now())
+		if len(s.deadlines) == 0 {
+			// Nothing to end: leave, so that no process is left for a data
+			// directory without workspaces (or one removed, or unmounted,
+			// which no inotify event tells while the lock file is open).
+			// A Create that wrote a deadline and saw the lock held is not
+			// lost: once unlocked, read the directory again, and stay if
+			// it holds one (unless another supervisor took over).
+			flock(int(lock.Fd()), lockUnlock)
+			if names, _ := os.ReadDir(dir); !holdsDeadline(names) {
+				return 0
+			}
+			if flock(int(lock.Fd()), lockExclusive|lockNonBlock) != nil {
+				return 0 // another one runs
+			}
+			if s.scan(); len(s.deadlines) == 0 {
+				return 0 // none readable
+			}
+			continue
+		}
+		if st := (unix.Stat_t{}); unix.Stat(dir, &st) != nil || st.Dev != dirSt.Dev || st.Ino != dirSt.Ino {
+			return 0 // the data directory is gone, or another one is there
+		}
 		timer.Stop()
 		var wake <-chan time.Time
 		if wait >= 0 {
@@ -108,6 +134,16 @@ func readEvents(f *os.File, events chan<- []string, gone chan<- struct{}) {
 		}
 		events <- names
 	}
+}
+
+// holdsDeadline reports whether a listing of deadlines/ names a workspace.
+func holdsDeadline(names []os.DirEntry) bool {
+	for _, e := range names {
+		if checkRef(e.Name()) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func indexNUL(b []byte) int {
