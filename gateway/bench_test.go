@@ -178,14 +178,53 @@ func BenchmarkExecLocal(b *testing.B) {
 }
 
 // BenchmarkBwrapTrue runs "true" under a bare bwrap with the namespaces
-// the local provider asks for (no prlimit, no workspace binds, no
+// the local provider asks for (no limits, no workspace binds, no
 // gateway): the floor of BenchmarkExecLocal.
 func BenchmarkBwrapTrue(b *testing.B) {
+	cmd := bareBwrap(b)
+	for b.Loop() {
+		runBare(b, cmd)
+	}
+}
+
+// BenchmarkExecLocalVsBwrap alternates one POST …/exec of "true" on the
+// local provider and one bare bwrap "true" (BenchmarkBwrapTrue's), so that
+// both see the same load, and reports each one's mean and their ratio
+// (x-bwrap): the provider's overhead over the sandbox itself, measured side
+// by side in one run.
+func BenchmarkExecLocalVsBwrap(b *testing.B) {
+	p, err := local.New(context.Background(), local.Config{DataDir: b.TempDir()}, providers.Env{BrokerID: "bench"})
+	if err != nil {
+		b.Fatalf("local.New: %v", err)
+	}
+	e := rtStart(b, rtOptions{provider: p})
+	id := e.acquire(b)
+	b.Cleanup(func() { e.do(b, http.MethodDelete, "/v1/workspaces/"+id, "", nil) })
+	const body = `{"argv":["true"]}`
+	req := benchRequest(b, e, http.MethodPost, "/v1/workspaces/"+id+"/exec", body, nil)
+	bare := bareBwrap(b)
+	benchSend(b, e, req, body, http.StatusOK) // warm: the disk image's first mount
+	var execs, bwraps time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		benchSend(b, e, req, body, http.StatusOK)
+		t1 := time.Now()
+		runBare(b, bare)
+		execs, bwraps = execs+t1.Sub(t0), bwraps+time.Since(t1)
+	}
+	b.ReportMetric(float64(execs.Nanoseconds())/float64(b.N), "exec-ns")
+	b.ReportMetric(float64(bwraps.Nanoseconds())/float64(b.N), "bwrap-ns")
+	b.ReportMetric(float64(execs)/float64(bwraps), "x-bwrap")
+}
+
+// bareBwrap returns the bare bwrap command line of "true" with the local
+// provider's namespaces.
+func bareBwrap(b *testing.B) []string {
 	bwrap, err := exec.LookPath("bwrap")
 	if err != nil {
 		b.Fatalf("bwrap: %v", err)
 	}
-	args := []string{"--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
+	args := []string{bwrap, "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
 		"--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"}
 	for _, name := range []string{"/bin", "/sbin", "/lib", "/lib64"} {
 		if t, err := os.Readlink(name); err == nil {
@@ -194,11 +233,12 @@ func BenchmarkBwrapTrue(b *testing.B) {
 			args = append(args, "--ro-bind", name, name)
 		}
 	}
-	args = append(args, "--proc", "/proc", "--dev", "/dev", "--", "true")
-	for b.Loop() {
-		if out, err := exec.Command(bwrap, args...).CombinedOutput(); err != nil {
-			b.Fatalf("bwrap true: %v: %s", err, out)
-		}
+	return append(args, "--proc", "/proc", "--dev", "/dev", "--", "true")
+}
+
+func runBare(b *testing.B, argv []string) {
+	if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+		b.Fatalf("bwrap true: %v: %s", err, out)
 	}
 }
 

@@ -32,6 +32,12 @@
 // redis-server vs the cluster.
 //
 //	go run ./cmd/sandgate-load -cluster [-cycles 10000] [-gateways 3] [-chaos | -compare]
+//
+// With -idle it measures what idle local workspaces cost the host
+// (idle.go): host CPU from /proc/stat over a window with none, then with n
+// live idle workspaces.
+//
+//	go run ./cmd/sandgate-load -idle -n 1000 [-window 30s]
 package main
 
 import (
@@ -69,7 +75,7 @@ func main() {
 	before := flag.String("before", "", "also measure the broker of this git revision first (built from git archive), for comparison")
 	timeout := flag.Duration("timeout", 10*time.Minute, "bound of the whole run")
 	noisy := flag.Bool("noisy", false, "measure noisy neighbours instead: exec true latency in one workspace, quiet and beside a fork tree and a memory hog")
-	n := flag.Int("n", 200, "-noisy: sequential `exec true` per phase")
+	n := flag.Int("n", 200, "-noisy: sequential `exec true` per phase; -idle: idle workspaces")
 	files := flag.Bool("files", false, "measure file transfers instead: -c clients each writing then reading a file of -size bytes")
 	clients := flag.Int("c", 0, "-files, -acquire: clients at once (default 16 for -files, 8 for -acquire)")
 	fileSize := flag.Int64("size", 8<<20, "-files: bytes of each client's file")
@@ -90,6 +96,9 @@ func main() {
 	flag.DurationVar(&co.hold, "hold-workspace", 20*time.Millisecond, "-cluster: how long a client keeps each workspace before releasing it")
 	flag.DurationVar(&co.duration, "duration", 0, "-cluster: start no cycle after this long (per run), then check; 0 means no bound but -timeout")
 	flag.BoolVar(&co.single, "single", false, "-cluster: run on one redis-server instead of the cluster")
+	idle := flag.Bool("idle", false, "measure idle workspaces instead: host CPU with -n live idle local workspaces against none")
+	window := flag.Duration("window", 30*time.Second, "-idle: each measuring window")
+	diskMiB := flag.Int("disk-mib", 16, "-idle: each workspace's disk image")
 	flag.Parse()
 	// SIGINT or SIGTERM ends the run early and still stops what it started.
 	sctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -105,6 +114,8 @@ func main() {
 	case *cluster:
 		co.bin = *bin
 		err = runCluster(ctx, co)
+	case *idle:
+		err = runIdle(ctx, *n, *window, *diskMiB)
 	case *noisy:
 		err = runNoisy(ctx, *bin, *n, *hold)
 	default:

@@ -196,9 +196,14 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 	close(stop)
 	wg.Wait()
 	load, cpuBusy := loadavg(), busy(cpu1, cpuTimes())
-	var throttled []string
+	var throttled, weights []string
 	for i, w := range ws {
 		throttled = append(throttled, fmt.Sprintf("%s %d", names[i], cgKeyed("cpu", w, "cpu.stat", "nr_throttled")-throttled0[i]))
+		weight := cgText("cpu", w, "cpu.shares")
+		if weight == "(none)" {
+			weight = cgText("cpu", w, "cpu.weight")
+		}
+		weights = append(weights, names[i]+" "+weight)
 	}
 	if err != nil {
 		return fmt.Errorf("noisy phase: %w", err)
@@ -211,6 +216,7 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 	fmt.Printf("\nnoisy phase: %d execs in %s; load average %s at its end; host CPUs busy %s\n",
 		len(noisy), phase.Round(time.Millisecond), load, cpuBusy)
 	fmt.Printf("CFS periods throttled by the CPU quota during it: %s\n", strings.Join(throttled, ", "))
+	fmt.Printf("CPU weights at its end (the broker lowers a busy workspace's): %s\n", strings.Join(weights, ", "))
 	fmt.Printf("during it (%d samples, every 100 ms): A at ≥98%% of its cap in %d, at least %d of %d processes, %d forks refused; "+
 		"B peak memory %.0f of %.0f MiB, %d OOM kills\n\n", s.n, s.atCap, s.minPids, pidsMax, s.forks,
 		float64(s.maxMem)/(1<<20), float64(memLimit)/(1<<20), s.ooms)

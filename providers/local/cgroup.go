@@ -34,7 +34,12 @@ type cgroupHost struct {
 	// mem, pids, cpu are the directories under which each controller's
 	// workspace cgroups live ("" when the controller cannot be used).
 	mem, pids, cpu string
-	swap           bool // swap can be limited (v1 memsw, v2 swap.max)
+	// acct is where the workspace cgroups' CPU usage is counted: the
+	// cpuacct hierarchy on v1 (the cpu one when both are mounted
+	// together), the one hierarchy on v2; "" when there is none, and
+	// then no workspace's weight is ever lowered (see cpuweight.go).
+	acct string
+	swap bool // swap can be limited (v1 memsw, v2 swap.max)
 }
 
 // cgroupMount is one cgroup file system mount.
@@ -136,7 +141,7 @@ func detectV2(mount, parent string) (*cgroupHost, []string) {
 		return nil, []string{"cgroups (v2): cannot enable memory, pids and cpu in " + dir + ": " + scrub(err).Error()}
 	}
 	h.dirs = []string{dir}
-	h.mem, h.pids, h.cpu = dir, dir, dir
+	h.mem, h.pids, h.cpu, h.acct = dir, dir, dir, dir
 	return h, h.probe()
 }
 
@@ -171,6 +176,16 @@ func detectV1(mounts []cgroupMount, parent string) (*cgroupHost, []string) {
 	if len(h.dirs) == 0 {
 		return nil, problems
 	}
+	// CPU usage is only read (cpuweight.go), never limited: without it
+	// nothing is unenforced, so it is no problem.
+	if mount := find("cpuacct"); mount != "" {
+		if dir := filepath.Join(mount, parent); h.cpu != "" && os.MkdirAll(dir, 0o755) == nil {
+			h.acct = dir
+			if dir != h.cpu {
+				h.dirs = append(h.dirs, dir)
+			}
+		}
+	}
 	return h, append(problems, h.probe()...)
 }
 
@@ -182,6 +197,10 @@ func (h *cgroupHost) probe() []string {
 	var problems []string
 	swap, errs := h.setLimits(ref, cgroupLimits{memory: 64 << 20, pids: 64, cpuCores: 1})
 	for _, e := range errs {
+		if e.ctl == "cpuacct" {
+			h.acct = "" // usage only: no limit depends on it
+			continue
+		}
 		problems = append(problems, e.err.Error())
 		if !h.v2 {
 			switch e.ctl {
@@ -190,7 +209,7 @@ func (h *cgroupHost) probe() []string {
 			case "pids":
 				h.pids = ""
 			case "cpu":
-				h.cpu = ""
+				h.cpu, h.acct = "", ""
 			}
 		}
 	}
@@ -233,7 +252,10 @@ type limitError struct {
 // whether swap is limited, and every limit that did not take.
 func (h *cgroupHost) setLimits(ref string, lim cgroupLimits) (swap bool, errs []limitError) {
 	dirs := map[string]string{"memory": h.mem, "pids": h.pids, "cpu": h.cpu}
-	for _, ctl := range []string{"memory", "pids", "cpu"} {
+	if h.acctSeparate() {
+		dirs["cpuacct"] = h.acct
+	}
+	for _, ctl := range []string{"memory", "pids", "cpu", "cpuacct"} {
 		if dirs[ctl] == "" {
 			continue
 		}
@@ -267,6 +289,7 @@ func (h *cgroupHost) setLimits(ref string, lim cgroupLimits) (swap bool, errs []
 		}
 		write("pids", "pids.max", strconv.Itoa(lim.pids))
 		write("cpu", "cpu.max", quota+" "+strconv.Itoa(cpuPeriod))
+		write("cpu", "cpu.weight", strconv.Itoa(cpuWeight(true, lim.cpuCores, false)))
 		return swap, errs
 	}
 	write("memory", "memory.limit_in_bytes", mem)
@@ -278,8 +301,14 @@ func (h *cgroupHost) setLimits(ref string, lim cgroupLimits) (swap bool, errs []
 	write("pids", "pids.max", strconv.Itoa(lim.pids))
 	write("cpu", "cpu.cfs_period_us", strconv.Itoa(cpuPeriod))
 	write("cpu", "cpu.cfs_quota_us", quota)
+	write("cpu", "cpu.shares", strconv.Itoa(cpuWeight(false, lim.cpuCores, false)))
 	return swap, errs
 }
+
+// acctSeparate reports whether CPU usage is counted in a hierarchy of its
+// own (v1 with cpuacct mounted apart from cpu), whose workspace cgroups
+// are then made, joined and removed like the others.
+func (h *cgroupHost) acctSeparate() bool { return !h.v2 && h.acct != "" && h.acct != h.cpu }
 
 func fileExists(name string) bool { _, err := os.Stat(name); return err == nil }
 
@@ -293,7 +322,11 @@ func (h *cgroupHost) controllers(ref string) []string {
 		return []string{filepath.Join(h.mem, ref)}
 	}
 	var out []string
-	for _, d := range []string{h.mem, h.pids, h.cpu} {
+	dirs := []string{h.mem, h.pids, h.cpu}
+	if h.acctSeparate() {
+		dirs = append(dirs, h.acct)
+	}
+	for _, d := range dirs {
 		if d != "" {
 			out = append(out, filepath.Join(d, ref))
 		}

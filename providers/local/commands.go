@@ -20,7 +20,7 @@ import (
 
 // Durable commands run natively: a broker process starts the runner of
 // package runner on the host, as the leader of a new session and without a
-// parent-death signal, and the runner starts prlimit and bwrap like Exec
+// parent-death signal, and the runner starts the step and bwrap like Exec
 // does. So the command outlives the broker process that launched it, while
 // bwrap's --die-with-parent still ties the sandbox to the runner: killing
 // the runner's process group (a cancel, the timeout, Terminate) ends the
@@ -176,10 +176,10 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 // Exit code 121, as the exec step's, when a cgroup cannot be joined.
 const joinScript = `for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 121; shift; done; shift; exec "$@"`
 
-// launch starts the runner over prlimit and bwrap for j, detached, records
+// launch starts the runner over the step and bwrap for j, detached, records
 // its pid and start time in the command's host.pid, and returns the pid.
 func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, error) {
-	filter := seccompFilter()
+	filter := p.seccomp
 	opts, err := memfd("sandgate-bwrap-args", p.bwrapOptions(j, filter != nil))
 	if err != nil {
 		return 0, err
@@ -213,8 +213,6 @@ func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, erro
 	args = append(args, "--", "/bin/sh", "-c", runner.Script, "sh", d, strconv.FormatInt(maxOut, 10), strconv.FormatInt(timeoutSecs, 10),
 		"env", "-i", p.exe, "--"+stepName)
 	args = append(args, p.stepArgs(sj, len(files))...)
-	args = append(args, "--", p.prlimit)
-	args = append(args, prlimitArgs(j)...)
 	args = append(args, "--", p.bwrap, "--args", "3", "--")
 	args = append(args, sandboxArgv(j)...)
 	cmd := exec.Command("/bin/sh", args...)

@@ -20,12 +20,14 @@ import (
 // file system of its own, a sparse image file (<ref>/disk.img), so writing
 // past the tier's disk size fails with ENOSPC inside the sandbox, whoever
 // writes. The image is never mounted on the host: each exec's step mounts
-// it (mount -o loop) in the mount namespace it makes for bwrap anyway, so
-// the mount goes away with the exec, and nothing needs unmounting after a
-// crash or mounting again after a reboot. Concurrent execs share one loop
-// device and so one file system: util-linux's mount reuses the loop device
-// already attached to the same file, and the steps take a flock on the
-// image around mount so that two never attach one each. We chose an image over
+// it (mount(2) on a loop device, step_linux.go) in the mount namespace it
+// makes for bwrap anyway, so the mount goes away with the exec, and nothing
+// needs unmounting after a crash or mounting again after a reboot.
+// Concurrent execs share one loop device and so one file system: the step
+// reuses the loop device already bound to the same file, and the steps
+// take a flock on the image around the mount so that two never bind one
+// each. (mount(8) is still looked for: a durable command launched by an
+// older broker passes it to the step, which no longer runs it.) We chose an image over
 // project quotas because it needs nothing of the file system that holds
 // the data directory (no prjquota mount option, any file system), counts
 // every kind of block (directories, xattrs, inodes) the same way, and goes

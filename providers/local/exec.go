@@ -192,7 +192,7 @@ func (r *run) kill(byTerminate bool) bool {
 	return true
 }
 
-// run executes j under prlimit and bwrap and waits for it. It kills the
+// run executes j under bwrap, through the step, and waits for it. It kills the
 // sandbox when j.timeout passes or ctx ends.
 func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error) {
 	if err := ctx.Err(); err != nil {
@@ -208,7 +208,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	defer argsR.Close()
 	defer argsW.Close()
 	files := []*os.File{argsR}
-	filter := seccompFilter()
+	filter := p.seccomp // built once, by New
 	if filter != nil {
 		// The filter is far smaller than a pipe's buffer: write it now.
 		secR, secW, err := os.Pipe()
@@ -231,18 +231,19 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		if err != nil {
 			return providers.ExecResult{}, fmt.Errorf("local: exec: cgroup: %w", err)
 		}
-		defer p.cg.removeLeaf(j.ref, leaf)
+		// Off the exec's path: the kernel may hold an emptied cgroup for
+		// a moment, and removeLeaf waits it out; the exec's result (its
+		// OOM kills included) is read before.
+		defer func() { go p.cg.removeLeaf(j.ref, leaf) }()
 		j.cgroups = procs
 	}
 
 	stdout := &cappedBuffer{max: j.maxOut, w: j.outTo}
 	stderr := &cappedBuffer{max: j.maxOut, w: j.errTo}
-	// The step (step_linux.go) joins the workspace's cgroups, then runs
-	// prlimit and bwrap and outlives neither the broker nor bwrap.
+	// The step (step_linux.go) joins the workspace's cgroups, sets the
+	// limits, then runs bwrap and outlives neither the broker nor bwrap.
 	cmd := exec.Command(selfExe)
 	cmd.Args = append([]string{stepName}, p.stepArgs(j, len(files))...)
-	cmd.Args = append(cmd.Args, "--", p.prlimit)
-	cmd.Args = append(cmd.Args, prlimitArgs(j)...)
 	cmd.Args = append(cmd.Args, "--", p.bwrap, "--args", "3", "--")
 	cmd.Args = append(cmd.Args, sandboxArgv(j)...)
 	// bwrap's own environment is visible in the sandbox (/proc/1/environ),
@@ -474,6 +475,7 @@ func (p *Provider) forget(ref string, r *run) {
 // stepArgs are the step's options for j, with nfds descriptors past stderr.
 func (p *Provider) stepArgs(j job, nfds int) []string {
 	a := []string{"--fds", strconv.Itoa(nfds)}
+	a = append(a, rlimitArgs(j)...)
 	for _, f := range j.cgroups {
 		a = append(a, "--cgroup", f)
 	}
@@ -502,15 +504,17 @@ func (p *Provider) stepArgs(j job, nfds int) []string {
 	return a
 }
 
-// prlimitArgs sets the limits bwrap and everything in the sandbox inherit;
-// see README.md for why RLIMIT_DATA and not RLIMIT_AS.
-func prlimitArgs(j job) []string {
+// rlimitArgs are the step's --rlimit options: the limits, soft and hard,
+// that the step sets on itself just before it starts bwrap, so that bwrap
+// and everything in the sandbox inherit them; see README.md for why
+// RLIMIT_DATA and not RLIMIT_AS.
+func rlimitArgs(j job) []string {
 	args := []string{
-		"--data=" + strconv.FormatInt(j.memory, 10), // soft and hard
-		"--core=0", // no core files written where a host helper might read them
+		"--rlimit", "data=" + strconv.FormatInt(j.memory, 10),
+		"--rlimit", "core=0", // no core files written where a host helper might read them
 	}
 	if j.fsize > 0 {
-		args = append(args, "--fsize="+strconv.FormatInt(j.fsize, 10))
+		args = append(args, "--rlimit", "fsize="+strconv.FormatInt(j.fsize, 10))
 	}
 	return args
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // SnapshotPath returns the archive of snapshot id.
@@ -13,9 +14,10 @@ func SnapshotPath(p *Provider, id string) string { return p.snapshotPath(id) }
 // SeccompFilter bridges the seccomp program to the tests.
 var SeccompFilter = seccompFilter
 
-// SupervisorPID returns the pid of the workspace's supervisor, 0 when none.
-func SupervisorPID(p *Provider, ref string) int {
-	b, _ := os.ReadFile(filepath.Join(string(p.layout(ref)), supervisorFile))
+// SupervisorPID returns the pid of the data directory's supervisor, 0 when
+// none has run.
+func SupervisorPID(p *Provider) int {
+	b, _ := os.ReadFile(filepath.Join(p.dataDir, supervisorFile))
 	f := strings.Fields(string(b))
 	if len(f) == 0 {
 		return 0
@@ -44,3 +46,43 @@ func SetMountinfo(c *Config, path string) { c.mountinfo = path }
 // CgroupDirs returns the workspace cgroup directories of ref, one per
 // controller (memory, pids, cpu on v1).
 func CgroupDirs(p *Provider, ref string) []string { return p.cg.controllers(ref) }
+
+// SetCPUTick sets the CPU governor's tick.
+func SetCPUTick(c *Config, d time.Duration) { c.cpuTick = d }
+
+// CPUWeight returns the workspace's CPU weight (v1 cpu.shares, v2
+// cpu.weight) and the normal weight of its cores.
+func CPUWeight(p *Provider, ref string, cores int) (got, normal int) {
+	file := "cpu.shares"
+	if p.cg.v2 {
+		file = "cpu.weight"
+	}
+	b, _ := os.ReadFile(filepath.Join(p.cg.cpu, ref, file))
+	got, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	return got, cpuWeight(p.cg.v2, cores, false)
+}
+
+// CPUTick is one tick of a workspace as the CPU governor sees it: the share
+// of its cores it used, and whether long-running work of it used CPU.
+type CPUTick struct {
+	Share float64
+	Long  bool
+}
+
+// ObserveCPU runs the governor's decision over a workspace's successive
+// ticks and returns whether it had the background weight after each.
+func ObserveCPU(ticks ...CPUTick) []bool {
+	var s cpuState
+	out := make([]bool, len(ticks))
+	for i, t := range ticks {
+		s.observe(t.Share, t.Long)
+		out[i] = s.background
+	}
+	return out
+}
+
+// HasDeadline reports whether the supervisor is told of ref's deadline.
+func HasDeadline(p *Provider, ref string) bool {
+	_, err := os.Stat(filepath.Join(p.dataDir, deadlinesDir, ref))
+	return err == nil
+}

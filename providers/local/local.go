@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/egress"
@@ -99,6 +100,8 @@ type Config struct {
 
 	// mountinfo replaces /proc/self/mountinfo in tests.
 	mountinfo string
+	// cpuTick replaces the CPU governor's tick (cpuweight.go) in tests.
+	cpuTick time.Duration
 }
 
 // Egress is the broker's egress proxy as the local provider uses it:
@@ -139,7 +142,6 @@ type Provider struct {
 	dirID    string // the data directory's id (DataDirID)
 	etcDir   string // the generated /etc
 	bwrap    string
-	prlimit  string
 	brokerID string
 	log      *slog.Logger
 	clock    sandgate.Clock
@@ -152,6 +154,11 @@ type Provider struct {
 	stageDir string      // see Config.StageDir
 	probeUID int         // Config.UIDBase; 0 when the broker is not root
 	caps     []string    // Config.GuestCapabilities
+
+	seccomp  []byte        // bwrap's seccomp program, nil on an unknown architecture
+	stop     chan struct{} // closed by Close: ends the CPU governor
+	stopOnce sync.Once
+	supMu    sync.Mutex // serialises ensureSupervisor
 
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
@@ -170,8 +177,7 @@ type usrLink struct{ name, target string }
 
 var errUnsupported = errors.New("local: sandboxes need Linux")
 
-// New returns a provider over c.DataDir. It checks that bwrap and prlimit
-// exist and that a sandbox actually starts here, and fails with a clear error
+// New returns a provider over c.DataDir. It checks that bwrap exists and that a sandbox actually starts here, and fails with a clear error
 // otherwise (for example where user namespaces are disabled).
 func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if !supported {
@@ -188,10 +194,6 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	bwrap, err := exec.LookPath(cmp.Or(c.BwrapPath, "bwrap"))
 	if err != nil {
 		return nil, fmt.Errorf("local: bwrap (bubblewrap) is required: %w", err)
-	}
-	prlimit, err := exec.LookPath("prlimit")
-	if err != nil {
-		return nil, fmt.Errorf("local: prlimit (util-linux) is required: %w", err)
 	}
 	cpus, err := hostCPUs()
 	if err != nil {
@@ -225,13 +227,14 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		dataDir:     dataDir,
 		etcDir:      filepath.Join(dataDir, etcDir),
 		bwrap:       bwrap,
-		prlimit:     prlimit,
 		brokerID:    env.BrokerID,
 		log:         env.Logger,
 		clock:       env.Clock,
 		cpus:        cpus,
 		usrLinks:    findUsrLinks(),
 		caps:        slices.Clone(c.GuestCapabilities),
+		seccomp:     seccompFilter(),
+		stop:        make(chan struct{}),
 		runs:        make(map[string]map[*run]struct{}),
 		terminating: make(map[string]int),
 		egress:      make(map[string]*egressServer),
@@ -251,7 +254,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.log.Warn("WORKSPACE LIMIT NOT ENFORCED: one workspace can take this host down for all", "problem", pr)
 	}
 	p.cg = cg
-	for _, d := range []string{workspacesDir, trashDir, snapshotsDir, uidsDir} {
+	for _, d := range []string{workspacesDir, trashDir, snapshotsDir, uidsDir, deadlinesDir} {
 		if err := os.MkdirAll(filepath.Join(dataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("local: data directory: %w", scrub(err))
 		}
@@ -284,6 +287,15 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if err := p.probe(ctx); err != nil {
 		p.egressStop()
 		return nil, err
+	}
+	if err := p.superviseAll(); err != nil {
+		p.egressStop()
+		return nil, fmt.Errorf("local: supervisor: %w", scrub(err))
+	}
+	if p.cg != nil && p.cg.acct != "" && p.cg.cpu != "" {
+		go newCPUGovernor(p.cg, len(p.cpus), p.log).run(cmp.Or(c.cpuTick, cpuTick), p.stop)
+	} else {
+		p.log.Warn("no CPU usage accounting (cgroup cpuacct): a workspace that keeps its cores busy keeps its full CPU weight")
 	}
 	if c.Egress != nil {
 		p.reopenEgress()
@@ -490,10 +502,11 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return p.serveEgress(ref, l, rec) },
 		func() error { return writeJSON(l.sandbox(), rec, 0o644) }, // marks the workspace ready
-		func() error { return p.supervise(l, spec.ExpiresAt) },     // the hard lifetime, without any broker
+		func() error { return p.supervise(ref, spec.ExpiresAt) },   // the hard lifetime, without any broker
 	} {
 		if err := step(); err != nil {
 			p.stopEgress(ref)
+			p.removeDeadline(ref)
 			p.cg.remove(ref)
 			p.releaseUID(ref, rec.UID)
 			removeAll(string(l))
@@ -614,7 +627,8 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 		return fmt.Errorf("local: terminate: %w", err)
 	}
 	commands := killCommands(p.layout(ref))
-	stopSupervisor(p.layout(ref))
+	p.removeDeadline(ref)
+	stopSupervisor(p.layout(ref)) // a workspace's own, from before the one per data directory
 	p.cg.remove(ref)
 	var rec record
 	if readJSON(p.layout(ref).sandbox(), &rec) == nil {
@@ -761,6 +775,7 @@ func (p *Provider) leaf(ref string, rec record, name string) ([]string, error) {
 // DataDir's parent cgroups when no workspace is left in them; workspaces
 // and their durable commands stay as they are.
 func (p *Provider) Close() error {
+	p.stopOnce.Do(func() { close(p.stop) })
 	p.egressStop()
 	p.egressMu.Lock()
 	for ref, s := range p.egress {

@@ -1,10 +1,12 @@
 package local
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"os"
-	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -18,8 +20,8 @@ import (
 // is the broker's own binary run again (/proc/self/exe, with argv[0] =
 // stepName), recognised in this package's init before main runs:
 //
-//	sandgate-exec-step --fds N [--cgroup FILE]… [--uid U --gid G]
-//	    [--stage DIR [--bind SRC NAME]…] -- prlimit … -- bwrap --args 3 -- ARGV…
+//	sandgate-exec-step --fds N [--rlimit NAME=N]… [--cgroup FILE]… [--uid U --gid G]
+//	    [--stage DIR [--bind SRC NAME]…] -- bwrap --args 3 -- ARGV…
 //
 // N is how many descriptors past stderr the broker handed over (bwrap's
 // options and seccomp filter); they go on to bwrap as they are.
@@ -57,6 +59,8 @@ func init() {
 	switch {
 	case len(os.Args) > 0 && os.Args[0] == stepName:
 		os.Exit(runStep(os.Args[1:]))
+	case len(os.Args) > 0 && os.Args[0] == SupervisorName:
+		os.Exit(runSupervisor(os.Args[1:]))
 	case len(os.Args) > 1 && os.Args[1] == "--"+stepName:
 		// From a durable command's runner, a shell that cannot set argv[0].
 		os.Exit(runStep(os.Args[2:]))
@@ -98,10 +102,31 @@ func runStep(args []string) int {
 		return stepExitStart
 	}
 	// Every descriptor the broker handed over (stdio, bwrap's options and
-	// seccomp filter) goes to bwrap as is.
+	// seccomp filter) goes to bwrap as is, but for the options when there
+	// are limits to set: see setLimits.
 	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
 	for fd := 3; fd < 3+o.nfds; fd++ {
 		files = append(files, os.NewFile(uintptr(fd), "fd"+strconv.Itoa(fd)))
+	}
+	var opts []byte
+	var optsW *os.File
+	if len(o.rlimits) > 0 {
+		if len(files) < 4 {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
+			return stepExitUsage
+		}
+		b, err := io.ReadAll(files[3]) // the broker closes it once written
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: options:", err)
+			return stepExitStart
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: options:", err)
+			return stepExitStart
+		}
+		files[3].Close()
+		files[3], opts, optsW = r, b, w
 	}
 	attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if o.uid >= 0 {
@@ -121,6 +146,13 @@ func runStep(args []string) int {
 	child := proc.Pid
 	for _, f := range files[3:] {
 		f.Close()
+	}
+	if optsW != nil {
+		if err := setLimits(child, o.uid, o.gid, o.rlimits, opts, optsW); err != nil {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: rlimit:", err)
+			killChildren()
+			return stepExitStart
+		}
 	}
 	// The step is the one process that must live to clean up: keep the
 	// memory cgroup's OOM killer on the sandbox's processes (bwrap and
@@ -149,6 +181,57 @@ func runStep(args []string) int {
 	return stepExitStart // not reached: sigs is never closed
 }
 
+// setLimits sets the resource limits on bwrap (pid, running as uid and
+// gid, or as the step's own ids when uid < 0), soft and hard, and then
+// hands it its options. The step does not set them on itself, where bwrap
+// would inherit them: its own Go runtime (threads, the race detector's
+// memory in tests) must not be bound by a workspace's RLIMIT_DATA. bwrap
+// reads its options before it does anything else, forks nothing before it
+// has them, and gets them only once its limits are set: so every process
+// of the sandbox inherits them, as under prlimit(1), without running
+// prlimit.
+func setLimits(pid, uid, gid int, limits []rlimit, opts []byte, w *os.File) error {
+	defer w.Close()
+	if err := prlimitAs(pid, uid, gid, limits); err != nil {
+		return err
+	}
+	// An error here is bwrap gone before it read them: its status says why.
+	_, _ = w.Write(opts)
+	return nil
+}
+
+// prlimitAs sets limits on pid from a thread whose real uid and gid are
+// the target's (uid, gid; unchanged when uid < 0). The kernel lets a
+// process lower the limits of another whose uids and gids all equal its
+// real ones without CAP_SYS_RESOURCE, which a root broker in a container
+// may lack. The thread keeps effective uid 0, and so its capabilities, and
+// is never given back to the Go runtime: it ends with its goroutine.
+func prlimitAs(pid, uid, gid int, limits []rlimit) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		if uid >= 0 {
+			// Raw: per thread, where syscall.Setresuid would change every thread.
+			if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), ^uintptr(0), ^uintptr(0)); e != 0 {
+				done <- e
+				return
+			}
+			if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), ^uintptr(0), ^uintptr(0)); e != 0 {
+				done <- e
+				return
+			}
+		}
+		for _, l := range limits {
+			if err := unix.Prlimit(pid, l.resource, &unix.Rlimit{Cur: l.value, Max: l.value}, nil); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	return <-done
+}
+
 // stepOptions are the step's arguments before "--".
 type stepOptions struct {
 	nfds     int
@@ -158,6 +241,26 @@ type stepOptions struct {
 	binds    [][2]string
 	disk     string // the workspace's image, mounted on stage/d
 	mountBin string // mount(8), for the image
+	rlimits  []rlimit
+}
+
+// rlimit is one --rlimit NAME=N: a resource limit, soft and hard.
+type rlimit struct {
+	resource int
+	value    uint64
+}
+
+// rlimitResource is the resource --rlimit names name.
+func rlimitResource(name string) (int, bool) {
+	switch name {
+	case "data":
+		return unix.RLIMIT_DATA, true
+	case "core":
+		return unix.RLIMIT_CORE, true
+	case "fsize":
+		return unix.RLIMIT_FSIZE, true
+	}
+	return 0, false
 }
 
 // parseStep parses the step's arguments; argv is what follows "--".
@@ -190,6 +293,14 @@ func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
 			o.disk = args[1]
 		case "--mount-bin":
 			o.mountBin = args[1]
+		case "--rlimit":
+			name, v, _ := strings.Cut(args[1], "=")
+			res, known := rlimitResource(name)
+			n, err := strconv.ParseUint(v, 10, 64)
+			if !known || err != nil {
+				return o, nil, false
+			}
+			o.rlimits = append(o.rlimits, rlimit{res, n})
 		case "--bind":
 			if len(args) < 3 || strings.Contains(args[2], "/") {
 				return o, nil, false
@@ -257,17 +368,20 @@ func mkMountPoint(src, dst string) error {
 }
 
 // mountDisk mounts the workspace's image on stage/d, in the step's own
-// mount namespace. util-linux's mount reuses a loop device already
-// attached to the image (another exec of the workspace runs), so that all
-// share one file system; the flock on the image keeps two steps from each
-// attaching one at the same time. The loop device is set to clear itself
-// once its last mount is gone.
+// mount namespace, with mount(2) itself rather than mount(8): one process
+// less per exec. Concurrent execs of a workspace must share one file
+// system (two ext4 mounts of one image through two loop devices would
+// corrupt it), so a loop device already bound to the image (another exec
+// runs) is reused, as util-linux's mount does: the kernel then hands out
+// the same super block. The flock on the image keeps two steps from each
+// binding one at the same time. A new loop device clears itself once its
+// last mount is gone (LO_FLAGS_AUTOCLEAR), so nothing outlives the execs.
 func mountDisk(o stepOptions) error {
 	dst := o.stage + "/d"
 	if err := os.Mkdir(dst, 0o755); err != nil {
 		return fmt.Errorf("mkdir: %w", scrub(err))
 	}
-	f, err := os.Open(o.disk)
+	f, err := os.OpenFile(o.disk, os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("disk: %w", scrub(err))
 	}
@@ -275,13 +389,81 @@ func mountDisk(o stepOptions) error {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		return fmt.Errorf("disk lock: %w", err)
 	}
-	cmd := exec.Command(o.mountBin, "-t", "ext4", "-o", "loop,nosuid,nodev,noatime,noinit_itable", o.disk, dst)
-	cmd.Env = []string{"PATH=" + defaultPath}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("mount: %w: %s", err, firstLine(out))
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("disk: %w", err)
 	}
-	return nil
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOATIME
+	var last error
+	for range 3 {
+		dev, err := loopOf(o.disk, &st)
+		if err != nil {
+			return fmt.Errorf("loop device: %w", err)
+		}
+		// Held open until mounted, so that it cannot clear itself in
+		// between; should it have begun to (the last exec's mount just
+		// went), the mount fails: bind one again and retry.
+		last = unix.Mount(dev.Name(), dst, "ext4", flags, "noinit_itable")
+		dev.Close()
+		if last == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("mount: %w", last)
+}
+
+// loopOf returns the loop device bound to the image (whose stat is st),
+// open, binding a free one when there is none. The device is bound to a
+// descriptor of its own, not the one that holds the flock: the loop
+// device keeps what it is bound to open for as long as it exists, and with
+// it the lock.
+func loopOf(image string, st *unix.Stat_t) (*os.File, error) {
+	devs, _ := filepath.Glob("/dev/loop[0-9]*")
+	for _, d := range devs {
+		l, err := os.Open(d)
+		if err != nil {
+			continue
+		}
+		info, err := unix.IoctlLoopGetStatus64(int(l.Fd()))
+		if err == nil && info.Device == uint64(st.Dev) && info.Inode == st.Ino && info.Offset == 0 && info.Sizelimit == 0 {
+			return l, nil
+		}
+		l.Close()
+	}
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		return nil, scrub(err)
+	}
+	defer ctl.Close()
+	for range 10 {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return nil, err
+		}
+		l, err := os.OpenFile("/dev/loop"+strconv.Itoa(n), os.O_RDWR, 0)
+		if err != nil {
+			return nil, scrub(err)
+		}
+		f, err := os.OpenFile(image, os.O_RDWR, 0)
+		if err != nil {
+			l.Close()
+			return nil, scrub(err)
+		}
+		err = unix.IoctlLoopConfigure(int(l.Fd()), &unix.LoopConfig{
+			Fd:   uint32(f.Fd()),
+			Info: unix.LoopInfo64{Flags: unix.LO_FLAGS_AUTOCLEAR},
+		})
+		f.Close() // the loop device holds its own reference
+		if err == nil {
+			return l, nil
+		}
+		l.Close()
+		if err != unix.EBUSY {
+			return nil, err
+		}
+		// Taken by someone else between GET_FREE and CONFIGURE: the next.
+	}
+	return nil, errors.New("no free loop device")
 }
 
 // killChildren SIGKILLs every child of the step, orphans reparented to it

@@ -1,7 +1,12 @@
 package local_test
 
 import (
+	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,27 +53,122 @@ func TestSupervisorEndsAtDeadline(t *testing.T) {
 	}
 }
 
-// TestTerminateStopsSupervisor: Terminate leaves no supervisor behind
-// (it would leave by itself within 10 s; here it must be gone at once).
-func TestTerminateStopsSupervisor(t *testing.T) {
+// TestOneSupervisorPerDataDir: the workspaces of a data directory share
+// one supervisor, which forgets a workspace at Terminate and keeps running
+// for the others.
+func TestOneSupervisorPerDataDir(t *testing.T) {
 	t.Parallel()
 	p := newProvider(t, t.TempDir(), broker)
-	sb, err := p.Create(t.Context(), providers.CreateSpec{WorkspaceID: "ws_stopped", InstanceID: "inst_x",
+	var sbs []providers.Sandbox
+	for _, id := range []string{"ws_one", "ws_two"} {
+		sb, err := p.Create(t.Context(), providers.CreateSpec{WorkspaceID: id, InstanceID: "inst_x",
+			Size: sandgate.Size{CPUCores: 1, MemoryMiB: 256}, ExpiresAt: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sbs = append(sbs, sb)
+	}
+	pid := waitSupervisor(t, p)
+	if n := countSupervisors(t, pid); n != 1 {
+		t.Errorf("%d supervisors for one data directory; want 1", n)
+	}
+	if err := p.Terminate(t.Context(), sbs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if local.HasDeadline(p, sbs[0].Ref) {
+		t.Error("the supervisor still holds the deadline of a terminated workspace")
+	}
+	if !local.HasDeadline(p, sbs[1].Ref) || !local.Alive(pid) {
+		t.Error("the supervisor stopped supervising the workspace left")
+	}
+}
+
+// TestSupervisorRestarted: a supervisor killed with SIGKILL is started
+// again by the next broker process (New), which ends a workspace created
+// before at its deadline, with no broker code involved.
+func TestSupervisorRestarted(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p1 := newProvider(t, dataDir, broker)
+	deadline := time.Now().Add(4 * time.Second)
+	sb, err := p1.Create(t.Context(), providers.CreateSpec{WorkspaceID: "ws_orphaned", InstanceID: "inst_x",
+		Size: sandgate.Size{CPUCores: 1, MemoryMiB: 256}, ExpiresAt: deadline})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := waitSupervisor(t, p1)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 500 && local.Alive(pid); i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	p2, err := local.New(t.Context(), local.Config{DataDir: dataDir}, providers.Env{BrokerID: broker, Clock: lateClock{}})
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	if got := waitSupervisor(t, p2); got == pid {
+		t.Fatalf("supervisor pid %d after New; want a new one", got)
+	}
+	_, err = p2.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"sleep", "60"}, Timeout: time.Hour})
+	if !errors.Is(err, providers.ErrSandboxGone) {
+		t.Errorf("Exec across the deadline: %v; want ErrSandboxGone", err)
+	}
+}
+
+// TestSupervisorLeavesWithDataDir: the supervisor exits once its data
+// directory is removed.
+func TestSupervisorLeavesWithDataDir(t *testing.T) {
+	t.Parallel()
+	dataDir := filepath.Join(t.TempDir(), "data")
+	p := newProvider(t, dataDir, broker)
+	sb, err := p.Create(t.Context(), providers.CreateSpec{WorkspaceID: "ws_left", InstanceID: "inst_x",
 		Size: sandgate.Size{CPUCores: 1, MemoryMiB: 256}, ExpiresAt: time.Now().Add(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := local.SupervisorPID(p, sb.Ref)
-	if pid <= 0 || !local.Alive(pid) {
-		t.Fatalf("no supervisor running (pid %d)", pid)
-	}
+	pid := waitSupervisor(t, p)
 	if err := p.Terminate(t.Context(), sb); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 100 && local.Alive(pid); i++ {
+	if err := os.RemoveAll(dataDir); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 500 && local.Alive(pid); i++ {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if local.Alive(pid) {
-		t.Error("supervisor still runs after Terminate")
+		t.Error("the supervisor still runs after its data directory was removed")
 	}
+}
+
+// waitSupervisor returns the pid of p's supervisor once it runs.
+func waitSupervisor(t *testing.T, p *local.Provider) int {
+	t.Helper()
+	for range 500 {
+		if pid := local.SupervisorPID(p); pid > 0 && local.Alive(pid) {
+			return pid
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("no supervisor runs")
+	return 0
+}
+
+// countSupervisors counts the supervisor processes whose command line
+// names the same data directory as pid's.
+func countSupervisors(t *testing.T, pid int) int {
+	t.Helper()
+	want, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range procs {
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && bytes.Equal(b, want) {
+			n++
+		}
+	}
+	return n
 }
