@@ -132,6 +132,7 @@ func (t *Terminator) Release(ctx context.Context, acct, inst, id string) (sandga
 			return rec, fmt.Errorf("%w: %w", ErrProvider, err)
 		}
 	}
+	rec = t.recordEgress(ctx, rec)
 	fs, ok := t.settler.(FinishSettler)
 	if !ok { // no billing, or one without the one-step path: step by step
 		if err := t.db.FinishTerminate(ctx, rec, t.clock.Now()); err != nil {
@@ -184,16 +185,7 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 			return false, fmt.Errorf("%w: %w", ErrProvider, err)
 		}
 	}
-	if t.egress != nil {
-		// After the provider's end, so no byte comes later. Counted in
-		// this broker process: bytes another process proxied for the
-		// workspace are not (README, "Egress bytes").
-		if out, in := t.egress(w.ID); out != 0 || in != 0 {
-			if err := t.db.AddEgressBytes(ctx, w, out, in); err != nil {
-				t.log.Error("terminate: record egress bytes", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
-			}
-		}
-	}
+	w = t.recordEgress(ctx, w)
 	if err := t.db.FinishTerminate(ctx, w, t.clock.Now()); err != nil {
 		t.log.Error("terminate: record end", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
 		return false, err
@@ -206,6 +198,28 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 		}
 	}
 	return true, nil
+}
+
+// recordEgress adds the bytes w moved through the egress proxy to its
+// record and returns w with them, for the final usage entry. It runs after
+// the provider's end, so no byte comes later. Counted in this broker
+// process: bytes another process proxied for the workspace are not
+// (README, "Egress bytes"). A failure is logged: the end goes on.
+func (t *Terminator) recordEgress(ctx context.Context, w sandgate.Workspace) sandgate.Workspace {
+	if t.egress == nil {
+		return w
+	}
+	out, in := t.egress(w.ID)
+	if out == 0 && in == 0 {
+		return w
+	}
+	if err := t.db.AddEgressBytes(ctx, w, out, in); err != nil {
+		t.log.Error("terminate: record egress bytes", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
+		return w
+	}
+	w.EgressBytesOut += out
+	w.EgressBytesIn += in
+	return w
 }
 
 // terminate asks the workspace's own provider, accepting new work or not,

@@ -141,23 +141,32 @@ func TestCommandsInCgroup(t *testing.T) {
 		t.Fatalf("StartCommand: %v", err)
 	}
 	pid := runnerPID(t, dataDir, sb, "cg")
-	// The runner joins them first thing, before it forks.
+	// The runner joins them first thing, before it forks, one controller
+	// after another: wait until it has written its pid into every one.
+	ctls := []string{"memory", "pids", "cpu"}
+	missing := func(b []byte) []string {
+		var out []string
+		for _, ctl := range ctls {
+			found := false
+			for _, l := range strings.Split(string(b), "\n") {
+				f := strings.SplitN(l, ":", 3)
+				if len(f) == 3 && (f[1] == "" || strings.Contains(","+f[1]+",", ","+ctl+",")) && strings.Contains(f[2], "/"+sb.Ref+"/c-cg") {
+					found = true
+				}
+			}
+			if !found {
+				out = append(out, ctl)
+			}
+		}
+		return out
+	}
 	var b []byte
 	waitUntil(t, "the runner to join its cgroups", func() bool {
 		b, _ = os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
-		return bytes.Contains(b, []byte("/c-cg"))
+		return len(missing(b)) == 0
 	})
-	for _, ctl := range []string{"memory", "pids", "cpu"} {
-		found := false
-		for _, l := range strings.Split(string(b), "\n") {
-			f := strings.SplitN(l, ":", 3)
-			if len(f) == 3 && (f[1] == "" || strings.Contains(","+f[1]+",", ","+ctl+",")) && strings.Contains(f[2], "/"+sb.Ref+"/c-cg") {
-				found = true
-			}
-		}
-		if !found {
-			t.Errorf("runner's %s cgroup not its workspace's: %s", ctl, b)
-		}
+	for _, ctl := range missing(b) {
+		t.Errorf("runner's %s cgroup not its workspace's: %s", ctl, b)
 	}
 	if err := p.Terminate(t.Context(), sb); err != nil {
 		t.Fatal(err)
