@@ -3,8 +3,10 @@ package main
 // -cluster mode: acquire/release cycles across several `sandgate serve`
 // processes sharing one Redis (one redis-server, or a Redis Cluster of
 // three primaries with a replica each), at a concurrency above every
-// instance's max_concurrent_workspaces, with the local provider (a create
-// is a directory, a release removes it). It checks what the broker
+// instance's max_concurrent_workspaces, with the noop provider (-provider
+// noop, the default: a create and a release cost nothing, so the figures
+// are the broker's and Redis's) or the local provider (-provider local: a
+// create is a directory and a disk image, a release removes them). It checks what the broker
 // promises: no instance ever holds more acknowledged workspaces than its
 // limit, every account's money reconciles to the micro-unit, and every
 // instance's concurrency slots are exactly its live records at the end.
@@ -57,6 +59,19 @@ type clusterOpts struct {
 	single      bool          // run on one redis-server instead of the cluster
 	hold        time.Duration // how long a client keeps each workspace
 	duration    time.Duration // no new cycle starts after this long; 0 means no bound
+	provider    string        // kind of the gateways' one provider: noop or local
+}
+
+// providerYML is the gateways' provider config for o.provider, and the
+// provider name instances record.
+func (o clusterOpts) providerYML() (yml, name string, err error) {
+	switch o.provider {
+	case "", "noop":
+		return "providers: [{name: bench, kind: noop}]\ndefault_provider: bench", "bench", nil
+	case "local":
+		return "provider: {name: local}", "local", nil
+	}
+	return "", "", fmt.Errorf("-provider %q: want noop or local", o.provider)
 }
 
 func runCluster(ctx context.Context, o clusterOpts) error {
@@ -215,6 +230,10 @@ func clusterRun(ctx context.Context, dir string, o clusterOpts, cluster bool, ga
 		return nil, err
 	}
 
+	provYML, _, err := o.providerYML()
+	if err != nil {
+		return nil, err
+	}
 	cfg := filepath.Join(dir, "sandgate.yaml")
 	yml := fmt.Sprintf(`listen: "127.0.0.1:0"
 admin_listen: "127.0.0.1:0"
@@ -222,13 +241,13 @@ data_dir: %q
 broker_id: sandgate-load
 tls: {trusted_proxies: [127.0.0.1/32]}
 redis: %s
-provider: {name: local}
+%s
 admission:
   timeout: 2s
   risk: {acquires_per_minute: 100000000, max_open_workspaces: 100000000}
   rate_limits: {read: {per_second: 1000000, burst: 1000000}, acquire: {per_second: 1000000, burst: 1000000}, exec: {per_second: 1000000, burst: 1000000}}
 log: {level: info}
-`, filepath.Join(dir, "data"), redisYML)
+`, filepath.Join(dir, "data"), redisYML, provYML)
 	if err := os.WriteFile(cfg, []byte(yml), 0o600); err != nil {
 		return nil, err
 	}
@@ -459,6 +478,10 @@ func reconcile(ctx context.Context, db *store.DB, bill *billing.Billing, tenants
 // setupTenants creates the accounts, instances and tokens, prepaid on a
 // priced rate card, directly in Redis (as `sandgate dev` bootstraps).
 func setupTenants(ctx context.Context, db *store.DB, bill *billing.Billing, o clusterOpts) ([]*tenant, int64, error) {
+	_, provName, err := o.providerYML()
+	if err != nil {
+		return nil, 0, err
+	}
 	now := time.Now().UTC()
 	card := "load"
 	if _, err := bill.CreateRateCard(ctx, card, map[string]int64{"small": 10, "standard": 20, "large": 40, "xlarge": 80}, now); err != nil {
@@ -473,7 +496,7 @@ func setupTenants(ctx context.Context, db *store.DB, bill *billing.Billing, o cl
 		}
 		limits := sandgate.DefaultLimits
 		limits.MaxConcurrentWorkspaces = o.max
-		in := sandgate.Instance{ID: t.inst, AccountID: t.acct, Name: "load", Provider: "local",
+		in := sandgate.Instance{ID: t.inst, AccountID: t.acct, Name: "load", Provider: provName,
 			Scope: sandgate.Scope{EgressCeiling: []string{}, Limits: limits}, CreatedAt: now}
 		if err := db.PutInstance(ctx, in); err != nil {
 			return nil, 0, err

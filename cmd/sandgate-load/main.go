@@ -96,6 +96,7 @@ func main() {
 	flag.DurationVar(&co.hold, "hold-workspace", 20*time.Millisecond, "-cluster: how long a client keeps each workspace before releasing it")
 	flag.DurationVar(&co.duration, "duration", 0, "-cluster: start no cycle after this long (per run), then check; 0 means no bound but -timeout")
 	flag.BoolVar(&co.single, "single", false, "-cluster: run on one redis-server instead of the cluster")
+	flag.StringVar(&co.provider, "provider", "noop", "-cluster: the gateways' provider kind, noop or local")
 	idle := flag.Bool("idle", false, "measure idle workspaces instead: host CPU with -n live idle local workspaces against none")
 	window := flag.Duration("window", 30*time.Second, "-idle: each measuring window")
 	diskMiB := flag.Int("disk-mib", 16, "-idle: each workspace's disk image")
