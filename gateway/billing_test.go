@@ -18,7 +18,10 @@ import (
 // seconds at the admitted price into the usage ledger, once.
 func TestBillingHoldSettleAndAbort(t *testing.T) {
 	t.Parallel()
-	h := sgtest.New(t, sgtest.Options{})
+	// Half past an hour: the workspace's 90 s cross no whole UTC hour, so
+	// its usage is one final entry (no interim accrual entry).
+	start := sgtest.MidHour(time.Now())
+	h := sgtest.New(t, sgtest.Options{Start: start})
 	op := newOperator(t, h)
 	in := h.NewInstance(admin.Scope{})
 	acct := in.AccountID
@@ -61,14 +64,16 @@ func TestBillingHoldSettleAndAbort(t *testing.T) {
 		t.Fatalf("usage entries = %d, want 1: %+v", len(got), got)
 	}
 	e := got[0]
-	// Metered from the provider's confirmed start, rounded up.
-	if e.WorkspaceID != ws.WorkspaceID || e.Seconds != billing.MeteredSeconds(e.StartedAt, e.EndedAt) || e.Seconds < 89 ||
-		e.UnitPriceMicros != 100 || e.AmountMicros != 100*e.Seconds ||
+	// Metered from the provider's confirmed start (the harness clock's
+	// start) to the release, 90.001 s rounded up: 91 s at the admitted
+	// 100 micros/s.
+	if e.WorkspaceID != ws.WorkspaceID || !e.StartedAt.Equal(start) || !e.EndedAt.Equal(start.Add(90*time.Second+time.Millisecond)) ||
+		e.Seconds != 91 || e.UnitPriceMicros != 100 || e.AmountMicros != 9_100 || !e.Final ||
 		e.RateCardVersion != 1 || e.Currency != "USD" || e.TerminationReason != "released" || e.InstanceID != in.ID {
-		t.Fatalf("usage entry = %+v; want ~90 s at the admitted 100 micros/s, v1, USD, released", e)
+		t.Fatalf("usage entry = %+v; want final, 91 s from %s at the admitted 100 micros/s (9100), v1, USD, released", e, start)
 	}
-	if b := funds(); b.HoldsMicros != 0 || b.SettledMicros != e.AmountMicros || b.BalanceMicros != 50_000_000-e.AmountMicros {
-		t.Fatalf("after release: %+v", b)
+	if b := funds(); b.HoldsMicros != 0 || b.SettledMicros != 9_100 || b.BalanceMicros != 50_000_000-9_100 || b.AvailableMicros != 50_000_000-9_100 {
+		t.Fatalf("after release: %+v; want no holds, 9100 settled, 49.9909 left", b)
 	}
 	var reps []billing.Report
 	op.do(t, http.MethodGet, "/billing/reconcile?account="+acct, nil, &reps)

@@ -108,7 +108,9 @@ func TestListPagingUnderChurn(t *testing.T) {
 // end is confirmed.
 func TestStatusTermination(t *testing.T) {
 	t.Parallel()
-	e := snapStart(t, fakeprovider.New(), nil)
+	fake := fakeprovider.New()
+	e := snapStart(t, fake, nil)
+	fake.Set(func(p *fakeprovider.Provider) { p.Clock = e.clock }) // metered time is the test clock's
 	ws := e.acquire("").WorkspaceID
 	get := func() map[string]any {
 		t.Helper()
@@ -141,7 +143,7 @@ func TestStatusTermination(t *testing.T) {
 	if m["termination_reason"] != "released" || m["terminated_at"] == nil || m["metered_seconds"] == nil {
 		t.Errorf("status after release = %v; want the termination fields", m)
 	}
-	if n, _ := m["metered_seconds"].(float64); n < 90 || n > 92 {
-		t.Errorf("metered_seconds = %v; want about 90", m["metered_seconds"])
+	if n, _ := m["metered_seconds"].(float64); n != 90 {
+		t.Errorf("metered_seconds = %v; want 90", m["metered_seconds"])
 	}
 }

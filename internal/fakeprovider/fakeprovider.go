@@ -45,7 +45,11 @@ type Provider struct {
 	// standard size, any image (default "fake"), domain egress natively.
 	Caps *providers.Capabilities
 	// BrokerID labels the sandboxes it creates (providers.LabelBroker).
-	BrokerID  string
+	BrokerID string
+	// Clock stamps each sandbox's confirmed start (Sandbox.StartedAt);
+	// nil means sandgate.SystemClock. A test gives it its own clock, so
+	// that metered time is the test clock's alone.
+	Clock     sandgate.Clock
 	labels    map[string]map[string]string // ref → labels
 	closed    bool
 	creates   int
@@ -91,7 +95,15 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	p.sandboxes[spec.WorkspaceID] = map[string][]byte{}
 	p.labels[spec.WorkspaceID] = map[string]string{providers.LabelBroker: p.BrokerID,
 		providers.LabelWorkspace: spec.WorkspaceID, providers.LabelInstance: spec.InstanceID}
-	return providers.Sandbox{Ref: spec.WorkspaceID, StartedAt: time.Now().UTC()}, nil
+	return providers.Sandbox{Ref: spec.WorkspaceID, StartedAt: p.now()}, nil
+}
+
+// now is the fake's time, in UTC. The caller holds p.mu.
+func (p *Provider) now() time.Time {
+	if p.Clock == nil {
+		return sandgate.SystemClock{}.Now()
+	}
+	return p.Clock.Now().UTC()
 }
 
 // Exec implements providers.Provider.

@@ -125,8 +125,11 @@ func (p *Provider) SetDiskMiB(mib int) {
 // records a test writes without a provider resolve to it.
 const ProviderName = providers.LegacyName
 
-func newProvider() *Provider {
+// newProvider returns the harness's provider; its sandboxes start at
+// clock's time, so that a workspace's metered time is clock's alone.
+func newProvider(clock sandgate.Clock) *Provider {
 	p := &Provider{Provider: fakeprovider.New()}
+	p.Provider.Clock = clock
 	p.Provider.Caps = &providers.Capabilities{Egress: providers.EgressNative, Snapshots: true, NativeCommands: true,
 		Sizes: sandgate.StandardSizes, DefaultImage: DefaultImage}
 	p.Provider.CreateHook = func(ctx context.Context, spec providers.CreateSpec) error {
@@ -257,10 +260,25 @@ type Options struct {
 	// TrustedProxies, when set, replaces Gateway.TrustedProxies.
 	TrustedProxies []netip.Prefix
 	// Start is the clock's starting time. Zero means the current time,
-	// truncated to the second.
+	// truncated to the second. The fake provider stamps sandboxes' starts
+	// with the clock too; see MidHour for a start whose workspaces cross
+	// no whole UTC hour (an accrual period's end, see billing).
 	Start time.Time
 	// Grace is the operator API's default grace period on rotate. 0 means 1 hour.
 	Grace time.Duration
+}
+
+// MidHour returns the first instant at half past a whole UTC hour that is
+// not before now: a harness started there runs its workspaces for up to
+// half an hour without crossing a whole hour, where billing cuts usage
+// into accrual periods. It lies less than an hour after now, so records
+// the store expires at the clock's times still live through the test.
+func MidHour(now time.Time) time.Time {
+	t := now.UTC().Truncate(time.Hour).Add(30 * time.Minute)
+	if t.Before(now) {
+		t = t.Add(time.Hour)
+	}
+	return t
 }
 
 // Harness is one broker under test: a private redis-server, the store, the
@@ -302,11 +320,12 @@ func New(tb testing.TB, opts Options) *Harness {
 	if start.IsZero() {
 		start = time.Now().UTC().Truncate(time.Second)
 	}
+	clock := NewClock(start)
 	h := &Harness{
 		tb:         tb,
 		Redis:      redistest.Start(tb),
-		Clock:      NewClock(start),
-		Provider:   newProvider(),
+		Clock:      clock,
+		Provider:   newProvider(clock),
 		Logs:       &Logs{},
 		AdminToken: sandgate.Secret("sgadm_test-operator-token"),
 	}

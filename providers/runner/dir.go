@@ -37,6 +37,9 @@ func ReadDir(dir string, maxOut int64, alive func() bool) (providers.CommandStat
 	if !exists(FileClaim) {
 		return st, nil
 	}
+	// Whether the runner is gone is asked before any mark is read, as the
+	// read script does: a runner found gone has written all it ever will.
+	gone := !alive()
 	switch b, err := os.ReadFile(filepath.Join(dir, FileExit)); {
 	case err == nil:
 		code, err := strconv.Atoi(strings.TrimSpace(string(b)))
@@ -55,7 +58,7 @@ func ReadDir(dir string, maxOut int64, alive func() bool) (providers.CommandStat
 		st.State, st.ExitCode, st.FinishedAt = providers.CommandCanceled, killed, modTime(FileCancel)
 	case exists(FileTimedOut):
 		st.State, st.ExitCode, st.TimedOut, st.FinishedAt = providers.CommandCompleted, killed, true, modTime(FileTimedOut)
-	case alive():
+	case !gone:
 		st.State = providers.CommandRunning
 		return st, nil
 	default:

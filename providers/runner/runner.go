@@ -129,15 +129,23 @@ exit 0
 // timedout or lost), then for a finished command a line of four counts
 // (stdout kept, stdout more, stderr kept, stderr more) and at most $2
 // bytes of stdout and of stderr.
+//
+// It asks whether the runner is gone before it looks at any mark: the
+// runner writes the exit status, and the watchdog and a cancel their
+// marks, before the runner dies, so a runner found gone has left every
+// file it ever will. Asked after the marks, a runner that finished (or
+// was killed at its timeout) between the two looks would read as lost.
 var readScript = `d=$1 m=$2
 [ -e "$d/` + FileClaim + `" ] || { echo absent; exit 0; }
+g=
+p=$(cat "$d/` + FilePID + `" 2>/dev/null) && [ -n "$p" ] && ! kill -0 "$p" 2>/dev/null && g=1
 if [ -e "$d/` + FileExit + `" ]; then s="completed $(cat "$d/` + FileExit + `")"
 	# The watchdog marks its kill before it sends it: an exit recorded after
 	# it is the timeout's (as ReadDir reads it).
 	[ -e "$d/` + FileTimedOut + `" ] && s=timedout
 elif [ -e "$d/` + FileCancel + `" ]; then s=canceled
 elif [ -e "$d/` + FileTimedOut + `" ]; then s=timedout
-elif p=$(cat "$d/` + FilePID + `" 2>/dev/null) && [ -n "$p" ] && ! kill -0 "$p" 2>/dev/null; then s=lost
+elif [ -n "$g" ]; then s=lost
 else echo running; exit 0
 fi
 n() { if [ -e "$1" ]; then wc -c <"$1"; else echo 0; fi; }

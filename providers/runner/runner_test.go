@@ -347,3 +347,125 @@ func TestSandboxesApart(t *testing.T) {
 		t.Errorf("ReadCommand in another sandbox = %q, %v; want absent", st.State, err)
 	}
 }
+
+// endsMidRead runs every command with a cat of its own first on PATH:
+// the first time the read script asks it for a runner's pid, it lets the
+// command finish (it creates release) and waits until the runner is gone,
+// then reads the file. So the runner ends exactly between two of the read
+// script's looks, as it does now and then under load.
+type endsMidRead struct {
+	hostExec
+	bin string
+}
+
+func newEndsMidRead(t *testing.T, release string) endsMidRead {
+	t.Helper()
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	fired := filepath.Join(bin, "fired")
+	hook := `#!/bin/sh
+case $1 in
+*/` + runner.FilePID + `)
+	if [ ! -e '` + fired + `' ]; then
+		: >'` + fired + `'
+		: >'` + release + `'
+		p=$('` + cat + `' "$1")
+		while kill -0 "$p" 2>/dev/null; do sleep 0.01; done
+	fi
+	;;
+esac
+exec '` + cat + `' "$@"
+`
+	if err := os.WriteFile(filepath.Join(bin, "cat"), []byte(hook), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return endsMidRead{bin: bin}
+}
+
+func (h endsMidRead) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	spec.Argv = append([]string{"env", "PATH=" + h.bin + ":" + os.Getenv("PATH")}, spec.Argv...)
+	return h.hostExec.Exec(ctx, sb, spec)
+}
+
+// TestRunnerEndsMidRead: a runner that records its exit, or is killed by
+// its watchdog, while a read is under way reads as what happened, never as
+// a lost runner (exit 137, not timed out).
+func TestRunnerEndsMidRead(t *testing.T) {
+	tests := []struct {
+		name     string
+		script   string // $1: the file whose creation lets the command go on
+		timeout  time.Duration
+		code     int
+		timedOut bool
+	}{
+		{"completed", `while [ ! -e "$1" ]; do sleep 0.01; done; echo done; exit 7`, time.Minute, 7, false},
+		{"timed out", `sleep 300`, time.Second, 137, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t)
+			release := filepath.Join(e.tmp, "release")
+			e.r = runner.New(newEndsMidRead(t, release), e.dir)
+			if err := e.r.StartCommand(t.Context(), e.sb, "mid", providers.ExecSpec{
+				Argv: []string{"sh", "-c", tt.script, "sh", release}, Timeout: tt.timeout, MaxOutputBytes: 100,
+			}); err != nil {
+				t.Fatalf("StartCommand: %v", err)
+			}
+			waitFile(t, filepath.Join(runner.CommandDir(e.dir, e.sb, "mid"), runner.FilePID))
+			st, err := e.r.ReadCommand(t.Context(), e.sb, "mid", 100)
+			if err != nil {
+				t.Fatalf("ReadCommand: %v", err)
+			}
+			if st.State != providers.CommandCompleted || st.ExitCode != tt.code || st.TimedOut != tt.timedOut {
+				t.Errorf("read as the runner ended = %q exit %d timed out %v; want completed %d timed out %v",
+					st.State, st.ExitCode, st.TimedOut, tt.code, tt.timedOut)
+			}
+			if tt.code == 7 && string(st.Stdout) != "done\n" {
+				t.Errorf("stdout = %q; want %q", st.Stdout, "done\n")
+			}
+		})
+	}
+}
+
+// TestReadDirRunnerEndsMidRead: the same for ReadDir, whose alive is
+// asked while the runner records its end.
+func TestReadDirRunnerEndsMidRead(t *testing.T) {
+	tests := []struct {
+		name     string
+		writes   map[string]string // what the runner (or its watchdog) leaves as it ends
+		code     int
+		timedOut bool
+	}{
+		{"completed", map[string]string{runner.FileExit: "7\n"}, 7, false},
+		{"timed out", map[string]string{runner.FileTimedOut: ""}, 137, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for name, body := range map[string]string{runner.FileClaim: "", runner.FilePID: "12345\n", runner.FileStdout: "out"} {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ends := func() bool {
+				for name, body := range tt.writes {
+					if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+						t.Error(err)
+					}
+				}
+				return false
+			}
+			st, err := runner.ReadDir(dir, 100, ends)
+			if err != nil {
+				t.Fatalf("ReadDir: %v", err)
+			}
+			if st.State != providers.CommandCompleted || st.ExitCode != tt.code || st.TimedOut != tt.timedOut || string(st.Stdout) != "out" {
+				t.Errorf("ReadDir as the runner ended = %q exit %d timed out %v stdout %q; want completed %d timed out %v %q",
+					st.State, st.ExitCode, st.TimedOut, st.Stdout, tt.code, tt.timedOut, "out")
+			}
+		})
+	}
+}
