@@ -5,22 +5,10 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"io"
-	"log"
-	"math/big"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -28,55 +16,9 @@ import (
 	"time"
 
 	adminapi "github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/internal/egresstest"
 	"github.com/sandgate/sandgate/protocol"
 )
-
-// egressSite is a TLS server on the host's loopback answering "hello
-// NAME" for each of its names, and its CA's certificate in PEM.
-type egressSite struct {
-	port  int
-	caPEM []byte
-}
-
-func startEgressSite(t *testing.T, names ...string) egressSite {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sandgate e2e egress CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host := r.Host
-		if h, _, err := net.SplitHostPort(r.Host); err == nil {
-			host = h
-		}
-		fmt.Fprintf(w, "hello %s\n", host)
-	}))
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: key}}}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	return egressSite{port: srv.Listener.Addr().(*net.TCPAddr).Port, caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})}
-}
 
 // domains returns n distinct valid domains.
 func domains(n int) []string {
@@ -122,8 +64,8 @@ func TestE2EEgressDevLease(t *testing.T) {
 func TestE2EEgressServe(t *testing.T) {
 	rds := startRedis(t)
 	names := []string{"allowed.sg.test", "denied.sg.test", "a.sg.test", "sg.test"}
-	site := startEgressSite(t, names...)
-	port := strconv.Itoa(site.port)
+	site := egresstest.StartSite(t, names, nil)
+	port := strconv.Itoa(site.Port)
 	var hosts []string
 	for _, n := range names {
 		hosts = append(hosts, n+"=127.0.0.1")
@@ -152,7 +94,7 @@ func TestE2EEgressServe(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("acquire with allowed.sg.test: %v", err)
 	}
-	if err := c.WriteFile(ctx, ws.WorkspaceID, "/workspace/ca.pem", site.caPEM); err != nil {
+	if err := c.WriteFile(ctx, ws.WorkspaceID, "/workspace/ca.pem", site.CAPEM); err != nil {
 		t.Fatal(err)
 	}
 	run := func(argv ...string) (string, int) {

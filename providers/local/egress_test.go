@@ -2,21 +2,10 @@ package local_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"io"
-	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/cgi"
-	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -28,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/internal/egresstest"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/providers/providertest"
@@ -36,59 +26,11 @@ import (
 // egressNames are the static hosts of the tests, all on loopback.
 var egressNames = []string{"allowed.sg.test", "denied.sg.test", "a.sg.test", "sg.test"}
 
-// tlsSite is a TLS server on the host's loopback answering "hello NAME"
-// for every name of egressNames, with its CA's certificate in PEM.
-type tlsSite struct {
-	port  int
-	caPEM []byte
-}
-
-func startTLSSite(t *testing.T) tlsSite {
+// startTLSSite starts the tests' TLS site: "hello NAME" for every name of
+// egressNames, and a git repository below /git/.
+func startTLSSite(t *testing.T) egresstest.Site {
 	t.Helper()
-	git := gitServer(t)
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sandgate egress test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "sg.test"},
-		DNSNames: egressNames, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/git/") {
-			git.ServeHTTP(w, r)
-			return
-		}
-		host := r.Host
-		if h, _, err := net.SplitHostPort(r.Host); err == nil {
-			host = h
-		}
-		fmt.Fprintf(w, "hello %s\n", host)
-	}))
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: key}}}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	return tlsSite{
-		port:  srv.Listener.Addr().(*net.TCPAddr).Port,
-		caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-	}
+	return egresstest.StartSite(t, egressNames, map[string]http.Handler{"/git/": gitServer(t)})
 }
 
 // gitServer serves a bare repository, repo.git, holding one commit with
@@ -127,7 +69,7 @@ func gitServer(t *testing.T) http.Handler {
 // the site's port (and the proxy's defaults, 80 and 443) and maps every
 // name of egressNames to 127.0.0.1.
 type egressEnv struct {
-	site    tlsSite
+	site    egresstest.Site
 	proxy   *egress.Proxy
 	p       *local.Provider
 	dataDir string
@@ -147,7 +89,7 @@ func newEgressEnvIn(t *testing.T, dataDir string) *egressEnv {
 	for _, n := range egressNames {
 		hosts[n] = netip.MustParseAddr("127.0.0.1")
 	}
-	proxy, err := egress.New(egress.Config{Ports: []uint16{80, 443, uint16(site.port)}, Hosts: hosts})
+	proxy, err := egress.New(egress.Config{Ports: []uint16{80, 443, uint16(site.Port)}, Hosts: hosts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +121,7 @@ func (e *egressEnv) workspace(t *testing.T, domains ...string) providers.Sandbox
 	spec := providertest.Spec(t)
 	spec.Egress.AllowedDomains = append([]string{}, domains...)
 	sb := providertest.Create(t, e.p, spec)
-	if err := providers.WriteFileBytes(t.Context(), e.p, sb, "/workspace/ca.pem", e.site.caPEM); err != nil {
+	if err := providers.WriteFileBytes(t.Context(), e.p, sb, "/workspace/ca.pem", e.site.CAPEM); err != nil {
 		t.Fatal(err)
 	}
 	return sb
@@ -204,7 +146,7 @@ func TestEgressAllowlist(t *testing.T) {
 		t.Errorf("Capabilities().Egress = %v; want proxy", got)
 	}
 	sb := e.workspace(t, "allowed.sg.test")
-	port := strconv.Itoa(e.site.port)
+	port := strconv.Itoa(e.site.Port)
 	allowed := "https://allowed.sg.test:" + port + "/"
 
 	t.Run("allowed domain", func(t *testing.T) {
@@ -336,7 +278,7 @@ func waitCommand(t *testing.T, p *local.Provider, sb providers.Sandbox, id strin
 func TestEgressWildcardAndNone(t *testing.T) {
 	t.Parallel()
 	e := newEgressEnv(t)
-	port := strconv.Itoa(e.site.port)
+	port := strconv.Itoa(e.site.Port)
 	wild := e.workspace(t, "*.sg.test")
 	if out, code := fetch(t, e.p, wild, "https://a.sg.test:"+port+"/"); code != 0 || !strings.HasPrefix(out, "hello a.sg.test\n") {
 		t.Errorf("*.sg.test fetching a.sg.test: exit %d, %q; want the page", code, out)
@@ -366,7 +308,7 @@ func TestEgressWildcardAndNone(t *testing.T) {
 func TestEgressWorkspacesApart(t *testing.T) {
 	t.Parallel()
 	e := newEgressEnv(t)
-	port := strconv.Itoa(e.site.port)
+	port := strconv.Itoa(e.site.Port)
 	a := e.workspace(t, "allowed.sg.test")
 	b := e.workspace(t, "a.sg.test")
 	sockA := filepath.Join(e.dataDir, "workspaces", a.Ref, "egress", "egress.sock")
@@ -435,7 +377,7 @@ func TestEgressAfterRestart(t *testing.T) {
 	t.Parallel()
 	e := newEgressEnvIn(t, filepath.Join(t.TempDir(), strings.Repeat("long-data-directory-", 5)))
 	sb := e.workspace(t, "allowed.sg.test")
-	url := "https://allowed.sg.test:" + strconv.Itoa(e.site.port) + "/"
+	url := "https://allowed.sg.test:" + strconv.Itoa(e.site.Port) + "/"
 	e.p.Close() // the broker stops; the workspace stays
 	if out, code := fetch(t, e.p, sb, url); code == 0 {
 		t.Errorf("with its broker stopped, the workspace fetched %q; want no network", out)
@@ -466,7 +408,7 @@ func TestEgressTwoProviders(t *testing.T) {
 	t.Parallel()
 	e := newEgressEnv(t)
 	sb := e.workspace(t, "allowed.sg.test")
-	url := "https://allowed.sg.test:" + strconv.Itoa(e.site.port) + "/"
+	url := "https://allowed.sg.test:" + strconv.Itoa(e.site.Port) + "/"
 	p2 := e.provider(t)
 	for i, p := range []*local.Provider{p2, e.p, p2} {
 		if out, code := fetch(t, p, sb, url); code != 0 || !strings.HasPrefix(out, "hello allowed.sg.test\n") {
