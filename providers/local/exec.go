@@ -416,12 +416,12 @@ func recordExec(l layout, pgid int) bool {
 	return os.WriteFile(filepath.Join(l.execs(), strconv.Itoa(pgid)), []byte(strconv.FormatUint(start, 10)), 0o600) == nil
 }
 
-// killExecs kills every exec recorded in the workspace whose process still
-// has its recorded start time (so a reused pid is never signalled), and
-// waits until they are gone or ctx ends. It returns how many it killed.
-func killExecs(ctx context.Context, l layout) (int, error) {
+// liveExecs returns the process groups of the execs recorded in the
+// workspace whose process still has its recorded start time, so that a
+// reused pid is never signalled.
+func liveExecs(l layout) []int {
 	entries, _ := os.ReadDir(l.execs())
-	var killed []int
+	var out []int
 	for _, e := range entries {
 		pgid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -432,12 +432,22 @@ func killExecs(ctx context.Context, l layout) (int, error) {
 			continue
 		}
 		want, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-		if got, err := procStart(pgid); err != nil || got != want {
-			continue
+		if got, err := procStart(pgid); err == nil && got == want {
+			out = append(out, pgid)
 		}
+	}
+	return out
+}
+
+// killExecs kills every exec recorded in the workspace whose process still
+// has its recorded start time (liveExecs), and waits until they are gone
+// or ctx ends. It returns how many it killed.
+func killExecs(ctx context.Context, l layout) (int, error) {
+	var killed []int
+	for _, pgid := range liveExecs(l) {
 		// Removing the record first tells the exec's own process that a
 		// Terminate killed it (run checks for its record once bwrap exits).
-		if os.Remove(filepath.Join(l.execs(), e.Name())) != nil {
+		if os.Remove(filepath.Join(l.execs(), strconv.Itoa(pgid))) != nil {
 			continue
 		}
 		if killStep(pgid) == nil {

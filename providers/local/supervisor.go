@@ -202,20 +202,8 @@ func endWorkspace(l layout) {
 		return // terminated
 	}
 	markEnded(l)
-	entries, _ := os.ReadDir(l.execs())
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(l.execs(), e.Name()))
-		if err != nil {
-			continue
-		}
-		want, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-		if got, err := procStart(pid); err == nil && got == want {
-			killStep(pid)
-		}
+	for _, pid := range liveExecs(l) {
+		killStep(pid)
 	}
 	commands, _ := os.ReadDir(l.commands())
 	for _, e := range commands {
