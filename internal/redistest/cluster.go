@@ -31,7 +31,19 @@ type clusterNode struct {
 	port, bus int
 	dir       string
 	cmd       *exec.Cmd
+	exited    chan struct{} // closed when cmd has exited and been waited for
 }
+
+// errNodeExited is a node's redis-server that ended while the cluster
+// started: most often its port was taken (by a client's ephemeral port)
+// between freePorts and its bind. NewCluster then tries other ports.
+var errNodeExited = errors.New("redis-server exited")
+
+// startSem bounds how many clusters StartCluster starts at once in one
+// test process: a
+// package whose tests each start one would otherwise start dozens of
+// redis-servers at the same instant on a small machine.
+var startSem = make(chan struct{}, 2)
 
 // NodeTimeout is the test cluster's cluster-node-timeout: a primary that
 // does not answer for this long is failed over to its replica.
@@ -41,6 +53,8 @@ const NodeTimeout = time.Second
 // test, never skips it, when redis-server or redis-cli is missing.
 func StartCluster(tb testing.TB) *Cluster {
 	tb.Helper()
+	startSem <- struct{}{}
+	defer func() { <-startSem }()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := NewCluster(ctx, tb.TempDir())
@@ -59,6 +73,17 @@ func NewCluster(ctx context.Context, dir string) (*Cluster, error) {
 			return nil, fmt.Errorf("%s is not installed (package redis-server, which brings redis-tools; make test installs it): %w", bin, err)
 		}
 	}
+	for attempt := 1; ; attempt++ {
+		c, err := startCluster(ctx, filepath.Join(dir, "try"+strconv.Itoa(attempt)))
+		if errors.Is(err, errNodeExited) && attempt < 3 {
+			continue
+		}
+		return c, err
+	}
+}
+
+// startCluster is one attempt of NewCluster, on fresh ports.
+func startCluster(ctx context.Context, dir string) (*Cluster, error) {
 	c := &Cluster{dir: dir}
 	ports, err := freePorts(12)
 	if err != nil {
@@ -84,7 +109,7 @@ func NewCluster(ctx context.Context, dir string) (*Cluster, error) {
 		}
 	}
 	for _, n := range c.nodes {
-		if err := waitPing(ctx, n.addr()); err != nil {
+		if err := waitPing(ctx, n.addr(), n.exited); err != nil {
 			return nil, err
 		}
 	}
@@ -111,8 +136,15 @@ func (n *clusterNode) start() error {
 		"--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
 		"--protected-mode", "no", "--loglevel", "warning")
 	if err := n.cmd.Start(); err != nil {
+		n.cmd = nil
 		return fmt.Errorf("start redis-server: %w", err)
 	}
+	cmd, exited := n.cmd, make(chan struct{})
+	n.exited = exited
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
 	return nil
 }
 
@@ -120,7 +152,7 @@ func (n *clusterNode) start() error {
 func (n *clusterNode) kill() {
 	if n.cmd != nil && n.cmd.Process != nil {
 		_ = n.cmd.Process.Kill()
-		_ = n.cmd.Wait()
+		<-n.exited
 		n.cmd = nil
 	}
 }
@@ -334,7 +366,7 @@ func crc16(s string) uint16 {
 	return crc
 }
 
-func waitPing(ctx context.Context, addr string) error {
+func waitPing(ctx context.Context, addr string, exited <-chan struct{}) error {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, ReadTimeout: time.Second})
 	defer rdb.Close()
 	for {
@@ -343,6 +375,8 @@ func waitPing(ctx context.Context, addr string) error {
 			return nil
 		}
 		select {
+		case <-exited:
+			return fmt.Errorf("%w: %s", errNodeExited, addr)
 		case <-ctx.Done():
 			return fmt.Errorf("redis-server %s did not answer: %w", addr, err)
 		case <-time.After(25 * time.Millisecond):
