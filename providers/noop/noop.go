@@ -90,16 +90,16 @@ func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path stri
 	p.mu.Lock()
 	s, ok := p.sandboxes[sb.Ref]
 	var b []byte
+	found := false
 	if ok {
-		b, ok = s.files[path]
-		if !ok {
-			p.mu.Unlock()
-			return 0, providers.ErrFileNotFound
-		}
+		b, found = s.files[path]
 	}
 	p.mu.Unlock()
-	if s == nil {
+	switch {
+	case !ok:
 		return 0, providers.ErrSandboxGone
+	case !found:
+		return 0, providers.ErrFileNotFound
 	}
 	if int64(len(b)) > max {
 		return 0, providers.ErrFileTooLarge
