@@ -279,8 +279,8 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		if l.open.Add(1) > l.max {
 			l.open.Add(-1)
+			l.refused() // before the close, so the count is there once the client sees it
 			_ = c.Close()
-			l.refused()
 			continue
 		}
 		return &limitConn{Conn: c, release: sync.OnceFunc(func() { l.open.Add(-1) })}, nil
