@@ -13,7 +13,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -112,9 +111,4 @@ func (f *floor) stop() {
 func newLoadClient(c *http.Client) *http.Client {
 	t := c.Transport.(*http.Transport).Clone()
 	return &http.Client{Transport: t}
-}
-
-// floorRow formats one round's floor columns.
-func floorRow(evalsha, pairs, floorPairs float64) string {
-	return fmt.Sprintf("%.0f | %.3f | %.3f", floorPairs, floorPairs/evalsha, pairs/floorPairs)
 }
