@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,6 +55,9 @@ func (h helperExecer) Exec(ctx context.Context, sb providers.Sandbox, spec provi
 func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec, helper bool) (providers.ExecResult, error) {
 	w, err := p.open(sb.Ref)
 	if err != nil {
+		if errors.Is(err, providers.ErrSandboxGone) {
+			p.ns.drop(sb.Ref) // ended by another broker process, or its supervisor
+		}
 		return providers.ExecResult{}, err
 	}
 	if err := checkSpec(spec); err != nil {
@@ -87,6 +91,9 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 		uid:     w.rec.UID,
 		disk:    p.diskOf(w),
 	}
+	// Staged even for a file helper, which binds none of it: one mount
+	// namespace serves all of the workspace's execs.
+	j.stageEgress = len(w.rec.AllowedDomains) > 0
 	if helper {
 		// The file helpers run with the broker's PATH and nothing of the
 		// client's env (no PATH, no LD_PRELOAD into the broker's sh).
@@ -149,12 +156,13 @@ type job struct {
 	// fsize, when > 0, is RLIMIT_FSIZE: no file written may grow past it
 	// (the writer gets SIGXFSZ). Only a snapshot's archive sets it.
 	fsize int64
-	// cgroups are the cgroup.procs files the step joins before it forks.
+	// cgroups are the cgroup.procs files bwrap (a durable command: its step)
+	// joins before it forks anything.
 	cgroups []string
 	// uid is the host uid (and gid) the sandbox's uid 0 maps to; 0 only
 	// for a workspace from before unprivileged sandboxes.
 	uid int
-	// disk is the workspace's image, which the step mounts; "" for a
+	// disk is the workspace's image, which stage mounts; "" for a
 	// workspace without a disk quota.
 	disk string
 	// rec is the workspace's record, whose limits recreate its cgroups
@@ -163,6 +171,9 @@ type job struct {
 	// egress runs argv below the forwarder, with the workspace's egress
 	// socket bound and the proxy variables set (egress.go).
 	egress bool
+	// stageEgress stages the egress socket's directory and the forwarder
+	// (see stageOptions) even when egress is false.
+	stageEgress bool
 }
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
@@ -176,9 +187,9 @@ type run struct {
 	recorded   bool // recordExec wrote its file; killExecs removes it before killing
 }
 
-// kill sends SIGTERM to the run's step, which kills the whole sandbox and
-// exits, unless the step has already exited (a reaped pid could name
-// someone else's process by then). It reports whether it sent the signal.
+// kill SIGKILLs the run's bwrap, and with it the whole sandbox, unless
+// bwrap has already exited (a reaped pid could name someone else's process
+// by then). It reports whether it sent the signal.
 func (r *run) kill(byTerminate bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -188,12 +199,12 @@ func (r *run) kill(byTerminate bool) bool {
 	if r.exited {
 		return false
 	}
-	killStep(r.pgid) // ESRCH: it is exiting anyway
+	killExec(r.pgid) // ESRCH: it is exiting anyway
 	return true
 }
 
-// run executes j under bwrap, through the step, and waits for it. It kills the
-// sandbox when j.timeout passes or ctx ends.
+// run executes j under bwrap and waits for it. It kills the sandbox when
+// j.timeout passes or ctx ends.
 func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error) {
 	if err := ctx.Err(); err != nil {
 		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", context.Cause(ctx))
@@ -240,12 +251,12 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 
 	stdout := &cappedBuffer{max: j.maxOut, w: j.outTo}
 	stderr := &cappedBuffer{max: j.maxOut, w: j.errTo}
-	// The step (step_linux.go) joins the workspace's cgroups, sets the
-	// limits, then runs bwrap and outlives neither the broker nor bwrap.
-	cmd := exec.Command(selfExe)
-	cmd.Args = append([]string{stepName}, p.stepArgs(j, len(files))...)
-	cmd.Args = append(cmd.Args, "--", p.bwrap, "--args", "3", "--")
-	cmd.Args = append(cmd.Args, sandboxArgv(j)...)
+	// bwrap is started directly, from a thread of its own (launchBwrap), as the
+	// first process of a pid namespace of its own: nothing it starts can
+	// outlive it, and it dies with the broker (see README.md, "No exec
+	// outlives its broker").
+	cmd := exec.Command(p.bwrap)
+	cmd.Args = append([]string{p.bwrap, "--args", "3", "--"}, sandboxArgv(j)...)
 	// bwrap's own environment is visible in the sandbox (/proc/1/environ),
 	// and with the workspace's Env it could even load code on the host
 	// (LD_PRELOAD): give it none. The sandbox's comes from --setenv.
@@ -261,19 +272,38 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		cmd.Stdout = j.stdoutW
 	}
 	cmd.ExtraFiles = files // fd 3: options; fd 4: seccomp filter
-	cmd.SysProcAttr = sysProcAttr()
+	cmd.SysProcAttr = sandboxProcAttr(j.uid)
 	cmd.WaitDelay = waitDelay
 
+	var ns *os.File
+	if o, ok := p.stageOptions(j); ok {
+		fd, release, err := p.ns.acquire(j.ref, o)
+		if err != nil {
+			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
+		}
+		defer release()
+		ns = fd
+	}
 	r := &run{done: make(chan struct{})}
 	defer close(r.done)
-	if err := p.start(j.ref, cmd, j.cpus, r); err != nil {
+	exited, err := p.launchBwrap(j, ns, cmd, r)
+	if err != nil {
 		return providers.ExecResult{}, err
 	}
 	defer p.forget(j.ref, r)
 	argsR.Close()
-	// Written after Start: the options can outgrow a pipe's buffer, and
-	// bwrap reads them before anything else. If bwrap dies first, the write
-	// fails at once and the error shows in its exit status.
+	// bwrap reads its options before it does anything else and forks
+	// nothing before it has them: it gets them once it is in the exec's
+	// cgroups and under its limits, so everything of the sandbox is too.
+	if err := confine(cmd.Process.Pid, j); err != nil {
+		r.kill(false)
+		<-exited
+		cmd.Wait()
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
+	}
+	// Written after Start: the options can outgrow a pipe's buffer. If bwrap
+	// dies first, the write fails at once and the error shows in its exit
+	// status.
 	wrote := make(chan struct{})
 	go func() {
 		defer close(wrote)
@@ -303,11 +333,11 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		}
 	}()
 
-	exitErr := waitExited(cmd.Process.Pid)
+	exitErr := <-exited
 	if exitErr != nil {
-		// Not reaped yet, so the step is still ours to kill; without
+		// Not reaped yet, so bwrap is still ours to kill; without
 		// this, nothing would enforce the timeout.
-		killStep(r.pgid)
+		killExec(r.pgid)
 	}
 	r.mu.Lock()
 	r.exited = true
@@ -450,7 +480,7 @@ func killExecs(ctx context.Context, l layout) (int, error) {
 		if os.Remove(filepath.Join(l.execs(), strconv.Itoa(pgid))) != nil {
 			continue
 		}
-		if killStep(pgid) == nil {
+		if killExec(pgid) == nil {
 			killed = append(killed, pgid)
 		}
 	}
@@ -482,7 +512,8 @@ func (p *Provider) forget(ref string, r *run) {
 	}
 }
 
-// stepArgs are the step's options for j, with nfds descriptors past stderr.
+// stepArgs are a durable command's step's options for j, with nfds
+// descriptors past stderr.
 func (p *Provider) stepArgs(j job, nfds int) []string {
 	a := []string{"--fds", strconv.Itoa(nfds)}
 	a = append(a, rlimitArgs(j)...)
@@ -493,25 +524,112 @@ func (p *Provider) stepArgs(j job, nfds int) []string {
 		u := strconv.Itoa(j.uid)
 		a = append(a, "--uid", u, "--gid", u)
 	}
-	if j.uid > 0 || j.disk != "" {
-		a = append(a, "--stage", p.stageDir, "--bind", p.etcDir, "e")
-		if j.disk != "" {
-			mount := "/usr/bin/mount"
-			if p.disk != nil {
-				mount = p.disk.mount
-			}
-			a = append(a, "--disk", j.disk, "--mount-bin", mount)
-		} else {
-			a = append(a,
-				"--bind", j.layout.workspace(), "w",
-				"--bind", j.layout.home(), "h",
-				"--bind", j.layout.tmp(), "t")
+	if o, ok := p.stageOptions(j); ok {
+		a = append(a, "--stage", o.stage)
+		for _, b := range o.binds {
+			a = append(a, "--bind", b[0], b[1])
 		}
-		if j.egress {
-			a = append(a, "--bind", j.layout.egress(), "g", "--bind", p.exe, "x")
+		if o.disk != "" {
+			a = append(a, "--disk", o.disk, "--mount-bin", o.mountBin)
 		}
 	}
 	return a
+}
+
+// stageOptions are what stage does for j: the directories bwrap, running
+// as the workspace's uid, finds below the stage directory. ok is false when
+// nothing is staged (a workspace from before uids and disk images, which
+// bwrap reaches at its host paths as the broker's uid).
+func (p *Provider) stageOptions(j job) (o stepOptions, ok bool) {
+	if j.uid <= 0 && j.disk == "" {
+		return stepOptions{}, false
+	}
+	o = stepOptions{stage: p.stageDir, binds: [][2]string{{p.etcDir, "e"}}}
+	if j.disk != "" {
+		o.disk, o.mountBin = j.disk, "/usr/bin/mount"
+		if p.disk != nil {
+			o.mountBin = p.disk.mount
+		}
+	} else {
+		o.binds = append(o.binds,
+			[2]string{j.layout.workspace(), "w"},
+			[2]string{j.layout.home(), "h"},
+			[2]string{j.layout.tmp(), "t"})
+	}
+	if j.egress || j.stageEgress {
+		o.binds = append(o.binds, [2]string{j.layout.egress(), "g"}, [2]string{p.exe, "x"})
+	}
+	return o, true
+}
+
+// launchBwrap starts cmd (bwrap) for j from an OS thread of its own, which
+// first joins ns, the workspace's mount namespace (nil: none, bwrap then
+// stays in the broker's), and records r as a run of j.ref. The thread
+// lives until bwrap has exited, since bwrap's parent-death signal follows
+// the thread that forked it, and then ends with its goroutine: it is never
+// unlocked, so no other goroutine ever runs in the workspace's namespace.
+// The channel yields waitExited's result once bwrap has exited.
+func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-chan error, error) {
+	started := make(chan error, 1)
+	exited := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if ns != nil {
+			if err := joinNS(ns); err != nil {
+				started <- fmt.Errorf("local: exec: %w", err)
+				return
+			}
+		}
+		if err := p.start(j.ref, cmd, j.cpus, r); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		exited <- waitExited(cmd.Process.Pid)
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return exited, nil
+}
+
+// confine moves bwrap (pid), which is waiting for its options, into j's
+// cgroups and sets j's resource limits on it, soft and hard, so that every
+// process of the sandbox inherits both.
+func confine(pid int, j job) error {
+	self := []byte(strconv.Itoa(pid))
+	for _, f := range j.cgroups {
+		if err := os.WriteFile(f, self, 0); err != nil {
+			// No path: it is the broker's business, not the client's.
+			return fmt.Errorf("cannot join the workspace's cgroup: %w", scrub(err))
+		}
+	}
+	uid := -1 // the broker's own
+	if j.uid > 0 {
+		uid = j.uid
+	}
+	if err := prlimitAs(pid, uid, uid, jobLimits(j)); err != nil {
+		return fmt.Errorf("rlimit: %w", err)
+	}
+	return nil
+}
+
+// stepOptions are the step's arguments before "--".
+type stepOptions struct {
+	nfds     int
+	cgroups  []string
+	uid, gid int    // -1: keep the broker's
+	stage    string // "": no staging
+	binds    [][2]string
+	disk     string // the workspace's image, mounted on stage/d
+	mountBin string // mount(8), for the image
+	rlimits  []rlimit
+}
+
+// rlimit is one --rlimit NAME=N: a resource limit, soft and hard.
+type rlimit struct {
+	resource int
+	value    uint64
 }
 
 // rlimitArgs are the step's --rlimit options: the limits, soft and hard,
@@ -531,8 +649,8 @@ func rlimitArgs(j job) []string {
 
 // bwrapOptions returns bwrap's options, each NUL-terminated, for --args.
 func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
-	// src is where bwrap finds a host directory: below the step's stage
-	// when the step stages them (see stepArgs).
+	// src is where bwrap finds a host directory: below the stage
+	// when they are staged (see stageOptions).
 	src := func(name, host string) string {
 		switch {
 		case j.disk != "" && (name == "w" || name == "h" || name == "t"):

@@ -89,3 +89,7 @@ func HasDeadline(p *Provider, ref string) bool {
 
 // HashCPU is the CPU the hash alone would pin the workspace ref to.
 func HashCPU(p *Provider, ref string) int { return p.pickCPUs(ref, 1)[0] }
+
+// CloseMountNamespaces closes the workspaces' mount namespaces that no exec
+// uses, as the Provider does after nsIdle, unmounting their disk images.
+func CloseMountNamespaces(p *Provider) { p.ns.sweep(time.Time{}) }

@@ -156,6 +156,7 @@ type Provider struct {
 	caps     []string    // Config.GuestCapabilities
 
 	seccomp  []byte        // bwrap's seccomp program, nil on an unknown architecture
+	ns       nsTable       // the workspaces' mount namespaces (mountns.go)
 	stop     chan struct{} // closed by Close: ends the CPU governor
 	stopOnce sync.Once
 	supMu    sync.Mutex // serialises ensureSupervisor
@@ -296,6 +297,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.egressStop()
 		return nil, fmt.Errorf("local: supervisor: %w", scrub(err))
 	}
+	go p.ns.run(p.stop)
 	if p.cg != nil && p.cg.acct != "" && p.cg.cpu != "" {
 		go newCPUGovernor(p.cg, len(p.cpus), p.log).run(cmp.Or(c.cpuTick, cpuTick), p.stop)
 	} else {
@@ -625,6 +627,9 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	// it, and an exec killed below reports it), before anything is killed.
 	markEnded(p.layout(ref))
 	p.stopEgress(ref)
+	// Its execs are gone: the disk image's mount goes now, so that its
+	// space is free once Terminate returns.
+	p.ns.drop(ref)
 	// Execs another broker process started (a stop set through one gateway
 	// while another runs the workspace's command) are killed here too.
 	if _, err := killExecs(ctx, p.layout(ref)); err != nil {
@@ -781,6 +786,7 @@ func (p *Provider) leaf(ref string, rec record, name string) ([]string, error) {
 // and their durable commands stay as they are.
 func (p *Provider) Close() error {
 	p.stopOnce.Do(func() { close(p.stop) })
+	p.ns.sweep(time.Time{})
 	p.egressStop()
 	p.egressMu.Lock()
 	for ref, s := range p.egress {

@@ -232,22 +232,18 @@ func prlimitAs(pid, uid, gid int, limits []rlimit) error {
 	return <-done
 }
 
-// stepOptions are the step's arguments before "--".
-type stepOptions struct {
-	nfds     int
-	cgroups  []string
-	uid, gid int    // -1: keep the broker's
-	stage    string // "": no staging
-	binds    [][2]string
-	disk     string // the workspace's image, mounted on stage/d
-	mountBin string // mount(8), for the image
-	rlimits  []rlimit
-}
-
-// rlimit is one --rlimit NAME=N: a resource limit, soft and hard.
-type rlimit struct {
-	resource int
-	value    uint64
+// jobLimits are j's resource limits (rlimitArgs, for the step of a
+// durable command, says the same); see README.md for why RLIMIT_DATA and
+// not RLIMIT_AS.
+func jobLimits(j job) []rlimit {
+	l := []rlimit{
+		{unix.RLIMIT_DATA, uint64(j.memory)},
+		{unix.RLIMIT_CORE, 0}, // no core files written where a host helper might read them
+	}
+	if j.fsize > 0 {
+		l = append(l, rlimit{unix.RLIMIT_FSIZE, uint64(j.fsize)})
+	}
+	return l
 }
 
 // rlimitResource is the resource --rlimit names name.
@@ -347,6 +343,19 @@ func stage(o stepOptions) error {
 		if err := unix.Mount(b[0], dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("bind: %w", err)
 		}
+	}
+	return nil
+}
+
+// joinNS moves the calling thread, which must be locked and is never
+// given back, into the mount namespace ns (a thread that shares its file
+// system attributes with others cannot).
+func joinNS(ns *os.File) error {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare: %w", err)
+	}
+	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("setns: %w", err)
 	}
 	return nil
 }

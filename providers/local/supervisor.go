@@ -203,7 +203,7 @@ func endWorkspace(l layout) {
 	}
 	markEnded(l)
 	for _, pid := range liveExecs(l) {
-		killStep(pid)
+		killExec(pid)
 	}
 	commands, _ := os.ReadDir(l.commands())
 	for _, e := range commands {

@@ -104,20 +104,32 @@ func closeOnExec() error {
 	return nil
 }
 
-// sysProcAttr puts an exec's step in its own process group and sends it
-// SIGTERM when the broker dies, upon which the step kills the sandbox (see
-// step_linux.go). The parent-death signal follows the thread that forks:
-// startPinned forks on a locked thread, which Go never retires while it is
-// unlocked in its pool.
-func sysProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+// sandboxProcAttr starts an exec's bwrap in a process group of its own,
+// as uid (and gid) when uid > 0, as the first process of a new pid
+// namespace, and with SIGKILL as its parent-death signal. The kernel kills
+// every process of a pid namespace when its first one dies, bwrap's own
+// namespaces' included, so nothing of the sandbox outlives bwrap, and
+// bwrap does not outlive the broker. The parent-death signal follows the
+// thread that forks (launchBwrap keeps it until bwrap has exited); Go sets it
+// after the uid change, which would clear it.
+func sandboxProcAttr(uid int) *syscall.SysProcAttr {
+	a := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Cloneflags: syscall.CLONE_NEWPID}
+	if uid > 0 {
+		// The sandbox's uid 0 maps to it: nothing of it holds a host
+		// privilege.
+		a.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), Groups: []uint32{}}
+	}
+	return a
 }
 
-// selfExe is the broker's own binary, run again as an exec's step.
+// selfExe is the broker's own binary, run again as the supervisor.
 const selfExe = "/proc/self/exe"
 
-// killStep asks the exec step pid to kill its sandbox and exit.
-func killStep(pid int) error { return syscall.Kill(pid, syscall.SIGTERM) }
+// killExec kills the exec whose bwrap is pid. bwrap is the first process
+// of the exec's pid namespace, so the kernel kills all of the sandbox with
+// it. (Only SIGKILL reaches it: the first process of a pid namespace gets
+// no signal it does not handle, even from outside.)
+func killExec(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
 
 // killGroup sends SIGKILL to the process group pgid.
 func killGroup(pgid int) error { return syscall.Kill(-pgid, syscall.SIGKILL) }

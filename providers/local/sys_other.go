@@ -17,10 +17,14 @@ const stepName = "sandgate-exec-step"
 
 func hostCPUs() ([]int, error)           { return nil, errUnsupported }
 func startPinned(*exec.Cmd, []int) error { return errUnsupported }
-func sysProcAttr() *syscall.SysProcAttr  { return nil }
 func closeOnExec() error                 { return errUnsupported }
 func killGroup(int) error                { return errUnsupported }
-func killStep(int) error                 { return errUnsupported }
+func killExec(int) error                 { return errUnsupported }
+
+func sandboxProcAttr(int) *syscall.SysProcAttr { return nil }
+func stage(stepOptions) error                  { return errUnsupported }
+func prlimitAs(int, int, int, []rlimit) error  { return errUnsupported }
+func jobLimits(job) []rlimit                   { return nil }
 
 const selfExe = ""
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/providers/providertest"
 )
 
@@ -40,7 +41,8 @@ func TestUnprivileged(t *testing.T) {
 		}
 		uids[host] = true
 		// The files are on the workspace's disk image: look at it from the
-		// host, read-only.
+		// host, read-only, once the Provider no longer keeps it mounted.
+		local.CloseMountNamespaces(p)
 		mnt := t.TempDir()
 		if out, err := exec.Command("mount", "-o", "loop,ro", filepath.Join(dataDir, "workspaces", sb.Ref, "disk.img"), mnt).CombinedOutput(); err != nil {
 			t.Fatalf("mount the disk image: %v: %s", err, out)

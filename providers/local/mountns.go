@@ -1,0 +1,184 @@
+package local
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Each workspace's staged directories (stage: the tmpfs on the stage
+// directory, the disk image's mount, the binds) live in a mount namespace
+// that the Provider keeps while the workspace runs execs, so that an exec
+// joins it (setns) instead of mounting the image anew and unmounting it
+// when it ends. Nothing of it is mounted on the host: the namespace exists
+// only as long as a descriptor of it is open, in this process alone, or a
+// process is in it. So a broker that dies, however, leaves nothing behind:
+// the kernel closes the descriptor, ends the namespace, unmounts the image
+// and clears its loop device. The Provider closes a namespace nobody used
+// for nsIdle, at Terminate (before the workspace's files go, so that its
+// disk space is free when Terminate returns) and at Close. See README.md,
+// "Disk".
+
+// nsIdle is how long a workspace's mount namespace is kept after its last
+// exec. It holds a private copy of the host's mounts as they were when it
+// was made: a host file system unmounted meanwhile stays busy until then.
+const nsIdle = 30 * time.Second
+
+// heldNS is one workspace's mount namespace.
+type heldNS struct {
+	ref   string
+	opts  stepOptions   // what stage did in it
+	ready chan struct{} // closed once fd or err is set
+	fd    *os.File      // the namespace (/proc/thread-self/ns/mnt of its maker)
+	err   error
+	users int       // execs between acquire and release; under nsMu
+	last  time.Time // when users last fell to 0; under nsMu
+}
+
+// nsTable is a Provider's held namespaces.
+type nsTable struct {
+	mu sync.Mutex
+	m  map[string]*heldNS // ref → its namespace
+}
+
+// acquire returns the mount namespace staged with o for ref, making it
+// when there is none (or o changed), and a release to call once the exec
+// has ended. ref "" (New's probe) gets a namespace of its own, closed by
+// release.
+func (t *nsTable) acquire(ref string, o stepOptions) (*os.File, func(), error) {
+	if ref == "" {
+		fd, err := makeNS(o)
+		if err != nil {
+			return nil, nil, err
+		}
+		return fd, func() { fd.Close() }, nil
+	}
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = make(map[string]*heldNS)
+	}
+	h := t.m[ref]
+	if h != nil && !sameStage(h.opts, o) {
+		t.dropLocked(ref)
+		h = nil
+	}
+	if h == nil {
+		h = &heldNS{ref: ref, opts: o, ready: make(chan struct{})}
+		t.m[ref] = h
+		go func() {
+			h.fd, h.err = makeNS(o)
+			close(h.ready)
+		}()
+	}
+	h.users++
+	t.mu.Unlock()
+	<-h.ready
+	if h.err != nil {
+		t.mu.Lock()
+		h.users--
+		if t.m[ref] == h {
+			delete(t.m, ref) // the next exec tries again
+		}
+		t.mu.Unlock()
+		return nil, nil, h.err
+	}
+	release := func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if h.users--; h.users == 0 {
+			h.last = time.Now()
+			if t.m[ref] != h {
+				// Dropped meanwhile: nobody else will close it.
+				t.closeLocked(h)
+			}
+		}
+	}
+	return h.fd, release, nil
+}
+
+// sameStage reports whether a and b stage the same things.
+func sameStage(a, b stepOptions) bool {
+	return a.stage == b.stage && a.disk == b.disk && slices.Equal(a.binds, b.binds)
+}
+
+// drop closes ref's namespace (an exec using it keeps it until it ends).
+func (t *nsTable) drop(ref string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.dropLocked(ref)
+}
+
+func (t *nsTable) dropLocked(ref string) {
+	h := t.m[ref]
+	if h == nil {
+		return
+	}
+	delete(t.m, ref)
+	if h.users == 0 {
+		t.closeLocked(h)
+	}
+}
+
+// closeLocked closes h's descriptor. When no process is left in the
+// namespace, the kernel ends it right here, unmounting the image.
+func (t *nsTable) closeLocked(h *heldNS) {
+	if h.fd != nil {
+		h.fd.Close()
+		h.fd = nil
+	}
+}
+
+// sweep closes the namespaces unused since before cutoff; all of them
+// when cutoff is zero.
+func (t *nsTable) sweep(cutoff time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for ref, h := range t.m {
+		if h.users == 0 && (cutoff.IsZero() || h.last.Before(cutoff)) {
+			t.dropLocked(ref)
+		}
+	}
+}
+
+// run closes idle namespaces until stop is closed, then all of them.
+func (t *nsTable) run(stop <-chan struct{}) {
+	tick := time.NewTicker(nsIdle / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			t.sweep(time.Time{})
+			return
+		case now := <-tick.C:
+			t.sweep(now.Add(-nsIdle))
+		}
+	}
+}
+
+// makeNS stages o in a new mount namespace, made by an OS thread of its
+// own, and returns a descriptor of it. The thread is never unlocked: it
+// ends with its goroutine, and the namespace lives on in the descriptor.
+func makeNS(o stepOptions) (*os.File, error) {
+	type result struct {
+		fd  *os.File
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := stage(o); err != nil {
+			done <- result{nil, fmt.Errorf("stage: %w", err)}
+			return
+		}
+		fd, err := os.Open("/proc/thread-self/ns/mnt")
+		if err != nil {
+			err = fmt.Errorf("stage: %w", scrub(err))
+		}
+		done <- result{fd, err}
+	}()
+	r := <-done
+	return r.fd, r.err
+}
