@@ -275,6 +275,8 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	cmd.SysProcAttr = sandboxProcAttr(j.uid)
 	cmd.WaitDelay = waitDelay
 
+	r := &run{done: make(chan struct{})}
+	defer close(r.done) // after release: a Terminate waiting for it then finds the namespace unused
 	var ns *os.File
 	if o, ok := p.stageOptions(j); ok {
 		fd, release, err := p.ns.acquire(j.ref, o)
@@ -284,8 +286,6 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		defer release()
 		ns = fd
 	}
-	r := &run{done: make(chan struct{})}
-	defer close(r.done)
 	exited, err := p.launchBwrap(j, ns, cmd, r)
 	if err != nil {
 		return providers.ExecResult{}, err
@@ -567,7 +567,7 @@ func (p *Provider) stageOptions(j job) (o stepOptions, ok bool) {
 // stays in the broker's), and records r as a run of j.ref. The thread
 // lives until bwrap has exited, since bwrap's parent-death signal follows
 // the thread that forked it, and then ends with its goroutine: it is never
-// unlocked, so no other goroutine ever runs in the workspace's namespace.
+// unlocked, so no other goroutine ever runs in a namespace of a workspace.
 // The channel yields waitExited's result once bwrap has exited.
 func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-chan error, error) {
 	started := make(chan error, 1)
@@ -585,7 +585,14 @@ func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-cha
 			return
 		}
 		started <- nil
-		exited <- waitExited(cmd.Process.Pid)
+		err := waitExited(cmd.Process.Pid)
+		if ns != nil {
+			// Out of the workspace's namespace before the exec counts as
+			// ended, so that closing the namespace's descriptor (Terminate)
+			// ends it at once, rather than when this thread is gone.
+			leaveNS()
+		}
+		exited <- err
 	}()
 	if err := <-started; err != nil {
 		return nil, err

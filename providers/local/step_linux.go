@@ -360,6 +360,17 @@ func joinNS(ns *os.File) error {
 	return nil
 }
 
+// leaveNS moves the calling thread, which joinNS moved into a workspace's
+// mount namespace, back into the broker's (its main thread's).
+func leaveNS() {
+	f, err := os.Open("/proc/self/ns/mnt")
+	if err != nil {
+		return // the thread's end leaves it
+	}
+	defer f.Close()
+	_ = unix.Setns(int(f.Fd()), unix.CLONE_NEWNS)
+}
+
 // mkMountPoint makes dst, a directory or (src is a file, such as the
 // egress forwarder's binary) an empty file, to bind src on.
 func mkMountPoint(src, dst string) error {

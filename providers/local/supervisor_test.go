@@ -100,7 +100,10 @@ func TestSupervisorRestarted(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 500 && local.Alive(pid); i++ {
+	// Gone from /proc, reaped: a process whose main thread has exited
+	// reads as a zombie while its other threads still hold its files (the
+	// lock), and a New then would find the lock still held.
+	for i := 0; i < 500 && procExists(pid); i++ {
 		time.Sleep(10 * time.Millisecond)
 	}
 	p2, err := local.New(t.Context(), local.Config{DataDir: dataDir}, providers.Env{BrokerID: broker, Clock: lateClock{}})
@@ -143,6 +146,12 @@ func TestSupervisorLeavesWithDataDir(t *testing.T) {
 }
 
 // waitSupervisor returns the pid of p's supervisor once it runs.
+// procExists reports whether pid is in /proc, a zombie included.
+func procExists(pid int) bool {
+	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+	return err == nil
+}
+
 func waitSupervisor(t *testing.T, p *local.Provider) int {
 	t.Helper()
 	for range 500 {
