@@ -338,14 +338,26 @@ func (h *cgroupHost) controllers(ref string) []string {
 // returns the cgroup.procs files a process writes its pid into to join
 // it. The workspace cgroups must exist: a missing one (a workspace created
 // before cgroups, or removed under us) is an error, never an exec outside.
+//
+// On v1 only two hierarchies get a leaf: memory, from whose leaf an exec's
+// OOM kills are read, and the one that counts CPU usage, whose leaves the
+// CPU governor reads. The pids and cpu limits sit on the workspace's
+// cgroup, which a process joins directly (v1 lets a cgroup hold processes
+// beside child cgroups): two directories fewer to make and remove per exec.
+// v2 has one hierarchy, whose processes must all be in leaves.
 func (h *cgroupHost) leaf(ref, name string) ([]string, error) {
 	var procs []string
 	for _, d := range h.controllers(ref) {
-		if _, err := os.Stat(d); err != nil {
-			return nil, fmt.Errorf("workspace cgroup: %w", scrub(err))
+		if !h.leafIn(d, ref) {
+			if _, err := os.Stat(d); err != nil {
+				return nil, fmt.Errorf("workspace cgroup: %w", scrub(err))
+			}
+			procs = append(procs, filepath.Join(d, "cgroup.procs"))
+			continue
 		}
 		l := filepath.Join(d, name)
 		if err := os.Mkdir(l, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			// ENOENT: the workspace's cgroup is missing.
 			return nil, fmt.Errorf("leaf cgroup: %w", scrub(err))
 		}
 		if h.v2 {
@@ -355,6 +367,12 @@ func (h *cgroupHost) leaf(ref, name string) ([]string, error) {
 		procs = append(procs, filepath.Join(l, "cgroup.procs"))
 	}
 	return procs, nil
+}
+
+// leafIn reports whether processes of ref get leaves in its workspace
+// cgroup d (one of controllers(ref)); see leaf.
+func (h *cgroupHost) leafIn(d, ref string) bool {
+	return h.v2 || d == filepath.Join(h.mem, ref) || (h.acct != "" && d == filepath.Join(h.acct, ref))
 }
 
 // oomKills returns how many processes the OOM killer killed in the leaf
@@ -384,7 +402,9 @@ func (h *cgroupHost) oomKills(ref, name string) int {
 // Best effort: Terminate removes what is left.
 func (h *cgroupHost) removeLeaf(ref, name string) {
 	for _, d := range h.controllers(ref) {
-		rmdirRetry(filepath.Join(d, name))
+		if h.leafIn(d, ref) {
+			rmdirRetry(filepath.Join(d, name))
+		}
 	}
 }
 

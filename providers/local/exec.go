@@ -286,16 +286,17 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		defer release()
 		ns = fd
 	}
+	// bwrap reads its options before it does anything else and forks
+	// nothing before it has them: it gets them once it is in the exec's
+	// cgroups, on its CPUs and under its limits, so everything of the
+	// sandbox is too.
 	exited, err := p.launchBwrap(j, ns, cmd, r)
-	if err != nil {
+	if err != nil && cmd.Process == nil {
 		return providers.ExecResult{}, err
 	}
 	defer p.forget(j.ref, r)
 	argsR.Close()
-	// bwrap reads its options before it does anything else and forks
-	// nothing before it has them: it gets them once it is in the exec's
-	// cgroups and under its limits, so everything of the sandbox is too.
-	if err := confine(cmd.Process.Pid, j); err != nil {
+	if err != nil {
 		r.kill(false)
 		<-exited
 		cmd.Wait()
@@ -400,11 +401,11 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	return res, nil
 }
 
-// start starts cmd pinned to cpus, with no descriptor of the broker but
-// its own, and records r as a run of ref. It holds p.mu across the liveness
+// start starts cmd with no descriptor of the broker but its own, and
+// records r as a run of ref. It holds p.mu across the liveness
 // check and Start, so a concurrent Terminate either sees the run and kills
 // it or has already made ref gone.
-func (p *Provider) start(ref string, cmd *exec.Cmd, cpus []int, r *run) error {
+func (p *Provider) start(ref string, cmd *exec.Cmd, r *run) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if ref != "" {
@@ -418,7 +419,7 @@ func (p *Provider) start(ref string, cmd *exec.Cmd, cpus []int, r *run) error {
 	if err := closeOnExec(); err != nil {
 		return fmt.Errorf("local: exec: %w", scrub(err))
 	}
-	if err := startPinned(cmd, cpus); err != nil {
+	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("local: exec: start: %w", scrub(err))
 	}
 	r.pgid = cmd.Process.Pid
@@ -427,7 +428,6 @@ func (p *Provider) start(ref string, cmd *exec.Cmd, cpus []int, r *run) error {
 			p.runs[ref] = make(map[*run]struct{})
 		}
 		p.runs[ref][r] = struct{}{}
-		r.recorded = recordExec(p.layout(ref), r.pgid)
 	}
 	return nil
 }
@@ -564,11 +564,13 @@ func (p *Provider) stageOptions(j job) (o stepOptions, ok bool) {
 
 // launchBwrap starts cmd (bwrap) for j from an OS thread of its own, which
 // first joins ns, the workspace's mount namespace (nil: none, bwrap then
-// stays in the broker's), and records r as a run of j.ref. The thread
-// lives until bwrap has exited, since bwrap's parent-death signal follows
-// the thread that forked it, and then ends with its goroutine: it is never
-// unlocked, so no other goroutine ever runs in a namespace of a workspace.
-// The channel yields waitExited's result once bwrap has exited.
+// stays in the broker's), records r as a run of j.ref, and confines bwrap
+// (confine) before it returns. The thread lives until bwrap has exited,
+// since bwrap's parent-death signal follows the thread that forked it, and
+// then ends with its goroutine: it is never unlocked, so no other goroutine
+// ever runs in a namespace of a workspace. The channel yields waitExited's
+// result once bwrap has exited. When confine fails, bwrap is started but
+// must be killed: the error comes with the channel.
 func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-chan error, error) {
 	started := make(chan error, 1)
 	exited := make(chan error, 1)
@@ -577,15 +579,28 @@ func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-cha
 		if ns != nil {
 			if err := joinNS(ns); err != nil {
 				started <- fmt.Errorf("local: exec: %w", err)
+				close(exited)
 				return
 			}
 		}
-		if err := p.start(j.ref, cmd, j.cpus, r); err != nil {
+		if err := p.start(j.ref, cmd, r); err != nil {
 			started <- err
+			close(exited)
 			return
 		}
-		started <- nil
-		err := waitExited(cmd.Process.Pid)
+		pid := cmd.Process.Pid
+		recorded := make(chan bool, 1)
+		go func() {
+			if j.ref != "" {
+				recorded <- recordExec(j.layout, pid)
+			} else {
+				recorded <- false
+			}
+		}()
+		err := confine(pid, j)
+		r.recorded = <-recorded // before bwrap has its options, as the rest
+		started <- err
+		err = waitExited(pid)
 		if ns != nil {
 			// Out of the workspace's namespace before the exec counts as
 			// ended, so that closing the namespace's descriptor (Terminate)
@@ -594,15 +609,15 @@ func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-cha
 		}
 		exited <- err
 	}()
-	if err := <-started; err != nil {
-		return nil, err
-	}
-	return exited, nil
+	return exited, <-started
 }
 
-// confine moves bwrap (pid), which is waiting for its options, into j's
-// cgroups and sets j's resource limits on it, soft and hard, so that every
-// process of the sandbox inherits both.
+// confine puts bwrap (pid), which waits for its options before it does
+// anything, into j's cgroups, pins it to j's CPUs and sets j's resource
+// limits on it, soft and hard, so that every process of the sandbox
+// inherits all three. Setting the CPUs on bwrap rather than on the thread
+// that forks it spares that thread a migration to them. It runs on the
+// launching thread (locked, never reused): prlimitAs changes its real uid.
 func confine(pid int, j job) error {
 	self := []byte(strconv.Itoa(pid))
 	for _, f := range j.cgroups {
@@ -611,11 +626,14 @@ func confine(pid int, j job) error {
 			return fmt.Errorf("cannot join the workspace's cgroup: %w", scrub(err))
 		}
 	}
+	if err := setAffinity(pid, j.cpus); err != nil {
+		return fmt.Errorf("cpu affinity: %w", err)
+	}
 	uid := -1 // the broker's own
 	if j.uid > 0 {
 		uid = j.uid
 	}
-	if err := prlimitAs(pid, uid, uid, jobLimits(j)); err != nil {
+	if err := prlimitOn(pid, uid, uid, jobLimits(j)); err != nil {
 		return fmt.Errorf("rlimit: %w", err)
 	}
 	return nil

@@ -201,35 +201,41 @@ func setLimits(pid, uid, gid int, limits []rlimit, opts []byte, w *os.File) erro
 }
 
 // prlimitAs sets limits on pid from a thread whose real uid and gid are
-// the target's (uid, gid; unchanged when uid < 0). The kernel lets a
-// process lower the limits of another whose uids and gids all equal its
-// real ones without CAP_SYS_RESOURCE, which a root broker in a container
-// may lack. The thread keeps effective uid 0, and so its capabilities, and
-// is never given back to the Go runtime: it ends with its goroutine.
+// the target's (uid, gid; unchanged when uid < 0): prlimitOn, on a thread
+// of its own that is never given back to the Go runtime and ends with its
+// goroutine.
 func prlimitAs(pid, uid, gid int, limits []rlimit) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if uid >= 0 {
-			// Raw: per thread, where syscall.Setresuid would change every thread.
-			if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), ^uintptr(0), ^uintptr(0)); e != 0 {
-				done <- e
-				return
-			}
-			if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), ^uintptr(0), ^uintptr(0)); e != 0 {
-				done <- e
-				return
-			}
-		}
-		for _, l := range limits {
-			if err := unix.Prlimit(pid, l.resource, &unix.Rlimit{Cur: l.value, Max: l.value}, nil); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- nil
+		done <- prlimitOn(pid, uid, gid, limits)
 	}()
 	return <-done
+}
+
+// prlimitOn sets limits on pid from the calling thread, which must be
+// locked and never run another goroutine after this: it first sets the
+// thread's real uid and gid to the target's (uid, gid; unchanged when
+// uid < 0). The kernel lets a process lower the limits of another whose
+// uids and gids all equal its real ones without CAP_SYS_RESOURCE, which a
+// root broker in a container may lack. The thread keeps effective uid 0,
+// and so its capabilities.
+func prlimitOn(pid, uid, gid int, limits []rlimit) error {
+	if uid >= 0 {
+		// Raw: per thread, where syscall.Setresuid would change every thread.
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), ^uintptr(0), ^uintptr(0)); e != 0 {
+			return e
+		}
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), ^uintptr(0), ^uintptr(0)); e != 0 {
+			return e
+		}
+	}
+	for _, l := range limits {
+		if err := unix.Prlimit(pid, l.resource, &unix.Rlimit{Cur: l.value, Max: l.value}, nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // jobLimits are j's resource limits (rlimitArgs, for the step of a

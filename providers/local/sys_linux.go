@@ -87,11 +87,27 @@ func startPinned(cmd *exec.Cmd, cpus []int) error {
 	return err
 }
 
+// setAffinity sets the CPU mask of process pid to cpus.
+func setAffinity(pid int, cpus []int) error {
+	var m cpuMask
+	for _, c := range cpus {
+		m.set(c)
+	}
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, uintptr(pid), m.size(), m.ptr()); e != 0 {
+		return e
+	}
+	return nil
+}
+
 // closeOnExec marks every descriptor of the broker above stderr
 // close-on-exec. Go opens its own descriptors that way, but not the ones the
 // broker inherited from whoever started it, and exec.Cmd does not close
 // those in the child: without this they would reach every sandbox.
 func closeOnExec() error {
+	// One call on Linux 5.11 and later; else one per descriptor.
+	if unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC) == nil {
+		return nil
+	}
 	entries, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		return err
