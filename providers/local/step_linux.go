@@ -16,9 +16,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The exec step: every exec's sandbox is started through a small step that
-// is the broker's own binary run again (/proc/self/exe, with argv[0] =
-// stepName), recognised in this package's init before main runs:
+// The step: every durable command's sandbox is started through a small
+// step that is the broker's own binary run again (its path with argv[1] =
+// "--"+stepName; argv[0] = stepName is recognised too), recognised in this
+// package's init before main runs. (An exec starts bwrap from the broker
+// itself, as the first process of a pid namespace: see launchBwrap.)
 //
 //	sandgate-exec-step --fds N [--rlimit NAME=N]… [--cgroup FILE]… [--uid U --gid G]
 //	    [--stage DIR [--bind SRC NAME]…] -- bwrap --args 3 -- ARGV…
@@ -26,9 +28,11 @@ import (
 // N is how many descriptors past stderr the broker handed over (bwrap's
 // options and seccomp filter); they go on to bwrap as they are.
 //
-// The step exists because bwrap's --die-with-parent cannot be relied on
-// alone. bwrap's pid 1 (inside the sandbox) calls setsid and sets its
-// parent-death signal only after the whole mount set-up; if the outer bwrap
+// The step exists because a durable command outlives the broker (no pid
+// namespace of the broker's can hold it) and bwrap's --die-with-parent
+// cannot be relied on alone. bwrap's pid 1 (inside the sandbox) calls
+// setsid and sets its parent-death signal only after the whole mount
+// set-up; if the outer bwrap
 // dies in that window (killed with the broker, a timeout or a Terminate),
 // pid 1 is orphaned without a parent-death signal and outside the exec's
 // process group, and the command runs on with nobody to kill it. The step:
