@@ -574,8 +574,7 @@ func (p *Provider) stageOptions(j job) (o stepOptions, ok bool) {
 func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-chan error, error) {
 	started := make(chan error, 1)
 	exited := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
+	onSpareThread(func() {
 		if ns != nil {
 			if err := joinNS(ns); err != nil {
 				started <- fmt.Errorf("local: exec: %w", err)
@@ -608,8 +607,33 @@ func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-cha
 			leaveNS()
 		}
 		exited <- err
-	}()
+	})
 	return exited, <-started
+}
+
+// onSpareThread runs f in a goroutine of its own, locked to an OS thread
+// other than the main one, which is never given back: f may move it into
+// other namespaces or change its ids, and it ends with the goroutine. Go
+// never ends the main thread: a goroutine that exits locked to it parks it
+// for good, with whatever namespace it joined (and /proc/self names the
+// main thread's).
+func onSpareThread(f func()) {
+	go func() {
+		runtime.LockOSThread()
+		if !onMainThread() {
+			f()
+			return
+		}
+		// Hold the main thread until another goroutine has locked another.
+		locked := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			close(locked)
+			f()
+		}()
+		<-locked
+		runtime.UnlockOSThread()
+	}()
 }
 
 // confine puts bwrap (pid), which waits for its options before it does

@@ -3,7 +3,6 @@ package local
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -159,16 +158,15 @@ func (t *nsTable) run(stop <-chan struct{}) {
 }
 
 // makeNS stages o in a new mount namespace, made by an OS thread of its
-// own, and returns a descriptor of it. The thread is never unlocked: it
-// ends with its goroutine, and the namespace lives on in the descriptor.
+// own (onSpareThread), and returns a descriptor of it. The thread ends
+// with its goroutine, and the namespace lives on in the descriptor.
 func makeNS(o stepOptions) (*os.File, error) {
 	type result struct {
 		fd  *os.File
 		err error
 	}
 	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
+	onSpareThread(func() {
 		if err := stage(o); err != nil {
 			done <- result{nil, fmt.Errorf("stage: %w", err)}
 			return
@@ -178,7 +176,7 @@ func makeNS(o stepOptions) (*os.File, error) {
 			err = fmt.Errorf("stage: %w", scrub(err))
 		}
 		done <- result{fd, err}
-	}()
+	})
 	r := <-done
 	return r.fd, r.err
 }

@@ -87,6 +87,10 @@ func startPinned(cmd *exec.Cmd, cpus []int) error {
 	return err
 }
 
+// onMainThread reports whether the calling thread is the process's main
+// one (its thread id is the process id).
+func onMainThread() bool { return syscall.Gettid() == syscall.Getpid() }
+
 // setAffinity sets the CPU mask of process pid to cpus.
 func setAffinity(pid int, cpus []int) error {
 	var m cpuMask
