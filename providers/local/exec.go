@@ -564,8 +564,8 @@ func (p *Provider) stageOptions(j job) (o stepOptions, ok bool) {
 
 // launchBwrap starts cmd (bwrap) for j from an OS thread of its own, which
 // first joins ns, the workspace's mount namespace (nil: none, bwrap then
-// stays in the broker's), records r as a run of j.ref, and confines bwrap
-// (confine) before it returns. The thread lives until bwrap has exited,
+// stays in the broker's), records r as a run of j.ref (and the exec in the
+// workspace, recordExec), and confines bwrap (confine) before it returns. The thread lives until bwrap has exited,
 // since bwrap's parent-death signal follows the thread that forked it, and
 // then ends with its goroutine: it is never unlocked, so no other goroutine
 // ever runs in a namespace of a workspace. The channel yields waitExited's
@@ -588,24 +588,29 @@ func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-cha
 			return
 		}
 		pid := cmd.Process.Pid
+		// The record, for another broker process's Terminate and the
+		// supervisor, is written beside the exec rather than before it:
+		// both mark the workspace ended before they list the records, so
+		// an exec recorded too late for them sees the mark and kills
+		// itself. (bwrap is not reaped before this is done: its pid is
+		// still its own.)
 		recorded := make(chan bool, 1)
 		go func() {
-			if j.ref != "" {
-				recorded <- recordExec(j.layout, pid)
-			} else {
-				recorded <- false
+			ok := j.ref != "" && recordExec(j.layout, pid)
+			if ok && ended(j.layout) {
+				r.kill(false)
 			}
+			recorded <- ok
 		}()
-		err := confine(pid, j)
-		r.recorded = <-recorded // before bwrap has its options, as the rest
-		started <- err
-		err = waitExited(pid)
+		started <- confine(pid, j)
+		err := waitExited(pid)
 		if ns != nil {
 			// Out of the workspace's namespace before the exec counts as
 			// ended, so that closing the namespace's descriptor (Terminate)
 			// ends it at once, rather than when this thread is gone.
 			leaveNS()
 		}
+		r.recorded = <-recorded
 		exited <- err
 	})
 	return exited, <-started
