@@ -2,6 +2,8 @@ package local_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -72,4 +74,52 @@ func TestDiskQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	providertest.Create(t, p, providertest.Spec(t)) // room again
+}
+
+// TestImageNotLeftMounted: a workspace's image is mounted only in the
+// Provider's own mount namespace, kept between execs, never on the host;
+// Terminate unmounts it (its loop device is gone when Terminate returns),
+// and Close does so for a workspace left running.
+func TestImageNotLeftMounted(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p := newProvider(t, dataDir, broker)
+	sb1 := providertest.Create(t, p, providertest.Spec(t))
+	sb2 := providertest.Create(t, p, providertest.Spec(t))
+	for _, sb := range []providers.Sandbox{sb1, sb2} {
+		if res := providertest.Exec(t, p, sb, "true"); res.ExitCode != 0 {
+			t.Fatalf("exec: exit %d: %s", res.ExitCode, res.Stderr)
+		}
+	}
+	if n := loopsUnder(t, dataDir); n != 2 {
+		t.Errorf("%d loop devices on the images between execs; want 2 (kept mounted)", n)
+	}
+	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), "sandgate-stage") || strings.Contains(string(b), dataDir) {
+		t.Errorf("a workspace's stage or image is mounted in the broker's own mount namespace:\n%s", b)
+	}
+	if err := p.Terminate(t.Context(), sb1); err != nil {
+		t.Fatal(err)
+	}
+	if n := loopsUnder(t, dataDir); n != 1 {
+		t.Errorf("%d loop devices on the images after one Terminate; want 1", n)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := loopsUnder(t, dataDir); n != 0 {
+		t.Errorf("%d loop devices on the images after Close; want none", n)
+	}
+}
+
+// loopsUnder counts the loop devices bound to a file below dir.
+func loopsUnder(t *testing.T, dir string) int {
+	t.Helper()
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	n := 0
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), dir+"/") {
+			n++
+		}
+	}
+	return n
 }
