@@ -13,8 +13,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -22,17 +25,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/telemetry"
 	"github.com/sandgate/sandgate/token"
 )
 
@@ -147,6 +155,12 @@ type rtOptions struct {
 	names         bool                               // record command names, not only round trips
 	rateLimited   bool                               // the production rate limits on (each request adds its rate check)
 	rates         map[admission.Class]admission.Rate // with rateLimited, these instead of the defaults
+	// production logs, meters and traces as `sandgate serve` does with no
+	// OTLP exporter configured: the JSON access log at info written to a
+	// file (stderr's stand-in), the Prometheus-exported metric SDK, and the
+	// tracer telemetry.NewTracing builds. Off, the gateway logs to nowhere
+	// and records no metric.
+	production bool
 }
 
 func rtStart(tb testing.TB, o rtOptions) *rtEnv {
@@ -185,8 +199,12 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 			rates = map[admission.Class]admission.Rate{} // the production defaults
 		}
 	}
-	wired := sgtest.Wire(tb, sgtest.WireOptions{DB: e.db, Providers: providers.Single(providers.LegacyName, p), Clock: sandgate.SystemClock{},
-		RateLimits: rates})
+	wo := sgtest.WireOptions{DB: e.db, Providers: providers.Single(providers.LegacyName, p), Clock: sandgate.SystemClock{},
+		RateLimits: rates}
+	if o.production {
+		wo.Log, wo.Gateway = productionTelemetry(tb)
+	}
+	wired := sgtest.Wire(tb, wo)
 	gw := wired.Gateway
 	e.bill = wired.Billing
 	e.srv = httptest.NewTLSServer(gw.Handler())
@@ -206,6 +224,34 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return e
+}
+
+// productionTelemetry returns the logger and the gateway's meter and
+// tracer as `sandgate serve` builds them (cmd/sandgate: newLogger,
+// newMetrics, newObservability) with the default log settings and no
+// OTEL_* variable set. The log goes to a file, unbuffered, as stderr is.
+func productionTelemetry(tb testing.TB) (*slog.Logger, gateway.Config) {
+	tb.Helper()
+	f, err := os.OpenFile(filepath.Join(tb.TempDir(), "sandgate.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { f.Close() })
+	log, err := telemetry.NewLogger(f, "info", "json")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	exp, err := otelprom.New(otelprom.WithRegisterer(prometheus.NewRegistry()), otelprom.WithoutScopeInfo())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	tb.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	tr, err := telemetry.NewTracing(context.Background(), func(string) string { return "" }, "bench", "bench")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return log, gateway.Config{Meter: mp.Meter("github.com/sandgate/sandgate/gateway"), Tracer: tr.Provider}
 }
 
 // issue stores a new lease for the instance and returns its token. With
