@@ -63,15 +63,19 @@ return {g, 0}
 // lives in Redis (borrowScript), so it holds across every gateway process;
 // each process borrows requests from it in batches and spends them from a
 // local bucket per token and class, so that most requests cost no round
-// trip.
+// trip. The request that spends a bucket's last held request starts the
+// next batch's borrow in the background (Allow), so that a steady stream
+// of requests never waits for Redis; one that finds the bucket empty while
+// that borrow is in flight waits for it rather than borrowing on its own.
 //
 // The bound: every request spends a request borrowed from Redis's limit,
 // and a process holds at most one batch of a token's class at a time
-// (Batch: Burst/20, between 1 and 64), so in any window the requests let
-// through are at most what the limit allows in it (burst + rate × window)
-// plus Batch × the number of gateway processes. Requests a process
-// borrowed and did not spend within BorrowedLifetime are dropped: a limit
-// can only be under-used that way, never exceeded.
+// (Batch: Burst/20, between 1 and 64; the next is borrowed only once the
+// bucket is empty), so in any window the requests let through are at most
+// what the limit allows in it (burst + rate × window) plus Batch × the
+// number of gateway processes. Requests a process borrowed and did not
+// spend within BorrowedLifetime are dropped: a limit can only be under-used
+// that way (by at most Batch per process), never exceeded.
 type Limiter struct {
 	rdb   redis.UniversalClient
 	rates map[Class]Rate
@@ -85,6 +89,10 @@ type Limiter struct {
 // batch); it only keeps a token that went quiet from holding them forever.
 const BorrowedLifetime = 10 * time.Second
 
+// borrowTimeout bounds a borrow made in the background, which no request's
+// context bounds.
+const borrowTimeout = 5 * time.Second
+
 // maxBuckets bounds the local buckets; past it they start over (what
 // they held is dropped, which only under-uses a limit).
 const maxBuckets = 100_000
@@ -95,10 +103,13 @@ func (r Rate) Batch() int { return min(max(r.Burst/20, 1), 64) }
 
 // bucket holds the requests a process borrowed for one token and class.
 type bucket struct {
-	mu        sync.Mutex
-	tokens    int
-	expires   time.Time // tokens not spent by then are dropped
-	borrowing bool      // a batch borrow is in flight: others borrow one at a time
+	mu      sync.Mutex
+	tokens  int
+	expires time.Time // tokens not spent by then are dropped
+	// borrowing is closed when the batch borrow in flight ends; nil when
+	// none is. While one is, other requests wait for it (Allow) or borrow
+	// one at a time (Queue).
+	borrowing chan struct{}
 }
 
 // take spends one held request.
@@ -147,26 +158,27 @@ func (l *Limiter) reserve(key string, r Rate) (b *bucket, want int, ok bool) {
 		return b, 0, true
 	}
 	want = 1
-	if !b.borrowing && r.Batch() > 1 {
-		b.borrowing, want = true, r.Batch()
+	if b.borrowing == nil && r.Batch() > 1 {
+		b.borrowing, want = make(chan struct{}), r.Batch()
 	}
 	return b, want, false
 }
 
 // settle keeps what a borrow of want granted beyond the one request it
-// was for.
-func (b *bucket) settle(want int, res []any, err error) error {
+// was for (keep 1: the borrow was for no request, all of it is held).
+func (b *bucket) settle(want, keep int, res []any, err error) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if want > 1 {
-		b.borrowing = false
+	if want > 1 && b.borrowing != nil {
+		close(b.borrowing)
+		b.borrowing = nil
 	}
 	if err != nil {
 		return err
 	}
 	g, _ := res[0].(int64)
-	if g > 1 {
-		b.tokens, b.expires = b.tokens+int(g-1), time.Now().Add(BorrowedLifetime)
+	if g > int64(1-keep) {
+		b.tokens, b.expires = b.tokens+int(g)-1+keep, time.Now().Add(BorrowedLifetime)
 	}
 	return result(res, nil)
 }
@@ -176,7 +188,8 @@ func borrowArgs(r Rate, want int) []any { return []any{1000 / r.PerSecond, max(r
 // Queue queues the rate check of one request on a pipeline, so it shares a
 // round trip with the request's first read; with a request held locally
 // it queues nothing. The returned function, called after the pipeline ran,
-// answers like Allow.
+// answers like Allow. Unlike Allow it never borrows in the background, so
+// that the request's round trips are its own.
 func (l *Limiter) Queue(ctx context.Context, p redis.Pipeliner, leaseID string, class Class) func() error {
 	r := l.rates[class]
 	if r.PerSecond <= 0 {
@@ -192,25 +205,62 @@ func (l *Limiter) Queue(ctx context.Context, p redis.Pipeliner, leaseID string, 
 	cmd := borrowScript.Eval(ctx, p, []string{key}, borrowArgs(r, want)...)
 	return func() error {
 		res, err := cmd.Slice()
-		return b.settle(want, res, err)
+		return b.settle(want, 0, res, err)
 	}
 }
 
 // Allow counts one request of class by the lease. It returns a 429
 // rate_limited refusal with Retry-After when over the limit. A Redis
 // failure is returned as is: the caller decides whether to fail open.
+//
+// A request that spends the bucket's last held request starts the next
+// batch's borrow in the background; one that finds the bucket empty waits
+// for a batch borrow in flight, then tries again, and borrows itself only
+// when none is.
 func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error {
 	r := l.rates[class]
 	if r.PerSecond <= 0 {
 		return nil
 	}
 	key := rateKey(leaseID, class)
-	b, want, ok := l.reserve(key, r)
-	if ok {
-		return nil
+	b := l.bucket(key)
+	for {
+		b.mu.Lock()
+		if b.take(time.Now()) {
+			if b.tokens == 0 && b.borrowing == nil && r.Batch() > 1 {
+				b.borrowing = make(chan struct{})
+				go l.borrowAhead(context.WithoutCancel(ctx), key, b, r)
+			}
+			b.mu.Unlock()
+			return nil
+		}
+		wait := b.borrowing
+		if wait == nil {
+			want := 1
+			if r.Batch() > 1 {
+				b.borrowing, want = make(chan struct{}), r.Batch()
+			}
+			b.mu.Unlock()
+			res, err := borrowScript.Run(ctx, l.rdb, []string{key}, borrowArgs(r, want)...).Slice()
+			return b.settle(want, 0, res, err)
+		}
+		b.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	res, err := borrowScript.Run(ctx, l.rdb, []string{key}, borrowArgs(r, want)...).Slice()
-	return b.settle(want, res, err)
+}
+
+// borrowAhead borrows the next batch of key for b, for no request in
+// particular. A refusal or an error leaves the bucket empty: the next
+// request borrows itself, and answers with what Redis says then.
+func (l *Limiter) borrowAhead(ctx context.Context, key string, b *bucket, r Rate) {
+	ctx, cancel := context.WithTimeout(ctx, borrowTimeout)
+	defer cancel()
+	res, err := borrowScript.Run(ctx, l.rdb, []string{key}, borrowArgs(r, r.Batch())...).Slice()
+	_ = b.settle(r.Batch(), 1, res, err)
 }
 
 func result(res []any, err error) error {
