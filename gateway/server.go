@@ -10,11 +10,11 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
@@ -104,7 +104,7 @@ type Server struct {
 	saga     *saga.Saga
 	clock    sandgate.Clock
 	log      *slog.Logger
-	cache    *cache[store.Auth]
+	cache    *cache[*authEntry]
 	controls *Controls
 	limiter  *admission.Limiter
 	term     *termination.Terminator
@@ -112,7 +112,11 @@ type Server struct {
 	echo     *echo.Echo
 	draining atomic.Bool
 	requests metric.Int64Counter
-	routeSet map[string]bool // "METHOD /template" of every route, for requests
+	// routeLabels are the labels ("METHOD /template") of every route, for
+	// the metrics and the server span.
+	routeLabels map[routeKey]string
+	measureSets sync.Map // measureKey → *measureOpts
+	measureN    atomic.Int64
 	tel      serverTelemetry
 	external []Cache
 }
@@ -143,12 +147,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, db: d.DB, provs: d.Providers, saga: d.Saga, clock: d.Clock, log: log,
-		cache: newCache[store.Auth](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
+		cache: newCache[*authEntry](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
 	s.inflight = newInflight(cfg)
 	s.echo = s.routes()
-	s.routeSet = map[string]bool{}
+	s.routeLabels = map[routeKey]string{}
 	for _, r := range s.echo.Routes() {
-		s.routeSet[r.Method+" "+r.Path] = true
+		s.routeLabels[routeKey{r.Method, r.Path}] = r.Method + " " + r.Path
 	}
 	s.tel = newServerTelemetry(cfg, log)
 	if cfg.Meter == nil {
@@ -292,26 +296,32 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 		if err != nil {
 			s.handleError(err, c)
 		}
-		attrs := []slog.Attr{
-			slog.String(sandgate.KeyRequestID, requestID(c)),
-			slog.String("method", c.Request().Method),
-			slog.String("route", c.Path()),
-			slog.Int(sandgate.KeyStatus, c.Response().Status),
-			slog.Duration("duration", time.Since(start)),
-		}
-		if a := authFrom(c); a.Lease.ID != "" {
-			attrs = append(attrs, slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID))
-		}
 		code := protocol.CodeOf(err)
 		if code != "" {
 			if he, ok := err.(*echo.HTTPError); ok {
 				code = fromEchoError(he).Code
 			}
-			attrs = append(attrs, slog.String(sandgate.KeyCode, string(code)))
 			c.Set(ctxCode, code)
 		}
 		s.countRequest(c, code)
-		s.log.LogAttrs(c.Request().Context(), slog.LevelInfo, "request", attrs...)
+		ctx := c.Request().Context()
+		if !s.log.Enabled(ctx, slog.LevelInfo) {
+			return nil
+		}
+		attrs := make([]slog.Attr, 0, 8)
+		attrs = append(attrs,
+			slog.String(sandgate.KeyRequestID, requestID(c)),
+			slog.String("method", c.Request().Method),
+			slog.String("route", c.Path()),
+			slog.Int(sandgate.KeyStatus, c.Response().Status),
+			slog.Duration("duration", time.Since(start)))
+		if a := authEntryFrom(c); a != nil && a.Lease.ID != "" {
+			attrs = append(attrs, slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID))
+		}
+		if code != "" {
+			attrs = append(attrs, slog.String(sandgate.KeyCode, string(code)))
+		}
+		s.log.LogAttrs(ctx, slog.LevelInfo, "request", attrs...)
 		return nil
 	}
 }
@@ -321,13 +331,7 @@ func (s *Server) countRequest(c echo.Context, code protocol.Code) {
 	if s.requests == nil {
 		return
 	}
-	route := c.Request().Method + " " + c.Path()
-	if !s.routeSet[route] {
-		route = "unmatched" // the method and path are the client's: unbounded
-	}
-	s.requests.Add(c.Request().Context(), 1, metric.WithAttributeSet(attribute.NewSet(
-		attribute.String("route", route), attribute.Int(sandgate.KeyStatus, c.Response().Status),
-		attribute.String(sandgate.KeyCode, string(code)))))
+	s.requests.Add(c.Request().Context(), 1, s.measures(s.routeLabel(c), c.Response().Status, code).count...)
 }
 
 func (s *Server) recover(next echo.HandlerFunc) echo.HandlerFunc {
