@@ -16,11 +16,19 @@ import (
 // newLogger returns the process's logger on stderr: format "json" (the
 // default) or "text", at level. A duration attribute is written in
 // milliseconds with the unit in its key: "duration" becomes
-// "duration_ms": 12.5.
-func newLogger(level, format string) (*slog.Logger, error) {
-	return newLoggerTo(os.Stderr, level, format)
+// "duration_ms": 12.5. Info lines (the access log) are coalesced into few
+// writes, each at most telemetry.LogLinger late; warnings and errors are
+// written at once. The caller calls the returned func before the process
+// exits, which writes what is held.
+func newLogger(level, format string) (*slog.Logger, func(), error) {
+	log, lw, err := telemetry.NewBufferedLogger(os.Stderr, level, format)
+	if err != nil {
+		return nil, nil, err
+	}
+	return log, func() { _ = lw.Close() }, nil
 }
 
+// newLoggerTo is newLogger's logger writing to w unbuffered.
 func newLoggerTo(w io.Writer, level, format string) (*slog.Logger, error) {
 	return telemetry.NewLogger(w, level, format)
 }
