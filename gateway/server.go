@@ -117,8 +117,8 @@ type Server struct {
 	routeLabels map[routeKey]string
 	measureSets sync.Map // measureKey → *measureOpts
 	measureN    atomic.Int64
-	tel      serverTelemetry
-	external []Cache
+	tel         serverTelemetry
+	external    []Cache
 }
 
 // New returns a Server. A missing dependency is an error.
