@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"math"
+	"strconv"
 	"sync"
 	"time"
 
@@ -63,30 +64,36 @@ return {g, 0}
 // lives in Redis (borrowScript), so it holds across every gateway process;
 // each process borrows requests from it in batches and spends them from a
 // local bucket per token and class, so that most requests cost no round
-// trip. The request that spends a bucket's last held request starts the
-// next batch's borrow in the background (Allow), so that a steady stream
-// of requests never waits for Redis; one that finds the bucket empty while
+// trip. The request that leaves a bucket half spent starts the next
+// batch's borrow in the background (Allow), so that a steady stream of
+// requests never waits for Redis; one that finds the bucket empty while
 // that borrow is in flight waits for it rather than borrowing on its own.
 //
 // The bound: every request spends a request borrowed from Redis's limit,
-// and a process holds at most one batch of a token's class at a time
-// (Batch: Burst/20, between 1 and 64; the next is borrowed only once the
-// bucket is empty), so in any window the requests let through are at most
-// what the limit allows in it (burst + rate × window) plus Batch × the
-// number of gateway processes. Requests a process borrowed and did not
-// spend within BorrowedLifetime are dropped: a limit can only be under-used
-// that way (by at most Batch per process), never exceeded.
+// and a process holds at most a batch and a half of a token's class at a
+// time (Batch: Burst/20, between 1 and 64; the next is borrowed once at
+// most half of one is left, and only one borrow is in flight), so in any
+// window the requests let through are at most what the limit allows in it
+// (burst + rate × window) plus 1.5 × Batch × the number of gateway
+// processes. Requests a process borrowed and did not spend within
+// BorrowedLifetime are dropped: a limit can only be under-used that way
+// (by at most 1.5 × Batch per process), never exceeded.
 type Limiter struct {
-	rdb   redis.UniversalClient
-	rates map[Class]Rate
+	rdb       redis.UniversalClient
+	rates     map[Class]Rate
+	intervals map[Class]string // borrowScript's ARGV[1] of each class, formatted once
+	// ahead hands a borrow ahead to a worker waiting for one (borrower);
+	// when none is waiting, a new one starts.
+	ahead chan aheadBorrow
 
 	mu      sync.Mutex
 	buckets map[string]*bucket // by Redis key
 }
 
 // BorrowedLifetime is how long a process keeps requests it borrowed. The
-// bound above holds whatever it is (a process never holds more than one
-// batch); it only keeps a token that went quiet from holding them forever.
+// bound above holds whatever it is (a process never holds more than a
+// batch and a half); it only keeps a token that went quiet from holding
+// them forever.
 const BorrowedLifetime = 10 * time.Second
 
 // borrowTimeout bounds a borrow made in the background, which no request's
@@ -131,7 +138,12 @@ func NewLimiter(rdb redis.UniversalClient, rates map[Class]Rate) *Limiter {
 	for c, r := range rates {
 		all[c] = r
 	}
-	return &Limiter{rdb: rdb, rates: all, buckets: map[string]*bucket{}}
+	intervals := map[Class]string{}
+	for c, r := range all {
+		// As go-redis would format the float itself, on every call.
+		intervals[c] = strconv.FormatFloat(1000/r.PerSecond, 'f', -1, 64)
+	}
+	return &Limiter{rdb: rdb, rates: all, intervals: intervals, ahead: make(chan aheadBorrow), buckets: map[string]*bucket{}}
 }
 
 func (l *Limiter) bucket(key string) *bucket {
@@ -183,7 +195,10 @@ func (b *bucket) settle(want, keep int, res []any, err error) error {
 	return result(res, nil)
 }
 
-func borrowArgs(r Rate, want int) []any { return []any{1000 / r.PerSecond, max(r.Burst, 1), want} }
+// borrowArgs is borrowScript's ARGV for a borrow of want of class.
+func (l *Limiter) borrowArgs(class Class, want int) []any {
+	return []any{l.intervals[class], max(l.rates[class].Burst, 1), want}
+}
 
 // Queue queues the rate check of one request on a pipeline, so it shares a
 // round trip with the request's first read; with a request held locally
@@ -202,7 +217,7 @@ func (l *Limiter) Queue(ctx context.Context, p redis.Pipeliner, leaseID string, 
 	}
 	// EVAL, not EVALSHA: a pipeline cannot fall back when the script cache
 	// is cold, and Redis caches the compiled script by its hash anyway.
-	cmd := borrowScript.Eval(ctx, p, []string{key}, borrowArgs(r, want)...)
+	cmd := borrowScript.Eval(ctx, p, []string{key}, l.borrowArgs(class, want)...)
 	return func() error {
 		res, err := cmd.Slice()
 		return b.settle(want, 0, res, err)
@@ -213,10 +228,10 @@ func (l *Limiter) Queue(ctx context.Context, p redis.Pipeliner, leaseID string, 
 // rate_limited refusal with Retry-After when over the limit. A Redis
 // failure is returned as is: the caller decides whether to fail open.
 //
-// A request that spends the bucket's last held request starts the next
-// batch's borrow in the background; one that finds the bucket empty waits
-// for a batch borrow in flight, then tries again, and borrows itself only
-// when none is.
+// A request that leaves at most half a batch held starts the next batch's
+// borrow in the background; one that finds the bucket empty waits for a
+// batch borrow in flight, then tries again, and borrows itself only when
+// none is.
 func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error {
 	r := l.rates[class]
 	if r.PerSecond <= 0 {
@@ -227,9 +242,9 @@ func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error 
 	for {
 		b.mu.Lock()
 		if b.take(time.Now()) {
-			if b.tokens == 0 && b.borrowing == nil && r.Batch() > 1 {
+			if b.tokens <= r.Batch()/2 && b.borrowing == nil && r.Batch() > 1 {
 				b.borrowing = make(chan struct{})
-				go l.borrowAhead(context.WithoutCancel(ctx), key, b, r)
+				l.borrowAhead(aheadBorrow{ctx: context.WithoutCancel(ctx), key: key, class: class, b: b})
 			}
 			b.mu.Unlock()
 			return nil
@@ -241,7 +256,7 @@ func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error 
 				b.borrowing, want = make(chan struct{}), r.Batch()
 			}
 			b.mu.Unlock()
-			res, err := borrowScript.Run(ctx, l.rdb, []string{key}, borrowArgs(r, want)...).Slice()
+			res, err := borrowScript.Run(ctx, l.rdb, []string{key}, l.borrowArgs(class, want)...).Slice()
 			return b.settle(want, 0, res, err)
 		}
 		b.mu.Unlock()
@@ -253,14 +268,53 @@ func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error 
 	}
 }
 
-// borrowAhead borrows the next batch of key for b, for no request in
-// particular. A refusal or an error leaves the bucket empty: the next
-// request borrows itself, and answers with what Redis says then.
-func (l *Limiter) borrowAhead(ctx context.Context, key string, b *bucket, r Rate) {
-	ctx, cancel := context.WithTimeout(ctx, borrowTimeout)
+// aheadBorrow is a borrow ahead for bucket b of key.
+type aheadBorrow struct {
+	ctx   context.Context
+	key   string
+	class Class
+	b     *bucket
+}
+
+// borrowerIdle is how long a borrower waits for the next borrow ahead
+// before it ends.
+const borrowerIdle = time.Second
+
+// borrowAhead has a borrower borrow the next batch of a.key for a.b, for
+// no request in particular. Borrowers are goroutines that serve one
+// borrow after another until idle for borrowerIdle: a fresh goroutine per
+// borrow would grow its stack through go-redis's calls every time.
+func (l *Limiter) borrowAhead(a aheadBorrow) {
+	select {
+	case l.ahead <- a:
+	default:
+		go l.borrower(a)
+	}
+}
+
+func (l *Limiter) borrower(a aheadBorrow) {
+	idle := time.NewTimer(borrowerIdle)
+	defer idle.Stop()
+	for {
+		l.borrow(a)
+		idle.Reset(borrowerIdle)
+		select {
+		case a = <-l.ahead:
+		case <-idle.C:
+			return
+		}
+	}
+}
+
+// borrow makes the borrow ahead a. A refusal or an error leaves the
+// bucket empty: the next request borrows itself, and answers with what
+// Redis says then.
+func (l *Limiter) borrow(a aheadBorrow) {
+	ctx, cancel := context.WithTimeout(a.ctx, borrowTimeout)
 	defer cancel()
-	res, err := borrowScript.Run(ctx, l.rdb, []string{key}, borrowArgs(r, r.Batch())...).Slice()
-	_ = b.settle(r.Batch(), 1, res, err)
+	batch := l.rates[a.class].Batch()
+	res, err := borrowScript.Run(ctx, l.rdb, []string{a.key}, l.borrowArgs(a.class, batch)...).Slice()
+	_ = a.b.settle(batch, 1, res, err)
 }
 
 func result(res []any, err error) error {

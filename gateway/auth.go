@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -51,14 +52,11 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
 		}
 		tok := sandgate.Secret(strings.TrimSpace(raw))
-		if !token.Valid(tok.Reveal(), token.Prefix) {
-			return protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
-		}
-		e, err := s.resolve(c.Request().Context(), token.Hash(tok))
+		now := s.clock.Now()
+		e, err := s.resolve(c.Request().Context(), tok, now)
 		if err != nil {
 			return err
 		}
-		now := s.clock.Now()
 		switch e.Lease.StateAt(now) {
 		case sandgate.LeaseRevoked:
 			return protocol.E(protocol.LeaseRevoked, "this token was revoked; install a new token for the instance")
@@ -72,11 +70,20 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-func (s *Server) resolve(ctx context.Context, hash string) (*authEntry, error) {
-	now := s.clock.Now()
+// resolve returns the auth entry of tok: from the cache, or from the
+// store. Only a token of the right shape is looked up in the store (and
+// so ever cached); a cache hit is on the SHA-256 of a token that had it.
+func (s *Server) resolve(ctx context.Context, tok sandgate.Secret, now time.Time) (*authEntry, error) {
+	if len(tok.Reveal()) != token.Len { // before hashing: a header can be long
+		return nil, protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
+	}
+	hash := token.Hash(tok)
 	e, ok, gen := s.cache.get(hash, now)
 	if ok {
 		return e, nil
+	}
+	if !token.Valid(tok.Reveal(), token.Prefix) {
+		return nil, protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
 	}
 	_, _, ctlGen := s.controls.cache.get("", now)
 	a, err := s.db.AuthByTokenHash(ctx, hash)

@@ -606,7 +606,7 @@ func TestRoundTripsExec(t *testing.T) {
 // TestRoundTripsRateLimited: with the production rate limits on, a warm
 // lease costs no round trip of its own: once per batch of requests the
 // limiter borrows the next batch from Redis (admission.Limiter), in the
-// background, started by the request that spent the last one; and exec
+// background, started by the request that left half a batch; and exec
 // stays at three round trips because a borrow shares the workspace read's
 // pipeline.
 func TestRoundTripsRateLimited(t *testing.T) {
@@ -619,7 +619,7 @@ func TestRoundTripsRateLimited(t *testing.T) {
 		for range leases {
 			e.mustDo(t, http.MethodGet, "/v1/lease", "", nil, http.StatusOK)
 		}
-		// The last of them started the next batch's borrow: one script,
+		// One of them started the next batch's borrow: one script,
 		// whenever it lands; a bounded poll, it is normally done at once.
 		for i := 0; i < 500; i++ {
 			if n, _ := e.rt.snapshot(); n >= 1 {
