@@ -184,23 +184,35 @@ func (s *Server) routes() *echo.Echo {
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
 	e.Use(s.base, s.telemetry, s.requireTLS, s.accessLog, s.recover, s.refuseWhileDraining)
-	v1 := e.Group("/v1", s.authenticate)
+	// Every /v1 route is authenticated, unknown ones too (a 401 before a
+	// 404), as echo's group middleware would do. The route's middleware is
+	// applied here, once, not handed to echo, which would apply it again
+	// on every request.
+	v1 := e.Group("/v1")
+	auth := func(h echo.HandlerFunc, m ...echo.MiddlewareFunc) echo.HandlerFunc {
+		for i := len(m) - 1; i >= 0; i-- {
+			h = m[i](h)
+		}
+		return s.authenticate(h)
+	}
+	v1.RouteNotFound("", auth(echo.NotFoundHandler))
+	v1.RouteNotFound("/*", auth(echo.NotFoundHandler))
 	// Routes on one workspace count against their class's limit in usable,
 	// sharing the workspace read's round trip.
 	read, acquire := s.rateLimit(admission.ClassRead), s.rateLimit(admission.ClassAcquire)
-	v1.GET("/lease", s.getLease, read)
-	v1.POST("/workspaces", s.acquire, acquire)
-	v1.GET("/workspaces", s.listWorkspaces, read)
-	v1.GET("/workspaces/:id", s.getWorkspace, read)
-	v1.DELETE("/workspaces/:id", s.release) // cleanup is never rate limited
-	v1.POST("/workspaces/:id/exec", s.exec)
-	v1.POST("/workspaces/:id/files/read", s.readFile)
-	v1.POST("/workspaces/:id/files/write", s.writeFile)
-	v1.POST("/workspaces/:id/snapshots", s.createSnapshot)
-	v1.DELETE("/snapshots/:id", s.deleteSnapshot) // cleanup is never rate limited
-	v1.PUT("/workspaces/:id/commands/:identity", s.startCommand)
-	v1.GET("/workspaces/:id/commands/:identity", s.readCommand)
-	v1.POST("/workspaces/:id/commands/:identity/cancel", s.cancelCommand) // like release: never rate limited
+	v1.GET("/lease", auth(s.getLease, read))
+	v1.POST("/workspaces", auth(s.acquire, acquire))
+	v1.GET("/workspaces", auth(s.listWorkspaces, read))
+	v1.GET("/workspaces/:id", auth(s.getWorkspace, read))
+	v1.DELETE("/workspaces/:id", auth(s.release)) // cleanup is never rate limited
+	v1.POST("/workspaces/:id/exec", auth(s.exec))
+	v1.POST("/workspaces/:id/files/read", auth(s.readFile))
+	v1.POST("/workspaces/:id/files/write", auth(s.writeFile))
+	v1.POST("/workspaces/:id/snapshots", auth(s.createSnapshot))
+	v1.DELETE("/snapshots/:id", auth(s.deleteSnapshot)) // cleanup is never rate limited
+	v1.PUT("/workspaces/:id/commands/:identity", auth(s.startCommand))
+	v1.GET("/workspaces/:id/commands/:identity", auth(s.readCommand))
+	v1.POST("/workspaces/:id/commands/:identity/cancel", auth(s.cancelCommand)) // like release: never rate limited
 	return e
 }
 
