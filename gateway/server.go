@@ -183,7 +183,17 @@ func (s *Server) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.base, s.telemetry, s.requireTLS, s.accessLog, s.recover, s.refuseWhileDraining)
+	// Every request, matched or not, goes through this chain. echo would
+	// apply middleware given to Use around the route's handler on every
+	// request, allocating each closure again; the one it is given hands
+	// back the chain built here once, which ends in the handler echo found
+	// for the request (c.Handler(): what echo passes as next).
+	chain := echo.HandlerFunc(func(c echo.Context) error { return c.Handler()(c) })
+	mw := []echo.MiddlewareFunc{s.base, s.telemetry, s.requireTLS, s.accessLog, s.recover, s.refuseWhileDraining}
+	for i := len(mw) - 1; i >= 0; i-- {
+		chain = mw[i](chain)
+	}
+	e.Use(func(echo.HandlerFunc) echo.HandlerFunc { return chain })
 	// Every /v1 route is authenticated, unknown ones too (a 401 before a
 	// 404), as echo's group middleware would do. The route's middleware is
 	// applied here, once, not handed to echo, which would apply it again
