@@ -327,23 +327,28 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		s.countRequest(c, code)
 		ctx := c.Request().Context()
-		if !s.log.Enabled(ctx, slog.LevelInfo) {
+		h := s.log.Handler()
+		if !h.Enabled(ctx, slog.LevelInfo) {
 			return nil
 		}
-		attrs := make([]slog.Attr, 0, 8)
-		attrs = append(attrs,
+		// The record goes to the handler directly: Logger.LogAttrs would
+		// walk the stack for the caller's PC on every line, which the
+		// handler (no AddSource) never writes.
+		now := time.Now()
+		r := slog.NewRecord(now, slog.LevelInfo, "request", 0)
+		r.AddAttrs(
 			slog.String(sandgate.KeyRequestID, requestID(c)),
 			slog.String("method", c.Request().Method),
 			slog.String("route", c.Path()),
 			slog.Int(sandgate.KeyStatus, c.Response().Status),
-			slog.Duration("duration", time.Since(start)))
+			slog.Duration("duration", now.Sub(start)))
 		if a := authEntryFrom(c); a != nil && a.Lease.ID != "" {
-			attrs = append(attrs, slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID))
+			r.AddAttrs(slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID))
 		}
 		if code != "" {
-			attrs = append(attrs, slog.String(sandgate.KeyCode, string(code)))
+			r.AddAttrs(slog.String(sandgate.KeyCode, string(code)))
 		}
-		s.log.LogAttrs(ctx, slog.LevelInfo, "request", attrs...)
+		_ = h.Handle(ctx, r)
 		return nil
 	}
 }
