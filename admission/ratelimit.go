@@ -87,7 +87,14 @@ type Limiter struct {
 	ahead chan aheadBorrow
 
 	mu      sync.Mutex
-	buckets map[string]*bucket // by Redis key
+	buckets map[bucketKey]*bucket
+}
+
+// bucketKey names a bucket: a token's lease and a class. The Redis key
+// (rateKey) is built only when a bucket borrows.
+type bucketKey struct {
+	lease string
+	class Class
 }
 
 // BorrowedLifetime is how long a process keeps requests it borrowed. The
@@ -143,16 +150,16 @@ func NewLimiter(rdb redis.UniversalClient, rates map[Class]Rate) *Limiter {
 		// As go-redis would format the float itself, on every call.
 		intervals[c] = strconv.FormatFloat(1000/r.PerSecond, 'f', -1, 64)
 	}
-	return &Limiter{rdb: rdb, rates: all, intervals: intervals, ahead: make(chan aheadBorrow), buckets: map[string]*bucket{}}
+	return &Limiter{rdb: rdb, rates: all, intervals: intervals, ahead: make(chan aheadBorrow), buckets: map[bucketKey]*bucket{}}
 }
 
-func (l *Limiter) bucket(key string) *bucket {
+func (l *Limiter) bucket(key bucketKey) *bucket {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	b, ok := l.buckets[key]
 	if !ok {
 		if len(l.buckets) >= maxBuckets {
-			l.buckets = map[string]*bucket{}
+			l.buckets = map[bucketKey]*bucket{}
 		}
 		b = &bucket{}
 		l.buckets[key] = b
@@ -162,7 +169,7 @@ func (l *Limiter) bucket(key string) *bucket {
 
 // reserve spends a held request of key (0, true), or returns how many to
 // borrow: a batch, or one while another batch borrow is in flight.
-func (l *Limiter) reserve(key string, r Rate) (b *bucket, want int, ok bool) {
+func (l *Limiter) reserve(key bucketKey, r Rate) (b *bucket, want int, ok bool) {
 	b = l.bucket(key)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -210,14 +217,13 @@ func (l *Limiter) Queue(ctx context.Context, p redis.Pipeliner, leaseID string, 
 	if r.PerSecond <= 0 {
 		return func() error { return nil }
 	}
-	key := rateKey(leaseID, class)
-	b, want, ok := l.reserve(key, r)
+	b, want, ok := l.reserve(bucketKey{leaseID, class}, r)
 	if ok {
 		return func() error { return nil }
 	}
 	// EVAL, not EVALSHA: a pipeline cannot fall back when the script cache
 	// is cold, and Redis caches the compiled script by its hash anyway.
-	cmd := borrowScript.Eval(ctx, p, []string{key}, l.borrowArgs(class, want)...)
+	cmd := borrowScript.Eval(ctx, p, []string{rateKey(leaseID, class)}, l.borrowArgs(class, want)...)
 	return func() error {
 		res, err := cmd.Slice()
 		return b.settle(want, 0, res, err)
@@ -237,14 +243,13 @@ func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error 
 	if r.PerSecond <= 0 {
 		return nil
 	}
-	key := rateKey(leaseID, class)
-	b := l.bucket(key)
+	b := l.bucket(bucketKey{leaseID, class})
 	for {
 		b.mu.Lock()
 		if b.take(time.Now()) {
 			if b.tokens <= r.Batch()/2 && b.borrowing == nil && r.Batch() > 1 {
 				b.borrowing = make(chan struct{})
-				l.borrowAhead(aheadBorrow{ctx: context.WithoutCancel(ctx), key: key, class: class, b: b})
+				l.borrowAhead(aheadBorrow{ctx: context.WithoutCancel(ctx), key: rateKey(leaseID, class), class: class, b: b})
 			}
 			b.mu.Unlock()
 			return nil
@@ -256,7 +261,7 @@ func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error 
 				b.borrowing, want = make(chan struct{}), r.Batch()
 			}
 			b.mu.Unlock()
-			res, err := borrowScript.Run(ctx, l.rdb, []string{key}, l.borrowArgs(class, want)...).Slice()
+			res, err := borrowScript.Run(ctx, l.rdb, []string{rateKey(leaseID, class)}, l.borrowArgs(class, want)...).Slice()
 			return b.settle(want, 0, res, err)
 		}
 		b.mu.Unlock()

@@ -37,7 +37,11 @@ func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 func millis(groups []string, a slog.Attr) slog.Attr {
 	switch a.Value.Kind() {
 	case slog.KindDuration:
-		return slog.Float64(a.Key+"_ms", float64(a.Value.Duration())/float64(time.Millisecond))
+		key := a.Key + "_ms"
+		if a.Key == "duration" { // the access log's, on every line: no concatenation
+			key = "duration_ms"
+		}
+		return slog.Float64(key, float64(a.Value.Duration())/float64(time.Millisecond))
 	case slog.KindAny:
 		if l, ok := a.Value.Any().(slog.Level); ok && len(groups) == 0 && a.Key == slog.LevelKey {
 			return slog.String(a.Key, l.String())
