@@ -149,7 +149,7 @@ func TestTerminateFreesSlot(t *testing.T) {
 	if _, started, _ := db.BeginTerminate(ctx, w, sandgate.ReasonReleased, now); started {
 		t.Fatal("second BeginTerminate started again")
 	}
-	if err := db.FinishTerminate(ctx, w, now.Add(2*time.Second)); err != nil {
+	if err := db.FinishTerminate(ctx, w, now.Add(2*time.Second), store.Egress{}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := db.Workspace(ctx, acct, w.ID)

@@ -177,7 +177,7 @@ func (b *Billing) charge(ctx context.Context, w sandgate.Workspace, es []UsageEn
 	if settle {
 		mode = "settle"
 	}
-	wsKey, _, _ := b.db.FinishArgs(w, time.Time{})
+	wsKey, _ := b.db.FinishArgs(w, time.Time{}, store.Egress{})
 	keys, args, err := chargeBinding(w, wsKey, es, mode)
 	if err != nil {
 		return 0, err

@@ -451,6 +451,10 @@ func TestSettleRecordsEgressBytes(t *testing.T) {
 	if final.ID != billing.FinalID(w.ID) || final.EgressBytesOut != 1234 || final.EgressBytesIn != 56789 {
 		t.Errorf("final entry %s: egress out %d, in %d; want %s, 1234, 56789", final.ID, final.EgressBytesOut, final.EgressBytesIn, billing.FinalID(w.ID))
 	}
+	// The end's script added them to the record too.
+	if rec, err := e.db.Workspace(ctx, "acct_e", w.ID); err != nil || rec.EgressBytesOut != 1234 || rec.EgressBytesIn != 56789 {
+		t.Errorf("record egress out %d, in %d (%v); want 1234, 56789", rec.EgressBytesOut, rec.EgressBytesIn, err)
+	}
 	st, err := billing.BuildStatement(ctx, e.bill.Ledger(), nil, "acct_e", e.clock.Now(), e.clock.Now().Add(time.Second))
 	if err != nil {
 		t.Fatal(err)

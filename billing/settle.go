@@ -60,19 +60,19 @@ func (b *Billing) Settle(ctx context.Context, w sandgate.Workspace) error {
 // It returns the record as the script left it.
 //
 // It implements termination.FinishSettler.
-func (b *Billing) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time) (sandgate.Workspace, error) {
-	wsKey, atMS, retention := b.db.FinishArgs(w, at)
+func (b *Billing) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time, eg store.Egress) (sandgate.Workspace, error) {
+	wsKey, finish := b.db.FinishArgs(w, at, eg)
 	cur := w
-	cur.State, cur.TerminatedAt = sandgate.WorkspaceTerminated, time.UnixMilli(atMS).UTC()
+	cur.State, cur.TerminatedAt = sandgate.WorkspaceTerminated, time.UnixMilli(at.UnixMilli()).UTC()
 	_, end := Metered(cur)
 	es, err := b.entries(cur, periods(cur.ID, cur.StartedAt, end, time.Time{}))
 	var keys []string
 	var args []any
 	if err == nil {
-		keys, args, err = chargeBinding(cur, wsKey, es, "settle", atMS, retention)
+		keys, args, err = chargeBinding(cur, wsKey, es, "settle", finish...)
 	}
 	if err != nil { // not reached for a record admission priced; the plain path keeps the end
-		if ferr := b.db.FinishTerminate(ctx, w, at); ferr != nil {
+		if ferr := b.db.FinishTerminate(ctx, w, at, eg); ferr != nil {
 			return w, ferr
 		}
 		return w, fmt.Errorf("settle %s: %w", w.ID, err)
@@ -106,12 +106,13 @@ func (b *Billing) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at 
 
 // finishSettleScript records a workspace's end and settles it: the
 // finish_workspace transition of [store.FinishLua], then chargeLua in
-// settle mode. KEYS as chargeScript's; ARGV as chargeScript's with two
-// more after ARGV[3]: ARGV[4] terminated (unix ms), ARGV[5] the record's
-// retention (ms). Returns {appended, queued, record} once finished, or
+// settle mode. KEYS as chargeScript's; ARGV as chargeScript's with four
+// more after ARGV[3], store.DB.FinishArgs's: ARGV[4] terminated (unix ms),
+// ARGV[5] the record's retention (ms), ARGV[6] and ARGV[7] the egress
+// bytes out and in the end adds. Returns {appended, queued, record} once finished, or
 // {-1, 0, record} when the record was not terminating (nothing changed).
-var finishSettleScript = redis.NewScript(store.FinishLua + appendLua + budgetLua + "local off = 2\nlocal function charge()\n" + chargeLua + `end
-if not finish_workspace(KEYS[8], ARGV[4], ARGV[5]) then return {-1, 0, redis.call('HGETALL', KEYS[8])} end
+var finishSettleScript = redis.NewScript(store.FinishLua + appendLua + budgetLua + "local off = 4\nlocal function charge()\n" + chargeLua + `end
+if not finish_workspace(KEYS[8], ARGV[4], ARGV[5], ARGV[6], ARGV[7]) then return {-1, 0, redis.call('HGETALL', KEYS[8])} end
 local r = charge()
 return {r[1], r[2], redis.call('HGETALL', KEYS[8])}
 `)

@@ -41,6 +41,7 @@ import (
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/telemetry"
+	"github.com/sandgate/sandgate/termination"
 	"github.com/sandgate/sandgate/token"
 )
 
@@ -155,6 +156,7 @@ type rtOptions struct {
 	names         bool                               // record command names, not only round trips
 	rateLimited   bool                               // the production rate limits on (each request adds its rate check)
 	rates         map[admission.Class]admission.Rate // with rateLimited, these instead of the defaults
+	egress        termination.EgressMeter            // nil: no workspace moved egress bytes
 	// production logs, meters and traces as `sandgate serve` does with no
 	// OTLP exporter configured: the JSON access log at info written to a
 	// file (stderr's stand-in), the Prometheus-exported metric SDK, and the
@@ -207,6 +209,9 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 	wired := sgtest.Wire(tb, wo)
 	gw := wired.Gateway
 	e.bill = wired.Billing
+	if o.egress != nil {
+		wired.Terminator.SetEgressMeter(o.egress)
+	}
 	e.srv = httptest.NewTLSServer(gw.Handler())
 	tb.Cleanup(e.srv.Close)
 	e.client = e.srv.Client() // keep-alive; trusts the test certificate
@@ -566,7 +571,9 @@ func TestAcquireFlushesQueuedAlerts(t *testing.T) {
 const rtRelease = 2
 
 func TestRoundTripsRelease(t *testing.T) {
-	e := rtStart(t, rtOptions{names: true})
+	// Every workspace moved bytes through the egress proxy: the end's
+	// script records them, no round trip of their own.
+	e := rtStart(t, rtOptions{names: true, egress: func(string) (int64, int64) { return 1500, 70000 }})
 	// The first release loads its scripts (once per Redis server).
 	e.mustDo(t, http.MethodDelete, "/v1/workspaces/"+e.acquire(t), "", nil, http.StatusOK)
 	for i := range 3 {
@@ -580,6 +587,10 @@ func TestRoundTripsRelease(t *testing.T) {
 		}
 		if w.State != "terminated" {
 			t.Errorf("release %d: state = %q; want terminated", i, w.State)
+		}
+		rec, err := e.db.Workspace(context.Background(), e.inst.AccountID, id)
+		if err != nil || rec.EgressBytesOut != 1500 || rec.EgressBytesIn != 70000 {
+			t.Errorf("release %d: record egress out %d, in %d (%v); want 1500, 70000", i, rec.EgressBytesOut, rec.EgressBytesIn, err)
 		}
 		if n != rtRelease || rtScripts(cmds) != rtRelease {
 			t.Errorf("release %d: %d round trips %v; want exactly %d script calls (begin the termination, then finish and settle)", i, n, cmds, rtRelease)

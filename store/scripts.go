@@ -90,25 +90,30 @@ return out(2, st)
 // record's retention clock.
 //
 // KEYS[1] workspace HASH
-// ARGV[1] terminated (unix ms), ARGV[2] retention (ms)
+// ARGV[1] terminated (unix ms), ARGV[2] retention (ms), ARGV[3] and
+// ARGV[4] egress bytes out and in to add
 // Returns 1 finished, 0 not terminating.
 var finishScript = redis.NewScript(FinishLua + `
-if finish_workspace(KEYS[1], ARGV[1], ARGV[2]) then return 1 end
+if finish_workspace(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 1 end
 return 0
 `)
 
-// FinishLua defines the Lua function finish_workspace(key, at, retention):
-// the provider-confirmed end of the terminating workspace whose record is
-// key (state terminated, terminated_ms at, retention in ms starts); it
+// FinishLua defines the Lua function finish_workspace(key, at, retention,
+// eout, ein): the provider-confirmed end of the terminating workspace whose
+// record is key (state terminated, terminated_ms at, retention in ms
+// starts, and the egress bytes this process counted, eout and ein, added:
+// so that a release records them without a round trip of their own); it
 // returns false, changing nothing, when the record is not terminating. It
 // is the one definition of that transition: finishScript runs it, and
 // billing's settle-at-finish script (billing.Billing.FinishAndSettle)
 // splices it in so that a release records its end and settles in one
 // step. Bind its arguments with [DB.FinishArgs].
 const FinishLua = `
-local function finish_workspace(key, at, retention)
+local function finish_workspace(key, at, retention, eout, ein)
   if redis.call('HGET', key, 'state') ~= 'terminating' then return false end
   redis.call('HSET', key, 'state', 'terminated', 'terminated_ms', at)
+  if eout ~= '0' then redis.call('HINCRBY', key, 'egress_out', eout) end
+  if ein ~= '0' then redis.call('HINCRBY', key, 'egress_in', ein) end
   redis.call('PEXPIRE', key, retention)
   return true
 end
@@ -383,14 +388,4 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HSET', KEYS[2], 'busy_ms', top[2] or '0', 'activity_ms', math.max(last, tonumber(ARGV[4])))
 end
 return ARGV[1]
-`)
-
-// addEgressScript adds egress bytes to a workspace record that exists.
-//
-// KEYS[1] workspace HASH; ARGV[1] bytes out, ARGV[2] bytes in.
-var addEgressScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HINCRBY', KEYS[1], 'egress_out', ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'egress_in', ARGV[2])
-return 1
 `)

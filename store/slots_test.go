@@ -24,7 +24,6 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 				workspaceIndexKey(acct, inst), openKey(acct), velocityKey(acct)}}},
 			{Var: "terminateScript", Keys: [][]string{{liveKey(acct, inst), workspaceKey(acct, ws), openKey(acct)}}},
 			{Var: "finishScript", Keys: [][]string{{workspaceKey(acct, ws)}}},
-			{Var: "addEgressScript", Keys: [][]string{{workspaceKey(acct, ws)}}},
 			{Var: "auditScript", Keys: [][]string{{auditKey()}}},
 			{Var: "beginSnapshotScript", Keys: [][]string{snapshotKeys(s, key)}},
 			{Var: "confirmSnapshotScript", Keys: [][]string{snapshotKeys(s, key)}},

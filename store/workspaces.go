@@ -210,30 +210,26 @@ func DecodeWorkspace(v any) (sandgate.Workspace, error) {
 	return parseWorkspace(m)
 }
 
-// FinishArgs are the key and arguments of [FinishLua]'s finish_workspace
-// for w ended at at: the record's key, at (unix ms), the retention (ms).
-func (db *DB) FinishArgs(w sandgate.Workspace, at time.Time) (key string, atMS, retentionMS int64) {
-	return workspaceKey(w.AccountID, w.ID), ms(at), db.cfg.Retention.Milliseconds()
+// Egress is what a workspace moved through this broker process's egress
+// proxy that its record does not hold yet. Its end adds it, in the script
+// that records the end (FinishTerminate, FinishArgs), not in a round trip
+// of its own. An end that another process recorded first drops it: that
+// end's usage entry is written already.
+type Egress struct{ Out, In int64 }
+
+// FinishArgs binds [FinishLua]'s finish_workspace for w's end at at
+// adding eg: the record's key, and its arguments after the key (at,
+// retention, egress out and in).
+func (db *DB) FinishArgs(w sandgate.Workspace, at time.Time, eg Egress) (key string, args []any) {
+	return workspaceKey(w.AccountID, w.ID), []any{ms(at), db.cfg.Retention.Milliseconds(), eg.Out, eg.In}
 }
 
 // FinishTerminate records the provider-confirmed end of a terminating
-// workspace.
-func (db *DB) FinishTerminate(ctx context.Context, w sandgate.Workspace, at time.Time) error {
-	err := finishScript.Run(ctx, db.rdb, []string{workspaceKey(w.AccountID, w.ID)}, ms(at), db.cfg.Retention.Milliseconds()).Err()
-	if err != nil {
+// workspace, with the egress bytes eg it adds.
+func (db *DB) FinishTerminate(ctx context.Context, w sandgate.Workspace, at time.Time, eg Egress) error {
+	key, args := db.FinishArgs(w, at, eg)
+	if err := finishScript.Run(ctx, db.rdb, []string{key}, args...).Err(); err != nil {
 		return fmt.Errorf("finish terminate: %w", err)
-	}
-	return nil
-}
-
-// AddEgressBytes adds what a workspace moved through the egress proxy to
-// its record, if the record still exists.
-func (db *DB) AddEgressBytes(ctx context.Context, w sandgate.Workspace, out, in int64) error {
-	if out == 0 && in == 0 {
-		return nil
-	}
-	if err := addEgressScript.Run(ctx, db.rdb, []string{workspaceKey(w.AccountID, w.ID)}, out, in).Err(); err != nil {
-		return fmt.Errorf("egress bytes: %w", err)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/store"
 )
 
 // The admission and billing metrics.
@@ -124,18 +125,18 @@ type settler struct {
 
 // finishSettler is termination.FinishSettler.
 type finishSettler interface {
-	FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time) (sandgate.Workspace, error)
+	FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time, eg store.Egress) (sandgate.Workspace, error)
 }
 
 // finishingSettler is a settler whose wrapped settler also finishes and
 // settles in one step (billing does), which it passes through in a span.
 type finishingSettler struct{ *settler }
 
-func (s finishingSettler) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time) (sandgate.Workspace, error) {
+func (s finishingSettler) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time, eg store.Egress) (sandgate.Workspace, error) {
 	ctx, span := s.tracer.Start(ctx, "billing settle", trace.WithAttributes(
 		attribute.String("sandgate.workspace_id", w.ID), attribute.String("sandgate.account_id", w.AccountID)))
 	defer span.End()
-	cur, err := s.s.(finishSettler).FinishAndSettle(ctx, w, at)
+	cur, err := s.s.(finishSettler).FinishAndSettle(ctx, w, at, eg)
 	if err != nil {
 		span.SetStatus(codes.Error, "settlement failed")
 	}

@@ -54,7 +54,7 @@ type Settler interface {
 // (billing.Billing.FinishAndSettle), returning the record as it left it.
 // w is the record as it is now. Release uses it.
 type FinishSettler interface {
-	FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time) (sandgate.Workspace, error)
+	FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time, eg store.Egress) (sandgate.Workspace, error)
 }
 
 // SetSettler makes every confirmed end settle the workspace's usage. Call
@@ -132,10 +132,10 @@ func (t *Terminator) Release(ctx context.Context, acct, inst, id string) (sandga
 			return rec, fmt.Errorf("%w: %w", ErrProvider, err)
 		}
 	}
-	rec = t.recordEgress(ctx, rec)
+	rec, eg := t.egressBytes(rec)
 	fs, ok := t.settler.(FinishSettler)
 	if !ok { // no billing, or one without the one-step path: step by step
-		if err := t.db.FinishTerminate(ctx, rec, t.clock.Now()); err != nil {
+		if err := t.db.FinishTerminate(ctx, rec, t.clock.Now(), eg); err != nil {
 			return rec, err
 		}
 		if t.settler != nil {
@@ -145,7 +145,7 @@ func (t *Terminator) Release(ctx context.Context, acct, inst, id string) (sandga
 		}
 		return t.db.Workspace(ctx, acct, id)
 	}
-	cur, err := fs.FinishAndSettle(ctx, rec, t.clock.Now())
+	cur, err := fs.FinishAndSettle(ctx, rec, t.clock.Now(), eg)
 	if err != nil {
 		// The end may be recorded with the settlement failed: the hold
 		// stays open, reconcile reports it and billing's repair settles it.
@@ -185,8 +185,8 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 			return false, fmt.Errorf("%w: %w", ErrProvider, err)
 		}
 	}
-	w = t.recordEgress(ctx, w)
-	if err := t.db.FinishTerminate(ctx, w, t.clock.Now()); err != nil {
+	w, eg := t.egressBytes(w)
+	if err := t.db.FinishTerminate(ctx, w, t.clock.Now(), eg); err != nil {
 		t.log.Error("terminate: record end", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
 		return false, err
 	}
@@ -200,26 +200,20 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 	return true, nil
 }
 
-// recordEgress adds the bytes w moved through the egress proxy to its
-// record and returns w with them, for the final usage entry. It runs after
-// the provider's end, so no byte comes later. Counted in this broker
-// process: bytes another process proxied for the workspace are not
-// (README, "Egress bytes"). A failure is logged: the end goes on.
-func (t *Terminator) recordEgress(ctx context.Context, w sandgate.Workspace) sandgate.Workspace {
+// egressBytes returns w with the bytes it moved through the egress proxy
+// added, for the final usage entry, and those bytes, which the script
+// recording the end adds to the record (store.Egress). It runs after the
+// provider's end, so no byte comes later. Counted in this broker process:
+// bytes another process proxied for the workspace are not (README, "Egress
+// bytes").
+func (t *Terminator) egressBytes(w sandgate.Workspace) (sandgate.Workspace, store.Egress) {
 	if t.egress == nil {
-		return w
+		return w, store.Egress{}
 	}
 	out, in := t.egress(w.ID)
-	if out == 0 && in == 0 {
-		return w
-	}
-	if err := t.db.AddEgressBytes(ctx, w, out, in); err != nil {
-		t.log.Error("terminate: record egress bytes", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
-		return w
-	}
 	w.EgressBytesOut += out
 	w.EgressBytesIn += in
-	return w
+	return w, store.Egress{Out: out, In: in}
 }
 
 // terminate asks the workspace's own provider, accepting new work or not,

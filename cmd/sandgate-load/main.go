@@ -100,7 +100,16 @@ func main() {
 	idle := flag.Bool("idle", false, "measure idle workspaces instead: host CPU with -n live idle local workspaces against none")
 	window := flag.Duration("window", 30*time.Second, "-idle: each measuring window")
 	diskMiB := flag.Int("disk-mib", 16, "-idle: each workspace's disk image")
+	floorServe := flag.String("floor-serve", "", "internal, run by -acquire: serve its floor on this address")
+	floorDir := flag.String("floor-dir", "", "internal, with -floor-serve: the directory -acquire prepared")
 	flag.Parse()
+	if *floorServe != "" {
+		if err := runFloorServe(*floorServe, *floorDir); err != nil {
+			fmt.Fprintln(os.Stderr, "sandgate-load: floor:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	// SIGINT or SIGTERM ends the run early and still stops what it started.
 	sctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

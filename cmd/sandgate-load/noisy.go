@@ -95,6 +95,7 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 		}()
 	}
 	a, bw, c := ws[0], ws[1], ws[2]
+	cg := newCgroupFiles()
 
 	// What each workspace gets: its CPUs (affinity), CPU quota, memory
 	// and process limits, from the host's cgroup files.
@@ -106,7 +107,7 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 		}
 		cpus := strings.TrimSpace(strings.TrimPrefix(decode(res.StdoutB64), "Cpus_allowed_list:"))
 		fmt.Printf("%s %s: CPUs %s, cpu quota %s, memory limit %s, pids.max %s\n", names[i], w, cpus,
-			cpuQuota(w), cgText("memory", w, "memory.limit_in_bytes", "memory.max"), cgText("pids", w, "pids.max", "pids.max"))
+			cg.cpuQuota(w), cg.text("memory", w, "memory.limit_in_bytes", "memory.max"), cg.text("pids", w, "pids.max", "pids.max"))
 	}
 
 	// Warm-up, then the quiet phase.
@@ -144,20 +145,20 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 			}
 		}()
 	}
-	pidsMax := cgInt("pids", a, "pids.max")
-	memLimit := cgInt("memory", bw, "memory.limit_in_bytes", "memory.max")
-	atCap := func() bool { return pidsMax > 0 && cgInt("pids", a, "pids.current") >= pidsMax*98/100 }
-	ooms0 := oomKills(bw)
-	for !atCap() || oomKills(bw) == ooms0 {
+	pidsMax := cg.int("pids", a, "pids.max")
+	memLimit := cg.int("memory", bw, "memory.limit_in_bytes", "memory.max")
+	atCap := func() bool { return pidsMax > 0 && cg.int("pids", a, "pids.current") >= pidsMax*98/100 }
+	ooms0 := cg.oomKills(bw)
+	for !atCap() || cg.oomKills(bw) == ooms0 {
 		if time.Since(noiseStart) > 90*time.Second || ctx.Err() != nil {
 			return fmt.Errorf("the neighbours did not reach their limits within 90s: A has %d of %d processes, B %d OOM kills",
-				cgInt("pids", a, "pids.current"), pidsMax, oomKills(bw)-ooms0)
+				cg.int("pids", a, "pids.current"), pidsMax, cg.oomKills(bw)-ooms0)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 	fmt.Printf("neighbours at their limits after %s: A %d of %d processes (%d forks refused), B %d OOM kills, load average %s\n",
-		time.Since(noiseStart).Round(100*time.Millisecond), cgInt("pids", a, "pids.current"), pidsMax,
-		forksRefused(a), oomKills(bw)-ooms0, loadavg())
+		time.Since(noiseStart).Round(100*time.Millisecond), cg.int("pids", a, "pids.current"), pidsMax,
+		cg.forksRefused(a), cg.oomKills(bw)-ooms0, loadavg())
 
 	// The noisy phase, with a sampler that checks the neighbours stay at
 	// their limits throughout. It ends before the commands' timeout.
@@ -165,10 +166,10 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 	s := sample{minPids: pidsMax}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	forks0, ooms1 := forksRefused(a), oomKills(bw)
+	forks0, ooms1 := cg.forksRefused(a), cg.oomKills(bw)
 	throttled0 := make([]int64, len(ws))
 	for i, w := range ws {
-		throttled0[i] = cgKeyed("cpu", w, "cpu.stat", "nr_throttled")
+		throttled0[i] = cg.keyed("cpu", w, "cpu.stat", "nr_throttled")
 	}
 	cpu1 := cpuTimes()
 	wg.Go(func() {
@@ -180,7 +181,7 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 				return
 			case <-t.C:
 			}
-			p, m := cgInt("pids", a, "pids.current"), cgInt("memory", bw, "memory.usage_in_bytes", "memory.current")
+			p, m := cg.int("pids", a, "pids.current"), cg.int("memory", bw, "memory.usage_in_bytes", "memory.current")
 			mu.Lock()
 			s.n++
 			s.minPids, s.maxMem = min(s.minPids, p), max(s.maxMem, m)
@@ -198,17 +199,17 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 	load, cpuBusy := loadavg(), busy(cpu1, cpuTimes())
 	var throttled, weights []string
 	for i, w := range ws {
-		throttled = append(throttled, fmt.Sprintf("%s %d", names[i], cgKeyed("cpu", w, "cpu.stat", "nr_throttled")-throttled0[i]))
-		weight := cgText("cpu", w, "cpu.shares")
+		throttled = append(throttled, fmt.Sprintf("%s %d", names[i], cg.keyed("cpu", w, "cpu.stat", "nr_throttled")-throttled0[i]))
+		weight := cg.text("cpu", w, "cpu.shares")
 		if weight == "(none)" {
-			weight = cgText("cpu", w, "cpu.weight")
+			weight = cg.text("cpu", w, "cpu.weight")
 		}
 		weights = append(weights, names[i]+" "+weight)
 	}
 	if err != nil {
 		return fmt.Errorf("noisy phase: %w", err)
 	}
-	s.forks, s.ooms = forksRefused(a)-forks0, oomKills(bw)-ooms1
+	s.forks, s.ooms = cg.forksRefused(a)-forks0, cg.oomKills(bw)-ooms1
 
 	// Figures.
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
@@ -345,21 +346,46 @@ func pct(ds []time.Duration, p int) time.Duration {
 	return s[max((len(s)*p+99)/100-1, 0)]
 }
 
-// cgPath finds one workspace cgroup file on the host: v1's hierarchy of
-// the controller, else v2's unified one, below any sandgate parent.
-func cgPath(ctl, ws, file string) string {
-	for _, pat := range []string{"/sys/fs/cgroup/" + ctl + "/sandgate/*/" + ws + "/" + file, "/sys/fs/cgroup/sandgate/*/" + ws + "/" + file} {
-		if m, _ := filepath.Glob(pat); len(m) == 1 {
-			return m[0]
-		}
-	}
-	return ""
+// cgroupFiles reads workspace cgroup files on the host. It finds each
+// workspace's directory once: a glob over every sandgate parent on each
+// read would list them all ten times a second, and the kernfs lookups it
+// costs would compete with the very cgroup work of the execs measured.
+type cgroupFiles struct {
+	mu   sync.Mutex
+	dirs map[string]string // controller + "/" + workspace → its directory
 }
 
-// cgText is the content of the first of files (v1, v2 names) that exists.
-func cgText(ctl, ws string, files ...string) string {
+func newCgroupFiles() *cgroupFiles { return &cgroupFiles{dirs: make(map[string]string)} }
+
+// path is one workspace cgroup file: in v1's hierarchy of the controller,
+// else v2's unified one, below any sandgate parent; "" when there is none.
+func (cg *cgroupFiles) path(ctl, ws, file string) string {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	dir, ok := cg.dirs[ctl+"/"+ws]
+	if !ok {
+		for _, pat := range []string{"/sys/fs/cgroup/" + ctl + "/sandgate/*/" + ws, "/sys/fs/cgroup/sandgate/*/" + ws} {
+			if m, _ := filepath.Glob(pat); len(m) == 1 {
+				dir = m[0]
+				break
+			}
+		}
+		if dir == "" {
+			return ""
+		}
+		cg.dirs[ctl+"/"+ws] = dir
+	}
+	p := filepath.Join(dir, file)
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
+}
+
+// text is the content of the first of files (v1, v2 names) that exists.
+func (cg *cgroupFiles) text(ctl, ws string, files ...string) string {
 	for _, f := range files {
-		if p := cgPath(ctl, ws, f); p != "" {
+		if p := cg.path(ctl, ws, f); p != "" {
 			if b, err := os.ReadFile(p); err == nil {
 				return strings.TrimSpace(string(b))
 			}
@@ -368,18 +394,18 @@ func cgText(ctl, ws string, files ...string) string {
 	return "(none)"
 }
 
-// cgInt is cgText as a number; "max" and errors are -1.
-func cgInt(ctl, ws string, files ...string) int64 {
-	v, err := strconv.ParseInt(cgText(ctl, ws, files...), 10, 64)
+// int is text as a number; "max" and errors are -1.
+func (cg *cgroupFiles) int(ctl, ws string, files ...string) int64 {
+	v, err := strconv.ParseInt(cg.text(ctl, ws, files...), 10, 64)
 	if err != nil {
 		return -1
 	}
 	return v
 }
 
-// cgKeyed reads the "key N" line of a flat-keyed cgroup file.
-func cgKeyed(ctl, ws, file, key string) int64 {
-	return keyed(cgPath(ctl, ws, file), key)
+// keyed reads the "key N" line of a flat-keyed cgroup file.
+func (cg *cgroupFiles) keyed(ctl, ws, file, key string) int64 {
+	return keyed(cg.path(ctl, ws, file), key)
 }
 
 func keyed(path, key string) int64 {
@@ -399,11 +425,11 @@ func keyed(path, key string) int64 {
 // oomKills counts the OOM kills in ws so far: v2's memory.events of the
 // workspace (hierarchical); on v1 the workspace's memory.oom_control and
 // those of its leaves still present, added up.
-func oomKills(ws string) int64 {
-	if p := cgPath("memory", ws, "memory.events"); p != "" {
+func (cg *cgroupFiles) oomKills(ws string) int64 {
+	if p := cg.path("memory", ws, "memory.events"); p != "" {
 		return keyed(p, "oom_kill")
 	}
-	p := cgPath("memory", ws, "memory.oom_control")
+	p := cg.path("memory", ws, "memory.oom_control")
 	if p == "" {
 		return 0
 	}
@@ -417,8 +443,8 @@ func oomKills(ws string) int64 {
 
 // forksRefused counts the forks the pids controller refused in ws: its
 // pids.events and its leaves' still present, added up.
-func forksRefused(ws string) int64 {
-	p := cgPath("pids", ws, "pids.events")
+func (cg *cgroupFiles) forksRefused(ws string) int64 {
+	p := cg.path("pids", ws, "pids.events")
 	if p == "" {
 		return 0
 	}
@@ -466,11 +492,11 @@ func busy(before, after [][2]uint64) string {
 }
 
 // cpuQuota is the workspace's CPU quota as "quota/period µs".
-func cpuQuota(ws string) string {
-	if q := cgText("cpu", ws, "cpu.cfs_quota_us"); q != "(none)" {
-		return q + "/" + cgText("cpu", ws, "cpu.cfs_period_us") + " µs"
+func (cg *cgroupFiles) cpuQuota(ws string) string {
+	if q := cg.text("cpu", ws, "cpu.cfs_quota_us"); q != "(none)" {
+		return q + "/" + cg.text("cpu", ws, "cpu.cfs_period_us") + " µs"
 	}
-	return cgText("cpu", ws, "cpu.max")
+	return cg.text("cpu", ws, "cpu.max")
 }
 
 func loadavg() string {

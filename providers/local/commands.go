@@ -148,7 +148,7 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 	j := job{
 		ref:    sb.Ref,
 		layout: w.layout,
-		cpus:   p.pickCPUs(sb.Ref, w.rec.CPUCores),
+		cpus:   p.cpusOf(sb.Ref, w.rec),
 		memory: int64(w.rec.MemoryMiB) << 20,
 		env:    w.env,
 		dir:    cmp.Or(spec.Dir, defaultDir),

@@ -164,9 +164,10 @@ func (p *Provider) stopEgress(ref string) {
 	}
 }
 
-// reopenEgress serves the egress socket of every workspace with allowed
-// domains in the data directory: they survived a broker restart.
-func (p *Provider) reopenEgress() {
+// reopen takes up the workspaces in the data directory, which survived a
+// broker restart: it counts the CPUs each is pinned to (placement.go) and
+// serves the egress socket of each with allowed domains.
+func (p *Provider) reopen() {
 	entries, _ := os.ReadDir(filepath.Join(p.dataDir, workspacesDir))
 	for _, e := range entries {
 		ref := e.Name()
@@ -175,7 +176,11 @@ func (p *Provider) reopenEgress() {
 		}
 		l := p.layout(ref)
 		var rec record
-		if readJSON(l.sandbox(), &rec) != nil || len(rec.AllowedDomains) == 0 || ended(l) {
+		if readJSON(l.sandbox(), &rec) != nil || ended(l) {
+			continue
+		}
+		p.notePlaced(ref, rec)
+		if len(rec.AllowedDomains) == 0 || p.cfg.Egress == nil {
 			continue
 		}
 		if err := p.serveEgress(ref, l, rec); err != nil {

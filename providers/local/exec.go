@@ -73,7 +73,7 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 	j := job{
 		ref:     sb.Ref,
 		layout:  w.layout,
-		cpus:    p.pickCPUs(sb.Ref, w.rec.CPUCores),
+		cpus:    p.cpusOf(sb.Ref, w.rec),
 		memory:  int64(w.rec.MemoryMiB) << 20,
 		env:     w.env,
 		dir:     cmp.Or(spec.Dir, defaultDir),

@@ -86,3 +86,6 @@ func HasDeadline(p *Provider, ref string) bool {
 	_, err := os.Stat(filepath.Join(p.dataDir, deadlinesDir, ref))
 	return err == nil
 }
+
+// HashCPU is the CPU the hash alone would pin the workspace ref to.
+func HashCPU(p *Provider, ref string) int { return p.pickCPUs(ref, 1)[0] }

@@ -160,6 +160,9 @@ type Provider struct {
 	stopOnce sync.Once
 	supMu    sync.Mutex // serialises ensureSupervisor
 
+	placeMu sync.Mutex
+	placed  map[string][]int // ref → the CPUs of each live workspace (placement.go)
+
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
 	terminating map[string]int               // ref → Terminate calls in flight
@@ -236,6 +239,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		seccomp:     seccompFilter(),
 		stop:        make(chan struct{}),
 		runs:        make(map[string]map[*run]struct{}),
+		placed:      make(map[string][]int),
 		terminating: make(map[string]int),
 		egress:      make(map[string]*egressServer),
 	}
@@ -297,9 +301,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	} else {
 		p.log.Warn("no CPU usage accounting (cgroup cpuacct): a workspace that keeps its cores busy keeps its full CPU weight")
 	}
-	if c.Egress != nil {
-		p.reopenEgress()
-	}
+	p.reopen()
 	return p, nil
 }
 
@@ -501,10 +503,12 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		func() error { return p.limit(ref, rec) },
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return p.serveEgress(ref, l, rec) },
+		func() error { rec.CPUs = p.placeCPUs(ref, rec.CPUCores); return nil },
 		func() error { return writeJSON(l.sandbox(), rec, 0o644) }, // marks the workspace ready
 		func() error { return p.supervise(ref, spec.ExpiresAt) },   // the hard lifetime, without any broker
 	} {
 		if err := step(); err != nil {
+			p.unplace(ref)
 			p.stopEgress(ref)
 			p.removeDeadline(ref)
 			p.cg.remove(ref)
@@ -630,6 +634,7 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	p.removeDeadline(ref)
 	stopSupervisor(p.layout(ref)) // a workspace's own, from before the one per data directory
 	p.cg.remove(ref)
+	p.unplace(ref)
 	var rec record
 	if readJSON(p.layout(ref).sandbox(), &rec) == nil {
 		defer p.releaseUID(ref, rec.UID) // once nothing of it runs or is left

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -436,6 +438,55 @@ func TestCPUAffinity(t *testing.T) {
 		}
 		if res := providertest.Exec(t, p, sb, "sh", "-c", "taskset -p ffffffff $$"); res.ExitCode == 0 {
 			t.Errorf("%s: taskset on itself succeeded; want EPERM", name)
+		}
+	}
+}
+
+// Workspaces whose ids hash to the same CPU run on different ones: each
+// new one is placed where the fewest are, counting after a broker restart
+// the workspaces that survived it.
+func TestPlacementSpreadsWorkspaces(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p1 := newProvider(t, dir, broker)
+	cpusOf := func(p *local.Provider, sb providers.Sandbox) string {
+		res := providertest.Exec(t, p, sb, "grep", "Cpus_allowed_list", "/proc/self/status")
+		return strings.TrimSpace(strings.TrimPrefix(string(res.Stdout), "Cpus_allowed_list:"))
+	}
+	// Ids that the hash alone would all put on one CPU, h.
+	h := local.HashCPU(p1, "ws_place0000")
+	var ids []string
+	for i := 0; len(ids) < 3; i++ {
+		if id := fmt.Sprintf("ws_place%04d", i); local.HashCPU(p1, id) == h {
+			ids = append(ids, id)
+		}
+	}
+	create := func(p *local.Provider, id string) providers.Sandbox {
+		spec := providertest.Spec(t)
+		spec.WorkspaceID = id
+		spec.Size, _ = sandgate.LookupSize("small")
+		return providertest.Create(t, p, spec)
+	}
+	a := create(p1, ids[0])
+	if got := cpusOf(p1, a); got != strconv.Itoa(h) {
+		t.Errorf("the first workspace runs on CPU %s; want %d, its hash's", got, h)
+	}
+	p1.Close() // the broker restarts; A stays
+	p2 := newProvider(t, dir, broker)
+	if got := cpusOf(p2, a); got != strconv.Itoa(h) {
+		t.Errorf("after a restart A runs on CPU %s; want %d, where it was placed", got, h)
+	}
+	b := create(p2, ids[1])
+	if runtime.NumCPU() == 1 {
+		return
+	}
+	if got := cpusOf(p2, b); got == strconv.Itoa(h) {
+		t.Errorf("B runs on CPU %s beside A, with another CPU free; want another CPU", got)
+	}
+	if runtime.NumCPU() == 2 {
+		// One on each: the third goes where its hash says.
+		if got := cpusOf(p2, create(p2, ids[2])); got != strconv.Itoa(h) {
+			t.Errorf("the third of three on two CPUs runs on CPU %s; want its hash's, %d", got, h)
 		}
 	}
 }

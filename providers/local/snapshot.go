@@ -97,7 +97,7 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	res, err := p.run(ctx, job{
 		ref:    sb.Ref,
 		layout: w.layout,
-		cpus:   p.pickCPUs(sb.Ref, w.rec.CPUCores),
+		cpus:   p.cpusOf(sb.Ref, w.rec),
 		memory: int64(w.rec.MemoryMiB) << 20,
 		rec:    w.rec,
 		uid:    w.rec.UID,
@@ -199,7 +199,7 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 	res, err := p.run(ctx, job{
 		ref:     sb.Ref,
 		layout:  w.layout,
-		cpus:    p.pickCPUs(sb.Ref, w.rec.CPUCores),
+		cpus:    p.cpusOf(sb.Ref, w.rec),
 		memory:  int64(w.rec.MemoryMiB) << 20,
 		rec:     w.rec,
 		uid:     w.rec.UID,

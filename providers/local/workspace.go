@@ -124,6 +124,7 @@ type record struct {
 	Pids      int       `json:"pids,omitempty"`     // the process cap; 0 in a workspace from before it
 	UID       int       `json:"uid,omitempty"`      // the host uid and gid of the sandbox's uid 0; 0 in a workspace from before
 	DiskMiB   int       `json:"disk_mib,omitempty"` // the disk image's size; 0: no disk quota
+	CPUs      []int     `json:"cpus,omitempty"`     // the CPUs it is pinned to (placement.go); none in a workspace from before
 	StartedAt time.Time `json:"started_at"`
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	// AllowedDomains is the workspace's egress allowlist; empty: no
