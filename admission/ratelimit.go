@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"math"
+	"strconv"
 	"sync"
 	"time"
 
@@ -63,27 +64,48 @@ return {g, 0}
 // lives in Redis (borrowScript), so it holds across every gateway process;
 // each process borrows requests from it in batches and spends them from a
 // local bucket per token and class, so that most requests cost no round
-// trip.
+// trip. The request that leaves a bucket half spent starts the next
+// batch's borrow in the background (Allow), so that a steady stream of
+// requests never waits for Redis; one that finds the bucket empty while
+// that borrow is in flight waits for it rather than borrowing on its own.
 //
 // The bound: every request spends a request borrowed from Redis's limit,
-// and a process holds at most one batch of a token's class at a time
-// (Batch: Burst/20, between 1 and 64), so in any window the requests let
-// through are at most what the limit allows in it (burst + rate × window)
-// plus Batch × the number of gateway processes. Requests a process
-// borrowed and did not spend within BorrowedLifetime are dropped: a limit
-// can only be under-used that way, never exceeded.
+// and a process holds at most a batch and a half of a token's class at a
+// time (Batch: Burst/20, between 1 and 64; the next is borrowed once at
+// most half of one is left, and only one borrow is in flight), so in any
+// window the requests let through are at most what the limit allows in it
+// (burst + rate × window) plus 1.5 × Batch × the number of gateway
+// processes. Requests a process borrowed and did not spend within
+// BorrowedLifetime are dropped: a limit can only be under-used that way
+// (by at most 1.5 × Batch per process), never exceeded.
 type Limiter struct {
-	rdb   redis.UniversalClient
-	rates map[Class]Rate
+	rdb       redis.UniversalClient
+	rates     map[Class]Rate
+	intervals map[Class]string // borrowScript's ARGV[1] of each class, formatted once
+	// ahead hands a borrow ahead to a worker waiting for one (borrower);
+	// when none is waiting, a new one starts.
+	ahead chan aheadBorrow
 
 	mu      sync.Mutex
-	buckets map[string]*bucket // by Redis key
+	buckets map[bucketKey]*bucket
+}
+
+// bucketKey names a bucket: a token's lease and a class. The Redis key
+// (rateKey) is built only when a bucket borrows.
+type bucketKey struct {
+	lease string
+	class Class
 }
 
 // BorrowedLifetime is how long a process keeps requests it borrowed. The
-// bound above holds whatever it is (a process never holds more than one
-// batch); it only keeps a token that went quiet from holding them forever.
+// bound above holds whatever it is (a process never holds more than a
+// batch and a half); it only keeps a token that went quiet from holding
+// them forever.
 const BorrowedLifetime = 10 * time.Second
+
+// borrowTimeout bounds a borrow made in the background, which no request's
+// context bounds.
+const borrowTimeout = 5 * time.Second
 
 // maxBuckets bounds the local buckets; past it they start over (what
 // they held is dropped, which only under-uses a limit).
@@ -95,10 +117,13 @@ func (r Rate) Batch() int { return min(max(r.Burst/20, 1), 64) }
 
 // bucket holds the requests a process borrowed for one token and class.
 type bucket struct {
-	mu        sync.Mutex
-	tokens    int
-	expires   time.Time // tokens not spent by then are dropped
-	borrowing bool      // a batch borrow is in flight: others borrow one at a time
+	mu      sync.Mutex
+	tokens  int
+	expires time.Time // tokens not spent by then are dropped
+	// borrowing is closed when the batch borrow in flight ends; nil when
+	// none is. While one is, other requests wait for it (Allow) or borrow
+	// one at a time (Queue).
+	borrowing chan struct{}
 }
 
 // take spends one held request.
@@ -120,16 +145,21 @@ func NewLimiter(rdb redis.UniversalClient, rates map[Class]Rate) *Limiter {
 	for c, r := range rates {
 		all[c] = r
 	}
-	return &Limiter{rdb: rdb, rates: all, buckets: map[string]*bucket{}}
+	intervals := map[Class]string{}
+	for c, r := range all {
+		// As go-redis would format the float itself, on every call.
+		intervals[c] = strconv.FormatFloat(1000/r.PerSecond, 'f', -1, 64)
+	}
+	return &Limiter{rdb: rdb, rates: all, intervals: intervals, ahead: make(chan aheadBorrow), buckets: map[bucketKey]*bucket{}}
 }
 
-func (l *Limiter) bucket(key string) *bucket {
+func (l *Limiter) bucket(key bucketKey) *bucket {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	b, ok := l.buckets[key]
 	if !ok {
 		if len(l.buckets) >= maxBuckets {
-			l.buckets = map[string]*bucket{}
+			l.buckets = map[bucketKey]*bucket{}
 		}
 		b = &bucket{}
 		l.buckets[key] = b
@@ -139,7 +169,7 @@ func (l *Limiter) bucket(key string) *bucket {
 
 // reserve spends a held request of key (0, true), or returns how many to
 // borrow: a batch, or one while another batch borrow is in flight.
-func (l *Limiter) reserve(key string, r Rate) (b *bucket, want int, ok bool) {
+func (l *Limiter) reserve(key bucketKey, r Rate) (b *bucket, want int, ok bool) {
 	b = l.bucket(key)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -147,70 +177,149 @@ func (l *Limiter) reserve(key string, r Rate) (b *bucket, want int, ok bool) {
 		return b, 0, true
 	}
 	want = 1
-	if !b.borrowing && r.Batch() > 1 {
-		b.borrowing, want = true, r.Batch()
+	if b.borrowing == nil && r.Batch() > 1 {
+		b.borrowing, want = make(chan struct{}), r.Batch()
 	}
 	return b, want, false
 }
 
 // settle keeps what a borrow of want granted beyond the one request it
-// was for.
-func (b *bucket) settle(want int, res []any, err error) error {
+// was for (keep 1: the borrow was for no request, all of it is held).
+func (b *bucket) settle(want, keep int, res []any, err error) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if want > 1 {
-		b.borrowing = false
+	if want > 1 && b.borrowing != nil {
+		close(b.borrowing)
+		b.borrowing = nil
 	}
 	if err != nil {
 		return err
 	}
 	g, _ := res[0].(int64)
-	if g > 1 {
-		b.tokens, b.expires = b.tokens+int(g-1), time.Now().Add(BorrowedLifetime)
+	if g > int64(1-keep) {
+		b.tokens, b.expires = b.tokens+int(g)-1+keep, time.Now().Add(BorrowedLifetime)
 	}
 	return result(res, nil)
 }
 
-func borrowArgs(r Rate, want int) []any { return []any{1000 / r.PerSecond, max(r.Burst, 1), want} }
+// borrowArgs is borrowScript's ARGV for a borrow of want of class.
+func (l *Limiter) borrowArgs(class Class, want int) []any {
+	return []any{l.intervals[class], max(l.rates[class].Burst, 1), want}
+}
 
 // Queue queues the rate check of one request on a pipeline, so it shares a
 // round trip with the request's first read; with a request held locally
 // it queues nothing. The returned function, called after the pipeline ran,
-// answers like Allow.
+// answers like Allow. Unlike Allow it never borrows in the background, so
+// that the request's round trips are its own.
 func (l *Limiter) Queue(ctx context.Context, p redis.Pipeliner, leaseID string, class Class) func() error {
 	r := l.rates[class]
 	if r.PerSecond <= 0 {
 		return func() error { return nil }
 	}
-	key := rateKey(leaseID, class)
-	b, want, ok := l.reserve(key, r)
+	b, want, ok := l.reserve(bucketKey{leaseID, class}, r)
 	if ok {
 		return func() error { return nil }
 	}
 	// EVAL, not EVALSHA: a pipeline cannot fall back when the script cache
 	// is cold, and Redis caches the compiled script by its hash anyway.
-	cmd := borrowScript.Eval(ctx, p, []string{key}, borrowArgs(r, want)...)
+	cmd := borrowScript.Eval(ctx, p, []string{rateKey(leaseID, class)}, l.borrowArgs(class, want)...)
 	return func() error {
 		res, err := cmd.Slice()
-		return b.settle(want, res, err)
+		return b.settle(want, 0, res, err)
 	}
 }
 
 // Allow counts one request of class by the lease. It returns a 429
 // rate_limited refusal with Retry-After when over the limit. A Redis
 // failure is returned as is: the caller decides whether to fail open.
+//
+// A request that leaves at most half a batch held starts the next batch's
+// borrow in the background; one that finds the bucket empty waits for a
+// batch borrow in flight, then tries again, and borrows itself only when
+// none is.
 func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error {
 	r := l.rates[class]
 	if r.PerSecond <= 0 {
 		return nil
 	}
-	key := rateKey(leaseID, class)
-	b, want, ok := l.reserve(key, r)
-	if ok {
-		return nil
+	b := l.bucket(bucketKey{leaseID, class})
+	for {
+		b.mu.Lock()
+		if b.take(time.Now()) {
+			if b.tokens <= r.Batch()/2 && b.borrowing == nil && r.Batch() > 1 {
+				b.borrowing = make(chan struct{})
+				l.borrowAhead(aheadBorrow{ctx: context.WithoutCancel(ctx), key: rateKey(leaseID, class), class: class, b: b})
+			}
+			b.mu.Unlock()
+			return nil
+		}
+		wait := b.borrowing
+		if wait == nil {
+			want := 1
+			if r.Batch() > 1 {
+				b.borrowing, want = make(chan struct{}), r.Batch()
+			}
+			b.mu.Unlock()
+			res, err := borrowScript.Run(ctx, l.rdb, []string{rateKey(leaseID, class)}, l.borrowArgs(class, want)...).Slice()
+			return b.settle(want, 0, res, err)
+		}
+		b.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	res, err := borrowScript.Run(ctx, l.rdb, []string{key}, borrowArgs(r, want)...).Slice()
-	return b.settle(want, res, err)
+}
+
+// aheadBorrow is a borrow ahead for bucket b of key.
+type aheadBorrow struct {
+	ctx   context.Context
+	key   string
+	class Class
+	b     *bucket
+}
+
+// borrowerIdle is how long a borrower waits for the next borrow ahead
+// before it ends.
+const borrowerIdle = time.Second
+
+// borrowAhead has a borrower borrow the next batch of a.key for a.b, for
+// no request in particular. Borrowers are goroutines that serve one
+// borrow after another until idle for borrowerIdle: a fresh goroutine per
+// borrow would grow its stack through go-redis's calls every time.
+func (l *Limiter) borrowAhead(a aheadBorrow) {
+	select {
+	case l.ahead <- a:
+	default:
+		go l.borrower(a)
+	}
+}
+
+func (l *Limiter) borrower(a aheadBorrow) {
+	idle := time.NewTimer(borrowerIdle)
+	defer idle.Stop()
+	for {
+		l.borrow(a)
+		idle.Reset(borrowerIdle)
+		select {
+		case a = <-l.ahead:
+		case <-idle.C:
+			return
+		}
+	}
+}
+
+// borrow makes the borrow ahead a. A refusal or an error leaves the
+// bucket empty: the next request borrows itself, and answers with what
+// Redis says then.
+func (l *Limiter) borrow(a aheadBorrow) {
+	ctx, cancel := context.WithTimeout(a.ctx, borrowTimeout)
+	defer cancel()
+	batch := l.rates[a.class].Batch()
+	res, err := borrowScript.Run(ctx, l.rdb, []string{a.key}, l.borrowArgs(a.class, batch)...).Slice()
+	_ = a.b.settle(batch, 1, res, err)
 }
 
 func result(res []any, err error) error {

@@ -35,7 +35,8 @@ func (c *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 
 // TestLimiterBorrowsInBatches: a limiter spends requests it borrowed from
 // Redis in batches of Burst/20, so a token's requests cost one script call
-// per batch, and the limit still refuses past the burst.
+// per batch (the request that leaves half a batch borrows the next one
+// ahead, in the background), and the limit still refuses past the burst.
 func TestLimiterBorrowsInBatches(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	sc := &scriptCounter{}
@@ -48,9 +49,6 @@ func TestLimiterBorrowsInBatches(t *testing.T) {
 			t.Fatalf("request %d within the burst: %v", i+1, err)
 		}
 	}
-	if got, want := sc.n.Load(), int64(100/rate.Batch()); got != want {
-		t.Errorf("100 requests cost %d script calls; want %d (batches of %d)", got, want, rate.Batch())
-	}
 	err := l.Allow(ctx, "lease_a", admission.ClassRead)
 	if protocol.CodeOf(err) != protocol.RateLimited {
 		t.Fatalf("request past the burst: %v; want rate_limited", err)
@@ -59,6 +57,13 @@ func TestLimiterBorrowsInBatches(t *testing.T) {
 	if !errors.As(err, &pe) || pe.RetryAfter <= 0 {
 		t.Errorf("refusal %+v; want a Retry-After", err)
 	}
+	// One call per batch, then the borrows ahead the last requests started
+	// (which Redis refused: the burst is spent; one at a time, at most one
+	// per request that left half a batch or less), and the refused
+	// request's own.
+	if got, least, most := sc.n.Load(), int64(100/rate.Batch()+1), int64(100/rate.Batch()+rate.Batch()/2+2); got < least || got > most {
+		t.Errorf("101 requests cost %d script calls; want %d to %d (batches of %d, then the refused borrows ahead and the refusal)", got, least, most, rate.Batch())
+	}
 	if err := l.Allow(ctx, "lease_b", admission.ClassRead); err != nil {
 		t.Errorf("another token: %v; want its own limit", err)
 	}
@@ -66,8 +71,9 @@ func TestLimiterBorrowsInBatches(t *testing.T) {
 
 // TestLimiterAcrossGateways: two gateways (two limiters, two clients) share
 // one token's limit in Redis. Together they let through no more than the
-// limit allows in the time it took (burst + rate × elapsed) plus one batch
-// per gateway, and no fewer than the burst minus what each may hold unspent.
+// limit allows in the time it took (burst + rate × elapsed) plus a batch
+// and a half per gateway, and no fewer than the burst minus what each may
+// hold unspent.
 func TestLimiterAcrossGateways(t *testing.T) {
 	rs := redistest.Start(t)
 	rate := admission.Rate{PerSecond: 2, Burst: 200} // batches of 10
@@ -98,8 +104,9 @@ func TestLimiterAcrossGateways(t *testing.T) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	b := int64(rate.Batch())
-	most := int64(rate.Burst) + int64(math.Ceil(elapsed.Seconds()*rate.PerSecond)) + b*int64(len(gateways))
-	least := int64(rate.Burst) - (b-1)*int64(len(gateways))
+	held := (b + b/2) * int64(len(gateways)) // at most a batch and a half per gateway
+	most := int64(rate.Burst) + int64(math.Ceil(elapsed.Seconds()*rate.PerSecond)) + held
+	least := int64(rate.Burst) - held
 	if got := allowed.Load(); got > most || got < least {
 		t.Errorf("two gateways let %d of 800 requests through in %v; want %d to %d (burst %d, %g/s, batch %d per gateway)",
 			got, elapsed, least, most, rate.Burst, rate.PerSecond, b)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -13,10 +15,31 @@ import (
 	"github.com/sandgate/sandgate/token"
 )
 
+// authEntry is a resolved token as the auth cache holds it, with what is
+// derived from it once per entry: the lease answer's encoding (lease.go).
+// An entry is never changed once cached except for lease, which is
+// derived from the entry alone (and the state it was encoded for), so
+// it goes when the entry does: on every invalidation, and at maxAge.
+type authEntry struct {
+	store.Auth
+	lease atomic.Pointer[leaseBody]
+}
+
+// ctxAuth is the echo.Context key of the request's *authEntry.
+const ctxAuth = "auth"
+
 // authFrom returns the resolved token of an authenticated request.
 func authFrom(c echo.Context) store.Auth {
-	a, _ := c.Get("auth").(store.Auth)
-	return a
+	if e := authEntryFrom(c); e != nil {
+		return e.Auth
+	}
+	return store.Auth{}
+}
+
+// authEntryFrom returns the request's auth entry; nil before authenticate.
+func authEntryFrom(c echo.Context) *authEntry {
+	e, _ := c.Get(ctxAuth).(*authEntry)
+	return e
 }
 
 // authenticate resolves the bearer token to its lease and instance and
@@ -29,15 +52,12 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
 		}
 		tok := sandgate.Secret(strings.TrimSpace(raw))
-		if !token.Valid(tok.Reveal(), token.Prefix) {
-			return protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
-		}
-		a, err := s.resolve(c.Request().Context(), token.Hash(tok))
+		now := s.clock.Now()
+		e, err := s.resolve(c.Request().Context(), tok, now)
 		if err != nil {
 			return err
 		}
-		now := s.clock.Now()
-		switch a.Lease.StateAt(now) {
+		switch e.Lease.StateAt(now) {
 		case sandgate.LeaseRevoked:
 			return protocol.E(protocol.LeaseRevoked, "this token was revoked; install a new token for the instance")
 		case sandgate.LeaseExpired:
@@ -45,29 +65,39 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		case sandgate.LeasePostGrace:
 			return protocol.E(protocol.LeaseSuperseded, "this token was rotated and its grace period ended; install the new token")
 		}
-		c.Set("auth", a)
+		c.Set(ctxAuth, e)
 		return next(c)
 	}
 }
 
-func (s *Server) resolve(ctx context.Context, hash string) (store.Auth, error) {
-	now := s.clock.Now()
-	a, ok, gen := s.cache.get(hash, now)
+// resolve returns the auth entry of tok: from the cache, or from the
+// store. Only a token of the right shape is looked up in the store (and
+// so ever cached); a cache hit is on the SHA-256 of a token that had it.
+func (s *Server) resolve(ctx context.Context, tok sandgate.Secret, now time.Time) (*authEntry, error) {
+	if len(tok.Reveal()) != token.Len { // before hashing: a header can be long
+		return nil, protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
+	}
+	hash := token.Hash(tok)
+	e, ok, gen := s.cache.get(hash, now)
 	if ok {
-		return a, nil
+		return e, nil
+	}
+	if !token.Valid(tok.Reveal(), token.Prefix) {
+		return nil, protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
 	}
 	_, _, ctlGen := s.controls.cache.get("", now)
 	a, err := s.db.AuthByTokenHash(ctx, hash)
 	if errors.Is(err, store.ErrNotFound) {
-		return store.Auth{}, protocol.E(protocol.Unauthenticated, "unknown token")
+		return nil, protocol.E(protocol.Unauthenticated, "unknown token")
 	}
 	if err != nil {
-		if a, ok := s.cache.stale(hash, now); ok {
-			return a, nil
+		if e, ok := s.cache.stale(hash, now); ok {
+			return e, nil
 		}
-		return store.Auth{}, &protocol.Error{Code: protocol.Unavailable, Message: "the broker cannot read its token store; retry shortly", RetryAfter: 1e9, Err: err}
+		return nil, &protocol.Error{Code: protocol.Unavailable, Message: "the broker cannot read its token store; retry shortly", RetryAfter: 1e9, Err: err}
 	}
-	s.cache.put(hash, a, gen, now)
+	e = &authEntry{Auth: a}
+	s.cache.put(hash, e, gen, now)
 	s.controls.cache.put(a.Lease.AccountID+"/"+a.Lease.InstanceID, a.Controls, ctlGen, now)
-	return a, nil
+	return e, nil
 }

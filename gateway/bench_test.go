@@ -88,11 +88,12 @@ func BenchmarkLease(b *testing.B) {
 // lease-ns, the lease's throughput as a share of the floor's (target ≥
 // 0.9). The read limit's burst is the production one (so the limiter
 // borrows in its production batches), its rate high enough that nothing
-// is refused.
+// is refused. The gateway logs, meters and traces as `sandgate serve` does
+// without an OTLP exporter (rtOptions.production).
 func BenchmarkLeaseVsTLSFloor(b *testing.B) {
 	read := admission.DefaultRates[admission.ClassRead]
 	read.PerSecond = 1e9
-	e := rtStart(b, rtOptions{rateLimited: true, rates: map[admission.Class]admission.Rate{admission.ClassRead: read}})
+	e := rtStart(b, rtOptions{rateLimited: true, rates: map[admission.Class]admission.Rate{admission.ClassRead: read}, production: true})
 	req := benchRequest(b, e, http.MethodGet, "/v1/lease", "", nil)
 	resp, err := e.client.Do(req)
 	if err != nil {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"time"
 
@@ -11,21 +12,60 @@ import (
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/saga"
+	"github.com/sandgate/sandgate/store"
 )
 
+// leaseBody is the encoded lease answer of one auth entry, and the lease
+// state and admission (as the controls say, before the provider's say)
+// it was encoded for: the only inputs of the answer that change while
+// the entry is cached, with the clock and with the controls' own cache.
+// Everything else comes from the entry (the lease, the instance and its
+// scope) and from the instance's provider, whose capabilities are fixed
+// once it is open (providers.Provider).
+type leaseBody struct {
+	state     sandgate.LeaseState
+	admission protocol.Admission
+	body      []byte // as c.JSON writes it: compact, then a newline
+}
+
+// getLease answers GET /v1/lease. The answer is encoded once per auth
+// cache entry and lease state and admission, and written from there while
+// they hold; a query (echo's ?pretty) is answered as c.JSON would.
 func (s *Server) getLease(c echo.Context) error {
-	a := authFrom(c)
+	e := authEntryFrom(c)
 	now := s.clock.Now()
+	state := e.Lease.StateAt(now)
+	adm := s.admissionState(c.Request().Context(), e.Lease.AccountID, e.Lease.InstanceID)
+	plain := c.Request().URL.RawQuery == "" && !c.Echo().Debug
+	if lb := e.lease.Load(); plain && lb != nil && lb.state == state && lb.admission == adm {
+		return c.JSONBlob(http.StatusOK, lb.body)
+	}
+	resp := s.leaseResponse(e.Auth, state, adm)
+	if !plain {
+		return c.JSON(http.StatusOK, resp)
+	}
+	body, err := json.Marshal(resp)
+	if err != nil {
+		return err
+	}
+	body = append(body, '\n')
+	e.lease.Store(&leaseBody{state: state, admission: adm, body: body})
+	return c.JSONBlob(http.StatusOK, body)
+}
+
+// leaseResponse is the lease answer of a at state, with adm the admission
+// the controls say.
+func (s *Server) leaseResponse(a store.Auth, state sandgate.LeaseState, adm protocol.Admission) protocol.LeaseResponse {
 	resp := protocol.LeaseResponse{
 		APIVersion: protocol.APIVersion,
 		Lease: protocol.LeaseInfo{
 			ID:           a.Lease.ID,
 			InstanceID:   a.Lease.InstanceID,
-			State:        string(a.Lease.StateAt(now)),
+			State:        string(state),
 			ExpiresAt:    timePtr(a.Lease.ExpiresAt),
 			SupersededAt: timePtr(a.Lease.SupersededAt),
 		},
-		Admission:    s.admissionState(c.Request().Context(), a.Lease.AccountID, a.Lease.InstanceID),
+		Admission:    adm,
 		Capabilities: protocol.V1Capabilities,
 		Limits:       wireLimits(a.Instance.Scope.Limits.WithDefaults()),
 		Egress:       protocol.EgressInfo{Ceiling: a.Instance.Scope.EgressCeiling},
@@ -37,7 +77,7 @@ func (s *Server) getLease(c echo.Context) error {
 	scope, prov, err := s.saga.Scope(a.Instance)
 	if err != nil {
 		resp.Admission = protocol.Admission{State: protocol.AdmissionPaused, Reason: saga.ReasonProviderClosed}
-		return c.JSON(http.StatusOK, resp)
+		return resp
 	}
 	if !prov.AcceptNew && resp.Admission.State == protocol.AdmissionOpen {
 		resp.Admission = protocol.Admission{State: protocol.AdmissionPaused, Reason: saga.ReasonProviderClosed}
@@ -50,7 +90,7 @@ func (s *Server) getLease(c echo.Context) error {
 			resp.Sizes = append(resp.Sizes, protocol.Size{Name: ps.Name, CPUCores: ps.CPUCores, MemoryMiB: ps.MemoryMiB, DiskMiB: ps.DiskMiB})
 		}
 	}
-	return c.JSON(http.StatusOK, resp)
+	return resp
 }
 
 // limitsOf returns the limits of the request's instance, defaults filled.

@@ -10,11 +10,11 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
@@ -104,7 +104,7 @@ type Server struct {
 	saga     *saga.Saga
 	clock    sandgate.Clock
 	log      *slog.Logger
-	cache    *cache[store.Auth]
+	cache    *cache[*authEntry]
 	controls *Controls
 	limiter  *admission.Limiter
 	term     *termination.Terminator
@@ -112,9 +112,13 @@ type Server struct {
 	echo     *echo.Echo
 	draining atomic.Bool
 	requests metric.Int64Counter
-	routeSet map[string]bool // "METHOD /template" of every route, for requests
-	tel      serverTelemetry
-	external []Cache
+	// routeLabels are the labels ("METHOD /template") of every route, for
+	// the metrics and the server span.
+	routeLabels map[routeKey]string
+	measureSets sync.Map // measureKey → *measureOpts
+	measureN    atomic.Int64
+	tel         serverTelemetry
+	external    []Cache
 }
 
 // New returns a Server. A missing dependency is an error.
@@ -143,12 +147,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, db: d.DB, provs: d.Providers, saga: d.Saga, clock: d.Clock, log: log,
-		cache: newCache[store.Auth](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
+		cache: newCache[*authEntry](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
 	s.inflight = newInflight(cfg)
 	s.echo = s.routes()
-	s.routeSet = map[string]bool{}
+	s.routeLabels = map[routeKey]string{}
 	for _, r := range s.echo.Routes() {
-		s.routeSet[r.Method+" "+r.Path] = true
+		s.routeLabels[routeKey{r.Method, r.Path}] = r.Method + " " + r.Path
 	}
 	s.tel = newServerTelemetry(cfg, log)
 	if cfg.Meter == nil {
@@ -179,24 +183,46 @@ func (s *Server) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.base, s.telemetry, s.requireTLS, s.accessLog, s.recover, s.refuseWhileDraining)
-	v1 := e.Group("/v1", s.authenticate)
+	// Every request, matched or not, goes through this chain. echo would
+	// apply middleware given to Use around the route's handler on every
+	// request, allocating each closure again; the one it is given hands
+	// back the chain built here once, which ends in the handler echo found
+	// for the request (c.Handler(): what echo passes as next).
+	chain := echo.HandlerFunc(func(c echo.Context) error { return c.Handler()(c) })
+	mw := []echo.MiddlewareFunc{s.base, s.telemetry, s.requireTLS, s.accessLog, s.recover, s.refuseWhileDraining}
+	for i := len(mw) - 1; i >= 0; i-- {
+		chain = mw[i](chain)
+	}
+	e.Use(func(echo.HandlerFunc) echo.HandlerFunc { return chain })
+	// Every /v1 route is authenticated, unknown ones too (a 401 before a
+	// 404), as echo's group middleware would do. The route's middleware is
+	// applied here, once, not handed to echo, which would apply it again
+	// on every request.
+	v1 := e.Group("/v1")
+	auth := func(h echo.HandlerFunc, m ...echo.MiddlewareFunc) echo.HandlerFunc {
+		for i := len(m) - 1; i >= 0; i-- {
+			h = m[i](h)
+		}
+		return s.authenticate(h)
+	}
+	v1.RouteNotFound("", auth(echo.NotFoundHandler))
+	v1.RouteNotFound("/*", auth(echo.NotFoundHandler))
 	// Routes on one workspace count against their class's limit in usable,
 	// sharing the workspace read's round trip.
 	read, acquire := s.rateLimit(admission.ClassRead), s.rateLimit(admission.ClassAcquire)
-	v1.GET("/lease", s.getLease, read)
-	v1.POST("/workspaces", s.acquire, acquire)
-	v1.GET("/workspaces", s.listWorkspaces, read)
-	v1.GET("/workspaces/:id", s.getWorkspace, read)
-	v1.DELETE("/workspaces/:id", s.release) // cleanup is never rate limited
-	v1.POST("/workspaces/:id/exec", s.exec)
-	v1.POST("/workspaces/:id/files/read", s.readFile)
-	v1.POST("/workspaces/:id/files/write", s.writeFile)
-	v1.POST("/workspaces/:id/snapshots", s.createSnapshot)
-	v1.DELETE("/snapshots/:id", s.deleteSnapshot) // cleanup is never rate limited
-	v1.PUT("/workspaces/:id/commands/:identity", s.startCommand)
-	v1.GET("/workspaces/:id/commands/:identity", s.readCommand)
-	v1.POST("/workspaces/:id/commands/:identity/cancel", s.cancelCommand) // like release: never rate limited
+	v1.GET("/lease", auth(s.getLease, read))
+	v1.POST("/workspaces", auth(s.acquire, acquire))
+	v1.GET("/workspaces", auth(s.listWorkspaces, read))
+	v1.GET("/workspaces/:id", auth(s.getWorkspace, read))
+	v1.DELETE("/workspaces/:id", auth(s.release)) // cleanup is never rate limited
+	v1.POST("/workspaces/:id/exec", auth(s.exec))
+	v1.POST("/workspaces/:id/files/read", auth(s.readFile))
+	v1.POST("/workspaces/:id/files/write", auth(s.writeFile))
+	v1.POST("/workspaces/:id/snapshots", auth(s.createSnapshot))
+	v1.DELETE("/snapshots/:id", auth(s.deleteSnapshot)) // cleanup is never rate limited
+	v1.PUT("/workspaces/:id/commands/:identity", auth(s.startCommand))
+	v1.GET("/workspaces/:id/commands/:identity", auth(s.readCommand))
+	v1.POST("/workspaces/:id/commands/:identity/cancel", auth(s.cancelCommand)) // like release: never rate limited
 	return e
 }
 
@@ -292,26 +318,37 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 		if err != nil {
 			s.handleError(err, c)
 		}
-		attrs := []slog.Attr{
-			slog.String(sandgate.KeyRequestID, requestID(c)),
-			slog.String("method", c.Request().Method),
-			slog.String("route", c.Path()),
-			slog.Int(sandgate.KeyStatus, c.Response().Status),
-			slog.Duration("duration", time.Since(start)),
-		}
-		if a := authFrom(c); a.Lease.ID != "" {
-			attrs = append(attrs, slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID))
-		}
 		code := protocol.CodeOf(err)
 		if code != "" {
 			if he, ok := err.(*echo.HTTPError); ok {
 				code = fromEchoError(he).Code
 			}
-			attrs = append(attrs, slog.String(sandgate.KeyCode, string(code)))
 			c.Set(ctxCode, code)
 		}
 		s.countRequest(c, code)
-		s.log.LogAttrs(c.Request().Context(), slog.LevelInfo, "request", attrs...)
+		ctx := c.Request().Context()
+		h := s.log.Handler()
+		if !h.Enabled(ctx, slog.LevelInfo) {
+			return nil
+		}
+		// The record goes to the handler directly: Logger.LogAttrs would
+		// walk the stack for the caller's PC on every line, which the
+		// handler (no AddSource) never writes.
+		now := time.Now()
+		r := slog.NewRecord(now, slog.LevelInfo, "request", 0)
+		r.AddAttrs(
+			slog.String(sandgate.KeyRequestID, requestID(c)),
+			slog.String("method", c.Request().Method),
+			slog.String("route", c.Path()),
+			slog.Int(sandgate.KeyStatus, c.Response().Status),
+			slog.Duration("duration", now.Sub(start)))
+		if a := authEntryFrom(c); a != nil && a.Lease.ID != "" {
+			r.AddAttrs(slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID))
+		}
+		if code != "" {
+			r.AddAttrs(slog.String(sandgate.KeyCode, string(code)))
+		}
+		_ = h.Handle(ctx, r)
 		return nil
 	}
 }
@@ -321,13 +358,7 @@ func (s *Server) countRequest(c echo.Context, code protocol.Code) {
 	if s.requests == nil {
 		return
 	}
-	route := c.Request().Method + " " + c.Path()
-	if !s.routeSet[route] {
-		route = "unmatched" // the method and path are the client's: unbounded
-	}
-	s.requests.Add(c.Request().Context(), 1, metric.WithAttributeSet(attribute.NewSet(
-		attribute.String("route", route), attribute.Int(sandgate.KeyStatus, c.Response().Status),
-		attribute.String(sandgate.KeyCode, string(code)))))
+	s.requests.Add(c.Request().Context(), 1, s.measures(s.routeLabel(c), c.Response().Status, code).count...)
 }
 
 func (s *Server) recover(next echo.HandlerFunc) echo.HandlerFunc {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -29,16 +30,19 @@ var requestBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2
 
 // serverTelemetry is the Server's tracer and latency histogram.
 type serverTelemetry struct {
-	tracer   trace.Tracer
+	tracer   trace.Tracer            // nil when tracing is off: no span is started
 	duration metric.Float64Histogram // nil when it could not be registered
 }
 
 func newServerTelemetry(cfg Config, log *slog.Logger) serverTelemetry {
-	tp := cfg.Tracer
-	if tp == nil {
-		tp = noop.NewTracerProvider()
+	var t serverTelemetry
+	switch cfg.Tracer.(type) {
+	case nil, noop.TracerProvider, *noop.TracerProvider:
+		// Tracing is off (no exporter configured): a no-op span would be
+		// started, given attributes and ended for nothing on every request.
+	default:
+		t.tracer = cfg.Tracer.Tracer("github.com/sandgate/sandgate/gateway")
 	}
-	t := serverTelemetry{tracer: tp.Tracer("github.com/sandgate/sandgate/gateway")}
 	if cfg.Meter == nil {
 		return t
 	}
@@ -51,24 +55,68 @@ func newServerTelemetry(cfg Config, log *slog.Logger) serverTelemetry {
 	return t
 }
 
+// routeKey is a route as echo names it: its method and template.
+type routeKey struct{ method, path string }
+
 // routeLabel is the request's method and route template, or "unmatched": the
 // method and path of an unknown route are the client's, unbounded.
 func (s *Server) routeLabel(c echo.Context) string {
-	route := c.Request().Method + " " + c.Path()
-	if !s.routeSet[route] {
-		return "unmatched"
+	if l, ok := s.routeLabels[routeKey{c.Request().Method, c.Path()}]; ok {
+		return l
 	}
-	return route
+	return "unmatched"
+}
+
+// measureKey is the attributes of one request's measurements.
+type measureKey struct {
+	route  string // routeLabel
+	status int
+	code   protocol.Code
+}
+
+// measureOpts are the attribute sets of one measureKey, built once: a
+// request's measurements look them up instead of building and sorting
+// their attributes every time.
+type measureOpts struct {
+	count    []metric.AddOption    // MetricRequests: route, status, code
+	duration []metric.RecordOption // MetricRequestDuration: route, status
+}
+
+// maxMeasureOpts bounds the attribute sets kept. Routes, statuses and
+// codes are bounded already; past it a set is built per request again.
+const maxMeasureOpts = 4096
+
+// measures returns the attribute sets of a request's measurements.
+func (s *Server) measures(route string, status int, code protocol.Code) *measureOpts {
+	k := measureKey{route, status, code}
+	if m, ok := s.measureSets.Load(k); ok {
+		return m.(*measureOpts)
+	}
+	m := &measureOpts{
+		count: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
+			attribute.String("route", route), attribute.Int(sandgate.KeyStatus, status), attribute.String(sandgate.KeyCode, string(code))))},
+		duration: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(
+			attribute.String("route", route), attribute.Int(sandgate.KeyStatus, status)))},
+	}
+	if s.measureN.Add(1) <= maxMeasureOpts {
+		s.measureSets.Store(k, m)
+	}
+	return m
 }
 
 // telemetry makes the request's server span, a child of the caller's W3C
 // traceparent when it sent one, named after the route template, with the
 // status, the protocol code and the request id; and records its latency
 // in MetricRequestDuration. No query, header value, body or token is an
-// attribute.
+// attribute. With tracing off it starts no span at all.
 func (s *Server) telemetry(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
+		if s.tel.tracer == nil {
+			err := next(c)
+			s.recordDuration(c.Request().Context(), c, start)
+			return err
+		}
 		r := c.Request()
 		ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		route := s.routeLabel(c)
@@ -79,26 +127,34 @@ func (s *Server) telemetry(next echo.HandlerFunc) echo.HandlerFunc {
 		ctx, span := s.tel.tracer.Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
 		c.SetRequest(r.WithContext(ctx))
 		err := next(c)
-		status := c.Response().Status
-		attrs = []attribute.KeyValue{attribute.Int("http.response.status_code", status),
-			attribute.String("sandgate.request_id", requestID(c))}
-		if code, _ := c.Get(ctxCode).(protocol.Code); code != "" {
-			attrs = append(attrs, attribute.String("error.code", string(code)))
-			if status >= 500 {
-				span.SetStatus(codes.Error, string(code))
+		if span.IsRecording() {
+			status := c.Response().Status
+			attrs = []attribute.KeyValue{attribute.Int("http.response.status_code", status),
+				attribute.String("sandgate.request_id", requestID(c))}
+			if code, _ := c.Get(ctxCode).(protocol.Code); code != "" {
+				attrs = append(attrs, attribute.String("error.code", string(code)))
+				if status >= 500 {
+					span.SetStatus(codes.Error, string(code))
+				}
 			}
+			if a := authEntryFrom(c); a != nil && a.Lease.ID != "" {
+				attrs = append(attrs, attribute.String("sandgate.instance_id", a.Lease.InstanceID))
+			}
+			span.SetAttributes(attrs...)
 		}
-		if a := authFrom(c); a.Lease.ID != "" {
-			attrs = append(attrs, attribute.String("sandgate.instance_id", a.Lease.InstanceID))
-		}
-		span.SetAttributes(attrs...)
 		span.End()
-		if s.tel.duration != nil {
-			s.tel.duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributeSet(attribute.NewSet(
-				attribute.String("route", route), attribute.Int(sandgate.KeyStatus, status))))
-		}
+		s.recordDuration(ctx, c, start)
 		return err
 	}
+}
+
+// recordDuration records the request's latency since start.
+func (s *Server) recordDuration(ctx context.Context, c echo.Context, start time.Time) {
+	if s.tel.duration == nil {
+		return
+	}
+	code, _ := c.Get(ctxCode).(protocol.Code)
+	s.tel.duration.Record(ctx, time.Since(start).Seconds(), s.measures(s.routeLabel(c), c.Response().Status, code).duration...)
 }
 
 // Draining reports whether Drain was called: the gateway refuses new

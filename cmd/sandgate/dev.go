@@ -98,10 +98,11 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 				{Kind: yaml.ScalarNode, Tag: "!!str", Value: "allow_unenforced"}, {Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"}}}
 		}
 	}
-	log, err := newLogger("info", "json")
+	log, closeLog, err := newLogger("info", "json")
 	if err != nil {
 		return err
 	}
+	defer closeLog()
 	routeRedisLogs(log)
 	clock := sandgate.SystemClock{}
 	cert, caPath, err := devCerts(dataDir, clock.Now())

@@ -7,40 +7,30 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sandgate/sandgate/telemetry"
 )
 
 // newLogger returns the process's logger on stderr: format "json" (the
 // default) or "text", at level. A duration attribute is written in
 // milliseconds with the unit in its key: "duration" becomes
-// "duration_ms": 12.5.
-func newLogger(level, format string) (*slog.Logger, error) {
-	return newLoggerTo(os.Stderr, level, format)
+// "duration_ms": 12.5. Info lines (the access log) are coalesced into few
+// writes, each at most telemetry.LogLinger late; warnings and errors are
+// written at once. The caller calls the returned func before the process
+// exits, which writes what is held.
+func newLogger(level, format string) (*slog.Logger, func(), error) {
+	log, lw, err := telemetry.NewBufferedLogger(os.Stderr, level, format)
+	if err != nil {
+		return nil, nil, err
+	}
+	return log, func() { _ = lw.Close() }, nil
 }
 
+// newLoggerTo is newLogger's logger writing to w unbuffered.
 func newLoggerTo(w io.Writer, level, format string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("log level %q: %w", level, err)
-	}
-	opts := &slog.HandlerOptions{Level: l, ReplaceAttr: millis}
-	switch format {
-	case "", "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("log format %q: want json or text", format)
-}
-
-// millis writes durations as milliseconds, the unit in the key.
-func millis(_ []string, a slog.Attr) slog.Attr {
-	if a.Value.Kind() == slog.KindDuration {
-		return slog.Float64(a.Key+"_ms", float64(a.Value.Duration())/float64(time.Millisecond))
-	}
-	return a
+	return telemetry.NewLogger(w, level, format)
 }
 
 // redisLogger routes go-redis's own log lines (pool and reconnect

@@ -20,10 +20,11 @@ func serveCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(cfg.Log.Level, cfg.Log.Format)
+			log, closeLog, err := newLogger(cfg.Log.Level, cfg.Log.Format)
 			if err != nil {
 				return err
 			}
+			defer closeLog()
 			routeRedisLogs(log)
 			ops, err := cfg.operatorTokens(os.Getenv)
 			if err != nil {

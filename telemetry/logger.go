@@ -1,0 +1,176 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// NewLogger returns the process's structured logger writing to w: format
+// "json" (the default) or "text", at level ("debug", "info", "warn",
+// "error"). A duration attribute is written in milliseconds with the unit
+// in its key: "duration" becomes "duration_ms": 12.5. It is the one
+// logger constructor, so that what tests and benchmarks log through is what
+// `sandgate serve` logs through.
+func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: %w", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: l, ReplaceAttr: millis}
+	switch format {
+	case "", "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("log format %q: want json or text", format)
+}
+
+// millis writes durations as milliseconds, the unit in the key. It also
+// hands the record's level on as the string it is written as: a handler
+// with a ReplaceAttr passes the level as an any, which the JSON handler
+// would otherwise encode through encoding/json on every line.
+func millis(groups []string, a slog.Attr) slog.Attr {
+	switch a.Value.Kind() {
+	case slog.KindDuration:
+		key := a.Key + "_ms"
+		if a.Key == "duration" { // the access log's, on every line: no concatenation
+			key = "duration_ms"
+		}
+		return slog.Float64(key, float64(a.Value.Duration())/float64(time.Millisecond))
+	case slog.KindAny:
+		if l, ok := a.Value.Any().(slog.Level); ok && len(groups) == 0 && a.Key == slog.LevelKey {
+			return slog.String(a.Key, l.String())
+		}
+	}
+	return a
+}
+
+// LogWriter coalesces a logger's writes: lines are written to the
+// underlying writer together, at most Linger after the first of them, or at
+// once when Flush is called or LogMaxBuffered bytes are waiting, so that a
+// busy broker pays one write system call for many access-log lines instead
+// of one each. Lines keep their order. [NewBufferedLogger] flushes after
+// every warning and error line, so only info and debug lines ever wait.
+// Close flushes and makes later writes go straight through. It is safe for
+// concurrent use.
+type LogWriter struct {
+	w      io.Writer
+	linger time.Duration
+
+	mu        sync.Mutex
+	buf       []byte
+	scheduled bool // the timer will flush
+	closed    bool
+	timer     *time.Timer
+}
+
+// LogLinger is how long a line may wait in a LogWriter: what a crash can
+// lose of the info lines, and no longer than an operator tailing the log
+// could notice.
+const LogLinger = 10 * time.Millisecond
+
+// LogMaxBuffered is how many bytes a LogWriter holds before it writes
+// them without waiting for the timer.
+const LogMaxBuffered = 64 << 10
+
+// NewLogWriter returns a LogWriter over w that holds lines up to linger.
+func NewLogWriter(w io.Writer, linger time.Duration) *LogWriter {
+	l := &LogWriter{w: w, linger: linger}
+	l.timer = time.AfterFunc(time.Hour, func() { _ = l.Flush() })
+	l.timer.Stop()
+	return l
+}
+
+// Write implements io.Writer. It returns the error of a write it had to
+// make at once; a write the timer makes later has no caller to tell.
+func (l *LogWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return l.w.Write(p)
+	}
+	l.buf = append(l.buf, p...)
+	if len(l.buf) >= LogMaxBuffered {
+		return len(p), l.flushLocked()
+	}
+	if !l.scheduled {
+		l.scheduled = true
+		l.timer.Reset(l.linger)
+	}
+	return len(p), nil
+}
+
+// Flush writes every line held.
+func (l *LogWriter) Flush() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.flushLocked()
+}
+
+func (l *LogWriter) flushLocked() error {
+	if l.scheduled {
+		l.scheduled = false
+		l.timer.Stop()
+	}
+	if len(l.buf) == 0 {
+		return nil
+	}
+	_, err := l.w.Write(l.buf)
+	if cap(l.buf) > 4*LogMaxBuffered {
+		l.buf = nil // a burst's buffer is not kept
+	} else {
+		l.buf = l.buf[:0]
+	}
+	return err
+}
+
+// Close flushes; writes after it go straight to the underlying writer.
+func (l *LogWriter) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	err := l.flushLocked()
+	l.closed = true
+	return err
+}
+
+// NewBufferedLogger is NewLogger writing through a LogWriter over w with
+// LogLinger, flushed after every line at warn or above. The caller closes
+// the LogWriter when it is done logging (before the process exits).
+func NewBufferedLogger(w io.Writer, level, format string) (*slog.Logger, *LogWriter, error) {
+	lw := NewLogWriter(w, LogLinger)
+	log, err := NewLogger(lw, level, format)
+	if err != nil {
+		return nil, nil, err
+	}
+	return slog.New(flushing{Handler: log.Handler(), w: lw}), lw, nil
+}
+
+// flushing is a handler that flushes its LogWriter after every warning or
+// error, so that those are written at once, as an unbuffered log would.
+type flushing struct {
+	slog.Handler
+	w *LogWriter
+}
+
+func (f flushing) Handle(ctx context.Context, r slog.Record) error {
+	err := f.Handler.Handle(ctx, r)
+	if r.Level >= slog.LevelWarn {
+		if ferr := f.w.Flush(); err == nil {
+			err = ferr
+		}
+	}
+	return err
+}
+
+func (f flushing) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return flushing{Handler: f.Handler.WithAttrs(attrs), w: f.w}
+}
+
+func (f flushing) WithGroup(name string) slog.Handler {
+	return flushing{Handler: f.Handler.WithGroup(name), w: f.w}
+}
