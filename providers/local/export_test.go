@@ -17,7 +17,7 @@ var SeccompFilter = seccompFilter
 // SupervisorPID returns the pid of the data directory's supervisor, 0 when
 // none has run.
 func SupervisorPID(p *Provider) int {
-	b, _ := os.ReadFile(filepath.Join(p.dataDir, supervisorFile))
+	b, _ := os.ReadFile(filepath.Join(p.dataDir, supervisorLock))
 	f := strings.Fields(string(b))
 	if len(f) == 0 {
 		return 0

@@ -52,8 +52,8 @@ const supervisorRecheck = 10 * time.Second
 // Files of the supervisor.
 const (
 	deadlinesDir   = "deadlines"       // in DataDir
-	supervisorLock = "supervisor.lock" // in DataDir
-	supervisorFile = "supervisor.pid"  // in DataDir; in a workspace, its own sh supervisor from before
+	supervisorLock = "supervisor.lock" // in DataDir; holds the supervisor's pid and start time
+	supervisorFile = "supervisor.pid"  // in a workspace: its own sh supervisor, from before the one per data directory
 	endedFile      = "ended"           // in a workspace: written at expires_at, the sandbox is gone
 )
 

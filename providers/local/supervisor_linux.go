@@ -17,7 +17,11 @@ func runSupervisor(args []string) int {
 		return stepExitUsage
 	}
 	s := &supervisor{dataDir: args[0]}
-	lock, err := os.OpenFile(filepath.Join(s.dataDir, supervisorLock), os.O_RDWR|os.O_CREATE, 0o600)
+	// The broker made the lock file before it started this process. The
+	// supervisor creates no file in the data directory: one made while the
+	// directory is being removed (a broker's tests end, an operator wipes
+	// it) would make the removal fail.
+	lock, err := os.OpenFile(filepath.Join(s.dataDir, supervisorLock), os.O_RDWR, 0)
 	if err != nil {
 		return 1
 	}
@@ -25,10 +29,13 @@ func runSupervisor(args []string) int {
 		return 0 // another one runs
 	}
 	// Held until the process exits; the descriptor is close-on-exec, and
-	// the supervisor starts nothing anyway.
+	// the supervisor starts nothing anyway. Who holds it is written into
+	// it: the pid and its start time.
 	if start, err := procStart(os.Getpid()); err == nil {
 		rec := strconv.Itoa(os.Getpid()) + " " + strconv.FormatUint(start, 10) + "\n"
-		_ = os.WriteFile(filepath.Join(s.dataDir, supervisorFile), []byte(rec), 0o644)
+		if lock.Truncate(0) == nil {
+			_, _ = lock.WriteAt([]byte(rec), 0)
+		}
 	}
 
 	// Watch first, then read: a deadline written in between is seen twice,
