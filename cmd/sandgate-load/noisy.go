@@ -160,6 +160,28 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 		time.Since(noiseStart).Round(100*time.Millisecond), cg.int("pids", a, "pids.current"), pidsMax,
 		cg.forksRefused(a), cg.oomKills(bw)-ooms0, loadavg())
 
+	// Steady state: the broker samples every workspace's CPU use once a
+	// second and gives one busy for two ticks the background weight
+	// (providers/local/cpuweight.go). The figure is of a neighbour that
+	// keeps at it, so the phase starts once both have it; the first
+	// seconds of a burst, before that, are measured apart (README).
+	weight := func(ws string) int64 {
+		if w := cg.int("cpu", ws, "cpu.shares"); w > 0 {
+			return w
+		}
+		return cg.int("cpu", ws, "cpu.weight") * 1024 / 100
+	}
+	settle := time.Now()
+	for weight(a) >= 1024 || weight(bw) >= 1024 {
+		if time.Since(settle) > 30*time.Second || ctx.Err() != nil {
+			fmt.Printf("the broker did not lower the neighbours' CPU weights within 30s (A %d, B %d): measuring as they are\n", weight(a), weight(bw))
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	fmt.Printf("neighbours at the background CPU weight %s later: A %d, B %d (C %d)\n",
+		time.Since(settle).Round(100*time.Millisecond), weight(a), weight(bw), weight(c))
+
 	// The noisy phase, with a sampler that checks the neighbours stay at
 	// their limits throughout. It ends before the commands' timeout.
 	var mu sync.Mutex
