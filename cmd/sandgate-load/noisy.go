@@ -163,8 +163,8 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 	// Steady state: the broker samples every workspace's CPU use once a
 	// second and gives one busy for two ticks the background weight
 	// (providers/local/cpuweight.go). The figure is of a neighbour that
-	// keeps at it, so the phase starts once both have it; the first
-	// seconds of a burst, before that, are measured apart (README).
+	// keeps at it, so the phase starts once both have it; what the first
+	// seconds of a burst cost, before that, is in docs/benchmarks.md.
 	weight := func(ws string) int64 {
 		if w := cg.int("cpu", ws, "cpu.shares"); w > 0 {
 			return w
