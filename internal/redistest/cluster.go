@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,6 +39,12 @@ type clusterNode struct {
 // started: most often its port was taken (by a client's ephemeral port)
 // between freePorts and its bind. NewCluster then tries other ports.
 var errNodeExited = errors.New("redis-server exited")
+
+// errCreate is redis-cli --cluster create failing on nodes that all
+// answered: seen when a node died or lost its bus port between the ping
+// and the create (two suites starting clusters on one host at once).
+// NewCluster tries other ports then too.
+var errCreate = errors.New("redis-cli --cluster create failed")
 
 // startSem bounds how many clusters StartCluster starts at once in one
 // test process: a
@@ -75,7 +82,7 @@ func NewCluster(ctx context.Context, dir string) (*Cluster, error) {
 	}
 	for attempt := 1; ; attempt++ {
 		c, err := startCluster(ctx, filepath.Join(dir, "try"+strconv.Itoa(attempt)))
-		if errors.Is(err, errNodeExited) && attempt < 3 {
+		if (errors.Is(err, errNodeExited) || errors.Is(err, errCreate)) && attempt < 3 {
 			continue
 		}
 		return c, err
@@ -116,7 +123,7 @@ func startCluster(ctx context.Context, dir string) (*Cluster, error) {
 	args := append([]string{"--cluster", "create"}, c.Addrs...)
 	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
 	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("redis-cli --cluster create: %w: %s", err, lastLine(out))
+		return nil, fmt.Errorf("%w: %w: %s", errCreate, err, plain(out))
 	}
 	if err := c.WaitHealthy(ctx); err != nil {
 		return nil, err
@@ -399,12 +406,10 @@ func freePorts(n int) ([]int, error) {
 	return out, nil
 }
 
-func lastLine(b []byte) string {
-	s := strings.TrimSpace(string(b))
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		s = s[i+1:]
-	}
-	return s
+// plain is redis-cli's output without its colour codes, on one line.
+func plain(b []byte) string {
+	s := regexp.MustCompile("\x1b\\[[0-9;]*m").ReplaceAllString(string(b), "")
+	return strings.Join(strings.Fields(s), " ")
 }
 
 // Topologies are the Redis topologies a store test runs against: one
