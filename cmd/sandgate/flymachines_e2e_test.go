@@ -57,7 +57,7 @@ func startFakeFly(t *testing.T) *fakeFly {
 	f.cmd.Env = cleanEnv("FLYFAKE_TOKEN=" + f.token)
 	f.cmd.Stdout, f.cmd.Stderr = &f.logs, &f.logs
 	f.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := f.cmd.Start(); err != nil {
+	if err := startTied(f.cmd); err != nil {
 		t.Fatalf("start flyfake: %v", err)
 	}
 	go func() { f.cmd.Wait(); close(f.done) }()

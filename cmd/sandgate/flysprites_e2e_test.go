@@ -38,7 +38,7 @@ func startFakeSprites(t *testing.T, token string) (apiURL, caFile string, logs *
 	cmd.Stdout, cmd.Stderr = logs, logs
 	// SIGTERM, not SIGKILL: on it the fake deletes its sprites and their sandboxes.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
+	if err := startTied(cmd); err != nil {
 		t.Fatalf("start fakesprites: %v", err)
 	}
 	done := make(chan error, 1)

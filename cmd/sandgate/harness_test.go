@@ -32,12 +32,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/providers/local"
 
@@ -157,7 +160,7 @@ func startProcess(t testing.TB, name, workDir string, env []string, args ...stri
 	// (bwrap --die-with-parent).
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	p.cmd.WaitDelay = 10 * time.Second
-	if err := p.cmd.Start(); err != nil {
+	if err := startTied(p.cmd); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
 	go func() {
@@ -953,4 +956,32 @@ func readmeBlock(t testing.TB, heading string) string {
 		t.Fatalf("README.md has no sh block under %q", heading)
 	}
 	return block
+}
+
+// startTied starts cmd from an OS thread that stays locked, and so alive,
+// until cmd has exited. A parent-death signal (SysProcAttr.Pdeathsig)
+// follows the thread that forked the child, not the process, and this test
+// binary ends threads: the local provider's exec launcher never gives its
+// locked thread back. A child forked earlier from a thread that a launcher
+// then took would die with it, mid-test.
+func startTied(cmd *exec.Cmd) error {
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return // the thread ends with this goroutine: it forked nothing
+		}
+		started <- nil
+		// Wait for the exit without reaping it: cmd.Wait does that.
+		var info unix.Siginfo
+		for {
+			err := unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+			if err != unix.EINTR {
+				break
+			}
+		}
+		runtime.UnlockOSThread()
+	}()
+	return <-started
 }
