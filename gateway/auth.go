@@ -25,9 +25,6 @@ type authEntry struct {
 	lease atomic.Pointer[leaseBody]
 }
 
-// ctxAuth is the echo.Context key of the request's *authEntry.
-const ctxAuth = "auth"
-
 // authFrom returns the resolved token of an authenticated request.
 func authFrom(c echo.Context) store.Auth {
 	if e := authEntryFrom(c); e != nil {
@@ -38,8 +35,10 @@ func authFrom(c echo.Context) store.Auth {
 
 // authEntryFrom returns the request's auth entry; nil before authenticate.
 func authEntryFrom(c echo.Context) *authEntry {
-	e, _ := c.Get(ctxAuth).(*authEntry)
-	return e
+	if rc := reqOf(c); rc != nil {
+		return rc.auth
+	}
+	return nil
 }
 
 // authenticate resolves the bearer token to its lease and instance and
@@ -65,7 +64,9 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		case sandgate.LeasePostGrace:
 			return protocol.E(protocol.LeaseSuperseded, "this token was rotated and its grace period ended; install the new token")
 		}
-		c.Set(ctxAuth, e)
+		if rc := reqOf(c); rc != nil {
+			rc.auth = e
+		}
 		return next(c)
 	}
 }
