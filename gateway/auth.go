@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -22,7 +24,8 @@ import (
 // it goes when the entry does: on every invalidation, and at maxAge.
 type authEntry struct {
 	store.Auth
-	lease atomic.Pointer[leaseBody]
+	controlsKey string // the key of the lease's controls in Controls' cache
+	lease       atomic.Pointer[leaseBody]
 }
 
 // authFrom returns the resolved token of an authenticated request.
@@ -78,11 +81,17 @@ func (s *Server) resolve(ctx context.Context, tok sandgate.Secret, now time.Time
 	if len(tok.Reveal()) != token.Len { // before hashing: a header can be long
 		return nil, protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
 	}
-	hash := token.Hash(tok)
-	e, ok, gen := s.cache.get(hash, now)
+	// The cache is looked up by the hash's hex on the stack (as
+	// token.Hash spells it): a warm request allocates no string for it.
+	var raw [token.Len]byte
+	sum := sha256.Sum256(append(raw[:0], tok.Reveal()...))
+	var hexed [2 * sha256.Size]byte
+	hex.Encode(hexed[:], sum[:])
+	e, ok, gen := s.cache.getBytes(hexed[:], now)
 	if ok {
 		return e, nil
 	}
+	hash := string(hexed[:])
 	if !token.Valid(tok.Reveal(), token.Prefix) {
 		return nil, protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
 	}
@@ -97,8 +106,8 @@ func (s *Server) resolve(ctx context.Context, tok sandgate.Secret, now time.Time
 		}
 		return nil, &protocol.Error{Code: protocol.Unavailable, Message: "the broker cannot read its token store; retry shortly", RetryAfter: 1e9, Err: err}
 	}
-	e = &authEntry{Auth: a}
+	e = &authEntry{Auth: a, controlsKey: controlsKey(a.Lease.AccountID, a.Lease.InstanceID)}
 	s.cache.put(hash, e, gen, now)
-	s.controls.cache.put(a.Lease.AccountID+"/"+a.Lease.InstanceID, a.Controls, ctlGen, now)
+	s.controls.cache.put(e.controlsKey, a.Controls, ctlGen, now)
 	return e, nil
 }

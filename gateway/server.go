@@ -277,7 +277,9 @@ func requestID(c echo.Context) string {
 func newRequestID() string {
 	var b [12]byte
 	rand.Read(b[:])
-	return "req_" + hex.EncodeToString(b[:])
+	id := [len("req_") + 2*len(b)]byte{'r', 'e', 'q', '_'}
+	hex.Encode(id[len("req_"):], b[:])
+	return string(id[:])
 }
 
 // requireTLS refuses plaintext (spec §Conventions), except from a trusted
