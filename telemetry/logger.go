@@ -38,9 +38,9 @@ func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 func millis(groups []string, a slog.Attr) slog.Attr {
 	switch a.Value.Kind() {
 	case slog.KindDuration:
-		key := a.Key + "_ms"
-		if a.Key == "duration" { // the access log's, on every line: no concatenation
-			key = "duration_ms"
+		key := "duration_ms" // the access log's, on every line: no concatenation
+		if a.Key != "duration" {
+			key = a.Key + "_ms"
 		}
 		return slog.Float64(key, float64(a.Value.Duration())/float64(time.Millisecond))
 	case slog.KindAny:
