@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -22,11 +24,9 @@ import (
 // it goes when the entry does: on every invalidation, and at maxAge.
 type authEntry struct {
 	store.Auth
-	lease atomic.Pointer[leaseBody]
+	controlsKey string // the key of the lease's controls in Controls' cache
+	lease       atomic.Pointer[leaseBody]
 }
-
-// ctxAuth is the echo.Context key of the request's *authEntry.
-const ctxAuth = "auth"
 
 // authFrom returns the resolved token of an authenticated request.
 func authFrom(c echo.Context) store.Auth {
@@ -38,8 +38,10 @@ func authFrom(c echo.Context) store.Auth {
 
 // authEntryFrom returns the request's auth entry; nil before authenticate.
 func authEntryFrom(c echo.Context) *authEntry {
-	e, _ := c.Get(ctxAuth).(*authEntry)
-	return e
+	if rc := reqOf(c); rc != nil {
+		return rc.auth
+	}
+	return nil
 }
 
 // authenticate resolves the bearer token to its lease and instance and
@@ -65,7 +67,9 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		case sandgate.LeasePostGrace:
 			return protocol.E(protocol.LeaseSuperseded, "this token was rotated and its grace period ended; install the new token")
 		}
-		c.Set(ctxAuth, e)
+		if rc := reqOf(c); rc != nil {
+			rc.auth = e
+		}
 		return next(c)
 	}
 }
@@ -77,11 +81,17 @@ func (s *Server) resolve(ctx context.Context, tok sandgate.Secret, now time.Time
 	if len(tok.Reveal()) != token.Len { // before hashing: a header can be long
 		return nil, protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
 	}
-	hash := token.Hash(tok)
-	e, ok, gen := s.cache.get(hash, now)
+	// The cache is looked up by the hash's hex on the stack (as
+	// token.Hash spells it): a warm request allocates no string for it.
+	var raw [token.Len]byte
+	sum := sha256.Sum256(append(raw[:0], tok.Reveal()...))
+	var hexed [2 * sha256.Size]byte
+	hex.Encode(hexed[:], sum[:])
+	e, ok, gen := s.cache.getBytes(hexed[:], now)
 	if ok {
 		return e, nil
 	}
+	hash := string(hexed[:])
 	if !token.Valid(tok.Reveal(), token.Prefix) {
 		return nil, protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
 	}
@@ -96,8 +106,8 @@ func (s *Server) resolve(ctx context.Context, tok sandgate.Secret, now time.Time
 		}
 		return nil, &protocol.Error{Code: protocol.Unavailable, Message: "the broker cannot read its token store; retry shortly", RetryAfter: 1e9, Err: err}
 	}
-	e = &authEntry{Auth: a}
+	e = &authEntry{Auth: a, controlsKey: controlsKey(a.Lease.AccountID, a.Lease.InstanceID)}
 	s.cache.put(hash, e, gen, now)
-	s.controls.cache.put(a.Lease.AccountID+"/"+a.Lease.InstanceID, a.Controls, ctlGen, now)
+	s.controls.cache.put(e.controlsKey, a.Controls, ctlGen, now)
 	return e, nil
 }

@@ -46,6 +46,18 @@ func (c *cache[V]) get(key string, now time.Time) (V, bool, uint64) {
 	return e.v, true, c.gen
 }
 
+// getBytes is get of the key key spells, without making it a string.
+func (c *cache[V]) getBytes(key []byte, now time.Time) (V, bool, uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[string(key)]
+	if !c.live || !ok || now.Sub(e.at) > c.maxAge || now.Before(e.at) {
+		var zero V
+		return zero, false, c.gen
+	}
+	return e.v, true, c.gen
+}
+
 func (c *cache[V]) put(key string, v V, gen uint64, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

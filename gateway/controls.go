@@ -26,8 +26,15 @@ func NewControls(db *store.DB, clock sandgate.Clock) *Controls {
 // For returns the stop and pause state that applies to an instance, from
 // the cache when it is live.
 func (c *Controls) For(ctx context.Context, acct, inst string) (store.Controls, error) {
+	return c.forKey(ctx, controlsKey(acct, inst), acct, inst)
+}
+
+// controlsKey is the cache key of an account's instance's controls.
+func controlsKey(acct, inst string) string { return acct + "/" + inst }
+
+// forKey is For with the cache key built already (controlsKey).
+func (c *Controls) forKey(ctx context.Context, key, acct, inst string) (store.Controls, error) {
 	now := c.clock.Now()
-	key := acct + "/" + inst
 	if v, ok, _ := c.cache.get(key, now); ok {
 		return v, nil
 	}

@@ -35,7 +35,7 @@ func (s *Server) getLease(c echo.Context) error {
 	e := authEntryFrom(c)
 	now := s.clock.Now()
 	state := e.Lease.StateAt(now)
-	adm := s.admissionState(c.Request().Context(), e.Lease.AccountID, e.Lease.InstanceID)
+	adm := s.admissionState(c.Request().Context(), e.controlsKey, e.Lease.AccountID, e.Lease.InstanceID)
 	plain := c.Request().URL.RawQuery == "" && !c.Echo().Debug
 	if lb := e.lease.Load(); plain && lb != nil && lb.state == state && lb.admission == adm {
 		return c.JSONBlob(http.StatusOK, lb.body)
@@ -138,8 +138,12 @@ func defaultSize(scope sandgate.Scope) string {
 
 // admissionState is the lease's admission object. When the state cannot be
 // read the broker fails closed and says so (spec §GET /v1/lease).
-func (s *Server) admissionState(ctx context.Context, acct, inst string) protocol.Admission {
-	c, err := s.controls.For(ctx, acct, inst)
+// key is controlsKey(acct, inst), or "" to build it.
+func (s *Server) admissionState(ctx context.Context, key, acct, inst string) protocol.Admission {
+	if key == "" {
+		key = controlsKey(acct, inst)
+	}
+	c, err := s.controls.forKey(ctx, key, acct, inst)
 	if err != nil {
 		return protocol.Admission{State: protocol.AdmissionPaused, Reason: "unavailable"}
 	}

@@ -117,6 +117,7 @@ type Server struct {
 	routeLabels map[routeKey]string
 	measureSets sync.Map // measureKey → *measureOpts
 	measureN    atomic.Int64
+	reqs        sync.Pool // *reqContext, reused by base
 	tel         serverTelemetry
 	external    []Cache
 }
@@ -149,6 +150,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{cfg: cfg, db: d.DB, provs: d.Providers, saga: d.Saga, clock: d.Clock, log: log,
 		cache: newCache[*authEntry](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
 	s.inflight = newInflight(cfg)
+	s.reqs.New = func() any { return new(reqContext) }
 	s.echo = s.routes()
 	s.routeLabels = map[routeKey]string{}
 	for _, r := range s.echo.Routes() {
@@ -237,27 +239,47 @@ func (s *Server) base(next echo.HandlerFunc) echo.HandlerFunc {
 			// A malformed client id is replaced, not refused: it is diagnostics only.
 			id = newRequestID()
 		}
-		c.Set("request_id", id)
 		h.Set(protocol.HeaderRequestID, id)
-		// Refuse a declared length before wrapping the body: net/http only
-		// skips reading an unread body before the answer while it is its own.
-		if c.Request().ContentLength > protocol.MaxBodyBytes {
-			return protocol.E(protocol.PayloadTooLarge, "request body is over 12 MiB")
+		rc := s.reqs.Get().(*reqContext)
+		*rc = reqContext{Context: c, id: id}
+		// Errors are answered here, as echo would answer them (its
+		// HTTPErrorHandler is handleError), so that they see rc.
+		if err := s.serveBody(next, rc); err != nil {
+			s.handleError(err, rc)
 		}
-		c.Request().Body = http.MaxBytesReader(c.Response(), c.Request().Body, protocol.MaxBodyBytes)
-		return next(c)
+		*rc = reqContext{}
+		s.reqs.Put(rc)
+		return nil
 	}
 }
 
+// serveBody bounds the request's body and serves it.
+func (s *Server) serveBody(next echo.HandlerFunc, c echo.Context) error {
+	// Refuse a declared length before wrapping the body: net/http only
+	// skips reading an unread body before the answer while it is its own.
+	r := c.Request()
+	if r.ContentLength > protocol.MaxBodyBytes {
+		return protocol.E(protocol.PayloadTooLarge, "request body is over 12 MiB")
+	}
+	if r.Body != http.NoBody { // what net/http gives a request without a body: nothing to bound
+		r.Body = http.MaxBytesReader(c.Response(), r.Body, protocol.MaxBodyBytes)
+	}
+	return next(c)
+}
+
 func requestID(c echo.Context) string {
-	id, _ := c.Get("request_id").(string)
-	return id
+	if rc := reqOf(c); rc != nil {
+		return rc.id
+	}
+	return ""
 }
 
 func newRequestID() string {
 	var b [12]byte
 	rand.Read(b[:])
-	return "req_" + hex.EncodeToString(b[:])
+	id := [len("req_") + 2*len(b)]byte{'r', 'e', 'q', '_'}
+	hex.Encode(id[len("req_"):], b[:])
+	return string(id[:])
 }
 
 // requireTLS refuses plaintext (spec §Conventions), except from a trusted
@@ -323,7 +345,9 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 			if he, ok := err.(*echo.HTTPError); ok {
 				code = fromEchoError(he).Code
 			}
-			c.Set(ctxCode, code)
+			if rc := reqOf(c); rc != nil {
+				rc.code = code
+			}
 		}
 		s.countRequest(c, code)
 		ctx := c.Request().Context()

@@ -21,10 +21,6 @@ import (
 // seconds, by route (as MetricRequests) and status.
 const MetricRequestDuration = "sandgate.http.request.duration"
 
-// ctxCode is the echo.Context key under which accessLog leaves the
-// request's protocol code for the server span.
-const ctxCode = "sandgate_code"
-
 // requestBuckets are MetricRequestDuration's bucket bounds, in seconds.
 var requestBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
 
@@ -131,7 +127,7 @@ func (s *Server) telemetry(next echo.HandlerFunc) echo.HandlerFunc {
 			status := c.Response().Status
 			attrs = []attribute.KeyValue{attribute.Int("http.response.status_code", status),
 				attribute.String("sandgate.request_id", requestID(c))}
-			if code, _ := c.Get(ctxCode).(protocol.Code); code != "" {
+			if code := codeOf(c); code != "" {
 				attrs = append(attrs, attribute.String("error.code", string(code)))
 				if status >= 500 {
 					span.SetStatus(codes.Error, string(code))
@@ -153,8 +149,15 @@ func (s *Server) recordDuration(ctx context.Context, c echo.Context, start time.
 	if s.tel.duration == nil {
 		return
 	}
-	code, _ := c.Get(ctxCode).(protocol.Code)
-	s.tel.duration.Record(ctx, time.Since(start).Seconds(), s.measures(s.routeLabel(c), c.Response().Status, code).duration...)
+	s.tel.duration.Record(ctx, time.Since(start).Seconds(), s.measures(s.routeLabel(c), c.Response().Status, codeOf(c)).duration...)
+}
+
+// codeOf is the request's protocol code as accessLog left it.
+func codeOf(c echo.Context) protocol.Code {
+	if rc := reqOf(c); rc != nil {
+		return rc.code
+	}
+	return ""
 }
 
 // Draining reports whether Drain was called: the gateway refuses new

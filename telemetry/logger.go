@@ -14,7 +14,8 @@ import (
 // "error"). A duration attribute is written in milliseconds with the unit
 // in its key: "duration" becomes "duration_ms": 12.5. It is the one
 // logger constructor, so that what tests and benchmarks log through is what
-// `sandgate serve` logs through.
+// `sandgate serve` logs through. The JSON lines are slog's JSONHandler's,
+// byte for byte; most are encoded without it (jsonHandler).
 func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
@@ -23,7 +24,7 @@ func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: l, ReplaceAttr: millis}
 	switch format {
 	case "", "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(newJSONHandler(w, opts)), nil
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
@@ -37,9 +38,9 @@ func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 func millis(groups []string, a slog.Attr) slog.Attr {
 	switch a.Value.Kind() {
 	case slog.KindDuration:
-		key := a.Key + "_ms"
-		if a.Key == "duration" { // the access log's, on every line: no concatenation
-			key = "duration_ms"
+		key := "duration_ms" // the access log's, on every line: no concatenation
+		if a.Key != "duration" {
+			key = a.Key + "_ms"
 		}
 		return slog.Float64(key, float64(a.Value.Duration())/float64(time.Millisecond))
 	case slog.KindAny:

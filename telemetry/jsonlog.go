@@ -1,0 +1,200 @@
+package telemetry
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// jsonHandler is slog's JSON handler with millis as its ReplaceAttr, with
+// a faster way to write the records most lines are: attributes of plain
+// kinds (strings of printable ASCII without a quote or a backslash,
+// integers, booleans, durations, floats) and no group. It appends those
+// into a pooled buffer, byte for byte as slog's handler would write them
+// (TestJSONHandlerMatchesSlog), and hands every other record to slog's
+// handler, which writes to the same writer under the same lock, so that
+// lines never interleave and keep their order.
+type jsonHandler struct {
+	std   slog.Handler // slog's JSON handler over lw, with pre's attributes
+	lw    *lockedWriter
+	level slog.Leveler
+	pre   []byte // attributes of WithAttrs, encoded: `"k":v,"k2":v2`
+}
+
+// lockedWriter serialises the fast path's writes with slog's handler's.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func newJSONHandler(w io.Writer, opts *slog.HandlerOptions) *jsonHandler {
+	lw := &lockedWriter{w: w}
+	return &jsonHandler{std: slog.NewJSONHandler(lw, opts), lw: lw, level: opts.Level}
+}
+
+func (h *jsonHandler) Enabled(_ context.Context, l slog.Level) bool {
+	return l >= h.level.Level()
+}
+
+// jsonBufs are the fast path's line buffers.
+var jsonBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// maxPooledLine is the largest line buffer kept for reuse.
+const maxPooledLine = 16 << 10
+
+func (h *jsonHandler) Handle(ctx context.Context, r slog.Record) error {
+	bp := jsonBufs.Get().(*[]byte)
+	buf, ok := h.appendRecord((*bp)[:0], r)
+	var err error
+	if ok {
+		_, err = h.lw.Write(buf)
+	} else {
+		err = h.std.Handle(ctx, r)
+	}
+	if cap(buf) <= maxPooledLine {
+		*bp = buf
+		jsonBufs.Put(bp)
+	}
+	return err
+}
+
+// appendRecord appends r's line as slog's handler writes it, or reports
+// false when r has what only slog's handler writes.
+func (h *jsonHandler) appendRecord(buf []byte, r slog.Record) ([]byte, bool) {
+	buf = append(buf, '{')
+	sep := false
+	if !r.Time.IsZero() {
+		t := r.Time.Round(0)
+		if y := t.Year(); y < 0 || y >= 10000 {
+			return buf, false
+		}
+		buf = append(buf, `"time":"`...)
+		buf = t.AppendFormat(buf, time.RFC3339Nano)
+		buf = append(buf, '"')
+		sep = true
+	}
+	if sep {
+		buf = append(buf, ',')
+	}
+	buf = append(buf, `"level":`...)
+	var ok bool
+	if buf, ok = appendJSONString(buf, r.Level.String()); !ok {
+		return buf, false
+	}
+	buf = append(buf, `,"msg":`...)
+	if buf, ok = appendJSONString(buf, r.Message); !ok {
+		return buf, false
+	}
+	if len(h.pre) > 0 {
+		buf = append(buf, ',')
+		buf = append(buf, h.pre...)
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		buf = append(buf, ',')
+		buf, ok = appendJSONAttr(buf, a)
+		return ok
+	})
+	if !ok {
+		return buf, false
+	}
+	return append(buf, '}', '\n'), true
+}
+
+// appendJSONAttr appends a's key and value as slog's handler does after
+// millis, or reports false when a is not of the plain kinds.
+func appendJSONAttr(buf []byte, a slog.Attr) ([]byte, bool) {
+	a.Value = a.Value.Resolve()
+	if a.Value.Kind() == slog.KindGroup {
+		return buf, false
+	}
+	a = millis(nil, a)
+	a.Value = a.Value.Resolve()
+	if a.Key == "" {
+		return buf, false // slog elides an empty attribute and keeps an empty key: leave both to it
+	}
+	var ok bool
+	if buf, ok = appendJSONString(buf, a.Key); !ok {
+		return buf, false
+	}
+	buf = append(buf, ':')
+	switch v := a.Value; v.Kind() {
+	case slog.KindString:
+		return appendJSONString(buf, v.String())
+	case slog.KindInt64:
+		return strconv.AppendInt(buf, v.Int64(), 10), true
+	case slog.KindUint64:
+		return strconv.AppendUint(buf, v.Uint64(), 10), true
+	case slog.KindBool:
+		return strconv.AppendBool(buf, v.Bool()), true
+	case slog.KindFloat64:
+		return appendJSONFloat(buf, v.Float64())
+	}
+	return buf, false
+}
+
+// appendJSONString appends s quoted when no byte of it needs escaping.
+func appendJSONString(buf []byte, s string) ([]byte, bool) {
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; b < 0x20 || b >= 0x80 || b == '"' || b == '\\' {
+			return buf, false
+		}
+	}
+	buf = append(buf, '"')
+	buf = append(buf, s...)
+	return append(buf, '"'), true
+}
+
+// appendJSONFloat appends f as encoding/json writes a float64 (which is
+// what slog's handler calls): the shortest decimal, in exponent form
+// below 1e-6 and from 1e21, with a one-digit negative exponent unpadded.
+// NaN and infinities, which encoding/json refuses, are left to slog.
+func appendJSONFloat(buf []byte, f float64) ([]byte, bool) {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return buf, false
+	}
+	format := byte('f')
+	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	buf = strconv.AppendFloat(buf, f, format, -1, 64)
+	if format == 'e' {
+		if n := len(buf); n >= 4 && buf[n-4] == 'e' && buf[n-3] == '-' && buf[n-2] == '0' {
+			buf[n-2] = buf[n-1]
+			buf = buf[:n-1]
+		}
+	}
+	return buf, true
+}
+
+func (h *jsonHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	if len(attrs) == 0 {
+		return h
+	}
+	n := &jsonHandler{std: h.std.WithAttrs(attrs), lw: h.lw, level: h.level}
+	pre := append([]byte(nil), h.pre...)
+	for _, a := range attrs {
+		if len(pre) > 0 {
+			pre = append(pre, ',')
+		}
+		var ok bool
+		if pre, ok = appendJSONAttr(pre, a); !ok {
+			return n.std // slog's handler alone from here on
+		}
+	}
+	n.pre = pre
+	return n
+}
+
+func (h *jsonHandler) WithGroup(name string) slog.Handler {
+	return h.std.WithGroup(name)
+}

@@ -1,0 +1,107 @@
+package telemetry
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestJSONHandlerMatchesSlog: every line the logger writes is what slog's
+// own JSON handler (with millis) writes for the same record, byte for
+// byte: the access log's lines, which take the fast path, and lines with
+// what only slog's handler writes (groups, errors, escapes, non-ASCII),
+// through With and WithGroup as well.
+func TestJSONHandlerMatchesSlog(t *testing.T) {
+	at := time.Date(2026, 12, 1, 15, 44, 39, 123456789, time.UTC)
+	strs := []string{"", "req_0123456789abcdef01234567", "GET", "/v1/workspaces/:id", `quo"te`, `back\slash`,
+		"tab\there", "nl\n", "\x00\x1f\x7f", "<html>&amp;", "é ünïcode", "\u2028\u2029", "bad\xffutf8", "/v1/lease"}
+	floats := []float64{0, 1, -1, 0.5, 1.5, 0.123456, 1e-6, 9.99e-7, 1e-7, 1.5e-9, 1e20, 1e21, 1.234e25, -3e-8,
+		math.MaxFloat64, math.SmallestNonzeroFloat64, math.NaN(), math.Inf(1), math.Inf(-1), 12345.678901}
+	durs := []time.Duration{0, 1, 999, time.Microsecond, 1500 * time.Microsecond, 3 * time.Second, -time.Millisecond, math.MaxInt64}
+	var records []slog.Record
+	add := func(level slog.Level, msg string, attrs ...slog.Attr) {
+		r := slog.NewRecord(at, level, msg, 0)
+		r.AddAttrs(attrs...)
+		records = append(records, r)
+	}
+	add(slog.LevelInfo, "request", slog.String("request_id", "req_0123456789abcdef01234567"), slog.String("method", "GET"),
+		slog.String("route", "/v1/lease"), slog.Int("status", 200), slog.Duration("duration", 37*time.Microsecond),
+		slog.String("instance_id", "ins_x"), slog.String("lease_id", "lse_y"), slog.String("code", "rate_limited"))
+	for _, s := range strs {
+		add(slog.LevelInfo, s, slog.String(s, s))
+	}
+	for _, f := range floats {
+		add(slog.LevelWarn, "float", slog.Float64("f", f))
+	}
+	for _, d := range durs {
+		add(slog.LevelDebug, "duration", slog.Duration("duration", d), slog.Duration("wait", d))
+	}
+	add(slog.LevelError, "kinds", slog.Int64("i", math.MinInt64), slog.Uint64("u", math.MaxUint64), slog.Bool("b", true),
+		slog.Bool("f", false), slog.Time("at", at), slog.Any("err", errors.New("boom")), slog.Any("level", slog.LevelWarn),
+		slog.Group("g", slog.String("a", "b")), slog.Group("empty"), slog.Any("nil", nil), slog.String("", "empty key"),
+		slog.Any("valuer", valuer{}), slog.Any("m", map[string]int{"a": 1}))
+	add(slog.LevelInfo+2, "odd level")
+	add(slog.LevelInfo, "no attrs")
+	zero := slog.NewRecord(time.Time{}, slog.LevelInfo, "no time", 0)
+	zero.AddAttrs(slog.Int("n", 1))
+	records = append(records, zero)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		r := slog.NewRecord(at.Add(time.Duration(rng.Int64N(int64(time.Hour)))), slog.LevelInfo, "random", 0)
+		for range rng.IntN(9) {
+			switch rng.IntN(4) {
+			case 0:
+				r.AddAttrs(slog.String(strs[rng.IntN(len(strs))], strs[rng.IntN(len(strs))]))
+			case 1:
+				r.AddAttrs(slog.Int("n", rng.IntN(1000)-500))
+			case 2:
+				r.AddAttrs(slog.Duration("duration", time.Duration(rng.Int64N(int64(time.Minute)))))
+			case 3:
+				r.AddAttrs(slog.Float64("x", rng.NormFloat64()*math.Pow(10, float64(rng.IntN(60)-30))))
+			}
+		}
+		records = append(records, r)
+	}
+
+	opts := &slog.HandlerOptions{Level: slog.LevelDebug, ReplaceAttr: millis}
+	if _, ok := newJSONHandler(&bytes.Buffer{}, opts).appendRecord(nil, records[0]); !ok {
+		t.Fatal("the access log's line is not encoded on the fast path")
+	}
+	for _, shape := range []struct {
+		name string
+		wrap func(slog.Handler) slog.Handler
+	}{
+		{"plain", func(h slog.Handler) slog.Handler { return h }},
+		{"with", func(h slog.Handler) slog.Handler {
+			return h.WithAttrs([]slog.Attr{slog.String("component", "gateway")}).WithAttrs([]slog.Attr{slog.Duration("linger", time.Millisecond)})
+		}},
+		{"with error", func(h slog.Handler) slog.Handler { return h.WithAttrs([]slog.Attr{slog.Any("err", errors.New("x"))}) }},
+		{"with escaped", func(h slog.Handler) slog.Handler { return h.WithAttrs([]slog.Attr{slog.String("k", "a\"b")}) }},
+		{"group", func(h slog.Handler) slog.Handler { return h.WithAttrs([]slog.Attr{slog.Int("n", 1)}).WithGroup("g") }},
+	} {
+		var got, want bytes.Buffer
+		fast := shape.wrap(newJSONHandler(&got, opts))
+		std := shape.wrap(slog.NewJSONHandler(&want, opts))
+		for i, r := range records {
+			got.Reset()
+			want.Reset()
+			if err := fast.Handle(context.Background(), r); err != nil {
+				t.Fatalf("%s: record %d: %v", shape.name, i, err)
+			}
+			_ = std.Handle(context.Background(), r)
+			if got.String() != want.String() {
+				t.Errorf("%s: record %d:\n got %s\nwant %s", shape.name, i, strings.TrimSpace(got.String()), strings.TrimSpace(want.String()))
+			}
+		}
+	}
+}
+
+type valuer struct{}
+
+func (valuer) LogValue() slog.Value { return slog.StringValue("resolved") }
