@@ -53,17 +53,12 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 	if _, err := exec.LookPath("redis-benchmark"); err != nil {
 		return errors.New("redis-benchmark not found: install redis-tools (Debian: a dependency of redis-server)")
 	}
-	dir, err := os.MkdirTemp("", "sandgate-load-acquire-")
+	dir, bin, err := workDir(ctx, "sandgate-load-acquire-", o.bin)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if o.bin == "" {
-		o.bin = filepath.Join(dir, "sandgate")
-		if err := build(ctx, ".", o.bin); err != nil {
-			return err
-		}
-	}
+	o.bin = bin
 	port, err := freePort()
 	if err != nil {
 		return err

@@ -75,17 +75,12 @@ func (o clusterOpts) providerYML() (yml, name string, err error) {
 }
 
 func runCluster(ctx context.Context, o clusterOpts) error {
-	dir, err := os.MkdirTemp("", "sandgate-load-cluster-")
+	dir, bin, err := workDir(ctx, "sandgate-load-cluster-", o.bin)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if o.bin == "" {
-		o.bin = filepath.Join(dir, "sandgate")
-		if err := build(ctx, ".", o.bin); err != nil {
-			return err
-		}
-	}
+	o.bin = bin
 	if o.concurrency == 0 {
 		o.concurrency = 3 * o.max * o.instances
 	}

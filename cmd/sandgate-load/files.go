@@ -33,17 +33,11 @@ func runFiles(ctx context.Context, bin, before string, c int, size int64) error 
 	if c < 1 || size < 1 || size > 9<<20 {
 		return errors.New("-c must be at least 1 and -size between 1 and 9 MiB (the 12 MiB body holds 9 MiB of base64)")
 	}
-	dir, err := os.MkdirTemp("", "sandgate-load-")
+	dir, bin, err := workDir(ctx, "sandgate-load-", bin)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if bin == "" {
-		bin = filepath.Join(dir, "sandgate")
-		if err := build(ctx, ".", bin); err != nil {
-			return err
-		}
-	}
 	inflight := float64(int64(c) * size)
 	mib := func(b int64) float64 { return float64(b) / (1 << 20) }
 	fmt.Printf("workload: %d clients at once, each writing a file of %d bytes then reading it back; bytes in flight %.1f MiB; default in-flight caps\n\n",

@@ -150,17 +150,11 @@ type broker struct {
 }
 
 func run(ctx context.Context, bin, before string, execs int, size int64) error {
-	dir, err := os.MkdirTemp("", "sandgate-load-")
+	dir, bin, err := workDir(ctx, "sandgate-load-", bin)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if bin == "" {
-		bin = filepath.Join(dir, "sandgate")
-		if err := build(ctx, ".", bin); err != nil {
-			return err
-		}
-	}
 	var old *figures
 	if before != "" {
 		oldBin, err := buildBefore(ctx, dir, before)
@@ -228,6 +222,24 @@ func buildBefore(ctx context.Context, dir, rev string) (string, error) {
 		return "", err
 	}
 	return oldBin, nil
+}
+
+// workDir makes the run's temporary directory (named after prefix) and,
+// when bin is "", builds ./cmd/sandgate into it: it returns the directory,
+// which the caller removes, and the binary to run.
+func workDir(ctx context.Context, prefix, bin string) (dir, sandgate string, err error) {
+	dir, err = os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", "", err
+	}
+	if bin == "" {
+		bin = filepath.Join(dir, "sandgate")
+		if err := build(ctx, ".", bin); err != nil {
+			os.RemoveAll(dir)
+			return "", "", err
+		}
+	}
+	return dir, bin, nil
 }
 
 func build(ctx context.Context, dir, out string) error {

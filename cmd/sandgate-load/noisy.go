@@ -52,17 +52,11 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 	if n < 1 || hold < 30*time.Second {
 		return errors.New("-n must be at least 1 and -hold at least 30s")
 	}
-	dir, err := os.MkdirTemp("", "sandgate-load-")
+	dir, bin, err := workDir(ctx, "sandgate-load-", bin)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if bin == "" {
-		bin = filepath.Join(dir, "sandgate")
-		if err := build(ctx, ".", bin); err != nil {
-			return err
-		}
-	}
 	dev, err := startDev(ctx, bin, filepath.Join(dir, "data"))
 	if err != nil {
 		return err
