@@ -168,7 +168,7 @@ func makeNS(o stepOptions) (*os.File, error) {
 	done := make(chan result, 1)
 	onSpareThread(func() {
 		if err := stage(o); err != nil {
-			done <- result{nil, fmt.Errorf("stage: %w", err)}
+			done <- result{nil, fmt.Errorf("stage: %w", scrub(err))}
 			return
 		}
 		fd, err := os.Open("/proc/thread-self/ns/mnt")
