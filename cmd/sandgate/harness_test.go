@@ -13,20 +13,16 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -48,6 +44,7 @@ import (
 	adminapi "github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/internal/testpki"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -812,39 +809,8 @@ type testPKI struct {
 
 func newPKI(t testing.TB, dir string) *testPKI {
 	t.Helper()
-	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sandgate e2e CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	pki := testpki.Issue(t, "sandgate e2e CA", []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback})
+	keyDER, err := x509.MarshalECPrivateKey(pki.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -854,11 +820,11 @@ func newPKI(t testing.TB, dir string) *testPKI {
 		KeyPath:  filepath.Join(dir, "server-key.pem"),
 		Roots:    x509.NewCertPool(),
 	}
-	p.Roots.AddCert(ca)
+	p.Roots.AddCert(pki.CA)
 	for _, f := range []struct {
 		path, typ string
 		der       []byte
-	}{{p.CAPath, "CERTIFICATE", caDER}, {p.CertPath, "CERTIFICATE", der}, {p.KeyPath, "EC PRIVATE KEY", keyDER}} {
+	}{{p.CAPath, "CERTIFICATE", pki.CADER}, {p.CertPath, "CERTIFICATE", pki.LeafDER}, {p.KeyPath, "EC PRIVATE KEY", keyDER}} {
 		if err := os.WriteFile(f.path, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), 0o600); err != nil {
 			t.Fatal(err)
 		}

@@ -4,23 +4,18 @@
 package egresstest
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/sandgate/sandgate/internal/testpki"
 )
 
 // Site is a TLS server on the host's loopback.
@@ -36,33 +31,7 @@ type Site struct {
 // the end of the test.
 func StartSite(t testing.TB, names []string, routes map[string]http.Handler) Site {
 	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sandgate egress test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pki := testpki.Issue(t, "sandgate egress test CA", names, nil)
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for prefix, h := range routes {
 			if strings.HasPrefix(r.URL.Path, prefix) {
@@ -77,11 +46,11 @@ func StartSite(t testing.TB, names []string, routes map[string]http.Handler) Sit
 		fmt.Fprintf(w, "hello %s\n", host)
 	}))
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the handshakes the tests make fail on purpose
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: key}}}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{pki.LeafDER}, PrivateKey: pki.Key}}}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return Site{
 		Port:  srv.Listener.Addr().(*net.TCPAddr).Port,
-		CAPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		CAPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pki.CADER}),
 	}
 }
