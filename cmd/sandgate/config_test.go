@@ -36,20 +36,12 @@ func TestConfigProviders(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "c.yaml")
-			if err := os.WriteFile(path, []byte(tt.yaml), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			cfg, err := loadConfig(path, func(k string) string { return tt.env[k] })
+			cfg, err := loadYAML(t, tt.yaml, tt.env)
 			if tt.wantNames == nil {
 				if err == nil {
 					t.Fatalf("loadConfig succeeded; want an error naming %v", tt.wantErr)
 				}
-				for _, w := range tt.wantErr {
-					if !strings.Contains(err.Error(), w) {
-						t.Errorf("error %q does not name %s", err, w)
-					}
-				}
+				wantNaming(t, err, tt.wantErr)
 				return
 			}
 			if err != nil {
@@ -96,12 +88,29 @@ func TestServeRefusesBadProviders(t *testing.T) {
 			if err == nil {
 				t.Fatal("run succeeded; want a startup error")
 			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not name %s", err, w)
-				}
-			}
+			wantNaming(t, err, tt.want)
 		})
+	}
+}
+
+// loadYAML loads the config yaml, with env as the environment.
+func loadYAML(t *testing.T, yaml string, env map[string]string) (*Config, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return loadConfig(path, func(k string) string { return env[k] })
+}
+
+// wantNaming fails t unless err's message holds every one of words: an
+// operator must be able to tell which setting to fix.
+func wantNaming(t *testing.T, err error, words []string) {
+	t.Helper()
+	for _, w := range words {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not name %s", err, w)
+		}
 	}
 }
 

@@ -38,20 +38,12 @@ func TestRedisConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "c.yaml")
-			if err := os.WriteFile(path, []byte(tt.yaml), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			cfg, err := loadConfig(path, func(k string) string { return tt.env[k] })
+			cfg, err := loadYAML(t, tt.yaml, tt.env)
 			if tt.want == "" {
 				if err == nil {
 					t.Fatalf("loadConfig succeeded; want an error naming %v", tt.wantErr)
 				}
-				for _, w := range tt.wantErr {
-					if !strings.Contains(err.Error(), w) {
-						t.Errorf("error %q does not name %s", err, w)
-					}
-				}
+				wantNaming(t, err, tt.wantErr)
 				return
 			}
 			if err != nil {
