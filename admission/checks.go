@@ -189,11 +189,13 @@ type Record struct{}
 // Name implements Check.
 func (Record) Name() string { return "record" }
 
-// Lua implements Check. K[1] workspace HASH, K[2] index ZSET; A[1] created
-// (unix ms), A[2] workspace id, A[3..] field/value pairs.
+// Lua implements Check. K[1] workspace HASH, K[2] index ZSET, K[3] live
+// index ZSET; A[1] created (unix ms), A[2] workspace id, A[3..]
+// field/value pairs.
 func (Record) Lua() (string, string) {
 	return ``, `redis.call('HSET', K[1], unpack(A, 3))
-redis.call('ZADD', K[2], A[1], A[2])`
+redis.call('ZADD', K[2], A[1], A[2])
+redis.call('ZADD', K[3], A[1], A[2])`
 }
 
 // Bind implements Check.
@@ -202,7 +204,7 @@ func (Record) Bind(r *Request) ([]string, []any) {
 	args = append(args, store.WorkspaceFields(r.Workspace)...)
 	// The key's hash, so that the reaper can free it if the create's
 	// outcome is never confirmed (store.FailCreate).
-	return []string{r.Keys.Workspace, r.Keys.Index}, append(args, "key", r.KeyHash)
+	return []string{r.Keys.Workspace, r.Keys.Index, r.Keys.LiveIndex}, append(args, "key", r.KeyHash)
 }
 
 // Standard returns the pipeline of the spec's order: idempotency claim →

@@ -177,8 +177,8 @@ func (b *Billing) charge(ctx context.Context, w sandgate.Workspace, es []UsageEn
 	if settle {
 		mode = "settle"
 	}
-	wsKey, _ := b.db.FinishArgs(w, time.Time{}, store.Egress{})
-	keys, args, err := chargeBinding(w, wsKey, es, mode)
+	fk, _ := b.db.FinishArgs(w, time.Time{}, store.Egress{})
+	keys, args, err := chargeBinding(w, fk[0], es, mode)
 	if err != nil {
 		return 0, err
 	}
@@ -263,7 +263,7 @@ var chargeScript = redis.NewScript(appendLua + budgetLua + "local off = 0\nlocal
 // chargeLua is the body of the function charge() of chargeScript and
 // finishSettleScript, which returns {appended, queued}. It expects the
 // local off: how many arguments sit between ARGV[3] and the scopes (0, or
-// 2 for finish_workspace's).
+// 5 for finish_workspace's).
 const chargeLua = `
 local ws, mode, ns = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local s0, s1 = 4 + off, 3 + off + ns

@@ -61,7 +61,7 @@ func (b *Billing) Settle(ctx context.Context, w sandgate.Workspace) error {
 //
 // It implements termination.FinishSettler.
 func (b *Billing) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time, eg store.Egress) (sandgate.Workspace, error) {
-	wsKey, finish := b.db.FinishArgs(w, at, eg)
+	fk, finish := b.db.FinishArgs(w, at, eg)
 	cur := w
 	cur.State, cur.TerminatedAt = sandgate.WorkspaceTerminated, time.UnixMilli(at.UnixMilli()).UTC()
 	_, end := Metered(cur)
@@ -69,7 +69,8 @@ func (b *Billing) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at 
 	var keys []string
 	var args []any
 	if err == nil {
-		keys, args, err = chargeBinding(cur, wsKey, es, "settle", finish...)
+		keys, args, err = chargeBinding(cur, fk[0], es, "settle", finish...)
+		keys = append(keys, fk[1]) // the live index, last
 	}
 	if err != nil { // not reached for a record admission priced; the plain path keeps the end
 		if ferr := b.db.FinishTerminate(ctx, w, at, eg); ferr != nil {
@@ -106,13 +107,15 @@ func (b *Billing) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at 
 
 // finishSettleScript records a workspace's end and settles it: the
 // finish_workspace transition of [store.FinishLua], then chargeLua in
-// settle mode. KEYS as chargeScript's; ARGV as chargeScript's with four
-// more after ARGV[3], store.DB.FinishArgs's: ARGV[4] terminated (unix ms),
-// ARGV[5] the record's retention (ms), ARGV[6] and ARGV[7] the egress
-// bytes out and in the end adds. Returns {appended, queued, record} once finished, or
-// {-1, 0, record} when the record was not terminating (nothing changed).
-var finishSettleScript = redis.NewScript(store.FinishLua + appendLua + budgetLua + "local off = 4\nlocal function charge()\n" + chargeLua + `end
-if not finish_workspace(KEYS[8], ARGV[4], ARGV[5], ARGV[6], ARGV[7]) then return {-1, 0, redis.call('HGETALL', KEYS[8])} end
+// settle mode. KEYS as chargeScript's followed by one more, the last,
+// the instance's live index; ARGV as chargeScript's with five more after
+// ARGV[3], store.DB.FinishArgs's: ARGV[4] the workspace id, ARGV[5]
+// terminated (unix ms), ARGV[6] the record's retention (ms), ARGV[7] and
+// ARGV[8] the egress bytes out and in the end adds. Returns {appended,
+// queued, record} once finished, or {-1, 0, record} when the record was
+// not terminating (nothing changed).
+var finishSettleScript = redis.NewScript(store.FinishLua + appendLua + budgetLua + "local off = 5\nlocal function charge()\n" + chargeLua + `end
+if not finish_workspace(KEYS[8], KEYS[#KEYS], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) then return {-1, 0, redis.call('HGETALL', KEYS[8])} end
 local r = charge()
 return {r[1], r[2], redis.call('HGETALL', KEYS[8])}
 `)

@@ -29,7 +29,7 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 			{Var: "adjustScript", Keys: [][]string{{fundsKey(a), fundsLedgerKey(a), fundsIDsKey(a)}}},
 			{Var: "appendScript", Keys: [][]string{{usageKey(a), usageIDsKey(a)}}},
 			{Var: "chargeScript", Keys: [][]string{charge}},
-			{Var: "finishSettleScript", Keys: [][]string{charge}},
+			{Var: "finishSettleScript", Keys: [][]string{append(charge, store.AdmissionKeys(a, w.InstanceID, w.ID, "").LiveIndex)}},
 			{Var: "enqueueScript", Keys: [][]string{{webhookDeliveriesKey(), webhookDueKey(), webhookDoneKey("ev_1")}}},
 			{Var: "claimScript", Keys: [][]string{{webhookDueKey(), webhookDeliveriesKey()}}},
 			{Var: "finishScript", Keys: [][]string{{webhookDueKey(), webhookDeliveriesKey(), webhookDoneKey("ev_1"), webhookDeadKey()}}},

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -52,6 +53,10 @@ func (c *Config) setDefaults() {
 type DB struct {
 	rdb redis.UniversalClient
 	cfg Config
+	// indexed holds the instances (account id + "/" + instance id) whose
+	// live index this process has built from the full index
+	// (ensureLiveIndex): once per process and instance.
+	indexed sync.Map
 }
 
 // New returns a DB over rdb. It does not take ownership of rdb.

@@ -49,6 +49,12 @@ func liveKey(acct, inst string) string { return instanceKey(acct, inst) + ":live
 // time in unix ms, for listing. Example: sg:{acct_x}:inst:inst_y:ws
 func workspaceIndexKey(acct, inst string) string { return instanceKey(acct, inst) + ":ws" }
 
+// liveIndexKey is the ZSET of an instance's workspaces not yet terminated
+// (starting, running or terminating), scored like workspaceIndexKey: the
+// walks of live workspaces read only these, so a terminated workspace
+// costs them nothing. Example: sg:{acct_x}:inst:inst_y:ws:live
+func liveIndexKey(acct, inst string) string { return workspaceIndexKey(acct, inst) + ":live" }
+
 // workspaceKey is a workspace's HASH record. Example: sg:{acct_x}:ws:ws_z
 func workspaceKey(acct, ws string) string { return prefix + "{" + acct + "}:ws:" + ws }
 
@@ -103,7 +109,7 @@ func auditKey() string { return prefix + "audit" }
 // Keys are the account-scoped keys an admission script touches. Every one
 // carries the account's hash tag.
 type Keys struct {
-	Live, Workspace, Idempotency, Index, Open, Velocity, Risk, Controls string
+	Live, Workspace, Idempotency, Index, LiveIndex, Open, Velocity, Risk, Controls string
 }
 
 // AdmissionKeys returns the keys an Acquire of workspace ws touches.
@@ -113,6 +119,7 @@ func AdmissionKeys(acct, inst, ws, idemKeyHash string) Keys {
 		Workspace:   workspaceKey(acct, ws),
 		Idempotency: idempotencyKey(acct, inst, OpAcquire, idemKeyHash),
 		Index:       workspaceIndexKey(acct, inst),
+		LiveIndex:   liveIndexKey(acct, inst),
 		Open:        openKey(acct),
 		Velocity:    velocityKey(acct),
 		Risk:        riskKey(acct),

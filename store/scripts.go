@@ -28,11 +28,11 @@ return {1, redis.call('HGETALL', KEYS[2])}
 `)
 
 // abortScript removes every trace of an Acquire whose create failed before
-// anything ran: the record, the slot, the index entry and the claimed key,
-// so a retry with the same key re-evaluates (spec §Idempotency).
+// anything ran: the record, the slot, the index entries and the claimed
+// key, so a retry with the same key re-evaluates (spec §Idempotency).
 //
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] idempotency STRING, KEYS[4] index ZSET,
-// KEYS[5] account open ZSET, KEYS[6] account velocity ZSET
+// KEYS[5] account open ZSET, KEYS[6] account velocity ZSET, KEYS[7] live index ZSET
 // ARGV[1] workspace id
 // Returns 1.
 var abortScript = redis.NewScript(`
@@ -42,6 +42,7 @@ redis.call('DEL', KEYS[3])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
+redis.call('ZREM', KEYS[7], ARGV[1])
 return 1
 `)
 
@@ -89,35 +90,59 @@ return out(2, st)
 // finishScript records a termination the provider confirmed and starts the
 // record's retention clock.
 //
-// KEYS[1] workspace HASH
-// ARGV[1] terminated (unix ms), ARGV[2] retention (ms), ARGV[3] and
-// ARGV[4] egress bytes out and in to add
+// KEYS[1] workspace HASH, KEYS[2] live index ZSET
+// ARGV[1] workspace id, ARGV[2] terminated (unix ms), ARGV[3] retention
+// (ms), ARGV[4] and ARGV[5] egress bytes out and in to add
 // Returns 1 finished, 0 not terminating.
 var finishScript = redis.NewScript(FinishLua + `
-if finish_workspace(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 1 end
+if finish_workspace(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]) then return 1 end
 return 0
 `)
 
-// FinishLua defines the Lua function finish_workspace(key, at, retention,
-// eout, ein): the provider-confirmed end of the terminating workspace whose
-// record is key (state terminated, terminated_ms at, retention in ms
-// starts, and the egress bytes this process counted, eout and ein, added:
-// so that a release records them without a round trip of their own); it
-// returns false, changing nothing, when the record is not terminating. It
+// FinishLua defines the Lua function finish_workspace(key, index, id, at,
+// retention, eout, ein): the provider-confirmed end of the terminating
+// workspace id whose record is key (state terminated, terminated_ms at,
+// retention in ms starts, the egress bytes this process counted, eout and
+// ein, added: so that a release records them without a round trip of
+// their own; and it leaves its instance's live index, index); it returns
+// false, changing nothing, when the record is not terminating. It
 // is the one definition of that transition: finishScript runs it, and
 // billing's settle-at-finish script (billing.Billing.FinishAndSettle)
 // splices it in so that a release records its end and settles in one
 // step. Bind its arguments with [DB.FinishArgs].
 const FinishLua = `
-local function finish_workspace(key, at, retention, eout, ein)
+local function finish_workspace(key, index, id, at, retention, eout, ein)
   if redis.call('HGET', key, 'state') ~= 'terminating' then return false end
   redis.call('HSET', key, 'state', 'terminated', 'terminated_ms', at)
   if eout ~= '0' then redis.call('HINCRBY', key, 'egress_out', eout) end
   if ein ~= '0' then redis.call('HINCRBY', key, 'egress_in', ein) end
   redis.call('PEXPIRE', key, retention)
+  redis.call('ZREM', index, id)
   return true
 end
 `
+
+// indexLiveScript adds to an instance's live index each of the given
+// workspaces whose record exists and is not terminated, at its creation
+// time, reading the record in the same script: so an entry is never added
+// for a workspace that has ended. It builds the live index from the full
+// index for records written before the live index existed, and adds a
+// workspace that a broker without it admitted (DB.LiveWorkspaces finds
+// those by their slot).
+//
+// KEYS[1] live index ZSET, KEYS[2..] workspace HASHes
+// ARGV[i] the workspace id of KEYS[i+1]
+// Returns how many it added.
+var indexLiveScript = redis.NewScript(`
+local n = 0
+for i = 2, #KEYS do
+  local f = redis.call('HMGET', KEYS[i], 'state', 'created_ms')
+  if f[1] and f[1] ~= 'terminated' then
+    n = n + redis.call('ZADD', KEYS[1], 'NX', tonumber(f[2]) or 0, ARGV[i - 1])
+  end
+end
+return n
+`)
 
 // auditScript appends one operator audit entry. The entry's id is the
 // event's time, or the newest entry's when that is later (a gateway whose

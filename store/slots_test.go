@@ -21,9 +21,10 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 		redistest.CheckScripts(t, ".", []redistest.Script{
 			{Var: "confirmScript", Keys: [][]string{{liveKey(acct, inst), workspaceKey(acct, ws), idempotencyKey(acct, inst, OpAcquire, key), openKey(acct)}}},
 			{Var: "abortScript", Keys: [][]string{{liveKey(acct, inst), workspaceKey(acct, ws), idempotencyKey(acct, inst, OpAcquire, key),
-				workspaceIndexKey(acct, inst), openKey(acct), velocityKey(acct)}}},
+				workspaceIndexKey(acct, inst), openKey(acct), velocityKey(acct), liveIndexKey(acct, inst)}}},
 			{Var: "terminateScript", Keys: [][]string{{liveKey(acct, inst), workspaceKey(acct, ws), openKey(acct)}}},
-			{Var: "finishScript", Keys: [][]string{{workspaceKey(acct, ws)}}},
+			{Var: "finishScript", Keys: [][]string{{workspaceKey(acct, ws), liveIndexKey(acct, inst)}}},
+			{Var: "indexLiveScript", Keys: [][]string{{liveIndexKey(acct, inst), workspaceKey(acct, ws), workspaceKey(acct, "ws_d")}}},
 			{Var: "auditScript", Keys: [][]string{{auditKey()}}},
 			{Var: "beginSnapshotScript", Keys: [][]string{snapshotKeys(s, key)}},
 			{Var: "confirmSnapshotScript", Keys: [][]string{snapshotKeys(s, key)}},
@@ -48,7 +49,7 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 		// The admission script's keys (composed by admission/ from these
 		// builders) are checked in admission's own slot test.
 		k := AdmissionKeys(acct, inst, ws, key)
-		if keys := []string{k.Live, k.Workspace, k.Idempotency, k.Index, k.Open, k.Velocity, k.Risk, k.Controls}; !redistest.OneSlot(keys) {
+		if keys := []string{k.Live, k.Workspace, k.Idempotency, k.Index, k.LiveIndex, k.Open, k.Velocity, k.Risk, k.Controls}; !redistest.OneSlot(keys) {
 			t.Errorf("AdmissionKeys(%s) span slots: %v", acct, keys)
 		}
 	}

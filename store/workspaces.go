@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -114,6 +115,7 @@ func (db *DB) Abort(ctx context.Context, w sandgate.Workspace, keyHash string) e
 		workspaceIndexKey(w.AccountID, w.InstanceID),
 		openKey(w.AccountID),
 		velocityKey(w.AccountID),
+		liveIndexKey(w.AccountID, w.InstanceID),
 	}
 	if err := abortScript.Run(ctx, db.rdb, keys, w.ID).Err(); err != nil {
 		return fmt.Errorf("abort: %w", err)
@@ -218,17 +220,19 @@ func DecodeWorkspace(v any) (sandgate.Workspace, error) {
 type Egress struct{ Out, In int64 }
 
 // FinishArgs binds [FinishLua]'s finish_workspace for w's end at at
-// adding eg: the record's key, and its arguments after the key (at,
-// retention, egress out and in).
-func (db *DB) FinishArgs(w sandgate.Workspace, at time.Time, eg Egress) (key string, args []any) {
-	return workspaceKey(w.AccountID, w.ID), []any{ms(at), db.cfg.Retention.Milliseconds(), eg.Out, eg.In}
+// adding eg: its keys (the record's, then the instance's live index) and
+// its arguments after them (the workspace id, at, retention, egress out
+// and in).
+func (db *DB) FinishArgs(w sandgate.Workspace, at time.Time, eg Egress) (keys [2]string, args []any) {
+	return [2]string{workspaceKey(w.AccountID, w.ID), liveIndexKey(w.AccountID, w.InstanceID)},
+		[]any{w.ID, ms(at), db.cfg.Retention.Milliseconds(), eg.Out, eg.In}
 }
 
 // FinishTerminate records the provider-confirmed end of a terminating
 // workspace, with the egress bytes eg it adds.
 func (db *DB) FinishTerminate(ctx context.Context, w sandgate.Workspace, at time.Time, eg Egress) error {
-	key, args := db.FinishArgs(w, at, eg)
-	if err := finishScript.Run(ctx, db.rdb, []string{key}, args...).Err(); err != nil {
+	keys, args := db.FinishArgs(w, at, eg)
+	if err := finishScript.Run(ctx, db.rdb, keys[:], args...).Err(); err != nil {
 		return fmt.Errorf("finish terminate: %w", err)
 	}
 	return nil
@@ -248,17 +252,25 @@ func (db *DB) LiveCount(ctx context.Context, acct, inst string, now time.Time) (
 var ErrBadCursor = errors.New("store: malformed cursor")
 
 // ListWorkspaces pages through an instance's workspaces in creation order.
-// With liveOnly, terminated ones are skipped. The cursor is opaque: it
-// names the last workspace returned, so workspaces created or released
-// during a walk never make it repeat or skip one that lives throughout.
+// With liveOnly, terminated ones are skipped: it walks the instance's live
+// index, so they cost nothing. The cursor is opaque: it names the last
+// workspace returned, so workspaces created or released during a walk
+// never make it repeat or skip one that lives throughout.
 func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, limit int, liveOnly bool, now time.Time) ([]sandgate.Workspace, string, error) {
 	afterScore, afterID, err := parseCursor(cursor)
 	if err != nil {
 		return nil, "", err
 	}
 	idx := workspaceIndexKey(acct, inst)
-	// Index entries older than retention can only name expired records.
-	db.rdb.ZRemRangeByScore(ctx, idx, "-inf", "("+strconv.FormatInt(ms(now.Add(-db.cfg.Retention-24*time.Hour)), 10))
+	if liveOnly {
+		if err := db.ensureLiveIndex(ctx, acct, inst); err != nil {
+			return nil, "", err
+		}
+		idx = liveIndexKey(acct, inst)
+	} else {
+		// Index entries older than retention can only name expired records.
+		db.rdb.ZRemRangeByScore(ctx, idx, "-inf", "("+strconv.FormatInt(ms(now.Add(-db.cfg.Retention-24*time.Hour)), 10))
+	}
 	var out []sandgate.Workspace
 	// (score, id) is the last entry walked; each batch starts again at its
 	// score, so entries added or removed meanwhile never shift the walk
@@ -303,6 +315,7 @@ func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, lim
 				return nil, "", err
 			}
 			if liveOnly && w.State == sandgate.WorkspaceTerminated {
+				db.rdb.ZRem(ctx, idx, z.Member) // ended by a broker without the live index
 				continue
 			}
 			out = append(out, w)
@@ -320,6 +333,142 @@ func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, lim
 		}
 	}
 	return out, "", nil
+}
+
+// ensureLiveIndex builds instance inst's live index from its full index,
+// once per process and instance: the live index is written by admission
+// and finish, so this finds the workspaces of records written before it
+// existed (an upgrade over an existing Redis). Each batch is checked and
+// added by one script (indexLiveScript), so a workspace ending meanwhile
+// is never added. It reads every record within retention of the instance
+// once, as each walk of live workspaces did before; a second call in the
+// same process costs nothing.
+func (db *DB) ensureLiveIndex(ctx context.Context, acct, inst string) error {
+	done := acct + "/" + inst
+	if _, ok := db.indexed.Load(done); ok {
+		return nil
+	}
+	idx := workspaceIndexKey(acct, inst)
+	for cursor := uint64(0); ; {
+		kv, next, err := db.rdb.ZScan(ctx, idx, cursor, "", indexBatch).Result()
+		if err != nil {
+			return fmt.Errorf("build live index: %w", err)
+		}
+		ids := make([]string, 0, len(kv)/2)
+		for i := 0; i < len(kv); i += 2 {
+			ids = append(ids, kv[i])
+		}
+		if err := db.indexLive(ctx, acct, inst, ids); err != nil {
+			return err
+		}
+		if next == 0 {
+			break
+		}
+		cursor = next
+	}
+	db.indexed.Store(done, struct{}{})
+	return nil
+}
+
+// indexBatch bounds the workspaces one script or pipeline of a walk
+// touches.
+const indexBatch = 500
+
+// indexLive adds each workspace of ids that is not terminated to inst's
+// live index (indexLiveScript), indexBatch per script.
+func (db *DB) indexLive(ctx context.Context, acct, inst string, ids []string) error {
+	for len(ids) > 0 {
+		n := min(len(ids), indexBatch)
+		keys := make([]string, 0, n+1)
+		args := make([]any, 0, n)
+		keys = append(keys, liveIndexKey(acct, inst))
+		for _, id := range ids[:n] {
+			keys = append(keys, workspaceKey(acct, id))
+			args = append(args, id)
+		}
+		if err := indexLiveScript.Run(ctx, db.rdb, keys, args...).Err(); err != nil {
+			return fmt.Errorf("build live index: %w", err)
+		}
+		ids = ids[n:]
+	}
+	return nil
+}
+
+// instanceLive returns instance inst's workspaces not yet terminated, in
+// creation order: those of its live index, and those holding one of its
+// slots that the live index lacks (admitted by a broker without it, during
+// an upgrade; they are added to it). It reads only these records: one
+// round trip for both sets, then one per indexBatch records. Entries of
+// the live index whose record is gone or terminated (ended by a broker
+// without the live index) are removed from it.
+func (db *DB) instanceLive(ctx context.Context, acct, inst string) ([]sandgate.Workspace, error) {
+	if err := db.ensureLiveIndex(ctx, acct, inst); err != nil {
+		return nil, err
+	}
+	lidx := liveIndexKey(acct, inst)
+	pipe := db.rdb.Pipeline()
+	indexedCmd := pipe.ZRange(ctx, lidx, 0, -1)
+	slotsCmd := pipe.ZRange(ctx, liveKey(acct, inst), 0, -1)
+	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
+		return nil, err
+	}
+	ids := indexedCmd.Val()
+	nIndexed := len(ids)
+	in := make(map[string]bool, nIndexed)
+	for _, id := range ids {
+		in[id] = true
+	}
+	for _, id := range slotsCmd.Val() {
+		if !in[id] {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) > nIndexed {
+		if err := db.indexLive(ctx, acct, inst, ids[nIndexed:]); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]sandgate.Workspace, 0, len(ids))
+	var stale []any
+	for start := 0; start < len(ids); start += indexBatch {
+		part := ids[start:min(len(ids), start+indexBatch)]
+		pipe := db.rdb.Pipeline()
+		cmds := make([]*redis.MapStringStringCmd, len(part))
+		for i, id := range part {
+			cmds[i] = pipe.HGetAll(ctx, workspaceKey(acct, id))
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
+			return nil, err
+		}
+		for i, c := range cmds {
+			m := c.Val()
+			if len(m) == 0 {
+				stale = append(stale, part[i])
+				continue
+			}
+			w, err := parseWorkspace(m)
+			if err != nil {
+				return nil, err
+			}
+			if w.State == sandgate.WorkspaceTerminated {
+				stale = append(stale, part[i])
+				continue
+			}
+			out = append(out, w)
+		}
+	}
+	if len(stale) > 0 {
+		if err := db.rdb.ZRem(ctx, lidx, stale...).Err(); err != nil {
+			return nil, err
+		}
+	}
+	slices.SortFunc(out, func(a, b sandgate.Workspace) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out, nil
 }
 
 func makeCursor(score int64, id string) string {
@@ -396,8 +545,9 @@ func parseWorkspace(m map[string]string) (sandgate.Workspace, error) {
 
 // LiveWorkspaces returns every workspace not yet terminated in a scope:
 // one instance (acct and inst set), one account (inst empty), or every
-// account (both empty). It walks the workspace indexes, so a workspace
-// whose slot was pruned past its deadline is still found.
+// account (both empty), each instance's in creation order. It reads the
+// live indexes (instanceLive), so a workspace whose slot was pruned past
+// its deadline is still found, and a terminated one costs nothing.
 func (db *DB) LiveWorkspaces(ctx context.Context, acct, inst string, now time.Time) ([]sandgate.Workspace, error) {
 	return db.walkWorkspaces(ctx, acct, inst, true, now)
 }
@@ -435,6 +585,14 @@ func (db *DB) walkWorkspaces(ctx context.Context, acct, inst string, liveOnly bo
 	}
 	var out []sandgate.Workspace
 	for _, sc := range scopes {
+		if liveOnly {
+			ws, err := db.instanceLive(ctx, sc.acct, sc.inst)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, ws...)
+			continue
+		}
 		for cursor := ""; ; {
 			ws, next, err := db.ListWorkspaces(ctx, sc.acct, sc.inst, cursor, 100, liveOnly, now)
 			if err != nil {
