@@ -7,6 +7,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/store"
 )
 
 // TestReleaseSettlesLikeTerminate: a release records its end and settles
@@ -46,6 +47,11 @@ func TestReleaseSettlesLikeTerminate(t *testing.T) {
 	}
 	if _, err := e.term.Release(ctx, acct, "inst_other", a.ID); err == nil {
 		t.Errorf("Release through another instance: nil error; want not found")
+	}
+	// Both ends left the instance's live index in the script that recorded
+	// them (the walks of live workspaces read neither record again).
+	if n, err := e.db.Redis().ZCard(ctx, store.AdmissionKeys(acct, inst, "", "").LiveIndex).Result(); err != nil || n != 0 {
+		t.Errorf("live index holds %d entries, %v; want 0 once both ended", n, err)
 	}
 
 	amounts := map[string][]int64{}
