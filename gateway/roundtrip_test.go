@@ -2,7 +2,7 @@ package gateway_test
 
 // The hot paths' Redis budget, asserted exactly (issue: "design the hot
 // paths for the floor"): a warm GET /v1/lease costs no round trip, an
-// Acquire three (its admission one script call), a release two, and exec
+// Acquire two (its admission one script call), a release two, and exec
 // adds three round trips to the provider's own time. Round trips are counted by a go-redis hook on
 // the gateway's client; a pipeline or MULTI/EXEC block is one round trip.
 // docs/benchmarks.md quotes these counts beside the benchmark figures.
@@ -442,25 +442,25 @@ func TestRoundTripsAcquireAdmission(t *testing.T) {
 	if len(before) != 2 {
 		t.Fatalf("provider creates = %d; want 2", len(before))
 	}
-	// What runs before the provider's create is authentication (cached),
-	// the idempotency replay check and admission.
+	// What runs before the provider's create is authentication (cached)
+	// and admission, whose script checks the Idempotency-Key first.
 	adm := before[1]
 	if got := rtScripts(adm); got != 1 {
 		t.Errorf("Acquire admission: %d script calls in %v; want exactly 1", got, adm)
 	}
-	// In all: the idempotency lookup, the admission script (which also
-	// records and reserves) and the confirm (which also answers the
-	// record). Pricing comes from billing's cache; the budget-alert queue
-	// is read only when the script says an alert was queued.
-	if total != rtAcquire || len(adm) != 2 {
-		t.Errorf("Acquire: %d round trips in all %v, %d before the provider create %v; want exactly %d in all (get · evalsha admit · evalsha confirm), 2 before the create",
+	// In all: the admission script (which also answers a replay, records
+	// and reserves) and the confirm (which also answers the record).
+	// Pricing comes from billing's cache; the budget-alert queue is read
+	// only when the script says an alert was queued.
+	if total != rtAcquire || len(adm) != 1 {
+		t.Errorf("Acquire: %d round trips in all %v, %d before the provider create %v; want exactly %d in all (evalsha admit · evalsha confirm), 1 before the create",
 			total, cmds, len(adm), adm, rtAcquire)
 	}
 	t.Logf("Acquire: %d round trips in all %v; %d before the provider create %v", total, cmds, len(adm), adm)
 }
 
 // rtAcquire is what an Acquire costs in Redis round trips end to end.
-const rtAcquire = 3
+const rtAcquire = 2
 
 // TestRoundTripsPriceCache: an Acquire prices its workspace from
 // billing's in-process cache, and a change of the account's rate card (a

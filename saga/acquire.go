@@ -38,41 +38,39 @@ type Acquired struct {
 // budget, risk) → provider create → restore → confirm. A refusal before
 // the create leaves nothing behind; a failure after it terminates what
 // was created before answering.
+//
+// The replay costs no round trip of its own on the way to a create: the
+// admission script's first check is the key's claim, which answers a
+// claimed key as a replay. Whatever refuses the request before that check
+// (validation, the snapshot, the provider, admission's checks in Go)
+// looks the key up first, and a claimed key answers the replay instead
+// (replayOr), so every request is answered as if the lookup came first.
 func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, req protocol.AcquireRequest) (Acquired, error) {
 	if err := policy.ValidateIdempotencyKey(key); err != nil {
 		return Acquired{}, err
 	}
 	keyHash, reqHash := HashString(key), acquireHash(req)
 
-	// spec §Idempotency: a replay answers the original resource, before validation.
-	if rec, err := s.db.Idempotency(ctx, in.AccountID, in.ID, store.OpAcquire, keyHash); err == nil {
-		return s.replayAcquire(ctx, in, rec, reqHash)
-	} else if !errors.Is(err, store.ErrNotFound) {
-		// The store is unreachable before admission could run: new work
-		// fails closed with admission's own code (spec §Broker obligations).
-		return Acquired{}, admissionUnavailable(err)
-	}
-
 	now := s.clock.Now()
 	scope, prov, err := s.Scope(in)
 	if err != nil {
-		return Acquired{}, providerClosed(err)
+		return s.replayOr(ctx, in, keyHash, reqHash, providerClosed(err))
 	}
 	caps := prov.Provider.Capabilities()
 	ws, env, egress, err := validateAcquire(req, scope, now)
 	if err != nil {
-		return Acquired{}, err
+		return s.replayOr(ctx, in, keyHash, reqHash, err)
 	}
 	snap, err := s.warmStart(ctx, in, req.SnapshotID, prov.Name, now)
 	if err != nil {
-		return Acquired{}, err
+		return s.replayOr(ctx, in, keyHash, reqHash, err)
 	}
 	if !prov.AcceptNew {
-		return Acquired{}, providerClosed(nil)
+		return s.replayOr(ctx, in, keyHash, reqHash, providerClosed(nil))
 	}
 	size, ok := caps.Size(ws.Size)
 	if !ok { // the scope was checked against the provider: a changed provider
-		return Acquired{}, protocol.E(protocol.SizeNotAllowed, "this broker's provider for the instance does not run size "+ws.Size)
+		return s.replayOr(ctx, in, keyHash, reqHash, protocol.E(protocol.SizeNotAllowed, "this broker's provider for the instance does not run size "+ws.Size))
 	}
 	ws.ID = sandgate.NewID(sandgate.PrefixWorkspace)
 	ws.AccountID, ws.InstanceID, ws.Provider = in.AccountID, in.ID, prov.Name
@@ -83,11 +81,13 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 		KeyHash: keyHash, RequestHash: reqHash, Now: now,
 	}
 	err = s.admit.Admit(ctx, areq)
-	if rec, ok := admission.IsReplay(err); ok { // a concurrent request claimed the key first
+	if rec, ok := admission.IsReplay(err); ok { // claimed before, or by a concurrent request
 		return s.replayAcquire(ctx, in, rec, reqHash)
 	}
 	if err != nil {
-		return Acquired{}, err
+		// A check in Go (the broker-wide stop) may refuse before the
+		// script's claim check ran.
+		return s.replayOr(ctx, in, keyHash, reqHash, err)
 	}
 	if areq.Queued {
 		s.holds.FlushAlerts(ctx, ws.AccountID)
@@ -173,6 +173,22 @@ func (s *Saga) terminateSandbox(ctx context.Context, w sandgate.Workspace, ref s
 		s.log.Error("terminate: record", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, err))
 	}
 	s.term.Finish(ctx, w)
+}
+
+// replayOr answers the replay when the Idempotency-Key is claimed, and
+// refusal otherwise: a request refused before admission's claim check
+// ran. The store unreachable, new work fails closed with admission's own
+// code (spec §Broker obligations).
+func (s *Saga) replayOr(ctx context.Context, in sandgate.Instance, keyHash, reqHash string, refusal error) (Acquired, error) {
+	rec, err := s.db.Idempotency(ctx, in.AccountID, in.ID, store.OpAcquire, keyHash)
+	switch {
+	case err == nil:
+		return s.replayAcquire(ctx, in, rec, reqHash)
+	case errors.Is(err, store.ErrNotFound):
+		return Acquired{}, refusal
+	default:
+		return Acquired{}, admissionUnavailable(err)
+	}
 }
 
 func (s *Saga) replayAcquire(ctx context.Context, in sandgate.Instance, rec store.IdemRecord, reqHash string) (Acquired, error) {
