@@ -2,6 +2,7 @@ package billing_test
 
 import (
 	"context"
+	"reflect"
 	"testing"
 	"time"
 
@@ -41,6 +42,9 @@ func TestReleaseSettlesLikeTerminate(t *testing.T) {
 	}
 	if cur.State != sandgate.WorkspaceTerminated || !cur.TerminatedAt.Equal(e.clock.Now().Truncate(time.Millisecond)) {
 		t.Errorf("Release answered state %q, terminated_at %v; want terminated at %v", cur.State, cur.TerminatedAt, e.clock.Now())
+	}
+	if read, err := e.db.Workspace(ctx, acct, b.ID); err != nil || !reflect.DeepEqual(cur, read) {
+		t.Errorf("Release answered\n%+v\nwant the record as read\n%+v (%v)", cur, read, err)
 	}
 	if again, err := e.term.Release(ctx, acct, inst, b.ID); err != nil || again.State != sandgate.WorkspaceTerminated {
 		t.Errorf("second Release = %q, %v; want terminated, nil", again.State, err)

@@ -82,18 +82,21 @@ func (b *Billing) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at 
 	if err != nil {
 		return w, fmt.Errorf("finish and settle %s: %w", w.ID, err)
 	}
-	if len(res) != 3 {
+	if len(res) < 2 {
 		return w, fmt.Errorf("finish and settle %s: unexpected script result %v", w.ID, res)
 	}
 	n, _ := res[0].(int64)
 	queued, _ := res[1].(int64)
-	rec, err := store.DecodeWorkspace(res[2])
-	if err != nil {
-		return w, fmt.Errorf("finish and settle %s: %w", w.ID, err)
-	}
 	if n < 0 {
 		// Not terminating: settled from the record by whoever ended it,
 		// or now (idempotent by entry id).
+		if len(res) != 3 {
+			return w, fmt.Errorf("finish and settle %s: unexpected script result %v", w.ID, res)
+		}
+		rec, err := store.DecodeWorkspace(res[2])
+		if err != nil {
+			return w, fmt.Errorf("finish and settle %s: %w", w.ID, err)
+		}
 		return rec, b.Settle(ctx, rec)
 	}
 	if queued == 1 {
@@ -102,7 +105,8 @@ func (b *Billing) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at 
 	if n > 0 {
 		b.countSettled(ctx, es, int(n))
 	}
-	return rec, nil
+	// Finished: the record is w as the script's end left it.
+	return store.Finished(w, at), nil
 }
 
 // finishSettleScript records a workspace's end and settles it: the
@@ -112,12 +116,13 @@ func (b *Billing) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at 
 // ARGV[3], store.DB.FinishArgs's: ARGV[4] the workspace id, ARGV[5]
 // terminated (unix ms), ARGV[6] the record's retention (ms), ARGV[7] and
 // ARGV[8] the egress bytes out and in the end adds. Returns {appended,
-// queued, record} once finished, or {-1, 0, record} when the record was
-// not terminating (nothing changed).
+// queued} once finished, or {-1, 0, record} when the record was
+// not terminating (nothing changed); once finished the record is the
+// caller's as finish_workspace changes it (store.Finished), so it is not
+// answered.
 var finishSettleScript = redis.NewScript(store.FinishLua + appendLua + budgetLua + "local off = 5\nlocal function charge()\n" + chargeLua + `end
 if not finish_workspace(KEYS[8], KEYS[#KEYS], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) then return {-1, 0, redis.call('HGETALL', KEYS[8])} end
-local r = charge()
-return {r[1], r[2], redis.call('HGETALL', KEYS[8])}
+return charge()
 `)
 
 // Metered is a terminated workspace's metered_seconds and the end they

@@ -89,6 +89,7 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 		// script's claim check ran.
 		return s.replayOr(ctx, in, keyHash, reqHash, err)
 	}
+	ws = areq.Workspace // the record as admission wrote it: priced
 	if areq.Queued {
 		s.holds.FlushAlerts(ctx, ws.AccountID)
 	}

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -272,6 +273,28 @@ func TestLiveIndexUpgrade(t *testing.T) {
 		page, _, err := db.ListWorkspaces(ctx, acct, inst, "", 100, true, now)
 		if got := ids(page); err != nil || !slices.Equal(got, want) {
 			t.Errorf("ListWorkspaces(live) = %v, %v; want %v", got, err, want)
+		}
+	})
+}
+
+// TestConfirmAnswersTheRecord: the record a confirm answers without
+// reading it is the record a read answers.
+func TestConfirmAnswersTheRecord(t *testing.T) {
+	eachDB(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		now := time.Now().UTC()
+		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
+		w, key := newStarting(t, db, acct, inst, now.Truncate(time.Second))
+		got, ok, err := db.ConfirmRecord(ctx, w, "ref-1", now, key, "h")
+		if err != nil || !ok {
+			t.Fatalf("ConfirmRecord = %v, %v", ok, err)
+		}
+		read, err := db.Workspace(ctx, acct, w.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, read) {
+			t.Errorf("ConfirmRecord answered\n%+v\nwant the record as read\n%+v", got, read)
 		}
 	})
 }

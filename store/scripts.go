@@ -13,9 +13,10 @@ import "github.com/redis/go-redis/v9"
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] idempotency STRING, KEYS[4] account open ZSET
 // ARGV[1] workspace id, ARGV[2] expires_at (unix ms), ARGV[3] provider ref,
 // ARGV[4] started (unix ms), ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms)
-// Returns {1, record} confirmed or {0, record} refused, record the
-// workspace HASH as HGETALL answers it (empty when there is none), so the
-// Acquire's answer costs no further round trip.
+// Returns {1} confirmed (the record is the caller's with these changes)
+// or {0, record} refused, record the workspace HASH as HGETALL answers it
+// (empty when there is none), so the Acquire's answer costs no further
+// round trip.
 var confirmScript = redis.NewScript(`
 redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
 if redis.call('HGET', KEYS[2], 'state') ~= 'starting' or not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
@@ -24,7 +25,7 @@ end
 redis.call('HSET', KEYS[2], 'state', 'running', 'provider_ref', ARGV[3], 'started_ms', ARGV[4], 'activity_ms', ARGV[4])
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
-return {1, redis.call('HGETALL', KEYS[2])}
+return {1}
 `)
 
 // abortScript removes every trace of an Acquire whose create failed before

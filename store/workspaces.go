@@ -60,7 +60,9 @@ func (db *DB) Confirm(ctx context.Context, w sandgate.Workspace, providerRef str
 
 // ConfirmRecord is Confirm that also returns the workspace's record as the
 // same script left it (ErrNotFound when there is none), so an Acquire
-// answers without another read.
+// answers without another read. w must be the record admission wrote:
+// once confirmed, the record is w with the script's changes, and the
+// script answers it only when it refused.
 func (db *DB) ConfirmRecord(ctx context.Context, w sandgate.Workspace, providerRef string, startedAt time.Time, keyHash, requestHash string) (sandgate.Workspace, bool, error) {
 	keys := []string{
 		liveKey(w.AccountID, w.InstanceID),
@@ -74,10 +76,21 @@ func (db *DB) ConfirmRecord(ctx context.Context, w sandgate.Workspace, providerR
 	if err != nil {
 		return sandgate.Workspace{}, false, fmt.Errorf("confirm: %w", err)
 	}
-	if len(res) != 2 {
+	if len(res) == 0 {
 		return sandgate.Workspace{}, false, fmt.Errorf("confirm: unexpected script result %v", res)
 	}
 	ok, _ := res[0].(int64)
+	if ok == 1 {
+		// What the script changed, on the record admission wrote: a
+		// starting record changes in nothing else a status answers.
+		cur := w
+		cur.State, cur.ProviderRef = sandgate.WorkspaceRunning, providerRef
+		cur.StartedAt, cur.LastActivity = startedAt, startedAt
+		return asStored(cur), true, nil
+	}
+	if len(res) != 2 {
+		return sandgate.Workspace{}, false, fmt.Errorf("confirm: unexpected script result %v", res)
+	}
 	m, err := flatHash(res[1])
 	if err != nil {
 		return sandgate.Workspace{}, false, fmt.Errorf("confirm: %w", err)
@@ -495,19 +508,80 @@ func parseCursor(c string) (int64, string, error) {
 }
 
 // WorkspaceFields flattens a workspace into HSET field/value pairs, for
-// the admission script that writes the record.
+// the admission script that writes the record. A field whose value is
+// empty or zero is left out: a record reads it back as such
+// (parseWorkspace), and every read and script of the record costs less.
 func WorkspaceFields(w sandgate.Workspace) []any {
-	return []any{
-		"id", w.ID, "account", w.AccountID, "instance", w.InstanceID,
-		"label", w.Label, "size", w.Size, "image", w.Image,
-		"agent", w.Agent, "run_id", w.RunID, "state", string(w.State),
-		"provider", w.Provider, "provider_ref", w.ProviderRef,
-		"created_ms", ms(w.CreatedAt), "expires_ms", ms(w.ExpiresAt),
-		"idle_ms", w.IdleTimeout.Milliseconds(), "activity_ms", ms(w.LastActivity),
-		"terminated_ms", ms(w.TerminatedAt), "reason", string(w.TerminationReason),
-		"rate_card", w.Price.RateCard, "rate_card_version", w.Price.RateCardVersion,
-		"currency", w.Price.Currency, "price_micros", w.Price.UnitMicros, "hold_micros", w.Price.HoldMicros,
+	out := make([]any, 0, 2*len(workspaceFieldNames))
+	str := func(k, v string) {
+		if v != "" {
+			out = append(out, k, v)
+		}
 	}
+	num := func(k string, v int64) {
+		if v != 0 {
+			out = append(out, k, v)
+		}
+	}
+	at := func(k string, t time.Time) {
+		if !t.IsZero() {
+			out = append(out, k, ms(t))
+		}
+	}
+	out = append(out, "id", w.ID, "state", string(w.State))
+	str("account", w.AccountID)
+	str("instance", w.InstanceID)
+	str("label", w.Label)
+	str("size", w.Size)
+	str("image", w.Image)
+	str("agent", w.Agent)
+	str("run_id", w.RunID)
+	str("provider", w.Provider)
+	str("provider_ref", w.ProviderRef)
+	at("created_ms", w.CreatedAt)
+	at("expires_ms", w.ExpiresAt)
+	num("idle_ms", w.IdleTimeout.Milliseconds())
+	at("activity_ms", w.LastActivity)
+	at("terminated_ms", w.TerminatedAt)
+	str("reason", string(w.TerminationReason))
+	str("rate_card", w.Price.RateCard)
+	num("rate_card_version", int64(w.Price.RateCardVersion))
+	str("currency", w.Price.Currency)
+	num("price_micros", w.Price.UnitMicros)
+	num("hold_micros", w.Price.HoldMicros)
+	return out
+}
+
+// workspaceFieldNames are the fields WorkspaceFields may write.
+var workspaceFieldNames = [...]string{"id", "state", "account", "instance", "label", "size", "image", "agent", "run_id",
+	"provider", "provider_ref", "created_ms", "expires_ms", "idle_ms", "activity_ms", "terminated_ms", "reason",
+	"rate_card", "rate_card_version", "currency", "price_micros", "hold_micros"}
+
+// asStored returns w as a read of its record answers it (parseWorkspace):
+// times in UTC at millisecond precision, durations in milliseconds. A
+// script that only makes known changes to a record answers no record;
+// its caller applies the changes to the record it has and returns this.
+func asStored(w sandgate.Workspace) sandgate.Workspace {
+	t := func(v time.Time) time.Time {
+		if v.IsZero() {
+			return time.Time{}
+		}
+		return fromMS(ms(v))
+	}
+	w.CreatedAt, w.StartedAt, w.ExpiresAt = t(w.CreatedAt), t(w.StartedAt), t(w.ExpiresAt)
+	w.LastActivity, w.BusyUntil, w.TerminatedAt = t(w.LastActivity), t(w.BusyUntil), t(w.TerminatedAt)
+	w.IdleTimeout = time.Duration(w.IdleTimeout.Milliseconds()) * time.Millisecond
+	return w
+}
+
+// Finished returns the record of w, read after its termination began and
+// with the egress bytes its end adds counted in, as [FinishLua]'s
+// finish_workspace of its end at at leaves it (state terminated,
+// terminated_ms at), without reading it: no other change of a
+// terminating record touches what a status answers.
+func Finished(w sandgate.Workspace, at time.Time) sandgate.Workspace {
+	w.State, w.TerminatedAt = sandgate.WorkspaceTerminated, at
+	return asStored(w)
 }
 
 func parseWorkspace(m map[string]string) (sandgate.Workspace, error) {
