@@ -7,6 +7,7 @@ package main
 // a ratio.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -25,6 +26,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -310,15 +312,35 @@ func (s *serve) adminDo(ctx context.Context, path string, in, out any) error {
 }
 
 // pairs runs n acquire+release pairs over c clients and returns pairs/s.
+// Each client holds one keep-alive TLS connection of its own, opened
+// before the clock starts, and writes and reads its requests on it itself
+// (rawConn): net/http's client hands every request to its connection's
+// two goroutines and back, which on a small host costs about as much CPU
+// as the server's answer. The same clients load the broker and the floor.
 func (s *serve) pairs(ctx context.Context, n, c int) (float64, error) {
+	conns := make([]*rawConn, c)
+	defer func() {
+		for _, rc := range conns {
+			if rc != nil {
+				rc.close()
+			}
+		}
+	}()
+	for i := range conns {
+		rc, err := s.dial(ctx)
+		if err != nil {
+			return 0, err
+		}
+		conns[i] = rc
+	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, c)
 	start := time.Now()
-	for range c {
+	for _, rc := range conns {
 		wg.Go(func() {
 			for next.Add(1) <= int64(n) {
-				if err := s.pair(ctx); err != nil {
+				if err := s.pair(ctx, rc); err != nil {
 					errs <- err
 					return
 				}
@@ -332,6 +354,84 @@ func (s *serve) pairs(ctx context.Context, n, c int) (float64, error) {
 		return 0, err
 	}
 	return float64(n) / elapsed.Seconds(), nil
+}
+
+// rawConn is one client's keep-alive HTTPS/1.1 connection to the server,
+// driven by hand: one request at a time, written and read by the caller.
+type rawConn struct {
+	s    *serve
+	conn *tls.Conn
+	br   *bufio.Reader
+	host string
+	req  []byte // the request being written, reused
+}
+
+// dial opens a connection to s with its client's TLS settings.
+func (s *serve) dial(ctx context.Context) (*rawConn, error) {
+	u, err := url.Parse(s.url)
+	if err != nil {
+		return nil, err
+	}
+	d := tls.Dialer{Config: s.hc.Transport.(*http.Transport).TLSClientConfig.Clone()}
+	c, err := d.DialContext(ctx, "tcp", u.Host)
+	if err != nil {
+		return nil, err
+	}
+	return &rawConn{s: s, conn: c.(*tls.Conn), br: bufio.NewReaderSize(c, 16<<10), host: u.Host}, nil
+}
+
+func (rc *rawConn) close() { _ = rc.conn.Close() }
+
+// do sends one request (body nil for none; key, when set, as the
+// Idempotency-Key) and returns the answer's status and body. A server that
+// closes the connection after answering gets a new one for the next
+// request.
+func (rc *rawConn) do(ctx context.Context, method, path string, body []byte, key string) (int, []byte, error) {
+	if rc.conn == nil {
+		n, err := rc.s.dial(ctx)
+		if err != nil {
+			return 0, nil, err
+		}
+		rc.conn, rc.br = n.conn, n.br
+	}
+	b := append(rc.req[:0], method...)
+	b = append(b, ' ')
+	b = append(b, path...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, rc.host...)
+	b = append(b, "\r\nAuthorization: Bearer "...)
+	b = append(b, rc.s.token...)
+	b = append(b, "\r\n"...)
+	if key != "" {
+		b = append(b, protocol.HeaderIdempotencyKey+": "...)
+		b = append(b, key...)
+		b = append(b, "\r\n"...)
+	}
+	if body != nil {
+		b = append(b, "Content-Type: application/json\r\nContent-Length: "...)
+		b = strconv.AppendInt(b, int64(len(body)), 10)
+		b = append(b, "\r\n"...)
+	}
+	b = append(b, "\r\n"...)
+	b = append(b, body...)
+	rc.req = b
+	if _, err := rc.conn.Write(b); err != nil {
+		return 0, nil, err
+	}
+	resp, err := http.ReadResponse(rc.br, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	out, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return 0, nil, err
+	}
+	if resp.Close {
+		rc.close()
+		rc.conn = nil
+	}
+	return resp.StatusCode, out, nil
 }
 
 var acquireBody = []byte(`{"label":"load","egress":{"allowed_domains":[]}}`)
@@ -353,14 +453,34 @@ func (s *serve) pairBodies(ctx context.Context) (acq, rel []byte, err error) {
 	return acq, raw, nil
 }
 
-// pair acquires a workspace and releases it.
-func (s *serve) pair(ctx context.Context) error {
-	var ws protocol.Workspace
-	if err := s.do(ctx, http.MethodPost, "/v1/workspaces", acquireBody, "load-"+randHex(12), http.StatusCreated, &ws); err != nil {
-		return fmt.Errorf("acquire: %w", err)
+// pair acquires a workspace and releases it over rc, requiring 201 and
+// then 200 with the workspace terminated.
+func (s *serve) pair(ctx context.Context, rc *rawConn) error {
+	var ws struct {
+		WorkspaceID string `json:"workspace_id"`
+		State       string `json:"state"`
 	}
-	if err := s.do(ctx, http.MethodDelete, "/v1/workspaces/"+ws.WorkspaceID, nil, "", http.StatusOK, &ws); err != nil {
-		return fmt.Errorf("release: %w", err)
+	answer := func(what, method, path string, body []byte, key string, want int) error {
+		st, b, err := rc.do(ctx, method, path, body, key)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if st != want {
+			return fmt.Errorf("%s: %s %s: %d %s", what, method, path, st, bytes.TrimSpace(b))
+		}
+		if err := json.Unmarshal(b, &ws); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}
+	if err := answer("acquire", http.MethodPost, "/v1/workspaces", acquireBody, "load-"+randHex(12), http.StatusCreated); err != nil {
+		return err
+	}
+	if ws.WorkspaceID == "" {
+		return errors.New("acquire: no workspace_id in the answer")
+	}
+	if err := answer("release", http.MethodDelete, "/v1/workspaces/"+ws.WorkspaceID, nil, "", http.StatusOK); err != nil {
+		return err
 	}
 	if ws.State != "terminated" {
 		return fmt.Errorf("release: state %q; want terminated", ws.State)
