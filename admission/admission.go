@@ -127,16 +127,27 @@ func (p *Pipeline) Admit(ctx context.Context, r *Request) error {
 			}
 		}
 	}
-	var keys []string
-	args := []any{len(p.checks)}
-	var rest []any
-	for _, c := range p.checks {
-		k, a := c.Bind(r)
-		keys = append(keys, k...)
-		args = append(args, len(k), len(a))
-		rest = append(rest, a...)
+	// Each check's keys and arguments, then the script's two slices at
+	// their exact sizes.
+	type bound struct {
+		keys []string
+		args []any
 	}
-	args = append(args, rest...)
+	bs := make([]bound, len(p.checks))
+	nk, na := 0, 1+2*len(p.checks)
+	for i, c := range p.checks {
+		bs[i].keys, bs[i].args = c.Bind(r)
+		nk += len(bs[i].keys)
+		na += len(bs[i].args)
+	}
+	keys := make([]string, 0, nk)
+	args := make([]any, 1+2*len(p.checks), na)
+	args[0] = len(p.checks)
+	for i, b := range bs {
+		keys = append(keys, b.keys...)
+		args[1+2*i], args[2+2*i] = len(b.keys), len(b.args)
+		args = append(args, b.args...)
+	}
 	res, err := p.script.Run(ctx, p.rdb, keys, args...).Slice()
 	if err != nil {
 		return unavailable(err)

@@ -200,8 +200,10 @@ redis.call('ZADD', K[3], A[1], A[2])`
 
 // Bind implements Check.
 func (Record) Bind(r *Request) ([]string, []any) {
-	args := []any{r.Workspace.CreatedAt.UnixMilli(), r.Workspace.ID}
-	args = append(args, store.WorkspaceFields(r.Workspace)...)
+	fields := store.WorkspaceFields(r.Workspace)
+	args := make([]any, 0, 4+len(fields))
+	args = append(args, r.Workspace.CreatedAt.UnixMilli(), r.Workspace.ID)
+	args = append(args, fields...)
 	// The key's hash, so that the reaper can free it if the create's
 	// outcome is never confirmed (store.FailCreate).
 	return []string{r.Keys.Workspace, r.Keys.Index, r.Keys.LiveIndex}, append(args, "key", r.KeyHash)

@@ -70,17 +70,24 @@ func (BudgetCheck) Name() string { return "budget" }
 // Lua implements admission.Check. K[1] budgets HASH, K[2] spend HASH (the
 // month's), K[3] alerted SET (the month's), K[4] alerts LIST; A[1] hold,
 // A[2] month, A[3] now (unix ms), A[4..] scopes.
+//
+// An account without budgets (no budgets HASH) costs one EXISTS, and an
+// admission that holds nothing there writes nothing.
 func (BudgetCheck) Lua() (string, string) {
-	return budgetLua + `local w = tonumber(A[1])
+	return budgetLua + `if redis.call('EXISTS', K[1]) == 0 then return nil end
+local w = tonumber(A[1])
 for i = 4, #A do
   local lim = tonumber(redis.call('HGET', K[1], A[i]))
   if lim and redis.call('HGET', K[1], A[i] .. ':soft') ~= '1' then
     if spent(K[2], A[i]) + w > lim then return {'` + string(protocol.BudgetExhausted) + `', scope_level(A[i])} end
   end
-end`, budgetLua + `local queued = false
+end`, budgetLua + `local budgets = redis.call('EXISTS', K[1]) == 1
+local hold = tonumber(A[1])
+if hold <= 0 and not budgets then return false end
+local queued = false
 for i = 4, #A do
-  if tonumber(A[1]) > 0 then redis.call('HINCRBY', K[2], A[i] .. ':h', A[1]) end
-  if budget_alerts(K[1], K[2], K[3], K[4], A[i], A[2], A[3]) then queued = true end
+  if hold > 0 then redis.call('HINCRBY', K[2], A[i] .. ':h', A[1]) end
+  if budgets and budget_alerts(K[1], K[2], K[3], K[4], A[i], A[2], A[3]) then queued = true end
 end
 redis.call('PEXPIRE', K[2], ` + spendTTL + `)
 return queued`
