@@ -298,3 +298,25 @@ func TestConfirmAnswersTheRecord(t *testing.T) {
 		}
 	})
 }
+
+// TestLiveWalkPrunesTheIndex: the background walks keep the full index
+// bounded as a listing does, dropping entries older than retention and a
+// day (their records can only have expired), even when nobody lists every
+// workspace.
+func TestLiveWalkPrunesTheIndex(t *testing.T) {
+	eachDB(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		now := time.Now().UTC().Truncate(time.Second)
+		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
+		old := now.Add(-db.Config().Retention - 25*time.Hour)
+		terminated(t, db, newRunning(t, db, acct, inst, old), old)
+		recent := newRunning(t, db, acct, inst, now)
+		if _, err := db.LiveWorkspaces(ctx, acct, inst, now); err != nil {
+			t.Fatal(err)
+		}
+		idx := store.AdmissionKeys(acct, inst, "", "").Index
+		if got, err := db.Redis().ZRange(ctx, idx, 0, -1).Result(); err != nil || !slices.Equal(got, []string{recent.ID}) {
+			t.Errorf("index after a live walk = %v, %v; want only %s", got, err, recent.ID)
+		}
+	})
+}

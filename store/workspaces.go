@@ -411,15 +411,19 @@ func (db *DB) indexLive(ctx context.Context, acct, inst string, ids []string) er
 // creation order: those of its live index, and those holding one of its
 // slots that the live index lacks (admitted by a broker without it, during
 // an upgrade; they are added to it). It reads only these records: one
-// round trip for both sets, then one per indexBatch records. Entries of
+// round trip for both sets (which also prunes the full index past
+// retention), then one per indexBatch records. Entries of
 // the live index whose record is gone or terminated (ended by a broker
 // without the live index) are removed from it.
-func (db *DB) instanceLive(ctx context.Context, acct, inst string) ([]sandgate.Workspace, error) {
+func (db *DB) instanceLive(ctx context.Context, acct, inst string, now time.Time) ([]sandgate.Workspace, error) {
 	if err := db.ensureLiveIndex(ctx, acct, inst); err != nil {
 		return nil, err
 	}
 	lidx := liveIndexKey(acct, inst)
 	pipe := db.rdb.Pipeline()
+	// The full index's entries older than retention, as ListWorkspaces
+	// prunes them: the background walks keep it bounded.
+	pipe.ZRemRangeByScore(ctx, workspaceIndexKey(acct, inst), "-inf", "("+strconv.FormatInt(ms(now.Add(-db.cfg.Retention-24*time.Hour)), 10))
 	indexedCmd := pipe.ZRange(ctx, lidx, 0, -1)
 	slotsCmd := pipe.ZRange(ctx, liveKey(acct, inst), 0, -1)
 	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
@@ -660,7 +664,7 @@ func (db *DB) walkWorkspaces(ctx context.Context, acct, inst string, liveOnly bo
 	var out []sandgate.Workspace
 	for _, sc := range scopes {
 		if liveOnly {
-			ws, err := db.instanceLive(ctx, sc.acct, sc.inst)
+			ws, err := db.instanceLive(ctx, sc.acct, sc.inst, now)
 			if err != nil {
 				return nil, err
 			}
