@@ -204,10 +204,12 @@ func (b *Billing) charge(ctx context.Context, w sandgate.Workspace, es []UsageEn
 // finish's) go between the mode's and the scopes.
 func chargeBinding(w sandgate.Workspace, wsKey string, es []UsageEntry, mode string, extra ...any) ([]string, []any, error) {
 	a := w.AccountID
-	keys := []string{fundsKey(a), holdsKey(a), usageKey(a), usageIDsKey(a),
-		spendKey(a, month(w.CreatedAt)), budgetsKey(a), alertsKey(a), wsKey}
+	keys := make([]string, 0, 9+2*len(es)) // and the caller's one more
+	keys = append(keys, fundsKey(a), holdsKey(a), usageKey(a), usageIDsKey(a),
+		spendKey(a, month(w.CreatedAt)), budgetsKey(a), alertsKey(a), wsKey)
 	sc := scopes(w.InstanceID, w.Agent)
-	args := []any{w.ID, mode, len(sc)}
+	args := make([]any, 0, 3+len(extra)+len(sc)+5*len(es))
+	args = append(args, w.ID, mode, len(sc))
 	args = append(args, extra...)
 	args = append(args, anys(sc)...)
 	for _, e := range es {
