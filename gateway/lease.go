@@ -38,7 +38,7 @@ func (s *Server) getLease(c echo.Context) error {
 	adm := s.admissionState(c.Request().Context(), e.controlsKey, e.Lease.AccountID, e.Lease.InstanceID)
 	plain := c.Request().URL.RawQuery == "" && !c.Echo().Debug
 	if lb := e.lease.Load(); plain && lb != nil && lb.state == state && lb.admission == adm {
-		return c.JSONBlob(http.StatusOK, lb.body)
+		return writeJSON(c, lb.body)
 	}
 	resp := s.leaseResponse(e.Auth, state, adm)
 	if !plain {
@@ -50,7 +50,19 @@ func (s *Server) getLease(c echo.Context) error {
 	}
 	body = append(body, '\n')
 	e.lease.Store(&leaseBody{state: state, admission: adm, body: body})
-	return c.JSONBlob(http.StatusOK, body)
+	return writeJSON(c, body)
+}
+
+// writeJSON answers 200 with body, encoded JSON, as c.JSONBlob does but
+// with the Content-Type value every JSON answer shares.
+func writeJSON(c echo.Context, body []byte) error {
+	h := c.Response().Header()
+	if v := h[echo.HeaderContentType]; len(v) == 0 || v[0] == "" {
+		h[echo.HeaderContentType] = jsonType
+	}
+	c.Response().WriteHeader(http.StatusOK)
+	_, err := c.Response().Write(body)
+	return err
 }
 
 // leaseResponse is the lease answer of a at state, with adm the admission

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"log/slog"
-	"time"
 
 	"github.com/labstack/echo/v4"
 	"go.opentelemetry.io/otel/attribute"
@@ -100,64 +99,48 @@ func (s *Server) measures(route string, status int, code protocol.Code) *measure
 	return m
 }
 
-// telemetry makes the request's server span, a child of the caller's W3C
-// traceparent when it sent one, named after the route template, with the
-// status, the protocol code and the request id; and records its latency
-// in MetricRequestDuration. No query, header value, body or token is an
-// attribute. With tracing off it starts no span at all.
-func (s *Server) telemetry(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		start := time.Now()
-		if s.tel.tracer == nil {
-			err := next(c)
-			s.recordDuration(c.Request().Context(), c, start)
-			return err
-		}
-		r := c.Request()
-		ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		route := s.routeLabel(c)
-		attrs := []attribute.KeyValue{attribute.String("http.request.method", r.Method)}
-		if route != "unmatched" {
-			attrs = append(attrs, attribute.String("http.route", c.Path())) // never an unknown path: the client's
-		}
-		ctx, span := s.tel.tracer.Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
-		c.SetRequest(r.WithContext(ctx))
-		err := next(c)
-		if span.IsRecording() {
-			status := c.Response().Status
-			attrs = []attribute.KeyValue{attribute.Int("http.response.status_code", status),
-				attribute.String("sandgate.request_id", requestID(c))}
-			if code := codeOf(c); code != "" {
-				attrs = append(attrs, attribute.String("error.code", string(code)))
-				if status >= 500 {
-					span.SetStatus(codes.Error, string(code))
-				}
-			}
-			if a := authEntryFrom(c); a != nil && a.Lease.ID != "" {
-				attrs = append(attrs, attribute.String("sandgate.instance_id", a.Lease.InstanceID))
-			}
-			span.SetAttributes(attrs...)
-		}
-		span.End()
-		s.recordDuration(ctx, c, start)
-		return err
+// startSpan starts the request's server span, a child of the caller's
+// W3C traceparent when it sent one, named after the route template, and
+// makes its context the request's. With tracing off it starts no span at
+// all (nil) and returns the request's context.
+func (s *Server) startSpan(c echo.Context) (context.Context, trace.Span) {
+	r := c.Request()
+	if s.tel.tracer == nil {
+		return r.Context(), nil
 	}
+	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	route := s.routeLabel(c)
+	attrs := []attribute.KeyValue{attribute.String("http.request.method", r.Method)}
+	if route != "unmatched" {
+		attrs = append(attrs, attribute.String("http.route", c.Path())) // never an unknown path: the client's
+	}
+	ctx, span := s.tel.tracer.Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+	c.SetRequest(r.WithContext(ctx))
+	return ctx, span
 }
 
-// recordDuration records the request's latency since start.
-func (s *Server) recordDuration(ctx context.Context, c echo.Context, start time.Time) {
-	if s.tel.duration == nil {
+// endSpan ends span (nil: none) with the status, the protocol code and
+// the request id. No query, header value, body or token is an attribute.
+func (s *Server) endSpan(span trace.Span, c *reqContext, code protocol.Code) {
+	if span == nil {
 		return
 	}
-	s.tel.duration.Record(ctx, time.Since(start).Seconds(), s.measures(s.routeLabel(c), c.Response().Status, codeOf(c)).duration...)
-}
-
-// codeOf is the request's protocol code as accessLog left it.
-func codeOf(c echo.Context) protocol.Code {
-	if rc := reqOf(c); rc != nil {
-		return rc.code
+	if span.IsRecording() {
+		status := c.Response().Status
+		attrs := []attribute.KeyValue{attribute.Int("http.response.status_code", status),
+			attribute.String("sandgate.request_id", c.id)}
+		if code != "" {
+			attrs = append(attrs, attribute.String("error.code", string(code)))
+			if status >= 500 {
+				span.SetStatus(codes.Error, string(code))
+			}
+		}
+		if a := c.auth; a != nil && a.Lease.ID != "" {
+			attrs = append(attrs, attribute.String("sandgate.instance_id", a.Lease.InstanceID))
+		}
+		span.SetAttributes(attrs...)
 	}
-	return ""
+	span.End()
 }
 
 // Draining reports whether Drain was called: the gateway refuses new
