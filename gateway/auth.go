@@ -68,7 +68,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return protocol.E(protocol.LeaseSuperseded, "this token was rotated and its grace period ended; install the new token")
 		}
 		if rc := reqOf(c); rc != nil {
-			rc.auth = e
+			rc.auth, rc.now = e, now
 		}
 		return next(c)
 	}

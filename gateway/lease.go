@@ -32,10 +32,10 @@ type leaseBody struct {
 // cache entry and lease state and admission, and written from there while
 // they hold; a query (echo's ?pretty) is answered as c.JSON would.
 func (s *Server) getLease(c echo.Context) error {
-	e := authEntryFrom(c)
-	now := s.clock.Now()
+	rc := reqOf(c)
+	e, now := rc.auth, rc.now
 	state := e.Lease.StateAt(now)
-	adm := s.admissionState(c.Request().Context(), e.controlsKey, e.Lease.AccountID, e.Lease.InstanceID)
+	adm := s.admissionState(c.Request().Context(), e.controlsKey, e.Lease.AccountID, e.Lease.InstanceID, now)
 	plain := c.Request().URL.RawQuery == "" && !c.Echo().Debug
 	if lb := e.lease.Load(); plain && lb != nil && lb.state == state && lb.admission == adm {
 		return writeJSON(c, lb.body)
@@ -150,16 +150,16 @@ func defaultSize(scope sandgate.Scope) string {
 
 // admissionState is the lease's admission object. When the state cannot be
 // read the broker fails closed and says so (spec §GET /v1/lease).
-// key is controlsKey(acct, inst), or "" to build it.
-func (s *Server) admissionState(ctx context.Context, key, acct, inst string) protocol.Admission {
+// key is controlsKey(acct, inst), or "" to build it; now is the clock
+// reading of the request's decision.
+func (s *Server) admissionState(ctx context.Context, key, acct, inst string, now time.Time) protocol.Admission {
 	if key == "" {
 		key = controlsKey(acct, inst)
 	}
-	c, err := s.controls.forKey(ctx, key, acct, inst)
+	c, err := s.controls.forKeyAt(ctx, key, acct, inst, now)
 	if err != nil {
 		return protocol.Admission{State: protocol.AdmissionPaused, Reason: "unavailable"}
 	}
-	now := s.clock.Now()
 	switch {
 	case c.GlobalStop.ActiveAt(now):
 		return protocol.Admission{State: protocol.AdmissionEmergencyStopped, Reason: c.GlobalStop.Reason}

@@ -112,12 +112,10 @@ type Server struct {
 	inflight *inflight // caps on execs and file transfers in flight
 	echo     *echo.Echo
 	draining atomic.Bool
-	requests metric.Int64Counter
 	// routeLabels are the labels ("METHOD /template") of every route, for
 	// the metrics and the server span.
 	routeLabels map[routeKey]string
 	measureSets sync.Map // measureKey → *measureOpts
-	measureN    atomic.Int64
 	reqs        sync.Pool // *reqContext, reused by serve
 	tel         serverTelemetry
 	external    []Cache
@@ -162,8 +160,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 		cfg.Meter = noop.NewMeterProvider().Meter("")
 	}
 	var err error
-	if s.requests, err = cfg.Meter.Int64Counter(MetricRequests, metric.WithUnit("{request}"),
-		metric.WithDescription("Requests to the v1 API, by route, status and protocol code.")); err != nil {
+	if _, err = cfg.Meter.Int64ObservableCounter(MetricRequests, metric.WithUnit("{request}"),
+		metric.WithDescription("Requests to the v1 API, by route, status and protocol code."),
+		metric.WithInt64Callback(s.observeRequests)); err != nil {
 		log.Warn("gateway metric not registered", slog.String("metric", MetricRequests), slog.Any(sandgate.KeyError, err))
 	}
 	return s, nil
@@ -191,7 +190,8 @@ func (s *Server) routes() *echo.Echo {
 	// request, allocating each closure again; the one it is given hands
 	// back serve, which ends in the handler echo found for the request
 	// (c.Handler(): what echo passes as next).
-	e.Use(func(echo.HandlerFunc) echo.HandlerFunc { return s.serve })
+	serve := echo.HandlerFunc(s.serve) // a method value, made once: a closure on every call otherwise
+	e.Use(func(echo.HandlerFunc) echo.HandlerFunc { return serve })
 	// Every /v1 route is authenticated, unknown ones too (a 401 before a
 	// 404), as echo's group middleware would do. The route's middleware is
 	// applied here, once, not handed to echo, which would apply it again
@@ -393,9 +393,7 @@ func (s *Server) trustedProxy(remote string) bool {
 // template, status, code and ids, never the URL's query, a body, a header
 // value or the token. start and end are when it came and was answered.
 func (s *Server) accessLog(ctx context.Context, c *reqContext, m *measureOpts, code protocol.Code, start, end time.Time) {
-	if s.requests != nil {
-		s.requests.Add(ctx, 1, m.count...)
-	}
+	m.n.Add(1)
 	h := s.log.Handler()
 	if !h.Enabled(ctx, slog.LevelInfo) {
 		return

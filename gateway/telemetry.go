@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/labstack/echo/v4"
 	"go.opentelemetry.io/otel/attribute"
@@ -69,34 +70,47 @@ type measureKey struct {
 	code   protocol.Code
 }
 
-// measureOpts are the attribute sets of one measureKey, built once: a
-// request's measurements look them up instead of building and sorting
-// their attributes every time.
+// measureOpts are one measureKey's count of requests and attribute sets,
+// built once: a request's measurements look them up instead of building
+// and sorting their attributes every time.
 type measureOpts struct {
-	count    []metric.AddOption    // MetricRequests: route, status, code
-	duration []metric.RecordOption // MetricRequestDuration: route, status
+	// n counts MetricRequests of the key, reported by observeRequests
+	// when the metrics are read: an atomic add per request where the
+	// metric SDK's counter would look its attribute set up in its own map.
+	n        atomic.Int64
+	count    []metric.ObserveOption // MetricRequests: route, status, code
+	duration []metric.RecordOption  // MetricRequestDuration: route, status
 }
 
-// maxMeasureOpts bounds the attribute sets kept. Routes, statuses and
-// codes are bounded already; past it a set is built per request again.
-const maxMeasureOpts = 4096
-
-// measures returns the attribute sets of a request's measurements.
+// measures returns the measurements of a request's key, made on its
+// first request. Routes (the route table's, or "unmatched"), statuses
+// (the gateway's own answers) and codes (the protocol's) are bounded,
+// and so are the keys kept.
 func (s *Server) measures(route string, status int, code protocol.Code) *measureOpts {
 	k := measureKey{route, status, code}
 	if m, ok := s.measureSets.Load(k); ok {
 		return m.(*measureOpts)
 	}
 	m := &measureOpts{
-		count: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
+		count: []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(
 			attribute.String("route", route), attribute.Int(sandgate.KeyStatus, status), attribute.String(sandgate.KeyCode, string(code))))},
 		duration: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(
 			attribute.String("route", route), attribute.Int(sandgate.KeyStatus, status)))},
 	}
-	if s.measureN.Add(1) <= maxMeasureOpts {
-		s.measureSets.Store(k, m)
-	}
-	return m
+	v, _ := s.measureSets.LoadOrStore(k, m)
+	return v.(*measureOpts)
+}
+
+// observeRequests reports MetricRequests: every key's count so far.
+func (s *Server) observeRequests(_ context.Context, o metric.Int64Observer) error {
+	s.measureSets.Range(func(_, v any) bool {
+		m := v.(*measureOpts)
+		if n := m.n.Load(); n > 0 {
+			o.Observe(n, m.count...)
+		}
+		return true
+	})
+	return nil
 }
 
 // startSpan starts the request's server span, a child of the caller's

@@ -113,12 +113,20 @@ func (h *jsonHandler) appendRecord(buf []byte, r slog.Record) ([]byte, bool) {
 // appendJSONAttr appends a's key and value as slog's handler does after
 // millis, or reports false when a is not of the plain kinds.
 func appendJSONAttr(buf []byte, a slog.Attr) ([]byte, bool) {
-	a.Value = a.Value.Resolve()
-	if a.Value.Kind() == slog.KindGroup {
+	switch a.Value.Kind() {
+	case slog.KindString, slog.KindInt64, slog.KindUint64, slog.KindBool, slog.KindFloat64:
+		// Resolving and millis leave these as they are: most attributes
+		// are of these kinds, and each Kind is a type switch.
+	case slog.KindGroup:
 		return buf, false
+	default:
+		a.Value = a.Value.Resolve()
+		if a.Value.Kind() == slog.KindGroup {
+			return buf, false
+		}
+		a = millis(nil, a)
+		a.Value = a.Value.Resolve()
 	}
-	a = millis(nil, a)
-	a.Value = a.Value.Resolve()
 	if a.Key == "" {
 		return buf, false // slog elides an empty attribute and keeps an empty key: leave both to it
 	}
