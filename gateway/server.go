@@ -115,7 +115,7 @@ type Server struct {
 	// routeLabels are the labels ("METHOD /template") of every route, for
 	// the metrics and the server span.
 	routeLabels map[routeKey]string
-	measureSets sync.Map // measureKey → *measureOpts
+	measureSets sync.Map  // measureKey → *measureOpts
 	reqs        sync.Pool // *reqContext, reused by serve
 	tel         serverTelemetry
 	external    []Cache
