@@ -112,9 +112,10 @@ type Server struct {
 	inflight *inflight // caps on execs and file transfers in flight
 	echo     *echo.Echo
 	draining atomic.Bool
-	// routeLabels are the labels ("METHOD /template") of every route, for
-	// the metrics and the server span.
-	routeLabels map[routeKey]string
+	// routeInfos are the labels ("METHOD /template") of every route, for the
+	// metrics and the server span, and unmatched every other request's.
+	routeInfos  map[routeKey]*routeInfo
+	unmatched   *routeInfo
 	measureSets sync.Map  // measureKey → *measureOpts
 	reqs        sync.Pool // *reqContext, reused by serve
 	tel         serverTelemetry
@@ -151,9 +152,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.inflight = newInflight(cfg)
 	s.reqs.New = func() any { return new(reqContext) }
 	s.echo = s.routes()
-	s.routeLabels = map[routeKey]string{}
+	s.routeInfos, s.unmatched = map[routeKey]*routeInfo{}, &routeInfo{label: "unmatched"}
 	for _, r := range s.echo.Routes() {
-		s.routeLabels[routeKey{r.Method, r.Path}] = r.Method + " " + r.Path
+		s.routeInfos[routeKey{r.Method, r.Path}] = &routeInfo{label: r.Method + " " + r.Path}
 	}
 	s.tel = newServerTelemetry(cfg, log)
 	if cfg.Meter == nil {
@@ -291,7 +292,7 @@ func (s *Server) observe(c *reqContext) {
 		code = s.answer(c)
 	}
 	end := time.Now()
-	m := s.measures(s.routeLabel(c), c.Response().Status, code)
+	m := s.measuresOf(s.route(c), c.Response().Status, code)
 	if refused == nil {
 		s.accessLog(c.Request().Context(), c, m, code, start, end)
 	}
@@ -401,19 +402,23 @@ func (s *Server) accessLog(ctx context.Context, c *reqContext, m *measureOpts, c
 	// The record goes to the handler directly: Logger.LogAttrs would
 	// walk the stack for the caller's PC on every line, which the
 	// handler (no AddSource) never writes.
-	r := slog.NewRecord(end, slog.LevelInfo, "request", 0)
-	r.AddAttrs(
+	attrs := [8]slog.Attr{
 		slog.String(sandgate.KeyRequestID, c.id),
 		slog.String("method", c.Request().Method),
 		slog.String("route", c.Path()),
 		slog.Int(sandgate.KeyStatus, c.Response().Status),
-		slog.Duration("duration", end.Sub(start)))
+		slog.Duration("duration", end.Sub(start))}
+	n := 5
 	if a := c.auth; a != nil && a.Lease.ID != "" {
-		r.AddAttrs(slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID))
+		attrs[n], attrs[n+1] = slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID)
+		n += 2
 	}
 	if code != "" {
-		r.AddAttrs(slog.String(sandgate.KeyCode, string(code)))
+		attrs[n] = slog.String(sandgate.KeyCode, string(code))
+		n++
 	}
+	r := slog.NewRecord(end, slog.LevelInfo, "request", 0)
+	r.AddAttrs(attrs[:n]...)
 	_ = h.Handle(ctx, r)
 }
 

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"sync/atomic"
 
 	"github.com/labstack/echo/v4"
@@ -54,13 +55,33 @@ func newServerTelemetry(cfg Config, log *slog.Logger) serverTelemetry {
 // routeKey is a route as echo names it: its method and template.
 type routeKey struct{ method, path string }
 
-// routeLabel is the request's method and route template, or "unmatched": the
-// method and path of an unknown route are the client's, unbounded.
-func (s *Server) routeLabel(c echo.Context) string {
-	if l, ok := s.routeLabels[routeKey{c.Request().Method, c.Path()}]; ok {
-		return l
+// routeInfo is one route's label ("METHOD /template", or "unmatched")
+// and the measurements of its successes, the answer most requests get.
+type routeInfo struct {
+	label string
+	ok    atomic.Pointer[measureOpts] // status 200, no code; nil until the first
+}
+
+// route is the request's route: its method and template, or "unmatched":
+// the method and path of an unknown route are the client's, unbounded.
+func (s *Server) route(c echo.Context) *routeInfo {
+	if r, ok := s.routeInfos[routeKey{c.Request().Method, c.Path()}]; ok {
+		return r
 	}
-	return "unmatched"
+	return s.unmatched
+}
+
+// measuresOf is measures of a request to r.
+func (s *Server) measuresOf(r *routeInfo, status int, code protocol.Code) *measureOpts {
+	if status != http.StatusOK || code != "" {
+		return s.measures(r.label, status, code)
+	}
+	if m := r.ok.Load(); m != nil {
+		return m
+	}
+	m := s.measures(r.label, status, code)
+	r.ok.Store(m)
+	return m
 }
 
 // measureKey is the attributes of one request's measurements.
@@ -123,7 +144,7 @@ func (s *Server) startSpan(c echo.Context) (context.Context, trace.Span) {
 		return r.Context(), nil
 	}
 	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	route := s.routeLabel(c)
+	route := s.route(c).label
 	attrs := []attribute.KeyValue{attribute.String("http.request.method", r.Method)}
 	if route != "unmatched" {
 		attrs = append(attrs, attribute.String("http.route", c.Path())) // never an unknown path: the client's
