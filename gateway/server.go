@@ -243,7 +243,7 @@ var (
 func (s *Server) serve(c echo.Context) error {
 	h := c.Response().Header()
 	h["Cache-Control"] = noStore
-	id := c.Request().Header.Get(protocol.HeaderRequestID)
+	id := headerValue(c.Request().Header, protocol.HeaderRequestID)
 	if !policy.ValidRequestID(id) {
 		// A malformed client id is replaced, not refused: it is diagnostics only.
 		id = newRequestID()
@@ -333,6 +333,15 @@ func (s *Server) handle(c echo.Context) (err error) {
 		return &protocol.Error{Code: protocol.Unavailable, Message: "this gateway is shutting down; retry shortly", RetryAfter: 2 * time.Second}
 	}
 	return c.Handler()(c)
+}
+
+// headerValue is h.Get(key) for a key spelled canonically, as net/http
+// stores a request's: without canonicalising it again.
+func headerValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 func requestID(c echo.Context) string {

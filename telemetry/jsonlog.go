@@ -20,7 +20,7 @@ import (
 // lines never interleave and keep their order.
 type jsonHandler struct {
 	std   slog.Handler // slog's JSON handler over lw, with pre's attributes
-	lw    *lockedWriter
+	lw    io.Writer    // the writer, whose writes are serialised (lockedWriter, or a LogWriter)
 	level slog.Leveler
 	pre   []byte // attributes of WithAttrs, encoded: `"k":v,"k2":v2`
 }
@@ -38,7 +38,14 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 }
 
 func newJSONHandler(w io.Writer, opts *slog.HandlerOptions) *jsonHandler {
-	lw := &lockedWriter{w: w}
+	// A LogWriter serialises its writes itself, and both paths write a
+	// line in one Write: no second lock.
+	var lw io.Writer
+	if l, ok := w.(*LogWriter); ok {
+		lw = l
+	} else {
+		lw = &lockedWriter{w: w}
+	}
 	return &jsonHandler{std: slog.NewJSONHandler(lw, opts), lw: lw, level: opts.Level}
 }
 
@@ -150,10 +157,19 @@ func appendJSONAttr(buf []byte, a slog.Attr) ([]byte, bool) {
 	return buf, false
 }
 
+// plainJSON says which bytes a JSON string holds as they are: printable
+// ASCII but the quote and the backslash.
+var plainJSON = func() (t [256]bool) {
+	for b := 0x20; b < 0x80; b++ {
+		t[b] = b != '"' && b != '\\'
+	}
+	return t
+}()
+
 // appendJSONString appends s quoted when no byte of it needs escaping.
 func appendJSONString(buf []byte, s string) ([]byte, bool) {
 	for i := 0; i < len(s); i++ {
-		if b := s[i]; b < 0x20 || b >= 0x80 || b == '"' || b == '\\' {
+		if !plainJSON[s[i]] {
 			return buf, false
 		}
 	}
