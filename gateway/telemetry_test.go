@@ -113,7 +113,7 @@ func TestServerSpans(t *testing.T) {
 				r, _ := dp.Attributes.Value(attribute.Key("route"))
 				st, _ := dp.Attributes.Value(attribute.Key("status"))
 				c, _ := dp.Attributes.Value(attribute.Key("code"))
-				counts[r.AsString()+" "+st.Emit()+" "+c.AsString()] += dp.Value
+				counts[r.AsString()+" "+st.String()+" "+c.AsString()] += dp.Value
 			}
 		}
 	}
