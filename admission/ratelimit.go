@@ -40,7 +40,10 @@ var DefaultRates = map[Class]Rate{
 // to ARGV[3] requests at once: the key holds the theoretical arrival time
 // (TAT) of the next request, and it grants as many of the wanted requests
 // as fit within the burst. Its one clock is Redis's own TIME, so gateways
-// whose clocks differ share one limit exactly.
+// whose clocks differ share one limit exactly. The TAT is stored to the
+// microsecond: Lua's tostring keeps 14 digits, a tenth of a millisecond of
+// a unix-ms time, which would round away the interval of a limit over
+// 10 000 requests a second.
 //
 // KEYS[1] TAT STRING
 // ARGV[1] emission interval (ms per request, may be fractional), ARGV[2]
@@ -56,7 +59,7 @@ local room = math.floor((burst * t - (tat - now)) / t + 1e-9)
 if room < 1 then return {0, math.ceil(tat + t - now - burst * t)} end
 local g = math.min(want, room)
 local new = tat + g * t
-redis.call('SET', KEYS[1], tostring(new), 'PX', math.ceil(new - now) + 1000)
+redis.call('SET', KEYS[1], string.format('%.3f', new), 'PX', math.ceil(new - now) + 1000)
 return {g, 0}
 `)
 
@@ -69,15 +72,23 @@ return {g, 0}
 // requests never waits for Redis; one that finds the bucket empty while
 // that borrow is in flight waits for it rather than borrowing on its own.
 //
+// A batch follows the token's observed rate on this process: each batch
+// borrow takes what the requests since the last one would spend in
+// BatchHorizon at the rate they came, between Batch (Burst/20) and
+// MaxBatch (Burst/4), both between 1 and 64. A token spending no faster
+// than Batch per BatchHorizon keeps batches of Batch; a faster one costs
+// a script call per up to MaxBatch requests.
+//
 // The bound: every request spends a request borrowed from Redis's limit,
 // and a process holds at most a batch and a half of a token's class at a
-// time (Batch: Burst/20, between 1 and 64; the next is borrowed once at
-// most half of one is left, and only one borrow is in flight), so in any
-// window the requests let through are at most what the limit allows in it
-// (burst + rate × window) plus 1.5 × Batch × the number of gateway
-// processes. Requests a process borrowed and did not spend within
-// BorrowedLifetime are dropped: a limit can only be under-used that way
-// (by at most 1.5 × Batch per process), never exceeded.
+// time (the next batch is borrowed once at most half of the current one
+// is left, only one borrow is in flight, and no batch is larger than
+// MaxBatch), so in any window the requests let through are at most what
+// the limit allows in it (burst + rate × window) plus 1.5 × MaxBatch ×
+// the number of gateway processes. Requests a process borrowed and did
+// not spend within BorrowedLifetime are dropped: a limit can only be
+// under-used that way (by at most 1.5 × MaxBatch per process), never
+// exceeded.
 type Limiter struct {
 	rdb       redis.UniversalClient
 	rates     map[Class]Rate
@@ -85,6 +96,7 @@ type Limiter struct {
 	// ahead hands a borrow ahead to a worker waiting for one (borrower);
 	// when none is waiting, a new one starts.
 	ahead chan aheadBorrow
+	now   func() time.Time // time.Now; a test's clock (export_test.go)
 
 	mu      sync.Mutex
 	buckets map[bucketKey]*bucket
@@ -111,9 +123,19 @@ const borrowTimeout = 5 * time.Second
 // they held is dropped, which only under-uses a limit).
 const maxBuckets = 100_000
 
-// Batch is how many requests a process borrows from r's limit at once:
+// Batch is how many requests a process borrows from r's limit at once
+// for a token whose requests come no faster than Batch per BatchHorizon:
 // Burst/20, between 1 and 64.
 func (r Rate) Batch() int { return min(max(r.Burst/20, 1), 64) }
+
+// MaxBatch is the most requests a process borrows from r's limit at once,
+// for a token whose requests come fast: Burst/4, between 1 and 64.
+func (r Rate) MaxBatch() int { return min(max(r.Burst/4, 1), 64) }
+
+// BatchHorizon is how far ahead a borrow provides for: a batch is what
+// the token's requests would spend in it at the rate they came since the
+// last batch borrow (between Batch and MaxBatch).
+const BatchHorizon = 100 * time.Millisecond
 
 // bucket holds the requests a process borrowed for one token and class.
 type bucket struct {
@@ -124,16 +146,44 @@ type bucket struct {
 	// none is. While one is, other requests wait for it (Allow) or borrow
 	// one at a time (Queue).
 	borrowing chan struct{}
+	// batch is the size of the last batch borrowed (0: none yet), spent
+	// the requests spent since that borrow started, at batchAt.
+	batch   int
+	spent   int
+	batchAt time.Time
 }
 
 // take spends one held request.
 func (b *bucket) take(now time.Time) bool {
 	if b.tokens > 0 && now.Before(b.expires) {
 		b.tokens--
+		b.spent++
 		return true
 	}
 	b.tokens = 0
 	return false
+}
+
+// size is the bucket's current batch: the last one borrowed, or r's
+// Batch before any.
+func (b *bucket) size(r Rate) int { return max(b.batch, r.Batch()) }
+
+// nextBatch is the size of a batch borrowed at now: what the requests
+// spent since the last batch borrow would spend in BatchHorizon at the
+// rate they came, between r's Batch and MaxBatch. It starts the next
+// count.
+func (b *bucket) nextBatch(r Rate, now time.Time) int {
+	n := r.Batch()
+	if !b.batchAt.IsZero() {
+		if d := now.Sub(b.batchAt); d <= 0 {
+			n = r.MaxBatch()
+		} else if want := float64(b.spent) * float64(BatchHorizon) / float64(d); want > float64(n) {
+			n = int(min(want, float64(r.MaxBatch())))
+		}
+	}
+	n = min(n, r.MaxBatch())
+	b.batch, b.spent, b.batchAt = n, 0, now
+	return n
 }
 
 // NewLimiter returns a limiter with rates; a class missing from rates uses DefaultRates.
@@ -150,7 +200,7 @@ func NewLimiter(rdb redis.UniversalClient, rates map[Class]Rate) *Limiter {
 		// As go-redis would format the float itself, on every call.
 		intervals[c] = strconv.FormatFloat(1000/r.PerSecond, 'f', -1, 64)
 	}
-	return &Limiter{rdb: rdb, rates: all, intervals: intervals, ahead: make(chan aheadBorrow), buckets: map[bucketKey]*bucket{}}
+	return &Limiter{rdb: rdb, rates: all, intervals: intervals, ahead: make(chan aheadBorrow), now: time.Now, buckets: map[bucketKey]*bucket{}}
 }
 
 func (l *Limiter) bucket(key bucketKey) *bucket {
@@ -173,22 +223,26 @@ func (l *Limiter) reserve(key bucketKey, r Rate) (b *bucket, want int, ok bool) 
 	b = l.bucket(key)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.take(time.Now()) {
+	now := l.now()
+	if b.take(now) {
 		return b, 0, true
 	}
 	want = 1
-	if b.borrowing == nil && r.Batch() > 1 {
-		b.borrowing, want = make(chan struct{}), r.Batch()
+	if b.borrowing == nil && r.MaxBatch() > 1 {
+		if n := b.nextBatch(r, now); n > 1 {
+			b.borrowing, want = make(chan struct{}), n
+		}
 	}
 	return b, want, false
 }
 
-// settle keeps what a borrow of want granted beyond the one request it
-// was for (keep 1: the borrow was for no request, all of it is held).
-func (b *bucket) settle(want, keep int, res []any, err error) error {
+// settle keeps what a borrow granted beyond the one request it was for
+// (keep 1: the borrow was for no request, all of it is held). owner is
+// whether the borrow is the batch borrow in flight (b.borrowing).
+func (b *bucket) settle(now time.Time, owner bool, keep int, res []any, err error) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if want > 1 && b.borrowing != nil {
+	if owner && b.borrowing != nil {
 		close(b.borrowing)
 		b.borrowing = nil
 	}
@@ -197,7 +251,7 @@ func (b *bucket) settle(want, keep int, res []any, err error) error {
 	}
 	g, _ := res[0].(int64)
 	if g > int64(1-keep) {
-		b.tokens, b.expires = b.tokens+int(g)-1+keep, time.Now().Add(BorrowedLifetime)
+		b.tokens, b.expires = b.tokens+int(g)-1+keep, now.Add(BorrowedLifetime)
 	}
 	return result(res, nil)
 }
@@ -226,7 +280,7 @@ func (l *Limiter) Queue(ctx context.Context, p redis.Pipeliner, leaseID string, 
 	cmd := borrowScript.Eval(ctx, p, []string{rateKey(leaseID, class)}, l.borrowArgs(class, want)...)
 	return func() error {
 		res, err := cmd.Slice()
-		return b.settle(want, 0, res, err)
+		return b.settle(l.now(), want > 1, 0, res, err)
 	}
 }
 
@@ -246,10 +300,11 @@ func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error 
 	b := l.bucket(bucketKey{leaseID, class})
 	for {
 		b.mu.Lock()
-		if b.take(time.Now()) {
-			if b.tokens <= r.Batch()/2 && b.borrowing == nil && r.Batch() > 1 {
+		now := l.now()
+		if b.take(now) {
+			if b.borrowing == nil && r.MaxBatch() > 1 && b.tokens <= b.size(r)/2 {
 				b.borrowing = make(chan struct{})
-				l.borrowAhead(aheadBorrow{ctx: context.WithoutCancel(ctx), key: rateKey(leaseID, class), class: class, b: b})
+				l.borrowAhead(aheadBorrow{ctx: context.WithoutCancel(ctx), key: rateKey(leaseID, class), class: class, want: b.nextBatch(r, now), b: b})
 			}
 			b.mu.Unlock()
 			return nil
@@ -257,12 +312,14 @@ func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error 
 		wait := b.borrowing
 		if wait == nil {
 			want := 1
-			if r.Batch() > 1 {
-				b.borrowing, want = make(chan struct{}), r.Batch()
+			if r.MaxBatch() > 1 {
+				if n := b.nextBatch(r, now); n > 1 {
+					b.borrowing, want = make(chan struct{}), n
+				}
 			}
 			b.mu.Unlock()
 			res, err := borrowScript.Run(ctx, l.rdb, []string{rateKey(leaseID, class)}, l.borrowArgs(class, want)...).Slice()
-			return b.settle(want, 0, res, err)
+			return b.settle(l.now(), want > 1, 0, res, err)
 		}
 		b.mu.Unlock()
 		select {
@@ -278,6 +335,7 @@ type aheadBorrow struct {
 	ctx   context.Context
 	key   string
 	class Class
+	want  int // the batch
 	b     *bucket
 }
 
@@ -317,9 +375,8 @@ func (l *Limiter) borrower(a aheadBorrow) {
 func (l *Limiter) borrow(a aheadBorrow) {
 	ctx, cancel := context.WithTimeout(a.ctx, borrowTimeout)
 	defer cancel()
-	batch := l.rates[a.class].Batch()
-	res, err := borrowScript.Run(ctx, l.rdb, []string{a.key}, l.borrowArgs(a.class, batch)...).Slice()
-	_ = a.b.settle(batch, 1, res, err)
+	res, err := borrowScript.Run(ctx, l.rdb, []string{a.key}, l.borrowArgs(a.class, a.want)...).Slice()
+	_ = a.b.settle(l.now(), true, 1, res, err)
 }
 
 func result(res []any, err error) error {

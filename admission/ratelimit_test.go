@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,26 +18,47 @@ import (
 	"github.com/sandgate/sandgate/protocol"
 )
 
-// scriptCounter counts the EVALSHA calls a client sends.
-type scriptCounter struct{ n atomic.Int64 }
+// scriptCounter counts the EVALSHA calls a client sends, and keeps the
+// requests each one asked for (borrowScript's ARGV[3], its last argument).
+type scriptCounter struct {
+	n atomic.Int64
+
+	mu    sync.Mutex
+	wants []int64
+}
 
 func (c *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (c *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if strings.EqualFold(cmd.Name(), "evalsha") {
 			c.n.Add(1)
+			args := cmd.Args()
+			want, _ := args[len(args)-1].(int)
+			c.mu.Lock()
+			c.wants = append(c.wants, int64(want))
+			c.mu.Unlock()
 		}
 		return next(ctx, cmd)
 	}
+}
+
+// takeWants returns the wants recorded since the last call.
+func (c *scriptCounter) takeWants() []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.wants
+	c.wants = nil
+	return w
 }
 func (c *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 
 // TestLimiterBorrowsInBatches: a limiter spends requests it borrowed from
-// Redis in batches of Burst/20, so a token's requests cost one script call
-// per batch (the request that leaves half a batch borrows the next one
-// ahead, in the background), and the limit still refuses past the burst.
+// Redis in batches of Burst/20 to Burst/4, so a token's requests cost one
+// script call per batch (the request that leaves half a batch borrows the
+// next one ahead, in the background), and the limit still refuses past
+// the burst.
 func TestLimiterBorrowsInBatches(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	sc := &scriptCounter{}
@@ -57,28 +79,102 @@ func TestLimiterBorrowsInBatches(t *testing.T) {
 	if !errors.As(err, &pe) || pe.RetryAfter <= 0 {
 		t.Errorf("refusal %+v; want a Retry-After", err)
 	}
-	// One call per batch, then the borrows ahead the last requests started
-	// (which Redis refused: the burst is spent; one at a time, at most one
-	// per request that left half a batch or less), and the refused
-	// request's own.
-	if got, least, most := sc.n.Load(), int64(100/rate.Batch()+1), int64(100/rate.Batch()+rate.Batch()/2+2); got < least || got > most {
-		t.Errorf("101 requests cost %d script calls; want %d to %d (batches of %d, then the refused borrows ahead and the refusal)", got, least, most, rate.Batch())
+	// One call per batch (of Batch to MaxBatch), then the borrows ahead
+	// the last requests started (which Redis refused: the burst is spent;
+	// one at a time, at most one per request that left half a batch or
+	// less), and the refused request's own.
+	if got, least, most := sc.n.Load(), int64(100/rate.MaxBatch()+1), int64(100/rate.Batch()+rate.MaxBatch()/2+2); got < least || got > most {
+		t.Errorf("101 requests cost %d script calls; want %d to %d (batches of %d to %d, then the refused borrows ahead and the refusal)", got, least, most, rate.Batch(), rate.MaxBatch())
+	}
+	for _, w := range sc.takeWants() {
+		if w < 1 || w > int64(rate.MaxBatch()) {
+			t.Errorf("a borrow asked for %d requests; want 1 to MaxBatch (%d)", w, rate.MaxBatch())
+		}
 	}
 	if err := l.Allow(ctx, "lease_b", admission.ClassRead); err != nil {
 		t.Errorf("another token: %v; want its own limit", err)
 	}
 }
 
+// TestLimiterBatchFollowsRate: a token whose requests come no faster than
+// Batch per BatchHorizon borrows batches of Batch; one that comes faster
+// borrows up to MaxBatch at once, and back to Batch when it slows down
+// again. The limiter's clock is the test's: each request advances it.
+func TestLimiterBatchFollowsRate(t *testing.T) {
+	rdb := redistest.Start(t).Client()
+	sc := &scriptCounter{}
+	rdb.AddHook(sc)
+	rate := admission.Rate{PerSecond: 1e6, Burst: 200} // nothing refused: Redis refills on its own clock; batches of 10 to 50
+	l := admission.NewLimiter(rdb, map[admission.Class]admission.Rate{admission.ClassRead: rate})
+	var clock atomic.Int64
+	clock.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	admission.SetClock(l, func() time.Time { return time.Unix(0, clock.Load()) })
+	ctx := context.Background()
+	batch, most := int64(rate.Batch()), int64(rate.MaxBatch())
+	// every sends n requests, the clock advancing by step before each,
+	// and returns the batches asked for once the last borrow landed. It
+	// pauses a millisecond after every 20: Redis refills on its own clock,
+	// in whole milliseconds, so that no more than the burst is asked for
+	// within one.
+	every := func(n int, step time.Duration) []int64 {
+		t.Helper()
+		for i := range n {
+			if i%20 == 19 {
+				time.Sleep(time.Millisecond)
+			}
+			clock.Add(int64(step))
+			if err := l.Allow(ctx, "lease_a", admission.ClassRead); err != nil {
+				t.Fatalf("request %d: %v (borrows asked: %v)", i+1, err, sc.takeWants())
+			}
+		}
+		admission.WaitBorrow(l, "lease_a", admission.ClassRead)
+		return sc.takeWants()
+	}
+	// Slow: 5 requests per BatchHorizon, half of Batch.
+	for _, w := range every(100, admission.BatchHorizon/5) {
+		if w != batch {
+			t.Errorf("slow token: a borrow asked for %d; want Batch (%d)", w, batch)
+		}
+	}
+	// Fast: 100 requests per BatchHorizon, twice MaxBatch. After the
+	// first borrow ahead of the fast stream, every batch is MaxBatch.
+	wants := every(400, admission.BatchHorizon/100)
+	if len(wants) < 2 || len(wants) > 400/int(most)+3 {
+		t.Errorf("fast token: 400 requests asked %d borrows %v; want 2 to %d (batches of %d)", len(wants), wants, 400/int(most)+3, most)
+	}
+	for i, w := range wants {
+		if w > most || (i >= 2 && w != most) {
+			t.Errorf("fast token: borrow %d asked for %d (all: %v); want MaxBatch (%d) from the third", i, w, wants, most)
+		}
+	}
+	// Slow again: back to Batch after the first borrow ahead of it.
+	wants = every(200, admission.BatchHorizon/5)
+	if len(wants) < 3 {
+		t.Errorf("slowed token: 200 requests asked %d borrows %v; want at least 3", len(wants), wants)
+	}
+	for i, w := range wants {
+		if i >= 1 && w != batch {
+			t.Errorf("slowed token: borrow %d asked for %d (all: %v); want Batch (%d) from the second", i, w, wants, batch)
+		}
+	}
+}
+
 // TestLimiterAcrossGateways: two gateways (two limiters, two clients) share
 // one token's limit in Redis. Together they let through no more than the
-// limit allows in the time it took (burst + rate × elapsed) plus a batch
-// and a half per gateway, and no fewer than the burst minus what each may
-// hold unspent.
+// limit allows in the time it took (burst + rate × elapsed) plus one and
+// a half of the largest batch (MaxBatch) per gateway, and no fewer than
+// the burst minus what each may hold unspent.
 func TestLimiterAcrossGateways(t *testing.T) {
 	rs := redistest.Start(t)
-	rate := admission.Rate{PerSecond: 2, Burst: 200} // batches of 10
+	rate := admission.Rate{PerSecond: 2, Burst: 200} // batches of 10 to 50
 	rates := map[admission.Class]admission.Rate{admission.ClassExec: rate}
-	gateways := []*admission.Limiter{admission.NewLimiter(rs.Client(), rates), admission.NewLimiter(rs.Client(), rates)}
+	sc := &scriptCounter{}
+	var gateways []*admission.Limiter
+	for range 2 {
+		rdb := rs.Client()
+		rdb.AddHook(sc)
+		gateways = append(gateways, admission.NewLimiter(rdb, rates))
+	}
 	ctx := context.Background()
 	var allowed, refused atomic.Int64
 	var wg sync.WaitGroup
@@ -103,15 +199,21 @@ func TestLimiterAcrossGateways(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	b := int64(rate.Batch())
-	held := (b + b/2) * int64(len(gateways)) // at most a batch and a half per gateway
+	b := int64(rate.MaxBatch())
+	held := (b + b/2) * int64(len(gateways)) // at most one and a half of the largest batch per gateway
 	most := int64(rate.Burst) + int64(math.Ceil(elapsed.Seconds()*rate.PerSecond)) + held
 	least := int64(rate.Burst) - held
 	if got := allowed.Load(); got > most || got < least {
-		t.Errorf("two gateways let %d of 800 requests through in %v; want %d to %d (burst %d, %g/s, batch %d per gateway)",
+		t.Errorf("two gateways let %d of 800 requests through in %v; want %d to %d (burst %d, %g/s, batches up to %d per gateway)",
 			got, elapsed, least, most, rate.Burst, rate.PerSecond, b)
 	}
 	if refused.Load() == 0 {
 		t.Errorf("no request refused; want the limit to hold")
+	}
+	// The bound is checked at its worst: the requests came fast enough
+	// for the gateways to borrow their largest batches.
+	wants := sc.takeWants()
+	if !slices.Contains(wants, b) || slices.Max(wants) > b {
+		t.Errorf("the gateways asked for %v; want batches up to MaxBatch (%d), and it among them", wants, b)
 	}
 }

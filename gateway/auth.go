@@ -48,7 +48,7 @@ func authEntryFrom(c echo.Context) *authEntry {
 // refuses expired, superseded-past-grace and revoked tokens (spec §Credential).
 func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		h := c.Request().Header.Get("Authorization")
+		h := headerValue(c.Request().Header, "Authorization")
 		scheme, raw, ok := strings.Cut(strings.TrimSpace(h), " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
@@ -68,7 +68,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return protocol.E(protocol.LeaseSuperseded, "this token was rotated and its grace period ended; install the new token")
 		}
 		if rc := reqOf(c); rc != nil {
-			rc.auth = e
+			rc.auth, rc.now = e, now
 		}
 		return next(c)
 	}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"time"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/store"
@@ -34,7 +35,11 @@ func controlsKey(acct, inst string) string { return acct + "/" + inst }
 
 // forKey is For with the cache key built already (controlsKey).
 func (c *Controls) forKey(ctx context.Context, key, acct, inst string) (store.Controls, error) {
-	now := c.clock.Now()
+	return c.forKeyAt(ctx, key, acct, inst, c.clock.Now())
+}
+
+// forKeyAt is forKey at now, the clock reading of the request's decision.
+func (c *Controls) forKeyAt(ctx context.Context, key, acct, inst string, now time.Time) (store.Controls, error) {
 	if v, ok, _ := c.cache.get(key, now); ok {
 		return v, nil
 	}

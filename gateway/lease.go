@@ -32,13 +32,13 @@ type leaseBody struct {
 // cache entry and lease state and admission, and written from there while
 // they hold; a query (echo's ?pretty) is answered as c.JSON would.
 func (s *Server) getLease(c echo.Context) error {
-	e := authEntryFrom(c)
-	now := s.clock.Now()
+	rc := reqOf(c)
+	e, now := rc.auth, rc.now
 	state := e.Lease.StateAt(now)
-	adm := s.admissionState(c.Request().Context(), e.controlsKey, e.Lease.AccountID, e.Lease.InstanceID)
+	adm := s.admissionState(c.Request().Context(), e.controlsKey, e.Lease.AccountID, e.Lease.InstanceID, now)
 	plain := c.Request().URL.RawQuery == "" && !c.Echo().Debug
 	if lb := e.lease.Load(); plain && lb != nil && lb.state == state && lb.admission == adm {
-		return c.JSONBlob(http.StatusOK, lb.body)
+		return writeJSON(c, lb.body)
 	}
 	resp := s.leaseResponse(e.Auth, state, adm)
 	if !plain {
@@ -50,7 +50,19 @@ func (s *Server) getLease(c echo.Context) error {
 	}
 	body = append(body, '\n')
 	e.lease.Store(&leaseBody{state: state, admission: adm, body: body})
-	return c.JSONBlob(http.StatusOK, body)
+	return writeJSON(c, body)
+}
+
+// writeJSON answers 200 with body, encoded JSON, as c.JSONBlob does but
+// with the Content-Type value every JSON answer shares.
+func writeJSON(c echo.Context, body []byte) error {
+	h := c.Response().Header()
+	if v := h[echo.HeaderContentType]; len(v) == 0 || v[0] == "" {
+		h[echo.HeaderContentType] = jsonType
+	}
+	c.Response().WriteHeader(http.StatusOK)
+	_, err := c.Response().Write(body)
+	return err
 }
 
 // leaseResponse is the lease answer of a at state, with adm the admission
@@ -138,16 +150,16 @@ func defaultSize(scope sandgate.Scope) string {
 
 // admissionState is the lease's admission object. When the state cannot be
 // read the broker fails closed and says so (spec §GET /v1/lease).
-// key is controlsKey(acct, inst), or "" to build it.
-func (s *Server) admissionState(ctx context.Context, key, acct, inst string) protocol.Admission {
+// key is controlsKey(acct, inst), or "" to build it; now is the clock
+// reading of the request's decision.
+func (s *Server) admissionState(ctx context.Context, key, acct, inst string, now time.Time) protocol.Admission {
 	if key == "" {
 		key = controlsKey(acct, inst)
 	}
-	c, err := s.controls.forKey(ctx, key, acct, inst)
+	c, err := s.controls.forKeyAt(ctx, key, acct, inst, now)
 	if err != nil {
 		return protocol.Admission{State: protocol.AdmissionPaused, Reason: "unavailable"}
 	}
-	now := s.clock.Now()
 	switch {
 	case c.GlobalStop.ActiveAt(now):
 		return protocol.Admission{State: protocol.AdmissionEmergencyStopped, Reason: c.GlobalStop.Reason}

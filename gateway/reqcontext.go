@@ -1,24 +1,24 @@
 package gateway
 
 import (
-	"github.com/labstack/echo/v4"
+	"time"
 
-	"github.com/sandgate/sandgate/protocol"
+	"github.com/labstack/echo/v4"
 )
 
-// reqContext is the echo.Context the middleware chain hands on (base
+// reqContext is the echo.Context the middleware chain hands on (serve
 // makes it), with what the chain leaves for itself about the request:
-// its id, its auth entry and its protocol code. echo's own store (Set and
-// Get) would allocate a map and take a lock for each of them on every
-// request; a reqContext is pooled by the Server and reused.
+// its id, its auth entry and the clock reading it was checked at. echo's
+// own store (Set and Get) would allocate a map and take a lock for each of
+// them on every request; a reqContext is pooled by the Server and reused.
 type reqContext struct {
 	echo.Context
-	id   string        // the request id (base)
-	auth *authEntry    // the resolved token (authenticate); nil before
-	code protocol.Code // the answer's protocol code (accessLog), for the span and the latency
+	id   string     // the request id (serve)
+	auth *authEntry // the resolved token (authenticate); nil before
+	now  time.Time  // Server.clock when authenticate checked the token: the request's decisions' clock
 }
 
-// reqOf returns c's reqContext; nil for a context base did not make.
+// reqOf returns c's reqContext; nil for a context serve did not make.
 func reqOf(c echo.Context) *reqContext {
 	rc, _ := c.(*reqContext)
 	return rc

@@ -2,10 +2,11 @@ package gateway
 
 import (
 	"context"
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -111,13 +112,12 @@ type Server struct {
 	inflight *inflight // caps on execs and file transfers in flight
 	echo     *echo.Echo
 	draining atomic.Bool
-	requests metric.Int64Counter
-	// routeLabels are the labels ("METHOD /template") of every route, for
-	// the metrics and the server span.
-	routeLabels map[routeKey]string
-	measureSets sync.Map // measureKey → *measureOpts
-	measureN    atomic.Int64
-	reqs        sync.Pool // *reqContext, reused by base
+	// routeInfos are the labels ("METHOD /template") of every route, for the
+	// metrics and the server span, and unmatched every other request's.
+	routeInfos  map[routeKey]*routeInfo
+	unmatched   *routeInfo
+	measureSets sync.Map  // measureKey → *measureOpts
+	reqs        sync.Pool // *reqContext, reused by serve
 	tel         serverTelemetry
 	external    []Cache
 }
@@ -152,17 +152,18 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.inflight = newInflight(cfg)
 	s.reqs.New = func() any { return new(reqContext) }
 	s.echo = s.routes()
-	s.routeLabels = map[routeKey]string{}
+	s.routeInfos, s.unmatched = map[routeKey]*routeInfo{}, &routeInfo{label: "unmatched"}
 	for _, r := range s.echo.Routes() {
-		s.routeLabels[routeKey{r.Method, r.Path}] = r.Method + " " + r.Path
+		s.routeInfos[routeKey{r.Method, r.Path}] = &routeInfo{label: r.Method + " " + r.Path}
 	}
 	s.tel = newServerTelemetry(cfg, log)
 	if cfg.Meter == nil {
 		cfg.Meter = noop.NewMeterProvider().Meter("")
 	}
 	var err error
-	if s.requests, err = cfg.Meter.Int64Counter(MetricRequests, metric.WithUnit("{request}"),
-		metric.WithDescription("Requests to the v1 API, by route, status and protocol code.")); err != nil {
+	if _, err = cfg.Meter.Int64ObservableCounter(MetricRequests, metric.WithUnit("{request}"),
+		metric.WithDescription("Requests to the v1 API, by route, status and protocol code."),
+		metric.WithInt64Callback(s.observeRequests)); err != nil {
 		log.Warn("gateway metric not registered", slog.String("metric", MetricRequests), slog.Any(sandgate.KeyError, err))
 	}
 	return s, nil
@@ -185,17 +186,13 @@ func (s *Server) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	// Every request, matched or not, goes through this chain. echo would
+	// Every request, matched or not, goes through serve. echo would
 	// apply middleware given to Use around the route's handler on every
 	// request, allocating each closure again; the one it is given hands
-	// back the chain built here once, which ends in the handler echo found
-	// for the request (c.Handler(): what echo passes as next).
-	chain := echo.HandlerFunc(func(c echo.Context) error { return c.Handler()(c) })
-	mw := []echo.MiddlewareFunc{s.base, s.telemetry, s.requireTLS, s.accessLog, s.recover, s.refuseWhileDraining}
-	for i := len(mw) - 1; i >= 0; i-- {
-		chain = mw[i](chain)
-	}
-	e.Use(func(echo.HandlerFunc) echo.HandlerFunc { return chain })
+	// back serve, which ends in the handler echo found for the request
+	// (c.Handler(): what echo passes as next).
+	serve := echo.HandlerFunc(s.serve) // a method value, made once: a closure on every call otherwise
+	e.Use(func(echo.HandlerFunc) echo.HandlerFunc { return serve })
 	// Every /v1 route is authenticated, unknown ones too (a 401 before a
 	// 404), as echo's group middleware would do. The route's middleware is
 	// applied here, once, not handed to echo, which would apply it again
@@ -228,33 +225,44 @@ func (s *Server) routes() *echo.Echo {
 	return e
 }
 
-// base sets what every response carries, error or not: no-store, the
-// request id, and the body limit.
-func (s *Server) base(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		h := c.Response().Header()
-		h.Set("Cache-Control", "no-store")
-		id := c.Request().Header.Get(protocol.HeaderRequestID)
-		if !policy.ValidRequestID(id) {
-			// A malformed client id is replaced, not refused: it is diagnostics only.
-			id = newRequestID()
-		}
-		h.Set(protocol.HeaderRequestID, id)
-		rc := s.reqs.Get().(*reqContext)
-		*rc = reqContext{Context: c, id: id}
-		// Errors are answered here, as echo would answer them (its
-		// HTTPErrorHandler is handleError), so that they see rc.
-		if err := s.serveBody(next, rc); err != nil {
-			s.handleError(err, rc)
-		}
-		*rc = reqContext{}
-		s.reqs.Put(rc)
-		return nil
+// The values of the headers every response carries, shared by every
+// response: net/http copies a response's headers when it writes them, and
+// a Set replaces a value, never changes it in place.
+var (
+	noStore  = []string{"no-store"}
+	jsonType = []string{echo.MIMEApplicationJSON}
+)
+
+// serve is what every request goes through, error or not, in this order:
+// the headers every response carries (no-store and the request id), the
+// body limit, the server span and the request's latency, the TLS check,
+// the access log line and MetricRequests, panics made into 500s, and the
+// refusal while draining; then the route's handler. Errors are answered
+// here, as echo would answer them (its HTTPErrorHandler is handleError),
+// so that they see the request's reqContext.
+func (s *Server) serve(c echo.Context) error {
+	h := c.Response().Header()
+	h["Cache-Control"] = noStore
+	id := headerValue(c.Request().Header, protocol.HeaderRequestID)
+	if !policy.ValidRequestID(id) {
+		// A malformed client id is replaced, not refused: it is diagnostics only.
+		id = newRequestID()
 	}
+	h[protocol.HeaderRequestID] = []string{id}
+	rc := s.reqs.Get().(*reqContext)
+	*rc = reqContext{Context: c, id: id}
+	if err := s.serveBody(rc); err != nil {
+		s.handleError(err, rc)
+	}
+	*rc = reqContext{}
+	s.reqs.Put(rc)
+	return nil
 }
 
-// serveBody bounds the request's body and serves it.
-func (s *Server) serveBody(next echo.HandlerFunc, c echo.Context) error {
+// serveBody bounds the request's body and serves it. A body declared
+// too large is refused before anything else, and neither logged nor
+// measured.
+func (s *Server) serveBody(c *reqContext) error {
 	// Refuse a declared length before wrapping the body: net/http only
 	// skips reading an unread body before the answer while it is its own.
 	r := c.Request()
@@ -264,7 +272,76 @@ func (s *Server) serveBody(next echo.HandlerFunc, c echo.Context) error {
 	if r.Body != http.NoBody { // what net/http gives a request without a body: nothing to bound
 		r.Body = http.MaxBytesReader(c.Response(), r.Body, protocol.MaxBodyBytes)
 	}
-	return next(c)
+	s.observe(c)
+	return nil
+}
+
+// observe serves the request inside its server span (telemetry.go), and
+// records its latency in MetricRequestDuration. A plaintext request is
+// refused there, neither logged nor counted in MetricRequests; every
+// other is, once answered (accessLog).
+func (s *Server) observe(c *reqContext) {
+	start := time.Now()
+	ctx, span := s.startSpan(c)
+	var code protocol.Code
+	refused := s.requireTLS(c)
+	if refused != nil {
+		s.handleError(refused, c)
+		code = protocol.CodeOf(refused)
+	} else {
+		code = s.answer(c)
+	}
+	end := time.Now()
+	m := s.measuresOf(s.route(c), c.Response().Status, code)
+	if refused == nil {
+		s.accessLog(c.Request().Context(), c, m, code, start, end)
+	}
+	s.endSpan(span, c, code)
+	if s.tel.duration != nil {
+		s.tel.duration.Record(ctx, end.Sub(start).Seconds(), m.duration...)
+	}
+}
+
+// answer runs the request's handler and answers its error, and returns
+// the answer's protocol code ("" for a success).
+func (s *Server) answer(c *reqContext) protocol.Code {
+	err := s.handle(c)
+	if err == nil {
+		return ""
+	}
+	s.handleError(err, c)
+	code := protocol.CodeOf(err)
+	if he, ok := err.(*echo.HTTPError); ok && code != "" {
+		code = fromEchoError(he).Code
+	}
+	return code
+}
+
+// handle runs the route's handler, refusing every request while the
+// server drains, and makes a panic an internal error.
+func (s *Server) handle(c echo.Context) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if r == http.ErrAbortHandler {
+				panic(r)
+			}
+			err = &protocol.Error{Code: protocol.Internal, Message: "internal error", Err: panicError{r}}
+		}
+	}()
+	if s.draining.Load() {
+		c.Response().Header().Set("Connection", "close")
+		return &protocol.Error{Code: protocol.Unavailable, Message: "this gateway is shutting down; retry shortly", RetryAfter: 2 * time.Second}
+	}
+	return c.Handler()(c)
+}
+
+// headerValue is h.Get(key) for a key spelled canonically, as net/http
+// stores a request's: without canonicalising it again.
+func headerValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 func requestID(c echo.Context) string {
@@ -274,43 +351,34 @@ func requestID(c echo.Context) string {
 	return ""
 }
 
+// newRequestID spells a request id: "req_" and 24 hex digits. It is for
+// diagnostics, not a secret: the runtime's generator (ChaCha8, seeded from
+// the system's entropy) is enough, without a system call per request.
 func newRequestID() string {
 	var b [12]byte
-	rand.Read(b[:])
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint32(b[8:], rand.Uint32())
 	id := [len("req_") + 2*len(b)]byte{'r', 'e', 'q', '_'}
 	hex.Encode(id[len("req_"):], b[:])
 	return string(id[:])
 }
 
-// requireTLS refuses plaintext (spec §Conventions), except from a trusted
-// TLS-terminating proxy that says the client spoke https.
 // Drain makes the server refuse every new request with 503 unavailable
 // and a Retry-After, while requests already in flight finish: the first
 // step of a graceful shutdown, so clients retry on another gateway.
 func (s *Server) Drain() { s.draining.Store(true) }
 
-// refuseWhileDraining is the refusal Drain turns on.
-func (s *Server) refuseWhileDraining(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		if s.draining.Load() {
-			c.Response().Header().Set("Connection", "close")
-			return &protocol.Error{Code: protocol.Unavailable, Message: "this gateway is shutting down; retry shortly", RetryAfter: 2 * time.Second}
-		}
-		return next(c)
+// requireTLS refuses plaintext (spec §Conventions), except from a trusted
+// TLS-terminating proxy that says the client spoke https.
+func (s *Server) requireTLS(c echo.Context) error {
+	r := c.Request()
+	if r.TLS != nil {
+		return nil
 	}
-}
-
-func (s *Server) requireTLS(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		r := c.Request()
-		if r.TLS != nil {
-			return next(c)
-		}
-		if strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https") && s.trustedProxy(r.RemoteAddr) {
-			return next(c)
-		}
-		return errInvalid("plaintext HTTP is refused; use https")
+	if strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https") && s.trustedProxy(r.RemoteAddr) {
+		return nil
 	}
+	return errInvalid("plaintext HTTP is refused; use https")
 }
 
 func (s *Server) trustedProxy(remote string) bool {
@@ -331,72 +399,36 @@ func (s *Server) trustedProxy(remote string) bool {
 	return false
 }
 
-// accessLog logs one line per request: route template, status, code and
-// ids, never the URL's query, a body, a header value or the token.
-func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		start := time.Now()
-		err := next(c)
-		if err != nil {
-			s.handleError(err, c)
-		}
-		code := protocol.CodeOf(err)
-		if code != "" {
-			if he, ok := err.(*echo.HTTPError); ok {
-				code = fromEchoError(he).Code
-			}
-			if rc := reqOf(c); rc != nil {
-				rc.code = code
-			}
-		}
-		s.countRequest(c, code)
-		ctx := c.Request().Context()
-		h := s.log.Handler()
-		if !h.Enabled(ctx, slog.LevelInfo) {
-			return nil
-		}
-		// The record goes to the handler directly: Logger.LogAttrs would
-		// walk the stack for the caller's PC on every line, which the
-		// handler (no AddSource) never writes.
-		now := time.Now()
-		r := slog.NewRecord(now, slog.LevelInfo, "request", 0)
-		r.AddAttrs(
-			slog.String(sandgate.KeyRequestID, requestID(c)),
-			slog.String("method", c.Request().Method),
-			slog.String("route", c.Path()),
-			slog.Int(sandgate.KeyStatus, c.Response().Status),
-			slog.Duration("duration", now.Sub(start)))
-		if a := authEntryFrom(c); a != nil && a.Lease.ID != "" {
-			r.AddAttrs(slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID))
-		}
-		if code != "" {
-			r.AddAttrs(slog.String(sandgate.KeyCode, string(code)))
-		}
-		_ = h.Handle(ctx, r)
-		return nil
-	}
-}
-
-// countRequest adds the request to MetricRequests.
-func (s *Server) countRequest(c echo.Context, code protocol.Code) {
-	if s.requests == nil {
+// accessLog adds the request to MetricRequests and logs its line: route
+// template, status, code and ids, never the URL's query, a body, a header
+// value or the token. start and end are when it came and was answered.
+func (s *Server) accessLog(ctx context.Context, c *reqContext, m *measureOpts, code protocol.Code, start, end time.Time) {
+	m.n.Add(1)
+	h := s.log.Handler()
+	if !h.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
-	s.requests.Add(c.Request().Context(), 1, s.measures(s.routeLabel(c), c.Response().Status, code).count...)
-}
-
-func (s *Server) recover(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) (err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				if r == http.ErrAbortHandler {
-					panic(r)
-				}
-				err = &protocol.Error{Code: protocol.Internal, Message: "internal error", Err: panicError{r}}
-			}
-		}()
-		return next(c)
+	// The record goes to the handler directly: Logger.LogAttrs would
+	// walk the stack for the caller's PC on every line, which the
+	// handler (no AddSource) never writes.
+	attrs := [8]slog.Attr{
+		slog.String(sandgate.KeyRequestID, c.id),
+		slog.String("method", c.Request().Method),
+		slog.String("route", c.Path()),
+		slog.Int(sandgate.KeyStatus, c.Response().Status),
+		slog.Duration("duration", end.Sub(start))}
+	n := 5
+	if a := c.auth; a != nil && a.Lease.ID != "" {
+		attrs[n], attrs[n+1] = slog.String(sandgate.KeyInstanceID, a.Lease.InstanceID), slog.String(sandgate.KeyLeaseID, a.Lease.ID)
+		n += 2
 	}
+	if code != "" {
+		attrs[n] = slog.String(sandgate.KeyCode, string(code))
+		n++
+	}
+	r := slog.NewRecord(end, slog.LevelInfo, "request", 0)
+	r.AddAttrs(attrs[:n]...)
+	_ = h.Handle(ctx, r)
 }
 
 type panicError struct{ v any }
@@ -410,7 +442,7 @@ func (p panicError) Error() string { return "panic" }
 func (s *Server) rateLimit(class admission.Class) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			err := s.limiter.Allow(c.Request().Context(), authFrom(c).Lease.ID, class)
+			err := s.limiter.Allow(c.Request().Context(), authEntryFrom(c).Lease.ID, class)
 			if protocol.CodeOf(err) == protocol.RateLimited {
 				return err
 			}

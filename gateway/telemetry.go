@@ -3,7 +3,8 @@ package gateway
 import (
 	"context"
 	"log/slog"
-	"time"
+	"net/http"
+	"sync/atomic"
 
 	"github.com/labstack/echo/v4"
 	"go.opentelemetry.io/otel/attribute"
@@ -54,13 +55,33 @@ func newServerTelemetry(cfg Config, log *slog.Logger) serverTelemetry {
 // routeKey is a route as echo names it: its method and template.
 type routeKey struct{ method, path string }
 
-// routeLabel is the request's method and route template, or "unmatched": the
-// method and path of an unknown route are the client's, unbounded.
-func (s *Server) routeLabel(c echo.Context) string {
-	if l, ok := s.routeLabels[routeKey{c.Request().Method, c.Path()}]; ok {
-		return l
+// routeInfo is one route's label ("METHOD /template", or "unmatched")
+// and the measurements of its successes, the answer most requests get.
+type routeInfo struct {
+	label string
+	ok    atomic.Pointer[measureOpts] // status 200, no code; nil until the first
+}
+
+// route is the request's route: its method and template, or "unmatched":
+// the method and path of an unknown route are the client's, unbounded.
+func (s *Server) route(c echo.Context) *routeInfo {
+	if r, ok := s.routeInfos[routeKey{c.Request().Method, c.Path()}]; ok {
+		return r
 	}
-	return "unmatched"
+	return s.unmatched
+}
+
+// measuresOf is measures of a request to r.
+func (s *Server) measuresOf(r *routeInfo, status int, code protocol.Code) *measureOpts {
+	if status != http.StatusOK || code != "" {
+		return s.measures(r.label, status, code)
+	}
+	if m := r.ok.Load(); m != nil {
+		return m
+	}
+	m := s.measures(r.label, status, code)
+	r.ok.Store(m)
+	return m
 }
 
 // measureKey is the attributes of one request's measurements.
@@ -70,94 +91,91 @@ type measureKey struct {
 	code   protocol.Code
 }
 
-// measureOpts are the attribute sets of one measureKey, built once: a
-// request's measurements look them up instead of building and sorting
-// their attributes every time.
+// measureOpts are one measureKey's count of requests and attribute sets,
+// built once: a request's measurements look them up instead of building
+// and sorting their attributes every time.
 type measureOpts struct {
-	count    []metric.AddOption    // MetricRequests: route, status, code
-	duration []metric.RecordOption // MetricRequestDuration: route, status
+	// n counts MetricRequests of the key, reported by observeRequests
+	// when the metrics are read: an atomic add per request where the
+	// metric SDK's counter would look its attribute set up in its own map.
+	n        atomic.Int64
+	count    []metric.ObserveOption // MetricRequests: route, status, code
+	duration []metric.RecordOption  // MetricRequestDuration: route, status
 }
 
-// maxMeasureOpts bounds the attribute sets kept. Routes, statuses and
-// codes are bounded already; past it a set is built per request again.
-const maxMeasureOpts = 4096
-
-// measures returns the attribute sets of a request's measurements.
+// measures returns the measurements of a request's key, made on its
+// first request. Routes (the route table's, or "unmatched"), statuses
+// (the gateway's own answers) and codes (the protocol's) are bounded,
+// and so are the keys kept.
 func (s *Server) measures(route string, status int, code protocol.Code) *measureOpts {
 	k := measureKey{route, status, code}
 	if m, ok := s.measureSets.Load(k); ok {
 		return m.(*measureOpts)
 	}
 	m := &measureOpts{
-		count: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
+		count: []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(
 			attribute.String("route", route), attribute.Int(sandgate.KeyStatus, status), attribute.String(sandgate.KeyCode, string(code))))},
 		duration: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(
 			attribute.String("route", route), attribute.Int(sandgate.KeyStatus, status)))},
 	}
-	if s.measureN.Add(1) <= maxMeasureOpts {
-		s.measureSets.Store(k, m)
-	}
-	return m
+	v, _ := s.measureSets.LoadOrStore(k, m)
+	return v.(*measureOpts)
 }
 
-// telemetry makes the request's server span, a child of the caller's W3C
-// traceparent when it sent one, named after the route template, with the
-// status, the protocol code and the request id; and records its latency
-// in MetricRequestDuration. No query, header value, body or token is an
-// attribute. With tracing off it starts no span at all.
-func (s *Server) telemetry(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		start := time.Now()
-		if s.tel.tracer == nil {
-			err := next(c)
-			s.recordDuration(c.Request().Context(), c, start)
-			return err
+// observeRequests reports MetricRequests: every key's count so far.
+func (s *Server) observeRequests(_ context.Context, o metric.Int64Observer) error {
+	s.measureSets.Range(func(_, v any) bool {
+		m := v.(*measureOpts)
+		if n := m.n.Load(); n > 0 {
+			o.Observe(n, m.count...)
 		}
-		r := c.Request()
-		ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		route := s.routeLabel(c)
-		attrs := []attribute.KeyValue{attribute.String("http.request.method", r.Method)}
-		if route != "unmatched" {
-			attrs = append(attrs, attribute.String("http.route", c.Path())) // never an unknown path: the client's
-		}
-		ctx, span := s.tel.tracer.Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
-		c.SetRequest(r.WithContext(ctx))
-		err := next(c)
-		if span.IsRecording() {
-			status := c.Response().Status
-			attrs = []attribute.KeyValue{attribute.Int("http.response.status_code", status),
-				attribute.String("sandgate.request_id", requestID(c))}
-			if code := codeOf(c); code != "" {
-				attrs = append(attrs, attribute.String("error.code", string(code)))
-				if status >= 500 {
-					span.SetStatus(codes.Error, string(code))
-				}
-			}
-			if a := authEntryFrom(c); a != nil && a.Lease.ID != "" {
-				attrs = append(attrs, attribute.String("sandgate.instance_id", a.Lease.InstanceID))
-			}
-			span.SetAttributes(attrs...)
-		}
-		span.End()
-		s.recordDuration(ctx, c, start)
-		return err
-	}
+		return true
+	})
+	return nil
 }
 
-// recordDuration records the request's latency since start.
-func (s *Server) recordDuration(ctx context.Context, c echo.Context, start time.Time) {
-	if s.tel.duration == nil {
+// startSpan starts the request's server span, a child of the caller's
+// W3C traceparent when it sent one, named after the route template, and
+// makes its context the request's. With tracing off it starts no span at
+// all (nil) and returns the request's context.
+func (s *Server) startSpan(c echo.Context) (context.Context, trace.Span) {
+	r := c.Request()
+	if s.tel.tracer == nil {
+		return r.Context(), nil
+	}
+	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	route := s.route(c).label
+	attrs := []attribute.KeyValue{attribute.String("http.request.method", r.Method)}
+	if route != "unmatched" {
+		attrs = append(attrs, attribute.String("http.route", c.Path())) // never an unknown path: the client's
+	}
+	ctx, span := s.tel.tracer.Start(ctx, route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+	c.SetRequest(r.WithContext(ctx))
+	return ctx, span
+}
+
+// endSpan ends span (nil: none) with the status, the protocol code and
+// the request id. No query, header value, body or token is an attribute.
+func (s *Server) endSpan(span trace.Span, c *reqContext, code protocol.Code) {
+	if span == nil {
 		return
 	}
-	s.tel.duration.Record(ctx, time.Since(start).Seconds(), s.measures(s.routeLabel(c), c.Response().Status, codeOf(c)).duration...)
-}
-
-// codeOf is the request's protocol code as accessLog left it.
-func codeOf(c echo.Context) protocol.Code {
-	if rc := reqOf(c); rc != nil {
-		return rc.code
+	if span.IsRecording() {
+		status := c.Response().Status
+		attrs := []attribute.KeyValue{attribute.Int("http.response.status_code", status),
+			attribute.String("sandgate.request_id", c.id)}
+		if code != "" {
+			attrs = append(attrs, attribute.String("error.code", string(code)))
+			if status >= 500 {
+				span.SetStatus(codes.Error, string(code))
+			}
+		}
+		if a := c.auth; a != nil && a.Lease.ID != "" {
+			attrs = append(attrs, attribute.String("sandgate.instance_id", a.Lease.InstanceID))
+		}
+		span.SetAttributes(attrs...)
 	}
-	return ""
+	span.End()
 }
 
 // Draining reports whether Drain was called: the gateway refuses new

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -91,6 +92,7 @@ func TestServerSpans(t *testing.T) {
 		t.Fatal(err)
 	}
 	routes := map[string]uint64{}
+	counts := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			if hist, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == gateway.MetricRequestDuration {
@@ -99,9 +101,27 @@ func TestServerSpans(t *testing.T) {
 					routes[r.AsString()] += dp.Count
 				}
 			}
+			if m.Name != gateway.MetricRequests {
+				continue
+			}
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if !ok || !sum.IsMonotonic || sum.Temporality != metricdata.CumulativeTemporality {
+				t.Errorf("%s is a %T; want a monotonic cumulative sum (a counter)", m.Name, m.Data)
+				continue
+			}
+			for _, dp := range sum.DataPoints {
+				r, _ := dp.Attributes.Value(attribute.Key("route"))
+				st, _ := dp.Attributes.Value(attribute.Key("status"))
+				c, _ := dp.Attributes.Value(attribute.Key("code"))
+				counts[r.AsString()+" "+st.String()+" "+c.AsString()] += dp.Value
+			}
 		}
 	}
 	if routes["GET /v1/lease"] != 2 || routes["unmatched"] != 1 {
 		t.Errorf("%s by route = %v; want GET /v1/lease 2, unmatched 1", gateway.MetricRequestDuration, routes)
+	}
+	want := map[string]int64{"GET /v1/lease 200 ": 1, "GET /v1/lease 401 unauthenticated": 1, "unmatched 404 not_found": 1}
+	if !maps.Equal(counts, want) {
+		t.Errorf("%s = %v; want %v", gateway.MetricRequests, counts, want)
 	}
 }

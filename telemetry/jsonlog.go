@@ -20,7 +20,7 @@ import (
 // lines never interleave and keep their order.
 type jsonHandler struct {
 	std   slog.Handler // slog's JSON handler over lw, with pre's attributes
-	lw    *lockedWriter
+	lw    io.Writer    // the writer, whose writes are serialised (lockedWriter, or a LogWriter)
 	level slog.Leveler
 	pre   []byte // attributes of WithAttrs, encoded: `"k":v,"k2":v2`
 }
@@ -38,7 +38,14 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 }
 
 func newJSONHandler(w io.Writer, opts *slog.HandlerOptions) *jsonHandler {
-	lw := &lockedWriter{w: w}
+	// A LogWriter serialises its writes itself, and both paths write a
+	// line in one Write: no second lock.
+	var lw io.Writer
+	if l, ok := w.(*LogWriter); ok {
+		lw = l
+	} else {
+		lw = &lockedWriter{w: w}
+	}
 	return &jsonHandler{std: slog.NewJSONHandler(lw, opts), lw: lw, level: opts.Level}
 }
 
@@ -113,12 +120,20 @@ func (h *jsonHandler) appendRecord(buf []byte, r slog.Record) ([]byte, bool) {
 // appendJSONAttr appends a's key and value as slog's handler does after
 // millis, or reports false when a is not of the plain kinds.
 func appendJSONAttr(buf []byte, a slog.Attr) ([]byte, bool) {
-	a.Value = a.Value.Resolve()
-	if a.Value.Kind() == slog.KindGroup {
+	switch a.Value.Kind() {
+	case slog.KindString, slog.KindInt64, slog.KindUint64, slog.KindBool, slog.KindFloat64:
+		// Resolving and millis leave these as they are: most attributes
+		// are of these kinds, and each Kind is a type switch.
+	case slog.KindGroup:
 		return buf, false
+	default:
+		a.Value = a.Value.Resolve()
+		if a.Value.Kind() == slog.KindGroup {
+			return buf, false
+		}
+		a = millis(nil, a)
+		a.Value = a.Value.Resolve()
 	}
-	a = millis(nil, a)
-	a.Value = a.Value.Resolve()
 	if a.Key == "" {
 		return buf, false // slog elides an empty attribute and keeps an empty key: leave both to it
 	}
@@ -142,10 +157,19 @@ func appendJSONAttr(buf []byte, a slog.Attr) ([]byte, bool) {
 	return buf, false
 }
 
+// plainJSON says which bytes a JSON string holds as they are: printable
+// ASCII but the quote and the backslash.
+var plainJSON = func() (t [256]bool) {
+	for b := 0x20; b < 0x80; b++ {
+		t[b] = b != '"' && b != '\\'
+	}
+	return t
+}()
+
 // appendJSONString appends s quoted when no byte of it needs escaping.
 func appendJSONString(buf []byte, s string) ([]byte, bool) {
 	for i := 0; i < len(s); i++ {
-		if b := s[i]; b < 0x20 || b >= 0x80 || b == '"' || b == '\\' {
+		if !plainJSON[s[i]] {
 			return buf, false
 		}
 	}
