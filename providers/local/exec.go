@@ -184,7 +184,6 @@ type run struct {
 	mu         sync.Mutex
 	exited     bool // bwrap has exited: the pgid may soon be free for reuse
 	terminated bool // Terminate killed it
-	recorded   bool // recordExec wrote its file; killExecs removes it before killing
 }
 
 // kill SIGKILLs the run's bwrap, and with it the whole sandbox, unless
@@ -278,7 +277,12 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	r := &run{done: make(chan struct{})}
 	defer close(r.done) // after release: a Terminate waiting for it then finds the namespace unused
 	var ns *os.File
+	var rooted bool
 	if o, ok := p.stageOptions(j); ok {
+		if p.rootTrees {
+			o = p.rootOptions(j, o)
+			rooted = true
+		}
 		fd, release, err := p.ns.acquire(j.ref, o)
 		if err != nil {
 			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
@@ -287,30 +291,19 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		ns = fd
 	}
 	// bwrap reads its options before it does anything else and forks
-	// nothing before it has them: it gets them once it is in the exec's
-	// cgroups, on its CPUs and under its limits, so everything of the
-	// sandbox is too.
-	exited, err := p.launchBwrap(j, ns, cmd, r)
+	// nothing before it has them: the launching thread writes them once
+	// bwrap is in the exec's cgroups, on its CPUs and under its limits, so
+	// everything of the sandbox is too.
+	l := launch{cmd: cmd, r: r, ns: ns, argsR: argsR, argsW: argsW, opts: p.bwrapOptions(j, filter != nil, rooted)}
+	exited, err := p.launchBwrap(j, l)
 	if err != nil && cmd.Process == nil {
 		return providers.ExecResult{}, err
 	}
 	defer p.forget(j.ref, r)
-	argsR.Close()
 	if err != nil {
-		r.kill(false)
-		<-exited
-		cmd.Wait()
+		<-exited // the launching thread killed bwrap before it had its options
 		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
 	}
-	// Written after Start: the options can outgrow a pipe's buffer. If bwrap
-	// dies first, the write fails at once and the error shows in its exit
-	// status.
-	wrote := make(chan struct{})
-	go func() {
-		defer close(wrote)
-		argsW.Write(p.bwrapOptions(j, filter != nil))
-		argsW.Close()
-	}()
 
 	// The killer goroutine exits when the command has exited (stop closes)
 	// or after it killed the command.
@@ -334,21 +327,11 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		}
 	}()
 
-	exitErr := <-exited
-	if exitErr != nil {
-		// Not reaped yet, so bwrap is still ours to kill; without
-		// this, nothing would enforce the timeout.
-		killExec(r.pgid)
-	}
-	r.mu.Lock()
-	r.exited = true
-	r.mu.Unlock()
+	end := <-exited
 	close(stop)
 	timedOut := <-killed
-	waitErr := cmd.Wait()
-	<-wrote
-	if exitErr != nil {
-		return providers.ExecResult{}, fmt.Errorf("local: exec: wait: %w", exitErr)
+	if end.exitErr != nil {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: wait: %w", end.exitErr)
 	}
 
 	r.mu.Lock()
@@ -360,7 +343,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		// after that; the supervisor marks it ended at expires_at.
 		if _, err := os.Stat(j.layout.sandbox()); err != nil || ended(j.layout) {
 			terminated = true
-		} else if _, err := os.Stat(filepath.Join(j.layout.execs(), strconv.Itoa(r.pgid))); r.recorded && errors.Is(err, fs.ErrNotExist) {
+		} else if _, err := os.Stat(filepath.Join(j.layout.execs(), strconv.Itoa(r.pgid))); end.recorded && errors.Is(err, fs.ErrNotExist) {
 			terminated = true
 		}
 	}
@@ -371,8 +354,8 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", context.Cause(ctx))
 	}
 	var ee *exec.ExitError
-	if waitErr != nil && !errors.As(waitErr, &ee) && !errors.Is(waitErr, exec.ErrWaitDelay) {
-		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", waitErr)
+	if end.waitErr != nil && !errors.As(end.waitErr, &ee) && !errors.Is(end.waitErr, exec.ErrWaitDelay) {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", end.waitErr)
 	}
 	if err := cmp.Or(stdout.err, stderr.err); err != nil {
 		return providers.ExecResult{}, fmt.Errorf("local: exec: output: %w", err)
@@ -401,11 +384,14 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	return res, nil
 }
 
-// start starts cmd with no descriptor of the broker but its own, and
-// records r as a run of ref. It holds p.mu across the liveness
-// check and Start, so a concurrent Terminate either sees the run and kills
-// it or has already made ref gone.
-func (p *Provider) start(ref string, cmd *exec.Cmd, r *run) error {
+// start starts cmd with no descriptor of the broker but its own, after
+// the calling thread, which must be locked and never given back, joined
+// ns (nil: none), and records r as a run of ref. It holds p.mu across the
+// liveness check and Start, so a concurrent Terminate either sees the run
+// and kills it or has already made ref gone. The check runs before the
+// thread joins ns, which holds little of the host's file systems
+// (trimMounts).
+func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if ref != "" {
@@ -414,6 +400,11 @@ func (p *Provider) start(ref string, cmd *exec.Cmd, r *run) error {
 		}
 		if _, err := os.Stat(p.layout(ref).sandbox()); err != nil {
 			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
+		}
+	}
+	if ns != nil {
+		if err := joinNS(ns); err != nil {
+			return fmt.Errorf("local: exec: %w", err)
 		}
 	}
 	if err := closeOnExec(); err != nil {
@@ -562,31 +553,58 @@ func (p *Provider) stageOptions(j job) (o stepOptions, ok bool) {
 	return o, true
 }
 
-// launchBwrap starts cmd (bwrap) for j from an OS thread of its own, which
-// first joins ns, the workspace's mount namespace (nil: none, bwrap then
-// stays in the broker's), records r as a run of j.ref (and the exec in the
-// workspace, recordExec), and confines bwrap (confine) before it returns. The thread lives until bwrap has exited,
-// since bwrap's parent-death signal follows the thread that forked it, and
-// then ends with its goroutine: it is never unlocked, so no other goroutine
-// ever runs in a namespace of a workspace. The channel yields waitExited's
-// result once bwrap has exited. When confine fails, bwrap is started but
-// must be killed: the error comes with the channel.
-func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-chan error, error) {
+// launch is what launchBwrap needs to start an exec's bwrap.
+type launch struct {
+	cmd *exec.Cmd
+	r   *run
+	// ns is the workspace's mount namespace; nil: none, bwrap then stays
+	// in the broker's.
+	ns *os.File
+	// argsR is bwrap's end of the options' pipe (its fd 3), argsW ours;
+	// opts are the options to write once bwrap is confined.
+	argsR, argsW *os.File
+	opts         []byte
+}
+
+// bwrapEnd is how an exec's bwrap ended, from launchBwrap.
+type bwrapEnd struct {
+	exitErr  error // waitExited's: bwrap's exit could not be waited for
+	waitErr  error // exec.Cmd.Wait's
+	recorded bool  // recordExec wrote the exec's record
+}
+
+// launchBwrap starts l.cmd (bwrap) for j from an OS thread of its own, which
+// first joins l.ns, the workspace's mount namespace, records l.r as a run
+// of j.ref (and the exec in the workspace, recordExec), confines bwrap
+// (confine), writes bwrap its options and waits for it to exit, and reaps
+// it. The thread lives until bwrap has exited, since bwrap's parent-death
+// signal follows the thread that forked it, and then ends with its
+// goroutine: it is never unlocked, so no other goroutine ever runs in a
+// namespace of a workspace. Doing all of it on the one thread spares the
+// exec a hand-off between threads before bwrap has its options and after
+// it exits. The returned error is set when bwrap could not be started
+// (cmd.Process is nil) or confined (the thread killed it before it had
+// its options); the channel yields how bwrap ended.
+func (p *Provider) launchBwrap(j job, l launch) (<-chan bwrapEnd, error) {
 	started := make(chan error, 1)
-	exited := make(chan error, 1)
+	exited := make(chan bwrapEnd, 1)
+	cmd, r := l.cmd, l.r
 	onSpareThread(func() {
-		if ns != nil {
-			if err := joinNS(ns); err != nil {
-				started <- fmt.Errorf("local: exec: %w", err)
-				close(exited)
-				return
-			}
-		}
-		if err := p.start(j.ref, cmd, r); err != nil {
+		// Opened here, before the thread joins the workspace's namespace,
+		// which has no /sys.
+		cgroups, err := openCgroups(j.cgroups)
+		if err != nil {
 			started <- err
 			close(exited)
 			return
 		}
+		defer closeAll(cgroups)
+		if err := p.start(j.ref, l.ns, cmd, r); err != nil {
+			started <- err
+			close(exited)
+			return
+		}
+		l.argsR.Close()
 		pid := cmd.Process.Pid
 		// The record, for another broker process's Terminate and the
 		// supervisor, is written beside the exec rather than before it:
@@ -602,16 +620,37 @@ func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-cha
 			}
 			recorded <- ok
 		}()
-		started <- confine(pid, j)
-		err := waitExited(pid)
-		if ns != nil {
+		cerr := confine(pid, j, cgroups)
+		if cerr != nil {
+			// bwrap has no options yet, and never gets any.
+			r.kill(false)
+		} else {
+			// If bwrap dies first, the write fails at once and the error
+			// shows in its exit status. Options that outgrow the pipe's
+			// buffer park this goroutine until bwrap has read them.
+			l.argsW.Write(l.opts)
+			l.argsW.Close()
+		}
+		started <- cerr
+		var e bwrapEnd
+		e.exitErr = waitExited(pid)
+		if e.exitErr != nil {
+			// Not reaped yet, so bwrap is still ours to kill; without
+			// this, nothing would enforce the timeout.
+			killExec(pid)
+		}
+		r.mu.Lock()
+		r.exited = true // from here on its pid may be reaped, and reused
+		r.mu.Unlock()
+		if l.ns != nil {
 			// Out of the workspace's namespace before the exec counts as
 			// ended, so that closing the namespace's descriptor (Terminate)
 			// ends it at once, rather than when this thread is gone.
-			leaveNS()
+			leaveNS(p.hostNS)
 		}
-		r.recorded = <-recorded
-		exited <- err
+		e.waitErr = cmd.Wait()
+		e.recorded = <-recorded
+		exited <- e
 	})
 	return exited, <-started
 }
@@ -641,17 +680,38 @@ func onSpareThread(f func()) {
 	}()
 }
 
-// confine puts bwrap (pid), which waits for its options before it does
-// anything, into j's cgroups, pins it to j's CPUs and sets j's resource
-// limits on it, soft and hard, so that every process of the sandbox
-// inherits all three. Setting the CPUs on bwrap rather than on the thread
-// that forks it spares that thread a migration to them. It runs on the
-// launching thread (locked, never reused): prlimitAs changes its real uid.
-func confine(pid int, j job) error {
-	self := []byte(strconv.Itoa(pid))
-	for _, f := range j.cgroups {
-		if err := os.WriteFile(f, self, 0); err != nil {
+// openCgroups opens the cgroup.procs files names for writing.
+func openCgroups(names []string) ([]*os.File, error) {
+	var fs []*os.File
+	for _, n := range names {
+		f, err := os.OpenFile(n, os.O_WRONLY, 0)
+		if err != nil {
+			closeAll(fs)
 			// No path: it is the broker's business, not the client's.
+			return nil, fmt.Errorf("local: exec: cannot join the workspace's cgroup: %w", scrub(err))
+		}
+		fs = append(fs, f)
+	}
+	return fs, nil
+}
+
+func closeAll(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}
+
+// confine puts bwrap (pid), which waits for its options before it does
+// anything, into j's cgroups (their cgroup.procs files, opened), pins it
+// to j's CPUs and sets j's resource limits on it, soft and hard, so that
+// every process of the sandbox inherits all three. Setting the CPUs on
+// bwrap rather than on the thread that forks it spares that thread a
+// migration to them. It runs on the launching thread (locked, never
+// reused): prlimitAs changes its real uid.
+func confine(pid int, j job, cgroups []*os.File) error {
+	self := []byte(strconv.Itoa(pid))
+	for _, f := range cgroups {
+		if _, err := f.Write(self); err != nil {
 			return fmt.Errorf("cannot join the workspace's cgroup: %w", scrub(err))
 		}
 	}
@@ -678,6 +738,82 @@ type stepOptions struct {
 	disk     string // the workspace's image, mounted on stage/d
 	mountBin string // mount(8), for the image
 	rlimits  []rlimit
+	// root, when set, is the sandbox's root tree, which stage builds below
+	// stage/r (stageRoot) and an exec's bwrap binds as its / (see
+	// bwrapOptions). Only an exec's namespace has one, never a durable
+	// command's step.
+	root *rootTree
+}
+
+// rootName is the directory below the stage that holds the sandbox's root
+// tree.
+const rootName = "r"
+
+// rootTree is what stageRoot builds: the parts of a sandbox's root that are
+// the same for every exec of a workspace.
+type rootTree struct {
+	owner    int // the host uid (and gid) of the sandbox's root
+	usrLinks []usrLink
+	binds    []rootBind
+	egress   bool // mount points for the forwarder and the egress directory
+	// keepPaths and keepTrees are what the namespace needs of the host's
+	// mounts: the mounts on the way to each of keepPaths, and those on
+	// the way to and below each of keepTrees (trimMounts).
+	keepPaths, keepTrees []string
+}
+
+// rootBind is a directory bound into the root tree.
+type rootBind struct {
+	src, dst string // src below the stage (or a host path), dst in the root
+	ro       bool
+}
+
+// rootOptions turns o, what stage does for j (stageOptions), into a
+// namespace that holds j's root tree (stageRoot) and little else: the
+// stage binds only the egress socket's directory and the forwarder, which
+// bwrap binds for an exec with egress, and the rest of the root tree's
+// directories are bound from their host paths (or the disk image's mount)
+// by the namespace's maker, which may reach them.
+func (p *Provider) rootOptions(j job, o stepOptions) stepOptions {
+	o.binds = slices.DeleteFunc(slices.Clone(o.binds), func(b [2]string) bool { return b[1] != "g" && b[1] != "x" })
+	dirs := [3]string{j.layout.workspace(), j.layout.home(), j.layout.tmp()}
+	if j.disk != "" {
+		d := p.stageDir + "/d/"
+		dirs = [3]string{d + "workspace", d + "home", d + "tmp"}
+	}
+	t := &rootTree{owner: max(j.uid, 0), usrLinks: p.usrLinks, egress: j.egress || j.stageEgress}
+	t.binds = append(t.binds, rootBind{src: "/usr", dst: "/usr", ro: true})
+	for _, l := range p.usrLinks {
+		if l.target == "" {
+			t.binds = append(t.binds, rootBind{src: l.name, dst: l.name, ro: true})
+		}
+	}
+	t.binds = append(t.binds,
+		rootBind{src: p.etcDir, dst: "/etc", ro: true},
+		rootBind{src: dirs[0], dst: defaultDir},
+		rootBind{src: dirs[1], dst: "/root"},
+		rootBind{src: dirs[2], dst: "/tmp"},
+	)
+	// What the namespace keeps of the host's mounts (see trimMounts).
+	t.keepPaths = []string{p.bwrap, "/proc", "/dev", "/tmp", p.stageDir}
+	t.keepTrees = []string{p.etcDir, j.layout.workspace(), j.layout.home(), j.layout.tmp(), j.layout.egress(), p.exe}
+	for _, b := range t.binds {
+		t.keepTrees = append(t.keepTrees, b.src)
+	}
+	if j.disk != "" {
+		t.keepTrees = append(t.keepTrees, j.disk)
+	}
+	o.root = t
+	return o
+}
+
+// sameRoot reports whether a and b are the same root tree.
+func sameRoot(a, b *rootTree) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.owner == b.owner && a.egress == b.egress && slices.Equal(a.usrLinks, b.usrLinks) && slices.Equal(a.binds, b.binds) &&
+		slices.Equal(a.keepPaths, b.keepPaths) && slices.Equal(a.keepTrees, b.keepTrees)
 }
 
 // rlimit is one --rlimit NAME=N: a resource limit, soft and hard.
@@ -701,19 +837,24 @@ func rlimitArgs(j job) []string {
 	return args
 }
 
-// bwrapOptions returns bwrap's options, each NUL-terminated, for --args.
-func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
-	// src is where bwrap finds a host directory: below the stage
-	// when they are staged (see stageOptions).
-	src := func(name, host string) string {
-		switch {
-		case j.disk != "" && (name == "w" || name == "h" || name == "t"):
-			return p.stageDir + "/d/" + map[string]string{"w": "workspace", "h": "home", "t": "tmp"}[name]
-		case j.uid > 0 || j.disk != "":
-			return p.stageDir + "/" + name
-		}
-		return host
+// srcOf is where bwrap finds the host directory host, which stage binds
+// as name: below the stage when they are staged (see stageOptions).
+func (p *Provider) srcOf(j job, name, host string) string {
+	switch {
+	case j.disk != "" && (name == "w" || name == "h" || name == "t"):
+		return p.stageDir + "/d/" + map[string]string{"w": "workspace", "h": "home", "t": "tmp"}[name]
+	case j.uid > 0 || j.disk != "":
+		return p.stageDir + "/" + name
 	}
+	return host
+}
+
+// bwrapOptions returns bwrap's options, each NUL-terminated, for --args.
+// With rooted, the workspace's namespace holds j's root tree (stageRoot),
+// which bwrap binds as its / in place of /usr, /etc and the workspace's
+// directories one by one; it is read-only already.
+func (p *Provider) bwrapOptions(j job, seccomp, rooted bool) []byte {
+	src := func(name, host string) string { return p.srcOf(j, name, host) }
 	o := []string{
 		"--unshare-all", // mount, pid, ipc, uts, net, cgroup
 		"--unshare-user", "--uid", "0", "--gid", "0",
@@ -731,13 +872,19 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 		"--die-with-parent",
 		"--new-session",
 		"--hostname", hostname,
-		"--ro-bind", "/usr", "/usr",
 	)
-	for _, l := range p.usrLinks {
-		if l.target != "" {
-			o = append(o, "--symlink", l.target, l.name)
-		} else {
-			o = append(o, "--ro-bind", l.name, l.name)
+	if rooted {
+		// /usr, the links into it, /etc, /workspace, /root and /tmp, and
+		// the mount points of the rest.
+		o = append(o, "--bind", p.stageDir+"/"+rootName, "/")
+	} else {
+		o = append(o, "--ro-bind", "/usr", "/usr")
+		for _, l := range p.usrLinks {
+			if l.target != "" {
+				o = append(o, "--symlink", l.target, l.name)
+			} else {
+				o = append(o, "--ro-bind", l.name, l.name)
+			}
 		}
 	}
 	o = append(o,
@@ -745,21 +892,29 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 		"--dev", "/dev",
 		// /dev/shm is memory: bound it like the rest of memory.
 		"--size", strconv.FormatInt(j.memory, 10), "--tmpfs", "/dev/shm",
-		"--ro-bind", src("e", p.etcDir), "/etc",
-		"--bind", src("w", j.layout.workspace()), defaultDir,
-		"--bind", src("h", j.layout.home()), "/root",
-		"--bind", src("t", j.layout.tmp()), "/tmp",
 	)
+	if !rooted {
+		o = append(o,
+			"--ro-bind", src("e", p.etcDir), "/etc",
+			"--bind", src("w", j.layout.workspace()), defaultDir,
+			"--bind", src("h", j.layout.home()), "/root",
+			"--bind", src("t", j.layout.tmp()), "/tmp",
+		)
+	}
 	if j.egress {
-		// Before / is read-only: bwrap makes the mount points there.
+		// Before / is read-only: bwrap makes the mount points there (the
+		// root tree has them).
 		o = append(o,
 			"--ro-bind", src("x", p.exe), forwardBin,
 			"--ro-bind", src("g", j.layout.egress()), egressMount)
 	}
+	// /dev is tmpfs, that is memory: make it read-only. So is the root
+	// without a root tree; the root tree is read-only already.
+	o = append(o, "--remount-ro", "/dev")
+	if !rooted {
+		o = append(o, "--remount-ro", "/")
+	}
 	o = append(o,
-		// The root and /dev are tmpfs, that is memory: make them read-only.
-		"--remount-ro", "/dev",
-		"--remount-ro", "/",
 		"--clearenv",
 		"--setenv", "PATH", defaultPath,
 		"--setenv", "HOME", "/root",

@@ -155,11 +155,15 @@ type Provider struct {
 	probeUID int         // Config.UIDBase; 0 when the broker is not root
 	caps     []string    // Config.GuestCapabilities
 
-	seccomp  []byte        // bwrap's seccomp program, nil on an unknown architecture
-	ns       nsTable       // the workspaces' mount namespaces (mountns.go)
-	stop     chan struct{} // closed by Close: ends the CPU governor
-	stopOnce sync.Once
-	supMu    sync.Mutex // serialises ensureSupervisor
+	seccomp []byte   // bwrap's seccomp program, nil on an unknown architecture
+	hostNS  *os.File // the broker's own mount namespace, for leaveNS; nil: none
+	// rootTrees is whether a workspace's mount namespace holds its
+	// sandboxes' root tree (stageRoot): where the kernel can.
+	rootTrees bool
+	ns        nsTable       // the workspaces' mount namespaces (mountns.go)
+	stop      chan struct{} // closed by Close: ends the CPU governor
+	stopOnce  sync.Once
+	supMu     sync.Mutex // serialises ensureSupervisor
 
 	placeMu sync.Mutex
 	placed  map[string][]int // ref → the CPUs of each live workspace (placement.go)
@@ -238,6 +242,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		usrLinks:    findUsrLinks(),
 		caps:        slices.Clone(c.GuestCapabilities),
 		seccomp:     seccompFilter(),
+		rootTrees:   rootTreesWork(),
 		stop:        make(chan struct{}),
 		runs:        make(map[string]map[*run]struct{}),
 		placed:      make(map[string][]int),
@@ -296,6 +301,10 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if err := p.superviseAll(); err != nil {
 		p.egressStop()
 		return nil, fmt.Errorf("local: supervisor: %w", scrub(err))
+	}
+	// The main thread's (/proc/self names it), which never leaves it.
+	if f, err := os.Open("/proc/self/ns/mnt"); err == nil {
+		p.hostNS = f
 	}
 	go p.ns.run(p.stop)
 	if p.cg != nil && p.cg.acct != "" && p.cg.cpu != "" {
@@ -785,7 +794,14 @@ func (p *Provider) leaf(ref string, rec record, name string) ([]string, error) {
 // DataDir's parent cgroups when no workspace is left in them; workspaces
 // and their durable commands stay as they are.
 func (p *Provider) Close() error {
-	p.stopOnce.Do(func() { close(p.stop) })
+	p.stopOnce.Do(func() {
+		close(p.stop)
+		if p.hostNS != nil {
+			// An exec still running then stays in its workspace's
+			// namespace until its thread ends.
+			p.hostNS.Close()
+		}
+	})
 	p.ns.sweep(time.Time{})
 	p.egressStop()
 	p.egressMu.Lock()
