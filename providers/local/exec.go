@@ -234,18 +234,28 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		files = append(files, secR)
 	}
 
+	// The exec's leaf cgroups are made, and their files opened, beside
+	// bwrap's start: launchBwrap waits for them before it confines bwrap.
+	leaves := make(chan leafFiles, 1)
 	var leaf string
 	if j.ref != "" && p.cg != nil {
 		leaf = "e-" + randomHex()
-		procs, err := p.leaf(j.ref, j.rec, leaf)
-		if err != nil {
-			return providers.ExecResult{}, fmt.Errorf("local: exec: cgroup: %w", err)
-		}
+		made := make(chan struct{})
+		go func() {
+			defer close(made)
+			leaves <- p.openLeaf(j.ref, j.rec, leaf)
+		}()
 		// Off the exec's path: the kernel may hold an emptied cgroup for
 		// a moment, and removeLeaf waits it out; the exec's result (its
 		// OOM kills included) is read before.
-		defer func() { go p.cg.removeLeaf(j.ref, leaf) }()
-		j.cgroups = procs
+		defer func() {
+			go func() {
+				<-made
+				p.cg.removeLeaf(j.ref, leaf)
+			}()
+		}()
+	} else {
+		leaves <- leafFiles{}
 	}
 
 	stdout := &cappedBuffer{max: j.maxOut, w: j.outTo}
@@ -294,7 +304,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	// nothing before it has them: the launching thread writes them once
 	// bwrap is in the exec's cgroups, on its CPUs and under its limits, so
 	// everything of the sandbox is too.
-	l := launch{cmd: cmd, r: r, ns: ns, argsR: argsR, argsW: argsW, opts: p.bwrapOptions(j, filter != nil, rooted)}
+	l := launch{cmd: cmd, r: r, ns: ns, leaves: leaves, argsR: argsR, argsW: argsW, opts: p.bwrapOptions(j, filter != nil, rooted)}
 	exited, err := p.launchBwrap(j, l)
 	if err != nil && cmd.Process == nil {
 		return providers.ExecResult{}, err
@@ -328,6 +338,9 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	}()
 
 	end := <-exited
+	if end.oom != nil {
+		defer end.oom.Close()
+	}
 	close(stop)
 	timedOut := <-killed
 	if end.exitErr != nil {
@@ -374,7 +387,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	if timedOut {
 		res.ExitCode = 128 + int(syscall.SIGKILL)
 	}
-	if leaf != "" && p.cg.oomKills(j.ref, leaf) > 0 {
+	if end.oom != nil && oomKills(end.oom) > 0 {
 		// The workspace's memory ran out and the kernel killed a process
 		// of this exec: report it as the kill it was (protocol notes:
 		// 128+9), whatever the command made of it.
@@ -490,10 +503,12 @@ func killExecs(ctx context.Context, l layout) (int, error) {
 	return len(killed), nil
 }
 
-// forget drops r from the runs of ref.
+// forget drops r from the runs of ref, and its record (recordExec) off the
+// exec's path: bwrap is reaped by now, and a record whose process is gone
+// names no live exec (liveExecs).
 func (p *Provider) forget(ref string, r *run) {
 	if ref != "" {
-		_ = os.Remove(filepath.Join(p.layout(ref).execs(), strconv.Itoa(r.pgid)))
+		go os.Remove(filepath.Join(p.layout(ref).execs(), strconv.Itoa(r.pgid)))
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -560,6 +575,8 @@ type launch struct {
 	// ns is the workspace's mount namespace; nil: none, bwrap then stays
 	// in the broker's.
 	ns *os.File
+	// leaves yields the exec's cgroups, opened (openLeaf).
+	leaves <-chan leafFiles
 	// argsR is bwrap's end of the options' pipe (its fd 3), argsW ours;
 	// opts are the options to write once bwrap is confined.
 	argsR, argsW *os.File
@@ -568,9 +585,10 @@ type launch struct {
 
 // bwrapEnd is how an exec's bwrap ended, from launchBwrap.
 type bwrapEnd struct {
-	exitErr  error // waitExited's: bwrap's exit could not be waited for
-	waitErr  error // exec.Cmd.Wait's
-	recorded bool  // recordExec wrote the exec's record
+	exitErr  error    // waitExited's: bwrap's exit could not be waited for
+	waitErr  error    // exec.Cmd.Wait's
+	recorded bool     // recordExec wrote the exec's record
+	oom      *os.File // the exec's OOM kill count (leafFiles.oom); nil: none
 }
 
 // launchBwrap starts l.cmd (bwrap) for j from an OS thread of its own, which
@@ -590,16 +608,8 @@ func (p *Provider) launchBwrap(j job, l launch) (<-chan bwrapEnd, error) {
 	exited := make(chan bwrapEnd, 1)
 	cmd, r := l.cmd, l.r
 	onSpareThread(func() {
-		// Opened here, before the thread joins the workspace's namespace,
-		// which has no /sys.
-		cgroups, err := openCgroups(j.cgroups)
-		if err != nil {
-			started <- err
-			close(exited)
-			return
-		}
-		defer closeAll(cgroups)
 		if err := p.start(j.ref, l.ns, cmd, r); err != nil {
+			go func() { (<-l.leaves).close() }()
 			started <- err
 			close(exited)
 			return
@@ -620,7 +630,16 @@ func (p *Provider) launchBwrap(j job, l launch) (<-chan bwrapEnd, error) {
 			}
 			recorded <- ok
 		}()
-		cerr := confine(pid, j, cgroups)
+		lf := <-l.leaves
+		cerr := lf.err
+		if cerr == nil {
+			cerr = confine(pid, j, lf.procs)
+		}
+		closeAll(lf.procs)
+		if cerr != nil && lf.oom != nil {
+			lf.oom.Close()
+			lf.oom = nil
+		}
 		if cerr != nil {
 			// bwrap has no options yet, and never gets any.
 			r.kill(false)
@@ -632,7 +651,7 @@ func (p *Provider) launchBwrap(j job, l launch) (<-chan bwrapEnd, error) {
 			l.argsW.Close()
 		}
 		started <- cerr
-		var e bwrapEnd
+		e := bwrapEnd{oom: lf.oom}
 		e.exitErr = waitExited(pid)
 		if e.exitErr != nil {
 			// Not reaped yet, so bwrap is still ours to kill; without
@@ -678,21 +697,6 @@ func onSpareThread(f func()) {
 		<-locked
 		runtime.UnlockOSThread()
 	}()
-}
-
-// openCgroups opens the cgroup.procs files names for writing.
-func openCgroups(names []string) ([]*os.File, error) {
-	var fs []*os.File
-	for _, n := range names {
-		f, err := os.OpenFile(n, os.O_WRONLY, 0)
-		if err != nil {
-			closeAll(fs)
-			// No path: it is the broker's business, not the client's.
-			return nil, fmt.Errorf("local: exec: cannot join the workspace's cgroup: %w", scrub(err))
-		}
-		fs = append(fs, f)
-	}
-	return fs, nil
 }
 
 func closeAll(fs []*os.File) {

@@ -790,6 +790,47 @@ func (p *Provider) leaf(ref string, rec record, name string) ([]string, error) {
 	return procs, err
 }
 
+// leafFiles are an exec's leaf cgroups, opened in the broker's own mount
+// namespace (a workspace's has no /sys): the cgroup.procs files bwrap
+// joins and, where memory is limited, the leaf's OOM kill count (oomKills).
+type leafFiles struct {
+	procs []*os.File
+	oom   *os.File
+	err   error
+}
+
+func (lf leafFiles) close() {
+	closeAll(lf.procs)
+	if lf.oom != nil {
+		lf.oom.Close()
+	}
+}
+
+// openLeaf makes the leaf cgroup name of the workspace ref (leaf) and
+// opens its files.
+func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
+	procs, err := p.leaf(ref, rec, name)
+	if err != nil {
+		return leafFiles{err: fmt.Errorf("cgroup: %w", err)}
+	}
+	var lf leafFiles
+	for _, n := range procs {
+		f, err := os.OpenFile(n, os.O_WRONLY, 0)
+		if err != nil {
+			lf.close()
+			// No path: it is the broker's business, not the client's.
+			return leafFiles{err: fmt.Errorf("cannot join the workspace's cgroup: %w", scrub(err))}
+		}
+		lf.procs = append(lf.procs, f)
+	}
+	if name := p.cg.oomFile(ref, name); name != "" {
+		if f, err := os.Open(name); err == nil {
+			lf.oom = f
+		}
+	}
+	return lf
+}
+
 // Close stops serving the workspaces' egress sockets and removes the
 // DataDir's parent cgroups when no workspace is left in them; workspaces
 // and their durable commands stay as they are.
