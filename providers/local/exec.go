@@ -304,45 +304,21 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	// nothing before it has them: the launching thread writes them once
 	// bwrap is in the exec's cgroups, on its CPUs and under its limits, so
 	// everything of the sandbox is too.
-	l := launch{cmd: cmd, r: r, ns: ns, leaves: leaves, argsR: argsR, argsW: argsW, opts: p.bwrapOptions(j, filter != nil, rooted)}
-	exited, err := p.launchBwrap(j, l)
-	if err != nil && cmd.Process == nil {
-		return providers.ExecResult{}, err
-	}
-	defer p.forget(j.ref, r)
-	if err != nil {
-		<-exited // the launching thread killed bwrap before it had its options
-		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
-	}
-
-	// The killer goroutine exits when the command has exited (stop closes)
-	// or after it killed the command.
-	stop := make(chan struct{})
-	killed := make(chan bool, 1) // true when the timeout killed it
-	go func() {
-		var timer <-chan time.Time
-		if j.timeout > 0 {
-			t := time.NewTimer(j.timeout)
-			defer t.Stop()
-			timer = t.C
-		}
-		select {
-		case <-stop:
-			killed <- false
-		case <-timer:
-			killed <- r.kill(false)
-		case <-ctx.Done():
-			r.kill(false)
-			killed <- false
-		}
-	}()
-
+	l := launch{cmd: cmd, r: r, ns: ns, leaves: leaves, argsR: argsR, argsW: argsW, opts: p.bwrapOptions(j, filter != nil, rooted), ctx: ctx, timeout: j.timeout}
+	exited := p.launchBwrap(j, l)
 	end := <-exited
 	if end.oom != nil {
 		defer end.oom.Close()
 	}
-	close(stop)
-	timedOut := <-killed
+	switch {
+	case !end.started:
+		return providers.ExecResult{}, end.startErr
+	case end.startErr != nil:
+		p.forget(j.ref, r)
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", end.startErr)
+	}
+	defer p.forget(j.ref, r)
+	timedOut := end.timedOut
 	if end.exitErr != nil {
 		return providers.ExecResult{}, fmt.Errorf("local: exec: wait: %w", end.exitErr)
 	}
@@ -581,10 +557,20 @@ type launch struct {
 	// opts are the options to write once bwrap is confined.
 	argsR, argsW *os.File
 	opts         []byte
+	// ctx and timeout end the exec early: bwrap is killed when ctx ends
+	// or timeout (<= 0: none) passes (watch).
+	ctx     context.Context
+	timeout time.Duration
 }
 
 // bwrapEnd is how an exec's bwrap ended, from launchBwrap.
 type bwrapEnd struct {
+	// started is false when bwrap could not be started; startErr is why,
+	// or why it could not be confined (the launching thread killed it
+	// before it had its options).
+	started  bool
+	startErr error
+	timedOut bool     // the timeout killed it
 	exitErr  error    // waitExited's: bwrap's exit could not be waited for
 	waitErr  error    // exec.Cmd.Wait's
 	recorded bool     // recordExec wrote the exec's record
@@ -592,26 +578,23 @@ type bwrapEnd struct {
 }
 
 // launchBwrap starts l.cmd (bwrap) for j from an OS thread of its own, which
-// first joins l.ns, the workspace's mount namespace, records l.r as a run
-// of j.ref (and the exec in the workspace, recordExec), confines bwrap
-// (confine), writes bwrap its options and waits for it to exit, and reaps
-// it. The thread lives until bwrap has exited, since bwrap's parent-death
-// signal follows the thread that forked it, and then ends with its
-// goroutine: it is never unlocked, so no other goroutine ever runs in a
-// namespace of a workspace. Doing all of it on the one thread spares the
-// exec a hand-off between threads before bwrap has its options and after
-// it exits. The returned error is set when bwrap could not be started
-// (cmd.Process is nil) or confined (the thread killed it before it had
-// its options); the channel yields how bwrap ended.
-func (p *Provider) launchBwrap(j job, l launch) (<-chan bwrapEnd, error) {
-	started := make(chan error, 1)
+// joins l.ns, the workspace's mount namespace, records l.r as a run of
+// j.ref (and the exec in the workspace, recordExec), confines bwrap in the
+// exec's leaf cgroups once l.leaves has them (confine), writes bwrap its
+// options, watches the exec's context and timeout (watch), waits for bwrap
+// to exit, and reaps it. The thread lives until bwrap has exited, since
+// bwrap's parent-death signal follows the thread that forked it, and then
+// ends with its goroutine: it is never unlocked, so no other goroutine
+// ever runs in a namespace of a workspace. Doing all of it on the one
+// thread spares the exec hand-offs between threads while it starts and
+// ends. The channel yields how bwrap ended.
+func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 	exited := make(chan bwrapEnd, 1)
 	cmd, r := l.cmd, l.r
 	onSpareThread(func() {
 		if err := p.start(j.ref, l.ns, cmd, r); err != nil {
 			go func() { (<-l.leaves).close() }()
-			started <- err
-			close(exited)
+			exited <- bwrapEnd{startErr: err}
 			return
 		}
 		l.argsR.Close()
@@ -631,27 +614,29 @@ func (p *Provider) launchBwrap(j job, l launch) (<-chan bwrapEnd, error) {
 			recorded <- ok
 		}()
 		lf := <-l.leaves
-		cerr := lf.err
-		if cerr == nil {
-			cerr = confine(pid, j, lf.procs)
+		e := bwrapEnd{started: true, startErr: lf.err}
+		if e.startErr == nil {
+			e.startErr = confine(pid, j, lf.procs)
 		}
 		closeAll(lf.procs)
-		if cerr != nil && lf.oom != nil {
-			lf.oom.Close()
-			lf.oom = nil
-		}
-		if cerr != nil {
+		stop := make(chan struct{})
+		killed := make(chan bool, 1)
+		if e.startErr != nil {
 			// bwrap has no options yet, and never gets any.
 			r.kill(false)
+			if lf.oom != nil {
+				lf.oom.Close()
+			}
+			killed <- false
 		} else {
+			e.oom = lf.oom
 			// If bwrap dies first, the write fails at once and the error
 			// shows in its exit status. Options that outgrow the pipe's
 			// buffer park this goroutine until bwrap has read them.
 			l.argsW.Write(l.opts)
 			l.argsW.Close()
+			go watch(l.ctx, l.timeout, r, stop, killed)
 		}
-		started <- cerr
-		e := bwrapEnd{oom: lf.oom}
 		e.exitErr = waitExited(pid)
 		if e.exitErr != nil {
 			// Not reaped yet, so bwrap is still ours to kill; without
@@ -661,6 +646,8 @@ func (p *Provider) launchBwrap(j job, l launch) (<-chan bwrapEnd, error) {
 		r.mu.Lock()
 		r.exited = true // from here on its pid may be reaped, and reused
 		r.mu.Unlock()
+		close(stop)
+		e.timedOut = <-killed
 		if l.ns != nil {
 			// Out of the workspace's namespace before the exec counts as
 			// ended, so that closing the namespace's descriptor (Terminate)
@@ -671,7 +658,28 @@ func (p *Provider) launchBwrap(j job, l launch) (<-chan bwrapEnd, error) {
 		e.recorded = <-recorded
 		exited <- e
 	})
-	return exited, <-started
+	return exited
+}
+
+// watch kills r when ctx ends or timeout (<= 0: none) passes, until stop
+// is closed (bwrap has exited). It then sends whether the timeout killed
+// it.
+func watch(ctx context.Context, timeout time.Duration, r *run, stop <-chan struct{}, killed chan<- bool) {
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-stop:
+		killed <- false
+	case <-timer:
+		killed <- r.kill(false)
+	case <-ctx.Done():
+		r.kill(false)
+		killed <- false
+	}
 }
 
 // onSpareThread runs f in a goroutine of its own, locked to an OS thread
