@@ -184,6 +184,7 @@ type run struct {
 	mu         sync.Mutex
 	exited     bool // bwrap has exited: the pgid may soon be free for reuse
 	terminated bool // Terminate killed it
+	timedOut   bool // the exec's timeout killed it (watch)
 }
 
 // kill SIGKILLs the run's bwrap, and with it the whole sandbox, unless
@@ -200,6 +201,17 @@ func (r *run) kill(byTerminate bool) bool {
 	}
 	killExec(r.pgid) // ESRCH: it is exiting anyway
 	return true
+}
+
+// timeOut is kill for the exec's timeout: the exec timed out if it was
+// still running.
+func (r *run) timeOut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.exited {
+		r.timedOut = true
+		killExec(r.pgid) // ESRCH: it is exiting anyway
+	}
 }
 
 // run executes j under bwrap and waits for it. It kills the sandbox when
@@ -620,14 +632,12 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 		}
 		closeAll(lf.procs)
 		stop := make(chan struct{})
-		killed := make(chan bool, 1)
 		if e.startErr != nil {
 			// bwrap has no options yet, and never gets any.
 			r.kill(false)
 			if lf.oom != nil {
 				lf.oom.Close()
 			}
-			killed <- false
 		} else {
 			e.oom = lf.oom
 			// If bwrap dies first, the write fails at once and the error
@@ -635,7 +645,7 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			// buffer park this goroutine until bwrap has read them.
 			l.argsW.Write(l.opts)
 			l.argsW.Close()
-			go watch(l.ctx, l.timeout, r, stop, killed)
+			go watch(l.ctx, l.timeout, r, stop)
 		}
 		e.exitErr = waitExited(pid)
 		if e.exitErr != nil {
@@ -645,9 +655,9 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 		}
 		r.mu.Lock()
 		r.exited = true // from here on its pid may be reaped, and reused
+		e.timedOut = r.timedOut
 		r.mu.Unlock()
 		close(stop)
-		e.timedOut = <-killed
 		if l.ns != nil {
 			// Out of the workspace's namespace before the exec counts as
 			// ended, so that closing the namespace's descriptor (Terminate)
@@ -662,9 +672,9 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 }
 
 // watch kills r when ctx ends or timeout (<= 0: none) passes, until stop
-// is closed (bwrap has exited). It then sends whether the timeout killed
-// it.
-func watch(ctx context.Context, timeout time.Duration, r *run, stop <-chan struct{}, killed chan<- bool) {
+// is closed (bwrap has exited), and marks r timed out when the timeout
+// killed it.
+func watch(ctx context.Context, timeout time.Duration, r *run, stop <-chan struct{}) {
 	var timer <-chan time.Time
 	if timeout > 0 {
 		t := time.NewTimer(timeout)
@@ -673,12 +683,10 @@ func watch(ctx context.Context, timeout time.Duration, r *run, stop <-chan struc
 	}
 	select {
 	case <-stop:
-		killed <- false
 	case <-timer:
-		killed <- r.kill(false)
+		r.timeOut()
 	case <-ctx.Done():
 		r.kill(false)
-		killed <- false
 	}
 }
 
