@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandgate/sandgate"
@@ -161,6 +162,7 @@ type Provider struct {
 	// sandboxes' root tree (stageRoot): where the kernel can.
 	rootTrees bool
 	ns        nsTable       // the workspaces' mount namespaces (mountns.go)
+	opens     openCache     // what open read
 	stop      chan struct{} // closed by Close: ends the CPU governor
 	stopOnce  sync.Once
 	supMu     sync.Mutex // serialises ensureSupervisor
@@ -567,6 +569,18 @@ func (p *Provider) open(ref string) (opened, error) {
 		// Its supervisor ended it at expires_at.
 		return opened{}, fmt.Errorf("local: %w", providers.ErrSandboxGone)
 	}
+	var ids [2]fileID
+	for i, name := range []string{w.layout.sandbox(), w.layout.env()} {
+		fi, err := os.Stat(name)
+		if err != nil {
+			return opened{}, fmt.Errorf("local: %w", providers.ErrSandboxGone)
+		}
+		ids[i] = idOf(fi)
+	}
+	if c, ok := p.opens.get(ref, ids); ok {
+		w.rec, w.env = c.rec, c.env
+		return w, nil
+	}
 	for _, f := range []struct {
 		name string
 		v    any
@@ -580,7 +594,70 @@ func (p *Provider) open(ref string) (opened, error) {
 			return opened{}, fmt.Errorf("local: %s of a workspace is unreadable", filepath.Base(f.name))
 		}
 	}
+	p.opens.put(ref, ids, w)
 	return w, nil
+}
+
+// openCache keeps what open read of each workspace, so that an exec reads
+// (and decodes) sandbox.json and env.json again only when they changed.
+// They are written once each, with O_EXCL (writeJSON), so a file with the
+// same inode, size and times has the same contents; a workspace made anew
+// under the same ref has new files. Entries go at Terminate. A hit hands out copies, which the caller may change.
+type openCache struct {
+	mu sync.Mutex
+	m  map[string]cachedOpen
+}
+
+type cachedOpen struct {
+	ids [2]fileID // of sandbox.json and env.json
+	rec record
+	env map[string]string
+}
+
+// fileID names one version of a file.
+type fileID struct {
+	dev, ino           uint64
+	size, mtime, ctime int64
+}
+
+func idOf(fi fs.FileInfo) fileID {
+	id := fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		id.dev, id.ino = uint64(st.Dev), st.Ino
+		id.ctime = st.Ctim.Nano()
+	}
+	return id
+}
+
+func (c *openCache) get(ref string, ids [2]fileID) (cachedOpen, bool) {
+	c.mu.Lock()
+	e, ok := c.m[ref]
+	c.mu.Unlock()
+	if !ok || e.ids != ids || ids[0].ino == 0 {
+		return cachedOpen{}, false
+	}
+	e.rec.CPUs = slices.Clone(e.rec.CPUs)
+	e.rec.AllowedDomains = slices.Clone(e.rec.AllowedDomains)
+	e.env = maps.Clone(e.env)
+	return e, true
+}
+
+func (c *openCache) put(ref string, ids [2]fileID, w opened) {
+	e := cachedOpen{ids: ids, rec: w.rec, env: maps.Clone(w.env)}
+	e.rec.CPUs = slices.Clone(w.rec.CPUs)
+	e.rec.AllowedDomains = slices.Clone(w.rec.AllowedDomains)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[string]cachedOpen)
+	}
+	c.m[ref] = e
+}
+
+func (c *openCache) drop(ref string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, ref)
 }
 
 // ReadFile reads a file inside the sandbox; see [execfile.ReadFile].
@@ -635,6 +712,7 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	// Gone from now on for every Provider on this DataDir (open refuses
 	// it, and an exec killed below reports it), before anything is killed.
 	markEnded(p.layout(ref))
+	p.opens.drop(ref)
 	p.stopEgress(ref)
 	// Its execs are gone: the disk image's mount goes now, so that its
 	// space is free once Terminate returns.

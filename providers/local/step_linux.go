@@ -362,7 +362,16 @@ func stage(o stepOptions) error {
 		}
 	}
 	if o.root != nil {
-		return stageRoot(o.stage+"/"+rootName, o.root)
+		if err := stageRoot(o.stage+"/"+rootName, o.root); err != nil {
+			return err
+		}
+		if o.disk != "" {
+			// Bound into the root tree, which keeps the file system (and
+			// its loop device) mounted: one mount fewer for every exec.
+			if err := unix.Unmount(o.stage+"/d", unix.MNT_DETACH); err != nil {
+				return fmt.Errorf("unmount: %w", err)
+			}
+		}
 	}
 	return nil
 }
