@@ -644,9 +644,6 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			// If bwrap dies first, the write fails at once and the error
 			// shows in its exit status. Options that outgrow the pipe's
 			// buffer park this goroutine until bwrap has read them.
-			if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/syscall"); err == nil && strings.HasPrefix(string(b), "0 0x3 ") {
-			} else {
-			}
 			l.argsW.Write(l.opts)
 			l.argsW.Close()
 			go watch(l.ctx, l.timeout, r, stop)
