@@ -224,7 +224,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	// bwrap reads its options, env values and host paths included, from a
 	// pipe: they never appear in a command line on the host or inside the
 	// sandbox (its pid 1 is bwrap). Only the command's own argv does.
-	argsR, argsW, err := os.Pipe()
+	argsR, argsW, err := blockingPipe()
 	if err != nil {
 		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
 	}
@@ -234,7 +234,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	filter := p.seccomp // built once, by New
 	if filter != nil {
 		// The filter is far smaller than a pipe's buffer: write it now.
-		secR, secW, err := os.Pipe()
+		secR, secW, err := blockingPipe()
 		if err != nil {
 			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
 		}
@@ -643,7 +643,7 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			e.oom = lf.oom
 			// If bwrap dies first, the write fails at once and the error
 			// shows in its exit status. Options that outgrow the pipe's
-			// buffer park this goroutine until bwrap has read them.
+			// buffer block this thread until bwrap has read them.
 			l.argsW.Write(l.opts)
 			l.argsW.Close()
 			go watch(l.ctx, l.timeout, r, stop)
@@ -714,6 +714,18 @@ func onSpareThread(f func()) {
 		<-locked
 		runtime.UnlockOSThread()
 	}()
+}
+
+// blockingPipe is os.Pipe without the runtime's poller: both ends are
+// blocking descriptors, handed to bwrap or written whole by one thread, so
+// registering them (and unregistering them) would only cost every exec
+// system calls.
+func blockingPipe() (r, w *os.File, err error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return nil, nil, os.NewSyscallError("pipe2", err)
+	}
+	return os.NewFile(uintptr(p[0]), "|0"), os.NewFile(uintptr(p[1]), "|1"), nil
 }
 
 func closeAll(fs []*os.File) {
