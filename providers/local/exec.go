@@ -605,7 +605,14 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 	exited := make(chan bwrapEnd, 1)
 	cmd, r := l.cmd, l.r
 	onSpareThread(func() {
-		if err := p.start(j.ref, l.ns, cmd, r); err != nil {
+		// Where this thread runs on one of the exec's CPUs already, bwrap
+		// is born on them, which spares it a move once it runs.
+		unpin := pinHere(j.cpus)
+		err := p.start(j.ref, l.ns, cmd, r)
+		if unpin != nil {
+			unpin()
+		}
+		if err != nil {
 			go func() { (<-l.leaves).close() }()
 			exited <- bwrapEnd{startErr: err}
 			return
@@ -629,7 +636,7 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 		lf := <-l.leaves
 		e := bwrapEnd{started: true, startErr: lf.err}
 		if e.startErr == nil {
-			e.startErr = confine(pid, j, lf.procs)
+			e.startErr = confine(pid, j, lf.procs, unpin != nil)
 		}
 		closeAll(lf.procs)
 		stop := make(chan struct{})
@@ -736,20 +743,23 @@ func closeAll(fs []*os.File) {
 
 // confine puts bwrap (pid), which waits for its options before it does
 // anything, into j's cgroups (their cgroup.procs files, opened), pins it
-// to j's CPUs and sets j's resource limits on it, soft and hard, so that
-// every process of the sandbox inherits all three. Setting the CPUs on
+// to j's CPUs unless it was born pinned, and sets j's resource limits on
+// it, soft and hard, so that every process of the sandbox inherits all
+// three. Setting the CPUs on
 // bwrap rather than on the thread that forks it spares that thread a
 // migration to them. It runs on the launching thread (locked, never
 // reused): prlimitAs changes its real uid.
-func confine(pid int, j job, cgroups []*os.File) error {
+func confine(pid int, j job, cgroups []*os.File, pinned bool) error {
 	self := []byte(strconv.Itoa(pid))
 	for _, f := range cgroups {
 		if _, err := f.Write(self); err != nil {
 			return fmt.Errorf("cannot join the workspace's cgroup: %w", scrub(err))
 		}
 	}
-	if err := setAffinity(pid, j.cpus); err != nil {
-		return fmt.Errorf("cpu affinity: %w", err)
+	if !pinned { // else born on j's CPUs (pinHere)
+		if err := setAffinity(pid, j.cpus); err != nil {
+			return fmt.Errorf("cpu affinity: %w", err)
+		}
 	}
 	uid := -1 // the broker's own
 	if j.uid > 0 {
