@@ -838,7 +838,7 @@ func (p *Provider) rootOptions(j job, o stepOptions) stepOptions {
 		rootBind{src: dirs[2], dst: "/tmp"},
 	)
 	// What the namespace keeps of the host's mounts (see trimMounts).
-	t.keepPaths = []string{p.bwrap, "/proc", "/dev", "/tmp", p.stageDir}
+	t.keepPaths = []string{p.bwrap, p.bwrapReal, "/proc", "/dev", "/tmp", p.stageDir}
 	t.keepTrees = []string{p.etcDir, j.layout.workspace(), j.layout.home(), j.layout.tmp(), j.layout.egress(), p.exe}
 	for _, b := range t.binds {
 		t.keepTrees = append(t.keepTrees, b.src)

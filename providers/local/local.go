@@ -139,22 +139,23 @@ func (c Config) tier(size sandgate.Size) Tier {
 // (a restarted broker sees the sandboxes of the previous one), but only the
 // Provider that started an exec can kill it on Terminate.
 type Provider struct {
-	dataDir  string // absolute
-	dirID    string // the data directory's id (DataDirID)
-	etcDir   string // the generated /etc
-	bwrap    string
-	brokerID string
-	log      *slog.Logger
-	clock    sandgate.Clock
-	cpus     []int       // the CPUs sandboxes may be pinned to
-	usrLinks []usrLink   // how /bin, /lib… reach /usr on this host
-	cfg      Config      // defaults filled in
-	cg       *cgroupHost // nil: no cgroup at all (AllowUnenforced only)
-	disk     *diskHost   // nil: no disk quota (AllowUnenforced only)
-	exe      string      // the broker's binary, for durable commands' step
-	stageDir string      // see Config.StageDir
-	probeUID int         // Config.UIDBase; 0 when the broker is not root
-	caps     []string    // Config.GuestCapabilities
+	dataDir   string // absolute
+	dirID     string // the data directory's id (DataDirID)
+	etcDir    string // the generated /etc
+	bwrap     string
+	bwrapReal string // bwrap with its symlinks resolved: a workspace's namespace keeps the mounts on its way
+	brokerID  string
+	log       *slog.Logger
+	clock     sandgate.Clock
+	cpus      []int       // the CPUs sandboxes may be pinned to
+	usrLinks  []usrLink   // how /bin, /lib… reach /usr on this host
+	cfg       Config      // defaults filled in
+	cg        *cgroupHost // nil: no cgroup at all (AllowUnenforced only)
+	disk      *diskHost   // nil: no disk quota (AllowUnenforced only)
+	exe       string      // the broker's binary, for durable commands' step
+	stageDir  string      // see Config.StageDir
+	probeUID  int         // Config.UIDBase; 0 when the broker is not root
+	caps      []string    // Config.GuestCapabilities
 
 	seccomp []byte   // bwrap's seccomp program, nil on an unknown architecture
 	hostNS  *os.File // the broker's own mount namespace, for leaveNS; nil: none
@@ -237,6 +238,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		dataDir:     dataDir,
 		etcDir:      filepath.Join(dataDir, etcDir),
 		bwrap:       bwrap,
+		bwrapReal:   cmp.Or(evalSymlinks(bwrap), bwrap),
 		brokerID:    env.BrokerID,
 		log:         env.Logger,
 		clock:       env.Clock,
@@ -316,6 +318,15 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	}
 	p.reopen()
 	return p, nil
+}
+
+// evalSymlinks is filepath.EvalSymlinks, "" on error.
+func evalSymlinks(name string) string {
+	r, err := filepath.EvalSymlinks(name)
+	if err != nil {
+		return ""
+	}
+	return r
 }
 
 // DataDir returns the provider's data directory, as an absolute path.
