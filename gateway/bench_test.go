@@ -218,6 +218,47 @@ func BenchmarkExecLocalVsBwrap(b *testing.B) {
 	b.ReportMetric(float64(execs)/float64(bwraps), "x-bwrap")
 }
 
+// BenchmarkExecBwrapProviderVsBwrap is BenchmarkExecLocalVsBwrap with a
+// provider whose Exec runs the bare bwrap itself, from a goroutine of its
+// own, as the local provider's launching thread does: its x-bwrap is the
+// gateway's own share of an exec beside a bare bwrap, the floor of
+// ExecLocalVsBwrap's.
+func BenchmarkExecBwrapProviderVsBwrap(b *testing.B) {
+	bare := bareBwrap(b)
+	e := rtStart(b, rtOptions{provider: bwrapProvider{noop.New("bench"), bare}})
+	id := e.acquire(b)
+	const body = `{"argv":["true"]}`
+	req := benchRequest(b, e, http.MethodPost, "/v1/workspaces/"+id+"/exec", body, nil)
+	benchSend(b, e, req, body, http.StatusOK)
+	var execs, bwraps time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		benchSend(b, e, req, body, http.StatusOK)
+		t1 := time.Now()
+		runBare(b, bare)
+		execs, bwraps = execs+t1.Sub(t0), bwraps+time.Since(t1)
+	}
+	b.ReportMetric(float64(execs.Nanoseconds())/float64(b.N), "exec-ns")
+	b.ReportMetric(float64(bwraps.Nanoseconds())/float64(b.N), "bwrap-ns")
+	b.ReportMetric(float64(execs)/float64(bwraps), "x-bwrap")
+}
+
+// bwrapProvider is the noop provider with an Exec that runs argv, the bare
+// bwrap, and reports its exit code.
+type bwrapProvider struct {
+	*noop.Provider
+	argv []string
+}
+
+func (p bwrapProvider) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	done := make(chan error, 1)
+	go func() { done <- exec.CommandContext(ctx, p.argv[0], p.argv[1:]...).Run() }()
+	if err := <-done; err != nil {
+		return providers.ExecResult{}, err
+	}
+	return providers.ExecResult{}, nil
+}
+
 // bareBwrap returns the bare bwrap command line of "true" with the local
 // provider's namespaces.
 func bareBwrap(b *testing.B) []string {

@@ -375,21 +375,25 @@ func (h *cgroupHost) leafIn(d, ref string) bool {
 	return h.v2 || d == filepath.Join(h.mem, ref) || (h.acct != "" && d == filepath.Join(h.acct, ref))
 }
 
-// oomKills returns how many processes the OOM killer killed in the leaf
-// name of ref.
-func (h *cgroupHost) oomKills(ref, name string) int {
+// oomFile is the file of the leaf name of ref that counts its OOM kills
+// (oomKills); "" when memory is not limited.
+func (h *cgroupHost) oomFile(ref, name string) string {
 	if h == nil || h.mem == "" {
-		return 0
+		return ""
 	}
 	file := "memory.oom_control" // v1: "oom_kill N"
 	if h.v2 {
 		file = "memory.events" // v2: "oom_kill N"
 	}
-	b, err := os.ReadFile(filepath.Join(h.mem, ref, name, file))
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
+	return filepath.Join(h.mem, ref, name, file)
+}
+
+// oomKills returns how many processes the OOM killer killed in a leaf, from
+// its oomFile, opened (and read from its start, as often as asked).
+func oomKills(f *os.File) int {
+	var buf [512]byte
+	n, _ := f.ReadAt(buf[:], 0)
+	for _, l := range strings.Split(string(buf[:n]), "\n") {
 		if f := strings.Fields(l); len(f) == 2 && f[0] == "oom_kill" {
 			n, _ := strconv.Atoi(f[1])
 			return n

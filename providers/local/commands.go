@@ -180,7 +180,7 @@ const joinScript = `for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 121
 // its pid and start time in the command's host.pid, and returns the pid.
 func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, error) {
 	filter := p.seccomp
-	opts, err := memfd("sandgate-bwrap-args", p.bwrapOptions(j, filter != nil))
+	opts, err := memfd("sandgate-bwrap-args", p.bwrapOptions(j, filter != nil, false))
 	if err != nil {
 		return 0, err
 	}

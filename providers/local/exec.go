@@ -57,6 +57,7 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 	if err != nil {
 		if errors.Is(err, providers.ErrSandboxGone) {
 			p.ns.drop(sb.Ref) // ended by another broker process, or its supervisor
+			p.opens.drop(sb.Ref)
 		}
 		return providers.ExecResult{}, err
 	}
@@ -184,7 +185,7 @@ type run struct {
 	mu         sync.Mutex
 	exited     bool // bwrap has exited: the pgid may soon be free for reuse
 	terminated bool // Terminate killed it
-	recorded   bool // recordExec wrote its file; killExecs removes it before killing
+	timedOut   bool // the exec's timeout killed it (watch)
 }
 
 // kill SIGKILLs the run's bwrap, and with it the whole sandbox, unless
@@ -203,6 +204,17 @@ func (r *run) kill(byTerminate bool) bool {
 	return true
 }
 
+// timeOut is kill for the exec's timeout: the exec timed out if it was
+// still running.
+func (r *run) timeOut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.exited {
+		r.timedOut = true
+		killExec(r.pgid) // ESRCH: it is exiting anyway
+	}
+}
+
 // run executes j under bwrap and waits for it. It kills the sandbox when
 // j.timeout passes or ctx ends.
 func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error) {
@@ -212,7 +224,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	// bwrap reads its options, env values and host paths included, from a
 	// pipe: they never appear in a command line on the host or inside the
 	// sandbox (its pid 1 is bwrap). Only the command's own argv does.
-	argsR, argsW, err := os.Pipe()
+	argsR, argsW, err := blockingPipe()
 	if err != nil {
 		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
 	}
@@ -222,7 +234,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	filter := p.seccomp // built once, by New
 	if filter != nil {
 		// The filter is far smaller than a pipe's buffer: write it now.
-		secR, secW, err := os.Pipe()
+		secR, secW, err := blockingPipe()
 		if err != nil {
 			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
 		}
@@ -235,18 +247,28 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		files = append(files, secR)
 	}
 
+	// The exec's leaf cgroups are made, and their files opened, beside
+	// bwrap's start: launchBwrap waits for them before it confines bwrap.
+	leaves := make(chan leafFiles, 1)
 	var leaf string
 	if j.ref != "" && p.cg != nil {
 		leaf = "e-" + randomHex()
-		procs, err := p.leaf(j.ref, j.rec, leaf)
-		if err != nil {
-			return providers.ExecResult{}, fmt.Errorf("local: exec: cgroup: %w", err)
-		}
+		made := make(chan struct{})
+		go func() {
+			defer close(made)
+			leaves <- p.openLeaf(j.ref, j.rec, leaf)
+		}()
 		// Off the exec's path: the kernel may hold an emptied cgroup for
 		// a moment, and removeLeaf waits it out; the exec's result (its
 		// OOM kills included) is read before.
-		defer func() { go p.cg.removeLeaf(j.ref, leaf) }()
-		j.cgroups = procs
+		defer func() {
+			go func() {
+				<-made
+				p.cg.removeLeaf(j.ref, leaf)
+			}()
+		}()
+	} else {
+		leaves <- leafFiles{}
 	}
 
 	stdout := &cappedBuffer{max: j.maxOut, w: j.outTo}
@@ -278,7 +300,12 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	r := &run{done: make(chan struct{})}
 	defer close(r.done) // after release: a Terminate waiting for it then finds the namespace unused
 	var ns *os.File
+	var rooted bool
 	if o, ok := p.stageOptions(j); ok {
+		if p.rootTrees {
+			o = p.rootOptions(j, o)
+			rooted = true
+		}
 		fd, release, err := p.ns.acquire(j.ref, o)
 		if err != nil {
 			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
@@ -287,68 +314,26 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		ns = fd
 	}
 	// bwrap reads its options before it does anything else and forks
-	// nothing before it has them: it gets them once it is in the exec's
-	// cgroups, on its CPUs and under its limits, so everything of the
-	// sandbox is too.
-	exited, err := p.launchBwrap(j, ns, cmd, r)
-	if err != nil && cmd.Process == nil {
-		return providers.ExecResult{}, err
+	// nothing before it has them: the launching thread writes them once
+	// bwrap is in the exec's cgroups, on its CPUs and under its limits, so
+	// everything of the sandbox is too.
+	l := launch{cmd: cmd, r: r, ns: ns, leaves: leaves, argsR: argsR, argsW: argsW, opts: p.bwrapOptions(j, filter != nil, rooted), ctx: ctx, timeout: j.timeout}
+	exited := p.launchBwrap(j, l)
+	end := <-exited
+	if end.oom != nil {
+		defer end.oom.Close()
+	}
+	switch {
+	case !end.started:
+		return providers.ExecResult{}, end.startErr
+	case end.startErr != nil:
+		p.forget(j.ref, r)
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", end.startErr)
 	}
 	defer p.forget(j.ref, r)
-	argsR.Close()
-	if err != nil {
-		r.kill(false)
-		<-exited
-		cmd.Wait()
-		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
-	}
-	// Written after Start: the options can outgrow a pipe's buffer. If bwrap
-	// dies first, the write fails at once and the error shows in its exit
-	// status.
-	wrote := make(chan struct{})
-	go func() {
-		defer close(wrote)
-		argsW.Write(p.bwrapOptions(j, filter != nil))
-		argsW.Close()
-	}()
-
-	// The killer goroutine exits when the command has exited (stop closes)
-	// or after it killed the command.
-	stop := make(chan struct{})
-	killed := make(chan bool, 1) // true when the timeout killed it
-	go func() {
-		var timer <-chan time.Time
-		if j.timeout > 0 {
-			t := time.NewTimer(j.timeout)
-			defer t.Stop()
-			timer = t.C
-		}
-		select {
-		case <-stop:
-			killed <- false
-		case <-timer:
-			killed <- r.kill(false)
-		case <-ctx.Done():
-			r.kill(false)
-			killed <- false
-		}
-	}()
-
-	exitErr := <-exited
-	if exitErr != nil {
-		// Not reaped yet, so bwrap is still ours to kill; without
-		// this, nothing would enforce the timeout.
-		killExec(r.pgid)
-	}
-	r.mu.Lock()
-	r.exited = true
-	r.mu.Unlock()
-	close(stop)
-	timedOut := <-killed
-	waitErr := cmd.Wait()
-	<-wrote
-	if exitErr != nil {
-		return providers.ExecResult{}, fmt.Errorf("local: exec: wait: %w", exitErr)
+	timedOut := end.timedOut
+	if end.exitErr != nil {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: wait: %w", end.exitErr)
 	}
 
 	r.mu.Lock()
@@ -360,7 +345,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		// after that; the supervisor marks it ended at expires_at.
 		if _, err := os.Stat(j.layout.sandbox()); err != nil || ended(j.layout) {
 			terminated = true
-		} else if _, err := os.Stat(filepath.Join(j.layout.execs(), strconv.Itoa(r.pgid))); r.recorded && errors.Is(err, fs.ErrNotExist) {
+		} else if _, err := os.Stat(filepath.Join(j.layout.execs(), strconv.Itoa(r.pgid))); end.recorded && errors.Is(err, fs.ErrNotExist) {
 			terminated = true
 		}
 	}
@@ -371,8 +356,8 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", context.Cause(ctx))
 	}
 	var ee *exec.ExitError
-	if waitErr != nil && !errors.As(waitErr, &ee) && !errors.Is(waitErr, exec.ErrWaitDelay) {
-		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", waitErr)
+	if end.waitErr != nil && !errors.As(end.waitErr, &ee) && !errors.Is(end.waitErr, exec.ErrWaitDelay) {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", end.waitErr)
 	}
 	if err := cmp.Or(stdout.err, stderr.err); err != nil {
 		return providers.ExecResult{}, fmt.Errorf("local: exec: output: %w", err)
@@ -391,7 +376,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	if timedOut {
 		res.ExitCode = 128 + int(syscall.SIGKILL)
 	}
-	if leaf != "" && p.cg.oomKills(j.ref, leaf) > 0 {
+	if end.oom != nil && oomKills(end.oom) > 0 {
 		// The workspace's memory ran out and the kernel killed a process
 		// of this exec: report it as the kill it was (protocol notes:
 		// 128+9), whatever the command made of it.
@@ -401,11 +386,14 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	return res, nil
 }
 
-// start starts cmd with no descriptor of the broker but its own, and
-// records r as a run of ref. It holds p.mu across the liveness
-// check and Start, so a concurrent Terminate either sees the run and kills
-// it or has already made ref gone.
-func (p *Provider) start(ref string, cmd *exec.Cmd, r *run) error {
+// start starts cmd with no descriptor of the broker but its own, after
+// the calling thread, which must be locked and never given back, joined
+// ns (nil: none), and records r as a run of ref. It holds p.mu across the
+// liveness check and Start, so a concurrent Terminate either sees the run
+// and kills it or has already made ref gone. The check runs before the
+// thread joins ns, which holds little of the host's file systems
+// (trimMounts).
+func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if ref != "" {
@@ -414,6 +402,11 @@ func (p *Provider) start(ref string, cmd *exec.Cmd, r *run) error {
 		}
 		if _, err := os.Stat(p.layout(ref).sandbox()); err != nil {
 			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
+		}
+	}
+	if ns != nil {
+		if err := joinNS(ns); err != nil {
+			return fmt.Errorf("local: exec: %w", err)
 		}
 	}
 	if err := closeOnExec(); err != nil {
@@ -499,10 +492,12 @@ func killExecs(ctx context.Context, l layout) (int, error) {
 	return len(killed), nil
 }
 
-// forget drops r from the runs of ref.
+// forget drops r from the runs of ref, and its record (recordExec) off the
+// exec's path: bwrap is reaped by now, and a record whose process is gone
+// names no live exec (liveExecs).
 func (p *Provider) forget(ref string, r *run) {
 	if ref != "" {
-		_ = os.Remove(filepath.Join(p.layout(ref).execs(), strconv.Itoa(r.pgid)))
+		go os.Remove(filepath.Join(p.layout(ref).execs(), strconv.Itoa(r.pgid)))
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -562,31 +557,67 @@ func (p *Provider) stageOptions(j job) (o stepOptions, ok bool) {
 	return o, true
 }
 
-// launchBwrap starts cmd (bwrap) for j from an OS thread of its own, which
-// first joins ns, the workspace's mount namespace (nil: none, bwrap then
-// stays in the broker's), records r as a run of j.ref (and the exec in the
-// workspace, recordExec), and confines bwrap (confine) before it returns. The thread lives until bwrap has exited,
-// since bwrap's parent-death signal follows the thread that forked it, and
-// then ends with its goroutine: it is never unlocked, so no other goroutine
-// ever runs in a namespace of a workspace. The channel yields waitExited's
-// result once bwrap has exited. When confine fails, bwrap is started but
-// must be killed: the error comes with the channel.
-func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-chan error, error) {
-	started := make(chan error, 1)
-	exited := make(chan error, 1)
+// launch is what launchBwrap needs to start an exec's bwrap.
+type launch struct {
+	cmd *exec.Cmd
+	r   *run
+	// ns is the workspace's mount namespace; nil: none, bwrap then stays
+	// in the broker's.
+	ns *os.File
+	// leaves yields the exec's cgroups, opened (openLeaf).
+	leaves <-chan leafFiles
+	// argsR is bwrap's end of the options' pipe (its fd 3), argsW ours;
+	// opts are the options to write once bwrap is confined.
+	argsR, argsW *os.File
+	opts         []byte
+	// ctx and timeout end the exec early: bwrap is killed when ctx ends
+	// or timeout (<= 0: none) passes (watch).
+	ctx     context.Context
+	timeout time.Duration
+}
+
+// bwrapEnd is how an exec's bwrap ended, from launchBwrap.
+type bwrapEnd struct {
+	// started is false when bwrap could not be started; startErr is why,
+	// or why it could not be confined (the launching thread killed it
+	// before it had its options).
+	started  bool
+	startErr error
+	timedOut bool     // the timeout killed it
+	exitErr  error    // waitExited's: bwrap's exit could not be waited for
+	waitErr  error    // exec.Cmd.Wait's
+	recorded bool     // recordExec wrote the exec's record
+	oom      *os.File // the exec's OOM kill count (leafFiles.oom); nil: none
+}
+
+// launchBwrap starts l.cmd (bwrap) for j from an OS thread of its own, which
+// joins l.ns, the workspace's mount namespace, records l.r as a run of
+// j.ref (and the exec in the workspace, recordExec), confines bwrap in the
+// exec's leaf cgroups once l.leaves has them (confine), writes bwrap its
+// options, watches the exec's context and timeout (watch), waits for bwrap
+// to exit, and reaps it. The thread lives until bwrap has exited, since
+// bwrap's parent-death signal follows the thread that forked it, and then
+// ends with its goroutine: it is never unlocked, so no other goroutine
+// ever runs in a namespace of a workspace. Doing all of it on the one
+// thread spares the exec hand-offs between threads while it starts and
+// ends. The channel yields how bwrap ended.
+func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
+	exited := make(chan bwrapEnd, 1)
+	cmd, r := l.cmd, l.r
 	onSpareThread(func() {
-		if ns != nil {
-			if err := joinNS(ns); err != nil {
-				started <- fmt.Errorf("local: exec: %w", err)
-				close(exited)
-				return
-			}
+		// Where this thread runs on one of the exec's CPUs already, bwrap
+		// is born on them, which spares it a move once it runs.
+		unpin := pinHere(j.cpus)
+		err := p.start(j.ref, l.ns, cmd, r)
+		if unpin != nil {
+			unpin()
 		}
-		if err := p.start(j.ref, cmd, r); err != nil {
-			started <- err
-			close(exited)
+		if err != nil {
+			go func() { (<-l.leaves).close() }()
+			exited <- bwrapEnd{startErr: err}
 			return
 		}
+		l.argsR.Close()
 		pid := cmd.Process.Pid
 		// The record, for another broker process's Terminate and the
 		// supervisor, is written beside the exec rather than before it:
@@ -602,18 +633,69 @@ func (p *Provider) launchBwrap(j job, ns *os.File, cmd *exec.Cmd, r *run) (<-cha
 			}
 			recorded <- ok
 		}()
-		started <- confine(pid, j)
-		err := waitExited(pid)
-		if ns != nil {
+		lf := <-l.leaves
+		e := bwrapEnd{started: true, startErr: lf.err}
+		if e.startErr == nil {
+			e.startErr = confine(pid, j, lf.procs, unpin != nil)
+		}
+		closeAll(lf.procs)
+		stop := make(chan struct{})
+		if e.startErr != nil {
+			// bwrap has no options yet, and never gets any.
+			r.kill(false)
+			if lf.oom != nil {
+				lf.oom.Close()
+			}
+		} else {
+			e.oom = lf.oom
+			// If bwrap dies first, the write fails at once and the error
+			// shows in its exit status. Options that outgrow the pipe's
+			// buffer block this thread until bwrap has read them.
+			l.argsW.Write(l.opts)
+			l.argsW.Close()
+			go watch(l.ctx, l.timeout, r, stop)
+		}
+		e.exitErr = waitExited(pid)
+		if e.exitErr != nil {
+			// Not reaped yet, so bwrap is still ours to kill; without
+			// this, nothing would enforce the timeout.
+			killExec(pid)
+		}
+		r.mu.Lock()
+		r.exited = true // from here on its pid may be reaped, and reused
+		e.timedOut = r.timedOut
+		r.mu.Unlock()
+		close(stop)
+		if l.ns != nil {
 			// Out of the workspace's namespace before the exec counts as
 			// ended, so that closing the namespace's descriptor (Terminate)
 			// ends it at once, rather than when this thread is gone.
-			leaveNS()
+			leaveNS(p.hostNS)
 		}
-		r.recorded = <-recorded
-		exited <- err
+		e.waitErr = cmd.Wait()
+		e.recorded = <-recorded
+		exited <- e
 	})
-	return exited, <-started
+	return exited
+}
+
+// watch kills r when ctx ends or timeout (<= 0: none) passes, until stop
+// is closed (bwrap has exited), and marks r timed out when the timeout
+// killed it.
+func watch(ctx context.Context, timeout time.Duration, r *run, stop <-chan struct{}) {
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-stop:
+	case <-timer:
+		r.timeOut()
+	case <-ctx.Done():
+		r.kill(false)
+	}
 }
 
 // onSpareThread runs f in a goroutine of its own, locked to an OS thread
@@ -641,22 +723,43 @@ func onSpareThread(f func()) {
 	}()
 }
 
+// blockingPipe is os.Pipe without the runtime's poller: both ends are
+// blocking descriptors, handed to bwrap or written whole by one thread, so
+// registering them (and unregistering them) would only cost every exec
+// system calls.
+func blockingPipe() (r, w *os.File, err error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return nil, nil, os.NewSyscallError("pipe2", err)
+	}
+	return os.NewFile(uintptr(p[0]), "|0"), os.NewFile(uintptr(p[1]), "|1"), nil
+}
+
+func closeAll(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}
+
 // confine puts bwrap (pid), which waits for its options before it does
-// anything, into j's cgroups, pins it to j's CPUs and sets j's resource
-// limits on it, soft and hard, so that every process of the sandbox
-// inherits all three. Setting the CPUs on bwrap rather than on the thread
-// that forks it spares that thread a migration to them. It runs on the
-// launching thread (locked, never reused): prlimitAs changes its real uid.
-func confine(pid int, j job) error {
+// anything, into j's cgroups (their cgroup.procs files, opened), pins it
+// to j's CPUs unless it was born pinned, and sets j's resource limits on
+// it, soft and hard, so that every process of the sandbox inherits all
+// three. Setting the CPUs on
+// bwrap rather than on the thread that forks it spares that thread a
+// migration to them. It runs on the launching thread (locked, never
+// reused): prlimitAs changes its real uid.
+func confine(pid int, j job, cgroups []*os.File, pinned bool) error {
 	self := []byte(strconv.Itoa(pid))
-	for _, f := range j.cgroups {
-		if err := os.WriteFile(f, self, 0); err != nil {
-			// No path: it is the broker's business, not the client's.
+	for _, f := range cgroups {
+		if _, err := f.Write(self); err != nil {
 			return fmt.Errorf("cannot join the workspace's cgroup: %w", scrub(err))
 		}
 	}
-	if err := setAffinity(pid, j.cpus); err != nil {
-		return fmt.Errorf("cpu affinity: %w", err)
+	if !pinned { // else born on j's CPUs (pinHere)
+		if err := setAffinity(pid, j.cpus); err != nil {
+			return fmt.Errorf("cpu affinity: %w", err)
+		}
 	}
 	uid := -1 // the broker's own
 	if j.uid > 0 {
@@ -678,6 +781,82 @@ type stepOptions struct {
 	disk     string // the workspace's image, mounted on stage/d
 	mountBin string // mount(8), for the image
 	rlimits  []rlimit
+	// root, when set, is the sandbox's root tree, which stage builds below
+	// stage/r (stageRoot) and an exec's bwrap binds as its / (see
+	// bwrapOptions). Only an exec's namespace has one, never a durable
+	// command's step.
+	root *rootTree
+}
+
+// rootName is the directory below the stage that holds the sandbox's root
+// tree.
+const rootName = "r"
+
+// rootTree is what stageRoot builds: the parts of a sandbox's root that are
+// the same for every exec of a workspace.
+type rootTree struct {
+	owner    int // the host uid (and gid) of the sandbox's root
+	usrLinks []usrLink
+	binds    []rootBind
+	egress   bool // mount points for the forwarder and the egress directory
+	// keepPaths and keepTrees are what the namespace needs of the host's
+	// mounts: the mounts on the way to each of keepPaths, and those on
+	// the way to and below each of keepTrees (trimMounts).
+	keepPaths, keepTrees []string
+}
+
+// rootBind is a directory bound into the root tree.
+type rootBind struct {
+	src, dst string // src below the stage (or a host path), dst in the root
+	ro       bool
+}
+
+// rootOptions turns o, what stage does for j (stageOptions), into a
+// namespace that holds j's root tree (stageRoot) and little else: the
+// stage binds only the egress socket's directory and the forwarder, which
+// bwrap binds for an exec with egress, and the rest of the root tree's
+// directories are bound from their host paths (or the disk image's mount)
+// by the namespace's maker, which may reach them.
+func (p *Provider) rootOptions(j job, o stepOptions) stepOptions {
+	o.binds = slices.DeleteFunc(slices.Clone(o.binds), func(b [2]string) bool { return b[1] != "g" && b[1] != "x" })
+	dirs := [3]string{j.layout.workspace(), j.layout.home(), j.layout.tmp()}
+	if j.disk != "" {
+		d := p.stageDir + "/d/"
+		dirs = [3]string{d + "workspace", d + "home", d + "tmp"}
+	}
+	t := &rootTree{owner: max(j.uid, 0), usrLinks: p.usrLinks, egress: j.egress || j.stageEgress}
+	t.binds = append(t.binds, rootBind{src: "/usr", dst: "/usr", ro: true})
+	for _, l := range p.usrLinks {
+		if l.target == "" {
+			t.binds = append(t.binds, rootBind{src: l.name, dst: l.name, ro: true})
+		}
+	}
+	t.binds = append(t.binds,
+		rootBind{src: p.etcDir, dst: "/etc", ro: true},
+		rootBind{src: dirs[0], dst: defaultDir},
+		rootBind{src: dirs[1], dst: "/root"},
+		rootBind{src: dirs[2], dst: "/tmp"},
+	)
+	// What the namespace keeps of the host's mounts (see trimMounts).
+	t.keepPaths = []string{p.bwrap, p.bwrapReal, "/proc", "/dev", "/tmp", p.stageDir}
+	t.keepTrees = []string{p.etcDir, j.layout.workspace(), j.layout.home(), j.layout.tmp(), j.layout.egress(), p.exe}
+	for _, b := range t.binds {
+		t.keepTrees = append(t.keepTrees, b.src)
+	}
+	if j.disk != "" {
+		t.keepTrees = append(t.keepTrees, j.disk)
+	}
+	o.root = t
+	return o
+}
+
+// sameRoot reports whether a and b are the same root tree.
+func sameRoot(a, b *rootTree) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.owner == b.owner && a.egress == b.egress && slices.Equal(a.usrLinks, b.usrLinks) && slices.Equal(a.binds, b.binds) &&
+		slices.Equal(a.keepPaths, b.keepPaths) && slices.Equal(a.keepTrees, b.keepTrees)
 }
 
 // rlimit is one --rlimit NAME=N: a resource limit, soft and hard.
@@ -701,19 +880,24 @@ func rlimitArgs(j job) []string {
 	return args
 }
 
-// bwrapOptions returns bwrap's options, each NUL-terminated, for --args.
-func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
-	// src is where bwrap finds a host directory: below the stage
-	// when they are staged (see stageOptions).
-	src := func(name, host string) string {
-		switch {
-		case j.disk != "" && (name == "w" || name == "h" || name == "t"):
-			return p.stageDir + "/d/" + map[string]string{"w": "workspace", "h": "home", "t": "tmp"}[name]
-		case j.uid > 0 || j.disk != "":
-			return p.stageDir + "/" + name
-		}
-		return host
+// srcOf is where bwrap finds the host directory host, which stage binds
+// as name: below the stage when they are staged (see stageOptions).
+func (p *Provider) srcOf(j job, name, host string) string {
+	switch {
+	case j.disk != "" && (name == "w" || name == "h" || name == "t"):
+		return p.stageDir + "/d/" + map[string]string{"w": "workspace", "h": "home", "t": "tmp"}[name]
+	case j.uid > 0 || j.disk != "":
+		return p.stageDir + "/" + name
 	}
+	return host
+}
+
+// bwrapOptions returns bwrap's options, each NUL-terminated, for --args.
+// With rooted, the workspace's namespace holds j's root tree (stageRoot),
+// which bwrap binds as its / in place of /usr, /etc and the workspace's
+// directories one by one; it is read-only already.
+func (p *Provider) bwrapOptions(j job, seccomp, rooted bool) []byte {
+	src := func(name, host string) string { return p.srcOf(j, name, host) }
 	o := []string{
 		"--unshare-all", // mount, pid, ipc, uts, net, cgroup
 		"--unshare-user", "--uid", "0", "--gid", "0",
@@ -731,13 +915,19 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 		"--die-with-parent",
 		"--new-session",
 		"--hostname", hostname,
-		"--ro-bind", "/usr", "/usr",
 	)
-	for _, l := range p.usrLinks {
-		if l.target != "" {
-			o = append(o, "--symlink", l.target, l.name)
-		} else {
-			o = append(o, "--ro-bind", l.name, l.name)
+	if rooted {
+		// /usr, the links into it, /etc, /workspace, /root and /tmp, and
+		// the mount points of the rest.
+		o = append(o, "--bind", p.stageDir+"/"+rootName, "/")
+	} else {
+		o = append(o, "--ro-bind", "/usr", "/usr")
+		for _, l := range p.usrLinks {
+			if l.target != "" {
+				o = append(o, "--symlink", l.target, l.name)
+			} else {
+				o = append(o, "--ro-bind", l.name, l.name)
+			}
 		}
 	}
 	o = append(o,
@@ -745,21 +935,29 @@ func (p *Provider) bwrapOptions(j job, seccomp bool) []byte {
 		"--dev", "/dev",
 		// /dev/shm is memory: bound it like the rest of memory.
 		"--size", strconv.FormatInt(j.memory, 10), "--tmpfs", "/dev/shm",
-		"--ro-bind", src("e", p.etcDir), "/etc",
-		"--bind", src("w", j.layout.workspace()), defaultDir,
-		"--bind", src("h", j.layout.home()), "/root",
-		"--bind", src("t", j.layout.tmp()), "/tmp",
 	)
+	if !rooted {
+		o = append(o,
+			"--ro-bind", src("e", p.etcDir), "/etc",
+			"--bind", src("w", j.layout.workspace()), defaultDir,
+			"--bind", src("h", j.layout.home()), "/root",
+			"--bind", src("t", j.layout.tmp()), "/tmp",
+		)
+	}
 	if j.egress {
-		// Before / is read-only: bwrap makes the mount points there.
+		// Before / is read-only: bwrap makes the mount points there (the
+		// root tree has them).
 		o = append(o,
 			"--ro-bind", src("x", p.exe), forwardBin,
 			"--ro-bind", src("g", j.layout.egress()), egressMount)
 	}
+	// /dev is tmpfs, that is memory: make it read-only. So is the root
+	// without a root tree; the root tree is read-only already.
+	o = append(o, "--remount-ro", "/dev")
+	if !rooted {
+		o = append(o, "--remount-ro", "/")
+	}
 	o = append(o,
-		// The root and /dev are tmpfs, that is memory: make them read-only.
-		"--remount-ro", "/dev",
-		"--remount-ro", "/",
 		"--clearenv",
 		"--setenv", "PATH", defaultPath,
 		"--setenv", "HOME", "/root",

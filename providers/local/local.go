@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandgate/sandgate"
@@ -138,28 +139,34 @@ func (c Config) tier(size sandgate.Size) Tier {
 // (a restarted broker sees the sandboxes of the previous one), but only the
 // Provider that started an exec can kill it on Terminate.
 type Provider struct {
-	dataDir  string // absolute
-	dirID    string // the data directory's id (DataDirID)
-	etcDir   string // the generated /etc
-	bwrap    string
-	brokerID string
-	log      *slog.Logger
-	clock    sandgate.Clock
-	cpus     []int       // the CPUs sandboxes may be pinned to
-	usrLinks []usrLink   // how /bin, /lib… reach /usr on this host
-	cfg      Config      // defaults filled in
-	cg       *cgroupHost // nil: no cgroup at all (AllowUnenforced only)
-	disk     *diskHost   // nil: no disk quota (AllowUnenforced only)
-	exe      string      // the broker's binary, for durable commands' step
-	stageDir string      // see Config.StageDir
-	probeUID int         // Config.UIDBase; 0 when the broker is not root
-	caps     []string    // Config.GuestCapabilities
+	dataDir   string // absolute
+	dirID     string // the data directory's id (DataDirID)
+	etcDir    string // the generated /etc
+	bwrap     string
+	bwrapReal string // bwrap with its symlinks resolved: a workspace's namespace keeps the mounts on its way
+	brokerID  string
+	log       *slog.Logger
+	clock     sandgate.Clock
+	cpus      []int       // the CPUs sandboxes may be pinned to
+	usrLinks  []usrLink   // how /bin, /lib… reach /usr on this host
+	cfg       Config      // defaults filled in
+	cg        *cgroupHost // nil: no cgroup at all (AllowUnenforced only)
+	disk      *diskHost   // nil: no disk quota (AllowUnenforced only)
+	exe       string      // the broker's binary, for durable commands' step
+	stageDir  string      // see Config.StageDir
+	probeUID  int         // Config.UIDBase; 0 when the broker is not root
+	caps      []string    // Config.GuestCapabilities
 
-	seccomp  []byte        // bwrap's seccomp program, nil on an unknown architecture
-	ns       nsTable       // the workspaces' mount namespaces (mountns.go)
-	stop     chan struct{} // closed by Close: ends the CPU governor
-	stopOnce sync.Once
-	supMu    sync.Mutex // serialises ensureSupervisor
+	seccomp []byte   // bwrap's seccomp program, nil on an unknown architecture
+	hostNS  *os.File // the broker's own mount namespace, for leaveNS; nil: none
+	// rootTrees is whether a workspace's mount namespace holds its
+	// sandboxes' root tree (stageRoot): where the kernel can.
+	rootTrees bool
+	ns        nsTable       // the workspaces' mount namespaces (mountns.go)
+	opens     openCache     // what open read
+	stop      chan struct{} // closed by Close: ends the CPU governor
+	stopOnce  sync.Once
+	supMu     sync.Mutex // serialises ensureSupervisor
 
 	placeMu sync.Mutex
 	placed  map[string][]int // ref → the CPUs of each live workspace (placement.go)
@@ -231,6 +238,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		dataDir:     dataDir,
 		etcDir:      filepath.Join(dataDir, etcDir),
 		bwrap:       bwrap,
+		bwrapReal:   cmp.Or(evalSymlinks(bwrap), bwrap),
 		brokerID:    env.BrokerID,
 		log:         env.Logger,
 		clock:       env.Clock,
@@ -238,6 +246,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		usrLinks:    findUsrLinks(),
 		caps:        slices.Clone(c.GuestCapabilities),
 		seccomp:     seccompFilter(),
+		rootTrees:   rootTreesWork(),
 		stop:        make(chan struct{}),
 		runs:        make(map[string]map[*run]struct{}),
 		placed:      make(map[string][]int),
@@ -297,6 +306,10 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.egressStop()
 		return nil, fmt.Errorf("local: supervisor: %w", scrub(err))
 	}
+	// The main thread's (/proc/self names it), which never leaves it.
+	if f, err := os.Open("/proc/self/ns/mnt"); err == nil {
+		p.hostNS = f
+	}
 	go p.ns.run(p.stop)
 	if p.cg != nil && p.cg.acct != "" && p.cg.cpu != "" {
 		go newCPUGovernor(p.cg, len(p.cpus), p.log).run(cmp.Or(c.cpuTick, cpuTick), p.stop)
@@ -305,6 +318,15 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	}
 	p.reopen()
 	return p, nil
+}
+
+// evalSymlinks is filepath.EvalSymlinks, "" on error.
+func evalSymlinks(name string) string {
+	r, err := filepath.EvalSymlinks(name)
+	if err != nil {
+		return ""
+	}
+	return r
 }
 
 // DataDir returns the provider's data directory, as an absolute path.
@@ -558,6 +580,18 @@ func (p *Provider) open(ref string) (opened, error) {
 		// Its supervisor ended it at expires_at.
 		return opened{}, fmt.Errorf("local: %w", providers.ErrSandboxGone)
 	}
+	var ids [2]fileID
+	for i, name := range []string{w.layout.sandbox(), w.layout.env()} {
+		fi, err := os.Stat(name)
+		if err != nil {
+			return opened{}, fmt.Errorf("local: %w", providers.ErrSandboxGone)
+		}
+		ids[i] = idOf(fi)
+	}
+	if c, ok := p.opens.get(ref, ids); ok {
+		w.rec, w.env = c.rec, c.env
+		return w, nil
+	}
 	for _, f := range []struct {
 		name string
 		v    any
@@ -571,7 +605,70 @@ func (p *Provider) open(ref string) (opened, error) {
 			return opened{}, fmt.Errorf("local: %s of a workspace is unreadable", filepath.Base(f.name))
 		}
 	}
+	p.opens.put(ref, ids, w)
 	return w, nil
+}
+
+// openCache keeps what open read of each workspace, so that an exec reads
+// (and decodes) sandbox.json and env.json again only when they changed.
+// They are written once each, with O_EXCL (writeJSON), so a file with the
+// same inode, size and times has the same contents; a workspace made anew
+// under the same ref has new files. Entries go at Terminate. A hit hands out copies, which the caller may change.
+type openCache struct {
+	mu sync.Mutex
+	m  map[string]cachedOpen
+}
+
+type cachedOpen struct {
+	ids [2]fileID // of sandbox.json and env.json
+	rec record
+	env map[string]string
+}
+
+// fileID names one version of a file.
+type fileID struct {
+	dev, ino           uint64
+	size, mtime, ctime int64
+}
+
+func idOf(fi fs.FileInfo) fileID {
+	id := fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		id.dev, id.ino = uint64(st.Dev), st.Ino
+		id.ctime = st.Ctim.Nano()
+	}
+	return id
+}
+
+func (c *openCache) get(ref string, ids [2]fileID) (cachedOpen, bool) {
+	c.mu.Lock()
+	e, ok := c.m[ref]
+	c.mu.Unlock()
+	if !ok || e.ids != ids || ids[0].ino == 0 {
+		return cachedOpen{}, false
+	}
+	e.rec.CPUs = slices.Clone(e.rec.CPUs)
+	e.rec.AllowedDomains = slices.Clone(e.rec.AllowedDomains)
+	e.env = maps.Clone(e.env)
+	return e, true
+}
+
+func (c *openCache) put(ref string, ids [2]fileID, w opened) {
+	e := cachedOpen{ids: ids, rec: w.rec, env: maps.Clone(w.env)}
+	e.rec.CPUs = slices.Clone(w.rec.CPUs)
+	e.rec.AllowedDomains = slices.Clone(w.rec.AllowedDomains)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[string]cachedOpen)
+	}
+	c.m[ref] = e
+}
+
+func (c *openCache) drop(ref string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, ref)
 }
 
 // ReadFile reads a file inside the sandbox; see [execfile.ReadFile].
@@ -626,6 +723,7 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	// Gone from now on for every Provider on this DataDir (open refuses
 	// it, and an exec killed below reports it), before anything is killed.
 	markEnded(p.layout(ref))
+	p.opens.drop(ref)
 	p.stopEgress(ref)
 	// Its execs are gone: the disk image's mount goes now, so that its
 	// space is free once Terminate returns.
@@ -781,11 +879,59 @@ func (p *Provider) leaf(ref string, rec record, name string) ([]string, error) {
 	return procs, err
 }
 
+// leafFiles are an exec's leaf cgroups, opened in the broker's own mount
+// namespace (a workspace's has no /sys): the cgroup.procs files bwrap
+// joins and, where memory is limited, the leaf's OOM kill count (oomKills).
+type leafFiles struct {
+	procs []*os.File
+	oom   *os.File
+	err   error
+}
+
+func (lf leafFiles) close() {
+	closeAll(lf.procs)
+	if lf.oom != nil {
+		lf.oom.Close()
+	}
+}
+
+// openLeaf makes the leaf cgroup name of the workspace ref (leaf) and
+// opens its files.
+func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
+	procs, err := p.leaf(ref, rec, name)
+	if err != nil {
+		return leafFiles{err: fmt.Errorf("cgroup: %w", err)}
+	}
+	var lf leafFiles
+	for _, n := range procs {
+		f, err := os.OpenFile(n, os.O_WRONLY, 0)
+		if err != nil {
+			lf.close()
+			// No path: it is the broker's business, not the client's.
+			return leafFiles{err: fmt.Errorf("cannot join the workspace's cgroup: %w", scrub(err))}
+		}
+		lf.procs = append(lf.procs, f)
+	}
+	if name := p.cg.oomFile(ref, name); name != "" {
+		if f, err := os.Open(name); err == nil {
+			lf.oom = f
+		}
+	}
+	return lf
+}
+
 // Close stops serving the workspaces' egress sockets and removes the
 // DataDir's parent cgroups when no workspace is left in them; workspaces
 // and their durable commands stay as they are.
 func (p *Provider) Close() error {
-	p.stopOnce.Do(func() { close(p.stop) })
+	p.stopOnce.Do(func() {
+		close(p.stop)
+		if p.hostNS != nil {
+			// An exec still running then stays in its workspace's
+			// namespace until its thread ends.
+			p.hostNS.Close()
+		}
+	})
 	p.ns.sweep(time.Time{})
 	p.egressStop()
 	p.egressMu.Lock()

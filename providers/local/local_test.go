@@ -740,3 +740,19 @@ func TestCappedBufferBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestEnvLargerThanPipe: bwrap's options, env values included, may
+// outgrow a pipe's buffer; the sandbox still gets every value whole.
+func TestEnvLargerThanPipe(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, t.TempDir(), broker)
+	spec := providertest.Spec(t)
+	for i := range 4 {
+		spec.Env["BIG"+strconv.Itoa(i)] = strings.Repeat(strconv.Itoa(i), 40_000)
+	}
+	sb := providertest.Create(t, p, spec)
+	res := providertest.Exec(t, p, sb, "sh", "-c", `for v in "$BIG0" "$BIG1" "$BIG2" "$BIG3"; do printf '%s\n' "$v" | tr -d '\n' | wc -c; done`)
+	if got := strings.Fields(string(res.Stdout)); res.ExitCode != 0 || !slices.Equal(got, []string{"40000", "40000", "40000", "40000"}) {
+		t.Errorf("sizes of the env values in the sandbox = %q (exit %d, %s); want 40000 each", got, res.ExitCode, res.Stderr)
+	}
+}

@@ -100,7 +100,7 @@ func (t *nsTable) acquire(ref string, o stepOptions) (*os.File, func(), error) {
 
 // sameStage reports whether a and b stage the same things.
 func sameStage(a, b stepOptions) bool {
-	return a.stage == b.stage && a.disk == b.disk && slices.Equal(a.binds, b.binds)
+	return a.stage == b.stage && a.disk == b.disk && slices.Equal(a.binds, b.binds) && sameRoot(a.root, b.root)
 }
 
 // drop closes ref's namespace (an exec using it keeps it until it ends).

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -85,6 +86,29 @@ func startPinned(cmd *exec.Cmd, cpus []int) error {
 		runtime.UnlockOSThread()
 	}
 	return err
+}
+
+// pinHere sets the calling thread's CPU mask to cpus when it runs on one of
+// them already, so that nothing has to move, and returns a func restoring
+// its old mask; nil when it runs elsewhere (or a mask cannot be read or
+// set). A child it starts meanwhile is born with the mask. The thread must
+// be locked.
+func pinHere(cpus []int) (restore func()) {
+	var cpu uint32
+	if _, _, e := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0); e != 0 || !slices.Contains(cpus, int(cpu)) {
+		return nil
+	}
+	var old, m cpuMask
+	if e := old.get(); e != 0 {
+		return nil
+	}
+	for _, c := range cpus {
+		m.set(c)
+	}
+	if e := m.apply(); e != 0 {
+		return nil
+	}
+	return func() { old.apply() }
 }
 
 // onMainThread reports whether the calling thread is the process's main

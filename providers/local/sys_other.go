@@ -29,6 +29,8 @@ func jobLimits(job) []rlimit                   { return nil }
 const selfExe = ""
 
 func waitExited(int) error                   { return errUnsupported }
+func rootTreesWork() bool                    { return false }
+func pinHere([]int) func()                   { return nil }
 func seccompFilter() []byte                  { return nil }
 func flock(int, int) error                   { return errUnsupported }
 func procStart(int) (uint64, error)          { return 0, errUnsupported }
