@@ -531,7 +531,21 @@ func stageRoot(dir string, t *rootTree) error {
 			return err
 		}
 		dst := dir + b.dst
-		if err := unix.Mount(b.src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		// A read-write source is one of the workspace's own directories:
+		// its last component is never followed, so that a symlink there
+		// could not bind a host directory into the sandbox. (The
+		// read-only ones are the host's and the broker's.)
+		flags := unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC
+		if !b.ro {
+			flags |= unix.O_NOFOLLOW
+		}
+		src, err := unix.Open(b.src, flags, 0)
+		if err != nil {
+			return fmt.Errorf("root: bind source: %w", err)
+		}
+		err = unix.Mount("/proc/thread-self/fd/"+strconv.Itoa(src), dst, "", unix.MS_BIND|unix.MS_REC, "")
+		unix.Close(src)
+		if err != nil {
 			return fmt.Errorf("root: bind: %w", err)
 		}
 		attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
