@@ -83,9 +83,9 @@ return {g, 0}
 // and a process holds at most one and a half of the largest batch of a
 // token's class at a time (the next batch is borrowed once at most half
 // of the current one is left, only one borrow is in flight, and no batch
-// is larger than MaxBatch), so in any window the requests let through are at most what
-// the limit allows in it (burst + rate × window) plus 1.5 × MaxBatch ×
-// the number of gateway processes. Requests a process borrowed and did
+// is larger than MaxBatch), so in any window the requests let through
+// are at most what the limit allows in it (burst + rate × window) plus
+// 1.5 × MaxBatch × the number of gateway processes. Requests a process borrowed and did
 // not spend within BorrowedLifetime are dropped: a limit can only be
 // under-used that way (by at most 1.5 × MaxBatch per process), never
 // exceeded.
