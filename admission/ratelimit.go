@@ -80,12 +80,12 @@ return {g, 0}
 // a script call per up to MaxBatch requests.
 //
 // The bound: every request spends a request borrowed from Redis's limit,
-// and a process holds at most a batch and a half of a token's class at a
-// time (the next batch is borrowed once at most half of the current one
-// is left, only one borrow is in flight, and no batch is larger than
-// MaxBatch), so in any window the requests let through are at most what
-// the limit allows in it (burst + rate × window) plus 1.5 × MaxBatch ×
-// the number of gateway processes. Requests a process borrowed and did
+// and a process holds at most one and a half of the largest batch of a
+// token's class at a time (the next batch is borrowed once at most half
+// of the current one is left, only one borrow is in flight, and no batch
+// is larger than MaxBatch), so in any window the requests let through
+// are at most what the limit allows in it (burst + rate × window) plus
+// 1.5 × MaxBatch × the number of gateway processes. Requests a process borrowed and did
 // not spend within BorrowedLifetime are dropped: a limit can only be
 // under-used that way (by at most 1.5 × MaxBatch per process), never
 // exceeded.
@@ -110,8 +110,8 @@ type bucketKey struct {
 }
 
 // BorrowedLifetime is how long a process keeps requests it borrowed. The
-// bound above holds whatever it is (a process never holds more than a
-// batch and a half); it only keeps a token that went quiet from holding
+// bound above holds whatever it is (a process never holds more than
+// 1.5 × MaxBatch); it only keeps a token that went quiet from holding
 // them forever.
 const BorrowedLifetime = 10 * time.Second
 
