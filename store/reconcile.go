@@ -65,6 +65,84 @@ redis.call('HSET', KEYS[1], 'activity_ms', ARGV[2], 'busy_ms', top[2] or '0')
 return 1
 `)
 
+// execStartScript is an exec's first round trip: it reads the workspace
+// record and, when the record can take the exec now (running, of the
+// caller's instance, before expires_at), marks the exec busy exactly as
+// execBusyScript's start does, with the deadline the exec's timeout gets
+// once clamped to expires_at, plus 30 s.
+//
+// KEYS[1] workspace HASH, KEYS[2] workspace busy ZSET
+// ARGV[1] member, ARGV[2] now (unix ms), ARGV[3] timeout (ms, already
+// clamped to the scope), ARGV[4] the caller's instance
+// Returns {marked (1 or 0), field, value, …}: the record as it was read,
+// no fields when there is none.
+var execStartScript = redis.NewScript(`
+local rec = redis.call('HGETALL', KEYS[1])
+local f = {}
+for i = 1, #rec, 2 do f[rec[i]] = rec[i + 1] end
+local now, exp = tonumber(ARGV[2]), tonumber(f['expires_ms'] or '0') or 0
+if f['state'] ~= 'running' or f['instance'] ~= ARGV[4] or now >= exp then
+  table.insert(rec, 1, 0)
+  return rec
+end
+local deadline = math.min(now + tonumber(ARGV[3]), exp) + 30000
+redis.call('ZADD', KEYS[2], deadline, ARGV[1])
+if redis.call('PTTL', KEYS[2]) < 0 then redis.call('PEXPIREAT', KEYS[2], deadline + 86400000) end
+local top = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+redis.call('HSET', KEYS[1], 'activity_ms', ARGV[2], 'busy_ms', top[2])
+table.insert(rec, 1, 1)
+return rec
+`)
+
+// ExecBegin is an exec's workspace read and busy mark in one round trip:
+// it returns workspace id of account acct and, when that record is
+// running, belongs to instance inst and is before its expires_at at now,
+// marks the exec named member busy (marked true) until its deadline, now
+// plus timeout clamped to expires_at, plus 30 s, and touches its
+// activity, as ExecStarted does. ErrNotFound when there is no record.
+//
+// queue, when not nil, may queue more commands (such as a rate check's
+// borrow) to share the round trip. When it does, the record is read on
+// their pipeline and nothing is marked: the caller checks their answers
+// first and marks the exec with ExecStarted.
+func (db *DB) ExecBegin(ctx context.Context, acct, inst, id, member string, timeout time.Duration, now time.Time, queue func(redis.Pipeliner)) (w sandgate.Workspace, marked bool, err error) {
+	if queue != nil {
+		pipe := db.rdb.Pipeline()
+		if queue(pipe); pipe.Len() > 0 {
+			cmd := pipe.HGetAll(ctx, workspaceKey(acct, id))
+			if _, err := pipe.Exec(ctx); err != nil && !isNil(err) && cmd.Err() != nil {
+				return sandgate.Workspace{}, false, err
+			}
+			m, err := cmd.Result()
+			if err != nil {
+				return sandgate.Workspace{}, false, err
+			}
+			if len(m) == 0 {
+				return sandgate.Workspace{}, false, ErrNotFound
+			}
+			w, err = parseWorkspace(m)
+			return w, false, err
+		}
+	}
+	res, err := execStartScript.Run(ctx, db.rdb, []string{workspaceKey(acct, id), busyKey(acct, id)},
+		execBusyPrefix+member, ms(now), timeout.Milliseconds(), inst).Slice()
+	if err != nil {
+		return sandgate.Workspace{}, false, err
+	}
+	if len(res) < 3 {
+		return sandgate.Workspace{}, false, ErrNotFound
+	}
+	m := make(map[string]string, (len(res)-1)/2)
+	for i := 1; i+1 < len(res); i += 2 {
+		k, _ := res[i].(string)
+		v, _ := res[i+1].(string)
+		m[k] = v
+	}
+	n, _ := res[0].(int64)
+	w, err = parseWorkspace(m)
+	return w, n == 1 && err == nil, err
+}
+
 // FailCreate ends a starting workspace whose create was never confirmed,
 // with reason failed (see failCreateScript). It returns false when the
 // workspace is no longer starting.
