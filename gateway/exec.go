@@ -101,16 +101,28 @@ func (s *Server) exec(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, spec.Timeout+30*time.Second)
 	defer cancel()
 	res, err := p.Exec(ctx, sandboxOf(w), spec)
+	end := s.clock.Now()
 	marked = false
-	s.execEnded(c, w, member, s.clock.Now())
 	if err != nil {
+		s.execEnded(c, w, member, end)
 		return providerError(err)
 	}
 	out, errOut := stdout.parts(), stderr.parts()
 	if res.Stdout != nil || res.Stderr != nil { // a provider that kept the output itself
 		out, errOut = onepart(res.Stdout), onepart(res.Stderr)
 	}
-	return execBody(res, out, errOut, clamped).write(c, http.StatusOK)
+	// The answer goes out first, and the end, timed when the command
+	// ended, is recorded after it, before the handler returns: the client
+	// does not wait for it, the connection's next request (and a drain)
+	// does. Until it lands the busy mark keeps the workspace, which only
+	// errs on the side of keeping it.
+	_ = execBody(res, out, errOut, clamped).write(c, http.StatusOK)
+	_ = http.NewResponseController(c.Response().Writer).Flush() // a writer that cannot flush sends it on return
+	stdout.free()
+	stderr.free()
+	release()
+	s.execEnded(c, w, member, end)
+	return nil
 }
 
 // execRefused answers an exec refused before its first round trip, by
@@ -147,7 +159,7 @@ func execBody(res providers.ExecResult, stdout, stderr [][]byte, clamped bool) b
 // not keep a workspace, and its bill, alive for 15 minutes). It outlives a
 // client that went away. When it fails the mark stays until the deadline,
 // which only errs on the side of keeping the workspace. It is exec's
-// second Redis round trip, paid after the command, never before it.
+// second Redis round trip, paid after the command's answer is out.
 func (s *Server) execEnded(c echo.Context, w sandgate.Workspace, member string, end time.Time) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 5*time.Second)
 	defer cancel()

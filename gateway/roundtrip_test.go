@@ -326,6 +326,28 @@ func (e *rtEnv) mustDo(tb testing.TB, method, path, body string, hdr http.Header
 	return b
 }
 
+// settled returns once the gateway's handler of the last request has
+// returned, exec's end record included, which is sent after the answer:
+// it sends the connection's next request (the client reuses its most
+// recent idle connection), which the server reads only then, one refused
+// before any round trip (no token).
+func (e *rtEnv) settled(tb testing.TB) {
+	tb.Helper()
+	req, err := http.NewRequest(http.MethodGet, e.srv.URL+"/v1/lease", nil)
+	if err != nil {
+		tb.Fatalf("NewRequest: %v", err)
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		tb.Fatalf("GET /v1/lease: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		tb.Fatalf("GET /v1/lease without a token = %d; want 401", resp.StatusCode)
+	}
+}
+
 // lease reads GET /v1/lease and returns the lease's state.
 func (e *rtEnv) lease(tb testing.TB) string {
 	tb.Helper()
@@ -603,12 +625,14 @@ func TestRoundTripsRelease(t *testing.T) {
 func TestRoundTripsExec(t *testing.T) {
 	e := rtStart(t, rtOptions{names: true})
 	id := e.acquire(t)
-	e.exec(t, id, "true") // loads the busy script once per Redis server
+	e.exec(t, id, "true") // loads the exec scripts once per Redis server
+	e.settled(t)
 	for i := range 3 {
 		e.rt.reset()
 		if r := e.exec(t, id, "echo", "hi"); r.ExitCode != 0 {
 			t.Fatalf("exec exit code = %d; want 0", r.ExitCode)
 		}
+		e.settled(t)
 		if n, cmds := e.rt.snapshot(); n != 2 || rtScripts(cmds) != 2 {
 			t.Errorf("exec %d: %d round trips %v; want exactly 2 script calls (load the workspace and mark it busy, record its end)", i, n, cmds)
 		}
@@ -648,6 +672,7 @@ func TestRoundTripsRateLimited(t *testing.T) {
 	id := e.acquire(t)
 	e.exec(t, id, "true") // borrows the first batch, loading the borrow and busy mark scripts
 	e.exec(t, id, "true") // held locally: loads the script that reads and marks at once
+	e.settled(t)
 	// The batch's other requests are held locally; then one borrows.
 	batch = admission.DefaultRates[admission.ClassExec].Batch()
 	for i := range batch {
@@ -655,6 +680,7 @@ func TestRoundTripsRateLimited(t *testing.T) {
 		if r := e.exec(t, id, "echo", "hi"); r.ExitCode != 0 {
 			t.Fatalf("exec exit code = %d; want 0", r.ExitCode)
 		}
+		e.settled(t)
 		n, cmds := e.rt.snapshot()
 		if i != batch-2 && (n != 2 || rtScripts(cmds) != 2) {
 			t.Errorf("exec %d: %d round trips %v; want exactly 2 script calls (load the workspace and mark it busy, record its end)", i, n, cmds)
