@@ -72,7 +72,15 @@ func (s *Server) exec(c echo.Context) error {
 	case err != nil:
 		return unavailable(err)
 	case w.GoneAt(now):
-		s.expireIfDue(ctx, w, now)
+		if w.State == sandgate.WorkspaceRunning && !now.Before(w.ExpiresAt) {
+			// ExecBegin read only an exec's fields; ending it needs the record.
+			bg := context.WithoutCancel(ctx)
+			go func() {
+				if full, err := s.db.Workspace(bg, w.AccountID, w.ID); err == nil {
+					s.expireIfDue(bg, full, now)
+				}
+			}()
+		}
 		return protocol.E(protocol.WorkspaceGone, "the workspace has ended; acquire a new one")
 	case w.State == sandgate.WorkspaceStarting:
 		return &protocol.Error{Code: protocol.WorkspaceNotReady, Message: "the workspace is still starting; retry shortly", RetryAfter: time.Second}
