@@ -293,6 +293,7 @@ func benchExec(b *testing.B, e *rtEnv) {
 	for b.Loop() {
 		benchSend(b, e, req, body, http.StatusOK)
 	}
+	e.settled(b) // the last exec's end, recorded after its answer
 	benchReport(b, e)
 }
 

@@ -4,33 +4,88 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/store"
 )
 
 // exec is POST …/exec: not replayable, so it is never retried by anyone.
+//
+// Its first round trip reads the workspace and marks the exec busy at once
+// (store.DB.ExecBegin), so the body is read and checked before it. The
+// answers keep the order of every other workspace route (rate limit, 404,
+// 410, 409, then the in-flight caps and the body): a request refused by
+// the caps or its body takes usable's path, which marks nothing, and so
+// does a request whose rate check borrows from Redis (the borrow shares
+// the read's pipeline and the mark is its own round trip once allowed).
 func (s *Server) exec(c echo.Context) error {
-	w, err := s.usable(c, admission.ClassExec)
-	if err != nil {
-		return err
+	a, id, lim := authFrom(c), c.Param("id"), limitsOf(c)
+	if !policy.ValidID(id) {
+		return s.execRefused(c, nil)
 	}
 	// The worst case is reserved before the body is read: the body, and
 	// max_output_bytes of each stream.
-	lim := limitsOf(c)
-	release, err := s.inflight.acquire(w.ID, w.InstanceID, bodyCost(c)+2*lim.MaxOutputBytes)
+	release, err := s.inflight.acquire(id, a.Lease.InstanceID, bodyCost(c)+2*lim.MaxOutputBytes)
 	if err != nil {
-		return err
+		return s.execRefused(c, err)
 	}
 	defer release()
-	spec, clamped, err := s.execSpec(c, w)
+	spec, clamped, err := s.execRequest(c)
+	if err != nil {
+		return s.execRefused(c, err)
+	}
+	ctx := c.Request().Context()
+	now := s.clock.Now()
+	// Instead of a plain touch: the exec keeps the workspace busy until
+	// its deadline, so the idle reaper never ends it mid-command.
+	member := sandgate.NewID("exec_")
+	var limited func() error
+	w, marked, err := s.db.ExecBegin(ctx, a.Lease.AccountID, a.Lease.InstanceID, id, member, spec.Timeout, now, func(p redis.Pipeliner) {
+		limited = s.limiter.Queue(ctx, p, a.Lease.ID, admission.ClassExec)
+	})
+	if marked {
+		// Any refusal from here on ends the mark it made.
+		defer func() {
+			if marked {
+				s.execEnded(c, w, member, s.clock.Now())
+			}
+		}()
+	}
+	if lerr := limited(); protocol.CodeOf(lerr) == protocol.RateLimited {
+		return lerr
+	} else if lerr != nil && err == nil {
+		s.log.Warn("rate limiter unavailable; request let through", slog.String(sandgate.KeyRequestID, requestID(c)), slog.Any("err", lerr))
+	}
+	switch {
+	case errors.Is(err, store.ErrNotFound) || (err == nil && w.InstanceID != a.Lease.InstanceID):
+		return errNotFound
+	case err != nil:
+		return unavailable(err)
+	case w.GoneAt(now):
+		if w.State == sandgate.WorkspaceRunning && !now.Before(w.ExpiresAt) {
+			// ExecBegin read only an exec's fields; ending it needs the record.
+			bg := context.WithoutCancel(ctx)
+			go func() {
+				if full, err := s.db.Workspace(bg, w.AccountID, w.ID); err == nil {
+					s.expireIfDue(bg, full, now)
+				}
+			}()
+		}
+		return protocol.E(protocol.WorkspaceGone, "the workspace has ended; acquire a new one")
+	case w.State == sandgate.WorkspaceStarting:
+		return &protocol.Error{Code: protocol.WorkspaceNotReady, Message: "the workspace is still starting; retry shortly", RetryAfter: time.Second}
+	}
+	spec.Timeout, clamped, err = clampToExpiry(spec.Timeout, clamped, lim, w.ExpiresAt.Sub(now))
 	if err != nil {
 		return err
 	}
@@ -44,27 +99,48 @@ func (s *Server) exec(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	now := s.clock.Now()
-	// Instead of a plain touch: the exec keeps the workspace busy until
-	// its deadline, so the idle reaper never ends it mid-command.
-	member := sandgate.NewID("exec_")
-	if err := s.db.ExecStarted(c.Request().Context(), w, member, now.Add(spec.Timeout+30*time.Second), now); err != nil {
-		return unavailable(err)
+	if !marked {
+		if err := s.db.ExecStarted(ctx, w, member, now.Add(spec.Timeout+30*time.Second), now); err != nil {
+			return unavailable(err)
+		}
 	}
 	// The command dies with the request: a client that went away can never
 	// read the result, and exec is never replayed.
-	ctx, cancel := context.WithTimeout(c.Request().Context(), spec.Timeout+30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, spec.Timeout+30*time.Second)
 	defer cancel()
 	res, err := p.Exec(ctx, sandboxOf(w), spec)
-	s.execEnded(c, w, member)
+	end := s.clock.Now()
+	marked = false
 	if err != nil {
+		s.execEnded(c, w, member, end)
 		return providerError(err)
 	}
 	out, errOut := stdout.parts(), stderr.parts()
 	if res.Stdout != nil || res.Stderr != nil { // a provider that kept the output itself
 		out, errOut = onepart(res.Stdout), onepart(res.Stderr)
 	}
-	return execBody(res, out, errOut, clamped).write(c, http.StatusOK)
+	// The answer goes out first, and the end, timed when the command
+	// ended, is recorded after it, before the handler returns: the client
+	// does not wait for it, the connection's next request (and a drain)
+	// does. Until it lands the busy mark keeps the workspace, which only
+	// errs on the side of keeping it.
+	_ = execBody(res, out, errOut, clamped).write(c, http.StatusOK)
+	_ = http.NewResponseController(c.Response().Writer).Flush() // a writer that cannot flush sends it on return
+	stdout.free()
+	stderr.free()
+	release()
+	s.execEnded(c, w, member, end)
+	return nil
+}
+
+// execRefused answers an exec refused before its first round trip, by
+// the in-flight caps or its body (err), or by an invalid id (err nil):
+// usable's answer comes first, as on every workspace route.
+func (s *Server) execRefused(c echo.Context, err error) error {
+	if _, uerr := s.usable(c, admission.ClassExec); uerr != nil {
+		return uerr
+	}
+	return err
 }
 
 // execBody is protocol.ExecResponse, field for field and in its order,
@@ -90,12 +166,12 @@ func execBody(res providers.ExecResult, stdout, stderr [][]byte, clamped bool) b
 // after the exec's deadline (a quick command with timeout_seconds: 900 must
 // not keep a workspace, and its bill, alive for 15 minutes). It outlives a
 // client that went away. When it fails the mark stays until the deadline,
-// which only errs on the side of keeping the workspace. It is exec's third
-// Redis round trip, paid after the command, never before it.
-func (s *Server) execEnded(c echo.Context, w sandgate.Workspace, member string) {
+// which only errs on the side of keeping the workspace. It is exec's
+// second Redis round trip, paid after the command's answer is out.
+func (s *Server) execEnded(c echo.Context, w sandgate.Workspace, member string, end time.Time) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 5*time.Second)
 	defer cancel()
-	if err := s.db.ExecEnded(ctx, w, member, s.clock.Now()); err != nil {
+	if err := s.db.ExecEnded(ctx, w, member, end); err != nil {
 		s.log.Warn("exec end not recorded; the workspace stays busy until the exec's deadline",
 			slog.String(sandgate.KeyRequestID, requestID(c)), sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, err))
 	}
@@ -105,6 +181,17 @@ func (s *Server) execEnded(c echo.Context, w sandgate.Workspace, member string) 
 // commands share it): argv, dir, stdin within max_file_bytes, and the
 // timeout defaulted and clamped to the scope and expires_at.
 func (s *Server) execSpec(c echo.Context, w sandgate.Workspace) (providers.ExecSpec, bool, error) {
+	spec, clamped, err := s.execRequest(c)
+	if err != nil {
+		return providers.ExecSpec{}, false, err
+	}
+	spec.Timeout, clamped, err = clampToExpiry(spec.Timeout, clamped, limitsOf(c), w.ExpiresAt.Sub(s.clock.Now()))
+	return spec, clamped, err
+}
+
+// execRequest is execSpec without the workspace: the timeout is defaulted
+// and clamped to the scope only (clampToExpiry does the rest).
+func (s *Server) execRequest(c echo.Context) (providers.ExecSpec, bool, error) {
 	var req protocol.ExecRequest
 	if err := decode(c, &req); err != nil {
 		return providers.ExecSpec{}, false, err
@@ -126,11 +213,19 @@ func (s *Server) execSpec(c echo.Context, w sandgate.Workspace) (providers.ExecS
 		return providers.ExecSpec{}, false, protocol.E(protocol.PayloadTooLarge, "stdin is over max_file_bytes")
 	}
 	timeout, clamped, err := policy.ClampExecTimeout(policy.Seconds(req.TimeoutSeconds),
-		lim.DefaultExecTimeout, lim.MaxExecTimeout, w.ExpiresAt.Sub(s.clock.Now()))
+		lim.DefaultExecTimeout, lim.MaxExecTimeout, math.MaxInt64)
 	if err != nil {
 		return providers.ExecSpec{}, false, err
 	}
 	return providers.ExecSpec{Argv: req.Argv, Dir: req.Dir, Stdin: stdin, Timeout: timeout, MaxOutputBytes: lim.MaxOutputBytes}, clamped, nil
+}
+
+// clampToExpiry clamps an exec's timeout, already clamped to the scope
+// (clamped says whether it was), to untilExpiry, the time left before the
+// workspace's expires_at: 410 when none is.
+func clampToExpiry(timeout time.Duration, clamped bool, lim sandgate.Limits, untilExpiry time.Duration) (time.Duration, bool, error) {
+	d, more, err := policy.ClampExecTimeout(timeout, lim.DefaultExecTimeout, lim.MaxExecTimeout, untilExpiry)
+	return d, clamped || more, err
 }
 
 // providerError maps a provider failure to the protocol: a sandbox that is

@@ -166,6 +166,10 @@ const chunkSize = 64 << 10
 // chunks are outBuf's chunks, reused across requests.
 var chunks = sync.Pool{New: func() any { return new([chunkSize]byte) }}
 
+// writers holds b64JSON.write's buffered writers, 32 KiB each, so that an
+// answer does not allocate one.
+var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 32<<10) }}
+
 // outBuf holds one stream of an exec's output in fixed-size chunks taken
 // from a pool: it never copies what it holds to grow, and its chunks go
 // back to the pool (free) once the answer is written. Its capacity is
@@ -238,7 +242,9 @@ func (o b64JSON) write(c echo.Context, status int) error {
 	if c.Request().Method == http.MethodHead {
 		return nil
 	}
-	bw := bufio.NewWriterSize(c.Response(), 32<<10)
+	bw := writers.Get().(*bufio.Writer)
+	bw.Reset(c.Response())
+	defer func() { bw.Reset(nil); writers.Put(bw) }()
 	for i, t := range o.text {
 		if _, err := io.WriteString(bw, t); err != nil {
 			return nil

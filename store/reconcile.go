@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -64,6 +65,88 @@ local top = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 redis.call('HSET', KEYS[1], 'activity_ms', ARGV[2], 'busy_ms', top[2] or '0')
 return 1
 `)
+
+// execStartScript is an exec's first round trip: it reads the fields of
+// the workspace record an exec needs and, when the record can take the
+// exec now (running, of the caller's instance, before expires_at), marks
+// the exec busy exactly as execBusyScript's start does, with the deadline
+// the exec's timeout gets once clamped to expires_at, plus 30 s.
+//
+// KEYS[1] workspace HASH, KEYS[2] workspace busy ZSET
+// ARGV[1] member, ARGV[2] now (unix ms), ARGV[3] timeout (ms, already
+// clamped to the scope), ARGV[4] the caller's instance
+// Returns {marked (1 or 0), id, instance, state, expires_ms, provider,
+// provider_ref} as read, or {0} when there is no record.
+var execStartScript = redis.NewScript(`
+local f = redis.call('HMGET', KEYS[1], 'id', 'instance', 'state', 'expires_ms', 'provider', 'provider_ref')
+if not f[1] then return {0} end
+local now, exp = tonumber(ARGV[2]), tonumber(f[4] or '0') or 0
+if f[3] ~= 'running' or f[2] ~= ARGV[4] or now >= exp then
+  table.insert(f, 1, 0)
+  return f
+end
+local deadline = math.min(now + tonumber(ARGV[3]), exp) + 30000
+redis.call('ZADD', KEYS[2], deadline, ARGV[1])
+if redis.call('PTTL', KEYS[2]) < 0 then redis.call('PEXPIREAT', KEYS[2], deadline + 86400000) end
+local top = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+redis.call('HSET', KEYS[1], 'activity_ms', ARGV[2], 'busy_ms', top[2])
+table.insert(f, 1, 1)
+return f
+`)
+
+// ExecBegin is an exec's workspace read and busy mark in one round trip:
+// it returns workspace id of account acct and, when that record is
+// running, belongs to instance inst and is before its expires_at at now,
+// marks the exec named member busy (marked true) until its deadline, now
+// plus timeout clamped to expires_at, plus 30 s, and touches its
+// activity, as ExecStarted does. ErrNotFound when there is no record.
+//
+// The workspace holds only what an exec needs: ID, AccountID,
+// InstanceID, State, ExpiresAt, Provider and ProviderRef (read the whole
+// record with Workspace for anything else).
+//
+// queue, when not nil, may queue more commands (such as a rate check's
+// borrow) to share the round trip. When it does, the whole record is read
+// on their pipeline and nothing is marked: the caller checks their answers
+// first and marks the exec with ExecStarted.
+func (db *DB) ExecBegin(ctx context.Context, acct, inst, id, member string, timeout time.Duration, now time.Time, queue func(redis.Pipeliner)) (w sandgate.Workspace, marked bool, err error) {
+	key := workspaceKey(acct, id)
+	if queue != nil {
+		pipe := db.rdb.Pipeline()
+		if queue(pipe); pipe.Len() > 0 {
+			cmd := pipe.HGetAll(ctx, key)
+			if _, err := pipe.Exec(ctx); err != nil && !isNil(err) && cmd.Err() != nil {
+				return sandgate.Workspace{}, false, err
+			}
+			m, err := cmd.Result()
+			if err != nil {
+				return sandgate.Workspace{}, false, err
+			}
+			if len(m) == 0 {
+				return sandgate.Workspace{}, false, ErrNotFound
+			}
+			w, err = parseWorkspace(m)
+			return w, false, err
+		}
+	}
+	res, err := execStartScript.Run(ctx, db.rdb, []string{key, busyKey(acct, id)},
+		execBusyPrefix+member, ms(now), timeout.Milliseconds(), inst).Slice()
+	if err != nil {
+		return sandgate.Workspace{}, false, err
+	}
+	if len(res) != 7 {
+		return sandgate.Workspace{}, false, ErrNotFound
+	}
+	f := func(i int) string { v, _ := res[i].(string); return v }
+	exp, _ := strconv.ParseInt(f(4), 10, 64)
+	w = sandgate.Workspace{ID: f(1), AccountID: acct, InstanceID: f(2), State: sandgate.WorkspaceState(f(3)),
+		ExpiresAt: fromMS(exp), Provider: f(5), ProviderRef: f(6)}
+	if w.ID == "" || w.State == "" {
+		return sandgate.Workspace{}, false, fmt.Errorf("store: workspace record without id or state")
+	}
+	n, _ := res[0].(int64)
+	return w, n == 1, nil
+}
 
 // FailCreate ends a starting workspace whose create was never confirmed,
 // with reason failed (see failCreateScript). It returns false when the

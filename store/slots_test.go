@@ -43,6 +43,7 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 			}},
 			{Var: "freeSlotScript", Keys: [][]string{{openKey(acct), workspaceKey(acct, ws)}, {liveKey(acct, inst), workspaceKey(acct, ws)}}},
 			{Var: "execBusyScript", Keys: [][]string{{workspaceKey(acct, ws), busyKey(acct, ws)}}},
+			{Var: "execStartScript", Keys: [][]string{{workspaceKey(acct, ws), busyKey(acct, ws)}}},
 			{Var: "leaderScript", Keys: [][]string{{reaperLeaderKey(), reaperFenceKey()}}},
 			{Var: "releaseLeaderScript", Keys: [][]string{{reaperLeaderKey()}}},
 		})
