@@ -677,7 +677,7 @@ func TestRoundTripsRateLimited(t *testing.T) {
 	e.exec(t, id, "true") // held locally: loads the script that reads and marks at once
 	e.settled(t)
 	// The batch's other requests are held locally; then one borrows.
-	batch = admission.DefaultRates[admission.ClassExec].Batch()
+	batch := admission.DefaultRates[admission.ClassExec].Batch()
 	for i := range batch {
 		e.rt.reset()
 		if r := e.exec(t, id, "echo", "hi"); r.ExitCode != 0 {
