@@ -120,6 +120,7 @@ type Server struct {
 	reqs        sync.Pool // *reqContext, reused by serve
 	tel         serverTelemetry
 	external    []Cache
+	logAttrs    attrsHandler // log's handler, when it is one; nil otherwise
 }
 
 // New returns a Server. A missing dependency is an error.
@@ -150,6 +151,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{cfg: cfg, db: d.DB, provs: d.Providers, saga: d.Saga, clock: d.Clock, log: log,
 		cache: newCache[*authEntry](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
 	s.inflight = newInflight(cfg)
+	s.logAttrs, _ = log.Handler().(attrsHandler)
 	s.reqs.New = func() any { return new(reqContext) }
 	s.echo = s.routes()
 	s.routeInfos, s.unmatched = map[routeKey]*routeInfo{}, &routeInfo{label: "unmatched"}
@@ -426,9 +428,21 @@ func (s *Server) accessLog(ctx context.Context, c *reqContext, m *measureOpts, c
 		attrs[n] = slog.String(sandgate.KeyCode, string(code))
 		n++
 	}
+	if s.logAttrs != nil {
+		_ = s.logAttrs.HandleAttrs(ctx, end, slog.LevelInfo, "request", attrs[:n])
+		return
+	}
 	r := slog.NewRecord(end, slog.LevelInfo, "request", 0)
 	r.AddAttrs(attrs[:n]...)
 	_ = h.Handle(ctx, r)
+}
+
+// attrsHandler is a log handler that writes a line from its attributes
+// without a slog.Record (telemetry's JSON handler, as `sandgate serve`
+// logs): the same line as Handle of the record, without building and
+// copying one (and allocating for its attributes past the fifth).
+type attrsHandler interface {
+	HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error
 }
 
 type panicError struct{ v any }

@@ -168,6 +168,32 @@ func (f flushing) Handle(ctx context.Context, r slog.Record) error {
 	return err
 }
 
+// HandleAttrs is Handle of a record of t, level, msg and attrs, made only
+// if the handler it wraps cannot write the line without it.
+func (f flushing) HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error {
+	var err error
+	if h, ok := f.Handler.(attrsHandler); ok {
+		err = h.HandleAttrs(ctx, t, level, msg, attrs)
+	} else {
+		r := slog.NewRecord(t, level, msg, 0)
+		r.AddAttrs(attrs...)
+		err = f.Handler.Handle(ctx, r)
+	}
+	if level >= slog.LevelWarn {
+		if ferr := f.w.Flush(); err == nil {
+			err = ferr
+		}
+	}
+	return err
+}
+
+// attrsHandler is a handler that writes a line from its attributes
+// without a slog.Record: jsonHandler, and flushing over one. The gateway's
+// access log looks for the method (with an interface of its own).
+type attrsHandler interface {
+	HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error
+}
+
 func (f flushing) WithAttrs(attrs []slog.Attr) slog.Handler {
 	return flushing{Handler: f.Handler.WithAttrs(attrs), w: f.w}
 }
