@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -454,9 +455,15 @@ func (p panicError) Error() string { return "panic" }
 // outage and answers for itself (Acquire fails closed), and the lease can
 // still report it.
 func (s *Server) rateLimit(class admission.Class) echo.MiddlewareFunc {
+	slot := slices.Index(limitedClasses[:], class)
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			err := s.limiter.Allow(c.Request().Context(), authEntryFrom(c).Lease.ID, class)
+			var err error
+			if e := authEntryFrom(c); slot >= 0 {
+				err = s.limiter.AllowBucket(c.Request().Context(), e.bucket(s.limiter, slot))
+			} else {
+				err = s.limiter.Allow(c.Request().Context(), e.Lease.ID, class)
+			}
 			if protocol.CodeOf(err) == protocol.RateLimited {
 				return err
 			}
