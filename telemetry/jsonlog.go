@@ -91,7 +91,8 @@ func (h *jsonHandler) appendRecord(buf []byte, r slog.Record) ([]byte, bool) {
 // HandleAttrs writes the line Handle writes for a record of t, level, msg
 // and attrs (at Enabled's levels), without the record: the access log's
 // lines are written from their attributes alone. Only the lines it cannot
-// encode itself are made a record, for slog's handler.
+// encode itself are made a record, for slog's handler. It keeps nothing
+// of attrs once it returns.
 func (h *jsonHandler) HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error {
 	bp := jsonBufs.Get().(*[]byte)
 	buf, ok := h.appendHead((*bp)[:0], t, level, msg)
