@@ -247,14 +247,41 @@ var plainJSON = func() (t [256]bool) {
 
 // appendJSONString appends s quoted when no byte of it needs escaping.
 func appendJSONString(buf []byte, s string) ([]byte, bool) {
-	for i := 0; i < len(s); i++ {
-		if !plainJSON[s[i]] {
-			return buf, false
-		}
+	if !plainString(s) {
+		return buf, false
 	}
 	buf = append(buf, '"')
 	buf = append(buf, s...)
 	return append(buf, '"'), true
+}
+
+// plainString reports whether every byte of s is plainJSON: eight bytes
+// at a time (a word with a byte of 0x80 or more is refused at once, so
+// the tests for the others may assume bytes under 0x80), then the table.
+func plainString(s string) bool {
+	const (
+		ones = 0x0101010101010101
+		high = 0x80 * ones
+	)
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		w := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+			uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+		quote, backslash := w^('"'*ones), w^('\\'*ones)
+		bad := w | // a byte of 0x80 or more
+			(w-0x20*ones)&^w | // a byte under 0x20
+			(quote-ones)&^quote | // a zero byte of w^quotes: a quote
+			(backslash-ones)&^backslash
+		if bad&high != 0 {
+			return false
+		}
+	}
+	for ; i < len(s); i++ {
+		if !plainJSON[s[i]] {
+			return false
+		}
+	}
+	return true
 }
 
 // appendJSONFloat appends f as encoding/json writes a float64 (which is

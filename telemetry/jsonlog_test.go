@@ -153,3 +153,30 @@ func TestJSONHandlerMatchesSlog(t *testing.T) {
 type valuer struct{}
 
 func (valuer) LogValue() slog.Value { return slog.StringValue("resolved") }
+
+// TestPlainString: the word-at-a-time check says what the table says, for
+// every byte at every place of a word and of the tail, next to any other.
+func TestPlainString(t *testing.T) {
+	table := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			if !plainJSON[s[i]] {
+				return false
+			}
+		}
+		return true
+	}
+	for n := 0; n <= 19; n++ {
+		for pos := 0; pos < n; pos++ {
+			for b := 0; b < 256; b++ {
+				for _, other := range []byte{'a', 0x1f, 0x20, '"', '\\', 0x7f, 0x80, 0xff, '!', '#', '[', ']'} {
+					s := []byte(strings.Repeat("a", n))
+					s[pos] = byte(b)
+					s[(pos+1)%n] = other
+					if got, want := plainString(string(s)), table(string(s)); got != want {
+						t.Fatalf("plainString(%q) = %v; want %v", s, got, want)
+					}
+				}
+			}
+		}
+	}
+}
