@@ -199,10 +199,11 @@ func (p *timePrefix) appendTime(buf []byte, t time.Time) ([]byte, bool) {
 // appendJSONAttr appends a's key and value as slog's handler does after
 // millis, or reports false when a is not of the plain kinds.
 func appendJSONAttr(buf []byte, a slog.Attr) ([]byte, bool) {
-	switch a.Value.Kind() {
+	kind := a.Value.Kind() // a type switch: found once
+	switch kind {
 	case slog.KindString, slog.KindInt64, slog.KindUint64, slog.KindBool, slog.KindFloat64:
 		// Resolving and millis leave these as they are: most attributes
-		// are of these kinds, and each Kind is a type switch.
+		// are of these kinds.
 	case slog.KindGroup:
 		return buf, false
 	default:
@@ -212,6 +213,7 @@ func appendJSONAttr(buf []byte, a slog.Attr) ([]byte, bool) {
 		}
 		a = millis(nil, a)
 		a.Value = a.Value.Resolve()
+		kind = a.Value.Kind()
 	}
 	if a.Key == "" {
 		return buf, false // slog elides an empty attribute and keeps an empty key: leave both to it
@@ -221,7 +223,7 @@ func appendJSONAttr(buf []byte, a slog.Attr) ([]byte, bool) {
 		return buf, false
 	}
 	buf = append(buf, ':')
-	switch v := a.Value; v.Kind() {
+	switch v := a.Value; kind {
 	case slog.KindString:
 		return appendJSONString(buf, v.String())
 	case slog.KindInt64:
