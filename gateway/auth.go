@@ -72,7 +72,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
 		}
 		tok := sandgate.Secret(strings.TrimSpace(raw))
-		now := s.clock.Now()
+		now := s.requestNow(c)
 		e, err := s.resolve(c.Request().Context(), tok, now)
 		if err != nil {
 			return err
@@ -90,6 +90,16 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		return next(c)
 	}
+}
+
+// requestNow is s.clock's reading for the request's decisions. With the
+// system clock it is the reading its latency is measured from (observe),
+// as SystemClock spells it: one clock read for both.
+func (s *Server) requestNow(c echo.Context) time.Time {
+	if rc := reqOf(c); rc != nil && s.systemClock && !rc.start.IsZero() {
+		return rc.start.UTC()
+	}
+	return s.clock.Now()
 }
 
 // resolve returns the auth entry of tok: from the cache, or from the

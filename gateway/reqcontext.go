@@ -17,6 +17,8 @@ type reqContext struct {
 	id   string     // the request id (serve)
 	auth *authEntry // the resolved token (authenticate); nil before
 	now  time.Time  // Server.clock when authenticate checked the token: the request's decisions' clock
+	// start is time.Now when observe began serving the request.
+	start time.Time
 	// logAttrs are the access log line's attributes (accessLog).
 	logAttrs [8]slog.Attr
 }

@@ -123,6 +123,7 @@ type Server struct {
 	tel         serverTelemetry
 	external    []Cache
 	logAttrs    attrsHandler // log's handler, when it is one; nil otherwise
+	systemClock bool         // clock is the system's: a request's start is its reading (requestNow)
 }
 
 // New returns a Server. A missing dependency is an error.
@@ -154,6 +155,10 @@ func New(cfg Config, d Deps) (*Server, error) {
 		cache: newCache[*authEntry](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
 	s.inflight = newInflight(cfg)
 	s.logAttrs, _ = log.Handler().(attrsHandler)
+	switch d.Clock.(type) {
+	case sandgate.SystemClock, *sandgate.SystemClock:
+		s.systemClock = true
+	}
 	s.reqs.New = func() any { return new(reqContext) }
 	s.echo = s.routes()
 	s.routeInfos, s.unmatched = map[routeKey]*routeInfo{}, &routeInfo{label: "unmatched"}
@@ -289,6 +294,7 @@ func (s *Server) serveBody(c *reqContext) error {
 // other is, once answered (accessLog).
 func (s *Server) observe(c *reqContext) {
 	start := time.Now()
+	c.start = start
 	ctx, span := s.startSpan(c)
 	var code protocol.Code
 	refused := s.requireTLS(c)
