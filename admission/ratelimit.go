@@ -311,7 +311,7 @@ func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error 
 		return nil
 	}
 	key := bucketKey{leaseID, class}
-	return l.allow(ctx, r, key, l.bucket(key), nil)
+	return l.allow(ctx, r, key, l.bucket(key), nil, time.Time{})
 }
 
 // Bucket is a lease's bucket of one class, looked up once (Limiter.Bucket)
@@ -333,17 +333,21 @@ func (l *Limiter) Bucket(leaseID string, class Class) *Bucket {
 	return h
 }
 
-// AllowBucket is Allow of h's lease and class.
-func (l *Limiter) AllowBucket(ctx context.Context, h *Bucket) error {
+// AllowBucket is Allow of h's lease and class. now is a reading of
+// time.Now (the limiter's clock) the caller made for the request just
+// before, which the first try spends at instead of reading it again; the
+// zero time: none.
+func (l *Limiter) AllowBucket(ctx context.Context, h *Bucket, now time.Time) error {
 	if h.r.PerSecond <= 0 {
 		return nil
 	}
-	return l.allow(ctx, h.r, h.key, h.b.Load(), h)
+	return l.allow(ctx, h.r, h.key, h.b.Load(), h, now)
 }
 
 // allow is Allow of key at r, starting from b, its bucket; h (nil: none)
-// is the Bucket b came from, given the key's bucket anew when b was dropped.
-func (l *Limiter) allow(ctx context.Context, r Rate, key bucketKey, b *bucket, h *Bucket) error {
+// is the Bucket b came from, given the key's bucket anew when b was
+// dropped. first is the clock reading of the first try; zero: read it.
+func (l *Limiter) allow(ctx context.Context, r Rate, key bucketKey, b *bucket, h *Bucket, first time.Time) error {
 	leaseID, class := key.lease, key.class
 	for {
 		b.mu.Lock()
@@ -355,7 +359,10 @@ func (l *Limiter) allow(ctx context.Context, r Rate, key bucketKey, b *bucket, h
 			}
 			continue
 		}
-		now := l.now()
+		now := first
+		if first = (time.Time{}); now.IsZero() {
+			now = l.now()
+		}
 		if b.take(now) {
 			if b.borrowing == nil && r.MaxBatch() > 1 && b.tokens <= b.size(r)/2 {
 				b.borrowing = make(chan struct{})

@@ -185,17 +185,18 @@ func TestLimiterBucket(t *testing.T) {
 			t.Errorf("%s: borrows asked %v; want %v", name, got, want)
 		}
 	}
-	bucket := func() error { return l.AllowBucket(ctx, h) }
+	bucket := func() error { return l.AllowBucket(ctx, h, time.Time{}) }
+	bucketAt := func() error { return l.AllowBucket(ctx, h, time.Now()) }
 	allow := func() error { return l.Allow(ctx, "lease_a", admission.ClassRead) }
 	batch := []int64{int64(rate.Batch())}
 	step("first, through the Bucket", bucket, batch)
 	step("Allow", allow, nil)
-	step("the Bucket", bucket, nil)
+	step("the Bucket at the caller's clock reading", bucketAt, nil)
 	step("Allow again", allow, nil)
 	admission.DropBuckets(l)
 	step("the Bucket, buckets started over", bucket, batch)
 	step("Allow, buckets started over", allow, nil)
-	if err := l.AllowBucket(ctx, l.Bucket("lease_b", admission.ClassAcquire)); err != nil {
+	if err := l.AllowBucket(ctx, l.Bucket("lease_b", admission.ClassAcquire), time.Time{}); err != nil {
 		t.Fatalf("another class: %v", err)
 	}
 }

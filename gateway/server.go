@@ -508,7 +508,11 @@ func (s *Server) rateLimit(class admission.Class) echo.MiddlewareFunc {
 		return func(c echo.Context) error {
 			var err error
 			if e := authEntryFrom(c); slot >= 0 {
-				err = s.limiter.AllowBucket(c.Request().Context(), e.bucket(s.limiter, slot))
+				var start time.Time // the limiter's clock's reading of the request (observe), not s.clock's
+				if rc := reqOf(c); rc != nil {
+					start = rc.start
+				}
+				err = s.limiter.AllowBucket(c.Request().Context(), e.bucket(s.limiter, slot), start)
 			} else {
 				err = s.limiter.Allow(c.Request().Context(), e.Lease.ID, class)
 			}
