@@ -17,3 +17,10 @@ func WaitBorrow(l *Limiter, leaseID string, class Class) {
 		<-wait
 	}
 }
+
+// DropBuckets starts l's buckets over, as maxBuckets of them do.
+func DropBuckets(l *Limiter) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dropBucketsLocked()
+}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -151,6 +152,7 @@ type bucket struct {
 	batch   int
 	spent   int
 	batchAt time.Time
+	dropped bool // no longer the limiter's bucket of its key (maxBuckets)
 }
 
 // take spends one held request.
@@ -209,12 +211,23 @@ func (l *Limiter) bucket(key bucketKey) *bucket {
 	b, ok := l.buckets[key]
 	if !ok {
 		if len(l.buckets) >= maxBuckets {
-			l.buckets = map[bucketKey]*bucket{}
+			l.dropBucketsLocked()
 		}
 		b = &bucket{}
 		l.buckets[key] = b
 	}
 	return b
+}
+
+// dropBucketsLocked starts the buckets over; l.mu is held. A Bucket
+// still holding one of them looks its key up again.
+func (l *Limiter) dropBucketsLocked() {
+	for _, b := range l.buckets {
+		b.mu.Lock()
+		b.dropped = true
+		b.mu.Unlock()
+	}
+	l.buckets = map[bucketKey]*bucket{}
 }
 
 // reserve spends a held request of key (0, true), or returns how many to
@@ -297,10 +310,59 @@ func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error 
 	if r.PerSecond <= 0 {
 		return nil
 	}
-	b := l.bucket(bucketKey{leaseID, class})
+	key := bucketKey{leaseID, class}
+	return l.allow(ctx, r, key, l.bucket(key), nil, time.Time{})
+}
+
+// Bucket is a lease's bucket of one class, looked up once (Limiter.Bucket)
+// so that AllowBucket spends from it without looking it up again: the
+// gateway keeps one with each token it caches. It spends from the same
+// requests held as Allow and Queue of the lease and class do.
+type Bucket struct {
+	key bucketKey
+	r   Rate
+	b   atomic.Pointer[bucket] // the limiter's bucket of key, found again once dropped
+}
+
+// Bucket returns the lease's bucket of class, for AllowBucket.
+func (l *Limiter) Bucket(leaseID string, class Class) *Bucket {
+	h := &Bucket{key: bucketKey{leaseID, class}, r: l.rates[class]}
+	if h.r.PerSecond > 0 {
+		h.b.Store(l.bucket(h.key))
+	}
+	return h
+}
+
+// AllowBucket is Allow of h's lease and class. now is a reading of
+// time.Now (the limiter's clock) the caller made for the request just
+// before, which the first try spends at instead of reading it again; the
+// zero time: none.
+func (l *Limiter) AllowBucket(ctx context.Context, h *Bucket, now time.Time) error {
+	if h.r.PerSecond <= 0 {
+		return nil
+	}
+	return l.allow(ctx, h.r, h.key, h.b.Load(), h, now)
+}
+
+// allow is Allow of key at r, starting from b, its bucket; h (nil: none)
+// is the Bucket b came from, given the key's bucket anew when b was
+// dropped. first is the clock reading of the first try; zero: read it.
+func (l *Limiter) allow(ctx context.Context, r Rate, key bucketKey, b *bucket, h *Bucket, first time.Time) error {
+	leaseID, class := key.lease, key.class
 	for {
 		b.mu.Lock()
-		now := l.now()
+		if b.dropped {
+			b.mu.Unlock()
+			b = l.bucket(key)
+			if h != nil {
+				h.b.Store(b)
+			}
+			continue
+		}
+		now := first
+		if first = (time.Time{}); now.IsZero() {
+			now = l.now()
+		}
 		if b.take(now) {
 			if b.borrowing == nil && r.MaxBatch() > 1 && b.tokens <= b.size(r)/2 {
 				b.borrowing = make(chan struct{})

@@ -164,6 +164,43 @@ func TestLimiterBatchFollowsRate(t *testing.T) {
 // limit allows in the time it took (burst + rate × elapsed) plus one and
 // a half of the largest batch (MaxBatch) per gateway, and no fewer than
 // the burst minus what each may hold unspent.
+// TestLimiterBucket: a Bucket spends from the requests Allow holds for its
+// lease and class, and after the buckets start over from the new bucket
+// of its key, so that a process never holds two batches of one key.
+func TestLimiterBucket(t *testing.T) {
+	rdb := redistest.Start(t).Client()
+	sc := &scriptCounter{}
+	rdb.AddHook(sc)
+	rate := admission.Rate{PerSecond: 1e6, Burst: 200} // batches of 10: a borrow ahead once 5 are left
+	l := admission.NewLimiter(rdb, map[admission.Class]admission.Rate{admission.ClassRead: rate})
+	ctx := context.Background()
+	h := l.Bucket("lease_a", admission.ClassRead)
+	step := func(name string, allow func() error, want []int64) {
+		t.Helper()
+		if err := allow(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		admission.WaitBorrow(l, "lease_a", admission.ClassRead)
+		if got := sc.takeWants(); !slices.Equal(got, want) {
+			t.Errorf("%s: borrows asked %v; want %v", name, got, want)
+		}
+	}
+	bucket := func() error { return l.AllowBucket(ctx, h, time.Time{}) }
+	bucketAt := func() error { return l.AllowBucket(ctx, h, time.Now()) }
+	allow := func() error { return l.Allow(ctx, "lease_a", admission.ClassRead) }
+	batch := []int64{int64(rate.Batch())}
+	step("first, through the Bucket", bucket, batch)
+	step("Allow", allow, nil)
+	step("the Bucket at the caller's clock reading", bucketAt, nil)
+	step("Allow again", allow, nil)
+	admission.DropBuckets(l)
+	step("the Bucket, buckets started over", bucket, batch)
+	step("Allow, buckets started over", allow, nil)
+	if err := l.AllowBucket(ctx, l.Bucket("lease_b", admission.ClassAcquire), time.Time{}); err != nil {
+		t.Fatalf("another class: %v", err)
+	}
+}
+
 func TestLimiterAcrossGateways(t *testing.T) {
 	rs := redistest.Start(t)
 	rate := admission.Rate{PerSecond: 2, Burst: 200} // batches of 10 to 50

@@ -12,6 +12,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/token"
@@ -26,6 +27,23 @@ type authEntry struct {
 	store.Auth
 	controlsKey string // the key of the lease's controls in Controls' cache
 	lease       atomic.Pointer[leaseBody]
+	// buckets are the lease's rate limiter buckets (rateLimit), by
+	// class, found on the entry's first request of the class: the
+	// limiter's, so that a new entry of the lease finds the same.
+	buckets [len(limitedClasses)]atomic.Pointer[admission.Bucket]
+}
+
+// limitedClasses are the classes whose rate limiter buckets an authEntry keeps.
+var limitedClasses = [...]admission.Class{admission.ClassRead, admission.ClassAcquire, admission.ClassExec}
+
+// bucket returns the lease's bucket of class i of limitedClasses.
+func (e *authEntry) bucket(l *admission.Limiter, i int) *admission.Bucket {
+	if b := e.buckets[i].Load(); b != nil {
+		return b
+	}
+	b := l.Bucket(e.Lease.ID, limitedClasses[i])
+	e.buckets[i].Store(b)
+	return b
 }
 
 // authFrom returns the resolved token of an authenticated request.
@@ -54,7 +72,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
 		}
 		tok := sandgate.Secret(strings.TrimSpace(raw))
-		now := s.clock.Now()
+		now := s.requestNow(c)
 		e, err := s.resolve(c.Request().Context(), tok, now)
 		if err != nil {
 			return err
@@ -72,6 +90,16 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		return next(c)
 	}
+}
+
+// requestNow is s.clock's reading for the request's decisions. With the
+// system clock it is the reading its latency is measured from (observe),
+// as SystemClock spells it: one clock read for both.
+func (s *Server) requestNow(c echo.Context) time.Time {
+	if rc := reqOf(c); rc != nil && s.systemClock && !rc.start.IsZero() {
+		return rc.start.UTC()
+	}
+	return s.clock.Now()
 }
 
 // resolve returns the auth entry of tok: from the cache, or from the

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -16,6 +17,10 @@ type reqContext struct {
 	id   string     // the request id (serve)
 	auth *authEntry // the resolved token (authenticate); nil before
 	now  time.Time  // Server.clock when authenticate checked the token: the request's decisions' clock
+	// start is time.Now when observe began serving the request.
+	start time.Time
+	// logAttrs are the access log line's attributes (accessLog).
+	logAttrs [8]slog.Attr
 }
 
 // reqOf returns c's reqContext; nil for a context serve did not make.

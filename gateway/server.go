@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -118,8 +119,11 @@ type Server struct {
 	unmatched   *routeInfo
 	measureSets sync.Map  // measureKey → *measureOpts
 	reqs        sync.Pool // *reqContext, reused by serve
+	requestIDs  sync.Pool // *requestIDs, the request ids made ahead (newRequestID)
 	tel         serverTelemetry
 	external    []Cache
+	logAttrs    attrsHandler // log's handler, when it is one; nil otherwise
+	systemClock bool         // clock is the system's: a request's start is its reading (requestNow)
 }
 
 // New returns a Server. A missing dependency is an error.
@@ -150,6 +154,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{cfg: cfg, db: d.DB, provs: d.Providers, saga: d.Saga, clock: d.Clock, log: log,
 		cache: newCache[*authEntry](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
 	s.inflight = newInflight(cfg)
+	s.logAttrs, _ = log.Handler().(attrsHandler)
+	switch d.Clock.(type) {
+	case sandgate.SystemClock, *sandgate.SystemClock:
+		s.systemClock = true
+	}
 	s.reqs.New = func() any { return new(reqContext) }
 	s.echo = s.routes()
 	s.routeInfos, s.unmatched = map[routeKey]*routeInfo{}, &routeInfo{label: "unmatched"}
@@ -243,12 +252,15 @@ var (
 func (s *Server) serve(c echo.Context) error {
 	h := c.Response().Header()
 	h["Cache-Control"] = noStore
-	id := headerValue(c.Request().Header, protocol.HeaderRequestID)
-	if !policy.ValidRequestID(id) {
+	var idv []string // the response's X-Request-Id: the client's, or one made here
+	if v := c.Request().Header[protocol.HeaderRequestID]; len(v) > 0 && policy.ValidRequestID(v[0]) {
+		idv = v[:1:1] // the request's value: a response header's values are copied when written, never changed in place
+	} else {
 		// A malformed client id is replaced, not refused: it is diagnostics only.
-		id = newRequestID()
+		idv = s.newRequestID()
 	}
-	h[protocol.HeaderRequestID] = []string{id}
+	id := idv[0]
+	h[protocol.HeaderRequestID] = idv
 	rc := s.reqs.Get().(*reqContext)
 	*rc = reqContext{Context: c, id: id}
 	if err := s.serveBody(rc); err != nil {
@@ -282,6 +294,7 @@ func (s *Server) serveBody(c *reqContext) error {
 // other is, once answered (accessLog).
 func (s *Server) observe(c *reqContext) {
 	start := time.Now()
+	c.start = start
 	ctx, span := s.startSpan(c)
 	var code protocol.Code
 	refused := s.requireTLS(c)
@@ -351,16 +364,50 @@ func requestID(c echo.Context) string {
 	return ""
 }
 
-// newRequestID spells a request id: "req_" and 24 hex digits. It is for
-// diagnostics, not a secret: the runtime's generator (ChaCha8, seeded from
-// the system's entropy) is enough, without a system call per request.
-func newRequestID() string {
-	var b [12]byte
-	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
-	binary.LittleEndian.PutUint32(b[8:], rand.Uint32())
-	id := [len("req_") + 2*len(b)]byte{'r', 'e', 'q', '_'}
-	hex.Encode(id[len("req_"):], b[:])
-	return string(id[:])
+// newRequestID returns a new request id as a header's values: "req_"
+// and 24 hex digits. It is for diagnostics, not a secret: the runtime's
+// generator (ChaCha8, seeded from the system's entropy) is enough, without
+// a system call per request. The ids are made requestIDBlock at a time,
+// in one string and one slice of values, instead of two allocations per
+// request.
+func (s *Server) newRequestID() []string {
+	b, _ := s.requestIDs.Get().(*requestIDs)
+	if b == nil || b.next == requestIDBlock {
+		b = newRequestIDs()
+	}
+	v := b.vals[b.next : b.next+1 : b.next+1] // capacity 1: an append to it copies
+	b.next++
+	s.requestIDs.Put(b)
+	return v
+}
+
+// requestIDBlock is how many request ids a requestIDs holds.
+const requestIDBlock = 64
+
+// requestIDs are request ids made together; next is the first not given out.
+type requestIDs struct {
+	vals []string
+	next int
+}
+
+const requestIDLen = len("req_") + 24
+
+func newRequestIDs() *requestIDs {
+	var buf [requestIDBlock * requestIDLen]byte
+	for i := range requestIDBlock {
+		id := buf[i*requestIDLen : (i+1)*requestIDLen]
+		var r [12]byte
+		binary.LittleEndian.PutUint64(r[:8], rand.Uint64())
+		binary.LittleEndian.PutUint32(r[8:], rand.Uint32())
+		copy(id, "req_")
+		hex.Encode(id[len("req_"):], r[:])
+	}
+	ids := string(buf[:])
+	b := &requestIDs{vals: make([]string, requestIDBlock)}
+	for i := range b.vals {
+		b.vals[i] = ids[i*requestIDLen : (i+1)*requestIDLen]
+	}
+	return b
 }
 
 // Drain makes the server refuse every new request with 503 unavailable
@@ -411,7 +458,10 @@ func (s *Server) accessLog(ctx context.Context, c *reqContext, m *measureOpts, c
 	// The record goes to the handler directly: Logger.LogAttrs would
 	// walk the stack for the caller's PC on every line, which the
 	// handler (no AddSource) never writes.
-	attrs := [8]slog.Attr{
+	// The attributes are the reqContext's, which is reused: an array on
+	// the stack would escape to the heap through the handler's interface.
+	attrs := &c.logAttrs
+	*attrs = [len(c.logAttrs)]slog.Attr{
 		slog.String(sandgate.KeyRequestID, c.id),
 		slog.String("method", c.Request().Method),
 		slog.String("route", c.Path()),
@@ -426,9 +476,22 @@ func (s *Server) accessLog(ctx context.Context, c *reqContext, m *measureOpts, c
 		attrs[n] = slog.String(sandgate.KeyCode, string(code))
 		n++
 	}
+	if s.logAttrs != nil {
+		_ = s.logAttrs.HandleAttrs(ctx, end, slog.LevelInfo, "request", attrs[:n])
+		return
+	}
 	r := slog.NewRecord(end, slog.LevelInfo, "request", 0)
 	r.AddAttrs(attrs[:n]...)
 	_ = h.Handle(ctx, r)
+}
+
+// attrsHandler is a log handler that writes a line from its attributes
+// without a slog.Record (telemetry's JSON handler, as `sandgate serve`
+// logs): the same line as Handle of the record, without building and
+// copying one (and allocating for its attributes past the fifth). It
+// keeps nothing of attrs once it returns.
+type attrsHandler interface {
+	HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error
 }
 
 type panicError struct{ v any }
@@ -440,9 +503,19 @@ func (p panicError) Error() string { return "panic" }
 // outage and answers for itself (Acquire fails closed), and the lease can
 // still report it.
 func (s *Server) rateLimit(class admission.Class) echo.MiddlewareFunc {
+	slot := slices.Index(limitedClasses[:], class)
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			err := s.limiter.Allow(c.Request().Context(), authEntryFrom(c).Lease.ID, class)
+			var err error
+			if e := authEntryFrom(c); slot >= 0 {
+				var start time.Time // the limiter's clock's reading of the request (observe), not s.clock's
+				if rc := reqOf(c); rc != nil {
+					start = rc.start
+				}
+				err = s.limiter.AllowBucket(c.Request().Context(), e.bucket(s.limiter, slot), start)
+			} else {
+				err = s.limiter.Allow(c.Request().Context(), e.Lease.ID, class)
+			}
 			if protocol.CodeOf(err) == protocol.RateLimited {
 				return err
 			}

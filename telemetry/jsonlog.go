@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,7 +23,8 @@ type jsonHandler struct {
 	std   slog.Handler // slog's JSON handler over lw, with pre's attributes
 	lw    io.Writer    // the writer, whose writes are serialised (lockedWriter, or a LogWriter)
 	level slog.Leveler
-	pre   []byte // attributes of WithAttrs, encoded: `"k":v,"k2":v2`
+	pre   []byte      // attributes of WithAttrs, encoded: `"k":v,"k2":v2`
+	secs  *timePrefix // the last second's time written, shared with WithAttrs's handlers
 }
 
 // lockedWriter serialises the fast path's writes with slog's handler's.
@@ -46,7 +48,7 @@ func newJSONHandler(w io.Writer, opts *slog.HandlerOptions) *jsonHandler {
 	} else {
 		lw = &lockedWriter{w: w}
 	}
-	return &jsonHandler{std: slog.NewJSONHandler(lw, opts), lw: lw, level: opts.Level}
+	return &jsonHandler{std: slog.NewJSONHandler(lw, opts), lw: lw, level: opts.Level, secs: new(timePrefix)}
 }
 
 func (h *jsonHandler) Enabled(_ context.Context, l slog.Level) bool {
@@ -68,62 +70,140 @@ func (h *jsonHandler) Handle(ctx context.Context, r slog.Record) error {
 	} else {
 		err = h.std.Handle(ctx, r)
 	}
-	if cap(buf) <= maxPooledLine {
-		*bp = buf
-		jsonBufs.Put(bp)
-	}
+	h.putBuf(bp, buf)
 	return err
 }
 
 // appendRecord appends r's line as slog's handler writes it, or reports
 // false when r has what only slog's handler writes.
 func (h *jsonHandler) appendRecord(buf []byte, r slog.Record) ([]byte, bool) {
+	buf, ok := h.appendHead(buf, r.Time, r.Level, r.Message)
+	if ok {
+		r.Attrs(func(a slog.Attr) bool {
+			buf = append(buf, ',')
+			buf, ok = appendJSONAttr(buf, a)
+			return ok
+		})
+	}
+	return append(buf, '}', '\n'), ok
+}
+
+// HandleAttrs writes the line Handle writes for a record of t, level, msg
+// and attrs (at Enabled's levels), without the record: the access log's
+// lines are written from their attributes alone. Only the lines it cannot
+// encode itself are made a record, for slog's handler. It keeps nothing
+// of attrs once it returns.
+func (h *jsonHandler) HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error {
+	bp := jsonBufs.Get().(*[]byte)
+	buf, ok := h.appendHead((*bp)[:0], t, level, msg)
+	for i := 0; ok && i < len(attrs); i++ {
+		buf = append(buf, ',')
+		buf, ok = appendJSONAttr(buf, attrs[i])
+	}
+	var err error
+	if ok {
+		_, err = h.lw.Write(append(buf, '}', '\n'))
+	} else {
+		r := slog.NewRecord(t, level, msg, 0)
+		r.AddAttrs(attrs...)
+		err = h.std.Handle(ctx, r)
+	}
+	h.putBuf(bp, buf)
+	return err
+}
+
+// putBuf keeps buf, the line buffer of bp, for reuse unless it grew large.
+func (h *jsonHandler) putBuf(bp *[]byte, buf []byte) {
+	if cap(buf) <= maxPooledLine {
+		*bp = buf
+		jsonBufs.Put(bp)
+	}
+}
+
+// appendHead appends the start of a line as slog's handler writes it, up
+// to its attributes (WithAttrs's included), or reports false when it has
+// what only slog's handler writes.
+func (h *jsonHandler) appendHead(buf []byte, t time.Time, level slog.Level, msg string) ([]byte, bool) {
 	buf = append(buf, '{')
-	sep := false
-	if !r.Time.IsZero() {
-		t := r.Time.Round(0)
-		if y := t.Year(); y < 0 || y >= 10000 {
+	if !t.IsZero() {
+		t = t.Round(0)
+		var ok bool
+		buf = append(buf, `"time":"`...)
+		if buf, ok = h.secs.appendTime(buf, t); !ok {
 			return buf, false
 		}
-		buf = append(buf, `"time":"`...)
-		buf = t.AppendFormat(buf, time.RFC3339Nano)
-		buf = append(buf, '"')
-		sep = true
-	}
-	if sep {
-		buf = append(buf, ',')
+		buf = append(buf, `",`...)
 	}
 	buf = append(buf, `"level":`...)
 	var ok bool
-	if buf, ok = appendJSONString(buf, r.Level.String()); !ok {
+	if buf, ok = appendJSONString(buf, level.String()); !ok {
 		return buf, false
 	}
 	buf = append(buf, `,"msg":`...)
-	if buf, ok = appendJSONString(buf, r.Message); !ok {
+	if buf, ok = appendJSONString(buf, msg); !ok {
 		return buf, false
 	}
 	if len(h.pre) > 0 {
 		buf = append(buf, ',')
 		buf = append(buf, h.pre...)
 	}
-	r.Attrs(func(a slog.Attr) bool {
-		buf = append(buf, ',')
-		buf, ok = appendJSONAttr(buf, a)
-		return ok
-	})
-	if !ok {
-		return buf, false
+	return buf, true
+}
+
+// timePrefix holds the last second written, formatted: lines come many
+// a second, and most of t.AppendFormat's work is the same for each.
+type timePrefix struct {
+	last atomic.Pointer[formattedSecond]
+}
+
+// formattedSecond is one second of one location in RFC 3339: text is
+// "2006-01-02T15:04:05" and then the zone ("Z", or "-07:00").
+type formattedSecond struct {
+	unix int64
+	loc  *time.Location
+	text []byte
+}
+
+// appendTime appends t as t.AppendFormat(buf, time.RFC3339Nano) does, or
+// reports false for a year outside 0-9999, which slog's handler refuses.
+// A location's offset changes only on a whole second, so one second of
+// one location is one prefix and one zone.
+func (p *timePrefix) appendTime(buf []byte, t time.Time) ([]byte, bool) {
+	unix, loc := t.Unix(), t.Location()
+	f := p.last.Load()
+	if f == nil || f.unix != unix || f.loc != loc {
+		if y := t.Year(); y < 0 || y >= 10000 {
+			return buf, false
+		}
+		f = &formattedSecond{unix: unix, loc: loc, text: t.Truncate(time.Second).AppendFormat(nil, time.RFC3339)}
+		p.last.Store(f)
 	}
-	return append(buf, '}', '\n'), true
+	const date = len("2006-01-02T15:04:05")
+	buf = append(buf, f.text[:date]...)
+	if ns := t.Nanosecond(); ns != 0 {
+		var frac [10]byte
+		frac[0] = '.'
+		for i := 9; i > 0; i-- {
+			frac[i] = byte('0' + ns%10)
+			ns /= 10
+		}
+		n := len(frac)
+		for frac[n-1] == '0' {
+			n--
+		}
+		buf = append(buf, frac[:n]...)
+	}
+	return append(buf, f.text[date:]...), true
 }
 
 // appendJSONAttr appends a's key and value as slog's handler does after
 // millis, or reports false when a is not of the plain kinds.
 func appendJSONAttr(buf []byte, a slog.Attr) ([]byte, bool) {
-	switch a.Value.Kind() {
+	kind := a.Value.Kind() // a type switch: found once
+	switch kind {
 	case slog.KindString, slog.KindInt64, slog.KindUint64, slog.KindBool, slog.KindFloat64:
 		// Resolving and millis leave these as they are: most attributes
-		// are of these kinds, and each Kind is a type switch.
+		// are of these kinds.
 	case slog.KindGroup:
 		return buf, false
 	default:
@@ -133,6 +213,7 @@ func appendJSONAttr(buf []byte, a slog.Attr) ([]byte, bool) {
 		}
 		a = millis(nil, a)
 		a.Value = a.Value.Resolve()
+		kind = a.Value.Kind()
 	}
 	if a.Key == "" {
 		return buf, false // slog elides an empty attribute and keeps an empty key: leave both to it
@@ -142,7 +223,7 @@ func appendJSONAttr(buf []byte, a slog.Attr) ([]byte, bool) {
 		return buf, false
 	}
 	buf = append(buf, ':')
-	switch v := a.Value; v.Kind() {
+	switch v := a.Value; kind {
 	case slog.KindString:
 		return appendJSONString(buf, v.String())
 	case slog.KindInt64:
@@ -168,14 +249,41 @@ var plainJSON = func() (t [256]bool) {
 
 // appendJSONString appends s quoted when no byte of it needs escaping.
 func appendJSONString(buf []byte, s string) ([]byte, bool) {
-	for i := 0; i < len(s); i++ {
-		if !plainJSON[s[i]] {
-			return buf, false
-		}
+	if !plainString(s) {
+		return buf, false
 	}
 	buf = append(buf, '"')
 	buf = append(buf, s...)
 	return append(buf, '"'), true
+}
+
+// plainString reports whether every byte of s is plainJSON: eight bytes
+// at a time (a word with a byte of 0x80 or more is refused at once, so
+// the tests for the others may assume bytes under 0x80), then the table.
+func plainString(s string) bool {
+	const (
+		ones = 0x0101010101010101
+		high = 0x80 * ones
+	)
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		w := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+			uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+		quote, backslash := w^('"'*ones), w^('\\'*ones)
+		bad := w | // a byte of 0x80 or more
+			(w-0x20*ones)&^w | // a byte under 0x20
+			(quote-ones)&^quote | // a zero byte of w^quotes: a quote
+			(backslash-ones)&^backslash
+		if bad&high != 0 {
+			return false
+		}
+	}
+	for ; i < len(s); i++ {
+		if !plainJSON[s[i]] {
+			return false
+		}
+	}
+	return true
 }
 
 // appendJSONFloat appends f as encoding/json writes a float64 (which is
@@ -204,7 +312,7 @@ func (h *jsonHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	if len(attrs) == 0 {
 		return h
 	}
-	n := &jsonHandler{std: h.std.WithAttrs(attrs), lw: h.lw, level: h.level}
+	n := &jsonHandler{std: h.std.WithAttrs(attrs), lw: h.lw, level: h.level, secs: h.secs}
 	pre := append([]byte(nil), h.pre...)
 	for _, a := range attrs {
 		if len(pre) > 0 {

@@ -51,6 +51,24 @@ func TestJSONHandlerMatchesSlog(t *testing.T) {
 	zero := slog.NewRecord(time.Time{}, slog.LevelInfo, "no time", 0)
 	zero.AddAttrs(slog.Int("n", 1))
 	records = append(records, zero)
+	// Times as RFC3339Nano writes them in every zone: the formatted second
+	// is reused only for the same second of the same location.
+	zones := []*time.Location{time.UTC, time.FixedZone("east", 90*60+17), time.FixedZone("west", -7*3600), time.FixedZone("utc0", 0)}
+	if ny, err := time.LoadLocation("America/New_York"); err == nil {
+		zones = append(zones, ny)
+	}
+	for _, ns := range []int{0, 1, 10, 100000, 120000000, 999999999, 500000000} {
+		for _, base := range []time.Time{at, time.Date(2026, 3, 8, 6, 59, 59, 0, time.UTC), time.Date(2026, 3, 8, 7, 0, 0, 0, time.UTC),
+			time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+			time.Date(-1, 12, 31, 0, 0, 0, 0, time.UTC)} {
+			for _, z := range zones { // one instant in each zone in turn
+				add(slog.LevelInfo, "zone", slog.Int("ns", ns))
+				records[len(records)-1].Time = base.Truncate(time.Second).Add(time.Duration(ns)).In(z)
+			}
+		}
+	}
+	monotonic := slog.NewRecord(time.Now(), slog.LevelInfo, "monotonic", 0)
+	records = append(records, monotonic, monotonic)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 2000 {
 		r := slog.NewRecord(at.Add(time.Duration(rng.Int64N(int64(time.Hour)))), slog.LevelInfo, "random", 0)
@@ -88,15 +106,45 @@ func TestJSONHandlerMatchesSlog(t *testing.T) {
 		var got, want bytes.Buffer
 		fast := shape.wrap(newJSONHandler(&got, opts))
 		std := shape.wrap(slog.NewJSONHandler(&want, opts))
+		// Through a LogWriter (NewBufferedLogger's handler), flushed before
+		// each comparison.
+		var gotBuffered bytes.Buffer
+		lw := NewLogWriter(&gotBuffered, time.Hour)
+		buffered := shape.wrap(flushing{Handler: newJSONHandler(lw, opts), w: lw})
 		for i, r := range records {
-			got.Reset()
 			want.Reset()
-			if err := fast.Handle(context.Background(), r); err != nil {
-				t.Fatalf("%s: record %d: %v", shape.name, i, err)
-			}
 			_ = std.Handle(context.Background(), r)
-			if got.String() != want.String() {
-				t.Errorf("%s: record %d:\n got %s\nwant %s", shape.name, i, strings.TrimSpace(got.String()), strings.TrimSpace(want.String()))
+			var attrs []slog.Attr
+			r.Attrs(func(a slog.Attr) bool { attrs = append(attrs, a); return true })
+			for _, h := range []struct {
+				name string
+				h    slog.Handler
+				out  *bytes.Buffer
+			}{{"", fast, &got}, {" buffered", buffered, &gotBuffered}} {
+				h.out.Reset()
+				if err := h.h.Handle(context.Background(), r); err != nil {
+					t.Fatalf("%s%s: record %d: %v", shape.name, h.name, i, err)
+				}
+				_ = lw.Flush()
+				if h.out.String() != want.String() {
+					t.Errorf("%s%s: record %d:\n got %s\nwant %s", shape.name, h.name, i, strings.TrimSpace(h.out.String()), strings.TrimSpace(want.String()))
+				}
+				// The same line written from the attributes alone.
+				ah, ok := h.h.(attrsHandler)
+				if !ok {
+					if shape.name == "plain" || shape.name == "with" {
+						t.Fatalf("%s%s: no HandleAttrs", shape.name, h.name)
+					}
+					continue
+				}
+				h.out.Reset()
+				if err := ah.HandleAttrs(context.Background(), r.Time, r.Level, r.Message, attrs); err != nil {
+					t.Fatalf("%s%s: record %d: HandleAttrs: %v", shape.name, h.name, i, err)
+				}
+				_ = lw.Flush()
+				if h.out.String() != want.String() {
+					t.Errorf("%s%s: record %d: HandleAttrs:\n got %s\nwant %s", shape.name, h.name, i, strings.TrimSpace(h.out.String()), strings.TrimSpace(want.String()))
+				}
 			}
 		}
 	}
@@ -105,3 +153,30 @@ func TestJSONHandlerMatchesSlog(t *testing.T) {
 type valuer struct{}
 
 func (valuer) LogValue() slog.Value { return slog.StringValue("resolved") }
+
+// TestPlainString: the word-at-a-time check says what the table says, for
+// every byte at every place of a word and of the tail, next to any other.
+func TestPlainString(t *testing.T) {
+	table := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			if !plainJSON[s[i]] {
+				return false
+			}
+		}
+		return true
+	}
+	for n := 0; n <= 19; n++ {
+		for pos := 0; pos < n; pos++ {
+			for b := 0; b < 256; b++ {
+				for _, other := range []byte{'a', 0x1f, 0x20, '"', '\\', 0x7f, 0x80, 0xff, '!', '#', '[', ']'} {
+					s := []byte(strings.Repeat("a", n))
+					s[pos] = byte(b)
+					s[(pos+1)%n] = other
+					if got, want := plainString(string(s)), table(string(s)); got != want {
+						t.Fatalf("plainString(%q) = %v; want %v", s, got, want)
+					}
+				}
+			}
+		}
+	}
+}

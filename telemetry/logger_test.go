@@ -2,6 +2,7 @@ package telemetry_test
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -87,5 +88,43 @@ func TestLogWriterLingers(t *testing.T) {
 	defer out.mu.Unlock()
 	if out.writes >= 100 {
 		t.Errorf("100 lines cost %d writes; want them coalesced", out.writes)
+	}
+}
+
+// TestLogWriterFull: once LogMaxBuffered bytes wait they are written
+// without waiting for the linger (by the timer, not the line's caller);
+// every line is written once, in order, however many wait.
+func TestLogWriterFull(t *testing.T) {
+	var out lockedBuffer
+	lw := telemetry.NewLogWriter(&out, time.Hour)
+	line := func(i int) []byte { return fmt.Appendf(nil, "%06d %s\n", i, strings.Repeat("x", 1000)) }
+	n := 0
+	for ; n*len(line(0)) < telemetry.LogMaxBuffered; n++ {
+		if _, err := lw.Write(line(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; len(out.lines()) < n; i++ {
+		if i == 1000 {
+			t.Fatalf("%d of %d lines written after %d bytes waited; want all, without the hour's linger", len(out.lines()), n, telemetry.LogMaxBuffered)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for total := 5 * n; n < total; n++ { // past four times LogMaxBuffered, written meanwhile
+		if _, err := lw.Write(line(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := lw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := out.lines()
+	if len(got) != n {
+		t.Fatalf("after Close: %d lines; want %d", len(got), n)
+	}
+	for i, l := range got {
+		if want := string(line(i)); l+"\n" != want {
+			t.Fatalf("line %d = %.10s…; want %.10s…: every line once, in order", i, l, want)
+		}
 	}
 }
