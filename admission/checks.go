@@ -150,6 +150,12 @@ func sizeRanks() string {
 // Lua implements Check. K[1] risk HASH, K[2] velocity ZSET, K[3] open ZSET;
 // A[1] now, A[2] workspace id, A[3] pending deadline, A[4] default
 // velocity, A[5] default max open, A[6] default max size, A[7] requested size.
+//
+// Each ZSET is pruned (members past their deadline) only when its count
+// reaches the limit: a count under the limit stays under it once pruned,
+// so the decision is the one a prune before every count gives, each set
+// stays bounded by its limit, and an admission under the limits costs two
+// commands fewer.
 func (Risk) Lua() (string, string) {
 	return `local lim = redis.call('HMGET', K[1], 'velocity', 'open', 'max_size')
 local now = tonumber(A[1])
@@ -161,15 +167,19 @@ local maxsize = lim[3]
 if not maxsize or maxsize == '' then maxsize = A[6] end
 local ranks = ` + sizeRanks() + `
 if (ranks[A[7]] or 99) > (ranks[maxsize] or 0) then return {'` + string(protocol.RiskLimit) + `', 'request_cap'} end
-redis.call('ZREMRANGEBYSCORE', K[2], '-inf', now - 60000)
 if redis.call('ZCARD', K[2]) >= vel then
-  local oldest = redis.call('ZRANGE', K[2], 0, 0, 'WITHSCORES')
-  local wait = 1000
-  if oldest[2] then wait = tonumber(oldest[2]) + 60000 - now end
-  return {'` + string(protocol.RiskLimit) + `', 'velocity', wait}
+  redis.call('ZREMRANGEBYSCORE', K[2], '-inf', now - 60000)
+  if redis.call('ZCARD', K[2]) >= vel then
+    local oldest = redis.call('ZRANGE', K[2], 0, 0, 'WITHSCORES')
+    local wait = 1000
+    if oldest[2] then wait = tonumber(oldest[2]) + 60000 - now end
+    return {'` + string(protocol.RiskLimit) + `', 'velocity', wait}
+  end
 end
-redis.call('ZREMRANGEBYSCORE', K[3], '-inf', now)
-if redis.call('ZCARD', K[3]) >= open then return {'` + string(protocol.RiskLimit) + `', 'open_workspaces'} end`,
+if redis.call('ZCARD', K[3]) >= open then
+  redis.call('ZREMRANGEBYSCORE', K[3], '-inf', now)
+  if redis.call('ZCARD', K[3]) >= open then return {'` + string(protocol.RiskLimit) + `', 'open_workspaces'} end
+end`,
 		`redis.call('ZADD', K[2], A[1], A[2])
 redis.call('ZADD', K[3], A[3], A[2])`
 }

@@ -71,17 +71,20 @@ func (BudgetCheck) Name() string { return "budget" }
 // month's), K[3] alerted SET (the month's), K[4] alerts LIST; A[1] hold,
 // A[2] month, A[3] now (unix ms), A[4..] scopes.
 //
-// An account without budgets (no budgets HASH) costs one EXISTS, and an
-// admission that holds nothing there writes nothing.
+// An account without budgets (no budgets HASH) costs one EXISTS, which
+// the check leaves in A.budgets for the apply (it runs after every check,
+// in the same script), and an admission that holds nothing there writes
+// nothing.
 func (BudgetCheck) Lua() (string, string) {
-	return budgetLua + `if redis.call('EXISTS', K[1]) == 0 then return nil end
+	return budgetLua + `A.budgets = redis.call('EXISTS', K[1]) == 1
+if not A.budgets then return nil end
 local w = tonumber(A[1])
 for i = 4, #A do
   local lim = tonumber(redis.call('HGET', K[1], A[i]))
   if lim and redis.call('HGET', K[1], A[i] .. ':soft') ~= '1' then
     if spent(K[2], A[i]) + w > lim then return {'` + string(protocol.BudgetExhausted) + `', scope_level(A[i])} end
   end
-end`, budgetLua + `local budgets = redis.call('EXISTS', K[1]) == 1
+end`, budgetLua + `local budgets = A.budgets
 local hold = tonumber(A[1])
 if hold <= 0 and not budgets then return false end
 local queued = false
