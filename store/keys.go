@@ -47,7 +47,9 @@ func liveKey(acct, inst string) string { return prefix + "{" + acct + "}:inst:" 
 
 // workspaceIndexKey is the ZSET of an instance's workspaces by creation
 // time in unix ms, for listing. Example: sg:{acct_x}:inst:inst_y:ws
-func workspaceIndexKey(acct, inst string) string { return prefix + "{" + acct + "}:inst:" + inst + ":ws" }
+func workspaceIndexKey(acct, inst string) string {
+	return prefix + "{" + acct + "}:inst:" + inst + ":ws"
+}
 
 // liveIndexKey is the ZSET of an instance's workspaces not yet terminated
 // (starting, running or terminating), scored like workspaceIndexKey: the
@@ -134,14 +136,18 @@ func snapshotKey(acct, snap string) string { return prefix + "{" + acct + "}:sna
 // against max_snapshots: member snapshot id, score its deadline in unix ms
 // (the pending deadline while creating, expires_at once live); members at
 // or past their deadline no longer count. Example: sg:{acct_x}:inst:inst_y:snaps
-func snapshotQuotaKey(acct, inst string) string { return prefix + "{" + acct + "}:inst:" + inst + ":snaps" }
+func snapshotQuotaKey(acct, inst string) string {
+	return prefix + "{" + acct + "}:inst:" + inst + ":snaps"
+}
 
 // snapshotBytesKey is the HASH of the sizes of an instance's live
 // snapshots: field snapshot id, value the provider's size in bytes, set
 // when a snapshot becomes live and removed when its deletion starts. Only
 // members of snapshotQuotaKey past now count against max_snapshot_bytes.
 // Example: sg:{acct_x}:inst:inst_y:snapbytes
-func snapshotBytesKey(acct, inst string) string { return prefix + "{" + acct + "}:inst:" + inst + ":snapbytes" }
+func snapshotBytesKey(acct, inst string) string {
+	return prefix + "{" + acct + "}:inst:" + inst + ":snapbytes"
+}
 
 // snapshotExpiryKey is the ZSET of an account's snapshots not yet deleted,
 // scored like snapshotQuotaKey, for the reaper's TTL sweep.
