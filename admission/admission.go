@@ -45,10 +45,14 @@ type Check interface {
 	// Name identifies the check in metrics and in the script's comments.
 	Name() string
 	// Lua returns the check's fragments. Each is the body of a Lua function
-	// of (K, A): its bound keys and arguments. Check runs before anything
-	// is written and returns nil to pass, or {code, reason, retry_after_ms}
-	// to refuse; Apply runs only once every check has passed, and returns
-	// true when it queued follow-up work (see Request.Queued).
+	// of (kb, ab, na): its bound keys are KEYS[kb + 1] on, its na bound
+	// arguments ARGV[ab + 1] to ARGV[ab + na] (offsets, so that no call
+	// copies them). Check runs before anything is written and returns nil
+	// to pass, or {code, reason, retry_after_ms} to refuse; Apply runs only
+	// once every check has passed, and returns true when it queued
+	// follow-up work (see Request.Queued). Both may read and set S, a local
+	// of the check's own (nil at first), to hand the apply what the check
+	// read.
 	Lua() (check, apply string)
 	// Bind returns the keys (all of the request's account) and arguments
 	// of the check for r.
@@ -74,36 +78,36 @@ func New(rdb redis.UniversalClient, checks ...Check) *Pipeline {
 	b.WriteString(scriptHeader)
 	for i, c := range checks {
 		check, apply := c.Lua()
-		fmt.Fprintf(&b, "-- %d: %s\nchecks[%d] = function(K, A)\n%s\nend\napplies[%d] = function(K, A)\n%s\nend\n",
+		fmt.Fprintf(&b, "-- %d: %s\ndo\nlocal S\nchecks[%d] = function(kb, ab, na)\n%s\nend\napplies[%d] = function(kb, ab, na)\n%s\nend\nend\n",
 			i+1, c.Name(), i+1, check, i+1, apply)
 	}
 	b.WriteString(scriptFooter)
 	return &Pipeline{rdb: rdb, checks: checks, script: redis.NewScript(b.String())}
 }
 
-// scriptHeader slices KEYS and ARGV per check. ARGV[1] is the number of
-// checks; then, for each check, its key count and argument count; then
+// scriptHeader and scriptFooter frame the checks. ARGV[1] is the number
+// of checks; then, for each check, its key count and argument count; then
 // every check's arguments in order. KEYS are every check's keys in order.
+// The footer turns the counts into each check's offsets once; no key or
+// argument is copied.
 const scriptHeader = `local checks, applies = {}, {}
 `
 
 const scriptFooter = `local n = tonumber(ARGV[1])
-local K, A = {}, {}
-local ki, ai = 1, 2 + 2 * n
+local kb, ab, na = {}, {}, {}
+local ki, ai = 0, 1 + 2 * n
 for i = 1, n do
-  local nk, na = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  local k, a = {}, {}
-  for j = 1, nk do k[j] = KEYS[ki]; ki = ki + 1 end
-  for j = 1, na do a[j] = ARGV[ai]; ai = ai + 1 end
-  K[i], A[i] = k, a
+  local a = tonumber(ARGV[2 * i + 1])
+  kb[i], ab[i], na[i] = ki, ai, a
+  ki, ai = ki + tonumber(ARGV[2 * i]), ai + a
 end
 for i = 1, n do
-  local r = checks[i](K[i], A[i])
+  local r = checks[i](kb[i], ab[i], na[i])
   if r then return {0, i, r[1], r[2] or '', tostring(r[3] or 0)} end
 end
 local queued = 0
 for i = 1, n do
-  if applies[i](K[i], A[i]) then queued = 1 end
+  if applies[i](kb[i], ab[i], na[i]) then queued = 1 end
 end
 return {1, queued}
 `

@@ -21,11 +21,11 @@ type Idempotency struct {
 // Name implements Check.
 func (Idempotency) Name() string { return "idempotency" }
 
-// Lua implements Check. K[1] idempotency STRING; A[1] record JSON, A[2] TTL ms.
+// Lua implements Check. KEYS[kb + 1] idempotency STRING; ARGV[ab + 1] record JSON, ARGV[ab + 2] TTL ms.
 func (Idempotency) Lua() (string, string) {
-	return `local v = redis.call('GET', K[1])
+	return `local v = redis.call('GET', KEYS[kb + 1])
 if v then return {'` + codeReplay + `', v} end`,
-		`redis.call('SET', K[1], A[1], 'PX', A[2])`
+		`redis.call('SET', KEYS[kb + 1], ARGV[ab + 1], 'PX', ARGV[ab + 2])`
 }
 
 // Bind implements Check.
@@ -62,11 +62,11 @@ func (c Controls) Pre(ctx context.Context, r *Request) error {
 	return nil
 }
 
-// Lua implements Check. K[1] account controls HASH; A[1] stop field, A[2]
-// account pause field, A[3] instance pause field, A[4] now (unix ms).
+// Lua implements Check. KEYS[kb + 1] account controls HASH; ARGV[ab + 1] stop field, ARGV[ab + 2]
+// account pause field, ARGV[ab + 3] instance pause field, ARGV[ab + 4] now (unix ms).
 func (Controls) Lua() (string, string) {
-	return `local v = redis.call('HMGET', K[1], A[1], A[2], A[3])
-local now = tonumber(A[4])
+	return `local v = redis.call('HMGET', KEYS[kb + 1], ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3])
+local now = tonumber(ARGV[ab + 4])
 local codes = {'` + string(protocol.EmergencyStopped) + `', '` + string(protocol.Paused) + `', '` + string(protocol.Paused) + `'}
 for i = 1, 3 do
   if v[i] then
@@ -93,12 +93,12 @@ type Concurrency struct {
 // Name implements Check.
 func (Concurrency) Name() string { return "concurrency" }
 
-// Lua implements Check. K[1] live ZSET; A[1] now, A[2] max, A[3] pending
-// deadline (unix ms), A[4] workspace id.
+// Lua implements Check. KEYS[kb + 1] live ZSET; ARGV[ab + 1] now, ARGV[ab + 2] max, ARGV[ab + 3] pending
+// deadline (unix ms), ARGV[ab + 4] workspace id.
 func (Concurrency) Lua() (string, string) {
-	return `redis.call('ZREMRANGEBYSCORE', K[1], '-inf', A[1])
-if redis.call('ZCARD', K[1]) >= tonumber(A[2]) then return {'` + string(protocol.ConcurrencyLimit) + `', ''} end`,
-		`redis.call('ZADD', K[1], A[3], A[4])`
+	return `redis.call('ZREMRANGEBYSCORE', KEYS[kb + 1], '-inf', ARGV[ab + 1])
+if redis.call('ZCARD', KEYS[kb + 1]) >= tonumber(ARGV[ab + 2]) then return {'` + string(protocol.ConcurrencyLimit) + `', ''} end`,
+		`redis.call('ZADD', KEYS[kb + 1], ARGV[ab + 3], ARGV[ab + 4])`
 }
 
 // Bind implements Check.
@@ -147,31 +147,41 @@ func sizeRanks() string {
 	return "{" + strings.Join(parts, ", ") + "}"
 }
 
-// Lua implements Check. K[1] risk HASH, K[2] velocity ZSET, K[3] open ZSET;
-// A[1] now, A[2] workspace id, A[3] pending deadline, A[4] default
-// velocity, A[5] default max open, A[6] default max size, A[7] requested size.
+// Lua implements Check. KEYS[kb + 1] risk HASH, KEYS[kb + 2] velocity ZSET, KEYS[kb + 3] open ZSET;
+// ARGV[ab + 1] now, ARGV[ab + 2] workspace id, ARGV[ab + 3] pending deadline, ARGV[ab + 4] default
+// velocity, ARGV[ab + 5] default max open, ARGV[ab + 6] default max size, ARGV[ab + 7] requested size.
+//
+// Each ZSET is pruned (members past their deadline) only when its count
+// reaches the limit: a count under the limit stays under it once pruned,
+// so the decision is the one a prune before every count gives, each set
+// stays bounded by its limit, and an admission under the limits costs two
+// commands fewer.
 func (Risk) Lua() (string, string) {
-	return `local lim = redis.call('HMGET', K[1], 'velocity', 'open', 'max_size')
-local now = tonumber(A[1])
+	return `local lim = redis.call('HMGET', KEYS[kb + 1], 'velocity', 'open', 'max_size')
+local now = tonumber(ARGV[ab + 1])
 local vel = tonumber(lim[1]) or 0
-if vel <= 0 then vel = tonumber(A[4]) end
+if vel <= 0 then vel = tonumber(ARGV[ab + 4]) end
 local open = tonumber(lim[2]) or 0
-if open <= 0 then open = tonumber(A[5]) end
+if open <= 0 then open = tonumber(ARGV[ab + 5]) end
 local maxsize = lim[3]
-if not maxsize or maxsize == '' then maxsize = A[6] end
+if not maxsize or maxsize == '' then maxsize = ARGV[ab + 6] end
 local ranks = ` + sizeRanks() + `
-if (ranks[A[7]] or 99) > (ranks[maxsize] or 0) then return {'` + string(protocol.RiskLimit) + `', 'request_cap'} end
-redis.call('ZREMRANGEBYSCORE', K[2], '-inf', now - 60000)
-if redis.call('ZCARD', K[2]) >= vel then
-  local oldest = redis.call('ZRANGE', K[2], 0, 0, 'WITHSCORES')
-  local wait = 1000
-  if oldest[2] then wait = tonumber(oldest[2]) + 60000 - now end
-  return {'` + string(protocol.RiskLimit) + `', 'velocity', wait}
+if (ranks[ARGV[ab + 7]] or 99) > (ranks[maxsize] or 0) then return {'` + string(protocol.RiskLimit) + `', 'request_cap'} end
+if redis.call('ZCARD', KEYS[kb + 2]) >= vel then
+  redis.call('ZREMRANGEBYSCORE', KEYS[kb + 2], '-inf', now - 60000)
+  if redis.call('ZCARD', KEYS[kb + 2]) >= vel then
+    local oldest = redis.call('ZRANGE', KEYS[kb + 2], 0, 0, 'WITHSCORES')
+    local wait = 1000
+    if oldest[2] then wait = tonumber(oldest[2]) + 60000 - now end
+    return {'` + string(protocol.RiskLimit) + `', 'velocity', wait}
+  end
 end
-redis.call('ZREMRANGEBYSCORE', K[3], '-inf', now)
-if redis.call('ZCARD', K[3]) >= open then return {'` + string(protocol.RiskLimit) + `', 'open_workspaces'} end`,
-		`redis.call('ZADD', K[2], A[1], A[2])
-redis.call('ZADD', K[3], A[3], A[2])`
+if redis.call('ZCARD', KEYS[kb + 3]) >= open then
+  redis.call('ZREMRANGEBYSCORE', KEYS[kb + 3], '-inf', now)
+  if redis.call('ZCARD', KEYS[kb + 3]) >= open then return {'` + string(protocol.RiskLimit) + `', 'open_workspaces'} end
+end`,
+		`redis.call('ZADD', KEYS[kb + 2], ARGV[ab + 1], ARGV[ab + 2])
+redis.call('ZADD', KEYS[kb + 3], ARGV[ab + 3], ARGV[ab + 2])`
 }
 
 // Bind implements Check.
@@ -189,13 +199,13 @@ type Record struct{}
 // Name implements Check.
 func (Record) Name() string { return "record" }
 
-// Lua implements Check. K[1] workspace HASH, K[2] index ZSET, K[3] live
-// index ZSET; A[1] created (unix ms), A[2] workspace id, A[3..]
+// Lua implements Check. KEYS[kb + 1] workspace HASH, KEYS[kb + 2] index ZSET, KEYS[kb + 3] live
+// index ZSET; ARGV[ab + 1] created (unix ms), ARGV[ab + 2] workspace id, ARGV[ab + 3 .. ab + na]
 // field/value pairs.
 func (Record) Lua() (string, string) {
-	return ``, `redis.call('HSET', K[1], unpack(A, 3))
-redis.call('ZADD', K[2], A[1], A[2])
-redis.call('ZADD', K[3], A[1], A[2])`
+	return ``, `redis.call('HSET', KEYS[kb + 1], unpack(ARGV, ab + 3, ab + na))
+redis.call('ZADD', KEYS[kb + 2], ARGV[ab + 1], ARGV[ab + 2])
+redis.call('ZADD', KEYS[kb + 3], ARGV[ab + 1], ARGV[ab + 2])`
 }
 
 // Bind implements Check.

@@ -277,19 +277,27 @@ elseif ne > 0 and redis.call('SISMEMBER', KEYS[4], ARGV[base + (ne - 1) * 5]) ==
   return {0, 0}
 end
 local n, queued = 0, 0
+-- What the loop learns, so that no command asks it twice: whether the
+-- account has budgets (none: no scope can alert), and the hold left.
+local budgets, hknown, hleft = nil, false, nil
 for i = 0, ne - 1 do
   local a = base + i * 5
   local eid, amt = ARGV[a], tonumber(ARGV[a + 3])
-  if redis.call('SISMEMBER', KEYS[4], eid) == 0 then
-    local hold = tonumber(redis.call('HGET', KEYS[2], ws))
+  -- In settle mode the last entry was found absent above.
+  if (mode ~= 'accrue' and i == ne - 1) or redis.call('SISMEMBER', KEYS[4], eid) == 0 then
+    local hold = hleft
+    if not hknown then hold = tonumber(redis.call('HGET', KEYS[2], ws)) end
+    hknown, hleft = true, hold
     if hold then
       local take = math.min(amt, hold)
       if take > 0 then
         local neg = string.format('%d', -take)
         if hold - take > 0 then
           redis.call('HSET', KEYS[2], ws, string.format('%d', hold - take))
+          hleft = hold - take
         else
           redis.call('HDEL', KEYS[2], ws)
+          hleft = nil
         end
         redis.call('HINCRBY', KEYS[1], 'holds', neg)
         for s = s0, s1 do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
@@ -298,9 +306,10 @@ for i = 0, ne - 1 do
     local spend, alerted = KEYS[9 + 2 * i], KEYS[10 + 2 * i]
     redis.call('HINCRBY', KEYS[1], 'settled', ARGV[a + 3])
     redis.call('HINCRBY', KEYS[1], 'balance', string.format('%d', -amt))
+    if budgets == nil then budgets = redis.call('EXISTS', KEYS[6]) == 1 end
     for s = s0, s1 do
       redis.call('HINCRBY', spend, ARGV[s] .. ':s', ARGV[a + 3])
-      if budget_alerts(KEYS[6], spend, alerted, KEYS[7], ARGV[s], ARGV[a + 4], ARGV[a + 2]) then queued = 1 end
+      if budgets and budget_alerts(KEYS[6], spend, alerted, KEYS[7], ARGV[s], ARGV[a + 4], ARGV[a + 2]) then queued = 1 end
     end
     redis.call('PEXPIRE', spend, ` + spendTTL + `)
     append_usage(KEYS[3], KEYS[4], eid, ARGV[a + 1], ARGV[a + 2])
@@ -308,9 +317,10 @@ for i = 0, ne - 1 do
   end
 end
 if mode == 'settle' then
-  local hold = redis.call('HGET', KEYS[2], ws)
+  local hold = hleft
+  if not hknown then hold = tonumber(redis.call('HGET', KEYS[2], ws)) end
   if hold then
-    local neg = string.format('%d', -tonumber(hold))
+    local neg = string.format('%d', -hold)
     redis.call('HDEL', KEYS[2], ws)
     redis.call('HINCRBY', KEYS[1], 'holds', neg)
     for s = s0, s1 do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end

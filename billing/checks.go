@@ -37,17 +37,17 @@ func (c FundsCheck) Pre(ctx context.Context, r *admission.Request) error {
 	return nil
 }
 
-// Lua implements admission.Check. K[1] settings HASH, K[2] funds HASH,
-// K[3] holds HASH; A[1] hold (micros), A[2] workspace id.
+// Lua implements admission.Check. KEYS[kb + 1] settings HASH, KEYS[kb + 2] funds HASH,
+// KEYS[kb + 3] holds HASH; ARGV[ab + 1] hold (micros), ARGV[ab + 2] workspace id.
 func (FundsCheck) Lua() (string, string) {
-	return `local st = redis.call('HMGET', K[1], 'configured', 'postpaid', 'credit_limit')
+	return `local st = redis.call('HMGET', KEYS[kb + 1], 'configured', 'postpaid', 'credit_limit')
 if st[1] == '1' and st[2] ~= '1' then
-  local f = redis.call('HMGET', K[2], 'balance', 'holds')
+  local f = redis.call('HMGET', KEYS[kb + 2], 'balance', 'holds')
   local avail = (tonumber(f[1]) or 0) - (tonumber(f[2]) or 0) + (tonumber(st[3]) or 0)
-  if avail < tonumber(A[1]) then return {'` + string(protocol.InsufficientFunds) + `', ''} end
-end`, `if tonumber(A[1]) > 0 then
-  redis.call('HINCRBY', K[2], 'holds', A[1])
-  redis.call('HSET', K[3], A[2], A[1])
+  if avail < tonumber(ARGV[ab + 1]) then return {'` + string(protocol.InsufficientFunds) + `', ''} end
+end`, `if tonumber(ARGV[ab + 1]) > 0 then
+  redis.call('HINCRBY', KEYS[kb + 2], 'holds', ARGV[ab + 1])
+  redis.call('HSET', KEYS[kb + 3], ARGV[ab + 2], ARGV[ab + 1])
 end`
 }
 
@@ -67,29 +67,32 @@ type BudgetCheck struct{}
 // Name implements admission.Check.
 func (BudgetCheck) Name() string { return "budget" }
 
-// Lua implements admission.Check. K[1] budgets HASH, K[2] spend HASH (the
-// month's), K[3] alerted SET (the month's), K[4] alerts LIST; A[1] hold,
-// A[2] month, A[3] now (unix ms), A[4..] scopes.
+// Lua implements admission.Check. KEYS[kb + 1] budgets HASH, KEYS[kb + 2] spend HASH (the
+// month's), KEYS[kb + 3] alerted SET (the month's), KEYS[kb + 4] alerts LIST; ARGV[ab + 1] hold,
+// ARGV[ab + 2] month, ARGV[ab + 3] now (unix ms), ARGV[ab + 4 .. ab + na] scopes.
 //
-// An account without budgets (no budgets HASH) costs one EXISTS, and an
-// admission that holds nothing there writes nothing.
+// An account without budgets (no budgets HASH) costs one EXISTS, which
+// the check leaves in S for the apply (it runs after every check,
+// in the same script), and an admission that holds nothing there writes
+// nothing.
 func (BudgetCheck) Lua() (string, string) {
-	return budgetLua + `if redis.call('EXISTS', K[1]) == 0 then return nil end
-local w = tonumber(A[1])
-for i = 4, #A do
-  local lim = tonumber(redis.call('HGET', K[1], A[i]))
-  if lim and redis.call('HGET', K[1], A[i] .. ':soft') ~= '1' then
-    if spent(K[2], A[i]) + w > lim then return {'` + string(protocol.BudgetExhausted) + `', scope_level(A[i])} end
+	return budgetLua + `S = redis.call('EXISTS', KEYS[kb + 1]) == 1
+if not S then return nil end
+local w = tonumber(ARGV[ab + 1])
+for i = ab + 4, ab + na do
+  local lim = tonumber(redis.call('HGET', KEYS[kb + 1], ARGV[i]))
+  if lim and redis.call('HGET', KEYS[kb + 1], ARGV[i] .. ':soft') ~= '1' then
+    if spent(KEYS[kb + 2], ARGV[i]) + w > lim then return {'` + string(protocol.BudgetExhausted) + `', scope_level(ARGV[i])} end
   end
-end`, budgetLua + `local budgets = redis.call('EXISTS', K[1]) == 1
-local hold = tonumber(A[1])
+end`, budgetLua + `local budgets = S
+local hold = tonumber(ARGV[ab + 1])
 if hold <= 0 and not budgets then return false end
 local queued = false
-for i = 4, #A do
-  if hold > 0 then redis.call('HINCRBY', K[2], A[i] .. ':h', A[1]) end
-  if budgets and budget_alerts(K[1], K[2], K[3], K[4], A[i], A[2], A[3]) then queued = true end
+for i = ab + 4, ab + na do
+  if hold > 0 then redis.call('HINCRBY', KEYS[kb + 2], ARGV[i] .. ':h', ARGV[ab + 1]) end
+  if budgets and budget_alerts(KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3], KEYS[kb + 4], ARGV[i], ARGV[ab + 2], ARGV[ab + 3]) then queued = true end
 end
-redis.call('PEXPIRE', K[2], ` + spendTTL + `)
+redis.call('PEXPIRE', KEYS[kb + 2], ` + spendTTL + `)
 return queued`
 }
 

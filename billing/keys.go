@@ -5,17 +5,17 @@ package billing
 // and admission scripts touch one Redis Cluster slot; global keys (rate
 // cards) are only read by single-key commands.
 
+// prefix starts every key. An account's keys are "sg:{<account>}:…",
+// each built in one concatenation (one allocation).
 const prefix = "sg:"
-
-func tag(acct string) string { return prefix + "{" + acct + "}:" }
 
 // usageKey is an account's usage ledger STREAM: field "e" the JSON
 // [UsageEntry]. Example: sg:{acct_x}:usage
-func usageKey(acct string) string { return tag(acct) + "usage" }
+func usageKey(acct string) string { return prefix + "{" + acct + "}:usage" }
 
 // usageIDsKey is the SET of entry ids already in the usage ledger, so a
 // second append of one id is a no-op. Example: sg:{acct_x}:usage:ids
-func usageIDsKey(acct string) string { return tag(acct) + "usage:ids" }
+func usageIDsKey(acct string) string { return prefix + "{" + acct + "}:usage:ids" }
 
 // rateCardKey is a rate card's HASH: field "latest" its newest version,
 // field "<version>" that version's JSON. Global: read by single commands.
@@ -27,43 +27,43 @@ func rateCardsKey() string { return prefix + "ratecards" }
 
 // settingsKey is an account's billing settings HASH: configured, rate_card,
 // currency, credit_limit (micros), postpaid. Example: sg:{acct_x}:billing
-func settingsKey(acct string) string { return tag(acct) + "billing" }
+func settingsKey(acct string) string { return prefix + "{" + acct + "}:billing" }
 
 // fundsKey is an account's funds HASH of int64 micro-unit counters:
 // balance, holds, settled, credits, debits. Example: sg:{acct_x}:funds
-func fundsKey(acct string) string { return tag(acct) + "funds" }
+func fundsKey(acct string) string { return prefix + "{" + acct + "}:funds" }
 
 // holdsKey is the HASH of an account's open holds: field workspace id,
 // value the micro-units held. Example: sg:{acct_x}:holds
-func holdsKey(acct string) string { return tag(acct) + "holds" }
+func holdsKey(acct string) string { return prefix + "{" + acct + "}:holds" }
 
 // fundsLedgerKey is the STREAM of an account's operator credits and debits,
 // field "e" the JSON [FundsEntry]. Example: sg:{acct_x}:funds:ledger
-func fundsLedgerKey(acct string) string { return tag(acct) + "funds:ledger" }
+func fundsLedgerKey(acct string) string { return prefix + "{" + acct + "}:funds:ledger" }
 
 // fundsIDsKey is the HASH of the idempotency keys of an account's credits
 // and debits: field the key, value the entry JSON.
 // Example: sg:{acct_x}:funds:ids
-func fundsIDsKey(acct string) string { return tag(acct) + "funds:ids" }
+func fundsIDsKey(acct string) string { return prefix + "{" + acct + "}:funds:ids" }
 
 // budgetsKey is the HASH of an account's monthly budgets: field the scope
 // ("a", "i:<inst>", "g:<agent>", "i:<inst>:g:<agent>"), value the cap in
 // micros; field "<scope>:soft" is "1" for an alert-only budget.
 // Example: sg:{acct_x}:budgets
-func budgetsKey(acct string) string { return tag(acct) + "budgets" }
+func budgetsKey(acct string) string { return prefix + "{" + acct + "}:budgets" }
 
 // spendKey is the HASH of a calendar month's (UTC) spending per scope:
 // "<scope>:h" open holds admitted that month, "<scope>:s" settled that
 // month. Example: sg:{acct_x}:spend:202603
-func spendKey(acct, month string) string { return tag(acct) + "spend:" + month }
+func spendKey(acct, month string) string { return prefix + "{" + acct + "}:spend:" + month }
 
 // alertedKey is the SET of "<scope>:<percent>" budget thresholds already
 // alerted in a month. Example: sg:{acct_x}:alerted:202603
-func alertedKey(acct, month string) string { return tag(acct) + "alerted:" + month }
+func alertedKey(acct, month string) string { return prefix + "{" + acct + "}:alerted:" + month }
 
 // alertsKey is the LIST of budget alerts not yet written to the audit
 // log (JSON). Example: sg:{acct_x}:alerts
-func alertsKey(acct string) string { return tag(acct) + "alerts" }
+func alertsKey(acct string) string { return prefix + "{" + acct + "}:alerts" }
 
 // Webhook deliveries live in one hash slot, {webhook}, so that the
 // scripts below touch one Redis Cluster slot.

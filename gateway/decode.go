@@ -6,11 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"maps"
 	"net/http"
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
@@ -114,13 +114,24 @@ func checkTree(tree any, t reflect.Type, field string) error {
 	return nil
 }
 
-// checkObject is checkTree for a JSON object decoded into the struct type t.
-func checkObject(node map[string]any, t reflect.Type) error {
-	type field struct {
-		t        reflect.Type
-		nonEmpty bool
+// wireField is a struct field as checkObject sees it: its Go type, and
+// whether it is tagged wire:"nonempty".
+type wireField struct {
+	t        reflect.Type
+	nonEmpty bool
+}
+
+// wireFields maps a request struct type to its fields by exact JSON name.
+// A type's fields never change, so each is built once (as encoding/json
+// caches its own), not per request.
+var wireFields sync.Map // reflect.Type → map[string]wireField
+
+// fieldsOf returns the fields of the struct type t by exact JSON name.
+func fieldsOf(t reflect.Type) map[string]wireField {
+	if m, ok := wireFields.Load(t); ok {
+		return m.(map[string]wireField)
 	}
-	fields := map[string]field{}
+	fields := make(map[string]wireField, t.NumField())
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
@@ -128,10 +139,24 @@ func checkObject(node map[string]any, t reflect.Type) error {
 			name = f.Name
 		}
 		if name != "-" {
-			fields[name] = field{f.Type, f.Tag.Get("wire") == "nonempty"}
+			fields[name] = wireField{f.Type, f.Tag.Get("wire") == "nonempty"}
 		}
 	}
-	for _, k := range slices.Sorted(maps.Keys(node)) {
+	m, _ := wireFields.LoadOrStore(t, fields)
+	return m.(map[string]wireField)
+}
+
+// checkObject is checkTree for a JSON object decoded into the struct type t.
+func checkObject(node map[string]any, t reflect.Type) error {
+	fields := fieldsOf(t)
+	keys := make([]string, 0, len(node))
+	for k := range node {
+		keys = append(keys, k)
+	}
+	if len(keys) > 1 {
+		slices.Sort(keys)
+	}
+	for _, k := range keys {
 		f, ok := fields[k]
 		if !ok {
 			if len(k) > 64 {

@@ -38,16 +38,18 @@ func DataDirKey(provider string) string { return dataDirKey(provider) }
 func tokenKey(hash string) string { return prefix + "token:" + hash }
 
 // leasesKey is the SET of token hashes ever issued to an instance. Example: sg:{acct_x}:inst:inst_y:leases
-func leasesKey(acct, inst string) string { return instanceKey(acct, inst) + ":leases" }
+func leasesKey(acct, inst string) string { return prefix + "{" + acct + "}:inst:" + inst + ":leases" }
 
 // liveKey is the ZSET of an instance's concurrency slots: member workspace
 // id, score the slot's deadline in unix ms (pending deadline while
 // starting, expires_at once running). Example: sg:{acct_x}:inst:inst_y:live
-func liveKey(acct, inst string) string { return instanceKey(acct, inst) + ":live" }
+func liveKey(acct, inst string) string { return prefix + "{" + acct + "}:inst:" + inst + ":live" }
 
 // workspaceIndexKey is the ZSET of an instance's workspaces by creation
 // time in unix ms, for listing. Example: sg:{acct_x}:inst:inst_y:ws
-func workspaceIndexKey(acct, inst string) string { return instanceKey(acct, inst) + ":ws" }
+func workspaceIndexKey(acct, inst string) string {
+	return prefix + "{" + acct + "}:inst:" + inst + ":ws"
+}
 
 // liveIndexKey is the ZSET of an instance's workspaces not yet terminated
 // (starting, running or terminating), scored like workspaceIndexKey: the
@@ -134,14 +136,18 @@ func snapshotKey(acct, snap string) string { return prefix + "{" + acct + "}:sna
 // against max_snapshots: member snapshot id, score its deadline in unix ms
 // (the pending deadline while creating, expires_at once live); members at
 // or past their deadline no longer count. Example: sg:{acct_x}:inst:inst_y:snaps
-func snapshotQuotaKey(acct, inst string) string { return instanceKey(acct, inst) + ":snaps" }
+func snapshotQuotaKey(acct, inst string) string {
+	return prefix + "{" + acct + "}:inst:" + inst + ":snaps"
+}
 
 // snapshotBytesKey is the HASH of the sizes of an instance's live
 // snapshots: field snapshot id, value the provider's size in bytes, set
 // when a snapshot becomes live and removed when its deletion starts. Only
 // members of snapshotQuotaKey past now count against max_snapshot_bytes.
 // Example: sg:{acct_x}:inst:inst_y:snapbytes
-func snapshotBytesKey(acct, inst string) string { return instanceKey(acct, inst) + ":snapbytes" }
+func snapshotBytesKey(acct, inst string) string {
+	return prefix + "{" + acct + "}:inst:" + inst + ":snapbytes"
+}
 
 // snapshotExpiryKey is the ZSET of an account's snapshots not yet deleted,
 // scored like snapshotQuotaKey, for the reaper's TTL sweep.

@@ -320,3 +320,70 @@ func TestLiveWalkPrunesTheIndex(t *testing.T) {
 		}
 	})
 }
+
+// beforeCmd runs fn before each command named name (lower case).
+type beforeCmd struct {
+	name string
+	fn   func()
+}
+
+func (h *beforeCmd) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *beforeCmd) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == h.name {
+			h.fn()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *beforeCmd) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestLiveWalkWhileListedOnesEnd: a live listing lists every workspace
+// past its cursor exactly once while workspaces it already listed leave
+// the live index during its batches, even when more than a batch of them
+// share one score (creation times are whole seconds): an offset into such
+// a run would shift past entries it never read.
+func TestLiveWalkWhileListedOnesEnd(t *testing.T) {
+	eachCountedDB(t, func(t *testing.T, db *store.DB, _ *readCounter, acct string) {
+		ctx := context.Background()
+		inst := sandgate.NewID("inst_")
+		now := time.Now().UTC().Truncate(time.Second)
+		var all []string
+		for range 400 {
+			w, _ := newStarting(t, db, acct, inst, now)
+			all = append(all, w.ID)
+		}
+		slices.Sort(all) // one score: the walk's order
+		first, cursor, err := db.ListWorkspaces(ctx, acct, inst, "", 200, true, now)
+		if err != nil || len(first) != 200 || cursor == "" {
+			t.Fatalf("ListWorkspaces = %d, %q, %v; want 200 and a cursor", len(first), cursor, err)
+		}
+		// The second page's walk reads the 200 listed entries in batches
+		// before it finds one past its cursor; before its third batch, 50
+		// of the listed workspaces end (as releases take them out of the
+		// live index).
+		liveIdx := "sg:{" + acct + "}:inst:" + inst + ":ws:live"
+		batches := 0
+		db.Redis().AddHook(&beforeCmd{name: "zrangebyscore", fn: func() {
+			if batches++; batches == 3 {
+				for _, id := range all[:50] {
+					db.Redis().ZRem(ctx, liveIdx, id)
+				}
+			}
+		}})
+		rest, next, err := db.ListWorkspaces(ctx, acct, inst, cursor, 300, true, now)
+		if err != nil || next != "" {
+			t.Fatalf("ListWorkspaces = %q, %v; want the last page", next, err)
+		}
+		if batches < 3 {
+			t.Fatalf("the second page read %d batches; the test wants at least 3", batches)
+		}
+		if got, want := ids(rest), all[200:]; !slices.Equal(got, want) {
+			t.Errorf("second page lists %d workspaces; want the %d past the cursor", len(got), len(want))
+		}
+	})
+}

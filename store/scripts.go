@@ -70,9 +70,10 @@ local function out(code, st)
   if ARGV[5] ~= '' and code ~= 0 then return {code, st, redis.call('HGETALL', KEYS[2])} end
   return {code, st}
 end
-local st = redis.call('HGET', KEYS[2], 'state')
+local f = redis.call('HMGET', KEYS[2], 'state', 'instance')
+local st = f[1]
 if not st then return {0, ''} end
-if ARGV[5] ~= '' and redis.call('HGET', KEYS[2], 'instance') ~= ARGV[5] then return {0, ''} end
+if ARGV[5] ~= '' and f[2] ~= ARGV[5] then return {0, ''} end
 if st == 'terminated' or st == 'terminating' then return out(1, st) end
 local now = tonumber(ARGV[3])
 if ARGV[4] == 'expired' then

@@ -286,14 +286,16 @@ func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, lim
 	}
 	var out []sandgate.Workspace
 	// (score, id) is the last entry walked; each batch starts again at its
-	// score, so entries added or removed meanwhile never shift the walk
-	// (an offset would). skip only grows past a run of equal scores longer
-	// than a batch.
+	// score, with no offset, so entries added or removed meanwhile never
+	// shift the walk (an offset would: the live index loses entries while
+	// it is walked, and scores are whole seconds, so hundreds of entries
+	// can share one). Only a batch that holds nothing past (score, id), a
+	// run of equal scores longer than it, makes the next one larger.
 	score, id, seen := afterScore, afterID, cursor != ""
-	const batch = 100
-	for skip := int64(0); len(out) < limit; {
+	const firstBatch = 100
+	for batch := int64(firstBatch); len(out) < limit; {
 		zs, err := db.rdb.ZRangeByScoreWithScores(ctx, idx, &redis.ZRangeBy{
-			Min: strconv.FormatInt(score, 10), Max: "+inf", Offset: skip, Count: batch}).Result()
+			Min: strconv.FormatInt(score, 10), Max: "+inf", Count: batch}).Result()
 		if err != nil {
 			return nil, "", err
 		}
@@ -336,13 +338,13 @@ func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, lim
 				return out, makeCursor(score, id), nil
 			}
 		}
-		if len(zs) < batch {
+		if int64(len(zs)) < batch {
 			return out, "", nil
 		}
 		if advanced {
-			skip = 0
+			batch = firstBatch
 		} else {
-			skip += int64(len(zs))
+			batch *= 2
 		}
 	}
 	return out, "", nil
