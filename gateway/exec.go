@@ -16,7 +16,6 @@ import (
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
-	"github.com/sandgate/sandgate/store"
 )
 
 // exec is POST …/exec: not replayable, so it is never retried by anyone.
@@ -61,29 +60,22 @@ func (s *Server) exec(c echo.Context) error {
 			}
 		}()
 	}
-	if lerr := limited(); protocol.CodeOf(lerr) == protocol.RateLimited {
-		return lerr
-	} else if lerr != nil && err == nil {
-		s.log.Warn("rate limiter unavailable; request let through", slog.String(sandgate.KeyRequestID, requestID(c)), slog.Any("err", lerr))
+	if err := s.checkRead(c, w, err, limited); err != nil {
+		return err
 	}
-	switch {
-	case errors.Is(err, store.ErrNotFound) || (err == nil && w.InstanceID != a.Lease.InstanceID):
-		return errNotFound
-	case err != nil:
-		return unavailable(err)
-	case w.GoneAt(now):
-		if w.State == sandgate.WorkspaceRunning && !now.Before(w.ExpiresAt) {
-			// ExecBegin read only an exec's fields; ending it needs the record.
-			bg := context.WithoutCancel(ctx)
-			go func() {
-				if full, err := s.db.Workspace(bg, w.AccountID, w.ID); err == nil {
-					s.expireIfDue(bg, full, now)
-				}
-			}()
+	if err := checkUsable(w, now, func() {
+		if w.State != sandgate.WorkspaceRunning || now.Before(w.ExpiresAt) {
+			return
 		}
-		return protocol.E(protocol.WorkspaceGone, "the workspace has ended; acquire a new one")
-	case w.State == sandgate.WorkspaceStarting:
-		return &protocol.Error{Code: protocol.WorkspaceNotReady, Message: "the workspace is still starting; retry shortly", RetryAfter: time.Second}
+		// ExecBegin read only an exec's fields; ending it needs the record.
+		bg := context.WithoutCancel(ctx)
+		go func() {
+			if full, err := s.db.Workspace(bg, w.AccountID, w.ID); err == nil {
+				s.expireIfDue(bg, full, now)
+			}
+		}()
+	}); err != nil {
+		return err
 	}
 	spec.Timeout, clamped, err = clampToExpiry(spec.Timeout, clamped, lim, w.ExpiresAt.Sub(now))
 	if err != nil {

@@ -69,20 +69,30 @@ func (s *Server) loadWorkspaceLimited(c echo.Context, class admission.Class) (sa
 			limited = s.limiter.Queue(ctx, p, a.Lease.ID, class)
 		}
 	})
+	if err := s.checkRead(c, w, err, limited); err != nil {
+		return sandgate.Workspace{}, err
+	}
+	return w, nil
+}
+
+// checkRead answers a workspace read and the rate check that rode with it
+// (limited, nil for none), in every workspace route's order: 429, then 404
+// (no such workspace, or another instance's), then 503.
+func (s *Server) checkRead(c echo.Context, w sandgate.Workspace, err error, limited func() error) error {
 	if limited != nil {
 		if lerr := limited(); protocol.CodeOf(lerr) == protocol.RateLimited {
-			return sandgate.Workspace{}, lerr
+			return lerr
 		} else if lerr != nil && err == nil {
 			s.log.Warn("rate limiter unavailable; request let through", slog.String(sandgate.KeyRequestID, requestID(c)), slog.Any("err", lerr))
 		}
 	}
-	if errors.Is(err, store.ErrNotFound) || (err == nil && w.InstanceID != a.Lease.InstanceID) {
-		return sandgate.Workspace{}, errNotFound
+	if errors.Is(err, store.ErrNotFound) || (err == nil && w.InstanceID != authFrom(c).Lease.InstanceID) {
+		return errNotFound
 	}
 	if err != nil {
-		return sandgate.Workspace{}, unavailable(err)
+		return unavailable(err)
 	}
-	return w, nil
+	return nil
 }
 
 // usable returns the workspace, counting the request against the token's
@@ -94,14 +104,20 @@ func (s *Server) usable(c echo.Context, class admission.Class) (sandgate.Workspa
 		return w, err
 	}
 	now := s.clock.Now()
+	return w, checkUsable(w, now, func() { s.expireIfDue(c.Request().Context(), w, now) })
+}
+
+// checkUsable answers 410 for a workspace gone at now, after calling
+// expire (which ends one found past its deadline), and 409 while it starts.
+func checkUsable(w sandgate.Workspace, now time.Time, expire func()) error {
 	switch {
 	case w.GoneAt(now):
-		s.expireIfDue(c.Request().Context(), w, now)
-		return w, protocol.E(protocol.WorkspaceGone, "the workspace has ended; acquire a new one")
+		expire()
+		return protocol.E(protocol.WorkspaceGone, "the workspace has ended; acquire a new one")
 	case w.State == sandgate.WorkspaceStarting:
-		return w, &protocol.Error{Code: protocol.WorkspaceNotReady, Message: "the workspace is still starting; retry shortly", RetryAfter: time.Second}
+		return &protocol.Error{Code: protocol.WorkspaceNotReady, Message: "the workspace is still starting; retry shortly", RetryAfter: time.Second}
 	}
-	return w, nil
+	return nil
 }
 
 // expireIfDue ends a workspace found past its deadline, in the background.
