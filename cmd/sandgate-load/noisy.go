@@ -48,6 +48,10 @@ const forkTree = `$SIG{CHLD} = "IGNORE"; for (1 .. 3) { last if !fork } while (1
 // by its round count and the command's timeout.
 const memHog = `i=0; while [ $i -lt 100000 ]; do for j in 1 2 3 4; do perl -e '$x = "a" x (160 << 20); sleep 1' & done; wait; i=$((i+1)); done`
 
+// minNoisyPhase is the noisy phase's least length: several of B's cycles
+// (allocate up to its limit, be OOM-killed, start again).
+const minNoisyPhase = 5 * time.Second
+
 func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error {
 	if n < 1 || hold < 30*time.Second {
 		return errors.New("-n must be at least 1 and -hold at least 30s")
@@ -207,8 +211,16 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 			mu.Unlock()
 		}
 	})
+	// The phase lasts at least minNoisyPhase, n execs at a time, so that it
+	// spans B's whole allocate-and-be-killed cycle however fast C's execs are.
 	phaseStart := time.Now()
-	noisy, err := b.latencies(ctx, c, n, noiseStart.Add(hold-10*time.Second))
+	var noisy []time.Duration
+	var perr error
+	for perr == nil && (len(noisy) == 0 || time.Since(phaseStart) < minNoisyPhase) && len(noisy)%n == 0 {
+		var more []time.Duration
+		more, perr = b.latencies(ctx, c, n, noiseStart.Add(hold-10*time.Second))
+		noisy = append(noisy, more...)
+	}
 	phase := time.Since(phaseStart)
 	close(stop)
 	wg.Wait()
@@ -222,8 +234,8 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 		}
 		weights = append(weights, names[i]+" "+weight)
 	}
-	if err != nil {
-		return fmt.Errorf("noisy phase: %w", err)
+	if perr != nil {
+		return fmt.Errorf("noisy phase: %w", perr)
 	}
 	s.forks, s.ooms = cg.forksRefused(a)-forks0, cg.oomKills(bw)-ooms1
 
@@ -237,11 +249,11 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 	fmt.Printf("during it (%d samples, every 100 ms): A at ≥98%% of its cap in %d, at least %d of %d processes, %d forks refused; "+
 		"B peak memory %.0f of %.0f MiB, %d OOM kills\n\n", s.n, s.atCap, s.minPids, pidsMax, s.forks,
 		float64(s.maxMem)/(1<<20), float64(memLimit)/(1<<20), s.ooms)
-	fmt.Printf("| `exec true` in C (%d sequential) | p50 | p90 | max |\n| --- | ---: | ---: | ---: |\n", n)
+	fmt.Printf("| `exec true` in C (%d sequential quiet, %d noisy) | p50 | p90 | max |\n| --- | ---: | ---: | ---: |\n", len(quiet), len(noisy))
 	fmt.Printf("| quiet (A, B idle) | %s | %s | %s |\n", ms(q50), ms(q90), ms(slices.Max(quiet)))
 	fmt.Printf("| noisy (A at its process cap, B OOM-looping) | %s | %s | %s |\n", ms(z50), ms(z90), ms(slices.Max(noisy)))
 	fmt.Printf("| noisy ÷ quiet | %.2f × | %.2f × | — |\n", float64(z50)/float64(q50), float64(z90)/float64(q90))
-	if len(noisy) < n {
+	if len(noisy)%n != 0 {
 		return fmt.Errorf("the noisy phase measured only %d of %d execs before the neighbours' timeout (-hold)", len(noisy), n)
 	}
 	if s.atCap*10 < s.n*9 || s.ooms == 0 {
