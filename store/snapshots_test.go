@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/store"
 )
@@ -211,24 +210,11 @@ func TestSnapshotPendingExpiry(t *testing.T) {
 // newRunning admits and confirms a running workspace of a fresh account.
 func newRunning(t *testing.T, db *store.DB, acct, inst string, now time.Time) sandgate.Workspace {
 	t.Helper()
-	w := sandgate.Workspace{
-		ID: sandgate.NewID(sandgate.PrefixWorkspace), AccountID: acct, InstanceID: inst,
-		Label: "l", Size: "small", Image: "host", State: sandgate.WorkspaceStarting,
-		CreatedAt: now, ExpiresAt: now.Add(time.Hour), IdleTimeout: time.Minute, LastActivity: now,
-	}
-	p := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
-		IdempotencyTTL: time.Hour, PendingTimeout: time.Minute,
-		Risk: admission.RiskDefaults{AcquiresPerMinute: 1 << 20, MaxOpenWorkspaces: 1 << 20}})...)
-	key := sandgate.NewID("k")
-	err := p.Admit(context.Background(), &admission.Request{Workspace: w, Scope: sandgate.Scope{Limits: sandgate.Limits{MaxConcurrentWorkspaces: 1 << 20}},
-		Keys: store.AdmissionKeys(acct, inst, w.ID, key), KeyHash: key, RequestHash: "h", Now: now})
-	if err != nil {
-		t.Fatalf("Admit: %v", err)
-	}
+	w, key := newStarting(t, db, acct, inst, now)
 	if ok, err := db.Confirm(context.Background(), w, "ref-"+w.ID, now, key, "h"); err != nil || !ok {
 		t.Fatalf("Confirm: %v, %v", ok, err)
 	}
-	w, err = db.Workspace(context.Background(), acct, w.ID)
+	w, err := db.Workspace(context.Background(), acct, w.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
