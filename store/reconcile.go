@@ -46,6 +46,18 @@ if st == 'starting' or st == 'running' then return 0 end
 return redis.call('ZREM', KEYS[1], ARGV[1])
 `)
 
+// markBusyLua is a Lua function over a workspace's record and its busy
+// ZSET: member keeps the workspace busy until deadline (unix ms), and now
+// counts as activity. Spliced into the scripts that start an exec.
+const markBusyLua = `
+local function mark_busy(ws, busy, member, now, deadline)
+  redis.call('ZADD', busy, deadline, member)
+  if redis.call('PTTL', busy) < 0 then redis.call('PEXPIREAT', busy, deadline + 86400000) end
+  local top = redis.call('ZREVRANGE', busy, 0, 0, 'WITHSCORES')
+  redis.call('HSET', ws, 'activity_ms', now, 'busy_ms', top[2])
+end
+`
+
 // execBusyScript records an exec's start (ARGV[3] = "start") or end: an
 // exec in flight keeps the workspace busy until its deadline, exactly as a
 // durable command does, and both ends count as activity.
@@ -53,14 +65,13 @@ return redis.call('ZREM', KEYS[1], ARGV[1])
 // KEYS[1] workspace HASH, KEYS[2] workspace busy ZSET
 // ARGV[1] member, ARGV[2] now (unix ms), ARGV[3] start or end, ARGV[4] deadline (unix ms)
 // Returns 1, or 0 when there is no record.
-var execBusyScript = redis.NewScript(`
+var execBusyScript = redis.NewScript(markBusyLua + `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if ARGV[3] == 'start' then
-  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
-  if redis.call('PTTL', KEYS[2]) < 0 then redis.call('PEXPIREAT', KEYS[2], tonumber(ARGV[4]) + 86400000) end
-else
-  redis.call('ZREM', KEYS[2], ARGV[1])
+  mark_busy(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[4]))
+  return 1
 end
+redis.call('ZREM', KEYS[2], ARGV[1])
 local top = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 redis.call('HSET', KEYS[1], 'activity_ms', ARGV[2], 'busy_ms', top[2] or '0')
 return 1
@@ -69,7 +80,7 @@ return 1
 // execStartScript is an exec's first round trip: it reads the fields of
 // the workspace record an exec needs and, when the record can take the
 // exec now (running, of the caller's instance, before expires_at), marks
-// the exec busy exactly as execBusyScript's start does, with the deadline
+// the exec busy as execBusyScript's start does (mark_busy), with the deadline
 // the exec's timeout gets once clamped to expires_at, plus 30 s.
 //
 // KEYS[1] workspace HASH, KEYS[2] workspace busy ZSET
@@ -77,7 +88,7 @@ return 1
 // clamped to the scope), ARGV[4] the caller's instance
 // Returns {marked (1 or 0), id, instance, state, expires_ms, provider,
 // provider_ref} as read, or {0} when there is no record.
-var execStartScript = redis.NewScript(`
+var execStartScript = redis.NewScript(markBusyLua + `
 local f = redis.call('HMGET', KEYS[1], 'id', 'instance', 'state', 'expires_ms', 'provider', 'provider_ref')
 if not f[1] then return {0} end
 local now, exp = tonumber(ARGV[2]), tonumber(f[4] or '0') or 0
@@ -85,11 +96,7 @@ if f[3] ~= 'running' or f[2] ~= ARGV[4] or now >= exp then
   table.insert(f, 1, 0)
   return f
 end
-local deadline = math.min(now + tonumber(ARGV[3]), exp) + 30000
-redis.call('ZADD', KEYS[2], deadline, ARGV[1])
-if redis.call('PTTL', KEYS[2]) < 0 then redis.call('PEXPIREAT', KEYS[2], deadline + 86400000) end
-local top = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-redis.call('HSET', KEYS[1], 'activity_ms', ARGV[2], 'busy_ms', top[2])
+mark_busy(KEYS[1], KEYS[2], ARGV[1], ARGV[2], math.min(now + tonumber(ARGV[3]), exp) + 30000)
 table.insert(f, 1, 1)
 return f
 `)
@@ -110,26 +117,14 @@ return f
 // on their pipeline and nothing is marked: the caller checks their answers
 // first and marks the exec with ExecStarted.
 func (db *DB) ExecBegin(ctx context.Context, acct, inst, id, member string, timeout time.Duration, now time.Time, queue func(redis.Pipeliner)) (w sandgate.Workspace, marked bool, err error) {
-	key := workspaceKey(acct, id)
 	if queue != nil {
 		pipe := db.rdb.Pipeline()
 		if queue(pipe); pipe.Len() > 0 {
-			cmd := pipe.HGetAll(ctx, key)
-			if _, err := pipe.Exec(ctx); err != nil && !isNil(err) && cmd.Err() != nil {
-				return sandgate.Workspace{}, false, err
-			}
-			m, err := cmd.Result()
-			if err != nil {
-				return sandgate.Workspace{}, false, err
-			}
-			if len(m) == 0 {
-				return sandgate.Workspace{}, false, ErrNotFound
-			}
-			w, err = parseWorkspace(m)
+			w, err := db.workspaceOn(ctx, pipe, acct, id)
 			return w, false, err
 		}
 	}
-	res, err := execStartScript.Run(ctx, db.rdb, []string{key, busyKey(acct, id)},
+	res, err := execStartScript.Run(ctx, db.rdb, []string{workspaceKey(acct, id), busyKey(acct, id)},
 		execBusyPrefix+member, ms(now), timeout.Milliseconds(), inst).Slice()
 	if err != nil {
 		return sandgate.Workspace{}, false, err

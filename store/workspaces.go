@@ -148,6 +148,12 @@ func (db *DB) WorkspacePipelined(ctx context.Context, acct, id string, queue fun
 	if queue != nil {
 		queue(pipe)
 	}
+	return db.workspaceOn(ctx, pipe, acct, id)
+}
+
+// workspaceOn reads workspace id of account acct on pipe, with whatever
+// pipe already holds, in one round trip.
+func (db *DB) workspaceOn(ctx context.Context, pipe redis.Pipeliner, acct, id string) (sandgate.Workspace, error) {
 	cmd := pipe.HGetAll(ctx, workspaceKey(acct, id))
 	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) && cmd.Err() != nil {
 		return sandgate.Workspace{}, err
