@@ -308,6 +308,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		}
 		fd, release, err := p.ns.acquire(j.ref, o)
 		if err != nil {
+			go func() { (<-leaves).close() }() // never handed to bwrap
 			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
 		}
 		defer release()
@@ -648,12 +649,13 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			}
 		} else {
 			e.oom = lf.oom
-			// If bwrap dies first, the write fails at once and the error
-			// shows in its exit status. Options that outgrow the pipe's
-			// buffer block this thread until bwrap has read them.
+			// The timeout and ctx hold from here, the options' write
+			// included. If bwrap dies first, the write fails at once and
+			// the error shows in its exit status. Options that outgrow the
+			// pipe's buffer block this thread until bwrap has read them.
+			go watch(l.ctx, l.timeout, r, stop)
 			l.argsW.Write(l.opts)
 			l.argsW.Close()
-			go watch(l.ctx, l.timeout, r, stop)
 		}
 		e.exitErr = waitExited(pid)
 		if e.exitErr != nil {
@@ -661,6 +663,9 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			// this, nothing would enforce the timeout.
 			killExec(pid)
 		}
+		// The record names bwrap's pid with its start time: it must be
+		// read while that pid is still bwrap's, so before the reap below.
+		e.recorded = <-recorded
 		r.mu.Lock()
 		r.exited = true // from here on its pid may be reaped, and reused
 		e.timedOut = r.timedOut
@@ -673,7 +678,6 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			leaveNS(p.hostNS)
 		}
 		e.waitErr = cmd.Wait()
-		e.recorded = <-recorded
 		exited <- e
 	})
 	return exited
