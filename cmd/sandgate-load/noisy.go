@@ -53,8 +53,8 @@ const memHog = `i=0; while [ $i -lt 100000 ]; do for j in 1 2 3 4; do perl -e '$
 const minNoisyPhase = 5 * time.Second
 
 func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error {
-	if n < 1 || hold < 30*time.Second {
-		return errors.New("-n must be at least 1 and -hold at least 30s")
+	if n < 1 || hold < 2*time.Minute+15*time.Second {
+		return errors.New("-n must be at least 1 and -hold at least 2m15s (90 s for the neighbours to reach their limits, 30 s to settle, the phase, 10 s to spare)")
 	}
 	dir, bin, err := workDir(ctx, "sandgate-load-", bin)
 	if err != nil {
@@ -216,9 +216,11 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 	phaseStart := time.Now()
 	var noisy []time.Duration
 	var perr error
-	for perr == nil && (len(noisy) == 0 || time.Since(phaseStart) < minNoisyPhase) && len(noisy)%n == 0 {
+	deadline, want := noiseStart.Add(hold-10*time.Second), 0
+	for perr == nil && (want == 0 || time.Since(phaseStart) < minNoisyPhase && time.Now().Before(deadline)) {
 		var more []time.Duration
-		more, perr = b.latencies(ctx, c, n, noiseStart.Add(hold-10*time.Second))
+		want += n
+		more, perr = b.latencies(ctx, c, n, deadline)
 		noisy = append(noisy, more...)
 	}
 	phase := time.Since(phaseStart)
@@ -253,8 +255,8 @@ func runNoisy(ctx context.Context, bin string, n int, hold time.Duration) error 
 	fmt.Printf("| quiet (A, B idle) | %s | %s | %s |\n", ms(q50), ms(q90), ms(slices.Max(quiet)))
 	fmt.Printf("| noisy (A at its process cap, B OOM-looping) | %s | %s | %s |\n", ms(z50), ms(z90), ms(slices.Max(noisy)))
 	fmt.Printf("| noisy ÷ quiet | %.2f × | %.2f × | — |\n", float64(z50)/float64(q50), float64(z90)/float64(q90))
-	if len(noisy)%n != 0 {
-		return fmt.Errorf("the noisy phase measured only %d of %d execs before the neighbours' timeout (-hold)", len(noisy), n)
+	if len(noisy) < want {
+		return fmt.Errorf("the noisy phase measured only %d of %d execs before the neighbours' timeout (-hold)", len(noisy), want)
 	}
 	if s.atCap*10 < s.n*9 || s.ooms == 0 {
 		return errors.New("the neighbours were not at their limits throughout the noisy phase (see above)")
