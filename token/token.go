@@ -79,8 +79,20 @@ func Valid(s, prefix string) bool {
 
 // Hash returns the hex SHA-256 of a token: the only form the broker stores.
 func Hash(s sandgate.Secret) string {
-	sum := sha256.Sum256([]byte(s.Reveal()))
-	return hex.EncodeToString(sum[:])
+	var hexed [HashLen]byte
+	return string(HashInto(&hexed, s))
+}
+
+// HashLen is the length of Hash's answer.
+const HashLen = 2 * sha256.Size
+
+// HashInto writes Hash's answer into dst, for a caller that looks it up
+// without allocating a string, and returns dst's slice.
+func HashInto(dst *[HashLen]byte, s sandgate.Secret) []byte {
+	var raw [Len]byte
+	sum := sha256.Sum256(append(raw[:0], s.Reveal()...))
+	hex.Encode(dst[:], sum[:])
+	return dst[:]
 }
 
 // DisplayPrefix returns the first characters of a token, enough for an
