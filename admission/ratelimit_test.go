@@ -159,11 +159,6 @@ func TestLimiterBatchFollowsRate(t *testing.T) {
 	}
 }
 
-// TestLimiterAcrossGateways: two gateways (two limiters, two clients) share
-// one token's limit in Redis. Together they let through no more than the
-// limit allows in the time it took (burst + rate × elapsed) plus one and
-// a half of the largest batch (MaxBatch) per gateway, and no fewer than
-// the burst minus what each may hold unspent.
 // TestLimiterBucket: a Bucket spends from the requests Allow holds for its
 // lease and class, and after the buckets start over from the new bucket
 // of its key, so that a process never holds two batches of one key.
@@ -201,6 +196,11 @@ func TestLimiterBucket(t *testing.T) {
 	}
 }
 
+// TestLimiterAcrossGateways: two gateways (two limiters, two clients) share
+// one token's limit in Redis. Together they let through no more than the
+// limit allows in the time it took (burst + rate × elapsed) plus one and
+// a half of the largest batch (MaxBatch) per gateway, and no fewer than
+// the burst minus what each may hold unspent.
 func TestLimiterAcrossGateways(t *testing.T) {
 	rs := redistest.Start(t)
 	rate := admission.Rate{PerSecond: 2, Burst: 200} // batches of 10 to 50
