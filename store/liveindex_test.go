@@ -274,6 +274,17 @@ func TestLiveIndexUpgrade(t *testing.T) {
 		if got := ids(page); err != nil || !slices.Equal(got, want) {
 			t.Errorf("ListWorkspaces(live) = %v, %v; want %v", got, err, want)
 		}
+		// One an older broker admitted since, listed before any walk
+		// has met it.
+		byOld2 := newRunning(t, old, acct, inst, now)
+		if err := rdb.ZRem(ctx, liveIndex, byOld2.ID).Err(); err != nil {
+			t.Fatal(err)
+		}
+		want = sorted(run.ID, starting.ID, byOld.ID, byOld2.ID)
+		page, _, err = db.ListWorkspaces(ctx, acct, inst, "", 100, true, now)
+		if got := ids(page); err != nil || !slices.Equal(got, want) {
+			t.Errorf("ListWorkspaces(live), before any walk = %v, %v; want %v", got, err, want)
+		}
 	})
 }
 

@@ -285,6 +285,11 @@ func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, lim
 		if err := db.ensureLiveIndex(ctx, acct, inst); err != nil {
 			return nil, "", err
 		}
+		if cursor == "" { // once per walk: what an older broker admitted since
+			if _, err := db.liveIDs(ctx, acct, inst, nil); err != nil {
+				return nil, "", err
+			}
+		}
 		idx = liveIndexKey(acct, inst)
 	} else {
 		// Index entries older than retention can only name expired records.
@@ -422,17 +427,17 @@ func (db *DB) indexLive(ctx context.Context, acct, inst string, ids []string) er
 // round trip for both sets (which also prunes the full index past
 // retention), then one per indexBatch records. Entries of
 // the live index whose record is gone or terminated (ended by a broker
-// without the live index) are removed from it.
-func (db *DB) instanceLive(ctx context.Context, acct, inst string, now time.Time) ([]sandgate.Workspace, error) {
-	if err := db.ensureLiveIndex(ctx, acct, inst); err != nil {
-		return nil, err
-	}
-	lidx := liveIndexKey(acct, inst)
+
+// liveIDs returns the ids in instance inst's live index after adding the
+// members of its concurrency slots the index lacks: workspaces a broker
+// without the live index admitted. queue adds commands to the same round
+// trip.
+func (db *DB) liveIDs(ctx context.Context, acct, inst string, queue func(redis.Pipeliner)) ([]string, error) {
 	pipe := db.rdb.Pipeline()
-	// The full index's entries older than retention, as ListWorkspaces
-	// prunes them: the background walks keep it bounded.
-	pipe.ZRemRangeByScore(ctx, workspaceIndexKey(acct, inst), "-inf", "("+strconv.FormatInt(ms(now.Add(-db.cfg.Retention-24*time.Hour)), 10))
-	indexedCmd := pipe.ZRange(ctx, lidx, 0, -1)
+	if queue != nil {
+		queue(pipe)
+	}
+	indexedCmd := pipe.ZRange(ctx, liveIndexKey(acct, inst), 0, -1)
 	slotsCmd := pipe.ZRange(ctx, liveKey(acct, inst), 0, -1)
 	if _, err := pipe.Exec(ctx); err != nil && !isNil(err) {
 		return nil, err
@@ -452,6 +457,23 @@ func (db *DB) instanceLive(ctx context.Context, acct, inst string, now time.Time
 		if err := db.indexLive(ctx, acct, inst, ids[nIndexed:]); err != nil {
 			return nil, err
 		}
+	}
+	return ids, nil
+}
+
+// without the live index) are removed from it.
+func (db *DB) instanceLive(ctx context.Context, acct, inst string, now time.Time) ([]sandgate.Workspace, error) {
+	if err := db.ensureLiveIndex(ctx, acct, inst); err != nil {
+		return nil, err
+	}
+	lidx := liveIndexKey(acct, inst)
+	ids, err := db.liveIDs(ctx, acct, inst, func(pipe redis.Pipeliner) {
+		// The full index's entries older than retention, as ListWorkspaces
+		// prunes them: the background walks keep it bounded.
+		pipe.ZRemRangeByScore(ctx, workspaceIndexKey(acct, inst), "-inf", "("+strconv.FormatInt(ms(now.Add(-db.cfg.Retention-24*time.Hour)), 10))
+	})
+	if err != nil {
+		return nil, err
 	}
 	out := make([]sandgate.Workspace, 0, len(ids))
 	var stale []any
