@@ -31,8 +31,10 @@ type authEntry struct {
 	buckets [len(limitedClasses)]atomic.Pointer[admission.Bucket]
 }
 
-// limitedClasses are the classes whose rate limiter buckets an authEntry keeps.
-var limitedClasses = [...]admission.Class{admission.ClassRead, admission.ClassAcquire, admission.ClassExec}
+// limitedClasses are the classes limited before their handler (rateLimit),
+// whose rate limiter buckets an authEntry keeps. Exec and files are counted
+// in their workspace read's pipeline instead.
+var limitedClasses = [...]admission.Class{admission.ClassRead, admission.ClassAcquire}
 
 // bucket returns the lease's bucket of class i of limitedClasses.
 func (e *authEntry) bucket(l *admission.Limiter, i int) *admission.Bucket {

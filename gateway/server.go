@@ -504,18 +504,16 @@ func (p panicError) Error() string { return "panic" }
 // still report it.
 func (s *Server) rateLimit(class admission.Class) echo.MiddlewareFunc {
 	slot := slices.Index(limitedClasses[:], class)
+	if slot < 0 {
+		panic("gateway: rateLimit of a class not in limitedClasses: " + string(class))
+	}
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			var err error
-			if e := authEntryFrom(c); slot >= 0 {
-				var start time.Time // the limiter's clock's reading of the request (observe), not s.clock's
-				if rc := reqOf(c); rc != nil {
-					start = rc.start
-				}
-				err = s.limiter.AllowBucket(c.Request().Context(), e.bucket(s.limiter, slot), start)
-			} else {
-				err = s.limiter.Allow(c.Request().Context(), e.Lease.ID, class)
+			var start time.Time // the limiter's clock's reading of the request (observe), not s.clock's
+			if rc := reqOf(c); rc != nil {
+				start = rc.start
 			}
+			err := s.limiter.AllowBucket(c.Request().Context(), authEntryFrom(c).bucket(s.limiter, slot), start)
 			if protocol.CodeOf(err) == protocol.RateLimited {
 				return err
 			}
