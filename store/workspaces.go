@@ -58,11 +58,11 @@ func (db *DB) Confirm(ctx context.Context, w sandgate.Workspace, providerRef str
 	return ok, err
 }
 
-// ConfirmRecord is Confirm that also returns the workspace's record as the
-// same script left it (ErrNotFound when there is none), so an Acquire
-// answers without another read. w must be the record admission wrote:
-// once confirmed, the record is w with the script's changes, and the
-// script answers it only when it refused.
+// ConfirmRecord is Confirm that also returns the workspace's record
+// (ErrNotFound when there is none), so an Acquire answers without another
+// read. w must be the record admission wrote: once confirmed, the record
+// is w with the script's changes, built here; the script answers the
+// record only when it refused.
 func (db *DB) ConfirmRecord(ctx context.Context, w sandgate.Workspace, providerRef string, startedAt time.Time, keyHash, requestHash string) (sandgate.Workspace, bool, error) {
 	keys := []string{
 		liveKey(w.AccountID, w.InstanceID),
@@ -96,10 +96,10 @@ func (db *DB) ConfirmRecord(ctx context.Context, w sandgate.Workspace, providerR
 		return sandgate.Workspace{}, false, fmt.Errorf("confirm: %w", err)
 	}
 	if len(m) == 0 {
-		return sandgate.Workspace{}, ok == 1, ErrNotFound
+		return sandgate.Workspace{}, false, ErrNotFound
 	}
 	cur, err := parseWorkspace(m)
-	return cur, ok == 1, err
+	return cur, false, err
 }
 
 // flatHash decodes a HASH a script returned as HGETALL's flat list of
