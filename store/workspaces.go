@@ -303,6 +303,14 @@ func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, lim
 	// can share one). Only a batch that holds nothing past (score, id), a
 	// run of equal scores longer than it, makes the next one larger.
 	score, id, seen := afterScore, afterID, cursor != ""
+	// Entries that name no record to list leave the index in one call, on
+	// the way out.
+	var stale []any
+	defer func() {
+		if len(stale) > 0 {
+			db.rdb.ZRem(ctx, idx, stale...)
+		}
+	}()
 	const firstBatch = 100
 	for batch := int64(firstBatch); len(out) < limit; {
 		zs, err := db.rdb.ZRangeByScoreWithScores(ctx, idx, &redis.ZRangeBy{
@@ -333,7 +341,7 @@ func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, lim
 			score, id, seen, advanced = int64(z.Score), z.Member.(string), true, true
 			m := cmds[i].Val()
 			if len(m) == 0 {
-				db.rdb.ZRem(ctx, idx, z.Member) // the record's retention ran out
+				stale = append(stale, z.Member) // the record's retention ran out
 				continue
 			}
 			w, err := parseWorkspace(m)
@@ -341,7 +349,7 @@ func (db *DB) ListWorkspaces(ctx context.Context, acct, inst, cursor string, lim
 				return nil, "", err
 			}
 			if liveOnly && w.State == sandgate.WorkspaceTerminated {
-				db.rdb.ZRem(ctx, idx, z.Member) // ended by a broker without the live index
+				stale = append(stale, z.Member) // ended by a broker without the live index
 				continue
 			}
 			out = append(out, w)
