@@ -82,3 +82,77 @@ func TestRowEncodersAsExportRow(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRowCodec is the export's work per row without Redis: decode a
+// stored entry (the benchmark's seeded form) and append its CSV and JSONL
+// rows. BenchmarkExport measures it beside a raw XRANGE.
+func BenchmarkRowCodec(b *testing.B) {
+	end := time.Date(2026, 10, 3, 4, 5, 6, 789_000_000, time.UTC)
+	e := UsageEntry{ID: "ws_c9vv7k8g:final", Kind: KindUsage, Final: true, AccountID: "acct_bench", InstanceID: "inst_bench3",
+		WorkspaceID: "ws_c9vv7k8g", Agent: "coder", RunID: "3f1e2d4c-0000-4000-8000-000000000000", Size: "medium",
+		Image: "python:3.12", Provider: "local", RateCard: "standard", RateCardVersion: 1, Currency: "USD",
+		UnitPriceMicros: 389, Seconds: 1234, AmountMicros: 389 * 1234, StartedAt: end.Add(-1234 * time.Second),
+		EndedAt: end, TerminatedAt: end, TerminationReason: "released"}
+	j, err := json.Marshal(e)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := string(j)
+	row := make([]byte, 0, 1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		var got UsageEntry
+		if err := decodeEntryJSON(s, &got); err != nil {
+			b.Fatal(err)
+		}
+		row = appendCSVRow(row[:0], &got)
+		row = appendJSONRow(row[:0], &got)
+	}
+}
+
+// TestPlain checks the eight-bytes-at-a-time scan against the byte loop
+// for every byte value at every offset of strings of several lengths.
+func TestPlain(t *testing.T) {
+	naive := func(v string) bool {
+		for i := 0; i < len(v); i++ {
+			if v[i] == '\\' || v[i] < 0x20 {
+				return false
+			}
+		}
+		return true
+	}
+	for _, n := range []int{1, 7, 8, 9, 16, 23} {
+		for pos := 0; pos < n; pos++ {
+			for c := 0; c < 256; c++ {
+				b := bytes.Repeat([]byte{'a'}, n)
+				b[pos] = byte(c)
+				if pos > 0 {
+					b[pos-1] = 0xff // a high byte beside it must not hide it
+				}
+				if got, want := plain(string(b)), naive(string(b)); got != want {
+					t.Fatalf("plain(%q) = %v; want %v", b, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestAppendExportTime checks the digit-by-digit writer against
+// AppendFormat of the export layout, years beyond four digits included.
+func TestAppendExportTime(t *testing.T) {
+	loc := time.FixedZone("x", -5*3600-30*60)
+	times := []time.Time{
+		time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(1, 2, 3, 4, 5, 6, 7_000_000, time.UTC),
+		time.Date(999, 12, 31, 23, 59, 59, 999_999_999, time.UTC), time.Date(9999, 12, 31, 23, 59, 59, 999_000_000, time.UTC),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 6, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 12, 1, 19, 0, 0, 120_000_000, loc),
+	}
+	for i := range 2000 {
+		times = append(times, time.UnixMilli(int64(i)*1_234_567_891_3).UTC())
+	}
+	for _, tm := range times {
+		if got, want := string(appendExportTime(nil, tm)), tm.UTC().Format(exportLayout); got != want {
+			t.Errorf("appendExportTime(%v) = %q; want %q", tm, got, want)
+		}
+	}
+}
