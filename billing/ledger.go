@@ -78,10 +78,11 @@ const scanPage = 500
 
 // Scan calls fn, in ledger order, for every entry of acct whose
 // TerminatedAt is in [from, to); a zero from or to leaves that side open.
-// It pages the stream 500 entries at a time, reading the next page while
-// fn is called for the entries of this one, so memory is constant (two
-// pages) and Redis's latency overlaps the work of fn. An entry's stream id
-// is never earlier than its TerminatedAt (see appendScript), so the walk
+// It pages the stream 500 entries at a time. A reader reads and decodes
+// the next pages while fn is called for the entries of this one, so memory
+// is constant (scanPages pages, whose buffers are reused) and Redis's
+// latency and the decoding overlap the work of fn. An entry's stream id is
+// never earlier than its TerminatedAt (see appendScript), so the walk
 // starts at from. fn's error stops the walk and is returned.
 func (l *Ledger) Scan(ctx context.Context, acct string, from, to time.Time, fn func(UsageEntry) error) error {
 	start := "-"
@@ -91,16 +92,44 @@ func (l *Ledger) Scan(ctx context.Context, acct string, from, to time.Time, fn f
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the reader when fn fails
 	type page struct {
-		msgs []redis.XMessage
-		err  error
+		entries []UsageEntry
+		err     error
 	}
 	pages := make(chan page, 1)
+	// free holds the pages fn is done with; the reader fills them again.
+	free := make(chan []UsageEntry, scanPages)
+	for range scanPages {
+		free <- make([]UsageEntry, 0, scanPage)
+	}
 	go func() {
 		defer close(pages)
 		for {
-			msgs, err := l.rdb.XRangeN(ctx, usageKey(acct), start, "+", scanPage).Result()
+			var buf []UsageEntry
 			select {
-			case pages <- page{msgs, err}:
+			case buf = <-free:
+			case <-ctx.Done():
+				return
+			}
+			msgs, err := l.rdb.XRangeN(ctx, usageKey(acct), start, "+", scanPage).Result()
+			if err != nil {
+				err = fmt.Errorf("usage ledger: %w", err)
+			}
+			buf = buf[:0]
+			for _, m := range msgs {
+				if err != nil {
+					break
+				}
+				var e UsageEntry
+				if err = decodeEntry(m, &e); err != nil {
+					break
+				}
+				if !from.IsZero() && e.TerminatedAt.Before(from) || !to.IsZero() && !e.TerminatedAt.Before(to) {
+					continue
+				}
+				buf = append(buf, e)
+			}
+			select {
+			case pages <- page{buf, err}:
 			case <-ctx.Done():
 				return
 			}
@@ -111,32 +140,32 @@ func (l *Ledger) Scan(ctx context.Context, acct string, from, to time.Time, fn f
 		}
 	}()
 	for p := range pages {
+		for i := range p.entries {
+			if err := fn(p.entries[i]); err != nil {
+				return err
+			}
+		}
 		if p.err != nil {
-			return fmt.Errorf("usage ledger: %w", p.err)
+			// The entries before a bad one are called, as before the
+			// decoding moved to the reader.
+			return p.err
 		}
-		for _, m := range p.msgs {
-			e, err := decodeEntry(m)
-			if err != nil {
-				return err
-			}
-			if !from.IsZero() && e.TerminatedAt.Before(from) || !to.IsZero() && !e.TerminatedAt.Before(to) {
-				continue
-			}
-			if err := fn(e); err != nil {
-				return err
-			}
-		}
+		clear(p.entries) // drop the page's strings before it waits in free
+		free <- p.entries
 	}
 	return ctx.Err()
 }
 
-func decodeEntry(m redis.XMessage) (UsageEntry, error) {
-	var e UsageEntry
+// scanPages is how many pages a Scan holds at most: one fn works on, one
+// waiting for it, one the reader fills.
+const scanPages = 3
+
+func decodeEntry(m redis.XMessage, e *UsageEntry) error {
 	s, _ := m.Values["e"].(string)
-	if err := decodeEntryJSON(s, &e); err != nil {
-		return e, fmt.Errorf("usage ledger entry %s: %w", m.ID, err)
+	if err := decodeEntryJSON(s, e); err != nil {
+		return fmt.Errorf("usage ledger entry %s: %w", m.ID, err)
 	}
-	return e, nil
+	return nil
 }
 
 // Append writes e to its account's ledger unless an entry with its ID is
