@@ -311,7 +311,7 @@ func (s *Server) observe(c *reqContext) {
 	}
 	s.endSpan(span, c, code)
 	if s.tel.duration != nil {
-		s.tel.duration.Record(ctx, end.Sub(start).Seconds(), m.duration...)
+		s.recordDuration(ctx, m, end.Sub(start).Seconds())
 	}
 }
 
