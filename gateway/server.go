@@ -289,9 +289,10 @@ func (s *Server) serveBody(c *reqContext) error {
 }
 
 // observe serves the request inside its server span (telemetry.go), and
-// records its latency in MetricRequestDuration. A plaintext request is
-// refused there, neither logged nor counted in MetricRequests; every
-// other is, once answered (accessLog).
+// records its latency in MetricRequestDuration (recordDuration: in a
+// batch that every collection sees). A plaintext request is refused
+// there, neither logged nor counted in MetricRequests; every other is,
+// once answered (accessLog).
 func (s *Server) observe(c *reqContext) {
 	start := time.Now()
 	c.start = start
@@ -311,7 +312,7 @@ func (s *Server) observe(c *reqContext) {
 	}
 	s.endSpan(span, c, code)
 	if s.tel.duration != nil {
-		s.tel.duration.Record(ctx, end.Sub(start).Seconds(), m.duration...)
+		s.recordDuration(ctx, m, end.Sub(start).Seconds())
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 
 	"github.com/labstack/echo/v4"
@@ -101,6 +102,58 @@ type measureOpts struct {
 	n        atomic.Int64
 	count    []metric.ObserveOption // MetricRequests: route, status, code
 	duration []metric.RecordOption  // MetricRequestDuration: route, status
+
+	// pending are latencies of the key not yet recorded in
+	// MetricRequestDuration (durationBatch). One Record on a request's
+	// path costs a walk through the metric SDK's structures, cold by the
+	// time the next request comes; appending a value costs a cache line,
+	// and a batch is recorded in one hot loop. observeRequests records
+	// what is pending before every collection, so a collection sees every
+	// request answered before it, as if each had been recorded at once.
+	mu      sync.Mutex
+	pending []float64
+}
+
+// durationBatch is how many latencies of one key wait before the request
+// that fills the batch records them.
+const durationBatch = 64
+
+// recordDuration records d seconds of a request of m in
+// MetricRequestDuration. A request in a sampled span is recorded at once,
+// with its context, so that an exemplar can name its trace; without one
+// the SDK's default (trace-based) exemplar filter keeps no exemplar, and
+// the latency waits in m's batch.
+func (s *Server) recordDuration(ctx context.Context, m *measureOpts, d float64) {
+	if trace.SpanContextFromContext(ctx).IsSampled() {
+		s.tel.duration.Record(ctx, d, m.duration...)
+		return
+	}
+	m.mu.Lock()
+	if m.pending == nil {
+		m.pending = make([]float64, 0, durationBatch)
+	}
+	m.pending = append(m.pending, d)
+	var full []float64
+	if len(m.pending) == durationBatch {
+		full, m.pending = m.pending, nil
+	}
+	m.mu.Unlock()
+	s.recordPending(full, m)
+}
+
+// flushDurations records m's pending latencies.
+func (s *Server) flushDurations(m *measureOpts) {
+	m.mu.Lock()
+	full := m.pending
+	m.pending = nil
+	m.mu.Unlock()
+	s.recordPending(full, m)
+}
+
+func (s *Server) recordPending(vals []float64, m *measureOpts) {
+	for _, d := range vals {
+		s.tel.duration.Record(context.Background(), d, m.duration...)
+	}
 }
 
 // measures returns the measurements of a request's key, made on its
@@ -122,10 +175,16 @@ func (s *Server) measures(route string, status int, code protocol.Code) *measure
 	return v.(*measureOpts)
 }
 
-// observeRequests reports MetricRequests: every key's count so far.
+// observeRequests reports MetricRequests: every key's count so far. It
+// runs before each collection reads the instruments (the metric SDK runs
+// callbacks first), so it also records every key's pending latencies in
+// MetricRequestDuration (recordDuration).
 func (s *Server) observeRequests(_ context.Context, o metric.Int64Observer) error {
 	s.measureSets.Range(func(_, v any) bool {
 		m := v.(*measureOpts)
+		if s.tel.duration != nil {
+			s.flushDurations(m)
+		}
 		if n := m.n.Load(); n > 0 {
 			o.Observe(n, m.count...)
 		}

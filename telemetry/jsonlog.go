@@ -25,6 +25,7 @@ type jsonHandler struct {
 	level slog.Leveler
 	pre   []byte      // attributes of WithAttrs, encoded: `"k":v,"k2":v2`
 	secs  *timePrefix // the last second's time written, shared with WithAttrs's handlers
+	held  *LogWriter  // lw, when it is a LogWriter: HandleAttrs's lines wait in it unencoded
 }
 
 // lockedWriter serialises the fast path's writes with slog's handler's.
@@ -48,7 +49,8 @@ func newJSONHandler(w io.Writer, opts *slog.HandlerOptions) *jsonHandler {
 	} else {
 		lw = &lockedWriter{w: w}
 	}
-	return &jsonHandler{std: slog.NewJSONHandler(lw, opts), lw: lw, level: opts.Level, secs: new(timePrefix)}
+	held, _ := lw.(*LogWriter)
+	return &jsonHandler{std: slog.NewJSONHandler(lw, opts), lw: lw, level: opts.Level, secs: new(timePrefix), held: held}
 }
 
 func (h *jsonHandler) Enabled(_ context.Context, l slog.Level) bool {
@@ -94,6 +96,11 @@ func (h *jsonHandler) appendRecord(buf []byte, r slog.Record) ([]byte, bool) {
 // encode itself are made a record, for slog's handler. It keeps nothing
 // of attrs once it returns.
 func (h *jsonHandler) HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error {
+	if h.held != nil && deferrable(t, msg, attrs) {
+		if ok, err := h.held.writeLine(h, t, level, msg, attrs); ok {
+			return err
+		}
+	}
 	bp := jsonBufs.Get().(*[]byte)
 	buf, ok := h.appendHead((*bp)[:0], t, level, msg)
 	for i := 0; ok && i < len(attrs); i++ {
@@ -110,6 +117,59 @@ func (h *jsonHandler) HandleAttrs(ctx context.Context, t time.Time, level slog.L
 	}
 	h.putBuf(bp, buf)
 	return err
+}
+
+// appendLine appends the line HandleAttrs writes, for attributes that
+// deferrable accepted.
+func (h *jsonHandler) appendLine(buf []byte, t time.Time, level slog.Level, msg string, attrs []slog.Attr) []byte {
+	buf, _ = h.appendHead(buf, t, level, msg)
+	for i := range attrs {
+		buf = append(buf, ',')
+		buf, _ = appendJSONAttr(buf, attrs[i])
+	}
+	return append(buf, '}', '\n')
+}
+
+// Unix seconds well inside the years slog's handler writes (0 to 9999),
+// in any location.
+const (
+	minDeferUnix = -62135596800 + 2*86400 // 0001-01-03
+	maxDeferUnix = 253402300799 - 2*86400 // 9999-12-29
+)
+
+// deferrable reports whether the fast path is certain to encode a line of
+// t, msg and attrs (appendHead and appendJSONAttr would not refuse it), and
+// every attribute is a value that cannot change before it is encoded: of
+// the kinds string, integer, boolean, finite float and duration.
+func deferrable(t time.Time, msg string, attrs []slog.Attr) bool {
+	if !t.IsZero() {
+		if u := t.Unix(); u < minDeferUnix || u > maxDeferUnix {
+			return false
+		}
+	}
+	if !plainString(msg) {
+		return false
+	}
+	for i := range attrs {
+		a := &attrs[i]
+		if a.Key == "" || !plainString(a.Key) {
+			return false
+		}
+		switch a.Value.Kind() {
+		case slog.KindString:
+			if !plainString(a.Value.String()) {
+				return false
+			}
+		case slog.KindInt64, slog.KindUint64, slog.KindBool, slog.KindDuration:
+		case slog.KindFloat64:
+			if f := a.Value.Float64(); math.IsNaN(f) || math.IsInf(f, 0) {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // putBuf keeps buf, the line buffer of bp, for reuse unless it grew large.
@@ -312,7 +372,7 @@ func (h *jsonHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	if len(attrs) == 0 {
 		return h
 	}
-	n := &jsonHandler{std: h.std.WithAttrs(attrs), lw: h.lw, level: h.level, secs: h.secs}
+	n := &jsonHandler{std: h.std.WithAttrs(attrs), lw: h.lw, level: h.level, secs: h.secs, held: h.held}
 	pre := append([]byte(nil), h.pre...)
 	for _, a := range attrs {
 		if len(pre) > 0 {

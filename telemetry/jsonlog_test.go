@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -178,5 +179,50 @@ func TestPlainString(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestLogWriterHeldLinesKeepOrder: lines the fast path holds unencoded in
+// a LogWriter come out where they were logged among the lines written as
+// bytes (slog's handler's, and the fast path's records), and as an
+// unbuffered handler writes them.
+func TestLogWriterHeldLinesKeepOrder(t *testing.T) {
+	at := time.Date(2026, 12, 1, 15, 44, 39, 123456789, time.UTC)
+	opts := &slog.HandlerOptions{Level: slog.LevelDebug, ReplaceAttr: millis}
+	var got, want bytes.Buffer
+	lw := NewLogWriter(&got, time.Hour)
+	buffered := newJSONHandler(lw, opts).WithAttrs([]slog.Attr{slog.String("component", "gateway")})
+	std := slog.NewJSONHandler(&want, opts).WithAttrs([]slog.Attr{slog.String("component", "gateway")})
+	attrs := make([]slog.Attr, 3) // reused by the caller, as the gateway's access log does
+	for i := range 300 {
+		at = at.Add(time.Duration(i) * 7 * time.Millisecond)
+		attrs[0], attrs[1], attrs[2] = slog.String("request_id", fmt.Sprint("req_", i)), slog.Int("status", 200+i), slog.Duration("duration", time.Duration(i)*time.Microsecond)
+		r := slog.NewRecord(at, slog.LevelInfo, "request", 0)
+		r.AddAttrs(attrs...)
+		_ = std.Handle(context.Background(), r)
+		if err := buffered.(attrsHandler).HandleAttrs(context.Background(), at, slog.LevelInfo, "request", attrs); err != nil {
+			t.Fatal(err)
+		}
+		if lw.mu.Lock(); len(lw.lines) == 0 {
+			t.Fatalf("line %d: the access log's line is not held unencoded", i)
+		}
+		lw.mu.Unlock()
+		if i%3 == 0 { // a line only slog's handler writes, then one of the fast path's records
+			r := slog.NewRecord(at, slog.LevelInfo, "escaped", 0)
+			r.AddAttrs(slog.String("k", "a\"b"))
+			_ = std.Handle(context.Background(), r)
+			_ = buffered.Handle(context.Background(), r)
+			r = slog.NewRecord(at, slog.LevelDebug, "record", 0)
+			r.AddAttrs(slog.Int("n", i))
+			_ = std.Handle(context.Background(), r)
+			_ = buffered.Handle(context.Background(), r)
+		}
+		if i%97 == 0 {
+			_ = lw.Flush()
+		}
+	}
+	_ = lw.Close()
+	if got.String() != want.String() {
+		t.Errorf("LogWriter lines:\n got %s\nwant %s", got.String(), want.String())
 	}
 }

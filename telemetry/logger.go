@@ -54,8 +54,9 @@ func millis(groups []string, a slog.Attr) slog.Attr {
 // LogWriter coalesces a logger's writes: lines are written to the
 // underlying writer together, at most Linger after the first of them, or at
 // once when Flush is called, so that a busy broker pays one write system
-// call for many access-log lines instead of one each. Once LogMaxBuffered
-// bytes are waiting they are written without waiting for the linger, by
+// call for many access-log lines instead of one each. The lines of the JSON
+// handler's fast path wait unencoded and are encoded together when written
+// (writeLine). Once LogMaxBuffered bytes (about, for those) are waiting they are written without waiting for the linger, by
 // the timer's goroutine rather than the line's caller; a caller writes
 // them itself only once four times as many wait. Lines keep their order.
 // [NewBufferedLogger] flushes after every warning and error line, so only
@@ -76,6 +77,30 @@ type LogWriter struct {
 	soon      bool   // ... without waiting for the linger
 	closed    bool
 	timer     *time.Timer
+	// lines are the lines of jsonHandler's fast path held unencoded
+	// (writeLine), each at its place in buf; held is what buf and they
+	// would take written. spareLines is lines's last array, reused.
+	lines      []pendingLine
+	spareLines []pendingLine
+	attrs      []slog.Attr // the held lines' attributes, one array for all
+	spareAttrs []slog.Attr
+	held       int
+
+	// enc is the buffer flush encodes held lines into, l.writing held.
+	enc []byte
+}
+
+// pendingLine is a line held unencoded: its place in the buffer and what
+// its handler encodes it from, once flushed. Its attributes are of the
+// plain kinds only (jsonHandler.deferrable), which are values: nothing a
+// caller can change after it hands them over.
+type pendingLine struct {
+	at    int // the line goes after buf[:at]
+	h     *jsonHandler
+	t     time.Time
+	level slog.Level
+	msg   string
+	attrs []slog.Attr
 }
 
 // LogLinger is how long a line may wait in a LogWriter: what a crash can
@@ -106,11 +131,18 @@ func (l *LogWriter) Write(p []byte) (int, error) {
 		return l.w.Write(p)
 	}
 	l.buf = append(l.buf, p...)
+	return len(p), l.heldLocked(len(p))
+}
+
+// heldLocked counts n more bytes held, l.mu held, and schedules their
+// write; it unlocks l.mu, and returns the error of a write it made at once.
+func (l *LogWriter) heldLocked(n int) error {
+	l.held += n
 	switch {
-	case len(l.buf) >= 4*LogMaxBuffered:
+	case l.held >= 4*LogMaxBuffered:
 		l.mu.Unlock()
-		return len(p), l.Flush()
-	case len(l.buf) >= LogMaxBuffered:
+		return l.Flush()
+	case l.held >= LogMaxBuffered:
 		if !l.soon {
 			l.scheduled, l.soon = true, true
 			l.timer.Reset(0)
@@ -120,7 +152,32 @@ func (l *LogWriter) Write(p []byte) (int, error) {
 		l.timer.Reset(l.linger)
 	}
 	l.mu.Unlock()
-	return len(p), nil
+	return nil
+}
+
+// writeLine holds the line h encodes from t, level, msg and attrs, and
+// encodes it when the lines are written: an info line waits for the
+// linger anyway, and a batch of lines is encoded in one hot loop, off the
+// path of the request that logged it, where one at a time each would be
+// encoded cold. attrs are copied. It reports false, holding nothing, once
+// the writer is closed.
+func (l *LogWriter) writeLine(h *jsonHandler, t time.Time, level slog.Level, msg string, attrs []slog.Attr) (bool, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return false, nil
+	}
+	n := 64 + len(msg) // what the line's head, time and level take, about
+	for i := range attrs {
+		n += 24 + len(attrs[i].Key)
+		if attrs[i].Value.Kind() == slog.KindString {
+			n += len(attrs[i].Value.String())
+		}
+	}
+	start := len(l.attrs)
+	l.attrs = append(l.attrs, attrs...)
+	l.lines = append(l.lines, pendingLine{at: len(l.buf), h: h, t: t, level: level, msg: msg, attrs: l.attrs[start:len(l.attrs):len(l.attrs)]})
+	return true, l.heldLocked(n)
 }
 
 // Flush writes every line held.
@@ -138,23 +195,50 @@ func (l *LogWriter) flush(close bool) error {
 		l.scheduled, l.soon = false, false
 		l.timer.Stop()
 	}
-	buf := l.buf
+	buf, lines, attrs := l.buf, l.lines, l.attrs
 	l.buf, l.spare = l.spare[:0], nil
+	l.lines, l.spareLines = l.spareLines[:0], nil
+	l.attrs, l.spareAttrs = l.spareAttrs[:0], nil
+	l.held = 0
 	l.closed = l.closed || close
 	l.mu.Unlock()
-	if len(buf) == 0 {
+	if len(buf) == 0 && len(lines) == 0 {
 		l.mu.Lock()
-		l.spare = buf
+		l.spare, l.spareLines, l.spareAttrs = buf, lines, attrs
 		l.mu.Unlock()
 		return nil
 	}
-	_, err := l.w.Write(buf)
-	if cap(buf) <= 4*LogMaxBuffered { // a burst's buffer is not kept
-		l.mu.Lock()
-		l.spare = buf[:0]
-		l.mu.Unlock()
+	out := buf
+	if len(lines) > 0 {
+		out = l.encode(l.enc[:0], buf, lines)
+		if cap(out) <= 4*LogMaxBuffered {
+			l.enc = out[:0]
+		}
 	}
+	_, err := l.w.Write(out)
+	clear(lines) // their strings are not kept past the write
+	clear(attrs)
+	l.mu.Lock()
+	if cap(buf) <= 4*LogMaxBuffered { // a burst's buffer is not kept
+		l.spare = buf[:0]
+	}
+	if cap(lines) <= 4096 && cap(attrs) <= 8*4096 {
+		l.spareLines, l.spareAttrs = lines[:0], attrs[:0]
+	}
+	l.mu.Unlock()
 	return err
+}
+
+// encode appends buf with the held lines encoded, each at its place.
+func (l *LogWriter) encode(out, buf []byte, lines []pendingLine) []byte {
+	at := 0
+	for i := range lines {
+		p := &lines[i]
+		out = append(out, buf[at:p.at]...)
+		at = p.at
+		out = p.h.appendLine(out, p.t, p.level, p.msg, p.attrs)
+	}
+	return append(out, buf[at:]...)
 }
 
 // Close flushes; writes after it go straight to the underlying writer.
