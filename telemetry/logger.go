@@ -56,7 +56,8 @@ func millis(groups []string, a slog.Attr) slog.Attr {
 // once when Flush is called, so that a busy broker pays one write system
 // call for many access-log lines instead of one each. The lines of the JSON
 // handler's fast path wait unencoded and are encoded together when written
-// (writeLine). Once LogMaxBuffered bytes (about, for those) are waiting they are written without waiting for the linger, by
+// (writeLine). Once LogMaxBuffered bytes (for those, an estimate) are
+// waiting they are written without waiting for the linger, by
 // the timer's goroutine rather than the line's caller; a caller writes
 // them itself only once four times as many wait. Lines keep their order.
 // [NewBufferedLogger] flushes after every warning and error line, so only
