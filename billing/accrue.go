@@ -304,14 +304,19 @@ for i = 0, ne - 1 do
       end
     end
     local spend, alerted = KEYS[9 + 2 * i], KEYS[10 + 2 * i]
-    redis.call('HINCRBY', KEYS[1], 'settled', ARGV[a + 3])
-    redis.call('HINCRBY', KEYS[1], 'balance', string.format('%d', -amt))
+    -- A zero amount (an unpriced workspace) adds nothing: its counters
+    -- are left as they are (a missing one reads as 0), and only the
+    -- alerts, which may be due from earlier spending, are checked.
+    if amt ~= 0 then
+      redis.call('HINCRBY', KEYS[1], 'settled', ARGV[a + 3])
+      redis.call('HINCRBY', KEYS[1], 'balance', string.format('%d', -amt))
+    end
     if budgets == nil then budgets = redis.call('EXISTS', KEYS[6]) == 1 end
     for s = s0, s1 do
-      redis.call('HINCRBY', spend, ARGV[s] .. ':s', ARGV[a + 3])
+      if amt ~= 0 then redis.call('HINCRBY', spend, ARGV[s] .. ':s', ARGV[a + 3]) end
       if budgets and budget_alerts(KEYS[6], spend, alerted, KEYS[7], ARGV[s], ARGV[a + 4], ARGV[a + 2]) then queued = 1 end
     end
-    redis.call('PEXPIRE', spend, ` + spendTTL + `)
+    if amt ~= 0 then redis.call('PEXPIRE', spend, ` + spendTTL + `) end
     append_usage(KEYS[3], KEYS[4], eid, ARGV[a + 1], ARGV[a + 2])
     n = n + 1
   end
