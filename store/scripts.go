@@ -66,14 +66,24 @@ return 1
 // {2, previous state} termination started, {3, state} condition not met;
 // with ARGV[5], each followed by the record (HGETALL's list; empty for 0).
 var terminateScript = redis.NewScript(`
+-- A release reads the whole record once, up front, and answers it with
+-- this script's changes applied here, not with a second read.
+local rec, st, inst
+if ARGV[5] ~= '' then
+  rec = redis.call('HGETALL', KEYS[2])
+  for i = 1, #rec, 2 do
+    if rec[i] == 'state' then st = rec[i + 1] elseif rec[i] == 'instance' then inst = rec[i + 1] end
+  end
+else
+  local f = redis.call('HMGET', KEYS[2], 'state', 'instance')
+  st, inst = f[1], f[2]
+end
 local function out(code, st)
-  if ARGV[5] ~= '' and code ~= 0 then return {code, st, redis.call('HGETALL', KEYS[2])} end
+  if rec and code ~= 0 then return {code, st, rec} end
   return {code, st}
 end
-local f = redis.call('HMGET', KEYS[2], 'state', 'instance')
-local st = f[1]
 if not st then return {0, ''} end
-if ARGV[5] ~= '' and f[2] ~= ARGV[5] then return {0, ''} end
+if ARGV[5] ~= '' and inst ~= ARGV[5] then return {0, ''} end
 if st == 'terminated' or st == 'terminating' then return out(1, st) end
 local now = tonumber(ARGV[3])
 if ARGV[4] == 'expired' then
@@ -86,6 +96,16 @@ end
 redis.call('HSET', KEYS[2], 'state', 'terminating', 'reason', ARGV[2], 'terminating_ms', ARGV[3])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
+if rec then
+  local set = {state = 'terminating', reason = ARGV[2], terminating_ms = ARGV[3]}
+  for i = 1, #rec, 2 do
+    local v = set[rec[i]]
+    if v then rec[i + 1], set[rec[i]] = v, nil end
+  end
+  for _, k in ipairs({'state', 'reason', 'terminating_ms'}) do
+    if set[k] then rec[#rec + 1], rec[#rec + 2] = k, set[k] end
+  end
+end
 return out(2, st)
 `)
 
