@@ -21,7 +21,7 @@ import (
 // decode reads the JSON body into v strictly: unknown fields, trailing data
 // and a body over the limit are refused (spec §Conventions).
 func decode(c echo.Context, v any) error {
-	body, err := io.ReadAll(c.Request().Body)
+	body, err := readBody(c.Request())
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -66,6 +66,24 @@ func decode(c echo.Context, v any) error {
 		return errInvalid("request body has data after the JSON object")
 	}
 	return nil
+}
+
+// maxPrealloc bounds the buffer readBody sizes from Content-Length
+// before any of the body has arrived.
+const maxPrealloc = 64 << 10
+
+// readBody reads r's whole body: into one buffer of its Content-Length
+// when that is known and small, as io.ReadAll does otherwise (which
+// starts small and grows, copying, as the body arrives).
+func readBody(r *http.Request) ([]byte, error) {
+	if r.ContentLength < 0 || r.ContentLength > maxPrealloc {
+		return io.ReadAll(r.Body)
+	}
+	// bytes.MinRead more, so that the read that meets the end has room
+	// without growing the buffer.
+	buf := bytes.NewBuffer(make([]byte, 0, int(r.ContentLength)+bytes.MinRead))
+	_, err := buf.ReadFrom(r.Body)
+	return buf.Bytes(), err
 }
 
 // checkTree walks a decoded JSON tree beside the Go type it was decoded
