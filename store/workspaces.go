@@ -221,14 +221,14 @@ func (db *DB) BeginRelease(ctx context.Context, acct, inst, id string, reason sa
 // HGETALL's flat list of fields and values (a script that splices
 // [FinishLua] answers its record so). Returns ErrNotFound for an empty one.
 func DecodeWorkspace(v any) (sandgate.Workspace, error) {
-	m, err := flatHash(v)
-	if err != nil {
-		return sandgate.Workspace{}, fmt.Errorf("store: workspace record: %w", err)
+	xs, ok := v.([]any)
+	if !ok || len(xs)%2 != 0 {
+		return sandgate.Workspace{}, fmt.Errorf("store: workspace record: not a field/value list: %T", v)
 	}
-	if len(m) == 0 {
+	if len(xs) == 0 {
 		return sandgate.Workspace{}, ErrNotFound
 	}
-	return parseWorkspace(m)
+	return parseWorkspaceList(xs)
 }
 
 // Egress is what a workspace moved through this broker process's egress
@@ -627,36 +627,95 @@ func Finished(w sandgate.Workspace, at time.Time) sandgate.Workspace {
 }
 
 func parseWorkspace(m map[string]string) (sandgate.Workspace, error) {
-	num := func(k string) int64 {
-		v, _ := strconv.ParseInt(m[k], 10, 64)
-		return v
+	var w sandgate.Workspace
+	for k, v := range m {
+		setWorkspaceField(&w, k, v)
 	}
-	w := sandgate.Workspace{
-		ID: m["id"], AccountID: m["account"], InstanceID: m["instance"],
-		Label: m["label"], Size: m["size"], Image: m["image"],
-		Agent: m["agent"], RunID: m["run_id"],
-		State:             sandgate.WorkspaceState(m["state"]),
-		Provider:          m["provider"],
-		ProviderRef:       m["provider_ref"],
-		CreatedAt:         fromMS(num("created_ms")),
-		StartedAt:         fromMS(num("started_ms")),
-		ExpiresAt:         fromMS(num("expires_ms")),
-		IdleTimeout:       time.Duration(num("idle_ms")) * time.Millisecond,
-		LastActivity:      fromMS(num("activity_ms")),
-		BusyUntil:         fromMS(num("busy_ms")),
-		TerminatedAt:      fromMS(num("terminated_ms")),
-		TerminationReason: sandgate.TerminationReason(m["reason"]),
-		Price: sandgate.Price{
-			RateCard: m["rate_card"], RateCardVersion: int(num("rate_card_version")),
-			Currency: m["currency"], UnitMicros: num("price_micros"), HoldMicros: num("hold_micros"),
-		},
-		EgressBytesOut: num("egress_out"),
-		EgressBytesIn:  num("egress_in"),
+	return checkParsed(w)
+}
+
+// parseWorkspaceList is parseWorkspace of a record as HGETALL's flat list
+// of fields and values, which a script answers: decoded as it stands,
+// with no map built on the way.
+func parseWorkspaceList(xs []any) (sandgate.Workspace, error) {
+	var w sandgate.Workspace
+	for i := 0; i+1 < len(xs); i += 2 {
+		k, _ := xs[i].(string)
+		v, _ := xs[i+1].(string)
+		setWorkspaceField(&w, k, v)
 	}
+	return checkParsed(w)
+}
+
+func checkParsed(w sandgate.Workspace) (sandgate.Workspace, error) {
 	if w.ID == "" || w.State == "" {
 		return sandgate.Workspace{}, fmt.Errorf("store: workspace record without id or state")
 	}
 	return w, nil
+}
+
+// setWorkspaceField sets the field of w that record field k holds, v its
+// value (a number that does not parse reads as 0, as a missing one);
+// fields it does not know are left alone.
+func setWorkspaceField(w *sandgate.Workspace, k, v string) {
+	num := func() int64 {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		return n
+	}
+	switch k {
+	case "id":
+		w.ID = v
+	case "account":
+		w.AccountID = v
+	case "instance":
+		w.InstanceID = v
+	case "label":
+		w.Label = v
+	case "size":
+		w.Size = v
+	case "image":
+		w.Image = v
+	case "agent":
+		w.Agent = v
+	case "run_id":
+		w.RunID = v
+	case "state":
+		w.State = sandgate.WorkspaceState(v)
+	case "provider":
+		w.Provider = v
+	case "provider_ref":
+		w.ProviderRef = v
+	case "created_ms":
+		w.CreatedAt = fromMS(num())
+	case "started_ms":
+		w.StartedAt = fromMS(num())
+	case "expires_ms":
+		w.ExpiresAt = fromMS(num())
+	case "idle_ms":
+		w.IdleTimeout = time.Duration(num()) * time.Millisecond
+	case "activity_ms":
+		w.LastActivity = fromMS(num())
+	case "busy_ms":
+		w.BusyUntil = fromMS(num())
+	case "terminated_ms":
+		w.TerminatedAt = fromMS(num())
+	case "reason":
+		w.TerminationReason = sandgate.TerminationReason(v)
+	case "rate_card":
+		w.Price.RateCard = v
+	case "rate_card_version":
+		w.Price.RateCardVersion = int(num())
+	case "currency":
+		w.Price.Currency = v
+	case "price_micros":
+		w.Price.UnitMicros = num()
+	case "hold_micros":
+		w.Price.HoldMicros = num()
+	case "egress_out":
+		w.EgressBytesOut = num()
+	case "egress_in":
+		w.EgressBytesIn = num()
+	}
 }
 
 // LiveWorkspaces returns every workspace not yet terminated in a scope:
