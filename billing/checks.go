@@ -2,6 +2,7 @@ package billing
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/sandgate/sandgate/admission"
@@ -143,7 +144,20 @@ end
 `
 
 // month is the calendar month (UTC) of t, as spending keys name it.
-func month(t time.Time) string { return t.UTC().Format("200601") }
+// It is built by hand, not by Format's layout parsing, as every Acquire
+// and release names one or more months.
+func month(t time.Time) string {
+	y, m, _ := t.UTC().Date()
+	if y < 1000 || y > 9999 {
+		return t.UTC().Format("200601")
+	}
+	b := make([]byte, 0, 6)
+	b = strconv.AppendInt(b, int64(y), 10)
+	if m < 10 {
+		b = append(b, '0')
+	}
+	return string(strconv.AppendInt(b, int64(m), 10))
+}
 
 // scopes are the budget scopes a workspace counts against, widest first.
 func scopes(inst, agent string) []string {
