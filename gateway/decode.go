@@ -53,10 +53,14 @@ func decode(c echo.Context, v any) error {
 	// encoding/json matches field names case-insensitively, and decodes a
 	// null into a string as if it were absent; the spec wants a typo such as
 	// "Label" and a null env value to fail loudly, so walk the tree too.
-	var tree any
-	if err := json.Unmarshal(body, &tree); err == nil {
-		if err := checkTree(tree, reflect.TypeOf(v), ""); err != nil {
-			return err
+	// Most bodies hold nothing the walk could refuse (plainBody), and
+	// skip it: only the rest are decoded a second time, into a tree.
+	if t := reflect.TypeOf(v); !plainBody(body, t) {
+		var tree any
+		if err := json.Unmarshal(body, &tree); err == nil {
+			if err := checkTree(tree, t, ""); err != nil {
+				return err
+			}
 		}
 	}
 	if dec.More() {
@@ -130,6 +134,105 @@ func checkTree(tree any, t reflect.Type, field string) error {
 		}
 	}
 	return nil
+}
+
+// plainBody reports whether checkTree cannot refuse body, decoded as
+// it was into a value of type t, found by one pass over its bytes: no
+// null and no empty string anywhere, and every object key one of the
+// exact JSON names of the fields of t's structs (wireNames), written
+// without escapes. Decoded with DisallowUnknownFields, such a key is
+// exactly the name of the field it went to unless two of those names
+// differ only in case, and wireNames refuses such a t. It never answers
+// true for a body checkTree would refuse; a false only costs the walk.
+func plainBody(body []byte, t reflect.Type) bool {
+	names, ok := wireNames(t)
+	if !ok {
+		return false
+	}
+	for i := 0; i < len(body); i++ {
+		switch body[i] {
+		case 'n': // outside a string, only null starts with it
+			return false
+		case '"':
+			start, escaped := i+1, false
+			for i++; i < len(body) && body[i] != '"'; i++ {
+				if body[i] == '\\' {
+					escaped = true
+					i++
+				}
+			}
+			if i >= len(body) || i == start {
+				return false // unterminated (the decoder refused it), or ""
+			}
+			j := i + 1
+			for j < len(body) && (body[j] == ' ' || body[j] == '\t' || body[j] == '\n' || body[j] == '\r') {
+				j++
+			}
+			if j < len(body) && body[j] == ':' {
+				if _, ok := names[string(body[start:i])]; escaped || !ok {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
+// wireNameSets caches wireNames by type.
+var wireNameSets sync.Map // reflect.Type → map[string]struct{} (nil: no fast path)
+
+// wireNames returns the exact JSON names of the fields of every struct
+// type t holds (through pointers, slices and maps), and false when two of
+// them are equal but for case: then a key that one names may have been
+// decoded into the other's field, which only checkTree tells apart.
+func wireNames(t reflect.Type) (map[string]struct{}, bool) {
+	if m, ok := wireNameSets.Load(t); ok {
+		names := m.(map[string]struct{})
+		return names, names != nil
+	}
+	names := map[string]struct{}{}
+	folded := map[string]string{}
+	seen := map[reflect.Type]bool{}
+	ok := true
+	var walk func(reflect.Type)
+	walk = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct || seen[t] {
+			return
+		}
+		seen[t] = true
+		for i := range t.NumField() {
+			if t.Field(i).Anonymous {
+				ok = false // encoding/json promotes its fields; fieldsOf does not
+			}
+		}
+		for name, f := range fieldsOf(t) {
+			low := strings.ToLower(name)
+			if other, dup := folded[low]; (dup && other != name) || !isASCII(name) {
+				ok = false
+			}
+			folded[low], names[name] = name, struct{}{}
+			walk(f.t)
+		}
+	}
+	walk(t)
+	if !ok {
+		names = nil
+	}
+	m, _ := wireNameSets.LoadOrStore(t, names)
+	names = m.(map[string]struct{})
+	return names, names != nil
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
 
 // wireField is a struct field as checkObject sees it: its Go type, and
