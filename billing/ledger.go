@@ -208,13 +208,19 @@ const appendLua = `
 local function append_usage(ukey, idskey, eid, ej, tms)
   if redis.call('SADD', idskey, eid) == 0 then return 0 end
   local t = tonumber(tms)
-  local last = redis.call('XREVRANGE', ukey, '+', '-', 'COUNT', 1)
-  local id = tostring(t) .. '-*'
-  if last[1] then
-    local lms = tonumber(string.match(last[1][1], '^(%d+)-'))
-    if lms >= t then id = tostring(lms) .. '-*' end
+  -- Entries mostly come in time order: try the entry's own time first,
+  -- and read the newest id only when the stream is already past it.
+  local r = redis.pcall('XADD', ukey, tostring(t) .. '-*', 'e', ej)
+  if type(r) == 'table' and r.err then
+    local last = redis.call('XREVRANGE', ukey, '+', '-', 'COUNT', 1)
+    local lms = last[1] and tonumber(string.match(last[1][1], '^(%d+)-'))
+    if not lms or lms < t then
+      -- Not the stream's order that refused it: raise what pcall met.
+      redis.call('XADD', ukey, tostring(t) .. '-*', 'e', ej)
+      return 1
+    end
+    redis.call('XADD', ukey, tostring(lms) .. '-*', 'e', ej)
   end
-  redis.call('XADD', ukey, id, 'e', ej)
   return 1
 end
 `
