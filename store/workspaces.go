@@ -91,31 +91,11 @@ func (db *DB) ConfirmRecord(ctx context.Context, w sandgate.Workspace, providerR
 	if len(res) != 2 {
 		return sandgate.Workspace{}, false, fmt.Errorf("confirm: unexpected script result %v", res)
 	}
-	m, err := flatHash(res[1])
-	if err != nil {
-		return sandgate.Workspace{}, false, fmt.Errorf("confirm: %w", err)
+	cur, err := DecodeWorkspace(res[1])
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		err = fmt.Errorf("confirm: %w", err)
 	}
-	if len(m) == 0 {
-		return sandgate.Workspace{}, false, ErrNotFound
-	}
-	cur, err := parseWorkspace(m)
 	return cur, false, err
-}
-
-// flatHash decodes a HASH a script returned as HGETALL's flat list of
-// fields and values.
-func flatHash(v any) (map[string]string, error) {
-	xs, ok := v.([]any)
-	if !ok || len(xs)%2 != 0 {
-		return nil, fmt.Errorf("not a field/value list: %T", v)
-	}
-	m := make(map[string]string, len(xs)/2)
-	for i := 0; i < len(xs); i += 2 {
-		k, _ := xs[i].(string)
-		val, _ := xs[i+1].(string)
-		m[k] = val
-	}
-	return m, nil
 }
 
 // Abort removes an Acquire whose create failed: record, slot, index entry
