@@ -199,7 +199,7 @@ func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, erro
 	// First of all, the runner's sh joins the command's leaf of the
 	// workspace's cgroups (joinScript), so that the runner and everything
 	// it starts stay in them, long after this broker process.
-	procs, err := p.leaf(j.ref, j.rec, "c-"+filepath.Base(d))
+	procs, err := p.leaf(j.ref, j.rec, "c-"+filepath.Base(d), "cgroup.procs")
 	if err != nil {
 		return 0, fmt.Errorf("cgroup: %w", err)
 	}

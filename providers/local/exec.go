@@ -389,22 +389,63 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 
 // start starts cmd with no descriptor of the broker but its own, after
 // the calling thread, which must be locked and never given back, joined
-// ns (nil: none), and records r as a run of ref. It holds p.mu across the
-// liveness check and Start, so a concurrent Terminate either sees the run
-// and kills it or has already made ref gone. The check runs before the
-// thread joins ns, which holds little of the host's file systems
-// (trimMounts).
-func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
+// ns (nil: none) and, when lf says so, the exec's cgroups (enter, so that
+// bwrap is born in them; it leaves them once bwrap is forked), and
+// records r as a run of ref. The liveness check and the record are made
+// under p.mu, the fork is not: a fork into a workspace at its memory
+// limit reclaims that workspace's memory first, which must not hold up
+// another's exec. A Terminate that begins in between waits for the
+// record (p.starting), so it either sees the run and kills it or has
+// already made ref gone. The check runs before the thread joins ns,
+// which holds little of the host's file systems (trimMounts).
+func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run, lf leafFiles) error {
+	if ref != "" {
+		p.mu.Lock()
+		err := p.checkLive(ref)
+		if err == nil {
+			p.starting[ref]++
+		}
+		p.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	err := p.fork(ns, cmd, lf)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if ref != "" {
-		if p.terminating[ref] > 0 {
-			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
+		if p.starting[ref]--; p.starting[ref] == 0 {
+			delete(p.starting, ref)
 		}
-		if _, err := os.Stat(p.layout(ref).sandbox()); err != nil {
-			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
-		}
+		p.started.Broadcast()
 	}
+	if err != nil {
+		return err
+	}
+	r.pgid = cmd.Process.Pid
+	if ref != "" {
+		if p.runs[ref] == nil {
+			p.runs[ref] = make(map[*run]struct{})
+		}
+		p.runs[ref][r] = struct{}{}
+	}
+	return nil
+}
+
+// checkLive fails with ErrSandboxGone when ref is terminating or gone.
+// p.mu must be held.
+func (p *Provider) checkLive(ref string) error {
+	if p.terminating[ref] > 0 {
+		return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
+	}
+	if _, err := os.Stat(p.layout(ref).sandbox()); err != nil {
+		return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
+	}
+	return nil
+}
+
+// fork is start's fork of bwrap, on the launching thread.
+func (p *Provider) fork(ns *os.File, cmd *exec.Cmd, lf leafFiles) error {
 	if ns != nil {
 		if err := joinNS(ns); err != nil {
 			return fmt.Errorf("local: exec: %w", err)
@@ -413,15 +454,30 @@ func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
 	if err := closeOnExec(); err != nil {
 		return fmt.Errorf("local: exec: %w", scrub(err))
 	}
+	if lf.self {
+		err := enter(lf.join)
+		if err == nil {
+			err = cmd.Start()
+			if errors.Is(err, syscall.EAGAIN) {
+				err = fmt.Errorf("the workspace is at its process limit: %w", err)
+			}
+		}
+		// Out again at once, whatever happened: see selfJoin.
+		if lerr := p.cg.leave(); lerr != nil {
+			if err == nil {
+				// bwrap waits for its options: it never runs.
+				killExec(cmd.Process.Pid)
+				cmd.Wait()
+			}
+			return fmt.Errorf("local: exec: %w", lerr)
+		}
+		if err != nil {
+			return fmt.Errorf("local: exec: start: %w", scrub(err))
+		}
+		return nil
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("local: exec: start: %w", scrub(err))
-	}
-	r.pgid = cmd.Process.Pid
-	if ref != "" {
-		if p.runs[ref] == nil {
-			p.runs[ref] = make(map[*run]struct{})
-		}
-		p.runs[ref][r] = struct{}{}
 	}
 	return nil
 }
@@ -609,12 +665,19 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 		// Where this thread runs on one of the exec's CPUs already, bwrap
 		// is born on them, which spares it a move once it runs.
 		unpin := pinHere(j.cpus)
-		err := p.start(j.ref, l.ns, cmd, r)
+		// The leaves before the fork: bwrap may be born in them (selfJoin).
+		lf := <-l.leaves
+		err := lf.err
+		if err != nil {
+			err = fmt.Errorf("local: exec: %w", err)
+		} else {
+			err = p.start(j.ref, l.ns, cmd, r, lf)
+		}
 		if unpin != nil {
 			unpin()
 		}
 		if err != nil {
-			go func() { (<-l.leaves).close() }()
+			lf.close()
 			exited <- bwrapEnd{startErr: err}
 			return
 		}
@@ -634,12 +697,12 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			}
 			recorded <- ok
 		}()
-		lf := <-l.leaves
-		e := bwrapEnd{started: true, startErr: lf.err}
-		if e.startErr == nil {
-			e.startErr = confine(pid, j, lf.procs, unpin != nil)
+		var join []*os.File // bwrap is in its cgroups already when it was born there
+		if !lf.self {
+			join = lf.join
 		}
-		closeAll(lf.procs)
+		e := bwrapEnd{started: true, startErr: confine(pid, j, join, unpin != nil)}
+		closeAll(lf.join)
 		stop := make(chan struct{})
 		if e.startErr != nil {
 			// bwrap has no options yet, and never gets any.
