@@ -248,7 +248,8 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	}
 
 	// The exec's leaf cgroups are made, and their files opened, beside
-	// bwrap's start: launchBwrap waits for them before it confines bwrap.
+	// the rest of the exec's preparation: launchBwrap waits for them
+	// before it forks bwrap, which may be born in them (selfJoin).
 	leaves := make(chan leafFiles, 1)
 	var leaf string
 	if j.ref != "" && p.cg != nil {
@@ -649,8 +650,9 @@ type bwrapEnd struct {
 
 // launchBwrap starts l.cmd (bwrap) for j from an OS thread of its own, which
 // joins l.ns, the workspace's mount namespace, records l.r as a run of
-// j.ref (and the exec in the workspace, recordExec), confines bwrap in the
-// exec's leaf cgroups once l.leaves has them (confine), writes bwrap its
+// j.ref (and the exec in the workspace, recordExec), forks bwrap in the
+// exec's leaf cgroups (selfJoin) or confines it in them once it runs
+// (confine), writes bwrap its
 // options, watches the exec's context and timeout (watch), waits for bwrap
 // to exit, and reaps it. The thread lives until bwrap has exited, since
 // bwrap's parent-death signal follows the thread that forked it, and then
@@ -809,7 +811,8 @@ func closeAll(fs []*os.File) {
 }
 
 // confine puts bwrap (pid), which waits for its options before it does
-// anything, into j's cgroups (their cgroup.procs files, opened), pins it
+// anything, into j's cgroups (their cgroup.procs files, opened; none
+// when it was born in them), pins it
 // to j's CPUs unless it was born pinned, and sets j's resource limits on
 // it, soft and hard, so that every process of the sandbox inherits all
 // three. Setting the CPUs on
