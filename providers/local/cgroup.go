@@ -469,6 +469,16 @@ func (h *cgroupHost) joinFile() string {
 	return "cgroup.procs"
 }
 
+// runnerFile is the file of a cgroup a durable command's runner, a
+// single-threaded sh, joins through (joinScript): on v1 tasks, which
+// takes "0" for the writer itself without the global lock.
+func (h *cgroupHost) runnerFile() string {
+	if h == nil || h.v2 {
+		return "cgroup.procs"
+	}
+	return "tasks"
+}
+
 // enter moves the calling thread into the cgroups whose tasks files are
 // open in files (leaf, joinFile); leave brings it back. The thread must be
 // locked to its goroutine.
