@@ -2,7 +2,6 @@ package local
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,15 +25,6 @@ import (
 // cpuPeriod is the CFS period the CPU quota is expressed in, microseconds.
 const cpuPeriod = 100000
 
-// quotaRoom is what a v1 workspace's CPU quota holds beyond its cores,
-// microseconds a period. Its processes are pinned to at most that many
-// CPUs (placement.go; seccomp refuses sched_setaffinity), so they can never
-// use it, while an exec's launching thread, in the cgroup for its fork
-// (selfJoin), is then never throttled by a workspace that keeps its cores
-// busy: it may hold the Go runtime's locks. Less than a core, so the cores
-// still read back as the quota's whole periods (cpuGovernor.cores).
-const quotaRoom = cpuPeriod / 2
-
 // cgroupHost is what this host's cgroups can do, found once by New.
 type cgroupHost struct {
 	v2 bool
@@ -51,11 +40,6 @@ type cgroupHost struct {
 	// then no workspace's weight is ever lowered (see cpuweight.go).
 	acct string
 	swap bool // swap can be limited (v1 memsw, v2 swap.max)
-	// home, on v1, holds the tasks file of the broker's own cgroup in each
-	// hierarchy of controllers(), in the same order, opened once: an exec's
-	// launching thread joins the workspace's cgroups itself and comes back
-	// through these (enter, leave). nil: bwrap is moved in by its pid.
-	home []*os.File
 }
 
 // cgroupMount is one cgroup file system mount.
@@ -202,46 +186,7 @@ func detectV1(mounts []cgroupMount, parent string) (*cgroupHost, []string) {
 			}
 		}
 	}
-	problems = append(problems, h.probe()...)
-	h.openHomes(find, "/proc/self/cgroup")
-	return h, problems
-}
-
-// openHomes opens, in each hierarchy of controllers(), the tasks file of
-// the cgroup the broker runs in, as its own cgroup file (selfCgroup,
-// /proc/self/cgroup) names it. Any failure leaves home nil: execs then
-// move bwrap in by its pid.
-func (h *cgroupHost) openHomes(mount func(ctl string) string, selfCgroup string) {
-	b, err := os.ReadFile(selfCgroup)
-	if err != nil {
-		return
-	}
-	own := make(map[string]string) // controller → the broker's cgroup
-	for _, l := range strings.Split(string(b), "\n") {
-		// "hierarchy-id:controller,controller:path"
-		f := strings.SplitN(l, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		for _, c := range strings.Split(f[1], ",") {
-			own[c] = f[2]
-		}
-	}
-	var home []*os.File
-	for _, c := range h.parents() {
-		path, ok := own[c.ctl]
-		m := mount(c.ctl)
-		var f *os.File
-		if ok && m != "" {
-			f, err = os.OpenFile(filepath.Join(m, path, "tasks"), os.O_WRONLY, 0)
-		}
-		if f == nil {
-			closeAll(home)
-			return
-		}
-		home = append(home, f)
-	}
-	h.home = home
+	return h, append(problems, h.probe()...)
 }
 
 // probe creates a throwaway workspace cgroup, sets every limit, and removes
@@ -355,7 +300,7 @@ func (h *cgroupHost) setLimits(ref string, lim cgroupLimits) (swap bool, errs []
 	}
 	write("pids", "pids.max", strconv.Itoa(lim.pids))
 	write("cpu", "cpu.cfs_period_us", strconv.Itoa(cpuPeriod))
-	write("cpu", "cpu.cfs_quota_us", strconv.Itoa(lim.cpuCores*cpuPeriod+quotaRoom))
+	write("cpu", "cpu.cfs_quota_us", quota)
 	write("cpu", "cpu.shares", strconv.Itoa(cpuWeight(false, lim.cpuCores, false)))
 	return swap, errs
 }
@@ -367,45 +312,31 @@ func (h *cgroupHost) acctSeparate() bool { return !h.v2 && h.acct != "" && h.acc
 
 func fileExists(name string) bool { _, err := os.Stat(name); return err == nil }
 
-// parent is one controller's directory of workspace cgroups.
-type parent struct{ ctl, dir string }
-
-// parents are the usable controllers' directories of workspace cgroups, in
-// the order of controllers (v2: the one hierarchy, as "memory").
-func (h *cgroupHost) parents() []parent {
-	if h.v2 {
-		return []parent{{"memory", h.mem}}
-	}
-	var out []parent
-	all := []parent{{"memory", h.mem}, {"pids", h.pids}, {"cpu", h.cpu}}
-	if h.acctSeparate() {
-		all = append(all, parent{"cpuacct", h.acct})
-	}
-	for _, c := range all {
-		if c.dir != "" {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 // controllers returns the workspace cgroup directories of ref, one per
 // usable controller (one on v2).
 func (h *cgroupHost) controllers(ref string) []string {
 	if h == nil {
 		return nil
 	}
+	if h.v2 {
+		return []string{filepath.Join(h.mem, ref)}
+	}
 	var out []string
-	for _, c := range h.parents() {
-		out = append(out, filepath.Join(c.dir, ref))
+	dirs := []string{h.mem, h.pids, h.cpu}
+	if h.acctSeparate() {
+		dirs = append(dirs, h.acct)
+	}
+	for _, d := range dirs {
+		if d != "" {
+			out = append(out, filepath.Join(d, ref))
+		}
 	}
 	return out
 }
 
 // leaf creates the leaf cgroup name below ref's workspace cgroups and
-// returns the files named file of the cgroups a process joins:
-// cgroup.procs, which takes a process's pid, or, on v1, tasks, which
-// takes a thread's ("0": the writer's own; see enter). The workspace cgroups must exist: a missing one (a workspace created
+// returns the cgroup.procs files a process writes its pid into to join
+// it. The workspace cgroups must exist: a missing one (a workspace created
 // before cgroups, or removed under us) is an error, never an exec outside.
 //
 // On v1 only two hierarchies get a leaf: memory, from whose leaf an exec's
@@ -414,14 +345,14 @@ func (h *cgroupHost) controllers(ref string) []string {
 // cgroup, which a process joins directly (v1 lets a cgroup hold processes
 // beside child cgroups): two directories fewer to make and remove per exec.
 // v2 has one hierarchy, whose processes must all be in leaves.
-func (h *cgroupHost) leaf(ref, name, file string) ([]string, error) {
+func (h *cgroupHost) leaf(ref, name string) ([]string, error) {
 	var procs []string
 	for _, d := range h.controllers(ref) {
 		if !h.leafIn(d, ref) {
 			if _, err := os.Stat(d); err != nil {
 				return nil, fmt.Errorf("workspace cgroup: %w", scrub(err))
 			}
-			procs = append(procs, filepath.Join(d, file))
+			procs = append(procs, filepath.Join(d, "cgroup.procs"))
 			continue
 		}
 		l := filepath.Join(d, name)
@@ -433,7 +364,7 @@ func (h *cgroupHost) leaf(ref, name, file string) ([]string, error) {
 			// An OOM kill takes the whole exec, not one of its processes.
 			_ = os.WriteFile(filepath.Join(l, "memory.oom.group"), []byte("1"), 0)
 		}
-		procs = append(procs, filepath.Join(l, file))
+		procs = append(procs, filepath.Join(l, "cgroup.procs"))
 	}
 	return procs, nil
 }
@@ -442,63 +373,6 @@ func (h *cgroupHost) leaf(ref, name, file string) ([]string, error) {
 // cgroup d (one of controllers(ref)); see leaf.
 func (h *cgroupHost) leafIn(d, ref string) bool {
 	return h.v2 || d == filepath.Join(h.mem, ref) || (h.acct != "" && d == filepath.Join(h.acct, ref))
-}
-
-// selfJoin reports whether an exec's launching thread joins the exec's
-// cgroups itself (enter) before it forks bwrap, which is then born in
-// them, rather than moving bwrap in by its pid once it runs. A pid written
-// to cgroup.procs (or to tasks) takes the kernel's global
-// cgroup_threadgroup_rwsem for writing, which on a host with default
-// settings first waits for an RCU grace period: 4 ms on average here, up
-// to 26. A thread writing "0" to a v1 tasks file moves only itself, and
-// the kernel then skips that lock (cgroup_procs_write_start). The thread
-// is never a process's main one (onSpareThread), which keeps it out of
-// what the broker exposes to the workspace's cgroups while it is in them:
-//   - a memory cgroup's OOM killer walks only thread-group leaders;
-//   - killCgroup kills only processes whose leader is in the cgroup;
-//   - it is in them for the fork alone (leave), counted in pids.max for
-//     that long, and its CPU time then is the workspace's (the v1 quota
-//     leaves a core of room for it: setLimits).
-func (h *cgroupHost) selfJoin() bool { return h != nil && h.home != nil }
-
-// joinFile is the file of a cgroup an exec's bwrap joins through.
-func (h *cgroupHost) joinFile() string {
-	if h.selfJoin() {
-		return "tasks"
-	}
-	return "cgroup.procs"
-}
-
-// runnerFile is the file of a cgroup a durable command's runner, a
-// single-threaded sh, joins through (joinScript): on v1 tasks, which
-// takes "0" for the writer itself without the global lock.
-func (h *cgroupHost) runnerFile() string {
-	if h == nil || h.v2 {
-		return "cgroup.procs"
-	}
-	return "tasks"
-}
-
-// enter moves the calling thread into the cgroups whose tasks files are
-// open in files (leaf, joinFile); leave brings it back. The thread must be
-// locked to its goroutine.
-func enter(files []*os.File) error {
-	for _, f := range files {
-		if _, err := f.Write([]byte("0")); err != nil {
-			return fmt.Errorf("cannot join the workspace's cgroup: %w", scrub(err))
-		}
-	}
-	return nil
-}
-
-// leave moves the calling thread back into the broker's own cgroups.
-func (h *cgroupHost) leave() error {
-	for _, f := range h.home {
-		if _, err := f.Write([]byte("0")); err != nil {
-			return fmt.Errorf("cannot leave the workspace's cgroup: %w", scrub(err))
-		}
-	}
-	return nil
 }
 
 // oomFile is the file of the leaf name of ref that counts its OOM kills
@@ -555,47 +429,21 @@ func (h *cgroupHost) remove(ref string) {
 }
 
 // killCgroup SIGKILLs every process in the cgroup dir until it is empty
-// (bounded: a process stuck in the kernel is left to the next try). On v1
-// a cgroup.procs lists the process of every thread in the cgroup, so it
-// can name a broker whose exec's launching thread is passing through
-// (selfJoin): a process is killed only when its leader thread is in the
-// cgroup (its tasks) or has exited, leaving threads behind in it.
+// (bounded: a process stuck in the kernel is left to the next try).
 func killCgroup(dir string) {
-	self := os.Getpid()
 	for range 100 {
 		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 		pids := strings.Fields(string(b))
 		if err != nil || len(pids) == 0 {
 			return
 		}
-		var tasks []string
-		if b, err := os.ReadFile(filepath.Join(dir, "tasks")); err == nil {
-			tasks = strings.Fields(string(b))
-		}
 		for _, s := range pids {
-			pid, err := strconv.Atoi(s)
-			if err != nil || pid <= 0 || pid == self {
-				continue
+			if pid, err := strconv.Atoi(s); err == nil && pid > 0 {
+				killPid(pid)
 			}
-			if tasks != nil && !slices.Contains(tasks, s) && !zombie(pid) {
-				continue // only a thread of it is here
-			}
-			killPid(pid)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// zombie reports whether process pid's leader thread has exited (its
-// other threads may still run).
-func zombie(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false // gone: nothing to kill
-	}
-	// "pid (comm) state …": comm may hold anything, ")" included.
-	i := bytes.LastIndexByte(b, ')')
-	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
 }
 
 // rmdirRetry removes an empty cgroup directory; the kernel may still hold

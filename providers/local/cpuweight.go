@@ -284,7 +284,7 @@ func (g *cpuGovernor) longRunning(now time.Time, ref string, s *cpuState) bool {
 	return long
 }
 
-// cores is the workspace's CPU quota in whole cores, from its cgroup; the host's
+// cores is the workspace's CPU quota in cores, from its cgroup; the host's
 // CPUs when it has none.
 func (g *cpuGovernor) cores(ref string) int {
 	var quota, period int
@@ -304,8 +304,7 @@ func (g *cpuGovernor) cores(ref string) int {
 	if quota <= 0 || period <= 0 {
 		return max(g.hostCPUs, 1)
 	}
-	// Whole periods: a v1 quota holds quotaRoom beyond its cores.
-	return max(quota/period, 1)
+	return max((quota+period-1)/period, 1)
 }
 
 // readUsage returns the CPU time, in nanoseconds, that the cgroup dir and

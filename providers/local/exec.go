@@ -248,8 +248,7 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	}
 
 	// The exec's leaf cgroups are made, and their files opened, beside
-	// the rest of the exec's preparation: launchBwrap waits for them
-	// before it forks bwrap, which may be born in them (selfJoin).
+	// bwrap's start: launchBwrap waits for them before it confines bwrap.
 	leaves := make(chan leafFiles, 1)
 	var leaf string
 	if j.ref != "" && p.cg != nil {
@@ -390,63 +389,22 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 
 // start starts cmd with no descriptor of the broker but its own, after
 // the calling thread, which must be locked and never given back, joined
-// ns (nil: none) and, when lf says so, the exec's cgroups (enter, so that
-// bwrap is born in them; it leaves them once bwrap is forked), and
-// records r as a run of ref. The liveness check and the record are made
-// under p.mu, the fork is not: a fork into a workspace at its memory
-// limit reclaims that workspace's memory first, which must not hold up
-// another's exec. A Terminate that begins in between waits for the
-// record (p.starting), so it either sees the run and kills it or has
-// already made ref gone. The check runs before the thread joins ns,
-// which holds little of the host's file systems (trimMounts).
-func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run, lf leafFiles) error {
-	if ref != "" {
-		p.mu.Lock()
-		err := p.checkLive(ref)
-		if err == nil {
-			p.starting[ref]++
-		}
-		p.mu.Unlock()
-		if err != nil {
-			return err
-		}
-	}
-	err := p.fork(ns, cmd, lf)
+// ns (nil: none), and records r as a run of ref. It holds p.mu across the
+// liveness check and Start, so a concurrent Terminate either sees the run
+// and kills it or has already made ref gone. The check runs before the
+// thread joins ns, which holds little of the host's file systems
+// (trimMounts).
+func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if ref != "" {
-		if p.starting[ref]--; p.starting[ref] == 0 {
-			delete(p.starting, ref)
+		if p.terminating[ref] > 0 {
+			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
 		}
-		p.started.Broadcast()
-	}
-	if err != nil {
-		return err
-	}
-	r.pgid = cmd.Process.Pid
-	if ref != "" {
-		if p.runs[ref] == nil {
-			p.runs[ref] = make(map[*run]struct{})
+		if _, err := os.Stat(p.layout(ref).sandbox()); err != nil {
+			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
 		}
-		p.runs[ref][r] = struct{}{}
 	}
-	return nil
-}
-
-// checkLive fails with ErrSandboxGone when ref is terminating or gone.
-// p.mu must be held.
-func (p *Provider) checkLive(ref string) error {
-	if p.terminating[ref] > 0 {
-		return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
-	}
-	if _, err := os.Stat(p.layout(ref).sandbox()); err != nil {
-		return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
-	}
-	return nil
-}
-
-// fork is start's fork of bwrap, on the launching thread.
-func (p *Provider) fork(ns *os.File, cmd *exec.Cmd, lf leafFiles) error {
 	if ns != nil {
 		if err := joinNS(ns); err != nil {
 			return fmt.Errorf("local: exec: %w", err)
@@ -455,30 +413,15 @@ func (p *Provider) fork(ns *os.File, cmd *exec.Cmd, lf leafFiles) error {
 	if err := closeOnExec(); err != nil {
 		return fmt.Errorf("local: exec: %w", scrub(err))
 	}
-	if lf.self {
-		err := enter(lf.join)
-		if err == nil {
-			err = cmd.Start()
-			if errors.Is(err, syscall.EAGAIN) {
-				err = fmt.Errorf("the workspace is at its process limit: %w", err)
-			}
-		}
-		// Out again at once, whatever happened: see selfJoin.
-		if lerr := p.cg.leave(); lerr != nil {
-			if err == nil {
-				// bwrap waits for its options: it never runs.
-				killExec(cmd.Process.Pid)
-				cmd.Wait()
-			}
-			return fmt.Errorf("local: exec: %w", lerr)
-		}
-		if err != nil {
-			return fmt.Errorf("local: exec: start: %w", scrub(err))
-		}
-		return nil
-	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("local: exec: start: %w", scrub(err))
+	}
+	r.pgid = cmd.Process.Pid
+	if ref != "" {
+		if p.runs[ref] == nil {
+			p.runs[ref] = make(map[*run]struct{})
+		}
+		p.runs[ref][r] = struct{}{}
 	}
 	return nil
 }
@@ -650,9 +593,8 @@ type bwrapEnd struct {
 
 // launchBwrap starts l.cmd (bwrap) for j from an OS thread of its own, which
 // joins l.ns, the workspace's mount namespace, records l.r as a run of
-// j.ref (and the exec in the workspace, recordExec), forks bwrap in the
-// exec's leaf cgroups (selfJoin) or confines it in them once it runs
-// (confine), writes bwrap its
+// j.ref (and the exec in the workspace, recordExec), confines bwrap in the
+// exec's leaf cgroups once l.leaves has them (confine), writes bwrap its
 // options, watches the exec's context and timeout (watch), waits for bwrap
 // to exit, and reaps it. The thread lives until bwrap has exited, since
 // bwrap's parent-death signal follows the thread that forked it, and then
@@ -667,19 +609,12 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 		// Where this thread runs on one of the exec's CPUs already, bwrap
 		// is born on them, which spares it a move once it runs.
 		unpin := pinHere(j.cpus)
-		// The leaves before the fork: bwrap may be born in them (selfJoin).
-		lf := <-l.leaves
-		err := lf.err
-		if err != nil {
-			err = fmt.Errorf("local: exec: %w", err)
-		} else {
-			err = p.start(j.ref, l.ns, cmd, r, lf)
-		}
+		err := p.start(j.ref, l.ns, cmd, r)
 		if unpin != nil {
 			unpin()
 		}
 		if err != nil {
-			lf.close()
+			go func() { (<-l.leaves).close() }()
 			exited <- bwrapEnd{startErr: err}
 			return
 		}
@@ -699,12 +634,12 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			}
 			recorded <- ok
 		}()
-		var join []*os.File // bwrap is in its cgroups already when it was born there
-		if !lf.self {
-			join = lf.join
+		lf := <-l.leaves
+		e := bwrapEnd{started: true, startErr: lf.err}
+		if e.startErr == nil {
+			e.startErr = confine(pid, j, lf.procs, unpin != nil)
 		}
-		e := bwrapEnd{started: true, startErr: confine(pid, j, join, unpin != nil)}
-		closeAll(lf.join)
+		closeAll(lf.procs)
 		stop := make(chan struct{})
 		if e.startErr != nil {
 			// bwrap has no options yet, and never gets any.
@@ -811,8 +746,7 @@ func closeAll(fs []*os.File) {
 }
 
 // confine puts bwrap (pid), which waits for its options before it does
-// anything, into j's cgroups (their cgroup.procs files, opened; none
-// when it was born in them), pins it
+// anything, into j's cgroups (their cgroup.procs files, opened), pins it
 // to j's CPUs unless it was born pinned, and sets j's resource limits on
 // it, soft and hard, so that every process of the sandbox inherits all
 // three. Setting the CPUs on

@@ -93,10 +93,3 @@ func HashCPU(p *Provider, ref string) int { return p.pickCPUs(ref, 1)[0] }
 // CloseMountNamespaces closes the workspaces' mount namespaces that no exec
 // uses, as the Provider does after nsIdle, unmounting their disk images.
 func CloseMountNamespaces(p *Provider) { p.ns.sweep(time.Time{}) }
-
-// KillCgroup bridges killCgroup to the tests.
-var KillCgroup = killCgroup
-
-// SelfJoin reports whether an exec's launching thread joins its cgroups
-// itself (cgroupHost.selfJoin).
-func SelfJoin(p *Provider) bool { return p.cg.selfJoin() }

@@ -17,8 +17,7 @@ import (
 )
 
 // TestCgroupLimits checks the files that hold a small workspace's limits:
-// memory (swap included) at its size, 1024 processes, one core of quota
-// (v1: one and a half, pinned to one CPU).
+// memory (swap included) at its size, 1024 processes, one core of quota.
 func TestCgroupLimits(t *testing.T) {
 	t.Parallel()
 	p := newProvider(t, t.TempDir(), broker)
@@ -28,9 +27,8 @@ func TestCgroupLimits(t *testing.T) {
 		"memory.limit_in_bytes":       strconv.Itoa(512 << 20),
 		"memory.memsw.limit_in_bytes": strconv.Itoa(512 << 20),
 		"pids.max":                    "1024",
-		// v1: half a core of room for an exec's launching thread (quotaRoom).
-		"cpu.cfs_quota_us":  "150000",
-		"cpu.cfs_period_us": "100000",
+		"cpu.cfs_quota_us":            "100000",
+		"cpu.cfs_period_us":           "100000",
 		// v2 names, where the host has v2.
 		"memory.max":      strconv.Itoa(512 << 20),
 		"memory.swap.max": "0",

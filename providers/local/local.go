@@ -174,8 +174,6 @@ type Provider struct {
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
 	terminating map[string]int               // ref → Terminate calls in flight
-	starting    map[string]int               // ref → execs between their check and their run's record (start)
-	started     *sync.Cond                   // on mu: an exec of starting got its record, or failed
 
 	egressMu   sync.Mutex
 	egress     map[string]*egressServer // ref → the egress socket this Provider serves
@@ -253,10 +251,8 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		runs:        make(map[string]map[*run]struct{}),
 		placed:      make(map[string][]int),
 		terminating: make(map[string]int),
-		starting:    make(map[string]int),
 		egress:      make(map[string]*egressServer),
 	}
-	p.started = sync.NewCond(&p.mu)
 	p.egressCtx, p.egressStop = context.WithCancel(context.WithoutCancel(ctx))
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -694,11 +690,6 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	}
 	p.mu.Lock()
 	p.terminating[ref]++
-	// An exec that passed its check before this is forking bwrap: wait
-	// for its record, to kill it with the others.
-	for p.starting[ref] > 0 {
-		p.started.Wait()
-	}
 	runs := slices.Collect(maps.Keys(p.runs[ref]))
 	p.mu.Unlock()
 	defer func() {
@@ -871,37 +862,34 @@ func (p *Provider) limit(ref string, rec record) error {
 	return nil
 }
 
-// leaf returns the files named file (cgroup.procs or tasks: see
-// cgroupHost.leaf) of a new leaf cgroup name of the workspace w, recreating the workspace's cgroups when they are missing (a
+// leaf returns the cgroup.procs files of a new leaf cgroup name of the
+// workspace w, recreating the workspace's cgroups when they are missing (a
 // workspace from before a reboot). nil when there are no cgroups at all.
-func (p *Provider) leaf(ref string, rec record, name, file string) ([]string, error) {
+func (p *Provider) leaf(ref string, rec record, name string) ([]string, error) {
 	if p.cg == nil {
 		return nil, nil
 	}
-	procs, err := p.cg.leaf(ref, name, file)
+	procs, err := p.cg.leaf(ref, name)
 	if errors.Is(err, fs.ErrNotExist) {
 		if err := p.limit(ref, rec); err != nil {
 			return nil, err
 		}
-		procs, err = p.cg.leaf(ref, name, file)
+		procs, err = p.cg.leaf(ref, name)
 	}
 	return procs, err
 }
 
 // leafFiles are an exec's leaf cgroups, opened in the broker's own mount
-// namespace (a workspace's has no /sys): the files bwrap joins through
-// (joinFile: tasks when the launching thread enters them itself, else
-// cgroup.procs) and, where memory is limited, the leaf's OOM kill count
-// (oomKills).
+// namespace (a workspace's has no /sys): the cgroup.procs files bwrap
+// joins and, where memory is limited, the leaf's OOM kill count (oomKills).
 type leafFiles struct {
-	join []*os.File
-	self bool // join holds tasks files, for enter
-	oom  *os.File
-	err  error
+	procs []*os.File
+	oom   *os.File
+	err   error
 }
 
 func (lf leafFiles) close() {
-	closeAll(lf.join)
+	closeAll(lf.procs)
 	if lf.oom != nil {
 		lf.oom.Close()
 	}
@@ -910,11 +898,11 @@ func (lf leafFiles) close() {
 // openLeaf makes the leaf cgroup name of the workspace ref (leaf) and
 // opens its files.
 func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
-	procs, err := p.leaf(ref, rec, name, p.cg.joinFile())
+	procs, err := p.leaf(ref, rec, name)
 	if err != nil {
 		return leafFiles{err: fmt.Errorf("cgroup: %w", err)}
 	}
-	lf := leafFiles{self: p.cg.selfJoin()}
+	var lf leafFiles
 	for _, n := range procs {
 		f, err := os.OpenFile(n, os.O_WRONLY, 0)
 		if err != nil {
@@ -922,7 +910,7 @@ func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
 			// No path: it is the broker's business, not the client's.
 			return leafFiles{err: fmt.Errorf("cannot join the workspace's cgroup: %w", scrub(err))}
 		}
-		lf.join = append(lf.join, f)
+		lf.procs = append(lf.procs, f)
 	}
 	if name := p.cg.oomFile(ref, name); name != "" {
 		if f, err := os.Open(name); err == nil {
@@ -952,8 +940,6 @@ func (p *Provider) Close() error {
 		delete(p.egress, ref)
 	}
 	p.egressMu.Unlock()
-	// p.cg.home stays open: an exec may still be forking, and its thread
-	// must find its way back out of the workspace's cgroups.
 	if p.cg != nil && !p.cg.v2 { // on v2 the parent keeps its subtree_control
 		for _, d := range p.cg.dirs {
 			os.Remove(d) // fails while a workspace cgroup is in it
