@@ -1,0 +1,41 @@
+package local_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
+)
+
+// BenchmarkExecPaced runs "true" in one workspace at an interactive pace,
+// one exec every 20 ms, and reports the execs' latency percentiles (ns/op
+// counts the pauses too). Execs back to back hide costs that an idle host
+// shows: on cgroup v1 the kernel's global cgroup lock, when a process is
+// moved into a cgroup by its pid, first waits for an RCU grace period,
+// and an idle host's grace periods are the longest (joinAsStarted).
+func BenchmarkExecPaced(b *testing.B) {
+	p, err := local.New(b.Context(), local.Config{DataDir: b.TempDir()}, providers.Env{BrokerID: broker})
+	if err != nil {
+		b.Fatalf("local.New: %v", err)
+	}
+	b.Cleanup(func() { closeProvider(p) })
+	sb := providertest.Create(b, p, providertest.Spec(b))
+	var took []time.Duration
+	for b.Loop() {
+		time.Sleep(20 * time.Millisecond)
+		t0 := time.Now()
+		res, err := p.Exec(b.Context(), sb, providers.ExecSpec{Argv: []string{"true"}, MaxOutputBytes: 10})
+		if err != nil || res.ExitCode != 0 {
+			b.Fatalf("exec true: %v, exit %d", err, res.ExitCode)
+		}
+		took = append(took, time.Since(t0))
+	}
+	slices.Sort(took)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(took[len(took)/2]), "p50-ms")
+	b.ReportMetric(ms(took[len(took)*9/10]), "p90-ms")
+	b.ReportMetric(ms(took[len(took)-1]), "max-ms")
+}
