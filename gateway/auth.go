@@ -64,8 +64,14 @@ func authEntryFrom(c echo.Context) *authEntry {
 
 // authenticate resolves the bearer token to its lease and instance and
 // refuses expired, superseded-past-grace and revoked tokens (spec §Credential).
-func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+// ri is the route next serves, the request's (nil: a catch-all's, which
+// observe looks up).
+func (s *Server) authenticate(ri *routeInfo, next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
+		rc := reqOf(c)
+		if rc != nil {
+			rc.route = ri
+		}
 		h := headerValue(c.Request().Header, "Authorization")
 		scheme, raw, ok := strings.Cut(strings.TrimSpace(h), " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") {
@@ -85,7 +91,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		case sandgate.LeasePostGrace:
 			return protocol.E(protocol.LeaseSuperseded, "this token was rotated and its grace period ended; install the new token")
 		}
-		if rc := reqOf(c); rc != nil {
+		if rc != nil {
 			rc.auth, rc.now = e, now
 		}
 		return next(c)

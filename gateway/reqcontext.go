@@ -16,7 +16,11 @@ type reqContext struct {
 	echo.Context
 	id   string     // the request id (serve)
 	auth *authEntry // the resolved token (authenticate); nil before
-	now  time.Time  // Server.clock when authenticate checked the token: the request's decisions' clock
+	// route is the request's route, set by its handler (authenticate);
+	// nil for a request echo routed to no route of the table (and
+	// before): observe looks that one's up (Server.route).
+	route *routeInfo
+	now   time.Time // Server.clock when authenticate checked the token: the request's decisions' clock
 	// start is time.Now when observe began serving the request.
 	start time.Time
 	// logAttrs are the access log line's attributes (accessLog).

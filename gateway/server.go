@@ -160,10 +160,14 @@ func New(cfg Config, d Deps) (*Server, error) {
 		s.systemClock = true
 	}
 	s.reqs.New = func() any { return new(reqContext) }
-	s.echo = s.routes()
 	s.routeInfos, s.unmatched = map[routeKey]*routeInfo{}, &routeInfo{label: "unmatched"}
+	// routes fills routeInfos with its routes' infos; echo's own routes
+	// (its catch-alls) get theirs here.
+	s.echo = s.routes()
 	for _, r := range s.echo.Routes() {
-		s.routeInfos[routeKey{r.Method, r.Path}] = &routeInfo{label: r.Method + " " + r.Path}
+		if k := (routeKey{r.Method, r.Path}); s.routeInfos[k] == nil {
+			s.routeInfos[k] = &routeInfo{label: r.Method + " " + r.Path}
+		}
 	}
 	s.tel = newServerTelemetry(cfg, log)
 	if cfg.Meter == nil {
@@ -207,30 +211,38 @@ func (s *Server) routes() *echo.Echo {
 	// applied here, once, not handed to echo, which would apply it again
 	// on every request.
 	v1 := e.Group("/v1")
-	auth := func(h echo.HandlerFunc, m ...echo.MiddlewareFunc) echo.HandlerFunc {
+	auth := func(ri *routeInfo, h echo.HandlerFunc, m ...echo.MiddlewareFunc) echo.HandlerFunc {
 		for i := len(m) - 1; i >= 0; i-- {
 			h = m[i](h)
 		}
-		return s.authenticate(h)
+		return s.authenticate(ri, h)
 	}
-	v1.RouteNotFound("", auth(echo.NotFoundHandler))
-	v1.RouteNotFound("/*", auth(echo.NotFoundHandler))
+	// A route's handler knows its route: it tells observe, which would
+	// otherwise look it up by the request's method and template.
+	route := func(method, path string, h echo.HandlerFunc, m ...echo.MiddlewareFunc) {
+		ri := new(routeInfo)
+		r := v1.Add(method, path, auth(ri, h, m...))
+		ri.label = r.Method + " " + r.Path
+		s.routeInfos[routeKey{r.Method, r.Path}] = ri
+	}
+	v1.RouteNotFound("", auth(nil, echo.NotFoundHandler))
+	v1.RouteNotFound("/*", auth(nil, echo.NotFoundHandler))
 	// Routes on one workspace count against their class's limit in usable,
 	// sharing the workspace read's round trip.
 	read, acquire := s.rateLimit(admission.ClassRead), s.rateLimit(admission.ClassAcquire)
-	v1.GET("/lease", auth(s.getLease, read))
-	v1.POST("/workspaces", auth(s.acquire, acquire))
-	v1.GET("/workspaces", auth(s.listWorkspaces, read))
-	v1.GET("/workspaces/:id", auth(s.getWorkspace, read))
-	v1.DELETE("/workspaces/:id", auth(s.release)) // cleanup is never rate limited
-	v1.POST("/workspaces/:id/exec", auth(s.exec))
-	v1.POST("/workspaces/:id/files/read", auth(s.readFile))
-	v1.POST("/workspaces/:id/files/write", auth(s.writeFile))
-	v1.POST("/workspaces/:id/snapshots", auth(s.createSnapshot))
-	v1.DELETE("/snapshots/:id", auth(s.deleteSnapshot)) // cleanup is never rate limited
-	v1.PUT("/workspaces/:id/commands/:identity", auth(s.startCommand))
-	v1.GET("/workspaces/:id/commands/:identity", auth(s.readCommand))
-	v1.POST("/workspaces/:id/commands/:identity/cancel", auth(s.cancelCommand)) // like release: never rate limited
+	route(http.MethodGet, "/lease", s.getLease, read)
+	route(http.MethodPost, "/workspaces", s.acquire, acquire)
+	route(http.MethodGet, "/workspaces", s.listWorkspaces, read)
+	route(http.MethodGet, "/workspaces/:id", s.getWorkspace, read)
+	route(http.MethodDelete, "/workspaces/:id", s.release) // cleanup is never rate limited
+	route(http.MethodPost, "/workspaces/:id/exec", s.exec)
+	route(http.MethodPost, "/workspaces/:id/files/read", s.readFile)
+	route(http.MethodPost, "/workspaces/:id/files/write", s.writeFile)
+	route(http.MethodPost, "/workspaces/:id/snapshots", s.createSnapshot)
+	route(http.MethodDelete, "/snapshots/:id", s.deleteSnapshot) // cleanup is never rate limited
+	route(http.MethodPut, "/workspaces/:id/commands/:identity", s.startCommand)
+	route(http.MethodGet, "/workspaces/:id/commands/:identity", s.readCommand)
+	route(http.MethodPost, "/workspaces/:id/commands/:identity/cancel", s.cancelCommand) // like release: never rate limited
 	return e
 }
 
@@ -306,7 +318,11 @@ func (s *Server) observe(c *reqContext) {
 		code = s.answer(c)
 	}
 	end := time.Now()
-	m := s.measuresOf(s.route(c), c.Response().Status, code)
+	ri := c.route // the route's handler's, when it ran
+	if ri == nil {
+		ri = s.route(c)
+	}
+	m := s.measuresOf(ri, c.Response().Status, code)
 	if refused == nil {
 		s.accessLog(c.Request().Context(), c, m, code, start, end)
 	}
