@@ -468,13 +468,14 @@ func (s *Server) trustedProxy(remote string) bool {
 // value or the token. start and end are when it came and was answered.
 func (s *Server) accessLog(ctx context.Context, c *reqContext, m *measureOpts, code protocol.Code, start, end time.Time) {
 	m.n.Add(1)
-	h := s.log.Handler()
-	if !h.Enabled(ctx, slog.LevelInfo) {
-		return
-	}
 	// The record goes to the handler directly: Logger.LogAttrs would
 	// walk the stack for the caller's PC on every line, which the
-	// handler (no AddSource) never writes.
+	// handler (no AddSource) never writes. An attrsHandler asks Enabled
+	// itself; another is asked here.
+	h := s.log.Handler()
+	if s.logAttrs == nil && !h.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
 	// The attributes are the reqContext's, which is reused: an array on
 	// the stack would escape to the heap through the handler's interface.
 	attrs := &c.logAttrs
@@ -505,8 +506,9 @@ func (s *Server) accessLog(ctx context.Context, c *reqContext, m *measureOpts, c
 // attrsHandler is a log handler that writes a line from its attributes
 // without a slog.Record (telemetry's JSON handler, as `sandgate serve`
 // logs): the same line as Handle of the record, without building and
-// copying one (and allocating for its attributes past the fifth). It
-// keeps nothing of attrs once it returns.
+// copying one (and allocating for its attributes past the fifth), and
+// nothing at a level it is not Enabled for. It keeps nothing of attrs
+// once it returns.
 type attrsHandler interface {
 	HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error
 }

@@ -91,11 +91,15 @@ func (h *jsonHandler) appendRecord(buf []byte, r slog.Record) ([]byte, bool) {
 }
 
 // HandleAttrs writes the line Handle writes for a record of t, level, msg
-// and attrs (at Enabled's levels), without the record: the access log's
-// lines are written from their attributes alone. Only the lines it cannot
-// encode itself are made a record, for slog's handler. It keeps nothing
-// of attrs once it returns.
+// and attrs, without the record: the access log's lines are written from
+// their attributes alone. At a level the handler is not Enabled for it
+// writes nothing (the caller need not ask Enabled first). Only the lines
+// it cannot encode itself are made a record, for slog's handler. It keeps
+// nothing of attrs once it returns.
 func (h *jsonHandler) HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error {
+	if level < h.level.Level() {
+		return nil
+	}
 	if h.held != nil && deferrable(t, msg, attrs) {
 		if ok, err := h.held.writeLine(h, t, level, msg, attrs); ok {
 			return err

@@ -111,7 +111,7 @@ func TestJSONHandlerMatchesSlog(t *testing.T) {
 		// each comparison.
 		var gotBuffered bytes.Buffer
 		lw := NewLogWriter(&gotBuffered, time.Hour)
-		buffered := shape.wrap(flushing{Handler: newJSONHandler(lw, opts), w: lw})
+		buffered := shape.wrap(newFlushing(newJSONHandler(lw, opts), lw))
 		for i, r := range records {
 			want.Reset()
 			_ = std.Handle(context.Background(), r)
@@ -224,5 +224,40 @@ func TestLogWriterHeldLinesKeepOrder(t *testing.T) {
 	_ = lw.Close()
 	if got.String() != want.String() {
 		t.Errorf("LogWriter lines:\n got %s\nwant %s", got.String(), want.String())
+	}
+}
+
+// TestHandleAttrsBelowLevel: HandleAttrs writes nothing at a level its
+// handler is not Enabled for, as a caller that asked Enabled first would
+// not have called it: the JSON handler, NewBufferedLogger's handler over
+// it, and that over a handler with no HandleAttrs of its own (a group's).
+func TestHandleAttrsBelowLevel(t *testing.T) {
+	at := time.Date(2026, 12, 1, 15, 44, 39, 0, time.UTC)
+	attrs := []slog.Attr{slog.String("request_id", "req_1"), slog.Int("status", 200)}
+	var out bytes.Buffer
+	lw := NewLogWriter(&out, time.Hour)
+	opts := &slog.HandlerOptions{Level: slog.LevelWarn, ReplaceAttr: millis}
+	json := newJSONHandler(lw, opts)
+	for _, h := range []struct {
+		name string
+		h    slog.Handler
+	}{{"json", json}, {"buffered", newFlushing(json, lw)}, {"group", newFlushing(json, lw).WithGroup("g")}} {
+		ah, ok := h.h.(attrsHandler)
+		if !ok {
+			t.Fatalf("%s: no HandleAttrs", h.name)
+		}
+		for _, level := range []slog.Level{slog.LevelDebug, slog.LevelInfo} {
+			if err := ah.HandleAttrs(context.Background(), at, level, "request", attrs); err != nil {
+				t.Fatalf("%s at %v: %v", h.name, level, err)
+			}
+		}
+		if err := ah.HandleAttrs(context.Background(), at, slog.LevelWarn, "request", attrs); err != nil {
+			t.Fatalf("%s at warn: %v", h.name, err)
+		}
+		_ = lw.Flush()
+		if n := strings.Count(out.String(), "\n"); n != 1 {
+			t.Errorf("%s: %d lines written; want the warning's alone:\n%s", h.name, n, out.String())
+		}
+		out.Reset()
 	}
 }

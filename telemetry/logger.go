@@ -258,7 +258,7 @@ func NewBufferedLogger(w io.Writer, level, format string) (*slog.Logger, *LogWri
 	if err != nil {
 		return nil, nil, err
 	}
-	return slog.New(flushing{Handler: log.Handler(), w: lw}), lw, nil
+	return slog.New(newFlushing(log.Handler(), lw)), lw, nil
 }
 
 // flushing is a handler that flushes its LogWriter after every warning or
@@ -266,6 +266,13 @@ func NewBufferedLogger(w io.Writer, level, format string) (*slog.Logger, *LogWri
 type flushing struct {
 	slog.Handler
 	w *LogWriter
+	// attrs is Handler as an attrsHandler, found once; nil when it is not one.
+	attrs attrsHandler
+}
+
+func newFlushing(h slog.Handler, w *LogWriter) flushing {
+	a, _ := h.(attrsHandler)
+	return flushing{Handler: h, w: w, attrs: a}
 }
 
 func (f flushing) Handle(ctx context.Context, r slog.Record) error {
@@ -279,12 +286,17 @@ func (f flushing) Handle(ctx context.Context, r slog.Record) error {
 }
 
 // HandleAttrs is Handle of a record of t, level, msg and attrs, made only
-// if the handler it wraps cannot write the line without it.
+// if the handler it wraps cannot write the line without it. Like the
+// handler's own, it writes nothing at a level the handler is not Enabled
+// for.
 func (f flushing) HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error {
 	var err error
-	if h, ok := f.Handler.(attrsHandler); ok {
-		err = h.HandleAttrs(ctx, t, level, msg, attrs)
+	if f.attrs != nil {
+		err = f.attrs.HandleAttrs(ctx, t, level, msg, attrs)
 	} else {
+		if !f.Handler.Enabled(ctx, level) {
+			return nil
+		}
 		r := slog.NewRecord(t, level, msg, 0)
 		r.AddAttrs(attrs...)
 		err = f.Handler.Handle(ctx, r)
@@ -298,16 +310,17 @@ func (f flushing) HandleAttrs(ctx context.Context, t time.Time, level slog.Level
 }
 
 // attrsHandler is a handler that writes a line from its attributes
-// without a slog.Record: jsonHandler, and flushing over one. The gateway's
-// access log looks for the method (with an interface of its own).
+// without a slog.Record, and nothing at a level it is not Enabled for:
+// jsonHandler, and flushing over one. The gateway's access log looks for
+// the method (with an interface of its own).
 type attrsHandler interface {
 	HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error
 }
 
 func (f flushing) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return flushing{Handler: f.Handler.WithAttrs(attrs), w: f.w}
+	return newFlushing(f.Handler.WithAttrs(attrs), f.w)
 }
 
 func (f flushing) WithGroup(name string) slog.Handler {
-	return flushing{Handler: f.Handler.WithGroup(name), w: f.w}
+	return newFlushing(f.Handler.WithGroup(name), f.w)
 }
