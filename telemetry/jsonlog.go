@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -26,6 +27,11 @@ type jsonHandler struct {
 	pre   []byte      // attributes of WithAttrs, encoded: `"k":v,"k2":v2`
 	secs  *timePrefix // the last second's time written, shared with WithAttrs's handlers
 	held  *LogWriter  // lw, when it is a LogWriter: HandleAttrs's lines wait in it unencoded
+	// opts and with (every attribute of WithAttrs) make slog's handler
+	// again over a buffer, for a held line the fast path cannot encode
+	// (appendHeld).
+	opts *slog.HandlerOptions
+	with []slog.Attr
 }
 
 // lockedWriter serialises the fast path's writes with slog's handler's.
@@ -50,7 +56,7 @@ func newJSONHandler(w io.Writer, opts *slog.HandlerOptions) *jsonHandler {
 		lw = &lockedWriter{w: w}
 	}
 	held, _ := lw.(*LogWriter)
-	return &jsonHandler{std: slog.NewJSONHandler(lw, opts), lw: lw, level: opts.Level, secs: new(timePrefix), held: held}
+	return &jsonHandler{std: slog.NewJSONHandler(lw, opts), lw: lw, level: opts.Level, secs: new(timePrefix), held: held, opts: opts}
 }
 
 func (h *jsonHandler) Enabled(_ context.Context, l slog.Level) bool {
@@ -124,14 +130,36 @@ func (h *jsonHandler) HandleAttrs(ctx context.Context, t time.Time, level slog.L
 }
 
 // appendLine appends the line HandleAttrs writes, for attributes that
-// deferrable accepted.
+// deferrable accepted: as the fast path encodes it, or, when a string of
+// it needs escaping (which deferrable does not look for), as slog's
+// handler does (appendHeld).
 func (h *jsonHandler) appendLine(buf []byte, t time.Time, level slog.Level, msg string, attrs []slog.Attr) []byte {
-	buf, _ = h.appendHead(buf, t, level, msg)
-	for i := range attrs {
+	start := len(buf)
+	buf, ok := h.appendHead(buf, t, level, msg)
+	for i := 0; ok && i < len(attrs); i++ {
 		buf = append(buf, ',')
-		buf, _ = appendJSONAttr(buf, attrs[i])
+		buf, ok = appendJSONAttr(buf, attrs[i])
+	}
+	if !ok {
+		return h.appendHeld(buf[:start], t, level, msg, attrs)
 	}
 	return append(buf, '}', '\n')
+}
+
+// appendHeld appends the line slog's handler writes for a record of t,
+// level, msg and attrs: through a handler of slog's made as h's, with
+// h's options and WithAttrs's attributes, over a buffer of its own, since
+// h's writes to the LogWriter that is writing the line.
+func (h *jsonHandler) appendHeld(buf []byte, t time.Time, level slog.Level, msg string, attrs []slog.Attr) []byte {
+	var b bytes.Buffer
+	sh := slog.Handler(slog.NewJSONHandler(&b, h.opts))
+	if len(h.with) > 0 {
+		sh = sh.WithAttrs(h.with)
+	}
+	r := slog.NewRecord(t, level, msg, 0)
+	r.AddAttrs(attrs...)
+	_ = sh.Handle(context.Background(), r) // a buffer's writes do not fail
+	return append(buf, b.Bytes()...)
 }
 
 // Unix seconds well inside the years slog's handler writes (0 to 9999),
@@ -141,30 +169,26 @@ const (
 	maxDeferUnix = 253402300799 - 2*86400 // 9999-12-29
 )
 
-// deferrable reports whether the fast path is certain to encode a line of
-// t, msg and attrs (appendHead and appendJSONAttr would not refuse it), and
-// every attribute is a value that cannot change before it is encoded: of
-// the kinds string, integer, boolean, finite float and duration.
-func deferrable(t time.Time, msg string, attrs []slog.Attr) bool {
+// deferrable reports whether a line of t, msg and attrs can wait to be
+// encoded: its time is one the fast path writes, and every attribute has a
+// key and is a value that cannot change before it is encoded, of the kinds
+// string, integer, boolean, finite float and duration. Whether a string
+// of it needs escaping (the fast path's other refusal) is not looked at
+// here: the line's encoding finds that out (appendLine), off the logging
+// request's path, and hands that line to slog's handler then.
+func deferrable(t time.Time, _ string, attrs []slog.Attr) bool {
 	if !t.IsZero() {
 		if u := t.Unix(); u < minDeferUnix || u > maxDeferUnix {
 			return false
 		}
 	}
-	if !plainString(msg) {
-		return false
-	}
 	for i := range attrs {
 		a := &attrs[i]
-		if a.Key == "" || !plainString(a.Key) {
+		if a.Key == "" {
 			return false
 		}
 		switch a.Value.Kind() {
-		case slog.KindString:
-			if !plainString(a.Value.String()) {
-				return false
-			}
-		case slog.KindInt64, slog.KindUint64, slog.KindBool, slog.KindDuration:
+		case slog.KindString, slog.KindInt64, slog.KindUint64, slog.KindBool, slog.KindDuration:
 		case slog.KindFloat64:
 			if f := a.Value.Float64(); math.IsNaN(f) || math.IsInf(f, 0) {
 				return false
@@ -376,7 +400,8 @@ func (h *jsonHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	if len(attrs) == 0 {
 		return h
 	}
-	n := &jsonHandler{std: h.std.WithAttrs(attrs), lw: h.lw, level: h.level, secs: h.secs, held: h.held}
+	n := &jsonHandler{std: h.std.WithAttrs(attrs), lw: h.lw, level: h.level, secs: h.secs, held: h.held, opts: h.opts,
+		with: h.with[:len(h.with):len(h.with)]}
 	pre := append([]byte(nil), h.pre...)
 	for _, a := range attrs {
 		if len(pre) > 0 {
@@ -386,6 +411,8 @@ func (h *jsonHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 		if pre, ok = appendJSONAttr(pre, a); !ok {
 			return n.std // slog's handler alone from here on
 		}
+		a.Value = a.Value.Resolve() // as pre has it: a LogValuer is not asked again
+		n.with = append(n.with, a)
 	}
 	n.pre = pre
 	return n

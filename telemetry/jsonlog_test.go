@@ -191,8 +191,9 @@ func TestLogWriterHeldLinesKeepOrder(t *testing.T) {
 	opts := &slog.HandlerOptions{Level: slog.LevelDebug, ReplaceAttr: millis}
 	var got, want bytes.Buffer
 	lw := NewLogWriter(&got, time.Hour)
-	buffered := newJSONHandler(lw, opts).WithAttrs([]slog.Attr{slog.String("component", "gateway")})
-	std := slog.NewJSONHandler(&want, opts).WithAttrs([]slog.Attr{slog.String("component", "gateway")})
+	with := []slog.Attr{slog.String("component", "gateway"), slog.Any("v", valuer{}), slog.Duration("linger", time.Millisecond)}
+	buffered := newJSONHandler(lw, opts).WithAttrs(with[:1]).WithAttrs(with[1:])
+	std := slog.NewJSONHandler(&want, opts).WithAttrs(with[:1]).WithAttrs(with[1:])
 	attrs := make([]slog.Attr, 3) // reused by the caller, as the gateway's access log does
 	for i := range 300 {
 		at = at.Add(time.Duration(i) * 7 * time.Millisecond)
@@ -207,6 +208,22 @@ func TestLogWriterHeldLinesKeepOrder(t *testing.T) {
 			t.Fatalf("line %d: the access log's line is not held unencoded", i)
 		}
 		lw.mu.Unlock()
+		if i%5 == 0 { // a held line only slog's handler encodes: a string of it needs escaping
+			esc := []slog.Attr{slog.String("route", fmt.Sprint("/v1/\"", i, "\\\n\u00e9<&>"))}
+			r := slog.NewRecord(at, slog.LevelInfo, "request", 0)
+			r.AddAttrs(esc...)
+			_ = std.Handle(context.Background(), r)
+			lw.mu.Lock()
+			held := len(lw.lines)
+			lw.mu.Unlock()
+			if err := buffered.(attrsHandler).HandleAttrs(context.Background(), at, slog.LevelInfo, "request", esc); err != nil {
+				t.Fatal(err)
+			}
+			if lw.mu.Lock(); len(lw.lines) != held+1 {
+				t.Fatalf("line %d: the line to escape is not held unencoded", i)
+			}
+			lw.mu.Unlock()
+		}
 		if i%3 == 0 { // a line only slog's handler writes, then one of the fast path's records
 			r := slog.NewRecord(at, slog.LevelInfo, "escaped", 0)
 			r.AddAttrs(slog.String("k", "a\"b"))

@@ -94,7 +94,8 @@ type LogWriter struct {
 // pendingLine is a line held unencoded: its place in the buffer and what
 // its handler encodes it from, once flushed. Its attributes are of the
 // plain kinds only (jsonHandler.deferrable), which are values: nothing a
-// caller can change after it hands them over.
+// caller can change after it hands them over. A string of them may need
+// escaping: that line is encoded as slog's handler writes it.
 type pendingLine struct {
 	at    int // the line goes after buf[:at]
 	h     *jsonHandler
