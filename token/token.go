@@ -89,10 +89,21 @@ const HashLen = 2 * sha256.Size
 // HashInto writes Hash's answer into dst, for a caller that looks it up
 // without allocating a string, and returns dst's slice.
 func HashInto(dst *[HashLen]byte, s sandgate.Secret) []byte {
-	var raw [Len]byte
-	sum := sha256.Sum256(append(raw[:0], s.Reveal()...))
+	sum := Sum(s)
 	hex.Encode(dst[:], sum[:])
 	return dst[:]
+}
+
+// Sum returns the SHA-256 of a token: Hash's answer before its hex
+// (HashOf), for a caller that keys a lookup by the digest itself.
+func Sum(s sandgate.Secret) [sha256.Size]byte {
+	var raw [Len]byte // no copy on the heap for a token of the usual length
+	return sha256.Sum256(append(raw[:0], s.Reveal()...))
+}
+
+// HashOf returns Hash's answer of the token whose Sum is sum.
+func HashOf(sum [sha256.Size]byte) string {
+	return hex.EncodeToString(sum[:])
 }
 
 // DisplayPrefix returns the first characters of a token, enough for an

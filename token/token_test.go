@@ -64,3 +64,16 @@ func TestHashStable(t *testing.T) {
 		t.Fatal("hash contains token")
 	}
 }
+
+// TestSumIsHash: Hash is the hex of Sum (HashOf), the digest the gateway's
+// auth cache is keyed by, whatever the token's length.
+func TestSumIsHash(t *testing.T) {
+	for _, tok := range []sandgate.Secret{token.New(token.Prefix), "", "short", sandgate.Secret(strings.Repeat("x", 3*token.Len))} {
+		if got, want := token.HashOf(token.Sum(tok)), token.Hash(tok); got != want {
+			t.Errorf("HashOf(Sum(%d bytes)) = %q; want Hash's %q", len(tok.Reveal()), got, want)
+		}
+	}
+	if h := token.Hash("abc"); h != "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad" {
+		t.Errorf(`Hash("abc") = %q; want its SHA-256`, h)
+	}
+}
