@@ -273,12 +273,12 @@ func (s *Server) serve(c echo.Context) error {
 	}
 	id := idv[0]
 	h[protocol.HeaderRequestID] = idv
-	rc := s.reqs.Get().(*reqContext)
-	*rc = reqContext{Context: c, id: id}
+	rc := s.reqs.Get().(*reqContext) // zero: new, or zeroed before it was put back
+	rc.Context, rc.id = c, id
 	if err := s.serveBody(rc); err != nil {
 		s.handleError(err, rc)
 	}
-	*rc = reqContext{}
+	*rc = reqContext{} // nothing of the request is kept, nor zeroed again
 	s.reqs.Put(rc)
 	return nil
 }
