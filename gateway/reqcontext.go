@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -14,6 +15,11 @@ import (
 // them on every request; a reqContext is pooled by the Server and reused.
 type reqContext struct {
 	echo.Context
+	// req and res are Context's request and response, kept here so that
+	// the chain's many reads of them are one call, not a second through
+	// Context; SetRequest and SetResponse change both.
+	req  *http.Request
+	res  *echo.Response
 	id   string     // the request id (serve)
 	auth *authEntry // the resolved token (authenticate); nil before
 	// route is the request's route, set by its handler (authenticate);
@@ -25,6 +31,24 @@ type reqContext struct {
 	start time.Time
 	// logAttrs are the access log line's attributes (accessLog).
 	logAttrs [8]slog.Attr
+}
+
+// Request is Context's request.
+func (c *reqContext) Request() *http.Request { return c.req }
+
+// SetRequest makes r Context's request.
+func (c *reqContext) SetRequest(r *http.Request) {
+	c.Context.SetRequest(r)
+	c.req = r
+}
+
+// Response is Context's response.
+func (c *reqContext) Response() *echo.Response { return c.res }
+
+// SetResponse makes r Context's response.
+func (c *reqContext) SetResponse(r *echo.Response) {
+	c.Context.SetResponse(r)
+	c.res = r
 }
 
 // reqOf returns c's reqContext; nil for a context serve did not make.

@@ -274,7 +274,7 @@ func (s *Server) serve(c echo.Context) error {
 	id := idv[0]
 	h[protocol.HeaderRequestID] = idv
 	rc := s.reqs.Get().(*reqContext) // zero: new, or zeroed before it was put back
-	rc.Context, rc.id = c, id
+	rc.Context, rc.req, rc.res, rc.id = c, c.Request(), c.Response(), id
 	if err := s.serveBody(rc); err != nil {
 		s.handleError(err, rc)
 	}
