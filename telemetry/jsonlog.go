@@ -106,9 +106,11 @@ func (h *jsonHandler) HandleAttrs(ctx context.Context, t time.Time, level slog.L
 	if level < h.level.Level() {
 		return nil
 	}
-	if h.held != nil && deferrable(t, msg, attrs) {
-		if ok, err := h.held.writeLine(h, t, level, msg, attrs); ok {
-			return err
+	if h.held != nil {
+		if size, ok := deferrable(t, msg, attrs); ok {
+			if ok, err := h.held.writeLine(h, t, level, msg, attrs, size); ok {
+				return err
+			}
 		}
 	}
 	bp := jsonBufs.Get().(*[]byte)
@@ -175,29 +177,35 @@ const (
 // string, integer, boolean, finite float and duration. Whether a string
 // of it needs escaping (the fast path's other refusal) is not looked at
 // here: the line's encoding finds that out (appendLine), off the logging
-// request's path, and hands that line to slog's handler then.
-func deferrable(t time.Time, _ string, attrs []slog.Attr) bool {
+// request's path, and hands that line to slog's handler then. size is
+// about what the line takes encoded (LogWriter.writeLine's count), found
+// in the same pass over attrs.
+func deferrable(t time.Time, msg string, attrs []slog.Attr) (size int, ok bool) {
 	if !t.IsZero() {
 		if u := t.Unix(); u < minDeferUnix || u > maxDeferUnix {
-			return false
+			return 0, false
 		}
 	}
+	size = 64 + len(msg) // what the line's head, time and level take, about
 	for i := range attrs {
 		a := &attrs[i]
 		if a.Key == "" {
-			return false
+			return 0, false
 		}
+		size += 24 + len(a.Key)
 		switch a.Value.Kind() {
-		case slog.KindString, slog.KindInt64, slog.KindUint64, slog.KindBool, slog.KindDuration:
+		case slog.KindString:
+			size += len(a.Value.String())
+		case slog.KindInt64, slog.KindUint64, slog.KindBool, slog.KindDuration:
 		case slog.KindFloat64:
 			if f := a.Value.Float64(); math.IsNaN(f) || math.IsInf(f, 0) {
-				return false
+				return 0, false
 			}
 		default:
-			return false
+			return 0, false
 		}
 	}
-	return true
+	return size, true
 }
 
 // putBuf keeps buf, the line buffer of bp, for reuse unless it grew large.

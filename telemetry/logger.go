@@ -161,25 +161,19 @@ func (l *LogWriter) heldLocked(n int) error {
 // encodes it when the lines are written: an info line waits for the
 // linger anyway, and a batch of lines is encoded in one hot loop, off the
 // path of the request that logged it, where one at a time each would be
-// encoded cold. attrs are copied. It reports false, holding nothing, once
+// encoded cold. attrs are copied; size is about what the line takes
+// encoded (deferrable's count). It reports false, holding nothing, once
 // the writer is closed.
-func (l *LogWriter) writeLine(h *jsonHandler, t time.Time, level slog.Level, msg string, attrs []slog.Attr) (bool, error) {
+func (l *LogWriter) writeLine(h *jsonHandler, t time.Time, level slog.Level, msg string, attrs []slog.Attr, size int) (bool, error) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
 		return false, nil
 	}
-	n := 64 + len(msg) // what the line's head, time and level take, about
-	for i := range attrs {
-		n += 24 + len(attrs[i].Key)
-		if attrs[i].Value.Kind() == slog.KindString {
-			n += len(attrs[i].Value.String())
-		}
-	}
 	start := len(l.attrs)
 	l.attrs = append(l.attrs, attrs...)
 	l.lines = append(l.lines, pendingLine{at: len(l.buf), h: h, t: t, level: level, msg: msg, attrs: l.attrs[start:len(l.attrs):len(l.attrs)]})
-	return true, l.heldLocked(n)
+	return true, l.heldLocked(size)
 }
 
 // Flush writes every line held.
