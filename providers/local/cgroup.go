@@ -337,8 +337,9 @@ func (h *cgroupHost) controllers(ref string) []string {
 // leaf creates the leaf cgroup name below ref's workspace cgroups and
 // returns the files named file of the cgroups a process joins:
 // cgroup.procs, which takes a process's pid, or, on v1, tasks, which
-// takes "0" for the writer itself (selfFile). The workspace cgroups must exist: a missing one (a workspace created
-// before cgroups, or removed under us) is an error, never an exec outside.
+// takes "0" for the writer itself (selfFile). The workspace cgroups must
+// exist: a missing one (a workspace created before cgroups, or removed
+// under us) is an error, never an exec outside.
 //
 // On v1 only two hierarchies get a leaf: memory, from whose leaf an exec's
 // OOM kills are read, and the one that counts CPU usage, whose leaves the
