@@ -40,6 +40,11 @@ type cgroupHost struct {
 	// then no workspace's weight is ever lowered (see cpuweight.go).
 	acct string
 	swap bool // swap can be limited (v1 memsw, v2 swap.max)
+	// dynmods is whether a v1 hierarchy is mounted with favordynmods:
+	// the kernel then moves a process by its pid without the global
+	// lock's grace period, and an exec's bwrap is moved in by its pid
+	// (joinsItself).
+	dynmods bool
 }
 
 // cgroupMount is one cgroup file system mount.
@@ -175,6 +180,9 @@ func detectV1(mounts []cgroupMount, parent string) (*cgroupHost, []string) {
 	}
 	if len(h.dirs) == 0 {
 		return nil, problems
+	}
+	for _, m := range mounts {
+		h.dynmods = h.dynmods || !m.v2 && hasAll(m.options, "favordynmods")
 	}
 	// CPU usage is only read (cpuweight.go), never limited: without it
 	// nothing is unenforced, so it is no problem.
@@ -388,6 +396,13 @@ func (h *cgroupHost) selfFile() string {
 	}
 	return "tasks"
 }
+
+// joinsItself reports whether an exec's bwrap joins its cgroups itself,
+// started under sh (joinAsStarted), rather than being moved in by its pid
+// (confine): on v1, unless the kernel moves a process by its pid without
+// waiting for a grace period (favordynmods), where the sh would only cost
+// its exec.
+func (h *cgroupHost) joinsItself() bool { return h != nil && !h.v2 && !h.dynmods }
 
 // oomFile is the file of the leaf name of ref that counts its OOM kills
 // (oomKills); "" when memory is not limited.

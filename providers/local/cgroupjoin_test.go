@@ -17,11 +17,57 @@ import (
 
 // TestExecBornInCgroups: every process of an exec runs in its workspace's
 // cgroups, in every controller, and no thread of the broker is ever in
-// any of them (on v1 bwrap joins them itself as it starts:
-// joinAsStarted).
+// any of them: on v1 bwrap joins them itself as it starts (joinAsStarted),
+// unless a hierarchy is mounted with favordynmods (a mount table saying
+// so, here), where the broker moves it in by its pid.
 func TestExecBornInCgroups(t *testing.T) {
 	t.Parallel()
-	p := newProvider(t, t.TempDir(), broker)
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	v1 := false
+	for i, l := range lines {
+		if strings.Contains(l, " - cgroup cgroup ") {
+			lines[i], v1 = l+",favordynmods", true
+		}
+	}
+	dynmods := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(dynmods, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, mountinfo string
+		joinsItself     bool
+	}{
+		{"host", "", v1},
+		{"favordynmods", dynmods, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := local.Config{DataDir: t.TempDir()}
+			if tc.mountinfo != "" {
+				local.SetMountinfo(&c, tc.mountinfo)
+			}
+			p, err := local.New(t.Context(), c, providers.Env{BrokerID: broker})
+			if err != nil {
+				t.Fatalf("local.New: %v", err)
+			}
+			t.Cleanup(func() { closeProvider(p) })
+			if got := local.JoinsItself(p); got != tc.joinsItself {
+				t.Errorf("bwrap joins its cgroups itself: %v; want %v", got, tc.joinsItself)
+			}
+			execInCgroups(t, p)
+		})
+	}
+}
+
+// execInCgroups runs an exec in a new workspace of p and checks that each
+// of its processes is in each of the workspace's cgroups, and that no
+// thread of this process is in any of them.
+func execInCgroups(t *testing.T, p *local.Provider) {
+	t.Helper()
 	sb := providertest.Create(t, p, providertest.Spec(t))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -44,8 +90,8 @@ func TestExecBornInCgroups(t *testing.T) {
 	}
 	// bwrap, the sandbox's pid 1, sh and two sleeps.
 	var procs []string
-	threads, _ := os.ReadDir("/proc/self/task")
 	waitUntil(t, "the exec's processes", func() bool {
+		threads, _ := os.ReadDir("/proc/self/task")
 		tasks := members("tasks")
 		for _, th := range threads {
 			if slices.Contains(tasks, th.Name()) {

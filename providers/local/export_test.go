@@ -96,3 +96,7 @@ func CloseMountNamespaces(p *Provider) { p.ns.sweep(time.Time{}) }
 
 // JoinAsStarted bridges joinAsStarted to the tests.
 var JoinAsStarted = joinAsStarted
+
+// JoinsItself reports whether an exec's bwrap joins its cgroups itself
+// (cgroupHost.joinsItself).
+func JoinsItself(p *Provider) bool { return p.cg.joinsItself() }
