@@ -13,19 +13,12 @@ import (
 	"github.com/sandgate/sandgate/providers/providertest"
 )
 
-// TestExecBornInCgroups: every process of an exec runs in its workspace's
+// TestExecInCgroups: every process of an exec runs in its workspace's
 // cgroups, in every controller, and no thread of the broker is ever in
 // any of them.
-func TestExecBornInCgroups(t *testing.T) {
+func TestExecInCgroups(t *testing.T) {
 	t.Parallel()
-	execInCgroups(t, newProvider(t, t.TempDir(), broker))
-}
-
-// execInCgroups runs an exec in a new workspace of p and checks that each
-// of its processes is in each of the workspace's cgroups, and that no
-// thread of this process is in any of them.
-func execInCgroups(t *testing.T, p *local.Provider) {
-	t.Helper()
+	p := newProvider(t, t.TempDir(), broker)
 	sb := providertest.Create(t, p, providertest.Spec(t))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
