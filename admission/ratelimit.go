@@ -75,10 +75,11 @@ return {g, 0}
 //
 // A batch follows the token's observed rate on this process: each batch
 // borrow takes what the requests since the last one would spend in
-// BatchHorizon at the rate they came, between Batch (Burst/20) and
-// MaxBatch (Burst/4), both between 1 and 64. A token spending no faster
-// than Batch per BatchHorizon keeps batches of Batch; a faster one costs
-// a script call per up to MaxBatch requests.
+// BatchHorizon at the rate they came, between Batch (Burst/20, between
+// 1 and 64) and MaxBatch (Burst/4, between 1 and 64, or what the limit's
+// rate grants in BatchHorizon, at most the burst). A token spending no
+// faster than Batch per BatchHorizon keeps batches of Batch; a faster one
+// costs a script call per up to MaxBatch requests.
 //
 // The bound: every request spends a request borrowed from Redis's limit,
 // and a process holds at most one and a half of the largest batch of a
@@ -130,8 +131,19 @@ const maxBuckets = 100_000
 func (r Rate) Batch() int { return min(max(r.Burst/20, 1), 64) }
 
 // MaxBatch is the most requests a process borrows from r's limit at once,
-// for a token whose requests come fast: Burst/4, between 1 and 64.
-func (r Rate) MaxBatch() int { return min(max(r.Burst/4, 1), 64) }
+// for a token whose requests come fast: Burst/4, between 1 and 64, or,
+// when it is more, what the sustained rate grants in BatchHorizon (at
+// most the burst). What a process holds is bounded by its largest batch,
+// so it stays a share of the burst, or a fraction of a second of the
+// rate: a fast limit costs a script call per BatchHorizon of its requests,
+// not per 64.
+func (r Rate) MaxBatch() int {
+	n := min(max(r.Burst/4, 1), 64)
+	if f := r.PerSecond * BatchHorizon.Seconds(); f > float64(n) {
+		n = int(min(f, float64(max(r.Burst, 1))))
+	}
+	return n
+}
 
 // BatchHorizon is how far ahead a borrow provides for: a batch is what
 // the token's requests would spend in it at the rate they came since the

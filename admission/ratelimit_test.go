@@ -96,6 +96,32 @@ func TestLimiterBorrowsInBatches(t *testing.T) {
 	}
 }
 
+// TestRateBatches: a batch is a share of the burst, and the largest one
+// grows with a fast rate to what it grants in BatchHorizon, never past
+// the burst.
+func TestRateBatches(t *testing.T) {
+	for _, tc := range []struct {
+		rate       admission.Rate
+		batch, max int
+	}{
+		{admission.DefaultRates[admission.ClassRead], 10, 50},
+		{admission.DefaultRates[admission.ClassExec], 20, 64},
+		{admission.Rate{PerSecond: 2, Burst: 200}, 10, 50},
+		{admission.Rate{PerSecond: 1000, Burst: 400}, 20, 100}, // 100 ms of the rate
+		{admission.Rate{PerSecond: 1e9, Burst: 200}, 10, 200},  // at most the burst
+		{admission.Rate{PerSecond: 100, Burst: 1}, 1, 1},
+		{admission.Rate{PerSecond: 100, Burst: 0}, 1, 1}, // a burst of 0 is 1
+		{admission.Rate{PerSecond: 0.001, Burst: 100}, 5, 25},
+	} {
+		if got := tc.rate.Batch(); got != tc.batch {
+			t.Errorf("%+v: Batch() = %d; want %d", tc.rate, got, tc.batch)
+		}
+		if got := tc.rate.MaxBatch(); got != tc.max {
+			t.Errorf("%+v: MaxBatch() = %d; want %d", tc.rate, got, tc.max)
+		}
+	}
+}
+
 // TestLimiterBatchFollowsRate: a token whose requests come no faster than
 // Batch per BatchHorizon borrows batches of Batch; one that comes faster
 // borrows up to MaxBatch at once, and back to Batch when it slows down
@@ -104,7 +130,7 @@ func TestLimiterBatchFollowsRate(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	sc := &scriptCounter{}
 	rdb.AddHook(sc)
-	rate := admission.Rate{PerSecond: 1e6, Burst: 200} // nothing refused: Redis refills on its own clock; batches of 10 to 50
+	rate := admission.Rate{PerSecond: 1e6, Burst: 200} // nothing refused: Redis refills on its own clock; batches of 10 to 200
 	l := admission.NewLimiter(rdb, map[admission.Class]admission.Rate{admission.ClassRead: rate})
 	var clock atomic.Int64
 	clock.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
@@ -136,21 +162,24 @@ func TestLimiterBatchFollowsRate(t *testing.T) {
 			t.Errorf("slow token: a borrow asked for %d; want Batch (%d)", w, batch)
 		}
 	}
-	// Fast: 100 requests per BatchHorizon, twice MaxBatch. After the
-	// first borrow ahead of the fast stream, every batch is MaxBatch.
-	wants := every(400, admission.BatchHorizon/100)
-	if len(wants) < 2 || len(wants) > 400/int(most)+3 {
-		t.Errorf("fast token: 400 requests asked %d borrows %v; want 2 to %d (batches of %d)", len(wants), wants, 400/int(most)+3, most)
+	// Fast: twice MaxBatch per BatchHorizon. After the first borrow
+	// ahead of the fast stream, every batch is MaxBatch.
+	fast := 8 * int(most)
+	wants := every(fast, admission.BatchHorizon/time.Duration(2*most))
+	if len(wants) < 2 || len(wants) > fast/int(most)+3 {
+		t.Errorf("fast token: %d requests asked %d borrows %v; want 2 to %d (batches of %d)", fast, len(wants), wants, fast/int(most)+3, most)
 	}
 	for i, w := range wants {
 		if w > most || (i >= 2 && w != most) {
 			t.Errorf("fast token: borrow %d asked for %d (all: %v); want MaxBatch (%d) from the third", i, w, wants, most)
 		}
 	}
-	// Slow again: back to Batch after the first borrow ahead of it.
-	wants = every(200, admission.BatchHorizon/5)
+	// Slow again: back to Batch after the first borrow ahead of it, once
+	// what the fast stream left held (at most 1.5 × MaxBatch) is spent.
+	slow := int(most+most/2) + 5*int(batch)
+	wants = every(slow, admission.BatchHorizon/5)
 	if len(wants) < 3 {
-		t.Errorf("slowed token: 200 requests asked %d borrows %v; want at least 3", len(wants), wants)
+		t.Errorf("slowed token: %d requests asked %d borrows %v; want at least 3", slow, len(wants), wants)
 	}
 	for i, w := range wants {
 		if i >= 1 && w != batch {
