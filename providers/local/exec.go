@@ -65,6 +65,7 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 		return providers.ExecResult{}, err
 	}
 	timeout := spec.Timeout
+	var expiry time.Time
 	if !w.rec.ExpiresAt.IsZero() {
 		left := w.rec.ExpiresAt.Sub(p.clock.Now())
 		if left <= 0 {
@@ -72,7 +73,7 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 		}
 		// The hard deadline holds even if the reaper is down.
 		if timeout <= 0 || timeout > left {
-			timeout = left
+			timeout, expiry = left, w.rec.ExpiresAt
 		}
 	}
 	j := job{
@@ -85,6 +86,7 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 		argv:    spec.Argv,
 		stdin:   spec.Stdin,
 		timeout: timeout,
+		expiry:  expiry,
 		maxOut:  spec.MaxOutputBytes,
 		outTo:   spec.Stdout,
 		errTo:   spec.Stderr,
@@ -143,7 +145,11 @@ type job struct {
 	argv    []string
 	stdin   []byte
 	timeout time.Duration // <= 0: none
-	maxOut  int64
+	// expiry is the workspace's expires_at when it cut timeout short
+	// (zero otherwise): an exec still running then timed out, whoever
+	// ended the workspace at that moment.
+	expiry time.Time
+	maxOut int64
 	// outTo and errTo, when set, receive the kept output instead of
 	// buffers of the provider's own (providers.ExecSpec.Stdout).
 	outTo, errTo io.Writer
@@ -349,6 +355,12 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		} else if _, err := os.Stat(filepath.Join(j.layout.execs(), strconv.Itoa(r.pgid))); end.recorded && errors.Is(err, fs.ErrNotExist) {
 			terminated = true
 		}
+	}
+	if terminated && !j.expiry.IsZero() && !p.clock.Now().Before(j.expiry) {
+		// The exec ran into the deadline that cut its timeout: the
+		// supervisor (or a reaper's Terminate) ending the workspace then
+		// raced its own timer, and the answer is the same either way.
+		terminated, timedOut = false, true
 	}
 	switch {
 	case terminated:
