@@ -130,19 +130,71 @@ func (p *Provider) admitDisk(ctx context.Context, mib int) (unlock func(), err e
 		flock(int(f.Fd()), lockUnlock)
 		f.Close()
 	}
+	// A workspace terminated a moment ago may still hold its image's space:
+	// the kernel detaches a loop device after its image's last mount is
+	// gone, and puts the image's file after that, from a work queue; the
+	// space is free only then. While one of the images in the trash is
+	// still bound, and for releaseSettle after the last one was, the check
+	// waits (releaseWait at most) before it refuses.
+	deadline := time.Now().Add(releaseWait)
+	var seen time.Time // when a bound image in the trash was last seen
+	for short := false; ; short = true {
+		if short && p.releasing() {
+			seen = time.Now() // before the space is measured
+		}
+		free, need, err := p.diskRoom(mib)
+		if err != nil {
+			unlock()
+			return nil, err
+		}
+		if free >= need {
+			return unlock, nil
+		}
+		if short && (time.Since(seen) > releaseSettle || !time.Now().Before(deadline)) {
+			unlock()
+			p.log.Warn("local workspace refused: disk reserve", "free_mib", free>>20, "needed_mib", need>>20)
+			return nil, fmt.Errorf("local: create: the data directory's file system keeps its free-space reserve: %w", providers.ErrNoCapacity)
+		}
+		select {
+		case <-ctx.Done():
+			unlock()
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// releaseWait bounds how long a create waits for a terminated
+// workspace's image to be released (admitDisk).
+const releaseWait = 2 * time.Second
+
+// releaseSettle is how long after its loop device is gone an image's
+// space may take to come back.
+const releaseSettle = 200 * time.Millisecond
+
+// diskRoom returns the data directory's free space and what a new
+// workspace of mib MiB needs free: itself, what every image may still
+// grow by, and the reserve.
+func (p *Provider) diskRoom(mib int) (free, need int64, err error) {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(p.dataDir, &st); err != nil {
-		unlock()
-		return nil, err
+		return 0, 0, err
 	}
-	free := int64(st.Bavail) * int64(st.Bsize)
-	need := int64(mib)<<20 + p.committed() + int64(p.cfg.FreeReserveMiB)<<20
-	if free < need {
-		unlock()
-		p.log.Warn("local workspace refused: disk reserve", "free_mib", free>>20, "needed_mib", need>>20)
-		return nil, fmt.Errorf("local: create: the data directory's file system keeps its free-space reserve: %w", providers.ErrNoCapacity)
+	return int64(st.Bavail) * int64(st.Bsize), int64(mib)<<20 + p.committed() + int64(p.cfg.FreeReserveMiB)<<20, nil
+}
+
+// releasing reports whether a loop device is still bound to an image in
+// the data directory's trash: a terminated workspace's, whose space the
+// kernel has not given back yet.
+func (p *Provider) releasing() bool {
+	trash := filepath.Join(p.dataDir, trashDir) + "/"
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), trash) {
+			return true
+		}
 	}
-	return unlock, nil
+	return false
 }
 
 // committed is what the images of this data directory may still grow by.

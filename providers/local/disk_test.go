@@ -3,10 +3,13 @@ package local_test
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
@@ -122,4 +125,76 @@ func loopsUnder(t *testing.T, dir string) int {
 		}
 	}
 	return n
+}
+
+// TestCreateWaitsForRelease: a create short of room while a terminated
+// workspace's image is still bound to a loop device (in the trash, its
+// space not yet given back) waits for the release instead of refusing,
+// and refuses once the wait's bound passes with the image still bound.
+func TestCreateWaitsForRelease(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("losetup"); err != nil {
+		t.Fatalf("losetup not found (util-linux): %v", err)
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1024m,mode=0755"); err != nil {
+		t.Fatalf("mount a tmpfs for the data directory: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	const quota, held = 64, 200
+	// Room for a workspace only once the held image's space is back.
+	reserve := freeMiB(t, dir) - quota - held/2
+	p, err := local.New(t.Context(), local.Config{DataDir: dir, FreeReserveMiB: reserve,
+		Tiers: map[string]local.Tier{"small": {DiskMiB: quota}}}, providers.Env{BrokerID: broker})
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	t.Cleanup(func() { closeProvider(p) })
+
+	// hold binds a loop device to a filled image in the trash, as a
+	// terminated workspace's is until the kernel releases it, and removes
+	// the file: its space stays taken until detach is called.
+	hold := func(name string) (detach func()) {
+		t.Helper()
+		img := filepath.Join(dir, "trash", name, "disk.img")
+		if err := os.MkdirAll(filepath.Dir(img), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(img, make([]byte, held<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
+		if err != nil {
+			t.Fatalf("losetup: %v: %s", err, out)
+		}
+		dev := strings.TrimSpace(string(out))
+		if err := os.RemoveAll(filepath.Dir(img)); err != nil {
+			t.Fatal(err)
+		}
+		var once sync.Once
+		detach = func() {
+			once.Do(func() {
+				if out, err := exec.Command("losetup", "--detach", dev).CombinedOutput(); err != nil {
+					t.Errorf("losetup --detach %s: %v: %s", dev, err, out)
+				}
+			})
+		}
+		t.Cleanup(detach)
+		return detach
+	}
+
+	detach := hold("ws_released")
+	time.AfterFunc(200*time.Millisecond, detach)
+	sb, err := p.Create(t.Context(), providertest.Spec(t))
+	if err != nil {
+		t.Fatalf("Create while a released image's space comes back = %v; want it to wait and succeed", err)
+	}
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+
+	hold("ws_stuck")
+	if _, err := p.Create(t.Context(), providertest.Spec(t)); !errors.Is(err, providers.ErrNoCapacity) {
+		t.Errorf("Create while an image stays bound = %v; want ErrNoCapacity once the wait ends", err)
+	}
 }
