@@ -93,10 +93,3 @@ func HashCPU(p *Provider, ref string) int { return p.pickCPUs(ref, 1)[0] }
 // CloseMountNamespaces closes the workspaces' mount namespaces that no exec
 // uses, as the Provider does after nsIdle, unmounting their disk images.
 func CloseMountNamespaces(p *Provider) { p.ns.sweep(time.Time{}) }
-
-// JoinAsStarted bridges joinAsStarted to the tests.
-var JoinAsStarted = joinAsStarted
-
-// JoinsItself reports whether an exec's bwrap joins its cgroups itself
-// (cgroupHost.joinsItself).
-func JoinsItself(p *Provider) bool { return p.cg.joinsItself() }
