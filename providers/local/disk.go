@@ -135,25 +135,17 @@ func (p *Provider) admitDisk(ctx context.Context, mib int) (unlock func(), err e
 	// gone, and puts the image's file after that, from a work queue; the
 	// space is free only then. While one of the images in the trash is
 	// still bound, and for releaseSettle after the last one was, the check
-	// waits (releaseWait at most) before it refuses.
+	// waits (releaseWait at most) before it refuses. Each look at the
+	// trash comes before the measure that follows it, so a release that
+	// ends in between is in the measure.
+	free, need, err := p.diskRoom(mib)
 	deadline := time.Now().Add(releaseWait)
-	var seen time.Time // when a bound image in the trash was last seen
-	for short := false; ; short = true {
-		if short && p.releasing() {
-			seen = time.Now() // before the space is measured
-		}
-		free, need, err := p.diskRoom(mib)
-		if err != nil {
-			unlock()
-			return nil, err
-		}
-		if free >= need {
-			return unlock, nil
-		}
-		if short && (time.Since(seen) > releaseSettle || !time.Now().Before(deadline)) {
-			unlock()
-			p.log.Warn("local workspace refused: disk reserve", "free_mib", free>>20, "needed_mib", need>>20)
-			return nil, fmt.Errorf("local: create: the data directory's file system keeps its free-space reserve: %w", providers.ErrNoCapacity)
+	var seen time.Time // when an image in the trash was last seen bound
+	for err == nil && free < need && time.Now().Before(deadline) {
+		if p.releasing() {
+			seen = time.Now()
+		} else if time.Since(seen) > releaseSettle {
+			break
 		}
 		select {
 		case <-ctx.Done():
@@ -161,7 +153,18 @@ func (p *Provider) admitDisk(ctx context.Context, mib int) (unlock func(), err e
 			return nil, ctx.Err()
 		case <-time.After(10 * time.Millisecond):
 		}
+		free, need, err = p.diskRoom(mib)
 	}
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	if free < need {
+		unlock()
+		p.log.Warn("local workspace refused: disk reserve", "free_mib", free>>20, "needed_mib", need>>20)
+		return nil, fmt.Errorf("local: create: the data directory's file system keeps its free-space reserve: %w", providers.ErrNoCapacity)
+	}
+	return unlock, nil
 }
 
 // releaseWait bounds how long a create waits for a terminated
