@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -133,18 +134,20 @@ func (p *Provider) admitDisk(ctx context.Context, mib int) (unlock func(), err e
 	// A workspace terminated a moment ago may still hold its image's space:
 	// the kernel detaches a loop device after its image's last mount is
 	// gone, and puts the image's file after that, from a work queue; the
-	// space is free only then. While one of the images in the trash is
-	// still bound, and for releaseSettle after the last one was, the check
-	// waits (releaseWait at most) before it refuses. Each look at the
-	// trash comes before the measure that follows it, so a release that
-	// ends in between is in the measure.
+	// space is free only then, and on a busy host that can take seconds.
+	// While an image in the trash is still bound (for at most releaseWait
+	// since it was first seen bound: one that stays bound is waited for
+	// once, not by every create), and for releaseSettle after the last one
+	// was, the check waits before it refuses. Each look at the trash comes
+	// before the measure that follows it, so a release that ends in
+	// between is in the measure.
+	trash := filepath.Join(p.dataDir, trashDir) + "/"
 	free, need, err := p.diskRoom(mib)
-	deadline := time.Now().Add(releaseWait)
 	var seen time.Time // when an image in the trash was last seen bound
-	for err == nil && free < need && time.Now().Before(deadline) {
-		if p.releasing() {
-			seen = time.Now()
-		} else if time.Since(seen) > releaseSettle {
+	for err == nil && free < need {
+		if now := time.Now(); p.released.pending(trash, now) {
+			seen = now
+		} else if now.Sub(seen) > releaseSettle {
 			break
 		}
 		select {
@@ -167,13 +170,14 @@ func (p *Provider) admitDisk(ctx context.Context, mib int) (unlock func(), err e
 	return unlock, nil
 }
 
-// releaseWait bounds how long a create waits for a terminated
-// workspace's image to be released (admitDisk).
-const releaseWait = 2 * time.Second
+// releaseWait is how long after an image in the trash is first seen
+// bound to a loop device a create waits for it (admitDisk): its space is
+// on its way back for that long, and given up on after.
+const releaseWait = 10 * time.Second
 
 // releaseSettle is how long after its loop device is gone an image's
 // space may take to come back.
-const releaseSettle = 200 * time.Millisecond
+const releaseSettle = time.Second
 
 // diskRoom returns the data directory's free space and what a new
 // workspace of mib MiB needs free: itself, what every image may still
@@ -186,18 +190,39 @@ func (p *Provider) diskRoom(mib int) (free, need int64, err error) {
 	return int64(st.Bavail) * int64(st.Bsize), int64(mib)<<20 + p.committed() + int64(p.cfg.FreeReserveMiB)<<20, nil
 }
 
-// releasing reports whether a loop device is still bound to an image in
-// the data directory's trash: a terminated workspace's, whose space the
-// kernel has not given back yet.
-func (p *Provider) releasing() bool {
-	trash := filepath.Join(p.dataDir, trashDir) + "/"
+// releases remembers since when each image in the trash has been seen
+// bound to a loop device, for admitDisk's wait.
+type releases struct {
+	mu    sync.Mutex
+	wait  time.Duration        // releaseWait; tests shorten it
+	since map[string]time.Time // backing file → when first seen bound
+}
+
+// pending reports whether a loop device is bound to an image under trash
+// (a terminated workspace's, whose space the kernel has not given back
+// yet) that was first seen bound less than the wait before now. It
+// forgets the images no longer bound.
+func (r *releases) pending(trash string, now time.Time) bool {
 	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	since := make(map[string]time.Time, len(r.since))
+	pending := false
 	for _, f := range files {
-		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), trash) {
-			return true
+		b, err := os.ReadFile(f)
+		if err != nil || !strings.HasPrefix(string(b), trash) {
+			continue
 		}
+		img := strings.TrimSpace(string(b))
+		t, ok := r.since[img]
+		if !ok {
+			t = now
+		}
+		since[img] = t
+		pending = pending || now.Sub(t) < r.wait
 	}
-	return false
+	r.since = since
+	return pending
 }
 
 // committed is what the images of this data directory may still grow by.

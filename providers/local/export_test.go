@@ -93,3 +93,11 @@ func HashCPU(p *Provider, ref string) int { return p.pickCPUs(ref, 1)[0] }
 // CloseMountNamespaces closes the workspaces' mount namespaces that no exec
 // uses, as the Provider does after nsIdle, unmounting their disk images.
 func CloseMountNamespaces(p *Provider) { p.ns.sweep(time.Time{}) }
+
+// SetReleaseWait sets how long a create waits for an image in the trash
+// that stays bound (releaseWait).
+func SetReleaseWait(p *Provider, d time.Duration) {
+	p.released.mu.Lock()
+	defer p.released.mu.Unlock()
+	p.released.wait = d
+}

@@ -168,6 +168,8 @@ type Provider struct {
 	stopOnce  sync.Once
 	supMu     sync.Mutex // serialises ensureSupervisor
 
+	released releases // images in the trash seen bound (admitDisk)
+
 	placeMu sync.Mutex
 	placed  map[string][]int // ref → the CPUs of each live workspace (placement.go)
 
@@ -252,6 +254,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		placed:      make(map[string][]int),
 		terminating: make(map[string]int),
 		egress:      make(map[string]*egressServer),
+		released:    releases{wait: releaseWait},
 	}
 	p.egressCtx, p.egressStop = context.WithCancel(context.WithoutCancel(ctx))
 	if p.log == nil {
