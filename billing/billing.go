@@ -6,6 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/store"
 )
 
@@ -21,6 +22,11 @@ type Config struct {
 	Webhook WebhookConfig
 	// Meter records MetricSettled. nil means no metrics are recorded.
 	Meter metric.Meter
+	// Clock dates what billing decides by itself: a funds entry given no
+	// time, and Run's accrual. nil means sandgate.SystemClock. Webhook
+	// deliveries keep the wall clock: their signature's time is checked
+	// against the receiver's clock, and their retries are timers.
+	Clock sandgate.Clock
 }
 
 // Billing prices, holds, settles and reconciles. It is safe for
@@ -42,6 +48,9 @@ func New(db *store.DB, cfg Config) *Billing {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = sandgate.SystemClock{}
 	}
 	if cfg.Webhook.URL != "" {
 		cfg.Webhook = cfg.Webhook.withDefaults()

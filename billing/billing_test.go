@@ -35,7 +35,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	db := store.New(redistest.Start(t).Client(), store.Config{})
 	clock := sgtest.NewClock(time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC))
-	b := billing.New(db, billing.Config{})
+	b := billing.New(db, billing.Config{Clock: clock})
 	pipe := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
 		IdempotencyTTL: time.Hour, PendingTimeout: 2 * time.Minute,
 		Risk:    admission.RiskDefaults{AcquiresPerMinute: 100000, MaxOpenWorkspaces: 100000},
@@ -340,6 +340,28 @@ func TestFundsReaderFromJournals(t *testing.T) {
 	cs, err := e.bill.Credits(ctx, "acct_f", t0, end)
 	if err != nil || len(cs) != 1 || cs[0].AmountMicros != 5_000_000 {
 		t.Fatalf("Credits = %+v, %v", cs, err)
+	}
+}
+
+// TestFundsDatedByClock: a credit given no time is dated by billing's
+// clock, the one every other decision reads, not the host's: a balance at
+// that clock's time counts it, and one before it does not.
+func TestFundsDatedByClock(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_c", 10, false)
+	got, applied, err := e.bill.Adjust(ctx, "acct_c", billing.FundsEntry{Key: "k", Kind: billing.KindCredit, AmountMicros: 2_000_000, Reason: "test"})
+	if err != nil || !applied {
+		t.Fatalf("Adjust = %v, applied %v", err, applied)
+	}
+	if want := e.clock.Now(); !got.At.Equal(want) {
+		t.Errorf("credit dated %v; want the clock's %v", got.At, want)
+	}
+	if b, _, err := e.bill.BalanceAt(ctx, "acct_c", e.clock.Now().Add(time.Second)); err != nil || b != 2_000_000 {
+		t.Errorf("BalanceAt a second later = %d, %v; want 2000000", b, err)
+	}
+	if b, _, _ := e.bill.BalanceAt(ctx, "acct_c", e.clock.Now().Add(-time.Second)); b != 0 {
+		t.Errorf("BalanceAt a second before = %d; want 0", b)
 	}
 }
 

@@ -152,7 +152,7 @@ func (b *Billing) Run(ctx context.Context, interval time.Duration) {
 			continue
 		}
 		for _, a := range as {
-			if _, err := b.Accrue(ctx, a.ID, time.Now().UTC()); err != nil {
+			if _, err := b.Accrue(ctx, a.ID, b.cfg.Clock.Now().UTC()); err != nil {
 				b.cfg.Log.Warn("billing accrual", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
 			}
 			if n, err := b.SettleDangling(ctx, a.ID); err != nil {

@@ -113,7 +113,7 @@ func (b *broker) run(ctx context.Context) error {
 		b.log.Warn("local data directory not yet recorded in Redis; retrying", slog.Any(sandgate.KeyError, err))
 		claimLater = true
 	}
-	bill := billing.New(db, billing.Config{Provider: providers.LegacyName, Log: b.log.With("component", "billing"), Meter: meter,
+	bill := billing.New(db, billing.Config{Provider: providers.LegacyName, Log: b.log.With("component", "billing"), Meter: meter, Clock: clock,
 		Webhook: billing.WebhookConfig{URL: b.cfg.Billing.Webhook.URL, Secret: b.cfg.webhookSecret, Timeout: b.cfg.Billing.Webhook.Timeout}})
 	rates := map[admission.Class]admission.Rate{}
 	for class, r := range b.cfg.Admission.RateLimits {

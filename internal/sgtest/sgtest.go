@@ -589,7 +589,7 @@ func Wire(tb testing.TB, o WireOptions) Wired {
 		o.Risk = NoRisk
 	}
 	var w Wired
-	w.Billing = billing.New(o.DB, billing.Config{Log: o.Log})
+	w.Billing = billing.New(o.DB, billing.Config{Log: o.Log, Clock: o.Clock})
 	controls := gateway.NewControls(o.DB, o.Clock)
 	dc := o.DB.Config()
 	admit := admission.New(o.DB.Redis(), admission.Standard(controls, admission.StandardConfig{
