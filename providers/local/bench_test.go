@@ -14,8 +14,8 @@ import (
 // one exec every 20 ms, and reports the execs' latency percentiles (ns/op
 // counts the pauses too). Execs back to back hide costs that an idle host
 // shows: on cgroup v1 the kernel's global cgroup lock, when a process is
-// moved into a cgroup by its pid (confine), first waits for an RCU grace
-// period, and an idle host's grace periods are the longest.
+// moved into a cgroup by its pid, first waits for an RCU grace period,
+// and an idle host's grace periods are the longest (joinAsStarted).
 func BenchmarkExecPaced(b *testing.B) {
 	p, err := local.New(b.Context(), local.Config{DataDir: b.TempDir()}, providers.Env{BrokerID: broker})
 	if err != nil {

@@ -40,6 +40,11 @@ type cgroupHost struct {
 	// then no workspace's weight is ever lowered (see cpuweight.go).
 	acct string
 	swap bool // swap can be limited (v1 memsw, v2 swap.max)
+	// dynmods is whether a v1 hierarchy is mounted with favordynmods:
+	// the kernel then moves a process by its pid without the global
+	// lock's grace period, and an exec's bwrap is moved in by its pid
+	// (joinsItself).
+	dynmods bool
 }
 
 // cgroupMount is one cgroup file system mount.
@@ -175,6 +180,9 @@ func detectV1(mounts []cgroupMount, parent string) (*cgroupHost, []string) {
 	}
 	if len(h.dirs) == 0 {
 		return nil, problems
+	}
+	for _, m := range mounts {
+		h.dynmods = h.dynmods || !m.v2 && hasAll(m.options, "favordynmods")
 	}
 	// CPU usage is only read (cpuweight.go), never limited: without it
 	// nothing is unenforced, so it is no problem.
@@ -335,9 +343,11 @@ func (h *cgroupHost) controllers(ref string) []string {
 }
 
 // leaf creates the leaf cgroup name below ref's workspace cgroups and
-// returns the cgroup.procs files a process writes its pid into to join
-// it. The workspace cgroups must exist: a missing one (a workspace created
-// before cgroups, or removed under us) is an error, never an exec outside.
+// returns the files named file of the cgroups a process joins:
+// cgroup.procs, which takes a process's pid, or, on v1, tasks, which
+// takes "0" for the writer itself (selfFile). The workspace cgroups must
+// exist: a missing one (a workspace created before cgroups, or removed
+// under us) is an error, never an exec outside.
 //
 // On v1 only two hierarchies get a leaf: memory, from whose leaf an exec's
 // OOM kills are read, and the one that counts CPU usage, whose leaves the
@@ -345,14 +355,14 @@ func (h *cgroupHost) controllers(ref string) []string {
 // cgroup, which a process joins directly (v1 lets a cgroup hold processes
 // beside child cgroups): two directories fewer to make and remove per exec.
 // v2 has one hierarchy, whose processes must all be in leaves.
-func (h *cgroupHost) leaf(ref, name string) ([]string, error) {
+func (h *cgroupHost) leaf(ref, name, file string) ([]string, error) {
 	var procs []string
 	for _, d := range h.controllers(ref) {
 		if !h.leafIn(d, ref) {
 			if _, err := os.Stat(d); err != nil {
 				return nil, fmt.Errorf("workspace cgroup: %w", scrub(err))
 			}
-			procs = append(procs, filepath.Join(d, "cgroup.procs"))
+			procs = append(procs, filepath.Join(d, file))
 			continue
 		}
 		l := filepath.Join(d, name)
@@ -364,7 +374,7 @@ func (h *cgroupHost) leaf(ref, name string) ([]string, error) {
 			// An OOM kill takes the whole exec, not one of its processes.
 			_ = os.WriteFile(filepath.Join(l, "memory.oom.group"), []byte("1"), 0)
 		}
-		procs = append(procs, filepath.Join(l, "cgroup.procs"))
+		procs = append(procs, filepath.Join(l, file))
 	}
 	return procs, nil
 }
@@ -374,6 +384,25 @@ func (h *cgroupHost) leaf(ref, name string) ([]string, error) {
 func (h *cgroupHost) leafIn(d, ref string) bool {
 	return h.v2 || d == filepath.Join(h.mem, ref) || (h.acct != "" && d == filepath.Join(h.acct, ref))
 }
+
+// selfFile is the file of a cgroup a single-threaded process joins by
+// itself through: on v1 tasks, to which it writes "0" (its one thread,
+// so itself), the one migration the kernel makes without its global
+// cgroup_threadgroup_rwsem (see joinAsStarted); on v2 cgroup.procs, to
+// which it writes its pid.
+func (h *cgroupHost) selfFile() string {
+	if h == nil || h.v2 {
+		return "cgroup.procs"
+	}
+	return "tasks"
+}
+
+// joinsItself reports whether an exec's bwrap joins its cgroups itself,
+// started under sh (joinAsStarted), rather than being moved in by its pid
+// (confine): on v1, unless the kernel moves a process by its pid without
+// waiting for a grace period (favordynmods), where the sh would only cost
+// its exec.
+func (h *cgroupHost) joinsItself() bool { return h != nil && !h.v2 && !h.dynmods }
 
 // oomFile is the file of the leaf name of ref that counts its OOM kills
 // (oomKills); "" when memory is not limited.

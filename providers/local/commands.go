@@ -171,10 +171,13 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 	return nil
 }
 
-// joinScript writes its own pid into each cgroup.procs file before "--",
-// then executes the rest: a process joins its cgroups before it can fork.
-// Exit code 121, as the exec step's, when a cgroup cannot be joined.
-const joinScript = `for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 121; shift; done; shift; exec "$@"`
+// joinScript joins each cgroup file before "--" (selfFile), then executes
+// the rest: a process joins its cgroups before it can fork. It writes its
+// pid into a cgroup.procs, and "0", itself, into a v1 tasks, which moves
+// its one thread (sh has no other) without the kernel's global lock (see
+// joinAsStarted). Exit code 121, as the exec step's, when a cgroup cannot
+// be joined.
+const joinScript = `for f; do [ "$f" = -- ] && break; case $f in */tasks) v=0;; *) v=$$;; esac; echo $v > "$f" || exit 121; shift; done; shift; exec "$@"`
 
 // launch starts the runner over the step and bwrap for j, detached, records
 // its pid and start time in the command's host.pid, and returns the pid.
@@ -199,7 +202,7 @@ func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, erro
 	// First of all, the runner's sh joins the command's leaf of the
 	// workspace's cgroups (joinScript), so that the runner and everything
 	// it starts stay in them, long after this broker process.
-	procs, err := p.leaf(j.ref, j.rec, "c-"+filepath.Base(d))
+	procs, err := p.leaf(j.ref, j.rec, "c-"+filepath.Base(d), p.cg.selfFile())
 	if err != nil {
 		return 0, fmt.Errorf("cgroup: %w", err)
 	}

@@ -621,16 +621,35 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 		// Where this thread runs on one of the exec's CPUs already, bwrap
 		// is born on them, which spares it a move once it runs.
 		unpin := pinHere(j.cpus)
-		err := p.start(j.ref, l.ns, cmd, r)
+		// The leaves before the start: on v1 bwrap joins them as it
+		// starts (joinAsStarted).
+		lf := <-l.leaves
+		var joinStatus *os.File
+		err := lf.err
+		if err == nil && lf.self {
+			joinStatus, err = joinAsStarted(cmd, lf.join)
+		}
+		if err != nil {
+			err = fmt.Errorf("local: exec: %w", err)
+		} else {
+			err = p.start(j.ref, l.ns, cmd, r)
+		}
 		if unpin != nil {
 			unpin()
 		}
 		if err != nil {
-			go func() { (<-l.leaves).close() }()
+			lf.close()
+			if joinStatus != nil {
+				joinStatus.Close()
+				cmd.ExtraFiles[len(cmd.ExtraFiles)-1].Close()
+			}
 			exited <- bwrapEnd{startErr: err}
 			return
 		}
 		l.argsR.Close()
+		if joinStatus != nil {
+			cmd.ExtraFiles[len(cmd.ExtraFiles)-1].Close() // the status pipe's write end: the child's only
+		}
 		pid := cmd.Process.Pid
 		// The record, for another broker process's Terminate and the
 		// supervisor, is written beside the exec rather than before it:
@@ -646,12 +665,12 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			}
 			recorded <- ok
 		}()
-		lf := <-l.leaves
-		e := bwrapEnd{started: true, startErr: lf.err}
-		if e.startErr == nil {
-			e.startErr = confine(pid, j, lf.procs, unpin != nil)
+		var procs []*os.File // none when bwrap joins them itself
+		if !lf.self {
+			procs = lf.join
 		}
-		closeAll(lf.procs)
+		e := bwrapEnd{started: true, startErr: confine(pid, j, procs, unpin != nil)}
+		closeAll(lf.join)
 		stop := make(chan struct{})
 		if e.startErr != nil {
 			// bwrap has no options yet, and never gets any.
@@ -670,6 +689,15 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			l.argsW.Close()
 		}
 		e.exitErr = waitExited(pid)
+		if joinStatus != nil {
+			// Written only when a join failed, and then sh exited
+			// instead of becoming bwrap; closed otherwise, at its exec.
+			var b [1]byte
+			if n, _ := joinStatus.Read(b[:]); n > 0 && e.startErr == nil {
+				e.startErr = errors.New("cannot join the workspace's cgroup")
+			}
+			joinStatus.Close()
+		}
 		if e.exitErr != nil {
 			// Not reaped yet, so bwrap is still ours to kill; without
 			// this, nothing would enforce the timeout.
@@ -750,6 +778,43 @@ func blockingPipe() (r, w *os.File, err error) {
 	}
 	return os.NewFile(uintptr(p[0]), "|0"), os.NewFile(uintptr(p[1]), "|1"), nil
 }
+
+// joinAsStarted makes cmd, bwrap not yet started, start under sh, which
+// joins the exec's v1 cgroups first by writing "0", itself, to each tasks
+// file open in join (passed to it as descriptors after cmd's others),
+// and then becomes bwrap with none of those descriptors. A process (or a
+// thread) moving itself that way is the one cgroup migration the kernel
+// makes without its global cgroup_threadgroup_rwsem, whose first writer
+// on a host with default settings waits for an RCU grace period: 4 ms on
+// average here, up to 26 ms, once per exec, when the broker wrote bwrap's
+// pid into each cgroup.procs. sh costs an exec (about 1 ms here), and no
+// thread of the broker ever enters a workspace's cgroups: a memory
+// cgroup's OOM killer would weigh such a thread by the broker's memory.
+//
+// The returned pipe end yields a byte when a join failed (sh then exits
+// 121 and bwrap never runs); the caller closes the write end, cmd's last
+// extra file, once cmd has started.
+func joinAsStarted(cmd *exec.Cmd, join []*os.File) (status *os.File, err error) {
+	statusR, statusW, err := blockingPipe()
+	if err != nil {
+		return nil, err
+	}
+	first := 3 + len(cmd.ExtraFiles)
+	var script, closes strings.Builder
+	for i := range join {
+		fmt.Fprintf(&script, "echo 0 2>&- >&%d && ", first+i)
+		fmt.Fprintf(&closes, "%d>&- ", first+i)
+	}
+	sfd := first + len(join)
+	fmt.Fprintf(&script, `exec %s%d>&- "$@"; echo x >&%d; exit 121`, closes.String(), sfd, sfd)
+	cmd.Args = append([]string{"sh", "-c", script.String(), "sh"}, cmd.Args...)
+	cmd.Path = shPath
+	cmd.ExtraFiles = append(append(cmd.ExtraFiles, join...), statusW)
+	return statusR, nil
+}
+
+// shPath is the sh that joins an exec's cgroups (joinAsStarted).
+const shPath = "/bin/sh"
 
 func closeAll(fs []*os.File) {
 	for _, f := range fs {

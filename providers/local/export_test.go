@@ -101,3 +101,10 @@ func SetReleaseWait(p *Provider, d time.Duration) {
 	defer p.released.mu.Unlock()
 	p.released.wait = d
 }
+
+// JoinAsStarted bridges joinAsStarted to the tests.
+var JoinAsStarted = joinAsStarted
+
+// JoinsItself reports whether an exec's bwrap joins its cgroups itself
+// (cgroupHost.joinsItself).
+func JoinsItself(p *Provider) bool { return p.cg.joinsItself() }

@@ -865,34 +865,38 @@ func (p *Provider) limit(ref string, rec record) error {
 	return nil
 }
 
-// leaf returns the cgroup.procs files of a new leaf cgroup name of the
-// workspace w, recreating the workspace's cgroups when they are missing (a
-// workspace from before a reboot). nil when there are no cgroups at all.
-func (p *Provider) leaf(ref string, rec record, name string) ([]string, error) {
+// leaf returns the files named file (see cgroupHost.leaf) of a new leaf
+// cgroup name of the workspace w, recreating the workspace's cgroups when
+// they are missing (a workspace from before a reboot). nil when there are
+// no cgroups at all.
+func (p *Provider) leaf(ref string, rec record, name, file string) ([]string, error) {
 	if p.cg == nil {
 		return nil, nil
 	}
-	procs, err := p.cg.leaf(ref, name)
+	procs, err := p.cg.leaf(ref, name, file)
 	if errors.Is(err, fs.ErrNotExist) {
 		if err := p.limit(ref, rec); err != nil {
 			return nil, err
 		}
-		procs, err = p.cg.leaf(ref, name)
+		procs, err = p.cg.leaf(ref, name, file)
 	}
 	return procs, err
 }
 
 // leafFiles are an exec's leaf cgroups, opened in the broker's own mount
-// namespace (a workspace's has no /sys): the cgroup.procs files bwrap
-// joins and, where memory is limited, the leaf's OOM kill count (oomKills).
+// namespace (a workspace's has no /sys): the files bwrap joins through
+// (v1: tasks, which bwrap's sh writes "0" to itself, joinAsStarted; v2:
+// cgroup.procs, which the broker writes bwrap's pid to, confine) and,
+// where memory is limited, the leaf's OOM kill count (oomKills).
 type leafFiles struct {
-	procs []*os.File
-	oom   *os.File
-	err   error
+	join []*os.File
+	self bool // join holds tasks files, for joinAsStarted
+	oom  *os.File
+	err  error
 }
 
 func (lf leafFiles) close() {
-	closeAll(lf.procs)
+	closeAll(lf.join)
 	if lf.oom != nil {
 		lf.oom.Close()
 	}
@@ -901,11 +905,15 @@ func (lf leafFiles) close() {
 // openLeaf makes the leaf cgroup name of the workspace ref (leaf) and
 // opens its files.
 func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
-	procs, err := p.leaf(ref, rec, name)
+	file := "cgroup.procs"
+	if p.cg.joinsItself() {
+		file = "tasks"
+	}
+	procs, err := p.leaf(ref, rec, name, file)
 	if err != nil {
 		return leafFiles{err: fmt.Errorf("cgroup: %w", err)}
 	}
-	var lf leafFiles
+	lf := leafFiles{self: p.cg.joinsItself()}
 	for _, n := range procs {
 		f, err := os.OpenFile(n, os.O_WRONLY, 0)
 		if err != nil {
@@ -913,7 +921,7 @@ func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
 			// No path: it is the broker's business, not the client's.
 			return leafFiles{err: fmt.Errorf("cannot join the workspace's cgroup: %w", scrub(err))}
 		}
-		lf.procs = append(lf.procs, f)
+		lf.join = append(lf.join, f)
 	}
 	if name := p.cg.oomFile(ref, name); name != "" {
 		if f, err := os.Open(name); err == nil {
