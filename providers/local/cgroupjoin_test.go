@@ -150,15 +150,16 @@ func TestJoinAsStarted(t *testing.T) {
 		cmd := exec.Command(argv[0], argv[1:]...)
 		var stdout strings.Builder
 		cmd.Stdout = &stdout
-		st, err := local.JoinAsStarted(cmd, []*os.File{tasks})
+		st, stW, err := local.JoinAsStarted(cmd, []*os.File{tasks})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer st.Close()
-		if err := cmd.Start(); err != nil {
+		err = cmd.Start()
+		stW.Close()
+		if err != nil {
 			t.Fatal(err)
 		}
-		cmd.ExtraFiles[len(cmd.ExtraFiles)-1].Close() // the status pipe's write end
 		err = cmd.Wait()
 		status, _ = io.ReadAll(st)
 		return stdout.String(), status, err

@@ -624,10 +624,10 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 		// The leaves before the start: on v1 bwrap joins them as it
 		// starts (joinAsStarted).
 		lf := <-l.leaves
-		var joinStatus *os.File
+		var joinStatus, joinStatusW *os.File
 		err := lf.err
 		if err == nil && lf.self {
-			joinStatus, err = joinAsStarted(cmd, lf.join)
+			joinStatus, joinStatusW, err = joinAsStarted(cmd, lf.join)
 		}
 		if err != nil {
 			err = fmt.Errorf("local: exec: %w", err)
@@ -641,14 +641,14 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			lf.close()
 			if joinStatus != nil {
 				joinStatus.Close()
-				cmd.ExtraFiles[len(cmd.ExtraFiles)-1].Close()
+				joinStatusW.Close()
 			}
 			exited <- bwrapEnd{startErr: err}
 			return
 		}
 		l.argsR.Close()
-		if joinStatus != nil {
-			cmd.ExtraFiles[len(cmd.ExtraFiles)-1].Close() // the status pipe's write end: the child's only
+		if joinStatusW != nil {
+			joinStatusW.Close() // the child's is the only write end left
 		}
 		pid := cmd.Process.Pid
 		// The record, for another broker process's Terminate and the
@@ -791,13 +791,13 @@ func blockingPipe() (r, w *os.File, err error) {
 // thread of the broker ever enters a workspace's cgroups: a memory
 // cgroup's OOM killer would weigh such a thread by the broker's memory.
 //
-// The returned pipe end yields a byte when a join failed (sh then exits
-// 121 and bwrap never runs); the caller closes the write end, cmd's last
-// extra file, once cmd has started.
-func joinAsStarted(cmd *exec.Cmd, join []*os.File) (status *os.File, err error) {
-	statusR, statusW, err := blockingPipe()
+// status yields a byte when a join failed (sh then exits 121 and bwrap
+// never runs). statusW is its write end, handed to cmd: the caller closes
+// it once cmd has started (or failed to).
+func joinAsStarted(cmd *exec.Cmd, join []*os.File) (status, statusW *os.File, err error) {
+	status, statusW, err = blockingPipe()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	first := 3 + len(cmd.ExtraFiles)
 	var script, closes strings.Builder
@@ -810,7 +810,7 @@ func joinAsStarted(cmd *exec.Cmd, join []*os.File) (status *os.File, err error) 
 	cmd.Args = append([]string{"sh", "-c", script.String(), "sh"}, cmd.Args...)
 	cmd.Path = shPath
 	cmd.ExtraFiles = append(append(cmd.ExtraFiles, join...), statusW)
-	return statusR, nil
+	return status, statusW, nil
 }
 
 // shPath is the sh that joins an exec's cgroups (joinAsStarted).

@@ -905,15 +905,16 @@ func (lf leafFiles) close() {
 // openLeaf makes the leaf cgroup name of the workspace ref (leaf) and
 // opens its files.
 func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
+	self := p.cg.joinsItself()
 	file := "cgroup.procs"
-	if p.cg.joinsItself() {
-		file = "tasks"
+	if self {
+		file = p.cg.selfFile()
 	}
 	procs, err := p.leaf(ref, rec, name, file)
 	if err != nil {
 		return leafFiles{err: fmt.Errorf("cgroup: %w", err)}
 	}
-	lf := leafFiles{self: p.cg.joinsItself()}
+	lf := leafFiles{self: self}
 	for _, n := range procs {
 		f, err := os.OpenFile(n, os.O_WRONLY, 0)
 		if err != nil {
