@@ -2,7 +2,6 @@ package admission
 
 import (
 	"context"
-	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -72,6 +71,10 @@ return {g, 0}
 // batch's borrow in the background (Allow), so that a steady stream of
 // requests never waits for Redis; one that finds the bucket empty while
 // that borrow is in flight waits for it rather than borrowing on its own.
+// A refusal is remembered for its Retry-After: until then the token's
+// requests that find nothing held are refused in process, so a token
+// over its limit costs no round trip per request (Refused lets a handler
+// ask before it reads a large body).
 //
 // A batch follows the token's observed rate on this process: each batch
 // borrow takes what the requests since the last one would spend in
@@ -164,6 +167,12 @@ type bucket struct {
 	batch   int
 	spent   int
 	batchAt time.Time
+	// refused is when the last refusal Redis gave ends: until then a
+	// request that finds nothing held is refused here, and nothing is
+	// borrowed ahead. Redis would refuse it too: a limit's arrival time
+	// only moves forward, so the refusal is exact to within the round trip
+	// that brought it (it ends that much later than Redis's).
+	refused time.Time
 	dropped bool // no longer the limiter's bucket of its key (maxBuckets)
 }
 
@@ -176,6 +185,15 @@ func (b *bucket) take(now time.Time) bool {
 	}
 	b.tokens = 0
 	return false
+}
+
+// refusal is the answer to a request at now that found nothing held:
+// a 429 while the last refusal lasts, nil once it has ended.
+func (b *bucket) refusal(now time.Time) error {
+	if !now.Before(b.refused) {
+		return nil
+	}
+	return rateLimited(b.refused.Sub(now))
 }
 
 // size is the bucket's current batch: the last one borrowed, or r's
@@ -242,15 +260,19 @@ func (l *Limiter) dropBucketsLocked() {
 	l.buckets = map[bucketKey]*bucket{}
 }
 
-// reserve spends a held request of key (0, true), or returns how many to
-// borrow: a batch, or one while another batch borrow is in flight.
-func (l *Limiter) reserve(key bucketKey, r Rate) (b *bucket, want int, ok bool) {
+// reserve spends a held request of key (0, true), refuses it while the
+// last refusal lasts (err), or returns how many to borrow: a batch, or
+// one while another batch borrow is in flight.
+func (l *Limiter) reserve(key bucketKey, r Rate) (b *bucket, want int, ok bool, err error) {
 	b = l.bucket(key)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := l.now()
 	if b.take(now) {
-		return b, 0, true
+		return b, 0, true, nil
+	}
+	if err := b.refusal(now); err != nil {
+		return b, 0, false, err
 	}
 	want = 1
 	if b.borrowing == nil && r.MaxBatch() > 1 {
@@ -258,7 +280,7 @@ func (l *Limiter) reserve(key bucketKey, r Rate) (b *bucket, want int, ok bool) 
 			b.borrowing, want = make(chan struct{}), n
 		}
 	}
-	return b, want, false
+	return b, want, false, nil
 }
 
 // settle keeps what a borrow granted beyond the one request it was for
@@ -278,6 +300,10 @@ func (b *bucket) settle(now time.Time, owner bool, keep int, res []any, err erro
 	if g > int64(1-keep) {
 		b.tokens, b.expires = b.tokens+int(g)-1+keep, now.Add(BorrowedLifetime)
 	}
+	if g < 1 {
+		wait, _ := res[1].(int64)
+		b.refused = now.Add(retryAfter(wait))
+	}
 	return result(res, nil)
 }
 
@@ -296,9 +322,9 @@ func (l *Limiter) Queue(ctx context.Context, p redis.Pipeliner, leaseID string, 
 	if r.PerSecond <= 0 {
 		return func() error { return nil }
 	}
-	b, want, ok := l.reserve(bucketKey{leaseID, class}, r)
-	if ok {
-		return func() error { return nil }
+	b, want, ok, err := l.reserve(bucketKey{leaseID, class}, r)
+	if ok || err != nil {
+		return func() error { return err }
 	}
 	// EVAL, not EVALSHA: a pipeline cannot fall back when the script cache
 	// is cold, and Redis caches the compiled script by its hash anyway.
@@ -324,6 +350,26 @@ func (l *Limiter) Allow(ctx context.Context, leaseID string, class Class) error 
 	}
 	key := bucketKey{leaseID, class}
 	return l.allow(ctx, r, key, l.bucket(key), nil, time.Time{})
+}
+
+// Refused returns the 429 a request of class by the lease gets without
+// asking Redis: nothing held for it, and the last refusal Redis gave still
+// lasting. It spends nothing, and nil means the request is to be counted
+// as usual (Allow, Queue). A handler whose request carries a large body
+// asks it first, so that a token over its limit is refused before the
+// body is read.
+func (l *Limiter) Refused(leaseID string, class Class) error {
+	if l.rates[class].PerSecond <= 0 {
+		return nil
+	}
+	b := l.bucket(bucketKey{leaseID, class})
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := l.now()
+	if b.tokens > 0 && now.Before(b.expires) {
+		return nil
+	}
+	return b.refusal(now)
 }
 
 // Bucket is a lease's bucket of one class, looked up once (Limiter.Bucket)
@@ -376,12 +422,16 @@ func (l *Limiter) allow(ctx context.Context, r Rate, key bucketKey, b *bucket, h
 			now = l.now()
 		}
 		if b.take(now) {
-			if b.borrowing == nil && r.MaxBatch() > 1 && b.tokens <= b.size(r)/2 {
+			if b.borrowing == nil && r.MaxBatch() > 1 && b.tokens <= b.size(r)/2 && !now.Before(b.refused) {
 				b.borrowing = make(chan struct{})
 				l.borrowAhead(aheadBorrow{ctx: context.WithoutCancel(ctx), key: rateKey(leaseID, class), class: class, want: b.nextBatch(r, now), b: b})
 			}
 			b.mu.Unlock()
 			return nil
+		}
+		if err := b.refusal(now); err != nil {
+			b.mu.Unlock()
+			return err
 		}
 		wait := b.borrowing
 		if wait == nil {
@@ -461,6 +511,15 @@ func result(res []any, err error) error {
 		return nil
 	}
 	wait, _ := res[1].(int64)
+	return rateLimited(retryAfter(wait))
+}
+
+// retryAfter is borrowScript's retry_after_ms of a refusal, at least 1 ms.
+func retryAfter(ms int64) time.Duration { return time.Duration(max(ms, 1)) * time.Millisecond }
+
+// rateLimited is the 429 of a request refused for d, rounded up to the
+// millisecond as Redis's refusals are.
+func rateLimited(d time.Duration) error {
 	return &protocol.Error{Code: protocol.RateLimited, Message: "too many requests for this token; honour Retry-After",
-		RetryAfter: time.Duration(math.Max(float64(wait), 1)) * time.Millisecond, Reason: "rate"}
+		RetryAfter: max((d + time.Millisecond - 1).Truncate(time.Millisecond), time.Millisecond), Reason: "rate"}
 }

@@ -225,6 +225,74 @@ func TestLimiterBucket(t *testing.T) {
 	}
 }
 
+// TestLimiterRemembersRefusal: once Redis refuses a token, its requests
+// are refused in process until the refusal's Retry-After has passed, each
+// with what is left of it, costing Redis nothing (a token over its limit
+// cannot make every request a script call); after it, Redis is asked
+// again and lets the next one through. Another gateway's limiter knows
+// nothing of it and asks Redis, which refuses it too.
+func TestLimiterRemembersRefusal(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := rs.Client()
+	sc := &scriptCounter{}
+	rdb.AddHook(sc)
+	rate := admission.Rate{PerSecond: 1, Burst: 1} // one request a second, borrowed one at a time
+	rates := map[admission.Class]admission.Rate{admission.ClassExec: rate}
+	l := admission.NewLimiter(rdb, rates)
+	ctx := context.Background()
+	if err := l.Allow(ctx, "lease_a", admission.ClassExec); err != nil {
+		t.Fatalf("first request: %v", err)
+	}
+	first := l.Allow(ctx, "lease_a", admission.ClassExec)
+	var pe *protocol.Error
+	if !errors.As(first, &pe) || pe.Code != protocol.RateLimited || pe.RetryAfter <= 0 || pe.RetryAfter > time.Second {
+		t.Fatalf("second request at once: %v; want rate_limited with a Retry-After of at most 1s", first)
+	}
+	calls := sc.n.Load()
+	if calls != 2 {
+		t.Fatalf("two requests cost %d script calls; want 2", calls)
+	}
+	refused := func(name string, err error) {
+		t.Helper()
+		var e *protocol.Error
+		if !errors.As(err, &e) || e.Code != protocol.RateLimited || e.RetryAfter <= 0 || e.RetryAfter > pe.RetryAfter {
+			t.Errorf("%s: %v; want rate_limited with a Retry-After in (0, %v]", name, err, pe.RetryAfter)
+		}
+	}
+	for range 5 {
+		refused("Allow", l.Allow(ctx, "lease_a", admission.ClassExec))
+		refused("AllowBucket", l.AllowBucket(ctx, l.Bucket("lease_a", admission.ClassExec), time.Time{}))
+		refused("Refused", l.Refused("lease_a", admission.ClassExec))
+		p := rdb.Pipeline()
+		refused("Queue", l.Queue(ctx, p, "lease_a", admission.ClassExec)())
+		if p.Len() != 0 {
+			t.Errorf("Queue while refused queued %d commands; want none", p.Len())
+		}
+	}
+	if got := sc.n.Load(); got != calls {
+		t.Errorf("20 refused requests cost %d script calls; want none", got-calls)
+	}
+	if err := l.Refused("lease_b", admission.ClassExec); err != nil {
+		t.Errorf("Refused of another token: %v; want nil (nothing known of it)", err)
+	}
+
+	other := admission.NewLimiter(rs.Client(), rates)
+	if err := other.Allow(ctx, "lease_a", admission.ClassExec); protocol.CodeOf(err) != protocol.RateLimited {
+		t.Errorf("another gateway's request: %v; want Redis's refusal", err)
+	}
+
+	time.Sleep(pe.RetryAfter + 10*time.Millisecond) // Redis's own clock decides: let it pass
+	if err := l.Refused("lease_a", admission.ClassExec); err != nil {
+		t.Errorf("Refused after the Retry-After: %v; want nil", err)
+	}
+	if err := l.Allow(ctx, "lease_a", admission.ClassExec); err != nil {
+		t.Errorf("request after the Retry-After: %v; want it let through", err)
+	}
+	if got := sc.n.Load(); got != calls+1 {
+		t.Errorf("the request after the Retry-After cost %d script calls; want 1", got-calls)
+	}
+}
+
 // TestLimiterAcrossGateways: two gateways (two limiters, two clients) share
 // one token's limit in Redis. Together they let through no more than the
 // limit allows in the time it took (burst + rate × elapsed) plus one and

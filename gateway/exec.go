@@ -21,7 +21,9 @@ import (
 // exec is POST …/exec: not replayable, so it is never retried by anyone.
 //
 // Its first round trip reads the workspace and marks the exec busy at once
-// (store.DB.ExecBegin), so the body is read and checked before it. The
+// (store.DB.ExecBegin), so the body is read and checked before it, unless
+// the token is still within a refusal of its rate limit (then it is
+// refused before anything else, the body unread). The
 // answers keep the order of every other workspace route (rate limit, 404,
 // 410, 409, then the in-flight caps and the body): a request refused by
 // the caps or its body takes usable's path, which marks nothing, and so
@@ -31,6 +33,12 @@ func (s *Server) exec(c echo.Context) error {
 	a, id, lim := authFrom(c), c.Param("id"), limitsOf(c)
 	if !policy.ValidID(id) {
 		return s.execRefused(c, nil)
+	}
+	// A token that Redis last refused, and that is still within that
+	// refusal, is refused before its body is read: a tenant over its
+	// limit costs neither the body's reading nor a round trip.
+	if err := s.limiter.Refused(a.Lease.ID, admission.ClassExec); err != nil {
+		return err
 	}
 	// The worst case is reserved before the body is read: the body, and
 	// max_output_bytes of each stream.

@@ -11,6 +11,7 @@ package gateway_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -692,6 +694,64 @@ func TestRoundTripsRateLimited(t *testing.T) {
 			t.Errorf("exec %d: %d round trips %v; want exactly 3 (the borrow and the workspace read in one pipeline, the busy mark, the end)", i, n, cmds)
 		}
 	}
+}
+
+// TestRoundTripsExecRefused: an exec by a token that Redis refused a
+// moment ago, still within that refusal's Retry-After, is answered 429
+// before its body is read and with no round trip: a tenant over its exec
+// limit sending large bodies costs the broker neither their reading nor
+// a script call per request.
+func TestRoundTripsExecRefused(t *testing.T) {
+	slow := admission.Rate{PerSecond: 0.01, Burst: 1} // one exec, then none for 100 s
+	e := rtStart(t, rtOptions{rateLimited: true, rates: map[admission.Class]admission.Rate{admission.ClassExec: slow}})
+	id := e.acquire(t)
+	path := "/v1/workspaces/" + id + "/exec"
+	e.exec(t, id, "true")
+	body, _ := json.Marshal(protocol.ExecRequest{Argv: []string{"true"}})
+	if got, b := e.do(t, http.MethodPost, path, string(body), nil); got != http.StatusTooManyRequests {
+		t.Fatalf("second exec = %d %s; want 429 (Redis's refusal)", got, bytes.TrimSpace(b))
+	}
+	e.settled(t)
+
+	// In process, so that what the handler read of the body is seen.
+	big := &countingReader{r: strings.NewReader(`{"argv":["true"],"stdin_b64":"` + strings.Repeat("A", 4<<20) + `"}`)}
+	req := httptest.NewRequest(http.MethodPost, path, big)
+	req.TLS = &tls.ConnectionState{}
+	req.Header.Set("Authorization", "Bearer "+e.tok.Reveal())
+	req.Header.Set("Content-Type", "application/json")
+	e.rt.reset()
+	rec := httptest.NewRecorder()
+	e.srv.Config.Handler.ServeHTTP(rec, req)
+	var env protocol.Envelope
+	_ = json.Unmarshal(rec.Body.Bytes(), &env)
+	if rec.Code != http.StatusTooManyRequests || env.Error.Code != protocol.RateLimited {
+		t.Fatalf("exec within the refusal = %d %s; want 429 rate_limited", rec.Code, bytes.TrimSpace(rec.Body.Bytes()))
+	}
+	if ra, err := strconv.Atoi(rec.Header().Get(protocol.HeaderRetryAfter)); err != nil || ra < 1 || ra > 100 {
+		t.Errorf("Retry-After = %q; want 1 to 100 seconds", rec.Header().Get(protocol.HeaderRetryAfter))
+	}
+	if n := big.n.Load(); n != 0 {
+		t.Errorf("the refused exec's body was read: %d bytes; want none", n)
+	}
+	if n, cmds := e.rt.snapshot(); n != 0 {
+		t.Errorf("the refused exec cost %d round trips %v; want none", n, cmds)
+	}
+	var w protocol.Workspace
+	if err := json.Unmarshal(e.mustDo(t, http.MethodGet, "/v1/workspaces/"+id, "", nil, http.StatusOK), &w); err != nil || w.State != "running" {
+		t.Errorf("workspace after the refused exec: %+v, %v; want running", w, err)
+	}
+}
+
+// countingReader counts the bytes read from r.
+type countingReader struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // TestRoundTripsCacheNeverStale is the assertion that the cache never
