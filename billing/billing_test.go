@@ -438,6 +438,76 @@ func TestAdjustUsageAppendsOnce(t *testing.T) {
 	e.noDrift("acct_j")
 }
 
+// Egress bytes a broker process recorded on the workspace's record while
+// it ran (store.DB.AddEgress, from its proxy's Record) are on the final
+// ledger entry when another process, whose meter counted only the rest,
+// ends the workspace: a restart loses none of what was recorded.
+func TestSettleKeepsRecordedEgressBytes(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_r", 10, false)
+	e.credit("acct_r", 10_000_000, "c")
+	w, err := e.acquire("acct_r", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The process that served the workspace's proxy, twice, then gone.
+	for range 2 {
+		res, err := e.db.AddEgress(ctx, []store.EgressAdd{{AccountID: "acct_r", WorkspaceID: w.ID, Egress: store.Egress{Out: 1000, In: 50000}}})
+		if err != nil || len(res) != 1 || res[0] != store.EgressAdded {
+			t.Fatalf("AddEgress = %v, %v; want added", res, err)
+		}
+	}
+	e.clock.Advance(time.Minute)
+	// The process that ends it counted 7 and 9 bytes since.
+	term := termination.New(e.db, nil, e.clock, nil, 0)
+	term.SetSettler(e.bill)
+	term.SetEgressMeter(func(string) (int64, int64) { return 7, 9 })
+	if ok, err := term.Terminate(ctx, w, sandgate.ReasonReleased); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	var final billing.UsageEntry
+	_ = e.bill.Ledger().Scan(ctx, "acct_r", time.Time{}, time.Time{}, func(u billing.UsageEntry) error {
+		if u.Final {
+			final = u
+		}
+		return nil
+	})
+	if final.ID != billing.FinalID(w.ID) || final.EgressBytesOut != 2007 || final.EgressBytesIn != 100009 {
+		t.Errorf("final entry %s: egress out %d, in %d; want %s, 2007, 100009", final.ID, final.EgressBytesOut, final.EgressBytesIn, billing.FinalID(w.ID))
+	}
+	if rec, err := e.db.Workspace(ctx, "acct_r", w.ID); err != nil || rec.EgressBytesOut != 2007 || rec.EgressBytesIn != 100009 {
+		t.Errorf("record egress out %d, in %d (%v); want 2007, 100009", rec.EgressBytesOut, rec.EgressBytesIn, err)
+	}
+	// Terminate (the reaper's and the operator's path), given a copy of
+	// the record read before the adds, reports them too.
+	w2, err := e.acquire("acct_r", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.db.AddEgress(ctx, []store.EgressAdd{{AccountID: "acct_r", WorkspaceID: w2.ID, Egress: store.Egress{Out: 300, In: 400}}}); err != nil || res[0] != store.EgressAdded {
+		t.Fatalf("AddEgress = %v, %v; want added", res, err)
+	}
+	if ok, err := term.Terminate(ctx, w2, sandgate.ReasonExpired); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	var final2 billing.UsageEntry
+	_ = e.bill.Ledger().Scan(ctx, "acct_r", time.Time{}, time.Time{}, func(u billing.UsageEntry) error {
+		if u.ID == billing.FinalID(w2.ID) {
+			final2 = u
+		}
+		return nil
+	})
+	if final2.EgressBytesOut != 307 || final2.EgressBytesIn != 409 {
+		t.Errorf("Terminate from a stale copy: final entry egress out %d, in %d; want 307, 409", final2.EgressBytesOut, final2.EgressBytesIn)
+	}
+	// Bytes the first process still held are refused once it has ended.
+	if res, err := e.db.AddEgress(ctx, []store.EgressAdd{{AccountID: "acct_r", WorkspaceID: w.ID, Egress: store.Egress{Out: 1, In: 1}}}); err != nil || res[0] != store.EgressEnded {
+		t.Errorf("AddEgress after the end = %v, %v; want ended", res, err)
+	}
+	e.noDrift("acct_r")
+}
+
 // The egress bytes the Terminator's meter reports at the end land on the
 // workspace's final ledger entry, and in its statement line.
 func TestSettleRecordsEgressBytes(t *testing.T) {

@@ -166,6 +166,10 @@ func (c Config) Validate() error {
 type Workspace struct {
 	// ID is the workspace id, for counters and logs.
 	ID string
+	// AccountID is the workspace's account: with it, the bytes counted are
+	// handed to [Proxy.Record] as they come, not only at the end; "" (a
+	// workspace made before it was known) keeps them for [Proxy.Forget].
+	AccountID string
 	// AllowedDomains are the admitted domains in the protocol's grammar
 	// (an exact name, or "*." and a name for its subdomains, not the name
 	// itself); nil or empty reaches nothing.
@@ -217,6 +221,11 @@ type Proxy struct {
 	denied metric.Int64Counter
 	bytes  metric.Int64Counter
 
+	// recordMu is held by Record from reading the counts to counting what
+	// was kept, and by Forget: an end never misses bytes a Record has
+	// in flight, nor counts them twice.
+	recordMu sync.Mutex
+
 	mu    sync.Mutex
 	state map[string]*wsState     // by workspace id
 	creds map[string]registration // credential mode, by workspace id
@@ -226,6 +235,10 @@ type Proxy struct {
 type wsState struct {
 	out, in atomic.Int64
 	conns   atomic.Int64 // open connections to destinations
+	account string       // the workspace's account ("": not known); guarded by Proxy.mu
+	// kept is what Record handed over and was kept elsewhere, out of the
+	// counts; guarded by Proxy.recordMu.
+	kept Usage
 }
 
 // registration is one workspace of credential mode.
@@ -260,14 +273,17 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-// workspace returns the counters of id, made on first use.
-func (p *Proxy) workspace(id string) *wsState {
+// workspace returns the counters of ws, made on first use.
+func (p *Proxy) workspace(ws Workspace) *wsState {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := p.state[id]
+	s := p.state[ws.ID]
 	if s == nil {
 		s = &wsState{}
-		p.state[id] = s
+		p.state[ws.ID] = s
+	}
+	if ws.AccountID != "" {
+		s.account = ws.AccountID
 	}
 	return s
 }
@@ -284,13 +300,88 @@ func (p *Proxy) Usage(id string) Usage {
 	return Usage{BytesOut: s.out.Load(), BytesIn: s.in.Load()}
 }
 
-// Forget returns the final count of workspace id and drops its counters.
-// Call it once the workspace's listener is closed and its Serve returned
-// (or after Unregister): bytes moved afterwards are not counted.
+// Forget returns the final count of workspace id that Record has not
+// handed over, and drops its counters. Call it once the workspace's
+// listener is closed and its Serve returned (or after Unregister): bytes
+// moved afterwards are not counted. A Record in flight finishes first.
 func (p *Proxy) Forget(id string) Usage {
-	u := p.Usage(id)
+	p.recordMu.Lock()
+	defer p.recordMu.Unlock()
 	p.mu.Lock()
+	s := p.state[id]
 	delete(p.state, id)
 	p.mu.Unlock()
-	return u
+	if s == nil {
+		return Usage{}
+	}
+	return Usage{BytesOut: s.out.Load() - s.kept.BytesOut, BytesIn: s.in.Load() - s.kept.BytesIn}
+}
+
+// Delta is what one workspace moved through the proxy since its bytes
+// were last kept elsewhere ([Proxy.Record]).
+type Delta struct {
+	WorkspaceID, AccountID string
+	Usage
+}
+
+// Kept is what became of a [Delta] handed to Record's keep.
+type Kept int
+
+const (
+	// NotKept: not kept now (the workspace is ending, or the store could
+	// not be reached); the bytes stay counted here, for the next Record
+	// or for Forget.
+	NotKept Kept = iota
+	// KeptAll: kept; they are no longer counted here.
+	KeptAll
+	// KeptEnded: the workspace has ended; its counters are dropped.
+	KeptEnded
+)
+
+// Record hands keep the bytes each workspace of a known account moved
+// since they were last kept, and takes what keep kept out of the counts
+// that Forget returns. The broker records them on each workspace's record
+// every few seconds, so that a broker process that stops (a restart, a
+// crash) loses at most that much, and a workspace ended by another process
+// still has them on its usage entry. keep returns one Kept for each Delta,
+// in order, or an error (nothing kept).
+func (p *Proxy) Record(ctx context.Context, keep func(context.Context, []Delta) ([]Kept, error)) error {
+	p.recordMu.Lock()
+	defer p.recordMu.Unlock()
+	var ds []Delta
+	var sts []*wsState
+	p.mu.Lock()
+	for id, s := range p.state {
+		d := Usage{BytesOut: s.out.Load() - s.kept.BytesOut, BytesIn: s.in.Load() - s.kept.BytesIn}
+		if s.account == "" || d == (Usage{}) {
+			continue
+		}
+		ds = append(ds, Delta{WorkspaceID: id, AccountID: s.account, Usage: d})
+		sts = append(sts, s)
+	}
+	p.mu.Unlock()
+	if len(ds) == 0 {
+		return nil
+	}
+	kept, err := keep(ctx, ds)
+	if err != nil {
+		return err
+	}
+	if len(kept) != len(ds) {
+		return fmt.Errorf("egress: record: %d answers for %d workspaces", len(kept), len(ds))
+	}
+	for i, s := range sts {
+		switch kept[i] {
+		case KeptAll:
+			s.kept.BytesOut += ds[i].BytesOut
+			s.kept.BytesIn += ds[i].BytesIn
+		case KeptEnded:
+			p.mu.Lock()
+			if p.state[ds[i].WorkspaceID] == s {
+				delete(p.state, ds[i].WorkspaceID)
+			}
+			p.mu.Unlock()
+		}
+	}
+	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -796,6 +797,90 @@ func TestServeEndsTunnels(t *testing.T) {
 	}
 	if u := e.proxy.Usage("ws_one"); u != (egress.Usage{}) {
 		t.Errorf("Usage after Forget = %+v; want zero", u)
+	}
+}
+
+// TestRecordHandsOverBytes: Record hands keep what each workspace of a
+// known account moved since it last kept it; what keep kept is not handed
+// again nor returned by Forget, what it did not keep (the workspace
+// ending) is, and a workspace keep says has ended is dropped. A workspace
+// of no known account is left to Forget.
+func TestRecordHandsOverBytes(t *testing.T) {
+	e := newEnv(t, nil)
+	echo := net.JoinHostPort("allowed.sg.test", strconv.Itoa(int(e.echoPort)))
+	move := func(addr, msg string) {
+		t.Helper()
+		code, c := connect(t, addr, echo, "")
+		if code != 200 {
+			t.Fatalf("CONNECT = %d", code)
+		}
+		defer c.Close()
+		io.WriteString(c, msg)
+		if _, err := io.ReadFull(c, make([]byte, len(msg))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	allowed := []string{"allowed.sg.test"}
+	a := e.serve(t, egress.Workspace{ID: "ws_a", AccountID: "acct_1", AllowedDomains: allowed})
+	b := e.serve(t, egress.Workspace{ID: "ws_b", AccountID: "acct_2", AllowedDomains: allowed})
+	old := e.serve(t, egress.Workspace{ID: "ws_old", AllowedDomains: allowed})
+	move(a, "ping")
+	move(b, "pong!")
+	move(old, "hi")
+	waitFor(t, func() bool {
+		return e.proxy.Usage("ws_a").BytesIn == 4 && e.proxy.Usage("ws_b").BytesIn == 5 && e.proxy.Usage("ws_old").BytesIn == 2
+	}, func() string { return "the echoes were not all counted" })
+
+	var handed []egress.Delta
+	record := func(answer map[string]egress.Kept) {
+		t.Helper()
+		handed = nil
+		err := e.proxy.Record(context.Background(), func(_ context.Context, ds []egress.Delta) ([]egress.Kept, error) {
+			handed = ds
+			kept := make([]egress.Kept, len(ds))
+			for i, d := range ds {
+				kept[i] = answer[d.WorkspaceID]
+			}
+			return kept, nil
+		})
+		if err != nil {
+			t.Fatalf("Record: %v", err)
+		}
+		slices.SortFunc(handed, func(x, y egress.Delta) int { return strings.Compare(x.WorkspaceID, y.WorkspaceID) })
+	}
+	record(map[string]egress.Kept{"ws_a": egress.KeptAll, "ws_b": egress.NotKept})
+	want := []egress.Delta{
+		{WorkspaceID: "ws_a", AccountID: "acct_1", Usage: egress.Usage{BytesOut: 4, BytesIn: 4}},
+		{WorkspaceID: "ws_b", AccountID: "acct_2", Usage: egress.Usage{BytesOut: 5, BytesIn: 5}},
+	}
+	if !slices.Equal(handed, want) {
+		t.Fatalf("first Record handed %+v; want %+v (no account, nothing handed)", handed, want)
+	}
+	move(a, "again")
+	record(map[string]egress.Kept{"ws_a": egress.NotKept, "ws_b": egress.KeptEnded})
+	want = []egress.Delta{
+		{WorkspaceID: "ws_a", AccountID: "acct_1", Usage: egress.Usage{BytesOut: 5, BytesIn: 5}},
+		{WorkspaceID: "ws_b", AccountID: "acct_2", Usage: egress.Usage{BytesOut: 5, BytesIn: 5}},
+	}
+	if !slices.Equal(handed, want) {
+		t.Fatalf("second Record handed %+v; want %+v (ws_a's kept bytes not again, ws_b's not kept again)", handed, want)
+	}
+	record(nil)
+	if want := want[:1]; !slices.Equal(handed, want) {
+		t.Errorf("third Record handed %+v; want %+v (ws_b ended, dropped)", handed, want)
+	}
+	for id, want := range map[string]egress.Usage{
+		"ws_a":   {BytesOut: 5, BytesIn: 5}, // what was never kept
+		"ws_b":   {},                        // ended: dropped
+		"ws_old": {BytesOut: 2, BytesIn: 2}, // all of it: no account
+	} {
+		if got := e.proxy.Forget(id); got != want {
+			t.Errorf("Forget(%s) = %+v; want %+v", id, got, want)
+		}
+	}
+	record(nil)
+	if len(handed) != 0 {
+		t.Errorf("Record after Forget handed %+v; want nothing", handed)
 	}
 }
 

@@ -33,7 +33,7 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener, ws Workspace) error {
 	if err := ws.Validate(); err != nil {
 		return err
 	}
-	st := p.workspace(ws.ID)
+	st := p.workspace(ws)
 	var open atomic.Int64
 	ll := &limitListener{Listener: l, open: &open, max: int64(p.cfg.MaxConnsPerWorkspace), refused: func() {
 		p.refused(ctx, ws.ID, "", 0, ReasonLimit)
@@ -65,6 +65,9 @@ func (p *Proxy) Register(ws Workspace) (credential string, err error) {
 	p.creds[ws.ID] = registration{ws: ws, cred: []byte(credential)}
 	if p.state[ws.ID] == nil {
 		p.state[ws.ID] = &wsState{}
+	}
+	if ws.AccountID != "" {
+		p.state[ws.ID].account = ws.AccountID
 	}
 	return credential, nil
 }

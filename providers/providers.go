@@ -72,8 +72,12 @@ type Sandbox struct {
 type CreateSpec struct {
 	WorkspaceID string
 	InstanceID  string
-	Size        sandgate.Size
-	Image       string
+	// AccountID is the workspace's account, for what the broker keeps
+	// about the sandbox on its own side (the egress proxy's byte counts);
+	// never a label, never sent to a vendor.
+	AccountID string
+	Size      sandgate.Size
+	Image     string
 	// Env is passed to every process in the sandbox. Never log it, and keep
 	// it only where the sandbox itself lives (the vendor side).
 	Env    map[string]string

@@ -99,7 +99,7 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 	ctx = context.WithoutCancel(ctx)
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.CreateTimeout)
 	sb, err := prov.Provider.Create(cctx, providers.CreateSpec{
-		WorkspaceID: ws.ID, InstanceID: ws.InstanceID, Size: size, Image: ws.Image,
+		WorkspaceID: ws.ID, InstanceID: ws.InstanceID, AccountID: ws.AccountID, Size: size, Image: ws.Image,
 		Env: env, Egress: sandgate.EgressPolicy{AllowedDomains: egress}, ExpiresAt: ws.ExpiresAt, IdleTimeout: ws.IdleTimeout,
 	})
 	cancel()

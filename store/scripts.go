@@ -144,6 +144,26 @@ local function finish_workspace(key, index, id, at, retention, eout, ein)
 end
 `
 
+// addEgressScript adds egress bytes counted by a broker's proxy to a
+// workspace's record while it is starting or running. A terminating one
+// is left to its end, which adds what the process ending it still holds
+// (FinishLua): so every byte is on the record before the end reads it, or
+// handed to the end, never both.
+//
+// KEYS[1] workspace HASH
+// ARGV[1] bytes out, ARGV[2] bytes in
+// Returns 1 added, 0 terminating (not added), -1 ended or no record.
+var addEgressScript = redis.NewScript(`
+local st = redis.call('HGET', KEYS[1], 'state')
+if st == 'starting' or st == 'running' then
+  if ARGV[1] ~= '0' then redis.call('HINCRBY', KEYS[1], 'egress_out', ARGV[1]) end
+  if ARGV[2] ~= '0' then redis.call('HINCRBY', KEYS[1], 'egress_in', ARGV[2]) end
+  return 1
+end
+if st == 'terminating' then return 0 end
+return -1
+`)
+
 // indexLiveScript adds to an instance's live index each of the given
 // workspaces whose record exists and is not terminated, at its creation
 // time, reading the record in the same script: so an entry is never added

@@ -24,6 +24,7 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 				workspaceIndexKey(acct, inst), openKey(acct), velocityKey(acct), liveIndexKey(acct, inst)}}},
 			{Var: "terminateScript", Keys: [][]string{{liveKey(acct, inst), workspaceKey(acct, ws), openKey(acct)}}},
 			{Var: "finishScript", Keys: [][]string{{workspaceKey(acct, ws), liveIndexKey(acct, inst)}}},
+			{Var: "addEgressScript", Keys: [][]string{{workspaceKey(acct, ws)}}},
 			{Var: "indexLiveScript", Keys: [][]string{{liveIndexKey(acct, inst), workspaceKey(acct, ws), workspaceKey(acct, "ws_d")}}},
 			{Var: "auditScript", Keys: [][]string{{auditKey()}}},
 			{Var: "beginSnapshotScript", Keys: [][]string{snapshotKeys(s, key)}},

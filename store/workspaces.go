@@ -218,6 +218,53 @@ func DecodeWorkspace(v any) (sandgate.Workspace, error) {
 // end's usage entry is written already.
 type Egress struct{ Out, In int64 }
 
+// EgressAdd is bytes one workspace moved through a broker process's egress
+// proxy that its record does not hold yet.
+type EgressAdd struct {
+	AccountID, WorkspaceID string
+	Egress
+}
+
+// What AddEgress did with each EgressAdd.
+const (
+	EgressNotAdded = 0  // the workspace is terminating (its end adds them), or the add failed
+	EgressAdded    = 1  // on the record
+	EgressEnded    = -1 // the workspace has ended, or has no record: nothing will add them
+)
+
+// AddEgress adds each workspace's bytes to its record while it is starting
+// or running, all in one round trip, and returns what it did with each, in
+// order. Bytes on the record are on the workspace's final usage entry
+// whichever process ends it, and survive the process that counted them.
+func (db *DB) AddEgress(ctx context.Context, adds []EgressAdd) ([]int, error) {
+	if len(adds) == 0 {
+		return nil, nil
+	}
+	cmds := make([]*redis.Cmd, len(adds))
+	_, err := db.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, a := range adds {
+			// EVAL, not EVALSHA: a pipeline cannot fall back when the
+			// script cache is cold; Redis caches the script by its hash.
+			cmds[i] = addEgressScript.Eval(ctx, p, []string{workspaceKey(a.AccountID, a.WorkspaceID)}, a.Out, a.In)
+		}
+		return nil
+	})
+	res := make([]int, len(adds))
+	failed := 0
+	for i, c := range cmds {
+		n, cerr := c.Int()
+		if cerr != nil {
+			failed++
+			continue
+		}
+		res[i] = n
+	}
+	if failed == len(adds) && err != nil {
+		return nil, fmt.Errorf("add egress: %w", err)
+	}
+	return res, nil
+}
+
 // FinishArgs binds [FinishLua]'s finish_workspace for w's end at at
 // adding eg: its keys (the record's, then the instance's live index) and
 // its arguments after them (the workspace id, at, retention, egress out

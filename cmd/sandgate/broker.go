@@ -87,6 +87,16 @@ func (b *broker) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The proxy's last counts go to the workspaces' records once the
+	// providers have closed (deferred before their Close, so it runs after).
+	var keepEgress func(context.Context)
+	defer func() {
+		if keepEgress != nil {
+			kctx, kcancel := context.WithTimeout(context.Background(), egressKeepTimeout)
+			defer kcancel()
+			keepEgress(kctx)
+		}
+	}()
 	defer func() {
 		if err := rawProvs.Close(); err != nil {
 			b.log.Warn("providers not closed cleanly", slog.Any(sandgate.KeyError, err))
@@ -131,11 +141,18 @@ func (b *broker) run(ctx context.Context) error {
 	})...)
 	term := termination.New(db, provs, clock, b.log.With("component", "termination"), 0)
 	term.SetSettler(telemetry.Settlement(bill, tp))
-	// A workspace's egress bytes are recorded with its usage at its end.
+	// A workspace's egress bytes go to its record every
+	// egressKeepInterval while it runs (keepEgress), and what is left at
+	// its end with its usage.
 	term.SetEgressMeter(func(id string) (int64, int64) {
 		u := proxy.Forget(id)
 		return u.BytesOut, u.BytesIn
 	})
+	keepEgress = func(ctx context.Context) {
+		if err := proxy.Record(ctx, egressKeeper(db)); err != nil {
+			b.log.Warn("egress bytes not recorded; kept for the next try", slog.Any(sandgate.KeyError, err))
+		}
+	}
 	tadmit, err := telemetry.Admission(admit, tp, meter)
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
@@ -200,6 +217,20 @@ func (b *broker) run(ctx context.Context) error {
 	wg.Go(func() { defer close(rpDone); rp.Run(rpCtx) })
 	wg.Go(func() { bill.Run(runCtx, b.cfg.Billing.RepairInterval) })
 	wg.Go(func() { bill.RunWebhooks(runCtx) })
+	wg.Go(func() {
+		t := time.NewTicker(egressKeepInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-t.C:
+			}
+			kctx, kcancel := context.WithTimeout(runCtx, egressKeepTimeout)
+			keepEgress(kctx)
+			kcancel()
+		}
+	})
 	errc := make(chan error, 3)
 	if claimLater {
 		wg.Go(func() {
@@ -349,5 +380,37 @@ func pauseAfterCreate(dir string) func(string) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+	}
+}
+
+// How often the egress proxy's counts go to the workspaces' records, and
+// the bound of one such round trip (an end waits for one in flight).
+const (
+	egressKeepInterval = 10 * time.Second
+	egressKeepTimeout  = 5 * time.Second
+)
+
+// egressKeeper adds the proxy's counts to the workspaces' records
+// (store.DB.AddEgress), for egress.Proxy.Record.
+func egressKeeper(db *store.DB) func(context.Context, []egress.Delta) ([]egress.Kept, error) {
+	return func(ctx context.Context, ds []egress.Delta) ([]egress.Kept, error) {
+		adds := make([]store.EgressAdd, len(ds))
+		for i, d := range ds {
+			adds[i] = store.EgressAdd{AccountID: d.AccountID, WorkspaceID: d.WorkspaceID, Egress: store.Egress{Out: d.BytesOut, In: d.BytesIn}}
+		}
+		res, err := db.AddEgress(ctx, adds)
+		if err != nil {
+			return nil, err
+		}
+		kept := make([]egress.Kept, len(res))
+		for i, r := range res {
+			switch r {
+			case store.EgressAdded:
+				kept[i] = egress.KeptAll
+			case store.EgressEnded:
+				kept[i] = egress.KeptEnded
+			}
+		}
+		return kept, nil
 	}
 }

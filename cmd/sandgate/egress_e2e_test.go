@@ -61,27 +61,106 @@ func TestE2EEgressDevLease(t *testing.T) {
 // SANDGATE_EGRESS_PORTS: a workspace reaches its allowed domain with curl
 // through the proxy variables, and not the broker's own listeners or
 // Redis; its egress bytes are in its usage export.
-func TestE2EEgressServe(t *testing.T) {
-	rds := startRedis(t)
+// egressSite starts the egress tests' TLS site and returns it with the
+// environment that lets a broker's proxy reach it by its names.
+func egressSite(t *testing.T) (egresstest.Site, []string) {
+	t.Helper()
 	names := []string{"allowed.sg.test", "denied.sg.test", "a.sg.test", "sg.test"}
 	site := egresstest.StartSite(t, names, nil)
-	port := strconv.Itoa(site.Port)
 	var hosts []string
 	for _, n := range names {
 		hosts = append(hosts, n+"=127.0.0.1")
 	}
-	cfg := newServeConfig(t, rds.Addr, serveOptions{})
-	s := startServeEnv(t, cfg, "SANDGATE_EGRESS_HOSTS="+strings.Join(hosts, ","), "SANDGATE_EGRESS_PORTS=80,443,"+port)
-	a := s.Admin(t)
-	ctx := context.Background()
-	acct := createAccount(t, a, "egress")
+	return site, []string{"SANDGATE_EGRESS_HOSTS=" + strings.Join(hosts, ","), "SANDGATE_EGRESS_PORTS=80,443," + strconv.Itoa(site.Port)}
+}
+
+// anyEgressInstance creates an account and an instance of it whose scope
+// allows any egress domain, and returns the account and a token.
+func anyEgressInstance(t *testing.T, a *adminapi.Client) (acct, tok string) {
+	t.Helper()
+	acct = createAccount(t, a, "egress")
 	req := adminapi.CreateInstanceRequest{AccountID: acct, Name: "egress"}
 	req.Scope.AnyEgress = true
 	var in adminapi.Instance
-	if err := a.Do(ctx, http.MethodPost, "/instances", req, &in); err != nil {
+	if err := a.Do(context.Background(), http.MethodPost, "/instances", req, &in); err != nil {
 		t.Fatalf("create instance with any egress on the local provider: %v", err)
 	}
-	c := s.Client(t, issueToken(t, a, in.ID))
+	return acct, issueToken(t, a, in.ID)
+}
+
+// finalEgress waits for workspace id's final usage entry in acct's export
+// and returns its egress bytes.
+func finalEgress(t *testing.T, s *serveBroker, acct, id string) (out, in int64) {
+	t.Helper()
+	now := time.Now().UTC()
+	var final struct {
+		ID       string `json:"id"`
+		BytesOut int64  `json:"egress_bytes_out"`
+		BytesIn  int64  `json:"egress_bytes_in"`
+	}
+	waitFor(t, "the workspace's final usage entry", func() (bool, error) {
+		out := runCLI(t, s.AdminEnv(), "usage", "export", "--format", "jsonl", "--account", acct,
+			"--from", now.Add(-time.Hour).Format(time.RFC3339), "--to", now.Add(time.Hour).Format(time.RFC3339))
+		sc := bufio.NewScanner(strings.NewReader(out))
+		for sc.Scan() {
+			if err := json.Unmarshal(sc.Bytes(), &final); err != nil {
+				return false, err
+			}
+			if final.ID == id+":final" {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("no final entry for %s yet", id)
+	})
+	return final.BytesOut, final.BytesIn
+}
+
+// TestE2EEgressBytesSurviveRestart: the bytes a workspace fetched through
+// one broker process are on its final usage entry when the next process,
+// after a restart, releases it: the first recorded them on its way down.
+func TestE2EEgressBytesSurviveRestart(t *testing.T) {
+	t.Parallel()
+	rds := startRedis(t)
+	site, env := egressSite(t)
+	cfg := newServeConfig(t, rds.Addr, serveOptions{})
+	s1 := startServeEnv(t, cfg, env...)
+	ctx := context.Background()
+	acct, tok := anyEgressInstance(t, s1.Admin(t))
+	c1 := s1.Client(t, tok)
+	ws, created, err := c1.Acquire(ctx, "k-egress-restart", protocol.AcquireRequest{Label: "e2e", Egress: &protocol.Egress{AllowedDomains: []string{"allowed.sg.test"}}})
+	if err != nil || !created {
+		t.Fatalf("acquire with allowed.sg.test: %v", err)
+	}
+	if err := c1.WriteFile(ctx, ws.WorkspaceID, "/workspace/ca.pem", site.CAPEM); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c1.Exec(ctx, ws.WorkspaceID, protocol.ExecRequest{TimeoutSeconds: 60,
+		Argv: []string{"curl", "-fsS", "--max-time", "20", "--cacert", "/workspace/ca.pem", "https://allowed.sg.test:" + strconv.Itoa(site.Port) + "/"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("curl allowed.sg.test: %+v, %v; want the page", res, err)
+	}
+	s1.stop()
+
+	s2 := startServeEnv(t, cfg, env...)
+	if _, err := s2.Client(t, tok).Release(ctx, ws.WorkspaceID); err != nil {
+		t.Fatal(err)
+	}
+	// One fetch of a small page: a TLS handshake each way at least.
+	if out, in := finalEgress(t, s2, acct, ws.WorkspaceID); out < 200 || in < 500 {
+		t.Errorf("final usage entry after a restart: egress bytes out %d, in %d; want the first process's fetch", out, in)
+	}
+}
+
+func TestE2EEgressServe(t *testing.T) {
+	rds := startRedis(t)
+	site, env := egressSite(t)
+	port := strconv.Itoa(site.Port)
+	cfg := newServeConfig(t, rds.Addr, serveOptions{})
+	s := startServeEnv(t, cfg, env...)
+	a := s.Admin(t)
+	ctx := context.Background()
+	acct, tok := anyEgressInstance(t, a)
+	c := s.Client(t, tok)
 	lease, err := c.Lease(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -155,36 +234,18 @@ func TestE2EEgressServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The workspace's final usage entry carries its egress bytes.
-	now := time.Now().UTC()
-	var final struct {
-		ID       string `json:"id"`
-		BytesOut int64  `json:"egress_bytes_out"`
-		BytesIn  int64  `json:"egress_bytes_in"`
-	}
-	waitFor(t, "the workspace's final usage entry", func() (bool, error) {
-		out := runCLI(t, s.AdminEnv(), "usage", "export", "--format", "jsonl", "--account", acct,
-			"--from", now.Add(-time.Hour).Format(time.RFC3339), "--to", now.Add(time.Hour).Format(time.RFC3339))
-		sc := bufio.NewScanner(strings.NewReader(out))
-		for sc.Scan() {
-			if err := json.Unmarshal(sc.Bytes(), &final); err != nil {
-				return false, err
-			}
-			if final.ID == ws.WorkspaceID+":final" {
-				return true, nil
-			}
-		}
-		return false, fmt.Errorf("no final entry for %s yet", ws.WorkspaceID)
-	})
+	bytesOut, bytesIn := finalEgress(t, s, acct, ws.WorkspaceID)
 	// Three fetches of a small page: a TLS handshake each way at least.
-	if final.BytesOut < 200 || final.BytesIn < 500 {
-		t.Errorf("final usage entry egress bytes out %d, in %d; want the fetches' bytes", final.BytesOut, final.BytesIn)
+	if bytesOut < 200 || bytesIn < 500 {
+		t.Errorf("final usage entry egress bytes out %d, in %d; want the fetches' bytes", bytesOut, bytesIn)
 	}
+	now := time.Now().UTC()
 	csv := runCLI(t, s.AdminEnv(), "usage", "export", "--format", "csv", "--account", acct,
 		"--from", now.Add(-time.Hour).Format(time.RFC3339), "--to", now.Add(time.Hour).Format(time.RFC3339))
 	if header, _, _ := strings.Cut(csv, "\r\n"); !strings.HasSuffix(header, ",egress_bytes_out,egress_bytes_in") {
 		t.Errorf("CSV header %q; want it to end in the egress columns", header)
 	}
-	if !strings.Contains(csv, ","+strconv.FormatInt(final.BytesOut, 10)+","+strconv.FormatInt(final.BytesIn, 10)+"\r\n") {
-		t.Errorf("CSV export has no row ending in the workspace's egress bytes %d,%d:\n%s", final.BytesOut, final.BytesIn, csv)
+	if !strings.Contains(csv, ","+strconv.FormatInt(bytesOut, 10)+","+strconv.FormatInt(bytesIn, 10)+"\r\n") {
+		t.Errorf("CSV export has no row ending in the workspace's egress bytes %d,%d:\n%s", bytesOut, bytesIn, csv)
 	}
 }

@@ -124,7 +124,7 @@ func (p *Provider) serveEgress(ref string, l layout, rec record) error {
 	ctx, cancel := context.WithCancel(p.egressCtx)
 	s := &egressServer{ln: ln, ino: inode(sock), cancel: cancel, done: make(chan struct{})}
 	p.egress[ref] = s
-	ws := egress.Workspace{ID: ref, AllowedDomains: rec.AllowedDomains}
+	ws := egress.Workspace{ID: ref, AccountID: rec.Account, AllowedDomains: rec.AllowedDomains}
 	go func() {
 		defer close(s.done)
 		err := p.cfg.Egress.Serve(ctx, ln, ws)

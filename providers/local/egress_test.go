@@ -119,6 +119,7 @@ func (e *egressEnv) provider(t *testing.T) *local.Provider {
 func (e *egressEnv) workspace(t *testing.T, domains ...string) providers.Sandbox {
 	t.Helper()
 	spec := providertest.Spec(t)
+	spec.AccountID = egressAccount
 	spec.Egress.AllowedDomains = append([]string{}, domains...)
 	sb := providertest.Create(t, e.p, spec)
 	if err := providers.WriteFileBytes(t.Context(), e.p, sb, "/workspace/ca.pem", e.site.CAPEM); err != nil {
@@ -386,7 +387,22 @@ func TestEgressAfterRestart(t *testing.T) {
 	if out, code := fetch(t, p2, sb, url); code != 0 || !strings.HasPrefix(out, "hello allowed.sg.test\n") {
 		t.Errorf("after a restart: exit %d, %q; want the page", code, out)
 	}
+	// The reopened workspace's bytes are handed to Record as its
+	// account's: the account came back from the workspace's record.
+	var handed []egress.Delta
+	if err := e.proxy.Record(t.Context(), func(_ context.Context, ds []egress.Delta) ([]egress.Kept, error) {
+		handed = ds
+		return make([]egress.Kept, len(ds)), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(handed) != 1 || handed[0].WorkspaceID != sb.Ref || handed[0].AccountID != egressAccount || handed[0].BytesIn <= 0 || handed[0].BytesOut <= 0 {
+		t.Errorf("Record after a restart handed %+v; want %s of %s with bytes both ways", handed, sb.Ref, egressAccount)
+	}
 }
+
+// egressAccount is the account of the egress tests' workspaces.
+const egressAccount = "acct_egress"
 
 func TestCreateRefusesDomainsWithoutEgress(t *testing.T) {
 	t.Parallel()

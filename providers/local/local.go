@@ -514,6 +514,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		Pids:      p.cfg.tier(spec.Size).Pids,
 		StartedAt: sb.StartedAt,
 		ExpiresAt: spec.ExpiresAt,
+		Account:   spec.AccountID,
 	}
 	if len(spec.Egress.AllowedDomains) > 0 {
 		rec.AllowedDomains = slices.Clone(spec.Egress.AllowedDomains)

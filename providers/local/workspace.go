@@ -130,6 +130,10 @@ type record struct {
 	// AllowedDomains is the workspace's egress allowlist; empty: no
 	// network at all (egress.go).
 	AllowedDomains []string `json:"allowed_domains,omitempty"`
+	// Account is the workspace's account, so that the egress proxy can
+	// record its bytes as they come; "" in a workspace from before it (its
+	// bytes are counted at its end only).
+	Account string `json:"account,omitempty"`
 }
 
 // readJSON decodes the JSON file at name into v.
