@@ -827,9 +827,20 @@ func TestRecordHandsOverBytes(t *testing.T) {
 	move(a, "ping")
 	move(b, "pong!")
 	move(old, "hi")
-	waitFor(t, func() bool {
-		return e.proxy.Usage("ws_a").BytesIn == 4 && e.proxy.Usage("ws_b").BytesIn == 5 && e.proxy.Usage("ws_old").BytesIn == 2
-	}, func() string { return "the echoes were not all counted" })
+	// A write upstream is counted after it returns, which can be after the
+	// echo is read back: wait for both directions.
+	counted := func(want map[string]int64) {
+		t.Helper()
+		waitFor(t, func() bool {
+			for id, n := range want {
+				if u := e.proxy.Usage(id); u.BytesOut != n || u.BytesIn != n {
+					return false
+				}
+			}
+			return true
+		}, func() string { return fmt.Sprintf("the echoes were not all counted: want %v each way", want) })
+	}
+	counted(map[string]int64{"ws_a": 4, "ws_b": 5, "ws_old": 2})
 
 	var handed []egress.Delta
 	record := func(answer map[string]egress.Kept) {
@@ -857,6 +868,7 @@ func TestRecordHandsOverBytes(t *testing.T) {
 		t.Fatalf("first Record handed %+v; want %+v (no account, nothing handed)", handed, want)
 	}
 	move(a, "again")
+	counted(map[string]int64{"ws_a": 9})
 	record(map[string]egress.Kept{"ws_a": egress.NotKept, "ws_b": egress.KeptEnded})
 	want = []egress.Delta{
 		{WorkspaceID: "ws_a", AccountID: "acct_1", Usage: egress.Usage{BytesOut: 5, BytesIn: 5}},
