@@ -241,6 +241,12 @@ type wsState struct {
 	kept Usage
 }
 
+// unkept is what s counted that Record has not handed over; the caller
+// holds Proxy.recordMu.
+func (s *wsState) unkept() Usage {
+	return Usage{BytesOut: s.out.Load() - s.kept.BytesOut, BytesIn: s.in.Load() - s.kept.BytesIn}
+}
+
 // registration is one workspace of credential mode.
 type registration struct {
 	ws   Workspace
@@ -314,7 +320,7 @@ func (p *Proxy) Forget(id string) Usage {
 	if s == nil {
 		return Usage{}
 	}
-	return Usage{BytesOut: s.out.Load() - s.kept.BytesOut, BytesIn: s.in.Load() - s.kept.BytesIn}
+	return s.unkept()
 }
 
 // Delta is what one workspace moved through the proxy since its bytes
@@ -352,7 +358,7 @@ func (p *Proxy) Record(ctx context.Context, keep func(context.Context, []Delta) 
 	var sts []*wsState
 	p.mu.Lock()
 	for id, s := range p.state {
-		d := Usage{BytesOut: s.out.Load() - s.kept.BytesOut, BytesIn: s.in.Load() - s.kept.BytesIn}
+		d := s.unkept()
 		if s.account == "" || d == (Usage{}) {
 			continue
 		}
