@@ -265,7 +265,7 @@ var chargeScript = redis.NewScript(appendLua + budgetLua + "local off = 0\nlocal
 // chargeLua is the body of the function charge() of chargeScript and
 // finishSettleScript, which returns {appended, queued}. It expects the
 // local off: how many arguments sit between ARGV[3] and the scopes (0, or
-// 5 for finish_workspace's).
+// 6 for finish_workspace's).
 const chargeLua = `
 local ws, mode, ns = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local s0, s1 = 4 + off, 3 + off + ns

@@ -441,70 +441,103 @@ func TestAdjustUsageAppendsOnce(t *testing.T) {
 // Egress bytes a broker process recorded on the workspace's record while
 // it ran (store.DB.AddEgress, from its proxy's Record) are on the final
 // ledger entry when another process, whose meter counted only the rest,
-// ends the workspace: a restart loses none of what was recorded.
+// ends the workspace: a restart loses none of what was recorded, and a
+// count sent twice is recorded once. The client's release (one script
+// that ends and settles) keeps them too, and an end whose count's last
+// keep is in doubt charges what the record holds, not the count twice.
 func TestSettleKeepsRecordedEgressBytes(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.account("acct_r", 10, false)
 	e.credit("acct_r", 10_000_000, "c")
-	w, err := e.acquire("acct_r", "inst_1", "", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The process that served the workspace's proxy, twice, then gone.
-	for range 2 {
-		res, err := e.db.AddEgress(ctx, []store.EgressAdd{{AccountID: "acct_r", WorkspaceID: w.ID, Egress: store.Egress{Out: 1000, In: 50000}}})
+	add := func(w sandgate.Workspace, counter string, out, in int64) {
+		t.Helper()
+		res, err := e.db.AddEgress(ctx, []store.EgressAdd{{AccountID: "acct_r", WorkspaceID: w.ID, Egress: store.Egress{Counter: counter, Out: out, In: in}}})
 		if err != nil || len(res) != 1 || res[0] != store.EgressAdded {
 			t.Fatalf("AddEgress = %v, %v; want added", res, err)
 		}
 	}
-	e.clock.Advance(time.Minute)
-	// The process that ends it counted 7 and 9 bytes since.
+	final := func(w sandgate.Workspace) billing.UsageEntry {
+		var f billing.UsageEntry
+		_ = e.bill.Ledger().Scan(ctx, "acct_r", time.Time{}, time.Time{}, func(u billing.UsageEntry) error {
+			if u.ID == billing.FinalID(w.ID) {
+				f = u
+			}
+			return nil
+		})
+		return f
+	}
+	check := func(what string, w sandgate.Workspace, out, in int64) {
+		t.Helper()
+		if f := final(w); f.EgressBytesOut != out || f.EgressBytesIn != in {
+			t.Errorf("%s: final entry %q egress out %d, in %d; want %d, %d", what, f.ID, f.EgressBytesOut, f.EgressBytesIn, out, in)
+		}
+		if rec, err := e.db.Workspace(ctx, "acct_r", w.ID); err != nil || rec.EgressBytesOut != out || rec.EgressBytesIn != in {
+			t.Errorf("%s: record egress out %d, in %d (%v); want %d, %d", what, rec.EgressBytesOut, rec.EgressBytesIn, err, out, in)
+		}
+	}
+	counts := map[string]termination.EgressCount{}
 	term := termination.New(e.db, nil, e.clock, nil, 0)
 	term.SetSettler(e.bill)
-	term.SetEgressMeter(func(string) (int64, int64) { return 7, 9 })
+	term.SetEgressMeter(func(id string) termination.EgressCount { return counts[id] })
+
+	w, err := e.acquire("acct_r", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The process that served the workspace's proxy sent its count twice
+	// (a retry), then was gone.
+	add(w, "p1.1", 1000, 50000)
+	add(w, "p1.1", 1000, 50000)
+	e.clock.Advance(time.Minute)
+	// The process that ends it counted 7 and 9 bytes since.
+	counts[w.ID] = termination.EgressCount{Egress: store.Egress{Counter: "p2.1", Out: 7, In: 9}, NewOut: 7, NewIn: 9, Exact: true}
 	if ok, err := term.Terminate(ctx, w, sandgate.ReasonReleased); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	var final billing.UsageEntry
-	_ = e.bill.Ledger().Scan(ctx, "acct_r", time.Time{}, time.Time{}, func(u billing.UsageEntry) error {
-		if u.Final {
-			final = u
-		}
-		return nil
-	})
-	if final.ID != billing.FinalID(w.ID) || final.EgressBytesOut != 2007 || final.EgressBytesIn != 100009 {
-		t.Errorf("final entry %s: egress out %d, in %d; want %s, 2007, 100009", final.ID, final.EgressBytesOut, final.EgressBytesIn, billing.FinalID(w.ID))
-	}
-	if rec, err := e.db.Workspace(ctx, "acct_r", w.ID); err != nil || rec.EgressBytesOut != 2007 || rec.EgressBytesIn != 100009 {
-		t.Errorf("record egress out %d, in %d (%v); want 2007, 100009", rec.EgressBytesOut, rec.EgressBytesIn, err)
-	}
+	check("Terminate", w, 1007, 50009)
 	// Terminate (the reaper's and the operator's path), given a copy of
 	// the record read before the adds, reports them too.
 	w2, err := e.acquire("acct_r", "inst_1", "", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res, err := e.db.AddEgress(ctx, []store.EgressAdd{{AccountID: "acct_r", WorkspaceID: w2.ID, Egress: store.Egress{Out: 300, In: 400}}}); err != nil || res[0] != store.EgressAdded {
-		t.Fatalf("AddEgress = %v, %v; want added", res, err)
-	}
+	add(w2, "p1.2", 300, 400)
+	counts[w2.ID] = counts[w.ID]
 	if ok, err := term.Terminate(ctx, w2, sandgate.ReasonExpired); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	var final2 billing.UsageEntry
-	_ = e.bill.Ledger().Scan(ctx, "acct_r", time.Time{}, time.Time{}, func(u billing.UsageEntry) error {
-		if u.ID == billing.FinalID(w2.ID) {
-			final2 = u
-		}
-		return nil
-	})
-	if final2.EgressBytesOut != 307 || final2.EgressBytesIn != 409 {
-		t.Errorf("Terminate from a stale copy: final entry egress out %d, in %d; want 307, 409", final2.EgressBytesOut, final2.EgressBytesIn)
-	}
+	check("Terminate from a stale copy", w2, 307, 409)
 	// Bytes the first process still held are refused once it has ended.
-	if res, err := e.db.AddEgress(ctx, []store.EgressAdd{{AccountID: "acct_r", WorkspaceID: w.ID, Egress: store.Egress{Out: 1, In: 1}}}); err != nil || res[0] != store.EgressEnded {
+	if res, err := e.db.AddEgress(ctx, []store.EgressAdd{{AccountID: "acct_r", WorkspaceID: w.ID, Egress: store.Egress{Counter: "p1.1", Out: 1001, In: 50001}}}); err != nil || res[0] != store.EgressEnded {
 		t.Errorf("AddEgress after the end = %v, %v; want ended", res, err)
 	}
+
+	// A client's release, its own process having recorded part of its
+	// count: the end adds the rest, once.
+	w3, err := e.acquire("acct_r", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add(w3, "p3.1", 100, 200)
+	counts[w3.ID] = termination.EgressCount{Egress: store.Egress{Counter: "p3.1", Out: 150, In: 260}, NewOut: 50, NewIn: 60, Exact: true}
+	if _, err := term.Release(ctx, "acct_r", "inst_1", w3.ID); err != nil {
+		t.Fatal(err)
+	}
+	check("Release", w3, 150, 260)
+	// The same, but the process never learned that its last keep landed
+	// (the reply was lost): its count is not exact, and the end adds only
+	// what the record lacks of it.
+	w4, err := e.acquire("acct_r", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add(w4, "p3.2", 100, 200)
+	counts[w4.ID] = termination.EgressCount{Egress: store.Egress{Counter: "p3.2", Out: 150, In: 260}, NewOut: 150, NewIn: 260}
+	if got, err := term.Release(ctx, "acct_r", "inst_1", w4.ID); err != nil || got.EgressBytesOut != 150 || got.EgressBytesIn != 260 {
+		t.Errorf("Release in doubt = egress out %d, in %d (%v); want 150, 260", got.EgressBytesOut, got.EgressBytesIn, err)
+	}
+	check("Release in doubt", w4, 150, 260)
 	e.noDrift("acct_r")
 }
 
@@ -523,9 +556,9 @@ func TestSettleRecordsEgressBytes(t *testing.T) {
 	term := termination.New(e.db, nil, e.clock, nil, 0)
 	term.SetSettler(e.bill)
 	asked := map[string]int{}
-	term.SetEgressMeter(func(id string) (int64, int64) {
+	term.SetEgressMeter(func(id string) termination.EgressCount {
 		asked[id]++
-		return 1234, 56789
+		return termination.EgressCount{Egress: store.Egress{Counter: "p.1", Out: 1234, In: 56789}, NewOut: 1234, NewIn: 56789, Exact: true}
 	})
 	if ok, err := term.Terminate(ctx, w, sandgate.ReasonReleased); !ok || err != nil {
 		t.Fatal(ok, err)

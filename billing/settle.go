@@ -112,16 +112,17 @@ func (b *Billing) FinishAndSettle(ctx context.Context, w sandgate.Workspace, at 
 // finishSettleScript records a workspace's end and settles it: the
 // finish_workspace transition of [store.FinishLua], then chargeLua in
 // settle mode. KEYS as chargeScript's followed by one more, the last,
-// the instance's live index; ARGV as chargeScript's with five more after
+// the instance's live index; ARGV as chargeScript's with six more after
 // ARGV[3], store.DB.FinishArgs's: ARGV[4] the workspace id, ARGV[5]
-// terminated (unix ms), ARGV[6] the record's retention (ms), ARGV[7] and
-// ARGV[8] the egress bytes out and in the end adds. Returns {appended,
+// terminated (unix ms), ARGV[6] the record's retention (ms), ARGV[7] the
+// egress counter and ARGV[8] and ARGV[9] its bytes out and in, which the
+// end adds as far as the record lacks them. Returns {appended,
 // queued} once finished, or {-1, 0, record} when the record was
 // not terminating (nothing changed); once finished the record is the
 // caller's as finish_workspace changes it (store.Finished), so it is not
 // answered.
-var finishSettleScript = redis.NewScript(store.FinishLua + appendLua + budgetLua + "local off = 5\nlocal function charge()\n" + chargeLua + `end
-if not finish_workspace(KEYS[8], KEYS[#KEYS], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]) then return {-1, 0, redis.call('HGETALL', KEYS[8])} end
+var finishSettleScript = redis.NewScript(store.FinishLua + appendLua + budgetLua + "local off = 6\nlocal function charge()\n" + chargeLua + `end
+if not finish_workspace(KEYS[8], KEYS[#KEYS], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]) then return {-1, 0, redis.call('HGETALL', KEYS[8])} end
 return charge()
 `)
 

@@ -6,12 +6,14 @@ package egress
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -226,7 +228,11 @@ type Proxy struct {
 	// in flight, nor counts them twice.
 	recordMu sync.Mutex
 
+	// id is this proxy's, random, in each of its counters' names.
+	id string
+
 	mu    sync.Mutex
+	made  uint64                  // wsStates made so far
 	state map[string]*wsState     // by workspace id
 	creds map[string]registration // credential mode, by workspace id
 }
@@ -236,16 +242,19 @@ type wsState struct {
 	out, in atomic.Int64
 	conns   atomic.Int64 // open connections to destinations
 	account string       // the workspace's account ("": not known); guarded by Proxy.mu
-	// kept is what Record handed over and was kept elsewhere, out of the
-	// counts; guarded by Proxy.recordMu.
-	kept Usage
+	// counter names this count of the workspace where its bytes are kept
+	// ([Delta]): the proxy's id and a number no other wsState of the
+	// proxy had, so a count begun again never takes an older one's name.
+	counter string
+	// kept is what a Record saw kept of the counts; inDoubt is set when
+	// one was sent and its fate is not known (an error, a lost reply), and
+	// kept may then be short. Both guarded by Proxy.recordMu.
+	kept    Usage
+	inDoubt bool
 }
 
-// unkept is what s counted that Record has not handed over; the caller
-// holds Proxy.recordMu.
-func (s *wsState) unkept() Usage {
-	return Usage{BytesOut: s.out.Load() - s.kept.BytesOut, BytesIn: s.in.Load() - s.kept.BytesIn}
-}
+// total is every byte s counted.
+func (s *wsState) total() Usage { return Usage{BytesOut: s.out.Load(), BytesIn: s.in.Load()} }
 
 // registration is one workspace of credential mode.
 type registration struct {
@@ -259,7 +268,7 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	p := &Proxy{cfg: cfg, ports: map[uint16]bool{}, tls: map[uint16]bool{}, log: cfg.Logger,
+	p := &Proxy{cfg: cfg, ports: map[uint16]bool{}, tls: map[uint16]bool{}, log: cfg.Logger, id: rand.Text()[:16],
 		state: map[string]*wsState{}, creds: map[string]registration{}}
 	for _, port := range cfg.Ports {
 		p.ports[port] = true
@@ -285,7 +294,8 @@ func (p *Proxy) workspace(ws Workspace) *wsState {
 	defer p.mu.Unlock()
 	s := p.state[ws.ID]
 	if s == nil {
-		s = &wsState{}
+		p.made++
+		s = &wsState{counter: p.id + "." + strconv.FormatUint(p.made, 10)}
 		p.state[ws.ID] = s
 	}
 	if ws.AccountID != "" {
@@ -306,11 +316,30 @@ func (p *Proxy) Usage(id string) Usage {
 	return Usage{BytesOut: s.out.Load(), BytesIn: s.in.Load()}
 }
 
-// Forget returns the final count of workspace id that Record has not
-// handed over, and drops its counters. Call it once the workspace's
-// listener is closed and its Serve returned (or after Unregister): bytes
-// moved afterwards are not counted. A Record in flight finishes first.
-func (p *Proxy) Forget(id string) Usage {
+// Count is a workspace's count at its end ([Proxy.Forget]).
+type Count struct {
+	// Counter names the count where it is kept ([Delta]); "" when the
+	// proxy never saw the workspace.
+	Counter string
+	// Total is every byte counted; Kept, what of it a Record saw kept.
+	Total, Kept Usage
+	// Exact is false when a Record's fate is not known: more than Kept may
+	// be kept. Whoever keeps Total then must add only what is not kept
+	// already, by Counter.
+	Exact bool
+}
+
+// Unkept is what of c was not kept when last seen: what c adds to what
+// is kept, when c is exact.
+func (c Count) Unkept() Usage {
+	return Usage{BytesOut: c.Total.BytesOut - c.Kept.BytesOut, BytesIn: c.Total.BytesIn - c.Kept.BytesIn}
+}
+
+// Forget returns the final count of workspace id and drops its counters.
+// Call it once the workspace's listener is closed and its Serve returned
+// (or after Unregister): bytes moved afterwards are not counted. A Record
+// in flight finishes first, so Kept includes what it kept.
+func (p *Proxy) Forget(id string) Count {
 	p.recordMu.Lock()
 	defer p.recordMu.Unlock()
 	p.mu.Lock()
@@ -318,15 +347,19 @@ func (p *Proxy) Forget(id string) Usage {
 	delete(p.state, id)
 	p.mu.Unlock()
 	if s == nil {
-		return Usage{}
+		return Count{Exact: true}
 	}
-	return s.unkept()
+	return Count{Counter: s.counter, Total: s.total(), Kept: s.kept, Exact: !s.inDoubt}
 }
 
-// Delta is what one workspace moved through the proxy since its bytes
-// were last kept elsewhere ([Proxy.Record]).
+// Delta is one workspace's count, handed to Record's keep: every byte
+// counted under Counter so far (Usage), not only what is new since the
+// last Record. Keeping it must add to what is kept under Counter only
+// what exceeds it, so that a Delta kept twice (a retry, a reply lost
+// after the write) is kept once.
 type Delta struct {
 	WorkspaceID, AccountID string
+	Counter                string
 	Usage
 }
 
@@ -334,23 +367,25 @@ type Delta struct {
 type Kept int
 
 const (
-	// NotKept: not kept now (the workspace is ending, or the store could
-	// not be reached); the bytes stay counted here, for the next Record
-	// or for Forget.
+	// NotKept: not kept (the workspace is ending); the bytes stay counted
+	// here, for Forget.
 	NotKept Kept = iota
-	// KeptAll: kept; they are no longer counted here.
+	// KeptAll: kept.
 	KeptAll
 	// KeptEnded: the workspace has ended; its counters are dropped.
 	KeptEnded
+	// KeptInDoubt: the keep failed, or may have: the next Record sends
+	// the count again.
+	KeptInDoubt
 )
 
-// Record hands keep the bytes each workspace of a known account moved
-// since they were last kept, and takes what keep kept out of the counts
-// that Forget returns. The broker records them on each workspace's record
-// every few seconds, so that a broker process that stops (a restart, a
-// crash) loses at most that much, and a workspace ended by another process
-// still has them on its usage entry. keep returns one Kept for each Delta,
-// in order, or an error (nothing kept).
+// Record hands keep the count of each workspace of a known account that
+// has counted more than was last kept, or whose last keep is in doubt.
+// The broker keeps them on each workspace's record every few seconds, so
+// that a broker process that stops (a restart, a crash) loses at most
+// what it counted since, and a workspace ended by another process still
+// has them on its usage entry. keep returns one Kept for each Delta, in
+// order, or an error (every keep in doubt).
 func (p *Proxy) Record(ctx context.Context, keep func(context.Context, []Delta) ([]Kept, error)) error {
 	p.recordMu.Lock()
 	defer p.recordMu.Unlock()
@@ -358,11 +393,11 @@ func (p *Proxy) Record(ctx context.Context, keep func(context.Context, []Delta) 
 	var sts []*wsState
 	p.mu.Lock()
 	for id, s := range p.state {
-		d := s.unkept()
-		if s.account == "" || d == (Usage{}) {
+		t := s.total()
+		if s.account == "" || (t == s.kept && !s.inDoubt) {
 			continue
 		}
-		ds = append(ds, Delta{WorkspaceID: id, AccountID: s.account, Usage: d})
+		ds = append(ds, Delta{WorkspaceID: id, AccountID: s.account, Counter: s.counter, Usage: t})
 		sts = append(sts, s)
 	}
 	p.mu.Unlock()
@@ -370,17 +405,21 @@ func (p *Proxy) Record(ctx context.Context, keep func(context.Context, []Delta) 
 		return nil
 	}
 	kept, err := keep(ctx, ds)
-	if err != nil {
-		return err
+	if err == nil && len(kept) != len(ds) {
+		err = fmt.Errorf("egress: record: %d answers for %d workspaces", len(kept), len(ds))
 	}
-	if len(kept) != len(ds) {
-		return fmt.Errorf("egress: record: %d answers for %d workspaces", len(kept), len(ds))
+	if err != nil {
+		for _, s := range sts {
+			s.inDoubt = true
+		}
+		return err
 	}
 	for i, s := range sts {
 		switch kept[i] {
 		case KeptAll:
-			s.kept.BytesOut += ds[i].BytesOut
-			s.kept.BytesIn += ds[i].BytesIn
+			s.kept, s.inDoubt = ds[i].Usage, false
+		case KeptInDoubt:
+			s.inDoubt = true
 		case KeptEnded:
 			p.mu.Lock()
 			if p.state[ds[i].WorkspaceID] == s {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -792,19 +793,20 @@ func TestServeEndsTunnels(t *testing.T) {
 	if _, err := io.ReadAll(c); err != nil {
 		t.Errorf("tunnel after Serve returned: %v; want EOF", err)
 	}
-	if u := e.proxy.Forget("ws_one"); u != (egress.Usage{BytesOut: 4, BytesIn: 4}) {
-		t.Errorf("Forget = %+v; want 4 bytes each way", u)
+	if c := e.proxy.Forget("ws_one"); c.Total != (egress.Usage{BytesOut: 4, BytesIn: 4}) || c.Unkept() != c.Total || !c.Exact || c.Counter == "" {
+		t.Errorf("Forget = %+v; want 4 bytes each way, none kept, exact, a counter", c)
 	}
 	if u := e.proxy.Usage("ws_one"); u != (egress.Usage{}) {
 		t.Errorf("Usage after Forget = %+v; want zero", u)
 	}
 }
 
-// TestRecordHandsOverBytes: Record hands keep what each workspace of a
-// known account moved since it last kept it; what keep kept is not handed
-// again nor returned by Forget, what it did not keep (the workspace
-// ending) is, and a workspace keep says has ended is dropped. A workspace
-// of no known account is left to Forget.
+// TestRecordHandsOverBytes: Record hands keep each workspace's count of a
+// known account, the totals under a counter of its own, whenever it has
+// counted more than was kept or its last keep is in doubt; a count kept
+// and unchanged is not handed again, and a workspace keep says has ended
+// is dropped. Forget returns the count, what of it was kept, and whether
+// that is known. A workspace of no known account is left to Forget.
 func TestRecordHandsOverBytes(t *testing.T) {
 	e := newEnv(t, nil)
 	echo := net.JoinHostPort("allowed.sg.test", strconv.Itoa(int(e.echoPort)))
@@ -842,58 +844,78 @@ func TestRecordHandsOverBytes(t *testing.T) {
 	}
 	counted(map[string]int64{"ws_a": 4, "ws_b": 5, "ws_old": 2})
 
+	counters := map[string]string{}
 	var handed []egress.Delta
-	record := func(answer map[string]egress.Kept) {
+	record := func(answer map[string]egress.Kept, fail error) {
 		t.Helper()
 		handed = nil
 		err := e.proxy.Record(context.Background(), func(_ context.Context, ds []egress.Delta) ([]egress.Kept, error) {
-			handed = ds
 			kept := make([]egress.Kept, len(ds))
 			for i, d := range ds {
 				kept[i] = answer[d.WorkspaceID]
+				if c, ok := counters[d.WorkspaceID]; d.Counter == "" || ok && c != d.Counter {
+					t.Errorf("%s handed under counter %q, before under %q; want one counter, not empty", d.WorkspaceID, d.Counter, c)
+				}
+				counters[d.WorkspaceID] = d.Counter
+				d.Counter = ""
+				handed = append(handed, d)
 			}
-			return kept, nil
+			return kept, fail
 		})
-		if err != nil {
-			t.Fatalf("Record: %v", err)
+		if err != fail {
+			t.Fatalf("Record = %v; want %v", err, fail)
 		}
 		slices.SortFunc(handed, func(x, y egress.Delta) int { return strings.Compare(x.WorkspaceID, y.WorkspaceID) })
 	}
-	record(map[string]egress.Kept{"ws_a": egress.KeptAll, "ws_b": egress.NotKept})
-	want := []egress.Delta{
-		{WorkspaceID: "ws_a", AccountID: "acct_1", Usage: egress.Usage{BytesOut: 4, BytesIn: 4}},
-		{WorkspaceID: "ws_b", AccountID: "acct_2", Usage: egress.Usage{BytesOut: 5, BytesIn: 5}},
+	check := func(round string, want ...egress.Delta) {
+		t.Helper()
+		if !slices.Equal(handed, want) {
+			t.Fatalf("%s Record handed %+v; want %+v", round, handed, want)
+		}
 	}
-	if !slices.Equal(handed, want) {
-		t.Fatalf("first Record handed %+v; want %+v (no account, nothing handed)", handed, want)
+	delta := func(id, acct string, n int64) egress.Delta {
+		return egress.Delta{WorkspaceID: id, AccountID: acct, Usage: egress.Usage{BytesOut: n, BytesIn: n}}
+	}
+	record(map[string]egress.Kept{"ws_a": egress.KeptAll, "ws_b": egress.NotKept}, nil)
+	check("first", delta("ws_a", "acct_1", 4), delta("ws_b", "acct_2", 5)) // ws_old: no account
+	if counters["ws_a"] == counters["ws_b"] {
+		t.Errorf("ws_a and ws_b share counter %q", counters["ws_a"])
 	}
 	move(a, "again")
 	counted(map[string]int64{"ws_a": 9})
-	record(map[string]egress.Kept{"ws_a": egress.NotKept, "ws_b": egress.KeptEnded})
-	want = []egress.Delta{
-		{WorkspaceID: "ws_a", AccountID: "acct_1", Usage: egress.Usage{BytesOut: 5, BytesIn: 5}},
-		{WorkspaceID: "ws_b", AccountID: "acct_2", Usage: egress.Usage{BytesOut: 5, BytesIn: 5}},
-	}
-	if !slices.Equal(handed, want) {
-		t.Fatalf("second Record handed %+v; want %+v (ws_a's kept bytes not again, ws_b's not kept again)", handed, want)
-	}
-	record(nil)
-	if want := want[:1]; !slices.Equal(handed, want) {
-		t.Errorf("third Record handed %+v; want %+v (ws_b ended, dropped)", handed, want)
-	}
-	for id, want := range map[string]egress.Usage{
-		"ws_a":   {BytesOut: 5, BytesIn: 5}, // what was never kept
-		"ws_b":   {},                        // ended: dropped
-		"ws_old": {BytesOut: 2, BytesIn: 2}, // all of it: no account
+	record(map[string]egress.Kept{"ws_a": egress.KeptInDoubt, "ws_b": egress.KeptEnded}, nil)
+	check("second", delta("ws_a", "acct_1", 9), delta("ws_b", "acct_2", 5)) // the totals, not what is new
+	record(nil, nil)
+	check("third", delta("ws_a", "acct_1", 9)) // in doubt: again; ws_b ended, dropped
+	record(map[string]egress.Kept{"ws_a": egress.KeptAll}, nil)
+	check("fourth", delta("ws_a", "acct_1", 9)) // NotKept left it in doubt
+	record(nil, nil)
+	check("fifth") // kept, unchanged
+	move(a, "x")
+	counted(map[string]int64{"ws_a": 10})
+	failed := errors.New("store down")
+	record(nil, failed)
+	check("sixth", delta("ws_a", "acct_1", 10))
+	for id, want := range map[string]egress.Count{
+		// In doubt: the failed keep may have kept all 10.
+		"ws_a": {Counter: counters["ws_a"], Total: egress.Usage{BytesOut: 10, BytesIn: 10}, Kept: egress.Usage{BytesOut: 9, BytesIn: 9}},
+		// Ended: dropped.
+		"ws_b":   {Exact: true},
+		"ws_old": {Total: egress.Usage{BytesOut: 2, BytesIn: 2}, Exact: true},
 	} {
-		if got := e.proxy.Forget(id); got != want {
+		got := e.proxy.Forget(id)
+		if id == "ws_old" {
+			if got.Counter == "" || slices.Contains(slices.Collect(maps.Values(counters)), got.Counter) {
+				t.Errorf("Forget(ws_old) counter %q; want one of its own", got.Counter)
+			}
+			got.Counter = ""
+		}
+		if got != want {
 			t.Errorf("Forget(%s) = %+v; want %+v", id, got, want)
 		}
 	}
-	record(nil)
-	if len(handed) != 0 {
-		t.Errorf("Record after Forget handed %+v; want nothing", handed)
-	}
+	record(nil, nil)
+	check("after Forget")
 }
 
 // TestLogsNameHostsOnly: a refusal logs the workspace and the host, never

@@ -598,7 +598,9 @@ const rtRelease = 2
 func TestRoundTripsRelease(t *testing.T) {
 	// Every workspace moved bytes through the egress proxy: the end's
 	// script records them, no round trip of their own.
-	e := rtStart(t, rtOptions{names: true, egress: func(string) (int64, int64) { return 1500, 70000 }})
+	e := rtStart(t, rtOptions{names: true, egress: func(string) termination.EgressCount {
+		return termination.EgressCount{Egress: store.Egress{Counter: "p.1", Out: 1500, In: 70000}, NewOut: 1500, NewIn: 70000, Exact: true}
+	}})
 	// The first release loads its scripts (once per Redis server).
 	e.mustDo(t, http.MethodDelete, "/v1/workspaces/"+e.acquire(t), "", nil, http.StatusOK)
 	for i := range 3 {

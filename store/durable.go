@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -95,4 +96,59 @@ func (d *durable) node(ctx context.Context, keys []string) (*redis.Client, error
 func movedOrDown(err error) bool {
 	s := err.Error()
 	return strings.HasPrefix(s, "MOVED ") || strings.HasPrefix(s, "ASK ") || strings.HasPrefix(s, "CLUSTERDOWN") || strings.Contains(s, "connection refused")
+}
+
+// pipelinedByNode sends n scripts, the i-th queued by queue(p, i) for the
+// primary of key(i), in one pipeline per primary, each pipeline followed
+// by WAIT as run's script is. Every script of a pipeline whose WAIT fewer
+// replicas acknowledged, or that could not be sent to its primary, is
+// handed to failed with why. It returns the first error met, if any.
+func (d *durable) pipelinedByNode(ctx context.Context, n int, key func(int) string, queue func(redis.Pipeliner, int), failed func(int, error)) error {
+	type batch struct {
+		node *redis.Client
+		is   []int
+	}
+	var batches []*batch
+	byAddr := map[string]*batch{}
+	var first error
+	for i := range n {
+		node, err := d.node(ctx, []string{key(i)})
+		if err != nil {
+			failed(i, err)
+			first = cmp.Or(first, err)
+			continue
+		}
+		b := byAddr[node.Options().Addr]
+		if b == nil {
+			b = &batch{node: node}
+			byAddr[node.Options().Addr] = b
+			batches = append(batches, b)
+		}
+		b.is = append(b.is, i)
+	}
+	for _, b := range batches {
+		wait := redis.NewIntCmd(ctx, "wait", d.replicas, d.timeout.Milliseconds())
+		_, err := b.node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range b.is {
+				queue(p, i)
+			}
+			return p.Process(ctx, wait)
+		})
+		if cc, ok := d.UniversalClient.(*redis.ClusterClient); ok && err != nil && movedOrDown(err) {
+			cc.ReloadState(ctx) // as run does
+		}
+		werr := wait.Err()
+		if werr == nil && wait.Val() < int64(d.replicas) {
+			werr = fmt.Errorf("%w: %d of %d within %s", ErrNotReplicated, wait.Val(), d.replicas, d.timeout)
+		} else if werr != nil {
+			werr = fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, werr)
+		}
+		if werr != nil {
+			for _, i := range b.is {
+				failed(i, werr)
+			}
+		}
+		first = cmp.Or(first, err, werr)
+	}
+	return first
 }

@@ -114,30 +114,58 @@ return out(2, st)
 //
 // KEYS[1] workspace HASH, KEYS[2] live index ZSET
 // ARGV[1] workspace id, ARGV[2] terminated (unix ms), ARGV[3] retention
-// (ms), ARGV[4] and ARGV[5] egress bytes out and in to add
+// (ms), ARGV[4] an egress counter ("" for none), ARGV[5] and ARGV[6] the
+// bytes out and in counted under it
 // Returns 1 finished, 0 not terminating.
 var finishScript = redis.NewScript(FinishLua + `
-if finish_workspace(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]) then return 1 end
+if finish_workspace(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]) then return 1 end
 return 0
 `)
 
+// egressLua defines the Lua function add_counted(key, counter, out, inb):
+// the record key's egress bytes grow by what counter, one egress proxy's
+// count of the workspace, has counted beyond what the record already holds
+// of it (its egress_counted_out:<counter> and egress_counted_in:<counter>
+// fields): out and inb are the counter's totals, never deltas, so that a
+// count sent twice (a retried pipeline, a reply lost after the write) is
+// added once. A counter is never reused (egress.Proxy), so its totals only
+// grow. Numbers are formatted with %d: Lua would print a large double in
+// exponent form, which HINCRBY refuses.
+const egressLua = `
+local function add_counted(key, counter, out, inb)
+  if counter == '' then return end
+  local fo, fi = 'egress_counted_out:' .. counter, 'egress_counted_in:' .. counter
+  local seen = redis.call('HMGET', key, fo, fi)
+  local so, si = tonumber(seen[1]) or 0, tonumber(seen[2]) or 0
+  out, inb = tonumber(out), tonumber(inb)
+  if out > so then
+    redis.call('HINCRBY', key, 'egress_out', string.format('%d', out - so))
+    redis.call('HSET', key, fo, string.format('%d', out))
+  end
+  if inb > si then
+    redis.call('HINCRBY', key, 'egress_in', string.format('%d', inb - si))
+    redis.call('HSET', key, fi, string.format('%d', inb))
+  end
+end
+`
+
 // FinishLua defines the Lua function finish_workspace(key, index, id, at,
-// retention, eout, ein): the provider-confirmed end of the terminating
-// workspace id whose record is key (state terminated, terminated_ms at,
-// retention in ms starts, the egress bytes this process counted, eout and
-// ein, added: so that a release records them without a round trip of
-// their own; and it leaves its instance's live index, index); it returns
-// false, changing nothing, when the record is not terminating. It
-// is the one definition of that transition: finishScript runs it, and
-// billing's settle-at-finish script (billing.Billing.FinishAndSettle)
-// splices it in so that a release records its end and settles in one
-// step. Bind its arguments with [DB.FinishArgs].
-const FinishLua = `
-local function finish_workspace(key, index, id, at, retention, eout, ein)
+// retention, counter, eout, ein): the provider-confirmed end of the
+// terminating workspace id whose record is key (state terminated,
+// terminated_ms at, retention in ms starts, the egress bytes this process
+// counted under counter, totals eout and ein, added as add_counted adds
+// them: so that a release records them without a round trip of their own;
+// and it leaves its instance's live index, index); it returns false,
+// changing nothing, when the record is not terminating. It is the one
+// definition of that transition: finishScript runs it, and billing's
+// settle-at-finish script (billing.Billing.FinishAndSettle) splices it in
+// so that a release records its end and settles in one step. Bind its
+// arguments with [DB.FinishArgs].
+const FinishLua = egressLua + `
+local function finish_workspace(key, index, id, at, retention, counter, eout, ein)
   if redis.call('HGET', key, 'state') ~= 'terminating' then return false end
   redis.call('HSET', key, 'state', 'terminated', 'terminated_ms', at)
-  if eout ~= '0' then redis.call('HINCRBY', key, 'egress_out', eout) end
-  if ein ~= '0' then redis.call('HINCRBY', key, 'egress_in', ein) end
+  add_counted(key, counter, eout, ein)
   redis.call('PEXPIRE', key, retention)
   redis.call('ZREM', index, id)
   return true
@@ -145,19 +173,18 @@ end
 `
 
 // addEgressScript adds egress bytes counted by a broker's proxy to a
-// workspace's record while it is starting or running. A terminating one
-// is left to its end, which adds what the process ending it still holds
-// (FinishLua): so every byte is on the record before the end reads it, or
-// handed to the end, never both.
+// workspace's record while it is starting or running (add_counted: the
+// counter's totals, so a retry adds nothing twice). A terminating one is
+// left to its end, which adds what the process ending it counted
+// (FinishLua) in the same way.
 //
 // KEYS[1] workspace HASH
-// ARGV[1] bytes out, ARGV[2] bytes in
+// ARGV[1] the counter, ARGV[2] bytes out, ARGV[3] bytes in (its totals)
 // Returns 1 added, 0 terminating (not added), -1 ended or no record.
-var addEgressScript = redis.NewScript(`
+var addEgressScript = redis.NewScript(egressLua + `
 local st = redis.call('HGET', KEYS[1], 'state')
 if st == 'starting' or st == 'running' then
-  if ARGV[1] ~= '0' then redis.call('HINCRBY', KEYS[1], 'egress_out', ARGV[1]) end
-  if ARGV[2] ~= '0' then redis.call('HINCRBY', KEYS[1], 'egress_in', ARGV[2]) end
+  add_counted(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
   return 1
 end
 if st == 'terminating' then return 0 end

@@ -211,15 +211,20 @@ func DecodeWorkspace(v any) (sandgate.Workspace, error) {
 	return parseWorkspaceList(xs)
 }
 
-// Egress is what a workspace moved through this broker process's egress
-// proxy that its record does not hold yet. Its end adds it, in the script
-// that records the end (FinishTerminate, FinishArgs), not in a round trip
-// of its own. An end that another process recorded first drops it: that
-// end's usage entry is written already.
-type Egress struct{ Out, In int64 }
+// Egress is what one count of a broker process's egress proxy (Counter)
+// holds for a workspace: every byte it counted, out and in, since the
+// count began, not only what its record lacks. The scripts that add it
+// (AddEgress, and the end's: FinishTerminate, FinishArgs) add only what
+// the record does not hold yet of that count, so a count sent twice (a
+// retried pipeline, a reply lost after the write) is added once. An end
+// that another process recorded first drops it: that end's usage entry is
+// written already. A zero Egress (no Counter) adds nothing.
+type Egress struct {
+	Counter string
+	Out, In int64
+}
 
-// EgressAdd is bytes one workspace moved through a broker process's egress
-// proxy that its record does not hold yet.
+// EgressAdd is one workspace's count, for AddEgress.
 type EgressAdd struct {
 	AccountID, WorkspaceID string
 	Egress
@@ -227,35 +232,56 @@ type EgressAdd struct {
 
 // What AddEgress did with each EgressAdd.
 const (
-	EgressNotAdded = 0  // the workspace is terminating (its end adds them), or the add failed
+	EgressNotAdded = 0  // the workspace is terminating: its end adds them
 	EgressAdded    = 1  // on the record
 	EgressEnded    = -1 // the workspace has ended, or has no record: nothing will add them
+	EgressInDoubt  = 2  // the add failed, or was not acknowledged by the replicas: it may be on the record or not
 )
 
-// AddEgress adds each workspace's bytes to its record while it is starting
-// or running, all in one round trip, and returns what it did with each, in
-// order. Bytes on the record are on the workspace's final usage entry
-// whichever process ends it, and survive the process that counted them.
+// AddEgress adds each workspace's count to its record while it is
+// starting or running, in one round trip (one per primary on Redis
+// Cluster), and returns what it did with each, in order. Bytes on the
+// record are on the workspace's final usage entry whichever process ends
+// it, and survive the process that counted them. Over a Durable client the
+// adds are followed by WAIT on each primary, as every script is: an add
+// fewer replicas acknowledged is EgressInDoubt.
 func (db *DB) AddEgress(ctx context.Context, adds []EgressAdd) ([]int, error) {
 	if len(adds) == 0 {
 		return nil, nil
 	}
-	cmds := make([]*redis.Cmd, len(adds))
-	_, err := db.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, a := range adds {
-			// EVAL, not EVALSHA: a pipeline cannot fall back when the
-			// script cache is cold; Redis caches the script by its hash.
-			cmds[i] = addEgressScript.Eval(ctx, p, []string{workspaceKey(a.AccountID, a.WorkspaceID)}, a.Out, a.In)
-		}
-		return nil
-	})
 	res := make([]int, len(adds))
+	cmds := make([]*redis.Cmd, len(adds))
+	queue := func(p redis.Pipeliner, i int) {
+		a := adds[i]
+		// EVAL, not EVALSHA: a pipeline cannot fall back when the
+		// script cache is cold; Redis caches the script by its hash.
+		cmds[i] = addEgressScript.Eval(ctx, p, []string{workspaceKey(a.AccountID, a.WorkspaceID)}, a.Counter, a.Out, a.In)
+	}
+	var err error
+	if d, ok := db.rdb.(*durable); ok {
+		err = d.pipelinedByNode(ctx, len(adds), func(i int) string { return workspaceKey(adds[i].AccountID, adds[i].WorkspaceID) }, queue,
+			func(i int, werr error) {
+				if cmds[i] == nil {
+					cmds[i] = redis.NewCmd(ctx)
+				}
+				if cmds[i].Err() == nil {
+					cmds[i].SetErr(werr)
+				}
+			})
+	} else {
+		_, err = db.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := range adds {
+				queue(p, i)
+			}
+			return nil
+		})
+	}
 	failed := 0
 	for i, c := range cmds {
 		n, cerr := c.Int()
 		if cerr != nil {
 			failed++
-			continue
+			n = EgressInDoubt
 		}
 		res[i] = n
 	}
@@ -267,11 +293,11 @@ func (db *DB) AddEgress(ctx context.Context, adds []EgressAdd) ([]int, error) {
 
 // FinishArgs binds [FinishLua]'s finish_workspace for w's end at at
 // adding eg: its keys (the record's, then the instance's live index) and
-// its arguments after them (the workspace id, at, retention, egress out
-// and in).
+// its arguments after them (the workspace id, at, retention, the egress
+// counter and its bytes out and in).
 func (db *DB) FinishArgs(w sandgate.Workspace, at time.Time, eg Egress) (keys [2]string, args []any) {
 	return [2]string{workspaceKey(w.AccountID, w.ID), liveIndexKey(w.AccountID, w.InstanceID)},
-		[]any{w.ID, ms(at), db.cfg.Retention.Milliseconds(), eg.Out, eg.In}
+		[]any{w.ID, ms(at), db.cfg.Retention.Milliseconds(), eg.Counter, eg.Out, eg.In}
 }
 
 // FinishTerminate records the provider-confirmed end of a terminating

@@ -34,10 +34,21 @@ type Terminator struct {
 	egress  EgressMeter
 }
 
-// EgressMeter returns, and forgets, the bytes workspace id moved through
-// the broker's egress proxy since it last answered for it: out is sandbox
-// to destination, in is back. cmd/sandgate passes the proxy's Forget.
-type EgressMeter func(workspaceID string) (out, in int64)
+// EgressMeter returns, and forgets, what the broker's egress proxy
+// counted for workspace id (out is sandbox to destination, in is back).
+// cmd/sandgate passes the proxy's Forget.
+type EgressMeter func(workspaceID string) EgressCount
+
+// EgressCount is a workspace's egress count at its end: the count itself
+// (store.Egress: its counter and every byte it counted), which the script
+// recording the end adds as far as the record lacks it, and, when Exact,
+// how much that is (NewOut, NewIn). A count whose last keep is in doubt
+// is not exact: the record, not this process, knows what it lacks.
+type EgressCount struct {
+	store.Egress
+	NewOut, NewIn int64
+	Exact         bool
+}
 
 // SetEgressMeter makes every confirmed end record the workspace's egress
 // bytes with its usage. Call it before the Terminator is used.
@@ -132,9 +143,9 @@ func (t *Terminator) Release(ctx context.Context, acct, inst, id string) (sandga
 			return rec, fmt.Errorf("%w: %w", ErrProvider, err)
 		}
 	}
-	rec, eg := t.egressBytes(rec)
+	rec, eg, exact := t.egressBytes(rec)
 	fs, ok := t.settler.(FinishSettler)
-	if !ok { // no billing, or one without the one-step path: step by step
+	if !ok || !exact { // no billing, one without the one-step path, or egress bytes only the record knows: step by step
 		if err := t.db.FinishTerminate(ctx, rec, t.clock.Now(), eg); err != nil {
 			return rec, err
 		}
@@ -185,7 +196,7 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 			return false, fmt.Errorf("%w: %w", ErrProvider, err)
 		}
 	}
-	w, eg := t.egressBytes(w)
+	w, eg, _ := t.egressBytes(w) // settled from the record the end leaves
 	if err := t.db.FinishTerminate(ctx, w, t.clock.Now(), eg); err != nil {
 		t.log.Error("terminate: record end", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
 		return false, err
@@ -201,19 +212,23 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 }
 
 // egressBytes returns w with the bytes it moved through the egress proxy
-// added, for the final usage entry, and those bytes, which the script
-// recording the end adds to the record (store.Egress). It runs after the
-// provider's end, so no byte comes later. Counted in this broker process:
-// bytes another process proxied for the workspace are not (README, "Egress
-// bytes").
-func (t *Terminator) egressBytes(w sandgate.Workspace) (sandgate.Workspace, store.Egress) {
+// added, for the final usage entry, and the count the script recording the
+// end adds to the record (store.Egress); exact is false when the bytes to
+// add are known only to that script (EgressCount.Exact): w's are then
+// short, and the entry must be built from the record the end leaves. It
+// runs after the provider's end, so no byte comes later. Counted in this
+// broker process: bytes another process proxied for the workspace and did
+// not record are not (README, "Egress bytes").
+func (t *Terminator) egressBytes(w sandgate.Workspace) (_ sandgate.Workspace, _ store.Egress, exact bool) {
 	if t.egress == nil {
-		return w, store.Egress{}
+		return w, store.Egress{}, true
 	}
-	out, in := t.egress(w.ID)
-	w.EgressBytesOut += out
-	w.EgressBytesIn += in
-	return w, store.Egress{Out: out, In: in}
+	c := t.egress(w.ID)
+	if c.Exact {
+		w.EgressBytesOut += c.NewOut
+		w.EgressBytesIn += c.NewIn
+	}
+	return w, c.Egress, c.Exact
 }
 
 // terminate asks the workspace's own provider, accepting new work or not,

@@ -144,9 +144,11 @@ func (b *broker) run(ctx context.Context) error {
 	// A workspace's egress bytes go to its record every
 	// egressKeepInterval while it runs (keepEgress), and what is left at
 	// its end with its usage.
-	term.SetEgressMeter(func(id string) (int64, int64) {
-		u := proxy.Forget(id)
-		return u.BytesOut, u.BytesIn
+	term.SetEgressMeter(func(id string) termination.EgressCount {
+		c := proxy.Forget(id)
+		n := c.Unkept()
+		return termination.EgressCount{Egress: store.Egress{Counter: c.Counter, Out: c.Total.BytesOut, In: c.Total.BytesIn},
+			NewOut: n.BytesOut, NewIn: n.BytesIn, Exact: c.Exact}
 	})
 	keepEgress = func(ctx context.Context) {
 		if err := proxy.Record(ctx, egressKeeper(db)); err != nil {
@@ -396,7 +398,7 @@ func egressKeeper(db *store.DB) func(context.Context, []egress.Delta) ([]egress.
 	return func(ctx context.Context, ds []egress.Delta) ([]egress.Kept, error) {
 		adds := make([]store.EgressAdd, len(ds))
 		for i, d := range ds {
-			adds[i] = store.EgressAdd{AccountID: d.AccountID, WorkspaceID: d.WorkspaceID, Egress: store.Egress{Out: d.BytesOut, In: d.BytesIn}}
+			adds[i] = store.EgressAdd{AccountID: d.AccountID, WorkspaceID: d.WorkspaceID, Egress: store.Egress{Counter: d.Counter, Out: d.BytesOut, In: d.BytesIn}}
 		}
 		res, err := db.AddEgress(ctx, adds)
 		if err != nil {
@@ -409,6 +411,8 @@ func egressKeeper(db *store.DB) func(context.Context, []egress.Delta) ([]egress.
 				kept[i] = egress.KeptAll
 			case store.EgressEnded:
 				kept[i] = egress.KeptEnded
+			case store.EgressInDoubt:
+				kept[i] = egress.KeptInDoubt
 			}
 		}
 		return kept, nil

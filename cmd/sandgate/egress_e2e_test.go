@@ -139,16 +139,60 @@ func TestE2EEgressBytesSurviveRestart(t *testing.T) {
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("curl allowed.sg.test: %+v, %v; want the page", res, err)
 	}
+	// What the first process counted, from its metric (this is its only
+	// workspace with egress), once the tunnel's last bytes are in.
+	var out1, in1 int64
+	waitFor(t, "the first process's egress count to settle", func() (bool, error) {
+		o, i := egressMetric(t, s1.AdminURL)
+		time.Sleep(200 * time.Millisecond)
+		out1, in1 = egressMetric(t, s1.AdminURL)
+		return o == out1 && i == in1 && out1 > 0 && in1 > 0, nil
+	})
 	s1.stop()
 
 	s2 := startServeEnv(t, cfg, env...)
 	if _, err := s2.Client(t, tok).Release(ctx, ws.WorkspaceID); err != nil {
 		t.Fatal(err)
 	}
-	// One fetch of a small page: a TLS handshake each way at least.
-	if out, in := finalEgress(t, s2, acct, ws.WorkspaceID); out < 200 || in < 500 {
-		t.Errorf("final usage entry after a restart: egress bytes out %d, in %d; want the first process's fetch", out, in)
+	// One fetch of a small page: a TLS handshake each way at least, every
+	// byte once.
+	if out, in := finalEgress(t, s2, acct, ws.WorkspaceID); out != out1 || in != in1 || out < 200 || in < 500 {
+		t.Errorf("final usage entry after a restart: egress bytes out %d, in %d; want the first process's fetch, %d and %d", out, in, out1, in1)
 	}
+}
+
+// egressMetric reads a broker's egress byte counters, out and in, from
+// its operator listener's /metrics.
+func egressMetric(t *testing.T, adminURL string) (out, in int64) {
+	t.Helper()
+	resp, err := http.Get(adminURL + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(sc.Text(), "{")
+		if !ok || !strings.HasPrefix(name, "sandgate_egress_bytes") {
+			continue
+		}
+		labels, val, _ := strings.Cut(rest, "} ")
+		n, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			t.Fatalf("/metrics line %q: %v", sc.Text(), err)
+		}
+		switch {
+		case strings.Contains(labels, `direction="out"`):
+			out += int64(n)
+		case strings.Contains(labels, `direction="in"`):
+			in += int64(n)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	return out, in
 }
 
 func TestE2EEgressServe(t *testing.T) {

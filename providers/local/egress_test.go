@@ -250,9 +250,9 @@ func TestEgressAllowlist(t *testing.T) {
 		if err := e.p.Terminate(t.Context(), sb); err != nil {
 			t.Fatal(err)
 		}
-		u := e.proxy.Forget(sb.Ref)
-		if u.BytesIn < before.BytesIn || u.BytesIn <= 0 {
-			t.Errorf("Forget after Terminate = %+v (before %+v); want every byte", u, before)
+		c := e.proxy.Forget(sb.Ref)
+		if u := c.Unkept(); u.BytesIn < before.BytesIn || u.BytesIn <= 0 || !c.Exact {
+			t.Errorf("Forget after Terminate = %+v (before %+v); want every byte, none kept", c, before)
 		}
 	})
 }
