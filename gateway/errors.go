@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -55,11 +56,7 @@ func writeEnvelope(c echo.Context, status int, pe *protocol.Error) {
 		details = map[string]any{}
 	}
 	if pe.RetryAfter > 0 {
-		secs := int64(pe.RetryAfter.Seconds())
-		if secs < 1 {
-			secs = 1
-		}
-		c.Response().Header().Set(protocol.HeaderRetryAfter, strconv.FormatInt(secs, 10))
+		c.Response().Header().Set(protocol.HeaderRetryAfter, strconv.FormatInt(retryAfterSeconds(pe.RetryAfter), 10))
 	}
 	env := protocol.Envelope{Error: protocol.EnvelopeError{
 		Code: pe.Code, Message: pe.Message, Retryable: pe.Code.Retryable(), Details: details,
@@ -92,3 +89,10 @@ func fromEchoError(he *echo.HTTPError) *protocol.Error {
 func errInvalid(msg string) error { return protocol.E(protocol.InvalidRequest, msg) }
 
 var errNotFound = protocol.E(protocol.NotFound, "no such workspace for this instance")
+
+// retryAfterSeconds is d (> 0) as Retry-After's whole seconds, rounded
+// up: a client that waits what it is told is not refused again for the
+// fraction a rounding down would cut off.
+func retryAfterSeconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
+}

@@ -57,8 +57,17 @@ func (s *Server) exec(c echo.Context) error {
 	// its deadline, so the idle reaper never ends it mid-command.
 	member := sandgate.NewID("exec_")
 	var limited func() error
-	w, marked, err := s.db.ExecBegin(ctx, a.Lease.AccountID, a.Lease.InstanceID, id, member, spec.Timeout, now, func(p redis.Pipeliner) {
+	w, marked, err := s.db.ExecBegin(ctx, a.Lease.AccountID, a.Lease.InstanceID, id, member, spec.Timeout, now, func(p redis.Pipeliner) error {
 		limited = s.limiter.Queue(ctx, p, a.Lease.ID, admission.ClassExec)
+		if p.Len() > 0 {
+			return nil // answered by the pipeline
+		}
+		// Decided here: a refusal Redis gave another request while this
+		// one's body was read stops it before its mark.
+		if err := limited(); protocol.CodeOf(err) == protocol.RateLimited {
+			return err
+		}
+		return nil
 	})
 	if marked {
 		// Any refusal from here on ends the mark it made.

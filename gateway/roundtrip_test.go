@@ -744,6 +744,61 @@ func TestRoundTripsExecRefused(t *testing.T) {
 	}
 }
 
+// TestExecRefusedWhileItsBodyIsRead: an exec whose body is still being
+// read when Redis refuses another request of its token is refused from
+// that refusal once its body is in, without marking the workspace busy or
+// touching its activity, and without a round trip.
+func TestExecRefusedWhileItsBodyIsRead(t *testing.T) {
+	slow := admission.Rate{PerSecond: 0.01, Burst: 1} // one exec, then none for 100 s
+	e := rtStart(t, rtOptions{rateLimited: true, rates: map[admission.Class]admission.Rate{admission.ClassExec: slow}})
+	id := e.acquire(t)
+	path := "/v1/workspaces/" + id + "/exec"
+	e.exec(t, id, "true")
+	e.settled(t)
+	before, err := e.db.Workspace(context.Background(), e.inst.AccountID, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	pr, pw := io.Pipe()
+	req := httptest.NewRequest(http.MethodPost, path, pr)
+	req.TLS = &tls.ConnectionState{}
+	req.Header.Set("Authorization", "Bearer "+e.tok.Reveal())
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.srv.Config.Handler.ServeHTTP(rec, req)
+	}()
+	// The write returns once the handler reads the body: past its early
+	// refusal check.
+	if _, err := io.WriteString(pw, `{"argv":`); err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(protocol.ExecRequest{Argv: []string{"true"}})
+	if got, b := e.do(t, http.MethodPost, path, string(body), nil); got != http.StatusTooManyRequests {
+		t.Fatalf("second exec = %d %s; want 429 (Redis's refusal)", got, bytes.TrimSpace(b))
+	}
+	e.settled(t)
+	e.rt.reset()
+	_, _ = io.WriteString(pw, `["true"]}`)
+	pw.Close()
+	<-done
+	var env protocol.Envelope
+	_ = json.Unmarshal(rec.Body.Bytes(), &env)
+	if rec.Code != http.StatusTooManyRequests || env.Error.Code != protocol.RateLimited {
+		t.Fatalf("the exec whose body was being read = %d %s; want 429 rate_limited", rec.Code, bytes.TrimSpace(rec.Body.Bytes()))
+	}
+	if n, cmds := e.rt.snapshot(); n != 0 {
+		t.Errorf("it cost %d round trips %v; want none (no mark, no end)", n, cmds)
+	}
+	after, err := e.db.Workspace(context.Background(), e.inst.AccountID, id)
+	if err != nil || !after.LastActivity.Equal(before.LastActivity) || !after.BusyUntil.Equal(before.BusyUntil) {
+		t.Errorf("workspace after it: activity %v, busy %v (%v); want %v, %v as before", after.LastActivity, after.BusyUntil, err, before.LastActivity, before.BusyUntil)
+	}
+}
+
 // countingReader counts the bytes read from r.
 type countingReader struct {
 	r io.Reader

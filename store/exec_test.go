@@ -59,11 +59,16 @@ func TestExecBegin(t *testing.T) {
 		busy(time.Time{}, "both ended")
 
 		var ping *redis.StatusCmd
-		got, marked, err = db.ExecBegin(ctx, w.AccountID, w.InstanceID, w.ID, "e5", time.Minute, at, func(p redis.Pipeliner) { ping = p.Ping(ctx) })
+		got, marked, err = db.ExecBegin(ctx, w.AccountID, w.InstanceID, w.ID, "e5", time.Minute, at, func(p redis.Pipeliner) error { ping = p.Ping(ctx); return nil })
 		if err != nil || marked || got.ID != w.ID || ping.Err() != nil {
 			t.Errorf("ExecBegin with a command queued = %s, marked %v, %v (ping %v); want the record, unmarked", got.ID, marked, err, ping.Err())
 		}
 		busy(time.Time{}, "a read that shared a pipeline")
+		refused := errors.New("refused")
+		if _, marked, err := db.ExecBegin(ctx, w.AccountID, w.InstanceID, w.ID, "e6", time.Minute, at.Add(time.Minute), func(redis.Pipeliner) error { return refused }); err != refused || marked {
+			t.Errorf("ExecBegin refused by its queue = marked %v, %v; want unmarked, the refusal", marked, err)
+		}
+		busy(time.Time{}, "a refusal of the queue")
 		if got, err := db.Workspace(ctx, w.AccountID, w.ID); err != nil || !got.LastActivity.Equal(at.Add(2*time.Second)) {
 			t.Errorf("last activity %v (%v); want the last end, %v", got.LastActivity, err, at.Add(2*time.Second))
 		}

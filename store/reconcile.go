@@ -115,11 +115,15 @@ return f
 // queue, when not nil, may queue more commands (such as a rate check's
 // borrow) to share the round trip. When it does, the whole record is read
 // on their pipeline and nothing is marked: the caller checks their answers
-// first and marks the exec with ExecStarted.
-func (db *DB) ExecBegin(ctx context.Context, acct, inst, id, member string, timeout time.Duration, now time.Time, queue func(redis.Pipeliner)) (w sandgate.Workspace, marked bool, err error) {
+// first and marks the exec with ExecStarted. When it returns an error (a
+// refusal decided without Redis), ExecBegin sends nothing and returns it.
+func (db *DB) ExecBegin(ctx context.Context, acct, inst, id, member string, timeout time.Duration, now time.Time, queue func(redis.Pipeliner) error) (w sandgate.Workspace, marked bool, err error) {
 	if queue != nil {
 		pipe := db.rdb.Pipeline()
-		if queue(pipe); pipe.Len() > 0 {
+		if err := queue(pipe); err != nil {
+			return sandgate.Workspace{}, false, err
+		}
+		if pipe.Len() > 0 {
 			w, err := db.workspaceOn(ctx, pipe, acct, id)
 			return w, false, err
 		}
