@@ -175,6 +175,14 @@ func (p *Pipeline) Admit(ctx context.Context, r *Request) error {
 		if err := store.DecodeIdemRecord(reason, &rec); err != nil {
 			return unavailable(err)
 		}
+		if rec.WorkspaceID == r.Workspace.ID && rec.State == store.IdemInProgress {
+			// This request's own claim (its workspace id is new): the
+			// script ran before and its answer was lost, and go-redis sent
+			// it again. Everything it admits is written; whether it
+			// queued a budget alert is not known, so the caller looks.
+			r.Queued = true
+			return nil
+		}
 		return &Replay{Record: rec}
 	}
 	name := "?"

@@ -13,13 +13,19 @@ import "github.com/redis/go-redis/v9"
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] idempotency STRING, KEYS[4] account open ZSET
 // ARGV[1] workspace id, ARGV[2] expires_at (unix ms), ARGV[3] provider ref,
 // ARGV[4] started (unix ms), ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms)
-// Returns {1} confirmed (the record is the caller's with these changes)
-// or {0, record} refused, record the workspace HASH as HGETALL answers it
+// Returns {1} confirmed (the record is the caller's with these changes;
+// also when it is running with this provider ref and start already: this
+// confirm, run before and its reply lost, then resent) or {0, record}
+// refused, record the workspace HASH as HGETALL answers it
 // (empty when there is none), so the Acquire's answer costs no further
 // round trip.
 var confirmScript = redis.NewScript(`
 redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
-if redis.call('HGET', KEYS[2], 'state') ~= 'starting' or not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+local cur = redis.call('HMGET', KEYS[2], 'state', 'provider_ref', 'started_ms')
+if cur[1] == 'running' and cur[2] == ARGV[3] and cur[3] == ARGV[4] then
+  return {1} -- this confirm, run before (a resent command)
+end
+if cur[1] ~= 'starting' or not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   return {0, redis.call('HGETALL', KEYS[2])}
 end
 redis.call('HSET', KEYS[2], 'state', 'running', 'provider_ref', ARGV[3], 'started_ms', ARGV[4], 'activity_ms', ARGV[4])
@@ -296,9 +302,15 @@ return {` + itoa(resOK) + `}
 // ARGV[1] snapshot id, ARGV[2] expires_at (unix ms), ARGV[3] provider ref, ARGV[4] dir,
 // ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms), ARGV[7] size (bytes),
 // ARGV[8] max_snapshot_bytes (0: none), ARGV[9] now (unix ms)
-// Returns resOK, resRefused or resBytes.
+// Returns resOK, resRefused or resBytes. A snapshot already live with this
+// provider ref and expiry is this confirm's own, run before (a command
+// resent after its reply was lost): resOK, changing nothing.
 var confirmSnapshotScript = redis.NewScript(liveSnapshotBytesLua + `
-if redis.call('HGET', KEYS[2], 'state') ~= 'creating' then
+local cur = redis.call('HMGET', KEYS[2], 'state', 'provider_ref', 'expires_ms')
+if cur[1] == 'live' and cur[2] == ARGV[3] and cur[3] == ARGV[2] then
+  return ` + itoa(resOK) + ` -- this confirm, run before (a resent command)
+end
+if cur[1] ~= 'creating' then
   redis.call('DEL', KEYS[1])
   return ` + itoa(resRefused) + `
 end
