@@ -30,8 +30,14 @@ func (db *DB) commandKeys(w sandgate.Workspace, key string) []string {
 // deadline. Returns a *CommandClaimed when the identity was claimed or
 // fenced before, ErrStateChanged when the workspace is not running.
 func (db *DB) ClaimCommand(ctx context.Context, w sandgate.Workspace, key string, now, dispatchBy, deadline time.Time) error {
+	return db.claimCommand(ctx, w, key, now, dispatchBy, deadline, sandgate.NewID("claim_"))
+}
+
+// claimCommand is ClaimCommand with the claim's nonce: a script run twice
+// with one nonce (a command resent) claims once and answers both runs.
+func (db *DB) claimCommand(ctx context.Context, w sandgate.Workspace, key string, now, dispatchBy, deadline time.Time, nonce string) error {
 	res, err := claimCommandScript.Run(ctx, db.rdb, db.commandKeys(w, key), ms(now), ms(dispatchBy), ms(deadline),
-		key, w.ID, ms(w.ExpiresAt.Add(commandTTLPast))).Slice()
+		key, w.ID, ms(w.ExpiresAt.Add(commandTTLPast)), nonce).Slice()
 	if err != nil {
 		return fmt.Errorf("claim command: %w", err)
 	}

@@ -77,5 +77,27 @@ func TestScriptsSentTwice(t *testing.T) {
 		if got, err := db.Snapshot(ctx, acct, s.ID); err != nil || got.State != sandgate.SnapshotLive {
 			t.Fatalf("snapshot after two confirms = %s, %v; want live", got.State, err)
 		}
+
+		// A durable command's claim, sent twice: claimed once, both runs
+		// answered as the claim; another call's claim is refused.
+		for i := range 2 {
+			if err := store.ClaimCommandNonce(db, ctx, readWorkspace(t, db, acct, w.ID), "cmd", now, now.Add(time.Minute), now.Add(time.Hour), "nonce-1"); err != nil {
+				t.Fatalf("claim, run %d: %v; want claimed", i+1, err)
+			}
+		}
+		var claimed *store.CommandClaimed
+		if err := db.ClaimCommand(ctx, readWorkspace(t, db, acct, w.ID), "cmd", now, now.Add(time.Minute), now.Add(time.Hour)); !errors.As(err, &claimed) || claimed.State != sandgate.CommandStarting {
+			t.Fatalf("another claim = %v; want claimed before, starting", err)
+		}
 	})
+}
+
+// readWorkspace reads workspace id's record.
+func readWorkspace(t *testing.T, db *store.DB, acct, id string) sandgate.Workspace {
+	t.Helper()
+	w, err := db.Workspace(context.Background(), acct, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }

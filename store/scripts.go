@@ -398,15 +398,19 @@ return ` + itoa(resOK) + `
 //
 // KEYS[1] command HASH, KEYS[2] workspace HASH, KEYS[3] workspace busy ZSET
 // ARGV[1] now (unix ms), ARGV[2] dispatch deadline (unix ms), ARGV[3] command deadline (unix ms),
-// ARGV[4] command key, ARGV[5] workspace id, ARGV[6] records expire at (unix ms)
-// Returns {resOK}, {resReplay, state} or {resGone, workspace state}.
+// ARGV[4] command key, ARGV[5] workspace id, ARGV[6] records expire at (unix ms),
+// ARGV[7] the claim's nonce, new for each call
+// Returns {resOK}, {resReplay, state} or {resGone, workspace state}. A
+// record still starting under this call's nonce is its own claim, run
+// before and its reply lost (a resent command): resOK.
 var claimCommandScript = redis.NewScript(`
-local cur = redis.call('HGET', KEYS[1], 'state')
-if cur then return {` + itoa(resReplay) + `, cur} end
+local cur = redis.call('HMGET', KEYS[1], 'state', 'claim')
+if cur[1] == 'starting' and cur[2] == ARGV[7] then return {` + itoa(resOK) + `} end
+if cur[1] then return {` + itoa(resReplay) + `, cur[1]} end
 local ws = redis.call('HGET', KEYS[2], 'state')
 if ws ~= 'running' then return {` + itoa(resGone) + `, ws or ''} end
 redis.call('HSET', KEYS[1], 'ws', ARGV[5], 'key', ARGV[4], 'state', 'starting', 'launched', '0', 'canceled', '0',
-  'claimed_ms', ARGV[1], 'dispatch_ms', ARGV[2], 'deadline_ms', ARGV[3])
+  'claimed_ms', ARGV[1], 'dispatch_ms', ARGV[2], 'deadline_ms', ARGV[3], 'claim', ARGV[7])
 redis.call('PEXPIREAT', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
 redis.call('PEXPIREAT', KEYS[3], ARGV[6])
