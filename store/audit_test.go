@@ -12,7 +12,8 @@ import (
 
 // TestAuditRange: entries come back oldest first across pages, a gateway
 // whose clock is behind still appends (after the newest entry), and [from,
-// to) is half-open.
+// to) is half-open. An entry sent twice (its reply lost, the command
+// resent) is appended once.
 func TestAuditRange(t *testing.T) {
 	eachDB(t, func(t *testing.T, db *store.DB) {
 		ctx := context.Background()
@@ -22,6 +23,11 @@ func TestAuditRange(t *testing.T) {
 			e := store.AuditEvent{Time: t0.Add(d), Actor: "alice:sgo_abcd", Action: fmt.Sprint("a", i), Outcome: store.AuditOutcome{Status: 200}}
 			if err := db.AppendAudit(ctx, e, 400*24*time.Hour); err != nil {
 				t.Fatalf("AppendAudit %d: %v", i, err)
+			}
+			if i == len(times)-1 {
+				if err := db.AppendAudit(ctx, e, 400*24*time.Hour); err != nil {
+					t.Fatalf("AppendAudit %d again: %v", i, err)
+				}
 			}
 		}
 		read := func(from, to time.Time, page int) []string {

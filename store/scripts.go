@@ -227,11 +227,14 @@ return n
 //
 // KEYS[1] audit STREAM
 // ARGV[1] event time (unix ms), ARGV[2] oldest id to keep (unix ms), ARGV[3] the event (JSON)
-// Returns the new entry's id.
+// Returns the new entry's id. An event equal to the newest entry's (its
+// time and request id included) is that entry sent again after its reply
+// was lost: its id is returned and nothing appended.
 var auditScript = redis.NewScript(`
 local t = tonumber(ARGV[1])
 local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #top > 0 then
+  if top[1][2][2] == ARGV[3] then return top[1][1] end
   local last = tonumber(string.match(top[1][1], '^(%d+)-'))
   if last and last > t then t = last end
 end
