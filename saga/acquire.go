@@ -147,8 +147,15 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 		return Acquired{Workspace: cur}, nil
 	}
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		// Redis failed: nothing may run that the broker does not account for.
+		// Redis failed: nothing may run that the broker does not account
+		// for. The key is freed, so that a retry re-evaluates (the confirm
+		// may or may not have marked it done; unfreed, an in-progress key
+		// would answer 409 until its TTL, as nothing else frees it once
+		// the record is terminating).
 		s.terminateSandbox(ctx, ws, sb.Ref)
+		if ferr := s.db.FreeKey(ctx, ws.AccountID, ws.InstanceID, store.OpAcquire, keyHash); ferr != nil {
+			s.log.Error("free key after failed confirm", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, ferr))
+		}
 		return Acquired{}, Unavailable(err)
 	}
 	// Released while starting, or pending slot lost.

@@ -3,8 +3,11 @@ package saga_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/billing"
@@ -20,6 +23,7 @@ import (
 // env is a saga over three fake providers: "one" (the default) and "two"
 // take new work, "closed" does not; one prepaid account.
 type env struct {
+	rdb      *redis.Client
 	db       *store.DB
 	bill     *billing.Billing
 	saga     *saga.Saga
@@ -31,8 +35,9 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	db := store.New(redistest.Start(t).Client(), store.Config{})
-	e := &env{db: db, one: fakeprovider.New(), two: fakeprovider.New(), closed: fakeprovider.New(),
+	rdb := redistest.Start(t).Client()
+	db := store.New(rdb, store.Config{})
+	e := &env{rdb: rdb, db: db, one: fakeprovider.New(), two: fakeprovider.New(), closed: fakeprovider.New(),
 		clock: sgtest.NewClock(time.Now().UTC().Truncate(time.Second))}
 	set, err := providers.NewSet("one",
 		providers.Entry{Name: "one", Kind: "fake", Provider: e.one, AcceptNew: true},
@@ -211,4 +216,56 @@ func TestWarmStartOnlyOnTheSnapshotsProvider(t *testing.T) {
 	if err := e.one.Restore(ctx, providers.Sandbox{Ref: res.Workspace.ProviderRef}, providers.SnapshotRef{ID: snap.ID}, "/workspace"); !errors.Is(err, providers.ErrSnapshotGone) {
 		t.Errorf("contents at provider one after delete: %v; want ErrSnapshotGone", err)
 	}
+}
+
+// TestAcquireConfirmFails: when the confirm after the provider's create
+// fails (Redis unreachable, or the replicas did not acknowledge it), the
+// sandbox is ended, the answer is admission_unavailable, and the key is
+// freed: a retry with the same key re-evaluates and gets a workspace.
+func TestAcquireConfirmFails(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	var failNext atomic.Bool
+	e.rdb.AddHook(failScriptHook{&failNext})
+	e.one.Set(func(p *fakeprovider.Provider) {
+		p.CreateHook = func(context.Context, providers.CreateSpec) error {
+			failNext.Store(true) // the confirm, the next script
+			return nil
+		}
+	})
+	_, err := e.saga.Acquire(ctx, in, "k-confirm", req())
+	wantCode(t, "acquire whose confirm failed", err, protocol.Unavailable)
+	if failNext.Load() {
+		t.Fatal("no script ran after the create")
+	}
+	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
+	res, err := e.saga.Acquire(ctx, in, "k-confirm", req())
+	if err != nil || res.Replayed || res.Workspace.State != sandgate.WorkspaceRunning {
+		t.Fatalf("retry with the same key = %+v, %v; want a new running workspace", res, err)
+	}
+	if n := e.live(t, in); n != 1 {
+		t.Errorf("live slots = %d; want 1 (the retry's; the failed one's freed)", n)
+	}
+}
+
+// failScriptHook fails the next script call (not sent to Redis) once its
+// flag is set.
+type failScriptHook struct{ next *atomic.Bool }
+
+func (failScriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h failScriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.next.CompareAndSwap(true, false) {
+			err := errors.New("injected: redis unreachable")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (failScriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
