@@ -125,8 +125,8 @@ func (db *DB) publishInvalidate(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, invalidateAckTimeout)
 	defer cancel()
 	for {
-		acked, err := db.rdb.Get(ctx, invalidateAckKey(nonce)).Int64()
-		if (err == nil && acked >= n) || (err != nil && !errors.Is(err, redis.Nil)) {
+		acked, err := db.rdb.SCard(ctx, invalidateAckKey(nonce)).Result()
+		if (err == nil && acked >= n) || err != nil {
 			return nil
 		}
 		select {
@@ -151,6 +151,12 @@ func (db *DB) Subscribe(ctx context.Context, onReady, fn func()) error {
 		return err
 	}
 	onReady()
+	// The subscription's own name in the publisher's count: a set member,
+	// not a counter, so that a confirmation sent twice (a resent command,
+	// or a PUBLISH resent and received twice) counts once.
+	var b [16]byte
+	rand.Read(b[:])
+	me := hex.EncodeToString(b[:])
 	for {
 		msg, err := sub.ReceiveMessage(ctx)
 		if err != nil {
@@ -161,7 +167,7 @@ func (db *DB) Subscribe(ctx context.Context, onReady, fn func()) error {
 		if validNonce(msg.Payload) {
 			key := invalidateAckKey(msg.Payload)
 			pipe := db.rdb.Pipeline()
-			pipe.Incr(ctx, key)
+			pipe.SAdd(ctx, key, me)
 			pipe.Expire(ctx, key, time.Minute)
 			_, _ = pipe.Exec(ctx) // unconfirmed, the publisher stops waiting at its timeout
 		}

@@ -67,7 +67,7 @@ func idempotencyKey(acct, inst, op, keyHash string) string {
 	return prefix + "{" + acct + "}:idem:" + inst + ":" + op + ":" + keyHash
 }
 
-// invalidateAckKey counts the gateways that dropped their auth caches on
+// invalidateAckKey holds the gateways that dropped their auth caches on
 // one invalidation, named by its nonce. Example: sg:invalidate:ack:9f86…
 func invalidateAckKey(nonce string) string { return prefix + "invalidate:ack:" + nonce }
 
