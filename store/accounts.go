@@ -8,14 +8,20 @@ import (
 	"github.com/sandgate/sandgate"
 )
 
-// CreateAccount stores a new account.
+// CreateAccount stores a new account. An account stored already is
+// ErrExists, unless it is a, byte for byte (its creation time included):
+// this call's own SETNX, sent again after its reply was lost, which then
+// goes on to list it.
 func (db *DB) CreateAccount(ctx context.Context, a sandgate.Account) error {
-	ok, err := db.rdb.SetNX(ctx, accountKey(a.ID), mustJSON(a), 0).Result()
+	v := mustJSON(a)
+	ok, err := db.rdb.SetNX(ctx, accountKey(a.ID), v, 0).Result()
 	if err != nil {
 		return fmt.Errorf("create account: %w", err)
 	}
 	if !ok {
-		return ErrExists
+		if cur, err := db.rdb.Get(ctx, accountKey(a.ID)).Result(); err != nil || cur != v {
+			return ErrExists
+		}
 	}
 	return db.rdb.SAdd(ctx, accountsKey(), a.ID).Err()
 }

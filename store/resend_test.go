@@ -101,3 +101,39 @@ func readWorkspace(t *testing.T, db *store.DB, acct, id string) sandgate.Workspa
 	}
 	return w
 }
+
+// TestCreateAccountSentTwice: an account's create sent again unchanged
+// (its reply lost) stores and lists it once; another create of the same id
+// is refused.
+func TestCreateAccountSentTwice(t *testing.T) {
+	eachDB(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		a := sandgate.Account{ID: sandgate.NewID(sandgate.PrefixAccount), Name: "twice", CreatedAt: time.Now().UTC()}
+		for i := range 2 {
+			if err := db.CreateAccount(ctx, a); err != nil {
+				t.Fatalf("create, run %d: %v", i+1, err)
+			}
+		}
+		b := a
+		b.Name = "another"
+		if err := db.CreateAccount(ctx, b); !errors.Is(err, store.ErrExists) {
+			t.Fatalf("another create of %s = %v; want ErrExists", a.ID, err)
+		}
+		all, err := db.Accounts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, x := range all {
+			if x.ID == a.ID {
+				n++
+				if x.Name != "twice" {
+					t.Errorf("account %s named %q; want the first create's", a.ID, x.Name)
+				}
+			}
+		}
+		if n != 1 {
+			t.Errorf("account %s listed %d times; want once", a.ID, n)
+		}
+	})
+}
