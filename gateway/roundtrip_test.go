@@ -704,11 +704,7 @@ func TestRoundTripsRateLimited(t *testing.T) {
 // limit sending large bodies costs the broker neither their reading nor
 // a script call per request.
 func TestRoundTripsExecRefused(t *testing.T) {
-	slow := admission.Rate{PerSecond: 0.01, Burst: 1} // one exec, then none for 100 s
-	e := rtStart(t, rtOptions{rateLimited: true, rates: map[admission.Class]admission.Rate{admission.ClassExec: slow}})
-	id := e.acquire(t)
-	path := "/v1/workspaces/" + id + "/exec"
-	e.exec(t, id, "true")
+	e, id, path := rtExecSpent(t)
 	body, _ := json.Marshal(protocol.ExecRequest{Argv: []string{"true"}})
 	if got, b := e.do(t, http.MethodPost, path, string(body), nil); got != http.StatusTooManyRequests {
 		t.Fatalf("second exec = %d %s; want 429 (Redis's refusal)", got, bytes.TrimSpace(b))
@@ -749,11 +745,7 @@ func TestRoundTripsExecRefused(t *testing.T) {
 // that refusal once its body is in, without marking the workspace busy or
 // touching its activity, and without a round trip.
 func TestExecRefusedWhileItsBodyIsRead(t *testing.T) {
-	slow := admission.Rate{PerSecond: 0.01, Burst: 1} // one exec, then none for 100 s
-	e := rtStart(t, rtOptions{rateLimited: true, rates: map[admission.Class]admission.Rate{admission.ClassExec: slow}})
-	id := e.acquire(t)
-	path := "/v1/workspaces/" + id + "/exec"
-	e.exec(t, id, "true")
+	e, id, path := rtExecSpent(t)
 	e.settled(t)
 	before, err := e.db.Workspace(context.Background(), e.inst.AccountID, id)
 	if err != nil {
@@ -797,6 +789,18 @@ func TestExecRefusedWhileItsBodyIsRead(t *testing.T) {
 	if err != nil || !after.LastActivity.Equal(before.LastActivity) || !after.BusyUntil.Equal(before.BusyUntil) {
 		t.Errorf("workspace after it: activity %v, busy %v (%v); want %v, %v as before", after.LastActivity, after.BusyUntil, err, before.LastActivity, before.BusyUntil)
 	}
+}
+
+// rtExecSpent starts a gateway whose exec limit allows one exec and then
+// none for 100 s, and spends that one on a new workspace: its id and its
+// exec path.
+func rtExecSpent(t *testing.T) (e *rtEnv, id, path string) {
+	t.Helper()
+	slow := admission.Rate{PerSecond: 0.01, Burst: 1}
+	e = rtStart(t, rtOptions{rateLimited: true, rates: map[admission.Class]admission.Rate{admission.ClassExec: slow}})
+	id = e.acquire(t)
+	e.exec(t, id, "true")
+	return e, id, "/v1/workspaces/" + id + "/exec"
 }
 
 // countingReader counts the bytes read from r.

@@ -60,6 +60,14 @@ func eachCountedDB(t *testing.T, fn func(t *testing.T, db *store.DB, rc *readCou
 	})
 }
 
+// unlimitedAdmission is the standard admission pipeline on db with risk
+// limits no test reaches.
+func unlimitedAdmission(db *store.DB) *admission.Pipeline {
+	return admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
+		IdempotencyTTL: time.Hour, PendingTimeout: time.Minute,
+		Risk: admission.RiskDefaults{AcquiresPerMinute: 1 << 20, MaxOpenWorkspaces: 1 << 20}})...)
+}
+
 // newStarting admits a workspace and leaves it starting (a create in
 // flight, or one whose gateway died before confirming it). It returns the
 // workspace and the hash of its Idempotency-Key.
@@ -70,9 +78,7 @@ func newStarting(t *testing.T, db *store.DB, acct, inst string, now time.Time) (
 		Label: "l", Size: "small", Image: "host", State: sandgate.WorkspaceStarting,
 		CreatedAt: now, ExpiresAt: now.Add(time.Hour), IdleTimeout: time.Minute, LastActivity: now,
 	}
-	p := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
-		IdempotencyTTL: time.Hour, PendingTimeout: time.Minute,
-		Risk: admission.RiskDefaults{AcquiresPerMinute: 1 << 20, MaxOpenWorkspaces: 1 << 20}})...)
+	p := unlimitedAdmission(db)
 	key := sandgate.NewID("k")
 	if err := p.Admit(context.Background(), &admission.Request{Workspace: w, Scope: sandgate.Scope{Limits: sandgate.Limits{MaxConcurrentWorkspaces: 1 << 20}},
 		Keys: store.AdmissionKeys(acct, inst, w.ID, key), KeyHash: key, RequestHash: "h", Now: now}); err != nil {

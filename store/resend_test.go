@@ -24,9 +24,7 @@ func TestScriptsSentTwice(t *testing.T) {
 		now := time.Now().UTC().Truncate(time.Millisecond)
 		acct, inst := sandgate.NewID(sandgate.PrefixAccount), sandgate.NewID(sandgate.PrefixInstance)
 
-		p := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
-			IdempotencyTTL: time.Hour, PendingTimeout: time.Minute,
-			Risk: admission.RiskDefaults{AcquiresPerMinute: 1 << 20, MaxOpenWorkspaces: 1 << 20}})...)
+		p := unlimitedAdmission(db)
 		key := sandgate.NewID("k")
 		request := func(w sandgate.Workspace) *admission.Request {
 			return &admission.Request{Workspace: w, Scope: sandgate.Scope{Limits: sandgate.Limits{MaxConcurrentWorkspaces: 1 << 20}},
