@@ -115,9 +115,7 @@ const invalidateAckTimeout = 2 * time.Second
 // effort: the change is already stored, and a gateway that never confirms
 // still drops a cached token within its cache's maximum age.
 func (db *DB) publishInvalidate(ctx context.Context) error {
-	var b [16]byte
-	rand.Read(b[:])
-	nonce := hex.EncodeToString(b[:])
+	nonce := randomNonce()
 	n, err := db.rdb.Publish(ctx, InvalidateChannel, nonce).Result()
 	if err != nil || n == 0 {
 		return err
@@ -154,9 +152,7 @@ func (db *DB) Subscribe(ctx context.Context, onReady, fn func()) error {
 	// The subscription's own name in the publisher's count: a set member,
 	// not a counter, so that a confirmation sent twice (a resent command,
 	// or a PUBLISH resent and received twice) counts once.
-	var b [16]byte
-	rand.Read(b[:])
-	me := hex.EncodeToString(b[:])
+	me := randomNonce()
 	for {
 		msg, err := sub.ReceiveMessage(ctx)
 		if err != nil {
@@ -172,6 +168,14 @@ func (db *DB) Subscribe(ctx context.Context, onReady, fn func()) error {
 			_, _ = pipe.Exec(ctx) // unconfirmed, the publisher stops waiting at its timeout
 		}
 	}
+}
+
+// randomNonce is 32 lowercase hex digits, random: an invalidation's
+// nonce, or a subscription's name in its confirmations.
+func randomNonce() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // validNonce reports whether s is a nonce of publishInvalidate (32

@@ -71,12 +71,22 @@ func (d *durable) run(ctx context.Context, keys []string, queue func(redis.Pipel
 		}
 		return cmd
 	}
-	if err := wait.Err(); err != nil {
-		cmd.SetErr(fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err))
-	} else if n := wait.Val(); n < int64(d.replicas) {
-		cmd.SetErr(fmt.Errorf("%w: %d of %d within %s", ErrNotReplicated, n, d.replicas, d.timeout))
+	if err := d.waited(wait); err != nil {
+		cmd.SetErr(err)
 	}
 	return cmd
+}
+
+// waited is ErrNotReplicated, wrapped with why, unless wait (a WAIT run
+// after a write on its connection) saw d.replicas acknowledge it.
+func (d *durable) waited(wait *redis.IntCmd) error {
+	if err := wait.Err(); err != nil {
+		return fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err)
+	}
+	if n := wait.Val(); n < int64(d.replicas) {
+		return fmt.Errorf("%w: %d of %d within %s", ErrNotReplicated, n, d.replicas, d.timeout)
+	}
+	return nil
 }
 
 // node returns the client of the one server that runs a script on keys.
@@ -137,12 +147,7 @@ func (d *durable) pipelinedByNode(ctx context.Context, n int, key func(int) stri
 		if cc, ok := d.UniversalClient.(*redis.ClusterClient); ok && err != nil && movedOrDown(err) {
 			cc.ReloadState(ctx) // as run does
 		}
-		werr := wait.Err()
-		if werr == nil && wait.Val() < int64(d.replicas) {
-			werr = fmt.Errorf("%w: %d of %d within %s", ErrNotReplicated, wait.Val(), d.replicas, d.timeout)
-		} else if werr != nil {
-			werr = fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, werr)
-		}
+		werr := d.waited(wait)
 		if werr != nil {
 			for _, i := range b.is {
 				failed(i, werr)

@@ -214,11 +214,7 @@ func newRunning(t *testing.T, db *store.DB, acct, inst string, now time.Time) sa
 	if ok, err := db.Confirm(context.Background(), w, "ref-"+w.ID, now, key, "h"); err != nil || !ok {
 		t.Fatalf("Confirm: %v, %v", ok, err)
 	}
-	w, err := db.Workspace(context.Background(), acct, w.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return w
+	return readWorkspace(t, db, acct, w.ID)
 }
 
 // TestSnapshotByteQuota: live snapshots' sizes add up against
