@@ -36,8 +36,9 @@ type clusterNode struct {
 }
 
 // errNodeExited is a node's redis-server that ended while the cluster
-// started: most often its port was taken (by a client's ephemeral port)
-// between freePorts and its bind. NewCluster then tries other ports.
+// started: most often its port was taken (by another test's server or a
+// client's ephemeral port) between freePorts and its bind. NewCluster and
+// Start then try other ports.
 var errNodeExited = errors.New("redis-server exited")
 
 // errCreate is redis-cli --cluster create failing on nodes that all
@@ -116,7 +117,7 @@ func startCluster(ctx context.Context, dir string) (*Cluster, error) {
 		}
 	}
 	for _, n := range c.nodes {
-		if err := waitPing(ctx, n.addr(), n.exited); err != nil {
+		if err := waitPing(ctx, n.addr(), n.cmd.Process.Pid, n.exited); err != nil {
 			return nil, err
 		}
 	}
@@ -373,13 +374,20 @@ func crc16(s string) uint16 {
 	return crc
 }
 
-func waitPing(ctx context.Context, addr string, exited <-chan struct{}) error {
+// waitPing waits until the redis-server with process id pid answers at
+// addr. A server of another test that answers there means ours could not
+// bind the port and will exit: only our own process's answer counts.
+func waitPing(ctx context.Context, addr string, pid int, exited <-chan struct{}) error {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, ReadTimeout: time.Second})
 	defer rdb.Close()
+	want := "process_id:" + strconv.Itoa(pid) + "\r\n"
 	for {
-		err := rdb.Ping(ctx).Err()
-		if err == nil {
+		info, err := rdb.Info(ctx, "server").Result()
+		if err == nil && strings.Contains(info, want) {
 			return nil
+		}
+		if err == nil {
+			err = errors.New("another redis-server answers there")
 		}
 		select {
 		case <-exited:

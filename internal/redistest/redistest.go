@@ -5,8 +5,8 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"net"
 	"os/exec"
 	"strconv"
 	"testing"
@@ -17,49 +17,62 @@ import (
 
 // Server is a running redis-server.
 type Server struct {
-	tb   testing.TB
-	dir  string
-	port int
-	cmd  *exec.Cmd
-	Addr string
+	tb     testing.TB
+	dir    string
+	port   int
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited and been waited for
+	Addr   string
 }
 
-// Start runs a redis-server until the test ends.
+// Start runs a redis-server until the test ends. A server that cannot
+// have its port (another test's server or a client took it between
+// freePorts and the bind) exits; Start then tries another port.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		tb.Fatalf("redis-server is not installed (make test installs it): %v", err)
 	}
-	s := &Server{tb: tb, dir: tb.TempDir(), port: freePort(tb)}
-	s.Addr = "127.0.0.1:" + strconv.Itoa(s.port)
-	s.start()
+	s := &Server{tb: tb, dir: tb.TempDir()}
 	tb.Cleanup(s.Kill)
-	return s
+	for attempt := 1; ; attempt++ {
+		ports, err := freePorts(1)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s.port, s.Addr = ports[0], "127.0.0.1:"+strconv.Itoa(ports[0])
+		err = s.start()
+		if err == nil {
+			return s
+		}
+		if !errors.Is(err, errNodeExited) || attempt == 3 {
+			tb.Fatal(err)
+		}
+	}
 }
 
-func (s *Server) start() {
-	s.tb.Helper()
+func (s *Server) start() error {
 	s.cmd = exec.Command("redis-server",
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
 		"--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
 		"--protected-mode", "no", "--loglevel", "warning")
 	if err := s.cmd.Start(); err != nil {
-		s.tb.Fatalf("start redis-server: %v", err)
+		s.cmd = nil
+		return fmt.Errorf("start redis-server: %w", err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr})
-	defer rdb.Close()
-	for i := 0; ; i++ {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := rdb.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		if i == 200 {
-			s.tb.Fatalf("redis-server did not answer: %v", err)
-		}
-		time.Sleep(25 * time.Millisecond)
+	cmd, exited := s.cmd, make(chan struct{})
+	s.exited = exited
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := waitPing(ctx, s.Addr, cmd.Process.Pid, exited); err != nil {
+		s.Kill()
+		return err
 	}
+	return nil
 }
 
 // Client returns a new client of the server, closed when the test ends.
@@ -76,26 +89,20 @@ func (s *Server) Client() *redis.Client {
 func (s *Server) Kill() {
 	if s.cmd != nil && s.cmd.Process != nil {
 		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
+		<-s.exited
 		s.cmd = nil
 	}
 }
 
 // Restart starts the server again on the same port and data directory.
+// The port is free from the kill on, so another test may take it first:
+// the restart then fails the test, saying so.
 func (s *Server) Restart() {
 	s.tb.Helper()
 	s.Kill()
-	s.start()
-}
-
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("free port: %v", err)
+	if err := s.start(); err != nil {
+		s.tb.Fatalf("restart %s on its port: %v", s, err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // String names the server in test output.
