@@ -119,10 +119,28 @@ func (c *durCluster) seed(db *store.DB) {
 	}
 }
 
-// gateway starts one more `sandgate serve` process and waits until it answers.
+// gateway starts one more `sandgate serve` process and waits until it
+// answers. A process that exits because its port was taken between
+// durFreeAddr and its bind (another test's listener, a client's ephemeral
+// port) is started again on other ports.
 func (c *durCluster) gateway() *durGateway {
 	c.t.Helper()
+	for attempt := 1; ; attempt++ {
+		g, err := c.startGateway()
+		if err == nil {
+			return g
+		}
+		if !strings.Contains(err.Error(), "address already in use") || attempt == 3 {
+			c.t.Fatal(err)
+		}
+	}
+}
+
+func (c *durCluster) startGateway() (*durGateway, error) {
+	c.t.Helper()
+	c.mu.Lock()
 	n := len(c.gws)
+	c.mu.Unlock()
 	listen, admin := durFreeAddr(c.t), durFreeAddr(c.t)
 	cfg := fmt.Sprintf(`listen: %q
 admin_listen: %q
@@ -147,26 +165,29 @@ redis:
 		c.t.Fatal(err)
 	}
 	go func() { g.cmd.Wait(); close(g.done) }()
-	c.mu.Lock()
-	c.gws = append(c.gws, g)
-	c.mu.Unlock()
 	cl, err := client.New(client.Config{Endpoint: g.url, Token: c.token, RootCAs: c.pool, MaxAttempts: 1, Timeout: 30 * time.Second})
 	if err != nil {
+		g.kill()
 		c.t.Fatal(err)
 	}
 	g.cl = cl
 	for i := 0; ; i++ {
 		if _, err := cl.Lease(context.Background()); err == nil {
-			return g
+			break
 		} else if i == 300 {
-			c.t.Fatalf("gateway %d did not answer: %v\n%s", n, err, g.logs.String())
+			g.kill()
+			return nil, fmt.Errorf("gateway %d did not answer: %w\n%s", n, err, g.logs.String())
 		}
 		select {
 		case <-g.done:
-			c.t.Fatalf("gateway %d exited: %s", n, g.logs.String())
+			return nil, fmt.Errorf("gateway %d exited: %s", n, g.logs.String())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+	c.mu.Lock()
+	c.gws = append(c.gws, g)
+	c.mu.Unlock()
+	return g, nil
 }
 
 // kill ends the gateway process with SIGKILL, as a crash would, and waits
