@@ -54,7 +54,9 @@ func (b *Billing) CreateRateCard(ctx context.Context, name string, prices map[st
 	if err != nil {
 		return RateCard{}, fmt.Errorf("create rate card: %w", err)
 	}
-	b.rdb.SAdd(ctx, rateCardsKey(), name)
+	if err := b.rdb.SAdd(ctx, rateCardsKey(), name).Err(); err != nil {
+		return RateCard{}, fmt.Errorf("create rate card: list it: %w", err)
+	}
 	c.Version = v
 	// Accounts on this card follow its newest version: every gateway's
 	// price cache drops the old one before this call returns.
@@ -64,12 +66,19 @@ func (b *Billing) CreateRateCard(ctx context.Context, name string, prices map[st
 	return c, nil
 }
 
-// createCardScript adds a version to a rate card.
+// createCardScript adds a version to a rate card. A card equal to the
+// newest version byte for byte, creation time included, is this create
+// sent again (a reply lost, go-redis's resend): it answers that version
+// rather than adding a copy.
 //
 // KEYS[1] rate card HASH
 // ARGV[1] the card's JSON
 // Returns the new version.
 var createCardScript = redis.NewScript(`
+local latest = redis.call('HGET', KEYS[1], 'latest')
+if latest and redis.call('HGET', KEYS[1], latest) == ARGV[1] then
+  return tonumber(latest)
+end
 local v = redis.call('HINCRBY', KEYS[1], 'latest', 1)
 redis.call('HSET', KEYS[1], tostring(v), ARGV[1])
 return v
