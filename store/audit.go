@@ -40,9 +40,27 @@ type AuditOutcome struct {
 // kept at least that long). The entry's id is e.Time's unix ms, or the
 // newest entry's when a gateway's clock is behind, so ids stay ordered.
 func (db *DB) AppendAudit(ctx context.Context, e AuditEvent, retention time.Duration) error {
+	return db.appendAudit(ctx, e, "", retention)
+}
+
+// AppendAuditOnce is AppendAudit for an event its writer may write again
+// (it cannot tell whether an earlier try landed): once names the event,
+// and an event named once before, within retention, is not appended
+// again. Budget alerts use it.
+func (db *DB) AppendAuditOnce(ctx context.Context, e AuditEvent, once string, retention time.Duration) error {
+	if once == "" {
+		return fmt.Errorf("append audit: an event written once needs a name")
+	}
+	return db.appendAudit(ctx, e, once, retention)
+}
+
+func (db *DB) appendAudit(ctx context.Context, e AuditEvent, once string, retention time.Duration) error {
 	minID := max(ms(e.Time)-retention.Milliseconds(), 0)
-	err := auditScript.Run(ctx, db.rdb, []string{auditKey()}, ms(e.Time), minID, mustJSON(e)).Err()
-	if err != nil {
+	keys, args := []string{auditKey()}, []any{ms(e.Time), minID, mustJSON(e)}
+	if once != "" {
+		keys, args = append(keys, auditOnceKey()), append(args, once)
+	}
+	if err := auditScript.Run(ctx, db.rdb, keys, args...).Err(); err != nil {
 		return fmt.Errorf("append audit: %w", err)
 	}
 	return nil

@@ -91,3 +91,69 @@ func TestAuditRetention(t *testing.T) {
 		}
 	})
 }
+
+// TestAppendAuditOnce: an event named once is appended once, however
+// often it is written again and whatever was appended in between; other
+// names still append, and a name older than the retention is forgotten
+// with the log's entries.
+func TestAppendAuditOnce(t *testing.T) {
+	eachDB(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+		const keep = time.Hour
+		alert := store.AuditEvent{Time: t0, Actor: "sandgate", Action: "budget.alert", Outcome: store.AuditOutcome{Status: 200}}
+		other := store.AuditEvent{Time: t0.Add(time.Second), Actor: "alice:sgo_abcd", Action: "pause", Outcome: store.AuditOutcome{Status: 200}}
+		steps := []func() error{
+			func() error { return db.AppendAuditOnce(ctx, alert, "alert-1", keep) },
+			func() error { return db.AppendAudit(ctx, other, keep) },
+			func() error { return db.AppendAuditOnce(ctx, alert, "alert-1", keep) }, // a retry after the other entry
+			func() error { return db.AppendAuditOnce(ctx, alert, "alert-1", keep) },
+			func() error { return db.AppendAuditOnce(ctx, alert, "alert-2", keep) },
+		}
+		for i, step := range steps {
+			if err := step(); err != nil {
+				t.Fatalf("step %d: %v", i, err)
+			}
+		}
+		if err := db.AppendAuditOnce(ctx, alert, "", keep); err == nil {
+			t.Error("AppendAuditOnce without a name succeeded")
+		}
+		actions := func() []string {
+			var out []string
+			if err := db.AuditRange(ctx, time.Time{}, time.Time{}, 0, func(b []byte) error {
+				var e store.AuditEvent
+				if err := json.Unmarshal(b, &e); err != nil {
+					return err
+				}
+				out = append(out, e.Action)
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			return out
+		}
+		if got, want := fmt.Sprint(actions()), "[budget.alert pause budget.alert]"; got != want {
+			t.Errorf("audit log = %s; want %s (alert-1 once, pause, alert-2)", got, want)
+		}
+		later := alert
+		later.Time = t0.Add(48 * time.Hour)
+		if err := db.AppendAuditOnce(ctx, later, "alert-3", keep); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Redis().ZScore(ctx, "sg:audit:once{sg:audit}", "alert-1").Err(); err == nil {
+			t.Error("alert-1's name is still kept 48 hours later, past the one-hour retention")
+		}
+		again := later
+		again.Target = "account:acct_again"
+		if err := db.AppendAuditOnce(ctx, again, "alert-1", keep); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		if err := db.AuditRange(ctx, later.Time, time.Time{}, 0, func([]byte) error { n++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if n != 2 {
+			t.Errorf("entries 48 hours later = %d; want 2 (alert-3, and alert-1 whose name was forgotten)", n)
+		}
+	})
+}

@@ -108,6 +108,11 @@ func controlledKey() string { return prefix + "controlled" }
 // AuditEvent, id the event's unix ms. Example: sg:audit
 func auditKey() string { return prefix + "audit" }
 
+// auditOnceKey is the ZSET of the names of audit events written once
+// (AppendAuditOnce), scored by their entry's unix ms and trimmed with the
+// log. Its hash tag puts it in sg:audit's slot. Example: sg:audit:once{sg:audit}
+func auditOnceKey() string { return prefix + "audit:once{" + auditKey() + "}" }
+
 // Keys are the account-scoped keys an admission script touches. Every one
 // carries the account's hash tag.
 type Keys struct {

@@ -223,14 +223,19 @@ return n
 // event's time, or the newest entry's when that is later (a gateway whose
 // clock is behind), so ids stay ordered and a time range is an id range.
 // Entries older than the retention are trimmed approximately (MINID ~).
-// It touches one global key.
+// It touches one global key, and the once ZSET beside it when given.
 //
-// KEYS[1] audit STREAM
-// ARGV[1] event time (unix ms), ARGV[2] oldest id to keep (unix ms), ARGV[3] the event (JSON)
-// Returns the new entry's id. An event equal to the newest entry's (its
-// time and request id included) is that entry sent again after its reply
-// was lost: its id is returned and nothing appended.
+// KEYS[1] audit STREAM, KEYS[2] (optional) the once ZSET: names of events
+// written once, scored by the entry's time
+// ARGV[1] event time (unix ms), ARGV[2] oldest id to keep (unix ms), ARGV[3] the event (JSON),
+// ARGV[4] (with KEYS[2]) the event's name
+// Returns the new entry's id, or 0 for an event named once before.
+// An event equal to the newest entry's (its time and request id included)
+// is that entry sent again after its reply was lost: its id is returned
+// and nothing appended.
 var auditScript = redis.NewScript(`
+local once = KEYS[2]
+if once and redis.call('ZSCORE', once, ARGV[4]) then return 0 end
 local t = tonumber(ARGV[1])
 local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #top > 0 then
@@ -238,7 +243,12 @@ if #top > 0 then
   local last = tonumber(string.match(top[1][1], '^(%d+)-'))
   if last and last > t then t = last end
 end
-return redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[2], string.format('%d', t) .. '-*', 'e', ARGV[3])
+local id = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[2], string.format('%d', t) .. '-*', 'e', ARGV[3])
+if once then
+  redis.call('ZADD', once, t, ARGV[4])
+  redis.call('ZREMRANGEBYSCORE', once, '-inf', '(' .. ARGV[2])
+end
+return id
 `)
 
 // Result codes of the snapshot and command scripts, spliced into their

@@ -26,7 +26,7 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 			{Var: "finishScript", Keys: [][]string{{workspaceKey(acct, ws), liveIndexKey(acct, inst)}}},
 			{Var: "addEgressScript", Keys: [][]string{{workspaceKey(acct, ws)}}},
 			{Var: "indexLiveScript", Keys: [][]string{{liveIndexKey(acct, inst), workspaceKey(acct, ws), workspaceKey(acct, "ws_d")}}},
-			{Var: "auditScript", Keys: [][]string{{auditKey()}}},
+			{Var: "auditScript", Keys: [][]string{{auditKey()}, {auditKey(), auditOnceKey()}}},
 			{Var: "beginSnapshotScript", Keys: [][]string{snapshotKeys(s, key)}},
 			{Var: "confirmSnapshotScript", Keys: [][]string{snapshotKeys(s, key)}},
 			{Var: "abortSnapshotScript", Keys: [][]string{snapshotKeys(s, key)}},
