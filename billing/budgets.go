@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sandgate/sandgate/store"
 )
 
@@ -121,51 +123,79 @@ type Alert struct {
 	AtMS        int64  `json:"at_ms,string"`
 }
 
-// DrainAlerts takes the account's queued budget alerts, oldest first; the
-// caller writes them to the audit log.
-func (b *Billing) DrainAlerts(ctx context.Context, acct string) ([]Alert, error) {
-	var out []Alert
-	for range 1000 {
-		raw, err := b.rdb.LPop(ctx, alertsKey(acct)).Result()
-		if err != nil {
-			if isNil(err) {
-				break
-			}
-			return out, err
-		}
-		var a Alert
-		if err := json.Unmarshal([]byte(raw), &a); err != nil {
-			return out, err
-		}
-		out = append(out, a)
-	}
-	return out, nil
-}
-
 // AuditRetention is how long budget alerts stay in the audit log.
 const AuditRetention = 400 * 24 * time.Hour
+
+// maxFlush bounds the alerts one FlushAlerts writes; the rest wait for
+// the next.
+const maxFlush = 1000
 
 // FlushAlerts writes the account's queued budget alerts to the operator
 // audit log (action budget.alert, actor "sandgate", target the account,
 // after the alert) and queues its webhook, if one is configured
 // ([Billing.RunWebhooks] delivers it). Settlement calls it; the gateway
-// calls it after an admission. An alert whose write fails is logged and dropped, never
-// retried into a duplicate.
+// calls it after an admission. An alert leaves its queue only once both
+// are written, and each is written once by the alert's event id, so a
+// flush that fails or dies midway, or two at once, neither drops an alert
+// nor writes it twice; one that failed stays queued for the next flush.
 func (b *Billing) FlushAlerts(ctx context.Context, acct string) {
-	alerts, err := b.DrainAlerts(ctx, acct)
+	queued, err := b.rdb.LRange(ctx, alertsKey(acct), 0, maxFlush-1).Result()
 	if err != nil {
 		b.cfg.Log.Error("budget alerts: read", slog.String("account", acct), slog.Any("err", err))
+		return
 	}
-	for _, a := range alerts {
-		body, _ := json.Marshal(a)
-		at := time.UnixMilli(a.AtMS).UTC()
-		e := store.AuditEvent{Time: at, Actor: "sandgate", Action: "budget.alert", Target: "account:" + acct,
-			Outcome: store.AuditOutcome{Status: 200}, Before: json.RawMessage("null"), After: body}
-		if err := b.db.AppendAudit(ctx, e, AuditRetention); err != nil {
-			b.cfg.Log.Error("budget alerts: write audit", slog.String("account", acct), slog.Any("err", err))
+	done := 0
+	for _, raw := range queued {
+		var a Alert
+		if err := json.Unmarshal([]byte(raw), &a); err != nil {
+			// It can never be written; keeping it would hold back the rest.
+			b.cfg.Log.Error("budget alerts: dropped one that does not decode", slog.String("account", acct), slog.Any("err", err))
+		} else if err := b.writeAlert(ctx, acct, a); err != nil {
+			b.cfg.Log.Error("budget alerts: write", slog.String("account", acct), slog.Any("err", err))
+			break
 		}
-		if err := b.enqueueWebhook(ctx, acct, a); err != nil {
-			b.cfg.Log.Error("budget alerts: queue webhook", slog.String("account", acct), slog.Any("err", err))
-		}
+		done++
+	}
+	if done == 0 {
+		return
+	}
+	args := make([]any, done)
+	for i, raw := range queued[:done] {
+		args[i] = raw
+	}
+	if err := dequeueAlertsScript.Run(ctx, b.rdb, []string{alertsKey(acct)}, args...).Err(); err != nil {
+		b.cfg.Log.Error("budget alerts: dequeue", slog.String("account", acct), slog.Any("err", err))
 	}
 }
+
+// writeAlert writes one queued alert's audit entry and queues its
+// webhook, each once by the alert's event id.
+func (b *Billing) writeAlert(ctx context.Context, acct string, a Alert) error {
+	body, _ := json.Marshal(a)
+	e := store.AuditEvent{Time: time.UnixMilli(a.AtMS).UTC(), Actor: "sandgate", Action: "budget.alert", Target: "account:" + acct,
+		Outcome: store.AuditOutcome{Status: 200}, Before: json.RawMessage("null"), After: body}
+	if err := b.db.AppendAuditOnce(ctx, e, alertEventID(acct, a), AuditRetention); err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	if err := b.enqueueWebhook(ctx, acct, a); err != nil {
+		return fmt.Errorf("queue webhook: %w", err)
+	}
+	return nil
+}
+
+// dequeueAlertsScript takes written alerts off the head of the queue: it
+// pops while the head is the next of ARGV, so a flush that ran beside
+// another (or is sent again) takes off only what is still there.
+//
+// KEYS[1] alerts LIST
+// ARGV the alerts written, oldest first
+// Returns how many were taken off.
+var dequeueAlertsScript = redis.NewScript(`
+local n = 0
+for i = 1, #ARGV do
+  if redis.call('LINDEX', KEYS[1], 0) ~= ARGV[i] then break end
+  redis.call('LPOP', KEYS[1])
+  n = n + 1
+end
+return n
+`)

@@ -1,0 +1,115 @@
+package billing_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/store"
+)
+
+// alertEntries counts the budget.alert entries of the audit log by
+// threshold.
+func alertEntries(t *testing.T, db *store.DB) map[int]int {
+	t.Helper()
+	out := map[int]int{}
+	err := db.AuditRange(context.Background(), time.Time{}, time.Time{}, 0, func(b []byte) error {
+		var e store.AuditEvent
+		if err := json.Unmarshal(b, &e); err != nil {
+			return err
+		}
+		if e.Action != "budget.alert" {
+			return nil
+		}
+		var a billing.Alert
+		if err := json.Unmarshal(e.After, &a); err != nil {
+			return err
+		}
+		out[a.Threshold]++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestAlertsWrittenOnce queues the 50, 80 and 100 % alerts of a soft
+// budget and flushes them through what a flush meets: the audit log
+// failing (the alerts stay queued, where they were dropped before), a
+// flush that died between writing and taking them off the queue (written
+// again, they are not duplicated), and flushes of several gateways at
+// once. Each threshold ends up once in the audit log and once at the
+// webhook, and the queue empty.
+func TestAlertsWrittenOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newHookReceiver(t)
+	e := newHookEnv(t, r.srv.URL)
+	e.account("acct_o", 1000, false)
+	e.credit("acct_o", 1_000_000_000, "c1")
+	if err := e.bill.SetBudget(ctx, "acct_o", billing.Budget{MonthlyMicros: 1, Soft: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.acquire("acct_o", "inst_o", "", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	rdb := e.db.Redis()
+	queue := "sg:{acct_o}:alerts"
+	queued := func() []string {
+		t.Helper()
+		q, err := rdb.LRange(ctx, queue, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	first := queued()
+	if len(first) != 3 {
+		t.Fatalf("queued alerts = %d; want 3 (50, 80, 100 %%)", len(first))
+	}
+
+	// The audit log cannot be written: nothing is lost.
+	if err := rdb.Set(ctx, "sg:audit", "not a stream", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.bill.FlushAlerts(ctx, "acct_o")
+	if got := len(queued()); got != 3 {
+		t.Fatalf("queued alerts after a flush whose audit write failed = %d; want 3", got)
+	}
+	if err := rdb.Del(ctx, "sg:audit").Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.bill.FlushAlerts(ctx, "acct_o")
+	if got := queued(); len(got) != 0 {
+		t.Fatalf("queued alerts after a flush = %d; want 0", len(got))
+	}
+
+	// A flush that wrote the alerts and died before dequeuing them: the
+	// next one finds them queued still, and several gateways flush at once.
+	for _, raw := range first {
+		if err := rdb.RPush(ctx, queue, raw).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() { e.bill.FlushAlerts(ctx, "acct_o") })
+	}
+	wg.Wait()
+	if got := queued(); len(got) != 0 {
+		t.Errorf("queued alerts after the concurrent flushes = %d; want 0", len(got))
+	}
+	if got := alertEntries(t, e.db); len(got) != 3 || got[50] != 1 || got[80] != 1 || got[100] != 1 {
+		t.Errorf("budget.alert audit entries by threshold = %v; want 50, 80 and 100 once each", got)
+	}
+	e.runWebhooks()
+	waitEvents(t, r, 3)
+	time.Sleep(300 * time.Millisecond) // room for a duplicate delivery to show up
+	if got := r.delivered(); len(got) != 3 {
+		t.Errorf("%d webhook events delivered; want 3", len(got))
+	}
+}
