@@ -47,16 +47,7 @@ func alertEntries(t *testing.T, db *store.DB) map[int]int {
 func TestAlertsWrittenOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	r := newHookReceiver(t)
-	e := newHookEnv(t, r.srv.URL)
-	e.account("acct_o", 1000, false)
-	e.credit("acct_o", 1_000_000_000, "c1")
-	if err := e.bill.SetBudget(ctx, "acct_o", billing.Budget{MonthlyMicros: 1, Soft: true}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.acquire("acct_o", "inst_o", "", time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	e, r := newAlertedEnv(t, "acct_o")
 	rdb := e.db.Redis()
 	queue := "sg:{acct_o}:alerts"
 	queued := func() []string {

@@ -94,6 +94,24 @@ func (e *env) runWebhooks() {
 	e.t.Cleanup(func() { cancel(); <-done })
 }
 
+// newAlertedEnv is newHookEnv with a webhook receiver answering fail
+// first, and an account acct whose soft budget of one micro-unit a
+// workspace took past 50, 80 and 100 %: three alerts queued, not flushed.
+func newAlertedEnv(t *testing.T, acct string, fail ...int) (*env, *hookReceiver) {
+	t.Helper()
+	r := newHookReceiver(t, fail...)
+	e := newHookEnv(t, r.srv.URL)
+	e.account(acct, 1000, false)
+	e.credit(acct, 1_000_000_000, "c1")
+	if err := e.bill.SetBudget(context.Background(), acct, billing.Budget{MonthlyMicros: 1, Soft: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.acquire(acct, "inst_"+acct, "", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return e, r
+}
+
 func waitEvents(t *testing.T, r *hookReceiver, n int) []billing.WebhookEvent {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -172,16 +190,7 @@ func TestWebhookThresholdsOncePerMonth(t *testing.T) {
 func TestWebhookRetried(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	r := newHookReceiver(t, http.StatusInternalServerError, http.StatusBadGateway)
-	e := newHookEnv(t, r.srv.URL)
-	e.account("acct_r", 1000, false)
-	e.credit("acct_r", 1_000_000_000, "c1")
-	if err := e.bill.SetBudget(ctx, "acct_r", billing.Budget{MonthlyMicros: 1, Soft: true}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.acquire("acct_r", "inst_r", "", time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	e, r := newAlertedEnv(t, "acct_r", http.StatusInternalServerError, http.StatusBadGateway)
 	// Queued before any deliverer runs: the queue is in Redis, not in the
 	// process that saw the alert.
 	e.bill.FlushAlerts(ctx, "acct_r")

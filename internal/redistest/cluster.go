@@ -136,33 +136,20 @@ func startCluster(ctx context.Context, dir string) (*Cluster, error) {
 func (n *clusterNode) addr() string { return "127.0.0.1:" + strconv.Itoa(n.port) }
 
 func (n *clusterNode) start() error {
-	n.cmd = exec.Command("redis-server",
-		"--port", strconv.Itoa(n.port), "--cluster-port", strconv.Itoa(n.bus),
-		"--bind", "127.0.0.1", "--dir", n.dir,
-		"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout/time.Millisecond)),
-		"--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-		"--protected-mode", "no", "--loglevel", "warning")
-	if err := n.cmd.Start(); err != nil {
-		n.cmd = nil
-		return fmt.Errorf("start redis-server: %w", err)
+	cmd, exited, err := runServer("--port", strconv.Itoa(n.port), "--cluster-port", strconv.Itoa(n.bus),
+		"--dir", n.dir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout/time.Millisecond)))
+	if err != nil {
+		return err
 	}
-	cmd, exited := n.cmd, make(chan struct{})
-	n.exited = exited
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
+	n.cmd, n.exited = cmd, exited
 	return nil
 }
 
 // kill stops the node with SIGKILL, as a crash would.
 func (n *clusterNode) kill() {
-	if n.cmd != nil && n.cmd.Process != nil {
-		_ = n.cmd.Process.Kill()
-		<-n.exited
-		n.cmd = nil
-	}
+	killServer(n.cmd, n.exited)
+	n.cmd = nil
 }
 
 // Close kills every node.

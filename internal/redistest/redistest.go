@@ -52,20 +52,11 @@ func Start(tb testing.TB) *Server {
 }
 
 func (s *Server) start() error {
-	s.cmd = exec.Command("redis-server",
-		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
-		"--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-		"--protected-mode", "no", "--loglevel", "warning")
-	if err := s.cmd.Start(); err != nil {
-		s.cmd = nil
-		return fmt.Errorf("start redis-server: %w", err)
+	cmd, exited, err := runServer("--port", strconv.Itoa(s.port), "--dir", s.dir)
+	if err != nil {
+		return err
 	}
-	cmd, exited := s.cmd, make(chan struct{})
-	s.exited = exited
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
+	s.cmd, s.exited = cmd, exited
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := waitPing(ctx, s.Addr, cmd.Process.Pid, exited); err != nil {
@@ -87,10 +78,33 @@ func (s *Server) Client() *redis.Client {
 
 // Kill stops the server with SIGKILL, as a crash would.
 func (s *Server) Kill() {
-	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Kill()
-		<-s.exited
-		s.cmd = nil
+	killServer(s.cmd, s.exited)
+	s.cmd = nil
+}
+
+// runServer starts a redis-server with args and the flags every test
+// server shares; exited is closed once it has exited and been waited for.
+func runServer(args ...string) (cmd *exec.Cmd, exited chan struct{}, err error) {
+	cmd = exec.Command("redis-server", append(args, "--bind", "127.0.0.1",
+		"--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+		"--protected-mode", "no", "--loglevel", "warning")...)
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("start redis-server: %w", err)
+	}
+	exited = make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	return cmd, exited, nil
+}
+
+// killServer stops a server runServer started with SIGKILL, as a crash
+// would, and waits for it; a nil cmd is a server not running.
+func killServer(cmd *exec.Cmd, exited <-chan struct{}) {
+	if cmd != nil {
+		_ = cmd.Process.Kill()
+		<-exited
 	}
 }
 
