@@ -18,7 +18,9 @@ func usageKey(acct string) string { return prefix + "{" + acct + "}:usage" }
 func usageIDsKey(acct string) string { return prefix + "{" + acct + "}:usage:ids" }
 
 // rateCardKey is a rate card's HASH: field "latest" its newest version,
-// field "<version>" that version's JSON. Global: read by single commands.
+// field "<version>" that version's JSON, field "latest_create" the random
+// id of the create that made the newest (a resend of it is recognised).
+// Global: read by single commands.
 // Example: sg:ratecard:standard
 func rateCardKey(name string) string { return prefix + "ratecard:" + name }
 

@@ -50,7 +50,7 @@ func (b *Billing) CreateRateCard(ctx context.Context, name string, prices map[st
 	}
 	c := RateCard{Name: name, Prices: prices, CreatedAt: now.UTC().Truncate(time.Millisecond)}
 	body, _ := json.Marshal(c)
-	v, err := createCardScript.Run(ctx, b.rdb, []string{rateCardKey(name)}, string(body)).Int()
+	v, err := createCardScript.Run(ctx, b.rdb, []string{rateCardKey(name)}, string(body), sandgate.NewID("")).Int()
 	if err != nil {
 		return RateCard{}, fmt.Errorf("create rate card: %w", err)
 	}
@@ -66,21 +66,20 @@ func (b *Billing) CreateRateCard(ctx context.Context, name string, prices map[st
 	return c, nil
 }
 
-// createCardScript adds a version to a rate card. A card equal to the
-// newest version byte for byte, creation time included, is this create
-// sent again (a reply lost, go-redis's resend): it answers that version
-// rather than adding a copy.
+// createCardScript adds a version to a rate card. Each create names
+// itself with a random id, kept beside the newest version: the same id
+// again is this create sent again (a reply lost, go-redis's resend), and
+// it answers the version it made rather than adding a copy.
 //
 // KEYS[1] rate card HASH
-// ARGV[1] the card's JSON
+// ARGV[1] the card's JSON, ARGV[2] the create's id
 // Returns the new version.
 var createCardScript = redis.NewScript(`
-local latest = redis.call('HGET', KEYS[1], 'latest')
-if latest and redis.call('HGET', KEYS[1], latest) == ARGV[1] then
-  return tonumber(latest)
+if redis.call('HGET', KEYS[1], 'latest_create') == ARGV[2] then
+  return tonumber(redis.call('HGET', KEYS[1], 'latest'))
 end
 local v = redis.call('HINCRBY', KEYS[1], 'latest', 1)
-redis.call('HSET', KEYS[1], tostring(v), ARGV[1])
+redis.call('HSET', KEYS[1], tostring(v), ARGV[1], 'latest_create', ARGV[2])
 return v
 `)
 
