@@ -563,8 +563,8 @@ func TestAcquireFlushesQueuedAlerts(t *testing.T) {
 	e.rt.reset()
 	e.acquire(t)
 	_, cmds := e.rt.snapshot()
-	if !slices.Contains(cmds, "lpop") {
-		t.Errorf("Acquire that queued alerts sent %v; want the queue read (lpop)", cmds)
+	if !slices.Contains(cmds, "lrange") {
+		t.Errorf("Acquire that queued alerts sent %v; want the queue read (lrange)", cmds)
 	}
 	alerts := 0
 	if err := e.db.AuditRange(ctx, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), 100, func(raw []byte) error {
