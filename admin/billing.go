@@ -398,6 +398,9 @@ func (s *Server) adjustUsage(c echo.Context) error {
 	if errors.Is(err, billing.ErrNoEntry) {
 		return protocol.E(protocol.NotFound, "no such usage ledger entry in this account")
 	}
+	if errors.Is(err, billing.ErrAdjustmentConflict) {
+		return protocol.E(protocol.IdempotencyConflict, "this idempotency key was used for an adjustment of another entry or amount")
+	}
 	if err != nil {
 		return storeFailed(err)
 	}

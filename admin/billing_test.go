@@ -86,6 +86,15 @@ func TestBillingRolesAndIdempotentFunds(t *testing.T) {
 	if out.Entry.Kind != billing.KindAdjustment || out.Entry.Corrects != "ws_x:final" || out.Entry.AmountMicros != -400 || out.Replayed {
 		t.Fatalf("adjustment = %+v", out)
 	}
+	e.do(adminToken, http.MethodPost, "/accounts/"+acct+"/usage/adjustments", adj, &out)
+	if !out.Replayed || out.Entry.AmountMicros != -400 {
+		t.Fatalf("the adjustment retried = %+v; want replayed, -400", out)
+	}
+	reused := adj
+	reused.Amount = "-0.0009"
+	if st, code := e.refused(adminToken, http.MethodPost, "/accounts/"+acct+"/usage/adjustments", reused); st != 409 || code != protocol.IdempotencyConflict {
+		t.Fatalf("the key reused for another amount: %d %s, want 409 %s", st, code, protocol.IdempotencyConflict)
+	}
 	adj.Corrects = "ws_y:final"
 	if st, _ := e.refused(adminToken, http.MethodPost, "/accounts/"+acct+"/usage/adjustments", adj); st != 404 {
 		t.Fatalf("adjusting a missing entry: %d, want 404", st)

@@ -15,33 +15,32 @@ import (
 // ErrNoEntry is returned for an adjustment of an entry not in the ledger.
 var ErrNoEntry = errors.New("billing: no such usage ledger entry")
 
+// ErrAdjustmentConflict is returned when an idempotency key was used for
+// an adjustment of another entry or amount.
+var ErrAdjustmentConflict = errors.New("billing: this idempotency key was used for a different adjustment")
+
 // AdjustUsage corrects an earlier usage entry by appending an adjustment: the
 // ledger is never edited. AmountMicros is the correction (negative
 // refunds); it moves settled and balance like a charge. The entry's id is
 // "adj:" + a hash of the operator's idempotency key, so a retry appends
-// nothing; it returns the entry and whether it was appended now.
+// nothing; it returns the entry and whether it was appended now. A retry
+// returns the entry stored first, and ErrAdjustmentConflict when the key
+// was used to correct another entry or by another amount.
 func (b *Billing) AdjustUsage(ctx context.Context, acct, corrects, key string, amountMicros int64, at time.Time) (UsageEntry, bool, error) {
 	if key == "" || amountMicros == 0 {
 		return UsageEntry{}, false, fmt.Errorf("adjustment: an idempotency key and a non-zero amount are required")
 	}
-	var orig *UsageEntry
-	err := b.ledger.Scan(ctx, acct, zeroTime, zeroTime, func(e UsageEntry) error {
-		if e.ID == corrects {
-			orig = &e
-			return errStop
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, errStop) {
+	orig, err := b.ledgerEntry(ctx, acct, corrects)
+	if err != nil {
 		return UsageEntry{}, false, err
 	}
-	if orig == nil {
-		return UsageEntry{}, false, ErrNoEntry
-	}
 	sum := sha256.Sum256([]byte(acct + "\x00" + key))
-	e := *orig
+	e := orig
 	e.ID, e.Kind, e.Final, e.Corrects = "adj:"+hex.EncodeToString(sum[:12]), KindAdjustment, true, orig.ID
 	e.Seconds, e.AmountMicros, e.TerminatedAt = 0, amountMicros, at
+	// Egress bytes belong to the final entry alone: an adjustment moves
+	// money, and a copy would count the workspace's traffic twice.
+	e.EgressBytesOut, e.EgressBytesIn = 0, 0
 	e = e.normalized()
 	body, _ := json.Marshal(e)
 	n, err := adjustUsageScript.Run(ctx, b.rdb, []string{fundsKey(acct), usageKey(acct), usageIDsKey(acct)},
@@ -49,7 +48,36 @@ func (b *Billing) AdjustUsage(ctx context.Context, acct, corrects, key string, a
 	if err != nil {
 		return e, false, fmt.Errorf("adjustment: %w", err)
 	}
-	return e, n == 1, nil
+	if n == 1 {
+		return e, true, nil
+	}
+	prev, err := b.ledgerEntry(ctx, acct, e.ID)
+	if err != nil {
+		return UsageEntry{}, false, fmt.Errorf("adjustment: read the one stored under this key: %w", err)
+	}
+	if prev.Corrects != e.Corrects || prev.AmountMicros != e.AmountMicros {
+		return prev, false, ErrAdjustmentConflict
+	}
+	return prev, false, nil
+}
+
+// ledgerEntry finds the account's usage entry id; ErrNoEntry when none.
+func (b *Billing) ledgerEntry(ctx context.Context, acct, id string) (UsageEntry, error) {
+	var found *UsageEntry
+	err := b.ledger.Scan(ctx, acct, zeroTime, zeroTime, func(e UsageEntry) error {
+		if e.ID == id {
+			found = &e
+			return errStop
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return UsageEntry{}, err
+	}
+	if found == nil {
+		return UsageEntry{}, ErrNoEntry
+	}
+	return *found, nil
 }
 
 var errStop = errors.New("stop")

@@ -438,6 +438,59 @@ func TestAdjustUsageAppendsOnce(t *testing.T) {
 	e.noDrift("acct_j")
 }
 
+// An adjustment's key used again for another entry or amount is refused,
+// not answered as done; a retry answers the entry stored first. An
+// adjustment carries no egress bytes: they are the final entry's alone,
+// and a copy would count the workspace's traffic twice in exports.
+func TestAdjustUsageKeyAndEgress(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const acct = "acct_k"
+	e.account(acct, 10, false)
+	ledger := e.bill.Ledger()
+	for _, id := range []string{"ws_a", "ws_b"} {
+		fin := billing.UsageEntry{ID: billing.FinalID(id), Kind: billing.KindUsage, Final: true, AccountID: acct, WorkspaceID: id,
+			Size: "small", Currency: "USD", UnitPriceMicros: 10, Seconds: 100, AmountMicros: 1000,
+			TerminatedAt: e.clock.Now(), EgressBytesOut: 5_000_000, EgressBytesIn: 7_000_000}
+		if _, err := ledger.Append(ctx, fin); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, appended, err := e.bill.AdjustUsage(ctx, acct, billing.FinalID("ws_a"), "refund", -400, e.clock.Now())
+	if err != nil || !appended {
+		t.Fatalf("adjustment: appended %v, %v", appended, err)
+	}
+	if first.EgressBytesOut != 0 || first.EgressBytesIn != 0 {
+		t.Errorf("adjustment egress bytes = %d out, %d in; want 0, 0", first.EgressBytesOut, first.EgressBytesIn)
+	}
+	e.clock.Advance(time.Minute)
+	again, appended, err := e.bill.AdjustUsage(ctx, acct, billing.FinalID("ws_a"), "refund", -400, e.clock.Now())
+	if err != nil || appended || again != first {
+		t.Errorf("the same adjustment again = %+v, appended %v, %v; want the first, %+v, not appended", again, appended, err, first)
+	}
+	for _, tc := range []struct {
+		label    string
+		corrects string
+		amount   int64
+	}{{"another entry", billing.FinalID("ws_b"), -400}, {"another amount", billing.FinalID("ws_a"), -900}} {
+		if _, appended, err := e.bill.AdjustUsage(ctx, acct, tc.corrects, "refund", tc.amount, e.clock.Now()); !errors.Is(err, billing.ErrAdjustmentConflict) || appended {
+			t.Errorf("the key reused for %s: appended %v, %v; want ErrAdjustmentConflict", tc.label, appended, err)
+		}
+	}
+	var adjustments int
+	var out, in int64
+	_ = ledger.Scan(ctx, acct, time.Time{}, time.Time{}, func(u billing.UsageEntry) error {
+		out, in = out+u.EgressBytesOut, in+u.EgressBytesIn
+		if u.Kind == billing.KindAdjustment {
+			adjustments++
+		}
+		return nil
+	})
+	if adjustments != 1 || out != 10_000_000 || in != 14_000_000 {
+		t.Errorf("ledger: %d adjustments, egress %d out, %d in; want 1, and the two final entries' 10000000, 14000000", adjustments, out, in)
+	}
+}
+
 // Egress bytes a broker process recorded on the workspace's record while
 // it ran (store.DB.AddEgress, from its proxy's Record) are on the final
 // ledger entry when another process, whose meter counted only the rest,
