@@ -258,8 +258,10 @@ func (b *Billing) countSettled(ctx context.Context, es []UsageEntry, n int) {
 // ARGV[1] workspace id, ARGV[2] "accrue" or "settle", ARGV[3] number of
 // budget scopes ns, ARGV[4..3+ns] the scopes, then per entry five: id,
 // JSON, terminated_at (unix ms), amount (micros), month (YYYYMM)
-// Returns {appended, queued}: how many entries it appended, and 1 when it
-// queued a budget alert (the caller flushes the alerts only then).
+// Returns {appended, queued}: how many entries it appended, and 1 when the
+// account's alert queue holds alerts (the caller flushes them only then):
+// queued by this run, by an earlier run of it whose answer was lost (sent
+// again, it appends nothing), or left by a flush that failed.
 var chargeScript = redis.NewScript(appendLua + budgetLua + "local off = 0\nlocal function charge()\n" + chargeLua + "end\nreturn charge()\n")
 
 // chargeLua is the body of the function charge() of chargeScript and
@@ -267,14 +269,18 @@ var chargeScript = redis.NewScript(appendLua + budgetLua + "local off = 0\nlocal
 // local off: how many arguments sit between ARGV[3] and the scopes (0, or
 // 6 for finish_workspace's).
 const chargeLua = `
+local function alerts_waiting()
+  if redis.call('LLEN', KEYS[7]) > 0 then return 1 end
+  return 0
+end
 local ws, mode, ns = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local s0, s1 = 4 + off, 3 + off + ns
 local base = 4 + off + ns
 local ne = (#ARGV - base + 1) / 5
 if mode == 'accrue' then
-  if redis.call('HGET', KEYS[8], 'state') ~= 'running' then return {0, 0} end
+  if redis.call('HGET', KEYS[8], 'state') ~= 'running' then return {0, alerts_waiting()} end
 elseif ne > 0 and redis.call('SISMEMBER', KEYS[4], ARGV[base + (ne - 1) * 5]) == 1 then
-  return {0, 0}
+  return {0, alerts_waiting()}
 end
 local n, queued = 0, 0
 -- What the loop learns, so that no command asks it twice: whether the
@@ -331,5 +337,6 @@ if mode == 'settle' then
     for s = s0, s1 do redis.call('HINCRBY', KEYS[5], ARGV[s] .. ':h', neg) end
   end
 end
+if queued == 0 then queued = alerts_waiting() end
 return {n, queued}
 `

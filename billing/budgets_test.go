@@ -104,3 +104,38 @@ func TestAlertsWrittenOnce(t *testing.T) {
 		t.Errorf("%d webhook events delivered; want 3", len(got))
 	}
 }
+
+// TestChargeSentTwiceFlushesAlerts: an accrual whose charge script is
+// sent twice (the first answer lost) is answered by the second run,
+// which appends nothing; the alerts the first run queued are still
+// flushed, not left in the queue until some later alert.
+func TestChargeSentTwiceFlushesAlerts(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const acct = "acct_twice"
+	e.account(acct, 10, false)
+	e.credit(acct, 10_000_000, "c")
+	if err := e.bill.SetBudget(ctx, acct, billing.Budget{MonthlyMicros: 50_000, Soft: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Admitted in March; its April hours cross April's thresholds.
+	e.clock.Advance(time.Date(2026, 3, 31, 22, 30, 0, 0, time.UTC).Sub(e.clock.Now()))
+	if _, err := e.acquire(acct, "inst_1", "", 4*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	e.bill.FlushAlerts(ctx, acct) // the admission's March alerts
+	march := alertEntries(t, e.db)
+	e.db.Redis().AddHook(resendScripts{})
+	e.clock.Advance(3 * time.Hour)
+	if _, err := e.bill.Accrue(ctx, acct, e.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if q, err := e.db.Redis().LLen(ctx, "sg:{"+acct+"}:alerts").Result(); err != nil || q != 0 {
+		t.Errorf("alerts left queued after the accrual = %d, %v; want 0", q, err)
+	}
+	after := alertEntries(t, e.db)
+	if after[50] <= march[50] {
+		t.Errorf("budget.alert entries by threshold: %v after the accrual, %v before; want April's 50 %% written", after, march)
+	}
+}
