@@ -104,12 +104,15 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 	})
 	cancel()
 	if err != nil {
-		if aerr := s.db.Abort(ctx, ws, keyHash); aerr != nil {
-			s.log.Error("abort after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, aerr))
-		}
-		// Nothing ran: the hold goes back uncharged.
+		// Nothing ran: the hold goes back uncharged, before the record
+		// goes. Another broker's repair frees a hold whose record is gone
+		// without knowing its month and scopes, so in the other order it
+		// could take the hold first and leave the budgets counting it.
 		if rerr := s.holds.Release(ctx, ws); rerr != nil {
 			s.log.Error("release hold after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, rerr))
+		}
+		if aerr := s.db.Abort(ctx, ws, keyHash); aerr != nil {
+			s.log.Error("abort after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, aerr))
 		}
 		if errors.Is(err, providers.ErrNoCapacity) {
 			return Acquired{}, &protocol.Error{Code: protocol.Unavailable, Message: "the sandbox provider has no capacity for a new workspace now; retry later", RetryAfter: time.Minute, Err: err}

@@ -249,6 +249,61 @@ func TestAcquireConfirmFails(t *testing.T) {
 	}
 }
 
+// TestAcquireCompensatesBesideRepair: another broker's billing repair
+// (SettleDangling) runs after every script of a create that fails. The
+// hold goes back with the budgets' held counters, so the month's budget
+// counts nothing for a workspace that never ran. Before, the record was
+// removed first, and the repair freed the hold without its counters.
+func TestAcquireCompensatesBesideRepair(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	if err := e.bill.SetBudget(ctx, e.acct, billing.Budget{MonthlyMicros: 10_000_000}); err != nil {
+		t.Fatal(err)
+	}
+	e.rdb.AddHook(&repairHook{bill: e.bill, acct: e.acct})
+	e.one.Set(func(p *fakeprovider.Provider) {
+		p.CreateHook = func(context.Context, providers.CreateSpec) error { return errors.New("vendor down") }
+	})
+	_, err := e.saga.Acquire(ctx, in, "k1", req())
+	wantCode(t, "acquire while the vendor fails", err, protocol.UpstreamError)
+	bs, err := e.bill.Budgets(ctx, e.acct, e.clock.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bs) != 1 || bs[0].UsedMicros != 0 {
+		t.Errorf("budgets after a failed create = %+v; want the account's, 0 used", bs)
+	}
+	if h := e.holds(t); h != 0 {
+		t.Errorf("holds after a failed create = %d µ; want 0", h)
+	}
+}
+
+// repairHook runs billing's repair of dangling holds after every script
+// call, as another broker's pass could land between any two steps.
+type repairHook struct {
+	bill *billing.Billing
+	acct string
+	busy atomic.Bool // the repair's own scripts do not repair again
+}
+
+func (*repairHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *repairHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.busy.CompareAndSwap(false, true) {
+			_, _ = h.bill.SettleDangling(ctx, h.acct)
+			h.busy.Store(false)
+		}
+		return err
+	}
+}
+
+func (*repairHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // failScriptHook fails the next script call (not sent to Redis) once its
 // flag is set.
 type failScriptHook struct{ next *atomic.Bool }
