@@ -115,32 +115,9 @@ func (b *Billing) entries(w sandgate.Workspace, ps []period) ([]UsageEntry, erro
 // so any number of brokers may run it; a workspace no longer running is
 // left to settlement. It returns how many entries it wrote.
 func (b *Billing) Accrue(ctx context.Context, acct string, now time.Time) (int, error) {
-	ws, err := b.db.LiveWorkspaces(ctx, acct, "", now)
+	ws, err := b.unsettled(ctx, acct, now)
 	if err != nil {
 		return 0, fmt.Errorf("accrue %s: %w", acct, err)
-	}
-	// Every priced workspace has a hold: its id finds it even if no
-	// instance index lists it.
-	held, err := b.rdb.HKeys(ctx, holdsKey(acct)).Result()
-	if err != nil {
-		return 0, fmt.Errorf("accrue %s: %w", acct, err)
-	}
-	seen := make(map[string]bool, len(ws))
-	for _, w := range ws {
-		seen[w.ID] = true
-	}
-	for _, id := range held {
-		if seen[id] {
-			continue
-		}
-		w, err := b.db.Workspace(ctx, acct, id)
-		if errors.Is(err, store.ErrNotFound) {
-			continue // a dangling hold: Run's repair releases it
-		}
-		if err != nil {
-			return 0, fmt.Errorf("accrue %s: %w", id, err)
-		}
-		ws = append(ws, w)
 	}
 	n := 0
 	for _, w := range ws {
@@ -166,6 +143,79 @@ func (b *Billing) Accrue(ctx context.Context, acct string, now time.Time) (int, 
 		n += k
 	}
 	return n, nil
+}
+
+// unsettled returns the account's workspaces that may still have usage
+// to write: the live ones, and every one with a hold (every priced
+// workspace has one until it is settled: its id finds it even if no
+// instance index lists it).
+func (b *Billing) unsettled(ctx context.Context, acct string, now time.Time) ([]sandgate.Workspace, error) {
+	ws, err := b.db.LiveWorkspaces(ctx, acct, "", now)
+	if err != nil {
+		return nil, err
+	}
+	held, err := b.rdb.HKeys(ctx, holdsKey(acct)).Result()
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[string]bool, len(ws))
+	for _, w := range ws {
+		seen[w.ID] = true
+	}
+	for _, id := range held {
+		if seen[id] {
+			continue
+		}
+		w, err := b.db.Workspace(ctx, acct, id)
+		if errors.Is(err, store.ErrNotFound) {
+			continue // a dangling hold: Run's repair releases it
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", id, err)
+		}
+		ws = append(ws, w)
+	}
+	return ws, nil
+}
+
+// UsageFiledBefore reports whether every usage entry the account files
+// before t is in the ledger at now: each running workspace's accrual
+// periods that end by t are written, and no workspace that ended before
+// t still waits for its settlement. A statement is complete only then
+// ([BuildStatement]).
+func (b *Billing) UsageFiledBefore(ctx context.Context, acct string, t, now time.Time) (bool, error) {
+	ws, err := b.unsettled(ctx, acct, now)
+	if err != nil {
+		return false, fmt.Errorf("usage filed %s: %w", acct, err)
+	}
+	for _, w := range ws {
+		if w.StartedAt.IsZero() || !w.StartedAt.Before(t) {
+			continue
+		}
+		if w.State != sandgate.WorkspaceRunning {
+			if !w.TerminatedAt.IsZero() && w.TerminatedAt.Before(t) {
+				return false, nil // its final entry, filed before t, is not in yet
+			}
+			continue
+		}
+		if !w.ExpiresAt.IsZero() && !w.ExpiresAt.After(t) {
+			return false, nil // its end is due before t and not recorded yet
+		}
+		// The interim periods that end by t (the end is only a bound
+		// past them: none of them is the final one).
+		ps := periods(w.ID, w.StartedAt, t.Add(AccrualPeriod), t.Add(time.Nanosecond))
+		if len(ps) == 0 {
+			continue
+		}
+		in, err := b.rdb.SIsMember(ctx, usageIDsKey(acct), ps[len(ps)-1].id).Result()
+		if err != nil {
+			return false, fmt.Errorf("usage filed %s: %w", acct, err)
+		}
+		if !in {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // charge runs chargeScript for w's entries es: accruing (settle false)

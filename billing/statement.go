@@ -86,8 +86,12 @@ type AdjustmentLine struct {
 // UsageMicros + AdjustmentsMicros equals that export's amount_micros total.
 // Opening, credits, holds and closing come from the [FundsReader]; the
 // closing balance and the holds are those at To. While the month is not
-// over (Complete false) the statement ends at GeneratedAt instead: usage,
-// credits, holds and closing are those of [From, GeneratedAt).
+// over the statement ends at GeneratedAt instead: usage, credits, holds
+// and closing are those of [From, GeneratedAt). Complete is false until
+// the month is over and its usage is all in the ledger: AccrualGrace
+// after To at the earliest, and, with a FundsReader that is a
+// [UsageFiler], once every running workspace's periods of the month are
+// written and every workspace that ended in it is settled.
 // Credits are net of the operator's debits.
 // Unexplained is Closing − (Opening + Credits − Usage − Adjustments): zero
 // when every funds movement of the month is on the statement; otherwise it
@@ -121,7 +125,7 @@ type Statement struct {
 	UnexplMicros  int64            `json:"unexplained_micros"`
 	Unexplained   string           `json:"unexplained"`
 	GeneratedAt   time.Time        `json:"generated_at"`
-	Complete      bool             `json:"complete"` // false while the month is not over at GeneratedAt
+	Complete      bool             `json:"complete"` // false until the month is over and its usage all in the ledger
 	// FundsIncluded is false when the statement was built without a
 	// FundsReader: only the usage lines and adjustments are filled.
 	FundsIncluded bool `json:"funds_included"`
@@ -142,6 +146,13 @@ func MonthOf(t time.Time) time.Time {
 	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
 }
 
+// UsageFiler reports whether every usage entry an account files before t
+// is in the ledger at now. [Billing] is one; a [FundsReader] that is one
+// makes a statement complete only once its month's usage is all in.
+type UsageFiler interface {
+	UsageFiledBefore(ctx context.Context, acct string, t, now time.Time) (bool, error)
+}
+
 // BuildStatement builds acct's statement of the month starting at month
 // (see [MonthOf]), reading the ledger through sc and funds through fr; now
 // is when it is generated. Usage in a currency other than the funds' is an
@@ -152,10 +163,22 @@ func BuildStatement(ctx context.Context, sc Scanner, fr FundsReader, acct string
 	from := MonthOf(month)
 	to := from.AddDate(0, 1, 0)
 	st := Statement{AccountID: acct, Month: from.Format("2006-01"), From: from, To: to,
-		GeneratedAt: now.UTC(), Complete: !now.Before(to), FundsIncluded: fr != nil}
+		GeneratedAt: now.UTC(), FundsIncluded: fr != nil}
 	closingAt := to
-	if !st.Complete {
+	if now.Before(to) {
 		closingAt = now.UTC()
+	}
+	// The month's last accrual periods are written AccrualGrace after it
+	// ends, and only by a billing pass; until they are in, the statement
+	// is not final.
+	if !now.Before(to.Add(AccrualGrace)) {
+		st.Complete = true
+		if uf, ok := fr.(UsageFiler); ok {
+			var err error
+			if st.Complete, err = uf.UsageFiledBefore(ctx, acct, to, now); err != nil {
+				return Statement{}, fmt.Errorf("statement %s %s: %w", acct, st.Month, err)
+			}
+		}
 	}
 	if fr != nil {
 		var err error

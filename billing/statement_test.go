@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/store"
 )
 
 // funds is a FundsReader over a fixed journal: credits and charges, each
@@ -148,5 +150,81 @@ func TestStatementRefusesMixedCurrencies(t *testing.T) {
 	_, err := billing.BuildStatement(ctx, l, &funds{currency: "EUR"}, "acct_eur", month, month.AddDate(0, 2, 0))
 	if err == nil {
 		t.Fatal("BuildStatement over USD usage with EUR funds succeeded; want an error")
+	}
+}
+
+// TestStatementCompleteOnceUsageIsIn: a workspace runs across the end of
+// March. March's statement is not complete until its last hour is in the
+// ledger: not a moment after midnight (the hour is accrued a minute
+// later), not while accrual has not run since (a billing pass missed), and
+// not while a workspace that ended in March waits for its settlement.
+// Once complete, a later statement of March says the same.
+func TestStatementCompleteOnceUsageIsIn(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const acct = "acct_st"
+	e.account(acct, 10, false)
+	e.credit(acct, 100_000_000, "c")
+	e.clock.Advance(time.Date(2026, 3, 31, 22, 30, 0, 0, time.UTC).Sub(e.clock.Now()))
+	if _, err := e.acquire(acct, "inst_1", "", 4*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	ended, err := e.acquire(acct, "inst_1", "", 4*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	march := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	statement := func(label string) billing.Statement {
+		t.Helper()
+		st, err := billing.BuildStatement(ctx, e.bill.Ledger(), e.bill, acct, march, e.clock.Now())
+		if err != nil {
+			t.Fatalf("%s: %v", label, err)
+		}
+		return st
+	}
+	accrue := func() {
+		t.Helper()
+		if _, err := e.bill.Accrue(ctx, acct, e.clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The second workspace ends at 23:50; its end is recorded, its
+	// settlement not (a broker died between the two).
+	e.clock.Advance(80 * time.Minute)
+	if _, _, err := e.db.BeginTerminate(ctx, ended, sandgate.ReasonReleased, e.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.FinishTerminate(ctx, ended, e.clock.Now(), store.Egress{}); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(10*time.Minute + 30*time.Second) // 00:00:30 April 1st
+	accrue()
+	if st := statement("just after midnight"); st.Complete {
+		t.Errorf("March's statement 30 s after midnight is complete; its last hour is accrued only after %v", billing.AccrualGrace)
+	}
+	e.clock.Advance(5 * time.Minute)
+	if st := statement("before accrual ran"); st.Complete {
+		t.Error("March's statement is complete before accrual wrote its last hour")
+	}
+	accrue()
+	if st := statement("before the ended workspace is settled"); st.Complete {
+		t.Error("March's statement is complete while a workspace that ended in March is not settled")
+	}
+	rec, err := e.db.Workspace(ctx, acct, ended.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.bill.Settle(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	first := statement("once settled")
+	if !first.Complete {
+		t.Fatal("March's statement is not complete with every March entry in the ledger")
+	}
+	e.clock.Advance(2 * time.Hour)
+	accrue()
+	if later := statement("two hours later"); later.UsageMicros != first.UsageMicros || later.ClosingMicros != first.ClosingMicros || !later.Complete {
+		t.Errorf("March later: usage %d, closing %d, complete %v; want the complete statement's %d, %d",
+			later.UsageMicros, later.ClosingMicros, later.Complete, first.UsageMicros, first.ClosingMicros)
 	}
 }
