@@ -16,6 +16,7 @@ import (
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/reaper"
 	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
 )
@@ -323,4 +324,49 @@ func (h failScriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (failScriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// TestLateConfirmLeavesReclaimedKey: a gateway stalls between the create
+// and its confirm; the reaper fails the create at its pending deadline
+// and frees the key, and the client's retry claims it for a workspace of
+// its own. The stalled confirm, when it runs, refuses and leaves the key
+// to the retry's workspace: replays answer the one running.
+func TestLateConfirmLeavesReclaimedKey(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	set, err := providers.NewSet("one", providers.Entry{Name: "one", Kind: "fake", Provider: e.one, AcceptNew: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stall := make(chan struct{})
+	var creates atomic.Int32
+	w := sgtest.Wire(t, sgtest.WireOptions{DB: e.db, Providers: set, Clock: e.clock, Saga: saga.Config{
+		AfterCreate: func(string) {
+			if creates.Add(1) == 1 {
+				<-stall
+			}
+		},
+	}})
+	stalled := make(chan error, 1)
+	go func() {
+		_, err := w.Saga.Acquire(ctx, in, "k", req())
+		stalled <- err
+	}()
+	sgtest.WaitFor(t, "the first create", func() bool { return e.one.Creates() == 1 })
+	e.clock.Advance(e.db.Config().PendingTimeout + 2*time.Second)
+	if err := reaper.New(reaper.Config{Providers: set}, e.db, w.Terminator, e.clock, nil).Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	retry, err := w.Saga.Acquire(ctx, in, "k", req())
+	if err != nil || retry.Replayed || retry.Workspace.State != sandgate.WorkspaceRunning {
+		t.Fatalf("retry after the reaper failed the create = %+v, %v; want a new running workspace", retry, err)
+	}
+	close(stall)
+	<-stalled
+	replay, err := w.Saga.Acquire(ctx, in, "k", req())
+	if err != nil || !replay.Replayed || replay.Workspace.ID != retry.Workspace.ID || replay.Workspace.State != sandgate.WorkspaceRunning {
+		t.Errorf("replay after the stalled confirm = %s %s replayed %v, %v; want the retry's %s, running",
+			replay.Workspace.ID, replay.Workspace.State, replay.Replayed, err, retry.Workspace.ID)
+	}
 }

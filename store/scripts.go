@@ -8,7 +8,9 @@ import "github.com/redis/go-redis/v9"
 // pending slot was pruned; the caller then terminates the sandbox. Either
 // way the Idempotency-Key's record is marked done: the key names this
 // workspace from now on, so a replay answers it (terminated, if refused)
-// instead of idempotency_in_progress until the key's TTL.
+// instead of idempotency_in_progress until the key's TTL. A key that names
+// another workspace is left alone: this create's key was freed (the
+// reaper failed it) and a retry claimed it for a workspace of its own.
 //
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] idempotency STRING, KEYS[4] account open ZSET
 // ARGV[1] workspace id, ARGV[2] expires_at (unix ms), ARGV[3] provider ref,
@@ -20,7 +22,10 @@ import "github.com/redis/go-redis/v9"
 // (empty when there is none), so the Acquire's answer costs no further
 // round trip.
 var confirmScript = redis.NewScript(`
-redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
+local idem = redis.call('GET', KEYS[3])
+if not idem or cjson.decode(idem).ws == ARGV[1] then
+  redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
+end
 local cur = redis.call('HMGET', KEYS[2], 'state', 'provider_ref', 'started_ms')
 if cur[1] == 'running' and cur[2] == ARGV[3] and cur[3] == ARGV[4] then
   return {1} -- this confirm, run before (a resent command)
