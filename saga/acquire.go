@@ -85,6 +85,15 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 		return s.replayAcquire(ctx, in, rec, reqHash)
 	}
 	if err != nil {
+		if rec, ierr := s.db.Idempotency(ctx, in.AccountID, in.ID, store.OpAcquire, keyHash); ierr == nil &&
+			rec.WorkspaceID == ws.ID && rec.State == store.IdemInProgress {
+			// This request's own claim: the script ran on the primary but
+			// its answer was lost, or the replicas did not acknowledge it.
+			// Undo it, so that a retry re-evaluates now rather than
+			// meeting idempotency_in_progress until the pending deadline.
+			s.undoAdmission(context.WithoutCancel(ctx), ws, keyHash)
+			return Acquired{}, err
+		}
 		// A check in Go (the broker-wide stop) may refuse before the
 		// script's claim check ran.
 		return s.replayOr(ctx, in, keyHash, reqHash, err)
@@ -104,16 +113,7 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 	})
 	cancel()
 	if err != nil {
-		// Nothing ran: the hold goes back uncharged, before the record
-		// goes. Another broker's repair frees a hold whose record is gone
-		// without knowing its month and scopes, so in the other order it
-		// could take the hold first and leave the budgets counting it.
-		if rerr := s.holds.Release(ctx, ws); rerr != nil {
-			s.log.Error("release hold after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, rerr))
-		}
-		if aerr := s.db.Abort(ctx, ws, keyHash); aerr != nil {
-			s.log.Error("abort after failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, aerr))
-		}
+		s.undoAdmission(ctx, ws, keyHash)
 		if errors.Is(err, providers.ErrNoCapacity) {
 			return Acquired{}, &protocol.Error{Code: protocol.Unavailable, Message: "the sandbox provider has no capacity for a new workspace now; retry later", RetryAfter: time.Minute, Err: err}
 		}
@@ -190,6 +190,22 @@ func (s *Saga) terminateSandbox(ctx context.Context, w sandgate.Workspace, ref s
 // refusal otherwise: a request refused before admission's claim check
 // ran. The store unreachable, new work fails closed with admission's own
 // code (spec §Broker obligations).
+// undoAdmission removes what an admission wrote for ws, when nothing
+// ran: the hold goes back uncharged, then the record, slot and key go. A
+// failure is logged; the reaper fails what is left at the pending
+// deadline. The hold goes first: another broker's repair frees a hold
+// whose record is gone without knowing its month and scopes, so in the
+// other order it could take the hold first and leave the budgets
+// counting it.
+func (s *Saga) undoAdmission(ctx context.Context, ws sandgate.Workspace, keyHash string) {
+	if err := s.holds.Release(ctx, ws); err != nil {
+		s.log.Error("release the hold of an undone admission", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, err))
+	}
+	if err := s.db.Abort(ctx, ws, keyHash); err != nil {
+		s.log.Error("abort an undone admission", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, err))
+	}
+}
+
 func (s *Saga) replayOr(ctx context.Context, in sandgate.Instance, keyHash, reqHash string, refusal error) (Acquired, error) {
 	rec, err := s.db.Idempotency(ctx, in.AccountID, in.ID, store.OpAcquire, keyHash)
 	switch {

@@ -370,3 +370,62 @@ func TestLateConfirmLeavesReclaimedKey(t *testing.T) {
 			replay.Workspace.ID, replay.Workspace.State, replay.Replayed, err, retry.Workspace.ID)
 	}
 }
+
+// TestAdmissionAnswerLost: the admission script runs in Redis but its
+// answer never arrives (both of go-redis's tries lost, or the replicas
+// did not acknowledge it). The Acquire answers 503 admission_unavailable
+// and undoes what the script wrote, so the slot and the hold are free and
+// a retry with the same key is admitted at once, not refused with 409
+// idempotency_in_progress until the pending deadline.
+func TestAdmissionAnswerLost(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	var lose atomic.Bool
+	e.rdb.AddHook(loseAnswerHook{next: &lose})
+	lose.Store(true)
+	_, err := e.saga.Acquire(ctx, in, "k", req())
+	wantCode(t, "acquire whose admission answer was lost", err, protocol.AdmissionUnavailable)
+	if n, h := e.live(t, in), e.holds(t); n != 0 || h != 0 {
+		t.Errorf("after the lost answer: %d live, %d µ held; want 0, 0", n, h)
+	}
+	if got := e.one.Creates(); got != 0 {
+		t.Errorf("provider creates after the lost answer = %d; want 0", got)
+	}
+	res, err := e.saga.Acquire(ctx, in, "k", req())
+	if err != nil || res.Replayed || res.Workspace.State != sandgate.WorkspaceRunning {
+		t.Fatalf("retry with the same key = %+v, %v; want a new running workspace", res, err)
+	}
+	if n := e.live(t, in); n != 1 {
+		t.Errorf("live slots after the retry = %d; want 1", n)
+	}
+}
+
+// loseAnswerHook runs the next script call in Redis once its flag is set,
+// and then fails it as if its answer had been lost; a NOSCRIPT answer
+// does not count.
+type loseAnswerHook struct{ next *atomic.Bool }
+
+func (loseAnswerHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h loseAnswerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		n := cmd.Name()
+		if (n != "evalsha" && n != "eval") || !h.next.Load() {
+			return next(ctx, cmd)
+		}
+		if err := next(ctx, cmd); err != nil {
+			return err // NOSCRIPT: the EVAL that follows runs it
+		}
+		if !h.next.CompareAndSwap(true, false) {
+			return nil
+		}
+		err := errors.New("injected: the answer was lost")
+		cmd.SetErr(err)
+		return err
+	}
+}
+
+func (loseAnswerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
