@@ -3,6 +3,7 @@ package saga_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -428,4 +429,46 @@ func (h loseAnswerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (loseAnswerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// TestStartingReleasedFreesKey: a gateway dies between the provider
+// create and the confirm, and the client releases the workspace it sees
+// starting (Formation's reaper does so with one it does not know). The
+// workspace ends, and its key, whose create was never confirmed, is freed:
+// a retry with it is evaluated again, where before it met 409
+// idempotency_in_progress until the key's TTL (7 days).
+func TestStartingReleasedFreesKey(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	set, err := providers.NewSet("one", providers.Entry{Name: "one", Kind: "fake", Provider: e.one, AcceptNew: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dying atomic.Bool
+	dying.Store(true)
+	w := sgtest.Wire(t, sgtest.WireOptions{DB: e.db, Providers: set, Clock: e.clock, Saga: saga.Config{
+		AfterCreate: func(string) {
+			if dying.CompareAndSwap(true, false) {
+				runtime.Goexit() // the gateway dies here
+			}
+		},
+	}})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = w.Saga.Acquire(ctx, in, "k", req())
+	}()
+	<-done
+	live, err := e.db.LiveWorkspaces(ctx, e.acct, in.ID, e.clock.Now())
+	if err != nil || len(live) != 1 || live[0].State != sandgate.WorkspaceStarting {
+		t.Fatalf("live workspaces after the gateway died = %+v, %v; want one starting", live, err)
+	}
+	if _, err := w.Terminator.Release(ctx, e.acct, in.ID, live[0].ID); err != nil {
+		t.Fatalf("release of the starting workspace: %v", err)
+	}
+	res, err := w.Saga.Acquire(ctx, in, "k", req())
+	if err != nil || res.Replayed || res.Workspace.ID == live[0].ID || res.Workspace.State != sandgate.WorkspaceRunning {
+		t.Fatalf("retry with the key = %+v, %v; want a new running workspace", res, err)
+	}
 }

@@ -34,6 +34,21 @@ end
 return 1
 `)
 
+// freePendingKeyScript frees an Idempotency-Key still in progress for
+// the workspace ARGV[1] (see DB.freePendingKey); a key that is done, or
+// names another workspace, is left alone.
+//
+// KEYS[1] idempotency STRING
+// ARGV[1] workspace id
+// Returns 1 freed, 0 left.
+var freePendingKeyScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local ok, rec = pcall(cjson.decode, v)
+if ok and rec.st == 'in_progress' and rec.ws == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`)
+
 // freeSlotScript frees a slot or reservation whose workspace no longer
 // needs one: its record is gone, terminating or terminated.
 //

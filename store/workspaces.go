@@ -174,7 +174,31 @@ func (db *DB) BeginTerminateIf(ctx context.Context, w sandgate.Workspace, reason
 	}
 	code, _ := res[0].(int64)
 	st, _ := res[1].(string)
-	return sandgate.WorkspaceState(st), code == 2, nil
+	prev, started = sandgate.WorkspaceState(st), code == 2
+	if started && prev == sandgate.WorkspaceStarting {
+		err = db.freePendingKey(ctx, w.AccountID, w.InstanceID, w.ID)
+	}
+	return prev, started, err
+}
+
+// freePendingKey frees the Idempotency-Key of a workspace ended while it
+// was starting, if the key is still in progress for it: its create was
+// never confirmed (its gateway may have died), and nothing else would
+// free the key before its TTL, so a retry would meet
+// idempotency_in_progress for days. Freed, a retry is evaluated again, as
+// after the reaper fails such a create (FailCreate).
+func (db *DB) freePendingKey(ctx context.Context, acct, inst, id string) error {
+	keyHash, err := db.rdb.HGet(ctx, workspaceKey(acct, id), "key").Result()
+	if isNil(err) || keyHash == "" {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("free the key of %s: %w", id, err)
+	}
+	if err := freePendingKeyScript.Run(ctx, db.rdb, []string{idempotencyKey(acct, inst, OpAcquire, keyHash)}, id).Err(); err != nil {
+		return fmt.Errorf("free the key of %s: %w", id, err)
+	}
+	return nil
 }
 
 // BeginRelease is BeginTerminate for a client's release of workspace id
@@ -193,8 +217,14 @@ func (db *DB) BeginRelease(ctx context.Context, acct, inst, id string, reason sa
 		return "", false, sandgate.Workspace{}, ErrNotFound
 	}
 	st, _ := res[1].(string)
-	rec, err = DecodeWorkspace(res[2])
-	return sandgate.WorkspaceState(st), code == 2, rec, err
+	if rec, err = DecodeWorkspace(res[2]); err != nil {
+		return "", false, sandgate.Workspace{}, err
+	}
+	prev, started = sandgate.WorkspaceState(st), code == 2
+	if started && prev == sandgate.WorkspaceStarting {
+		err = db.freePendingKey(ctx, acct, inst, id)
+	}
+	return prev, started, rec, err
 }
 
 // DecodeWorkspace decodes a workspace record that a script returned as
