@@ -327,6 +327,17 @@ func (failScriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return next
 }
 
+// wireAfterCreate wires another saga over provider "one" alone that
+// calls afterCreate between each provider create and its confirm.
+func (e *env) wireAfterCreate(t *testing.T, afterCreate func(string)) (*providers.Set, sgtest.Wired) {
+	t.Helper()
+	set, err := providers.NewSet("one", providers.Entry{Name: "one", Kind: "fake", Provider: e.one, AcceptNew: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set, sgtest.Wire(t, sgtest.WireOptions{DB: e.db, Providers: set, Clock: e.clock, Saga: saga.Config{AfterCreate: afterCreate}})
+}
+
 // TestLateConfirmLeavesReclaimedKey: a gateway stalls between the create
 // and its confirm; the reaper fails the create at its pending deadline
 // and frees the key, and the client's retry claims it for a workspace of
@@ -336,19 +347,13 @@ func TestLateConfirmLeavesReclaimedKey(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	in := e.instance(t, "")
-	set, err := providers.NewSet("one", providers.Entry{Name: "one", Kind: "fake", Provider: e.one, AcceptNew: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	stall := make(chan struct{})
 	var creates atomic.Int32
-	w := sgtest.Wire(t, sgtest.WireOptions{DB: e.db, Providers: set, Clock: e.clock, Saga: saga.Config{
-		AfterCreate: func(string) {
-			if creates.Add(1) == 1 {
-				<-stall
-			}
-		},
-	}})
+	set, w := e.wireAfterCreate(t, func(string) {
+		if creates.Add(1) == 1 {
+			<-stall
+		}
+	})
 	stalled := make(chan error, 1)
 	go func() {
 		_, err := w.Saga.Acquire(ctx, in, "k", req())
@@ -441,19 +446,13 @@ func TestStartingReleasedFreesKey(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	in := e.instance(t, "")
-	set, err := providers.NewSet("one", providers.Entry{Name: "one", Kind: "fake", Provider: e.one, AcceptNew: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var dying atomic.Bool
 	dying.Store(true)
-	w := sgtest.Wire(t, sgtest.WireOptions{DB: e.db, Providers: set, Clock: e.clock, Saga: saga.Config{
-		AfterCreate: func(string) {
-			if dying.CompareAndSwap(true, false) {
-				runtime.Goexit() // the gateway dies here
-			}
-		},
-	}})
+	_, w := e.wireAfterCreate(t, func(string) {
+		if dying.CompareAndSwap(true, false) {
+			runtime.Goexit() // the gateway dies here
+		}
+	})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
