@@ -186,10 +186,6 @@ func (s *Saga) terminateSandbox(ctx context.Context, w sandgate.Workspace, ref s
 	s.term.Finish(ctx, w)
 }
 
-// replayOr answers the replay when the Idempotency-Key is claimed, and
-// refusal otherwise: a request refused before admission's claim check
-// ran. The store unreachable, new work fails closed with admission's own
-// code (spec §Broker obligations).
 // undoAdmission removes what an admission wrote for ws, when nothing
 // ran: the hold goes back uncharged, then the record, slot and key go. A
 // failure is logged; the reaper fails what is left at the pending
@@ -206,6 +202,10 @@ func (s *Saga) undoAdmission(ctx context.Context, ws sandgate.Workspace, keyHash
 	}
 }
 
+// replayOr answers the replay when the Idempotency-Key is claimed, and
+// refusal otherwise: a request refused before admission's claim check
+// ran. The store unreachable, new work fails closed with admission's own
+// code (spec §Broker obligations).
 func (s *Saga) replayOr(ctx context.Context, in sandgate.Instance, keyHash, reqHash string, refusal error) (Acquired, error) {
 	rec, err := s.db.Idempotency(ctx, in.AccountID, in.ID, store.OpAcquire, keyHash)
 	switch {

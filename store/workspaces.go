@@ -217,10 +217,10 @@ func (db *DB) BeginRelease(ctx context.Context, acct, inst, id string, reason sa
 		return "", false, sandgate.Workspace{}, ErrNotFound
 	}
 	st, _ := res[1].(string)
-	if rec, err = DecodeWorkspace(res[2]); err != nil {
-		return "", false, sandgate.Workspace{}, err
-	}
 	prev, started = sandgate.WorkspaceState(st), code == 2
+	if rec, err = DecodeWorkspace(res[2]); err != nil {
+		return prev, started, rec, err
+	}
 	if started && prev == sandgate.WorkspaceStarting {
 		err = db.freePendingKey(ctx, acct, inst, id)
 	}
