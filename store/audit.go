@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -49,7 +50,7 @@ func (db *DB) AppendAudit(ctx context.Context, e AuditEvent, retention time.Dura
 // again. Budget alerts use it.
 func (db *DB) AppendAuditOnce(ctx context.Context, e AuditEvent, once string, retention time.Duration) error {
 	if once == "" {
-		return fmt.Errorf("append audit: an event written once needs a name")
+		return errors.New("append audit: an event written once needs a name")
 	}
 	return db.appendAudit(ctx, e, once, retention)
 }

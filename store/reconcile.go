@@ -166,12 +166,11 @@ func (db *DB) ExecBegin(ctx context.Context, acct, inst, id, member string, time
 // with reason failed (see failCreateScript). It returns false when the
 // workspace is no longer starting.
 func (db *DB) FailCreate(ctx context.Context, w sandgate.Workspace, now time.Time) (bool, error) {
-	keyHash, err := db.rdb.HGet(ctx, workspaceKey(w.AccountID, w.ID), "key").Result()
-	if err != nil && !isNil(err) {
+	idem, err := db.acquireKeyOf(ctx, w.AccountID, w.InstanceID, w.ID)
+	if err != nil {
 		return false, err
 	}
-	idem := idempotencyKey(w.AccountID, w.InstanceID, OpAcquire, keyHash)
-	if keyHash == "" {
+	if idem == "" {
 		idem = workspaceKey(w.AccountID, w.ID) + ":nokey" // a record from before keys were recorded
 	}
 	keys := []string{liveKey(w.AccountID, w.InstanceID), workspaceKey(w.AccountID, w.ID), openKey(w.AccountID), idem}

@@ -188,17 +188,28 @@ func (db *DB) BeginTerminateIf(ctx context.Context, w sandgate.Workspace, reason
 // idempotency_in_progress for days. Freed, a retry is evaluated again, as
 // after the reaper fails such a create (FailCreate).
 func (db *DB) freePendingKey(ctx context.Context, acct, inst, id string) error {
-	keyHash, err := db.rdb.HGet(ctx, workspaceKey(acct, id), "key").Result()
-	if isNil(err) || keyHash == "" {
-		return nil
+	idem, err := db.acquireKeyOf(ctx, acct, inst, id)
+	if err == nil && idem != "" {
+		err = freePendingKeyScript.Run(ctx, db.rdb, []string{idem}, id).Err()
 	}
 	if err != nil {
 		return fmt.Errorf("free the key of %s: %w", id, err)
 	}
-	if err := freePendingKeyScript.Run(ctx, db.rdb, []string{idempotencyKey(acct, inst, OpAcquire, keyHash)}, id).Err(); err != nil {
-		return fmt.Errorf("free the key of %s: %w", id, err)
-	}
 	return nil
+}
+
+// acquireKeyOf returns the Idempotency-Key (its Redis key) that created
+// workspace id, as its record names it; "" for no record, or one written
+// before keys were recorded.
+func (db *DB) acquireKeyOf(ctx context.Context, acct, inst, id string) (string, error) {
+	keyHash, err := db.rdb.HGet(ctx, workspaceKey(acct, id), "key").Result()
+	if isNil(err) || (err == nil && keyHash == "") {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return idempotencyKey(acct, inst, OpAcquire, keyHash), nil
 }
 
 // BeginRelease is BeginTerminate for a client's release of workspace id
