@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/store"
 )
 
@@ -126,7 +127,7 @@ func TestChargeSentTwiceFlushesAlerts(t *testing.T) {
 	}
 	e.bill.FlushAlerts(ctx, acct) // the admission's March alerts
 	march := alertEntries(t, e.db)
-	e.db.Redis().AddHook(resendScripts{})
+	e.db.Redis().AddHook(redistest.ScriptHook(resendScripts))
 	e.clock.Advance(3 * time.Hour)
 	if _, err := e.bill.Accrue(ctx, acct, e.clock.Now()); err != nil {
 		t.Fatal(err)

@@ -16,23 +16,11 @@ import (
 // resendScripts sends every script call twice and answers the second
 // reply, as go-redis does when the first reply was lost (a read timeout,
 // a reset connection) after Redis ran it.
-type resendScripts struct{}
-
-func (resendScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (resendScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if err := next(ctx, cmd); err != nil {
-				return err
-			}
-		}
-		return next(ctx, cmd)
+func resendScripts(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+	if err := next(ctx, cmd); err != nil {
+		return err
 	}
-}
-
-func (resendScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return next(ctx, cmd)
 }
 
 // TestCreateRateCardSentTwice: a create whose script is sent twice
@@ -41,7 +29,7 @@ func (resendScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 func TestCreateRateCardSentTwice(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Start(t).Client()
-	rdb.AddHook(resendScripts{})
+	rdb.AddHook(redistest.ScriptHook(resendScripts))
 	bill := billing.New(store.New(rdb, store.Config{}), billing.Config{})
 	ctx := context.Background()
 	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
