@@ -132,10 +132,8 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 			// spec §Acquire: a failure after provider create terminates
 			// what was created before answering. The key is freed, so a
 			// retry re-evaluates; the workspace stays listed as failed.
-			s.terminateSandbox(ctx, ws, sb.Ref)
-			if ferr := s.db.FreeKey(ctx, ws.AccountID, ws.InstanceID, store.OpAcquire, keyHash); ferr != nil {
-				s.log.Error("free key after failed restore", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, ferr))
-			}
+			_ = s.terminateSandbox(ctx, ws, sb.Ref, false)
+			s.freeKey(ctx, ws, keyHash)
 			return Acquired{}, restoreError(err)
 		}
 	}
@@ -154,15 +152,19 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 		// for. The key is freed, so that a retry re-evaluates (the confirm
 		// may or may not have marked it done; unfreed, an in-progress key
 		// would answer 409 until its TTL, as nothing else frees it once
-		// the record is terminating).
-		s.terminateSandbox(ctx, ws, sb.Ref)
-		if ferr := s.db.FreeKey(ctx, ws.AccountID, ws.InstanceID, store.OpAcquire, keyHash); ferr != nil {
-			s.log.Error("free key after failed confirm", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, ferr))
+		// the record is terminating). When not even the end could be
+		// recorded, the sandbox and the key stay as the record has them:
+		// a running record is a workspace its key replays, ended by the
+		// reaper like any other; a starting one is failed by the reaper
+		// at its pending deadline, which ends the sandbox and frees the
+		// key.
+		if s.terminateSandbox(ctx, ws, sb.Ref, true) == nil {
+			s.freeKey(ctx, ws, keyHash)
 		}
 		return Acquired{}, Unavailable(err)
 	}
 	// Released while starting, or pending slot lost.
-	s.terminateSandbox(ctx, ws, sb.Ref)
+	_ = s.terminateSandbox(ctx, ws, sb.Ref, false)
 	cur, err = s.db.Workspace(ctx, ws.AccountID, ws.ID)
 	if err != nil {
 		return Acquired{}, Unavailable(err)
@@ -177,13 +179,35 @@ func providerClosed(err error) error {
 }
 
 // terminateSandbox ends a sandbox that Confirm refused, or whose restore
-// failed, and records the end (reason failed).
-func (s *Saga) terminateSandbox(ctx context.Context, w sandgate.Workspace, ref string) {
+// failed, and records the end (reason failed); the record keeps the
+// sandbox's ref, so that a provider failure is retried by the reaper. A
+// store failure is returned. When the confirm may have run (its answer
+// lost), the sandbox is then left running: ended under a record the store
+// could not change, a running workspace would go on being billed, and
+// replayed to its client, with no sandbox behind it. The record, running
+// or starting, leaves it to the reaper (at its idle timeout or
+// expires_at, or at its pending deadline). Otherwise no record can name
+// the sandbox, and it is ended at once.
+func (s *Saga) terminateSandbox(ctx context.Context, w sandgate.Workspace, ref string, confirmMayHaveRun bool) error {
 	w.ProviderRef = ref
-	if _, _, err := s.db.BeginTerminate(ctx, w, sandgate.ReasonFailed, s.clock.Now()); err != nil {
-		s.log.Error("terminate: record", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, err))
+	_, _, err := s.db.BeginTerminate(ctx, w, sandgate.ReasonFailed, s.clock.Now())
+	if err != nil {
+		s.log.Error("terminate: record", sandgate.WorkspaceAttr(w.ID), slog.Bool("sandbox_left", confirmMayHaveRun), slog.Any(sandgate.KeyError, err))
+		if confirmMayHaveRun {
+			return err
+		}
 	}
-	s.term.Finish(ctx, w)
+	_, _ = s.term.Finish(ctx, w) // a failure is logged, and retried by the reaper
+	return err
+}
+
+// freeKey frees an Acquire's Idempotency-Key once its workspace's end is
+// recorded, so a retry re-evaluates. A failure is logged: the key then
+// replays the ended workspace.
+func (s *Saga) freeKey(ctx context.Context, ws sandgate.Workspace, keyHash string) {
+	if err := s.db.FreeKey(ctx, ws.AccountID, ws.InstanceID, store.OpAcquire, keyHash); err != nil {
+		s.log.Error("free the key of a failed create", sandgate.WorkspaceAttr(ws.ID), slog.Any(sandgate.KeyError, err))
+	}
 }
 
 // undoAdmission removes what an admission wrote for ws, when nothing

@@ -229,7 +229,7 @@ func TestAcquireConfirmFails(t *testing.T) {
 	ctx := context.Background()
 	in := e.instance(t, "")
 	var failNext atomic.Bool
-	e.rdb.AddHook(failScriptHook{&failNext})
+	e.rdb.AddHook(failScript(&failNext))
 	e.one.Set(func(p *fakeprovider.Provider) {
 		p.CreateHook = func(context.Context, providers.CreateSpec) error {
 			failNext.Store(true) // the confirm, the next script
@@ -263,7 +263,7 @@ func TestAcquireCompensatesBesideRepair(t *testing.T) {
 	if err := e.bill.SetBudget(ctx, e.acct, billing.Budget{MonthlyMicros: 10_000_000}); err != nil {
 		t.Fatal(err)
 	}
-	e.rdb.AddHook(&repairHook{bill: e.bill, acct: e.acct})
+	e.rdb.AddHook(repairHook(e.bill, e.acct))
 	e.one.Set(func(p *fakeprovider.Provider) {
 		p.CreateHook = func(context.Context, providers.CreateSpec) error { return errors.New("vendor down") }
 	})
@@ -283,48 +283,29 @@ func TestAcquireCompensatesBesideRepair(t *testing.T) {
 
 // repairHook runs billing's repair of dangling holds after every script
 // call, as another broker's pass could land between any two steps.
-type repairHook struct {
-	bill *billing.Billing
-	acct string
-	busy atomic.Bool // the repair's own scripts do not repair again
-}
-
-func (*repairHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *repairHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
+func repairHook(bill *billing.Billing, acct string) redistest.ScriptHook {
+	var busy atomic.Bool // the repair's own scripts do not repair again
+	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
 		err := next(ctx, cmd)
-		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.busy.CompareAndSwap(false, true) {
-			_, _ = h.bill.SettleDangling(ctx, h.acct)
-			h.busy.Store(false)
+		if busy.CompareAndSwap(false, true) {
+			_, _ = bill.SettleDangling(ctx, acct)
+			busy.Store(false)
 		}
 		return err
 	}
 }
 
-func (*repairHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-// failScriptHook fails the next script call (not sent to Redis) once its
+// failScript fails the next script call (not sent to Redis) once its
 // flag is set.
-type failScriptHook struct{ next *atomic.Bool }
-
-func (failScriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h failScriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.next.CompareAndSwap(true, false) {
+func failScript(armed *atomic.Bool) redistest.ScriptHook {
+	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		if armed.CompareAndSwap(true, false) {
 			err := errors.New("injected: redis unreachable")
 			cmd.SetErr(err)
 			return err
 		}
 		return next(ctx, cmd)
 	}
-}
-
-func (failScriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // wireAfterCreate wires another saga over provider "one" alone that
@@ -388,7 +369,7 @@ func TestAdmissionAnswerLost(t *testing.T) {
 	ctx := context.Background()
 	in := e.instance(t, "")
 	var lose atomic.Bool
-	e.rdb.AddHook(loseAnswerHook{next: &lose})
+	e.rdb.AddHook(loseAnswer(&lose))
 	lose.Store(true)
 	_, err := e.saga.Acquire(ctx, in, "k", req())
 	wantCode(t, "acquire whose admission answer was lost", err, protocol.AdmissionUnavailable)
@@ -407,33 +388,24 @@ func TestAdmissionAnswerLost(t *testing.T) {
 	}
 }
 
-// loseAnswerHook runs the next script call in Redis once its flag is set,
+// loseAnswer runs the next script call in Redis once its flag is set,
 // and then fails it as if its answer had been lost; a NOSCRIPT answer
 // does not count.
-type loseAnswerHook struct{ next *atomic.Bool }
-
-func (loseAnswerHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h loseAnswerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		n := cmd.Name()
-		if (n != "evalsha" && n != "eval") || !h.next.Load() {
+func loseAnswer(armed *atomic.Bool) redistest.ScriptHook {
+	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		if !armed.Load() {
 			return next(ctx, cmd)
 		}
 		if err := next(ctx, cmd); err != nil {
 			return err // NOSCRIPT: the EVAL that follows runs it
 		}
-		if !h.next.CompareAndSwap(true, false) {
+		if !armed.CompareAndSwap(true, false) {
 			return nil
 		}
 		err := errors.New("injected: the answer was lost")
 		cmd.SetErr(err)
 		return err
 	}
-}
-
-func (loseAnswerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // TestStartingReleasedFreesKey: a gateway dies between the provider
@@ -469,5 +441,143 @@ func TestStartingReleasedFreesKey(t *testing.T) {
 	res, err := w.Saga.Acquire(ctx, in, "k", req())
 	if err != nil || res.Replayed || res.Workspace.ID == live[0].ID || res.Workspace.State != sandgate.WorkspaceRunning {
 		t.Fatalf("retry with the key = %+v, %v; want a new running workspace", res, err)
+	}
+}
+
+// TestConfirmLostEndUnrecorded: the confirm runs in Redis but its answer
+// is lost, and the store then refuses the end the Acquire tries to
+// record. The Acquire answers 503 and leaves the sandbox running, as the
+// record (running) says it is: its key replays a workspace that works,
+// and the workspace is ended and billed like any other. Before, the
+// sandbox was ended under a running record that went on being billed,
+// and the key was freed, so a retry got a second workspace.
+func TestConfirmLostEndUnrecorded(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	var step atomic.Int32 // script calls since the create: 1 the confirm, 2 the end's record
+	e.rdb.AddHook(redistest.ScriptHook(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		switch step.Load() {
+		case 1:
+			if err := next(ctx, cmd); err != nil {
+				return err // NOSCRIPT: the EVAL that follows runs it
+			}
+			step.Store(2)
+			err := errors.New("injected: the answer was lost")
+			cmd.SetErr(err)
+			return err
+		case 2:
+			step.Store(0)
+			err := errors.New("injected: redis unreachable")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}))
+	e.one.Set(func(p *fakeprovider.Provider) {
+		p.CreateHook = func(context.Context, providers.CreateSpec) error {
+			step.Store(1)
+			return nil
+		}
+	})
+	_, err := e.saga.Acquire(ctx, in, "k", req())
+	wantCode(t, "acquire whose confirm's answer was lost and whose end failed", err, protocol.Unavailable)
+	if step.Load() != 0 {
+		t.Fatalf("script step after the acquire = %d; want both injections used", step.Load())
+	}
+	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
+	live, err := e.db.LiveWorkspaces(ctx, e.acct, in.ID, e.clock.Now())
+	if err != nil || len(live) != 1 || live[0].State != sandgate.WorkspaceRunning {
+		t.Fatalf("live workspaces = %+v, %v; want the confirmed one, running", live, err)
+	}
+	if n := e.one.Live(); n != 1 {
+		t.Errorf("sandboxes at the provider = %d; want 1, the running record's", n)
+	}
+	res, err := e.saga.Acquire(ctx, in, "k", req())
+	if err != nil || !res.Replayed || res.Workspace.ID != live[0].ID || res.Workspace.State != sandgate.WorkspaceRunning {
+		t.Fatalf("retry with the key = %s %s replayed %v, %v; want %s replayed, running",
+			res.Workspace.ID, res.Workspace.State, res.Replayed, err, live[0].ID)
+	}
+	if _, err := e.one.Exec(ctx, providers.Sandbox{Ref: res.Workspace.ProviderRef}, providers.ExecSpec{Argv: []string{"echo", "hi"}}); err != nil {
+		t.Errorf("exec in the replayed workspace's sandbox: %v", err)
+	}
+}
+
+// TestEndRetriedOnTheSandbox: a create whose workspace was released while
+// it ran is ended by its Acquire, but the provider fails that terminate;
+// the record stays terminating and names the sandbox, so the reaper's
+// next pass ends that sandbox before it records the end. Before, the
+// record named no sandbox, and the reaper recorded an end without asking
+// the provider while the sandbox ran on, unbilled.
+func TestEndRetriedOnTheSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	var w sgtest.Wired
+	set, w := e.wireAfterCreate(t, func(id string) {
+		if _, err := w.Terminator.Release(ctx, e.acct, in.ID, id); err != nil {
+			t.Errorf("release while starting: %v", err)
+		}
+	})
+	e.one.Set(func(p *fakeprovider.Provider) { p.TerminateErr = fakeprovider.ErrInjected })
+	res, err := w.Saga.Acquire(ctx, in, "k", req())
+	if err != nil || res.Workspace.State != sandgate.WorkspaceTerminating {
+		t.Fatalf("acquire released while starting, its end failing = %s, %v; want terminating", res.Workspace.State, err)
+	}
+	if n := e.one.Live(); n != 1 {
+		t.Fatalf("sandboxes after the failed terminate = %d; want 1", n)
+	}
+	e.one.Set(func(p *fakeprovider.Provider) { p.TerminateErr = nil })
+	e.reapOnce(t, set, w)
+	e.wantEnded(t, res.Workspace.ID)
+}
+
+// TestFailedCreateRetriedOnTheSandbox: a gateway dies between the create
+// and its confirm; the reaper fails the create at its pending deadline
+// but the provider fails the terminate. The record keeps the sandbox the
+// provider listed, so the next pass ends it before recording the end.
+func TestFailedCreateRetriedOnTheSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	set, w := e.wireAfterCreate(t, func(string) { runtime.Goexit() }) // the gateway dies here
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = w.Saga.Acquire(ctx, in, "k", req())
+	}()
+	<-done
+	live, err := e.db.LiveWorkspaces(ctx, e.acct, in.ID, e.clock.Now())
+	if err != nil || len(live) != 1 {
+		t.Fatalf("live workspaces after the gateway died = %+v, %v; want one", live, err)
+	}
+	e.one.Set(func(p *fakeprovider.Provider) { p.TerminateErr = fakeprovider.ErrInjected })
+	e.clock.Advance(e.db.Config().PendingTimeout + 2*time.Second)
+	e.reapOnce(t, set, w)
+	if got, err := e.db.Workspace(ctx, e.acct, live[0].ID); err != nil || got.State != sandgate.WorkspaceTerminating || e.one.Live() != 1 {
+		t.Fatalf("after a pass whose terminate failed: %s, %v, %d sandboxes; want terminating, 1", got.State, err, e.one.Live())
+	}
+	e.one.Set(func(p *fakeprovider.Provider) { p.TerminateErr = nil })
+	e.reapOnce(t, set, w)
+	e.wantEnded(t, live[0].ID)
+}
+
+// reapOnce runs one reaper pass over set.
+func (e *env) reapOnce(t *testing.T, set *providers.Set, w sgtest.Wired) {
+	t.Helper()
+	if err := reaper.New(reaper.Config{Providers: set}, e.db, w.Terminator, e.clock, nil).Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantEnded checks that workspace id is terminated and its sandbox gone.
+func (e *env) wantEnded(t *testing.T, id string) {
+	t.Helper()
+	got, err := e.db.Workspace(context.Background(), e.acct, id)
+	if err != nil || got.State != sandgate.WorkspaceTerminated {
+		t.Errorf("workspace %s = %s, %v; want terminated", id, got.State, err)
+	}
+	if n := e.one.Live(); n != 0 {
+		t.Errorf("sandboxes at the provider = %d; want 0: the end was recorded with the sandbox still running", n)
 	}
 }

@@ -17,13 +17,17 @@ import (
 // reservation are freed, and its Idempotency-Key, still in progress, is
 // freed so a replay re-evaluates (docs/protocol-notes.md). A key that is
 // done (Confirm ran meanwhile and refused) keeps naming the workspace.
+// The sandbox the provider lists for it, if any (ARGV[3]), is stored with
+// the terminating state, so a later pass asks the provider to end it when
+// this one could not.
 //
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] account open ZSET, KEYS[4] idempotency STRING
-// ARGV[1] workspace id, ARGV[2] now (unix ms)
+// ARGV[1] workspace id, ARGV[2] now (unix ms), ARGV[3] provider ref or ""
 // Returns 1 failed, 0 not starting.
 var failCreateScript = redis.NewScript(`
 if redis.call('HGET', KEYS[2], 'state') ~= 'starting' then return 0 end
 redis.call('HSET', KEYS[2], 'state', 'terminating', 'reason', 'failed', 'terminating_ms', ARGV[2])
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], 'provider_ref', ARGV[3]) end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 local v = redis.call('GET', KEYS[4])
@@ -163,8 +167,9 @@ func (db *DB) ExecBegin(ctx context.Context, acct, inst, id, member string, time
 }
 
 // FailCreate ends a starting workspace whose create was never confirmed,
-// with reason failed (see failCreateScript). It returns false when the
-// workspace is no longer starting.
+// with reason failed (see failCreateScript), and stores w.ProviderRef, the
+// sandbox found for it ("" for none). It returns false when the workspace
+// is no longer starting.
 func (db *DB) FailCreate(ctx context.Context, w sandgate.Workspace, now time.Time) (bool, error) {
 	idem, err := db.acquireKeyOf(ctx, w.AccountID, w.InstanceID, w.ID)
 	if err != nil {
@@ -174,7 +179,7 @@ func (db *DB) FailCreate(ctx context.Context, w sandgate.Workspace, now time.Tim
 		idem = workspaceKey(w.AccountID, w.ID) + ":nokey" // a record from before keys were recorded
 	}
 	keys := []string{liveKey(w.AccountID, w.InstanceID), workspaceKey(w.AccountID, w.ID), openKey(w.AccountID), idem}
-	n, err := failCreateScript.Run(ctx, db.rdb, keys, w.ID, ms(now)).Int()
+	n, err := failCreateScript.Run(ctx, db.rdb, keys, w.ID, ms(now), w.ProviderRef).Int()
 	if err != nil {
 		return false, fmt.Errorf("fail create: %w", err)
 	}

@@ -70,9 +70,17 @@ return 1
 // else it reads as absent and nothing changes; and the record as the
 // script left it is returned too, so that a release needs no other read.
 //
+// With ARGV[6] set (the sandbox the caller holds: an Acquire ending what
+// it created) a record that is not terminated and names no sandbox yet
+// keeps that one, whether this call starts the termination or one had
+// begun: whoever finishes the end later (a retry, the reaper) asks the
+// provider to end that sandbox, instead of recording an end nobody asked
+// for while the sandbox runs on.
+//
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] account open ZSET
 // ARGV[1] workspace id, ARGV[2] termination reason, ARGV[3] now (unix ms),
-// ARGV[4] condition ("", "expired" or "idle"), ARGV[5] owning instance id or ""
+// ARGV[4] condition ("", "expired" or "idle"), ARGV[5] owning instance id or "",
+// ARGV[6] provider ref or ""
 // Returns {0, ""} no record, {1, state} already terminating or terminated,
 // {2, previous state} termination started, {3, state} condition not met;
 // with ARGV[5], each followed by the record (HGETALL's list; empty for 0).
@@ -95,6 +103,9 @@ local function out(code, st)
 end
 if not st then return {0, ''} end
 if ARGV[5] ~= '' and inst ~= ARGV[5] then return {0, ''} end
+if ARGV[6] ~= '' and st ~= 'terminated' and (redis.call('HGET', KEYS[2], 'provider_ref') or '') == '' then
+  redis.call('HSET', KEYS[2], 'provider_ref', ARGV[6])
+end
 if st == 'terminated' or st == 'terminating' then return out(1, st) end
 local now = tonumber(ARGV[3])
 if ARGV[4] == 'expired' then

@@ -151,7 +151,9 @@ func (db *DB) workspaceOn(ctx context.Context, pipe redis.Pipeliner, acct, id st
 // BeginTerminate marks a workspace terminating with reason and frees its
 // slot. It returns the state before the call: "" when there is no record,
 // terminating or terminated when termination had already begun (started
-// false), starting or running otherwise (started true).
+// false), starting or running otherwise (started true). A w.ProviderRef
+// that the record lacks is stored with it (unless it has ended), so that
+// the end is asked of that sandbox whoever finishes it.
 func (db *DB) BeginTerminate(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, now time.Time) (prev sandgate.WorkspaceState, started bool, err error) {
 	return db.BeginTerminateIf(ctx, w, reason, now, CondNone)
 }
@@ -168,7 +170,7 @@ const (
 // now; otherwise it returns the current state with started false.
 func (db *DB) BeginTerminateIf(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, now time.Time, cond string) (prev sandgate.WorkspaceState, started bool, err error) {
 	keys := []string{liveKey(w.AccountID, w.InstanceID), workspaceKey(w.AccountID, w.ID), openKey(w.AccountID)}
-	res, err := terminateScript.Run(ctx, db.rdb, keys, w.ID, string(reason), ms(now), cond, "").Slice()
+	res, err := terminateScript.Run(ctx, db.rdb, keys, w.ID, string(reason), ms(now), cond, "", w.ProviderRef).Slice()
 	if err != nil {
 		return "", false, fmt.Errorf("terminate: %w", err)
 	}
@@ -219,7 +221,7 @@ func (db *DB) acquireKeyOf(ctx context.Context, acct, inst, id string) (string, 
 // left it with the state before the call.
 func (db *DB) BeginRelease(ctx context.Context, acct, inst, id string, reason sandgate.TerminationReason, now time.Time) (prev sandgate.WorkspaceState, started bool, rec sandgate.Workspace, err error) {
 	keys := []string{liveKey(acct, inst), workspaceKey(acct, id), openKey(acct)}
-	res, err := terminateScript.Run(ctx, db.rdb, keys, id, string(reason), ms(now), CondNone, inst).Slice()
+	res, err := terminateScript.Run(ctx, db.rdb, keys, id, string(reason), ms(now), CondNone, inst, "").Slice()
 	if err != nil {
 		return "", false, sandgate.Workspace{}, fmt.Errorf("release: %w", err)
 	}

@@ -172,16 +172,17 @@ func (t *Terminator) Release(ctx context.Context, acct, inst, id string) (sandga
 // FailCreate ends a workspace whose create nobody confirmed (its gateway
 // died between the provider's create and Confirm): the record becomes
 // terminating with reason failed and its slot, reservation and
-// Idempotency-Key are freed at once (store.FailCreate); then whatever the
-// provider created for it (sb, zero when nothing) is terminated and the
-// end recorded. started is false when the workspace was no longer starting.
+// Idempotency-Key are freed at once (store.FailCreate), and sb's ref is
+// stored with it; then whatever the provider created for it (sb, zero
+// when nothing) is terminated and the end recorded. A provider failure
+// leaves it terminating with that ref, for a later pass to retry. started is false when the workspace was no longer starting.
 func (t *Terminator) FailCreate(ctx context.Context, w sandgate.Workspace, sb providers.Sandbox) (ok, started bool, err error) {
 	ctx = context.WithoutCancel(ctx)
+	w.ProviderRef = sb.Ref
 	started, err = t.db.FailCreate(ctx, w, t.clock.Now())
 	if err != nil || !started {
 		return false, started, err
 	}
-	w.ProviderRef = sb.Ref
 	ok, err = t.Finish(ctx, w)
 	return ok, true, err
 }
