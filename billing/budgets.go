@@ -144,13 +144,14 @@ func (b *Billing) FlushAlerts(ctx context.Context, acct string) {
 		b.cfg.Log.Error("budget alerts: read", slog.String("account", acct), slog.Any("err", err))
 		return
 	}
+	cur := b.webhookCurrency(ctx, acct, len(queued))
 	done := 0
 	for _, raw := range queued {
 		var a Alert
 		if err := json.Unmarshal([]byte(raw), &a); err != nil {
 			// It can never be written; keeping it would hold back the rest.
 			b.cfg.Log.Error("budget alerts: dropped one that does not decode", slog.String("account", acct), slog.Any("err", err))
-		} else if err := b.writeAlert(ctx, acct, a); err != nil {
+		} else if err := b.writeAlert(ctx, acct, cur, a); err != nil {
 			b.cfg.Log.Error("budget alerts: write", slog.String("account", acct), slog.Any("err", err))
 			break
 		}
@@ -169,15 +170,15 @@ func (b *Billing) FlushAlerts(ctx context.Context, acct string) {
 }
 
 // writeAlert writes one queued alert's audit entry and queues its
-// webhook, each once by the alert's event id.
-func (b *Billing) writeAlert(ctx context.Context, acct string, a Alert) error {
+// webhook (in currency cur), each once by the alert's event id.
+func (b *Billing) writeAlert(ctx context.Context, acct, cur string, a Alert) error {
 	body, _ := json.Marshal(a)
 	e := store.AuditEvent{Time: time.UnixMilli(a.AtMS).UTC(), Actor: "sandgate", Action: "budget.alert", Target: "account:" + acct,
 		Outcome: store.AuditOutcome{Status: 200}, Before: json.RawMessage("null"), After: body}
 	if err := b.db.AppendAuditOnce(ctx, e, alertEventID(acct, a), AuditRetention); err != nil {
 		return fmt.Errorf("audit: %w", err)
 	}
-	if err := b.enqueueWebhook(ctx, acct, a); err != nil {
+	if err := b.enqueueWebhook(ctx, acct, cur, a); err != nil {
 		return fmt.Errorf("queue webhook: %w", err)
 	}
 	return nil

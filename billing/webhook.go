@@ -201,15 +201,24 @@ func alertEventID(acct string, a Alert) string {
 	return "bga_" + hex.EncodeToString(h[:16])
 }
 
-// enqueueWebhook queues a budget alert's webhook delivery, once per event
-// id. A no-op when no webhook is configured.
-func (b *Billing) enqueueWebhook(ctx context.Context, acct string, a Alert) error {
+// webhookCurrency is the currency an account's alert webhooks state, read
+// once for a flush of n alerts: "" when there is nothing to send, and
+// NoCurrency when the settings cannot be read.
+func (b *Billing) webhookCurrency(ctx context.Context, acct string, n int) string {
+	if b.cfg.Webhook.URL == "" || n == 0 {
+		return ""
+	}
+	if s, err := b.Settings(ctx, acct); err == nil {
+		return s.Currency
+	}
+	return NoCurrency
+}
+
+// enqueueWebhook queues a budget alert's webhook delivery in currency cur,
+// once per event id. A no-op when no webhook is configured.
+func (b *Billing) enqueueWebhook(ctx context.Context, acct, cur string, a Alert) error {
 	if b.cfg.Webhook.URL == "" {
 		return nil
-	}
-	cur := NoCurrency
-	if s, err := b.Settings(ctx, acct); err == nil {
-		cur = s.Currency
 	}
 	ev := WebhookEvent{ID: alertEventID(acct, a), AccountID: acct, Scope: a.Scope, Month: a.Month, Percent: a.Threshold,
 		CapMicros: a.LimitMicros, SpentMicros: a.UsedMicros, Currency: cur, At: time.UnixMilli(a.AtMS).UTC()}
