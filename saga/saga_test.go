@@ -581,3 +581,77 @@ func (e *env) wantEnded(t *testing.T, id string) {
 		t.Errorf("sandboxes at the provider = %d; want 0: the end was recorded with the sandbox still running", n)
 	}
 }
+
+// TestEndAnswerLostFreesKey: the confirm never reaches Redis, and the
+// end the Acquire then records runs but its answer is lost. The Acquire
+// answers 503 and leaves the sandbox; the reaper's next pass ends it and
+// frees the key, still in progress, so a retry is evaluated again. Before,
+// nothing freed the key of a record already terminating: every retry met
+// 409 idempotency_in_progress for the key's TTL.
+func TestEndAnswerLostFreesKey(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	var step atomic.Int32 // script calls since the create: 1 the confirm, 2 the end's record
+	e.rdb.AddHook(redistest.ScriptHook(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		switch step.Load() {
+		case 1:
+			step.Store(2)
+			err := errors.New("injected: redis unreachable")
+			cmd.SetErr(err)
+			return err
+		case 2:
+			if err := next(ctx, cmd); err != nil {
+				return err // NOSCRIPT: the EVAL that follows runs it
+			}
+			step.Store(0)
+			err := errors.New("injected: the answer was lost")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}))
+	var first atomic.Bool
+	first.Store(true)
+	set, w := e.wireAfterCreate(t, func(string) {
+		if first.CompareAndSwap(true, false) {
+			step.Store(1)
+		}
+	})
+	_, err := w.Saga.Acquire(ctx, in, "k", req())
+	wantCode(t, "acquire whose confirm failed and whose end's answer was lost", err, protocol.Unavailable)
+	e.reapOnce(t, set, w)
+	res, err := w.Saga.Acquire(ctx, in, "k", req())
+	if err != nil || res.Replayed || res.Workspace.State != sandgate.WorkspaceRunning {
+		t.Fatalf("retry after the reaper's pass = %+v, %v; want a new running workspace", res, err)
+	}
+	if n := e.one.Live(); n != 1 {
+		t.Errorf("sandboxes = %d; want 1, the retry's (the first ended by the reaper)", n)
+	}
+}
+
+// TestTerminateReadBeforeConfirm: an operator's stop reads a workspace
+// while it is starting, and ends it after its create was confirmed. The
+// end is asked of the sandbox the record names by then, not of the
+// caller's copy, which names none; before, the end was recorded without
+// asking the provider, and the sandbox ran on until an orphan pass.
+func TestTerminateReadBeforeConfirm(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	var early sandgate.Workspace
+	_, w := e.wireAfterCreate(t, func(id string) {
+		var err error
+		if early, err = e.db.Workspace(ctx, e.acct, id); err != nil {
+			t.Errorf("read while starting: %v", err)
+		}
+	})
+	res, err := w.Saga.Acquire(ctx, in, "k", req())
+	if err != nil || early.State != sandgate.WorkspaceStarting || early.ProviderRef != "" {
+		t.Fatalf("acquire = %v, the copy read while starting: %s %q; want it starting, naming no sandbox", err, early.State, early.ProviderRef)
+	}
+	if ok, err := w.Terminator.Terminate(ctx, early, sandgate.ReasonEmergencyStopped); !ok || err != nil {
+		t.Fatalf("terminate = %v, %v; want the end confirmed", ok, err)
+	}
+	e.wantEnded(t, res.Workspace.ID)
+}

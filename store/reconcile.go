@@ -39,7 +39,7 @@ return 1
 `)
 
 // freePendingKeyScript frees an Idempotency-Key still in progress for
-// the workspace ARGV[1] (see DB.freePendingKey); a key that is done, or
+// the workspace ARGV[1] (see DB.FreePendingKey); a key that is done, or
 // names another workspace, is left alone.
 //
 // KEYS[1] idempotency STRING

@@ -70,12 +70,12 @@ return 1
 // else it reads as absent and nothing changes; and the record as the
 // script left it is returned too, so that a release needs no other read.
 //
-// With ARGV[6] set (the sandbox the caller holds: an Acquire ending what
-// it created) a record that is not terminated and names no sandbox yet
-// keeps that one, whether this call starts the termination or one had
-// begun: whoever finishes the end later (a retry, the reaper) asks the
-// provider to end that sandbox, instead of recording an end nobody asked
-// for while the sandbox runs on.
+// Without ARGV[5], with ARGV[6] set (the sandbox the caller holds: an
+// Acquire ending what it created) a record that is not terminated and
+// names no sandbox yet keeps that one, whether this call starts the
+// termination or one had begun: whoever finishes the end later (a retry,
+// the reaper) asks the provider to end that sandbox, instead of recording
+// an end nobody asked for while the sandbox runs on.
 //
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] account open ZSET
 // ARGV[1] workspace id, ARGV[2] termination reason, ARGV[3] now (unix ms),
@@ -83,28 +83,31 @@ return 1
 // ARGV[6] provider ref or ""
 // Returns {0, ""} no record, {1, state} already terminating or terminated,
 // {2, previous state} termination started, {3, state} condition not met;
-// with ARGV[5], each followed by the record (HGETALL's list; empty for 0).
+// each followed by the record's provider ref as it left it (the caller's
+// copy may predate the confirm), or, with ARGV[5], by the record
+// (HGETALL's list; none for 0).
 var terminateScript = redis.NewScript(`
 -- A release reads the whole record once, up front, and answers it with
 -- this script's changes applied here, not with a second read.
-local rec, st, inst
+local rec, st, inst, ref
 if ARGV[5] ~= '' then
   rec = redis.call('HGETALL', KEYS[2])
   for i = 1, #rec, 2 do
     if rec[i] == 'state' then st = rec[i + 1] elseif rec[i] == 'instance' then inst = rec[i + 1] end
   end
 else
-  local f = redis.call('HMGET', KEYS[2], 'state', 'instance')
-  st, inst = f[1], f[2]
+  local f = redis.call('HMGET', KEYS[2], 'state', 'instance', 'provider_ref')
+  st, inst, ref = f[1], f[2], f[3]
 end
 local function out(code, st)
   if rec and code ~= 0 then return {code, st, rec} end
-  return {code, st}
+  return {code, st, ref or ''}
 end
 if not st then return {0, ''} end
 if ARGV[5] ~= '' and inst ~= ARGV[5] then return {0, ''} end
-if ARGV[6] ~= '' and st ~= 'terminated' and (redis.call('HGET', KEYS[2], 'provider_ref') or '') == '' then
+if ARGV[6] ~= '' and not rec and st ~= 'terminated' and (ref or '') == '' then
   redis.call('HSET', KEYS[2], 'provider_ref', ARGV[6])
+  ref = ARGV[6]
 end
 if st == 'terminated' or st == 'terminating' then return out(1, st) end
 local now = tonumber(ARGV[3])

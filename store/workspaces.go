@@ -155,7 +155,8 @@ func (db *DB) workspaceOn(ctx context.Context, pipe redis.Pipeliner, acct, id st
 // that the record lacks is stored with it (unless it has ended), so that
 // the end is asked of that sandbox whoever finishes it.
 func (db *DB) BeginTerminate(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, now time.Time) (prev sandgate.WorkspaceState, started bool, err error) {
-	return db.BeginTerminateIf(ctx, w, reason, now, CondNone)
+	prev, started, _, err = db.BeginTerminateIf(ctx, w, reason, now, CondNone)
+	return prev, started, err
 }
 
 // Conditions of BeginTerminateIf, checked in the script against the
@@ -167,29 +168,36 @@ const (
 )
 
 // BeginTerminateIf is BeginTerminate that starts only when cond holds at
-// now; otherwise it returns the current state with started false.
-func (db *DB) BeginTerminateIf(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, now time.Time, cond string) (prev sandgate.WorkspaceState, started bool, err error) {
+// now; otherwise it returns the current state with started false. It also
+// returns the sandbox the record names once the script ran (ref): w may
+// have been read before the create was confirmed, and the end must be
+// asked of the record's sandbox.
+func (db *DB) BeginTerminateIf(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, now time.Time, cond string) (prev sandgate.WorkspaceState, started bool, ref string, err error) {
 	keys := []string{liveKey(w.AccountID, w.InstanceID), workspaceKey(w.AccountID, w.ID), openKey(w.AccountID)}
 	res, err := terminateScript.Run(ctx, db.rdb, keys, w.ID, string(reason), ms(now), cond, "", w.ProviderRef).Slice()
 	if err != nil {
-		return "", false, fmt.Errorf("terminate: %w", err)
+		return "", false, "", fmt.Errorf("terminate: %w", err)
 	}
 	code, _ := res[0].(int64)
 	st, _ := res[1].(string)
+	if len(res) > 2 {
+		ref, _ = res[2].(string)
+	}
 	prev, started = sandgate.WorkspaceState(st), code == 2
 	if started && prev == sandgate.WorkspaceStarting {
-		err = db.freePendingKey(ctx, w.AccountID, w.InstanceID, w.ID)
+		err = db.FreePendingKey(ctx, w.AccountID, w.InstanceID, w.ID)
 	}
-	return prev, started, err
+	return prev, started, ref, err
 }
 
-// freePendingKey frees the Idempotency-Key of a workspace ended while it
-// was starting, if the key is still in progress for it: its create was
-// never confirmed (its gateway may have died), and nothing else would
-// free the key before its TTL, so a retry would meet
+// FreePendingKey frees the Idempotency-Key of a workspace ended before it
+// started, if the key is still in progress for it: its create was never
+// confirmed (its gateway may have died, or its store failed), and nothing
+// else would free the key before its TTL, so a retry would meet
 // idempotency_in_progress for days. Freed, a retry is evaluated again, as
-// after the reaper fails such a create (FailCreate).
-func (db *DB) freePendingKey(ctx context.Context, acct, inst, id string) error {
+// after the reaper fails such a create (FailCreate). A key that is done,
+// or names another workspace, is left alone.
+func (db *DB) FreePendingKey(ctx context.Context, acct, inst, id string) error {
 	idem, err := db.acquireKeyOf(ctx, acct, inst, id)
 	if err == nil && idem != "" {
 		err = freePendingKeyScript.Run(ctx, db.rdb, []string{idem}, id).Err()
@@ -235,7 +243,7 @@ func (db *DB) BeginRelease(ctx context.Context, acct, inst, id string, reason sa
 		return prev, started, rec, err
 	}
 	if started && prev == sandgate.WorkspaceStarting {
-		err = db.freePendingKey(ctx, acct, inst, id)
+		err = db.FreePendingKey(ctx, acct, inst, id)
 	}
 	return prev, started, rec, err
 }

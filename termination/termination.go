@@ -101,9 +101,12 @@ func (t *Terminator) Terminate(ctx context.Context, w sandgate.Workspace, reason
 // for which cond does not hold is left as it is (false, false, nil).
 func (t *Terminator) TerminateIf(ctx context.Context, w sandgate.Workspace, reason sandgate.TerminationReason, cond string) (ok, started bool, err error) {
 	ctx = context.WithoutCancel(ctx)
-	prev, started, err := t.db.BeginTerminateIf(ctx, w, reason, t.clock.Now(), cond)
+	prev, started, ref, err := t.db.BeginTerminateIf(ctx, w, reason, t.clock.Now(), cond)
 	if err != nil {
 		return false, false, err
+	}
+	if ref != "" {
+		w.ProviderRef = ref // w may have been read before its create was confirmed
 	}
 	switch {
 	case prev == "":
@@ -207,6 +210,14 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 		// billing's repair pass (Billing.Run) settles it.
 		if err := t.settler.Settle(ctx, w); err != nil {
 			t.log.Error("terminate: settle usage", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
+		}
+	}
+	if w.StartedAt.IsZero() {
+		// Never confirmed: its Acquire may have met a failing store before
+		// it could free its Idempotency-Key, which would then answer 409
+		// until its TTL. A key that is done, or another's, stays.
+		if err := t.db.FreePendingKey(ctx, w.AccountID, w.InstanceID, w.ID); err != nil {
+			t.log.Error("terminate: free the key of a create never confirmed", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
 		}
 	}
 	return true, nil
