@@ -126,7 +126,8 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 		}
 		return benchRate(out)
 	}
-	var ratios, ratios1, ceilings []float64
+	var ratios, ratios1, ceilings, budgets []float64
+	var costs []processCPU
 	for r := range o.rounds {
 		es, err := evalsha(o.c)
 		if err != nil {
@@ -136,10 +137,13 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 		if err != nil {
 			return err
 		}
+		cpu0 := sampleCPU(rs.Process.Pid, srv.cmd.Process.Pid)
 		pairs, err := srv.pairs(ctx, o.n, o.c)
 		if err != nil {
 			return fmt.Errorf("round %d: %w", r+1, err)
 		}
+		costs = append(costs, sampleCPU(rs.Process.Pid, srv.cmd.Process.Pid).perPair(cpu0, o.n))
+		budgets = append(budgets, float64(cpuCount())*1e6/(0.3*es))
 		floorPairs, err := fl.pairs(ctx, o.n, o.c)
 		if err != nil {
 			return fmt.Errorf("round %d, floor: %w", r+1, err)
@@ -150,11 +154,35 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 		fmt.Printf("| %d | %.0f | %.0f | %.0f | %.3f | %.3f | %.0f | %.3f | %.3f |\n", r+1, es, es1, pairs, pairs/es, pairs/es1,
 			floorPairs, floorPairs/es, pairs/floorPairs)
 	}
+	fmt.Printf("\nCPU per acquire+release pair, from /proc (clock ticks of %d ms), beside the CPU a pair may use at the target rate (the host's %d CPUs ÷ (0.3 × EVALSHA -c %d)):\n\n", 1000/clockTicks, cpuCount(), o.c)
+	fmt.Printf("| round | redis-server µs | sandgate serve µs | load clients µs | all three µs | at the target µs | all three ÷ at the target |\n" +
+		"| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for r, c := range costs {
+		all := c.redis + c.broker + c.clients
+		fmt.Printf("| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f |\n", r+1, c.redis, c.broker, c.clients, all, budgets[r], all/budgets[r])
+	}
 	med := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
 	fmt.Printf("\nmedian pairs ÷ EVALSHA: %.3f against -c %d, %.3f against -c 1 (target ≥ 0.3); "+
 		"median floor ÷ EVALSHA -c %d: %.3f (no broker doing two HTTPS requests per pair exceeds it on this host)\n",
 		med(ratios), o.c, med(ratios1), o.c, med(ceilings))
 	return nil
+}
+
+// processCPU is CPU time of redis-server, the broker and this process (the
+// load clients): so far, in seconds (sampleCPU), or per pair, in µs
+// (perPair).
+type processCPU struct{ redis, broker, clients float64 }
+
+func sampleCPU(redisPid, brokerPid int) processCPU {
+	r, _ := pidTicks(redisPid)
+	b, _ := pidTicks(brokerPid)
+	return processCPU{float64(r) / clockTicks, float64(b) / clockTicks, selfCPU().Seconds()}
+}
+
+// perPair is the CPU each process spent after s0, per pair of n, in µs.
+func (s processCPU) perPair(s0 processCPU, n int) processCPU {
+	per := 1e6 / float64(n)
+	return processCPU{(s.redis - s0.redis) * per, (s.broker - s0.broker) * per, (s.clients - s0.clients) * per}
 }
 
 // benchRate parses redis-benchmark -q's "…: N requests per second" line.

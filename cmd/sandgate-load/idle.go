@@ -206,26 +206,35 @@ func supervisorTicks(dataDir string) map[int]uint64 {
 		if err != nil || !bytes.Contains(cmdline, []byte(local.SupervisorName)) || !bytes.Contains(cmdline, []byte(dataDir)) {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
+		if t, ok := pidTicks(pid); ok {
+			out[pid] = t
 		}
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(stat[i+1:]))
-		if len(f) < 15 {
-			continue
-		}
-		var t uint64
-		for _, v := range f[11:15] { // utime stime cutime cstime (fields 14–17)
-			n, _ := strconv.ParseUint(v, 10, 64)
-			t += n
-		}
-		out[pid] = t
 	}
 	return out
+}
+
+// pidTicks returns process pid's CPU time and that of its reaped
+// children, in clock ticks (/proc/PID/stat's utime, stime, cutime and
+// cstime); false when it cannot be read.
+func pidTicks(pid int) (uint64, bool) {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 15 {
+		return 0, false
+	}
+	var t uint64
+	for _, v := range f[11:15] { // utime stime cutime cstime (fields 14–17)
+		n, _ := strconv.ParseUint(v, 10, 64)
+		t += n
+	}
+	return t, true
 }
 
 // selfCPU is this process's CPU time so far.
