@@ -412,3 +412,14 @@ func TestOpen(t *testing.T) {
 		t.Errorf("a domain ceiling: %v; want it enforceable", err)
 	}
 }
+
+// TestFilesWhenMissingListsEmpty: the sheet (§6) gives the vendor's
+// listing of a missing path as sprites-go reads it, an empty list, where
+// the fake otherwise answers 404. Under that reading too a missing file
+// reads as not found and is created by a write, and an empty directory is
+// not a file; before, every empty listing read as a directory, so no new
+// file could be written.
+func TestFilesWhenMissingListsEmpty(t *testing.T) {
+	srv := spritetest.StartWith(t, spritetest.Config{MissingListsEmpty: true})
+	providertest.RunFiles(t, func(t *testing.T) providers.Provider { return newProvider(t, srv, "broker-empty", nil) })
+}

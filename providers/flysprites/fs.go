@@ -98,13 +98,50 @@ func (p *Provider) stat(ctx context.Context, name, file string) (kind, fsEntry, 
 	}
 	if len(l.Entries) == 1 {
 		e := l.Entries[0]
-		same := e.Path == file || (e.Path == "" && e.Name == path.Base(file))
-		if same && !e.IsDir && e.Type != "directory" {
+		if namesPath(e, file) && !e.isDir() {
 			return kindFile, e, nil
 		}
 	}
+	if len(l.Entries) == 0 && path.Dir(file) != file {
+		// An empty directory, or, as sprites-go reads an empty listing
+		// (sheet §6), nothing at all: the parent's listing tells which.
+		return p.statInParent(ctx, name, file)
+	}
 	return kindDir, fsEntry{}, nil
 }
+
+// statInParent finds what is at file from its parent's listing: a
+// directory or a file named so, or nothing (also when the parent itself
+// is missing).
+func (p *Provider) statInParent(ctx context.Context, name, file string) (kind, fsEntry, error) {
+	l, err := p.c.fsList(ctx, name, path.Dir(file))
+	switch s := statusOf(err); {
+	case s == http.StatusNotFound:
+		return kindNone, fsEntry{}, p.goneOr(ctx, name, nil)
+	case s >= 400 && s < 500 && s != http.StatusUnauthorized && s != http.StatusForbidden && s != http.StatusTooManyRequests:
+		return kindNone, fsEntry{}, p.goneOr(ctx, name, nil)
+	case err != nil:
+		return kindNone, fsEntry{}, err
+	}
+	for _, e := range l.Entries {
+		if !namesPath(e, file) {
+			continue
+		}
+		if e.isDir() {
+			return kindDir, fsEntry{}, nil
+		}
+		return kindFile, e, nil
+	}
+	return kindNone, fsEntry{}, nil
+}
+
+// namesPath reports whether a listing's entry is the one at file.
+func namesPath(e fsEntry, file string) bool {
+	return e.Path == file || (e.Path == "" && e.Name == path.Base(file))
+}
+
+// isDir reports whether the entry is a directory, by either field.
+func (e fsEntry) isDir() bool { return e.IsDir || e.Type == "directory" }
 
 // ReadFile implements providers.Provider through the fs API: a stat first,
 // so that a directory or a file over max is refused without moving its
@@ -203,7 +240,10 @@ func (p *Provider) parentIsFile(ctx context.Context, name, file string) bool {
 		if err != nil {
 			return false
 		}
-		return len(l.Entries) == 1 && l.Entries[0].Path == d && !l.Entries[0].IsDir && l.Entries[0].Type != "directory"
+		if len(l.Entries) == 0 {
+			continue // an empty directory, or nothing (sheet §6): its parents tell
+		}
+		return len(l.Entries) == 1 && l.Entries[0].Path == d && !l.Entries[0].isDir()
 	}
 	return false
 }

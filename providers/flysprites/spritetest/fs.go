@@ -179,6 +179,10 @@ func (s *Server) fsList(w http.ResponseWriter, r *http.Request) {
 	defer root.Close()
 	p = path.Clean(p)
 	st, err := root.Stat(rel)
+	if err != nil && s.missingEmpty && errors.Is(err, fs.ErrNotExist) {
+		writeJSON(w, http.StatusOK, map[string]any{"path": p, "entries": []map[string]any{}, "count": 0})
+		return
+	}
 	if err != nil {
 		fsFail(w, p, err)
 		return

@@ -41,6 +41,10 @@ type Config struct {
 	Token string
 	// DataDir holds the sprites (local provider workspaces); required.
 	DataDir string
+	// MissingListsEmpty answers a listing of a path that does not exist
+	// with 200 and no entries, the reading sprites-go's stat takes (sheet
+	// §6: "an empty list means not found"), instead of 404.
+	MissingListsEmpty bool
 }
 
 // Server is a running fake. Its methods are safe for concurrent use.
@@ -48,10 +52,11 @@ type Server struct {
 	URL    string // https://127.0.0.1:port
 	CAFile string // PEM of the server's certificate, usable as SSL_CERT_FILE
 
-	token string
-	lp    *local.Provider
-	hs    *httptest.Server
-	data  string
+	token        string
+	lp           *local.Provider
+	hs           *httptest.Server
+	data         string
+	missingEmpty bool // Config.MissingListsEmpty
 
 	mu      sync.Mutex
 	sprites map[string]*sprite
@@ -85,7 +90,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{token: c.Token, lp: lp, data: filepath.Join(c.DataDir, "local"),
+	s := &Server{token: c.Token, lp: lp, data: filepath.Join(c.DataDir, "local"), missingEmpty: c.MissingListsEmpty,
 		sprites: map[string]*sprite{}, events: map[string][]Event{}}
 	s.hs = httptest.NewUnstartedServer(s.routes())
 	s.hs.StartTLS()
@@ -103,9 +108,22 @@ func New(ctx context.Context, c Config) (*Server, error) {
 // the test ends.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
-	var b [16]byte
-	rand.Read(b[:])
-	s, err := New(tb.Context(), Config{Token: "spr_" + hex.EncodeToString(b[:]), DataDir: tb.TempDir()})
+	return StartWith(tb, Config{})
+}
+
+// StartWith is Start with c's options; its Token and DataDir are filled
+// in when empty.
+func StartWith(tb testing.TB, c Config) *Server {
+	tb.Helper()
+	if c.Token == "" {
+		var b [16]byte
+		rand.Read(b[:])
+		c.Token = "spr_" + hex.EncodeToString(b[:])
+	}
+	if c.DataDir == "" {
+		c.DataDir = tb.TempDir()
+	}
+	s, err := New(tb.Context(), c)
 	if err != nil {
 		tb.Fatalf("spritetest: %v", err)
 	}
