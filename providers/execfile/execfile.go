@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -125,8 +126,12 @@ func ReadFile(ctx context.Context, ex Execer, sb providers.Sandbox, path string,
 		return cw.n, err
 	}
 	// The file may have grown between the size check and cat.
-	if res.StdoutBytes > max || res.StdoutTruncated {
+	if res.StdoutBytes > max {
 		return cw.n, fmt.Errorf("execfile: read: %w", providers.ErrFileTooLarge)
+	}
+	if res.StdoutTruncated {
+		// Within max yet cut: the provider lost the rest of the output.
+		return cw.n, fmt.Errorf("execfile: read: %w", errIncomplete)
 	}
 	if res.Stdout != nil {
 		// A provider may return the bytes instead of writing them to w.
@@ -209,6 +214,10 @@ func exitErr(op string, res providers.ExecResult) error {
 
 // errBadPath refuses a path that is not absolute or holds a NUL, which no
 // sandbox could resolve; the gateway validates paths before they get here.
+// errIncomplete: the provider reported the file's content cut short of
+// its size, so what reached w is not the whole file.
+var errIncomplete = errors.New("execfile: the provider lost part of the content on its way")
+
 var errBadPath = fmt.Errorf("execfile: path must be absolute and free of NUL: %w", fs.ErrInvalid)
 
 func checkPath(p string) error {

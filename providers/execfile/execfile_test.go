@@ -124,6 +124,17 @@ func TestReadFileGrew(t *testing.T) {
 	}
 }
 
+func TestReadFileLost(t *testing.T) {
+	// The provider lost the rest of the output (a stream that failed): the
+	// bytes are within max yet flagged cut. The read fails, and not as a
+	// file too large, which it is not.
+	ex := fixedExecer{Stdout: []byte("01"), StdoutBytes: 2, StdoutTruncated: true}
+	_, err := readFile(t, ex, "/f", 10)
+	if err == nil || errors.Is(err, providers.ErrFileTooLarge) {
+		t.Errorf("ReadFile of a content cut short error = %v; want an error other than ErrFileTooLarge", err)
+	}
+}
+
 func TestWriteFile(t *testing.T) {
 	dir := t.TempDir()
 	ex := &hostExecer{}

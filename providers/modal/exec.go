@@ -265,7 +265,8 @@ func (p *Provider) writeStdin(ctx context.Context, r *router, execID string, std
 }
 
 // readStream reads one output stream to its end, reopening it at the
-// offset received so far after a transient failure.
+// offset received so far after a transient failure. A stream that ends
+// otherwise (a lasting failure, or drainWait run out) is marked lost.
 func (p *Provider) readStream(ctx context.Context, r *router, execID string, fd routerpb.TaskExecStdioFileDescriptor, c *capture) {
 	failures := 0
 	refreshed := false
@@ -278,7 +279,11 @@ func (p *Provider) readStream(ctx context.Context, r *router, execID string, fd 
 				failures = 0
 			}
 		}
-		if err == io.EOF || ctx.Err() != nil {
+		if err == io.EOF {
+			return
+		}
+		if ctx.Err() != nil {
+			c.lose() // the rest did not arrive within drainWait
 			return
 		}
 		code := status.Code(err)
@@ -289,10 +294,12 @@ func (p *Provider) readStream(ctx context.Context, r *router, execID string, fd 
 			}
 		}
 		if !transient(code) || failures >= routerRetries {
+			c.lose()
 			return
 		}
 		failures++
 		if !sleep(ctx, routerBackoff<<failures) {
+			c.lose()
 			return
 		}
 	}
@@ -325,12 +332,14 @@ func (p *Provider) run(ctx context.Context, r *router, argv []string) (int, erro
 	return res.ExitCode, err
 }
 
-// capture keeps the first max bytes of a stream and counts the rest.
+// capture keeps the first max bytes of a stream and counts the rest; a
+// stream lost before its end reads as truncated.
 type capture struct {
-	mu  sync.Mutex
-	max int64
-	buf []byte
-	n   int64
+	mu   sync.Mutex
+	max  int64
+	buf  []byte
+	n    int64
+	lost bool // the stream failed before its end
 }
 
 func newCapture(max int64) *capture { return &capture{max: max} }
@@ -344,6 +353,15 @@ func (c *capture) write(b []byte) {
 	c.n += int64(len(b))
 }
 
+// lose marks the stream as ended before its end: what was captured is
+// reported truncated, never as the whole output (protocol: partial output
+// is never presented as complete).
+func (c *capture) lose() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lost = true
+}
+
 func (c *capture) total() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -353,7 +371,7 @@ func (c *capture) total() int64 {
 func (c *capture) result() ([]byte, int64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]byte{}, c.buf...), c.n, c.n > int64(len(c.buf))
+	return append([]byte{}, c.buf...), c.n, c.lost || c.n > int64(len(c.buf))
 }
 
 // ReadFile reads a file in the sandbox through Exec; see [execfile.ReadFile].

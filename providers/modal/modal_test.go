@@ -418,3 +418,20 @@ func TestDurableCommandKeepsSandbox(t *testing.T) {
 		t.Errorf("command = %q exit %d; want completed 0", st.State, st.ExitCode)
 	}
 }
+
+// TestExecOutputLost: an output stream that fails for good before its end
+// is reported truncated, with what arrived, not as the whole output; the
+// other stream, read to its end, is whole.
+func TestExecOutputLost(t *testing.T) {
+	fake := startFake(t, modaltest.Config{})
+	p := newProvider(t, fake, "sandgate-lost")
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	fake.Fail("/modal.task_command_router.TaskCommandRouter/TaskExecStdioRead", codes.PermissionDenied, 1)
+	res := providertest.Exec(t, p, sb, "sh", "-c", "echo out; echo err >&2")
+	lostOut := res.StdoutTruncated && len(res.Stdout) == 0 && string(res.Stderr) == "err\n" && !res.StderrTruncated
+	lostErr := res.StderrTruncated && len(res.Stderr) == 0 && string(res.Stdout) == "out\n" && !res.StdoutTruncated
+	if !lostOut && !lostErr {
+		t.Errorf("exec with one stream's read failing = stdout %q (truncated %v), stderr %q (truncated %v); want the failed one empty and truncated, the other whole",
+			res.Stdout, res.StdoutTruncated, res.Stderr, res.StderrTruncated)
+	}
+}
