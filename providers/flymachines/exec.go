@@ -51,7 +51,7 @@ shift 6
 umask 077
 mkdir -p "$d" || exit 90
 if [ "$n" -gt 0 ]; then head -c "$n" | base64 -d >>"$d/in" || { rm -rf "$d"; exit 91; }; fi
-[ "$r" = 1 ] || exit 0
+[ "$r" = 1 ] || { echo "sandgate-staged $n"; exit 0; }
 : >>"$d/in"
 mkfifo "$d/o" "$d/e" || { rm -rf "$d"; exit 92; }
 { head -c "$m" >"$d/so"; wc -c >"$d/no"; } <"$d/o" &
@@ -158,9 +158,11 @@ func (p *Provider) direct(ctx context.Context, sb providers.Sandbox, spec provid
 			p.cleanup(ctx, sb, dir)
 			return providers.ExecResult{}, fmt.Errorf("flymachines: exec: stage stdin: %w", err)
 		}
-		if out.ExitCode != 0 {
+		// The wrapper confirms a staged piece on stdout: an answer sent as
+		// raw output carries no exit status (sheet §1.5, UNCERTAIN).
+		if out.ExitCode != 0 || !bytes.Equal(bytes.TrimSpace(out.Stdout), []byte("sandgate-staged "+strconv.Itoa(len(piece)))) {
 			p.cleanup(ctx, sb, dir)
-			return providers.ExecResult{}, fmt.Errorf("flymachines: exec: stage stdin: exit code %d in the guest", out.ExitCode)
+			return providers.ExecResult{}, fmt.Errorf("flymachines: exec: stage stdin: exit code %d in the guest, no confirmation", out.ExitCode)
 		}
 	}
 	argv := append([]string{"sh", "-c", wrapScript, "sh", dir, strconv.Itoa(len(stdin)), strconv.FormatInt(maxOut, 10), secs, spec.Dir, "1"}, spec.Argv...)

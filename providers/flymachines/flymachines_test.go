@@ -1,6 +1,7 @@
 package flymachines_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	stdmaps "maps"
@@ -425,5 +426,28 @@ func TestExecOctetStream(t *testing.T) {
 	res := providertest.ExecWith(t, p, sb, providers.ExecSpec{Argv: []string{"sh", "-c", `printf '\000\377'; printf e >&2; exit 4`}})
 	if res.ExitCode != 4 || string(res.Stdout) != "\x00\xff" || string(res.Stderr) != "e" {
 		t.Errorf("exec over octet-stream = %+v; want exit 4, %q, %q", res, "\x00\xff", "e")
+	}
+}
+
+// TestStagedStdinFails: a large stdin is staged in pieces before the
+// command runs; when a piece fails in the guest, the exec fails, also when
+// the vendor answers as raw output with no exit status. Before, over
+// octet-stream the failed piece went unnoticed, and the command ran on
+// the part of its stdin that was staged.
+func TestStagedStdinFails(t *testing.T) {
+	for _, octet := range []bool{false, true} {
+		s := startFake(t, flytest.Options{ExecOctetStream: octet})
+		p := newProvider(t, config(t, s), "broker-stage")
+		sb := providertest.Create(t, p, providertest.Spec(t))
+		s.FailCommands(1, 91) // the first piece's
+		stdin := bytes.Repeat([]byte("x"), 768<<10+128<<10)
+		res, err := p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"wc", "-c"}, Stdin: stdin, Timeout: 20 * time.Second})
+		if err == nil {
+			t.Errorf("octet-stream %v: exec whose first stdin piece failed = exit %d, stdout %q; want an error", octet, res.ExitCode, res.Stdout)
+		}
+		res = providertest.ExecWith(t, p, sb, providers.ExecSpec{Argv: []string{"wc", "-c"}, Stdin: stdin, Timeout: 20 * time.Second})
+		if got := strings.TrimSpace(string(res.Stdout)); got != strconv.Itoa(len(stdin)) {
+			t.Errorf("octet-stream %v: wc -c of the whole stdin staged = %q; want %d", octet, got, len(stdin))
+		}
 	}
 }

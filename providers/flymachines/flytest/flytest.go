@@ -83,6 +83,8 @@ type Server struct {
 	machines map[string]*Machine
 	lose     map[string]int // "METHOD pattern" → answers still to lose
 	refuse   map[string]int // "METHOD pattern" → requests still to refuse with 429
+	failCmds int            // execs still to fail in the guest (FailCommands)
+	failCode int
 	requests []Request
 }
 
@@ -238,6 +240,15 @@ func (s *Server) RateLimit(route string, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.refuse[route] = n
+}
+
+// FailCommands makes the commands of the next n execs fail in the guest
+// at once, exiting with code and printing nothing; each exec is answered
+// as such a command's would be (with no exit status over octet-stream).
+func (s *Server) FailCommands(n, code int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failCmds, s.failCode = n, code
 }
 
 // CreateApp creates an app directly, as if made beforehand.
@@ -906,6 +917,18 @@ func (s *Server) execMachine(_ http.ResponseWriter, r *http.Request) (int, any) 
 		return errAnswer(http.StatusNotFound, "", "machine not found")
 	default:
 		return errAnswer(http.StatusPreconditionFailed, "", "failed_precondition: machine is "+state)
+	}
+	s.mu.Lock()
+	fail, failCode := s.failCmds > 0, s.failCode
+	if fail {
+		s.failCmds--
+	}
+	s.mu.Unlock()
+	if fail {
+		if s.opts.ExecOctetStream {
+			return http.StatusOK, rawBody{}
+		}
+		return http.StatusOK, execResponse{ExitCode: failCode}
 	}
 	timeout := 60 * time.Second
 	if req.Timeout > 0 {
