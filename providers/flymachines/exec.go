@@ -43,9 +43,13 @@ const inlineStdin = 1 << 20
 // killed at the timeout by the watchdog, which outlives the answer only
 // while such a process remains. Each stream goes
 // through a FIFO to a reader that keeps the first $3 bytes and counts the
-// rest, so memory and disk stay bounded whatever the command writes. The
-// answer is one line "sandgate-exec STATUS TIMEDOUT MORE_OUT MORE_ERR"
-// and the kept stdout and stderr, each base64 on a line of its own.
+// rest, so memory and disk stay bounded whatever the command writes; a
+// reader that cannot keep its bytes (the guest's disk full) drains the
+// stream and counts "lost", which fails the exec rather than answer part
+// of the output as the whole. A staged piece is confirmed by a line
+// "sandgate-staged N". The answer is one line "sandgate-exec STATUS
+// TIMEDOUT MORE_OUT MORE_ERR" and the kept stdout and stderr, each base64
+// on a line of its own.
 const wrapScript = `d=$1 n=$2 m=$3 t=$4 w=$5 r=$6
 shift 6
 umask 077
@@ -54,9 +58,9 @@ if [ "$n" -gt 0 ]; then head -c "$n" | base64 -d >>"$d/in" || { rm -rf "$d"; exi
 [ "$r" = 1 ] || { echo "sandgate-staged $n"; exit 0; }
 : >>"$d/in"
 mkfifo "$d/o" "$d/e" || { rm -rf "$d"; exit 92; }
-{ head -c "$m" >"$d/so"; wc -c >"$d/no"; } <"$d/o" &
+{ head -c "$m" >"$d/so" && wc -c >"$d/no" || { cat >/dev/null; echo lost >"$d/no"; }; } <"$d/o" &
 o=$!
-{ head -c "$m" >"$d/se"; wc -c >"$d/ne"; } <"$d/e" &
+{ head -c "$m" >"$d/se" && wc -c >"$d/ne" || { cat >/dev/null; echo lost >"$d/ne"; }; } <"$d/e" &
 e=$!
 setsid sh -c 'echo $$ >"$1/pid"; if [ -n "$2" ]; then cd "$2" || exit 126; fi; shift 2; exec "$@"' sh "$d" "$w" "$@" <"$d/in" >"$d/o" 2>"$d/e" &
 c=$!
@@ -69,7 +73,7 @@ kill -0 "-$c" 2>/dev/null || kill "$k" 2>/dev/null
 x=0
 [ -e "$d/to" ] && [ "$s" -eq 137 ] && x=1
 a=$(cat "$d/no" 2>/dev/null) b=$(cat "$d/ne" 2>/dev/null)
-echo "sandgate-exec $s $x ${a:-0} ${b:-0}"
+echo "sandgate-exec $s $x ${a:-lost} ${b:-lost}"
 base64 -w0 "$d/so"; echo
 base64 -w0 "$d/se"; echo
 rm -rf "$d"
@@ -254,6 +258,9 @@ func parseWrapped(b []byte, maxOut int64) (providers.ExecResult, error) {
 	f := strings.Fields(lines[0])
 	if len(f) != 5 {
 		return providers.ExecResult{}, bad
+	}
+	if f[3] == "lost" || f[4] == "lost" {
+		return providers.ExecResult{}, errors.New("the guest could not keep the command's output (is its disk full?)")
 	}
 	var n [4]int64
 	for j := range n {
