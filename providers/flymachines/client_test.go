@@ -32,6 +32,11 @@ func TestWaitDeadline(t *testing.T) {
 		{&APIError{StatusCode: http.StatusBadRequest, Message: "deadline_exceeded: timed out waiting"}, true},
 		{&APIError{StatusCode: http.StatusBadRequest, Status: "deadline_exceeded"}, true},
 		{&APIError{StatusCode: http.StatusBadRequest, Message: "invalid_argument: bad state"}, false},
+		// An argument problem about the timeout itself fails too (sheet
+		// §1.6: "Fail only on a 400 that names a real argument problem").
+		{&APIError{StatusCode: http.StatusBadRequest, Status: "invalid_argument", Message: "timeout must be between 1 and 60 seconds"}, false},
+		{&APIError{StatusCode: http.StatusBadRequest, Message: "timeout must be between 1 and 60 seconds"}, false},
+		{&APIError{StatusCode: http.StatusBadRequest, Message: "timeout waiting for machine to be started"}, true},
 		{&APIError{StatusCode: http.StatusNotFound}, false},
 	}
 	for _, tt := range tests {

@@ -506,7 +506,9 @@ func deadlineOf(ctx context.Context) time.Time {
 
 // waitDeadline reports whether err is the wait endpoint running out of
 // time: a 408, or a 400 whose body says the deadline passed (the exact
-// 400 text is not documented; sheet §1.6).
+// 400 text is not documented; sheet §1.6). A 400 that names an argument
+// problem ("invalid_argument", "timeout must be …") is not, even when it
+// speaks of the timeout: waiting again would only repeat it.
 func waitDeadline(err error) bool {
 	var ae *APIError
 	if !errors.As(err, &ae) {
@@ -519,6 +521,9 @@ func waitDeadline(err error) bool {
 		return false
 	}
 	s := strings.ToLower(ae.Status + " " + ae.Message)
+	if strings.Contains(s, "invalid") || strings.Contains(s, "must be") {
+		return false
+	}
 	return strings.Contains(s, "deadline") || strings.Contains(s, "timeout") || strings.Contains(s, "timed out")
 }
 
