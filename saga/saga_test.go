@@ -228,17 +228,16 @@ func TestAcquireConfirmFails(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	in := e.instance(t, "")
-	var failNext atomic.Bool
-	e.rdb.AddHook(failScript(&failNext))
+	steps := e.addSteps(failScript)
 	e.one.Set(func(p *fakeprovider.Provider) {
 		p.CreateHook = func(context.Context, providers.CreateSpec) error {
-			failNext.Store(true) // the confirm, the next script
+			steps.arm() // the confirm, the next script
 			return nil
 		}
 	})
 	_, err := e.saga.Acquire(ctx, in, "k-confirm", req())
 	wantCode(t, "acquire whose confirm failed", err, protocol.Unavailable)
-	if failNext.Load() {
+	if !steps.used() {
 		t.Fatal("no script ran after the create")
 	}
 	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
@@ -295,17 +294,57 @@ func repairHook(bill *billing.Billing, acct string) redistest.ScriptHook {
 	}
 }
 
-// failScript fails the next script call (not sent to Redis) once its
-// flag is set.
-func failScript(armed *atomic.Bool) redistest.ScriptHook {
-	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-		if armed.CompareAndSwap(true, false) {
-			err := errors.New("injected: redis unreachable")
-			cmd.SetErr(err)
-			return err
-		}
+// failScript fails a script call without sending it, as an unreachable
+// Redis would.
+func failScript(_ context.Context, cmd redis.Cmder, _ redis.ProcessHook) error {
+	err := errors.New("injected: redis unreachable")
+	cmd.SetErr(err)
+	return err
+}
+
+// loseAnswer runs a script call in Redis and then fails it as if its
+// answer had been lost.
+func loseAnswer(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+	if err := next(ctx, cmd); err != nil {
+		return err // NOSCRIPT: the EVAL that follows runs it
+	}
+	err := errors.New("injected: the answer was lost")
+	cmd.SetErr(err)
+	return err
+}
+
+// stepHook hands the script calls that follow its arming to its steps,
+// one call each, in order, and then lets every call through. A call
+// answered NOSCRIPT stays with its step for the EVAL that follows.
+type stepHook struct {
+	steps []redistest.ScriptHook
+	at    atomic.Int32 // 0 unarmed, 1..len(steps) the next step, len(steps)+1 done
+}
+
+// addSteps adds a stepHook of steps to e's Redis client.
+func (e *env) addSteps(steps ...redistest.ScriptHook) *stepHook {
+	h := &stepHook{steps: steps}
+	e.rdb.AddHook(redistest.ScriptHook(h.process))
+	return h
+}
+
+// arm starts the steps with the next script call; only the first arming
+// counts.
+func (h *stepHook) arm() { h.at.CompareAndSwap(0, 1) }
+
+// used reports whether every step ran.
+func (h *stepHook) used() bool { return int(h.at.Load()) > len(h.steps) }
+
+func (h *stepHook) process(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+	i := int(h.at.Load())
+	if i == 0 || i > len(h.steps) {
 		return next(ctx, cmd)
 	}
+	err := h.steps[i-1](ctx, cmd, next)
+	if !redis.HasErrorPrefix(err, "NOSCRIPT") {
+		h.at.CompareAndSwap(int32(i), int32(i+1))
+	}
+	return err
 }
 
 // wireAfterCreate wires another saga over provider "one" alone that
@@ -368,9 +407,7 @@ func TestAdmissionAnswerLost(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	in := e.instance(t, "")
-	var lose atomic.Bool
-	e.rdb.AddHook(loseAnswer(&lose))
-	lose.Store(true)
+	e.addSteps(loseAnswer).arm()
 	_, err := e.saga.Acquire(ctx, in, "k", req())
 	wantCode(t, "acquire whose admission answer was lost", err, protocol.AdmissionUnavailable)
 	if n, h := e.live(t, in), e.holds(t); n != 0 || h != 0 {
@@ -385,26 +422,6 @@ func TestAdmissionAnswerLost(t *testing.T) {
 	}
 	if n := e.live(t, in); n != 1 {
 		t.Errorf("live slots after the retry = %d; want 1", n)
-	}
-}
-
-// loseAnswer runs the next script call in Redis once its flag is set,
-// and then fails it as if its answer had been lost; a NOSCRIPT answer
-// does not count.
-func loseAnswer(armed *atomic.Bool) redistest.ScriptHook {
-	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-		if !armed.Load() {
-			return next(ctx, cmd)
-		}
-		if err := next(ctx, cmd); err != nil {
-			return err // NOSCRIPT: the EVAL that follows runs it
-		}
-		if !armed.CompareAndSwap(true, false) {
-			return nil
-		}
-		err := errors.New("injected: the answer was lost")
-		cmd.SetErr(err)
-		return err
 	}
 }
 
@@ -455,35 +472,17 @@ func TestConfirmLostEndUnrecorded(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	in := e.instance(t, "")
-	var step atomic.Int32 // script calls since the create: 1 the confirm, 2 the end's record
-	e.rdb.AddHook(redistest.ScriptHook(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-		switch step.Load() {
-		case 1:
-			if err := next(ctx, cmd); err != nil {
-				return err // NOSCRIPT: the EVAL that follows runs it
-			}
-			step.Store(2)
-			err := errors.New("injected: the answer was lost")
-			cmd.SetErr(err)
-			return err
-		case 2:
-			step.Store(0)
-			err := errors.New("injected: redis unreachable")
-			cmd.SetErr(err)
-			return err
-		}
-		return next(ctx, cmd)
-	}))
+	steps := e.addSteps(loseAnswer, failScript) // the confirm, then the end's record
 	e.one.Set(func(p *fakeprovider.Provider) {
 		p.CreateHook = func(context.Context, providers.CreateSpec) error {
-			step.Store(1)
+			steps.arm()
 			return nil
 		}
 	})
 	_, err := e.saga.Acquire(ctx, in, "k", req())
 	wantCode(t, "acquire whose confirm's answer was lost and whose end failed", err, protocol.Unavailable)
-	if step.Load() != 0 {
-		t.Fatalf("script step after the acquire = %d; want both injections used", step.Load())
+	if !steps.used() {
+		t.Fatal("the confirm and the end's record did not both run after the create")
 	}
 	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
 	live, err := e.db.LiveWorkspaces(ctx, e.acct, in.ID, e.clock.Now())
@@ -592,32 +591,8 @@ func TestEndAnswerLostFreesKey(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	in := e.instance(t, "")
-	var step atomic.Int32 // script calls since the create: 1 the confirm, 2 the end's record
-	e.rdb.AddHook(redistest.ScriptHook(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-		switch step.Load() {
-		case 1:
-			step.Store(2)
-			err := errors.New("injected: redis unreachable")
-			cmd.SetErr(err)
-			return err
-		case 2:
-			if err := next(ctx, cmd); err != nil {
-				return err // NOSCRIPT: the EVAL that follows runs it
-			}
-			step.Store(0)
-			err := errors.New("injected: the answer was lost")
-			cmd.SetErr(err)
-			return err
-		}
-		return next(ctx, cmd)
-	}))
-	var first atomic.Bool
-	first.Store(true)
-	set, w := e.wireAfterCreate(t, func(string) {
-		if first.CompareAndSwap(true, false) {
-			step.Store(1)
-		}
-	})
+	steps := e.addSteps(failScript, loseAnswer) // the confirm, then the end's record
+	set, w := e.wireAfterCreate(t, func(string) { steps.arm() })
 	_, err := w.Saga.Acquire(ctx, in, "k", req())
 	wantCode(t, "acquire whose confirm failed and whose end's answer was lost", err, protocol.Unavailable)
 	e.reapOnce(t, set, w)
