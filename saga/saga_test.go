@@ -630,3 +630,37 @@ func TestTerminateReadBeforeConfirm(t *testing.T) {
 	}
 	e.wantEnded(t, res.Workspace.ID)
 }
+
+// TestEndWaitsForTheCreate: a workspace released while its create runs
+// is met, before the create returns, by a reaper pass and by a second
+// release. Neither records the end: no sandbox is named yet, and its
+// Acquire ends the one it gets. When the provider then fails that
+// terminate, the record stays terminating, naming the sandbox, and the
+// next pass ends both. Before, the pass or the release recorded
+// terminated at once, and the sandbox ran on until an orphan pass.
+func TestEndWaitsForTheCreate(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	in := e.instance(t, "")
+	var w sgtest.Wired
+	var set *providers.Set
+	set, w = e.wireAfterCreate(t, func(id string) {
+		for range 2 {
+			if _, err := w.Terminator.Release(ctx, e.acct, in.ID, id); err != nil {
+				t.Errorf("release while starting: %v", err)
+			}
+		}
+		e.reapOnce(t, set, w)
+		if got, err := e.db.Workspace(ctx, e.acct, id); err != nil || got.State != sandgate.WorkspaceTerminating {
+			t.Errorf("workspace released while its create runs = %s, %v; want terminating", got.State, err)
+		}
+		e.one.Set(func(p *fakeprovider.Provider) { p.TerminateErr = fakeprovider.ErrInjected })
+	})
+	res, err := w.Saga.Acquire(ctx, in, "k", req())
+	if err != nil || res.Workspace.State != sandgate.WorkspaceTerminating || e.one.Live() != 1 {
+		t.Fatalf("acquire released while starting, its terminate failing = %s, %v, %d sandboxes; want terminating, 1", res.Workspace.State, err, e.one.Live())
+	}
+	e.one.Set(func(p *fakeprovider.Provider) { p.TerminateErr = nil })
+	e.reapOnce(t, set, w)
+	e.wantEnded(t, res.Workspace.ID)
+}

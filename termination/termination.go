@@ -137,7 +137,8 @@ func (t *Terminator) Release(ctx context.Context, acct, inst, id string) (sandga
 	if err != nil {
 		return rec, err
 	}
-	if prev == sandgate.WorkspaceTerminated || (started && prev == sandgate.WorkspaceStarting) {
+	if prev == sandgate.WorkspaceTerminated || (started && prev == sandgate.WorkspaceStarting) ||
+		(prev == sandgate.WorkspaceTerminating && t.createInFlight(rec)) {
 		return rec, nil
 	}
 	if rec.ProviderRef != "" && t.provs != nil {
@@ -191,8 +192,12 @@ func (t *Terminator) FailCreate(ctx context.Context, w sandgate.Workspace, sb pr
 }
 
 // Finish asks the provider to end a terminating workspace and records the
-// confirmed end.
+// confirmed end. A workspace whose create may still be in flight is left
+// to its Acquire (false, nil): see createInFlight.
 func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, error) {
+	if t.createInFlight(w) {
+		return false, nil
+	}
 	if w.ProviderRef != "" && t.provs != nil {
 		err := t.terminate(ctx, w)
 		if err != nil && !errors.Is(err, providers.ErrSandboxGone) {
@@ -221,6 +226,16 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 		}
 	}
 	return true, nil
+}
+
+// createInFlight reports whether w's create may still run in its
+// Acquire: ended while starting, it names no sandbox yet, and its pending
+// deadline, by which every create is over, has not passed. That Acquire
+// ends the sandbox it gets and records the end; recording it first would
+// say terminated while a sandbox nobody was asked to end runs on.
+func (t *Terminator) createInFlight(w sandgate.Workspace) bool {
+	return w.StartedAt.IsZero() && w.ProviderRef == "" &&
+		t.clock.Now().Before(w.CreatedAt.Add(t.db.Config().PendingTimeout+time.Second))
 }
 
 // egressBytes returns w with the bytes it moved through the egress proxy
@@ -283,6 +298,9 @@ func (t *Terminator) Sweep(ctx context.Context, sc Scope, reason sandgate.Termin
 		var err error
 		if w.State == sandgate.WorkspaceTerminating {
 			ok, err = t.Finish(ctx, w)
+			if err == nil && !ok {
+				ok = true // its create in flight: its Acquire ends it
+			}
 		} else {
 			ok, err = t.Terminate(ctx, w, reason)
 			if err == nil && !ok {
