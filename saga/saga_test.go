@@ -83,6 +83,17 @@ func req() protocol.AcquireRequest {
 	return protocol.AcquireRequest{Label: "saga", Size: "small", Egress: &protocol.Egress{AllowedDomains: []string{}}}
 }
 
+// wantNewWorkspace acquires with key on s and fails the test unless the
+// answer is a new running workspace, not a replay; it returns it.
+func wantNewWorkspace(t *testing.T, s *saga.Saga, in sandgate.Instance, key, what string) sandgate.Workspace {
+	t.Helper()
+	res, err := s.Acquire(context.Background(), in, key, req())
+	if err != nil || res.Replayed || res.Workspace.State != sandgate.WorkspaceRunning {
+		t.Fatalf("%s = %+v, %v; want a new running workspace", what, res, err)
+	}
+	return res.Workspace
+}
+
 func wantCode(t *testing.T, what string, err error, code protocol.Code) {
 	t.Helper()
 	if got := protocol.CodeOf(err); got != code {
@@ -241,10 +252,7 @@ func TestAcquireConfirmFails(t *testing.T) {
 		t.Fatal("no script ran after the create")
 	}
 	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
-	res, err := e.saga.Acquire(ctx, in, "k-confirm", req())
-	if err != nil || res.Replayed || res.Workspace.State != sandgate.WorkspaceRunning {
-		t.Fatalf("retry with the same key = %+v, %v; want a new running workspace", res, err)
-	}
+	wantNewWorkspace(t, e.saga, in, "k-confirm", "retry with the same key")
 	if n := e.live(t, in); n != 1 {
 		t.Errorf("live slots = %d; want 1 (the retry's; the failed one's freed)", n)
 	}
@@ -384,16 +392,13 @@ func TestLateConfirmLeavesReclaimedKey(t *testing.T) {
 	if err := reaper.New(reaper.Config{Providers: set}, e.db, w.Terminator, e.clock, nil).Pass(ctx); err != nil {
 		t.Fatal(err)
 	}
-	retry, err := w.Saga.Acquire(ctx, in, "k", req())
-	if err != nil || retry.Replayed || retry.Workspace.State != sandgate.WorkspaceRunning {
-		t.Fatalf("retry after the reaper failed the create = %+v, %v; want a new running workspace", retry, err)
-	}
+	retry := wantNewWorkspace(t, w.Saga, in, "k", "retry after the reaper failed the create")
 	close(stall)
 	<-stalled
 	replay, err := w.Saga.Acquire(ctx, in, "k", req())
-	if err != nil || !replay.Replayed || replay.Workspace.ID != retry.Workspace.ID || replay.Workspace.State != sandgate.WorkspaceRunning {
+	if err != nil || !replay.Replayed || replay.Workspace.ID != retry.ID || replay.Workspace.State != sandgate.WorkspaceRunning {
 		t.Errorf("replay after the stalled confirm = %s %s replayed %v, %v; want the retry's %s, running",
-			replay.Workspace.ID, replay.Workspace.State, replay.Replayed, err, retry.Workspace.ID)
+			replay.Workspace.ID, replay.Workspace.State, replay.Replayed, err, retry.ID)
 	}
 }
 
@@ -416,10 +421,7 @@ func TestAdmissionAnswerLost(t *testing.T) {
 	if got := e.one.Creates(); got != 0 {
 		t.Errorf("provider creates after the lost answer = %d; want 0", got)
 	}
-	res, err := e.saga.Acquire(ctx, in, "k", req())
-	if err != nil || res.Replayed || res.Workspace.State != sandgate.WorkspaceRunning {
-		t.Fatalf("retry with the same key = %+v, %v; want a new running workspace", res, err)
-	}
+	wantNewWorkspace(t, e.saga, in, "k", "retry with the same key")
 	if n := e.live(t, in); n != 1 {
 		t.Errorf("live slots after the retry = %d; want 1", n)
 	}
@@ -455,9 +457,8 @@ func TestStartingReleasedFreesKey(t *testing.T) {
 	if _, err := w.Terminator.Release(ctx, e.acct, in.ID, live[0].ID); err != nil {
 		t.Fatalf("release of the starting workspace: %v", err)
 	}
-	res, err := w.Saga.Acquire(ctx, in, "k", req())
-	if err != nil || res.Replayed || res.Workspace.ID == live[0].ID || res.Workspace.State != sandgate.WorkspaceRunning {
-		t.Fatalf("retry with the key = %+v, %v; want a new running workspace", res, err)
+	if got := wantNewWorkspace(t, w.Saga, in, "k", "retry with the key"); got.ID == live[0].ID {
+		t.Fatalf("retry with the key answered the released workspace %s; want a new one", got.ID)
 	}
 }
 
@@ -596,10 +597,7 @@ func TestEndAnswerLostFreesKey(t *testing.T) {
 	_, err := w.Saga.Acquire(ctx, in, "k", req())
 	wantCode(t, "acquire whose confirm failed and whose end's answer was lost", err, protocol.Unavailable)
 	e.reapOnce(t, set, w)
-	res, err := w.Saga.Acquire(ctx, in, "k", req())
-	if err != nil || res.Replayed || res.Workspace.State != sandgate.WorkspaceRunning {
-		t.Fatalf("retry after the reaper's pass = %+v, %v; want a new running workspace", res, err)
-	}
+	wantNewWorkspace(t, w.Saga, in, "k", "retry after the reaper's pass")
 	if n := e.one.Live(); n != 1 {
 		t.Errorf("sandboxes = %d; want 1, the retry's (the first ended by the reaper)", n)
 	}

@@ -83,7 +83,7 @@ func (p *Provider) stat(ctx context.Context, name, file string) (kind, fsEntry, 
 	switch s := statusOf(err); {
 	case s == http.StatusNotFound:
 		return kindNone, fsEntry{}, p.goneOr(ctx, name, nil)
-	case s >= 400 && s < 500 && s != http.StatusUnauthorized && s != http.StatusForbidden && s != http.StatusTooManyRequests:
+	case refusedPath(s):
 		// The vendor's answer for a path below a file is not documented:
 		// look for a parent that is a file.
 		if gerr := p.goneOr(ctx, name, nil); gerr != nil {
@@ -116,9 +116,7 @@ func (p *Provider) stat(ctx context.Context, name, file string) (kind, fsEntry, 
 func (p *Provider) statInParent(ctx context.Context, name, file string) (kind, fsEntry, error) {
 	l, err := p.c.fsList(ctx, name, path.Dir(file))
 	switch s := statusOf(err); {
-	case s == http.StatusNotFound:
-		return kindNone, fsEntry{}, p.goneOr(ctx, name, nil)
-	case s >= 400 && s < 500 && s != http.StatusUnauthorized && s != http.StatusForbidden && s != http.StatusTooManyRequests:
+	case s == http.StatusNotFound || refusedPath(s):
 		return kindNone, fsEntry{}, p.goneOr(ctx, name, nil)
 	case err != nil:
 		return kindNone, fsEntry{}, err
@@ -133,6 +131,14 @@ func (p *Provider) statInParent(ctx context.Context, name, file string) (kind, f
 		return kindFile, e, nil
 	}
 	return kindNone, fsEntry{}, nil
+}
+
+// refusedPath reports whether status s refuses the path itself (a 4xx
+// other than 404, authentication, permission and rate limits), as the
+// vendor's undocumented answer for a path below a file may.
+func refusedPath(s int) bool {
+	return s >= 400 && s < 500 && s != http.StatusNotFound && s != http.StatusUnauthorized &&
+		s != http.StatusForbidden && s != http.StatusTooManyRequests
 }
 
 // namesPath reports whether a listing's entry is the one at file.
