@@ -149,10 +149,9 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 	}
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		// Redis failed: nothing may run that the broker does not account
-		// for. The key is freed, so that a retry re-evaluates (the confirm
-		// may or may not have marked it done; unfreed, an in-progress key
-		// would answer 409 until its TTL, as nothing else frees it once
-		// the record is terminating). When not even the end could be
+		// for. The key is freed, so that a retry re-evaluates: the confirm
+		// may or may not have marked it done, and the end frees only a key
+		// still in progress. When not even the end could be
 		// recorded, the sandbox and the key stay as the record has them:
 		// a running record is a workspace its key replays, ended by the
 		// reaper like any other; a starting one is failed by the reaper

@@ -179,7 +179,8 @@ func (t *Terminator) Release(ctx context.Context, acct, inst, id string) (sandga
 // Idempotency-Key are freed at once (store.FailCreate), and sb's ref is
 // stored with it; then whatever the provider created for it (sb, zero
 // when nothing) is terminated and the end recorded. A provider failure
-// leaves it terminating with that ref, for a later pass to retry. started is false when the workspace was no longer starting.
+// leaves it terminating with that ref, for a later pass to retry. started
+// is false when the workspace was no longer starting.
 func (t *Terminator) FailCreate(ctx context.Context, w sandgate.Workspace, sb providers.Sandbox) (ok, started bool, err error) {
 	ctx = context.WithoutCancel(ctx)
 	w.ProviderRef = sb.Ref
