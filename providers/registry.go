@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 
@@ -18,8 +19,30 @@ const LegacyName = "local"
 
 // Opener opens one provider of its kind from the kind-specific settings
 // of a `providers:` entry (a YAML mapping, possibly empty). It decodes
-// strictly and returns a literal nil on error.
+// strictly and returns a literal nil on error; [OpenSettings] does both.
+// What happens to the provider after it is the lifecycle on [Provider].
 type Opener func(ctx context.Context, name string, raw yaml.Node, env Env) (Provider, error)
+
+// OpenSettings is the body of an [Opener]: it decodes raw strictly into
+// the kind's settings S (DecodeSettings) and calls open with them and the
+// host's reader of vendor variables (env.Getenv, or os.Getenv when nil).
+// On error it returns a literal nil, so that no nil *T hides inside a
+// non-nil Provider.
+func OpenSettings[S any, P Provider](ctx context.Context, raw yaml.Node, env Env, open func(ctx context.Context, s S, getenv func(string) string) (P, error)) (Provider, error) {
+	var s S
+	if err := DecodeSettings(raw, &s); err != nil {
+		return nil, err
+	}
+	getenv := env.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	p, err := open(ctx, s, getenv)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
 
 // Registry maps a provider kind ("local", "modal", …) to its Opener. The
 // binary lists its kinds in one table (cmd/sandgate); tests build their own.

@@ -19,7 +19,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -126,35 +125,25 @@ func (c *Config) Validate() error {
 // environment variables. A missing token or app is an error naming the
 // variable.
 func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (providers.Provider, error) {
-	var s Settings
-	if err := providers.DecodeSettings(raw, &s); err != nil {
-		return nil, err
-	}
-	getenv := env.Getenv
-	if getenv == nil {
-		getenv = os.Getenv
-	}
-	tokenEnv := cmp.Or(s.TokenEnv, EnvToken)
-	c := Config{
-		BaseURL:      getenv(EnvBaseURL),
-		Token:        sandgate.Secret(getenv(tokenEnv)),
-		App:          cmp.Or(s.App, getenv(EnvApp)),
-		Org:          cmp.Or(s.Org, getenv(EnvOrg)),
-		Region:       cmp.Or(s.Region, getenv(EnvRegion)),
-		DefaultImage: s.DefaultImage,
-		Timeout:      s.Timeout,
-	}
-	if c.Token == "" {
-		return nil, fmt.Errorf("flymachines: %s is not set", tokenEnv)
-	}
-	if c.App == "" {
-		return nil, fmt.Errorf("flymachines: %s is not set (or settings.app)", EnvApp)
-	}
-	p, err := New(ctx, c, env)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
+	return providers.OpenSettings(ctx, raw, env, func(ctx context.Context, s Settings, getenv func(string) string) (*Provider, error) {
+		tokenEnv := cmp.Or(s.TokenEnv, EnvToken)
+		c := Config{
+			BaseURL:      getenv(EnvBaseURL),
+			Token:        sandgate.Secret(getenv(tokenEnv)),
+			App:          cmp.Or(s.App, getenv(EnvApp)),
+			Org:          cmp.Or(s.Org, getenv(EnvOrg)),
+			Region:       cmp.Or(s.Region, getenv(EnvRegion)),
+			DefaultImage: s.DefaultImage,
+			Timeout:      s.Timeout,
+		}
+		if c.Token == "" {
+			return nil, fmt.Errorf("flymachines: %s is not set", tokenEnv)
+		}
+		if c.App == "" {
+			return nil, fmt.Errorf("flymachines: %s is not set (or settings.app)", EnvApp)
+		}
+		return New(ctx, c, env)
+	})
 }
 
 // Provider runs workspaces as Fly Machines of one app. Safe for concurrent use.

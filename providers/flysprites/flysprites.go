@@ -20,7 +20,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -64,30 +63,20 @@ type Settings struct{}
 // (SSL_CERT_FILE included) are used, and snapshots go to
 // data_dir/blobs.
 func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (providers.Provider, error) {
-	var s Settings
-	if err := providers.DecodeSettings(raw, &s); err != nil {
-		return nil, err
-	}
-	getenv := env.Getenv
-	if getenv == nil {
-		getenv = os.Getenv
-	}
-	tok := getenv(EnvToken)
-	if tok == "" {
-		return nil, fmt.Errorf("flysprites: %s is not set", EnvToken)
-	}
-	if env.DataDir == "" {
-		return nil, errors.New("flysprites: no data directory for the snapshot blobs")
-	}
-	store, err := blobstore.NewDir(filepath.Join(env.DataDir, "blobs"))
-	if err != nil {
-		return nil, err
-	}
-	p, err := New(ctx, Config{Name: name, BaseURL: getenv(EnvAPIURL), Token: sandgate.Secret(tok), Blobs: store}, env)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
+	return providers.OpenSettings(ctx, raw, env, func(ctx context.Context, _ Settings, getenv func(string) string) (*Provider, error) {
+		tok := getenv(EnvToken)
+		if tok == "" {
+			return nil, fmt.Errorf("flysprites: %s is not set", EnvToken)
+		}
+		if env.DataDir == "" {
+			return nil, errors.New("flysprites: no data directory for the snapshot blobs")
+		}
+		store, err := blobstore.NewDir(filepath.Join(env.DataDir, "blobs"))
+		if err != nil {
+			return nil, err
+		}
+		return New(ctx, Config{Name: name, BaseURL: getenv(EnvAPIURL), Token: sandgate.Secret(tok), Blobs: store}, env)
+	})
 }
 
 // Config configures a Provider. A zero field means the default noted beside it.

@@ -145,19 +145,11 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 		return fmt.Errorf("local: start command: %w: %w", scrub(err), providers.ErrCommandNotStarted)
 	}
 
-	j := job{
-		ref:    sb.Ref,
-		layout: w.layout,
-		cpus:   p.cpusOf(sb.Ref, w.rec),
-		memory: int64(w.rec.MemoryMiB) << 20,
-		env:    w.env,
-		dir:    cmp.Or(spec.Dir, defaultDir),
-		argv:   spec.Argv,
-		rec:    w.rec,
-		uid:    w.rec.UID,
-		disk:   p.diskOf(w),
-		egress: len(w.rec.AllowedDomains) > 0,
-	}
+	j := p.jobIn(sb.Ref, w)
+	j.env = w.env
+	j.dir = cmp.Or(spec.Dir, defaultDir)
+	j.argv = spec.Argv
+	j.egress = len(w.rec.AllowedDomains) > 0
 	if j.egress {
 		p.ensureEgress(sb.Ref, w)
 	}

@@ -76,24 +76,14 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 			timeout, expiry = left, w.rec.ExpiresAt
 		}
 	}
-	j := job{
-		ref:     sb.Ref,
-		layout:  w.layout,
-		cpus:    p.cpusOf(sb.Ref, w.rec),
-		memory:  int64(w.rec.MemoryMiB) << 20,
-		env:     w.env,
-		dir:     cmp.Or(spec.Dir, defaultDir),
-		argv:    spec.Argv,
-		stdin:   spec.Stdin,
-		timeout: timeout,
-		expiry:  expiry,
-		maxOut:  spec.MaxOutputBytes,
-		outTo:   spec.Stdout,
-		errTo:   spec.Stderr,
-		rec:     w.rec,
-		uid:     w.rec.UID,
-		disk:    p.diskOf(w),
-	}
+	j := p.jobIn(sb.Ref, w)
+	j.env = w.env
+	j.dir = cmp.Or(spec.Dir, defaultDir)
+	j.argv = spec.Argv
+	j.stdin = spec.Stdin
+	j.timeout, j.expiry = timeout, expiry
+	j.maxOut = spec.MaxOutputBytes
+	j.outTo, j.errTo = spec.Stdout, spec.Stderr
 	// Staged even for a file helper, which binds none of it: one mount
 	// namespace serves all of the workspace's execs.
 	j.stageEgress = len(w.rec.AllowedDomains) > 0

@@ -786,6 +786,21 @@ func (p *Provider) makeDisk(ctx context.Context, l layout, rec *record, size san
 	return nil
 }
 
+// jobIn returns a job inside the workspace w of sandbox ref: its mounts,
+// cpus, memory limit, uid and disk, and its record, which recreates its
+// cgroups when they are missing. The caller adds what to run.
+func (p *Provider) jobIn(ref string, w opened) job {
+	return job{
+		ref:    ref,
+		layout: w.layout,
+		cpus:   p.cpusOf(ref, w.rec),
+		memory: int64(w.rec.MemoryMiB) << 20,
+		rec:    w.rec,
+		uid:    w.rec.UID,
+		disk:   p.diskOf(w),
+	}
+}
+
 // diskOf is the image of the workspace w, "" when it has none.
 func (p *Provider) diskOf(w opened) string {
 	if w.rec.DiskMiB <= 0 {

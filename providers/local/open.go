@@ -24,21 +24,15 @@ func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (p
 // so that workspaces may be admitted with domain allowlists.
 func Opener(ex Egress) providers.Opener {
 	return func(ctx context.Context, name string, raw yaml.Node, env providers.Env) (providers.Provider, error) {
-		var c Config
-		if err := providers.DecodeSettings(raw, &c); err != nil {
-			return nil, err
-		}
-		dir := "local"
-		if name != providers.LegacyName {
-			dir = "local-" + name
-		}
-		c.DataDir = filepath.Join(env.DataDir, dir)
-		c.Egress = ex
-		p, err := New(ctx, c, env)
-		if err != nil {
-			return nil, err
-		}
-		return p, nil
+		return providers.OpenSettings(ctx, raw, env, func(ctx context.Context, c Config, _ func(string) string) (*Provider, error) {
+			dir := "local"
+			if name != providers.LegacyName {
+				dir = "local-" + name
+			}
+			c.DataDir = filepath.Join(env.DataDir, dir)
+			c.Egress = ex
+			return New(ctx, c, env)
+		})
 	}
 }
 

@@ -94,28 +94,21 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 		}
 	}()
 	start := time.Now()
-	res, err := p.run(ctx, job{
-		ref:    sb.Ref,
-		layout: w.layout,
-		cpus:   p.cpusOf(sb.Ref, w.rec),
-		memory: int64(w.rec.MemoryMiB) << 20,
-		rec:    w.rec,
-		uid:    w.rec.UID,
-		disk:   p.diskOf(w),
-		// Not the workspace's env: tar is the broker's, and the env could
-		// load code into it (LD_PRELOAD) while it holds a capability.
-		dir:     "/",
-		argv:    []string{"sh", "-c", snapshotScript, "sh", spec.Dir},
-		timeout: timeout,
-		maxOut:  4 << 10,
-		stdoutW: tmp,
-		// The archive is the only file this sandbox writes: past what is
-		// left of the quota the kernel stops tar (SIGXFSZ).
-		fsize: spec.MaxBytes,
-		// Read what the workspace's root cannot without it (mode 0 files):
-		// only files the sandbox's uid 0 owns, that is the workspace's own.
-		capAdd: []string{"CAP_DAC_READ_SEARCH"},
-	})
+	// Not the workspace's env: tar is the broker's, and the env could
+	// load code into it (LD_PRELOAD) while it holds a capability.
+	j := p.jobIn(sb.Ref, w)
+	j.dir = "/"
+	j.argv = []string{"sh", "-c", snapshotScript, "sh", spec.Dir}
+	j.timeout = timeout
+	j.maxOut = 4 << 10
+	j.stdoutW = tmp
+	// The archive is the only file this sandbox writes: past what is
+	// left of the quota the kernel stops tar (SIGXFSZ).
+	j.fsize = spec.MaxBytes
+	// Read what the workspace's root cannot without it (mode 0 files):
+	// only files the sandbox's uid 0 owns, that is the workspace's own.
+	j.capAdd = []string{"CAP_DAC_READ_SEARCH"}
+	res, err := p.run(ctx, j)
 	if err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", err)
 	}
@@ -196,25 +189,18 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 		return fmt.Errorf("local: restore: %w", scrub(err))
 	}
 	defer f.Close()
-	res, err := p.run(ctx, job{
-		ref:     sb.Ref,
-		layout:  w.layout,
-		cpus:    p.cpusOf(sb.Ref, w.rec),
-		memory:  int64(w.rec.MemoryMiB) << 20,
-		rec:     w.rec,
-		uid:     w.rec.UID,
-		disk:    p.diskOf(w),
-		dir:     "/",
-		argv:    []string{"sh", "-c", restoreScript, "sh", dir},
-		timeout: timeout,
-		maxOut:  4 << 10,
-		stdinR:  f,
-		// GNU tar running as uid 0 trusts that it may write into the
-		// read-only directories it extracts, and sets their modes only at
-		// the end: it needs the override the sandbox's root lacks. As for
-		// Snapshot, no env reaches this tar.
-		capAdd: []string{"CAP_DAC_OVERRIDE", "CAP_FOWNER"},
-	})
+	j := p.jobIn(sb.Ref, w)
+	j.dir = "/"
+	j.argv = []string{"sh", "-c", restoreScript, "sh", dir}
+	j.timeout = timeout
+	j.maxOut = 4 << 10
+	j.stdinR = f
+	// GNU tar running as uid 0 trusts that it may write into the
+	// read-only directories it extracts, and sets their modes only at
+	// the end: it needs the override the sandbox's root lacks. As for
+	// Snapshot, no env reaches this tar.
+	j.capAdd = []string{"CAP_DAC_OVERRIDE", "CAP_FOWNER"}
+	res, err := p.run(ctx, j)
 	if err != nil {
 		return fmt.Errorf("local: restore: %w", err)
 	}

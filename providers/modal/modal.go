@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -128,37 +127,27 @@ type Provider struct {
 // (MODAL_TOKEN_ID, MODAL_TOKEN_SECRET, MODAL_SERVER_URL, MODAL_ENVIRONMENT).
 // A missing credential is an error naming the variable.
 func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (providers.Provider, error) {
-	var s Settings
-	if err := providers.DecodeSettings(raw, &s); err != nil {
-		return nil, err
-	}
-	getenv := env.Getenv
-	if getenv == nil {
-		getenv = os.Getenv
-	}
-	c := Config{
-		ServerURL:      getenv(EnvServerURL),
-		TokenID:        strings.TrimSpace(getenv(EnvTokenID)),
-		TokenSecret:    sandgate.Secret(strings.TrimSpace(getenv(EnvTokenSecret))),
-		Environment:    getenv(EnvEnvironment),
-		App:            s.App,
-		Images:         s.Images,
-		DefaultImage:   s.DefaultImage,
-		BuilderVersion: getenv(EnvImageBuilderVersion),
-		Timeout:        s.Timeout,
-	}
-	if v := getenv(EnvMaxThrottleWait); v != "" {
-		secs, err := strconv.ParseFloat(v, 64)
-		if err != nil || secs < 0 {
-			return nil, fmt.Errorf("modal: %s must be a number of seconds", EnvMaxThrottleWait)
+	return providers.OpenSettings(ctx, raw, env, func(ctx context.Context, s Settings, getenv func(string) string) (*Provider, error) {
+		c := Config{
+			ServerURL:      getenv(EnvServerURL),
+			TokenID:        strings.TrimSpace(getenv(EnvTokenID)),
+			TokenSecret:    sandgate.Secret(strings.TrimSpace(getenv(EnvTokenSecret))),
+			Environment:    getenv(EnvEnvironment),
+			App:            s.App,
+			Images:         s.Images,
+			DefaultImage:   s.DefaultImage,
+			BuilderVersion: getenv(EnvImageBuilderVersion),
+			Timeout:        s.Timeout,
 		}
-		c.MaxThrottleWait = time.Duration(secs * float64(time.Second))
-	}
-	p, err := New(ctx, c, env)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
+		if v := getenv(EnvMaxThrottleWait); v != "" {
+			secs, err := strconv.ParseFloat(v, 64)
+			if err != nil || secs < 0 {
+				return nil, fmt.Errorf("modal: %s must be a number of seconds", EnvMaxThrottleWait)
+			}
+			c.MaxThrottleWait = time.Duration(secs * float64(time.Second))
+		}
+		return New(ctx, c, env)
+	})
 }
 
 // New returns a provider for c. It checks the configuration and prepares
