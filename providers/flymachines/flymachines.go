@@ -12,7 +12,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +30,7 @@ import (
 	"github.com/sandgate/sandgate/providers/blobstore"
 	"github.com/sandgate/sandgate/providers/execfile"
 	"github.com/sandgate/sandgate/providers/execsnap"
+	"github.com/sandgate/sandgate/providers/internal/uuid"
 	"github.com/sandgate/sandgate/providers/runner"
 )
 
@@ -229,7 +229,7 @@ func (p *Provider) ensureApp(ctx context.Context) error {
 	if p.cfg.Org == "" {
 		return fmt.Errorf("flymachines: app does not exist and %s is not set to create it in", EnvOrg)
 	}
-	req := CreateAppRequest{Name: p.cfg.App, OrgSlug: p.cfg.Org, IdempotencyKey: newUUID()}
+	req := CreateAppRequest{Name: p.cfg.App, OrgSlug: p.cfg.Org, IdempotencyKey: uuid.New()}
 	for attempt := range 4 {
 		if attempt > 0 {
 			if err := sleepCtx(ctx, backoff(attempt)); err != nil {
@@ -692,15 +692,6 @@ func (p *Provider) Close() error {
 }
 
 func randRead(b []byte) { rand.Read(b) }
-
-func newUUID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
 
 // Interface guards
 var (

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/internal/uuid"
 	"github.com/sandgate/sandgate/providers/modal/proto/routerpb"
 	"github.com/sandgate/sandgate/providers/runner"
 )
@@ -41,7 +42,7 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 	secs := uint32(max(runner.TimeoutSeconds(spec.Timeout), 0) + 60)
 	req := &routerpb.TaskExecStartRequest{
 		TaskId:      r.taskID,
-		ExecId:      newUUID(),
+		ExecId:      uuid.New(),
 		CommandArgs: []string{"sh", "-c", watchScript, "sh", path.Clean(dir)},
 		TimeoutSecs: &secs,
 	}

@@ -2,10 +2,8 @@ package modal
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -22,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/sandgate/sandgate/providers/internal/uuid"
 	"github.com/sandgate/sandgate/providers/modal/proto/clientpb"
 )
 
@@ -124,7 +123,7 @@ func (p *Provider) unary(ctx context.Context, method string, req, reply any, cc 
 			md = append(md, "x-modal-auth-token", tok)
 		}
 	}
-	key := newUUID()
+	key := uuid.New()
 	start := time.Now()
 	wait := initialBackoff
 	var throttled int
@@ -257,20 +256,6 @@ func jwtExpiry(tok string, def time.Time) time.Time {
 		return def
 	}
 	return time.Unix(int64(*claims.Exp), 0)
-}
-
-// newUUID returns a random UUID (version 4).
-func newUUID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return formatUUID(b)
-}
-
-func formatUUID(b [16]byte) string {
-	h := hex.EncodeToString(b[:])
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
 // vendorErr is a failed Modal call. It keeps the operation and the gRPC

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/execfile"
+	"github.com/sandgate/sandgate/providers/internal/uuid"
 	"github.com/sandgate/sandgate/providers/modal/proto/routerpb"
 )
 
@@ -96,7 +97,7 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 }
 
 func (p *Provider) exec(ctx context.Context, r *router, spec providers.ExecSpec) (providers.ExecResult, error) {
-	execID := newUUID()
+	execID := uuid.New()
 	req := &routerpb.TaskExecStartRequest{
 		TaskId:       r.taskID,
 		ExecId:       execID,

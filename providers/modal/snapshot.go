@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/internal/uuid"
 	"github.com/sandgate/sandgate/providers/modal/proto/clientpb"
 	"github.com/sandgate/sandgate/providers/modal/proto/routerpb"
 )
@@ -56,7 +57,7 @@ func snapshotUUID(id string) string {
 	copy(b[:], sum[:16])
 	b[6] = b[6]&0x0f | 0x50 // version 5 layout (name-based)
 	b[8] = b[8]&0x3f | 0x80
-	return formatUUID(b)
+	return uuid.Format(b)
 }
 
 // Snapshot stores spec.Dir with the router's TaskSnapshotDirectory, with

@@ -32,6 +32,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/internal/uuid"
 	"github.com/sandgate/sandgate/providers/local"
 )
 
@@ -381,7 +382,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sp := &sprite{s: s, name: req.Name, labels: req.Labels, environment: req.Environment,
-		created: time.Now().UTC(), id: newUUID(), jobs: map[string]*job{}, sessions: map[string]*job{}}
+		created: time.Now().UTC(), id: uuid.New(), jobs: map[string]*job{}, sessions: map[string]*job{}}
 	if req.Config != nil {
 		sp.cpus, sp.ramMB = req.Config.CPUs, req.Config.RAMMB
 	}
@@ -562,15 +563,6 @@ func (s *Server) setPolicy(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	s.record(sp.name, Event{Kind: "policy", Rules: ev})
 	w.WriteHeader(http.StatusNoContent)
-}
-
-func newUUID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
 // sprite is one fake sprite: a local-provider workspace with an agent.

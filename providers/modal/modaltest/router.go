@@ -46,6 +46,20 @@ func (t *taskRouter) TaskExecStart(ctx context.Context, req *routerpb.TaskExecSt
 	return &routerpb.TaskExecStartResponse{}, nil
 }
 
+// taskDir returns the authorized task's sandbox and the directory p it
+// names, which must be absolute and not /.
+func (t *taskRouter) taskDir(ctx context.Context, taskID string, p []byte) (*sandbox, string, error) {
+	sb, err := t.s.authorizedTask(ctx, taskID)
+	if err != nil {
+		return nil, "", err
+	}
+	dir := string(p)
+	if !path.IsAbs(dir) || path.Clean(dir) == "/" {
+		return nil, "", status.Error(codes.InvalidArgument, "the path must be absolute and not /")
+	}
+	return sb, dir, nil
+}
+
 func (t *taskRouter) execOf(ctx context.Context, taskID, execID string) (*sandbox, *execState, error) {
 	sb, err := t.s.authorizedTask(ctx, taskID)
 	if err != nil {
@@ -174,13 +188,9 @@ func (t *taskRouter) TaskExecPoll(ctx context.Context, req *routerpb.TaskExecPol
 // The same snapshot_id answers the same image.
 func (t *taskRouter) TaskSnapshotDirectory(ctx context.Context, req *routerpb.TaskSnapshotDirectoryRequest) (*routerpb.TaskSnapshotDirectoryResponse, error) {
 	s := t.s
-	sb, err := s.authorizedTask(ctx, req.GetTaskId())
+	sb, dir, err := t.taskDir(ctx, req.GetTaskId(), req.GetPath())
 	if err != nil {
 		return nil, err
-	}
-	dir := string(req.GetPath())
-	if !path.IsAbs(dir) || path.Clean(dir) == "/" {
-		return nil, status.Error(codes.InvalidArgument, "the path must be absolute and not /")
 	}
 	im := &image{id: newID("im-"), snapshot: true, built: true}
 	switch ttl := req.TtlSeconds; {
@@ -223,13 +233,9 @@ func (t *taskRouter) TaskSnapshotDirectory(ctx context.Context, req *routerpb.Ta
 // empty image id mounts an empty directory), creating it when missing.
 func (t *taskRouter) TaskMountDirectory(ctx context.Context, req *routerpb.TaskMountDirectoryRequest) (*emptypb.Empty, error) {
 	s := t.s
-	sb, err := s.authorizedTask(ctx, req.GetTaskId())
+	sb, dir, err := t.taskDir(ctx, req.GetTaskId(), req.GetPath())
 	if err != nil {
 		return nil, err
-	}
-	dir := string(req.GetPath())
-	if !path.IsAbs(dir) || path.Clean(dir) == "/" {
-		return nil, status.Error(codes.InvalidArgument, "the path must be absolute and not /")
 	}
 	if req.GetImageId() != "" {
 		s.mu.Lock()
