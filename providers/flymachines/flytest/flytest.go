@@ -16,14 +16,12 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -33,6 +31,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/internal/fakeserver"
 	"github.com/sandgate/sandgate/providers/local"
 )
 
@@ -142,12 +141,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	s := &Server{opts: o, local: lp, log: o.Logger, apps: map[string]*app{}, machines: map[string]*Machine{}, lose: map[string]int{}, refuse: map[string]int{}}
 	s.ctx, s.stop = context.WithCancel(context.Background())
-	s.srv = httptest.NewUnstartedServer(s.handler())
-	s.srv.StartTLS()
-	s.caFile = filepath.Join(o.DataDir, "ca.pem")
-	pemBytes := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.srv.Certificate().Raw})
-	if err := os.WriteFile(s.caFile, pemBytes, 0o644); err != nil {
-		s.srv.Close()
+	if s.srv, s.caFile, err = fakeserver.StartTLS(s.handler(), o.DataDir); err != nil {
 		return nil, fmt.Errorf("flytest: %w", err)
 	}
 	return s, nil

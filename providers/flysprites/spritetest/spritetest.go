@@ -13,7 +13,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -32,6 +31,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/internal/fakeserver"
 	"github.com/sandgate/sandgate/providers/internal/uuid"
 	"github.com/sandgate/sandgate/providers/local"
 )
@@ -93,15 +93,10 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	}
 	s := &Server{token: c.Token, lp: lp, data: filepath.Join(c.DataDir, "local"), missingEmpty: c.MissingListsEmpty,
 		sprites: map[string]*sprite{}, events: map[string][]Event{}}
-	s.hs = httptest.NewUnstartedServer(s.routes())
-	s.hs.StartTLS()
-	s.URL = s.hs.URL
-	s.CAFile = filepath.Join(c.DataDir, "ca.pem")
-	pemBytes := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.hs.Certificate().Raw})
-	if err := os.WriteFile(s.CAFile, pemBytes, 0o644); err != nil {
-		s.hs.Close()
+	if s.hs, s.CAFile, err = fakeserver.StartTLS(s.routes(), c.DataDir); err != nil {
 		return nil, err
 	}
+	s.URL = s.hs.URL
 	return s, nil
 }
 
