@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/providertest"
 	"github.com/sandgate/sandgate/providers/runner"
 )
 
@@ -69,20 +70,7 @@ func newEnv(t *testing.T) *env {
 // wait polls ReadCommand until the command is finished.
 func (e *env) wait(t *testing.T, id string, maxOut int64) providers.CommandStatus {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st, err := e.r.ReadCommand(t.Context(), e.sb, id, maxOut)
-		if err != nil {
-			t.Fatalf("ReadCommand(%s): %v", id, err)
-		}
-		if st.State == providers.CommandCompleted || st.State == providers.CommandCanceled {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ReadCommand(%s) = %q after 30s; want finished", id, st.State)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return providertest.WaitCommand(t, e.r, e.sb, id, maxOut)
 }
 
 // waitFile polls until name exists.
