@@ -156,6 +156,16 @@ func (e *env) serveShared(t *testing.T) string {
 	return l.Addr().String()
 }
 
+// register registers ws in credential mode and returns its credential.
+func (e *env) register(t *testing.T, ws egress.Workspace) string {
+	t.Helper()
+	cred, err := e.proxy.Register(ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cred
+}
+
 // connect sends CONNECT authority to the proxy at addr and returns the
 // status and, on 200, the tunnel.
 func connect(t *testing.T, addr, authority, auth string) (int, net.Conn) {
@@ -606,14 +616,8 @@ func TestAllows(t *testing.T) {
 func TestCredentials(t *testing.T) {
 	e := newEnv(t, nil)
 	addr := e.serveShared(t)
-	credA, err := e.proxy.Register(egress.Workspace{ID: "ws_a", AllowedDomains: []string{"allowed.sg.test"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	credB, err := e.proxy.Register(egress.Workspace{ID: "ws_b", AllowedDomains: []string{"a.sg.test"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	credA := e.register(t, egress.Workspace{ID: "ws_a", AllowedDomains: []string{"allowed.sg.test"}})
+	credB := e.register(t, egress.Workspace{ID: "ws_b", AllowedDomains: []string{"a.sg.test"}})
 	if credA == credB || len(credA) < 32 {
 		t.Fatalf("credentials %q and %q; want two distinct long ones", credA, credB)
 	}
@@ -744,14 +748,8 @@ func TestHeaderLimit(t *testing.T) {
 func TestSharedUpstreamLimit(t *testing.T) {
 	e := newEnv(t, func(c *egress.Config) { c.MaxConnsPerWorkspace = 1 })
 	addr := e.serveShared(t)
-	cred, err := e.proxy.Register(egress.Workspace{ID: "ws_a", AllowedDomains: []string{"allowed.sg.test"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	credB, err := e.proxy.Register(egress.Workspace{ID: "ws_b", AllowedDomains: []string{"allowed.sg.test"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cred := e.register(t, egress.Workspace{ID: "ws_a", AllowedDomains: []string{"allowed.sg.test"}})
+	credB := e.register(t, egress.Workspace{ID: "ws_b", AllowedDomains: []string{"allowed.sg.test"}})
 	echo := net.JoinHostPort("allowed.sg.test", strconv.Itoa(int(e.echoPort)))
 	if code, _ := connect(t, addr, echo, basic("ws_a", cred)); code != 200 {
 		t.Fatalf("first CONNECT = %d; want 200", code)

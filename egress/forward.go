@@ -87,19 +87,13 @@ type countConn struct {
 func (c *countConn) Read(b []byte) (int, error) {
 	_ = c.Conn.SetReadDeadline(time.Now().Add(c.p.cfg.IdleTimeout))
 	n, err := c.Conn.Read(b)
-	if n > 0 {
-		c.st.in.Add(int64(n))
-		c.p.bytes.Add(context.Background(), int64(n), dirIn)
-	}
+	c.p.countIn(c.st, n)
 	return n, err
 }
 
 func (c *countConn) Write(b []byte) (int, error) {
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(c.p.cfg.IdleTimeout))
 	n, err := c.Conn.Write(b)
-	if n > 0 {
-		c.st.out.Add(int64(n))
-		c.p.bytes.Add(context.Background(), int64(n), dirOut)
-	}
+	c.p.countOut(c.st, n)
 	return n, err
 }

@@ -26,6 +26,23 @@ var (
 	dirIn  = metric.WithAttributeSet(attribute.NewSet(attribute.String(AttrDirection, "in")))
 )
 
+// countIn counts n bytes that came from a destination to st's workspace,
+// in its tally and in the proxy's metric.
+func (p *Proxy) countIn(st *wsState, n int) {
+	if n > 0 {
+		st.in.Add(int64(n))
+		p.bytes.Add(context.Background(), int64(n), dirIn)
+	}
+}
+
+// countOut counts n bytes that st's workspace sent to a destination.
+func (p *Proxy) countOut(st *wsState, n int) {
+	if n > 0 {
+		st.out.Add(int64(n))
+		p.bytes.Add(context.Background(), int64(n), dirOut)
+	}
+}
+
 // acquire takes one of st's destination connections; false when all
 // MaxConnsPerWorkspace are in use.
 func (p *Proxy) acquire(st *wsState) bool {
@@ -97,7 +114,7 @@ func (s *session) splice(w http.ResponseWriter, r *http.Request, ws Workspace, s
 		wg.Add(1)
 		go func() { // exits when up ends, idles out or is closed
 			defer wg.Done()
-			p.pipe(conn, up, &last, func(n int) { st.in.Add(int64(n)); p.bytes.Add(context.Background(), int64(n), dirIn) })
+			p.pipe(conn, up, &last, func(n int) { p.countIn(st, n) })
 		}()
 	}
 	tlsPort := p.tls[port]
@@ -116,7 +133,7 @@ func (s *session) splice(w http.ResponseWriter, r *http.Request, ws Workspace, s
 		wg.Wait()
 		return
 	}
-	countOut := func(n int) { st.out.Add(int64(n)); p.bytes.Add(context.Background(), int64(n), dirOut) }
+	countOut := func(n int) { p.countOut(st, n) }
 	if len(hello) > 0 {
 		_ = up.SetWriteDeadline(time.Now().Add(p.cfg.IdleTimeout))
 		n, err := up.Write(hello)
