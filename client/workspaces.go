@@ -71,13 +71,19 @@ func (c *Client) acquire(ctx context.Context, idemKey string, req protocol.Acqui
 
 // Workspace reads one workspace's status with GET /v1/workspaces/{id}.
 func (c *Client) Workspace(ctx context.Context, id string) (*protocol.Workspace, error) {
+	return c.workspaceCall(ctx, "workspace", http.MethodGet, id)
+}
+
+// workspaceCall sends method without a body to /v1/workspaces/{id} and
+// decodes the workspace of its 200 answer.
+func (c *Client) workspaceCall(ctx context.Context, op, method, id string) (*protocol.Workspace, error) {
 	seg, err := pathID("workspace id", id)
 	if err != nil {
 		return nil, err
 	}
 	var out protocol.Workspace
 	_, err = c.do(ctx, call{
-		op: "workspace", method: http.MethodGet, route: "/v1/workspaces/{id}", path: "/v1/workspaces/" + seg,
+		op: op, method: method, route: "/v1/workspaces/{id}", path: "/v1/workspaces/" + seg,
 		retry: true, ok: []int{http.StatusOK}, out: &out,
 	})
 	if err != nil {
@@ -117,20 +123,9 @@ func (c *Client) ListWorkspaces(ctx context.Context, state, cursor string, limit
 // did not confirm (spec §Release). A 404 without the envelope is an error,
 // because it more likely means a wrong endpoint than a released workspace.
 func (c *Client) Release(ctx context.Context, id string) (*protocol.Workspace, error) {
-	seg, err := pathID("workspace id", id)
-	if err != nil {
-		return nil, err
-	}
-	var out protocol.Workspace
-	_, err = c.do(ctx, call{
-		op: "release", method: http.MethodDelete, route: "/v1/workspaces/{id}", path: "/v1/workspaces/" + seg,
-		retry: true, ok: []int{http.StatusOK}, out: &out,
-	})
+	w, err := c.workspaceCall(ctx, "release", http.MethodDelete, id)
 	if isCode(err, http.StatusNotFound, protocol.NotFound) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return w, err
 }

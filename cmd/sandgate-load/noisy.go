@@ -463,12 +463,7 @@ func (cg *cgroupFiles) oomKills(ws string) int64 {
 	if p == "" {
 		return 0
 	}
-	n := keyed(p, "oom_kill")
-	leaves, _ := filepath.Glob(filepath.Join(filepath.Dir(p), "*", "memory.oom_control"))
-	for _, l := range leaves {
-		n += keyed(l, "oom_kill")
-	}
-	return n
+	return keyedTree(p, "oom_kill")
 }
 
 // forksRefused counts the forks the pids controller refused in ws: its
@@ -478,10 +473,16 @@ func (cg *cgroupFiles) forksRefused(ws string) int64 {
 	if p == "" {
 		return 0
 	}
-	n := keyed(p, "max")
-	leaves, _ := filepath.Glob(filepath.Join(filepath.Dir(p), "*", "pids.events"))
+	return keyedTree(p, "max")
+}
+
+// keyedTree adds up key of the cgroup file p and of the same file of each
+// of its leaves still present.
+func keyedTree(p, key string) int64 {
+	n := keyed(p, key)
+	leaves, _ := filepath.Glob(filepath.Join(filepath.Dir(p), "*", filepath.Base(p)))
 	for _, l := range leaves {
-		n += keyed(l, "max")
+		n += keyed(l, key)
 	}
 	return n
 }
