@@ -10,6 +10,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"path"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -106,6 +108,24 @@ type ExecSpec struct {
 	// ignore them and return the bytes in the result instead. Each is
 	// written from one goroutine at a time, and never after Exec returns.
 	Stdout, Stderr io.Writer
+}
+
+// Check refuses what cannot be passed to a process: an empty argv, a NUL
+// byte in argv or Dir, a relative Dir. Its messages never carry the
+// values; the provider adds its name.
+func (s ExecSpec) Check() error {
+	if len(s.Argv) == 0 {
+		return errors.New("empty argv")
+	}
+	for _, a := range s.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return errors.New("argv holds a NUL byte")
+		}
+	}
+	if s.Dir != "" && (!path.IsAbs(s.Dir) || strings.IndexByte(s.Dir, 0) >= 0) {
+		return errors.New("dir must be absolute and free of NUL")
+	}
+	return nil
 }
 
 // ExecResult is the outcome of a command.

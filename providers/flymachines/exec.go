@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"mime"
 	"net/http"
-	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -113,19 +112,11 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 	return res, nil
 }
 
-// checkSpec refuses what cannot be passed to a process. Messages never
-// carry the values.
+// checkSpec refuses what cannot be passed to a process
+// (providers.ExecSpec.Check).
 func checkSpec(spec providers.ExecSpec) error {
-	if len(spec.Argv) == 0 {
-		return errors.New("flymachines: exec: empty argv")
-	}
-	for _, a := range spec.Argv {
-		if strings.IndexByte(a, 0) >= 0 {
-			return errors.New("flymachines: exec: argv holds a NUL byte")
-		}
-	}
-	if spec.Dir != "" && (!path.IsAbs(spec.Dir) || strings.IndexByte(spec.Dir, 0) >= 0) {
-		return errors.New("flymachines: exec: dir must be absolute and free of NUL")
+	if err := spec.Check(); err != nil {
+		return fmt.Errorf("flymachines: exec: %w", err)
 	}
 	return nil
 }

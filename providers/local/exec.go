@@ -11,7 +11,6 @@ import (
 	"maps"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -107,19 +106,11 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 	return res, nil
 }
 
-// checkSpec refuses what cannot be passed to a process: a NUL in argv or
-// dir, a relative dir, an empty argv. Messages never carry the values.
+// checkSpec refuses what cannot be passed to a process
+// (providers.ExecSpec.Check).
 func checkSpec(spec providers.ExecSpec) error {
-	if len(spec.Argv) == 0 {
-		return errors.New("local: exec: empty argv")
-	}
-	for _, a := range spec.Argv {
-		if strings.IndexByte(a, 0) >= 0 {
-			return errors.New("local: exec: argv holds a NUL byte")
-		}
-	}
-	if spec.Dir != "" && (!path.IsAbs(spec.Dir) || strings.IndexByte(spec.Dir, 0) >= 0) {
-		return errors.New("local: exec: dir must be absolute and free of NUL")
+	if err := spec.Check(); err != nil {
+		return fmt.Errorf("local: exec: %w", err)
 	}
 	return nil
 }
