@@ -145,35 +145,40 @@ type ExecResult struct {
 //
 // The lifecycle of a provider, written once here. The broker opens each
 // configured provider once per process, at start, through its kind's
-// [Opener] ([Registry.Open]); a failed Open closes every provider opened
-// before it, and the broker does not start. The open provider serves the
-// whole process and is shared by every request, by the reaper and by
-// every gateway process on the same vendor account: nothing a provider
-// keeps in memory may be the only record of a sandbox. Create is called by
-// the acquire saga once the workspace's record (starting) and its
-// admission hold exist; its context is not the client's, so a create runs
-// to its end (or its timeout) even when the client goes away, and when
-// Create or a later restore fails the broker terminates what was created
-// before it answers. Exec, the file methods, the snapshot methods and the
-// [Commander] methods act on a sandbox the broker has a live record of.
-// Terminate is called by the broker's termination (release, the reaper's
-// expiry, idle and revocation ends, a failed create) and must be
-// idempotent: ErrSandboxGone, or success, for a sandbox already gone,
-// both count as ended. List is how the leader's reaper sees the vendor
-// side each pass: a listed sandbox whose workspace label has no live
-// record is an orphan and is terminated; a starting workspace past its
-// pending deadline is resolved by whether List shows it; a List that fails
-// only postpones both for that provider. So every vendor-side object
-// (sandbox, volume, snapshot blob) carries the broker's labels (see
-// LabelBroker) and nothing the client sent (no env, argv, paths or
-// contents in names, labels or metadata); List returns exactly the
-// sandboxes with this broker's labels, never another broker's; and a
-// provider returns ErrSandboxGone whenever the vendor says the sandbox no
-// longer exists, so that callers can tell an end from a failure. Close is
-// called once, at shutdown (after the reaper and the listeners have
-// stopped), and must release only what this process holds (connections,
-// helper processes, goroutines): sandboxes keep running, because they
-// belong to the broker, not to the process.
+// [Opener] ([Registry.Open]); when one fails, those opened before it are
+// closed and the broker does not start. The open provider serves the
+// whole process, every request and the reaper alike, and other broker
+// processes with the same broker id work on the same vendor account at
+// the same time: nothing a provider keeps in memory may be the only record
+// of a sandbox. Create is called by the acquire saga once the workspace's
+// record (starting) and its admission hold exist, with a context that is
+// not the client's, so a create runs to its end or its timeout even when
+// the client goes away. When Create fails the broker undoes the admission
+// and answers; a sandbox the failed Create left behind is found by the
+// orphan sweep, through List. When a restore after Create fails, the
+// broker terminates the sandbox before it answers. Exec, the file
+// methods, Snapshot, Restore and the [Commander] methods act on a sandbox
+// the broker holds a live record of; DeleteSnapshot is called when a
+// snapshot is deleted, expires or is refused, and again by the reaper
+// until it succeeds. Terminate is called when a workspace ends (release, the
+// reaper's expiry, idle and revocation ends, a failed create or restore,
+// an orphan) and again by the reaper until it succeeds; a sandbox that is
+// already gone succeeds or returns ErrSandboxGone, which every caller
+// counts as ended. List is how the leader's reaper sees the vendor side on
+// each pass: a listed sandbox whose workspace has no live record is an
+// orphan and is terminated; a workspace still starting past its pending
+// deadline is ended as failed, along with the sandbox List shows for it;
+// a List that fails postpones both for that provider only. So a provider
+// guarantees that every vendor-side object it makes carries the broker's
+// labels (see LabelBroker) and nothing the client sent (no env, argv,
+// paths or contents in names, labels or metadata); that List returns the
+// sandboxes with this broker's labels and no other's; and that it returns
+// ErrSandboxGone whenever the vendor says the sandbox no longer exists, so
+// that callers tell an end from a failure. Close is called once, at
+// shutdown, after the listeners and the reaper have stopped. It releases
+// only what this process holds (connections, helper processes,
+// goroutines): sandboxes keep running, because they belong to the broker,
+// not to the process.
 type Provider interface {
 	// Create starts a sandbox and returns once it can run commands.
 	Create(ctx context.Context, spec CreateSpec) (Sandbox, error)
