@@ -23,7 +23,7 @@ import (
 // account, written straight into the stream with pipelined XADDs, and
 // reports the process's peak RSS during the export (VmHWM, reset after the
 // seeding): it stays flat from 100 000 to 1 000 000 rows. docs/benchmarks.md
-// has the figures and the /usr/bin/time -v run.
+// has the figures.
 //
 // SANDGATE_BENCH_REDIS=host:port uses that redis-server instead of a
 // private one (so /usr/bin/time measures this process alone); entries
