@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
@@ -84,7 +85,7 @@ func (s *Server) writeAudit(c echo.Context, n *auditNote, out store.AuditOutcome
 		SourceIP: c.RealIP(), UserAgent: truncate(c.Request().UserAgent(), 256), RequestID: requestID(c),
 		Before: rawJSON(n.before), After: rawJSON(n.after),
 	}
-	if t, ok := c.Get(ctxOperator).(OperatorToken); ok {
+	if t, ok := c.Get(ctxOperator).(adminapi.OperatorToken); ok {
 		e.Actor, e.Role = t.Actor(), string(t.Role)
 	}
 	// The entry is written even when the client has gone away.

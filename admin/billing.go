@@ -7,6 +7,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/protocol"
 )
@@ -17,9 +18,9 @@ import (
 // their exact micro-unit integers beside them in answers.
 
 // billingRoutes adds the billing routes; New calls it with its route helper.
-func (s *Server) billingRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []Role)) {
-	read := []Role{RoleAdmin, RoleOperator, RoleFinance}
-	adm := []Role{RoleAdmin}
+func (s *Server) billingRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []adminapi.Role)) {
+	read := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator, adminapi.RoleFinance}
+	adm := []adminapi.Role{adminapi.RoleAdmin}
 	route(http.MethodPost, "/rate-cards", "rate_card.create", s.createRateCard, adm)
 	route(http.MethodGet, "/rate-cards", "rate_card.list", s.listRateCards, read)
 	route(http.MethodPut, "/accounts/:id/billing", "billing.set", s.setBilling, adm)
@@ -30,27 +31,11 @@ func (s *Server) billingRoutes(route func(method, path, action string, h echo.Ha
 	route(http.MethodPut, "/accounts/:id/budgets", "budget.set", s.setBudget, adm)
 	route(http.MethodGet, "/accounts/:id/budgets", "budget.list", s.listBudgets, read)
 	route(http.MethodPost, "/accounts/:id/usage/adjustments", "usage.adjust", s.adjustUsage, adm)
-	route(http.MethodGet, "/billing/reconcile", "billing.reconcile", s.reconcile, []Role{RoleAdmin, RoleFinance})
+	route(http.MethodGet, "/billing/reconcile", "billing.reconcile", s.reconcile, []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleFinance})
 }
 
-// RateCardRequest creates a rate card version: a price per second, in
-// currency units, for every standard size.
-type RateCardRequest struct {
-	Name   string            `json:"name"`
-	Prices map[string]string `json:"prices"`
-}
-
-// RateCard is one version of a rate card.
-type RateCard struct {
-	Name         string            `json:"name"`
-	Version      int               `json:"version"`
-	Prices       map[string]string `json:"prices"`
-	PricesMicros map[string]int64  `json:"prices_micros"`
-	CreatedAt    string            `json:"created_at"`
-}
-
-func toRateCard(c billing.RateCard) RateCard {
-	out := RateCard{Name: c.Name, Version: c.Version, Prices: map[string]string{}, PricesMicros: c.Prices, CreatedAt: wireTime(c.CreatedAt)}
+func toRateCard(c billing.RateCard) adminapi.RateCard {
+	out := adminapi.RateCard{Name: c.Name, Version: c.Version, Prices: map[string]string{}, PricesMicros: c.Prices, CreatedAt: wireTime(c.CreatedAt)}
 	for k, v := range c.Prices {
 		out.Prices[k] = billing.FormatAmount(v)
 	}
@@ -58,7 +43,7 @@ func toRateCard(c billing.RateCard) RateCard {
 }
 
 func (s *Server) createRateCard(c echo.Context) error {
-	var req RateCardRequest
+	var req adminapi.RateCardRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -85,27 +70,15 @@ func (s *Server) listRateCards(c echo.Context) error {
 	if err != nil {
 		return storeFailed(err)
 	}
-	out := make([]RateCard, 0, len(cards))
+	out := make([]adminapi.RateCard, 0, len(cards))
 	for _, card := range cards {
 		out = append(out, toRateCard(card))
 	}
 	return c.JSON(http.StatusOK, out)
 }
 
-// BillingSettings are an account's billing settings. An account never
-// configured reads configured false: postpaid, no rate card (price 0),
-// currency XXX.
-type BillingSettings struct {
-	Configured        bool   `json:"configured"`
-	RateCard          string `json:"rate_card"`
-	Currency          string `json:"currency"`
-	CreditLimit       string `json:"credit_limit"`
-	CreditLimitMicros int64  `json:"credit_limit_micros"`
-	Postpaid          bool   `json:"postpaid"`
-}
-
-func toBillingSettings(st billing.Settings) BillingSettings {
-	return BillingSettings{Configured: st.Configured, RateCard: st.RateCard, Currency: st.Currency,
+func toBillingSettings(st billing.Settings) adminapi.BillingSettings {
+	return adminapi.BillingSettings{Configured: st.Configured, RateCard: st.RateCard, Currency: st.Currency,
 		CreditLimit: billing.FormatAmount(st.CreditLimitMicros), CreditLimitMicros: st.CreditLimitMicros, Postpaid: st.Postpaid}
 }
 
@@ -115,7 +88,7 @@ func (s *Server) setBilling(c echo.Context) error {
 	if err := s.account(ctx, acct); err != nil {
 		return err
 	}
-	var req BillingSettings
+	var req adminapi.BillingSettings
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -156,27 +129,6 @@ func (s *Server) getBilling(c echo.Context) error {
 	return c.JSON(http.StatusOK, toBillingSettings(st))
 }
 
-// FundsRequest is an operator credit or debit. IdempotencyKey makes a
-// retry apply it once.
-type FundsRequest struct {
-	Amount         string `json:"amount"`
-	Reason         string `json:"reason"`
-	IdempotencyKey string `json:"idempotency_key"`
-}
-
-// FundsEntry is an applied credit or debit.
-type FundsEntry struct {
-	Kind         string  `json:"kind"`
-	Amount       string  `json:"amount"`
-	AmountMicros int64   `json:"amount_micros"`
-	Currency     string  `json:"currency"`
-	Reason       string  `json:"reason"`
-	Actor        string  `json:"actor"`
-	At           string  `json:"at"`
-	Replayed     bool    `json:"replayed"` // the key was used before: nothing changed now
-	Balance      Balance `json:"balance"`
-}
-
 func (s *Server) adjustFunds(kind string) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		ctx := c.Request().Context()
@@ -184,7 +136,7 @@ func (s *Server) adjustFunds(kind string) echo.HandlerFunc {
 		if err := s.account(ctx, acct); err != nil {
 			return err
 		}
-		var req FundsRequest
+		var req adminapi.FundsRequest
 		if err := decodeStrict(c, &req); err != nil {
 			return err
 		}
@@ -207,7 +159,7 @@ func (s *Server) adjustFunds(kind string) echo.HandlerFunc {
 		if err != nil {
 			return storeFailed(err)
 		}
-		out := FundsEntry{Kind: e.Kind, Amount: billing.FormatAmount(e.AmountMicros), AmountMicros: e.AmountMicros,
+		out := adminapi.FundsEntry{Kind: e.Kind, Amount: billing.FormatAmount(e.AmountMicros), AmountMicros: e.AmountMicros,
 			Currency: e.Currency, Reason: e.Reason, Actor: e.Actor, At: wireTime(e.At), Replayed: !applied, Balance: toBalance(bal)}
 		n := note(c)
 		n.target, n.after = "account:"+acct, out
@@ -215,31 +167,9 @@ func (s *Server) adjustFunds(kind string) echo.HandlerFunc {
 	}
 }
 
-// Balance is an account's funds: available = balance − holds; balance =
-// credits − debits − settled.
-type Balance struct {
-	AccountID         string `json:"account_id"`
-	Currency          string `json:"currency"`
-	Postpaid          bool   `json:"postpaid"`
-	Available         string `json:"available"`
-	Holds             string `json:"holds"`
-	Settled           string `json:"settled"`
-	Balance           string `json:"balance"`
-	Credits           string `json:"credits"`
-	Debits            string `json:"debits"`
-	CreditLimit       string `json:"credit_limit"`
-	AvailableMicros   int64  `json:"available_micros"`
-	HoldsMicros       int64  `json:"holds_micros"`
-	SettledMicros     int64  `json:"settled_micros"`
-	BalanceMicros     int64  `json:"balance_micros"`
-	CreditsMicros     int64  `json:"credits_micros"`
-	DebitsMicros      int64  `json:"debits_micros"`
-	CreditLimitMicros int64  `json:"credit_limit_micros"`
-}
-
-func toBalance(b billing.Balance) Balance {
+func toBalance(b billing.Balance) adminapi.Balance {
 	f := func(m int64) string { return billing.FormatExact(m, b.Currency) }
-	return Balance{AccountID: b.AccountID, Currency: b.Currency, Postpaid: b.Postpaid,
+	return adminapi.Balance{AccountID: b.AccountID, Currency: b.Currency, Postpaid: b.Postpaid,
 		Available: f(b.AvailableMicros), Holds: f(b.HoldsMicros), Settled: f(b.SettledMicros), Balance: f(b.BalanceMicros),
 		Credits: f(b.CreditsMicros), Debits: f(b.DebitsMicros), CreditLimit: f(b.CreditLimitMicros),
 		AvailableMicros: b.AvailableMicros, HoldsMicros: b.HoldsMicros, SettledMicros: b.SettledMicros,
@@ -259,32 +189,13 @@ func (s *Server) balance(c echo.Context) error {
 	return c.JSON(http.StatusOK, toBalance(b))
 }
 
-// BudgetRequest sets a monthly budget; Monthly "0" removes it.
-type BudgetRequest struct {
-	InstanceID string `json:"instance_id,omitempty"`
-	Agent      string `json:"agent,omitempty"`
-	Monthly    string `json:"monthly"`
-	Soft       bool   `json:"soft"`
-}
-
-// Budget is a monthly budget with this month's use (settled plus held).
-type Budget struct {
-	InstanceID    string `json:"instance_id,omitempty"`
-	Agent         string `json:"agent,omitempty"`
-	Monthly       string `json:"monthly"`
-	MonthlyMicros int64  `json:"monthly_micros"`
-	Soft          bool   `json:"soft"`
-	Used          string `json:"used"`
-	UsedMicros    int64  `json:"used_micros"`
-}
-
 func (s *Server) setBudget(c echo.Context) error {
 	ctx := c.Request().Context()
 	acct := c.Param("id")
 	if err := s.account(ctx, acct); err != nil {
 		return err
 	}
-	var req BudgetRequest
+	var req adminapi.BudgetRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -320,9 +231,9 @@ func (s *Server) listBudgets(c echo.Context) error {
 	if err != nil {
 		return storeFailed(err)
 	}
-	out := make([]Budget, 0, len(bs))
+	out := make([]adminapi.Budget, 0, len(bs))
 	for _, b := range bs {
-		out = append(out, Budget{InstanceID: b.InstanceID, Agent: b.Agent, Monthly: billing.FormatAmount(b.MonthlyMicros),
+		out = append(out, adminapi.Budget{InstanceID: b.InstanceID, Agent: b.Agent, Monthly: billing.FormatAmount(b.MonthlyMicros),
 			MonthlyMicros: b.MonthlyMicros, Soft: b.Soft, Used: billing.FormatAmount(b.UsedMicros), UsedMicros: b.UsedMicros})
 	}
 	return c.JSON(http.StatusOK, out)
@@ -361,16 +272,6 @@ func (s *Server) reconcile(c echo.Context) error {
 	return c.JSON(http.StatusOK, out)
 }
 
-// AdjustmentRequest corrects a usage ledger entry: Amount is the signed
-// correction in currency units ("-1.50" refunds). The reason is kept in
-// the audit log.
-type AdjustmentRequest struct {
-	Corrects       string `json:"corrects"`
-	Amount         string `json:"amount"`
-	Reason         string `json:"reason"`
-	IdempotencyKey string `json:"idempotency_key"`
-}
-
 // Adjustment is the appended adjustment entry.
 type Adjustment struct {
 	Entry    billing.UsageEntry `json:"entry"`
@@ -383,7 +284,7 @@ func (s *Server) adjustUsage(c echo.Context) error {
 	if err := s.account(ctx, acct); err != nil {
 		return err
 	}
-	var req AdjustmentRequest
+	var req adminapi.AdjustmentRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}

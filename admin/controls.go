@@ -14,6 +14,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
@@ -55,8 +56,8 @@ func (s *Server) newControl(c echo.Context, reason, note, until string) (*store.
 	return ctl, nil
 }
 
-func operator(c echo.Context) OperatorToken {
-	t, _ := c.Get(ctxOperator).(OperatorToken)
+func operator(c echo.Context) adminapi.OperatorToken {
+	t, _ := c.Get(ctxOperator).(adminapi.OperatorToken)
 	return t
 }
 
@@ -84,12 +85,12 @@ func (s *Server) instanceByID(ctx context.Context, id string) (sandgate.Instance
 
 // sweep ends the running workspaces of sc with reason, once; the
 // background sweep retries the failures. The sweep outlives the request.
-func (s *Server) sweep(c echo.Context, sc termination.Scope, reason sandgate.TerminationReason) (Swept, error) {
+func (s *Server) sweep(c echo.Context, sc termination.Scope, reason sandgate.TerminationReason) (adminapi.Swept, error) {
 	n := note(c)
 	res, err := s.cfg.Terminator.Sweep(context.WithoutCancel(c.Request().Context()), sc, reason)
 	n.swept = &res
 	if err != nil {
-		return Swept{}, &protocol.Error{Code: protocol.Internal, Err: err,
+		return adminapi.Swept{}, &protocol.Error{Code: protocol.Internal, Err: err,
 			Message: "the change is in force, but the scope's running workspaces could not be listed; the background sweep will end them"}
 	}
 	if res.Failed > 0 {
@@ -97,13 +98,13 @@ func (s *Server) sweep(c echo.Context, sc termination.Scope, reason sandgate.Ter
 			slog.String(sandgate.KeyAccountID, sc.AccountID), sandgate.InstanceAttr(sc.InstanceID),
 			slog.Int("terminated", res.Terminated), slog.Int("failed", res.Failed))
 	}
-	return Swept{Terminated: res.Terminated, Failed: res.Failed}, nil
+	return adminapi.Swept{Terminated: res.Terminated, Failed: res.Failed}, nil
 }
 
 // stop sets or lifts the emergency stop of the broker or of one account.
 // Setting it terminates the scope's running workspaces (emergency_stopped).
 func (s *Server) stop(c echo.Context) error {
-	var req StopRequest
+	var req adminapi.StopRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -189,7 +190,7 @@ func (s *Server) pauseScope(c echo.Context, acct, inst string) (string, string, 
 // pause pauses one account or one instance and terminates its running
 // workspaces (paused).
 func (s *Server) pause(c echo.Context) error {
-	var req PauseRequest
+	var req adminapi.PauseRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -221,7 +222,7 @@ func (s *Server) pause(c echo.Context) error {
 // resume lifts the pause of one account or one instance; the other pauses
 // (an account's instances, an instance's account) stay.
 func (s *Server) resume(c echo.Context) error {
-	var req ResumeRequest
+	var req adminapi.ResumeRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -263,13 +264,13 @@ func (s *Server) status(c echo.Context) error {
 		return storeFailed(err)
 	}
 	now := s.clock.Now()
-	out := Status{BrokerStop: toControl(g, now), Controls: make([]ScopedControl, 0, len(all))}
+	out := adminapi.Status{BrokerStop: toControl(g, now), Controls: make([]adminapi.ScopedControl, 0, len(all))}
 	for _, ac := range all {
-		out.Controls = append(out.Controls, ScopedControl{
+		out.Controls = append(out.Controls, adminapi.ScopedControl{
 			AccountID: ac.AccountID, InstanceID: ac.InstanceID, Kind: ac.Kind, Control: *toControl(&ac.Control, now),
 		})
 	}
-	slices.SortFunc(out.Controls, func(a, b ScopedControl) int {
+	slices.SortFunc(out.Controls, func(a, b adminapi.ScopedControl) int {
 		return cmp.Or(cmp.Compare(a.AccountID, b.AccountID), cmp.Compare(a.InstanceID, b.InstanceID), cmp.Compare(a.Kind, b.Kind))
 	})
 	return c.JSON(http.StatusOK, out)
@@ -284,7 +285,7 @@ func (s *Server) setLimits(c echo.Context) error {
 	if err := s.account(ctx, acct); err != nil {
 		return err
 	}
-	var req RiskLimits
+	var req adminapi.RiskLimits
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -320,6 +321,6 @@ func (s *Server) getLimits(c echo.Context) error {
 	return c.JSON(http.StatusOK, toRiskLimits(l))
 }
 
-func toRiskLimits(l store.RiskLimits) RiskLimits {
-	return RiskLimits{AcquiresPerMinute: l.AcquiresPerMinute, MaxOpenWorkspaces: l.MaxOpenWorkspaces, MaxSize: l.MaxSize}
+func toRiskLimits(l store.RiskLimits) adminapi.RiskLimits {
+	return adminapi.RiskLimits{AcquiresPerMinute: l.AcquiresPerMinute, MaxOpenWorkspaces: l.MaxOpenWorkspaces, MaxSize: l.MaxSize}
 }

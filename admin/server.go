@@ -10,7 +10,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -24,6 +23,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
@@ -33,57 +33,9 @@ import (
 	"github.com/sandgate/sandgate/token"
 )
 
-// Role is what an operator token may do.
-type Role string
-
-// Roles, from most to least powerful.
-const (
-	RoleAdmin    Role = "admin"    // everything
-	RoleOperator Role = "operator" // stop, pause, revoke, read
-	RoleFinance  Role = "finance"  // read usage and balances only
-)
-
-// OperatorToken is one configured operator credential. Only its SHA-256
-// and, when known, its first characters are kept.
-type OperatorToken struct {
-	Name string
-	Role Role
-	Hash string // hex SHA-256 of the token
-	// Prefix is the token's first characters (TokenPrefix), recorded with
-	// Name as the actor of its actions. Empty when the configuration has
-	// only the token's hash: the actor is then Name alone.
-	Prefix string
-}
-
-// Actor is how the token is named in the audit log and in the controls it
-// sets: "name:prefix", or the name alone without a prefix.
-func (t OperatorToken) Actor() string {
-	if t.Prefix == "" {
-		return t.Name
-	}
-	return t.Name + ":" + t.Prefix
-}
-
-// HashToken returns the hex SHA-256 an OperatorToken keeps.
-func HashToken(s sandgate.Secret) string {
-	sum := sha256.Sum256([]byte(s.Reveal()))
-	return hex.EncodeToString(sum[:])
-}
-
-// TokenPrefix returns the first 8 characters of an operator token, the
-// OperatorToken's Prefix. A token shorter than 16 characters gets none,
-// since 8 of its characters would give too much of it away.
-func TokenPrefix(s sandgate.Secret) string {
-	r := []rune(s.Reveal())
-	if len(r) < 16 {
-		return ""
-	}
-	return string(r[:8])
-}
-
 // Config configures the operator API. A zero field means the default noted beside it.
 type Config struct {
-	Tokens []OperatorToken
+	Tokens []adminapi.OperatorToken
 	// Grace is a superseded token's default grace period on rotate. 0 means 1 hour.
 	Grace time.Duration
 	// Defaults is the scope a new instance starts from before the
@@ -108,7 +60,7 @@ type Server struct {
 	db      *store.DB
 	clock   sandgate.Clock
 	log     *slog.Logger
-	roles   map[string]OperatorToken
+	roles   map[string]adminapi.OperatorToken
 	actions map[string]string // "METHOD /admin/v1/route" → audit action
 	echo    *echo.Echo
 	bill    *billing.Billing
@@ -137,7 +89,7 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) (*Ser
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, db: db, clock: clock, log: log, roles: map[string]OperatorToken{}, actions: map[string]string{}, bill: cfg.Billing}
+	s := &Server{cfg: cfg, db: db, clock: clock, log: log, roles: map[string]adminapi.OperatorToken{}, actions: map[string]string{}, bill: cfg.Billing}
 	for _, t := range cfg.Tokens {
 		s.roles[t.Hash] = t
 	}
@@ -149,10 +101,10 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) (*Ser
 	e.HTTPErrorHandler = s.handleError
 	e.Use(s.base)
 	g := e.Group("/admin/v1", s.audit, s.authenticate)
-	all := []Role{RoleAdmin, RoleOperator, RoleFinance}
-	ops := []Role{RoleAdmin, RoleOperator}
-	adm := []Role{RoleAdmin}
-	route := func(method, path, action string, h echo.HandlerFunc, roles []Role) {
+	all := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator, adminapi.RoleFinance}
+	ops := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator}
+	adm := []adminapi.Role{adminapi.RoleAdmin}
+	route := func(method, path, action string, h echo.HandlerFunc, roles []adminapi.Role) {
 		s.actions[method+" /admin/v1"+path] = action
 		g.Add(method, path, h, allow(roles...))
 	}
@@ -228,7 +180,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return protocol.E(protocol.Unauthenticated, "missing operator token")
 		}
-		t, ok := s.roles[HashToken(sandgate.Secret(strings.TrimSpace(raw)))]
+		t, ok := s.roles[token.Hash(sandgate.Secret(strings.TrimSpace(raw)))]
 		if !ok {
 			return protocol.E(protocol.Unauthenticated, "unknown operator token")
 		}
@@ -237,10 +189,10 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-func allow(roles ...Role) echo.MiddlewareFunc {
+func allow(roles ...adminapi.Role) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			t, _ := c.Get(ctxOperator).(OperatorToken)
+			t, _ := c.Get(ctxOperator).(adminapi.OperatorToken)
 			for _, r := range roles {
 				if t.Role == r {
 					return next(c)
@@ -299,7 +251,7 @@ func storeFailed(err error) error {
 func invalid(msg string) error { return protocol.E(protocol.InvalidRequest, msg) }
 
 func (s *Server) createAccount(c echo.Context) error {
-	var req CreateAccountRequest
+	var req adminapi.CreateAccountRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -311,7 +263,7 @@ func (s *Server) createAccount(c echo.Context) error {
 	if err := s.db.CreateAccount(c.Request().Context(), a); err != nil {
 		return storeFailed(err)
 	}
-	out := Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)}
+	out := adminapi.Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)}
 	n := note(c)
 	n.target, n.after = "account:"+a.ID, out
 	return c.JSON(http.StatusCreated, out)
@@ -322,15 +274,15 @@ func (s *Server) listAccounts(c echo.Context) error {
 	if err != nil {
 		return storeFailed(err)
 	}
-	out := make([]Account, 0, len(as))
+	out := make([]adminapi.Account, 0, len(as))
 	for _, a := range as {
-		out = append(out, Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)})
+		out = append(out, adminapi.Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)})
 	}
 	return c.JSON(http.StatusOK, out)
 }
 
 func (s *Server) createInstance(c echo.Context) error {
-	var req CreateInstanceRequest
+	var req adminapi.CreateInstanceRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -370,7 +322,7 @@ func (s *Server) provider(name string) (*providers.Entry, error) {
 // workspaces run on another provider, which must enforce its scope as it
 // is; running workspaces stay where they are.
 func (s *Server) setProvider(c echo.Context) error {
-	var req SetProviderRequest
+	var req adminapi.SetProviderRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -401,7 +353,7 @@ func (s *Server) setProvider(c echo.Context) error {
 // listProviders is GET /providers: the configured providers, what each
 // enforces, and whether it takes new workspaces.
 func (s *Server) listProviders(c echo.Context) error {
-	out := []Provider{}
+	out := []adminapi.Provider{}
 	for _, e := range s.cfg.Providers.All() {
 		out = append(out, toProvider(e, e.Name == s.cfg.Providers.Default()))
 	}
@@ -411,7 +363,7 @@ func (s *Server) listProviders(c echo.Context) error {
 // mergeScope lays the operator's fields over the defaults and validates
 // the result, and that prov can enforce it. An egress ceiling left out
 // is [] on a provider that cannot filter by domain.
-func (s *Server) mergeScope(w Scope, prov *providers.Entry) (sandgate.Scope, error) {
+func (s *Server) mergeScope(w adminapi.Scope, prov *providers.Entry) (sandgate.Scope, error) {
 	caps := prov.Provider.Capabilities()
 	req := toScope(w)
 	out := s.cfg.Defaults
@@ -495,7 +447,7 @@ func (s *Server) listInstances(c echo.Context) error {
 			accts = append(accts, a.ID)
 		}
 	}
-	out := []Instance{}
+	out := []adminapi.Instance{}
 	for _, a := range accts {
 		ins, err := s.db.Instances(ctx, a)
 		if err != nil {
@@ -514,17 +466,19 @@ func (s *Server) instance(c echo.Context) (sandgate.Instance, error) {
 
 // leases returns an instance's leases as the operator sees them (prefixes
 // and states, never a token), for listings and the audit log.
-func (s *Server) leases(ctx context.Context, in sandgate.Instance) ([]Lease, error) {
+func (s *Server) leases(ctx context.Context, in sandgate.Instance) ([]adminapi.Lease, error) {
 	ls, err := s.db.Leases(ctx, in.AccountID, in.ID)
 	if err != nil {
 		return nil, storeFailed(err)
 	}
 	now := s.clock.Now()
-	out := make([]Lease, 0, len(ls))
+	out := make([]adminapi.Lease, 0, len(ls))
 	for _, l := range ls {
 		out = append(out, toLease(l, now))
 	}
-	slices.SortFunc(out, func(a, b Lease) int { return cmp.Or(cmp.Compare(a.IssuedAt, b.IssuedAt), cmp.Compare(a.ID, b.ID)) })
+	slices.SortFunc(out, func(a, b adminapi.Lease) int {
+		return cmp.Or(cmp.Compare(a.IssuedAt, b.IssuedAt), cmp.Compare(a.ID, b.ID))
+	})
 	return out, nil
 }
 
@@ -554,7 +508,7 @@ func (s *Server) issueToken(rotate bool) echo.HandlerFunc {
 		if err != nil {
 			return err
 		}
-		var req IssueTokenRequest
+		var req adminapi.IssueTokenRequest
 		if c.Request().ContentLength != 0 {
 			if err := decodeStrict(c, &req); err != nil {
 				return err
@@ -593,7 +547,7 @@ func (s *Server) issueToken(rotate bool) echo.HandlerFunc {
 			n.after = toLease(l, now)
 		}
 		s.log.Info("token issued", sandgate.InstanceAttr(in.ID), slog.String(sandgate.KeyLeaseID, l.ID), slog.Bool("rotate", rotate))
-		return c.JSON(http.StatusCreated, IssuedToken{Token: tok.Reveal(), LeaseID: l.ID, InstanceID: in.ID, ExpiresAt: timePtr(l.ExpiresAt)})
+		return c.JSON(http.StatusCreated, adminapi.IssuedToken{Token: tok.Reveal(), LeaseID: l.ID, InstanceID: in.ID, ExpiresAt: timePtr(l.ExpiresAt)})
 	}
 }
 
@@ -613,7 +567,7 @@ func (s *Server) endGrace(c echo.Context) error {
 	if nt.after, err = s.leases(ctx, in); err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, Count{Count: n})
+	return c.JSON(http.StatusOK, adminapi.Count{Count: n})
 }
 
 // revokeLease revokes one token, named by its lease id, as immediately as
@@ -650,7 +604,7 @@ func (s *Server) revokeLease(c echo.Context) error {
 	if nt.after, err = s.leases(ctx, in); err != nil {
 		return err
 	}
-	out := RevokeResult{}
+	out := adminapi.RevokeResult{}
 	if revoked {
 		out.Count = 1
 	}
@@ -666,7 +620,7 @@ func (s *Server) revoke(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var req RevokeRequest
+	var req adminapi.RevokeRequest
 	if c.Request().ContentLength != 0 {
 		if err := decodeStrict(c, &req); err != nil {
 			return err
@@ -684,7 +638,7 @@ func (s *Server) revoke(c echo.Context) error {
 		return err
 	}
 	s.log.Info("tokens revoked", sandgate.InstanceAttr(in.ID), slog.Int("count", n), slog.String("actor", operator(c).Actor()))
-	out := RevokeResult{Count: n}
+	out := adminapi.RevokeResult{Count: n}
 	if req.TerminateWorkspaces == nil || *req.TerminateWorkspaces {
 		// The reaper keeps ending them should this sweep not finish.
 		if err := s.db.MarkRevoked(ctx, in.AccountID, in.ID, s.clock.Now()); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/protocol"
 )
@@ -19,8 +20,8 @@ import (
 // tenants' money data.
 
 // usageRoutes adds the finance routes; New calls it with its route helper.
-func (s *Server) usageRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []Role)) {
-	fin := []Role{RoleAdmin, RoleFinance}
+func (s *Server) usageRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []adminapi.Role)) {
+	fin := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleFinance}
 	route(http.MethodGet, "/usage", "usage.export", s.exportUsage, fin)
 	route(http.MethodGet, "/usage/summary", "usage.summary", s.summarizeUsage, fin)
 	route(http.MethodGet, "/accounts/:id/statement", "usage.statement", s.statement, fin)
@@ -174,25 +175,6 @@ func abort(w http.ResponseWriter) {
 	}
 }
 
-// UsageSummary is the answer of GET /usage/summary.
-type UsageSummary struct {
-	From    string         `json:"from"`
-	To      string         `json:"to"`
-	GroupBy string         `json:"group_by"`
-	Groups  []SummaryGroup `json:"groups"`
-}
-
-// SummaryGroup totals one group's entries in one currency.
-type SummaryGroup struct {
-	Key          string `json:"key"`
-	Currency     string `json:"currency"`
-	Entries      int64  `json:"entries"`
-	Workspaces   int64  `json:"workspaces"`
-	Seconds      int64  `json:"seconds"`
-	AmountMicros int64  `json:"amount_micros"`
-	Amount       string `json:"amount"`
-}
-
 func (s *Server) summarizeUsage(c echo.Context) error {
 	n := note(c)
 	n.target, n.always = "usage", true
@@ -213,10 +195,10 @@ func (s *Server) summarizeUsage(c echo.Context) error {
 	} else if err != nil {
 		return &protocol.Error{Code: protocol.Internal, Message: "the usage ledger could not be read", Err: err}
 	}
-	out := UsageSummary{From: rng.From, To: rng.To, GroupBy: string(by), Groups: make([]SummaryGroup, 0, len(rows))}
+	out := adminapi.UsageSummary{From: rng.From, To: rng.To, GroupBy: string(by), Groups: make([]adminapi.SummaryGroup, 0, len(rows))}
 	for _, r := range rows {
 		rng.Rows += r.Entries
-		out.Groups = append(out.Groups, SummaryGroup{Key: r.Key, Currency: r.Currency, Entries: r.Entries,
+		out.Groups = append(out.Groups, adminapi.SummaryGroup{Key: r.Key, Currency: r.Currency, Entries: r.Entries,
 			Workspaces: r.Workspaces, Seconds: r.Seconds, AmountMicros: r.AmountMicros,
 			Amount: billing.FormatMinor(r.AmountMicros, r.Currency)})
 	}

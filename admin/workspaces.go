@@ -15,6 +15,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/store"
@@ -31,55 +32,18 @@ import (
 // with DELETE /admin/v1/workspaces/{id}.
 const KillReason = sandgate.ReasonEmergencyStopped
 
-// Workspace is one workspace as the operator API shows it: who owns it,
-// where it runs, how long it has lived and what it has cost so far.
-type Workspace struct {
-	ID                string  `json:"id"`
-	AccountID         string  `json:"account_id"`
-	InstanceID        string  `json:"instance_id"`
-	Provider          string  `json:"provider"`
-	Label             string  `json:"label"`
-	Agent             string  `json:"agent,omitempty"`
-	RunID             string  `json:"run_id,omitempty"`
-	Size              string  `json:"size"`
-	Image             string  `json:"image"`
-	State             string  `json:"state"`
-	CreatedAt         string  `json:"created_at"`
-	StartedAt         *string `json:"started_at"`
-	ExpiresAt         string  `json:"expires_at"`
-	TerminatedAt      *string `json:"terminated_at"`
-	TerminationReason *string `json:"termination_reason"`
-	// AgeSeconds is the whole seconds since created_at (to terminated_at
-	// once it ended).
-	AgeSeconds int64 `json:"age_seconds"`
-	// MeteredSeconds is the whole seconds from the provider-confirmed start
-	// to now (to its recorded end once terminated), rounded up, never past
-	// expires_at: what it would be charged for if it ended now.
-	MeteredSeconds int64  `json:"metered_seconds"`
-	Currency       string `json:"currency"`          // ISO 4217; XXX without a price
-	UnitPrice      int64  `json:"unit_price_micros"` // per second, micro-units
-	AmountMicros   int64  `json:"amount_micros"`     // metered_seconds × unit price
-	Amount         string `json:"amount"`            // amount_micros at the currency's minor units
-}
-
-// WorkspaceList is the answer of GET /admin/v1/workspaces.
-type WorkspaceList struct {
-	Workspaces []Workspace `json:"workspaces"`
-	NextCursor *string     `json:"next_cursor"` // null on the last page
-}
-
 // workspaceRoutes adds the per-workspace routes; New calls it with its
 // route helper.
-func (s *Server) workspaceRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []Role)) {
-	ops := []Role{RoleAdmin, RoleOperator}
+func (s *Server) workspaceRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []adminapi.Role)) {
+	ops := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator}
 	route(http.MethodGet, "/workspaces", "workspace.list", s.listWorkspaces, ops)
 	route(http.MethodGet, "/workspaces/:id", "workspace.get", s.getWorkspace, ops)
 	route(http.MethodDelete, "/workspaces/:id", "workspace.kill", s.killWorkspace, ops)
 }
 
 // toWorkspace renders w as of now.
-func toWorkspace(w sandgate.Workspace, now time.Time) Workspace {
-	out := Workspace{
+func toWorkspace(w sandgate.Workspace, now time.Time) adminapi.Workspace {
+	out := adminapi.Workspace{
 		ID: w.ID, AccountID: w.AccountID, InstanceID: w.InstanceID, Provider: w.Provider,
 		Label: w.Label, Agent: w.Agent, RunID: w.RunID, Size: w.Size, Image: w.Image, State: string(w.State),
 		CreatedAt: wireTime(w.CreatedAt), StartedAt: timePtr(w.StartedAt), ExpiresAt: wireTime(w.ExpiresAt),
@@ -192,7 +156,7 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 			return err
 		}
 		if acct != "" && acct != in.AccountID {
-			return c.JSON(http.StatusOK, WorkspaceList{Workspaces: []Workspace{}})
+			return c.JSON(http.StatusOK, adminapi.WorkspaceList{Workspaces: []adminapi.Workspace{}})
 		}
 		acct = in.AccountID
 	} else if acct != "" {
@@ -217,7 +181,7 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 	slices.SortFunc(ws, func(a, b sandgate.Workspace) int {
 		return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
 	})
-	out := WorkspaceList{Workspaces: []Workspace{}}
+	out := adminapi.WorkspaceList{Workspaces: []adminapi.Workspace{}}
 	if len(ws) > f.limit {
 		ws = ws[:f.limit]
 		next := workspaceCursor(ws[len(ws)-1])

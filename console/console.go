@@ -28,7 +28,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -131,11 +131,11 @@ func sameOrigin(r *http.Request) bool {
 // session is the signed-in operator of one request.
 type session struct {
 	token sandgate.Secret
-	who   admin.Whoami
+	who   adminapi.Whoami
 	csrf  string
 }
 
-func (s *session) may(roles ...admin.Role) bool {
+func (s *session) may(roles ...adminapi.Role) bool {
 	for _, r := range roles {
 		if s.who.Role == r {
 			return true
@@ -165,7 +165,7 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) *session {
 		return nil
 	}
 	tok := sandgate.Secret(ck.Value)
-	var who admin.Whoami
+	var who adminapi.Whoami
 	if err := c.call(r, tok, http.MethodGet, "/whoami", nil, &who); err != nil {
 		var ae *apiError
 		if errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {

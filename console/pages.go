@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 )
 
 func (c *Console) routes() {
@@ -43,14 +43,14 @@ func (c *Console) routes() {
 // Roles of the pages, as the operator API grants them. The console only
 // hides what a role may not use; the API refuses it all the same.
 var (
-	opsRoles     = []admin.Role{admin.RoleAdmin, admin.RoleOperator}
-	financeRoles = []admin.Role{admin.RoleAdmin, admin.RoleFinance}
+	opsRoles     = []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator}
+	financeRoles = []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleFinance}
 )
 
 // view is what every page template gets.
 type view struct {
 	Title    string
-	Who      admin.Whoami
+	Who      adminapi.Whoami
 	CSRF     string
 	Ops      bool // may see workspaces, controls and the audit log
 	Finance  bool // may see usage
@@ -144,7 +144,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tok := sandgate.Secret(strings.TrimSpace(r.PostForm.Get("token")))
-	var who admin.Whoami
+	var who adminapi.Whoami
 	if err := c.call(r, tok, http.MethodPost, "/signin", nil, &who); err != nil {
 		var ae *apiError
 		if errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {
@@ -171,11 +171,11 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 }
 
 // liveWorkspaces walks every page of GET /workspaces with query q.
-func (c *Console) liveWorkspaces(r *http.Request, s *session, q url.Values) ([]admin.Workspace, error) {
-	var out []admin.Workspace
+func (c *Console) liveWorkspaces(r *http.Request, s *session, q url.Values) ([]adminapi.Workspace, error) {
+	var out []adminapi.Workspace
 	q.Set("limit", "500")
 	for range 20 { // 10 000 rows at most on one page of the console
-		var l admin.WorkspaceList
+		var l adminapi.WorkspaceList
 		if err := c.call(r, s.token, http.MethodGet, "/workspaces?"+q.Encode(), nil, &l); err != nil {
 			return nil, err
 		}
@@ -194,7 +194,7 @@ type count struct {
 	N   int
 }
 
-func countBy(ws []admin.Workspace, key func(admin.Workspace) string) []count {
+func countBy(ws []adminapi.Workspace, key func(adminapi.Workspace) string) []count {
 	m := map[string]int{}
 	for _, w := range ws {
 		m[key(w)]++
@@ -211,7 +211,7 @@ type overviewData struct {
 	Live       int
 	ByProvider []count
 	ByAccount  []count
-	Status     *admin.Status
+	Status     *adminapi.Status
 	Accounts   int
 	Refusals   []refusalRow
 	Since      string // the start of the refusals' window
@@ -231,18 +231,18 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		d.Live = len(ws)
-		d.ByProvider = countBy(ws, func(w admin.Workspace) string { return w.Provider })
-		d.ByAccount = countBy(ws, func(w admin.Workspace) string { return w.AccountID })
+		d.ByProvider = countBy(ws, func(w adminapi.Workspace) string { return w.Provider })
+		d.ByAccount = countBy(ws, func(w adminapi.Workspace) string { return w.AccountID })
 		var since time.Time
 		d.Refusals, since, d.Counted = c.refs.window(r, c.clock.Now())
 		d.Since = since.UTC().Format(time.RFC3339)
-		d.Status = &admin.Status{}
+		d.Status = &adminapi.Status{}
 		if err := c.call(r, s.token, http.MethodGet, "/status", nil, d.Status); err != nil {
 			c.fail(w, r, s, err)
 			return
 		}
 	}
-	var as []admin.Account
+	var as []adminapi.Account
 	if err := c.call(r, s.token, http.MethodGet, "/accounts", nil, &as); err != nil {
 		c.fail(w, r, s, err)
 		return
@@ -254,7 +254,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 type workspacesData struct {
 	Filter     url.Values
 	States     []string
-	Workspaces []admin.Workspace
+	Workspaces []adminapi.Workspace
 }
 
 // workspaces is the live table: filters, a refresh every 5 s, and a kill
@@ -300,7 +300,7 @@ func (c *Console) killConfirm(w http.ResponseWriter, r *http.Request) {
 	if s == nil {
 		return
 	}
-	var ws admin.Workspace
+	var ws adminapi.Workspace
 	if err := c.call(r, s.token, http.MethodGet, "/workspaces/"+url.PathEscape(r.PathValue("id")), nil, &ws); err != nil {
 		c.fail(w, r, s, err)
 		return
@@ -315,7 +315,7 @@ func (c *Console) kill(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	var ws admin.Workspace
+	var ws adminapi.Workspace
 	if err := c.call(r, s.token, http.MethodDelete, "/workspaces/"+url.PathEscape(id), nil, &ws); err != nil {
 		c.fail(w, r, s, err)
 		return
@@ -325,9 +325,9 @@ func (c *Console) kill(w http.ResponseWriter, r *http.Request) {
 
 // accountRow is one account with its funds and budgets.
 type accountRow struct {
-	Account admin.Account
-	Balance *admin.Balance
-	Budgets []admin.Budget
+	Account adminapi.Account
+	Balance *adminapi.Balance
+	Budgets []adminapi.Budget
 }
 
 func (c *Console) accounts(w http.ResponseWriter, r *http.Request) {
@@ -335,14 +335,14 @@ func (c *Console) accounts(w http.ResponseWriter, r *http.Request) {
 	if s == nil {
 		return
 	}
-	var as []admin.Account
+	var as []adminapi.Account
 	if err := c.call(r, s.token, http.MethodGet, "/accounts", nil, &as); err != nil {
 		c.fail(w, r, s, err)
 		return
 	}
 	rows := make([]accountRow, 0, len(as))
 	for _, a := range as {
-		row := accountRow{Account: a, Balance: &admin.Balance{}}
+		row := accountRow{Account: a, Balance: &adminapi.Balance{}}
 		if err := c.call(r, s.token, http.MethodGet, "/accounts/"+url.PathEscape(a.ID)+"/funds", nil, row.Balance); err != nil {
 			c.fail(w, r, s, err)
 			return
@@ -373,28 +373,28 @@ func (c *Console) month(r *http.Request) (string, time.Time, time.Time, error) {
 type usageData struct {
 	Month, Prev, Next string
 	Days              []chart // per currency: seconds and amounts per day
-	ByAccount         []admin.SummaryGroup
-	BySize            []admin.SummaryGroup
+	ByAccount         []adminapi.SummaryGroup
+	BySize            []adminapi.SummaryGroup
 	AccountCharts     []chart
 	SizeCharts        []chart
 	SizeDayCharts     []chart
 	CSV               string
 }
 
-func (c *Console) summary(r *http.Request, s *session, by string, from, to time.Time, acct string) ([]admin.SummaryGroup, error) {
+func (c *Console) summary(r *http.Request, s *session, by string, from, to time.Time, acct string) ([]adminapi.SummaryGroup, error) {
 	return c.summaryOf(r, s, by, from, to, url.Values{"account": {acct}})
 }
 
 // summaryOf is GET /usage/summary grouped by by over [from, to), with the
 // non-empty filters of f (account, size).
-func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to time.Time, f url.Values) ([]admin.SummaryGroup, error) {
+func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to time.Time, f url.Values) ([]adminapi.SummaryGroup, error) {
 	q := url.Values{"group_by": {by}, "from": {from.Format(time.RFC3339)}, "to": {to.Format(time.RFC3339)}}
 	for k := range f {
 		if v := f.Get(k); v != "" {
 			q.Set(k, v)
 		}
 	}
-	var sum admin.UsageSummary
+	var sum adminapi.UsageSummary
 	if err := c.call(r, s.token, http.MethodGet, "/usage/summary?"+q.Encode(), nil, &sum); err != nil {
 		return nil, err
 	}
@@ -491,7 +491,7 @@ func (c *Console) usageCSV(w http.ResponseWriter, r *http.Request) {
 }
 
 type controlsData struct {
-	Status admin.Status
+	Status adminapi.Status
 }
 
 func (c *Console) controls(w http.ResponseWriter, r *http.Request) {
@@ -542,7 +542,7 @@ func (c *Console) stop(w http.ResponseWriter, r *http.Request) {
 	}
 	f := r.PostForm
 	on := f.Get("on") == "true"
-	req := admin.StopRequest{On: &on, AccountID: strings.TrimSpace(f.Get("account"))}
+	req := adminapi.StopRequest{On: &on, AccountID: strings.TrimSpace(f.Get("account"))}
 	scope := "the broker"
 	if req.AccountID != "" {
 		scope = "account " + req.AccountID
@@ -559,7 +559,7 @@ func (c *Console) stop(w http.ResponseWriter, r *http.Request) {
 		}
 		req.Reason, req.Note, req.Until = strings.TrimSpace(f.Get("reason")), f.Get("note"), until
 	}
-	var out admin.Swept
+	var out adminapi.Swept
 	if err := c.call(r, s.token, http.MethodPost, "/stop", req, &out); err != nil {
 		c.fail(w, r, s, err)
 		return
@@ -601,8 +601,8 @@ func (c *Console) pause(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, s, err)
 		return
 	}
-	var out admin.Swept
-	req := admin.PauseRequest{AccountID: acct, InstanceID: inst, Reason: strings.TrimSpace(f.Get("reason")), Note: f.Get("note"), Until: until}
+	var out adminapi.Swept
+	req := adminapi.PauseRequest{AccountID: acct, InstanceID: inst, Reason: strings.TrimSpace(f.Get("reason")), Note: f.Get("note"), Until: until}
 	if err := c.call(r, s.token, http.MethodPost, "/pause", req, &out); err != nil {
 		c.fail(w, r, s, err)
 		return
@@ -620,7 +620,7 @@ func (c *Console) resume(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, s, err)
 		return
 	}
-	if err := c.call(r, s.token, http.MethodPost, "/resume", admin.ResumeRequest{AccountID: acct, InstanceID: inst}, nil); err != nil {
+	if err := c.call(r, s.token, http.MethodPost, "/resume", adminapi.ResumeRequest{AccountID: acct, InstanceID: inst}, nil); err != nil {
 		c.fail(w, r, s, err)
 		return
 	}

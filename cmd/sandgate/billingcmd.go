@@ -11,7 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
+	"github.com/sandgate/sandgate/billing"
 )
 
 // Billing commands of `sandgate admin`: rate cards, account billing
@@ -30,11 +31,11 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := admin.RateCardRequest{Name: name, Prices: map[string]string{}}
+			req := adminapi.RateCardRequest{Name: name, Prices: map[string]string{}}
 			for size, p := range prices {
 				req.Prices[size] = *p
 			}
-			var out admin.RateCard
+			var out adminapi.RateCard
 			if err := c.Do(cmd.Context(), http.MethodPost, "/rate-cards", req, &out); err != nil {
 				return err
 			}
@@ -52,7 +53,7 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List the newest version of every rate card",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out []admin.RateCard
+			var out []adminapi.RateCard
 			if err := f.do(cmd, http.MethodGet, "/rate-cards", nil, &out); err != nil {
 				return err
 			}
@@ -75,7 +76,7 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 	return cmd
 }
 
-func rateCardLine(rc admin.RateCard) string {
+func rateCardLine(rc adminapi.RateCard) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s v%d", rc.Name, rc.Version)
 	for _, s := range sandgate.StandardSizes {
@@ -87,12 +88,12 @@ func rateCardLine(rc admin.RateCard) string {
 func billingCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "billing", Short: "Set and show an account's billing: rate card, currency, credit limit, postpaid"}
 	var acct string
-	var req admin.BillingSettings
+	var req adminapi.BillingSettings
 	set := &cobra.Command{
 		Use:   "set --account ID --rate-card N --currency USD [--credit-limit 0] [--postpaid]",
 		Short: "Configure an account's billing; it is prepaid (needs funds) unless --postpaid",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out admin.BillingSettings
+			var out adminapi.BillingSettings
 			if err := f.do(cmd, http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/billing", req, &out); err != nil {
 				return err
 			}
@@ -109,7 +110,7 @@ func billingCommand(f *adminFlags) *cobra.Command {
 	get := &cobra.Command{
 		Use: "get --account ID", Short: "Show an account's billing settings",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out admin.BillingSettings
+			var out adminapi.BillingSettings
 			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/billing", nil, &out); err != nil {
 				return err
 			}
@@ -122,7 +123,7 @@ func billingCommand(f *adminFlags) *cobra.Command {
 	return cmd
 }
 
-func billingLine(s admin.BillingSettings) string {
+func billingLine(s adminapi.BillingSettings) string {
 	if !s.Configured {
 		return "not configured: postpaid, no rate card (price 0)"
 	}
@@ -137,7 +138,7 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "funds", Short: "Credit, debit and show an account's prepaid funds"}
 	adjust := func(kind string) *cobra.Command {
 		var acct string
-		var req admin.FundsRequest
+		var req adminapi.FundsRequest
 		c := &cobra.Command{
 			Use:   kind + " --account ID --amount 25.00 --reason TEXT [--idempotency-key K]",
 			Short: "Append a " + kind + " to the account's funds ledger (once per idempotency key)",
@@ -145,7 +146,7 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 				if req.IdempotencyKey == "" {
 					req.IdempotencyKey = newIdempotencyKey()
 				}
-				var out admin.FundsEntry
+				var out adminapi.FundsEntry
 				if err := f.do(cmd, http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/funds/"+kind, req, &out); err != nil {
 					return err
 				}
@@ -166,7 +167,7 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 		Use:   "balance --account ID",
 		Short: "Print the available amount (balance − holds); -o json adds holds, settled and currency",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out admin.Balance
+			var out adminapi.Balance
 			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/funds", nil, &out); err != nil {
 				return err
 			}
@@ -182,8 +183,8 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 func budgetCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "budget", Short: "Set and list monthly budgets (account, instance, agent)"}
 	var acct string
-	var req admin.BudgetRequest
-	show := func(cmd *cobra.Command, out []admin.Budget) error {
+	var req adminapi.BudgetRequest
+	show := func(cmd *cobra.Command, out []adminapi.Budget) error {
 		var rows [][]string
 		for _, b := range out {
 			scope := "account"
@@ -205,7 +206,7 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 		Use:   "set --account ID [--instance ID] [--agent SLUG] --monthly 100.00 [--soft]",
 		Short: "Set a monthly budget (calendar month, UTC); --monthly 0 removes it",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out []admin.Budget
+			var out []adminapi.Budget
 			if err := f.do(cmd, http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/budgets", req, &out); err != nil {
 				return err
 			}
@@ -222,7 +223,7 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list --account ID", Short: "List an account's budgets with this month's use",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out []admin.Budget
+			var out []adminapi.Budget
 			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/budgets", nil, &out); err != nil {
 				return err
 			}
@@ -237,7 +238,7 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 
 func adjustmentCommand(f *adminFlags) *cobra.Command {
 	var acct string
-	var req admin.AdjustmentRequest
+	var req adminapi.AdjustmentRequest
 	cmd := &cobra.Command{
 		Use:   "adjust-usage --account ID --corrects ENTRY_ID --amount -1.50 --reason TEXT [--idempotency-key K]",
 		Short: "Correct a usage ledger entry by appending an adjustment (negative refunds); the ledger is never edited",
@@ -245,7 +246,11 @@ func adjustmentCommand(f *adminFlags) *cobra.Command {
 			if req.IdempotencyKey == "" {
 				req.IdempotencyKey = newIdempotencyKey()
 			}
-			var out admin.Adjustment
+			// The answer's entry is billing's ledger entry (admin.Adjustment).
+			var out struct {
+				Entry    billing.UsageEntry `json:"entry"`
+				Replayed bool               `json:"replayed"`
+			}
 			if err := f.do(cmd, http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/usage/adjustments", req, &out); err != nil {
 				return err
 			}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/egress"
@@ -40,7 +41,7 @@ type broker struct {
 	tls       *tls.Config // nil: plaintext behind trusted proxies only
 	public    net.Listener
 	admin     net.Listener
-	operators []admin.OperatorToken
+	operators []adminapi.OperatorToken
 	// kinds are the provider kinds it can open; nil means kinds().
 	kinds providers.Registry
 	// getenv reads the vendors' environment variables; nil means os.Getenv.

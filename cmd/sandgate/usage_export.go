@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 )
 
@@ -87,7 +87,7 @@ progress line counts the rows.`,
 // exportUsage streams path to out (a file, or stdout when "" or "-"),
 // with a progress line on stderr when stderr is a terminal that the rows
 // are not also going to.
-func exportUsage(ctx context.Context, c *admin.Client, path, out string, stdout, stderr io.Writer) error {
+func exportUsage(ctx context.Context, c *adminapi.Client, path, out string, stdout, stderr io.Writer) error {
 	toStdout := out == "" || out == "-"
 	p := newProgress(stderr, !(toStdout && isTerminal(stdout)))
 	defer p.stop()

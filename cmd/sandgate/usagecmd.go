@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 )
 
@@ -51,7 +51,7 @@ rounded once at the currency's minor units.`,
 				}
 				q.Set(k, v)
 			}
-			var sum admin.UsageSummary
+			var sum adminapi.UsageSummary
 			if err := f.do(cmd, http.MethodGet, "/usage/summary?"+q.Encode(), nil, &sum); err != nil {
 				return err
 			}
