@@ -83,11 +83,13 @@ func newEnv(t *testing.T) *env {
 			tok("oscar", adminapi.RoleOperator, operatorToken),
 			tok("fiona", adminapi.RoleFinance, financeToken),
 		},
-		Defaults:   sandgate.Scope{DefaultSize: "small", DefaultImage: "host", Limits: sandgate.DefaultLimits},
+		Defaults: sandgate.Scope{DefaultSize: "small", DefaultImage: "host", Limits: sandgate.DefaultLimits},
+	}, admin.Deps{
+		DB: db, Clock: clk,
 		Providers:  providers.Single(providers.LegacyName, prov),
 		Terminator: termination.New(db, providers.Single(providers.LegacyName, prov), clk, nil, 0),
 		Billing:    billing.New(db, billing.Config{}),
-	}, db, clk, nil)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

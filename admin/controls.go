@@ -87,7 +87,7 @@ func (s *Server) instanceByID(ctx context.Context, id string) (sandgate.Instance
 // background sweep retries the failures. The sweep outlives the request.
 func (s *Server) sweep(c echo.Context, sc termination.Scope, reason sandgate.TerminationReason) (adminapi.Swept, error) {
 	n := note(c)
-	res, err := s.cfg.Terminator.Sweep(context.WithoutCancel(c.Request().Context()), sc, reason)
+	res, err := s.term.Sweep(context.WithoutCancel(c.Request().Context()), sc, reason)
 	n.swept = &res
 	if err != nil {
 		return adminapi.Swept{}, &protocol.Error{Code: protocol.Internal, Err: err,

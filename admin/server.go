@@ -41,43 +41,47 @@ type Config struct {
 	// Defaults is the scope a new instance starts from before the
 	// operator's fields apply.
 	Defaults sandgate.Scope
-	// Providers are the broker's providers: an instance names one, and its
-	// scope is checked against that provider's capabilities. Required.
-	Providers *providers.Set
-	// Terminator ends the running workspaces of a scope that is stopped,
-	// paused or revoked. Required: a stop that ends nothing is no stop.
-	Terminator *termination.Terminator
 	// AuditRetention is how long audit entries are kept. 0 means 400 days.
 	AuditRetention time.Duration
+}
+
+// Deps are what the operator API acts through. Every field but Log is required.
+type Deps struct {
+	DB    *store.DB
+	Clock sandgate.Clock
+	Log   *slog.Logger // nil discards
+	// Providers are the broker's providers: an instance names one, and its
+	// scope is checked against that provider's capabilities.
+	Providers *providers.Set
+	// Terminator ends the running workspaces of a scope that is stopped,
+	// paused or revoked: a stop that ends nothing is no stop.
+	Terminator *termination.Terminator
 	// Billing serves rate cards, billing settings, funds, budgets and
-	// reconciliation. Required.
+	// reconciliation.
 	Billing *billing.Billing
 }
 
-// Server serves /admin/v1.
+// Server serves /admin/v1: the HTTP face of the service, whose methods
+// carry out the operator actions.
 type Server struct {
-	cfg     Config
-	db      *store.DB
-	clock   sandgate.Clock
-	log     *slog.Logger
+	*service
 	roles   map[string]adminapi.OperatorToken
 	actions map[string]string // "METHOD /admin/v1/route" → audit action
 	echo    *echo.Echo
-	bill    *billing.Billing
 }
 
-// New returns the operator API over db. A missing dependency is an error.
-func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) (*Server, error) {
+// New returns the operator API. A missing dependency is an error.
+func New(cfg Config, deps Deps) (*Server, error) {
 	switch {
-	case db == nil:
+	case deps.DB == nil:
 		return nil, errors.New("admin: no store")
-	case cfg.Providers == nil:
+	case deps.Providers == nil:
 		return nil, errors.New("admin: no providers")
-	case cfg.Terminator == nil:
+	case deps.Terminator == nil:
 		return nil, errors.New("admin: no terminator: stops, pauses and revocations would end no workspace")
-	case cfg.Billing == nil:
+	case deps.Billing == nil:
 		return nil, errors.New("admin: no billing")
-	case clock == nil:
+	case deps.Clock == nil:
 		return nil, errors.New("admin: no clock")
 	}
 	if cfg.Grace == 0 {
@@ -86,10 +90,11 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) (*Ser
 	if cfg.AuditRetention == 0 {
 		cfg.AuditRetention = 400 * 24 * time.Hour
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if deps.Log == nil {
+		deps.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, db: db, clock: clock, log: log, roles: map[string]adminapi.OperatorToken{}, actions: map[string]string{}, bill: cfg.Billing}
+	svc := &service{cfg: cfg, db: deps.DB, clock: deps.Clock, log: deps.Log, provs: deps.Providers, term: deps.Terminator, bill: deps.Billing}
+	s := &Server{service: svc, roles: map[string]adminapi.OperatorToken{}, actions: map[string]string{}}
 	for _, t := range cfg.Tokens {
 		s.roles[t.Hash] = t
 	}
@@ -311,9 +316,9 @@ func (s *Server) createInstance(c echo.Context) error {
 // provider returns the configured provider called name ("" for the
 // default), refusing a name no provider has.
 func (s *Server) provider(name string) (*providers.Entry, error) {
-	e, err := s.cfg.Providers.ForInstance(name)
+	e, err := s.provs.ForInstance(name)
 	if err != nil {
-		return nil, invalid(fmt.Sprintf("no provider named %q is configured on this broker; configured: %s", name, strings.Join(s.cfg.Providers.Names(), ", ")))
+		return nil, invalid(fmt.Sprintf("no provider named %q is configured on this broker; configured: %s", name, strings.Join(s.provs.Names(), ", ")))
 	}
 	return e, nil
 }
@@ -354,8 +359,8 @@ func (s *Server) setProvider(c echo.Context) error {
 // enforces, and whether it takes new workspaces.
 func (s *Server) listProviders(c echo.Context) error {
 	out := []adminapi.Provider{}
-	for _, e := range s.cfg.Providers.All() {
-		out = append(out, toProvider(e, e.Name == s.cfg.Providers.Default()))
+	for _, e := range s.provs.All() {
+		out = append(out, toProvider(e, e.Name == s.provs.Default()))
 	}
 	return c.JSON(http.StatusOK, out)
 }

@@ -233,7 +233,7 @@ func (s *Server) killWorkspace(c echo.Context) error {
 	ctx := c.Request().Context()
 	// Terminate also finishes a workspace already terminating, and
 	// outlives the request.
-	ok, err := s.cfg.Terminator.Terminate(ctx, w, KillReason)
+	ok, err := s.term.Terminate(ctx, w, KillReason)
 	res := termination.Result{}
 	switch {
 	case errors.Is(err, store.ErrNotFound):

@@ -35,12 +35,10 @@ func newOperator(t testing.TB, h *sgtest.Harness) *operator {
 	t.Helper()
 	log := slog.New(slog.NewJSONHandler(h.Logs, nil)).With("component", "admin")
 	adm, err := admin.New(admin.Config{
-		Tokens:     []adminapi.OperatorToken{{Name: "sweeper", Role: adminapi.RoleAdmin, Hash: token.Hash(h.AdminToken)}},
-		Defaults:   sandgate.Scope{DefaultImage: sgtest.DefaultImage},
-		Providers:  h.Providers,
-		Terminator: termination.New(h.DB, h.Providers, h.Clock, log, 0),
-		Billing:    h.Billing,
-	}, h.DB, h.Clock, log)
+		Tokens:   []adminapi.OperatorToken{{Name: "sweeper", Role: adminapi.RoleAdmin, Hash: token.Hash(h.AdminToken)}},
+		Defaults: sandgate.Scope{DefaultImage: sgtest.DefaultImage},
+	}, admin.Deps{DB: h.DB, Clock: h.Clock, Log: log,
+		Providers: h.Providers, Terminator: termination.New(h.DB, h.Providers, h.Clock, log, 0), Billing: h.Billing})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -193,8 +193,8 @@ func (b *broker) run(ctx context.Context) error {
 	// lease), and its passes are idempotent all the same.
 	rp := reaper.New(reaper.Config{Providers: provs, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
 		Meter: mp.Meter("github.com/sandgate/sandgate/reaper"), Tracer: tp}, db, term, clock, b.log.With("component", "reaper"))
-	adm, err := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults,
-		Providers: provs, Terminator: term, Billing: bill}, db, clock, b.log.With("component", "admin"))
+	adm, err := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults},
+		admin.Deps{DB: db, Clock: clock, Log: b.log.With("component", "admin"), Providers: provs, Terminator: term, Billing: bill})
 	if err != nil {
 		return err
 	}

@@ -346,13 +346,11 @@ func New(tb testing.TB, opts Options) *Harness {
 	tb.Cleanup(h.Server.Close)
 
 	adm, err := admin.New(admin.Config{
-		Tokens:     []adminapi.OperatorToken{{Name: "test", Role: adminapi.RoleAdmin, Hash: token.Hash(h.AdminToken)}},
-		Grace:      opts.Grace,
-		Defaults:   sandgate.Scope{DefaultImage: DefaultImage},
-		Providers:  h.Providers,
-		Terminator: h.Terminator,
-		Billing:    h.Billing,
-	}, h.DB, h.Clock, log.With("component", "admin"))
+		Tokens:   []adminapi.OperatorToken{{Name: "test", Role: adminapi.RoleAdmin, Hash: token.Hash(h.AdminToken)}},
+		Grace:    opts.Grace,
+		Defaults: sandgate.Scope{DefaultImage: DefaultImage},
+	}, admin.Deps{DB: h.DB, Clock: h.Clock, Log: log.With("component", "admin"),
+		Providers: h.Providers, Terminator: h.Terminator, Billing: h.Billing})
 	if err != nil {
 		tb.Fatalf("admin.New: %v", err)
 	}
