@@ -177,3 +177,19 @@ func (s *Server) exportAudit(c echo.Context) error {
 	start()
 	return nil
 }
+
+// record notes what an action changed; a zero field of ch leaves the note's.
+func (n *auditNote) record(ch change) {
+	if ch.target != "" {
+		n.target = ch.target
+	}
+	if ch.before != nil {
+		n.before = ch.before
+	}
+	if ch.after != nil {
+		n.after = ch.after
+	}
+	if ch.swept != nil {
+		n.swept = ch.swept
+	}
+}

@@ -7,15 +7,12 @@
 package admin
 
 import (
-	"cmp"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -469,24 +466,6 @@ func (s *Server) instance(c echo.Context) (sandgate.Instance, error) {
 	return s.instanceByID(c.Request().Context(), c.Param("id"))
 }
 
-// leases returns an instance's leases as the operator sees them (prefixes
-// and states, never a token), for listings and the audit log.
-func (s *Server) leases(ctx context.Context, in sandgate.Instance) ([]adminapi.Lease, error) {
-	ls, err := s.db.Leases(ctx, in.AccountID, in.ID)
-	if err != nil {
-		return nil, storeFailed(err)
-	}
-	now := s.clock.Now()
-	out := make([]adminapi.Lease, 0, len(ls))
-	for _, l := range ls {
-		out = append(out, toLease(l, now))
-	}
-	slices.SortFunc(out, func(a, b adminapi.Lease) int {
-		return cmp.Or(cmp.Compare(a.IssuedAt, b.IssuedAt), cmp.Compare(a.ID, b.ID))
-	})
-	return out, nil
-}
-
 func (s *Server) getInstance(c echo.Context) error {
 	in, err := s.instance(c)
 	if err != nil {
@@ -522,37 +501,12 @@ func (s *Server) issueToken(rotate bool) echo.HandlerFunc {
 		if req.TTLSeconds < 0 || req.GraceSeconds < 0 {
 			return invalid("ttl_seconds and grace_seconds must not be negative")
 		}
-		now := s.clock.Now()
-		tok := token.New(token.Prefix)
-		l := sandgate.Lease{
-			ID: sandgate.NewID(sandgate.PrefixLease), TokenHash: token.Hash(tok), TokenPrefix: token.DisplayPrefix(tok),
-			InstanceID: in.ID, AccountID: in.AccountID, IssuedAt: now,
+		out, ch, err := s.service.issueToken(c.Request().Context(), in, req, rotate)
+		note(c).record(ch)
+		if err != nil {
+			return err
 		}
-		if req.TTLSeconds > 0 {
-			l.ExpiresAt = now.Add(sec(req.TTLSeconds))
-		}
-		grace := s.cfg.Grace
-		if req.GraceSeconds > 0 {
-			grace = sec(req.GraceSeconds)
-		}
-		n := note(c)
-		if rotate {
-			if n.before, err = s.leases(c.Request().Context(), in); err != nil {
-				return err
-			}
-		}
-		if err := s.db.IssueLease(c.Request().Context(), l, rotate, now, grace); err != nil {
-			return storeFailed(err)
-		}
-		if rotate {
-			if n.after, err = s.leases(c.Request().Context(), in); err != nil {
-				return err
-			}
-		} else {
-			n.after = toLease(l, now)
-		}
-		s.log.Info("token issued", sandgate.InstanceAttr(in.ID), slog.String(sandgate.KeyLeaseID, l.ID), slog.Bool("rotate", rotate))
-		return c.JSON(http.StatusCreated, adminapi.IssuedToken{Token: tok.Reveal(), LeaseID: l.ID, InstanceID: in.ID, ExpiresAt: timePtr(l.ExpiresAt)})
+		return c.JSON(http.StatusCreated, out)
 	}
 }
 
@@ -561,18 +515,12 @@ func (s *Server) endGrace(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	ctx, nt := c.Request().Context(), note(c)
-	if nt.before, err = s.leases(ctx, in); err != nil {
-		return err
-	}
-	n, err := s.db.EndGrace(ctx, in.AccountID, in.ID, s.clock.Now())
+	out, ch, err := s.service.endGrace(c.Request().Context(), in)
+	note(c).record(ch)
 	if err != nil {
-		return storeFailed(err)
-	}
-	if nt.after, err = s.leases(ctx, in); err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, adminapi.Count{Count: n})
+	return c.JSON(http.StatusOK, out)
 }
 
 // revokeLease revokes one token, named by its lease id, as immediately as
@@ -581,40 +529,11 @@ func (s *Server) endGrace(c echo.Context) error {
 // so its workspaces keep running: they belong to the instance, not to the
 // token.
 func (s *Server) revokeLease(c echo.Context) error {
-	id := c.Param("lease")
-	ctx, nt := c.Request().Context(), note(c)
-	nt.target = "lease:" + id
-	if !policy.ValidID(id) {
-		return protocol.E(protocol.NotFound, "no such lease")
-	}
-	l, err := s.db.LeaseByID(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return protocol.E(protocol.NotFound, "no such lease")
-	}
-	if err != nil {
-		return storeFailed(err)
-	}
-	in, err := s.instanceByID(ctx, l.InstanceID)
+	out, ch, err := s.service.revokeLease(c.Request().Context(), c.Param("lease"), operator(c).Actor())
+	note(c).record(ch)
 	if err != nil {
 		return err
 	}
-	nt.target = "instance:" + in.ID
-	if nt.before, err = s.leases(ctx, in); err != nil {
-		return err
-	}
-	revoked, err := s.db.RevokeLease(ctx, l, s.clock.Now())
-	if err != nil {
-		return storeFailed(err)
-	}
-	if nt.after, err = s.leases(ctx, in); err != nil {
-		return err
-	}
-	out := adminapi.RevokeResult{}
-	if revoked {
-		out.Count = 1
-	}
-	s.log.Info("token revoked", sandgate.InstanceAttr(in.ID), slog.String("lease_id", l.ID), slog.Int("count", out.Count),
-		slog.String("actor", operator(c).Actor()))
 	return c.JSON(http.StatusOK, out)
 }
 
@@ -631,29 +550,11 @@ func (s *Server) revoke(c echo.Context) error {
 			return err
 		}
 	}
-	ctx, nt := c.Request().Context(), note(c)
-	if nt.before, err = s.leases(ctx, in); err != nil {
-		return err
-	}
-	n, err := s.db.RevokeLeases(ctx, in.AccountID, in.ID, s.clock.Now())
+	terminate := req.TerminateWorkspaces == nil || *req.TerminateWorkspaces
+	out, ch, err := s.service.revoke(c.Request().Context(), in, terminate, operator(c).Actor())
+	note(c).record(ch)
 	if err != nil {
-		return storeFailed(err)
-	}
-	if nt.after, err = s.leases(ctx, in); err != nil {
 		return err
-	}
-	s.log.Info("tokens revoked", sandgate.InstanceAttr(in.ID), slog.Int("count", n), slog.String("actor", operator(c).Actor()))
-	out := adminapi.RevokeResult{Count: n}
-	if req.TerminateWorkspaces == nil || *req.TerminateWorkspaces {
-		// The reaper keeps ending them should this sweep not finish.
-		if err := s.db.MarkRevoked(ctx, in.AccountID, in.ID, s.clock.Now()); err != nil {
-			return storeFailed(err)
-		}
-		res, err := s.sweep(c, termination.Scope{AccountID: in.AccountID, InstanceID: in.ID}, sandgate.ReasonLeaseRevoked)
-		if err != nil {
-			return err
-		}
-		out.Terminated, out.Failed = res.Terminated, res.Failed
 	}
 	return c.JSON(http.StatusOK, out)
 }
