@@ -193,3 +193,12 @@ func (n *auditNote) record(ch change) {
 		n.swept = ch.swept
 	}
 }
+
+// answer notes ch for the audit log and answers out with status, or err.
+func answer(c echo.Context, status int, out any, ch change, err error) error {
+	note(c).record(ch)
+	if err != nil {
+		return err
+	}
+	return c.JSON(status, out)
+}

@@ -217,11 +217,7 @@ func (s *Server) pause(c echo.Context) error {
 		return err
 	}
 	res, ch, err := s.setPause(c.Request().Context(), req, operator(c).Actor())
-	note(c).record(ch)
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, res)
+	return answer(c, http.StatusOK, res, ch, err)
 }
 
 // setPause pauses req's account or instance and ends its running workspaces.

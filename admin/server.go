@@ -502,11 +502,7 @@ func (s *Server) issueToken(rotate bool) echo.HandlerFunc {
 			return invalid("ttl_seconds and grace_seconds must not be negative")
 		}
 		out, ch, err := s.service.issueToken(c.Request().Context(), in, req, rotate)
-		note(c).record(ch)
-		if err != nil {
-			return err
-		}
-		return c.JSON(http.StatusCreated, out)
+		return answer(c, http.StatusCreated, out, ch, err)
 	}
 }
 
@@ -516,11 +512,7 @@ func (s *Server) endGrace(c echo.Context) error {
 		return err
 	}
 	out, ch, err := s.service.endGrace(c.Request().Context(), in)
-	note(c).record(ch)
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, out)
+	return answer(c, http.StatusOK, out, ch, err)
 }
 
 // revokeLease revokes one token, named by its lease id, as immediately as
@@ -530,11 +522,7 @@ func (s *Server) endGrace(c echo.Context) error {
 // token.
 func (s *Server) revokeLease(c echo.Context) error {
 	out, ch, err := s.service.revokeLease(c.Request().Context(), c.Param("lease"), operator(c).Actor())
-	note(c).record(ch)
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, out)
+	return answer(c, http.StatusOK, out, ch, err)
 }
 
 // revoke revokes every token of an instance and, unless the operator
@@ -552,9 +540,5 @@ func (s *Server) revoke(c echo.Context) error {
 	}
 	terminate := req.TerminateWorkspaces == nil || *req.TerminateWorkspaces
 	out, ch, err := s.service.revoke(c.Request().Context(), in, terminate, operator(c).Actor())
-	note(c).record(ch)
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, out)
+	return answer(c, http.StatusOK, out, ch, err)
 }

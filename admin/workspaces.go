@@ -193,11 +193,9 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 	return c.JSON(http.StatusOK, out)
 }
 
-// workspace returns the workspace the route's id names. Returns NotFound.
-func (s *Server) workspace(c echo.Context) (sandgate.Workspace, error) {
-	id := c.Param("id")
-	note(c).target = "workspace:" + id
-	w, err := s.db.FindWorkspace(c.Request().Context(), id)
+// workspace returns the workspace id names. Returns NotFound.
+func (v *service) workspace(ctx context.Context, id string) (sandgate.Workspace, error) {
+	w, err := v.db.FindWorkspace(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return w, protocol.E(protocol.NotFound, "no such workspace")
 	}
@@ -208,7 +206,9 @@ func (s *Server) workspace(c echo.Context) (sandgate.Workspace, error) {
 }
 
 func (s *Server) getWorkspace(c echo.Context) error {
-	w, err := s.workspace(c)
+	id := c.Param("id")
+	note(c).target = "workspace:" + id
+	w, err := s.workspace(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
@@ -223,40 +223,45 @@ func (s *Server) getWorkspace(c echo.Context) error {
 // workspace stays terminating, the reaper retries it, and the answer is
 // 502 upstream_error.
 func (s *Server) killWorkspace(c echo.Context) error {
-	w, err := s.workspace(c)
+	out, ch, err := s.kill(c.Request().Context(), c.Param("id"), operator(c).Actor())
+	return answer(c, http.StatusOK, out, ch, err)
+}
+
+// kill ends the workspace id with KillReason and returns it as it is now.
+func (v *service) kill(ctx context.Context, id, actor string) (adminapi.Workspace, change, error) {
+	ch := change{target: "workspace:" + id}
+	w, err := v.workspace(ctx, id)
 	if err != nil {
-		return err
+		return adminapi.Workspace{}, ch, err
 	}
-	n := note(c)
-	now := s.clock.Now()
-	n.before = toWorkspace(w, now)
-	ctx := c.Request().Context()
+	ch.before = toWorkspace(w, v.clock.Now())
 	// Terminate also finishes a workspace already terminating, and
 	// outlives the request.
-	ok, err := s.term.Terminate(ctx, w, KillReason)
+	ok, err := v.term.Terminate(ctx, w, KillReason)
 	res := termination.Result{}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return protocol.E(protocol.NotFound, "no such workspace")
+		return adminapi.Workspace{}, ch, protocol.E(protocol.NotFound, "no such workspace")
 	case err != nil:
 		res.Failed = 1
 	case ok || w.State == sandgate.WorkspaceStarting:
 		res.Terminated = 1
 	}
-	n.swept = &res
-	cur, gerr := s.db.Workspace(context.WithoutCancel(ctx), w.AccountID, w.ID)
+	ch.swept = &res
+	cur, gerr := v.db.Workspace(context.WithoutCancel(ctx), w.AccountID, w.ID)
 	if gerr != nil {
 		cur = w
 	}
-	n.after = toWorkspace(cur, s.clock.Now())
-	s.log.Info("workspace killed", sandgate.WorkspaceAttr(w.ID), slog.String(sandgate.KeyAccountID, w.AccountID),
-		slog.Bool("confirmed", err == nil && ok), slog.String("actor", operator(c).Actor()))
+	after := toWorkspace(cur, v.clock.Now())
+	ch.after = after
+	v.log.Info("workspace killed", sandgate.WorkspaceAttr(w.ID), slog.String(sandgate.KeyAccountID, w.AccountID),
+		slog.Bool("confirmed", err == nil && ok), slog.String("actor", actor))
 	if err != nil {
 		if errors.Is(err, termination.ErrProvider) {
-			return &protocol.Error{Code: protocol.UpstreamError, Err: err,
+			return after, ch, &protocol.Error{Code: protocol.UpstreamError, Err: err,
 				Message: "the provider did not confirm the end; the workspace is terminating and the broker retries it"}
 		}
-		return storeFailed(err)
+		return after, ch, storeFailed(err)
 	}
-	return c.JSON(http.StatusOK, n.after)
+	return after, ch, nil
 }

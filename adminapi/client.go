@@ -112,9 +112,16 @@ func (c *Client) send(ctx context.Context, method, path string, in any) (*http.R
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return nil, ParseError(resp.StatusCode, b)
+}
+
+// ParseError returns the refusal an answer of status with body is: the
+// error envelope's code and message, or the status text when body holds
+// no envelope.
+func ParseError(status int, body []byte) *APIError {
 	var env protocol.Envelope
-	if json.Unmarshal(b, &env) == nil && env.Error.Code != "" {
-		return nil, &APIError{Status: resp.StatusCode, Code: env.Error.Code, Message: env.Error.Message}
+	if json.Unmarshal(body, &env) == nil && env.Error.Code != "" {
+		return &APIError{Status: status, Code: env.Error.Code, Message: env.Error.Message}
 	}
-	return nil, &APIError{Status: resp.StatusCode, Message: http.StatusText(resp.StatusCode)}
+	return &APIError{Status: status, Message: http.StatusText(status)}
 }

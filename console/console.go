@@ -167,7 +167,7 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) *session {
 	tok := sandgate.Secret(ck.Value)
 	var who adminapi.Whoami
 	if err := c.call(r, tok, http.MethodGet, "/whoami", nil, &who); err != nil {
-		var ae *apiError
+		var ae *adminapi.APIError
 		if errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {
 			clearCookie(w)
 			http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
@@ -207,15 +207,6 @@ func clearCookie(w http.ResponseWriter) {
 		HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
 }
 
-// apiError is a refusal of the operator API.
-type apiError struct {
-	Status  int
-	Code    protocol.Code
-	Message string
-}
-
-func (e *apiError) Error() string { return fmt.Sprintf("%s (%d %s)", e.Message, e.Status, e.Code) }
-
 // apiRequest is a request to the operator API on behalf of r's operator:
 // it carries r's peer address, user agent and request id, so the audit
 // log names the operator's browser as the source.
@@ -246,7 +237,7 @@ func apiRequest(r *http.Request, tok sandgate.Secret, method, path string, in an
 }
 
 // call sends one request to the operator API in process and decodes its
-// answer into out (when non-nil). A refusal is an *apiError.
+// answer into out (when non-nil). A refusal is an *adminapi.APIError.
 func (c *Console) call(r *http.Request, tok sandgate.Secret, method, path string, in, out any) error {
 	req, err := apiRequest(r, tok, method, path, in)
 	if err != nil {
@@ -258,11 +249,7 @@ func (c *Console) call(r *http.Request, tok sandgate.Secret, method, path string
 		rec.status = http.StatusOK
 	}
 	if rec.status >= 300 {
-		var env protocol.Envelope
-		if json.Unmarshal(rec.body.Bytes(), &env) == nil && env.Error.Code != "" {
-			return &apiError{Status: rec.status, Code: env.Error.Code, Message: env.Error.Message}
-		}
-		return &apiError{Status: rec.status, Message: http.StatusText(rec.status)}
+		return adminapi.ParseError(rec.status, rec.body.Bytes())
 	}
 	if out == nil {
 		return nil
@@ -286,7 +273,7 @@ func (c *Console) streamLines(r *http.Request, tok sandgate.Secret, path string,
 	if lw.status >= 300 {
 		var env protocol.Envelope
 		_ = json.Unmarshal(lw.body.Bytes(), &env)
-		return &apiError{Status: lw.status, Code: env.Error.Code, Message: env.Error.Message}
+		return &adminapi.APIError{Status: lw.status, Code: env.Error.Code, Message: env.Error.Message}
 	}
 	if rest := bytes.TrimSpace(lw.body.Bytes()); len(rest) > 0 {
 		fn(rest)
