@@ -1,9 +1,9 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"net/http"
-	"sort"
 
 	"github.com/labstack/echo/v4"
 
@@ -83,9 +83,8 @@ func toBillingSettings(st billing.Settings) adminapi.BillingSettings {
 }
 
 func (s *Server) setBilling(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
+	acct, err := s.accountParam(c)
+	if err != nil {
 		return err
 	}
 	var req adminapi.BillingSettings
@@ -100,40 +99,39 @@ func (s *Server) setBilling(c echo.Context) error {
 		}
 		st.CreditLimitMicros = v
 	}
-	before, err := s.bill.Settings(ctx, acct)
+	out, ch, err := s.setBillingSettings(c.Request().Context(), st)
+	return answer(c, http.StatusOK, out, ch, err)
+}
+
+// setBillingSettings replaces an account's billing settings.
+func (v *service) setBillingSettings(ctx context.Context, st billing.Settings) (adminapi.BillingSettings, change, error) {
+	ch := change{target: "account:" + st.AccountID}
+	before, err := v.bill.Settings(ctx, st.AccountID)
 	if err != nil {
-		return storeFailed(err)
+		return adminapi.BillingSettings{}, ch, storeFailed(err)
 	}
-	if err := s.bill.SetSettings(ctx, st); errors.Is(err, billing.ErrNoRateCard) {
-		return protocol.E(protocol.NotFound, "no such rate card")
+	if err := v.bill.SetSettings(ctx, st); errors.Is(err, billing.ErrNoRateCard) {
+		return adminapi.BillingSettings{}, ch, protocol.E(protocol.NotFound, "no such rate card")
 	} else if err != nil {
-		return invalid(err.Error())
+		return adminapi.BillingSettings{}, ch, invalid(err.Error())
 	}
 	st.Configured = true
 	out := toBillingSettings(st)
-	n := note(c)
-	n.target, n.before, n.after = "account:"+acct, toBillingSettings(before), out
-	return c.JSON(http.StatusOK, out)
+	ch.before, ch.after = toBillingSettings(before), out
+	return out, ch, nil
 }
 
 func (s *Server) getBilling(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
-		return err
-	}
-	st, err := s.bill.Settings(ctx, acct)
-	if err != nil {
-		return storeFailed(err)
-	}
-	return c.JSON(http.StatusOK, toBillingSettings(st))
+	return accountGet(c, s.service, func(ctx context.Context, acct string) (adminapi.BillingSettings, error) {
+		st, err := s.bill.Settings(ctx, acct)
+		return toBillingSettings(st), err
+	})
 }
 
 func (s *Server) adjustFunds(kind string) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		ctx := c.Request().Context()
-		acct := c.Param("id")
-		if err := s.account(ctx, acct); err != nil {
+		acct, err := s.accountParam(c)
+		if err != nil {
 			return err
 		}
 		var req adminapi.FundsRequest
@@ -147,24 +145,31 @@ func (s *Server) adjustFunds(kind string) echo.HandlerFunc {
 		if req.Reason == "" || len(req.Reason) > 500 {
 			return invalid("reason is required (at most 500 characters)")
 		}
-		e, applied, err := s.bill.Adjust(ctx, acct, billing.FundsEntry{Key: req.IdempotencyKey, Kind: kind,
+		out, ch, err := s.adjust(c.Request().Context(), acct, billing.FundsEntry{Key: req.IdempotencyKey, Kind: kind,
 			AmountMicros: amt, Reason: req.Reason, Actor: operator(c).Actor(), At: s.clock.Now()})
-		if errors.Is(err, billing.ErrFundsConflict) {
-			return protocol.E(protocol.IdempotencyConflict, "this idempotency key was used for a different credit or debit")
-		}
-		if err != nil {
-			return invalid(err.Error())
-		}
-		bal, err := s.bill.Balance(ctx, acct)
-		if err != nil {
-			return storeFailed(err)
-		}
-		out := adminapi.FundsEntry{Kind: e.Kind, Amount: billing.FormatAmount(e.AmountMicros), AmountMicros: e.AmountMicros,
-			Currency: e.Currency, Reason: e.Reason, Actor: e.Actor, At: wireTime(e.At), Replayed: !applied, Balance: toBalance(bal)}
-		n := note(c)
-		n.target, n.after = "account:"+acct, out
-		return c.JSON(http.StatusOK, out)
+		return answer(c, http.StatusOK, out, ch, err)
 	}
+}
+
+// adjust applies a credit or debit to acct's funds (once per key) and
+// returns it with the balance after it.
+func (v *service) adjust(ctx context.Context, acct string, fe billing.FundsEntry) (adminapi.FundsEntry, change, error) {
+	ch := change{target: "account:" + acct}
+	e, applied, err := v.bill.Adjust(ctx, acct, fe)
+	if errors.Is(err, billing.ErrFundsConflict) {
+		return adminapi.FundsEntry{}, ch, protocol.E(protocol.IdempotencyConflict, "this idempotency key was used for a different credit or debit")
+	}
+	if err != nil {
+		return adminapi.FundsEntry{}, ch, invalid(err.Error())
+	}
+	bal, err := v.bill.Balance(ctx, acct)
+	if err != nil {
+		return adminapi.FundsEntry{}, ch, storeFailed(err)
+	}
+	out := adminapi.FundsEntry{Kind: e.Kind, Amount: billing.FormatAmount(e.AmountMicros), AmountMicros: e.AmountMicros,
+		Currency: e.Currency, Reason: e.Reason, Actor: e.Actor, At: wireTime(e.At), Replayed: !applied, Balance: toBalance(bal)}
+	ch.after = out
+	return out, ch, nil
 }
 
 func toBalance(b billing.Balance) adminapi.Balance {
@@ -177,99 +182,100 @@ func toBalance(b billing.Balance) adminapi.Balance {
 }
 
 func (s *Server) balance(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
-		return err
-	}
-	b, err := s.bill.Balance(ctx, acct)
-	if err != nil {
-		return storeFailed(err)
-	}
-	return c.JSON(http.StatusOK, toBalance(b))
+	return accountGet(c, s.service, func(ctx context.Context, acct string) (adminapi.Balance, error) {
+		b, err := s.bill.Balance(ctx, acct)
+		return toBalance(b), err
+	})
 }
 
 func (s *Server) setBudget(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
+	acct, err := s.accountParam(c)
+	if err != nil {
 		return err
 	}
 	var req adminapi.BudgetRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
+	out, ch, err := s.setMonthlyBudget(c.Request().Context(), acct, req)
+	return answer(c, http.StatusOK, out, ch, err)
+}
+
+// setMonthlyBudget sets one of acct's budgets and returns them all.
+func (v *service) setMonthlyBudget(ctx context.Context, acct string, req adminapi.BudgetRequest) ([]adminapi.Budget, change, error) {
+	ch := change{target: "account:" + acct}
 	if req.InstanceID != "" {
-		in, err := s.instanceByID(ctx, req.InstanceID)
+		in, err := v.instanceByID(ctx, req.InstanceID)
 		if err != nil {
-			return err
+			return nil, ch, err
 		}
 		if in.AccountID != acct {
-			return protocol.E(protocol.NotFound, "no such instance in this account")
+			return nil, ch, protocol.E(protocol.NotFound, "no such instance in this account")
 		}
 	}
 	amt, err := billing.ParseAmount(req.Monthly)
 	if err != nil || amt < 0 {
-		return invalid("monthly: a decimal of at least 0 with at most 6 fractional digits")
+		return nil, ch, invalid("monthly: a decimal of at least 0 with at most 6 fractional digits")
 	}
 	bg := billing.Budget{InstanceID: req.InstanceID, Agent: req.Agent, MonthlyMicros: amt, Soft: req.Soft}
-	if err := s.bill.SetBudget(ctx, acct, bg); err != nil {
-		return invalid(err.Error())
+	if err := v.bill.SetBudget(ctx, acct, bg); err != nil {
+		return nil, ch, invalid(err.Error())
 	}
-	n := note(c)
-	n.target, n.after = "account:"+acct, req
-	return s.listBudgets(c)
+	ch.after = req
+	if err := v.account(ctx, acct); err != nil {
+		return nil, ch, err
+	}
+	out, err := v.budgets(ctx, acct)
+	if err != nil {
+		return nil, ch, storeFailed(err)
+	}
+	return out, ch, nil
 }
 
 func (s *Server) listBudgets(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
-		return err
-	}
-	bs, err := s.bill.Budgets(ctx, acct, s.clock.Now())
+	return accountGet(c, s.service, s.budgets)
+}
+
+// budgets returns acct's budgets with this month's use.
+func (v *service) budgets(ctx context.Context, acct string) ([]adminapi.Budget, error) {
+	bs, err := v.bill.Budgets(ctx, acct, v.clock.Now())
 	if err != nil {
-		return storeFailed(err)
+		return nil, err
 	}
 	out := make([]adminapi.Budget, 0, len(bs))
 	for _, b := range bs {
 		out = append(out, adminapi.Budget{InstanceID: b.InstanceID, Agent: b.Agent, Monthly: billing.FormatAmount(b.MonthlyMicros),
 			MonthlyMicros: b.MonthlyMicros, Soft: b.Soft, Used: billing.FormatAmount(b.UsedMicros), UsedMicros: b.UsedMicros})
 	}
-	return c.JSON(http.StatusOK, out)
+	return out, nil
 }
 
 // reconcile is GET /billing/reconcile[?account=ID]: every account's (or
 // one's) stored funds against its ledgers.
 func (s *Server) reconcile(c echo.Context) error {
-	ctx := c.Request().Context()
-	var ids []string
-	if a := c.QueryParam("account"); a != "" {
-		if err := s.account(ctx, a); err != nil {
-			return err
-		}
-		ids = []string{a}
-	} else {
-		as, err := s.db.Accounts(ctx)
-		if err != nil {
-			return storeFailed(err)
-		}
-		for _, a := range as {
-			ids = append(ids, a.ID)
-		}
-		sort.Strings(ids)
+	note(c).always = true
+	out, err := s.reconcileFunds(c.Request().Context(), c.QueryParam("account"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// reconcileFunds reconciles acct's funds, or every account's when acct is "".
+func (v *service) reconcileFunds(ctx context.Context, acct string) ([]billing.Report, error) {
+	ids, err := v.accountIDs(ctx, acct)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]billing.Report, 0, len(ids))
 	for _, id := range ids {
-		r, err := s.bill.Reconcile(ctx, id)
+		r, err := v.bill.Reconcile(ctx, id)
 		if err != nil {
-			return storeFailed(err)
+			return nil, storeFailed(err)
 		}
 		out = append(out, r)
 	}
-	n := note(c)
-	n.always = true
-	return c.JSON(http.StatusOK, out)
+	return out, nil
 }
 
 // Adjustment is the appended adjustment entry.
@@ -279,9 +285,8 @@ type Adjustment struct {
 }
 
 func (s *Server) adjustUsage(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
+	acct, err := s.accountParam(c)
+	if err != nil {
 		return err
 	}
 	var req adminapi.AdjustmentRequest
@@ -295,7 +300,7 @@ func (s *Server) adjustUsage(c echo.Context) error {
 	if req.Reason == "" || len(req.Reason) > 500 || req.IdempotencyKey == "" || len(req.IdempotencyKey) > 200 {
 		return invalid("reason and idempotency_key are required")
 	}
-	e, appended, err := s.bill.AdjustUsage(ctx, acct, req.Corrects, req.IdempotencyKey, amt, s.clock.Now())
+	e, appended, err := s.bill.AdjustUsage(c.Request().Context(), acct, req.Corrects, req.IdempotencyKey, amt, s.clock.Now())
 	if errors.Is(err, billing.ErrNoEntry) {
 		return protocol.E(protocol.NotFound, "no such usage ledger entry in this account")
 	}
@@ -305,8 +310,7 @@ func (s *Server) adjustUsage(c echo.Context) error {
 	if err != nil {
 		return storeFailed(err)
 	}
-	out := Adjustment{Entry: e, Replayed: !appended}
 	n := note(c)
 	n.target, n.after = "account:"+acct, map[string]any{"request": req, "entry": e}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, Adjustment{Entry: e, Replayed: !appended})
 }

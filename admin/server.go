@@ -7,6 +7,7 @@
 package admin
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -493,10 +494,8 @@ func (s *Server) issueToken(rotate bool) echo.HandlerFunc {
 			return err
 		}
 		var req adminapi.IssueTokenRequest
-		if c.Request().ContentLength != 0 {
-			if err := decodeStrict(c, &req); err != nil {
-				return err
-			}
+		if err := decodeOptional(c, &req); err != nil {
+			return err
 		}
 		if req.TTLSeconds < 0 || req.GraceSeconds < 0 {
 			return invalid("ttl_seconds and grace_seconds must not be negative")
@@ -533,12 +532,38 @@ func (s *Server) revoke(c echo.Context) error {
 		return err
 	}
 	var req adminapi.RevokeRequest
-	if c.Request().ContentLength != 0 {
-		if err := decodeStrict(c, &req); err != nil {
-			return err
-		}
+	if err := decodeOptional(c, &req); err != nil {
+		return err
 	}
 	terminate := req.TerminateWorkspaces == nil || *req.TerminateWorkspaces
 	out, ch, err := s.service.revoke(c.Request().Context(), in, terminate, operator(c).Actor())
 	return answer(c, http.StatusOK, out, ch, err)
+}
+
+// accountParam returns the account the route's :id names. Returns NotFound.
+func (s *Server) accountParam(c echo.Context) (string, error) {
+	acct := c.Param("id")
+	return acct, s.account(c.Request().Context(), acct)
+}
+
+// accountGet answers a read of the account the route's :id names:
+// NotFound for an unknown account, unavailable when read fails.
+func accountGet[T any](c echo.Context, v *service, read func(ctx context.Context, acct string) (T, error)) error {
+	ctx, acct := c.Request().Context(), c.Param("id")
+	if err := v.account(ctx, acct); err != nil {
+		return err
+	}
+	out, err := read(ctx, acct)
+	if err != nil {
+		return storeFailed(err)
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// decodeOptional decodes a body the route lets the client leave out.
+func decodeOptional(c echo.Context, v any) error {
+	if c.Request().ContentLength == 0 {
+		return nil
+	}
+	return decodeStrict(c, v)
 }

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"log/slog"
 
 	"github.com/sandgate/sandgate"
@@ -39,4 +40,24 @@ func storeErr(err error) error {
 		return nil
 	}
 	return storeFailed(err)
+}
+
+// accountIDs returns acct alone once it is known to exist, or every
+// account's id, sorted, when acct is "". Returns NotFound.
+func (v *service) accountIDs(ctx context.Context, acct string) ([]string, error) {
+	if acct != "" {
+		if err := v.account(ctx, acct); err != nil {
+			return nil, err
+		}
+		return []string{acct}, nil
+	}
+	as, err := v.db.Accounts(ctx)
+	if err != nil {
+		return nil, storeFailed(err)
+	}
+	ids := make([]string, 0, len(as))
+	for _, a := range as {
+		ids = append(ids, a.ID)
+	}
+	return ids, nil
 }

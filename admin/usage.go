@@ -94,21 +94,9 @@ func (s *Server) parseUsageQuery(c echo.Context) (usageQuery, error) {
 		}
 		acct = inst.AccountID
 	}
-	if acct != "" {
-		if err := s.account(ctx, acct); err != nil {
-			return q, err
-		}
-		q.accounts = []string{acct}
-		return q, nil
-	}
-	as, err := s.db.Accounts(ctx)
-	if err != nil {
-		return q, storeFailed(err)
-	}
-	for _, a := range as {
-		q.accounts = append(q.accounts, a.ID)
-	}
-	return q, nil
+	var err error
+	q.accounts, err = s.accountIDs(ctx, acct)
+	return q, err
 }
 
 func (q usageQuery) audited(c echo.Context) *usageRange {
