@@ -287,16 +287,25 @@ func (v *service) setControl(ctx context.Context, pt pauseTarget, ctl *store.Con
 
 // status lists what is stopped or paused, by whom, since when.
 func (s *Server) status(c echo.Context) error {
-	ctx := c.Request().Context()
-	g, err := s.db.GlobalStop(ctx)
+	out, err := s.controls(c.Request().Context())
 	if err != nil {
-		return storeFailed(err)
+		return err
 	}
-	all, err := s.db.AllControls(ctx)
+	return c.JSON(http.StatusOK, out)
+}
+
+// controls returns the broker's stop and every account's and instance's
+// stop or pause.
+func (v *service) controls(ctx context.Context) (adminapi.Status, error) {
+	g, err := v.db.GlobalStop(ctx)
 	if err != nil {
-		return storeFailed(err)
+		return adminapi.Status{}, storeFailed(err)
 	}
-	now := s.clock.Now()
+	all, err := v.db.AllControls(ctx)
+	if err != nil {
+		return adminapi.Status{}, storeFailed(err)
+	}
+	now := v.clock.Now()
 	out := adminapi.Status{BrokerStop: toControl(g, now), Controls: make([]adminapi.ScopedControl, 0, len(all))}
 	for _, ac := range all {
 		out.Controls = append(out.Controls, adminapi.ScopedControl{
@@ -306,16 +315,15 @@ func (s *Server) status(c echo.Context) error {
 	slices.SortFunc(out.Controls, func(a, b adminapi.ScopedControl) int {
 		return cmp.Or(cmp.Compare(a.AccountID, b.AccountID), cmp.Compare(a.InstanceID, b.InstanceID), cmp.Compare(a.Kind, b.Kind))
 	})
-	return c.JSON(http.StatusOK, out)
+	return out, nil
 }
 
 // maxRiskLimit bounds the numeric risk limits an operator may set.
 const maxRiskLimit = 1_000_000
 
 func (s *Server) setLimits(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
+	acct, err := s.accountParam(c)
+	if err != nil {
 		return err
 	}
 	var req adminapi.RiskLimits
@@ -328,30 +336,28 @@ func (s *Server) setLimits(c echo.Context) error {
 	if _, ok := sandgate.LookupSize(req.MaxSize); req.MaxSize != "" && !ok {
 		return invalid("max_size must be empty (the broker default) or one of small, standard, large, xlarge")
 	}
-	before, err := s.db.Risk(ctx, acct)
+	ch, err := s.setRiskLimits(c.Request().Context(), acct, req)
+	return answer(c, http.StatusOK, req, ch, err)
+}
+
+// setRiskLimits replaces acct's risk limits.
+func (v *service) setRiskLimits(ctx context.Context, acct string, req adminapi.RiskLimits) (change, error) {
+	before, err := v.db.Risk(ctx, acct)
 	if err != nil {
-		return storeFailed(err)
+		return change{}, storeFailed(err)
 	}
 	l := store.RiskLimits{AcquiresPerMinute: req.AcquiresPerMinute, MaxOpenWorkspaces: req.MaxOpenWorkspaces, MaxSize: req.MaxSize}
-	if err := s.db.SetRiskLimits(ctx, acct, l); err != nil {
-		return storeFailed(err)
+	if err := v.db.SetRiskLimits(ctx, acct, l); err != nil {
+		return change{}, storeFailed(err)
 	}
-	n := note(c)
-	n.before, n.after = toRiskLimits(before), req
-	return c.JSON(http.StatusOK, req)
+	return change{before: toRiskLimits(before), after: req}, nil
 }
 
 func (s *Server) getLimits(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
-		return err
-	}
-	l, err := s.db.Risk(ctx, acct)
-	if err != nil {
-		return storeFailed(err)
-	}
-	return c.JSON(http.StatusOK, toRiskLimits(l))
+	return accountGet(c, s.service, func(ctx context.Context, acct string) (adminapi.RiskLimits, error) {
+		l, err := s.db.Risk(ctx, acct)
+		return toRiskLimits(l), err
+	})
 }
 
 func toRiskLimits(l store.RiskLimits) adminapi.RiskLimits {

@@ -289,34 +289,39 @@ func (s *Server) createInstance(c echo.Context) error {
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
-	if err := s.account(ctx, req.AccountID); err != nil {
-		return err
+	out, ch, err := s.service.createInstance(c.Request().Context(), req)
+	return answer(c, http.StatusCreated, out, ch, err)
+}
+
+// createInstance creates an instance of an existing account, its scope
+// laid over the defaults and enforceable by its provider.
+func (v *service) createInstance(ctx context.Context, req adminapi.CreateInstanceRequest) (adminapi.Instance, change, error) {
+	if err := v.account(ctx, req.AccountID); err != nil {
+		return adminapi.Instance{}, change{}, err
 	}
-	prov, err := s.provider(req.Provider)
+	prov, err := v.provider(req.Provider)
 	if err != nil {
-		return err
+		return adminapi.Instance{}, change{}, err
 	}
-	scope, err := s.mergeScope(req.Scope, prov)
+	scope, err := v.mergeScope(req.Scope, prov)
 	if err != nil {
-		return err
+		return adminapi.Instance{}, change{}, err
 	}
 	in := sandgate.Instance{ID: sandgate.NewID(sandgate.PrefixInstance), AccountID: req.AccountID, Name: req.Name,
-		Provider: prov.Name, Scope: scope, CreatedAt: s.clock.Now()}
-	if err := s.db.PutInstance(ctx, in); err != nil {
-		return storeFailed(err)
+		Provider: prov.Name, Scope: scope, CreatedAt: v.clock.Now()}
+	if err := v.db.PutInstance(ctx, in); err != nil {
+		return adminapi.Instance{}, change{}, storeFailed(err)
 	}
-	n := note(c)
-	n.target, n.after = "instance:"+in.ID, toInstance(in)
-	return c.JSON(http.StatusCreated, toInstance(in))
+	out := toInstance(in)
+	return out, change{target: "instance:" + in.ID, after: out}, nil
 }
 
 // provider returns the configured provider called name ("" for the
 // default), refusing a name no provider has.
-func (s *Server) provider(name string) (*providers.Entry, error) {
-	e, err := s.provs.ForInstance(name)
+func (v *service) provider(name string) (*providers.Entry, error) {
+	e, err := v.provs.ForInstance(name)
 	if err != nil {
-		return nil, invalid(fmt.Sprintf("no provider named %q is configured on this broker; configured: %s", name, strings.Join(s.provs.Names(), ", ")))
+		return nil, invalid(fmt.Sprintf("no provider named %q is configured on this broker; configured: %s", name, strings.Join(v.provs.Names(), ", ")))
 	}
 	return e, nil
 }
@@ -329,28 +334,35 @@ func (s *Server) setProvider(c echo.Context) error {
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
-	in, err := s.instance(c)
+	out, ch, err := s.moveInstance(c.Request().Context(), c.Param("id"), req.Provider)
+	return answer(c, http.StatusOK, out, ch, err)
+}
+
+// moveInstance sets the provider the instance id's new workspaces run
+// on, which must enforce its scope as it is.
+func (v *service) moveInstance(ctx context.Context, id, provider string) (adminapi.Instance, change, error) {
+	in, err := v.instanceByID(ctx, id)
 	if err != nil {
-		return err
+		return adminapi.Instance{}, change{}, err
 	}
-	if req.Provider == "" {
-		return invalid("provider is required")
+	if provider == "" {
+		return adminapi.Instance{}, change{}, invalid("provider is required")
 	}
-	prov, err := s.provider(req.Provider)
+	prov, err := v.provider(provider)
 	if err != nil {
-		return err
+		return adminapi.Instance{}, change{}, err
 	}
 	if err := prov.Provider.Capabilities().CheckScope(prov.Name, in.Scope); err != nil {
-		return invalid(err.Error() + "; change the instance's scope first")
+		return adminapi.Instance{}, change{}, invalid(err.Error() + "; change the instance's scope first")
 	}
-	n := note(c)
-	n.target, n.before = "instance:"+in.ID, toInstance(in)
+	ch := change{target: "instance:" + in.ID, before: toInstance(in)}
 	in.Provider = prov.Name
-	if err := s.db.PutInstance(c.Request().Context(), in); err != nil {
-		return storeFailed(err)
+	if err := v.db.PutInstance(ctx, in); err != nil {
+		return adminapi.Instance{}, ch, storeFailed(err)
 	}
-	n.after = toInstance(in)
-	return c.JSON(http.StatusOK, toInstance(in))
+	out := toInstance(in)
+	ch.after = out
+	return out, ch, nil
 }
 
 // listProviders is GET /providers: the configured providers, what each
@@ -366,10 +378,10 @@ func (s *Server) listProviders(c echo.Context) error {
 // mergeScope lays the operator's fields over the defaults and validates
 // the result, and that prov can enforce it. An egress ceiling left out
 // is [] on a provider that cannot filter by domain.
-func (s *Server) mergeScope(w adminapi.Scope, prov *providers.Entry) (sandgate.Scope, error) {
+func (v *service) mergeScope(w adminapi.Scope, prov *providers.Entry) (sandgate.Scope, error) {
 	caps := prov.Provider.Capabilities()
 	req := toScope(w)
-	out := s.cfg.Defaults
+	out := v.cfg.Defaults
 	if req.Sizes != nil {
 		out.Sizes = req.Sizes
 	}
@@ -436,31 +448,33 @@ func (s *Server) mergeScope(w adminapi.Scope, prov *providers.Entry) (sandgate.S
 }
 
 func (s *Server) listInstances(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.QueryParam("account")
-	var accts []string
-	if acct != "" {
-		accts = []string{acct}
-	} else {
-		as, err := s.db.Accounts(ctx)
-		if err != nil {
-			return storeFailed(err)
-		}
-		for _, a := range as {
-			accts = append(accts, a.ID)
+	out, err := s.instances(c.Request().Context(), c.QueryParam("account"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// instances lists acct's instances, or every account's when acct is "".
+func (v *service) instances(ctx context.Context, acct string) ([]adminapi.Instance, error) {
+	accts := []string{acct}
+	if acct == "" {
+		var err error
+		if accts, err = v.accountIDs(ctx, ""); err != nil {
+			return nil, err
 		}
 	}
 	out := []adminapi.Instance{}
 	for _, a := range accts {
-		ins, err := s.db.Instances(ctx, a)
+		ins, err := v.db.Instances(ctx, a)
 		if err != nil {
-			return storeFailed(err)
+			return nil, storeFailed(err)
 		}
 		for _, in := range ins {
 			out = append(out, toInstance(in))
 		}
 	}
-	return c.JSON(http.StatusOK, out)
+	return out, nil
 }
 
 func (s *Server) instance(c echo.Context) (sandgate.Instance, error) {

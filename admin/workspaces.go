@@ -148,26 +148,34 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
+	out, err := s.workspaces(c.Request().Context(), f)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// workspaces returns the page of workspaces f selects.
+func (v *service) workspaces(ctx context.Context, f workspaceFilter) (adminapi.WorkspaceList, error) {
 	acct := f.account
 	if f.instance != "" {
-		in, err := s.instanceByID(ctx, f.instance)
+		in, err := v.instanceByID(ctx, f.instance)
 		if err != nil {
-			return err
+			return adminapi.WorkspaceList{}, err
 		}
 		if acct != "" && acct != in.AccountID {
-			return c.JSON(http.StatusOK, adminapi.WorkspaceList{Workspaces: []adminapi.Workspace{}})
+			return adminapi.WorkspaceList{Workspaces: []adminapi.Workspace{}}, nil
 		}
 		acct = in.AccountID
 	} else if acct != "" {
-		if err := s.account(ctx, acct); err != nil {
-			return err
+		if err := v.account(ctx, acct); err != nil {
+			return adminapi.WorkspaceList{}, err
 		}
 	}
-	now := s.clock.Now()
-	ws, err := s.db.Workspaces(ctx, acct, f.instance, f.all, now)
+	now := v.clock.Now()
+	ws, err := v.db.Workspaces(ctx, acct, f.instance, f.all, now)
 	if err != nil {
-		return storeFailed(err)
+		return adminapi.WorkspaceList{}, storeFailed(err)
 	}
 	ws = slices.DeleteFunc(ws, func(w sandgate.Workspace) bool {
 		prov := cmp.Or(w.Provider, "local")
@@ -190,7 +198,7 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 	for _, w := range ws {
 		out.Workspaces = append(out.Workspaces, toWorkspace(w, now))
 	}
-	return c.JSON(http.StatusOK, out)
+	return out, nil
 }
 
 // workspace returns the workspace id names. Returns NotFound.
