@@ -129,19 +129,11 @@ func (s *Server) exportAudit(c echo.Context) error {
 	n := note(c)
 	n.target, n.always = "audit", true
 	var from, to time.Time
-	for _, p := range []struct {
-		name string
-		dst  *time.Time
-	}{{"from", &from}, {"to", &to}} {
-		v := c.QueryParam(p.name)
-		if v == "" {
-			continue
-		}
-		t, err := time.Parse(time.RFC3339, v)
-		if err != nil {
-			return invalid(p.name + " must be an RFC 3339 time, for example 2026-01-02T15:04:05Z")
-		}
-		*p.dst = t
+	if err := queryTime(c, "from", &from); err != nil {
+		return err
+	}
+	if err := queryTime(c, "to", &to); err != nil {
+		return err
 	}
 	if !from.IsZero() && !to.IsZero() && !from.Before(to) {
 		return invalid("from must be before to")

@@ -581,3 +581,18 @@ func decodeOptional(c echo.Context, v any) error {
 	}
 	return decodeStrict(c, v)
 }
+
+// queryTime parses the query parameter name, an RFC 3339 time, into dst;
+// an absent parameter leaves dst as it is.
+func queryTime(c echo.Context, name string, dst *time.Time) error {
+	v := c.QueryParam(name)
+	if v == "" {
+		return nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return invalid(name + " must be an RFC 3339 time, for example 2026-01-02T15:04:05Z")
+	}
+	*dst = t
+	return nil
+}

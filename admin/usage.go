@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,42 +62,42 @@ type usageRange struct {
 // InvalidRequest for a bad value, NotFound for an unknown account or
 // instance (or an instance of another account).
 func (s *Server) parseUsageQuery(c echo.Context) (usageQuery, error) {
-	ctx := c.Request().Context()
 	month := billing.MonthOf(s.clock.Now())
 	q := usageQuery{filter: billing.ExportFilter{From: month, To: month.AddDate(0, 1, 0),
 		InstanceID: c.QueryParam("instance"), Agent: c.QueryParam("agent"), Size: c.QueryParam("size")}}
 	if _, ok := sandgate.LookupSize(q.filter.Size); q.filter.Size != "" && !ok {
 		return q, invalid("size must be one of small, standard, large, xlarge")
 	}
-	for _, p := range []struct {
-		name string
-		dst  *time.Time
-	}{{"from", &q.filter.From}, {"to", &q.filter.To}} {
-		if v := c.QueryParam(p.name); v != "" {
-			t, err := time.Parse(time.RFC3339, v)
-			if err != nil {
-				return q, invalid(p.name + " must be an RFC 3339 time, for example 2026-01-02T15:04:05Z")
-			}
-			*p.dst = t.UTC()
-		}
+	if err := queryTime(c, "from", &q.filter.From); err != nil {
+		return q, err
 	}
+	if err := queryTime(c, "to", &q.filter.To); err != nil {
+		return q, err
+	}
+	q.filter.From, q.filter.To = q.filter.From.UTC(), q.filter.To.UTC()
 	if !q.filter.From.Before(q.filter.To) {
 		return q, invalid("from must be before to (each defaults to the current UTC month's bound)")
 	}
-	acct := c.QueryParam("account")
-	if in := q.filter.InstanceID; in != "" {
-		inst, err := s.instanceByID(ctx, in)
-		if err != nil {
-			return q, err
-		}
-		if acct != "" && acct != inst.AccountID {
-			return q, protocol.E(protocol.NotFound, "no such instance")
-		}
-		acct = inst.AccountID
-	}
 	var err error
-	q.accounts, err = s.accountIDs(ctx, acct)
+	q.accounts, err = s.usageAccounts(c.Request().Context(), c.QueryParam("account"), q.filter.InstanceID)
 	return q, err
+}
+
+// usageAccounts returns the accounts a usage read of acct and inst
+// (either may be "") covers. Returns NotFound for an unknown account or
+// instance, or an instance of another account.
+func (v *service) usageAccounts(ctx context.Context, acct, inst string) ([]string, error) {
+	if inst != "" {
+		in, err := v.instanceByID(ctx, inst)
+		if err != nil {
+			return nil, err
+		}
+		if acct != "" && acct != in.AccountID {
+			return nil, protocol.E(protocol.NotFound, "no such instance")
+		}
+		acct = in.AccountID
+	}
+	return v.accountIDs(ctx, acct)
 }
 
 func (q usageQuery) audited(c echo.Context) *usageRange {

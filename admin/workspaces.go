@@ -104,17 +104,11 @@ func parseWorkspaceFilter(c echo.Context) (workspaceFilter, error) {
 	default:
 		return f, invalid("state must be live (the default), all, starting, running, terminating or terminated")
 	}
-	for _, p := range []struct {
-		name string
-		dst  *time.Time
-	}{{"created_after", &f.after}, {"created_before", &f.before}} {
-		if v := q.Get(p.name); v != "" {
-			t, err := time.Parse(time.RFC3339, v)
-			if err != nil {
-				return f, invalid(p.name + " must be an RFC 3339 time, for example 2026-01-02T15:04:05Z")
-			}
-			*p.dst = t
-		}
+	if err := queryTime(c, "created_after", &f.after); err != nil {
+		return f, err
+	}
+	if err := queryTime(c, "created_before", &f.before); err != nil {
+		return f, err
 	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
