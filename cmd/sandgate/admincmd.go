@@ -47,6 +47,19 @@ func (f *adminFlags) do(cmd *cobra.Command, method, path string, in, out any) er
 	return c.Do(cmd.Context(), method, path, in, out)
 }
 
+// call sends one request with the flags' URL and token and prints its
+// answer: as JSON with -o json, else as text renders it.
+func call[T any](cmd *cobra.Command, f *adminFlags, method, path string, in any, text func(T) string) error {
+	var out T
+	if err := f.do(cmd, method, path, in, &out); err != nil {
+		return err
+	}
+	return f.print(cmd.OutOrStdout(), out, text(out))
+}
+
+// accountPath is the path of the account acct's resource rest.
+func accountPath(acct, rest string) string { return "/accounts/" + url.PathEscape(acct) + "/" + rest }
+
 // print writes v as JSON with -o json, else the plain value alone.
 func (f *adminFlags) print(w io.Writer, v any, plain string) error {
 	switch f.output {
@@ -503,11 +516,7 @@ func limitsCommand(f *adminFlags) *cobra.Command {
 	get := &cobra.Command{
 		Use: "get --account ID", Short: "Show an account's risk limits",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out adminapi.RiskLimits
-			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/limits", nil, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, limitsLine(out))
+			return call(cmd, f, http.MethodGet, accountPath(acct, "limits"), nil, limitsLine)
 		},
 	}
 	get.Flags().StringVar(&acct, "account", "", "account id (required)")

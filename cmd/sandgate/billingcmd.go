@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -93,11 +92,7 @@ func billingCommand(f *adminFlags) *cobra.Command {
 		Use:   "set --account ID --rate-card N --currency USD [--credit-limit 0] [--postpaid]",
 		Short: "Configure an account's billing; it is prepaid (needs funds) unless --postpaid",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out adminapi.BillingSettings
-			if err := f.do(cmd, http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/billing", req, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, billingLine(out))
+			return call(cmd, f, http.MethodPut, accountPath(acct, "billing"), req, billingLine)
 		},
 	}
 	set.Flags().StringVar(&acct, "account", "", "account id (required)")
@@ -110,11 +105,7 @@ func billingCommand(f *adminFlags) *cobra.Command {
 	get := &cobra.Command{
 		Use: "get --account ID", Short: "Show an account's billing settings",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out adminapi.BillingSettings
-			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/billing", nil, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, billingLine(out))
+			return call(cmd, f, http.MethodGet, accountPath(acct, "billing"), nil, billingLine)
 		},
 	}
 	get.Flags().StringVar(&acct, "account", "", "account id (required)")
@@ -146,11 +137,8 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 				if req.IdempotencyKey == "" {
 					req.IdempotencyKey = newIdempotencyKey()
 				}
-				var out adminapi.FundsEntry
-				if err := f.do(cmd, http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/funds/"+kind, req, &out); err != nil {
-					return err
-				}
-				return f.print(cmd.OutOrStdout(), out, out.Balance.Available)
+				return call(cmd, f, http.MethodPost, accountPath(acct, "funds/"+kind), req,
+					func(e adminapi.FundsEntry) string { return e.Balance.Available })
 			},
 		}
 		c.Flags().StringVar(&acct, "account", "", "account id (required)")
@@ -167,11 +155,7 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 		Use:   "balance --account ID",
 		Short: "Print the available amount (balance − holds); -o json adds holds, settled and currency",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out adminapi.Balance
-			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/funds", nil, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, out.Available)
+			return call(cmd, f, http.MethodGet, accountPath(acct, "funds"), nil, func(b adminapi.Balance) string { return b.Available })
 		},
 	}
 	balance.Flags().StringVar(&acct, "account", "", "account id (required)")
@@ -184,7 +168,7 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "budget", Short: "Set and list monthly budgets (account, instance, agent)"}
 	var acct string
 	var req adminapi.BudgetRequest
-	show := func(cmd *cobra.Command, out []adminapi.Budget) error {
+	show := func(out []adminapi.Budget) string {
 		var rows [][]string
 		for _, b := range out {
 			scope := "account"
@@ -200,17 +184,13 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 			}
 			rows = append(rows, []string{scope, b.Monthly, b.Used, kind})
 		}
-		return f.print(cmd.OutOrStdout(), out, table([]string{"SCOPE", "MONTHLY", "USED", "KIND"}, rows))
+		return table([]string{"SCOPE", "MONTHLY", "USED", "KIND"}, rows)
 	}
 	set := &cobra.Command{
 		Use:   "set --account ID [--instance ID] [--agent SLUG] --monthly 100.00 [--soft]",
 		Short: "Set a monthly budget (calendar month, UTC); --monthly 0 removes it",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out []adminapi.Budget
-			if err := f.do(cmd, http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/budgets", req, &out); err != nil {
-				return err
-			}
-			return show(cmd, out)
+			return call(cmd, f, http.MethodPut, accountPath(acct, "budgets"), req, show)
 		},
 	}
 	set.Flags().StringVar(&acct, "account", "", "account id (required)")
@@ -223,11 +203,7 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list --account ID", Short: "List an account's budgets with this month's use",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out []adminapi.Budget
-			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/budgets", nil, &out); err != nil {
-				return err
-			}
-			return show(cmd, out)
+			return call(cmd, f, http.MethodGet, accountPath(acct, "budgets"), nil, show)
 		},
 	}
 	list.Flags().StringVar(&acct, "account", "", "account id (required)")
@@ -251,7 +227,7 @@ func adjustmentCommand(f *adminFlags) *cobra.Command {
 				Entry    billing.UsageEntry `json:"entry"`
 				Replayed bool               `json:"replayed"`
 			}
-			if err := f.do(cmd, http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/usage/adjustments", req, &out); err != nil {
+			if err := f.do(cmd, http.MethodPost, accountPath(acct, "usage/adjustments"), req, &out); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), out, out.Entry.ID)
