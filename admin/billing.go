@@ -83,12 +83,9 @@ func toBillingSettings(st billing.Settings) adminapi.BillingSettings {
 }
 
 func (s *Server) setBilling(c echo.Context) error {
-	acct, err := s.accountParam(c)
-	if err != nil {
-		return err
-	}
 	var req adminapi.BillingSettings
-	if err := decodeStrict(c, &req); err != nil {
+	acct, err := s.accountRequest(c, &req)
+	if err != nil {
 		return err
 	}
 	st := billing.Settings{AccountID: acct, RateCard: req.RateCard, Currency: req.Currency, Postpaid: req.Postpaid}
@@ -130,12 +127,9 @@ func (s *Server) getBilling(c echo.Context) error {
 
 func (s *Server) adjustFunds(kind string) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		acct, err := s.accountParam(c)
-		if err != nil {
-			return err
-		}
 		var req adminapi.FundsRequest
-		if err := decodeStrict(c, &req); err != nil {
+		acct, err := s.accountRequest(c, &req)
+		if err != nil {
 			return err
 		}
 		amt, err := billing.ParseAmount(req.Amount)
@@ -189,12 +183,9 @@ func (s *Server) balance(c echo.Context) error {
 }
 
 func (s *Server) setBudget(c echo.Context) error {
-	acct, err := s.accountParam(c)
-	if err != nil {
-		return err
-	}
 	var req adminapi.BudgetRequest
-	if err := decodeStrict(c, &req); err != nil {
+	acct, err := s.accountRequest(c, &req)
+	if err != nil {
 		return err
 	}
 	out, ch, err := s.setMonthlyBudget(c.Request().Context(), acct, req)
@@ -285,12 +276,9 @@ type Adjustment struct {
 }
 
 func (s *Server) adjustUsage(c echo.Context) error {
-	acct, err := s.accountParam(c)
-	if err != nil {
-		return err
-	}
 	var req adminapi.AdjustmentRequest
-	if err := decodeStrict(c, &req); err != nil {
+	acct, err := s.accountRequest(c, &req)
+	if err != nil {
 		return err
 	}
 	amt, err := billing.ParseAmount(req.Amount)

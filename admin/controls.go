@@ -63,24 +63,27 @@ func operator(c echo.Context) adminapi.OperatorToken {
 
 // account checks that an account exists. Returns NotFound.
 func (v *service) account(ctx context.Context, id string) error {
-	if _, err := v.db.Account(ctx, id); errors.Is(err, store.ErrNotFound) {
-		return protocol.E(protocol.NotFound, "no such account")
-	} else if err != nil {
-		return storeFailed(err)
-	}
-	return nil
+	a, err := v.db.Account(ctx, id)
+	_, err = found(a, err, "account")
+	return err
 }
 
 // instanceByID returns an instance. Returns NotFound.
 func (v *service) instanceByID(ctx context.Context, id string) (sandgate.Instance, error) {
 	in, err := v.db.Instance(ctx, id)
+	return found(in, err, "instance")
+}
+
+// found is the answer of a store read of one what: NotFound for
+// store.ErrNotFound, unavailable for any other failure.
+func found[T any](v T, err error, what string) (T, error) {
 	if errors.Is(err, store.ErrNotFound) {
-		return in, protocol.E(protocol.NotFound, "no such instance")
+		return v, protocol.E(protocol.NotFound, "no such "+what)
 	}
 	if err != nil {
-		return in, storeFailed(err)
+		return v, storeFailed(err)
 	}
-	return in, nil
+	return v, nil
 }
 
 // sweep ends the running workspaces of sc with reason, once, and notes
@@ -322,12 +325,9 @@ func (v *service) controls(ctx context.Context) (adminapi.Status, error) {
 const maxRiskLimit = 1_000_000
 
 func (s *Server) setLimits(c echo.Context) error {
-	acct, err := s.accountParam(c)
-	if err != nil {
-		return err
-	}
 	var req adminapi.RiskLimits
-	if err := decodeStrict(c, &req); err != nil {
+	acct, err := s.accountRequest(c, &req)
+	if err != nil {
 		return err
 	}
 	if req.AcquiresPerMinute < 0 || req.AcquiresPerMinute > maxRiskLimit || req.MaxOpenWorkspaces < 0 || req.MaxOpenWorkspaces > maxRiskLimit {

@@ -3,7 +3,6 @@ package admin
 import (
 	"cmp"
 	"context"
-	"errors"
 	"log/slog"
 	"slices"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
-	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
 	"github.com/sandgate/sandgate/token"
 )
@@ -99,11 +97,8 @@ func (v *service) revokeLease(ctx context.Context, id, actor string) (adminapi.R
 		return adminapi.RevokeResult{}, ch, protocol.E(protocol.NotFound, "no such lease")
 	}
 	l, err := v.db.LeaseByID(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return adminapi.RevokeResult{}, ch, protocol.E(protocol.NotFound, "no such lease")
-	}
-	if err != nil {
-		return adminapi.RevokeResult{}, ch, storeFailed(err)
+	if l, err = found(l, err, "lease"); err != nil {
+		return adminapi.RevokeResult{}, ch, err
 	}
 	in, err := v.instanceByID(ctx, l.InstanceID)
 	if err != nil {

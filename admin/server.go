@@ -560,6 +560,16 @@ func (s *Server) accountParam(c echo.Context) (string, error) {
 	return acct, s.account(c.Request().Context(), acct)
 }
 
+// accountRequest returns the account the route's :id names and decodes
+// the body into req. Returns NotFound, before any complaint about the body.
+func (s *Server) accountRequest(c echo.Context, req any) (string, error) {
+	acct, err := s.accountParam(c)
+	if err != nil {
+		return "", err
+	}
+	return acct, decodeStrict(c, req)
+}
+
 // accountGet answers a read of the account the route's :id names:
 // NotFound for an unknown account, unavailable when read fails.
 func accountGet[T any](c echo.Context, v *service, read func(ctx context.Context, acct string) (T, error)) error {

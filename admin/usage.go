@@ -100,9 +100,17 @@ func (v *service) usageAccounts(ctx context.Context, acct, inst string) ([]strin
 	return v.accountIDs(ctx, acct)
 }
 
-func (q usageQuery) audited(c echo.Context) *usageRange {
-	return &usageRange{From: q.filter.From.Format(time.RFC3339), To: q.filter.To.Format(time.RFC3339),
+// usageRead parses a usage read's query and notes the range it reads
+// as the audit entry's after, for the handler to complete.
+func (s *Server) usageRead(c echo.Context) (usageQuery, *usageRange, error) {
+	q, err := s.parseUsageQuery(c)
+	if err != nil {
+		return q, nil, err
+	}
+	rng := &usageRange{From: q.filter.From.Format(time.RFC3339), To: q.filter.To.Format(time.RFC3339),
 		Account: c.QueryParam("account"), Instance: q.filter.InstanceID, Agent: q.filter.Agent, Size: q.filter.Size}
+	note(c).after = rng
+	return q, rng, nil
 }
 
 func (s *Server) ledger() *billing.Ledger { return billing.NewLedger(s.db.Redis()) }
@@ -123,13 +131,11 @@ func (s *Server) exportUsage(c echo.Context) error {
 		}
 		format = f
 	}
-	q, err := s.parseUsageQuery(c)
+	q, rng, err := s.usageRead(c)
 	if err != nil {
 		return err
 	}
-	rng := q.audited(c)
 	rng.Format = string(format)
-	n.after = rng
 	w := c.Response()
 	h := w.Header()
 	h.Set(echo.HeaderContentType, format.ContentType())
@@ -171,13 +177,11 @@ func (s *Server) summarizeUsage(c echo.Context) error {
 	if err != nil {
 		return invalid("group_by must be account, instance, agent, size or day")
 	}
-	q, err := s.parseUsageQuery(c)
+	q, rng, err := s.usageRead(c)
 	if err != nil {
 		return err
 	}
-	rng := q.audited(c)
 	rng.GroupBy = string(by)
-	n.after = rng
 	rows, err := billing.Summarize(c.Request().Context(), s.ledger(), q.accounts, q.filter, by)
 	if errors.Is(err, billing.ErrTooManyGroups) {
 		return invalid("too many groups for a summary; narrow the range or use the export")

@@ -198,13 +198,7 @@ func (v *service) workspaces(ctx context.Context, f workspaceFilter) (adminapi.W
 // workspace returns the workspace id names. Returns NotFound.
 func (v *service) workspace(ctx context.Context, id string) (sandgate.Workspace, error) {
 	w, err := v.db.FindWorkspace(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return w, protocol.E(protocol.NotFound, "no such workspace")
-	}
-	if err != nil {
-		return w, storeFailed(err)
-	}
-	return w, nil
+	return found(w, err, "workspace")
 }
 
 func (s *Server) getWorkspace(c echo.Context) error {
