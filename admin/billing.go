@@ -60,21 +60,12 @@ func (s *Server) createRateCard(c echo.Context) error {
 		return invalid(err.Error())
 	}
 	out := toRateCard(card)
-	n := note(c)
-	n.target, n.after = "rate_card:"+card.Name, out
-	return c.JSON(http.StatusCreated, out)
+	return answer(c, http.StatusCreated, out, change{target: "rate_card:" + card.Name, after: out}, nil)
 }
 
 func (s *Server) listRateCards(c echo.Context) error {
 	cards, err := s.bill.RateCards(c.Request().Context())
-	if err != nil {
-		return storeFailed(err)
-	}
-	out := make([]adminapi.RateCard, 0, len(cards))
-	for _, card := range cards {
-		out = append(out, toRateCard(card))
-	}
-	return c.JSON(http.StatusOK, out)
+	return listed(c, cards, err, toRateCard)
 }
 
 func toBillingSettings(st billing.Settings) adminapi.BillingSettings {

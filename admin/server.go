@@ -266,22 +266,13 @@ func (s *Server) createAccount(c echo.Context) error {
 	if err := s.db.CreateAccount(c.Request().Context(), a); err != nil {
 		return storeFailed(err)
 	}
-	out := adminapi.Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)}
-	n := note(c)
-	n.target, n.after = "account:"+a.ID, out
-	return c.JSON(http.StatusCreated, out)
+	out := toAccount(a)
+	return answer(c, http.StatusCreated, out, change{target: "account:" + a.ID, after: out}, nil)
 }
 
 func (s *Server) listAccounts(c echo.Context) error {
 	as, err := s.db.Accounts(c.Request().Context())
-	if err != nil {
-		return storeFailed(err)
-	}
-	out := make([]adminapi.Account, 0, len(as))
-	for _, a := range as {
-		out = append(out, adminapi.Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)})
-	}
-	return c.JSON(http.StatusOK, out)
+	return listed(c, as, err, toAccount)
 }
 
 func (s *Server) createInstance(c echo.Context) error {
@@ -568,6 +559,19 @@ func (s *Server) accountRequest(c echo.Context, req any) (string, error) {
 		return "", err
 	}
 	return acct, decodeStrict(c, req)
+}
+
+// listed answers a list the store read, each item as conv renders it,
+// or unavailable when the read failed.
+func listed[T, W any](c echo.Context, items []T, err error, conv func(T) W) error {
+	if err != nil {
+		return storeFailed(err)
+	}
+	out := make([]W, 0, len(items))
+	for _, it := range items {
+		out = append(out, conv(it))
+	}
+	return c.JSON(http.StatusOK, out)
 }
 
 // accountGet answers a read of the account the route's :id names:

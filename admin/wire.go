@@ -84,6 +84,10 @@ func fromScope(s sandgate.Scope) adminapi.Scope {
 
 func sec(n int64) time.Duration { return time.Duration(n) * time.Second }
 
+func toAccount(a sandgate.Account) adminapi.Account {
+	return adminapi.Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)}
+}
+
 func toInstance(in sandgate.Instance) adminapi.Instance {
 	return adminapi.Instance{ID: in.ID, AccountID: in.AccountID, Name: in.Name, Provider: in.Provider, CreatedAt: wireTime(in.CreatedAt), Scope: fromScope(in.Scope)}
 }
