@@ -60,6 +60,35 @@ func call[T any](cmd *cobra.Command, f *adminFlags, method, path string, in any,
 // accountPath is the path of the account acct's resource rest.
 func accountPath(acct, rest string) string { return "/accounts/" + url.PathEscape(acct) + "/" + rest }
 
+// accountGetCommand is a command that shows the account's rest, as text
+// renders it.
+func accountGetCommand[T any](f *adminFlags, use, short, rest string, text func(T) string) *cobra.Command {
+	var acct string
+	cmd := &cobra.Command{Use: use, Short: short, RunE: func(cmd *cobra.Command, _ []string) error {
+		return call(cmd, f, http.MethodGet, accountPath(acct, rest), nil, text)
+	}}
+	accountFlag(cmd, &acct)
+	return cmd
+}
+
+// accountPutCommand is a command that PUTs *req, whose fields the
+// caller binds to flags, as the account's rest, and shows the answer as
+// text renders it.
+func accountPutCommand[T any](f *adminFlags, use, short, rest string, req any, text func(T) string) *cobra.Command {
+	var acct string
+	cmd := &cobra.Command{Use: use, Short: short, RunE: func(cmd *cobra.Command, _ []string) error {
+		return call(cmd, f, http.MethodPut, accountPath(acct, rest), req, text)
+	}}
+	accountFlag(cmd, &acct)
+	return cmd
+}
+
+// accountFlag adds the required --account flag to cmd.
+func accountFlag(cmd *cobra.Command, acct *string) {
+	cmd.Flags().StringVar(acct, "account", "", "account id (required)")
+	_ = cmd.MarkFlagRequired("account")
+}
+
 // print writes v as JSON with -o json, else the plain value alone.
 func (f *adminFlags) print(w io.Writer, v any, plain string) error {
 	switch f.output {
@@ -508,19 +537,11 @@ func limitsCommand(f *adminFlags) *cobra.Command {
 			return f.print(cmd.OutOrStdout(), out, limitsLine(out))
 		},
 	}
-	set.Flags().StringVar(&acct, "account", "", "account id (required)")
-	_ = set.MarkFlagRequired("account")
+	accountFlag(set, &acct)
 	set.Flags().IntVar(&l.AcquiresPerMinute, "acquires-per-minute", 0, "acquires per minute across the account's instances")
 	set.Flags().IntVar(&l.MaxOpenWorkspaces, "max-open", 0, "open workspaces across the account's instances")
 	set.Flags().StringVar(&l.MaxSize, "max-size", "", "largest size one acquire may ask for (small, standard, large, xlarge)")
-	get := &cobra.Command{
-		Use: "get --account ID", Short: "Show an account's risk limits",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(cmd, f, http.MethodGet, accountPath(acct, "limits"), nil, limitsLine)
-		},
-	}
-	get.Flags().StringVar(&acct, "account", "", "account id (required)")
-	_ = get.MarkFlagRequired("account")
+	get := accountGetCommand(f, "get --account ID", "Show an account's risk limits", "limits", limitsLine)
 	cmd.AddCommand(set, get)
 	return cmd
 }

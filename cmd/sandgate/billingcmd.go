@@ -86,30 +86,15 @@ func rateCardLine(rc adminapi.RateCard) string {
 
 func billingCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "billing", Short: "Set and show an account's billing: rate card, currency, credit limit, postpaid"}
-	var acct string
 	var req adminapi.BillingSettings
-	set := &cobra.Command{
-		Use:   "set --account ID --rate-card N --currency USD [--credit-limit 0] [--postpaid]",
-		Short: "Configure an account's billing; it is prepaid (needs funds) unless --postpaid",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(cmd, f, http.MethodPut, accountPath(acct, "billing"), req, billingLine)
-		},
-	}
-	set.Flags().StringVar(&acct, "account", "", "account id (required)")
+	set := accountPutCommand(f, "set --account ID --rate-card N --currency USD [--credit-limit 0] [--postpaid]",
+		"Configure an account's billing; it is prepaid (needs funds) unless --postpaid", "billing", &req, billingLine)
 	set.Flags().StringVar(&req.RateCard, "rate-card", "", "rate card name")
 	set.Flags().StringVar(&req.Currency, "currency", "", "ISO 4217 currency code (required)")
 	set.Flags().StringVar(&req.CreditLimit, "credit-limit", "0", "how far below zero the available amount may go")
 	set.Flags().BoolVar(&req.Postpaid, "postpaid", false, "no funds check (budgets still apply)")
-	_ = set.MarkFlagRequired("account")
 	_ = set.MarkFlagRequired("currency")
-	get := &cobra.Command{
-		Use: "get --account ID", Short: "Show an account's billing settings",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(cmd, f, http.MethodGet, accountPath(acct, "billing"), nil, billingLine)
-		},
-	}
-	get.Flags().StringVar(&acct, "account", "", "account id (required)")
-	_ = get.MarkFlagRequired("account")
+	get := accountGetCommand(f, "get --account ID", "Show an account's billing settings", "billing", billingLine)
 	cmd.AddCommand(set, get)
 	return cmd
 }
@@ -150,23 +135,14 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 		}
 		return c
 	}
-	var acct string
-	balance := &cobra.Command{
-		Use:   "balance --account ID",
-		Short: "Print the available amount (balance − holds); -o json adds holds, settled and currency",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(cmd, f, http.MethodGet, accountPath(acct, "funds"), nil, func(b adminapi.Balance) string { return b.Available })
-		},
-	}
-	balance.Flags().StringVar(&acct, "account", "", "account id (required)")
-	_ = balance.MarkFlagRequired("account")
+	balance := accountGetCommand(f, "balance --account ID", "Print the available amount (balance − holds); -o json adds holds, settled and currency",
+		"funds", func(b adminapi.Balance) string { return b.Available })
 	cmd.AddCommand(adjust("credit"), adjust("debit"), balance, adjustmentCommand(f))
 	return cmd
 }
 
 func budgetCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "budget", Short: "Set and list monthly budgets (account, instance, agent)"}
-	var acct string
 	var req adminapi.BudgetRequest
 	show := func(out []adminapi.Budget) string {
 		var rows [][]string
@@ -186,28 +162,14 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 		}
 		return table([]string{"SCOPE", "MONTHLY", "USED", "KIND"}, rows)
 	}
-	set := &cobra.Command{
-		Use:   "set --account ID [--instance ID] [--agent SLUG] --monthly 100.00 [--soft]",
-		Short: "Set a monthly budget (calendar month, UTC); --monthly 0 removes it",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(cmd, f, http.MethodPut, accountPath(acct, "budgets"), req, show)
-		},
-	}
-	set.Flags().StringVar(&acct, "account", "", "account id (required)")
+	set := accountPutCommand(f, "set --account ID [--instance ID] [--agent SLUG] --monthly 100.00 [--soft]",
+		"Set a monthly budget (calendar month, UTC); --monthly 0 removes it", "budgets", &req, show)
 	set.Flags().StringVar(&req.InstanceID, "instance", "", "instance id (default: the whole account)")
 	set.Flags().StringVar(&req.Agent, "agent", "", "agent slug")
 	set.Flags().StringVar(&req.Monthly, "monthly", "", "cap per calendar month in currency units (required)")
 	set.Flags().BoolVar(&req.Soft, "soft", false, "alert only, never refuse")
-	_ = set.MarkFlagRequired("account")
 	_ = set.MarkFlagRequired("monthly")
-	list := &cobra.Command{
-		Use: "list --account ID", Short: "List an account's budgets with this month's use",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(cmd, f, http.MethodGet, accountPath(acct, "budgets"), nil, show)
-		},
-	}
-	list.Flags().StringVar(&acct, "account", "", "account id (required)")
-	_ = list.MarkFlagRequired("account")
+	list := accountGetCommand(f, "list --account ID", "List an account's budgets with this month's use", "budgets", show)
 	cmd.AddCommand(set, list)
 	return cmd
 }
