@@ -83,6 +83,17 @@ func accountPutCommand[T any](f *adminFlags, use, short, rest string, req any, t
 	return cmd
 }
 
+// rowsOf renders a list as a table of header, one row an item.
+func rowsOf[T any](header []string, row func(T) []string) func([]T) string {
+	return func(items []T) string {
+		var rows [][]string
+		for _, it := range items {
+			rows = append(rows, row(it))
+		}
+		return table(header, rows)
+	}
+}
+
 // accountFlag adds the required --account flag to cmd.
 func accountFlag(cmd *cobra.Command, acct *string) {
 	cmd.Flags().StringVar(acct, "account", "", "account id (required)")
@@ -135,15 +146,8 @@ func accountCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List accounts",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var as []adminapi.Account
-			if err := f.do(cmd, http.MethodGet, "/accounts", nil, &as); err != nil {
-				return err
-			}
-			var rows [][]string
-			for _, a := range as {
-				rows = append(rows, []string{a.ID, a.Name, a.CreatedAt})
-			}
-			return f.print(cmd.OutOrStdout(), as, table([]string{"ID", "NAME", "CREATED"}, rows))
+			return call(cmd, f, http.MethodGet, "/accounts", nil, rowsOf([]string{"ID", "NAME", "CREATED"},
+				func(a adminapi.Account) []string { return []string{a.ID, a.Name, a.CreatedAt} }))
 		},
 	}
 	cmd.AddCommand(create, list)
@@ -225,15 +229,10 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List instances",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var ins []adminapi.Instance
-			if err := f.do(cmd, http.MethodGet, "/instances?account="+url.QueryEscape(acct), nil, &ins); err != nil {
-				return err
-			}
-			var rows [][]string
-			for _, in := range ins {
-				rows = append(rows, []string{in.ID, in.AccountID, in.Name, in.Provider, in.CreatedAt})
-			}
-			return f.print(cmd.OutOrStdout(), ins, table([]string{"ID", "ACCOUNT", "NAME", "PROVIDER", "CREATED"}, rows))
+			return call(cmd, f, http.MethodGet, "/instances?account="+url.QueryEscape(acct), nil, rowsOf([]string{"ID", "ACCOUNT", "NAME", "PROVIDER", "CREATED"},
+				func(in adminapi.Instance) []string {
+					return []string{in.ID, in.AccountID, in.Name, in.Provider, in.CreatedAt}
+				}))
 		},
 	}
 	list.Flags().StringVar(&acct, "account", "", "only this account's instances")
@@ -254,15 +253,10 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 	providersCmd := &cobra.Command{
 		Use: "providers", Short: "List the broker's providers: what each enforces and whether it takes new workspaces",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var ps []adminapi.Provider
-			if err := f.do(cmd, http.MethodGet, "/providers", nil, &ps); err != nil {
-				return err
-			}
-			var rows [][]string
-			for _, p := range ps {
-				rows = append(rows, []string{p.Name, p.Kind, fmt.Sprint(p.Default), fmt.Sprint(p.AcceptNew), p.Egress})
-			}
-			return f.print(cmd.OutOrStdout(), ps, table([]string{"NAME", "KIND", "DEFAULT", "ACCEPT_NEW", "EGRESS"}, rows))
+			return call(cmd, f, http.MethodGet, "/providers", nil, rowsOf([]string{"NAME", "KIND", "DEFAULT", "ACCEPT_NEW", "EGRESS"},
+				func(p adminapi.Provider) []string {
+					return []string{p.Name, p.Kind, fmt.Sprint(p.Default), fmt.Sprint(p.AcceptNew), p.Egress}
+				}))
 		},
 	}
 	cmd.AddCommand(create, get, list, setProvider, providersCmd)
@@ -348,15 +342,8 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List an instance's tokens (prefixes and states only)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out []adminapi.Lease
-			if err := f.do(cmd, http.MethodGet, "/instances/"+url.PathEscape(inst)+"/tokens", nil, &out); err != nil {
-				return err
-			}
-			var rows [][]string
-			for _, l := range out {
-				rows = append(rows, []string{l.ID, l.TokenPrefix + "…", l.State, l.IssuedAt})
-			}
-			return f.print(cmd.OutOrStdout(), out, table([]string{"LEASE", "TOKEN", "STATE", "ISSUED"}, rows))
+			return call(cmd, f, http.MethodGet, "/instances/"+url.PathEscape(inst)+"/tokens", nil, rowsOf([]string{"LEASE", "TOKEN", "STATE", "ISSUED"},
+				func(l adminapi.Lease) []string { return []string{l.ID, l.TokenPrefix + "…", l.State, l.IssuedAt} }))
 		},
 	}
 	list.Flags().StringVar(&inst, "instance", "", "instance id (required)")
