@@ -2,8 +2,8 @@
 // accounts, instances and their scope, tokens (issue, rotate, end a grace
 // period, revoke), emergency stops, pauses and risk limits, authenticated
 // by operator tokens with roles. Every operator action and every refused
-// operator request is written to the audit log. It also holds the small
-// client that `sandgate admin` drives it with.
+// operator request is written to the audit log. Its wire types, roles
+// and client are package adminapi's.
 package admin
 
 import (

@@ -46,7 +46,7 @@ const sessionLifetime = 8 * time.Hour
 
 // Config configures the console. A zero field means the default noted beside it.
 type Config struct {
-	// API is the operator API's handler (admin.Server.Handler()). Required.
+	// API is the operator API's handler (package admin's Server.Handler). Required.
 	API http.Handler
 	// Clock gives the default usage month. nil means the system clock.
 	Clock sandgate.Clock
