@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
-	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -211,27 +210,15 @@ func clearCookie(w http.ResponseWriter) {
 // it carries r's peer address, user agent and request id, so the audit
 // log names the operator's browser as the source.
 func apiRequest(r *http.Request, tok sandgate.Secret, method, path string, in any) (*http.Request, error) {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return nil, err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(r.Context(), method, "/admin/v1"+path, body)
+	req, err := adminapi.NewRequest(r.Context(), method, "/admin/v1"+path, tok, in)
 	if err != nil {
 		return nil, err
 	}
 	req.RemoteAddr = r.RemoteAddr
 	req.Host = r.Host
-	req.Header.Set("Authorization", "Bearer "+tok.Reveal())
 	req.Header.Set("User-Agent", strings.TrimSpace("sandgate-console "+r.UserAgent()))
 	if id := r.Header.Get(protocol.HeaderRequestID); id != "" {
 		req.Header.Set(protocol.HeaderRequestID, id)
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
 	}
 	return req, nil
 }
