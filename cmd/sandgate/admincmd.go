@@ -446,16 +446,8 @@ func pauseCommand(f *adminFlags) *cobra.Command {
 		Use:   "pause (--account ID | --instance ID)",
 		Short: "Pause one account or one instance and terminate its running workspaces; prints terminated=N failed=N",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			req := adminapi.PauseRequest{AccountID: acct, InstanceID: inst, Reason: cf.reason, Note: cf.note, Until: cf.untilValue()}
-			var out adminapi.Swept
-			if err := c.Do(cmd.Context(), http.MethodPost, "/pause", req, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, swept(out))
+			return call(cmd, f, http.MethodPost, "/pause", req, swept)
 		},
 	}
 	scopeFlags(cmd, &acct, &inst)

@@ -26,19 +26,11 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 		Use:   "create --name N --small P --standard P --large P --xlarge P",
 		Short: "Create a rate card, or a new version of it; accounts on it price new workspaces at the new version",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
 			req := adminapi.RateCardRequest{Name: name, Prices: map[string]string{}}
 			for size, p := range prices {
 				req.Prices[size] = *p
 			}
-			var out adminapi.RateCard
-			if err := c.Do(cmd.Context(), http.MethodPost, "/rate-cards", req, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, rateCardLine(out))
+			return call(cmd, f, http.MethodPost, "/rate-cards", req, rateCardLine)
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "rate card name (required)")
