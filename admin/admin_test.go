@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
@@ -27,6 +28,7 @@ import (
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
+	"github.com/sandgate/sandgate/token"
 )
 
 // Operator tokens of the test broker, one per role.
@@ -72,20 +74,22 @@ func newEnv(t *testing.T) *env {
 	db := store.New(rs.Client(), store.Config{})
 	clk := &clock{t: time.Now().UTC().Truncate(time.Second)}
 	prov := fakeprovider.New()
-	tok := func(name string, role admin.Role, s string) admin.OperatorToken {
-		return admin.OperatorToken{Name: name, Role: role, Hash: admin.HashToken(sandgate.Secret(s)), Prefix: admin.TokenPrefix(sandgate.Secret(s))}
+	tok := func(name string, role adminapi.Role, s string) adminapi.OperatorToken {
+		return adminapi.OperatorToken{Name: name, Role: role, Hash: token.Hash(sandgate.Secret(s)), Prefix: adminapi.TokenPrefix(sandgate.Secret(s))}
 	}
 	srv, err := admin.New(admin.Config{
-		Tokens: []admin.OperatorToken{
-			tok("alice", admin.RoleAdmin, adminToken),
-			tok("oscar", admin.RoleOperator, operatorToken),
-			tok("fiona", admin.RoleFinance, financeToken),
+		Tokens: []adminapi.OperatorToken{
+			tok("alice", adminapi.RoleAdmin, adminToken),
+			tok("oscar", adminapi.RoleOperator, operatorToken),
+			tok("fiona", adminapi.RoleFinance, financeToken),
 		},
-		Defaults:   sandgate.Scope{DefaultSize: "small", DefaultImage: "host", Limits: sandgate.DefaultLimits},
+		Defaults: sandgate.Scope{DefaultSize: "small", DefaultImage: "host", Limits: sandgate.DefaultLimits},
+	}, admin.Deps{
+		DB: db, Clock: clk,
 		Providers:  providers.Single(providers.LegacyName, prov),
 		Terminator: termination.New(db, providers.Single(providers.LegacyName, prov), clk, nil, 0),
 		Billing:    billing.New(db, billing.Config{}),
-	}, db, clk, nil)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,9 +103,9 @@ func newEnv(t *testing.T) *env {
 	return &env{t: t, redis: rs, db: db, prov: prov, clock: clk, pipe: pipe, url: hs.URL}
 }
 
-func (e *env) client(tok string) *admin.Client {
+func (e *env) client(tok string) *adminapi.Client {
 	e.t.Helper()
-	c, err := admin.NewClient(e.url, sandgate.Secret(tok), nil)
+	c, err := adminapi.NewClient(e.url, sandgate.Secret(tok), nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -121,7 +125,7 @@ func (e *env) do(tok, method, path string, in, out any) {
 func (e *env) refused(tok, method, path string, in any) (int, protocol.Code) {
 	e.t.Helper()
 	err := e.client(tok).Do(context.Background(), method, path, in, nil)
-	var ae *admin.APIError
+	var ae *adminapi.APIError
 	if !errors.As(err, &ae) {
 		e.t.Fatalf("%s %s = %v; want a refusal", method, path, err)
 	}
@@ -130,15 +134,15 @@ func (e *env) refused(tok, method, path string, in any) (int, protocol.Code) {
 
 func (e *env) account() string {
 	e.t.Helper()
-	var a admin.Account
-	e.do(adminToken, http.MethodPost, "/accounts", admin.CreateAccountRequest{Name: "acme"}, &a)
+	var a adminapi.Account
+	e.do(adminToken, http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: "acme"}, &a)
 	return a.ID
 }
 
 func (e *env) instance(acct string) string {
 	e.t.Helper()
-	var in admin.Instance
-	e.do(adminToken, http.MethodPost, "/instances", admin.CreateInstanceRequest{AccountID: acct}, &in)
+	var in adminapi.Instance
+	e.do(adminToken, http.MethodPost, "/instances", adminapi.CreateInstanceRequest{AccountID: acct}, &in)
 	return in.ID
 }
 
@@ -244,9 +248,9 @@ func TestStopBroker(t *testing.T) {
 	i1, i2 := e.instance(a1), e.instance(a2)
 	ws := append(e.running(a1, i1, 2), e.running(a2, i2, 1)...)
 
-	var swept admin.Swept
-	e.do(operatorToken, http.MethodPost, "/stop", admin.StopRequest{On: on(true), Reason: "incident", Note: "db failover"}, &swept)
-	if swept != (admin.Swept{Terminated: 3}) {
+	var swept adminapi.Swept
+	e.do(operatorToken, http.MethodPost, "/stop", adminapi.StopRequest{On: on(true), Reason: "incident", Note: "db failover"}, &swept)
+	if swept != (adminapi.Swept{Terminated: 3}) {
 		t.Fatalf("stop on = %+v; want terminated=3 failed=0", swept)
 	}
 	e.wantStates("after stop on", ws, "terminated/emergency_stopped")
@@ -259,7 +263,7 @@ func TestStopBroker(t *testing.T) {
 		t.Fatalf("Admit while stopped = %v; want emergency_stopped/incident", err)
 	}
 
-	var st admin.Status
+	var st adminapi.Status
 	e.do(operatorToken, http.MethodGet, "/status", nil, &st)
 	if st.BrokerStop == nil || st.BrokerStop.Reason != "incident" || st.BrokerStop.Note != "db failover" ||
 		st.BrokerStop.Actor != "oscar:sgo_OPER" || !st.BrokerStop.Active || st.BrokerStop.Until != nil ||
@@ -268,7 +272,7 @@ func TestStopBroker(t *testing.T) {
 	}
 
 	var off map[string]any
-	e.do(operatorToken, http.MethodPost, "/stop", admin.StopRequest{On: on(false)}, &off)
+	e.do(operatorToken, http.MethodPost, "/stop", adminapi.StopRequest{On: on(false)}, &off)
 	if len(off) != 0 {
 		t.Errorf("stop off = %v; want {}", off)
 	}
@@ -302,15 +306,15 @@ func TestStopAccount(t *testing.T) {
 	stopped, spared := e.running(a1, i1, 2), e.running(a2, i2, 2)
 	until := e.clock.Now().Add(time.Hour).Format(time.RFC3339)
 
-	var swept admin.Swept
-	e.do(adminToken, http.MethodPost, "/stop", admin.StopRequest{On: on(true), AccountID: a1, Reason: "abuse", Until: until}, &swept)
-	if swept != (admin.Swept{Terminated: 2}) {
+	var swept adminapi.Swept
+	e.do(adminToken, http.MethodPost, "/stop", adminapi.StopRequest{On: on(true), AccountID: a1, Reason: "abuse", Until: until}, &swept)
+	if swept != (adminapi.Swept{Terminated: 2}) {
 		t.Fatalf("stop on (account) = %+v; want terminated=2", swept)
 	}
 	e.wantStates("stopped account", stopped, "terminated/emergency_stopped")
 	e.wantStates("other account", spared, "running")
 
-	var st admin.Status
+	var st adminapi.Status
 	e.do(adminToken, http.MethodGet, "/status", nil, &st)
 	if st.BrokerStop != nil || len(st.Controls) != 1 {
 		t.Fatalf("status = %+v; want one account stop", st)
@@ -329,7 +333,7 @@ func TestStopAccount(t *testing.T) {
 		t.Errorf("status of an expired stop: active = true; want false")
 	}
 
-	if status, code := e.refused(adminToken, http.MethodPost, "/stop", admin.StopRequest{On: on(true), AccountID: "acct_nope", Reason: "x"}); status != 404 || code != protocol.NotFound {
+	if status, code := e.refused(adminToken, http.MethodPost, "/stop", adminapi.StopRequest{On: on(true), AccountID: "acct_nope", Reason: "x"}); status != 404 || code != protocol.NotFound {
 		t.Errorf("stop of an unknown account = %d %s; want 404 not_found", status, code)
 	}
 }
@@ -339,9 +343,9 @@ func TestStopFailures(t *testing.T) {
 	a := e.account()
 	ws := e.running(a, e.instance(a), 2)
 	e.prov.TerminateErr = errors.New("vendor down")
-	var swept admin.Swept
-	e.do(operatorToken, http.MethodPost, "/stop", admin.StopRequest{On: on(true), AccountID: a, Reason: "incident"}, &swept)
-	if swept != (admin.Swept{Failed: 2}) {
+	var swept adminapi.Swept
+	e.do(operatorToken, http.MethodPost, "/stop", adminapi.StopRequest{On: on(true), AccountID: a, Reason: "incident"}, &swept)
+	if swept != (adminapi.Swept{Failed: 2}) {
 		t.Fatalf("stop on with a failing provider = %+v; want terminated=0 failed=2", swept)
 	}
 	// Their slots are freed and the reason recorded; the sweep retries the end.
@@ -354,9 +358,9 @@ func TestPause(t *testing.T) {
 	i1, i2 := e.instance(a), e.instance(a)
 	w1, w2 := e.running(a, i1, 2), e.running(a, i2, 1)
 
-	var swept admin.Swept
-	e.do(operatorToken, http.MethodPost, "/pause", admin.PauseRequest{InstanceID: i1}, &swept)
-	if swept != (admin.Swept{Terminated: 2}) {
+	var swept adminapi.Swept
+	e.do(operatorToken, http.MethodPost, "/pause", adminapi.PauseRequest{InstanceID: i1}, &swept)
+	if swept != (adminapi.Swept{Terminated: 2}) {
 		t.Fatalf("pause instance = %+v; want terminated=2", swept)
 	}
 	e.wantStates("paused instance", w1, "terminated/paused")
@@ -372,13 +376,13 @@ func TestPause(t *testing.T) {
 
 	// The account's pause reaches every instance.
 	w3 := e.running(a, i2, 1)
-	e.do(operatorToken, http.MethodPost, "/pause", admin.PauseRequest{AccountID: a, Reason: "payment", Note: "card declined"}, &swept)
-	if swept != (admin.Swept{Terminated: 3}) {
+	e.do(operatorToken, http.MethodPost, "/pause", adminapi.PauseRequest{AccountID: a, Reason: "payment", Note: "card declined"}, &swept)
+	if swept != (adminapi.Swept{Terminated: 3}) {
 		t.Fatalf("pause account = %+v; want terminated=3 (the sibling's two)", swept)
 	}
 	e.wantStates("paused account", append(w2, w3...), "terminated/paused")
 
-	var st admin.Status
+	var st adminapi.Status
 	e.do(operatorToken, http.MethodGet, "/status", nil, &st)
 	if len(st.Controls) != 2 || st.Controls[0].InstanceID != "" || st.Controls[0].Reason != "payment" ||
 		st.Controls[1].InstanceID != i1 || st.Controls[1].Reason != "instance_paused" || st.Controls[1].Kind != "pause" {
@@ -386,14 +390,14 @@ func TestPause(t *testing.T) {
 	}
 
 	// Resuming the account leaves the instance's own pause.
-	e.do(operatorToken, http.MethodPost, "/resume", admin.ResumeRequest{AccountID: a}, nil)
+	e.do(operatorToken, http.MethodPost, "/resume", adminapi.ResumeRequest{AccountID: a}, nil)
 	if _, err := e.admit(a, i2); err != nil {
 		t.Errorf("Admit after resuming the account = %v; want admitted", err)
 	}
 	if _, err := e.admit(a, i1); protocol.CodeOf(err) != protocol.Paused {
 		t.Errorf("Admit on the still-paused instance = %v; want paused", err)
 	}
-	e.do(operatorToken, http.MethodPost, "/resume", admin.ResumeRequest{InstanceID: i1}, nil)
+	e.do(operatorToken, http.MethodPost, "/resume", adminapi.ResumeRequest{InstanceID: i1}, nil)
 	if _, err := e.admit(a, i1); err != nil {
 		t.Errorf("Admit after resuming the instance = %v; want admitted", err)
 	}
@@ -408,17 +412,17 @@ func TestPause(t *testing.T) {
 		path string
 		want int
 	}{
-		{"both ids", admin.PauseRequest{AccountID: a, InstanceID: i1}, "/pause", 400},
-		{"no id", admin.PauseRequest{}, "/pause", 400},
-		{"unknown instance", admin.PauseRequest{InstanceID: "inst_nope"}, "/pause", 404},
-		{"unknown account", admin.ResumeRequest{AccountID: "acct_nope"}, "/resume", 404},
-		{"bad reason", admin.PauseRequest{AccountID: a, Reason: "Not A Slug"}, "/pause", 400},
-		{"long note", admin.PauseRequest{AccountID: a, Note: strings.Repeat("n", 501)}, "/pause", 400},
-		{"past until", admin.PauseRequest{AccountID: a, Until: "2001-01-01T00:00:00Z"}, "/pause", 400},
-		{"bad until", admin.PauseRequest{AccountID: a, Until: "tomorrow"}, "/pause", 400},
+		{"both ids", adminapi.PauseRequest{AccountID: a, InstanceID: i1}, "/pause", 400},
+		{"no id", adminapi.PauseRequest{}, "/pause", 400},
+		{"unknown instance", adminapi.PauseRequest{InstanceID: "inst_nope"}, "/pause", 404},
+		{"unknown account", adminapi.ResumeRequest{AccountID: "acct_nope"}, "/resume", 404},
+		{"bad reason", adminapi.PauseRequest{AccountID: a, Reason: "Not A Slug"}, "/pause", 400},
+		{"long note", adminapi.PauseRequest{AccountID: a, Note: strings.Repeat("n", 501)}, "/pause", 400},
+		{"past until", adminapi.PauseRequest{AccountID: a, Until: "2001-01-01T00:00:00Z"}, "/pause", 400},
+		{"bad until", adminapi.PauseRequest{AccountID: a, Until: "tomorrow"}, "/pause", 400},
 		{"stop without on", map[string]any{"reason": "x"}, "/stop", 400},
-		{"stop on without reason", admin.StopRequest{On: on(true)}, "/stop", 400},
-		{"stop off with a reason", admin.StopRequest{On: on(false), Reason: "x"}, "/stop", 400},
+		{"stop on without reason", adminapi.StopRequest{On: on(true)}, "/stop", 400},
+		{"stop off with a reason", adminapi.StopRequest{On: on(false), Reason: "x"}, "/stop", 400},
 		{"unknown field", map[string]any{"on": true, "reason": "x", "scope": "all"}, "/stop", 400},
 	}
 	for _, tt := range tests {
@@ -442,7 +446,7 @@ func TestRoles(t *testing.T) {
 	e := newEnv(t)
 	a := e.account()
 	inst := e.instance(a)
-	stopOn := admin.StopRequest{On: on(true), AccountID: a, Reason: "incident"}
+	stopOn := adminapi.StopRequest{On: on(true), AccountID: a, Reason: "incident"}
 	tests := []struct {
 		tok, method, path string
 		body              any
@@ -450,13 +454,13 @@ func TestRoles(t *testing.T) {
 	}{
 		{financeToken, http.MethodGet, "/accounts", nil, 200},
 		{financeToken, http.MethodPost, "/stop", stopOn, 403},
-		{financeToken, http.MethodPost, "/pause", admin.PauseRequest{AccountID: a}, 403},
+		{financeToken, http.MethodPost, "/pause", adminapi.PauseRequest{AccountID: a}, 403},
 		{financeToken, http.MethodGet, "/status", nil, 403},
 		{financeToken, http.MethodGet, "/audit", nil, 403},
 		{financeToken, http.MethodGet, "/instances", nil, 403},
 		{financeToken, http.MethodGet, "/accounts/" + a + "/limits", nil, 403},
-		{operatorToken, http.MethodPut, "/accounts/" + a + "/limits", admin.RiskLimits{}, 403},
-		{operatorToken, http.MethodPost, "/accounts", admin.CreateAccountRequest{Name: "x"}, 403},
+		{operatorToken, http.MethodPut, "/accounts/" + a + "/limits", adminapi.RiskLimits{}, 403},
+		{operatorToken, http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: "x"}, 403},
 		{operatorToken, http.MethodPost, "/instances/" + inst + "/tokens", nil, 403},
 		{operatorToken, http.MethodGet, "/accounts/" + a + "/limits", nil, 200},
 		{operatorToken, http.MethodGet, "/instances/" + inst, nil, 200},
@@ -467,7 +471,7 @@ func TestRoles(t *testing.T) {
 		t.Run(fmt.Sprint(tt.method, tt.path, tt.want), func(t *testing.T) {
 			err := e.client(tt.tok).Do(context.Background(), tt.method, tt.path, tt.body, nil)
 			got := 200
-			var ae *admin.APIError
+			var ae *adminapi.APIError
 			if errors.As(err, &ae) {
 				got = ae.Status
 			} else if err != nil {
@@ -504,21 +508,21 @@ func TestRevoke(t *testing.T) {
 	e := newEnv(t)
 	a := e.account()
 	i1, i2 := e.instance(a), e.instance(a)
-	var issued admin.IssuedToken
+	var issued adminapi.IssuedToken
 	e.do(adminToken, http.MethodPost, "/instances/"+i1+"/tokens", nil, &issued)
 	e.do(adminToken, http.MethodPost, "/instances/"+i2+"/tokens", nil, nil)
 	w1, w2 := e.running(a, i1, 2), e.running(a, i2, 2)
 
-	var res admin.RevokeResult
+	var res adminapi.RevokeResult
 	e.do(operatorToken, http.MethodPost, "/instances/"+i1+"/tokens/revoke", nil, &res)
-	if res != (admin.RevokeResult{Count: 1, Terminated: 2}) {
+	if res != (adminapi.RevokeResult{Count: 1, Terminated: 2}) {
 		t.Fatalf("revoke = %+v; want count=1 terminated=2", res)
 	}
 	e.wantStates("revoked instance", w1, "terminated/lease_revoked")
 	e.wantStates("other instance", w2, "running")
 
-	e.do(operatorToken, http.MethodPost, "/instances/"+i2+"/tokens/revoke", admin.RevokeRequest{TerminateWorkspaces: on(false)}, &res)
-	if res != (admin.RevokeResult{Count: 1}) {
+	e.do(operatorToken, http.MethodPost, "/instances/"+i2+"/tokens/revoke", adminapi.RevokeRequest{TerminateWorkspaces: on(false)}, &res)
+	if res != (adminapi.RevokeResult{Count: 1}) {
 		t.Fatalf("revoke keeping workspaces = %+v; want count=1 terminated=0", res)
 	}
 	e.wantStates("kept workspaces", w2, "running")
@@ -540,12 +544,12 @@ func TestRevokeLease(t *testing.T) {
 	e := newEnv(t)
 	a := e.account()
 	inst := e.instance(a)
-	var old, succ admin.IssuedToken
+	var old, succ adminapi.IssuedToken
 	e.do(adminToken, http.MethodPost, "/instances/"+inst+"/tokens", nil, &old)
-	e.do(adminToken, http.MethodPost, "/instances/"+inst+"/tokens/rotate", admin.IssueTokenRequest{GraceSeconds: 3600}, &succ)
+	e.do(adminToken, http.MethodPost, "/instances/"+inst+"/tokens/rotate", adminapi.IssueTokenRequest{GraceSeconds: 3600}, &succ)
 	ws := e.running(a, inst, 2)
 	states := func() map[string]string {
-		var ls []admin.Lease
+		var ls []adminapi.Lease
 		e.do(operatorToken, http.MethodGet, "/instances/"+inst+"/tokens", nil, &ls)
 		m := map[string]string{}
 		for _, l := range ls {
@@ -554,9 +558,9 @@ func TestRevokeLease(t *testing.T) {
 		return m
 	}
 
-	var res admin.RevokeResult
+	var res adminapi.RevokeResult
 	e.do(operatorToken, http.MethodPost, "/leases/"+old.LeaseID+"/revoke", nil, &res)
-	if res != (admin.RevokeResult{Count: 1}) {
+	if res != (adminapi.RevokeResult{Count: 1}) {
 		t.Fatalf("revoke lease = %+v; want count=1", res)
 	}
 	if got, want := states(), map[string]string{old.LeaseID: "revoked", succ.LeaseID: "active"}; !maps.Equal(got, want) {
@@ -564,7 +568,7 @@ func TestRevokeLease(t *testing.T) {
 	}
 	e.wantStates("workspaces of the instance", ws, "running")
 	e.do(operatorToken, http.MethodPost, "/leases/"+old.LeaseID+"/revoke", nil, &res)
-	if res != (admin.RevokeResult{}) {
+	if res != (adminapi.RevokeResult{}) {
 		t.Errorf("second revoke of the lease = %+v; want count=0", res)
 	}
 
@@ -573,7 +577,7 @@ func TestRevokeLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.do(operatorToken, http.MethodPost, "/leases/"+succ.LeaseID+"/revoke", nil, &res)
-	if res != (admin.RevokeResult{Count: 1}) || states()[succ.LeaseID] != "revoked" {
+	if res != (adminapi.RevokeResult{Count: 1}) || states()[succ.LeaseID] != "revoked" {
 		t.Errorf("revoke of an unindexed lease = %+v, state %s; want count=1, revoked", res, states()[succ.LeaseID])
 	}
 
@@ -615,7 +619,7 @@ func TestStoreOutage(t *testing.T) {
 	e := newEnv(t)
 	a := e.account()
 	inst := e.instance(a)
-	var issued admin.IssuedToken
+	var issued adminapi.IssuedToken
 	e.do(adminToken, http.MethodPost, "/instances/"+inst+"/tokens", nil, &issued)
 	e.redis.Kill()
 
@@ -625,16 +629,16 @@ func TestStoreOutage(t *testing.T) {
 	}{
 		{http.MethodGet, "/status", nil},
 		{http.MethodGet, "/accounts", nil},
-		{http.MethodPost, "/accounts", admin.CreateAccountRequest{Name: "x"}},
+		{http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: "x"}},
 		{http.MethodGet, "/instances", nil},
 		{http.MethodGet, "/instances/" + inst, nil},
 		{http.MethodGet, "/instances/" + inst + "/tokens", nil},
 		{http.MethodPost, "/instances/" + inst + "/tokens", nil},
 		{http.MethodPost, "/instances/" + inst + "/tokens/revoke", nil},
 		{http.MethodPost, "/leases/" + issued.LeaseID + "/revoke", nil},
-		{http.MethodPost, "/stop", admin.StopRequest{On: on(true), AccountID: a, Reason: "incident"}},
-		{http.MethodPost, "/stop", admin.StopRequest{On: on(true), Reason: "incident"}},
-		{http.MethodPost, "/pause", admin.PauseRequest{AccountID: a}},
+		{http.MethodPost, "/stop", adminapi.StopRequest{On: on(true), AccountID: a, Reason: "incident"}},
+		{http.MethodPost, "/stop", adminapi.StopRequest{On: on(true), Reason: "incident"}},
+		{http.MethodPost, "/pause", adminapi.PauseRequest{AccountID: a}},
 		{http.MethodGet, "/accounts/" + a + "/limits", nil},
 		{http.MethodGet, "/accounts/" + a + "/funds", nil},
 		{http.MethodGet, "/rate-cards", nil},
@@ -673,7 +677,7 @@ func TestStoreOutage(t *testing.T) {
 	// about once a second).
 	e.redis.Restart()
 	for i := 0; ; i++ {
-		err := e.client(operatorToken).Do(context.Background(), http.MethodGet, "/status", nil, &admin.Status{})
+		err := e.client(operatorToken).Do(context.Background(), http.MethodGet, "/status", nil, &adminapi.Status{})
 		if err == nil {
 			break
 		}
@@ -687,12 +691,12 @@ func TestStoreOutage(t *testing.T) {
 func TestLimits(t *testing.T) {
 	e := newEnv(t)
 	a := e.account()
-	var got admin.RiskLimits
+	var got adminapi.RiskLimits
 	e.do(operatorToken, http.MethodGet, "/accounts/"+a+"/limits", nil, &got)
-	if got != (admin.RiskLimits{}) {
+	if got != (adminapi.RiskLimits{}) {
 		t.Fatalf("limits of a new account = %+v; want zero (the broker defaults)", got)
 	}
-	want := admin.RiskLimits{AcquiresPerMinute: 30, MaxOpenWorkspaces: 5, MaxSize: "standard"}
+	want := adminapi.RiskLimits{AcquiresPerMinute: 30, MaxOpenWorkspaces: 5, MaxSize: "standard"}
 	e.do(adminToken, http.MethodPut, "/accounts/"+a+"/limits", want, &got)
 	if got != want {
 		t.Fatalf("PUT limits = %+v; want %+v", got, want)
@@ -704,7 +708,7 @@ func TestLimits(t *testing.T) {
 	if r, err := e.db.Risk(context.Background(), a); err != nil || r != (store.RiskLimits{AcquiresPerMinute: 30, MaxOpenWorkspaces: 5, MaxSize: "standard"}) {
 		t.Fatalf("store.Risk = %+v, %v", r, err)
 	}
-	for _, bad := range []admin.RiskLimits{{MaxSize: "huge"}, {AcquiresPerMinute: -1}, {MaxOpenWorkspaces: 2_000_000}} {
+	for _, bad := range []adminapi.RiskLimits{{MaxSize: "huge"}, {AcquiresPerMinute: -1}, {MaxOpenWorkspaces: 2_000_000}} {
 		if status, _ := e.refused(adminToken, http.MethodPut, "/accounts/"+a+"/limits", bad); status != 400 {
 			t.Errorf("PUT limits %+v = %d; want 400", bad, status)
 		}
@@ -726,10 +730,10 @@ func TestAuditExport(t *testing.T) {
 	a := e.account()
 	e.clock.Add(time.Hour)
 	mid := e.clock.Now()
-	e.do(operatorToken, http.MethodPost, "/pause", admin.PauseRequest{AccountID: a}, nil)
+	e.do(operatorToken, http.MethodPost, "/pause", adminapi.PauseRequest{AccountID: a}, nil)
 	e.clock.Add(time.Hour)
 	end := e.clock.Now()
-	e.do(operatorToken, http.MethodPost, "/resume", admin.ResumeRequest{AccountID: a}, nil)
+	e.do(operatorToken, http.MethodPost, "/resume", adminapi.ResumeRequest{AccountID: a}, nil)
 
 	// Source, user agent and request id come from the request.
 	req, _ := http.NewRequest(http.MethodPost, e.url+"/admin/v1/stop", strings.NewReader(`{"on":true,"reason":"x"}`))

@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
@@ -84,7 +85,7 @@ func (s *Server) writeAudit(c echo.Context, n *auditNote, out store.AuditOutcome
 		SourceIP: c.RealIP(), UserAgent: truncate(c.Request().UserAgent(), 256), RequestID: requestID(c),
 		Before: rawJSON(n.before), After: rawJSON(n.after),
 	}
-	if t, ok := c.Get(ctxOperator).(OperatorToken); ok {
+	if t, ok := c.Get(ctxOperator).(adminapi.OperatorToken); ok {
 		e.Actor, e.Role = t.Actor(), string(t.Role)
 	}
 	// The entry is written even when the client has gone away.
@@ -128,19 +129,11 @@ func (s *Server) exportAudit(c echo.Context) error {
 	n := note(c)
 	n.target, n.always = "audit", true
 	var from, to time.Time
-	for _, p := range []struct {
-		name string
-		dst  *time.Time
-	}{{"from", &from}, {"to", &to}} {
-		v := c.QueryParam(p.name)
-		if v == "" {
-			continue
-		}
-		t, err := time.Parse(time.RFC3339, v)
-		if err != nil {
-			return invalid(p.name + " must be an RFC 3339 time, for example 2026-01-02T15:04:05Z")
-		}
-		*p.dst = t
+	if err := queryTime(c, "from", &from); err != nil {
+		return err
+	}
+	if err := queryTime(c, "to", &to); err != nil {
+		return err
 	}
 	if !from.IsZero() && !to.IsZero() && !from.Before(to) {
 		return invalid("from must be before to")
@@ -175,4 +168,29 @@ func (s *Server) exportAudit(c echo.Context) error {
 	}
 	start()
 	return nil
+}
+
+// record notes what an action changed; a zero field of ch leaves the note's.
+func (n *auditNote) record(ch change) {
+	if ch.target != "" {
+		n.target = ch.target
+	}
+	if ch.before != nil {
+		n.before = ch.before
+	}
+	if ch.after != nil {
+		n.after = ch.after
+	}
+	if ch.swept != nil {
+		n.swept = ch.swept
+	}
+}
+
+// answer notes ch for the audit log and answers out with status, or err.
+func answer(c echo.Context, status int, out any, ch change, err error) error {
+	note(c).record(ch)
+	if err != nil {
+		return err
+	}
+	return c.JSON(status, out)
 }

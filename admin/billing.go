@@ -1,12 +1,13 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"net/http"
-	"sort"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/protocol"
 )
@@ -17,9 +18,9 @@ import (
 // their exact micro-unit integers beside them in answers.
 
 // billingRoutes adds the billing routes; New calls it with its route helper.
-func (s *Server) billingRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []Role)) {
-	read := []Role{RoleAdmin, RoleOperator, RoleFinance}
-	adm := []Role{RoleAdmin}
+func (s *Server) billingRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []adminapi.Role)) {
+	read := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator, adminapi.RoleFinance}
+	adm := []adminapi.Role{adminapi.RoleAdmin}
 	route(http.MethodPost, "/rate-cards", "rate_card.create", s.createRateCard, adm)
 	route(http.MethodGet, "/rate-cards", "rate_card.list", s.listRateCards, read)
 	route(http.MethodPut, "/accounts/:id/billing", "billing.set", s.setBilling, adm)
@@ -30,27 +31,11 @@ func (s *Server) billingRoutes(route func(method, path, action string, h echo.Ha
 	route(http.MethodPut, "/accounts/:id/budgets", "budget.set", s.setBudget, adm)
 	route(http.MethodGet, "/accounts/:id/budgets", "budget.list", s.listBudgets, read)
 	route(http.MethodPost, "/accounts/:id/usage/adjustments", "usage.adjust", s.adjustUsage, adm)
-	route(http.MethodGet, "/billing/reconcile", "billing.reconcile", s.reconcile, []Role{RoleAdmin, RoleFinance})
+	route(http.MethodGet, "/billing/reconcile", "billing.reconcile", s.reconcile, []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleFinance})
 }
 
-// RateCardRequest creates a rate card version: a price per second, in
-// currency units, for every standard size.
-type RateCardRequest struct {
-	Name   string            `json:"name"`
-	Prices map[string]string `json:"prices"`
-}
-
-// RateCard is one version of a rate card.
-type RateCard struct {
-	Name         string            `json:"name"`
-	Version      int               `json:"version"`
-	Prices       map[string]string `json:"prices"`
-	PricesMicros map[string]int64  `json:"prices_micros"`
-	CreatedAt    string            `json:"created_at"`
-}
-
-func toRateCard(c billing.RateCard) RateCard {
-	out := RateCard{Name: c.Name, Version: c.Version, Prices: map[string]string{}, PricesMicros: c.Prices, CreatedAt: wireTime(c.CreatedAt)}
+func toRateCard(c billing.RateCard) adminapi.RateCard {
+	out := adminapi.RateCard{Name: c.Name, Version: c.Version, Prices: map[string]string{}, PricesMicros: c.Prices, CreatedAt: wireTime(c.CreatedAt)}
 	for k, v := range c.Prices {
 		out.Prices[k] = billing.FormatAmount(v)
 	}
@@ -58,7 +43,7 @@ func toRateCard(c billing.RateCard) RateCard {
 }
 
 func (s *Server) createRateCard(c echo.Context) error {
-	var req RateCardRequest
+	var req adminapi.RateCardRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -75,48 +60,23 @@ func (s *Server) createRateCard(c echo.Context) error {
 		return invalid(err.Error())
 	}
 	out := toRateCard(card)
-	n := note(c)
-	n.target, n.after = "rate_card:"+card.Name, out
-	return c.JSON(http.StatusCreated, out)
+	return answer(c, http.StatusCreated, out, change{target: "rate_card:" + card.Name, after: out}, nil)
 }
 
 func (s *Server) listRateCards(c echo.Context) error {
 	cards, err := s.bill.RateCards(c.Request().Context())
-	if err != nil {
-		return storeFailed(err)
-	}
-	out := make([]RateCard, 0, len(cards))
-	for _, card := range cards {
-		out = append(out, toRateCard(card))
-	}
-	return c.JSON(http.StatusOK, out)
+	return listed(c, cards, err, toRateCard)
 }
 
-// BillingSettings are an account's billing settings. An account never
-// configured reads configured false: postpaid, no rate card (price 0),
-// currency XXX.
-type BillingSettings struct {
-	Configured        bool   `json:"configured"`
-	RateCard          string `json:"rate_card"`
-	Currency          string `json:"currency"`
-	CreditLimit       string `json:"credit_limit"`
-	CreditLimitMicros int64  `json:"credit_limit_micros"`
-	Postpaid          bool   `json:"postpaid"`
-}
-
-func toBillingSettings(st billing.Settings) BillingSettings {
-	return BillingSettings{Configured: st.Configured, RateCard: st.RateCard, Currency: st.Currency,
+func toBillingSettings(st billing.Settings) adminapi.BillingSettings {
+	return adminapi.BillingSettings{Configured: st.Configured, RateCard: st.RateCard, Currency: st.Currency,
 		CreditLimit: billing.FormatAmount(st.CreditLimitMicros), CreditLimitMicros: st.CreditLimitMicros, Postpaid: st.Postpaid}
 }
 
 func (s *Server) setBilling(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
-		return err
-	}
-	var req BillingSettings
-	if err := decodeStrict(c, &req); err != nil {
+	var req adminapi.BillingSettings
+	acct, err := s.accountRequest(c, &req)
+	if err != nil {
 		return err
 	}
 	st := billing.Settings{AccountID: acct, RateCard: req.RateCard, Currency: req.Currency, Postpaid: req.Postpaid}
@@ -127,65 +87,40 @@ func (s *Server) setBilling(c echo.Context) error {
 		}
 		st.CreditLimitMicros = v
 	}
-	before, err := s.bill.Settings(ctx, acct)
+	out, ch, err := s.setBillingSettings(c.Request().Context(), st)
+	return answer(c, http.StatusOK, out, ch, err)
+}
+
+// setBillingSettings replaces an account's billing settings.
+func (v *service) setBillingSettings(ctx context.Context, st billing.Settings) (adminapi.BillingSettings, change, error) {
+	ch := change{target: "account:" + st.AccountID}
+	before, err := v.bill.Settings(ctx, st.AccountID)
 	if err != nil {
-		return storeFailed(err)
+		return adminapi.BillingSettings{}, ch, storeFailed(err)
 	}
-	if err := s.bill.SetSettings(ctx, st); errors.Is(err, billing.ErrNoRateCard) {
-		return protocol.E(protocol.NotFound, "no such rate card")
+	if err := v.bill.SetSettings(ctx, st); errors.Is(err, billing.ErrNoRateCard) {
+		return adminapi.BillingSettings{}, ch, protocol.E(protocol.NotFound, "no such rate card")
 	} else if err != nil {
-		return invalid(err.Error())
+		return adminapi.BillingSettings{}, ch, invalid(err.Error())
 	}
 	st.Configured = true
 	out := toBillingSettings(st)
-	n := note(c)
-	n.target, n.before, n.after = "account:"+acct, toBillingSettings(before), out
-	return c.JSON(http.StatusOK, out)
+	ch.before, ch.after = toBillingSettings(before), out
+	return out, ch, nil
 }
 
 func (s *Server) getBilling(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
-		return err
-	}
-	st, err := s.bill.Settings(ctx, acct)
-	if err != nil {
-		return storeFailed(err)
-	}
-	return c.JSON(http.StatusOK, toBillingSettings(st))
-}
-
-// FundsRequest is an operator credit or debit. IdempotencyKey makes a
-// retry apply it once.
-type FundsRequest struct {
-	Amount         string `json:"amount"`
-	Reason         string `json:"reason"`
-	IdempotencyKey string `json:"idempotency_key"`
-}
-
-// FundsEntry is an applied credit or debit.
-type FundsEntry struct {
-	Kind         string  `json:"kind"`
-	Amount       string  `json:"amount"`
-	AmountMicros int64   `json:"amount_micros"`
-	Currency     string  `json:"currency"`
-	Reason       string  `json:"reason"`
-	Actor        string  `json:"actor"`
-	At           string  `json:"at"`
-	Replayed     bool    `json:"replayed"` // the key was used before: nothing changed now
-	Balance      Balance `json:"balance"`
+	return accountGet(c, s.service, func(ctx context.Context, acct string) (adminapi.BillingSettings, error) {
+		st, err := s.bill.Settings(ctx, acct)
+		return toBillingSettings(st), err
+	})
 }
 
 func (s *Server) adjustFunds(kind string) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		ctx := c.Request().Context()
-		acct := c.Param("id")
-		if err := s.account(ctx, acct); err != nil {
-			return err
-		}
-		var req FundsRequest
-		if err := decodeStrict(c, &req); err != nil {
+		var req adminapi.FundsRequest
+		acct, err := s.accountRequest(c, &req)
+		if err != nil {
 			return err
 		}
 		amt, err := billing.ParseAmount(req.Amount)
@@ -195,51 +130,36 @@ func (s *Server) adjustFunds(kind string) echo.HandlerFunc {
 		if req.Reason == "" || len(req.Reason) > 500 {
 			return invalid("reason is required (at most 500 characters)")
 		}
-		e, applied, err := s.bill.Adjust(ctx, acct, billing.FundsEntry{Key: req.IdempotencyKey, Kind: kind,
+		out, ch, err := s.adjust(c.Request().Context(), acct, billing.FundsEntry{Key: req.IdempotencyKey, Kind: kind,
 			AmountMicros: amt, Reason: req.Reason, Actor: operator(c).Actor(), At: s.clock.Now()})
-		if errors.Is(err, billing.ErrFundsConflict) {
-			return protocol.E(protocol.IdempotencyConflict, "this idempotency key was used for a different credit or debit")
-		}
-		if err != nil {
-			return invalid(err.Error())
-		}
-		bal, err := s.bill.Balance(ctx, acct)
-		if err != nil {
-			return storeFailed(err)
-		}
-		out := FundsEntry{Kind: e.Kind, Amount: billing.FormatAmount(e.AmountMicros), AmountMicros: e.AmountMicros,
-			Currency: e.Currency, Reason: e.Reason, Actor: e.Actor, At: wireTime(e.At), Replayed: !applied, Balance: toBalance(bal)}
-		n := note(c)
-		n.target, n.after = "account:"+acct, out
-		return c.JSON(http.StatusOK, out)
+		return answer(c, http.StatusOK, out, ch, err)
 	}
 }
 
-// Balance is an account's funds: available = balance − holds; balance =
-// credits − debits − settled.
-type Balance struct {
-	AccountID         string `json:"account_id"`
-	Currency          string `json:"currency"`
-	Postpaid          bool   `json:"postpaid"`
-	Available         string `json:"available"`
-	Holds             string `json:"holds"`
-	Settled           string `json:"settled"`
-	Balance           string `json:"balance"`
-	Credits           string `json:"credits"`
-	Debits            string `json:"debits"`
-	CreditLimit       string `json:"credit_limit"`
-	AvailableMicros   int64  `json:"available_micros"`
-	HoldsMicros       int64  `json:"holds_micros"`
-	SettledMicros     int64  `json:"settled_micros"`
-	BalanceMicros     int64  `json:"balance_micros"`
-	CreditsMicros     int64  `json:"credits_micros"`
-	DebitsMicros      int64  `json:"debits_micros"`
-	CreditLimitMicros int64  `json:"credit_limit_micros"`
+// adjust applies a credit or debit to acct's funds (once per key) and
+// returns it with the balance after it.
+func (v *service) adjust(ctx context.Context, acct string, fe billing.FundsEntry) (adminapi.FundsEntry, change, error) {
+	ch := change{target: "account:" + acct}
+	e, applied, err := v.bill.Adjust(ctx, acct, fe)
+	if errors.Is(err, billing.ErrFundsConflict) {
+		return adminapi.FundsEntry{}, ch, protocol.E(protocol.IdempotencyConflict, "this idempotency key was used for a different credit or debit")
+	}
+	if err != nil {
+		return adminapi.FundsEntry{}, ch, invalid(err.Error())
+	}
+	bal, err := v.bill.Balance(ctx, acct)
+	if err != nil {
+		return adminapi.FundsEntry{}, ch, storeFailed(err)
+	}
+	out := adminapi.FundsEntry{Kind: e.Kind, Amount: billing.FormatAmount(e.AmountMicros), AmountMicros: e.AmountMicros,
+		Currency: e.Currency, Reason: e.Reason, Actor: e.Actor, At: wireTime(e.At), Replayed: !applied, Balance: toBalance(bal)}
+	ch.after = out
+	return out, ch, nil
 }
 
-func toBalance(b billing.Balance) Balance {
+func toBalance(b billing.Balance) adminapi.Balance {
 	f := func(m int64) string { return billing.FormatExact(m, b.Currency) }
-	return Balance{AccountID: b.AccountID, Currency: b.Currency, Postpaid: b.Postpaid,
+	return adminapi.Balance{AccountID: b.AccountID, Currency: b.Currency, Postpaid: b.Postpaid,
 		Available: f(b.AvailableMicros), Holds: f(b.HoldsMicros), Settled: f(b.SettledMicros), Balance: f(b.BalanceMicros),
 		Credits: f(b.CreditsMicros), Debits: f(b.DebitsMicros), CreditLimit: f(b.CreditLimitMicros),
 		AvailableMicros: b.AvailableMicros, HoldsMicros: b.HoldsMicros, SettledMicros: b.SettledMicros,
@@ -247,128 +167,97 @@ func toBalance(b billing.Balance) Balance {
 }
 
 func (s *Server) balance(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
-		return err
-	}
-	b, err := s.bill.Balance(ctx, acct)
-	if err != nil {
-		return storeFailed(err)
-	}
-	return c.JSON(http.StatusOK, toBalance(b))
-}
-
-// BudgetRequest sets a monthly budget; Monthly "0" removes it.
-type BudgetRequest struct {
-	InstanceID string `json:"instance_id,omitempty"`
-	Agent      string `json:"agent,omitempty"`
-	Monthly    string `json:"monthly"`
-	Soft       bool   `json:"soft"`
-}
-
-// Budget is a monthly budget with this month's use (settled plus held).
-type Budget struct {
-	InstanceID    string `json:"instance_id,omitempty"`
-	Agent         string `json:"agent,omitempty"`
-	Monthly       string `json:"monthly"`
-	MonthlyMicros int64  `json:"monthly_micros"`
-	Soft          bool   `json:"soft"`
-	Used          string `json:"used"`
-	UsedMicros    int64  `json:"used_micros"`
+	return accountGet(c, s.service, func(ctx context.Context, acct string) (adminapi.Balance, error) {
+		b, err := s.bill.Balance(ctx, acct)
+		return toBalance(b), err
+	})
 }
 
 func (s *Server) setBudget(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
+	var req adminapi.BudgetRequest
+	acct, err := s.accountRequest(c, &req)
+	if err != nil {
 		return err
 	}
-	var req BudgetRequest
-	if err := decodeStrict(c, &req); err != nil {
-		return err
-	}
+	out, ch, err := s.setMonthlyBudget(c.Request().Context(), acct, req)
+	return answer(c, http.StatusOK, out, ch, err)
+}
+
+// setMonthlyBudget sets one of acct's budgets and returns them all.
+func (v *service) setMonthlyBudget(ctx context.Context, acct string, req adminapi.BudgetRequest) ([]adminapi.Budget, change, error) {
+	ch := change{target: "account:" + acct}
 	if req.InstanceID != "" {
-		in, err := s.instanceByID(ctx, req.InstanceID)
+		in, err := v.instanceByID(ctx, req.InstanceID)
 		if err != nil {
-			return err
+			return nil, ch, err
 		}
 		if in.AccountID != acct {
-			return protocol.E(protocol.NotFound, "no such instance in this account")
+			return nil, ch, protocol.E(protocol.NotFound, "no such instance in this account")
 		}
 	}
 	amt, err := billing.ParseAmount(req.Monthly)
 	if err != nil || amt < 0 {
-		return invalid("monthly: a decimal of at least 0 with at most 6 fractional digits")
+		return nil, ch, invalid("monthly: a decimal of at least 0 with at most 6 fractional digits")
 	}
 	bg := billing.Budget{InstanceID: req.InstanceID, Agent: req.Agent, MonthlyMicros: amt, Soft: req.Soft}
-	if err := s.bill.SetBudget(ctx, acct, bg); err != nil {
-		return invalid(err.Error())
+	if err := v.bill.SetBudget(ctx, acct, bg); err != nil {
+		return nil, ch, invalid(err.Error())
 	}
-	n := note(c)
-	n.target, n.after = "account:"+acct, req
-	return s.listBudgets(c)
+	ch.after = req
+	if err := v.account(ctx, acct); err != nil {
+		return nil, ch, err
+	}
+	out, err := v.budgets(ctx, acct)
+	if err != nil {
+		return nil, ch, storeFailed(err)
+	}
+	return out, ch, nil
 }
 
 func (s *Server) listBudgets(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
-		return err
-	}
-	bs, err := s.bill.Budgets(ctx, acct, s.clock.Now())
+	return accountGet(c, s.service, s.budgets)
+}
+
+// budgets returns acct's budgets with this month's use.
+func (v *service) budgets(ctx context.Context, acct string) ([]adminapi.Budget, error) {
+	bs, err := v.bill.Budgets(ctx, acct, v.clock.Now())
 	if err != nil {
-		return storeFailed(err)
+		return nil, err
 	}
-	out := make([]Budget, 0, len(bs))
+	out := make([]adminapi.Budget, 0, len(bs))
 	for _, b := range bs {
-		out = append(out, Budget{InstanceID: b.InstanceID, Agent: b.Agent, Monthly: billing.FormatAmount(b.MonthlyMicros),
+		out = append(out, adminapi.Budget{InstanceID: b.InstanceID, Agent: b.Agent, Monthly: billing.FormatAmount(b.MonthlyMicros),
 			MonthlyMicros: b.MonthlyMicros, Soft: b.Soft, Used: billing.FormatAmount(b.UsedMicros), UsedMicros: b.UsedMicros})
 	}
-	return c.JSON(http.StatusOK, out)
+	return out, nil
 }
 
 // reconcile is GET /billing/reconcile[?account=ID]: every account's (or
 // one's) stored funds against its ledgers.
 func (s *Server) reconcile(c echo.Context) error {
-	ctx := c.Request().Context()
-	var ids []string
-	if a := c.QueryParam("account"); a != "" {
-		if err := s.account(ctx, a); err != nil {
-			return err
-		}
-		ids = []string{a}
-	} else {
-		as, err := s.db.Accounts(ctx)
-		if err != nil {
-			return storeFailed(err)
-		}
-		for _, a := range as {
-			ids = append(ids, a.ID)
-		}
-		sort.Strings(ids)
+	note(c).always = true
+	out, err := s.reconcileFunds(c.Request().Context(), c.QueryParam("account"))
+	if err != nil {
+		return err
 	}
-	out := make([]billing.Report, 0, len(ids))
-	for _, id := range ids {
-		r, err := s.bill.Reconcile(ctx, id)
-		if err != nil {
-			return storeFailed(err)
-		}
-		out = append(out, r)
-	}
-	n := note(c)
-	n.always = true
 	return c.JSON(http.StatusOK, out)
 }
 
-// AdjustmentRequest corrects a usage ledger entry: Amount is the signed
-// correction in currency units ("-1.50" refunds). The reason is kept in
-// the audit log.
-type AdjustmentRequest struct {
-	Corrects       string `json:"corrects"`
-	Amount         string `json:"amount"`
-	Reason         string `json:"reason"`
-	IdempotencyKey string `json:"idempotency_key"`
+// reconcileFunds reconciles acct's funds, or every account's when acct is "".
+func (v *service) reconcileFunds(ctx context.Context, acct string) ([]billing.Report, error) {
+	ids, err := v.accountIDs(ctx, acct)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]billing.Report, 0, len(ids))
+	for _, id := range ids {
+		r, err := v.bill.Reconcile(ctx, id)
+		if err != nil {
+			return nil, storeFailed(err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // Adjustment is the appended adjustment entry.
@@ -378,13 +267,9 @@ type Adjustment struct {
 }
 
 func (s *Server) adjustUsage(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.Param("id")
-	if err := s.account(ctx, acct); err != nil {
-		return err
-	}
-	var req AdjustmentRequest
-	if err := decodeStrict(c, &req); err != nil {
+	var req adminapi.AdjustmentRequest
+	acct, err := s.accountRequest(c, &req)
+	if err != nil {
 		return err
 	}
 	amt, err := billing.ParseAmount(req.Amount)
@@ -394,7 +279,7 @@ func (s *Server) adjustUsage(c echo.Context) error {
 	if req.Reason == "" || len(req.Reason) > 500 || req.IdempotencyKey == "" || len(req.IdempotencyKey) > 200 {
 		return invalid("reason and idempotency_key are required")
 	}
-	e, appended, err := s.bill.AdjustUsage(ctx, acct, req.Corrects, req.IdempotencyKey, amt, s.clock.Now())
+	e, appended, err := s.bill.AdjustUsage(c.Request().Context(), acct, req.Corrects, req.IdempotencyKey, amt, s.clock.Now())
 	if errors.Is(err, billing.ErrNoEntry) {
 		return protocol.E(protocol.NotFound, "no such usage ledger entry in this account")
 	}
@@ -404,8 +289,7 @@ func (s *Server) adjustUsage(c echo.Context) error {
 	if err != nil {
 		return storeFailed(err)
 	}
-	out := Adjustment{Entry: e, Replayed: !appended}
 	n := note(c)
 	n.target, n.after = "account:"+acct, map[string]any{"request": req, "entry": e}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, Adjustment{Entry: e, Replayed: !appended})
 }

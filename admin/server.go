@@ -2,21 +2,18 @@
 // accounts, instances and their scope, tokens (issue, rotate, end a grace
 // period, revoke), emergency stops, pauses and risk limits, authenticated
 // by operator tokens with roles. Every operator action and every refused
-// operator request is written to the audit log. It also holds the small
-// client that `sandgate admin` drives it with.
+// operator request is written to the audit log. Its wire types, roles
+// and client are package adminapi's.
 package admin
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +21,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
@@ -33,99 +31,55 @@ import (
 	"github.com/sandgate/sandgate/token"
 )
 
-// Role is what an operator token may do.
-type Role string
-
-// Roles, from most to least powerful.
-const (
-	RoleAdmin    Role = "admin"    // everything
-	RoleOperator Role = "operator" // stop, pause, revoke, read
-	RoleFinance  Role = "finance"  // read usage and balances only
-)
-
-// OperatorToken is one configured operator credential. Only its SHA-256
-// and, when known, its first characters are kept.
-type OperatorToken struct {
-	Name string
-	Role Role
-	Hash string // hex SHA-256 of the token
-	// Prefix is the token's first characters (TokenPrefix), recorded with
-	// Name as the actor of its actions. Empty when the configuration has
-	// only the token's hash: the actor is then Name alone.
-	Prefix string
-}
-
-// Actor is how the token is named in the audit log and in the controls it
-// sets: "name:prefix", or the name alone without a prefix.
-func (t OperatorToken) Actor() string {
-	if t.Prefix == "" {
-		return t.Name
-	}
-	return t.Name + ":" + t.Prefix
-}
-
-// HashToken returns the hex SHA-256 an OperatorToken keeps.
-func HashToken(s sandgate.Secret) string {
-	sum := sha256.Sum256([]byte(s.Reveal()))
-	return hex.EncodeToString(sum[:])
-}
-
-// TokenPrefix returns the first 8 characters of an operator token, the
-// OperatorToken's Prefix. A token shorter than 16 characters gets none,
-// since 8 of its characters would give too much of it away.
-func TokenPrefix(s sandgate.Secret) string {
-	r := []rune(s.Reveal())
-	if len(r) < 16 {
-		return ""
-	}
-	return string(r[:8])
-}
-
 // Config configures the operator API. A zero field means the default noted beside it.
 type Config struct {
-	Tokens []OperatorToken
+	Tokens []adminapi.OperatorToken
 	// Grace is a superseded token's default grace period on rotate. 0 means 1 hour.
 	Grace time.Duration
 	// Defaults is the scope a new instance starts from before the
 	// operator's fields apply.
 	Defaults sandgate.Scope
-	// Providers are the broker's providers: an instance names one, and its
-	// scope is checked against that provider's capabilities. Required.
-	Providers *providers.Set
-	// Terminator ends the running workspaces of a scope that is stopped,
-	// paused or revoked. Required: a stop that ends nothing is no stop.
-	Terminator *termination.Terminator
 	// AuditRetention is how long audit entries are kept. 0 means 400 days.
 	AuditRetention time.Duration
+}
+
+// Deps are what the operator API acts through. Every field but Log is required.
+type Deps struct {
+	DB    *store.DB
+	Clock sandgate.Clock
+	Log   *slog.Logger // nil discards
+	// Providers are the broker's providers: an instance names one, and its
+	// scope is checked against that provider's capabilities.
+	Providers *providers.Set
+	// Terminator ends the running workspaces of a scope that is stopped,
+	// paused or revoked: a stop that ends nothing is no stop.
+	Terminator *termination.Terminator
 	// Billing serves rate cards, billing settings, funds, budgets and
-	// reconciliation. Required.
+	// reconciliation.
 	Billing *billing.Billing
 }
 
-// Server serves /admin/v1.
+// Server serves /admin/v1: the HTTP face of the service, whose methods
+// carry out the operator actions.
 type Server struct {
-	cfg     Config
-	db      *store.DB
-	clock   sandgate.Clock
-	log     *slog.Logger
-	roles   map[string]OperatorToken
+	*service
+	roles   map[string]adminapi.OperatorToken
 	actions map[string]string // "METHOD /admin/v1/route" → audit action
 	echo    *echo.Echo
-	bill    *billing.Billing
 }
 
-// New returns the operator API over db. A missing dependency is an error.
-func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) (*Server, error) {
+// New returns the operator API. A missing dependency is an error.
+func New(cfg Config, deps Deps) (*Server, error) {
 	switch {
-	case db == nil:
+	case deps.DB == nil:
 		return nil, errors.New("admin: no store")
-	case cfg.Providers == nil:
+	case deps.Providers == nil:
 		return nil, errors.New("admin: no providers")
-	case cfg.Terminator == nil:
+	case deps.Terminator == nil:
 		return nil, errors.New("admin: no terminator: stops, pauses and revocations would end no workspace")
-	case cfg.Billing == nil:
+	case deps.Billing == nil:
 		return nil, errors.New("admin: no billing")
-	case clock == nil:
+	case deps.Clock == nil:
 		return nil, errors.New("admin: no clock")
 	}
 	if cfg.Grace == 0 {
@@ -134,10 +88,11 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) (*Ser
 	if cfg.AuditRetention == 0 {
 		cfg.AuditRetention = 400 * 24 * time.Hour
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if deps.Log == nil {
+		deps.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, db: db, clock: clock, log: log, roles: map[string]OperatorToken{}, actions: map[string]string{}, bill: cfg.Billing}
+	svc := &service{cfg: cfg, db: deps.DB, clock: deps.Clock, log: deps.Log, provs: deps.Providers, term: deps.Terminator, bill: deps.Billing}
+	s := &Server{service: svc, roles: map[string]adminapi.OperatorToken{}, actions: map[string]string{}}
 	for _, t := range cfg.Tokens {
 		s.roles[t.Hash] = t
 	}
@@ -149,10 +104,10 @@ func New(cfg Config, db *store.DB, clock sandgate.Clock, log *slog.Logger) (*Ser
 	e.HTTPErrorHandler = s.handleError
 	e.Use(s.base)
 	g := e.Group("/admin/v1", s.audit, s.authenticate)
-	all := []Role{RoleAdmin, RoleOperator, RoleFinance}
-	ops := []Role{RoleAdmin, RoleOperator}
-	adm := []Role{RoleAdmin}
-	route := func(method, path, action string, h echo.HandlerFunc, roles []Role) {
+	all := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator, adminapi.RoleFinance}
+	ops := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator}
+	adm := []adminapi.Role{adminapi.RoleAdmin}
+	route := func(method, path, action string, h echo.HandlerFunc, roles []adminapi.Role) {
 		s.actions[method+" /admin/v1"+path] = action
 		g.Add(method, path, h, allow(roles...))
 	}
@@ -228,7 +183,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return protocol.E(protocol.Unauthenticated, "missing operator token")
 		}
-		t, ok := s.roles[HashToken(sandgate.Secret(strings.TrimSpace(raw)))]
+		t, ok := s.roles[token.Hash(sandgate.Secret(strings.TrimSpace(raw)))]
 		if !ok {
 			return protocol.E(protocol.Unauthenticated, "unknown operator token")
 		}
@@ -237,10 +192,10 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-func allow(roles ...Role) echo.MiddlewareFunc {
+func allow(roles ...adminapi.Role) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			t, _ := c.Get(ctxOperator).(OperatorToken)
+			t, _ := c.Get(ctxOperator).(adminapi.OperatorToken)
 			for _, r := range roles {
 				if t.Role == r {
 					return next(c)
@@ -299,7 +254,7 @@ func storeFailed(err error) error {
 func invalid(msg string) error { return protocol.E(protocol.InvalidRequest, msg) }
 
 func (s *Server) createAccount(c echo.Context) error {
-	var req CreateAccountRequest
+	var req adminapi.CreateAccountRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
@@ -311,57 +266,53 @@ func (s *Server) createAccount(c echo.Context) error {
 	if err := s.db.CreateAccount(c.Request().Context(), a); err != nil {
 		return storeFailed(err)
 	}
-	out := Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)}
-	n := note(c)
-	n.target, n.after = "account:"+a.ID, out
-	return c.JSON(http.StatusCreated, out)
+	out := toAccount(a)
+	return answer(c, http.StatusCreated, out, change{target: "account:" + a.ID, after: out}, nil)
 }
 
 func (s *Server) listAccounts(c echo.Context) error {
 	as, err := s.db.Accounts(c.Request().Context())
-	if err != nil {
-		return storeFailed(err)
-	}
-	out := make([]Account, 0, len(as))
-	for _, a := range as {
-		out = append(out, Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)})
-	}
-	return c.JSON(http.StatusOK, out)
+	return listed(c, as, err, toAccount)
 }
 
 func (s *Server) createInstance(c echo.Context) error {
-	var req CreateInstanceRequest
+	var req adminapi.CreateInstanceRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
-	if err := s.account(ctx, req.AccountID); err != nil {
-		return err
+	out, ch, err := s.service.createInstance(c.Request().Context(), req)
+	return answer(c, http.StatusCreated, out, ch, err)
+}
+
+// createInstance creates an instance of an existing account, its scope
+// laid over the defaults and enforceable by its provider.
+func (v *service) createInstance(ctx context.Context, req adminapi.CreateInstanceRequest) (adminapi.Instance, change, error) {
+	if err := v.account(ctx, req.AccountID); err != nil {
+		return adminapi.Instance{}, change{}, err
 	}
-	prov, err := s.provider(req.Provider)
+	prov, err := v.provider(req.Provider)
 	if err != nil {
-		return err
+		return adminapi.Instance{}, change{}, err
 	}
-	scope, err := s.mergeScope(req.Scope, prov)
+	scope, err := v.mergeScope(req.Scope, prov)
 	if err != nil {
-		return err
+		return adminapi.Instance{}, change{}, err
 	}
 	in := sandgate.Instance{ID: sandgate.NewID(sandgate.PrefixInstance), AccountID: req.AccountID, Name: req.Name,
-		Provider: prov.Name, Scope: scope, CreatedAt: s.clock.Now()}
-	if err := s.db.PutInstance(ctx, in); err != nil {
-		return storeFailed(err)
+		Provider: prov.Name, Scope: scope, CreatedAt: v.clock.Now()}
+	if err := v.db.PutInstance(ctx, in); err != nil {
+		return adminapi.Instance{}, change{}, storeFailed(err)
 	}
-	n := note(c)
-	n.target, n.after = "instance:"+in.ID, toInstance(in)
-	return c.JSON(http.StatusCreated, toInstance(in))
+	out := toInstance(in)
+	return out, change{target: "instance:" + in.ID, after: out}, nil
 }
 
 // provider returns the configured provider called name ("" for the
 // default), refusing a name no provider has.
-func (s *Server) provider(name string) (*providers.Entry, error) {
-	e, err := s.cfg.Providers.ForInstance(name)
+func (v *service) provider(name string) (*providers.Entry, error) {
+	e, err := v.provs.ForInstance(name)
 	if err != nil {
-		return nil, invalid(fmt.Sprintf("no provider named %q is configured on this broker; configured: %s", name, strings.Join(s.cfg.Providers.Names(), ", ")))
+		return nil, invalid(fmt.Sprintf("no provider named %q is configured on this broker; configured: %s", name, strings.Join(v.provs.Names(), ", ")))
 	}
 	return e, nil
 }
@@ -370,40 +321,47 @@ func (s *Server) provider(name string) (*providers.Entry, error) {
 // workspaces run on another provider, which must enforce its scope as it
 // is; running workspaces stay where they are.
 func (s *Server) setProvider(c echo.Context) error {
-	var req SetProviderRequest
+	var req adminapi.SetProviderRequest
 	if err := decodeStrict(c, &req); err != nil {
 		return err
 	}
-	in, err := s.instance(c)
+	out, ch, err := s.moveInstance(c.Request().Context(), c.Param("id"), req.Provider)
+	return answer(c, http.StatusOK, out, ch, err)
+}
+
+// moveInstance sets the provider the instance id's new workspaces run
+// on, which must enforce its scope as it is.
+func (v *service) moveInstance(ctx context.Context, id, provider string) (adminapi.Instance, change, error) {
+	in, err := v.instanceByID(ctx, id)
 	if err != nil {
-		return err
+		return adminapi.Instance{}, change{}, err
 	}
-	if req.Provider == "" {
-		return invalid("provider is required")
+	if provider == "" {
+		return adminapi.Instance{}, change{}, invalid("provider is required")
 	}
-	prov, err := s.provider(req.Provider)
+	prov, err := v.provider(provider)
 	if err != nil {
-		return err
+		return adminapi.Instance{}, change{}, err
 	}
 	if err := prov.Provider.Capabilities().CheckScope(prov.Name, in.Scope); err != nil {
-		return invalid(err.Error() + "; change the instance's scope first")
+		return adminapi.Instance{}, change{}, invalid(err.Error() + "; change the instance's scope first")
 	}
-	n := note(c)
-	n.target, n.before = "instance:"+in.ID, toInstance(in)
+	ch := change{target: "instance:" + in.ID, before: toInstance(in)}
 	in.Provider = prov.Name
-	if err := s.db.PutInstance(c.Request().Context(), in); err != nil {
-		return storeFailed(err)
+	if err := v.db.PutInstance(ctx, in); err != nil {
+		return adminapi.Instance{}, ch, storeFailed(err)
 	}
-	n.after = toInstance(in)
-	return c.JSON(http.StatusOK, toInstance(in))
+	out := toInstance(in)
+	ch.after = out
+	return out, ch, nil
 }
 
 // listProviders is GET /providers: the configured providers, what each
 // enforces, and whether it takes new workspaces.
 func (s *Server) listProviders(c echo.Context) error {
-	out := []Provider{}
-	for _, e := range s.cfg.Providers.All() {
-		out = append(out, toProvider(e, e.Name == s.cfg.Providers.Default()))
+	out := []adminapi.Provider{}
+	for _, e := range s.provs.All() {
+		out = append(out, toProvider(e, e.Name == s.provs.Default()))
 	}
 	return c.JSON(http.StatusOK, out)
 }
@@ -411,10 +369,10 @@ func (s *Server) listProviders(c echo.Context) error {
 // mergeScope lays the operator's fields over the defaults and validates
 // the result, and that prov can enforce it. An egress ceiling left out
 // is [] on a provider that cannot filter by domain.
-func (s *Server) mergeScope(w Scope, prov *providers.Entry) (sandgate.Scope, error) {
+func (v *service) mergeScope(w adminapi.Scope, prov *providers.Entry) (sandgate.Scope, error) {
 	caps := prov.Provider.Capabilities()
 	req := toScope(w)
-	out := s.cfg.Defaults
+	out := v.cfg.Defaults
 	if req.Sizes != nil {
 		out.Sizes = req.Sizes
 	}
@@ -481,51 +439,37 @@ func (s *Server) mergeScope(w Scope, prov *providers.Entry) (sandgate.Scope, err
 }
 
 func (s *Server) listInstances(c echo.Context) error {
-	ctx := c.Request().Context()
-	acct := c.QueryParam("account")
-	var accts []string
-	if acct != "" {
-		accts = []string{acct}
-	} else {
-		as, err := s.db.Accounts(ctx)
-		if err != nil {
-			return storeFailed(err)
-		}
-		for _, a := range as {
-			accts = append(accts, a.ID)
+	out, err := s.instances(c.Request().Context(), c.QueryParam("account"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// instances lists acct's instances, or every account's when acct is "".
+func (v *service) instances(ctx context.Context, acct string) ([]adminapi.Instance, error) {
+	accts := []string{acct}
+	if acct == "" {
+		var err error
+		if accts, err = v.accountIDs(ctx, ""); err != nil {
+			return nil, err
 		}
 	}
-	out := []Instance{}
+	out := []adminapi.Instance{}
 	for _, a := range accts {
-		ins, err := s.db.Instances(ctx, a)
+		ins, err := v.db.Instances(ctx, a)
 		if err != nil {
-			return storeFailed(err)
+			return nil, storeFailed(err)
 		}
 		for _, in := range ins {
 			out = append(out, toInstance(in))
 		}
 	}
-	return c.JSON(http.StatusOK, out)
+	return out, nil
 }
 
 func (s *Server) instance(c echo.Context) (sandgate.Instance, error) {
 	return s.instanceByID(c.Request().Context(), c.Param("id"))
-}
-
-// leases returns an instance's leases as the operator sees them (prefixes
-// and states, never a token), for listings and the audit log.
-func (s *Server) leases(ctx context.Context, in sandgate.Instance) ([]Lease, error) {
-	ls, err := s.db.Leases(ctx, in.AccountID, in.ID)
-	if err != nil {
-		return nil, storeFailed(err)
-	}
-	now := s.clock.Now()
-	out := make([]Lease, 0, len(ls))
-	for _, l := range ls {
-		out = append(out, toLease(l, now))
-	}
-	slices.SortFunc(out, func(a, b Lease) int { return cmp.Or(cmp.Compare(a.IssuedAt, b.IssuedAt), cmp.Compare(a.ID, b.ID)) })
-	return out, nil
 }
 
 func (s *Server) getInstance(c echo.Context) error {
@@ -554,46 +498,15 @@ func (s *Server) issueToken(rotate bool) echo.HandlerFunc {
 		if err != nil {
 			return err
 		}
-		var req IssueTokenRequest
-		if c.Request().ContentLength != 0 {
-			if err := decodeStrict(c, &req); err != nil {
-				return err
-			}
+		var req adminapi.IssueTokenRequest
+		if err := decodeOptional(c, &req); err != nil {
+			return err
 		}
 		if req.TTLSeconds < 0 || req.GraceSeconds < 0 {
 			return invalid("ttl_seconds and grace_seconds must not be negative")
 		}
-		now := s.clock.Now()
-		tok := token.New(token.Prefix)
-		l := sandgate.Lease{
-			ID: sandgate.NewID(sandgate.PrefixLease), TokenHash: token.Hash(tok), TokenPrefix: token.DisplayPrefix(tok),
-			InstanceID: in.ID, AccountID: in.AccountID, IssuedAt: now,
-		}
-		if req.TTLSeconds > 0 {
-			l.ExpiresAt = now.Add(sec(req.TTLSeconds))
-		}
-		grace := s.cfg.Grace
-		if req.GraceSeconds > 0 {
-			grace = sec(req.GraceSeconds)
-		}
-		n := note(c)
-		if rotate {
-			if n.before, err = s.leases(c.Request().Context(), in); err != nil {
-				return err
-			}
-		}
-		if err := s.db.IssueLease(c.Request().Context(), l, rotate, now, grace); err != nil {
-			return storeFailed(err)
-		}
-		if rotate {
-			if n.after, err = s.leases(c.Request().Context(), in); err != nil {
-				return err
-			}
-		} else {
-			n.after = toLease(l, now)
-		}
-		s.log.Info("token issued", sandgate.InstanceAttr(in.ID), slog.String(sandgate.KeyLeaseID, l.ID), slog.Bool("rotate", rotate))
-		return c.JSON(http.StatusCreated, IssuedToken{Token: tok.Reveal(), LeaseID: l.ID, InstanceID: in.ID, ExpiresAt: timePtr(l.ExpiresAt)})
+		out, ch, err := s.service.issueToken(c.Request().Context(), in, req, rotate)
+		return answer(c, http.StatusCreated, out, ch, err)
 	}
 }
 
@@ -602,18 +515,8 @@ func (s *Server) endGrace(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	ctx, nt := c.Request().Context(), note(c)
-	if nt.before, err = s.leases(ctx, in); err != nil {
-		return err
-	}
-	n, err := s.db.EndGrace(ctx, in.AccountID, in.ID, s.clock.Now())
-	if err != nil {
-		return storeFailed(err)
-	}
-	if nt.after, err = s.leases(ctx, in); err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, Count{Count: n})
+	out, ch, err := s.service.endGrace(c.Request().Context(), in)
+	return answer(c, http.StatusOK, out, ch, err)
 }
 
 // revokeLease revokes one token, named by its lease id, as immediately as
@@ -622,41 +525,8 @@ func (s *Server) endGrace(c echo.Context) error {
 // so its workspaces keep running: they belong to the instance, not to the
 // token.
 func (s *Server) revokeLease(c echo.Context) error {
-	id := c.Param("lease")
-	ctx, nt := c.Request().Context(), note(c)
-	nt.target = "lease:" + id
-	if !policy.ValidID(id) {
-		return protocol.E(protocol.NotFound, "no such lease")
-	}
-	l, err := s.db.LeaseByID(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return protocol.E(protocol.NotFound, "no such lease")
-	}
-	if err != nil {
-		return storeFailed(err)
-	}
-	in, err := s.instanceByID(ctx, l.InstanceID)
-	if err != nil {
-		return err
-	}
-	nt.target = "instance:" + in.ID
-	if nt.before, err = s.leases(ctx, in); err != nil {
-		return err
-	}
-	revoked, err := s.db.RevokeLease(ctx, l, s.clock.Now())
-	if err != nil {
-		return storeFailed(err)
-	}
-	if nt.after, err = s.leases(ctx, in); err != nil {
-		return err
-	}
-	out := RevokeResult{}
-	if revoked {
-		out.Count = 1
-	}
-	s.log.Info("token revoked", sandgate.InstanceAttr(in.ID), slog.String("lease_id", l.ID), slog.Int("count", out.Count),
-		slog.String("actor", operator(c).Actor()))
-	return c.JSON(http.StatusOK, out)
+	out, ch, err := s.service.revokeLease(c.Request().Context(), c.Param("lease"), operator(c).Actor())
+	return answer(c, http.StatusOK, out, ch, err)
 }
 
 // revoke revokes every token of an instance and, unless the operator
@@ -666,35 +536,77 @@ func (s *Server) revoke(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var req RevokeRequest
-	if c.Request().ContentLength != 0 {
-		if err := decodeStrict(c, &req); err != nil {
-			return err
-		}
-	}
-	ctx, nt := c.Request().Context(), note(c)
-	if nt.before, err = s.leases(ctx, in); err != nil {
+	var req adminapi.RevokeRequest
+	if err := decodeOptional(c, &req); err != nil {
 		return err
 	}
-	n, err := s.db.RevokeLeases(ctx, in.AccountID, in.ID, s.clock.Now())
+	terminate := req.TerminateWorkspaces == nil || *req.TerminateWorkspaces
+	out, ch, err := s.service.revoke(c.Request().Context(), in, terminate, operator(c).Actor())
+	return answer(c, http.StatusOK, out, ch, err)
+}
+
+// accountParam returns the account the route's :id names. Returns NotFound.
+func (s *Server) accountParam(c echo.Context) (string, error) {
+	acct := c.Param("id")
+	return acct, s.account(c.Request().Context(), acct)
+}
+
+// accountRequest returns the account the route's :id names and decodes
+// the body into req. Returns NotFound, before any complaint about the body.
+func (s *Server) accountRequest(c echo.Context, req any) (string, error) {
+	acct, err := s.accountParam(c)
+	if err != nil {
+		return "", err
+	}
+	return acct, decodeStrict(c, req)
+}
+
+// listed answers a list the store read, each item as conv renders it,
+// or unavailable when the read failed.
+func listed[T, W any](c echo.Context, items []T, err error, conv func(T) W) error {
 	if err != nil {
 		return storeFailed(err)
 	}
-	if nt.after, err = s.leases(ctx, in); err != nil {
-		return err
-	}
-	s.log.Info("tokens revoked", sandgate.InstanceAttr(in.ID), slog.Int("count", n), slog.String("actor", operator(c).Actor()))
-	out := RevokeResult{Count: n}
-	if req.TerminateWorkspaces == nil || *req.TerminateWorkspaces {
-		// The reaper keeps ending them should this sweep not finish.
-		if err := s.db.MarkRevoked(ctx, in.AccountID, in.ID, s.clock.Now()); err != nil {
-			return storeFailed(err)
-		}
-		res, err := s.sweep(c, termination.Scope{AccountID: in.AccountID, InstanceID: in.ID}, sandgate.ReasonLeaseRevoked)
-		if err != nil {
-			return err
-		}
-		out.Terminated, out.Failed = res.Terminated, res.Failed
+	out := make([]W, 0, len(items))
+	for _, it := range items {
+		out = append(out, conv(it))
 	}
 	return c.JSON(http.StatusOK, out)
+}
+
+// accountGet answers a read of the account the route's :id names:
+// NotFound for an unknown account, unavailable when read fails.
+func accountGet[T any](c echo.Context, v *service, read func(ctx context.Context, acct string) (T, error)) error {
+	ctx, acct := c.Request().Context(), c.Param("id")
+	if err := v.account(ctx, acct); err != nil {
+		return err
+	}
+	out, err := read(ctx, acct)
+	if err != nil {
+		return storeFailed(err)
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// decodeOptional decodes a body the route lets the client leave out.
+func decodeOptional(c echo.Context, v any) error {
+	if c.Request().ContentLength == 0 {
+		return nil
+	}
+	return decodeStrict(c, v)
+}
+
+// queryTime parses the query parameter name, an RFC 3339 time, into dst;
+// an absent parameter leaves dst as it is.
+func queryTime(c echo.Context, name string, dst *time.Time) error {
+	v := c.QueryParam(name)
+	if v == "" {
+		return nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return invalid(name + " must be an RFC 3339 time, for example 2026-01-02T15:04:05Z")
+	}
+	*dst = t
+	return nil
 }

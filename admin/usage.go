@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/protocol"
 )
@@ -19,8 +21,8 @@ import (
 // tenants' money data.
 
 // usageRoutes adds the finance routes; New calls it with its route helper.
-func (s *Server) usageRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []Role)) {
-	fin := []Role{RoleAdmin, RoleFinance}
+func (s *Server) usageRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []adminapi.Role)) {
+	fin := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleFinance}
 	route(http.MethodGet, "/usage", "usage.export", s.exportUsage, fin)
 	route(http.MethodGet, "/usage/summary", "usage.summary", s.summarizeUsage, fin)
 	route(http.MethodGet, "/accounts/:id/statement", "usage.statement", s.statement, fin)
@@ -60,59 +62,55 @@ type usageRange struct {
 // InvalidRequest for a bad value, NotFound for an unknown account or
 // instance (or an instance of another account).
 func (s *Server) parseUsageQuery(c echo.Context) (usageQuery, error) {
-	ctx := c.Request().Context()
 	month := billing.MonthOf(s.clock.Now())
 	q := usageQuery{filter: billing.ExportFilter{From: month, To: month.AddDate(0, 1, 0),
 		InstanceID: c.QueryParam("instance"), Agent: c.QueryParam("agent"), Size: c.QueryParam("size")}}
 	if _, ok := sandgate.LookupSize(q.filter.Size); q.filter.Size != "" && !ok {
 		return q, invalid("size must be one of small, standard, large, xlarge")
 	}
-	for _, p := range []struct {
-		name string
-		dst  *time.Time
-	}{{"from", &q.filter.From}, {"to", &q.filter.To}} {
-		if v := c.QueryParam(p.name); v != "" {
-			t, err := time.Parse(time.RFC3339, v)
-			if err != nil {
-				return q, invalid(p.name + " must be an RFC 3339 time, for example 2026-01-02T15:04:05Z")
-			}
-			*p.dst = t.UTC()
-		}
+	if err := queryTime(c, "from", &q.filter.From); err != nil {
+		return q, err
 	}
+	if err := queryTime(c, "to", &q.filter.To); err != nil {
+		return q, err
+	}
+	q.filter.From, q.filter.To = q.filter.From.UTC(), q.filter.To.UTC()
 	if !q.filter.From.Before(q.filter.To) {
 		return q, invalid("from must be before to (each defaults to the current UTC month's bound)")
 	}
-	acct := c.QueryParam("account")
-	if in := q.filter.InstanceID; in != "" {
-		inst, err := s.instanceByID(ctx, in)
-		if err != nil {
-			return q, err
-		}
-		if acct != "" && acct != inst.AccountID {
-			return q, protocol.E(protocol.NotFound, "no such instance")
-		}
-		acct = inst.AccountID
-	}
-	if acct != "" {
-		if err := s.account(ctx, acct); err != nil {
-			return q, err
-		}
-		q.accounts = []string{acct}
-		return q, nil
-	}
-	as, err := s.db.Accounts(ctx)
-	if err != nil {
-		return q, storeFailed(err)
-	}
-	for _, a := range as {
-		q.accounts = append(q.accounts, a.ID)
-	}
-	return q, nil
+	var err error
+	q.accounts, err = s.usageAccounts(c.Request().Context(), c.QueryParam("account"), q.filter.InstanceID)
+	return q, err
 }
 
-func (q usageQuery) audited(c echo.Context) *usageRange {
-	return &usageRange{From: q.filter.From.Format(time.RFC3339), To: q.filter.To.Format(time.RFC3339),
+// usageAccounts returns the accounts a usage read of acct and inst
+// (either may be "") covers. Returns NotFound for an unknown account or
+// instance, or an instance of another account.
+func (v *service) usageAccounts(ctx context.Context, acct, inst string) ([]string, error) {
+	if inst != "" {
+		in, err := v.instanceByID(ctx, inst)
+		if err != nil {
+			return nil, err
+		}
+		if acct != "" && acct != in.AccountID {
+			return nil, protocol.E(protocol.NotFound, "no such instance")
+		}
+		acct = in.AccountID
+	}
+	return v.accountIDs(ctx, acct)
+}
+
+// usageRead parses a usage read's query and notes the range it reads
+// as the audit entry's after, for the handler to complete.
+func (s *Server) usageRead(c echo.Context) (usageQuery, *usageRange, error) {
+	q, err := s.parseUsageQuery(c)
+	if err != nil {
+		return q, nil, err
+	}
+	rng := &usageRange{From: q.filter.From.Format(time.RFC3339), To: q.filter.To.Format(time.RFC3339),
 		Account: c.QueryParam("account"), Instance: q.filter.InstanceID, Agent: q.filter.Agent, Size: q.filter.Size}
+	note(c).after = rng
+	return q, rng, nil
 }
 
 func (s *Server) ledger() *billing.Ledger { return billing.NewLedger(s.db.Redis()) }
@@ -133,13 +131,11 @@ func (s *Server) exportUsage(c echo.Context) error {
 		}
 		format = f
 	}
-	q, err := s.parseUsageQuery(c)
+	q, rng, err := s.usageRead(c)
 	if err != nil {
 		return err
 	}
-	rng := q.audited(c)
 	rng.Format = string(format)
-	n.after = rng
 	w := c.Response()
 	h := w.Header()
 	h.Set(echo.HeaderContentType, format.ContentType())
@@ -174,25 +170,6 @@ func abort(w http.ResponseWriter) {
 	}
 }
 
-// UsageSummary is the answer of GET /usage/summary.
-type UsageSummary struct {
-	From    string         `json:"from"`
-	To      string         `json:"to"`
-	GroupBy string         `json:"group_by"`
-	Groups  []SummaryGroup `json:"groups"`
-}
-
-// SummaryGroup totals one group's entries in one currency.
-type SummaryGroup struct {
-	Key          string `json:"key"`
-	Currency     string `json:"currency"`
-	Entries      int64  `json:"entries"`
-	Workspaces   int64  `json:"workspaces"`
-	Seconds      int64  `json:"seconds"`
-	AmountMicros int64  `json:"amount_micros"`
-	Amount       string `json:"amount"`
-}
-
 func (s *Server) summarizeUsage(c echo.Context) error {
 	n := note(c)
 	n.target, n.always = "usage", true
@@ -200,23 +177,21 @@ func (s *Server) summarizeUsage(c echo.Context) error {
 	if err != nil {
 		return invalid("group_by must be account, instance, agent, size or day")
 	}
-	q, err := s.parseUsageQuery(c)
+	q, rng, err := s.usageRead(c)
 	if err != nil {
 		return err
 	}
-	rng := q.audited(c)
 	rng.GroupBy = string(by)
-	n.after = rng
 	rows, err := billing.Summarize(c.Request().Context(), s.ledger(), q.accounts, q.filter, by)
 	if errors.Is(err, billing.ErrTooManyGroups) {
 		return invalid("too many groups for a summary; narrow the range or use the export")
 	} else if err != nil {
 		return &protocol.Error{Code: protocol.Internal, Message: "the usage ledger could not be read", Err: err}
 	}
-	out := UsageSummary{From: rng.From, To: rng.To, GroupBy: string(by), Groups: make([]SummaryGroup, 0, len(rows))}
+	out := adminapi.UsageSummary{From: rng.From, To: rng.To, GroupBy: string(by), Groups: make([]adminapi.SummaryGroup, 0, len(rows))}
 	for _, r := range rows {
 		rng.Rows += r.Entries
-		out.Groups = append(out.Groups, SummaryGroup{Key: r.Key, Currency: r.Currency, Entries: r.Entries,
+		out.Groups = append(out.Groups, adminapi.SummaryGroup{Key: r.Key, Currency: r.Currency, Entries: r.Entries,
 			Workspaces: r.Workspaces, Seconds: r.Seconds, AmountMicros: r.AmountMicros,
 			Amount: billing.FormatMinor(r.AmountMicros, r.Currency)})
 	}

@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -15,7 +15,7 @@ func TestUsageSizeFilter(t *testing.T) {
 	a := e.account()
 	i := e.instance(a)
 	e.seedUsage(a, i, 4) // small 1 s, large 2 s, small 3 s, large 4 s
-	var sum admin.UsageSummary
+	var sum adminapi.UsageSummary
 	e.do(financeToken, http.MethodGet, "/usage/summary?group_by=size&size=small&"+monthQuery, nil, &sum)
 	if len(sum.Groups) != 1 || sum.Groups[0].Key != "small" || sum.Groups[0].Seconds != 4 || sum.Groups[0].Workspaces != 2 {
 		t.Errorf("summary of size small = %+v; want one group of 2 workspaces, 4 s", sum.Groups)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 )
 
@@ -158,7 +158,7 @@ func TestUsageSummaryAndStatementMatchTheExport(t *testing.T) {
 	in := e.instance(a)
 	total := e.seedUsage(a, in, 25)
 
-	var sum admin.UsageSummary
+	var sum adminapi.UsageSummary
 	e.do(financeToken, http.MethodGet, "/usage/summary?group_by=size&"+monthQuery, nil, &sum)
 	var got int64
 	for _, g := range sum.Groups {
@@ -168,9 +168,9 @@ func TestUsageSummaryAndStatementMatchTheExport(t *testing.T) {
 		t.Errorf("summary by size = %+v; want large and small totalling %d", sum.Groups, total)
 	}
 
-	e.do(adminToken, http.MethodPut, "/accounts/"+a+"/billing", admin.BillingSettings{Currency: "USD"}, nil)
+	e.do(adminToken, http.MethodPut, "/accounts/"+a+"/billing", adminapi.BillingSettings{Currency: "USD"}, nil)
 	e.do(adminToken, http.MethodPost, "/accounts/"+a+"/funds/credit",
-		admin.FundsRequest{Amount: "100.00", Reason: "top-up", IdempotencyKey: "k1"}, nil)
+		adminapi.FundsRequest{Amount: "100.00", Reason: "top-up", IdempotencyKey: "k1"}, nil)
 	var st billing.Statement
 	e.do(financeToken, http.MethodGet, "/accounts/"+a+"/statement?month=2026-10", nil, &st)
 	if st.UsageMicros != total || st.Month != "2026-10" || !st.FundsIncluded || len(st.Lines) != 2 || st.Currency != "USD" {

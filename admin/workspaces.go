@@ -15,6 +15,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/store"
@@ -31,55 +32,18 @@ import (
 // with DELETE /admin/v1/workspaces/{id}.
 const KillReason = sandgate.ReasonEmergencyStopped
 
-// Workspace is one workspace as the operator API shows it: who owns it,
-// where it runs, how long it has lived and what it has cost so far.
-type Workspace struct {
-	ID                string  `json:"id"`
-	AccountID         string  `json:"account_id"`
-	InstanceID        string  `json:"instance_id"`
-	Provider          string  `json:"provider"`
-	Label             string  `json:"label"`
-	Agent             string  `json:"agent,omitempty"`
-	RunID             string  `json:"run_id,omitempty"`
-	Size              string  `json:"size"`
-	Image             string  `json:"image"`
-	State             string  `json:"state"`
-	CreatedAt         string  `json:"created_at"`
-	StartedAt         *string `json:"started_at"`
-	ExpiresAt         string  `json:"expires_at"`
-	TerminatedAt      *string `json:"terminated_at"`
-	TerminationReason *string `json:"termination_reason"`
-	// AgeSeconds is the whole seconds since created_at (to terminated_at
-	// once it ended).
-	AgeSeconds int64 `json:"age_seconds"`
-	// MeteredSeconds is the whole seconds from the provider-confirmed start
-	// to now (to its recorded end once terminated), rounded up, never past
-	// expires_at: what it would be charged for if it ended now.
-	MeteredSeconds int64  `json:"metered_seconds"`
-	Currency       string `json:"currency"`          // ISO 4217; XXX without a price
-	UnitPrice      int64  `json:"unit_price_micros"` // per second, micro-units
-	AmountMicros   int64  `json:"amount_micros"`     // metered_seconds × unit price
-	Amount         string `json:"amount"`            // amount_micros at the currency's minor units
-}
-
-// WorkspaceList is the answer of GET /admin/v1/workspaces.
-type WorkspaceList struct {
-	Workspaces []Workspace `json:"workspaces"`
-	NextCursor *string     `json:"next_cursor"` // null on the last page
-}
-
 // workspaceRoutes adds the per-workspace routes; New calls it with its
 // route helper.
-func (s *Server) workspaceRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []Role)) {
-	ops := []Role{RoleAdmin, RoleOperator}
+func (s *Server) workspaceRoutes(route func(method, path, action string, h echo.HandlerFunc, roles []adminapi.Role)) {
+	ops := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator}
 	route(http.MethodGet, "/workspaces", "workspace.list", s.listWorkspaces, ops)
 	route(http.MethodGet, "/workspaces/:id", "workspace.get", s.getWorkspace, ops)
 	route(http.MethodDelete, "/workspaces/:id", "workspace.kill", s.killWorkspace, ops)
 }
 
 // toWorkspace renders w as of now.
-func toWorkspace(w sandgate.Workspace, now time.Time) Workspace {
-	out := Workspace{
+func toWorkspace(w sandgate.Workspace, now time.Time) adminapi.Workspace {
+	out := adminapi.Workspace{
 		ID: w.ID, AccountID: w.AccountID, InstanceID: w.InstanceID, Provider: w.Provider,
 		Label: w.Label, Agent: w.Agent, RunID: w.RunID, Size: w.Size, Image: w.Image, State: string(w.State),
 		CreatedAt: wireTime(w.CreatedAt), StartedAt: timePtr(w.StartedAt), ExpiresAt: wireTime(w.ExpiresAt),
@@ -140,17 +104,11 @@ func parseWorkspaceFilter(c echo.Context) (workspaceFilter, error) {
 	default:
 		return f, invalid("state must be live (the default), all, starting, running, terminating or terminated")
 	}
-	for _, p := range []struct {
-		name string
-		dst  *time.Time
-	}{{"created_after", &f.after}, {"created_before", &f.before}} {
-		if v := q.Get(p.name); v != "" {
-			t, err := time.Parse(time.RFC3339, v)
-			if err != nil {
-				return f, invalid(p.name + " must be an RFC 3339 time, for example 2026-01-02T15:04:05Z")
-			}
-			*p.dst = t
-		}
+	if err := queryTime(c, "created_after", &f.after); err != nil {
+		return f, err
+	}
+	if err := queryTime(c, "created_before", &f.before); err != nil {
+		return f, err
 	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -184,26 +142,34 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
+	out, err := s.workspaces(c.Request().Context(), f)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// workspaces returns the page of workspaces f selects.
+func (v *service) workspaces(ctx context.Context, f workspaceFilter) (adminapi.WorkspaceList, error) {
 	acct := f.account
 	if f.instance != "" {
-		in, err := s.instanceByID(ctx, f.instance)
+		in, err := v.instanceByID(ctx, f.instance)
 		if err != nil {
-			return err
+			return adminapi.WorkspaceList{}, err
 		}
 		if acct != "" && acct != in.AccountID {
-			return c.JSON(http.StatusOK, WorkspaceList{Workspaces: []Workspace{}})
+			return adminapi.WorkspaceList{Workspaces: []adminapi.Workspace{}}, nil
 		}
 		acct = in.AccountID
 	} else if acct != "" {
-		if err := s.account(ctx, acct); err != nil {
-			return err
+		if err := v.account(ctx, acct); err != nil {
+			return adminapi.WorkspaceList{}, err
 		}
 	}
-	now := s.clock.Now()
-	ws, err := s.db.Workspaces(ctx, acct, f.instance, f.all, now)
+	now := v.clock.Now()
+	ws, err := v.db.Workspaces(ctx, acct, f.instance, f.all, now)
 	if err != nil {
-		return storeFailed(err)
+		return adminapi.WorkspaceList{}, storeFailed(err)
 	}
 	ws = slices.DeleteFunc(ws, func(w sandgate.Workspace) bool {
 		prov := cmp.Or(w.Provider, "local")
@@ -217,7 +183,7 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 	slices.SortFunc(ws, func(a, b sandgate.Workspace) int {
 		return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
 	})
-	out := WorkspaceList{Workspaces: []Workspace{}}
+	out := adminapi.WorkspaceList{Workspaces: []adminapi.Workspace{}}
 	if len(ws) > f.limit {
 		ws = ws[:f.limit]
 		next := workspaceCursor(ws[len(ws)-1])
@@ -226,25 +192,19 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 	for _, w := range ws {
 		out.Workspaces = append(out.Workspaces, toWorkspace(w, now))
 	}
-	return c.JSON(http.StatusOK, out)
+	return out, nil
 }
 
-// workspace returns the workspace the route's id names. Returns NotFound.
-func (s *Server) workspace(c echo.Context) (sandgate.Workspace, error) {
-	id := c.Param("id")
-	note(c).target = "workspace:" + id
-	w, err := s.db.FindWorkspace(c.Request().Context(), id)
-	if errors.Is(err, store.ErrNotFound) {
-		return w, protocol.E(protocol.NotFound, "no such workspace")
-	}
-	if err != nil {
-		return w, storeFailed(err)
-	}
-	return w, nil
+// workspace returns the workspace id names. Returns NotFound.
+func (v *service) workspace(ctx context.Context, id string) (sandgate.Workspace, error) {
+	w, err := v.db.FindWorkspace(ctx, id)
+	return found(w, err, "workspace")
 }
 
 func (s *Server) getWorkspace(c echo.Context) error {
-	w, err := s.workspace(c)
+	id := c.Param("id")
+	note(c).target = "workspace:" + id
+	w, err := s.workspace(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
@@ -259,40 +219,45 @@ func (s *Server) getWorkspace(c echo.Context) error {
 // workspace stays terminating, the reaper retries it, and the answer is
 // 502 upstream_error.
 func (s *Server) killWorkspace(c echo.Context) error {
-	w, err := s.workspace(c)
+	out, ch, err := s.kill(c.Request().Context(), c.Param("id"), operator(c).Actor())
+	return answer(c, http.StatusOK, out, ch, err)
+}
+
+// kill ends the workspace id with KillReason and returns it as it is now.
+func (v *service) kill(ctx context.Context, id, actor string) (adminapi.Workspace, change, error) {
+	ch := change{target: "workspace:" + id}
+	w, err := v.workspace(ctx, id)
 	if err != nil {
-		return err
+		return adminapi.Workspace{}, ch, err
 	}
-	n := note(c)
-	now := s.clock.Now()
-	n.before = toWorkspace(w, now)
-	ctx := c.Request().Context()
+	ch.before = toWorkspace(w, v.clock.Now())
 	// Terminate also finishes a workspace already terminating, and
 	// outlives the request.
-	ok, err := s.cfg.Terminator.Terminate(ctx, w, KillReason)
+	ok, err := v.term.Terminate(ctx, w, KillReason)
 	res := termination.Result{}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return protocol.E(protocol.NotFound, "no such workspace")
+		return adminapi.Workspace{}, ch, protocol.E(protocol.NotFound, "no such workspace")
 	case err != nil:
 		res.Failed = 1
 	case ok || w.State == sandgate.WorkspaceStarting:
 		res.Terminated = 1
 	}
-	n.swept = &res
-	cur, gerr := s.db.Workspace(context.WithoutCancel(ctx), w.AccountID, w.ID)
+	ch.swept = &res
+	cur, gerr := v.db.Workspace(context.WithoutCancel(ctx), w.AccountID, w.ID)
 	if gerr != nil {
 		cur = w
 	}
-	n.after = toWorkspace(cur, s.clock.Now())
-	s.log.Info("workspace killed", sandgate.WorkspaceAttr(w.ID), slog.String(sandgate.KeyAccountID, w.AccountID),
-		slog.Bool("confirmed", err == nil && ok), slog.String("actor", operator(c).Actor()))
+	after := toWorkspace(cur, v.clock.Now())
+	ch.after = after
+	v.log.Info("workspace killed", sandgate.WorkspaceAttr(w.ID), slog.String(sandgate.KeyAccountID, w.AccountID),
+		slog.Bool("confirmed", err == nil && ok), slog.String("actor", actor))
 	if err != nil {
 		if errors.Is(err, termination.ErrProvider) {
-			return &protocol.Error{Code: protocol.UpstreamError, Err: err,
+			return after, ch, &protocol.Error{Code: protocol.UpstreamError, Err: err,
 				Message: "the provider did not confirm the end; the workspace is terminating and the broker retries it"}
 		}
-		return storeFailed(err)
+		return after, ch, storeFailed(err)
 	}
-	return c.JSON(http.StatusOK, n.after)
+	return after, ch, nil
 }

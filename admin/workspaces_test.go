@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/protocol"
 )
 
 // ids returns the ids of a listing's rows.
-func ids(l admin.WorkspaceList) []string {
+func ids(l adminapi.WorkspaceList) []string {
 	var out []string
 	for _, w := range l.Workspaces {
 		out = append(out, w.ID)
@@ -34,7 +34,7 @@ func TestWorkspacesListAcrossAccounts(t *testing.T) {
 	all := []string{w1[0].ID, w1[1].ID, w2[0].ID}
 	slices.Sort(all[:2]) // same created_at: by id
 
-	var l admin.WorkspaceList
+	var l adminapi.WorkspaceList
 	e.do(operatorToken, http.MethodGet, "/workspaces", nil, &l)
 	if got := ids(l); !slices.Equal(got, all) || l.NextCursor != nil {
 		t.Fatalf("GET /workspaces = %v (next %v); want %v, no next page", got, l.NextCursor, all)
@@ -61,7 +61,7 @@ func TestWorkspacesListAcrossAccounts(t *testing.T) {
 		{"created_after=" + url.QueryEscape(w2[0].CreatedAt.UTC().Format(time.RFC3339)), all[2:]},
 		{"created_before=" + url.QueryEscape(w2[0].CreatedAt.UTC().Format(time.RFC3339)), all[:2]},
 	} {
-		var l admin.WorkspaceList
+		var l adminapi.WorkspaceList
 		e.do(operatorToken, http.MethodGet, "/workspaces?"+tt.query, nil, &l)
 		if got := ids(l); !slices.Equal(got, tt.want) {
 			t.Errorf("GET /workspaces?%s = %v; want %v", tt.query, got, tt.want)
@@ -72,7 +72,7 @@ func TestWorkspacesListAcrossAccounts(t *testing.T) {
 	var walked []string
 	cursor := ""
 	for range 5 {
-		var l admin.WorkspaceList
+		var l adminapi.WorkspaceList
 		e.do(adminToken, http.MethodGet, "/workspaces?limit=1&cursor="+cursor, nil, &l)
 		walked = append(walked, ids(l)...)
 		if l.NextCursor == nil {
@@ -111,7 +111,7 @@ func TestWorkspaceGetAndKill(t *testing.T) {
 	ws := e.running(a, i, 2)
 	e.clock.Add(30 * time.Second)
 
-	var got admin.Workspace
+	var got adminapi.Workspace
 	e.do(operatorToken, http.MethodGet, "/workspaces/"+ws[0].ID, nil, &got)
 	if got.ID != ws[0].ID || got.AccountID != a || got.State != "running" || got.MeteredSeconds != 30 {
 		t.Fatalf("GET /workspaces/%s = %+v; want it running, 30 s metered", ws[0].ID, got)
@@ -131,7 +131,7 @@ func TestWorkspaceGetAndKill(t *testing.T) {
 		t.Errorf("DELETE /workspaces/ws_nope = %d %s; want 404 not_found", st, code)
 	}
 
-	var killed admin.Workspace
+	var killed adminapi.Workspace
 	e.do(operatorToken, http.MethodDelete, "/workspaces/"+ws[0].ID, nil, &killed)
 	if killed.State != "terminated" || killed.TerminationReason == nil || *killed.TerminationReason != "emergency_stopped" ||
 		killed.TerminatedAt == nil || killed.MeteredSeconds != 30 {
@@ -143,12 +143,12 @@ func TestWorkspaceGetAndKill(t *testing.T) {
 		t.Errorf("provider sandboxes after the kill = %d; want 1", n)
 	}
 	// A second kill answers the same end.
-	var again admin.Workspace
+	var again adminapi.Workspace
 	e.do(operatorToken, http.MethodDelete, "/workspaces/"+ws[0].ID, nil, &again)
 	if again.State != "terminated" || *again.TerminationReason != "emergency_stopped" || *again.TerminatedAt != *killed.TerminatedAt {
 		t.Errorf("second kill = %+v; want the first kill's end", again)
 	}
-	var live admin.WorkspaceList
+	var live adminapi.WorkspaceList
 	e.do(operatorToken, http.MethodGet, "/workspaces", nil, &live)
 	if got := ids(live); !slices.Equal(got, []string{ws[1].ID}) {
 		t.Errorf("live after the kill = %v; want %v", got, ws[1].ID)

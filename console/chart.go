@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 )
 
@@ -43,7 +43,7 @@ const (
 
 // dayCharts draws the seconds per day of groups (a summary grouped by day)
 // in [from, to), and the amount per day for each currency.
-func dayCharts(title string, groups []admin.SummaryGroup, from, to time.Time) []chart {
+func dayCharts(title string, groups []adminapi.SummaryGroup, from, to time.Time) []chart {
 	var days []string
 	for d := from; d.Before(to); d = d.AddDate(0, 0, 1) {
 		days = append(days, d.Format("2006-01-02"))
@@ -79,7 +79,7 @@ func dayCharts(title string, groups []admin.SummaryGroup, from, to time.Time) []
 
 // sizeCharts draws the seconds and, per currency, the amounts of groups
 // (a summary grouped by size), one bar per size.
-func sizeCharts(groups []admin.SummaryGroup) []chart {
+func sizeCharts(groups []adminapi.SummaryGroup) []chart {
 	var sizes []string
 	secs := map[string]int64{}
 	amounts := map[string]map[string]int64{}

@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
-	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -28,7 +27,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -46,7 +45,7 @@ const sessionLifetime = 8 * time.Hour
 
 // Config configures the console. A zero field means the default noted beside it.
 type Config struct {
-	// API is the operator API's handler (admin.Server.Handler()). Required.
+	// API is the operator API's handler (package admin's Server.Handler). Required.
 	API http.Handler
 	// Clock gives the default usage month. nil means the system clock.
 	Clock sandgate.Clock
@@ -131,11 +130,11 @@ func sameOrigin(r *http.Request) bool {
 // session is the signed-in operator of one request.
 type session struct {
 	token sandgate.Secret
-	who   admin.Whoami
+	who   adminapi.Whoami
 	csrf  string
 }
 
-func (s *session) may(roles ...admin.Role) bool {
+func (s *session) may(roles ...adminapi.Role) bool {
 	for _, r := range roles {
 		if s.who.Role == r {
 			return true
@@ -165,9 +164,9 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) *session {
 		return nil
 	}
 	tok := sandgate.Secret(ck.Value)
-	var who admin.Whoami
+	var who adminapi.Whoami
 	if err := c.call(r, tok, http.MethodGet, "/whoami", nil, &who); err != nil {
-		var ae *apiError
+		var ae *adminapi.APIError
 		if errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {
 			clearCookie(w)
 			http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
@@ -207,46 +206,25 @@ func clearCookie(w http.ResponseWriter) {
 		HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
 }
 
-// apiError is a refusal of the operator API.
-type apiError struct {
-	Status  int
-	Code    protocol.Code
-	Message string
-}
-
-func (e *apiError) Error() string { return fmt.Sprintf("%s (%d %s)", e.Message, e.Status, e.Code) }
-
 // apiRequest is a request to the operator API on behalf of r's operator:
 // it carries r's peer address, user agent and request id, so the audit
 // log names the operator's browser as the source.
 func apiRequest(r *http.Request, tok sandgate.Secret, method, path string, in any) (*http.Request, error) {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return nil, err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(r.Context(), method, "/admin/v1"+path, body)
+	req, err := adminapi.NewRequest(r.Context(), method, "/admin/v1"+path, tok, in)
 	if err != nil {
 		return nil, err
 	}
 	req.RemoteAddr = r.RemoteAddr
 	req.Host = r.Host
-	req.Header.Set("Authorization", "Bearer "+tok.Reveal())
 	req.Header.Set("User-Agent", strings.TrimSpace("sandgate-console "+r.UserAgent()))
 	if id := r.Header.Get(protocol.HeaderRequestID); id != "" {
 		req.Header.Set(protocol.HeaderRequestID, id)
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
 	}
 	return req, nil
 }
 
 // call sends one request to the operator API in process and decodes its
-// answer into out (when non-nil). A refusal is an *apiError.
+// answer into out (when non-nil). A refusal is an *adminapi.APIError.
 func (c *Console) call(r *http.Request, tok sandgate.Secret, method, path string, in, out any) error {
 	req, err := apiRequest(r, tok, method, path, in)
 	if err != nil {
@@ -258,11 +236,7 @@ func (c *Console) call(r *http.Request, tok sandgate.Secret, method, path string
 		rec.status = http.StatusOK
 	}
 	if rec.status >= 300 {
-		var env protocol.Envelope
-		if json.Unmarshal(rec.body.Bytes(), &env) == nil && env.Error.Code != "" {
-			return &apiError{Status: rec.status, Code: env.Error.Code, Message: env.Error.Message}
-		}
-		return &apiError{Status: rec.status, Message: http.StatusText(rec.status)}
+		return adminapi.ParseError(rec.status, rec.body.Bytes())
 	}
 	if out == nil {
 		return nil
@@ -286,7 +260,7 @@ func (c *Console) streamLines(r *http.Request, tok sandgate.Secret, path string,
 	if lw.status >= 300 {
 		var env protocol.Envelope
 		_ = json.Unmarshal(lw.body.Bytes(), &env)
-		return &apiError{Status: lw.status, Code: env.Error.Code, Message: env.Error.Message}
+		return &adminapi.APIError{Status: lw.status, Code: env.Error.Code, Message: env.Error.Message}
 	}
 	if rest := bytes.TrimSpace(lw.body.Bytes()); len(rest) > 0 {
 		fn(rest)

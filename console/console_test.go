@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/console"
 )
 
@@ -25,7 +25,7 @@ const (
 // changes it is asked for.
 type fakeAPI struct {
 	mu    sync.Mutex
-	stops []admin.StopRequest
+	stops []adminapi.StopRequest
 	peers []string
 }
 
@@ -33,7 +33,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.peers = append(f.peers, r.RemoteAddr)
 	f.mu.Unlock()
-	role := map[string]admin.Role{"Bearer " + adminTok: admin.RoleAdmin, "Bearer " + financeTok: admin.RoleFinance}[r.Header.Get("Authorization")]
+	role := map[string]adminapi.Role{"Bearer " + adminTok: adminapi.RoleAdmin, "Bearer " + financeTok: adminapi.RoleFinance}[r.Header.Get("Authorization")]
 	refuse := func(status int, code string) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
@@ -45,7 +45,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.Method + " " + r.URL.Path {
 	case "GET /admin/v1/whoami", "POST /admin/v1/signin", "POST /admin/v1/signout":
-		json.NewEncoder(w).Encode(admin.Whoami{Name: string(role), Role: role, Actor: string(role) + ":sgo_TEST"})
+		json.NewEncoder(w).Encode(adminapi.Whoami{Name: string(role), Role: role, Actor: string(role) + ":sgo_TEST"})
 	case "GET /admin/v1/audit":
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		for i := range 120 {
@@ -54,17 +54,17 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "GET /admin/v1/accounts":
 		w.Write([]byte(`[]`))
 	case "GET /admin/v1/status":
-		if role == admin.RoleFinance {
+		if role == adminapi.RoleFinance {
 			refuse(403, "forbidden")
 			return
 		}
 		w.Write([]byte(`{"broker_stop":null,"controls":[]}`))
 	case "POST /admin/v1/stop":
-		if role == admin.RoleFinance {
+		if role == adminapi.RoleFinance {
 			refuse(403, "forbidden")
 			return
 		}
-		var req admin.StopRequest
+		var req adminapi.StopRequest
 		json.NewDecoder(r.Body).Decode(&req)
 		f.mu.Lock()
 		f.stops = append(f.stops, req)

@@ -16,41 +16,71 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 )
 
 func (c *Console) routes() {
 	m := http.NewServeMux()
-	m.HandleFunc("GET /console/{$}", c.overview)
+	m.HandleFunc("GET /console/{$}", c.signedIn(c.overview))
 	m.HandleFunc("GET /console/login", c.loginPage)
 	m.HandleFunc("POST /console/login", c.login)
 	m.HandleFunc("POST /console/logout", c.logout)
-	m.HandleFunc("GET /console/workspaces", c.workspaces)
-	m.HandleFunc("GET /console/workspaces/{id}/kill", c.killConfirm)
-	m.HandleFunc("POST /console/workspaces/{id}/kill", c.kill)
-	m.HandleFunc("GET /console/accounts", c.accounts)
-	m.HandleFunc("GET /console/usage", c.usage)
-	m.HandleFunc("GET /console/usage.csv", c.usageCSV)
-	m.HandleFunc("GET /console/controls", c.controls)
-	m.HandleFunc("POST /console/controls/stop", c.stop)
-	m.HandleFunc("POST /console/controls/pause", c.pause)
-	m.HandleFunc("POST /console/controls/resume", c.resume)
-	m.HandleFunc("GET /console/audit", c.audit)
+	m.HandleFunc("GET /console/workspaces", c.signedIn(c.workspaces, opsRoles...))
+	m.HandleFunc("GET /console/workspaces/{id}/kill", c.signedIn(c.killConfirm))
+	m.HandleFunc("POST /console/workspaces/{id}/kill", c.posted(c.kill))
+	m.HandleFunc("GET /console/accounts", c.signedIn(c.accounts))
+	m.HandleFunc("GET /console/usage", c.signedIn(c.usage, financeRoles...))
+	m.HandleFunc("GET /console/usage.csv", c.signedIn(c.usageCSV))
+	m.HandleFunc("GET /console/controls", c.signedIn(c.controls, opsRoles...))
+	m.HandleFunc("POST /console/controls/stop", c.posted(c.stop))
+	m.HandleFunc("POST /console/controls/pause", c.posted(c.pause))
+	m.HandleFunc("POST /console/controls/resume", c.posted(c.resume))
+	m.HandleFunc("GET /console/audit", c.signedIn(c.audit, opsRoles...))
 	m.Handle("GET /console/static/", http.StripPrefix("/console/", http.FileServerFS(files)))
 	c.mux = m
+}
+
+// page serves one console page to a signed-in operator.
+type page func(w http.ResponseWriter, r *http.Request, s *session)
+
+// signedIn serves p to a signed-in operator whose role is one of roles
+// (any role when none is given); anyone else is sent to sign in, or gets
+// the forbidden page.
+func (c *Console) signedIn(p page, roles ...adminapi.Role) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s := c.session(w, r)
+		if s == nil {
+			return
+		}
+		if len(roles) > 0 && !s.may(roles...) {
+			c.forbidden(w, r, s)
+			return
+		}
+		p(w, r, s)
+	}
+}
+
+// posted serves p, a change, to a signed-in operator's POST whose CSRF
+// token is right.
+func (c *Console) posted(p page) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s := c.change(w, r); s != nil {
+			p(w, r, s)
+		}
+	}
 }
 
 // Roles of the pages, as the operator API grants them. The console only
 // hides what a role may not use; the API refuses it all the same.
 var (
-	opsRoles     = []admin.Role{admin.RoleAdmin, admin.RoleOperator}
-	financeRoles = []admin.Role{admin.RoleAdmin, admin.RoleFinance}
+	opsRoles     = []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator}
+	financeRoles = []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleFinance}
 )
 
 // view is what every page template gets.
 type view struct {
 	Title    string
-	Who      admin.Whoami
+	Who      adminapi.Whoami
 	CSRF     string
 	Ops      bool // may see workspaces, controls and the audit log
 	Finance  bool // may see usage
@@ -116,7 +146,7 @@ type errorPage struct {
 // fail answers a failed API call: the API's own refusal (403 for a role
 // that may not, 404, …), or 500.
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, s *session, err error) {
-	var ae *apiError
+	var ae *adminapi.APIError
 	if errors.As(err, &ae) {
 		c.render(w, r, s, ae.Status, "error", errorPage{Status: ae.Status, Code: string(ae.Code), Message: ae.Message})
 		return
@@ -144,9 +174,9 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tok := sandgate.Secret(strings.TrimSpace(r.PostForm.Get("token")))
-	var who admin.Whoami
+	var who adminapi.Whoami
 	if err := c.call(r, tok, http.MethodPost, "/signin", nil, &who); err != nil {
-		var ae *apiError
+		var ae *adminapi.APIError
 		if errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {
 			c.renderView(w, nil, http.StatusUnauthorized, "login", view{Title: "sign in", Flash: "unknown operator token"})
 			return
@@ -171,11 +201,11 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 }
 
 // liveWorkspaces walks every page of GET /workspaces with query q.
-func (c *Console) liveWorkspaces(r *http.Request, s *session, q url.Values) ([]admin.Workspace, error) {
-	var out []admin.Workspace
+func (c *Console) liveWorkspaces(r *http.Request, s *session, q url.Values) ([]adminapi.Workspace, error) {
+	var out []adminapi.Workspace
 	q.Set("limit", "500")
 	for range 20 { // 10 000 rows at most on one page of the console
-		var l admin.WorkspaceList
+		var l adminapi.WorkspaceList
 		if err := c.call(r, s.token, http.MethodGet, "/workspaces?"+q.Encode(), nil, &l); err != nil {
 			return nil, err
 		}
@@ -194,7 +224,7 @@ type count struct {
 	N   int
 }
 
-func countBy(ws []admin.Workspace, key func(admin.Workspace) string) []count {
+func countBy(ws []adminapi.Workspace, key func(adminapi.Workspace) string) []count {
 	m := map[string]int{}
 	for _, w := range ws {
 		m[key(w)]++
@@ -211,18 +241,14 @@ type overviewData struct {
 	Live       int
 	ByProvider []count
 	ByAccount  []count
-	Status     *admin.Status
+	Status     *adminapi.Status
 	Accounts   int
 	Refusals   []refusalRow
 	Since      string // the start of the refusals' window
 	Counted    bool   // whether refusals could be counted
 }
 
-func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
-	s := c.session(w, r)
-	if s == nil {
-		return
-	}
+func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	var d overviewData
 	if s.may(opsRoles...) {
 		ws, err := c.liveWorkspaces(r, s, url.Values{})
@@ -231,18 +257,18 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		d.Live = len(ws)
-		d.ByProvider = countBy(ws, func(w admin.Workspace) string { return w.Provider })
-		d.ByAccount = countBy(ws, func(w admin.Workspace) string { return w.AccountID })
+		d.ByProvider = countBy(ws, func(w adminapi.Workspace) string { return w.Provider })
+		d.ByAccount = countBy(ws, func(w adminapi.Workspace) string { return w.AccountID })
 		var since time.Time
 		d.Refusals, since, d.Counted = c.refs.window(r, c.clock.Now())
 		d.Since = since.UTC().Format(time.RFC3339)
-		d.Status = &admin.Status{}
+		d.Status = &adminapi.Status{}
 		if err := c.call(r, s.token, http.MethodGet, "/status", nil, d.Status); err != nil {
 			c.fail(w, r, s, err)
 			return
 		}
 	}
-	var as []admin.Account
+	var as []adminapi.Account
 	if err := c.call(r, s.token, http.MethodGet, "/accounts", nil, &as); err != nil {
 		c.fail(w, r, s, err)
 		return
@@ -254,20 +280,12 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 type workspacesData struct {
 	Filter     url.Values
 	States     []string
-	Workspaces []admin.Workspace
+	Workspaces []adminapi.Workspace
 }
 
 // workspaces is the live table: filters, a refresh every 5 s, and a kill
 // button per row.
-func (c *Console) workspaces(w http.ResponseWriter, r *http.Request) {
-	s := c.session(w, r)
-	if s == nil {
-		return
-	}
-	if !s.may(opsRoles...) {
-		c.forbidden(w, r, s)
-		return
-	}
+func (c *Console) workspaces(w http.ResponseWriter, r *http.Request, s *session) {
 	f := url.Values{}
 	for _, k := range []string{"account", "instance", "provider", "state"} {
 		if v := strings.TrimSpace(r.URL.Query().Get(k)); v != "" {
@@ -295,12 +313,8 @@ func cloneValues(v url.Values) url.Values {
 	return out
 }
 
-func (c *Console) killConfirm(w http.ResponseWriter, r *http.Request) {
-	s := c.session(w, r)
-	if s == nil {
-		return
-	}
-	var ws admin.Workspace
+func (c *Console) killConfirm(w http.ResponseWriter, r *http.Request, s *session) {
+	var ws adminapi.Workspace
 	if err := c.call(r, s.token, http.MethodGet, "/workspaces/"+url.PathEscape(r.PathValue("id")), nil, &ws); err != nil {
 		c.fail(w, r, s, err)
 		return
@@ -309,13 +323,9 @@ func (c *Console) killConfirm(w http.ResponseWriter, r *http.Request) {
 }
 
 // kill ends one workspace through DELETE /admin/v1/workspaces/{id}.
-func (c *Console) kill(w http.ResponseWriter, r *http.Request) {
-	s := c.change(w, r)
-	if s == nil {
-		return
-	}
+func (c *Console) kill(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	var ws admin.Workspace
+	var ws adminapi.Workspace
 	if err := c.call(r, s.token, http.MethodDelete, "/workspaces/"+url.PathEscape(id), nil, &ws); err != nil {
 		c.fail(w, r, s, err)
 		return
@@ -325,24 +335,20 @@ func (c *Console) kill(w http.ResponseWriter, r *http.Request) {
 
 // accountRow is one account with its funds and budgets.
 type accountRow struct {
-	Account admin.Account
-	Balance *admin.Balance
-	Budgets []admin.Budget
+	Account adminapi.Account
+	Balance *adminapi.Balance
+	Budgets []adminapi.Budget
 }
 
-func (c *Console) accounts(w http.ResponseWriter, r *http.Request) {
-	s := c.session(w, r)
-	if s == nil {
-		return
-	}
-	var as []admin.Account
+func (c *Console) accounts(w http.ResponseWriter, r *http.Request, s *session) {
+	var as []adminapi.Account
 	if err := c.call(r, s.token, http.MethodGet, "/accounts", nil, &as); err != nil {
 		c.fail(w, r, s, err)
 		return
 	}
 	rows := make([]accountRow, 0, len(as))
 	for _, a := range as {
-		row := accountRow{Account: a, Balance: &admin.Balance{}}
+		row := accountRow{Account: a, Balance: &adminapi.Balance{}}
 		if err := c.call(r, s.token, http.MethodGet, "/accounts/"+url.PathEscape(a.ID)+"/funds", nil, row.Balance); err != nil {
 			c.fail(w, r, s, err)
 			return
@@ -365,7 +371,7 @@ func (c *Console) month(r *http.Request) (string, time.Time, time.Time, error) {
 	}
 	from, err := time.Parse("2006-01", m)
 	if err != nil {
-		return "", time.Time{}, time.Time{}, &apiError{Status: http.StatusBadRequest, Code: "invalid_request", Message: "month must be YYYY-MM"}
+		return "", time.Time{}, time.Time{}, &adminapi.APIError{Status: http.StatusBadRequest, Code: "invalid_request", Message: "month must be YYYY-MM"}
 	}
 	return m, from, from.AddDate(0, 1, 0), nil
 }
@@ -373,28 +379,28 @@ func (c *Console) month(r *http.Request) (string, time.Time, time.Time, error) {
 type usageData struct {
 	Month, Prev, Next string
 	Days              []chart // per currency: seconds and amounts per day
-	ByAccount         []admin.SummaryGroup
-	BySize            []admin.SummaryGroup
+	ByAccount         []adminapi.SummaryGroup
+	BySize            []adminapi.SummaryGroup
 	AccountCharts     []chart
 	SizeCharts        []chart
 	SizeDayCharts     []chart
 	CSV               string
 }
 
-func (c *Console) summary(r *http.Request, s *session, by string, from, to time.Time, acct string) ([]admin.SummaryGroup, error) {
+func (c *Console) summary(r *http.Request, s *session, by string, from, to time.Time, acct string) ([]adminapi.SummaryGroup, error) {
 	return c.summaryOf(r, s, by, from, to, url.Values{"account": {acct}})
 }
 
 // summaryOf is GET /usage/summary grouped by by over [from, to), with the
 // non-empty filters of f (account, size).
-func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to time.Time, f url.Values) ([]admin.SummaryGroup, error) {
+func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to time.Time, f url.Values) ([]adminapi.SummaryGroup, error) {
 	q := url.Values{"group_by": {by}, "from": {from.Format(time.RFC3339)}, "to": {to.Format(time.RFC3339)}}
 	for k := range f {
 		if v := f.Get(k); v != "" {
 			q.Set(k, v)
 		}
 	}
-	var sum admin.UsageSummary
+	var sum adminapi.UsageSummary
 	if err := c.call(r, s.token, http.MethodGet, "/usage/summary?"+q.Encode(), nil, &sum); err != nil {
 		return nil, err
 	}
@@ -404,15 +410,7 @@ func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to tim
 // usage is the usage page: metered seconds and amounts per day of one
 // month, overall and per account, totals per account and per size, and
 // the month's CSV export.
-func (c *Console) usage(w http.ResponseWriter, r *http.Request) {
-	s := c.session(w, r)
-	if s == nil {
-		return
-	}
-	if !s.may(financeRoles...) {
-		c.forbidden(w, r, s)
-		return
-	}
+func (c *Console) usage(w http.ResponseWriter, r *http.Request, s *session) {
 	m, from, to, err := c.month(r)
 	if err != nil {
 		c.fail(w, r, s, err)
@@ -466,11 +464,7 @@ func (c *Console) usage(w http.ResponseWriter, r *http.Request) {
 
 // usageCSV is the month's export as finance downloads it: the operator
 // API's GET /usage?format=csv itself, streamed through.
-func (c *Console) usageCSV(w http.ResponseWriter, r *http.Request) {
-	s := c.session(w, r)
-	if s == nil {
-		return
-	}
+func (c *Console) usageCSV(w http.ResponseWriter, r *http.Request, s *session) {
 	m, from, to, err := c.month(r)
 	if err != nil {
 		c.fail(w, r, s, err)
@@ -491,18 +485,10 @@ func (c *Console) usageCSV(w http.ResponseWriter, r *http.Request) {
 }
 
 type controlsData struct {
-	Status admin.Status
+	Status adminapi.Status
 }
 
-func (c *Console) controls(w http.ResponseWriter, r *http.Request) {
-	s := c.session(w, r)
-	if s == nil {
-		return
-	}
-	if !s.may(opsRoles...) {
-		c.forbidden(w, r, s)
-		return
-	}
+func (c *Console) controls(w http.ResponseWriter, r *http.Request, s *session) {
 	var d controlsData
 	if err := c.call(r, s.token, http.MethodGet, "/status", nil, &d.Status); err != nil {
 		c.fail(w, r, s, err)
@@ -520,13 +506,13 @@ func (c *Console) until(f url.Values) (string, error) {
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		return "", &apiError{Status: http.StatusBadRequest, Code: "invalid_request", Message: "for must be a positive duration such as 30m or 2h"}
+		return "", &adminapi.APIError{Status: http.StatusBadRequest, Code: "invalid_request", Message: "for must be a positive duration such as 30m or 2h"}
 	}
 	return c.clock.Now().Add(d).UTC().Format(time.RFC3339), nil
 }
 
 func badForm(msg string) error {
-	return &apiError{Status: http.StatusBadRequest, Code: "invalid_request", Message: msg}
+	return &adminapi.APIError{Status: http.StatusBadRequest, Code: "invalid_request", Message: msg}
 }
 
 func doneRedirect(w http.ResponseWriter, r *http.Request, msg string) {
@@ -535,14 +521,10 @@ func doneRedirect(w http.ResponseWriter, r *http.Request, msg string) {
 
 // stop sets or lifts an emergency stop. Setting one needs the word STOP
 // typed into the confirmation field.
-func (c *Console) stop(w http.ResponseWriter, r *http.Request) {
-	s := c.change(w, r)
-	if s == nil {
-		return
-	}
+func (c *Console) stop(w http.ResponseWriter, r *http.Request, s *session) {
 	f := r.PostForm
 	on := f.Get("on") == "true"
-	req := admin.StopRequest{On: &on, AccountID: strings.TrimSpace(f.Get("account"))}
+	req := adminapi.StopRequest{On: &on, AccountID: strings.TrimSpace(f.Get("account"))}
 	scope := "the broker"
 	if req.AccountID != "" {
 		scope = "account " + req.AccountID
@@ -559,7 +541,7 @@ func (c *Console) stop(w http.ResponseWriter, r *http.Request) {
 		}
 		req.Reason, req.Note, req.Until = strings.TrimSpace(f.Get("reason")), f.Get("note"), until
 	}
-	var out admin.Swept
+	var out adminapi.Swept
 	if err := c.call(r, s.token, http.MethodPost, "/stop", req, &out); err != nil {
 		c.fail(w, r, s, err)
 		return
@@ -583,11 +565,7 @@ func target(f url.Values) (acct, inst, id string, err error) {
 
 // pause pauses an account or an instance; the confirmation field must
 // repeat its id.
-func (c *Console) pause(w http.ResponseWriter, r *http.Request) {
-	s := c.change(w, r)
-	if s == nil {
-		return
-	}
+func (c *Console) pause(w http.ResponseWriter, r *http.Request, s *session) {
 	f := r.PostForm
 	acct, inst, id, err := target(f)
 	if err == nil && strings.TrimSpace(f.Get("confirm")) != id {
@@ -601,8 +579,8 @@ func (c *Console) pause(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, s, err)
 		return
 	}
-	var out admin.Swept
-	req := admin.PauseRequest{AccountID: acct, InstanceID: inst, Reason: strings.TrimSpace(f.Get("reason")), Note: f.Get("note"), Until: until}
+	var out adminapi.Swept
+	req := adminapi.PauseRequest{AccountID: acct, InstanceID: inst, Reason: strings.TrimSpace(f.Get("reason")), Note: f.Get("note"), Until: until}
 	if err := c.call(r, s.token, http.MethodPost, "/pause", req, &out); err != nil {
 		c.fail(w, r, s, err)
 		return
@@ -610,17 +588,13 @@ func (c *Console) pause(w http.ResponseWriter, r *http.Request) {
 	doneRedirect(w, r, fmt.Sprintf("paused %s: terminated=%d failed=%d", id, out.Terminated, out.Failed))
 }
 
-func (c *Console) resume(w http.ResponseWriter, r *http.Request) {
-	s := c.change(w, r)
-	if s == nil {
-		return
-	}
+func (c *Console) resume(w http.ResponseWriter, r *http.Request, s *session) {
 	acct, inst, id, err := target(r.PostForm)
 	if err != nil {
 		c.fail(w, r, s, err)
 		return
 	}
-	if err := c.call(r, s.token, http.MethodPost, "/resume", admin.ResumeRequest{AccountID: acct, InstanceID: inst}, nil); err != nil {
+	if err := c.call(r, s.token, http.MethodPost, "/resume", adminapi.ResumeRequest{AccountID: acct, InstanceID: inst}, nil); err != nil {
 		c.fail(w, r, s, err)
 		return
 	}
@@ -661,15 +635,7 @@ const (
 
 // audit pages through the audit log of the last days (1 by default),
 // newest first, through the audit export (which audits its own reading).
-func (c *Console) audit(w http.ResponseWriter, r *http.Request) {
-	s := c.session(w, r)
-	if s == nil {
-		return
-	}
-	if !s.may(opsRoles...) {
-		c.forbidden(w, r, s)
-		return
-	}
+func (c *Console) audit(w http.ResponseWriter, r *http.Request, s *session) {
 	days, _ := strconv.Atoi(r.URL.Query().Get("days"))
 	days = min(max(days, 1), 400)
 	page, _ := strconv.Atoi(r.URL.Query().Get("page"))

@@ -15,38 +15,38 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/reaper"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
+	"github.com/sandgate/sandgate/token"
 )
 
 // operator is a second operator API over a harness's store, clock and
 // provider whose stops, pauses and revokes also end the scope's running
 // workspaces, as the broker's does. The harness's own operator API only
 // sets controls.
-type operator struct{ c *admin.Client }
+type operator struct{ c *adminapi.Client }
 
 func newOperator(t testing.TB, h *sgtest.Harness) *operator {
 	t.Helper()
 	log := slog.New(slog.NewJSONHandler(h.Logs, nil)).With("component", "admin")
 	adm, err := admin.New(admin.Config{
-		Tokens:     []admin.OperatorToken{{Name: "sweeper", Role: admin.RoleAdmin, Hash: admin.HashToken(h.AdminToken)}},
-		Defaults:   sandgate.Scope{DefaultImage: sgtest.DefaultImage},
-		Providers:  h.Providers,
-		Terminator: termination.New(h.DB, h.Providers, h.Clock, log, 0),
-		Billing:    h.Billing,
-	}, h.DB, h.Clock, log)
+		Tokens:   []adminapi.OperatorToken{{Name: "sweeper", Role: adminapi.RoleAdmin, Hash: token.Hash(h.AdminToken)}},
+		Defaults: sandgate.Scope{DefaultImage: sgtest.DefaultImage},
+	}, admin.Deps{DB: h.DB, Clock: h.Clock, Log: log,
+		Providers: h.Providers, Terminator: termination.New(h.DB, h.Providers, h.Clock, log, 0), Billing: h.Billing})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(adm.Handler())
 	t.Cleanup(srv.Close)
-	c, err := admin.NewClient(srv.URL, h.AdminToken, srv.Client())
+	c, err := adminapi.NewClient(srv.URL, h.AdminToken, srv.Client())
 	if err != nil {
-		t.Fatalf("admin.NewClient: %v", err)
+		t.Fatalf("adminapi.NewClient: %v", err)
 	}
 	return &operator{c: c}
 }
@@ -57,9 +57,9 @@ func newOperator(t testing.TB, h *sgtest.Harness) *operator {
 func (o *operator) billing(t testing.TB, acct, price string, postpaid bool) {
 	t.Helper()
 	card := "card-" + strings.ToLower(acct)
-	o.do(t, http.MethodPost, "/rate-cards", admin.RateCardRequest{Name: card,
+	o.do(t, http.MethodPost, "/rate-cards", adminapi.RateCardRequest{Name: card,
 		Prices: map[string]string{"small": price, "standard": price, "large": price, "xlarge": price}}, nil)
-	o.do(t, http.MethodPut, "/accounts/"+acct+"/billing", admin.BillingSettings{RateCard: card, Currency: "USD", Postpaid: postpaid}, nil)
+	o.do(t, http.MethodPut, "/accounts/"+acct+"/billing", adminapi.BillingSettings{RateCard: card, Currency: "USD", Postpaid: postpaid}, nil)
 }
 
 func (o *operator) do(t testing.TB, method, path string, in, out any) {
@@ -70,14 +70,14 @@ func (o *operator) do(t testing.TB, method, path string, in, out any) {
 }
 
 // swept sets a stop or a pause and returns its sweep's counts.
-func (o *operator) swept(t testing.TB, path string, in any) admin.Swept {
+func (o *operator) swept(t testing.TB, path string, in any) adminapi.Swept {
 	t.Helper()
-	var out admin.Swept
+	var out adminapi.Swept
 	o.do(t, http.MethodPost, path, in, &out)
 	return out
 }
 
-func (o *operator) setLimits(t testing.TB, acct string, l admin.RiskLimits) {
+func (o *operator) setLimits(t testing.TB, acct string, l adminapi.RiskLimits) {
 	t.Helper()
 	o.do(t, http.MethodPut, "/accounts/"+acct+"/limits", l, nil)
 }
@@ -156,7 +156,7 @@ func TestAdmissionFailsClosed(t *testing.T) {
 	if err := h.DB.Redis().ConfigSet(ctx, "appendfsync", "always").Err(); err != nil {
 		t.Fatalf("CONFIG SET appendfsync always: %v", err)
 	}
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	ws := acquire(t, h, in.Token, "before-crash")
 	wantAdmission(t, h, in.Token, "before the crash", protocol.AdmissionOpen, "")
 
@@ -236,11 +236,11 @@ func TestEmergencyStop(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	a, b := h.NewInstance(admin.Scope{}), h.NewInstance(admin.Scope{})
+	a, b := h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
 	wa1, wa2, wb := acquire(t, h, a.Token, "a1"), acquire(t, h, a.Token, "a2"), acquire(t, h, b.Token, "b1")
 
-	res := op.swept(t, "/stop", admin.StopRequest{On: new(true), Reason: "incident"})
-	if res != (admin.Swept{Terminated: 3}) {
+	res := op.swept(t, "/stop", adminapi.StopRequest{On: new(true), Reason: "incident"})
+	if res != (adminapi.Swept{Terminated: 3}) {
 		t.Errorf("stop = %+v; want terminated 3, failed 0", res)
 	}
 	for _, w := range []struct {
@@ -261,7 +261,7 @@ func TestEmergencyStop(t *testing.T) {
 		t.Errorf("release while stopped = %s, %v; want terminated, emergency_stopped", got.State, deref(got.TerminationReason))
 	}
 
-	op.do(t, http.MethodPost, "/stop", admin.StopRequest{On: new(false)}, nil)
+	op.do(t, http.MethodPost, "/stop", adminapi.StopRequest{On: new(false)}, nil)
 	for _, in := range []sgtest.Instance{a, b} {
 		wantAdmission(t, h, in.Token, "after the stop", protocol.AdmissionOpen, "")
 		acquire(t, h, in.Token, "stopped")
@@ -274,13 +274,13 @@ func TestAccountStop(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	a1 := h.NewInstance(admin.Scope{})
-	a2 := h.NewInstanceIn(a1.AccountID, admin.Scope{})
-	b := h.NewInstance(admin.Scope{})
+	a1 := h.NewInstance(adminapi.Scope{})
+	a2 := h.NewInstanceIn(a1.AccountID, adminapi.Scope{})
+	b := h.NewInstance(adminapi.Scope{})
 	w1, w2, wb := acquire(t, h, a1.Token, "a1"), acquire(t, h, a2.Token, "a2"), acquire(t, h, b.Token, "b")
 
-	res := op.swept(t, "/stop", admin.StopRequest{On: new(true), AccountID: a1.AccountID, Reason: "fraud-review"})
-	if res != (admin.Swept{Terminated: 2}) {
+	res := op.swept(t, "/stop", adminapi.StopRequest{On: new(true), AccountID: a1.AccountID, Reason: "fraud-review"})
+	if res != (adminapi.Swept{Terminated: 2}) {
 		t.Errorf("account stop = %+v; want terminated 2, failed 0", res)
 	}
 	wantEnded(t, h, a1.Token, w1.WorkspaceID, sandgate.ReasonEmergencyStopped)
@@ -295,7 +295,7 @@ func TestAccountStop(t *testing.T) {
 	acquire(t, h, b.Token, "other-account")
 	release(t, h, a2.Token, w2.WorkspaceID)
 
-	op.do(t, http.MethodPost, "/stop", admin.StopRequest{On: new(false), AccountID: a1.AccountID}, nil)
+	op.do(t, http.MethodPost, "/stop", adminapi.StopRequest{On: new(false), AccountID: a1.AccountID}, nil)
 	wantAdmission(t, h, a1.Token, "after the account stop", protocol.AdmissionOpen, "")
 	acquire(t, h, a1.Token, "stopped")
 }
@@ -306,13 +306,13 @@ func TestPause(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	i1 := h.NewInstance(admin.Scope{})
-	i2 := h.NewInstanceIn(i1.AccountID, admin.Scope{})
-	other := h.NewInstance(admin.Scope{})
+	i1 := h.NewInstance(adminapi.Scope{})
+	i2 := h.NewInstanceIn(i1.AccountID, adminapi.Scope{})
+	other := h.NewInstance(adminapi.Scope{})
 	w1, w2, wo := acquire(t, h, i1.Token, "i1"), acquire(t, h, i2.Token, "i2"), acquire(t, h, other.Token, "o")
 
 	// An instance pause with no reason: its default.
-	if res := op.swept(t, "/pause", admin.PauseRequest{InstanceID: i1.ID}); res != (admin.Swept{Terminated: 1}) {
+	if res := op.swept(t, "/pause", adminapi.PauseRequest{InstanceID: i1.ID}); res != (adminapi.Swept{Terminated: 1}) {
 		t.Errorf("instance pause = %+v; want terminated 1, failed 0", res)
 	}
 	wantEnded(t, h, i1.Token, w1.WorkspaceID, sandgate.ReasonPaused)
@@ -323,12 +323,12 @@ func TestPause(t *testing.T) {
 	wantAdmission(t, h, i2.Token, "sibling of the paused instance", protocol.AdmissionOpen, "")
 	w2b := acquire(t, h, i2.Token, "i2-b")
 	wantRunning(t, h, i2.Token, w2.WorkspaceID)
-	op.do(t, http.MethodPost, "/resume", admin.ResumeRequest{InstanceID: i1.ID}, nil)
+	op.do(t, http.MethodPost, "/resume", adminapi.ResumeRequest{InstanceID: i1.ID}, nil)
 	wantAdmission(t, h, i1.Token, "resumed instance", protocol.AdmissionOpen, "")
 	w1b := acquire(t, h, i1.Token, "p1")
 
 	// An account pause with a reason: every instance of the account.
-	if res := op.swept(t, "/pause", admin.PauseRequest{AccountID: i1.AccountID, Reason: "payment"}); res != (admin.Swept{Terminated: 3}) {
+	if res := op.swept(t, "/pause", adminapi.PauseRequest{AccountID: i1.AccountID, Reason: "payment"}); res != (adminapi.Swept{Terminated: 3}) {
 		t.Errorf("account pause = %+v; want terminated 3, failed 0", res)
 	}
 	for _, w := range []struct {
@@ -347,7 +347,7 @@ func TestPause(t *testing.T) {
 	acquire(t, h, other.Token, "o2")
 	release(t, h, i2.Token, w2.WorkspaceID)
 
-	op.do(t, http.MethodPost, "/resume", admin.ResumeRequest{AccountID: i1.AccountID}, nil)
+	op.do(t, http.MethodPost, "/resume", adminapi.ResumeRequest{AccountID: i1.AccountID}, nil)
 	for _, in := range []sgtest.Instance{i1, i2} {
 		wantAdmission(t, h, in.Token, "resumed account", protocol.AdmissionOpen, "")
 		acquire(t, h, in.Token, "p2")
@@ -369,7 +369,7 @@ func TestRefusalLeavesNoTrace(t *testing.T) {
 	}
 	tests := []struct {
 		name       string
-		scope      admin.Scope
+		scope      adminapi.Scope
 		body       protocol.AcquireRequest
 		setup      func(t *testing.T, e *env)
 		status     int
@@ -381,46 +381,46 @@ func TestRefusalLeavesNoTrace(t *testing.T) {
 		{
 			name: "broker stop",
 			setup: func(t *testing.T, e *env) {
-				e.op.do(t, http.MethodPost, "/stop", admin.StopRequest{On: new(true), Reason: "incident"}, nil)
+				e.op.do(t, http.MethodPost, "/stop", adminapi.StopRequest{On: new(true), Reason: "incident"}, nil)
 			},
 			status: http.StatusForbidden, code: protocol.EmergencyStopped, reason: "incident",
 			clear: func(t *testing.T, e *env) {
-				e.op.do(t, http.MethodPost, "/stop", admin.StopRequest{On: new(false)}, nil)
+				e.op.do(t, http.MethodPost, "/stop", adminapi.StopRequest{On: new(false)}, nil)
 			},
 		},
 		{
 			name: "account stop",
 			setup: func(t *testing.T, e *env) {
-				e.op.do(t, http.MethodPost, "/stop", admin.StopRequest{On: new(true), AccountID: e.in.AccountID, Reason: "operator"}, nil)
+				e.op.do(t, http.MethodPost, "/stop", adminapi.StopRequest{On: new(true), AccountID: e.in.AccountID, Reason: "operator"}, nil)
 			},
 			status: http.StatusForbidden, code: protocol.EmergencyStopped, reason: "operator",
 			clear: func(t *testing.T, e *env) {
-				e.op.do(t, http.MethodPost, "/stop", admin.StopRequest{On: new(false), AccountID: e.in.AccountID}, nil)
+				e.op.do(t, http.MethodPost, "/stop", adminapi.StopRequest{On: new(false), AccountID: e.in.AccountID}, nil)
 			},
 		},
 		{
 			name: "account pause",
 			setup: func(t *testing.T, e *env) {
-				e.op.do(t, http.MethodPost, "/pause", admin.PauseRequest{AccountID: e.in.AccountID}, nil)
+				e.op.do(t, http.MethodPost, "/pause", adminapi.PauseRequest{AccountID: e.in.AccountID}, nil)
 			},
 			status: http.StatusForbidden, code: protocol.Paused, reason: "account_paused",
 			clear: func(t *testing.T, e *env) {
-				e.op.do(t, http.MethodPost, "/resume", admin.ResumeRequest{AccountID: e.in.AccountID}, nil)
+				e.op.do(t, http.MethodPost, "/resume", adminapi.ResumeRequest{AccountID: e.in.AccountID}, nil)
 			},
 		},
 		{
 			name: "instance pause",
 			setup: func(t *testing.T, e *env) {
-				e.op.do(t, http.MethodPost, "/pause", admin.PauseRequest{InstanceID: e.in.ID, Reason: "maintenance"}, nil)
+				e.op.do(t, http.MethodPost, "/pause", adminapi.PauseRequest{InstanceID: e.in.ID, Reason: "maintenance"}, nil)
 			},
 			status: http.StatusForbidden, code: protocol.Paused, reason: "maintenance",
 			clear: func(t *testing.T, e *env) {
-				e.op.do(t, http.MethodPost, "/resume", admin.ResumeRequest{InstanceID: e.in.ID}, nil)
+				e.op.do(t, http.MethodPost, "/resume", adminapi.ResumeRequest{InstanceID: e.in.ID}, nil)
 			},
 		},
 		{
 			name:  "concurrency limit",
-			scope: admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 1}},
+			scope: adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 1}},
 			setup: func(t *testing.T, e *env) {
 				e.held = append(e.held, acquire(t, e.h, e.in.Token, "held").WorkspaceID)
 			},
@@ -429,9 +429,9 @@ func TestRefusalLeavesNoTrace(t *testing.T) {
 		},
 		{
 			name:  "risk velocity",
-			scope: admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 10}},
+			scope: adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 10}},
 			setup: func(t *testing.T, e *env) {
-				e.op.setLimits(t, e.in.AccountID, admin.RiskLimits{AcquiresPerMinute: 2})
+				e.op.setLimits(t, e.in.AccountID, adminapi.RiskLimits{AcquiresPerMinute: 2})
 				e.held = append(e.held, acquire(t, e.h, e.in.Token, "v1").WorkspaceID, acquire(t, e.h, e.in.Token, "v2").WorkspaceID)
 			},
 			// Both acquires were at the same instant: the window frees in 60s.
@@ -441,9 +441,9 @@ func TestRefusalLeavesNoTrace(t *testing.T) {
 		{
 			name: "risk open workspaces",
 			setup: func(t *testing.T, e *env) {
-				e.op.setLimits(t, e.in.AccountID, admin.RiskLimits{MaxOpenWorkspaces: 1})
+				e.op.setLimits(t, e.in.AccountID, adminapi.RiskLimits{MaxOpenWorkspaces: 1})
 				// The limit is the account's: another instance holds it.
-				other := e.h.NewInstanceIn(e.in.AccountID, admin.Scope{})
+				other := e.h.NewInstanceIn(e.in.AccountID, adminapi.Scope{})
 				e.held = append(e.held, acquire(t, e.h, other.Token, "open").WorkspaceID)
 				e.other = other
 			},
@@ -454,10 +454,10 @@ func TestRefusalLeavesNoTrace(t *testing.T) {
 			name: "risk request cap",
 			body: protocol.AcquireRequest{Label: "big", Size: "standard", Egress: &protocol.Egress{AllowedDomains: []string{}}},
 			setup: func(t *testing.T, e *env) {
-				e.op.setLimits(t, e.in.AccountID, admin.RiskLimits{MaxSize: "small"})
+				e.op.setLimits(t, e.in.AccountID, adminapi.RiskLimits{MaxSize: "small"})
 			},
 			status: http.StatusTooManyRequests, code: protocol.RiskLimit, reason: "request_cap",
-			clear: func(t *testing.T, e *env) { e.op.setLimits(t, e.in.AccountID, admin.RiskLimits{}) },
+			clear: func(t *testing.T, e *env) { e.op.setLimits(t, e.in.AccountID, adminapi.RiskLimits{}) },
 		},
 		{
 			name: "insufficient funds",
@@ -468,7 +468,7 @@ func TestRefusalLeavesNoTrace(t *testing.T) {
 			status: http.StatusPaymentRequired, code: protocol.InsufficientFunds,
 			clear: func(t *testing.T, e *env) {
 				e.op.do(t, http.MethodPost, "/accounts/"+e.in.AccountID+"/funds/credit",
-					admin.FundsRequest{Amount: "100.00", Reason: "top-up", IdempotencyKey: "k"}, nil)
+					adminapi.FundsRequest{Amount: "100.00", Reason: "top-up", IdempotencyKey: "k"}, nil)
 			},
 		},
 		{
@@ -476,12 +476,12 @@ func TestRefusalLeavesNoTrace(t *testing.T) {
 			setup: func(t *testing.T, e *env) {
 				e.op.billing(t, e.in.AccountID, "0.000100", true)
 				e.op.do(t, http.MethodPut, "/accounts/"+e.in.AccountID+"/budgets",
-					admin.BudgetRequest{InstanceID: e.in.ID, Monthly: "0.000001"}, nil)
+					adminapi.BudgetRequest{InstanceID: e.in.ID, Monthly: "0.000001"}, nil)
 			},
 			status: http.StatusPaymentRequired, code: protocol.BudgetExhausted, reason: "instance",
 			clear: func(t *testing.T, e *env) {
 				e.op.do(t, http.MethodPut, "/accounts/"+e.in.AccountID+"/budgets",
-					admin.BudgetRequest{InstanceID: e.in.ID, Monthly: "1000.00"}, nil)
+					adminapi.BudgetRequest{InstanceID: e.in.ID, Monthly: "1000.00"}, nil)
 			},
 		},
 	}
@@ -555,7 +555,7 @@ func TestRateLimits(t *testing.T) {
 
 	t.Run("acquire", func(t *testing.T) {
 		t.Parallel()
-		in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 10}})
+		in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 10}})
 		acquire(t, h, in.Token, "r1")
 		acquire(t, h, in.Token, "r2")
 		wantLimited(t, "third acquire", do(t, h, acquireReq(in.Token, "r3", acquireBody("r"))))
@@ -565,15 +565,15 @@ func TestRateLimits(t *testing.T) {
 		wantOK(t, "lease of the limited token", do(t, h, lease(in.Token)), http.StatusOK, nil)
 		// Limits are per token: another instance's, and another token of
 		// the same instance, have their own.
-		other := h.NewInstance(admin.Scope{})
+		other := h.NewInstance(adminapi.Scope{})
 		acquire(t, h, other.Token, "r1")
 		acquire(t, h, other.Token, "r2")
-		second := sandgate.Secret(h.IssueToken(in.ID, admin.IssueTokenRequest{}).Token)
+		second := sandgate.Secret(h.IssueToken(in.ID, adminapi.IssueTokenRequest{}).Token)
 		acquire(t, h, second, "r3")
 	})
 	t.Run("read", func(t *testing.T) {
 		t.Parallel()
-		in := h.NewInstance(admin.Scope{})
+		in := h.NewInstance(adminapi.Scope{})
 		for i := range 2 {
 			wantOK(t, fmt.Sprintf("lease %d", i), do(t, h, lease(in.Token)), http.StatusOK, nil)
 		}
@@ -581,12 +581,12 @@ func TestRateLimits(t *testing.T) {
 		wantLimited(t, "list after two leases", do(t, h, request{Method: http.MethodGet, Path: "/v1/workspaces", Token: in.Token}))
 		ws := acquire(t, h, in.Token, "read-1")
 		wantLimited(t, "get after two leases", do(t, h, request{Method: http.MethodGet, Path: wsPath(ws.WorkspaceID), Token: in.Token}))
-		other := h.NewInstance(admin.Scope{})
+		other := h.NewInstance(adminapi.Scope{})
 		wantOK(t, "another token's lease", do(t, h, lease(other.Token)), http.StatusOK, nil)
 	})
 	t.Run("exec", func(t *testing.T) {
 		t.Parallel()
-		in := h.NewInstance(admin.Scope{})
+		in := h.NewInstance(adminapi.Scope{})
 		ws := acquire(t, h, in.Token, "exec-1")
 		ops := workspaceOps(in.Token, ws.WorkspaceID) // get, exec, read, write, delete
 		wantOK(t, "exec", do(t, h, ops[1]), http.StatusOK, nil)
@@ -597,7 +597,7 @@ func TestRateLimits(t *testing.T) {
 	})
 	t.Run("release", func(t *testing.T) {
 		t.Parallel()
-		in := h.NewInstance(admin.Scope{})
+		in := h.NewInstance(adminapi.Scope{})
 		w1, w2 := acquire(t, h, in.Token, "rel-1"), acquire(t, h, in.Token, "rel-2")
 		ops := workspaceOps(in.Token, w1.WorkspaceID)
 		for range 2 {
@@ -629,28 +629,28 @@ func TestRevokeTerminates(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	a, b := h.NewInstance(admin.Scope{}), h.NewInstance(admin.Scope{})
+	a, b := h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
 	wa1, wa2, wb := acquire(t, h, a.Token, "a1"), acquire(t, h, a.Token, "a2"), acquire(t, h, b.Token, "b1")
 
-	var res admin.RevokeResult
+	var res adminapi.RevokeResult
 	op.do(t, http.MethodPost, "/instances/"+a.ID+"/tokens/revoke", nil, &res)
-	if res != (admin.RevokeResult{Count: 1, Terminated: 2}) {
+	if res != (adminapi.RevokeResult{Count: 1, Terminated: 2}) {
 		t.Errorf("revoke = %+v; want count 1, terminated 2, failed 0", res)
 	}
 	wantError(t, "lease of the revoked token", do(t, h, request{Method: http.MethodGet, Path: "/v1/lease", Token: a.Token}),
 		http.StatusUnauthorized, protocol.LeaseRevoked)
-	nextA := sandgate.Secret(h.IssueToken(a.ID, admin.IssueTokenRequest{}).Token)
+	nextA := sandgate.Secret(h.IssueToken(a.ID, adminapi.IssueTokenRequest{}).Token)
 	wantEnded(t, h, nextA, wa1.WorkspaceID, sandgate.ReasonLeaseRevoked)
 	wantEnded(t, h, nextA, wa2.WorkspaceID, sandgate.ReasonLeaseRevoked)
 
-	res = admin.RevokeResult{}
-	op.do(t, http.MethodPost, "/instances/"+b.ID+"/tokens/revoke", admin.RevokeRequest{TerminateWorkspaces: new(false)}, &res)
-	if res != (admin.RevokeResult{Count: 1}) {
+	res = adminapi.RevokeResult{}
+	op.do(t, http.MethodPost, "/instances/"+b.ID+"/tokens/revoke", adminapi.RevokeRequest{TerminateWorkspaces: new(false)}, &res)
+	if res != (adminapi.RevokeResult{Count: 1}) {
 		t.Errorf("revoke keeping workspaces = %+v; want count 1, terminated 0, failed 0", res)
 	}
 	wantError(t, "lease of the revoked token", do(t, h, request{Method: http.MethodGet, Path: "/v1/lease", Token: b.Token}),
 		http.StatusUnauthorized, protocol.LeaseRevoked)
-	nextB := sandgate.Secret(h.IssueToken(b.ID, admin.IssueTokenRequest{}).Token)
+	nextB := sandgate.Secret(h.IssueToken(b.ID, adminapi.IssueTokenRequest{}).Token)
 	wantRunning(t, h, nextB, wb.WorkspaceID)
 	if got := h.Provider.Live(); got != 1 {
 		t.Errorf("provider sandboxes = %d; want 1", got)
@@ -664,9 +664,9 @@ func TestReaperSweepsControlledScopes(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	ctx := context.Background()
-	i1 := h.NewInstance(admin.Scope{})
-	i2 := h.NewInstanceIn(i1.AccountID, admin.Scope{})
-	lapsed, other := h.NewInstance(admin.Scope{}), h.NewInstance(admin.Scope{})
+	i1 := h.NewInstance(adminapi.Scope{})
+	i2 := h.NewInstanceIn(i1.AccountID, adminapi.Scope{})
+	lapsed, other := h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
 	w1, w2 := acquire(t, h, i1.Token, "w1"), acquire(t, h, i2.Token, "w2")
 	wl, wo := acquire(t, h, lapsed.Token, "wl"), acquire(t, h, other.Token, "wo")
 	now := h.Clock.Now().UnixMilli()

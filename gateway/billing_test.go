@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/providers"
@@ -23,12 +23,12 @@ func TestBillingHoldSettleAndAbort(t *testing.T) {
 	start := sgtest.MidHour(time.Now())
 	h := sgtest.New(t, sgtest.Options{Start: start})
 	op := newOperator(t, h)
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	acct := in.AccountID
 	op.billing(t, acct, "0.000100", false)
-	op.do(t, http.MethodPost, "/accounts/"+acct+"/funds/credit", admin.FundsRequest{Amount: "50.00", Reason: "open", IdempotencyKey: "o"}, nil)
-	funds := func() admin.Balance {
-		var b admin.Balance
+	op.do(t, http.MethodPost, "/accounts/"+acct+"/funds/credit", adminapi.FundsRequest{Amount: "50.00", Reason: "open", IdempotencyKey: "o"}, nil)
+	funds := func() adminapi.Balance {
+		var b adminapi.Balance
 		op.do(t, http.MethodGet, "/accounts/"+acct+"/funds", nil, &b)
 		return b
 	}
@@ -47,7 +47,7 @@ func TestBillingHoldSettleAndAbort(t *testing.T) {
 		t.Fatalf("with a workspace running: holds %d; want its worst case", b.HoldsMicros)
 	}
 	// A price change reaches only later workspaces.
-	op.do(t, http.MethodPost, "/rate-cards", admin.RateCardRequest{Name: "card-" + lower(acct),
+	op.do(t, http.MethodPost, "/rate-cards", adminapi.RateCardRequest{Name: "card-" + lower(acct),
 		Prices: map[string]string{"small": "1.00", "standard": "1.00", "large": "1.00", "xlarge": "1.00"}}, nil)
 	h.Clock.Advance(90*time.Second + time.Millisecond)
 	release(t, h, in.Token, ws.WorkspaceID)

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -18,7 +18,7 @@ import (
 func TestLeaseDiskAndCapacity(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Sizes: []string{"small"}})
+	in := h.NewInstance(adminapi.Scope{Sizes: []string{"small"}})
 	h.Provider.SetDiskMiB(1024)
 	rep := do(t, h, request{Method: http.MethodGet, Path: "/v1/lease", Token: in.Token})
 	var got protocol.LeaseResponse

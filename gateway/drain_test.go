@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
@@ -17,7 +17,7 @@ import (
 func TestDrainRefusesNewRequests(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	cl := h.Client(in.Token)
 	ctx := context.Background()
 	if _, err := cl.Lease(ctx); err != nil {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 )
@@ -20,7 +20,7 @@ func TestFilesStreamed(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	const max = 8 << 20
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxFileBytes: max}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxFileBytes: max}})
 	ws := acquire(t, h, in.Token, "stream")
 	writePath, readPath := wsPath(ws.WorkspaceID, "/files/write"), wsPath(ws.WorkspaceID, "/files/read")
 	post := func(path string, body any) reply {

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
@@ -284,7 +284,7 @@ func allEndpoints(tok sandgate.Secret, id string) []request {
 func TestConventionsBody(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 5}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 5}})
 	ws := acquire(t, h, in.Token, "conv-ws")
 
 	valid := `{"label":"a","egress":{"allowed_domains":[]}}`
@@ -343,7 +343,7 @@ func TestConventionsBody(t *testing.T) {
 func TestBodyLimit(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 
 	// A Content-Length over the limit is refused before the body is sent:
 	// the request goes out as headers alone, and the answer must come.
@@ -385,7 +385,7 @@ func TestBodyLimit(t *testing.T) {
 func TestUnknownRoute(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	ws := acquire(t, h, in.Token, "route-ws")
 
 	tests := []request{
@@ -406,7 +406,7 @@ func TestUnknownRoute(t *testing.T) {
 func TestNoRedirects(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	for _, r := range []request{
 		{Method: http.MethodGet, Path: "/v1/lease/", Token: in.Token},
 		{Method: http.MethodGet, Path: "/v1/workspaces/", Token: in.Token},
@@ -441,7 +441,7 @@ func TestNoRedirects(t *testing.T) {
 func TestRequestID(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 
 	valid := strings.Repeat("a", 60) + "Z.9_-"[:4]
 	if len(valid) != 64 {
@@ -500,7 +500,7 @@ func TestPlaintextRefused(t *testing.T) {
 	t.Run("no trusted proxy", func(t *testing.T) {
 		t.Parallel()
 		h := sgtest.New(t, sgtest.Options{})
-		in := h.NewInstance(admin.Scope{})
+		in := h.NewInstance(adminapi.Scope{})
 		wantError(t, "plaintext", do(t, h, lease(in.Token, "")), http.StatusBadRequest, protocol.InvalidRequest)
 		wantError(t, "plaintext claiming https", do(t, h, lease(in.Token, "https")), http.StatusBadRequest, protocol.InvalidRequest)
 		wantError(t, "plaintext unknown route", do(t, h, request{Method: http.MethodGet, Path: "/nope", Plain: true}), http.StatusBadRequest, protocol.InvalidRequest)
@@ -508,7 +508,7 @@ func TestPlaintextRefused(t *testing.T) {
 	t.Run("trusted proxy", func(t *testing.T) {
 		t.Parallel()
 		h := sgtest.New(t, sgtest.Options{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
-		in := h.NewInstance(admin.Scope{})
+		in := h.NewInstance(adminapi.Scope{})
 		wantOK(t, "trusted proxy with https", do(t, h, lease(in.Token, "https")), http.StatusOK, nil)
 		wantOK(t, "trusted proxy with HTTPS", do(t, h, lease(in.Token, "HTTPS")), http.StatusOK, nil)
 		wantError(t, "trusted proxy with http", do(t, h, lease(in.Token, "http")), http.StatusBadRequest, protocol.InvalidRequest)
@@ -517,7 +517,7 @@ func TestPlaintextRefused(t *testing.T) {
 	t.Run("untrusted proxy", func(t *testing.T) {
 		t.Parallel()
 		h := sgtest.New(t, sgtest.Options{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
-		in := h.NewInstance(admin.Scope{})
+		in := h.NewInstance(adminapi.Scope{})
 		wantError(t, "untrusted proxy with https", do(t, h, lease(in.Token, "https")), http.StatusBadRequest, protocol.InvalidRequest)
 	})
 }
@@ -525,7 +525,7 @@ func TestPlaintextRefused(t *testing.T) {
 func TestAuthRefused(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	ws := acquire(t, h, in.Token, "auth-ws")
 
 	tok := in.Token.Reveal()
@@ -576,8 +576,8 @@ func TestAuthRefused(t *testing.T) {
 func TestExpiredToken(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
-	issued := h.IssueToken(in.ID, admin.IssueTokenRequest{TTLSeconds: 120})
+	in := h.NewInstance(adminapi.Scope{})
+	issued := h.IssueToken(in.ID, adminapi.IssueTokenRequest{TTLSeconds: 120})
 	tok := sandgate.Secret(issued.Token)
 	if want := wire(h.Clock.Now().Add(120 * time.Second)); deref(issued.ExpiresAt) != want {
 		t.Fatalf("issued expires_at = %v; want %s", deref(issued.ExpiresAt), want)
@@ -607,7 +607,7 @@ func TestExpiredToken(t *testing.T) {
 func TestRotation(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 5}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 5}})
 	oldTok := in.Token
 	lease := func(tok sandgate.Secret) protocol.LeaseResponse {
 		t.Helper()
@@ -618,7 +618,7 @@ func TestRotation(t *testing.T) {
 
 	ws := acquire(t, h, oldTok, "rot-key")
 	rotatedAt := h.Clock.Now()
-	newTok := sandgate.Secret(h.RotateToken(in.ID, admin.IssueTokenRequest{GraceSeconds: 300}).Token)
+	newTok := sandgate.Secret(h.RotateToken(in.ID, adminapi.IssueTokenRequest{GraceSeconds: 300}).Token)
 
 	h.Clock.Advance(10 * time.Second)
 	if l := lease(oldTok); l.Lease.State != "superseded" || deref(l.Lease.SupersededAt) != wire(rotatedAt) {
@@ -656,7 +656,7 @@ func TestRotation(t *testing.T) {
 	lease(newTok)
 
 	// Ending the grace period early has the same effect at once.
-	newest := sandgate.Secret(h.RotateToken(in.ID, admin.IssueTokenRequest{}).Token)
+	newest := sandgate.Secret(h.RotateToken(in.ID, adminapi.IssueTokenRequest{}).Token)
 	if l := lease(newTok); l.Lease.State != "superseded" {
 		t.Errorf("second token after another rotation: state = %q; want superseded", l.Lease.State)
 	}
@@ -675,7 +675,7 @@ func TestRevokeIsImmediate(t *testing.T) {
 	h := sgtest.New(t, sgtest.Options{})
 	// Repeat, so that a cache that is cleared only eventually is caught.
 	for i := range 25 {
-		in := h.NewInstance(admin.Scope{})
+		in := h.NewInstance(adminapi.Scope{})
 		lease := request{Method: http.MethodGet, Path: "/v1/lease", Token: in.Token}
 		ws := acquire(t, h, in.Token, "rev-ws")
 		wantOK(t, "lease before revoke", do(t, h, lease), http.StatusOK, nil)
@@ -688,7 +688,7 @@ func TestRevokeIsImmediate(t *testing.T) {
 			for _, r := range allEndpoints(in.Token, ws.WorkspaceID) {
 				wantError(t, "revoked: "+what(r), do(t, h, r), http.StatusUnauthorized, protocol.LeaseRevoked)
 			}
-			next := sandgate.Secret(h.IssueToken(in.ID, admin.IssueTokenRequest{}).Token)
+			next := sandgate.Secret(h.IssueToken(in.ID, adminapi.IssueTokenRequest{}).Token)
 			if got := getWorkspace(t, h, next, ws.WorkspaceID).WorkspaceID; got != ws.WorkspaceID {
 				t.Errorf("workspace under a new token after revoke = %q; want %q", got, ws.WorkspaceID)
 			}
@@ -704,9 +704,9 @@ func TestRevokeOneLease(t *testing.T) {
 	h := sgtest.New(t, sgtest.Options{})
 	// Repeat, so that a cache that is cleared only eventually is caught.
 	for i := range 25 {
-		in := h.NewInstance(admin.Scope{})
+		in := h.NewInstance(adminapi.Scope{})
 		ws := acquire(t, h, in.Token, "rev-lease-ws")
-		next := h.RotateToken(in.ID, admin.IssueTokenRequest{GraceSeconds: 3600})
+		next := h.RotateToken(in.ID, adminapi.IssueTokenRequest{GraceSeconds: 3600})
 		newTok := sandgate.Secret(next.Token)
 		lease := func(tok sandgate.Secret) request {
 			return request{Method: http.MethodGet, Path: "/v1/lease", Token: tok}
@@ -735,7 +735,7 @@ func TestRevokeOneLease(t *testing.T) {
 		if n := h.RevokeLease(in.LeaseID); n != 0 {
 			t.Errorf("second revoke of the same lease count = %d; want 0", n)
 		}
-		var tokens []admin.Lease
+		var tokens []adminapi.Lease
 		h.AdminDo(http.MethodGet, "/instances/"+in.ID+"/tokens", nil, &tokens)
 		states := map[string]string{}
 		for _, tk := range tokens {
@@ -786,7 +786,7 @@ func TestLeaseBody(t *testing.T) {
 	ceiling := []string{"github.com", "*.example.com"}
 	tests := []struct {
 		name        string
-		scope       admin.Scope
+		scope       adminapi.Scope
 		sizes       []protocol.Size
 		defaultSize string
 		images      protocol.Images
@@ -796,7 +796,7 @@ func TestLeaseBody(t *testing.T) {
 	}{
 		{
 			name: "custom",
-			scope: admin.Scope{Sizes: []string{"large", "small"}, DefaultSize: "large",
+			scope: adminapi.Scope{Sizes: []string{"large", "small"}, DefaultSize: "large",
 				Images: []string{"img-a", "img-b"}, DefaultImage: "img-a", EgressCeiling: &ceiling, Limits: custom},
 			sizes:       []protocol.Size{size("small"), size("large")},
 			defaultSize: "large",
@@ -807,7 +807,7 @@ func TestLeaseBody(t *testing.T) {
 		},
 		{
 			name:        "defaults",
-			scope:       admin.Scope{},
+			scope:       adminapi.Scope{},
 			sizes:       []protocol.Size{size("small"), size("standard"), size("large"), size("xlarge")},
 			defaultSize: "standard",
 			images:      protocol.Images{Default: sgtest.DefaultImage, Allowed: []string{sgtest.DefaultImage}},
@@ -817,7 +817,7 @@ func TestLeaseBody(t *testing.T) {
 		},
 		{
 			name:        "no network, no standard size",
-			scope:       admin.Scope{Sizes: []string{"xlarge", "small"}, EgressCeiling: &[]string{}},
+			scope:       adminapi.Scope{Sizes: []string{"xlarge", "small"}, EgressCeiling: &[]string{}},
 			sizes:       []protocol.Size{size("small"), size("xlarge")},
 			defaultSize: "small",
 			images:      protocol.Images{Default: sgtest.DefaultImage, Allowed: []string{sgtest.DefaultImage}},
@@ -869,7 +869,7 @@ func TestAcquire(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	ceiling := []string{"github.com", "*.example.com"}
-	in := h.NewInstance(admin.Scope{Sizes: []string{"small", "standard"}, Images: []string{sgtest.DefaultImage, "img-b"},
+	in := h.NewInstance(adminapi.Scope{Sizes: []string{"small", "standard"}, Images: []string{sgtest.DefaultImage, "img-b"},
 		EgressCeiling: &ceiling, Limits: protocol.Limits{MaxLifetimeSeconds: 600, IdleTimeoutSeconds: 120}})
 	now := h.Clock.Now()
 
@@ -927,7 +927,7 @@ func TestAcquireRefusals(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	ceiling := []string{"github.com", "*.example.com"}
-	scope := admin.Scope{Sizes: []string{"small", "standard"}, Images: []string{sgtest.DefaultImage, "img-b"},
+	scope := adminapi.Scope{Sizes: []string{"small", "standard"}, Images: []string{sgtest.DefaultImage, "img-b"},
 		EgressCeiling: &ceiling, Limits: protocol.Limits{MaxEnvEntries: 2, MaxEgressDomains: 3}}
 	egress := func(d ...string) map[string]any { return map[string]any{"allowed_domains": append([]string{}, d...)} }
 	body := func(mod func(m map[string]any)) map[string]any {
@@ -1021,7 +1021,7 @@ func TestAcquireRefusals(t *testing.T) {
 func TestIdempotencyReplay(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 5}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 5}})
 	req := func(key string, body any) reply { return do(t, h, acquireReq(in.Token, key, body)) }
 	body := map[string]any{"label": "x", "env": map[string]string{"A": "1", "B": "2"}, "egress": map[string]any{"allowed_domains": []string{"github.com"}}}
 
@@ -1079,7 +1079,7 @@ func TestIdempotencyReplay(t *testing.T) {
 func TestIdempotencyInProgress(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	g := newGate(t)
 	entered := make(chan string, 1)
 	h.Provider.OnCreate(func(ctx context.Context, spec providers.CreateSpec) error {
@@ -1140,7 +1140,7 @@ func TestIdempotencyInProgress(t *testing.T) {
 func TestReleaseWhileStarting(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	g := newGate(t)
 	entered := make(chan string, 1)
 	h.Provider.OnCreate(func(ctx context.Context, spec providers.CreateSpec) error {
@@ -1190,9 +1190,9 @@ func TestReleaseWhileStarting(t *testing.T) {
 func TestIdempotencyKeysPerInstance(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	a := h.NewInstance(admin.Scope{})
-	b := h.NewInstanceIn(a.AccountID, admin.Scope{})
-	c := h.NewInstance(admin.Scope{})
+	a := h.NewInstance(adminapi.Scope{})
+	b := h.NewInstanceIn(a.AccountID, adminapi.Scope{})
+	c := h.NewInstance(adminapi.Scope{})
 	ids := map[string]bool{}
 	for _, in := range []sgtest.Instance{a, b, c} {
 		ws := acquire(t, h, in.Token, "shared-key")
@@ -1209,7 +1209,7 @@ func TestIdempotencyKeysPerInstance(t *testing.T) {
 func TestProviderCreateFailure(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 1}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 1}})
 	h.Provider.OnCreate(func(context.Context, providers.CreateSpec) error { return errors.New("vendor: out of capacity") })
 	for range 3 {
 		wantError(t, "acquire with a failing provider", do(t, h, acquireReq(in.Token, "pf", acquireBody("x"))), http.StatusBadGateway, protocol.UpstreamError)
@@ -1231,7 +1231,7 @@ func TestProviderCreateFailure(t *testing.T) {
 func TestConcurrencyLimit(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 3}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 3}})
 	const n = 100
 	var (
 		wg      sync.WaitGroup
@@ -1293,9 +1293,9 @@ func TestConcurrencyLimit(t *testing.T) {
 func TestCrossInstance(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	a := h.NewInstance(admin.Scope{})
-	sameAccount := h.NewInstanceIn(a.AccountID, admin.Scope{})
-	otherAccount := h.NewInstance(admin.Scope{})
+	a := h.NewInstance(adminapi.Scope{})
+	sameAccount := h.NewInstanceIn(a.AccountID, adminapi.Scope{})
+	otherAccount := h.NewInstance(adminapi.Scope{})
 	ws := acquire(t, h, a.Token, "mine")
 	acquire(t, h, sameAccount.Token, "theirs")
 
@@ -1350,7 +1350,7 @@ func wantErrorRep(t testing.TB, label string, rep reply, status int, code protoc
 func TestExecTimeout(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxExecTimeoutSeconds: 60, DefaultExecTimeoutSeconds: 10, MaxLifetimeSeconds: 3600}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxExecTimeoutSeconds: 60, DefaultExecTimeoutSeconds: 10, MaxLifetimeSeconds: 3600}})
 	ws := acquire(t, h, in.Token, "exec-timeout")
 	start := h.Clock.Now()
 	expires := parseWire(t, ws.ExpiresAt)
@@ -1404,7 +1404,7 @@ func TestExecTimeout(t *testing.T) {
 func TestExec(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxFileBytes: 1024, MaxOutputBytes: 100}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxFileBytes: 1024, MaxOutputBytes: 100}})
 	ws := acquire(t, h, in.Token, "exec")
 	path := wsPath(ws.WorkspaceID, "/exec")
 	h.Provider.OnExec(func(spec providers.ExecSpec) (providers.ExecResult, error) {
@@ -1482,7 +1482,7 @@ func TestExec(t *testing.T) {
 func TestExecAfterRelease(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	ws := acquire(t, h, in.Token, "gone")
 	release(t, h, in.Token, ws.WorkspaceID)
 	n := len(h.Provider.Execs())
@@ -1500,7 +1500,7 @@ func TestExecAfterRelease(t *testing.T) {
 func TestExecAfterExpiry(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxLifetimeSeconds: 600}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxLifetimeSeconds: 600}})
 	ws := acquire(t, h, in.Token, "expiring")
 	expires := parseWire(t, ws.ExpiresAt)
 	g := newGate(t)
@@ -1540,7 +1540,7 @@ func TestExecAfterExpiry(t *testing.T) {
 func TestFiles(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxFileBytes: 1024}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxFileBytes: 1024}})
 	ws := acquire(t, h, in.Token, "files")
 	readPath, writePath := wsPath(ws.WorkspaceID, "/files/read"), wsPath(ws.WorkspaceID, "/files/write")
 	write := func(path, contents string) reply {
@@ -1620,8 +1620,8 @@ func TestFiles(t *testing.T) {
 func TestList(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 10}})
-	other := h.NewInstanceIn(in.AccountID, admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 10}})
+	other := h.NewInstanceIn(in.AccountID, adminapi.Scope{})
 	acquire(t, h, other.Token, "other")
 
 	var ids []string
@@ -1730,7 +1730,7 @@ func TestList(t *testing.T) {
 func TestRelease(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	ws := acquire(t, h, in.Token, "rel")
 	h.Clock.Advance(90 * time.Second)
 	end := h.Clock.Now()
@@ -1773,7 +1773,7 @@ func TestRelease(t *testing.T) {
 func TestReleaseTerminateFailure(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 1}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 1}})
 	ws := acquire(t, h, in.Token, "tf")
 	h.Provider.OnTerminate(func(context.Context, providers.Sandbox) error { return errors.New("vendor: timeout") })
 
@@ -1807,7 +1807,7 @@ func TestReleaseTerminateFailure(t *testing.T) {
 func TestLogsHoldNoSecrets(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxFileBytes: 1024}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxFileBytes: 1024}})
 	tok := in.Token
 	const (
 		argv    = "SECRET-ARGV-xyz"
@@ -1903,7 +1903,7 @@ func TestLogsHoldNoSecrets(t *testing.T) {
 func TestFieldNamesAreExact(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	tok := h.NewInstance(admin.Scope{}).Token
+	tok := h.NewInstance(adminapi.Scope{}).Token
 	for _, body := range []string{
 		`{"LABEL":"x","egress":{"allowed_domains":[]}}`,
 		`{"label":"x","Egress":{"allowed_domains":[]}}`,

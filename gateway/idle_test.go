@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -38,7 +38,7 @@ func TestIdleCountsFromExecEnd(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			h := sgtest.New(t, sgtest.Options{})
-			in := h.NewInstance(admin.Scope{Limits: protocol.Limits{
+			in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{
 				MaxLifetimeSeconds: int64(tt.lifetime / time.Second), IdleTimeoutSeconds: int64(idle / time.Second),
 				MaxExecTimeoutSeconds: 900}})
 			ws := acquire(t, h, in.Token, "idle")

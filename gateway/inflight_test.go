@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
@@ -56,8 +56,8 @@ func background(t *testing.T, h *sgtest.Harness, r request) func() reply {
 func TestInflightCaps(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{Gateway: gateway.Config{MaxInflightPerWorkspace: 2, MaxInflightPerInstance: 3}})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 3}})
-	other := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 3}})
+	other := h.NewInstance(adminapi.Scope{})
 	ws1, ws2 := acquire(t, h, in.Token, "ws1"), acquire(t, h, in.Token, "ws2")
 	wsOther := acquire(t, h, other.Token, "other")
 	g := newGate(t)
@@ -119,8 +119,8 @@ func TestInflightBudget(t *testing.T) {
 	// Two execs' worst case (2 × max_output_bytes and their small bodies) fit, a third does not.
 	h := sgtest.New(t, sgtest.Options{Gateway: gateway.Config{MaxInflightPerWorkspace: 100, MaxInflightPerInstance: 100,
 		InflightBytes: 5 * maxOut}})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxOutputBytes: maxOut, MaxFileBytes: 1024}})
-	big := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxOutputBytes: 3 * maxOut}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxOutputBytes: maxOut, MaxFileBytes: 1024}})
+	big := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxOutputBytes: 3 * maxOut}})
 	ws := acquire(t, h, in.Token, "budget")
 	wsBig := acquire(t, h, big.Token, "big")
 	g := newGate(t)
@@ -160,7 +160,7 @@ func TestInflightConcurrent(t *testing.T) {
 	t.Parallel()
 	const cap, n = 4, 24
 	h := sgtest.New(t, sgtest.Options{Gateway: gateway.Config{MaxInflightPerWorkspace: cap}})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	ws := acquire(t, h, in.Token, "concurrent")
 	var running, peak atomic.Int32
 	full := newGate(t) // opened once cap execs run together
@@ -237,7 +237,7 @@ func TestInflightConcurrent(t *testing.T) {
 func TestExecBodyStreamed(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	ws := acquire(t, h, in.Token, "streamed")
 	out := make([]byte, 3*64<<10+2) // over chunk boundaries, not a multiple of 3
 	for i := range out {
@@ -279,7 +279,7 @@ func TestInflightCommands(t *testing.T) {
 	t.Parallel()
 	const maxOut = 1 << 20
 	h := sgtest.New(t, sgtest.Options{Gateway: gateway.Config{MaxInflightPerWorkspace: 1, InflightBytes: 5 * maxOut}})
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxOutputBytes: maxOut}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxOutputBytes: maxOut}})
 	ws := acquire(t, h, in.Token, "commands")
 	put := request{Method: http.MethodPut, Path: wsPath(ws.WorkspaceID, "/commands/c1"), Token: in.Token, Body: `{"argv":["true"]}`}
 	get := request{Method: http.MethodGet, Path: wsPath(ws.WorkspaceID, "/commands/c1"), Token: in.Token}
@@ -299,7 +299,7 @@ func TestInflightCommands(t *testing.T) {
 	wantOK(t, "GET at the workspace's cap", do(t, h, get), http.StatusOK, nil)
 
 	// A second workspace's execs take the budget: a command read no longer fits.
-	in2 := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxOutputBytes: maxOut}})
+	in2 := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxOutputBytes: maxOut}})
 	ws2 := acquire(t, h, in2.Token, "commands-2")
 	held2 := background(t, h, request{Method: http.MethodPost, Path: wsPath(ws2.WorkspaceID, "/exec"), Token: in2.Token, Body: `{"argv":["true"]}`})
 	waitInflight(t, h, 2)

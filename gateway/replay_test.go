@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 )
@@ -19,7 +19,7 @@ func TestReplayBeforeRefusals(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	in := h.NewInstance(admin.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 1}})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxConcurrentWorkspaces: 1}})
 	first := acquire(t, h, in.Token, "replay-1")
 	replay := func(label string) {
 		t.Helper()
@@ -38,7 +38,7 @@ func TestReplayBeforeRefusals(t *testing.T) {
 
 	// Stopped: the stop refuses before the script runs; the key is looked
 	// up then, and answers.
-	op.do(t, http.MethodPost, "/stop", admin.StopRequest{On: new(true), Reason: "incident"}, nil)
+	op.do(t, http.MethodPost, "/stop", adminapi.StopRequest{On: new(true), Reason: "incident"}, nil)
 	wantRefused(t, "new key while stopped", do(t, h, acquireReq(in.Token, "replay-3", acquireBody("test"))),
 		http.StatusForbidden, protocol.EmergencyStopped, "incident", "")
 	var again protocol.Workspace

@@ -14,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
@@ -31,7 +31,7 @@ func TestServerSpans(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	h := sgtest.New(t, sgtest.Options{Gateway: gateway.Config{Tracer: tp, Meter: mp.Meter("t")}})
-	in := h.NewInstance(admin.Scope{})
+	in := h.NewInstance(adminapi.Scope{})
 	hc := h.HTTPClient()
 	const traceID, parentID = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 	get := func(path string, tok string) *http.Response {

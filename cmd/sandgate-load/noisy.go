@@ -31,7 +31,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -279,26 +279,26 @@ type sample struct {
 // account that admits three small workspaces, and returns a broker client
 // with a token of it.
 func noisyInstance(ctx context.Context, dev *broker) (*broker, error) {
-	adm, err := admin.NewClient(dev.env["SANDGATE_ADMIN_URL"], sandgate.Secret(dev.env["SANDGATE_ADMIN_TOKEN"]), nil)
+	adm, err := adminapi.NewClient(dev.env["SANDGATE_ADMIN_URL"], sandgate.Secret(dev.env["SANDGATE_ADMIN_TOKEN"]), nil)
 	if err != nil {
 		return nil, err
 	}
-	var accounts []admin.Account
+	var accounts []adminapi.Account
 	if err := adm.Do(ctx, http.MethodGet, "/accounts", nil, &accounts); err != nil {
 		return nil, fmt.Errorf("list accounts: %w", err)
 	}
-	i := slices.IndexFunc(accounts, func(a admin.Account) bool { return a.Name == "dev" })
+	i := slices.IndexFunc(accounts, func(a adminapi.Account) bool { return a.Name == "dev" })
 	if i < 0 {
 		return nil, errors.New("sandgate dev bootstrapped no account named dev")
 	}
-	var in admin.Instance
-	if err := adm.Do(ctx, http.MethodPost, "/instances", admin.CreateInstanceRequest{AccountID: accounts[i].ID, Name: "noisy",
-		Scope: admin.Scope{Sizes: []string{"small"}, DefaultSize: "small",
+	var in adminapi.Instance
+	if err := adm.Do(ctx, http.MethodPost, "/instances", adminapi.CreateInstanceRequest{AccountID: accounts[i].ID, Name: "noisy",
+		Scope: adminapi.Scope{Sizes: []string{"small"}, DefaultSize: "small",
 			Limits: protocol.Limits{MaxConcurrentWorkspaces: 3}}}, &in); err != nil {
 		return nil, fmt.Errorf("create instance: %w", err)
 	}
-	var tok admin.IssuedToken
-	if err := adm.Do(ctx, http.MethodPost, "/instances/"+in.ID+"/tokens", admin.IssueTokenRequest{}, &tok); err != nil {
+	var tok adminapi.IssuedToken
+	if err := adm.Do(ctx, http.MethodPost, "/instances/"+in.ID+"/tokens", adminapi.IssueTokenRequest{}, &tok); err != nil {
 		return nil, fmt.Errorf("issue token: %w", err)
 	}
 	if tok.Token == "" {

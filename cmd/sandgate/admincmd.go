@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 )
 
 // adminFlags are shared by every `sandgate admin` command.
@@ -24,7 +24,7 @@ type adminFlags struct {
 	timeout            time.Duration
 }
 
-func (f *adminFlags) client() (*admin.Client, error) {
+func (f *adminFlags) client() (*adminapi.Client, error) {
 	u, t := f.url, f.token
 	if u == "" {
 		u = os.Getenv("SANDGATE_ADMIN_URL")
@@ -35,7 +35,7 @@ func (f *adminFlags) client() (*admin.Client, error) {
 	if u == "" {
 		return nil, fmt.Errorf("the operator API's URL is required (--url or SANDGATE_ADMIN_URL)")
 	}
-	return admin.NewClient(u, sandgate.Secret(t), &http.Client{Timeout: f.timeout})
+	return adminapi.NewClient(u, sandgate.Secret(t), &http.Client{Timeout: f.timeout})
 }
 
 // do sends one request to the operator API with the flags' URL and token.
@@ -45,6 +45,59 @@ func (f *adminFlags) do(cmd *cobra.Command, method, path string, in, out any) er
 		return err
 	}
 	return c.Do(cmd.Context(), method, path, in, out)
+}
+
+// call sends one request with the flags' URL and token and prints its
+// answer: as JSON with -o json, else as text renders it.
+func call[T any](cmd *cobra.Command, f *adminFlags, method, path string, in any, text func(T) string) error {
+	var out T
+	if err := f.do(cmd, method, path, in, &out); err != nil {
+		return err
+	}
+	return f.print(cmd.OutOrStdout(), out, text(out))
+}
+
+// accountPath is the path of the account acct's resource rest.
+func accountPath(acct, rest string) string { return "/accounts/" + url.PathEscape(acct) + "/" + rest }
+
+// accountGetCommand is a command that shows the account's rest, as text
+// renders it.
+func accountGetCommand[T any](f *adminFlags, use, short, rest string, text func(T) string) *cobra.Command {
+	var acct string
+	cmd := &cobra.Command{Use: use, Short: short, RunE: func(cmd *cobra.Command, _ []string) error {
+		return call(cmd, f, http.MethodGet, accountPath(acct, rest), nil, text)
+	}}
+	accountFlag(cmd, &acct)
+	return cmd
+}
+
+// accountPutCommand is a command that PUTs *req, whose fields the
+// caller binds to flags, as the account's rest, and shows the answer as
+// text renders it.
+func accountPutCommand[T any](f *adminFlags, use, short, rest string, req any, text func(T) string) *cobra.Command {
+	var acct string
+	cmd := &cobra.Command{Use: use, Short: short, RunE: func(cmd *cobra.Command, _ []string) error {
+		return call(cmd, f, http.MethodPut, accountPath(acct, rest), req, text)
+	}}
+	accountFlag(cmd, &acct)
+	return cmd
+}
+
+// rowsOf renders a list as a table of header, one row an item.
+func rowsOf[T any](header []string, row func(T) []string) func([]T) string {
+	return func(items []T) string {
+		var rows [][]string
+		for _, it := range items {
+			rows = append(rows, row(it))
+		}
+		return table(header, rows)
+	}
+}
+
+// accountFlag adds the required --account flag to cmd.
+func accountFlag(cmd *cobra.Command, acct *string) {
+	cmd.Flags().StringVar(acct, "account", "", "account id (required)")
+	_ = cmd.MarkFlagRequired("account")
 }
 
 // print writes v as JSON with -o json, else the plain value alone.
@@ -81,8 +134,8 @@ func accountCommand(f *adminFlags) *cobra.Command {
 	create := &cobra.Command{
 		Use: "create", Short: "Create an account; prints its id",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var a admin.Account
-			if err := f.do(cmd, http.MethodPost, "/accounts", admin.CreateAccountRequest{Name: name}, &a); err != nil {
+			var a adminapi.Account
+			if err := f.do(cmd, http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: name}, &a); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), a, a.ID)
@@ -93,15 +146,8 @@ func accountCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List accounts",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var as []admin.Account
-			if err := f.do(cmd, http.MethodGet, "/accounts", nil, &as); err != nil {
-				return err
-			}
-			var rows [][]string
-			for _, a := range as {
-				rows = append(rows, []string{a.ID, a.Name, a.CreatedAt})
-			}
-			return f.print(cmd.OutOrStdout(), as, table([]string{"ID", "NAME", "CREATED"}, rows))
+			return call(cmd, f, http.MethodGet, "/accounts", nil, rowsOf([]string{"ID", "NAME", "CREATED"},
+				func(a adminapi.Account) []string { return []string{a.ID, a.Name, a.CreatedAt} }))
 		},
 	}
 	cmd.AddCommand(create, list)
@@ -110,7 +156,7 @@ func accountCommand(f *adminFlags) *cobra.Command {
 
 func instanceCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "instance", Short: "Create and inspect instances and their scope"}
-	var req admin.CreateInstanceRequest
+	var req adminapi.CreateInstanceRequest
 	var durs struct{ lifetime, idle, maxExec, defExec, snapTTL time.Duration }
 	var ceiling []string
 	create := &cobra.Command{
@@ -135,7 +181,7 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 				}
 				req.Scope.EgressCeiling = &cl
 			}
-			var in admin.Instance
+			var in adminapi.Instance
 			if err := c.Do(cmd.Context(), http.MethodPost, "/instances", req, &in); err != nil {
 				return err
 			}
@@ -169,7 +215,7 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 	get := &cobra.Command{
 		Use: "get ID", Short: "Show an instance and its scope", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var in admin.Instance
+			var in adminapi.Instance
 			if err := f.do(cmd, http.MethodGet, "/instances/"+url.PathEscape(args[0]), nil, &in); err != nil {
 				return err
 			}
@@ -183,15 +229,10 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List instances",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var ins []admin.Instance
-			if err := f.do(cmd, http.MethodGet, "/instances?account="+url.QueryEscape(acct), nil, &ins); err != nil {
-				return err
-			}
-			var rows [][]string
-			for _, in := range ins {
-				rows = append(rows, []string{in.ID, in.AccountID, in.Name, in.Provider, in.CreatedAt})
-			}
-			return f.print(cmd.OutOrStdout(), ins, table([]string{"ID", "ACCOUNT", "NAME", "PROVIDER", "CREATED"}, rows))
+			return call(cmd, f, http.MethodGet, "/instances?account="+url.QueryEscape(acct), nil, rowsOf([]string{"ID", "ACCOUNT", "NAME", "PROVIDER", "CREATED"},
+				func(in adminapi.Instance) []string {
+					return []string{in.ID, in.AccountID, in.Name, in.Provider, in.CreatedAt}
+				}))
 		},
 	}
 	list.Flags().StringVar(&acct, "account", "", "only this account's instances")
@@ -200,8 +241,8 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 		Use: "set-provider ID --provider NAME", Short: "Run the instance's new workspaces on another provider (running ones stay where they are)",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var in admin.Instance
-			if err := f.do(cmd, http.MethodPut, "/instances/"+url.PathEscape(args[0])+"/provider", admin.SetProviderRequest{Provider: prov}, &in); err != nil {
+			var in adminapi.Instance
+			if err := f.do(cmd, http.MethodPut, "/instances/"+url.PathEscape(args[0])+"/provider", adminapi.SetProviderRequest{Provider: prov}, &in); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), in, in.ID+"\t"+in.Provider)
@@ -212,15 +253,10 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 	providersCmd := &cobra.Command{
 		Use: "providers", Short: "List the broker's providers: what each enforces and whether it takes new workspaces",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var ps []admin.Provider
-			if err := f.do(cmd, http.MethodGet, "/providers", nil, &ps); err != nil {
-				return err
-			}
-			var rows [][]string
-			for _, p := range ps {
-				rows = append(rows, []string{p.Name, p.Kind, fmt.Sprint(p.Default), fmt.Sprint(p.AcceptNew), p.Egress})
-			}
-			return f.print(cmd.OutOrStdout(), ps, table([]string{"NAME", "KIND", "DEFAULT", "ACCEPT_NEW", "EGRESS"}, rows))
+			return call(cmd, f, http.MethodGet, "/providers", nil, rowsOf([]string{"NAME", "KIND", "DEFAULT", "ACCEPT_NEW", "EGRESS"},
+				func(p adminapi.Provider) []string {
+					return []string{p.Name, p.Kind, fmt.Sprint(p.Default), fmt.Sprint(p.AcceptNew), p.Egress}
+				}))
 		},
 	}
 	cmd.AddCommand(create, get, list, setProvider, providersCmd)
@@ -239,8 +275,8 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				var out admin.IssuedToken
-				req := admin.IssueTokenRequest{TTLSeconds: int64(ttl / time.Second), GraceSeconds: int64(grace / time.Second)}
+				var out adminapi.IssuedToken
+				req := adminapi.IssueTokenRequest{TTLSeconds: int64(ttl / time.Second), GraceSeconds: int64(grace / time.Second)}
 				if err := cl.Do(cmd.Context(), http.MethodPost, "/instances/"+url.PathEscape(inst)+path, req, &out); err != nil {
 					return err
 				}
@@ -256,7 +292,7 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 		c := &cobra.Command{
 			Use: use, Short: short,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				var out admin.Count
+				var out adminapi.Count
 				if err := f.do(cmd, http.MethodPost, "/instances/"+url.PathEscape(inst)+path, nil, &out); err != nil {
 					return err
 				}
@@ -284,12 +320,12 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var out admin.RevokeResult
+			var out adminapi.RevokeResult
 			if lease != "" {
 				err = cl.Do(cmd.Context(), http.MethodPost, "/leases/"+url.PathEscape(lease)+"/revoke", nil, &out)
 			} else {
 				terminate := !keep
-				req := admin.RevokeRequest{TerminateWorkspaces: &terminate}
+				req := adminapi.RevokeRequest{TerminateWorkspaces: &terminate}
 				err = cl.Do(cmd.Context(), http.MethodPost, "/instances/"+url.PathEscape(inst)+"/tokens/revoke", req, &out)
 			}
 			if err != nil {
@@ -306,15 +342,8 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List an instance's tokens (prefixes and states only)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out []admin.Lease
-			if err := f.do(cmd, http.MethodGet, "/instances/"+url.PathEscape(inst)+"/tokens", nil, &out); err != nil {
-				return err
-			}
-			var rows [][]string
-			for _, l := range out {
-				rows = append(rows, []string{l.ID, l.TokenPrefix + "…", l.State, l.IssuedAt})
-			}
-			return f.print(cmd.OutOrStdout(), out, table([]string{"LEASE", "TOKEN", "STATE", "ISSUED"}, rows))
+			return call(cmd, f, http.MethodGet, "/instances/"+url.PathEscape(inst)+"/tokens", nil, rowsOf([]string{"LEASE", "TOKEN", "STATE", "ISSUED"},
+				func(l adminapi.Lease) []string { return []string{l.ID, l.TokenPrefix + "…", l.State, l.IssuedAt} }))
 		},
 	}
 	list.Flags().StringVar(&inst, "instance", "", "instance id (required)")
@@ -352,7 +381,7 @@ func (c *controlFlags) untilValue() string {
 	return c.until
 }
 
-func swept(out admin.Swept) string {
+func swept(out adminapi.Swept) string {
 	return fmt.Sprintf("terminated=%d failed=%d", out.Terminated, out.Failed)
 }
 
@@ -386,8 +415,8 @@ func stopCommand(f *adminFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := admin.StopRequest{On: &on, AccountID: acct, Reason: cf.reason, Note: cf.note, Until: cf.untilValue()}
-			var out admin.Swept
+			req := adminapi.StopRequest{On: &on, AccountID: acct, Reason: cf.reason, Note: cf.note, Until: cf.untilValue()}
+			var out adminapi.Swept
 			if err := c.Do(cmd.Context(), http.MethodPost, "/stop", req, &out); err != nil {
 				return err
 			}
@@ -417,16 +446,8 @@ func pauseCommand(f *adminFlags) *cobra.Command {
 		Use:   "pause (--account ID | --instance ID)",
 		Short: "Pause one account or one instance and terminate its running workspaces; prints terminated=N failed=N",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
-			req := admin.PauseRequest{AccountID: acct, InstanceID: inst, Reason: cf.reason, Note: cf.note, Until: cf.untilValue()}
-			var out admin.Swept
-			if err := c.Do(cmd.Context(), http.MethodPost, "/pause", req, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, swept(out))
+			req := adminapi.PauseRequest{AccountID: acct, InstanceID: inst, Reason: cf.reason, Note: cf.note, Until: cf.untilValue()}
+			return call(cmd, f, http.MethodPost, "/pause", req, swept)
 		},
 	}
 	scopeFlags(cmd, &acct, &inst)
@@ -440,7 +461,7 @@ func resumeCommand(f *adminFlags) *cobra.Command {
 		Use:   "resume (--account ID | --instance ID)",
 		Short: "Lift the pause of one account or one instance (not the other's)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := f.do(cmd, http.MethodPost, "/resume", admin.ResumeRequest{AccountID: acct, InstanceID: inst}, nil); err != nil {
+			if err := f.do(cmd, http.MethodPost, "/resume", adminapi.ResumeRequest{AccountID: acct, InstanceID: inst}, nil); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), struct{}{}, "resumed")
@@ -450,7 +471,7 @@ func resumeCommand(f *adminFlags) *cobra.Command {
 	return cmd
 }
 
-func limitsLine(l admin.RiskLimits) string {
+func limitsLine(l adminapi.RiskLimits) string {
 	orDefault := func(v string) string {
 		if v == "" || v == "0" {
 			return "default"
@@ -464,7 +485,7 @@ func limitsLine(l admin.RiskLimits) string {
 func limitsCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "limits", Short: "Set and show an account's risk limits"}
 	var acct string
-	var l admin.RiskLimits
+	var l adminapi.RiskLimits
 	set := &cobra.Command{
 		Use:   "set --account ID",
 		Short: "Change an account's risk limits; unnamed limits keep their value, 0 or \"\" means the broker default",
@@ -474,7 +495,7 @@ func limitsCommand(f *adminFlags) *cobra.Command {
 				return err
 			}
 			path := "/accounts/" + url.PathEscape(acct) + "/limits"
-			var cur admin.RiskLimits
+			var cur adminapi.RiskLimits
 			if err := c.Do(cmd.Context(), http.MethodGet, path, nil, &cur); err != nil {
 				return err
 			}
@@ -488,30 +509,18 @@ func limitsCommand(f *adminFlags) *cobra.Command {
 			if fl.Changed("max-size") {
 				cur.MaxSize = l.MaxSize
 			}
-			var out admin.RiskLimits
+			var out adminapi.RiskLimits
 			if err := c.Do(cmd.Context(), http.MethodPut, path, cur, &out); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), out, limitsLine(out))
 		},
 	}
-	set.Flags().StringVar(&acct, "account", "", "account id (required)")
-	_ = set.MarkFlagRequired("account")
+	accountFlag(set, &acct)
 	set.Flags().IntVar(&l.AcquiresPerMinute, "acquires-per-minute", 0, "acquires per minute across the account's instances")
 	set.Flags().IntVar(&l.MaxOpenWorkspaces, "max-open", 0, "open workspaces across the account's instances")
 	set.Flags().StringVar(&l.MaxSize, "max-size", "", "largest size one acquire may ask for (small, standard, large, xlarge)")
-	get := &cobra.Command{
-		Use: "get --account ID", Short: "Show an account's risk limits",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out admin.RiskLimits
-			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/limits", nil, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, limitsLine(out))
-		},
-	}
-	get.Flags().StringVar(&acct, "account", "", "account id (required)")
-	_ = get.MarkFlagRequired("account")
+	get := accountGetCommand(f, "get --account ID", "Show an account's risk limits", "limits", limitsLine)
 	cmd.AddCommand(set, get)
 	return cmd
 }
@@ -520,7 +529,7 @@ func statusCommand(f *adminFlags) *cobra.Command {
 	return &cobra.Command{
 		Use: "status", Short: "Show what is stopped or paused, why, by whom, since when",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var st admin.Status
+			var st adminapi.Status
 			if err := f.do(cmd, http.MethodGet, "/status", nil, &st); err != nil {
 				return err
 			}
@@ -530,14 +539,14 @@ func statusCommand(f *adminFlags) *cobra.Command {
 }
 
 // statusTable renders a status as an aligned table, one control a row.
-func statusTable(st admin.Status) string {
+func statusTable(st adminapi.Status) string {
 	if st.BrokerStop == nil && len(st.Controls) == 0 {
 		return "nothing is stopped or paused"
 	}
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SCOPE\tKIND\tREASON\tACTOR\tSINCE\tUNTIL\tNOTE")
-	row := func(scope, kind string, c admin.Control) {
+	row := func(scope, kind string, c adminapi.Control) {
 		until := "-"
 		if c.Until != nil {
 			until = *c.Until

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	adminapi "github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/protocol"
 )

@@ -5,13 +5,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
+	"github.com/sandgate/sandgate/billing"
 )
 
 // Billing commands of `sandgate admin`: rate cards, account billing
@@ -26,19 +26,11 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 		Use:   "create --name N --small P --standard P --large P --xlarge P",
 		Short: "Create a rate card, or a new version of it; accounts on it price new workspaces at the new version",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
-			req := admin.RateCardRequest{Name: name, Prices: map[string]string{}}
+			req := adminapi.RateCardRequest{Name: name, Prices: map[string]string{}}
 			for size, p := range prices {
 				req.Prices[size] = *p
 			}
-			var out admin.RateCard
-			if err := c.Do(cmd.Context(), http.MethodPost, "/rate-cards", req, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, rateCardLine(out))
+			return call(cmd, f, http.MethodPost, "/rate-cards", req, rateCardLine)
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "rate card name (required)")
@@ -52,7 +44,7 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List the newest version of every rate card",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out []admin.RateCard
+			var out []adminapi.RateCard
 			if err := f.do(cmd, http.MethodGet, "/rate-cards", nil, &out); err != nil {
 				return err
 			}
@@ -75,7 +67,7 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 	return cmd
 }
 
-func rateCardLine(rc admin.RateCard) string {
+func rateCardLine(rc adminapi.RateCard) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s v%d", rc.Name, rc.Version)
 	for _, s := range sandgate.StandardSizes {
@@ -86,43 +78,20 @@ func rateCardLine(rc admin.RateCard) string {
 
 func billingCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "billing", Short: "Set and show an account's billing: rate card, currency, credit limit, postpaid"}
-	var acct string
-	var req admin.BillingSettings
-	set := &cobra.Command{
-		Use:   "set --account ID --rate-card N --currency USD [--credit-limit 0] [--postpaid]",
-		Short: "Configure an account's billing; it is prepaid (needs funds) unless --postpaid",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out admin.BillingSettings
-			if err := f.do(cmd, http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/billing", req, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, billingLine(out))
-		},
-	}
-	set.Flags().StringVar(&acct, "account", "", "account id (required)")
+	var req adminapi.BillingSettings
+	set := accountPutCommand(f, "set --account ID --rate-card N --currency USD [--credit-limit 0] [--postpaid]",
+		"Configure an account's billing; it is prepaid (needs funds) unless --postpaid", "billing", &req, billingLine)
 	set.Flags().StringVar(&req.RateCard, "rate-card", "", "rate card name")
 	set.Flags().StringVar(&req.Currency, "currency", "", "ISO 4217 currency code (required)")
 	set.Flags().StringVar(&req.CreditLimit, "credit-limit", "0", "how far below zero the available amount may go")
 	set.Flags().BoolVar(&req.Postpaid, "postpaid", false, "no funds check (budgets still apply)")
-	_ = set.MarkFlagRequired("account")
 	_ = set.MarkFlagRequired("currency")
-	get := &cobra.Command{
-		Use: "get --account ID", Short: "Show an account's billing settings",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out admin.BillingSettings
-			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/billing", nil, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, billingLine(out))
-		},
-	}
-	get.Flags().StringVar(&acct, "account", "", "account id (required)")
-	_ = get.MarkFlagRequired("account")
+	get := accountGetCommand(f, "get --account ID", "Show an account's billing settings", "billing", billingLine)
 	cmd.AddCommand(set, get)
 	return cmd
 }
 
-func billingLine(s admin.BillingSettings) string {
+func billingLine(s adminapi.BillingSettings) string {
 	if !s.Configured {
 		return "not configured: postpaid, no rate card (price 0)"
 	}
@@ -137,7 +106,7 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "funds", Short: "Credit, debit and show an account's prepaid funds"}
 	adjust := func(kind string) *cobra.Command {
 		var acct string
-		var req admin.FundsRequest
+		var req adminapi.FundsRequest
 		c := &cobra.Command{
 			Use:   kind + " --account ID --amount 25.00 --reason TEXT [--idempotency-key K]",
 			Short: "Append a " + kind + " to the account's funds ledger (once per idempotency key)",
@@ -145,11 +114,8 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 				if req.IdempotencyKey == "" {
 					req.IdempotencyKey = newIdempotencyKey()
 				}
-				var out admin.FundsEntry
-				if err := f.do(cmd, http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/funds/"+kind, req, &out); err != nil {
-					return err
-				}
-				return f.print(cmd.OutOrStdout(), out, out.Balance.Available)
+				return call(cmd, f, http.MethodPost, accountPath(acct, "funds/"+kind), req,
+					func(e adminapi.FundsEntry) string { return e.Balance.Available })
 			},
 		}
 		c.Flags().StringVar(&acct, "account", "", "account id (required)")
@@ -161,29 +127,16 @@ func fundsCommand(f *adminFlags) *cobra.Command {
 		}
 		return c
 	}
-	var acct string
-	balance := &cobra.Command{
-		Use:   "balance --account ID",
-		Short: "Print the available amount (balance − holds); -o json adds holds, settled and currency",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out admin.Balance
-			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/funds", nil, &out); err != nil {
-				return err
-			}
-			return f.print(cmd.OutOrStdout(), out, out.Available)
-		},
-	}
-	balance.Flags().StringVar(&acct, "account", "", "account id (required)")
-	_ = balance.MarkFlagRequired("account")
+	balance := accountGetCommand(f, "balance --account ID", "Print the available amount (balance − holds); -o json adds holds, settled and currency",
+		"funds", func(b adminapi.Balance) string { return b.Available })
 	cmd.AddCommand(adjust("credit"), adjust("debit"), balance, adjustmentCommand(f))
 	return cmd
 }
 
 func budgetCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "budget", Short: "Set and list monthly budgets (account, instance, agent)"}
-	var acct string
-	var req admin.BudgetRequest
-	show := func(cmd *cobra.Command, out []admin.Budget) error {
+	var req adminapi.BudgetRequest
+	show := func(out []adminapi.Budget) string {
 		var rows [][]string
 		for _, b := range out {
 			scope := "account"
@@ -199,45 +152,23 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 			}
 			rows = append(rows, []string{scope, b.Monthly, b.Used, kind})
 		}
-		return f.print(cmd.OutOrStdout(), out, table([]string{"SCOPE", "MONTHLY", "USED", "KIND"}, rows))
+		return table([]string{"SCOPE", "MONTHLY", "USED", "KIND"}, rows)
 	}
-	set := &cobra.Command{
-		Use:   "set --account ID [--instance ID] [--agent SLUG] --monthly 100.00 [--soft]",
-		Short: "Set a monthly budget (calendar month, UTC); --monthly 0 removes it",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out []admin.Budget
-			if err := f.do(cmd, http.MethodPut, "/accounts/"+url.PathEscape(acct)+"/budgets", req, &out); err != nil {
-				return err
-			}
-			return show(cmd, out)
-		},
-	}
-	set.Flags().StringVar(&acct, "account", "", "account id (required)")
+	set := accountPutCommand(f, "set --account ID [--instance ID] [--agent SLUG] --monthly 100.00 [--soft]",
+		"Set a monthly budget (calendar month, UTC); --monthly 0 removes it", "budgets", &req, show)
 	set.Flags().StringVar(&req.InstanceID, "instance", "", "instance id (default: the whole account)")
 	set.Flags().StringVar(&req.Agent, "agent", "", "agent slug")
 	set.Flags().StringVar(&req.Monthly, "monthly", "", "cap per calendar month in currency units (required)")
 	set.Flags().BoolVar(&req.Soft, "soft", false, "alert only, never refuse")
-	_ = set.MarkFlagRequired("account")
 	_ = set.MarkFlagRequired("monthly")
-	list := &cobra.Command{
-		Use: "list --account ID", Short: "List an account's budgets with this month's use",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out []admin.Budget
-			if err := f.do(cmd, http.MethodGet, "/accounts/"+url.PathEscape(acct)+"/budgets", nil, &out); err != nil {
-				return err
-			}
-			return show(cmd, out)
-		},
-	}
-	list.Flags().StringVar(&acct, "account", "", "account id (required)")
-	_ = list.MarkFlagRequired("account")
+	list := accountGetCommand(f, "list --account ID", "List an account's budgets with this month's use", "budgets", show)
 	cmd.AddCommand(set, list)
 	return cmd
 }
 
 func adjustmentCommand(f *adminFlags) *cobra.Command {
 	var acct string
-	var req admin.AdjustmentRequest
+	var req adminapi.AdjustmentRequest
 	cmd := &cobra.Command{
 		Use:   "adjust-usage --account ID --corrects ENTRY_ID --amount -1.50 --reason TEXT [--idempotency-key K]",
 		Short: "Correct a usage ledger entry by appending an adjustment (negative refunds); the ledger is never edited",
@@ -245,8 +176,12 @@ func adjustmentCommand(f *adminFlags) *cobra.Command {
 			if req.IdempotencyKey == "" {
 				req.IdempotencyKey = newIdempotencyKey()
 			}
-			var out admin.Adjustment
-			if err := f.do(cmd, http.MethodPost, "/accounts/"+url.PathEscape(acct)+"/usage/adjustments", req, &out); err != nil {
+			// The answer's entry is billing's ledger entry (admin.Adjustment).
+			var out struct {
+				Entry    billing.UsageEntry `json:"entry"`
+				Replayed bool               `json:"replayed"`
+			}
+			if err := f.do(cmd, http.MethodPost, accountPath(acct, "usage/adjustments"), req, &out); err != nil {
 				return err
 			}
 			return f.print(cmd.OutOrStdout(), out, out.Entry.ID)

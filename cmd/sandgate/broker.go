@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/egress"
@@ -40,7 +41,7 @@ type broker struct {
 	tls       *tls.Config // nil: plaintext behind trusted proxies only
 	public    net.Listener
 	admin     net.Listener
-	operators []admin.OperatorToken
+	operators []adminapi.OperatorToken
 	// kinds are the provider kinds it can open; nil means kinds().
 	kinds providers.Registry
 	// getenv reads the vendors' environment variables; nil means os.Getenv.
@@ -192,8 +193,8 @@ func (b *broker) run(ctx context.Context) error {
 	// lease), and its passes are idempotent all the same.
 	rp := reaper.New(reaper.Config{Providers: provs, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
 		Meter: mp.Meter("github.com/sandgate/sandgate/reaper"), Tracer: tp}, db, term, clock, b.log.With("component", "reaper"))
-	adm, err := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults,
-		Providers: provs, Terminator: term, Billing: bill}, db, clock, b.log.With("component", "admin"))
+	adm, err := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults},
+		admin.Deps{DB: db, Clock: clock, Log: b.log.With("component", "admin"), Providers: provs, Terminator: term, Billing: bill})
 	if err != nil {
 		return err
 	}

@@ -11,10 +11,11 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/noop"
+	"github.com/sandgate/sandgate/token"
 )
 
 // Config is the broker's one YAML file. Every field has an environment
@@ -284,12 +285,12 @@ func (c *Config) trustedProxies() ([]netip.Prefix, error) {
 	return out, nil
 }
 
-func (c *Config) operatorTokens(getenv func(string) string) ([]admin.OperatorToken, error) {
-	var out []admin.OperatorToken
+func (c *Config) operatorTokens(getenv func(string) string) ([]adminapi.OperatorToken, error) {
+	var out []adminapi.OperatorToken
 	for _, o := range c.Operators {
-		role := admin.Role(o.Role)
+		role := adminapi.Role(o.Role)
 		switch role {
-		case admin.RoleAdmin, admin.RoleOperator, admin.RoleFinance:
+		case adminapi.RoleAdmin, adminapi.RoleOperator, adminapi.RoleFinance:
 		default:
 			return nil, fmt.Errorf("config: operator %q: role must be admin, operator or finance", o.Name)
 		}
@@ -302,12 +303,12 @@ func (c *Config) operatorTokens(getenv func(string) string) ([]admin.OperatorTok
 			if v == "" {
 				return nil, fmt.Errorf("config: operator %q: %s is empty", o.Name, o.TokenEnv)
 			}
-			h, prefix = admin.HashToken(sandgate.Secret(v)), admin.TokenPrefix(sandgate.Secret(v))
+			h, prefix = token.Hash(sandgate.Secret(v)), adminapi.TokenPrefix(sandgate.Secret(v))
 		}
 		if len(h) != 64 {
 			return nil, fmt.Errorf("config: operator %q: set token_sha256 (64 hex characters) or token_env", o.Name)
 		}
-		out = append(out, admin.OperatorToken{Name: o.Name, Role: role, Hash: h, Prefix: prefix})
+		out = append(out, adminapi.OperatorToken{Name: o.Name, Role: role, Hash: h, Prefix: prefix})
 	}
 	return out, nil
 }

@@ -17,7 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
@@ -134,10 +134,10 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 	}
 
 	b := &broker{cfg: cfg, log: log, rdb: rdb, tls: serverTLS(cert),
-		operators: []admin.OperatorToken{{Name: "dev", Role: admin.RoleAdmin,
-			Hash: admin.HashToken(sandgate.Secret(st.AdminToken)), Prefix: admin.TokenPrefix(sandgate.Secret(st.AdminToken))},
-			{Name: "dev-finance", Role: admin.RoleFinance,
-				Hash: admin.HashToken(sandgate.Secret(st.FinanceToken)), Prefix: admin.TokenPrefix(sandgate.Secret(st.FinanceToken))}}}
+		operators: []adminapi.OperatorToken{{Name: "dev", Role: adminapi.RoleAdmin,
+			Hash: token.Hash(sandgate.Secret(st.AdminToken)), Prefix: adminapi.TokenPrefix(sandgate.Secret(st.AdminToken))},
+			{Name: "dev-finance", Role: adminapi.RoleFinance,
+				Hash: token.Hash(sandgate.Secret(st.FinanceToken)), Prefix: adminapi.TokenPrefix(sandgate.Secret(st.FinanceToken))}}}
 	if b.public, err = net.Listen("tcp", listen); err != nil {
 		return err
 	}

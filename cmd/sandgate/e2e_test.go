@@ -19,7 +19,7 @@ import (
 	"testing"
 
 	"github.com/sandgate/sandgate"
-	adminapi "github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/protocol"
 )

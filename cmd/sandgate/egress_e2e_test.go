@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	adminapi "github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/internal/egresstest"
 	"github.com/sandgate/sandgate/protocol"
 )

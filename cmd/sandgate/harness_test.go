@@ -41,7 +41,7 @@ import (
 	"github.com/sandgate/sandgate/providers/local"
 
 	"github.com/sandgate/sandgate"
-	adminapi "github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/testpki"
@@ -667,7 +667,7 @@ func newAdminClient(t testing.TB, url, tok string) *adminapi.Client {
 	t.Helper()
 	c, err := adminapi.NewClient(url, sandgate.Secret(tok), nil)
 	if err != nil {
-		t.Fatalf("admin.NewClient: %v", err)
+		t.Fatalf("adminapi.NewClient: %v", err)
 	}
 	return c
 }

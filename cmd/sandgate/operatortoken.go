@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/token"
 )
 
@@ -28,8 +28,8 @@ prefix too, put the token in an environment variable and use token_env.`,
   sandgate operator-token --name books --role finance -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			switch admin.Role(role) {
-			case admin.RoleAdmin, admin.RoleOperator, admin.RoleFinance:
+			switch adminapi.Role(role) {
+			case adminapi.RoleAdmin, adminapi.RoleOperator, adminapi.RoleFinance:
 			default:
 				return fmt.Errorf("--role %q: want admin, operator or finance", role)
 			}
@@ -37,7 +37,7 @@ prefix too, put the token in an environment variable and use token_env.`,
 				return fmt.Errorf("--name is required")
 			}
 			tok := token.New(operatorPrefix)
-			hash := admin.HashToken(tok)
+			hash := token.Hash(tok)
 			out := struct {
 				Name        string `json:"name"`
 				Role        string `json:"role"`

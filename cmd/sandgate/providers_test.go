@@ -19,13 +19,14 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
-	adminapi "github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/saga"
+	"github.com/sandgate/sandgate/token"
 )
 
 // inProcess is one broker run in this test process with the real wiring
@@ -45,7 +46,7 @@ func startInProcess(t *testing.T, cfg *Config, rdb *redis.Client, reg providers.
 		t.Fatal(err)
 	}
 	b := &broker{cfg: cfg, log: log, rdb: rdb, tls: serverTLS(cert), kinds: reg, getenv: func(string) string { return "" },
-		operators: []adminapi.OperatorToken{{Name: "t", Role: adminapi.RoleAdmin, Hash: adminapi.HashToken(sandgate.Secret(adminTok))}}}
+		operators: []adminapi.OperatorToken{{Name: "t", Role: adminapi.RoleAdmin, Hash: token.Hash(sandgate.Secret(adminTok))}}}
 	if b.public, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}

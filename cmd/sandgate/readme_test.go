@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	adminapi "github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 )
 
 // readmeNotRun are the README's shell blocks the test does not run, each

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 )
 
@@ -21,10 +21,9 @@ import (
 // GET /admin/v1/usage written to a file or stdout, byte for byte.
 func usageExportCommand() *cobra.Command {
 	var (
-		f                                adminFlags
-		from, to, acct, inst, agent, out string
-		size                             string
-		format                           string
+		f           adminFlags
+		sel         usageSelection
+		out, format string
 	)
 	cmd := &cobra.Command{
 		Use:   "export",
@@ -48,7 +47,7 @@ progress line counts the rows.`,
 			for _, p := range []struct {
 				name, v string
 				def     time.Time
-			}{{"from", from, month}, {"to", to, month.AddDate(0, 1, 0)}} {
+			}{{"from", sel.from, month}, {"to", sel.to, month.AddDate(0, 1, 0)}} {
 				t := p.def
 				if p.v != "" {
 					if t, err = time.Parse(time.RFC3339, p.v); err != nil {
@@ -57,7 +56,7 @@ progress line counts the rows.`,
 				}
 				q.Set(p.name, t.UTC().Format(time.RFC3339))
 			}
-			for k, v := range map[string]string{"account": acct, "instance": inst, "agent": agent, "size": size} {
+			for k, v := range map[string]string{"account": sel.acct, "instance": sel.inst, "agent": sel.agent, "size": sel.size} {
 				if v != "" {
 					q.Set(k, v)
 				}
@@ -73,12 +72,7 @@ progress line counts the rows.`,
 	fl.StringVar(&f.url, "url", "", "operator API URL (default $SANDGATE_ADMIN_URL)")
 	fl.StringVar(&f.token, "token", "", "finance or admin operator token (default $SANDGATE_ADMIN_TOKEN)")
 	fl.DurationVar(&f.timeout, "timeout", 0, "bound on the whole export (0: none)")
-	fl.StringVar(&from, "from", "", "first termination time included (RFC 3339; default: the start of the current UTC month)")
-	fl.StringVar(&to, "to", "", "first termination time excluded (RFC 3339; default: the start of the next UTC month)")
-	fl.StringVar(&acct, "account", "", "only this account (default: every account, in id order)")
-	fl.StringVar(&inst, "instance", "", "only this instance")
-	fl.StringVar(&agent, "agent", "", "only this agent")
-	fl.StringVar(&size, "size", "", "only this size (small, standard, large, xlarge)")
+	sel.addFlags(cmd, "only this account (default: every account, in id order)")
 	fl.StringVar(&format, "format", "csv", "csv or jsonl")
 	fl.StringVar(&out, "out", "", "write to this file (mode 0600) instead of stdout")
 	return cmd
@@ -87,7 +81,7 @@ progress line counts the rows.`,
 // exportUsage streams path to out (a file, or stdout when "" or "-"),
 // with a progress line on stderr when stderr is a terminal that the rows
 // are not also going to.
-func exportUsage(ctx context.Context, c *admin.Client, path, out string, stdout, stderr io.Writer) error {
+func exportUsage(ctx context.Context, c *adminapi.Client, path, out string, stdout, stderr io.Writer) error {
 	toStdout := out == "" || out == "-"
 	p := newProgress(stderr, !(toStdout && isTerminal(stdout)))
 	defer p.stop()

@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 )
 
@@ -27,7 +27,8 @@ func usageFlags(cmd *cobra.Command, f *adminFlags) {
 // usageSummaryCommand is `sandgate usage summary`: GET /admin/v1/usage/summary.
 func usageSummaryCommand() *cobra.Command {
 	var f adminFlags
-	var by, from, to, acct, inst, agent, size string
+	var by string
+	var sel usageSelection
 	cmd := &cobra.Command{
 		Use:   "summary [--group-by account|instance|agent|size|day]",
 		Short: "Total the usage ledger by account, instance, agent, size or UTC day (finance or admin token)",
@@ -40,7 +41,7 @@ rounded once at the currency's minor units.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			q := url.Values{"group_by": {by}}
-			for k, v := range map[string]string{"from": from, "to": to, "account": acct, "instance": inst, "agent": agent, "size": size} {
+			for k, v := range map[string]string{"from": sel.from, "to": sel.to, "account": sel.acct, "instance": sel.inst, "agent": sel.agent, "size": sel.size} {
 				if v == "" {
 					continue
 				}
@@ -51,7 +52,7 @@ rounded once at the currency's minor units.`,
 				}
 				q.Set(k, v)
 			}
-			var sum admin.UsageSummary
+			var sum adminapi.UsageSummary
 			if err := f.do(cmd, http.MethodGet, "/usage/summary?"+q.Encode(), nil, &sum); err != nil {
 				return err
 			}
@@ -73,13 +74,26 @@ rounded once at the currency's minor units.`,
 	usageFlags(cmd, &f)
 	fl := cmd.Flags()
 	fl.StringVar(&by, "group-by", "account", "account, instance, agent, size or day")
-	fl.StringVar(&from, "from", "", "first termination time included (RFC 3339; default: the start of the current UTC month)")
-	fl.StringVar(&to, "to", "", "first termination time excluded (RFC 3339; default: the start of the next UTC month)")
-	fl.StringVar(&acct, "account", "", "only this account")
-	fl.StringVar(&inst, "instance", "", "only this instance")
-	fl.StringVar(&agent, "agent", "", "only this agent")
-	fl.StringVar(&size, "size", "", "only this size (small, standard, large, xlarge)")
+	sel.addFlags(cmd, "only this account")
 	return cmd
+}
+
+// usageSelection is what a usage command reads: the entries whose
+// termination time is in [from, to), of one account, instance, agent or
+// size when set.
+type usageSelection struct {
+	from, to, acct, inst, agent, size string
+}
+
+// addFlags adds the selection's flags to cmd; accountHelp is --account's.
+func (u *usageSelection) addFlags(cmd *cobra.Command, accountHelp string) {
+	fl := cmd.Flags()
+	fl.StringVar(&u.from, "from", "", "first termination time included (RFC 3339; default: the start of the current UTC month)")
+	fl.StringVar(&u.to, "to", "", "first termination time excluded (RFC 3339; default: the start of the next UTC month)")
+	fl.StringVar(&u.acct, "account", "", accountHelp)
+	fl.StringVar(&u.inst, "instance", "", "only this instance")
+	fl.StringVar(&u.agent, "agent", "", "only this agent")
+	fl.StringVar(&u.size, "size", "", "only this size (small, standard, large, xlarge)")
 }
 
 // usageStatementCommand is `sandgate usage statement`: GET

@@ -8,8 +8,9 @@ import (
 	"testing"
 
 	"github.com/sandgate/sandgate"
-	adminapi "github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/token"
 )
 
 // TestUsageSummaryAndStatementCLI runs `sandgate usage summary` and
@@ -99,7 +100,7 @@ func TestOperatorTokenCommand(t *testing.T) {
 	if !strings.HasPrefix(tok, "sgo_") || len(tok) < 40 {
 		t.Fatalf("operator-token printed %q; want an sgo_ token", tok)
 	}
-	want := "  - name: alice\n    role: finance\n    token_sha256: \"" + adminapi.HashToken(sandgate.Secret(tok)) + "\"\n"
+	want := "  - name: alice\n    role: finance\n    token_sha256: \"" + token.Hash(sandgate.Secret(tok)) + "\"\n"
 	if !strings.HasSuffix(stderr, want) || strings.Contains(stderr, tok) {
 		t.Errorf("operator-token stderr = %q; want the config entry %q and never the token", stderr, want)
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	adminapi "github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/protocol"
 )
 

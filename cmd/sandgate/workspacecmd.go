@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 )
 
 // workspaceCommand is `sandgate admin workspace`: single workspaces
@@ -55,14 +55,14 @@ func workspaceCommand(f *adminFlags) *cobra.Command {
 					v.Set(k, s)
 				}
 			}
-			out := admin.WorkspaceList{Workspaces: []admin.Workspace{}}
+			out := adminapi.WorkspaceList{Workspaces: []adminapi.Workspace{}}
 			for {
 				page := 500
 				if q.limit > 0 {
 					page = min(page, q.limit-len(out.Workspaces))
 				}
 				v.Set("limit", strconv.Itoa(page))
-				var l admin.WorkspaceList
+				var l adminapi.WorkspaceList
 				if err := c.Do(cmd.Context(), http.MethodGet, "/workspaces?"+v.Encode(), nil, &l); err != nil {
 					return err
 				}
@@ -91,11 +91,11 @@ func workspaceCommand(f *adminFlags) *cobra.Command {
 		Example: `  sandgate admin workspace get ws_… -o json`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var w admin.Workspace
+			var w adminapi.Workspace
 			if err := f.do(cmd, http.MethodGet, "/workspaces/"+url.PathEscape(args[0]), nil, &w); err != nil {
 				return err
 			}
-			return f.print(cmd.OutOrStdout(), w, workspaceTable([]admin.Workspace{w}))
+			return f.print(cmd.OutOrStdout(), w, workspaceTable([]adminapi.Workspace{w}))
 		},
 	}
 	kill := &cobra.Command{
@@ -108,7 +108,7 @@ func workspaceCommand(f *adminFlags) *cobra.Command {
 		Example: `  sandgate admin workspace kill ws_…`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var w admin.Workspace
+			var w adminapi.Workspace
 			if err := f.do(cmd, http.MethodDelete, "/workspaces/"+url.PathEscape(args[0]), nil, &w); err != nil {
 				return err
 			}
@@ -124,7 +124,7 @@ func workspaceCommand(f *adminFlags) *cobra.Command {
 }
 
 // workspaceTable renders workspaces as an aligned table with a header.
-func workspaceTable(ws []admin.Workspace) string {
+func workspaceTable(ws []adminapi.Workspace) string {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tACCOUNT\tINSTANCE\tPROVIDER\tSIZE\tSTATE\tAGE\tEXPIRES\tMETERED\tAMOUNT")

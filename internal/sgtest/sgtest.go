@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admin"
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/client"
@@ -32,6 +33,7 @@ import (
 	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
+	"github.com/sandgate/sandgate/token"
 )
 
 // DefaultImage is the broker's default image in the harness, and the
@@ -299,7 +301,7 @@ type Harness struct {
 	Server     *httptest.Server // the gateway, TLS
 	Admin      *httptest.Server // the operator API, plaintext
 	AdminToken sandgate.Secret
-	admin      *admin.Client
+	admin      *adminapi.Client
 
 	plainOnce sync.Once
 	plain     *httptest.Server
@@ -344,21 +346,19 @@ func New(tb testing.TB, opts Options) *Harness {
 	tb.Cleanup(h.Server.Close)
 
 	adm, err := admin.New(admin.Config{
-		Tokens:     []admin.OperatorToken{{Name: "test", Role: admin.RoleAdmin, Hash: admin.HashToken(h.AdminToken)}},
-		Grace:      opts.Grace,
-		Defaults:   sandgate.Scope{DefaultImage: DefaultImage},
-		Providers:  h.Providers,
-		Terminator: h.Terminator,
-		Billing:    h.Billing,
-	}, h.DB, h.Clock, log.With("component", "admin"))
+		Tokens:   []adminapi.OperatorToken{{Name: "test", Role: adminapi.RoleAdmin, Hash: token.Hash(h.AdminToken)}},
+		Grace:    opts.Grace,
+		Defaults: sandgate.Scope{DefaultImage: DefaultImage},
+	}, admin.Deps{DB: h.DB, Clock: h.Clock, Log: log.With("component", "admin"),
+		Providers: h.Providers, Terminator: h.Terminator, Billing: h.Billing})
 	if err != nil {
 		tb.Fatalf("admin.New: %v", err)
 	}
 	h.Admin = httptest.NewServer(adm.Handler())
 	tb.Cleanup(h.Admin.Close)
-	ac, err := admin.NewClient(h.Admin.URL, h.AdminToken, h.Admin.Client())
+	ac, err := adminapi.NewClient(h.Admin.URL, h.AdminToken, h.Admin.Client())
 	if err != nil {
-		tb.Fatalf("admin.NewClient: %v", err)
+		tb.Fatalf("adminapi.NewClient: %v", err)
 	}
 	h.admin = ac
 
@@ -472,41 +472,41 @@ type Instance struct {
 // NewAccount creates an account through the operator API and returns its id.
 func (h *Harness) NewAccount() string {
 	h.tb.Helper()
-	var a admin.Account
-	h.AdminDo(http.MethodPost, "/accounts", admin.CreateAccountRequest{Name: "test account"}, &a)
+	var a adminapi.Account
+	h.AdminDo(http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: "test account"}, &a)
 	return a.ID
 }
 
 // NewInstance creates a fresh account and an instance of it with scope,
 // and issues a token that never expires.
-func (h *Harness) NewInstance(scope admin.Scope) Instance {
+func (h *Harness) NewInstance(scope adminapi.Scope) Instance {
 	h.tb.Helper()
 	return h.NewInstanceIn(h.NewAccount(), scope)
 }
 
 // NewInstanceIn creates an instance of an existing account with scope, and
 // issues a token that never expires.
-func (h *Harness) NewInstanceIn(accountID string, scope admin.Scope) Instance {
+func (h *Harness) NewInstanceIn(accountID string, scope adminapi.Scope) Instance {
 	h.tb.Helper()
-	var in admin.Instance
-	h.AdminDo(http.MethodPost, "/instances", admin.CreateInstanceRequest{AccountID: accountID, Name: "test", Scope: scope}, &in)
-	tok := h.IssueToken(in.ID, admin.IssueTokenRequest{})
+	var in adminapi.Instance
+	h.AdminDo(http.MethodPost, "/instances", adminapi.CreateInstanceRequest{AccountID: accountID, Name: "test", Scope: scope}, &in)
+	tok := h.IssueToken(in.ID, adminapi.IssueTokenRequest{})
 	return Instance{AccountID: accountID, ID: in.ID, LeaseID: tok.LeaseID, Token: sandgate.Secret(tok.Token)}
 }
 
 // IssueToken issues another token for an instance without superseding
 // the others.
-func (h *Harness) IssueToken(instanceID string, req admin.IssueTokenRequest) admin.IssuedToken {
+func (h *Harness) IssueToken(instanceID string, req adminapi.IssueTokenRequest) adminapi.IssuedToken {
 	h.tb.Helper()
-	var out admin.IssuedToken
+	var out adminapi.IssuedToken
 	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens", req, &out)
 	return out
 }
 
 // RotateToken issues a token for an instance that supersedes every active one.
-func (h *Harness) RotateToken(instanceID string, req admin.IssueTokenRequest) admin.IssuedToken {
+func (h *Harness) RotateToken(instanceID string, req adminapi.IssueTokenRequest) adminapi.IssuedToken {
 	h.tb.Helper()
-	var out admin.IssuedToken
+	var out adminapi.IssuedToken
 	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/rotate", req, &out)
 	return out
 }
@@ -515,7 +515,7 @@ func (h *Harness) RotateToken(instanceID string, req admin.IssueTokenRequest) ad
 // returns how many it ended.
 func (h *Harness) EndGrace(instanceID string) int {
 	h.tb.Helper()
-	var out admin.Count
+	var out adminapi.Count
 	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/end-grace", nil, &out)
 	return out.Count
 }
@@ -523,7 +523,7 @@ func (h *Harness) EndGrace(instanceID string) int {
 // RevokeTokens revokes every token of an instance and returns how many it revoked.
 func (h *Harness) RevokeTokens(instanceID string) int {
 	h.tb.Helper()
-	var out admin.Count
+	var out adminapi.Count
 	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/revoke", nil, &out)
 	return out.Count
 }
@@ -532,7 +532,7 @@ func (h *Harness) RevokeTokens(instanceID string) int {
 // revoked (0 when it already was).
 func (h *Harness) RevokeLease(leaseID string) int {
 	h.tb.Helper()
-	var out admin.RevokeResult
+	var out adminapi.RevokeResult
 	h.AdminDo(http.MethodPost, "/leases/"+leaseID+"/revoke", nil, &out)
 	return out.Count
 }

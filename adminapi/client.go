@@ -1,4 +1,4 @@
-package admin
+package adminapi
 
 import (
 	"bytes"
@@ -86,23 +86,11 @@ func (c *Client) Stream(ctx context.Context, path string, w io.Writer) error {
 // send sends one request. A refusal is returned as an *APIError, with the
 // body closed; otherwise the caller closes the body.
 func (c *Client) send(ctx context.Context, method, path string, in any) (*http.Response, error) {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return nil, err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	req, err := NewRequest(ctx, method, c.base+path, c.token, in)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+c.token.Reveal())
 	req.Header.Set("User-Agent", "sandgate-admin")
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("operator API: %w", err)
@@ -112,9 +100,38 @@ func (c *Client) send(ctx context.Context, method, path string, in any) (*http.R
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	var env protocol.Envelope
-	if json.Unmarshal(b, &env) == nil && env.Error.Code != "" {
-		return nil, &APIError{Status: resp.StatusCode, Code: env.Error.Code, Message: env.Error.Message}
+	return nil, ParseError(resp.StatusCode, b)
+}
+
+// NewRequest returns a request of the operator API at url with the
+// operator token tok and in, when non-nil, as its JSON body.
+func NewRequest(ctx context.Context, method, url string, tok sandgate.Secret, in any) (*http.Request, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
 	}
-	return nil, &APIError{Status: resp.StatusCode, Message: http.StatusText(resp.StatusCode)}
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+tok.Reveal())
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req, nil
+}
+
+// ParseError returns the refusal an answer of status with body is: the
+// error envelope's code and message, or the status text when body holds
+// no envelope.
+func ParseError(status int, body []byte) *APIError {
+	var env protocol.Envelope
+	if json.Unmarshal(body, &env) == nil && env.Error.Code != "" {
+		return &APIError{Status: status, Code: env.Error.Code, Message: env.Error.Message}
+	}
+	return &APIError{Status: status, Message: http.StatusText(status)}
 }
