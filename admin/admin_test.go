@@ -83,8 +83,8 @@ func newEnv(t *testing.T) *env {
 		},
 		Defaults:   sandgate.Scope{DefaultSize: "small", DefaultImage: "host", Limits: sandgate.DefaultLimits},
 		Providers:  providers.Single(providers.LegacyName, prov),
-		Terminator: termination.New(db, providers.Single(providers.LegacyName, prov), clk, nil, 0),
-		Billing:    billing.New(db, billing.Config{}),
+		Terminator: termination.New(termination.Config{}, termination.Deps{DB: db, Providers: providers.Single(providers.LegacyName, prov), Clock: clk}),
+		Billing:    billing.New(billing.Config{}, billing.Deps{DB: db}),
 	}, db, clk, nil)
 	if err != nil {
 		t.Fatal(err)

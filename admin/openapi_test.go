@@ -20,8 +20,8 @@ import (
 func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 	db := store.New(redistest.Start(t).Client(), store.Config{})
 	prov := providers.Single(providers.LegacyName, fakeprovider.New())
-	srv, err := admin.New(admin.Config{Providers: prov, Terminator: termination.New(db, prov, sandgate.SystemClock{}, nil, 0),
-		Billing: billing.New(db, billing.Config{})}, db, sandgate.SystemClock{}, nil)
+	srv, err := admin.New(admin.Config{Providers: prov, Terminator: termination.New(termination.Config{}, termination.Deps{DB: db, Providers: prov, Clock: sandgate.SystemClock{}}),
+		Billing: billing.New(billing.Config{}, billing.Deps{DB: db})}, db, sandgate.SystemClock{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

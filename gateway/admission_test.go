@@ -36,7 +36,7 @@ func newOperator(t testing.TB, h *sgtest.Harness) *operator {
 		Tokens:     []admin.OperatorToken{{Name: "sweeper", Role: admin.RoleAdmin, Hash: admin.HashToken(h.AdminToken)}},
 		Defaults:   sandgate.Scope{DefaultImage: sgtest.DefaultImage},
 		Providers:  h.Providers,
-		Terminator: termination.New(h.DB, h.Providers, h.Clock, log, 0),
+		Terminator: termination.New(termination.Config{}, termination.Deps{DB: h.DB, Providers: h.Providers, Clock: h.Clock, Log: log}),
 		Billing:    h.Billing,
 	}, h.DB, h.Clock, log)
 	if err != nil {
@@ -680,7 +680,7 @@ func TestReaperSweepsControlledScopes(t *testing.T) {
 	set(lapsed.AccountID, store.FieldPause, &store.Control{Reason: "account_paused", Actor: "test", Since: now - 1000, Until: now})
 	wantRunning(t, h, i1.Token, w1.WorkspaceID)
 
-	r := reaper.New(reaper.Config{}, h.DB, h.Terminator, h.Clock, nil)
+	r := reaper.New(reaper.Config{}, reaper.Deps{DB: h.DB, Terminator: h.Terminator, Clock: h.Clock})
 	pass := func() {
 		t.Helper()
 		if err := r.Pass(ctx); err != nil {

@@ -100,7 +100,7 @@ func snapStart(t *testing.T, p providers.Provider, edit func(*sandgate.Limits)) 
 	srv := httptest.NewTLSServer(w.Gateway.Handler())
 	t.Cleanup(srv.Close)
 	e := &snapEnv{t: t, db: db, p: p, clock: clock, srv: srv, logs: logs,
-		reaper: reaper.New(reaper.Config{Providers: ps}, db, w.Terminator, clock, log)}
+		reaper: reaper.New(reaper.Config{}, reaper.Deps{DB: db, Providers: ps, Terminator: w.Terminator, Clock: clock, Log: log})}
 	ctx := context.Background()
 	e.acct = sandgate.NewID(sandgate.PrefixAccount)
 	if err := db.CreateAccount(ctx, sandgate.Account{ID: e.acct, Name: "t", CreatedAt: clock.Now()}); err != nil {

@@ -389,7 +389,7 @@ func TestLateConfirmLeavesReclaimedKey(t *testing.T) {
 	}()
 	sgtest.WaitFor(t, "the first create", func() bool { return e.one.Creates() == 1 })
 	e.clock.Advance(e.db.Config().PendingTimeout + 2*time.Second)
-	if err := reaper.New(reaper.Config{Providers: set}, e.db, w.Terminator, e.clock, nil).Pass(ctx); err != nil {
+	if err := reaper.New(reaper.Config{}, reaper.Deps{DB: e.db, Providers: set, Terminator: w.Terminator, Clock: e.clock}).Pass(ctx); err != nil {
 		t.Fatal(err)
 	}
 	retry := wantNewWorkspace(t, w.Saga, in, "k", "retry after the reaper failed the create")
@@ -565,7 +565,7 @@ func TestFailedCreateRetriedOnTheSandbox(t *testing.T) {
 // reapOnce runs one reaper pass over set.
 func (e *env) reapOnce(t *testing.T, set *providers.Set, w sgtest.Wired) {
 	t.Helper()
-	if err := reaper.New(reaper.Config{Providers: set}, e.db, w.Terminator, e.clock, nil).Pass(context.Background()); err != nil {
+	if err := reaper.New(reaper.Config{}, reaper.Deps{DB: e.db, Providers: set, Terminator: w.Terminator, Clock: e.clock}).Pass(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -222,7 +222,7 @@ func bootstrapDev(ctx context.Context, db *store.DB, st *devState, provider stri
 	if err := db.IssueLease(ctx, l, false, now, 0); err != nil {
 		return fmt.Errorf("bootstrap token: %w", err)
 	}
-	return bootstrapDevBilling(ctx, billing.New(db, billing.Config{}), st.AccountID, now)
+	return bootstrapDevBilling(ctx, billing.New(billing.Config{}, billing.Deps{DB: db}), st.AccountID, now)
 }
 
 // Dev billing: the dev account is prepaid in USD on rate card "dev" and

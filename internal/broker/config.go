@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"bytes"
@@ -49,12 +49,7 @@ type Config struct {
 	// DefaultProvider is the provider of instances that name none;
 	// SANDGATE_DEFAULT_PROVIDER; default the first provider.
 	DefaultProvider string `yaml:"default_provider"`
-	Operators       []struct {
-		Name        string `yaml:"name"`
-		Role        string `yaml:"role"`         // admin, operator or finance
-		TokenSHA256 string `yaml:"token_sha256"` // hex SHA-256 of the token
-		TokenEnv    string `yaml:"token_env"`    // or: the environment variable holding the token
-	} `yaml:"operators"`
+	Operators       []OperatorConfig `yaml:"operators"`
 	Lease struct {
 		GracePeriod time.Duration `yaml:"grace_period"` // default 1h
 	} `yaml:"lease"`
@@ -141,6 +136,17 @@ type Config struct {
 	testPauseAfterCreate string
 }
 
+// OperatorConfig is one operator token of the operator API.
+type OperatorConfig struct {
+	Name        string `yaml:"name"`
+	Role        string `yaml:"role"`         // admin, operator or finance
+	TokenSHA256 string `yaml:"token_sha256"` // hex SHA-256 of the token
+	TokenEnv    string `yaml:"token_env"`    // or: the environment variable holding the token
+	// Token is the token itself, for sandgate dev, which makes its own;
+	// never read from a file.
+	Token sandgate.Secret `yaml:"-"`
+}
+
 // LimitsConfig is a scope's limits in the config file, durations in Go syntax.
 type LimitsConfig struct {
 	MaxConcurrentWorkspaces int           `yaml:"max_concurrent_workspaces"`
@@ -169,7 +175,7 @@ func (l LimitsConfig) limits() sandgate.Limits {
 
 // loadConfig reads the YAML file strictly (unknown keys are errors), applies
 // environment overrides and fills defaults.
-func loadConfig(path string, getenv func(string) string) (*Config, error) {
+func LoadConfig(path string, getenv func(string) string) (*Config, error) {
 	var c Config
 	if path != "" {
 		b, err := os.ReadFile(path)
@@ -284,7 +290,9 @@ func (c *Config) trustedProxies() ([]netip.Prefix, error) {
 	return out, nil
 }
 
-func (c *Config) operatorTokens(getenv func(string) string) ([]admin.OperatorToken, error) {
+// OperatorTokens returns the operator tokens of the operators: section,
+// reading token_env with getenv.
+func (c *Config) OperatorTokens(getenv func(string) string) ([]admin.OperatorToken, error) {
 	var out []admin.OperatorToken
 	for _, o := range c.Operators {
 		role := admin.Role(o.Role)
@@ -297,12 +305,15 @@ func (c *Config) operatorTokens(getenv func(string) string) ([]admin.OperatorTok
 		// characters; with token_sha256 alone the broker never holds the
 		// token, and the name stands alone.
 		h, prefix := o.TokenSHA256, ""
+		tok := o.Token
 		if o.TokenEnv != "" {
-			v := getenv(o.TokenEnv)
-			if v == "" {
+			tok = sandgate.Secret(getenv(o.TokenEnv))
+			if tok == "" {
 				return nil, fmt.Errorf("config: operator %q: %s is empty", o.Name, o.TokenEnv)
 			}
-			h, prefix = admin.HashToken(sandgate.Secret(v)), admin.TokenPrefix(sandgate.Secret(v))
+		}
+		if tok != "" {
+			h, prefix = admin.HashToken(tok), admin.TokenPrefix(tok)
 		}
 		if len(h) != 64 {
 			return nil, fmt.Errorf("config: operator %q: set token_sha256 (64 hex characters) or token_env", o.Name)

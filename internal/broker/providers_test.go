@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package broker
 
 import (
 	"context"
@@ -40,11 +40,11 @@ type inProcess struct {
 func startInProcess(t *testing.T, cfg *Config, rdb *redis.Client, reg providers.Registry, adminTok string) (*inProcess, func()) {
 	t.Helper()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	cert, _, err := devCerts(cfg.DataDir, time.Now())
+	cert, _, err := DevCerts(cfg.DataDir, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &broker{cfg: cfg, log: log, rdb: rdb, tls: serverTLS(cert), kinds: reg, getenv: func(string) string { return "" },
+	b := &broker{cfg: cfg, log: log, rdb: rdb, tls: ServerTLS(cert), kinds: reg, getenv: func(string) string { return "" },
 		operators: []adminapi.OperatorToken{{Name: "t", Role: adminapi.RoleAdmin, Hash: adminapi.HashToken(sandgate.Secret(adminTok))}}}
 	if b.public, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ default_provider: local
 	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := loadConfig(path, func(string) string { return "" })
+	cfg, err := LoadConfig(path, func(string) string { return "" })
 	if err != nil {
 		t.Fatalf("loadConfig: %v", err)
 	}

@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"context"
@@ -347,7 +347,7 @@ func claimDataDir(ctx context.Context, db *store.DB, name string, prov *local.Pr
 }
 
 // isLoopback reports whether addr (host:port) binds only loopback.
-func isLoopback(addr string) bool {
+func IsLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return false
@@ -359,7 +359,7 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func serverTLS(cert tls.Certificate) *tls.Config {
+func ServerTLS(cert tls.Certificate) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
 }
 

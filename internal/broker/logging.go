@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 // writes, each at most telemetry.LogLinger late; warnings and errors are
 // written at once. The caller calls the returned func before the process
 // exits, which writes what is held.
-func newLogger(level, format string) (*slog.Logger, func(), error) {
+func NewLogger(level, format string) (*slog.Logger, func(), error) {
 	log, lw, err := telemetry.NewBufferedLogger(os.Stderr, level, format)
 	if err != nil {
 		return nil, nil, err
@@ -45,6 +45,6 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 
 // routeRedisLogs makes go-redis log through log. go-redis has one logger
 // per process.
-func routeRedisLogs(log *slog.Logger) {
+func RouteRedisLogs(log *slog.Logger) {
 	redis.SetLogger(redisLogger{log: log.With("component", "redis")})
 }
