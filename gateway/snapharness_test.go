@@ -22,6 +22,8 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/client"
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/broker"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
@@ -95,12 +97,12 @@ func snapStart(t *testing.T, p providers.Provider, edit func(*sandgate.Limits)) 
 	logs := &snapLogs{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ps := providers.Single(providers.LegacyName, p)
-	w := sgtest.Wire(t, sgtest.WireOptions{DB: db, Providers: ps, Clock: clock, Log: log,
+	w := sgtest.Broker(t, sgtest.Config(t), broker.Options{Redis: rdb, Providers: ps, Clock: clock, Log: log, Gateway: &gateway.Config{},
 		Risk: admission.RiskDefaults{AcquiresPerMinute: 1 << 20, MaxOpenWorkspaces: 1 << 20}})
-	srv := httptest.NewTLSServer(w.Gateway.Handler())
+	srv := httptest.NewTLSServer(w.Gateway().Handler())
 	t.Cleanup(srv.Close)
 	e := &snapEnv{t: t, db: db, p: p, clock: clock, srv: srv, logs: logs,
-		reaper: reaper.New(reaper.Config{}, reaper.Deps{DB: db, Providers: ps, Terminator: w.Terminator, Clock: clock, Log: log})}
+		reaper: reaper.New(reaper.Config{}, reaper.Deps{DB: db, Providers: ps, Terminator: w.Terminator(), Clock: clock, Log: log})}
 	ctx := context.Background()
 	e.acct = sandgate.NewID(sandgate.PrefixAccount)
 	if err := db.CreateAccount(ctx, sandgate.Account{ID: e.acct, Name: "t", CreatedAt: clock.Now()}); err != nil {

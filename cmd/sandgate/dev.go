@@ -14,12 +14,10 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/billing"
-	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/internal/broker"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/token"
 )
@@ -74,38 +72,21 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return err
 	}
-	if !isLoopback(adminListen) {
+	if !broker.IsLoopback(adminListen) {
 		return fmt.Errorf("--admin-listen %q must be a loopback address", adminListen)
 	}
-	cfg, err := loadConfig("", func(string) string { return "" })
+	cfg, err := broker.DevConfig(dataDir, provider)
 	if err != nil {
 		return err
 	}
-	cfg.DataDir = dataDir
-	cfg.BrokerID = "sandgate-dev"
-	if err := providers.ValidName(provider); err != nil {
-		return fmt.Errorf("--provider: %w", err)
-	}
-	if provider != "local" {
-		cfg.providers = append(cfg.providers, providers.Config{Name: provider, Kind: provider, AcceptNew: true})
-	}
-	cfg.DefaultProvider = provider
-	// For trying things: the local provider warns loudly where the host
-	// cannot enforce a workspace limit, and runs anyway.
-	for i := range cfg.providers {
-		if cfg.providers[i].Kind == "local" {
-			cfg.providers[i].Settings = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{
-				{Kind: yaml.ScalarNode, Tag: "!!str", Value: "allow_unenforced"}, {Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"}}}
-		}
-	}
-	log, closeLog, err := newLogger("info", "json")
+	log, closeLog, err := broker.NewLogger("info", "json")
 	if err != nil {
 		return err
 	}
 	defer closeLog()
-	routeRedisLogs(log)
+	broker.RouteRedisLogs(log)
 	clock := sandgate.SystemClock{}
-	cert, caPath, err := devCerts(dataDir, clock.Now())
+	cert, caPath, err := broker.DevCerts(dataDir, clock.Now())
 	if err != nil {
 		return err
 	}
@@ -133,24 +114,22 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 		return err
 	}
 
-	b := &broker{cfg: cfg, log: log, rdb: rdb, tls: serverTLS(cert),
-		operators: []admin.OperatorToken{{Name: "dev", Role: admin.RoleAdmin,
-			Hash: admin.HashToken(sandgate.Secret(st.AdminToken)), Prefix: admin.TokenPrefix(sandgate.Secret(st.AdminToken))},
-			{Name: "dev-finance", Role: admin.RoleFinance,
-				Hash: admin.HashToken(sandgate.Secret(st.FinanceToken)), Prefix: admin.TokenPrefix(sandgate.Secret(st.FinanceToken))}}}
-	if b.public, err = net.Listen("tcp", listen); err != nil {
+	cfg.Operators = []broker.OperatorConfig{{Name: "dev", Role: "admin", Token: sandgate.Secret(st.AdminToken)},
+		{Name: "dev-finance", Role: "finance", Token: sandgate.Secret(st.FinanceToken)}}
+	opts := broker.Options{Redis: rdb, Log: log, Version: readBuildInfo().Version, TLS: broker.ServerTLS(cert)}
+	if opts.Public, err = net.Listen("tcp", listen); err != nil {
 		return err
 	}
-	if b.admin, err = net.Listen("tcp", adminListen); err != nil {
-		b.public.Close()
+	if opts.Admin, err = net.Listen("tcp", adminListen); err != nil {
+		opts.Public.Close()
 		return err
 	}
-	env := devEnv(b.public.Addr().String(), b.admin.Addr().String(), caPath, st)
+	env := devEnv(opts.Public.Addr().String(), opts.Admin.Addr().String(), caPath, st)
 	if err := os.WriteFile(filepath.Join(dataDir, "dev.env"), []byte(env), 0o600); err != nil {
 		return err
 	}
 	fmt.Print(env)
-	return b.run(ctx)
+	return run(ctx, *cfg, opts)
 }
 
 func devEnv(public, adminAddr, caPath string, st devState) string {

@@ -12,17 +12,19 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/broker"
 )
 
 // readyz reads the operator listener's /readyz.
-func readyz(adminURL string) (int, readiness, error) {
+func readyz(adminURL string) (int, broker.Readiness, error) {
 	resp, err := http.Get(adminURL + "/readyz")
 	if err != nil {
-		return 0, readiness{}, err
+		return 0, broker.Readiness{}, err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	var r readiness
+	var r broker.Readiness
 	if err := json.Unmarshal(b, &r); err != nil {
 		return resp.StatusCode, r, fmt.Errorf("readyz body %q: %w", b, err)
 	}

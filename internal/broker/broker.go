@@ -1,3 +1,8 @@
+// Package broker is the assembled broker, and the one place that wires
+// it: New builds the store, billing, admission, termination, the
+// providers and telemetry once from the config and hands them to the
+// gateway, the operator API and the reaper; Run serves; Close releases.
+// `sandgate serve`, `sandgate dev` and the tests build it the same way.
 package broker
 
 import (
@@ -31,81 +36,149 @@ import (
 	"github.com/sandgate/sandgate/termination"
 )
 
-// broker is one running gateway process: the public listener, the
-// operator listener, and what they share.
-type broker struct {
-	cfg       *Config
-	log       *slog.Logger
-	rdb       redis.UniversalClient
-	tls       *tls.Config // nil: plaintext behind trusted proxies only
-	public    net.Listener
-	admin     net.Listener
-	operators []admin.OperatorToken
-	// kinds are the provider kinds it can open; nil means kinds().
-	kinds providers.Registry
-	// getenv reads the vendors' environment variables; nil means os.Getenv.
-	getenv func(string) string
+// Options are what the process hands the broker besides its config: its
+// connections, and what tests and sandgate dev put in place of the
+// config's. A zero field means the default beside it.
+type Options struct {
+	// Redis is the broker's store; required. The caller closes it.
+	Redis redis.UniversalClient
+	// Log is the broker's logger; nil discards.
+	Log *slog.Logger
+	// Clock is the broker's clock; nil means sandgate.SystemClock.
+	Clock sandgate.Clock
+	// Getenv reads the vendors' and the operators' environment variables
+	// and OTEL_*; nil means os.Getenv.
+	Getenv func(string) string
+	// Version is the build's version, on traces.
+	Version string
+	// Kinds are the provider kinds the broker can open; nil means the
+	// ones this binary ships (kinds).
+	Kinds providers.Registry
+	// Providers, when set, are the broker's providers in place of the
+	// config's, which are not opened; the caller closes them.
+	Providers *providers.Set
+
+	// Public and Admin are the listeners Run serves: the protocol and
+	// the operator API. The broker owns them from New on. Nil ones are
+	// allowed only to a broker whose Run is never called (tests).
+	Public, Admin net.Listener
+	// TLS is the public listener's TLS; nil serves plaintext, allowed
+	// only behind tls.trusted_proxies.
+	TLS *tls.Config
+
+	// Gateway, when set, is the gateway's config in place of the one the
+	// config gives.
+	Gateway *gateway.Config
+	// RateLimits, when set, are the per-token rate limits in place of
+	// admission.rate_limits.
+	RateLimits map[admission.Class]admission.Rate
+	// Risk, when not zero, are the default risk limits in place of
+	// admission.risk.
+	Risk admission.RiskDefaults
+	// AfterCreate, when set, runs between each provider create and its
+	// confirm (saga.Config.AfterCreate).
+	AfterCreate func(workspaceID string)
+	// EgressMeter, when set, is what every end records as the
+	// workspace's egress in place of the egress proxy's count.
+	EgressMeter termination.EgressMeter
 }
 
-// run serves until ctx ends, then shuts down gracefully.
-func (b *broker) run(ctx context.Context) error {
-	clock := sandgate.SystemClock{}
+// Broker is one gateway process: the public listener, the operator
+// listener, the reaper and billing's loops, and what they share. New
+// builds it, Run serves, Close releases what New took.
+type Broker struct {
+	cfg    *Config
+	log    *slog.Logger
+	rdb    redis.UniversalClient
+	clock  sandgate.Clock
+	tls    *tls.Config
+	public net.Listener
+	admin  net.Listener
+
+	obs      *observability
+	proxy    *egress.Proxy
+	rawProvs *providers.Set // as opened, for health and the data directory claim
+	ownProvs bool           // rawProvs were opened by New
+	provs    *providers.Set // rawProvs with telemetry
+
+	db        *store.DB
+	bill      *billing.Billing
+	term      *termination.Terminator
+	saga      *saga.Saga
+	gw        *gateway.Server
+	adm       *admin.Server
+	reaper    *reaper.Reaper
+	health    *health
+	pub, ops  *http.Server
+	claimLate bool // the data directory claim waits for Redis (Run)
+
+	closeOnce sync.Once
+}
+
+// readHeaderTimeout bounds a request's headers on both listeners.
+const readHeaderTimeout = 10 * time.Second
+
+// New builds the broker of cfg: it opens the providers and builds the
+// store, billing, admission, termination, the saga, the gateway, the
+// operator API and the reaper once, sharing them. Nothing is served until
+// Run. On error, what New opened is closed again.
+func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
+	b := &Broker{cfg: &cfg, log: opts.Log, rdb: opts.Redis, clock: opts.Clock, tls: opts.TLS, public: opts.Public, admin: opts.Admin}
+	if b.log == nil {
+		b.log = slog.New(slog.DiscardHandler)
+	}
+	if b.clock == nil {
+		b.clock = sandgate.SystemClock{}
+	}
+	defer func() {
+		if err != nil {
+			_ = b.Close()
+		}
+	}()
 	proxies, err := b.cfg.trustedProxies()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if b.tls == nil && len(proxies) == 0 {
-		return errors.New("sandgate refuses plaintext: set tls.cert_file and tls.key_file, or tls.trusted_proxies for a TLS-terminating proxy")
+	if b.public != nil && b.tls == nil && len(proxies) == 0 {
+		return nil, errors.New("sandgate refuses plaintext: set tls.cert_file and tls.key_file, or tls.trusted_proxies for a TLS-terminating proxy")
 	}
-	getenv := b.getenv
+	getenv := opts.Getenv
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	obs, err := newObservability(ctx, b.cfg, b.rdb, getenv, b.log)
+	operators, err := b.cfg.OperatorTokens(getenv)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer obs.shutdown()
-	mp, metricsHandler, tp, meter := obs.mp, obs.metrics, obs.tracing.Provider, obs.meter
-	penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir, Getenv: getenv,
-		Transport: obs.transport, TracerProvider: tp}
+	if b.obs, err = newObservability(ctx, b.cfg, b.rdb, getenv, opts.Version, b.log); err != nil {
+		return nil, err
+	}
+	tp, meter := b.obs.tracing.Provider, b.obs.meter
 	// One egress proxy per broker process: the local provider serves each
 	// workspace's listener with it (docs/egress.md).
-	ecfg, err := b.cfg.egressConfig(b.log.With("component", "egress"), meter)
+	ecfg, err := b.cfg.egressConfig(meter)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	proxy, err := egress.New(ecfg)
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
+	if b.proxy, err = egress.New(ecfg, egress.Deps{Log: b.log.With("component", "egress")}); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
 	}
-	reg := b.kinds
-	if reg == nil {
-		reg = kinds(proxy)
-	}
-	rawProvs, err := reg.Open(ctx, b.cfg.providers, b.cfg.DefaultProvider, penv)
-	if err != nil {
-		return err
-	}
-	// The proxy's last counts go to the workspaces' records once the
-	// providers have closed (deferred before their Close, so it runs after).
-	var keepEgress func(context.Context)
-	defer func() {
-		if keepEgress != nil {
-			kctx, kcancel := context.WithTimeout(context.Background(), egressKeepTimeout)
-			defer kcancel()
-			keepEgress(kctx)
+	b.rawProvs = opts.Providers
+	if b.rawProvs == nil {
+		reg := opts.Kinds
+		if reg == nil {
+			reg = kinds(b.proxy)
 		}
-	}()
-	defer func() {
-		if err := rawProvs.Close(); err != nil {
-			b.log.Warn("providers not closed cleanly", slog.Any(sandgate.KeyError, err))
+		penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: b.clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir,
+			Getenv: getenv, Transport: b.obs.transport, TracerProvider: tp}
+		if b.rawProvs, err = reg.Open(ctx, b.cfg.providers, b.cfg.DefaultProvider, penv); err != nil {
+			return nil, err
 		}
-	}()
+		b.ownProvs = true
+	}
 	// Every provider call is a span and a latency point (telemetry.Providers).
-	provs, err := telemetry.Providers(rawProvs, tp, meter)
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
+	if b.provs, err = telemetry.Providers(b.rawProvs, tp, meter); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
 	}
 
 	// The one wiring place: everything below is built once and shared.
@@ -113,75 +186,87 @@ func (b *broker) run(ctx context.Context) error {
 	// replicas' acknowledgement (redis.wait, docs/scaling.md).
 	durable := store.Durable(b.rdb, b.cfg.Redis.Wait.Replicas, b.cfg.Redis.Wait.Timeout)
 	db := store.New(durable, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
+	b.db = db
 	// A data directory another one holds stops the broker at once; a store
 	// that cannot be asked yet (serve starts with Redis down) is asked again
-	// in the background, below, and a refusal then stops it as well.
-	claimLater := false
-	if err := claimDataDirs(ctx, db, rawProvs, clock.Now()); errors.Is(err, errDataDirTaken) {
-		return err
+	// in the background by Run, and a refusal then stops it as well.
+	if err := claimDataDirs(ctx, db, b.rawProvs, b.clock.Now()); errors.Is(err, errDataDirTaken) {
+		return nil, err
 	} else if err != nil {
 		b.log.Warn("local data directory not yet recorded in Redis; retrying", slog.Any(sandgate.KeyError, err))
-		claimLater = true
+		b.claimLate = true
 	}
-	bill := billing.New(db, billing.Config{Provider: providers.LegacyName, Log: b.log.With("component", "billing"), Meter: meter, Clock: clock,
-		Webhook: billing.WebhookConfig{URL: b.cfg.Billing.Webhook.URL, Secret: b.cfg.webhookSecret, Timeout: b.cfg.Billing.Webhook.Timeout}})
-	rates := map[admission.Class]admission.Rate{}
-	for class, r := range b.cfg.Admission.RateLimits {
-		rates[admission.Class(class)] = admission.Rate{PerSecond: r.PerSecond, Burst: r.Burst}
+	b.bill = billing.New(billing.Config{Provider: providers.LegacyName, Meter: meter,
+		Webhook: billing.WebhookConfig{URL: b.cfg.Billing.Webhook.URL, Secret: b.cfg.webhookSecret, Timeout: b.cfg.Billing.Webhook.Timeout}},
+		billing.Deps{DB: db, Log: b.log.With("component", "billing"), Clock: b.clock})
+	rates := opts.RateLimits
+	if rates == nil {
+		rates = map[admission.Class]admission.Rate{}
+		for class, r := range b.cfg.Admission.RateLimits {
+			rates[admission.Class(class)] = admission.Rate{PerSecond: r.PerSecond, Burst: r.Burst}
+		}
 	}
-	controls := gateway.NewControls(db, clock)
-	dc := db.Config()
-	admit := admission.New(durable, admission.Standard(controls, admission.StandardConfig{
-		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Billing: bill.Checks(),
-		Risk: admission.RiskDefaults{
+	risk := opts.Risk
+	if risk == (admission.RiskDefaults{}) {
+		risk = admission.RiskDefaults{
 			AcquiresPerMinute: b.cfg.Admission.Risk.AcquiresPerMinute,
 			MaxOpenWorkspaces: b.cfg.Admission.Risk.MaxOpenWorkspaces,
 			MaxSize:           b.cfg.Admission.Risk.MaxSize,
-		},
-	})...)
-	term := termination.New(db, provs, clock, b.log.With("component", "termination"), 0)
-	term.SetSettler(telemetry.Settlement(bill, tp))
-	// A workspace's egress bytes go to its record every
-	// egressKeepInterval while it runs (keepEgress), and what is left at
-	// its end with its usage.
-	term.SetEgressMeter(func(id string) termination.EgressCount {
-		c := proxy.Forget(id)
-		n := c.Unkept()
-		return termination.EgressCount{Egress: store.Egress{Counter: c.Counter, Out: c.Total.BytesOut, In: c.Total.BytesIn},
-			NewOut: n.BytesOut, NewIn: n.BytesIn, Exact: c.Exact}
-	})
-	keepEgress = func(ctx context.Context) {
-		if err := proxy.Record(ctx, egressKeeper(db)); err != nil {
-			b.log.Warn("egress bytes not recorded; kept for the next try", slog.Any(sandgate.KeyError, err))
 		}
 	}
-	tadmit, err := telemetry.Admission(admit, tp, meter)
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	if err := telemetry.LiveWorkspaces(meter, provs.Names(), b.cfg.Admission.Timeout, func(ctx context.Context) ([]sandgate.Workspace, error) {
-		return db.LiveWorkspaces(ctx, "", "", clock.Now())
-	}); err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	sg, err := saga.New(saga.Config{
-		// A create must end well within the pending deadline, past which
-		// the reaper ends the workspace under it.
-		CreateTimeout: b.cfg.Admission.PendingTimeout * 3 / 4,
-		AfterCreate:   pauseAfterCreate(b.cfg.testPauseAfterCreate),
-	}, saga.Deps{DB: db, Providers: provs, Admission: tadmit, Holds: bill, Terminator: term, Clock: clock, Log: b.log.With("component", "saga")})
-	if err != nil {
-		return err
-	}
-	gw, err := gateway.New(gateway.Config{TrustedProxies: proxies, Meter: mp.Meter("github.com/sandgate/sandgate/gateway"), Tracer: tp,
+	gcfg := gateway.Config{TrustedProxies: proxies, Meter: b.obs.mp.Meter("github.com/sandgate/sandgate/gateway"), Tracer: tp,
 		// Counted per gateway process (README, admission.inflight).
 		MaxInflightPerWorkspace: b.cfg.Admission.Inflight.PerWorkspace,
 		MaxInflightPerInstance:  b.cfg.Admission.Inflight.PerInstance,
-		InflightBytes:           b.cfg.Admission.Inflight.MaxBytes},
-		gateway.Deps{DB: db, Providers: provs, Saga: sg, Terminator: term, Limiter: admission.NewLimiter(b.rdb, rates),
-			Controls: controls, Clock: clock, Log: b.log.With("component", "gateway"), Caches: []gateway.Cache{bill.Prices()}})
+		InflightBytes:           b.cfg.Admission.Inflight.MaxBytes}
+	if opts.Gateway != nil {
+		gcfg = *opts.Gateway
+	}
+	controls := gateway.NewControls(db, b.clock)
+	dc := db.Config()
+	admit := admission.New(durable, admission.Standard(controls, admission.StandardConfig{
+		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Billing: b.bill.Checks(), Risk: risk,
+	})...)
+	// A workspace's egress bytes go to its record every
+	// egressKeepInterval while it runs (keepEgress), and what is left at
+	// its end with its usage.
+	egressMeter := opts.EgressMeter
+	if egressMeter == nil {
+		egressMeter = func(id string) termination.EgressCount {
+			c := b.proxy.Forget(id)
+			n := c.Unkept()
+			return termination.EgressCount{Egress: store.Egress{Counter: c.Counter, Out: c.Total.BytesOut, In: c.Total.BytesIn},
+				NewOut: n.BytesOut, NewIn: n.BytesIn, Exact: c.Exact}
+		}
+	}
+	b.term = termination.New(termination.Config{Timeout: gcfg.TerminateTimeout}, termination.Deps{DB: db, Providers: b.provs, Clock: b.clock,
+		Log: b.log.With("component", "termination"), Settler: telemetry.Settlement(b.bill, tp), EgressMeter: egressMeter})
+	tadmit, err := telemetry.Admission(admit, tp, meter)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	if err := telemetry.LiveWorkspaces(meter, b.provs.Names(), b.cfg.Admission.Timeout, func(ctx context.Context) ([]sandgate.Workspace, error) {
+		return db.LiveWorkspaces(ctx, "", "", b.clock.Now())
+	}); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	afterCreate := opts.AfterCreate
+	if afterCreate == nil {
+		afterCreate = pauseAfterCreate(b.cfg.testPauseAfterCreate)
+	}
+	b.saga, err = saga.New(saga.Config{
+		// A create must end well within the pending deadline, past which
+		// the reaper ends the workspace under it.
+		CreateTimeout: b.cfg.Admission.PendingTimeout * 3 / 4,
+		AfterCreate:   afterCreate,
+	}, saga.Deps{DB: db, Providers: b.provs, Admission: tadmit, Holds: b.bill, Terminator: b.term, Clock: b.clock, Log: b.log.With("component", "saga")})
+	if err != nil {
+		return nil, err
+	}
+	b.gw, err = gateway.New(gcfg, gateway.Deps{DB: db, Providers: b.provs, Saga: b.saga, Terminator: b.term, Limiter: admission.NewLimiter(b.rdb, rates),
+		Controls: controls, Clock: b.clock, Log: b.log.With("component", "gateway"), Caches: []gateway.Cache{b.bill.Prices()}})
+	if err != nil {
+		return nil, err
 	}
 	defaults := sandgate.Scope{
 		Sizes: b.cfg.Defaults.Sizes, DefaultSize: b.cfg.Defaults.DefaultSize,
@@ -190,35 +275,73 @@ func (b *broker) run(ctx context.Context) error {
 	}
 	// Every gateway process runs the reaper; one at a time leads (a Redis
 	// lease), and its passes are idempotent all the same.
-	rp := reaper.New(reaper.Config{Providers: provs, Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
-		Meter: mp.Meter("github.com/sandgate/sandgate/reaper"), Tracer: tp}, db, term, clock, b.log.With("component", "reaper"))
-	adm, err := admin.New(admin.Config{Tokens: b.operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults,
-		Providers: provs, Terminator: term, Billing: bill}, db, clock, b.log.With("component", "admin"))
+	b.reaper = reaper.New(reaper.Config{Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
+		Meter: b.obs.mp.Meter("github.com/sandgate/sandgate/reaper"), Tracer: tp},
+		reaper.Deps{DB: db, Providers: b.provs, Terminator: b.term, Clock: b.clock, Log: b.log.With("component", "reaper")})
+	b.adm, err = admin.New(admin.Config{Tokens: operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults,
+		Providers: b.provs, Terminator: b.term, Billing: b.bill}, db, b.clock, b.log.With("component", "admin"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	// Both servers see the connections of listen.go, so that every answer,
 	// even those net/http gives by itself, is the envelope.
-	const readHeaderTimeout = 10 * time.Second
-	hl := newHealth(b.rdb, rawProvs)
-	pub := &http.Server{Handler: withConnInfo(withHealth(gw.Handler(), hl)), ReadHeaderTimeout: readHeaderTimeout, ConnContext: connContext,
+	b.health = newHealth(b.rdb, b.rawProvs)
+	b.pub = &http.Server{Handler: withConnInfo(withHealth(b.gw.Handler(), b.health)), ReadHeaderTimeout: readHeaderTimeout, ConnContext: connContext,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
-	ops := &http.Server{Handler: withMetrics(adm.Handler(), metricsHandler, hl), ReadHeaderTimeout: readHeaderTimeout,
+	b.ops = &http.Server{Handler: withMetrics(b.adm.Handler(), b.obs.metrics, b.health), ReadHeaderTimeout: readHeaderTimeout,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
-	ops.Handler = withConsole(ops.Handler, adm.Handler(), clock, b.log.With("component", "console"))
+	b.ops.Handler = withConsole(b.ops.Handler, b.adm.Handler(), b.clock, b.log.With("component", "console"))
+	return b, nil
+}
 
+// DB returns the broker's store.
+func (b *Broker) DB() *store.DB { return b.db }
+
+// Providers returns the broker's providers, with telemetry.
+func (b *Broker) Providers() *providers.Set { return b.provs }
+
+// Billing returns the broker's billing.
+func (b *Broker) Billing() *billing.Billing { return b.bill }
+
+// Terminator returns the broker's terminator.
+func (b *Broker) Terminator() *termination.Terminator { return b.term }
+
+// Saga returns the broker's saga.
+func (b *Broker) Saga() *saga.Saga { return b.saga }
+
+// Gateway returns the protocol's server. Run runs it; a test that serves
+// its Handler without Run runs it itself.
+func (b *Broker) Gateway() *gateway.Server { return b.gw }
+
+// Admin returns the operator API's server.
+func (b *Broker) Admin() *admin.Server { return b.adm }
+
+// keepEgress adds the egress proxy's counts to the workspaces' records.
+func (b *Broker) keepEgress(ctx context.Context) {
+	if err := b.proxy.Record(ctx, egressKeeper(b.db)); err != nil {
+		b.log.Warn("egress bytes not recorded; kept for the next try", slog.Any(sandgate.KeyError, err))
+	}
+}
+
+// Run serves the listeners until ctx ends, then shuts down gracefully.
+// It also runs the gateway's caches, the health checks, the reaper and
+// billing's loops. Call it once.
+func (b *Broker) Run(ctx context.Context) error {
+	if b.public == nil || b.admin == nil {
+		return errors.New("broker: Run needs both listeners")
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	wg.Go(func() { gw.Run(runCtx) })
-	wg.Go(func() { hl.run(runCtx) })
+	wg.Go(func() { b.gw.Run(runCtx) })
+	wg.Go(func() { b.health.run(runCtx) })
 	rpCtx, rpCancel := context.WithCancel(runCtx)
 	defer rpCancel()
 	rpDone := make(chan struct{})
-	wg.Go(func() { defer close(rpDone); rp.Run(rpCtx) })
-	wg.Go(func() { bill.Run(runCtx, b.cfg.Billing.RepairInterval) })
-	wg.Go(func() { bill.RunWebhooks(runCtx) })
+	wg.Go(func() { defer close(rpDone); b.reaper.Run(rpCtx) })
+	wg.Go(func() { b.bill.Run(runCtx, b.cfg.Billing.RepairInterval) })
+	wg.Go(func() { b.bill.RunWebhooks(runCtx) })
 	wg.Go(func() {
 		t := time.NewTicker(egressKeepInterval)
 		defer t.Stop()
@@ -229,12 +352,12 @@ func (b *broker) run(ctx context.Context) error {
 			case <-t.C:
 			}
 			kctx, kcancel := context.WithTimeout(runCtx, egressKeepTimeout)
-			keepEgress(kctx)
+			b.keepEgress(kctx)
 			kcancel()
 		}
 	})
 	errc := make(chan error, 3)
-	if claimLater {
+	if b.claimLate {
 		wg.Go(func() {
 			for {
 				select {
@@ -242,7 +365,7 @@ func (b *broker) run(ctx context.Context) error {
 					return
 				case <-time.After(time.Second):
 				}
-				err := claimDataDirs(runCtx, db, rawProvs, clock.Now())
+				err := claimDataDirs(runCtx, b.db, b.rawProvs, b.clock.Now())
 				if err == nil {
 					b.log.Info("local data directory recorded in Redis")
 					return
@@ -259,12 +382,12 @@ func (b *broker) run(ctx context.Context) error {
 		if b.tls != nil {
 			ln = newTLSListener(b.public, b.tls, readHeaderTimeout)
 		}
-		if err := pub.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := b.pub.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("public listener: %w", err)
 		}
 	})
 	wg.Go(func() {
-		if err := ops.Serve(plainListener{b.admin}); !errors.Is(err, http.ErrServerClosed) {
+		if err := b.ops.Serve(plainListener{b.admin}); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("operator listener: %w", err)
 		}
 	})
@@ -283,20 +406,47 @@ func (b *broker) run(ctx context.Context) error {
 	b.log.Info("sandgate shutting down", slog.Duration("shutdown_timeout", b.cfg.ShutdownTimeout), slog.Duration("drain_delay", b.cfg.DrainDelay))
 	// Not ready first, while still serving, so a load balancer moves
 	// traffic away before anything is refused.
-	hl.drain()
+	b.health.drain()
 	time.Sleep(b.cfg.DrainDelay)
-	gw.Drain()
+	b.gw.Drain()
 	rpCancel()
 	<-rpDone
 	sctx, scancel := context.WithTimeout(context.Background(), b.cfg.ShutdownTimeout)
 	defer scancel()
-	if err := pub.Shutdown(sctx); err != nil {
+	if err := b.pub.Shutdown(sctx); err != nil {
 		b.log.Warn("requests still in flight at the shutdown bound were cut", slog.Any(sandgate.KeyError, err))
 	}
-	_ = ops.Shutdown(sctx)
+	_ = b.ops.Shutdown(sctx)
 	cancel()
 	wg.Wait()
 	return runErr
+}
+
+// Close releases what New took: the listeners, the providers New opened
+// (then the egress proxy's last counts go to the workspaces' records),
+// and the telemetry exporters, flushed. It does not close Options.Redis.
+func (b *Broker) Close() error {
+	b.closeOnce.Do(func() {
+		for _, ln := range []net.Listener{b.public, b.admin} {
+			if ln != nil {
+				_ = ln.Close()
+			}
+		}
+		if b.ownProvs {
+			if err := b.rawProvs.Close(); err != nil {
+				b.log.Warn("providers not closed cleanly", slog.Any(sandgate.KeyError, err))
+			}
+		}
+		if b.db != nil {
+			kctx, kcancel := context.WithTimeout(context.Background(), egressKeepTimeout)
+			b.keepEgress(kctx)
+			kcancel()
+		}
+		if b.obs != nil {
+			b.obs.shutdown()
+		}
+	})
+	return nil
 }
 
 // claimDataDir makes sure that every broker process on this store serves

@@ -48,9 +48,9 @@ type Config struct {
 	Providers []yaml.Node `yaml:"providers"`
 	// DefaultProvider is the provider of instances that name none;
 	// SANDGATE_DEFAULT_PROVIDER; default the first provider.
-	DefaultProvider string `yaml:"default_provider"`
+	DefaultProvider string           `yaml:"default_provider"`
 	Operators       []OperatorConfig `yaml:"operators"`
-	Lease struct {
+	Lease           struct {
 		GracePeriod time.Duration `yaml:"grace_period"` // default 1h
 	} `yaml:"lease"`
 	Defaults struct {
@@ -253,7 +253,7 @@ func LoadConfig(path string, getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("config: billing.webhook: %s is empty", wh.SecretEnv)
 		}
 	}
-	if _, err := c.egressConfig(nil, nil); err != nil {
+	if _, err := c.egressConfig(nil); err != nil {
 		return nil, err
 	}
 	pcs, err := c.providerConfigs()
@@ -386,4 +386,33 @@ func parseProvider(n yaml.Node) (providers.Config, error) {
 	}
 	pc.Settings = settings
 	return pc, nil
+}
+
+// DevConfig is the config of `sandgate dev`: the defaults, over dataDir,
+// with the local provider and, when provider is another kind, that one
+// beside it as the default, its settings read from the vendor's own
+// environment variables.
+func DevConfig(dataDir, provider string) (*Config, error) {
+	cfg, err := LoadConfig("", func(string) string { return "" })
+	if err != nil {
+		return nil, err
+	}
+	cfg.DataDir = dataDir
+	cfg.BrokerID = "sandgate-dev"
+	if err := providers.ValidName(provider); err != nil {
+		return nil, fmt.Errorf("--provider: %w", err)
+	}
+	if provider != "local" {
+		cfg.providers = append(cfg.providers, providers.Config{Name: provider, Kind: provider, AcceptNew: true})
+	}
+	cfg.DefaultProvider = provider
+	// For trying things: the local provider warns loudly where the host
+	// cannot enforce a workspace limit, and runs anyway.
+	for i := range cfg.providers {
+		if cfg.providers[i].Kind == "local" {
+			cfg.providers[i].Settings = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{
+				{Kind: yaml.ScalarNode, Tag: "!!str", Value: "allow_unenforced"}, {Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"}}}
+		}
+	}
+	return cfg, nil
 }

@@ -83,9 +83,9 @@ func TestServeRefusesBadProviders(t *testing.T) {
 			if err != nil {
 				t.Fatalf("loadConfig: %v", err)
 			}
-			b := &broker{cfg: cfg, log: discardLogger(), getenv: func(string) string { return "" }}
-			err = b.run(t.Context())
+			b, err := New(t.Context(), *cfg, Options{Log: discardLogger(), Getenv: func(string) string { return "" }})
 			if err == nil {
+				b.Close()
 				t.Fatal("run succeeded; want a startup error")
 			}
 			wantNaming(t, err, tt.want)

@@ -64,7 +64,7 @@ func TestEgressConfig(t *testing.T) {
 			if err != nil {
 				t.Fatalf("loadConfig: %v", err)
 			}
-			ec, err := cfg.egressConfig(nil, nil)
+			ec, err := cfg.egressConfig(nil)
 			if err != nil {
 				t.Fatalf("egressConfig: %v", err)
 			}

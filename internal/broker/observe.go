@@ -27,8 +27,8 @@ type observability struct {
 // newObservability builds tracing from the OTEL_* variables (off when none
 // is set), the Prometheus metrics of /metrics, and the span of every
 // Redis call of rdb.
-func newObservability(ctx context.Context, cfg *Config, rdb redis.UniversalClient, getenv func(string) string, log *slog.Logger) (*observability, error) {
-	tr, err := telemetry.NewTracing(ctx, getenv, readBuildInfo().Version, cfg.BrokerID)
+func newObservability(ctx context.Context, cfg *Config, rdb redis.UniversalClient, getenv func(string) string, version string, log *slog.Logger) (*observability, error) {
+	tr, err := telemetry.NewTracing(ctx, getenv, version, cfg.BrokerID)
 	if err != nil {
 		return nil, err
 	}
