@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,57 +33,20 @@ import (
 	"github.com/sandgate/sandgate/token"
 )
 
-// snapClock is a clock the test moves; it starts at the real time.
-type snapClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *snapClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-// Advance moves the clock forward by d.
-func (c *snapClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // snapEnv is one broker under test.
 type snapEnv struct {
 	t        *testing.T
 	db       *store.DB
 	p        providers.Provider
-	clock    *snapClock
+	clock    *sgtest.Clock
 	srv      *httptest.Server
 	reaper   *reaper.Reaper
 	acct     string
 	inst     string
 	token    sandgate.Secret
 	cl       *client.Client
-	logs     *snapLogs
+	logs     *sgtest.Logs
 	instance sandgate.Instance
-}
-
-// snapLogs collects log lines for scanning.
-type snapLogs struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *snapLogs) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(b)
-}
-
-func (l *snapLogs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
 
 // snapStart runs a broker over p with the instance's limits changed by
@@ -93,8 +55,8 @@ func snapStart(t *testing.T, p providers.Provider, edit func(*sandgate.Limits)) 
 	t.Helper()
 	rdb := redistest.Start(t).Client()
 	db := store.New(rdb, store.Config{})
-	clock := &snapClock{t: time.Now().UTC()}
-	logs := &snapLogs{}
+	clock := sgtest.NewClock(time.Now())
+	logs := &sgtest.Logs{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ps := providers.Single(providers.LegacyName, p)
 	w := sgtest.Broker(t, sgtest.Config(t), broker.Options{Redis: rdb, Providers: ps, Clock: clock, Log: log, Gateway: &gateway.Config{},

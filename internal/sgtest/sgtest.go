@@ -491,16 +491,19 @@ func (h *Harness) NewInstanceIn(accountID string, scope admin.Scope) Instance {
 // the others.
 func (h *Harness) IssueToken(instanceID string, req admin.IssueTokenRequest) admin.IssuedToken {
 	h.tb.Helper()
-	var out admin.IssuedToken
-	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens", req, &out)
-	return out
+	return h.issue("/instances/"+instanceID+"/tokens", req)
 }
 
 // RotateToken issues a token for an instance that supersedes every active one.
 func (h *Harness) RotateToken(instanceID string, req admin.IssueTokenRequest) admin.IssuedToken {
 	h.tb.Helper()
+	return h.issue("/instances/"+instanceID+"/tokens/rotate", req)
+}
+
+func (h *Harness) issue(path string, req admin.IssueTokenRequest) admin.IssuedToken {
+	h.tb.Helper()
 	var out admin.IssuedToken
-	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/rotate", req, &out)
+	h.AdminDo(http.MethodPost, path, req, &out)
 	return out
 }
 
@@ -508,16 +511,20 @@ func (h *Harness) RotateToken(instanceID string, req admin.IssueTokenRequest) ad
 // returns how many it ended.
 func (h *Harness) EndGrace(instanceID string) int {
 	h.tb.Helper()
-	var out admin.Count
-	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/end-grace", nil, &out)
-	return out.Count
+	return h.count("/instances/" + instanceID + "/tokens/end-grace")
 }
 
 // RevokeTokens revokes every token of an instance and returns how many it revoked.
 func (h *Harness) RevokeTokens(instanceID string) int {
 	h.tb.Helper()
+	return h.count("/instances/" + instanceID + "/tokens/revoke")
+}
+
+// count posts to path and returns the count it answers.
+func (h *Harness) count(path string) int {
+	h.tb.Helper()
 	var out admin.Count
-	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/revoke", nil, &out)
+	h.AdminDo(http.MethodPost, path, nil, &out)
 	return out.Count
 }
 
