@@ -580,10 +580,17 @@ type serveBroker struct {
 // starting local provider empties the shared trash directory.
 func startPair(t testing.TB) (*redistest.Server, *serveConfig, *serveBroker, *serveBroker) {
 	t.Helper()
+	rs, cfg, gwA := startOne(t)
+	return rs, cfg, gwA, startServe(t, cfg)
+}
+
+// startOne starts a Redis and a `sandgate serve` over it with the
+// default config.
+func startOne(t testing.TB) (*redistest.Server, *serveConfig, *serveBroker) {
+	t.Helper()
 	rs := startRedis(t)
 	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	gwA := startServe(t, cfg)
-	return rs, cfg, gwA, startServe(t, cfg)
+	return rs, cfg, startServe(t, cfg)
 }
 
 func startServe(t testing.TB, cfg *serveConfig) *serveBroker {

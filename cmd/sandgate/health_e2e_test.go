@@ -37,9 +37,7 @@ func readyz(adminURL string) (int, broker.Readiness, error) {
 // follows without details.
 func TestE2EReadyzFollowsRedis(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	s := startServe(t, cfg)
+	rs, cfg, s := startOne(t)
 	hc := httpsClient(cfg.PKI.Roots)
 	wantReady := func(what string, ready bool, failing string) {
 		t.Helper()

@@ -397,9 +397,7 @@ func TestReaperLeaderTakeover(t *testing.T) {
 func TestOrphanSweep(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	gw := startServe(t, cfg)
+	_, cfg, gw := startOne(t)
 	_, inst, _ := obligationsInstance(t, gw, "e2e-orphans", 1, time.Hour)
 
 	dataDir := filepath.Join(cfg.DataDir, "local")
