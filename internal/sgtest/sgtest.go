@@ -1,7 +1,9 @@
 // Package sgtest is the test harness of the gateway: a private Redis, the
-// store, a gateway over a fake provider behind an httptest TLS server, the
-// operator API beside it, a settable clock and a log capture to grep. It is
-// for tests only; every helper takes a testing.TB and fails it fatally.
+// broker of internal/broker over a fake provider, its gateway behind an
+// httptest TLS server and its operator API beside it, a settable clock and
+// a log capture to grep. It builds the broker with broker.New, as `sandgate
+// serve` does, and holds no wiring of its own. It is for tests only; every
+// helper takes a testing.TB and fails it fatally.
 package sgtest
 
 import (
@@ -281,9 +283,10 @@ func MidHour(now time.Time) time.Time {
 	return t
 }
 
-// Harness is one broker under test: a private redis-server, the store, the
-// gateway over httptest.NewTLSServer and the operator API over a plain
-// httptest server, sharing one settable clock and one log capture.
+// Harness is one broker under test: a private redis-server, the broker's
+// gateway over httptest.NewTLSServer and its operator API over a plain
+// httptest server, sharing one settable clock and one log capture. The
+// broker's reaper and billing loops do not run: a test runs what it needs.
 type Harness struct {
 	tb         testing.TB
 	Redis      *redistest.Server
