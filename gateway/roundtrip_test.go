@@ -233,7 +233,7 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 }
 
 // productionTelemetry returns the logger and the gateway's meter and
-// tracer as `sandgate serve` builds them (cmd/sandgate: newLogger,
+// tracer as `sandgate serve` builds them (internal/broker: NewLogger,
 // newMetrics, newObservability) with the default log settings and no
 // OTEL_* variable set. The log goes to a file, where serve's goes to stderr.
 func productionTelemetry(tb testing.TB) (*slog.Logger, gateway.Config) {

@@ -36,7 +36,7 @@ type Terminator struct {
 
 // EgressMeter returns, and forgets, what the broker's egress proxy
 // counted for workspace id (out is sandbox to destination, in is back).
-// cmd/sandgate passes the proxy's Forget.
+// The broker (internal/broker) passes the egress proxy's Forget.
 type EgressMeter func(workspaceID string) EgressCount
 
 // EgressCount is a workspace's egress count at its end: the count itself

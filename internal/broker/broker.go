@@ -496,7 +496,7 @@ func claimDataDir(ctx context.Context, db *store.DB, name string, prov *local.Pr
 		name, errDataDirTaken, got.Path, got.Host, got.ID, got.ClaimedAt.Format(time.RFC3339), live, ours.Path, ours.ID, store.DataDirKey(name))
 }
 
-// isLoopback reports whether addr (host:port) binds only loopback.
+// IsLoopback reports whether addr (host:port) binds only loopback.
 func IsLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -509,6 +509,7 @@ func IsLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// ServerTLS is the public listener's TLS config with cert.
 func ServerTLS(cert tls.Certificate) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
 }

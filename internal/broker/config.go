@@ -173,7 +173,7 @@ func (l LimitsConfig) limits() sandgate.Limits {
 	}.WithDefaults()
 }
 
-// loadConfig reads the YAML file strictly (unknown keys are errors), applies
+// LoadConfig reads the YAML file strictly (unknown keys are errors), applies
 // environment overrides and fills defaults.
 func LoadConfig(path string, getenv func(string) string) (*Config, error) {
 	var c Config

@@ -13,7 +13,7 @@ import (
 	"github.com/sandgate/sandgate/telemetry"
 )
 
-// newLogger returns the process's logger on stderr: format "json" (the
+// NewLogger returns the process's logger on stderr: format "json" (the
 // default) or "text", at level. A duration attribute is written in
 // milliseconds with the unit in its key: "duration" becomes
 // "duration_ms": 12.5. Info lines (the access log) are coalesced into few
@@ -28,7 +28,7 @@ func NewLogger(level, format string) (*slog.Logger, func(), error) {
 	return log, func() { _ = lw.Close() }, nil
 }
 
-// newLoggerTo is newLogger's logger writing to w unbuffered.
+// newLoggerTo is NewLogger's logger writing to w unbuffered.
 func newLoggerTo(w io.Writer, level, format string) (*slog.Logger, error) {
 	return telemetry.NewLogger(w, level, format)
 }
@@ -43,7 +43,7 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	r.log.WarnContext(ctx, "redis client", slog.String("detail", msg))
 }
 
-// routeRedisLogs makes go-redis log through log. go-redis has one logger
+// RouteRedisLogs makes go-redis log through log. go-redis has one logger
 // per process.
 func RouteRedisLogs(log *slog.Logger) {
 	redis.SetLogger(redisLogger{log: log.With("component", "redis")})

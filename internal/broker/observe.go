@@ -15,7 +15,7 @@ import (
 	"github.com/sandgate/sandgate/telemetry"
 )
 
-// observability is the process's tracing and metrics, built once by run.
+// observability is the process's tracing and metrics, built once by New.
 type observability struct {
 	tracing *telemetry.Tracing
 	mp      *sdkmetric.MeterProvider

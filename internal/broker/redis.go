@@ -100,7 +100,7 @@ func (r *RedisConfig) check() error {
 // within a second of the failover rather than go-redis' default minute.
 const clusterReload = time.Second
 
-// newRedis returns the client of the configured Redis topology. The
+// NewRedis returns the client of the configured Redis topology. The
 // admission timeout bounds every call, so a Redis outage fails closed
 // quickly instead of hanging requests.
 func NewRedis(cfg *Config) (redis.UniversalClient, error) {
