@@ -54,9 +54,9 @@ func TestPackageDocs(t *testing.T) {
 }
 
 // TestDependencyFloors keeps DESIGN.md's arrows one-way: the root package
-// imports only the standard library, protocol imports nothing of ours, and
-// only cmd (and test helpers under internal/) import gateway, and nothing
-// imports cmd.
+// imports only the standard library, protocol imports nothing of ours,
+// only internal/ (the broker and test helpers) imports gateway, and
+// nothing imports cmd.
 func TestDependencyFloors(t *testing.T) {
 	for _, p := range listPackages(t) {
 		for _, imp := range p.Imports {
@@ -66,17 +66,17 @@ func TestDependencyFloors(t *testing.T) {
 				t.Errorf("root package imports %s; want the standard library only", imp)
 			case p.ImportPath == module+"/protocol" && own:
 				t.Errorf("protocol imports %s; want a leaf", imp)
-			case (imp == module+"/gateway" && !strings.HasPrefix(p.ImportPath, module+"/cmd") && !strings.HasPrefix(p.ImportPath, module+"/internal/")) || strings.HasPrefix(imp, module+"/cmd"):
-				t.Errorf("%s imports %s; only cmd may import gateway, and nothing cmd", p.ImportPath, imp)
+			case (imp == module+"/gateway" && !strings.HasPrefix(p.ImportPath, module+"/internal/") && !slices.Contains(tools, p.ImportPath)) || strings.HasPrefix(imp, module+"/cmd"):
+				t.Errorf("%s imports %s; only internal/broker may import gateway, and nothing cmd", p.ImportPath, imp)
 			}
 		}
 	}
 }
 
 // wiringConstructors are the constructors of the broker's shared parts:
-// only cmd/sandgate (the one wiring place) and test helpers under
-// internal/ call them, so no room builds a second billing, admission
-// pipeline, terminator or saga of its own (DESIGN.md "One wiring place").
+// only internal/broker (the one wiring place) calls them, so no room
+// builds a second billing, admission pipeline, terminator or saga of its
+// own, and the tests build the same broker (DESIGN.md "One wiring place").
 var wiringConstructors = map[string][]string{
 	module + "/admission":   {"New", "Standard", "NewLimiter"},
 	module + "/billing":     {"New"},
@@ -90,8 +90,29 @@ var wiringConstructors = map[string][]string{
 	module + "/telemetry":   {"NewTracing", "Providers", "Admission", "Settlement", "LiveWorkspaces"},
 }
 
-// TestOneWiringPlace parses every non-test file of every package but cmd
-// and internal/ and fails on a call of a wiring constructor.
+// tools are the commands that are not shipped (the Dockerfile builds
+// cmd/sandgate alone): measuring tools, which seed Redis and build the
+// parts they measure as tests do.
+var tools = []string{module + "/cmd/sandgate-load"}
+
+// shipped are the commands that are shipped.
+var shipped = []string{"./cmd/sandgate"}
+
+// wiringExempt are the packages besides internal/broker whose non-test
+// files may call a wiring constructor: the tools, and the test helpers
+// other than sgtest, which build stores and proxies of their own.
+var wiringExempt = []string{
+	module + "/internal/broker",
+	module + "/cmd/sandgate-load",
+	module + "/internal/egresstest",
+	module + "/internal/fakeprovider",
+	module + "/internal/redistest",
+	module + "/internal/testpki",
+}
+
+// TestOneWiringPlace parses every non-test file of every package but
+// internal/broker and fails on a call of a wiring constructor; so
+// internal/sgtest holds no copy of the wiring.
 func TestOneWiringPlace(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}\t{{.Dir}}\t{{join .GoFiles \" \"}}", "./...").Output()
 	if err != nil {
@@ -100,7 +121,7 @@ func TestOneWiringPlace(t *testing.T) {
 	fset := token.NewFileSet()
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Split(line, "\t")
-		if len(f) < 3 || strings.HasPrefix(f[0], module+"/cmd") || strings.HasPrefix(f[0], module+"/internal/") {
+		if len(f) < 3 || slices.Contains(wiringExempt, f[0]) {
 			continue
 		}
 		for _, name := range strings.Fields(f[2]) {
@@ -131,10 +152,87 @@ func TestOneWiringPlace(t *testing.T) {
 					return true
 				}
 				if slices.Contains(wiringConstructors[imports[id.Name]], sel.Sel.Name) {
-					t.Errorf("%s: %s calls %s.%s; only cmd/sandgate wires the broker", fset.Position(call.Pos()), f[0], id.Name, sel.Sel.Name)
+					t.Errorf("%s: %s calls %s.%s; only internal/broker wires the broker", fset.Position(call.Pos()), f[0], id.Name, sel.Sel.Name)
 				}
 				return true
 			})
 		}
+	}
+}
+
+// providerKinds are the provider kind packages: only internal/broker
+// (its table of kinds) and tests import them.
+var providerKinds = []string{
+	module + "/providers/local",
+	module + "/providers/modal",
+	module + "/providers/flymachines",
+	module + "/providers/flysprites",
+	module + "/providers/noop",
+}
+
+// testHelper reports whether import path p is a test helper: a package
+// under internal/ but the broker, or one named *test.
+func testHelper(p string) bool {
+	if !strings.HasPrefix(p, module+"/") {
+		return false
+	}
+	return (strings.HasPrefix(p, module+"/internal/") && p != module+"/internal/broker") || strings.HasSuffix(p, "test")
+}
+
+// TestImports keeps the rooms' doors where DESIGN.md puts them: the CLI
+// talks to the operator API through its client, not the server; only the
+// broker picks provider kinds; the gateway reaches state and providers
+// through the service floor; the console only through the operator API.
+func TestImports(t *testing.T) {
+	type rule struct {
+		pkg    string   // the importer
+		banned []string // its direct imports may include none of these
+		why    string
+	}
+	rules := []rule{
+		{module + "/cmd/sandgate", []string{module + "/admin"}, "the CLI talks to the operator API through adminapi"},
+		{module + "/gateway", []string{module + "/providers", module + "/billing", module + "/termination", "github.com/redis/go-redis/v9"},
+			"the gateway reaches providers and state through the service floor"},
+	}
+	for _, p := range listPackages(t) {
+		for _, r := range rules {
+			if p.ImportPath != r.pkg {
+				continue
+			}
+			for _, imp := range p.Imports {
+				if slices.Contains(r.banned, imp) {
+					t.Errorf("%s imports %s; %s", p.ImportPath, imp, r.why)
+				}
+			}
+		}
+		if p.ImportPath == module+"/internal/broker" || testHelper(p.ImportPath) || slices.Contains(tools, p.ImportPath) {
+			continue
+		}
+		for _, imp := range p.Imports {
+			if slices.Contains(providerKinds, imp) {
+				t.Errorf("%s imports the provider kind %s; only internal/broker picks provider kinds", p.ImportPath, imp)
+			}
+		}
+	}
+}
+
+// TestBinaryDeps keeps test helpers out of the shipped binaries, and the
+// operator API's server out of the console.
+func TestBinaryDeps(t *testing.T) {
+	out, err := exec.Command("go", append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, shipped...)...).Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if testHelper(p) {
+			t.Errorf("a shipped binary depends on the test helper %s", p)
+		}
+	}
+	out, err = exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", "./console").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	if slices.Contains(strings.Fields(string(out)), module+"/admin") {
+		t.Errorf("console depends on %s; it reads and acts through adminapi", module+"/admin")
 	}
 }

@@ -87,8 +87,8 @@ func newEnv(t *testing.T) *env {
 	}, admin.Deps{
 		DB: db, Clock: clk,
 		Providers:  providers.Single(providers.LegacyName, prov),
-		Terminator: termination.New(db, providers.Single(providers.LegacyName, prov), clk, nil, 0),
-		Billing:    billing.New(db, billing.Config{}),
+		Terminator: termination.New(termination.Config{}, termination.Deps{DB: db, Providers: providers.Single(providers.LegacyName, prov), Clock: clk}),
+		Billing:    billing.New(billing.Config{}, billing.Deps{DB: db}),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -21,7 +21,8 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 	db := store.New(redistest.Start(t).Client(), store.Config{})
 	prov := providers.Single(providers.LegacyName, fakeprovider.New())
 	srv, err := admin.New(admin.Config{}, admin.Deps{DB: db, Clock: sandgate.SystemClock{}, Providers: prov,
-		Terminator: termination.New(db, prov, sandgate.SystemClock{}, nil, 0), Billing: billing.New(db, billing.Config{})})
+		Terminator: termination.New(termination.Config{}, termination.Deps{DB: db, Providers: prov, Clock: sandgate.SystemClock{}}),
+		Billing:    billing.New(billing.Config{}, billing.Deps{DB: db})})
 	if err != nil {
 		t.Fatal(err)
 	}

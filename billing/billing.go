@@ -16,12 +16,17 @@ type Config struct {
 	// whose record names none (written before providers had names). ""
 	// means "local".
 	Provider string
-	// Log receives settlement failures. nil discards.
-	Log *slog.Logger
 	// Webhook also sends every budget alert to a URL; zero sends none.
 	Webhook WebhookConfig
 	// Meter records MetricSettled. nil means no metrics are recorded.
 	Meter metric.Meter
+}
+
+// Deps are what Billing works with.
+type Deps struct {
+	DB *store.DB
+	// Log receives settlement failures. nil discards.
+	Log *slog.Logger
 	// Clock dates what billing decides by itself: a funds entry given no
 	// time, and Run's accrual. nil means sandgate.SystemClock. Webhook
 	// deliveries keep the wall clock: their signature's time is checked
@@ -37,30 +42,33 @@ type Billing struct {
 	ledger *Ledger
 	prices *PriceCache
 	cfg    Config
+	log    *slog.Logger
+	clock  sandgate.Clock
 	// settled records MetricSettled; nil without a Meter.
 	settled metric.Int64Counter
 }
 
 // New returns Billing over the store's Redis.
-func New(db *store.DB, cfg Config) *Billing {
+func New(cfg Config, d Deps) *Billing {
 	if cfg.Provider == "" {
 		cfg.Provider = "local"
 	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.DiscardHandler)
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = sandgate.SystemClock{}
+	if d.Clock == nil {
+		d.Clock = sandgate.SystemClock{}
 	}
 	if cfg.Webhook.URL != "" {
 		cfg.Webhook = cfg.Webhook.withDefaults()
 	}
-	b := &Billing{db: db, rdb: db.Redis(), ledger: NewLedger(db.Redis()), prices: &PriceCache{}, cfg: cfg}
+	db := d.DB
+	b := &Billing{db: db, rdb: db.Redis(), ledger: NewLedger(db.Redis()), prices: &PriceCache{}, cfg: cfg, log: d.Log, clock: d.Clock}
 	if cfg.Meter != nil {
 		var err error
 		if b.settled, err = cfg.Meter.Int64Counter(MetricSettled, metric.WithUnit("{micro_unit}"),
 			metric.WithDescription("Money charged by accrual and settlement, in micro-units, by currency.")); err != nil {
-			cfg.Log.Warn("billing metric not registered", slog.String("metric", MetricSettled), slog.Any("err", err))
+			b.log.Warn("billing metric not registered", slog.String("metric", MetricSettled), slog.Any("err", err))
 		}
 	}
 	return b

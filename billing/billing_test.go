@@ -35,14 +35,13 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	db := store.New(redistest.Start(t).Client(), store.Config{})
 	clock := sgtest.NewClock(time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC))
-	b := billing.New(db, billing.Config{Clock: clock})
+	b := billing.New(billing.Config{}, billing.Deps{DB: db, Clock: clock})
 	pipe := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
 		IdempotencyTTL: time.Hour, PendingTimeout: 2 * time.Minute,
 		Risk:    admission.RiskDefaults{AcquiresPerMinute: 100000, MaxOpenWorkspaces: 100000},
 		Billing: b.Checks(),
 	})...)
-	term := termination.New(db, nil, clock, nil, 0)
-	term.SetSettler(b)
+	term := termination.New(termination.Config{}, termination.Deps{DB: db, Clock: clock, Settler: b})
 	return &env{t: t, db: db, bill: b, pipe: pipe, term: term, clock: clock}
 }
 
@@ -382,7 +381,7 @@ func TestSettleDanglingRepairsLostSettlements(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Minute)
-	noSettle := termination.New(e.db, nil, e.clock, nil, 0) // a crash between finish and settle
+	noSettle := termination.New(termination.Config{}, termination.Deps{DB: e.db, Clock: e.clock}) // a crash between finish and settle
 	if ok, err := noSettle.Terminate(ctx, w1, sandgate.ReasonReleased); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
@@ -530,9 +529,8 @@ func TestSettleKeepsRecordedEgressBytes(t *testing.T) {
 		}
 	}
 	counts := map[string]termination.EgressCount{}
-	term := termination.New(e.db, nil, e.clock, nil, 0)
-	term.SetSettler(e.bill)
-	term.SetEgressMeter(func(id string) termination.EgressCount { return counts[id] })
+	term := termination.New(termination.Config{}, termination.Deps{DB: e.db, Clock: e.clock, Settler: e.bill,
+		EgressMeter: func(id string) termination.EgressCount { return counts[id] }})
 
 	w, err := e.acquire("acct_r", "inst_1", "", time.Hour)
 	if err != nil {
@@ -606,13 +604,12 @@ func TestSettleRecordsEgressBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Minute)
-	term := termination.New(e.db, nil, e.clock, nil, 0)
-	term.SetSettler(e.bill)
 	asked := map[string]int{}
-	term.SetEgressMeter(func(id string) termination.EgressCount {
-		asked[id]++
-		return termination.EgressCount{Egress: store.Egress{Counter: "p.1", Out: 1234, In: 56789}, NewOut: 1234, NewIn: 56789, Exact: true}
-	})
+	term := termination.New(termination.Config{}, termination.Deps{DB: e.db, Clock: e.clock, Settler: e.bill,
+		EgressMeter: func(id string) termination.EgressCount {
+			asked[id]++
+			return termination.EgressCount{Egress: store.Egress{Counter: "p.1", Out: 1234, In: 56789}, NewOut: 1234, NewIn: 56789, Exact: true}
+		}})
 	if ok, err := term.Terminate(ctx, w, sandgate.ReasonReleased); !ok || err != nil {
 		t.Fatal(ok, err)
 	}

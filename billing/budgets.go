@@ -141,7 +141,7 @@ const maxFlush = 1000
 func (b *Billing) FlushAlerts(ctx context.Context, acct string) {
 	queued, err := b.rdb.LRange(ctx, alertsKey(acct), 0, maxFlush-1).Result()
 	if err != nil {
-		b.cfg.Log.Error("budget alerts: read", slog.String("account", acct), slog.Any("err", err))
+		b.log.Error("budget alerts: read", slog.String("account", acct), slog.Any("err", err))
 		return
 	}
 	cur := b.webhookCurrency(ctx, acct, len(queued))
@@ -150,9 +150,9 @@ func (b *Billing) FlushAlerts(ctx context.Context, acct string) {
 		var a Alert
 		if err := json.Unmarshal([]byte(raw), &a); err != nil {
 			// It can never be written; keeping it would hold back the rest.
-			b.cfg.Log.Error("budget alerts: dropped one that does not decode", slog.String("account", acct), slog.Any("err", err))
+			b.log.Error("budget alerts: dropped one that does not decode", slog.String("account", acct), slog.Any("err", err))
 		} else if err := b.writeAlert(ctx, acct, cur, a); err != nil {
-			b.cfg.Log.Error("budget alerts: write", slog.String("account", acct), slog.Any("err", err))
+			b.log.Error("budget alerts: write", slog.String("account", acct), slog.Any("err", err))
 			break
 		}
 		done++
@@ -165,7 +165,7 @@ func (b *Billing) FlushAlerts(ctx context.Context, acct string) {
 		args[i] = raw
 	}
 	if err := dequeueAlertsScript.Run(ctx, b.rdb, []string{alertsKey(acct)}, args...).Err(); err != nil {
-		b.cfg.Log.Error("budget alerts: dequeue", slog.String("account", acct), slog.Any("err", err))
+		b.log.Error("budget alerts: dequeue", slog.String("account", acct), slog.Any("err", err))
 	}
 }
 

@@ -50,7 +50,7 @@ func (b *Billing) Adjust(ctx context.Context, acct string, e FundsEntry) (FundsE
 		return e, false, err
 	}
 	if e.At.IsZero() {
-		e.At = b.cfg.Clock.Now()
+		e.At = b.clock.Now()
 	}
 	e.Currency, e.At = s.Currency, e.At.UTC().Truncate(time.Millisecond)
 	body, _ := json.Marshal(e)

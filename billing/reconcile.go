@@ -148,17 +148,17 @@ func (b *Billing) Run(ctx context.Context, interval time.Duration) {
 		}
 		as, err := b.db.Accounts(ctx)
 		if err != nil {
-			b.cfg.Log.Warn("billing repair: list accounts", slog.Any("err", err))
+			b.log.Warn("billing repair: list accounts", slog.Any("err", err))
 			continue
 		}
 		for _, a := range as {
-			if _, err := b.Accrue(ctx, a.ID, b.cfg.Clock.Now().UTC()); err != nil {
-				b.cfg.Log.Warn("billing accrual", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
+			if _, err := b.Accrue(ctx, a.ID, b.clock.Now().UTC()); err != nil {
+				b.log.Warn("billing accrual", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
 			}
 			if n, err := b.SettleDangling(ctx, a.ID); err != nil {
-				b.cfg.Log.Warn("billing repair", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
+				b.log.Warn("billing repair", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
 			} else if n > 0 {
-				b.cfg.Log.Info("billing repair: closed dangling holds", slog.String(sandgate.KeyAccountID, a.ID), slog.Int("holds", n))
+				b.log.Info("billing repair: closed dangling holds", slog.String(sandgate.KeyAccountID, a.ID), slog.Int("holds", n))
 			}
 		}
 	}

@@ -243,7 +243,7 @@ func (b *Billing) RunWebhooks(ctx context.Context) {
 	for ctx.Err() == nil {
 		ok, err := b.deliverOne(ctx)
 		if err != nil && ctx.Err() == nil {
-			b.cfg.Log.Warn("budget webhook: queue", slog.Any("err", err))
+			b.log.Warn("budget webhook: queue", slog.Any("err", err))
 		}
 		if ok && err == nil {
 			continue
@@ -275,7 +275,7 @@ func (b *Billing) deliverOne(ctx context.Context) (bool, error) {
 	}
 	d.Attempts++
 	status, perr := b.post(ctx, id, []byte(d.Body))
-	log := b.cfg.Log.With(slog.String(sandgate.KeyAccountID, d.Account), slog.String("event_id", id), slog.Int("attempt", d.Attempts))
+	log := b.log.With(slog.String(sandgate.KeyAccountID, d.Account), slog.String("event_id", id), slog.Int("attempt", d.Attempts))
 	if perr == nil && status >= 200 && status < 300 {
 		log.Info("budget webhook delivered", slog.Int("status", status))
 		return true, b.finishWebhook(ctx, id, false)

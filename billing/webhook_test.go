@@ -75,15 +75,14 @@ func newHookEnv(t *testing.T, url string) *env {
 	t.Helper()
 	db := store.New(redistest.Start(t).Client(), store.Config{})
 	clock := sgtest.NewClock(time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC))
-	b := billing.New(db, billing.Config{Webhook: billing.WebhookConfig{URL: url, Secret: hookSecret,
-		Timeout: 2 * time.Second, Backoff: 50 * time.Millisecond, Poll: 20 * time.Millisecond}})
+	b := billing.New(billing.Config{Webhook: billing.WebhookConfig{URL: url, Secret: hookSecret,
+		Timeout: 2 * time.Second, Backoff: 50 * time.Millisecond, Poll: 20 * time.Millisecond}}, billing.Deps{DB: db})
 	pipe := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
 		IdempotencyTTL: time.Hour, PendingTimeout: 2 * time.Minute,
 		Risk:    admission.RiskDefaults{AcquiresPerMinute: 100000, MaxOpenWorkspaces: 100000},
 		Billing: b.Checks(),
 	})...)
-	term := termination.New(db, nil, clock, nil, 0)
-	term.SetSettler(b)
+	term := termination.New(termination.Config{}, termination.Deps{DB: db, Clock: clock, Settler: b})
 	return &env{t: t, db: db, bill: b, pipe: pipe, term: term, clock: clock}
 }
 
@@ -311,8 +310,8 @@ func TestWebhookSurvivesDelivererCrash(t *testing.T) {
 	crash()
 	<-crashed
 
-	other := billing.New(e.db, billing.Config{Webhook: billing.WebhookConfig{URL: srv.URL, Secret: hookSecret,
-		Timeout: 2 * time.Second, Backoff: 50 * time.Millisecond, Poll: 50 * time.Millisecond}})
+	other := billing.New(billing.Config{Webhook: billing.WebhookConfig{URL: srv.URL, Secret: hookSecret,
+		Timeout: 2 * time.Second, Backoff: 50 * time.Millisecond, Poll: 50 * time.Millisecond}}, billing.Deps{DB: e.db})
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); other.RunWebhooks(runCtx) }()

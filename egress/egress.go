@@ -88,10 +88,6 @@ type Config struct {
 	// DialTimeout bounds resolving and connecting to a destination; 0
 	// means 30s.
 	DialTimeout time.Duration
-	// Logger logs refusals: the workspace id, the destination's host and
-	// port and the reason, never a path, header or body; nil means
-	// discard.
-	Logger *slog.Logger
 	// Meter makes MetricDenied and MetricBytes; nil means no metrics.
 	Meter metric.Meter
 	// Resolver looks up the names not in Hosts; nil means net.DefaultResolver.
@@ -128,9 +124,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 30 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Meter == nil {
 		c.Meter = noop.NewMeterProvider().Meter("")
@@ -262,13 +255,23 @@ type registration struct {
 	cred []byte
 }
 
+// Deps are what a Proxy works with.
+type Deps struct {
+	// Log logs refusals: the workspace id, the destination's host and
+	// port and the reason, never a path, header or body; nil discards.
+	Log *slog.Logger
+}
+
 // New returns a proxy for cfg, defaults filled in.
-func New(cfg Config) (*Proxy, error) {
+func New(cfg Config, d Deps) (*Proxy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	p := &Proxy{cfg: cfg, ports: map[uint16]bool{}, tls: map[uint16]bool{}, log: cfg.Logger, id: rand.Text()[:16],
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	p := &Proxy{cfg: cfg, ports: map[uint16]bool{}, tls: map[uint16]bool{}, log: d.Log, id: rand.Text()[:16],
 		state: map[string]*wsState{}, creds: map[string]registration{}}
 	for _, port := range cfg.Ports {
 		p.ports[port] = true

@@ -98,14 +98,13 @@ func newEnv(t *testing.T, mod func(*egress.Config)) *env {
 			"allowed.sg.test": loopback, "denied.sg.test": loopback, "sg.test": loopback,
 			"a.sg.test": loopback, "b.a.sg.test": loopback,
 		},
-		Logger:   slog.New(slog.NewJSONHandler(e.logs, nil)),
 		Meter:    mp.Meter("test"),
 		Resolver: noResolver{},
 	}
 	if mod != nil {
 		mod(&cfg)
 	}
-	if e.proxy, err = egress.New(cfg); err != nil {
+	if e.proxy, err = egress.New(cfg, egress.Deps{Log: slog.New(slog.NewJSONHandler(e.logs, nil))}); err != nil {
 		t.Fatalf("New: %v", err)
 	}
 	return e
@@ -955,7 +954,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{MaxConnsPerWorkspace: -1},
 	}
 	for _, c := range tests {
-		if _, err := egress.New(c); err == nil {
+		if _, err := egress.New(c, egress.Deps{}); err == nil {
 			t.Errorf("New(%+v): nil error; want one", c)
 		}
 	}

@@ -37,8 +37,8 @@ func newOperator(t testing.TB, h *sgtest.Harness) *operator {
 	adm, err := admin.New(admin.Config{
 		Tokens:   []adminapi.OperatorToken{{Name: "sweeper", Role: adminapi.RoleAdmin, Hash: token.Hash(h.AdminToken)}},
 		Defaults: sandgate.Scope{DefaultImage: sgtest.DefaultImage},
-	}, admin.Deps{DB: h.DB, Clock: h.Clock, Log: log,
-		Providers: h.Providers, Terminator: termination.New(h.DB, h.Providers, h.Clock, log, 0), Billing: h.Billing})
+	}, admin.Deps{DB: h.DB, Clock: h.Clock, Log: log, Providers: h.Providers, Billing: h.Billing,
+		Terminator: termination.New(termination.Config{}, termination.Deps{DB: h.DB, Providers: h.Providers, Clock: h.Clock, Log: log})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -680,7 +680,7 @@ func TestReaperSweepsControlledScopes(t *testing.T) {
 	set(lapsed.AccountID, store.FieldPause, &store.Control{Reason: "account_paused", Actor: "test", Since: now - 1000, Until: now})
 	wantRunning(t, h, i1.Token, w1.WorkspaceID)
 
-	r := reaper.New(reaper.Config{}, h.DB, h.Terminator, h.Clock, nil)
+	r := reaper.New(reaper.Config{}, reaper.Deps{DB: h.DB, Terminator: h.Terminator, Clock: h.Clock})
 	pass := func() {
 		t.Helper()
 		if err := r.Pass(ctx); err != nil {

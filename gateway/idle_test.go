@@ -42,7 +42,7 @@ func TestIdleCountsFromExecEnd(t *testing.T) {
 				MaxLifetimeSeconds: int64(tt.lifetime / time.Second), IdleTimeoutSeconds: int64(idle / time.Second),
 				MaxExecTimeoutSeconds: 900}})
 			ws := acquire(t, h, in.Token, "idle")
-			r := reaper.New(reaper.Config{Providers: h.Providers}, h.DB, h.Terminator, h.Clock, nil)
+			r := reaper.New(reaper.Config{}, reaper.Deps{DB: h.DB, Providers: h.Providers, Terminator: h.Terminator, Clock: h.Clock})
 			pass := func() {
 				t.Helper()
 				if err := r.Pass(context.Background()); err != nil {

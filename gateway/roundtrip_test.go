@@ -37,6 +37,7 @@ import (
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/broker"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/sgtest"
@@ -204,17 +205,14 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 			rates = map[admission.Class]admission.Rate{} // the production defaults
 		}
 	}
-	wo := sgtest.WireOptions{DB: e.db, Providers: providers.Single(providers.LegacyName, p), Clock: sandgate.SystemClock{},
-		RateLimits: rates}
+	bo := broker.Options{Redis: rdb, Providers: providers.Single(providers.LegacyName, p), Clock: sandgate.SystemClock{},
+		RateLimits: rates, EgressMeter: o.egress, Gateway: &gateway.Config{}}
 	if o.production {
-		wo.Log, wo.Gateway = productionTelemetry(tb)
+		bo.Log, *bo.Gateway = productionTelemetry(tb)
 	}
-	wired := sgtest.Wire(tb, wo)
-	gw := wired.Gateway
-	e.bill = wired.Billing
-	if o.egress != nil {
-		wired.Terminator.SetEgressMeter(o.egress)
-	}
+	wired := sgtest.Broker(tb, sgtest.Config(tb), bo)
+	gw := wired.Gateway()
+	e.bill = wired.Billing()
 	e.srv = httptest.NewTLSServer(gw.Handler())
 	tb.Cleanup(e.srv.Close)
 	e.client = e.srv.Client() // keep-alive; trusts the test certificate
@@ -235,7 +233,7 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 }
 
 // productionTelemetry returns the logger and the gateway's meter and
-// tracer as `sandgate serve` builds them (cmd/sandgate: newLogger,
+// tracer as `sandgate serve` builds them (internal/broker: NewLogger,
 // newMetrics, newObservability) with the default log settings and no
 // OTEL_* variable set. The log goes to a file, where serve's goes to stderr.
 func productionTelemetry(tb testing.TB) (*slog.Logger, gateway.Config) {

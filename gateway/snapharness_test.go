@@ -15,13 +15,14 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/client"
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/broker"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
@@ -32,57 +33,20 @@ import (
 	"github.com/sandgate/sandgate/token"
 )
 
-// snapClock is a clock the test moves; it starts at the real time.
-type snapClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *snapClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-// Advance moves the clock forward by d.
-func (c *snapClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // snapEnv is one broker under test.
 type snapEnv struct {
 	t        *testing.T
 	db       *store.DB
 	p        providers.Provider
-	clock    *snapClock
+	clock    *sgtest.Clock
 	srv      *httptest.Server
 	reaper   *reaper.Reaper
 	acct     string
 	inst     string
 	token    sandgate.Secret
 	cl       *client.Client
-	logs     *snapLogs
+	logs     *sgtest.Logs
 	instance sandgate.Instance
-}
-
-// snapLogs collects log lines for scanning.
-type snapLogs struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *snapLogs) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(b)
-}
-
-func (l *snapLogs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
 
 // snapStart runs a broker over p with the instance's limits changed by
@@ -91,16 +55,16 @@ func snapStart(t *testing.T, p providers.Provider, edit func(*sandgate.Limits)) 
 	t.Helper()
 	rdb := redistest.Start(t).Client()
 	db := store.New(rdb, store.Config{})
-	clock := &snapClock{t: time.Now().UTC()}
-	logs := &snapLogs{}
+	clock := sgtest.NewClock(time.Now())
+	logs := &sgtest.Logs{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ps := providers.Single(providers.LegacyName, p)
-	w := sgtest.Wire(t, sgtest.WireOptions{DB: db, Providers: ps, Clock: clock, Log: log,
+	w := sgtest.Broker(t, sgtest.Config(t), broker.Options{Redis: rdb, Providers: ps, Clock: clock, Log: log, Gateway: &gateway.Config{},
 		Risk: admission.RiskDefaults{AcquiresPerMinute: 1 << 20, MaxOpenWorkspaces: 1 << 20}})
-	srv := httptest.NewTLSServer(w.Gateway.Handler())
+	srv := httptest.NewTLSServer(w.Gateway().Handler())
 	t.Cleanup(srv.Close)
 	e := &snapEnv{t: t, db: db, p: p, clock: clock, srv: srv, logs: logs,
-		reaper: reaper.New(reaper.Config{Providers: ps}, db, w.Terminator, clock, log)}
+		reaper: reaper.New(reaper.Config{}, reaper.Deps{DB: db, Providers: ps, Terminator: w.Terminator(), Clock: clock, Log: log})}
 	ctx := context.Background()
 	e.acct = sandgate.NewID(sandgate.PrefixAccount)
 	if err := db.CreateAccount(ctx, sandgate.Account{ID: e.acct, Name: "t", CreatedAt: clock.Now()}); err != nil {

@@ -28,8 +28,8 @@ func TestCorrectionMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	term := termination.New(f.db, providers.Single(providers.LegacyName, f.prov), f.clock, nil, 0)
-	r := reaper.New(reaper.Config{Providers: providers.Single(providers.LegacyName, f.prov), Owner: "m", Meter: mp.Meter("test")}, f.db, term, f.clock, nil)
+	term := termination.New(termination.Config{}, termination.Deps{DB: f.db, Providers: providers.Single(providers.LegacyName, f.prov), Clock: f.clock})
+	r := reaper.New(reaper.Config{Owner: "m", Meter: mp.Meter("test")}, reaper.Deps{DB: f.db, Providers: providers.Single(providers.LegacyName, f.prov), Terminator: term, Clock: f.clock})
 	f.clock.Advance(11 * time.Second)
 	for range 2 { // the second pass has nothing left to correct
 		if err := r.Pass(ctx); err != nil {

@@ -27,11 +27,6 @@ import (
 type Config struct {
 	// Interval is the time between passes. 0 means 2 seconds.
 	Interval time.Duration
-	// Providers are the broker's providers: each workspace and snapshot
-	// is handled on the one it was created on, and every provider is
-	// listed for unknown creates and orphans. nil skips the snapshot
-	// sweep, unknown creates and orphans.
-	Providers *providers.Set
 	// Owner names this process in the leader lease. "" means a random id.
 	Owner string
 	// LeaseTTL is the leader lease's TTL: a new leader takes over at most
@@ -43,6 +38,19 @@ type Config struct {
 	// Tracer makes a span of every pass ("reaper pass"), the parent of
 	// its store and provider calls. nil means no spans.
 	Tracer trace.TracerProvider
+}
+
+// Deps are what a Reaper works with.
+type Deps struct {
+	DB *store.DB
+	// Providers are the broker's providers: each workspace and snapshot
+	// is handled on the one it was created on, and every provider is
+	// listed for unknown creates and orphans. nil skips the snapshot
+	// sweep, unknown creates and orphans.
+	Providers  *providers.Set
+	Terminator *termination.Terminator
+	Clock      sandgate.Clock
+	Log        *slog.Logger // nil discards
 }
 
 // The reaper's metrics. Their only attribute is KindAttr, from the bounded
@@ -72,6 +80,7 @@ const (
 // conditional script), so the lease is an economy, not the guard.
 type Reaper struct {
 	cfg         Config
+	provs       *providers.Set
 	db          *store.DB
 	term        *termination.Terminator
 	clock       sandgate.Clock
@@ -89,7 +98,8 @@ type Stats struct {
 }
 
 // New returns a Reaper.
-func New(cfg Config, db *store.DB, term *termination.Terminator, clock sandgate.Clock, log *slog.Logger) *Reaper {
+func New(cfg Config, d Deps) *Reaper {
+	log := d.Log
 	if cfg.Interval == 0 {
 		cfg.Interval = 2 * time.Second
 	}
@@ -108,7 +118,7 @@ func New(cfg Config, db *store.DB, term *termination.Terminator, clock sandgate.
 	if cfg.Tracer == nil {
 		cfg.Tracer = tracenoop.NewTracerProvider()
 	}
-	r := &Reaper{cfg: cfg, db: db, term: term, clock: clock, log: log, tracer: cfg.Tracer.Tracer("github.com/sandgate/sandgate/reaper")}
+	r := &Reaper{cfg: cfg, provs: d.Providers, db: d.DB, term: d.Terminator, clock: d.Clock, log: log, tracer: cfg.Tracer.Tracer("github.com/sandgate/sandgate/reaper")}
 	var err error
 	if r.corrections, err = cfg.Meter.Int64Counter(MetricCorrections, metric.WithUnit("{correction}"),
 		metric.WithDescription("Corrections the reaper made, by kind.")); err != nil {

@@ -54,9 +54,9 @@ func newFixture(t *testing.T) *fixture {
 }
 
 func (f *fixture) reaper(owner string) *reaper.Reaper {
-	term := termination.New(f.db, providers.Single(providers.LegacyName, f.prov), f.clock, nil, 0)
-	return reaper.New(reaper.Config{Providers: providers.Single(providers.LegacyName, f.prov), Owner: owner, Interval: 100 * time.Millisecond, LeaseTTL: time.Second},
-		f.db, term, f.clock, nil)
+	term := termination.New(termination.Config{}, termination.Deps{DB: f.db, Providers: providers.Single(providers.LegacyName, f.prov), Clock: f.clock})
+	return reaper.New(reaper.Config{Owner: owner, Interval: 100 * time.Millisecond, LeaseTTL: time.Second},
+		reaper.Deps{DB: f.db, Providers: providers.Single(providers.LegacyName, f.prov), Terminator: term, Clock: f.clock})
 }
 
 // admit admits a workspace (starting) and, with create, creates its sandbox

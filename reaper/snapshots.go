@@ -27,7 +27,7 @@ const (
 // provider, retried every snapshotRetry until it confirms, whether or not
 // the client ever called DELETE.
 func (r *Reaper) sweepSnapshots(ctx context.Context) error {
-	if r.cfg.Providers == nil {
+	if r.provs == nil {
 		return nil
 	}
 	accts, err := r.db.AccountIDs(ctx)
@@ -101,7 +101,7 @@ func (r *Reaper) sweepAccountSnapshots(ctx context.Context, acct string) error {
 // deleteContents deletes a snapshot's contents on the provider that holds
 // them, accepting new work or not.
 func (r *Reaper) deleteContents(ctx context.Context, snap sandgate.Snapshot) error {
-	e, err := r.cfg.Providers.Get(snap.Provider)
+	e, err := r.provs.Get(snap.Provider)
 	if err != nil {
 		return err
 	}

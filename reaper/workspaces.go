@@ -51,8 +51,8 @@ func (r *Reaper) sweepWorkspaces(ctx context.Context) error {
 		// pass's, with a fresh listing.
 		delete(vendor, w.ID)
 	}
-	if r.cfg.Providers != nil {
-		for _, e := range r.cfg.Providers.All() {
+	if r.provs != nil {
+		for _, e := range r.provs.All() {
 			if vendor := vendors[e.Name]; vendor != nil {
 				if err := r.sweepOrphans(ctx, e.Provider, vendor); err != nil {
 					return err
@@ -77,10 +77,10 @@ func providerName(name string) string {
 // for a pass that can ask it; the others go on.
 func (r *Reaper) listProviders(ctx context.Context) map[string]map[string]providers.Sandbox {
 	out := map[string]map[string]providers.Sandbox{}
-	if r.cfg.Providers == nil {
+	if r.provs == nil {
 		return out
 	}
-	for _, e := range r.cfg.Providers.All() {
+	for _, e := range r.provs.All() {
 		sbs, err := e.Provider.List(ctx)
 		if err != nil {
 			r.log.Warn("provider list failed; its unknown creates and orphans wait", slog.String(sandgate.KeyProvider, e.Name), slog.Any(sandgate.KeyError, err))
@@ -151,10 +151,10 @@ const commandReadTimeout = 10 * time.Second
 // returns w as the store has it then; on any failure, w as it was, which
 // only keeps the workspace longer.
 func (r *Reaper) finishCommands(ctx context.Context, w sandgate.Workspace, now time.Time) sandgate.Workspace {
-	if r.cfg.Providers == nil {
+	if r.provs == nil {
 		return w
 	}
-	e, err := r.cfg.Providers.Get(w.Provider)
+	e, err := r.provs.Get(w.Provider)
 	if err != nil {
 		return w
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/internal/broker"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/sgtest"
@@ -48,8 +49,8 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := sgtest.Wire(t, sgtest.WireOptions{DB: db, Providers: set, Clock: e.clock})
-	e.bill, e.saga = w.Billing, w.Saga
+	w := sgtest.Broker(t, sgtest.Config(t), broker.Options{Redis: rdb, Providers: set, Clock: e.clock})
+	e.bill, e.saga = w.Billing(), w.Saga()
 	ctx := context.Background()
 	e.acct = sandgate.NewID(sandgate.PrefixAccount)
 	if err := db.CreateAccount(ctx, sandgate.Account{ID: e.acct, Name: "saga", CreatedAt: e.clock.Now()}); err != nil {
@@ -357,13 +358,13 @@ func (h *stepHook) process(ctx context.Context, cmd redis.Cmder, next redis.Proc
 
 // wireAfterCreate wires another saga over provider "one" alone that
 // calls afterCreate between each provider create and its confirm.
-func (e *env) wireAfterCreate(t *testing.T, afterCreate func(string)) (*providers.Set, sgtest.Wired) {
+func (e *env) wireAfterCreate(t *testing.T, afterCreate func(string)) (*providers.Set, *broker.Broker) {
 	t.Helper()
 	set, err := providers.NewSet("one", providers.Entry{Name: "one", Kind: "fake", Provider: e.one, AcceptNew: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return set, sgtest.Wire(t, sgtest.WireOptions{DB: e.db, Providers: set, Clock: e.clock, Saga: saga.Config{AfterCreate: afterCreate}})
+	return set, sgtest.Broker(t, sgtest.Config(t), broker.Options{Redis: e.rdb, Providers: set, Clock: e.clock, AfterCreate: afterCreate})
 }
 
 // TestLateConfirmLeavesReclaimedKey: a gateway stalls between the create
@@ -384,18 +385,18 @@ func TestLateConfirmLeavesReclaimedKey(t *testing.T) {
 	})
 	stalled := make(chan error, 1)
 	go func() {
-		_, err := w.Saga.Acquire(ctx, in, "k", req())
+		_, err := w.Saga().Acquire(ctx, in, "k", req())
 		stalled <- err
 	}()
 	sgtest.WaitFor(t, "the first create", func() bool { return e.one.Creates() == 1 })
 	e.clock.Advance(e.db.Config().PendingTimeout + 2*time.Second)
-	if err := reaper.New(reaper.Config{Providers: set}, e.db, w.Terminator, e.clock, nil).Pass(ctx); err != nil {
+	if err := reaper.New(reaper.Config{}, reaper.Deps{DB: e.db, Providers: set, Terminator: w.Terminator(), Clock: e.clock}).Pass(ctx); err != nil {
 		t.Fatal(err)
 	}
-	retry := wantNewWorkspace(t, w.Saga, in, "k", "retry after the reaper failed the create")
+	retry := wantNewWorkspace(t, w.Saga(), in, "k", "retry after the reaper failed the create")
 	close(stall)
 	<-stalled
-	replay, err := w.Saga.Acquire(ctx, in, "k", req())
+	replay, err := w.Saga().Acquire(ctx, in, "k", req())
 	if err != nil || !replay.Replayed || replay.Workspace.ID != retry.ID || replay.Workspace.State != sandgate.WorkspaceRunning {
 		t.Errorf("replay after the stalled confirm = %s %s replayed %v, %v; want the retry's %s, running",
 			replay.Workspace.ID, replay.Workspace.State, replay.Replayed, err, retry.ID)
@@ -447,17 +448,17 @@ func TestStartingReleasedFreesKey(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = w.Saga.Acquire(ctx, in, "k", req())
+		_, _ = w.Saga().Acquire(ctx, in, "k", req())
 	}()
 	<-done
 	live, err := e.db.LiveWorkspaces(ctx, e.acct, in.ID, e.clock.Now())
 	if err != nil || len(live) != 1 || live[0].State != sandgate.WorkspaceStarting {
 		t.Fatalf("live workspaces after the gateway died = %+v, %v; want one starting", live, err)
 	}
-	if _, err := w.Terminator.Release(ctx, e.acct, in.ID, live[0].ID); err != nil {
+	if _, err := w.Terminator().Release(ctx, e.acct, in.ID, live[0].ID); err != nil {
 		t.Fatalf("release of the starting workspace: %v", err)
 	}
-	if got := wantNewWorkspace(t, w.Saga, in, "k", "retry with the key"); got.ID == live[0].ID {
+	if got := wantNewWorkspace(t, w.Saga(), in, "k", "retry with the key"); got.ID == live[0].ID {
 		t.Fatalf("retry with the key answered the released workspace %s; want a new one", got.ID)
 	}
 }
@@ -513,14 +514,14 @@ func TestEndRetriedOnTheSandbox(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	in := e.instance(t, "")
-	var w sgtest.Wired
+	var w *broker.Broker
 	set, w := e.wireAfterCreate(t, func(id string) {
-		if _, err := w.Terminator.Release(ctx, e.acct, in.ID, id); err != nil {
+		if _, err := w.Terminator().Release(ctx, e.acct, in.ID, id); err != nil {
 			t.Errorf("release while starting: %v", err)
 		}
 	})
 	e.one.Set(func(p *fakeprovider.Provider) { p.TerminateErr = fakeprovider.ErrInjected })
-	res, err := w.Saga.Acquire(ctx, in, "k", req())
+	res, err := w.Saga().Acquire(ctx, in, "k", req())
 	if err != nil || res.Workspace.State != sandgate.WorkspaceTerminating {
 		t.Fatalf("acquire released while starting, its end failing = %s, %v; want terminating", res.Workspace.State, err)
 	}
@@ -544,7 +545,7 @@ func TestFailedCreateRetriedOnTheSandbox(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = w.Saga.Acquire(ctx, in, "k", req())
+		_, _ = w.Saga().Acquire(ctx, in, "k", req())
 	}()
 	<-done
 	live, err := e.db.LiveWorkspaces(ctx, e.acct, in.ID, e.clock.Now())
@@ -563,9 +564,9 @@ func TestFailedCreateRetriedOnTheSandbox(t *testing.T) {
 }
 
 // reapOnce runs one reaper pass over set.
-func (e *env) reapOnce(t *testing.T, set *providers.Set, w sgtest.Wired) {
+func (e *env) reapOnce(t *testing.T, set *providers.Set, w *broker.Broker) {
 	t.Helper()
-	if err := reaper.New(reaper.Config{Providers: set}, e.db, w.Terminator, e.clock, nil).Pass(context.Background()); err != nil {
+	if err := reaper.New(reaper.Config{}, reaper.Deps{DB: e.db, Providers: set, Terminator: w.Terminator(), Clock: e.clock}).Pass(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -594,10 +595,10 @@ func TestEndAnswerLostFreesKey(t *testing.T) {
 	in := e.instance(t, "")
 	steps := e.addSteps(failScript, loseAnswer) // the confirm, then the end's record
 	set, w := e.wireAfterCreate(t, func(string) { steps.arm() })
-	_, err := w.Saga.Acquire(ctx, in, "k", req())
+	_, err := w.Saga().Acquire(ctx, in, "k", req())
 	wantCode(t, "acquire whose confirm failed and whose end's answer was lost", err, protocol.Unavailable)
 	e.reapOnce(t, set, w)
-	wantNewWorkspace(t, w.Saga, in, "k", "retry after the reaper's pass")
+	wantNewWorkspace(t, w.Saga(), in, "k", "retry after the reaper's pass")
 	if n := e.one.Live(); n != 1 {
 		t.Errorf("sandboxes = %d; want 1, the retry's (the first ended by the reaper)", n)
 	}
@@ -619,11 +620,11 @@ func TestTerminateReadBeforeConfirm(t *testing.T) {
 			t.Errorf("read while starting: %v", err)
 		}
 	})
-	res, err := w.Saga.Acquire(ctx, in, "k", req())
+	res, err := w.Saga().Acquire(ctx, in, "k", req())
 	if err != nil || early.State != sandgate.WorkspaceStarting || early.ProviderRef != "" {
 		t.Fatalf("acquire = %v, the copy read while starting: %s %q; want it starting, naming no sandbox", err, early.State, early.ProviderRef)
 	}
-	if ok, err := w.Terminator.Terminate(ctx, early, sandgate.ReasonEmergencyStopped); !ok || err != nil {
+	if ok, err := w.Terminator().Terminate(ctx, early, sandgate.ReasonEmergencyStopped); !ok || err != nil {
 		t.Fatalf("terminate = %v, %v; want the end confirmed", ok, err)
 	}
 	e.wantEnded(t, res.Workspace.ID)
@@ -640,11 +641,11 @@ func TestEndWaitsForTheCreate(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	in := e.instance(t, "")
-	var w sgtest.Wired
+	var w *broker.Broker
 	var set *providers.Set
 	set, w = e.wireAfterCreate(t, func(id string) {
 		for range 2 {
-			if _, err := w.Terminator.Release(ctx, e.acct, in.ID, id); err != nil {
+			if _, err := w.Terminator().Release(ctx, e.acct, in.ID, id); err != nil {
 				t.Errorf("release while starting: %v", err)
 			}
 		}
@@ -654,7 +655,7 @@ func TestEndWaitsForTheCreate(t *testing.T) {
 		}
 		e.one.Set(func(p *fakeprovider.Provider) { p.TerminateErr = fakeprovider.ErrInjected })
 	})
-	res, err := w.Saga.Acquire(ctx, in, "k", req())
+	res, err := w.Saga().Acquire(ctx, in, "k", req())
 	if err != nil || res.Workspace.State != sandgate.WorkspaceTerminating || e.one.Live() != 1 {
 		t.Fatalf("acquire released while starting, its terminate failing = %s, %v, %d sandboxes; want terminating, 1", res.Workspace.State, err, e.one.Live())
 	}

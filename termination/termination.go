@@ -36,7 +36,7 @@ type Terminator struct {
 
 // EgressMeter returns, and forgets, what the broker's egress proxy
 // counted for workspace id (out is sandbox to destination, in is back).
-// cmd/sandgate passes the proxy's Forget.
+// The broker (internal/broker) passes the egress proxy's Forget.
 type EgressMeter func(workspaceID string) EgressCount
 
 // EgressCount is a workspace's egress count at its end: the count itself
@@ -49,10 +49,6 @@ type EgressCount struct {
 	NewOut, NewIn int64
 	Exact         bool
 }
-
-// SetEgressMeter makes every confirmed end record the workspace's egress
-// bytes with its usage. Call it before the Terminator is used.
-func (t *Terminator) SetEgressMeter(m EgressMeter) { t.egress = m }
 
 // Settler charges a workspace whose end is recorded (package billing). It
 // must be idempotent by workspace id: Finish may run more than once.
@@ -68,21 +64,37 @@ type FinishSettler interface {
 	FinishAndSettle(ctx context.Context, w sandgate.Workspace, at time.Time, eg store.Egress) (sandgate.Workspace, error)
 }
 
-// SetSettler makes every confirmed end settle the workspace's usage. Call
-// it before the Terminator is used.
-func (t *Terminator) SetSettler(s Settler) { t.settler = s }
+// Config configures a Terminator.
+type Config struct {
+	// Timeout bounds one provider call; 0 means 30s.
+	Timeout time.Duration
+}
 
-// New returns a Terminator that ends each workspace on the provider of ps
-// it was created on. timeout bounds one provider call; 0 means 30s. A nil
-// ps (tests of billing alone) records ends without asking any provider.
-func New(db *store.DB, ps *providers.Set, clock sandgate.Clock, log *slog.Logger, timeout time.Duration) *Terminator {
-	if timeout == 0 {
-		timeout = 30 * time.Second
+// Deps are what a Terminator works with.
+type Deps struct {
+	DB *store.DB
+	// Providers end each workspace on the provider it was created on. nil
+	// (tests of billing alone) records ends without asking any provider.
+	Providers *providers.Set
+	Clock     sandgate.Clock
+	Log       *slog.Logger // nil discards
+	// Settler, when set, settles every confirmed end's usage.
+	Settler Settler
+	// EgressMeter, when set, makes every confirmed end record the
+	// workspace's egress bytes with its usage.
+	EgressMeter EgressMeter
+}
+
+// New returns a Terminator.
+func New(cfg Config, d Deps) *Terminator {
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 30 * time.Second
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Terminator{db: db, provs: ps, clock: clock, log: log, timeout: timeout}
+	return &Terminator{db: d.DB, provs: d.Providers, clock: d.Clock, log: d.Log, timeout: cfg.Timeout,
+		settler: d.Settler, egress: d.EgressMeter}
 }
 
 // Terminate ends w with reason. It returns whether the end is confirmed.

@@ -36,7 +36,7 @@ func TestReleaseWithoutBilling(t *testing.T) {
 	if ok, err := db.Confirm(ctx, w, "", now, "k", "h"); err != nil || !ok {
 		t.Fatalf("Confirm = %v, %v", ok, err)
 	}
-	term := termination.New(db, nil, clock, nil, 0)
+	term := termination.New(termination.Config{}, termination.Deps{DB: db, Clock: clock})
 
 	if _, err := term.Release(ctx, w.AccountID, "inst_other", w.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Release through another instance: %v; want ErrNotFound", err)

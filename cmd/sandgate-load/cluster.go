@@ -219,7 +219,7 @@ func clusterRun(ctx context.Context, dir string, o clusterOpts, cluster bool, ga
 	}
 	defer rdb.Close()
 	db := store.New(rdb, store.Config{})
-	bill := billing.New(db, billing.Config{})
+	bill := billing.New(billing.Config{}, billing.Deps{DB: db})
 	tenants, funds, err := setupTenants(ctx, db, bill, o)
 	if err != nil {
 		return nil, err

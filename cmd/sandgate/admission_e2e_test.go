@@ -281,10 +281,7 @@ func sleepers(s *serveBroker) []procStat {
 func TestEmergencyStopAcrossGateways(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	gwA := startServe(t, cfg)
-	gwB := startServe(t, cfg)
+	_, _, gwA, gwB := startPair(t)
 	adm := gwA.Admin(t)
 	inst := createInstance(t, adm, createAccount(t, adm, "e2e-stop"), 3)
 	tok := issueToken(t, adm, inst)
@@ -377,10 +374,7 @@ func TestEmergencyStopAcrossGateways(t *testing.T) {
 func TestPauseScopes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	gwA := startServe(t, cfg)
-	gwB := startServe(t, cfg)
+	_, cfg, gwA, gwB := startPair(t)
 	env := gwA.AdminEnv()
 	adm := gwA.Admin(t)
 	acct := createAccount(t, adm, "e2e-pause")

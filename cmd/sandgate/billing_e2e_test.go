@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sandgate/sandgate/internal/broker"
 )
 
 // TestE2EDevBilling drives billing through the binary on `sandgate dev`:
@@ -23,7 +25,7 @@ func TestE2EDevBilling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st devState
+	var st broker.DevState
 	if err := json.Unmarshal(raw, &st); err != nil {
 		t.Fatal(err)
 	}
@@ -31,12 +33,12 @@ func TestE2EDevBilling(t *testing.T) {
 	balance := func() string {
 		return strings.TrimSpace(runCLI(t, env, "admin", "funds", "balance", "--account", st.AccountID))
 	}
-	if got := balance(); got != devFunds {
-		t.Fatalf("dev account's opening balance = %q, want %q", got, devFunds)
+	if got := balance(); got != broker.DevFunds {
+		t.Fatalf("dev account's opening balance = %q, want %q", got, broker.DevFunds)
 	}
 	c := d.Client(t, "")
 	ws := acquire(t, c, "billing-1")
-	if got := balance(); got == devFunds {
+	if got := balance(); got == broker.DevFunds {
 		t.Fatalf("balance with a workspace open = %q: no hold", got)
 	}
 	if _, err := c.Release(ctx, ws.WorkspaceID); err != nil {

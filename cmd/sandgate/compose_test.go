@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandgate/sandgate/internal/broker"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -131,14 +132,14 @@ func TestComposeFile(t *testing.T) {
 	}
 	env["SANDGATE_OPERATOR_TOKEN_ADMIN"] = "sgo_compose-test-token"
 	getenv := func(k string) string { return env[k] }
-	cfg, err := loadConfig(cfgPath, getenv)
+	cfg, err := broker.LoadConfig(cfgPath, getenv)
 	if err != nil {
 		t.Fatalf("the compose's sandgate config: %v", err)
 	}
-	if _, err := cfg.operatorTokens(getenv); err != nil {
+	if _, err := cfg.OperatorTokens(getenv); err != nil {
 		t.Errorf("the compose's operators: %v", err)
 	}
-	if cfg.Redis.Addr != "redis:6379" || !isLoopback(cfg.AdminListen) || !strings.HasSuffix(cfg.AdminListen, ":8444") {
+	if cfg.Redis.Addr != "redis:6379" || !broker.IsLoopback(cfg.AdminListen) || !strings.HasSuffix(cfg.AdminListen, ":8444") {
 		t.Errorf("compose config: redis %q, admin_listen %q; want redis:6379 and loopback :8444", cfg.Redis.Addr, cfg.AdminListen)
 	}
 

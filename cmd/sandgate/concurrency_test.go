@@ -25,12 +25,7 @@ import (
 func TestTwoGatewaysConcurrency(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	// Started one after the other: both share data_dir, and a starting
-	// local provider empties the shared trash directory.
-	gwA := startServe(t, cfg)
-	gwB := startServe(t, cfg)
+	rs, cfg, gwA, gwB := startPair(t)
 
 	const limit, racers = 3, 120
 	adm := gwA.Admin(t)
@@ -91,10 +86,7 @@ func TestTwoGatewaysConcurrency(t *testing.T) {
 func TestTokenLifecycleAcrossGateways(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	gwA := startServe(t, cfg)
-	gwB := startServe(t, cfg)
+	rs, _, gwA, gwB := startPair(t)
 	adm := gwA.Admin(t)
 	inst := createInstance(t, adm, createAccount(t, adm, "e2e-lifecycle"), 2)
 	rdb := rs.Client()

@@ -509,9 +509,7 @@ func quote(s string) string {
 func TestCrossInstance404(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	s := startServe(t, cfg)
+	_, cfg, s := startOne(t)
 	adm := s.Admin(t)
 	acct := createAccount(t, adm, "e2e-cross")
 	instA := createInstance(t, adm, acct, 2)
@@ -581,9 +579,7 @@ func TestCrossInstance404(t *testing.T) {
 func TestWorkspacesSurviveRestart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	s1 := startServe(t, cfg)
+	_, cfg, s1 := startOne(t)
 	adm := s1.Admin(t)
 	inst := createInstance(t, adm, createAccount(t, adm, "e2e-restart"), 2)
 	tok := issueToken(t, adm, inst)

@@ -575,6 +575,24 @@ type serveBroker struct {
 
 // startServe runs `sandgate serve --config` and waits until it logs its
 // listeners and its public listener answers an unauthenticated request.
+// startPair starts a Redis and two `sandgate serve` processes of one
+// config over it, one after the other: both share data_dir, and a
+// starting local provider empties the shared trash directory.
+func startPair(t testing.TB) (*redistest.Server, *serveConfig, *serveBroker, *serveBroker) {
+	t.Helper()
+	rs, cfg, gwA := startOne(t)
+	return rs, cfg, gwA, startServe(t, cfg)
+}
+
+// startOne starts a Redis and a `sandgate serve` over it with the
+// default config.
+func startOne(t testing.TB) (*redistest.Server, *serveConfig, *serveBroker) {
+	t.Helper()
+	rs := startRedis(t)
+	cfg := newServeConfig(t, rs.Addr, serveOptions{})
+	return rs, cfg, startServe(t, cfg)
+}
+
 func startServe(t testing.TB, cfg *serveConfig) *serveBroker {
 	t.Helper()
 	return startServeEnv(t, cfg)

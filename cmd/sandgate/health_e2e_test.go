@@ -12,17 +12,19 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/broker"
 )
 
 // readyz reads the operator listener's /readyz.
-func readyz(adminURL string) (int, readiness, error) {
+func readyz(adminURL string) (int, broker.Readiness, error) {
 	resp, err := http.Get(adminURL + "/readyz")
 	if err != nil {
-		return 0, readiness{}, err
+		return 0, broker.Readiness{}, err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	var r readiness
+	var r broker.Readiness
 	if err := json.Unmarshal(b, &r); err != nil {
 		return resp.StatusCode, r, fmt.Errorf("readyz body %q: %w", b, err)
 	}
@@ -35,9 +37,7 @@ func readyz(adminURL string) (int, readiness, error) {
 // follows without details.
 func TestE2EReadyzFollowsRedis(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	s := startServe(t, cfg)
+	rs, cfg, s := startOne(t)
 	hc := httpsClient(cfg.PKI.Roots)
 	wantReady := func(what string, ready bool, failing string) {
 		t.Helper()

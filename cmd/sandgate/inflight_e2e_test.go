@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/sandgate/sandgate/internal/broker"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -95,14 +96,14 @@ func TestConfigInflight(t *testing.T) {
 		}
 		return p
 	}
-	c, err := loadConfig(write("admission:\n  inflight:\n    per_workspace: 3\n    per_instance: 5\n    max_bytes: 1048576\n"), func(string) string { return "" })
+	c, err := broker.LoadConfig(write("admission:\n  inflight:\n    per_workspace: 3\n    per_instance: 5\n    max_bytes: 1048576\n"), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}
 	if in := c.Admission.Inflight; in.PerWorkspace != 3 || in.PerInstance != 5 || in.MaxBytes != 1<<20 {
 		t.Errorf("admission.inflight = %+v; want 3, 5, 1048576", in)
 	}
-	if _, err := loadConfig(write("admission:\n  inflight:\n    per_workspace: -1\n"), func(string) string { return "" }); err == nil {
+	if _, err := broker.LoadConfig(write("admission:\n  inflight:\n    per_workspace: -1\n"), func(string) string { return "" }); err == nil {
 		t.Errorf("loadConfig with per_workspace -1 = nil error; want a refusal")
 	}
 }

@@ -133,10 +133,7 @@ func wantNoSlots(t testing.TB, rdb *redis.Client, acct, inst string) {
 func TestLifetimeEndsWithoutGateways(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	gwA := startServe(t, cfg)
-	gwB := startServe(t, cfg)
+	rs, cfg, gwA, gwB := startPair(t)
 	acct, inst, tok := obligationsInstance(t, gwA, "e2e-lifetime", 1, 5*time.Second)
 	c := gwA.Client(t, tok)
 	ws := acquire(t, c, "lifetime-1")
@@ -400,9 +397,7 @@ func TestReaperLeaderTakeover(t *testing.T) {
 func TestOrphanSweep(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	gw := startServe(t, cfg)
+	_, cfg, gw := startOne(t)
 	_, inst, _ := obligationsInstance(t, gw, "e2e-orphans", 1, time.Hour)
 
 	dataDir := filepath.Join(cfg.DataDir, "local")

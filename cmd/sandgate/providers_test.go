@@ -21,6 +21,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/client"
+	"github.com/sandgate/sandgate/internal/broker"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -30,7 +31,7 @@ import (
 )
 
 // inProcess is one broker run in this test process with the real wiring
-// (broker.run) and a provider registry of the test's.
+// (New, Run) and a provider registry of the test's.
 type inProcess struct {
 	URL, AdminURL string
 	cancel        context.CancelFunc
@@ -38,25 +39,36 @@ type inProcess struct {
 }
 
 // startInProcess runs b until the test ends or stop is called.
-func startInProcess(t *testing.T, cfg *Config, rdb *redis.Client, reg providers.Registry, adminTok string) (*inProcess, func()) {
+func startInProcess(t *testing.T, cfg *broker.Config, rdb *redis.Client, reg providers.Registry, adminTok string) (*inProcess, func()) {
 	t.Helper()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	cert, _, err := devCerts(cfg.DataDir, time.Now())
+	cert, _, err := broker.DevCerts(cfg.DataDir, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &broker{cfg: cfg, log: log, rdb: rdb, tls: serverTLS(cert), kinds: reg, getenv: func(string) string { return "" },
-		operators: []adminapi.OperatorToken{{Name: "t", Role: adminapi.RoleAdmin, Hash: token.Hash(sandgate.Secret(adminTok))}}}
-	if b.public, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+	cfg.Operators = append(cfg.Operators, broker.OperatorConfig{Name: "t", Role: "admin", TokenSHA256: token.Hash(sandgate.Secret(adminTok))})
+	public, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if b.admin, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	b, err := broker.New(ctx, *cfg, broker.Options{Redis: rdb, Log: log, TLS: broker.ServerTLS(cert), Kinds: reg, Getenv: func(string) string { return "" },
+		Public: public, Admin: adminLn})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
-	go func() { done <- b.run(ctx) }()
-	p := &inProcess{URL: "https://" + b.public.Addr().String(), AdminURL: "http://" + b.admin.Addr().String(), cancel: cancel, done: done}
+	go func() {
+		err := b.Run(ctx)
+		b.Close()
+		done <- err
+	}()
+	p := &inProcess{URL: "https://" + public.Addr().String(), AdminURL: "http://" + adminLn.Addr().String(), cancel: cancel, done: done}
 	stopped := false
 	stop := func() {
 		if stopped {
@@ -87,7 +99,7 @@ func fakeKind(fake *fakeprovider.Provider) providers.Opener {
 
 // twoProviderConfig is a broker config with the local provider (the
 // default) and the fake as "second"; acceptNew is the second's accept_new.
-func twoProviderConfig(t *testing.T, dataDir, redisAddr string, acceptNew bool) *Config {
+func twoProviderConfig(t *testing.T, dataDir, redisAddr string, acceptNew bool) *broker.Config {
 	t.Helper()
 	y := fmt.Sprintf(`
 data_dir: %s
@@ -102,7 +114,7 @@ default_provider: local
 	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := loadConfig(path, func(string) string { return "" })
+	cfg, err := broker.LoadConfig(path, func(string) string { return "" })
 	if err != nil {
 		t.Fatalf("loadConfig: %v", err)
 	}

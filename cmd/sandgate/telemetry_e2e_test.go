@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/sandgate/sandgate/adminapi"
+	"github.com/sandgate/sandgate/internal/broker"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -47,7 +48,7 @@ func TestE2ETraces(t *testing.T) {
 	tok := issueToken(t, adm, inst)
 	// A priced, postpaid account: admission holds money and release settles it.
 	if err := adm.Do(ctx, http.MethodPost, "/rate-cards", adminapi.RateCardRequest{Name: "e2e-traces",
-		Prices: devPrices}, nil); err != nil {
+		Prices: broker.DevPrices()}, nil); err != nil {
 		t.Fatalf("create rate card: %v", err)
 	}
 	if err := adm.Do(ctx, http.MethodPut, "/accounts/"+acct+"/billing", adminapi.BillingSettings{

@@ -1,7 +1,9 @@
 // Package sgtest is the test harness of the gateway: a private Redis, the
-// store, a gateway over a fake provider behind an httptest TLS server, the
-// operator API beside it, a settable clock and a log capture to grep. It is
-// for tests only; every helper takes a testing.TB and fails it fatally.
+// broker of internal/broker over a fake provider, its gateway behind an
+// httptest TLS server and its operator API beside it, a settable clock and
+// a log capture to grep. It builds the broker with broker.New, as `sandgate
+// serve` does, and holds no wiring of its own. It is for tests only; every
+// helper takes a testing.TB and fails it fatally.
 package sgtest
 
 import (
@@ -21,12 +23,12 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/broker"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/providers"
@@ -257,8 +259,6 @@ type Options struct {
 	RateLimits map[admission.Class]admission.Rate
 	// Risk are the default risk limits; zero means NoRisk.
 	Risk admission.RiskDefaults
-	// Saga configures the acquire and snapshot sagas.
-	Saga saga.Config
 	// TrustedProxies, when set, replaces Gateway.TrustedProxies.
 	TrustedProxies []netip.Prefix
 	// Start is the clock's starting time. Zero means the current time,
@@ -283,9 +283,10 @@ func MidHour(now time.Time) time.Time {
 	return t
 }
 
-// Harness is one broker under test: a private redis-server, the store, the
-// gateway over httptest.NewTLSServer and the operator API over a plain
-// httptest server, sharing one settable clock and one log capture.
+// Harness is one broker under test: a private redis-server, the broker's
+// gateway over httptest.NewTLSServer and its operator API over a plain
+// httptest server, sharing one settable clock and one log capture. The
+// broker's reaper and billing loops do not run: a test runs what it needs.
 type Harness struct {
 	tb         testing.TB
 	Redis      *redistest.Server
@@ -331,30 +332,25 @@ func New(tb testing.TB, opts Options) *Harness {
 		Logs:       &Logs{},
 		AdminToken: sandgate.Secret("sgadm_test-operator-token"),
 	}
-	h.DB = store.New(h.Redis.Client(), store.Config{})
 	log := slog.New(slog.NewJSONHandler(h.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
-	cfg := opts.Gateway
+	gcfg := opts.Gateway
 	if opts.TrustedProxies != nil {
-		cfg.TrustedProxies = opts.TrustedProxies
+		gcfg.TrustedProxies = opts.TrustedProxies
 	}
 	h.Providers = providers.Single(ProviderName, h.Provider)
-	w := Wire(tb, WireOptions{DB: h.DB, Providers: h.Providers, Clock: h.Clock, Log: log, Gateway: cfg,
-		RateLimits: opts.RateLimits, Risk: opts.Risk, Saga: opts.Saga})
-	h.Billing, h.Terminator, h.Saga, h.Gateway = w.Billing, w.Terminator, w.Saga, w.Gateway
+	cfg := Config(tb)
+	cfg.Defaults.DefaultImage = DefaultImage
+	if opts.Grace != 0 {
+		cfg.Lease.GracePeriod = opts.Grace
+	}
+	cfg.Operators = []broker.OperatorConfig{{Name: "test", Role: "admin", TokenSHA256: token.Hash(h.AdminToken)}}
+	b := Broker(tb, cfg, broker.Options{Redis: h.Redis.Client(), Providers: h.Providers, Clock: h.Clock, Log: log, Gateway: &gcfg,
+		RateLimits: opts.RateLimits, Risk: opts.Risk})
+	h.DB, h.Billing, h.Terminator, h.Saga, h.Gateway = b.DB(), b.Billing(), b.Terminator(), b.Saga(), b.Gateway()
 	h.Server = httptest.NewTLSServer(h.Gateway.Handler())
 	tb.Cleanup(h.Server.Close)
-
-	adm, err := admin.New(admin.Config{
-		Tokens:   []adminapi.OperatorToken{{Name: "test", Role: adminapi.RoleAdmin, Hash: token.Hash(h.AdminToken)}},
-		Grace:    opts.Grace,
-		Defaults: sandgate.Scope{DefaultImage: DefaultImage},
-	}, admin.Deps{DB: h.DB, Clock: h.Clock, Log: log.With("component", "admin"),
-		Providers: h.Providers, Terminator: h.Terminator, Billing: h.Billing})
-	if err != nil {
-		tb.Fatalf("admin.New: %v", err)
-	}
-	h.Admin = httptest.NewServer(adm.Handler())
+	h.Admin = httptest.NewServer(b.Admin().Handler())
 	tb.Cleanup(h.Admin.Close)
 	ac, err := adminapi.NewClient(h.Admin.URL, h.AdminToken, h.Admin.Client())
 	if err != nil {
@@ -498,16 +494,19 @@ func (h *Harness) NewInstanceIn(accountID string, scope adminapi.Scope) Instance
 // the others.
 func (h *Harness) IssueToken(instanceID string, req adminapi.IssueTokenRequest) adminapi.IssuedToken {
 	h.tb.Helper()
-	var out adminapi.IssuedToken
-	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens", req, &out)
-	return out
+	return h.issue("/instances/"+instanceID+"/tokens", req)
 }
 
 // RotateToken issues a token for an instance that supersedes every active one.
 func (h *Harness) RotateToken(instanceID string, req adminapi.IssueTokenRequest) adminapi.IssuedToken {
 	h.tb.Helper()
+	return h.issue("/instances/"+instanceID+"/tokens/rotate", req)
+}
+
+func (h *Harness) issue(path string, req adminapi.IssueTokenRequest) adminapi.IssuedToken {
+	h.tb.Helper()
 	var out adminapi.IssuedToken
-	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/rotate", req, &out)
+	h.AdminDo(http.MethodPost, path, req, &out)
 	return out
 }
 
@@ -515,16 +514,20 @@ func (h *Harness) RotateToken(instanceID string, req adminapi.IssueTokenRequest)
 // returns how many it ended.
 func (h *Harness) EndGrace(instanceID string) int {
 	h.tb.Helper()
-	var out adminapi.Count
-	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/end-grace", nil, &out)
-	return out.Count
+	return h.count("/instances/" + instanceID + "/tokens/end-grace")
 }
 
 // RevokeTokens revokes every token of an instance and returns how many it revoked.
 func (h *Harness) RevokeTokens(instanceID string) int {
 	h.tb.Helper()
+	return h.count("/instances/" + instanceID + "/tokens/revoke")
+}
+
+// count posts to path and returns the count it answers.
+func (h *Harness) count(path string) int {
+	h.tb.Helper()
 	var out adminapi.Count
-	h.AdminDo(http.MethodPost, "/instances/"+instanceID+"/tokens/revoke", nil, &out)
+	h.AdminDo(http.MethodPost, path, nil, &out)
 	return out.Count
 }
 
@@ -550,63 +553,39 @@ func (h *Harness) LiveCount(in Instance) int64 {
 // String names the harness in test output.
 func (h *Harness) String() string { return fmt.Sprintf("sgtest harness at %s", h.URL()) }
 
-// WireOptions configures Wire. A zero field means the default noted beside it.
-type WireOptions struct {
-	DB        *store.DB
-	Providers *providers.Set
-	Clock     sandgate.Clock
-	Log       *slog.Logger // nil discards
-	Gateway   gateway.Config
-	// RateLimits are the per-token rate limits; nil means Unlimited.
-	RateLimits map[admission.Class]admission.Rate
-	// Risk are the default risk limits; zero means NoRisk.
-	Risk admission.RiskDefaults
-	Saga saga.Config
-}
-
-// Wired is a broker wired by Wire.
-type Wired struct {
-	Billing    *billing.Billing
-	Terminator *termination.Terminator
-	Saga       *saga.Saga
-	Gateway    *gateway.Server
-}
-
-// Wire builds the broker's parts over o.DB and o.Providers the way
-// cmd/sandgate does: billing, the admission pipeline (reading the stop
-// state through the gateway's controls), one terminator that settles, the
-// saga and the gateway. Rate and risk limits are off unless set: tests fire
-// bursts on purpose, and the rate and risk tests set their own.
-func Wire(tb testing.TB, o WireOptions) Wired {
+// Config returns the config of a broker under test: the defaults, with
+// its data directory under tb's.
+func Config(tb testing.TB) broker.Config {
 	tb.Helper()
-	if o.Log == nil {
-		o.Log = slog.New(slog.DiscardHandler)
-	}
-	if o.RateLimits == nil {
-		o.RateLimits = Unlimited
-	}
-	if o.Risk == (admission.RiskDefaults{}) {
-		o.Risk = NoRisk
-	}
-	var w Wired
-	w.Billing = billing.New(o.DB, billing.Config{Log: o.Log, Clock: o.Clock})
-	controls := gateway.NewControls(o.DB, o.Clock)
-	dc := o.DB.Config()
-	admit := admission.New(o.DB.Redis(), admission.Standard(controls, admission.StandardConfig{
-		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Risk: o.Risk, Billing: w.Billing.Checks(),
-	})...)
-	w.Terminator = termination.New(o.DB, o.Providers, o.Clock, o.Log.With("component", "termination"), o.Gateway.TerminateTimeout)
-	w.Terminator.SetSettler(w.Billing)
-	var err error
-	w.Saga, err = saga.New(o.Saga, saga.Deps{DB: o.DB, Providers: o.Providers, Admission: admit, Holds: w.Billing,
-		Terminator: w.Terminator, Clock: o.Clock, Log: o.Log.With("component", "saga")})
+	cfg, err := broker.LoadConfig("", func(string) string { return "" })
 	if err != nil {
-		tb.Fatalf("saga.New: %v", err)
+		tb.Fatalf("broker.LoadConfig: %v", err)
 	}
-	w.Gateway, err = gateway.New(o.Gateway, gateway.Deps{DB: o.DB, Providers: o.Providers, Saga: w.Saga, Terminator: w.Terminator,
-		Limiter: admission.NewLimiter(o.DB.Redis(), o.RateLimits), Controls: controls, Clock: o.Clock, Log: o.Log.With("component", "gateway"), Caches: []gateway.Cache{w.Billing.Prices()}})
+	cfg.DataDir = tb.TempDir()
+	return *cfg
+}
+
+// Broker builds the broker of cfg (see Config) over opts.Redis, which
+// is required, and closes it when the test ends. Rate and risk limits are
+// off unless set: tests fire bursts on purpose, and the rate and risk
+// tests set their own. opts.Log nil discards. It does not Run the broker:
+// a test serves the handlers it needs, and runs the gateway's caches
+// (Gateway().Run) where it needs them.
+func Broker(tb testing.TB, cfg broker.Config, opts broker.Options) *broker.Broker {
+	tb.Helper()
+	if opts.RateLimits == nil {
+		opts.RateLimits = Unlimited
+	}
+	if opts.Risk == (admission.RiskDefaults{}) {
+		opts.Risk = NoRisk
+	}
+	if opts.Getenv == nil {
+		opts.Getenv = func(string) string { return "" }
+	}
+	b, err := broker.New(context.Background(), cfg, opts)
 	if err != nil {
-		tb.Fatalf("gateway.New: %v", err)
+		tb.Fatalf("broker.New: %v", err)
 	}
-	return w
+	tb.Cleanup(func() { _ = b.Close() })
+	return b
 }

@@ -89,7 +89,7 @@ func newEgressEnvIn(t *testing.T, dataDir string) *egressEnv {
 	for _, n := range egressNames {
 		hosts[n] = netip.MustParseAddr("127.0.0.1")
 	}
-	proxy, err := egress.New(egress.Config{Ports: []uint16{80, 443, uint16(site.Port)}, Hosts: hosts})
+	proxy, err := egress.New(egress.Config{Ports: []uint16{80, 443, uint16(site.Port)}, Hosts: hosts}, egress.Deps{})
 	if err != nil {
 		t.Fatal(err)
 	}

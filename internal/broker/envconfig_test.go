@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"os"
@@ -91,7 +91,7 @@ func TestEnvOverrideNames(t *testing.T) {
 		"SANDGATE_ADMISSION_TIMEOUT": "5s", "SANDGATE_ADMISSION_RISK_MAX_SIZE": "large",
 		"SANDGATE_TLS_TRUSTED_PROXIES": "[10.0.0.0/8, 127.0.0.1]", "SANDGATE_DRAIN_DELAY": "3s",
 	}
-	c, err := loadConfig("", func(k string) string { return env[k] })
+	c, err := LoadConfig("", func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatalf("loadConfig: %v", err)
 	}
@@ -109,14 +109,14 @@ func TestEnvOverrideNames(t *testing.T) {
 // never echoed (it may be a secret).
 func TestEnvOverrideErrorHidesValue(t *testing.T) {
 	const secret = "SECRET-VALUE-123"
-	_, err := loadConfig("", func(k string) string {
+	_, err := LoadConfig("", func(k string) string {
 		if k == "SANDGATE_REDIS_DB" {
 			return secret
 		}
 		return ""
 	})
 	if err == nil || !strings.Contains(err.Error(), "SANDGATE_REDIS_DB") || strings.Contains(err.Error(), secret) {
-		t.Errorf("loadConfig(SANDGATE_REDIS_DB=%q) error = %v; want one naming the variable, not the value", secret, err)
+		t.Errorf("LoadConfig(SANDGATE_REDIS_DB=%q) error = %v; want one naming the variable, not the value", secret, err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"crypto/tls"
@@ -100,10 +100,10 @@ func (r *RedisConfig) check() error {
 // within a second of the failover rather than go-redis' default minute.
 const clusterReload = time.Second
 
-// newRedis returns the client of the configured Redis topology. The
+// NewRedis returns the client of the configured Redis topology. The
 // admission timeout bounds every call, so a Redis outage fails closed
 // quickly instead of hanging requests.
-func newRedis(cfg *Config) (redis.UniversalClient, error) {
+func NewRedis(cfg *Config) (redis.UniversalClient, error) {
 	r := cfg.Redis
 	var tc *tls.Config
 	if r.TLS.Enabled {

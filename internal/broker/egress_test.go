@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"net/netip"
@@ -49,7 +49,7 @@ func TestEgressConfig(t *testing.T) {
 			if err := os.WriteFile(path, []byte(tt.yaml), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			cfg, err := loadConfig(path, func(k string) string { return tt.env[k] })
+			cfg, err := LoadConfig(path, func(k string) string { return tt.env[k] })
 			if tt.wantErr != nil {
 				if err == nil {
 					t.Fatalf("loadConfig = nil error; want one with %q", tt.wantErr)
@@ -64,7 +64,7 @@ func TestEgressConfig(t *testing.T) {
 			if err != nil {
 				t.Fatalf("loadConfig: %v", err)
 			}
-			ec, err := cfg.egressConfig(nil, nil)
+			ec, err := cfg.egressConfig(nil)
 			if err != nil {
 				t.Fatalf("egressConfig: %v", err)
 			}

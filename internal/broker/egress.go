@@ -1,8 +1,7 @@
-package main
+package broker
 
 import (
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -84,9 +83,9 @@ func (egressHosts) envSyntax() string {
 }
 
 // egressConfig is the proxy's config from egress: ports and hosts, with
-// log and meter (nil in validation). Errors name the field and the entry.
-func (c *Config) egressConfig(log *slog.Logger, meter metric.Meter) (egress.Config, error) {
-	ec := egress.Config{Logger: log, Meter: meter}
+// meter (nil in validation). Errors name the field and the entry.
+func (c *Config) egressConfig(meter metric.Meter) (egress.Config, error) {
+	ec := egress.Config{Meter: meter}
 	if c.Egress.Ports != nil {
 		ec.Ports = slices.Clone([]uint16(c.Egress.Ports))
 	}

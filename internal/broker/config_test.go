@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"log/slog"
@@ -79,13 +79,13 @@ func TestServeRefusesBadProviders(t *testing.T) {
 			if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			cfg, err := loadConfig(path, func(string) string { return "" })
+			cfg, err := LoadConfig(path, func(string) string { return "" })
 			if err != nil {
 				t.Fatalf("loadConfig: %v", err)
 			}
-			b := &broker{cfg: cfg, log: discardLogger(), getenv: func(string) string { return "" }}
-			err = b.run(t.Context())
+			b, err := New(t.Context(), *cfg, Options{Log: discardLogger(), Getenv: func(string) string { return "" }})
 			if err == nil {
+				b.Close()
 				t.Fatal("run succeeded; want a startup error")
 			}
 			wantNaming(t, err, tt.want)
@@ -100,7 +100,7 @@ func loadYAML(t *testing.T, yaml string, env map[string]string) (*Config, error)
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return loadConfig(path, func(k string) string { return env[k] })
+	return LoadConfig(path, func(k string) string { return env[k] })
 }
 
 // wantNaming fails t unless err's message holds every one of words: an

@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"context"
@@ -13,14 +13,14 @@ import (
 	"github.com/sandgate/sandgate/telemetry"
 )
 
-// newLogger returns the process's logger on stderr: format "json" (the
+// NewLogger returns the process's logger on stderr: format "json" (the
 // default) or "text", at level. A duration attribute is written in
 // milliseconds with the unit in its key: "duration" becomes
 // "duration_ms": 12.5. Info lines (the access log) are coalesced into few
 // writes, each at most telemetry.LogLinger late; warnings and errors are
 // written at once. The caller calls the returned func before the process
 // exits, which writes what is held.
-func newLogger(level, format string) (*slog.Logger, func(), error) {
+func NewLogger(level, format string) (*slog.Logger, func(), error) {
 	log, lw, err := telemetry.NewBufferedLogger(os.Stderr, level, format)
 	if err != nil {
 		return nil, nil, err
@@ -28,7 +28,7 @@ func newLogger(level, format string) (*slog.Logger, func(), error) {
 	return log, func() { _ = lw.Close() }, nil
 }
 
-// newLoggerTo is newLogger's logger writing to w unbuffered.
+// newLoggerTo is NewLogger's logger writing to w unbuffered.
 func newLoggerTo(w io.Writer, level, format string) (*slog.Logger, error) {
 	return telemetry.NewLogger(w, level, format)
 }
@@ -43,8 +43,8 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	r.log.WarnContext(ctx, "redis client", slog.String("detail", msg))
 }
 
-// routeRedisLogs makes go-redis log through log. go-redis has one logger
+// RouteRedisLogs makes go-redis log through log. go-redis has one logger
 // per process.
-func routeRedisLogs(log *slog.Logger) {
+func RouteRedisLogs(log *slog.Logger) {
 	redis.SetLogger(redisLogger{log: log.With("component", "redis")})
 }

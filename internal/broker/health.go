@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"context"
@@ -20,7 +20,7 @@ const (
 	providerCheckEvery = 15 * time.Second
 	// providerCheckTimeout bounds one provider's check.
 	providerCheckTimeout = 10 * time.Second
-	// redisCheckTimeout bounds the PING of one readiness answer.
+	// redisCheckTimeout bounds the PING of one Readiness answer.
 	redisCheckTimeout = time.Second
 )
 
@@ -108,8 +108,8 @@ func (h *health) failing(ctx context.Context) []string {
 	return out
 }
 
-// readiness is the body of the operator listener's /readyz.
-type readiness struct {
+// Readiness is the body of the operator listener's /readyz.
+type Readiness struct {
 	Ready   bool     `json:"ready"`
 	Failing []string `json:"failing"`
 }
@@ -129,7 +129,7 @@ func (h *health) readyz(w http.ResponseWriter, r *http.Request) {
 	if len(f) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
-	_ = json.NewEncoder(w).Encode(readiness{Ready: len(f) == 0, Failing: f})
+	_ = json.NewEncoder(w).Encode(Readiness{Ready: len(f) == 0, Failing: f})
 }
 
 // publicReadyz is /readyz of the public listener: no authentication and

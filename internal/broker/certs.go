@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"crypto/ecdsa"
@@ -17,10 +17,10 @@ import (
 	"time"
 )
 
-// devCerts returns the dev broker's server certificate, creating a
+// DevCerts returns the dev broker's server certificate, creating a
 // self-signed CA and a certificate for localhost, 127.0.0.1 and ::1 in dir
 // the first time. The CA's path goes into dev.env as BROKER_CA.
-func devCerts(dir string, now time.Time) (cert tls.Certificate, caPath string, err error) {
+func DevCerts(dir string, now time.Time) (cert tls.Certificate, caPath string, err error) {
 	caPath = filepath.Join(dir, "ca.pem")
 	certPath := filepath.Join(dir, "server.pem")
 	keyPath := filepath.Join(dir, "server-key.pem")

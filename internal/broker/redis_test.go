@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"context"
@@ -49,7 +49,7 @@ func TestRedisConfig(t *testing.T) {
 			if err != nil {
 				t.Fatalf("loadConfig: %v", err)
 			}
-			rdb, err := newRedis(cfg)
+			rdb, err := NewRedis(cfg)
 			if err != nil {
 				t.Fatalf("newRedis: %v", err)
 			}
@@ -80,13 +80,13 @@ func TestRedisTLSCAFile(t *testing.T) {
 	if err := os.WriteFile(ca, []byte("not a certificate"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := loadConfig("", func(k string) string {
+	cfg, err := LoadConfig("", func(k string) string {
 		return map[string]string{"SANDGATE_REDIS_TLS_ENABLED": "true", "SANDGATE_REDIS_TLS_CA_FILE": ca}[k]
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := newRedis(cfg); err == nil || !strings.Contains(err.Error(), "redis.tls.ca_file") {
+	if _, err := NewRedis(cfg); err == nil || !strings.Contains(err.Error(), "redis.tls.ca_file") {
 		t.Fatalf("newRedis with a bad CA file: %v; want an error naming redis.tls.ca_file", err)
 	}
 }
@@ -96,13 +96,13 @@ func TestRedisTLSCAFile(t *testing.T) {
 func TestRedisClusterClient(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t)
-	cfg, err := loadConfig("", func(k string) string {
+	cfg, err := LoadConfig("", func(k string) string {
 		return map[string]string{"SANDGATE_REDIS_MODE": "cluster", "SANDGATE_REDIS_ADDRS": "[" + c.Addrs[0] + "]"}[k]
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdb, err := newRedis(cfg)
+	rdb, err := NewRedis(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

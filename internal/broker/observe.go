@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/sandgate/sandgate/telemetry"
 )
 
-// observability is the process's tracing and metrics, built once by run.
+// observability is the process's tracing and metrics, built once by New.
 type observability struct {
 	tracing *telemetry.Tracing
 	mp      *sdkmetric.MeterProvider
@@ -27,8 +27,8 @@ type observability struct {
 // newObservability builds tracing from the OTEL_* variables (off when none
 // is set), the Prometheus metrics of /metrics, and the span of every
 // Redis call of rdb.
-func newObservability(ctx context.Context, cfg *Config, rdb redis.UniversalClient, getenv func(string) string, log *slog.Logger) (*observability, error) {
-	tr, err := telemetry.NewTracing(ctx, getenv, readBuildInfo().Version, cfg.BrokerID)
+func newObservability(ctx context.Context, cfg *Config, rdb redis.UniversalClient, getenv func(string) string, version string, log *slog.Logger) (*observability, error) {
+	tr, err := telemetry.NewTracing(ctx, getenv, version, cfg.BrokerID)
 	if err != nil {
 		return nil, err
 	}

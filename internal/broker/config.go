@@ -1,4 +1,4 @@
-package main
+package broker
 
 import (
 	"bytes"
@@ -49,14 +49,9 @@ type Config struct {
 	Providers []yaml.Node `yaml:"providers"`
 	// DefaultProvider is the provider of instances that name none;
 	// SANDGATE_DEFAULT_PROVIDER; default the first provider.
-	DefaultProvider string `yaml:"default_provider"`
-	Operators       []struct {
-		Name        string `yaml:"name"`
-		Role        string `yaml:"role"`         // admin, operator or finance
-		TokenSHA256 string `yaml:"token_sha256"` // hex SHA-256 of the token
-		TokenEnv    string `yaml:"token_env"`    // or: the environment variable holding the token
-	} `yaml:"operators"`
-	Lease struct {
+	DefaultProvider string           `yaml:"default_provider"`
+	Operators       []OperatorConfig `yaml:"operators"`
+	Lease           struct {
 		GracePeriod time.Duration `yaml:"grace_period"` // default 1h
 	} `yaml:"lease"`
 	Defaults struct {
@@ -142,6 +137,17 @@ type Config struct {
 	testPauseAfterCreate string
 }
 
+// OperatorConfig is one operator token of the operator API.
+type OperatorConfig struct {
+	Name        string `yaml:"name"`
+	Role        string `yaml:"role"`         // admin, operator or finance
+	TokenSHA256 string `yaml:"token_sha256"` // hex SHA-256 of the token
+	TokenEnv    string `yaml:"token_env"`    // or: the environment variable holding the token
+	// Token is the token itself, for sandgate dev, which makes its own;
+	// never read from a file.
+	Token sandgate.Secret `yaml:"-"`
+}
+
 // LimitsConfig is a scope's limits in the config file, durations in Go syntax.
 type LimitsConfig struct {
 	MaxConcurrentWorkspaces int           `yaml:"max_concurrent_workspaces"`
@@ -168,9 +174,9 @@ func (l LimitsConfig) limits() sandgate.Limits {
 	}.WithDefaults()
 }
 
-// loadConfig reads the YAML file strictly (unknown keys are errors), applies
+// LoadConfig reads the YAML file strictly (unknown keys are errors), applies
 // environment overrides and fills defaults.
-func loadConfig(path string, getenv func(string) string) (*Config, error) {
+func LoadConfig(path string, getenv func(string) string) (*Config, error) {
 	var c Config
 	if path != "" {
 		b, err := os.ReadFile(path)
@@ -248,7 +254,7 @@ func loadConfig(path string, getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("config: billing.webhook: %s is empty", wh.SecretEnv)
 		}
 	}
-	if _, err := c.egressConfig(nil, nil); err != nil {
+	if _, err := c.egressConfig(nil); err != nil {
 		return nil, err
 	}
 	pcs, err := c.providerConfigs()
@@ -285,7 +291,9 @@ func (c *Config) trustedProxies() ([]netip.Prefix, error) {
 	return out, nil
 }
 
-func (c *Config) operatorTokens(getenv func(string) string) ([]adminapi.OperatorToken, error) {
+// OperatorTokens returns the operator tokens of the operators: section,
+// reading token_env with getenv.
+func (c *Config) OperatorTokens(getenv func(string) string) ([]adminapi.OperatorToken, error) {
 	var out []adminapi.OperatorToken
 	for _, o := range c.Operators {
 		role := adminapi.Role(o.Role)
@@ -298,12 +306,15 @@ func (c *Config) operatorTokens(getenv func(string) string) ([]adminapi.Operator
 		// characters; with token_sha256 alone the broker never holds the
 		// token, and the name stands alone.
 		h, prefix := o.TokenSHA256, ""
+		tok := o.Token
 		if o.TokenEnv != "" {
-			v := getenv(o.TokenEnv)
-			if v == "" {
+			tok = sandgate.Secret(getenv(o.TokenEnv))
+			if tok == "" {
 				return nil, fmt.Errorf("config: operator %q: %s is empty", o.Name, o.TokenEnv)
 			}
-			h, prefix = token.Hash(sandgate.Secret(v)), adminapi.TokenPrefix(sandgate.Secret(v))
+		}
+		if tok != "" {
+			h, prefix = token.Hash(tok), adminapi.TokenPrefix(tok)
 		}
 		if len(h) != 64 {
 			return nil, fmt.Errorf("config: operator %q: set token_sha256 (64 hex characters) or token_env", o.Name)
@@ -376,4 +387,33 @@ func parseProvider(n yaml.Node) (providers.Config, error) {
 	}
 	pc.Settings = settings
 	return pc, nil
+}
+
+// DevConfig is the config of `sandgate dev`: the defaults, over dataDir,
+// with the local provider and, when provider is another kind, that one
+// beside it as the default, its settings read from the vendor's own
+// environment variables.
+func DevConfig(dataDir, provider string) (*Config, error) {
+	cfg, err := LoadConfig("", func(string) string { return "" })
+	if err != nil {
+		return nil, err
+	}
+	cfg.DataDir = dataDir
+	cfg.BrokerID = "sandgate-dev"
+	if err := providers.ValidName(provider); err != nil {
+		return nil, fmt.Errorf("--provider: %w", err)
+	}
+	if provider != "local" {
+		cfg.providers = append(cfg.providers, providers.Config{Name: provider, Kind: provider, AcceptNew: true})
+	}
+	cfg.DefaultProvider = provider
+	// For trying things: the local provider warns loudly where the host
+	// cannot enforce a workspace limit, and runs anyway.
+	for i := range cfg.providers {
+		if cfg.providers[i].Kind == "local" {
+			cfg.providers[i].Settings = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{
+				{Kind: yaml.ScalarNode, Tag: "!!str", Value: "allow_unenforced"}, {Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"}}}
+		}
+	}
+	return cfg, nil
 }

@@ -1,0 +1,107 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/token"
+)
+
+// DevState is what `sandgate dev` keeps between runs in DATA_DIR/dev.json
+// (mode 0600), so the printed token keeps working after a restart.
+type DevState struct {
+	AccountID  string `json:"account_id"`
+	InstanceID string `json:"instance_id"`
+	LeaseID    string `json:"lease_id"`
+	Token      string `json:"token"`
+	AdminToken string `json:"admin_token"`
+	// FinanceToken is an operator token of role finance, for the README's
+	// finance section and the console's finance view.
+	FinanceToken string `json:"finance_token"`
+}
+
+// OperatorPrefix starts operator tokens the broker's tools make, so
+// scanners tell them apart from client tokens.
+const OperatorPrefix = "sgo_"
+
+// BootstrapDev creates the dev account, instance and token in rdb,
+// reusing the ids and tokens of an earlier run when st has them, and
+// prices and funds the account (DevFunds, DevPrices).
+func BootstrapDev(ctx context.Context, rdb redis.UniversalClient, st *DevState, provider string, clock sandgate.Clock) error {
+	db := store.New(rdb, store.Config{})
+	now := clock.Now()
+	if st.AccountID == "" || !token.Valid(st.Token, token.Prefix) || !token.Valid(st.AdminToken, OperatorPrefix) {
+		*st = DevState{
+			AccountID:  sandgate.NewID(sandgate.PrefixAccount),
+			InstanceID: sandgate.NewID(sandgate.PrefixInstance),
+			LeaseID:    sandgate.NewID(sandgate.PrefixLease),
+			Token:      token.New(token.Prefix).Reveal(),
+			AdminToken: token.New(OperatorPrefix).Reveal(),
+		}
+	}
+	if !token.Valid(st.FinanceToken, OperatorPrefix) {
+		st.FinanceToken = token.New(OperatorPrefix).Reveal() // dev.json of a run before finance tokens
+	}
+	if err := db.CreateAccount(ctx, sandgate.Account{ID: st.AccountID, Name: "dev", CreatedAt: now}); err != nil {
+		return fmt.Errorf("bootstrap account: %w", err)
+	}
+	// The local provider reaches domains through the broker's egress
+	// proxy: ceiling null, any valid domain up to max_egress_domains.
+	// Another provider kind gets no egress at all, the one ceiling every
+	// provider can enforce.
+	scope := sandgate.Scope{EgressCeiling: []string{}, Limits: sandgate.DefaultLimits}
+	if provider == "local" {
+		scope.EgressCeiling = nil
+	}
+	in := sandgate.Instance{ID: st.InstanceID, AccountID: st.AccountID, Name: "dev", Provider: provider, Scope: scope, CreatedAt: now}
+	if err := db.PutInstance(ctx, in); err != nil {
+		return fmt.Errorf("bootstrap instance: %w", err)
+	}
+	tok := sandgate.Secret(st.Token)
+	l := sandgate.Lease{ID: st.LeaseID, TokenHash: token.Hash(tok), TokenPrefix: token.DisplayPrefix(tok),
+		InstanceID: st.InstanceID, AccountID: st.AccountID, IssuedAt: now}
+	if err := db.IssueLease(ctx, l, false, now, 0); err != nil {
+		return fmt.Errorf("bootstrap token: %w", err)
+	}
+	return bootstrapDevBilling(ctx, billing.New(billing.Config{}, billing.Deps{DB: db}), st.AccountID, now)
+}
+
+// Dev billing: the dev account is prepaid in USD on rate card "dev" and
+// starts funded with DevFunds, so acquires work at once and every
+// workspace shows up in the usage ledger with a price.
+const DevFunds = "100.00"
+
+// DevPrices returns the dev rate card's prices per second, in USD, by size.
+func DevPrices() map[string]string {
+	return map[string]string{"small": "0.000010", "standard": "0.000020", "large": "0.000040", "xlarge": "0.000080"}
+}
+
+func bootstrapDevBilling(ctx context.Context, b *billing.Billing, acct string, now time.Time) error {
+	prices := map[string]int64{}
+	for size, p := range DevPrices() {
+		v, err := billing.ParseAmount(p)
+		if err != nil {
+			return err
+		}
+		prices[size] = v
+	}
+	if _, err := b.CreateRateCard(ctx, "dev", prices, now); err != nil {
+		return fmt.Errorf("bootstrap rate card: %w", err)
+	}
+	if err := b.SetSettings(ctx, billing.Settings{AccountID: acct, RateCard: "dev", Currency: "USD"}); err != nil {
+		return fmt.Errorf("bootstrap billing: %w", err)
+	}
+	amt, _ := billing.ParseAmount(DevFunds)
+	_, _, err := b.Adjust(ctx, acct, billing.FundsEntry{Key: "dev-bootstrap", Kind: billing.KindCredit,
+		AmountMicros: amt, Reason: "sandgate dev: opening funds", Actor: "sandgate dev", At: now})
+	if err != nil {
+		return fmt.Errorf("bootstrap funds: %w", err)
+	}
+	return nil
+}
