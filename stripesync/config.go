@@ -35,7 +35,8 @@ type Config struct {
 	// Interval is the pause of [Syncer.Run] between rounds; 0 means 1 min.
 	Interval time.Duration
 	// LeaseTTL is how long an account's lease lasts unless renewed (each
-	// send renews it); 0 means 30 s.
+	// send renews it); 0 means 1 min. It must exceed RequestTimeout, so a
+	// slow answer does not let another gateway take the account mid-send.
 	LeaseTTL time.Duration
 	// MaxAttempts is how many times one round tries a send that failed
 	// with a 429, a 5xx or a network error; 0 means 5. The round then
@@ -55,7 +56,7 @@ type Config struct {
 	// error (a 4xx other than 401, 403 and 429) before it is put on the
 	// dead-letter list and the cursor moves past it; 0 means 3.
 	DeadAfter int
-	// RequestTimeout bounds one call to Stripe; 0 means 30 s.
+	// RequestTimeout bounds one call to Stripe; 0 means 20 s.
 	RequestTimeout time.Duration
 }
 
@@ -99,11 +100,11 @@ func (c *Config) setDefaults() {
 	defInt(&c.MaxAttempts, 5)
 	defInt(&c.DeadAfter, 3)
 	def(&c.Interval, time.Minute)
-	def(&c.LeaseTTL, 30*time.Second)
+	def(&c.LeaseTTL, time.Minute)
 	def(&c.BaseBackoff, time.Second)
 	def(&c.MaxBackoff, time.Minute)
 	def(&c.MaxRetryAfter, 2*time.Minute)
-	def(&c.RequestTimeout, 30*time.Second)
+	def(&c.RequestTimeout, 20*time.Second)
 }
 
 // Validate reports the first field out of range.
@@ -122,8 +123,8 @@ func (c Config) Validate() error {
 	case c.Interval < 0, c.LeaseTTL < 0, c.BaseBackoff < 0, c.MaxBackoff < 0, c.MaxRetryAfter < 0, c.RequestTimeout < 0:
 		return errors.New("stripesync: durations must not be negative")
 	}
-	if c.LeaseTTL != 0 && c.RequestTimeout > c.LeaseTTL {
-		return fmt.Errorf("stripesync: request_timeout (%s) must not exceed lease_ttl (%s)", c.RequestTimeout, c.LeaseTTL)
+	if c.LeaseTTL != 0 && c.RequestTimeout >= c.LeaseTTL {
+		return fmt.Errorf("stripesync: request_timeout (%s) must be shorter than lease_ttl (%s)", c.RequestTimeout, c.LeaseTTL)
 	}
 	return nil
 }

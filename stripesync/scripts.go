@@ -76,7 +76,7 @@ return redis.call('HINCRBY', KEYS[1], 'head_attempts', 1)
 //
 // KEYS[1] lease STRING, KEYS[2] retry HASH, KEYS[3] dead HASH,
 // KEYS[4] state HASH
-// ARGV[1] owner, ARGV[2] entry id, ARGV[3] "sent" or "dead",
+// ARGV[1] owner, ARGV[2] entry id, ARGV[3] "sent", "skipped" or "dead",
 // ARGV[4] dead letter JSON (for "dead"), ARGV[5] now (unix ms)
 // Returns 1 done, 0 lease lost.
 var requeuedScript = redis.NewScript(`
@@ -85,7 +85,7 @@ redis.call('HDEL', KEYS[2], ARGV[2])
 if ARGV[3] == 'sent' then
   redis.call('HINCRBY', KEYS[4], 'sent', 1)
   redis.call('HSET', KEYS[4], 'last_sent_at', ARGV[5])
-else
+elseif ARGV[3] == 'dead' then
   redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
 end
 return 1

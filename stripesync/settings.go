@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -163,3 +164,14 @@ redis.call('HSET', KEYS[1], 'customer', ARGV[1], 'event_name', ARGV[2], 'unit', 
   'since', since, 'updated_at', ARGV[5])
 return 1
 `)
+
+// Accounts returns the ids of the accounts with Stripe sync settings,
+// sorted: the accounts Run walks.
+func (s *Syncer) Accounts(ctx context.Context) ([]string, error) {
+	ids, err := s.rdb.SMembers(ctx, accountsKey()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("stripesync: accounts: %w", err)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}

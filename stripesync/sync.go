@@ -102,6 +102,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 }
 
+// maxBatches bounds the rounds one account gets in one pass of Run.
+const maxBatches = 10
+
 // pass is one round of every opted-in account.
 func (s *Syncer) pass(ctx context.Context) {
 	accts, err := s.rdb.SMembers(ctx, accountsKey()).Result()
@@ -116,12 +119,14 @@ func (s *Syncer) pass(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		for {
+		// A backlog gets up to maxBatches batches a pass, so one account
+		// cannot hold a gateway's pass for long.
+		for i := 1; ; i++ {
 			r, err := s.SyncOnce(ctx, acct)
 			lag = max(lag, r.Lag)
 			switch {
-			case err == nil && r.More:
-				continue // a backlog: the next batch now
+			case err == nil && r.More && i < maxBatches:
+				continue
 			case err == nil, errors.Is(err, ErrLeased), errors.Is(err, ErrNotConfigured), ctx.Err() != nil:
 			default:
 				s.deps.Logger.Error("stripe sync failed", "account_id", acct, "err", err)
@@ -483,6 +488,9 @@ func (r *round) requeued(ctx context.Context) error {
 			return serr
 		}
 		outcome, body := "sent", ""
+		if skip {
+			outcome = "skipped"
+		}
 		if serr != nil {
 			outcome = "dead"
 			ndl := r.deadLetter(rec, serr, dl.Attempts+1)

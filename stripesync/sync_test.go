@@ -641,10 +641,16 @@ func TestSettings(t *testing.T) {
 	if err != nil || a != want {
 		t.Errorf("Account = %+v, %v; want %+v", a, err, want)
 	}
+	if ids, err := s.Accounts(ctx); err != nil || !slices.Equal(ids, []string{"acct_x"}) {
+		t.Errorf("Accounts = %v, %v; want [acct_x]", ids, err)
+	}
 	if err := s.ClearAccount(ctx, "acct_x"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.SyncOnce(ctx, "acct_x"); !errors.Is(err, stripesync.ErrNotConfigured) {
 		t.Errorf("SyncOnce after ClearAccount: %v; want ErrNotConfigured", err)
+	}
+	if ids, err := s.Accounts(ctx); err != nil || len(ids) != 0 {
+		t.Errorf("Accounts after ClearAccount = %v, %v; want none", ids, err)
 	}
 }
