@@ -91,12 +91,20 @@ type SendError struct {
 	Code       string        // Stripe's error code, if any
 	Message    string        // Stripe's message or the network error, redacted
 	RetryAfter time.Duration // from the Retry-After header, when > 0
+	// local is a refusal by this package: the entry cannot be a meter
+	// event (a negative value, an entry that does not decode); never sent.
+	local bool
 }
+
+// notSendable is the error of an entry that cannot be a meter event.
+func notSendable(reason string) *SendError { return &SendError{Message: reason, local: true} }
 
 func (e *SendError) Error() string {
 	var b strings.Builder
 	b.WriteString("stripe meter event: ")
-	if e.Status != 0 {
+	if e.local {
+		b.WriteString("not sent")
+	} else if e.Status != 0 {
 		b.WriteString(strconv.Itoa(e.Status))
 	} else {
 		b.WriteString("no response")
@@ -113,7 +121,7 @@ func (e *SendError) Error() string {
 // Retryable reports whether a later identical send may succeed: a 429, a
 // 5xx, or no answer at all.
 func (e *SendError) Retryable() bool {
-	return e.Status == 0 || e.Status == http.StatusTooManyRequests || e.Status >= 500
+	return !e.local && (e.Status == 0 || e.Status == http.StatusTooManyRequests || e.Status >= 500)
 }
 
 // accountWide reports whether the failure is the account's or the key's,

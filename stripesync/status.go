@@ -76,7 +76,7 @@ func (s *Syncer) Status(ctx context.Context, acct string) (Status, error) {
 		}
 		for _, rec := range recs {
 			cursor = rec.streamID
-			if _, skip, _ := r.plan(rec.e); skip && st.Enabled {
+			if _, skip, _ := r.plan(rec); skip && st.Enabled {
 				continue
 			}
 			if st.Pending == StatusScanLimit {

@@ -110,7 +110,7 @@ func (s *Syncer) pass(ctx context.Context) {
 	accts, err := s.rdb.SMembers(ctx, accountsKey()).Result()
 	if err != nil {
 		if ctx.Err() == nil {
-			s.deps.Logger.Error("stripe sync: list accounts", "err", err)
+			s.deps.Logger.Error("stripe sync: list accounts", sandgate.KeyError, err)
 		}
 		return
 	}
@@ -129,7 +129,7 @@ func (s *Syncer) pass(ctx context.Context) {
 				continue
 			case err == nil, errors.Is(err, ErrLeased), errors.Is(err, ErrNotConfigured), ctx.Err() != nil:
 			default:
-				s.deps.Logger.Error("stripe sync failed", "account_id", acct, "err", err)
+				s.deps.Logger.Error("stripe sync failed", sandgate.KeyAccountID, acct, sandgate.KeyError, err)
 			}
 			break
 		}
@@ -178,10 +178,12 @@ type round struct {
 	res  Result
 }
 
-// record is one ledger entry with its stream id.
+// record is one ledger entry with its stream id. bad says why an entry
+// cannot be read (it is dead-lettered rather than block the account).
 type record struct {
 	streamID string
 	e        billing.UsageEntry
+	bad      string
 }
 
 // readAfter returns up to n ledger entries after the stream id cursor
@@ -197,27 +199,30 @@ func (s *Syncer) readAfter(ctx context.Context, acct, cursor string, n int) ([]r
 	}
 	out := make([]record, 0, len(msgs))
 	for _, m := range msgs {
-		rec, err := decode(m)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, rec)
+		out = append(out, decode(m))
 	}
 	return out, nil
 }
 
-func decode(m redis.XMessage) (record, error) {
+// decode reads one ledger message; an entry that does not decode is
+// marked bad, under the id "stream:<stream id>".
+func decode(m redis.XMessage) record {
 	s, _ := m.Values["e"].(string)
 	rec := record{streamID: m.ID}
-	if err := json.Unmarshal([]byte(s), &rec.e); err != nil {
-		return rec, fmt.Errorf("stripesync: usage ledger entry %s: %w", m.ID, err)
+	if err := json.Unmarshal([]byte(s), &rec.e); err != nil || rec.e.ID == "" {
+		rec.e = billing.UsageEntry{ID: "stream:" + m.ID}
+		rec.bad = "usage ledger entry does not decode"
 	}
-	return rec, nil
+	return rec
 }
 
 // plan says what to do with one entry: send value, skip it (nothing to
 // count, or filed before Since), or dead-letter it at once (reason).
-func (r *round) plan(e billing.UsageEntry) (value int64, skip bool, reason string) {
+func (r *round) plan(rec record) (value int64, skip bool, reason string) {
+	e := rec.e
+	if rec.bad != "" {
+		return 0, false, rec.bad
+	}
 	if !r.a.Since.IsZero() && e.TerminatedAt.Before(r.a.Since) {
 		return 0, true, ""
 	}
@@ -277,7 +282,7 @@ func (r *round) ledger(ctx context.Context) error {
 			r.res.More = false
 			return err
 		}
-		value, skip, reason := r.plan(rec.e)
+		value, skip, reason := r.plan(rec)
 		if skip {
 			if err := r.advance(ctx, rec, "skipped", nil); err != nil {
 				return err
@@ -287,7 +292,7 @@ func (r *round) ledger(ctx context.Context) error {
 			continue
 		}
 		if reason != "" {
-			dl := r.deadLetter(rec, &SendError{Message: reason}, 0)
+			dl := r.deadLetter(rec, notSendable(reason), 0)
 			if err := r.advance(ctx, rec, "dead", &dl); err != nil {
 				return err
 			}
@@ -328,7 +333,7 @@ func (r *round) ledger(ctx context.Context) error {
 		}
 		r.res.DeadLettered++
 		s.m.count(ctx, "dead_lettered", 1)
-		s.deps.Logger.Warn("stripe sync: entry dead-lettered", "account_id", r.acct, "entry_id", rec.e.ID, "status", serr.Status)
+		s.deps.Logger.Warn("stripe sync: entry dead-lettered", sandgate.KeyAccountID, r.acct, "entry_id", rec.e.ID, sandgate.KeyStatus, serr.Status)
 		return serr
 	}
 	return nil
@@ -460,20 +465,17 @@ func (r *round) requeued(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("stripesync: requeued %s: %w", id, err)
 		}
-		if len(msgs) != 1 {
-			return fmt.Errorf("stripesync: requeued %s: ledger entry %s is gone", id, dl.StreamID)
+		rec := record{streamID: dl.StreamID, e: billing.UsageEntry{ID: id}, bad: "usage ledger entry is gone"}
+		if len(msgs) == 1 {
+			rec = decode(msgs[0])
 		}
-		rec, err := decode(msgs[0])
-		if err != nil {
-			return err
-		}
-		value, skip, reason := r.plan(rec.e)
+		value, skip, reason := r.plan(rec)
 		var serr *SendError
 		switch {
 		case skip:
 			value = 0
 		case reason != "":
-			serr = &SendError{Message: reason}
+			serr = notSendable(reason)
 		default:
 			if serr, err = r.sendRetrying(ctx, r.event(rec.e, value)); err != nil {
 				return err

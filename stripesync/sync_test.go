@@ -36,13 +36,15 @@ type env struct {
 	logs   *bytes.Buffer
 	logMu  *sync.Mutex
 	reader *sdkmetric.ManualReader
+	mp     *sdkmetric.MeterProvider
 }
 
 func setup(t *testing.T) *env {
 	t.Helper()
 	rdb := redistest.Start(t).Client()
-	return &env{rdb: rdb, ledger: billing.NewLedger(rdb), p: startProxy(t), clk: &clock{now: t0.Add(6 * time.Hour)},
-		sl: &sleeper{}, logs: &bytes.Buffer{}, logMu: &sync.Mutex{}, reader: sdkmetric.NewManualReader()}
+	reader := sdkmetric.NewManualReader()
+	return &env{mp: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), rdb: rdb, ledger: billing.NewLedger(rdb), p: startProxy(t), clk: &clock{now: t0.Add(6 * time.Hour)},
+		sl: &sleeper{}, logs: &bytes.Buffer{}, logMu: &sync.Mutex{}, reader: reader}
 }
 
 // syncer is one gateway's Syncer; cfg's zero fields get the test's defaults.
@@ -52,7 +54,6 @@ func (e *env) syncer(t *testing.T, cfg stripesync.Config, owner string) *stripes
 	if cfg.RequestTimeout == 0 {
 		cfg.RequestTimeout = 10 * time.Second
 	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))
 	s, err := stripesync.New(cfg, stripesync.Deps{
 		Redis: e.rdb,
 		Getenv: func(k string) string {
@@ -62,7 +63,7 @@ func (e *env) syncer(t *testing.T, cfg stripesync.Config, owner string) *stripes
 			return ""
 		},
 		Logger: slog.New(slog.NewJSONHandler(&lockedWriter{mu: e.logMu, w: e.logs}, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Meter:  mp.Meter("test"),
+		Meter:  e.mp.Meter("test"),
 		Clock:  e.clk,
 		Sleep:  e.sl.Sleep,
 		Owner:  owner,
@@ -652,5 +653,41 @@ func TestSettings(t *testing.T) {
 	}
 	if ids, err := s.Accounts(ctx); err != nil || len(ids) != 0 {
 		t.Errorf("Accounts after ClearAccount = %v, %v; want none", ids, err)
+	}
+}
+
+// TestUndecodableEntry: a ledger entry that does not decode is
+// dead-lettered at once instead of holding the account's cursor.
+func TestUndecodableEntry(t *testing.T) {
+	const acct = "acct_u"
+	e := setup(t)
+	s := e.syncer(t, stripesync.Config{}, "gw1")
+	setAccount(t, s, acct, "")
+	ctx := context.Background()
+	es := hours(acct, "ws_u", t0, 2)
+	e.add(t, es[0])
+	sid, err := e.rdb.XAdd(ctx, &redis.XAddArgs{Stream: "sg:{" + acct + "}:usage", Values: []string{"e", "{not json"}}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.add(t, es[1])
+	if r, err := s.SyncOnce(ctx, acct); err != nil || r.Sent != 2 || r.DeadLettered != 1 {
+		t.Fatalf("SyncOnce = %+v, %v; want 2 sent, 1 dead-lettered", r, err)
+	}
+	st, err := s.Status(ctx, acct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.DeadLetters) != 1 || st.DeadLetters[0].EntryID != "stream:"+sid || st.Pending != 0 {
+		t.Errorf("Status = dead %+v, pending %d; want stream:%s, 0", st.DeadLetters, st.Pending, sid)
+	}
+	if _, err := s.Retry(ctx, acct); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SyncOnce(ctx, acct); err != nil {
+		t.Fatalf("SyncOnce after Retry: %v", err)
+	}
+	if st, _ := s.Status(ctx, acct); len(st.DeadLetters) != 1 || st.DeadLetters[0].Attempts != 1 {
+		t.Errorf("after Retry: dead %+v; want it back, attempts 1", st.DeadLetters)
 	}
 }
