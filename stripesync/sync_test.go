@@ -691,3 +691,62 @@ func TestUndecodableEntry(t *testing.T) {
 		t.Errorf("after Retry: dead %+v; want it back, attempts 1", st.DeadLetters)
 	}
 }
+
+// TestRunManyGateways runs Run on two gateways over three accounts: every
+// entry is sent once, and the metrics carry no account label.
+func TestRunManyGateways(t *testing.T) {
+	e := setup(t)
+	e.sl.block = true
+	gws := []*stripesync.Syncer{e.syncer(t, stripesync.Config{BatchSize: 10}, "gw1"), e.syncer(t, stripesync.Config{BatchSize: 10}, "gw2")}
+	for _, acct := range []string{"acct_r1", "acct_r2", "acct_r3"} {
+		setAccount(t, gws[0], acct, "")
+		e.add(t, hours(acct, "ws_"+acct, t0, 25)...)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, s := range gws {
+		wg.Go(func() {
+			if err := s.Run(ctx); err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	// One pass each may leave an account to the other gateway's lease:
+	// wait for both passes, then run rounds until all is sent.
+	waitFor(t, func() bool { return len(e.sl.got()) == 2 })
+	for _, acct := range []string{"acct_r1", "acct_r2", "acct_r3"} {
+		if err := drain(ctx, t, gws[0], acct); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	wg.Wait()
+	ids := identifiers(e.p.delivered())
+	slices.Sort(ids)
+	if len(ids) != 75 || len(slices.Compact(ids)) != 75 {
+		t.Errorf("sent %d events; want 75, each once", len(ids))
+	}
+	if n := counter(t, e.reader, "sent"); n != 75 {
+		t.Errorf("events{outcome=sent} = %d; want 75", n)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := e.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == "sandgate.stripesync.lag" {
+				found = true
+				for _, dp := range m.Data.(metricdata.Gauge[float64]).DataPoints {
+					if dp.Attributes.Len() != 0 {
+						t.Errorf("lag has attributes %v; want none", dp.Attributes.ToSlice())
+					}
+				}
+			}
+		}
+	}
+	if !found {
+		t.Error("no sandgate.stripesync.lag recorded")
+	}
+}
