@@ -2,11 +2,8 @@ package gateway
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -23,7 +20,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
-	"github.com/sandgate/sandgate/policy"
+	"github.com/sandgate/sandgate/httpapi"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/saga"
@@ -119,7 +116,7 @@ type Server struct {
 	unmatched   *routeInfo
 	measureSets sync.Map  // measureKey → *measureOpts
 	reqs        sync.Pool // *reqContext, reused by serve
-	requestIDs  sync.Pool // *requestIDs, the request ids made ahead (newRequestID)
+	requestIDs  httpapi.RequestIDs
 	tel         serverTelemetry
 	external    []Cache
 	logAttrs    attrsHandler // log's handler, when it is one; nil otherwise
@@ -265,11 +262,8 @@ func (s *Server) serve(c echo.Context) error {
 	h := c.Response().Header()
 	h["Cache-Control"] = noStore
 	var idv []string // the response's X-Request-Id: the client's, or one made here
-	if v := c.Request().Header[protocol.HeaderRequestID]; len(v) > 0 && policy.ValidRequestID(v[0]) {
-		idv = v[:1:1] // the request's value: a response header's values are copied when written, never changed in place
-	} else {
-		// A malformed client id is replaced, not refused: it is diagnostics only.
-		idv = s.newRequestID()
+	if idv = httpapi.ClientRequestID(c.Request().Header); idv == nil {
+		idv = s.requestIDs.New()
 	}
 	id := idv[0]
 	h[protocol.HeaderRequestID] = idv
@@ -379,52 +373,6 @@ func requestID(c echo.Context) string {
 		return rc.id
 	}
 	return ""
-}
-
-// newRequestID returns a new request id as a header's values: "req_"
-// and 24 hex digits. It is for diagnostics, not a secret: the runtime's
-// generator (ChaCha8, seeded from the system's entropy) is enough, without
-// a system call per request. The ids are made requestIDBlock at a time,
-// in one string and one slice of values, instead of two allocations per
-// request.
-func (s *Server) newRequestID() []string {
-	b, _ := s.requestIDs.Get().(*requestIDs)
-	if b == nil || b.next == requestIDBlock {
-		b = newRequestIDs()
-	}
-	v := b.vals[b.next : b.next+1 : b.next+1] // capacity 1: an append to it copies
-	b.next++
-	s.requestIDs.Put(b)
-	return v
-}
-
-// requestIDBlock is how many request ids a requestIDs holds.
-const requestIDBlock = 64
-
-// requestIDs are request ids made together; next is the first not given out.
-type requestIDs struct {
-	vals []string
-	next int
-}
-
-const requestIDLen = len("req_") + 24
-
-func newRequestIDs() *requestIDs {
-	var buf [requestIDBlock * requestIDLen]byte
-	for i := range requestIDBlock {
-		id := buf[i*requestIDLen : (i+1)*requestIDLen]
-		var r [12]byte
-		binary.LittleEndian.PutUint64(r[:8], rand.Uint64())
-		binary.LittleEndian.PutUint32(r[8:], rand.Uint32())
-		copy(id, "req_")
-		hex.Encode(id[len("req_"):], r[:])
-	}
-	ids := string(buf[:])
-	b := &requestIDs{vals: make([]string, requestIDBlock)}
-	for i := range b.vals {
-		b.vals[i] = ids[i*requestIDLen : (i+1)*requestIDLen]
-	}
-	return b
 }
 
 // Drain makes the server refuse every new request with 503 unavailable
