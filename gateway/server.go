@@ -21,6 +21,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/httpapi"
+	"github.com/sandgate/sandgate/internal/livecache"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/saga"
@@ -68,7 +69,7 @@ type Deps struct {
 	Limiter    *admission.Limiter
 	// Controls reads stop and pause state; the admission pipeline reads
 	// the broker-wide stop through the same one (Controls.GlobalStop).
-	Controls *Controls
+	Controls *admission.ControlCache
 	Clock    sandgate.Clock
 	Log      *slog.Logger // nil discards
 	// Caches are in-process caches of other packages (billing's prices)
@@ -84,12 +85,6 @@ type Cache interface {
 	SetLive(live bool)
 }
 
-// externalCache adapts a Cache to the subscription loop.
-type externalCache struct{ c Cache }
-
-func (e externalCache) invalidate()       { e.c.Invalidate() }
-func (e externalCache) setLive(live bool) { e.c.SetLive(live) }
-
 // MetricRequests counts requests by route (the method and route template,
 // or "unmatched"), status and protocol code: bounded attributes only, never
 // an id, a query or a header.
@@ -103,8 +98,8 @@ type Server struct {
 	saga     *saga.Saga
 	clock    sandgate.Clock
 	log      *slog.Logger
-	cache    *cache[*authEntry]
-	controls *Controls
+	cache    *livecache.Cache[*authEntry]
+	controls *admission.ControlCache
 	limiter  *admission.Limiter
 	term     *termination.Terminator
 	inflight *inflight // caps on execs and file transfers in flight
@@ -149,7 +144,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, db: d.DB, provs: d.Providers, saga: d.Saga, clock: d.Clock, log: log,
-		cache: newCache[*authEntry](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
+		cache: livecache.New[*authEntry](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
 	s.inflight = newInflight(cfg)
 	s.logAttrs, _ = log.Handler().(attrsHandler)
 	switch d.Clock.(type) {
@@ -185,11 +180,7 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // Run keeps the auth cache's invalidation subscription up until ctx ends.
 // Until it has subscribed, every request reads the token from Redis.
 func (s *Server) Run(ctx context.Context) {
-	caches := []invalidator{s.cache, s.controls.cache}
-	for _, c := range s.external {
-		caches = append(caches, externalCache{c})
-	}
-	subscribe(ctx, s.db, s.log, caches...)
+	subscribe(ctx, s.db, s.log, append([]Cache{s.cache, s.controls}, s.external...)...)
 }
 
 func (s *Server) routes() *echo.Echo {

@@ -129,7 +129,7 @@ func (b *broker) run(ctx context.Context) error {
 	for class, r := range b.cfg.Admission.RateLimits {
 		rates[admission.Class(class)] = admission.Rate{PerSecond: r.PerSecond, Burst: r.Burst}
 	}
-	controls := gateway.NewControls(db, clock)
+	controls := admission.NewControlCache(db, clock)
 	dc := db.Config()
 	admit := admission.New(durable, admission.Standard(controls, admission.StandardConfig{
 		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Billing: bill.Checks(),

@@ -590,7 +590,7 @@ func Wire(tb testing.TB, o WireOptions) Wired {
 	}
 	var w Wired
 	w.Billing = billing.New(o.DB, billing.Config{Log: o.Log, Clock: o.Clock})
-	controls := gateway.NewControls(o.DB, o.Clock)
+	controls := admission.NewControlCache(o.DB, o.Clock)
 	dc := o.DB.Config()
 	admit := admission.New(o.DB.Redis(), admission.Standard(controls, admission.StandardConfig{
 		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Risk: o.Risk, Billing: w.Billing.Checks(),
