@@ -158,7 +158,7 @@ func (s *Server) commandStatus(c echo.Context, w sandgate.Workspace, cmd sandgat
 	st, err := cmds.ReadCommand(rctx, sandboxOf(w), cmd.Key, lim.MaxOutputBytes)
 	cancel()
 	if err != nil {
-		return providerError(err)
+		return saga.ProviderError(err)
 	}
 	now := s.clock.Now()
 	if st.State == providers.CommandAbsent {
@@ -230,7 +230,7 @@ func (s *Server) fenceLost(c echo.Context, w sandgate.Workspace, cmd sandgate.Co
 	err = cmds.CancelCommand(cctx, sandboxOf(w), cmd.Key)
 	cancel()
 	if err != nil {
-		return providerError(err)
+		return saga.ProviderError(err)
 	}
 	s.log.Warn("durable command launch never confirmed; fenced", sandgate.WorkspaceAttr(w.ID))
 	// The launch may have landed just before the fence (and been killed by
@@ -239,7 +239,7 @@ func (s *Server) fenceLost(c echo.Context, w sandgate.Workspace, cmd sandgate.Co
 	st, err := cmds.ReadCommand(rctx, sandboxOf(w), cmd.Key, 0)
 	cancel()
 	if err != nil {
-		return providerError(err)
+		return saga.ProviderError(err)
 	}
 	if st.State == providers.CommandAbsent {
 		return c.JSON(code, protocol.CommandStatus{State: protocol.CommandCanceled})
@@ -253,3 +253,5 @@ func (s *Server) fenceLost(c echo.Context, w sandgate.Workspace, cmd sandgate.Co
 	}
 	return s.commandStatus(c, w, cur, code)
 }
+
+func sandboxOf(w sandgate.Workspace) providers.Sandbox { return providers.Sandbox{Ref: w.ProviderRef} }

@@ -10,6 +10,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/httpapi"
 	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/saga"
 )
 
 // handleError is Echo's HTTPErrorHandler: it finds the *protocol.Error in
@@ -67,4 +68,4 @@ func fromEchoError(he *echo.HTTPError) *protocol.Error {
 // errInvalid is a 400 with an operator-actionable message.
 func errInvalid(msg string) error { return protocol.E(protocol.InvalidRequest, msg) }
 
-var errNotFound = protocol.E(protocol.NotFound, "no such workspace for this instance")
+var errNotFound = saga.ErrNotFound

@@ -23,10 +23,8 @@ import (
 	"github.com/sandgate/sandgate/httpapi"
 	"github.com/sandgate/sandgate/internal/livecache"
 	"github.com/sandgate/sandgate/protocol"
-	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
-	"github.com/sandgate/sandgate/termination"
 )
 
 // Config configures a Server. A zero field means the default noted beside it.
@@ -62,11 +60,11 @@ type Config struct {
 // Deps are what a Server works with, built once by the broker's wiring
 // (cmd/sandgate); every one is required.
 type Deps struct {
-	DB         *store.DB
-	Providers  *providers.Set
-	Saga       *saga.Saga
-	Terminator *termination.Terminator
-	Limiter    *admission.Limiter
+	DB   *store.DB
+	Saga *saga.Saga
+	// Limiter is the rate limiter the Saga counts workspace routes with
+	// (saga.Deps.Limiter): the same one, since both spend its buckets.
+	Limiter *admission.Limiter
 	// Controls reads stop and pause state; the admission pipeline reads
 	// the broker-wide stop through the same one (Controls.GlobalStop).
 	Controls *admission.ControlCache
@@ -94,14 +92,12 @@ const MetricRequests = "sandgate.http.requests"
 type Server struct {
 	cfg      Config
 	db       *store.DB
-	provs    *providers.Set
 	saga     *saga.Saga
 	clock    sandgate.Clock
 	log      *slog.Logger
 	cache    *livecache.Cache[*authEntry]
 	controls *admission.ControlCache
 	limiter  *admission.Limiter
-	term     *termination.Terminator
 	inflight *inflight // caps on execs and file transfers in flight
 	echo     *echo.Echo
 	draining atomic.Bool
@@ -123,12 +119,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 	switch {
 	case d.DB == nil:
 		return nil, errors.New("gateway: no store")
-	case d.Providers == nil:
-		return nil, errors.New("gateway: no providers")
 	case d.Saga == nil:
 		return nil, errors.New("gateway: no saga")
-	case d.Terminator == nil:
-		return nil, errors.New("gateway: no terminator")
 	case d.Limiter == nil:
 		return nil, errors.New("gateway: no rate limiter")
 	case d.Controls == nil:
@@ -143,8 +135,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, db: d.DB, provs: d.Providers, saga: d.Saga, clock: d.Clock, log: log,
-		cache: livecache.New[*authEntry](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
+	s := &Server{cfg: cfg, db: d.DB, saga: d.Saga, clock: d.Clock, log: log,
+		cache: livecache.New[*authEntry](), controls: d.Controls, limiter: d.Limiter, external: d.Caches}
 	s.inflight = newInflight(cfg)
 	s.logAttrs, _ = log.Handler().(attrsHandler)
 	switch d.Clock.(type) {

@@ -63,20 +63,25 @@ type Deps struct {
 	Admission  Admitter
 	Holds      Holds
 	Terminator *termination.Terminator
-	Clock      sandgate.Clock
-	Log        *slog.Logger // nil discards
+	// Limiter counts a workspace route's request against its lease's
+	// rate limit in the workspace read's round trip (Load, Usable, Exec).
+	// nil counts nothing.
+	Limiter *admission.Limiter
+	Clock   sandgate.Clock
+	Log     *slog.Logger // nil discards
 }
 
 // Saga runs the multi-step operations. It is safe for concurrent use.
 type Saga struct {
-	cfg   Config
-	db    *store.DB
-	provs *providers.Set
-	admit Admitter
-	holds Holds
-	term  *termination.Terminator
-	clock sandgate.Clock
-	log   *slog.Logger
+	cfg     Config
+	db      *store.DB
+	provs   *providers.Set
+	admit   Admitter
+	holds   Holds
+	term    *termination.Terminator
+	limiter *admission.Limiter
+	clock   sandgate.Clock
+	log     *slog.Logger
 }
 
 // New returns a Saga. A missing dependency is an error: each one guards
@@ -111,7 +116,7 @@ func New(cfg Config, d Deps) (*Saga, error) {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Saga{cfg: cfg, db: d.DB, provs: d.Providers, admit: d.Admission, holds: d.Holds, term: d.Terminator, clock: d.Clock, log: d.Log}, nil
+	return &Saga{cfg: cfg, db: d.DB, provs: d.Providers, admit: d.Admission, holds: d.Holds, term: d.Terminator, limiter: d.Limiter, clock: d.Clock, log: d.Log}, nil
 }
 
 // DispatchTimeout is the bound of a durable command's launch.

@@ -133,7 +133,7 @@ func (s *Saga) CreateSnapshot(ctx context.Context, in sandgate.Instance, w sandg
 		if aerr := s.db.AbortSnapshot(ctx, snap, keyHash); aerr != nil {
 			s.log.Error("abort after failed snapshot", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, aerr))
 		}
-		return sandgate.Snapshot{}, false, snapshotError(err)
+		return sandgate.Snapshot{}, false, providerError(opSnapshot, err)
 	}
 	snap.Bytes = ref.Bytes
 	if err := s.db.ConfirmSnapshot(ctx, snap, ref.Ref, req.Dir, keyHash, reqHash, lim.MaxSnapshotBytes, s.clock.Now()); err != nil {
@@ -228,23 +228,6 @@ func (s *Saga) deleteContents(ctx context.Context, p providers.Provider, id stri
 	if err := p.DeleteSnapshot(dctx, ref); err != nil {
 		s.log.Warn("snapshot contents not deleted; the reaper retries", sandgate.SnapshotAttr(id), slog.Any(sandgate.KeyError, err))
 	}
-}
-
-// snapshotError maps a provider's Snapshot failure: the directory's
-// problems are the client's (404, 422), the rest 410 or 502.
-func snapshotError(err error) error {
-	switch {
-	case errors.Is(err, providers.ErrSnapshotTooLarge):
-		return &protocol.Error{Code: protocol.SnapshotQuotaExceeded, Err: err,
-			Message: "the snapshot would take the instance's live snapshots past max_snapshot_bytes; delete some first"}
-	case errors.Is(err, providers.ErrFileNotFound):
-		return &protocol.Error{Code: protocol.FileNotFound, Message: "dir does not exist in the workspace", Err: err}
-	case errors.Is(err, providers.ErrNotAFile):
-		return &protocol.Error{Code: protocol.NotAFile, Message: "dir is not a directory that can be snapshotted (it must persist in the workspace)", Err: err}
-	case errors.Is(err, providers.ErrSandboxGone):
-		return &protocol.Error{Code: protocol.WorkspaceGone, Message: "the workspace's sandbox has ended; acquire a new one", Err: err}
-	}
-	return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not store the snapshot; retry with the same Idempotency-Key", Err: err}
 }
 
 // snapshotHash is the canonical hash of a snapshot request: its workspace

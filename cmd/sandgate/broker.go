@@ -164,12 +164,13 @@ func (b *broker) run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
+	limiter := admission.NewLimiter(b.rdb, rates)
 	sg, err := saga.New(saga.Config{
 		// A create must end well within the pending deadline, past which
 		// the reaper ends the workspace under it.
 		CreateTimeout: b.cfg.Admission.PendingTimeout * 3 / 4,
 		AfterCreate:   pauseAfterCreate(b.cfg.testPauseAfterCreate),
-	}, saga.Deps{DB: db, Providers: provs, Admission: tadmit, Holds: bill, Terminator: term, Clock: clock, Log: b.log.With("component", "saga")})
+	}, saga.Deps{DB: db, Providers: provs, Admission: tadmit, Holds: bill, Terminator: term, Limiter: limiter, Clock: clock, Log: b.log.With("component", "saga")})
 	if err != nil {
 		return err
 	}
@@ -178,7 +179,7 @@ func (b *broker) run(ctx context.Context) error {
 		MaxInflightPerWorkspace: b.cfg.Admission.Inflight.PerWorkspace,
 		MaxInflightPerInstance:  b.cfg.Admission.Inflight.PerInstance,
 		InflightBytes:           b.cfg.Admission.Inflight.MaxBytes},
-		gateway.Deps{DB: db, Providers: provs, Saga: sg, Terminator: term, Limiter: admission.NewLimiter(b.rdb, rates),
+		gateway.Deps{DB: db, Saga: sg, Limiter: limiter,
 			Controls: controls, Clock: clock, Log: b.log.With("component", "gateway"), Caches: []gateway.Cache{bill.Prices()}})
 	if err != nil {
 		return err

@@ -598,13 +598,14 @@ func Wire(tb testing.TB, o WireOptions) Wired {
 	w.Terminator = termination.New(o.DB, o.Providers, o.Clock, o.Log.With("component", "termination"), o.Gateway.TerminateTimeout)
 	w.Terminator.SetSettler(w.Billing)
 	var err error
+	limiter := admission.NewLimiter(o.DB.Redis(), o.RateLimits)
 	w.Saga, err = saga.New(o.Saga, saga.Deps{DB: o.DB, Providers: o.Providers, Admission: admit, Holds: w.Billing,
-		Terminator: w.Terminator, Clock: o.Clock, Log: o.Log.With("component", "saga")})
+		Terminator: w.Terminator, Limiter: limiter, Clock: o.Clock, Log: o.Log.With("component", "saga")})
 	if err != nil {
 		tb.Fatalf("saga.New: %v", err)
 	}
-	w.Gateway, err = gateway.New(o.Gateway, gateway.Deps{DB: o.DB, Providers: o.Providers, Saga: w.Saga, Terminator: w.Terminator,
-		Limiter: admission.NewLimiter(o.DB.Redis(), o.RateLimits), Controls: controls, Clock: o.Clock, Log: o.Log.With("component", "gateway"), Caches: []gateway.Cache{w.Billing.Prices()}})
+	w.Gateway, err = gateway.New(o.Gateway, gateway.Deps{DB: o.DB, Saga: w.Saga,
+		Limiter: limiter, Controls: controls, Clock: o.Clock, Log: o.Log.With("component", "gateway"), Caches: []gateway.Cache{w.Billing.Prices()}})
 	if err != nil {
 		tb.Fatalf("gateway.New: %v", err)
 	}
