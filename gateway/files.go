@@ -7,24 +7,11 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
-	"github.com/sandgate/sandgate/providers"
-	"github.com/sandgate/sandgate/providers/runner"
 	"github.com/sandgate/sandgate/saga"
 )
-
-// commandsOf returns the durable commands of w's provider: its own, or the
-// generic runner over its Exec.
-func (s *Server) commandsOf(w sandgate.Workspace) (providers.Commander, error) {
-	p, err := s.saga.ProviderOf(w.Provider)
-	if err != nil {
-		return nil, err
-	}
-	return runner.For(p), nil
-}
 
 func (s *Server) readFile(c echo.Context) error {
 	w, err := s.usable(c, admission.ClassExec)
