@@ -156,4 +156,3 @@ func (s *Saga) touched(ctx context.Context, w sandgate.Workspace) (providers.Pro
 	}
 	return s.ProviderOf(w.Provider)
 }
-
