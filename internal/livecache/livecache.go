@@ -38,23 +38,29 @@ func (c *Cache[V]) Get(key string, now time.Time) (V, bool, uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.entries[key]
-	if !c.live || !ok || now.Sub(e.at) > c.maxAge || now.Before(e.at) {
-		var zero V
-		return zero, false, c.gen
-	}
-	return e.v, true, c.gen
+	return c.hit(e, ok, now)
 }
 
 // GetBytes is Get of the key key spells, without making it a string.
 func (c *Cache[V]) GetBytes(key []byte, now time.Time) (V, bool, uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.entries[string(key)]
-	if !c.live || !ok || now.Sub(e.at) > c.maxAge || now.Before(e.at) {
+	e, ok := c.entries[string(key)] // no string is made for the lookup
+	return c.hit(e, ok, now)
+}
+
+// hit answers Get for the entry e found (ok) at now; c.mu is held.
+func (c *Cache[V]) hit(e entry[V], ok bool, now time.Time) (V, bool, uint64) {
+	if !c.live || !c.fresh(e, ok, now) {
 		var zero V
 		return zero, false, c.gen
 	}
 	return e.v, true, c.gen
+}
+
+// fresh reports whether e, found (ok), is younger than maxAge at now.
+func (c *Cache[V]) fresh(e entry[V], ok bool, now time.Time) bool {
+	return ok && now.Sub(e.at) <= c.maxAge && !now.Before(e.at)
 }
 
 // Put caches v under key at now, unless the cache is not live or was
@@ -100,7 +106,7 @@ func (c *Cache[V]) Stale(key string, now time.Time) (V, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.entries[key]
-	if !ok || now.Sub(e.at) > c.maxAge || now.Before(e.at) {
+	if !c.fresh(e, ok, now) {
 		var zero V
 		return zero, false
 	}
