@@ -50,7 +50,7 @@ func (s *Server) exec(c echo.Context) error {
 	defer stdout.free()
 	defer stderr.free()
 	spec.Stdout, spec.Stderr = &stdout, &stderr
-	return s.saga.Exec(c.Request().Context(), a.Lease, lim, id, spec, clamped, func(res saga.ExecResult, clamped bool) {
+	return s.saga.Exec(requestCtx(c), a.Lease, lim, id, spec, clamped, func(res saga.ExecResult, clamped bool) {
 		out, errOut := stdout.parts(), stderr.parts()
 		if res.Stdout != nil || res.Stderr != nil { // a provider that kept the output itself
 			out, errOut = onepart(res.Stdout), onepart(res.Stderr)

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strconv"
@@ -38,15 +39,21 @@ func (s *Server) acquire(c echo.Context) error {
 
 func unavailable(err error) error { return saga.Unavailable(err) }
 
+// requestCtx is c's request context carrying its request id, for the
+// saga's log lines about it.
+func requestCtx(c echo.Context) context.Context {
+	return saga.WithRequestID(c.Request().Context(), requestID(c))
+}
+
 // usable returns the route's workspace, counting the request against the
 // token's rate limit of class ("" for none), if it can take commands now
 // (saga.Saga.Usable).
 func (s *Server) usable(c echo.Context, class admission.Class) (sandgate.Workspace, error) {
-	return s.saga.Usable(c.Request().Context(), authFrom(c).Lease, c.Param("id"), class)
+	return s.saga.Usable(requestCtx(c), authFrom(c).Lease, c.Param("id"), class)
 }
 
 func (s *Server) getWorkspace(c echo.Context) error {
-	w, err := s.saga.Load(c.Request().Context(), authFrom(c).Lease, c.Param("id"), "")
+	w, err := s.saga.Load(requestCtx(c), authFrom(c).Lease, c.Param("id"), "")
 	if err != nil {
 		return err
 	}

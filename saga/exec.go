@@ -43,7 +43,7 @@ func (s *Saga) Exec(ctx context.Context, l sandgate.Lease, lim sandgate.Limits, 
 			}
 		}()
 	}
-	if err := s.checkRead(l, w, err, limited); err != nil {
+	if err := s.checkRead(ctx, l, w, err, limited); err != nil {
 		return err
 	}
 	if err := checkUsable(w, now, func() {
@@ -101,7 +101,7 @@ func (s *Saga) execEnded(ctx context.Context, w sandgate.Workspace, member strin
 	defer cancel()
 	if err := s.db.ExecEnded(ctx, w, member, end); err != nil {
 		s.log.Warn("exec end not recorded; the workspace stays busy until the exec's deadline",
-			sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, err))
+			requestAttr(ctx), sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, err))
 	}
 }
 

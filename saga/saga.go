@@ -146,6 +146,21 @@ func (s *Saga) ProviderOf(name string) (providers.Provider, error) {
 	return e.Provider, nil
 }
 
+// requestIDKey is the context key of the request id WithRequestID sets.
+type requestIDKey struct{}
+
+// WithRequestID returns ctx carrying the id of the request it serves, for
+// the Saga's log lines about that request.
+func WithRequestID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, requestIDKey{}, id)
+}
+
+// requestAttr is the log attribute of ctx's request id ("" when none).
+func requestAttr(ctx context.Context) slog.Attr {
+	id, _ := ctx.Value(requestIDKey{}).(string)
+	return slog.String(sandgate.KeyRequestID, id)
+}
+
 // HashString is the hex SHA-256 of s: how keys and requests are compared.
 func HashString(s string) string {
 	sum := sha256.Sum256([]byte(s))

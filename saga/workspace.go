@@ -29,18 +29,18 @@ func (s *Saga) Load(ctx context.Context, l sandgate.Lease, id string, class admi
 	}
 	queue, limited := s.limiter.QueueOn(ctx, l.ID, class, false)
 	w, err := s.db.WorkspacePipelined(ctx, l.AccountID, id, queue)
-	if err := s.checkRead(l, w, err, limited); err != nil {
+	if err := s.checkRead(ctx, l, w, err, limited); err != nil {
 		return sandgate.Workspace{}, err
 	}
 	return w, nil
 }
 
 // checkRead answers a workspace read and the rate check that rode with it.
-func (s *Saga) checkRead(l sandgate.Lease, w sandgate.Workspace, err error, limited func() error) error {
+func (s *Saga) checkRead(ctx context.Context, l sandgate.Lease, w sandgate.Workspace, err error, limited func() error) error {
 	if lerr := limited(); protocol.CodeOf(lerr) == protocol.RateLimited {
 		return lerr
 	} else if lerr != nil && err == nil {
-		s.log.Warn("rate limiter unavailable; request let through", slog.String(sandgate.KeyLeaseID, l.ID), slog.Any("err", lerr))
+		s.log.Warn("rate limiter unavailable; request let through", requestAttr(ctx), slog.String(sandgate.KeyLeaseID, l.ID), slog.Any("err", lerr))
 	}
 	if errors.Is(err, store.ErrNotFound) || (err == nil && w.InstanceID != l.InstanceID) {
 		return ErrNotFound
