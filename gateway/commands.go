@@ -110,6 +110,17 @@ func renderCommand(c echo.Context, st saga.CommandStatus, code int) error {
 	}.write(c, code)
 }
 
+// execSpec reads and checks a durable command's request body, as exec's
+// (execRequest), and clamps its timeout to w's expires_at too.
+func (s *Server) execSpec(c echo.Context, w sandgate.Workspace) (saga.ExecSpec, bool, error) {
+	spec, clamped, err := s.execRequest(c)
+	if err != nil {
+		return saga.ExecSpec{}, false, err
+	}
+	spec.Timeout, clamped, err = saga.ClampToExpiry(spec.Timeout, clamped, limitsOf(c), w.ExpiresAt.Sub(s.clock.Now()))
+	return spec, clamped, err
+}
+
 // reserveCommand reserves what a durable command request of w may hold
 // from the budget of bytes in flight, before its body is read: the body,
 // and the output a status read may carry (max_output_bytes of each stream,

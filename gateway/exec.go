@@ -6,7 +6,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
@@ -93,18 +92,6 @@ func execBody(res saga.ExecResult, stdout, stderr [][]byte, clamped bool) b64JSO
 		},
 		b64: [][][]byte{stdout, stderr},
 	}
-}
-
-// execSpec reads and checks an exec request body (exec and durable
-// commands share it): argv, dir, stdin within max_file_bytes, and the
-// timeout defaulted and clamped to the scope and expires_at.
-func (s *Server) execSpec(c echo.Context, w sandgate.Workspace) (saga.ExecSpec, bool, error) {
-	spec, clamped, err := s.execRequest(c)
-	if err != nil {
-		return saga.ExecSpec{}, false, err
-	}
-	spec.Timeout, clamped, err = saga.ClampToExpiry(spec.Timeout, clamped, limitsOf(c), w.ExpiresAt.Sub(s.clock.Now()))
-	return spec, clamped, err
 }
 
 // execRequest is execSpec without the workspace: the timeout is defaulted

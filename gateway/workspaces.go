@@ -53,11 +53,10 @@ func (s *Server) usable(c echo.Context, class admission.Class) (sandgate.Workspa
 }
 
 func (s *Server) getWorkspace(c echo.Context) error {
-	w, err := s.saga.Load(requestCtx(c), authFrom(c).Lease, c.Param("id"), "")
+	w, err := s.saga.Workspace(requestCtx(c), authFrom(c).Lease, c.Param("id"))
 	if err != nil {
 		return err
 	}
-	s.saga.ExpireIfDue(c.Request().Context(), w, s.clock.Now())
 	return c.JSON(http.StatusOK, s.status(w))
 }
 

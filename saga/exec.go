@@ -54,7 +54,7 @@ func (s *Saga) Exec(ctx context.Context, l sandgate.Lease, lim sandgate.Limits, 
 		bg := context.WithoutCancel(ctx)
 		go func() {
 			if full, err := s.db.Workspace(bg, w.AccountID, w.ID); err == nil {
-				s.ExpireIfDue(bg, full, now)
+				s.expireIfDue(bg, full, now)
 			}
 		}()
 	}); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -39,10 +40,25 @@ func (s *Saga) Snapshot(ctx context.Context, in sandgate.Instance, id string) (s
 	return snap, nil
 }
 
-// SnapshotReplay looks up a snapshot request's Idempotency-Key: the
-// snapshot it created (ok true), or ok false when the key is unused. It
-// answers a replay even once the workspace has ended (spec §Idempotency).
-func (s *Saga) SnapshotReplay(ctx context.Context, in sandgate.Instance, key, wsID string, req protocol.SnapshotRequest) (snap sandgate.Snapshot, ok bool, err error) {
+// TakeSnapshot is POST of a snapshot of workspace wsID by lease l of
+// instance in, in the order of Acquire: idempotency replay (answered even
+// once the workspace has ended, spec §Idempotency) → the workspace, usable
+// and counted against the lease's acquire rate (Usable) → CreateSnapshot.
+// replay is true when the key's snapshot is answered, not created.
+func (s *Saga) TakeSnapshot(ctx context.Context, l sandgate.Lease, in sandgate.Instance, key, wsID string, req protocol.SnapshotRequest) (snap sandgate.Snapshot, replay bool, err error) {
+	if snap, ok, err := s.snapshotReplay(ctx, in, key, wsID, req); err != nil || ok {
+		return snap, ok, err
+	}
+	w, err := s.Usable(ctx, l, wsID, admission.ClassAcquire)
+	if err != nil {
+		return sandgate.Snapshot{}, false, err
+	}
+	return s.CreateSnapshot(ctx, in, w, key, req)
+}
+
+// snapshotReplay looks up a snapshot request's Idempotency-Key: the
+// snapshot it created (ok true), or ok false when the key is unused.
+func (s *Saga) snapshotReplay(ctx context.Context, in sandgate.Instance, key, wsID string, req protocol.SnapshotRequest) (snap sandgate.Snapshot, ok bool, err error) {
 	if err := policy.ValidateIdempotencyKey(key); err != nil {
 		return sandgate.Snapshot{}, false, err
 	}

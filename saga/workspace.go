@@ -51,6 +51,18 @@ func (s *Saga) checkRead(ctx context.Context, l sandgate.Lease, w sandgate.Works
 	return nil
 }
 
+// Workspace is the status read of workspace id by lease l (Load, counted
+// against no rate class): one found past its deadline is ended in the
+// background, and reads as terminating meanwhile.
+func (s *Saga) Workspace(ctx context.Context, l sandgate.Lease, id string) (sandgate.Workspace, error) {
+	w, err := s.Load(ctx, l, id, "")
+	if err != nil {
+		return w, err
+	}
+	s.expireIfDue(ctx, w, s.clock.Now())
+	return w, nil
+}
+
 // Usable is Load of a workspace that can take commands now: 409 while
 // starting, 410 once terminating, terminated or past expires_at (and one
 // found past it is ended in the background).
@@ -60,7 +72,7 @@ func (s *Saga) Usable(ctx context.Context, l sandgate.Lease, id string, class ad
 		return w, err
 	}
 	now := s.clock.Now()
-	return w, checkUsable(w, now, func() { s.ExpireIfDue(ctx, w, now) })
+	return w, checkUsable(w, now, func() { s.expireIfDue(ctx, w, now) })
 }
 
 // checkUsable answers 410 for a workspace gone at now, after calling
@@ -76,10 +88,10 @@ func checkUsable(w sandgate.Workspace, now time.Time, expire func()) error {
 	return nil
 }
 
-// ExpireIfDue ends a workspace found past its deadline at now, in the
+// expireIfDue ends a workspace found past its deadline at now, in the
 // background. The reaper does the same on its own schedule; this only
 // makes it prompt.
-func (s *Saga) ExpireIfDue(ctx context.Context, w sandgate.Workspace, now time.Time) {
+func (s *Saga) expireIfDue(ctx context.Context, w sandgate.Workspace, now time.Time) {
 	if w.State != sandgate.WorkspaceRunning || now.Before(w.ExpiresAt) {
 		return
 	}
