@@ -33,8 +33,10 @@ type Config struct {
 	// X-Forwarded-Proto: https is accepted (a TLS-terminating proxy). Empty
 	// means every plaintext request is refused.
 	TrustedProxies []netip.Prefix
-	// TerminateTimeout bounds one provider terminate inside a request. 0
-	// means 30 seconds; past it, release answers terminating.
+	// TerminateTimeout is read by the test wiring only (internal/sgtest):
+	// the gateway calls no provider, and saga.Config's TerminateTimeout
+	// bounds the calls package saga makes for a request. 0 means 30
+	// seconds.
 	TerminateTimeout time.Duration
 	// Meter records MetricRequests. nil means no metrics are recorded.
 	Meter metric.Meter
