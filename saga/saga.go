@@ -1,8 +1,10 @@
-// Package saga runs the broker's multi-step operations with every
-// compensating step: acquire (admit → create → restore → confirm), a
-// snapshot's create and delete, a durable command's launch. The gateway,
-// the operator API and tests all call it; it speaks domain types and
-// protocol errors, never HTTP.
+// Package saga is the service floor between the HTTP rooms and the
+// state: every v1 operation that changes state or calls a provider runs
+// here, with its compensating steps: acquire (admit → create → restore →
+// confirm), release, exec, file reads and writes, a snapshot's create and
+// delete, and a durable command's launch, status and cancel. The
+// gateway, the operator API and tests all call it; it speaks domain types
+// and protocol errors, never HTTP.
 package saga
 
 import (
