@@ -7,8 +7,10 @@ import (
 	"github.com/sandgate/sandgate/internal/livecache"
 )
 
+// t0 is when the tests' entries are put.
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
 func TestCache(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	tests := []struct {
 		name string
 		// run acts on a live cache holding "k" = 1 put at t0, and
@@ -42,7 +44,6 @@ func TestCache(t *testing.T) {
 }
 
 func TestCachePutAfterInvalidation(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	c := livecache.New[int]()
 	_, _, gen := c.Get("k", t0)
 	c.Put("k", 1, gen, t0) // not live yet: dropped
@@ -59,7 +60,6 @@ func TestCachePutAfterInvalidation(t *testing.T) {
 }
 
 func TestCacheStale(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	c := livecache.New[int]()
 	c.SetLive(true)
 	_, _, gen := c.Get("k", t0)
