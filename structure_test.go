@@ -78,12 +78,12 @@ func TestDependencyFloors(t *testing.T) {
 // builds a second billing, admission pipeline, terminator or saga of its
 // own, and the tests build the same broker (DESIGN.md "One wiring place").
 var wiringConstructors = map[string][]string{
-	module + "/admission":   {"New", "Standard", "NewLimiter"},
+	module + "/admission":   {"New", "Standard", "NewLimiter", "NewControlCache"},
 	module + "/billing":     {"New"},
 	module + "/termination": {"New"},
 	module + "/saga":        {"New"},
 	module + "/store":       {"New"},
-	module + "/gateway":     {"New", "NewControls"},
+	module + "/gateway":     {"New"},
 	module + "/admin":       {"New"},
 	module + "/reaper":      {"New"},
 	module + "/egress":      {"New"},

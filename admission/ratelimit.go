@@ -335,6 +335,32 @@ func (l *Limiter) Queue(ctx context.Context, p redis.Pipeliner, leaseID string, 
 	}
 }
 
+// QueueOn returns the rate check of one request of class by the lease as
+// a store read's queue (store.DB.WorkspacePipelined, ExecBegin), so that
+// the check shares the read's round trip without the store knowing the
+// limiter; limited, called once the read returned, answers like Queue's
+// function (nil before queue ran). With early, a check answered without
+// Redis that refuses stops the read before it is sent: a refusal Redis
+// gave another request meanwhile costs no round trip. A nil Limiter, or
+// class "", checks nothing: queue is nil.
+func (l *Limiter) QueueOn(ctx context.Context, leaseID string, class Class, early bool) (queue func(redis.Pipeliner) error, limited func() error) {
+	limited = func() error { return nil }
+	if l == nil || class == "" {
+		return nil, limited
+	}
+	queue = func(p redis.Pipeliner) error {
+		limited = l.Queue(ctx, p, leaseID, class)
+		if !early || p.Len() > 0 {
+			return nil // answered by the pipeline
+		}
+		if err := limited(); protocol.CodeOf(err) == protocol.RateLimited {
+			return err
+		}
+		return nil
+	}
+	return queue, func() error { return limited() }
+}
+
 // Allow counts one request of class by the lease. It returns a 429
 // rate_limited refusal with Retry-After when over the limit. A Redis
 // failure is returned as is: the caller decides whether to fail open.

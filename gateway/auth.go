@@ -119,7 +119,7 @@ func (s *Server) resolve(ctx context.Context, tok sandgate.Secret, now time.Time
 	// hex (token.Hash): a warm request allocates no string for its key,
 	// and neither encodes nor hashes the hex's twice as many bytes.
 	sum := token.Sum(tok)
-	e, ok, gen := s.cache.getBytes(sum[:], now)
+	e, ok, gen := s.cache.GetBytes(sum[:], now)
 	if ok {
 		return e, nil
 	}
@@ -127,19 +127,19 @@ func (s *Server) resolve(ctx context.Context, tok sandgate.Secret, now time.Time
 	if !token.Valid(tok.Reveal(), token.Prefix) {
 		return nil, protocol.E(protocol.Unauthenticated, "missing or malformed bearer token")
 	}
-	_, _, ctlGen := s.controls.cache.get("", now)
+	ctlGen := s.controls.Generation(now)
 	a, err := s.db.AuthByTokenHash(ctx, token.HashOf(sum))
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, protocol.E(protocol.Unauthenticated, "unknown token")
 	}
 	if err != nil {
-		if e, ok := s.cache.stale(key, now); ok {
+		if e, ok := s.cache.Stale(key, now); ok {
 			return e, nil
 		}
 		return nil, &protocol.Error{Code: protocol.Unavailable, Message: "the broker cannot read its token store; retry shortly", RetryAfter: 1e9, Err: err}
 	}
-	e = &authEntry{Auth: a, controlsKey: controlsKey(a.Lease.AccountID, a.Lease.InstanceID)}
-	s.cache.put(key, e, gen, now)
-	s.controls.cache.put(e.controlsKey, a.Controls, ctlGen, now)
+	e = &authEntry{Auth: a, controlsKey: admission.ControlsKey(a.Lease.AccountID, a.Lease.InstanceID)}
+	s.cache.Put(key, e, gen, now)
+	s.controls.Fill(e.controlsKey, a.Controls, ctlGen, now)
 	return e, nil
 }

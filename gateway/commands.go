@@ -1,9 +1,7 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -12,196 +10,115 @@ import (
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
-	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/saga"
-	"github.com/sandgate/sandgate/store"
 )
 
-// Durable commands (spec §Durable commands). The identity is claimed in
-// Redis by one script, so across every gateway process only one request
-// ever launches it; the command's state lives in Redis, its output and
-// exit status only in the sandbox (providers.Commander), where any gateway
-// reads them, also after every gateway restarted.
+// Durable commands (spec §Durable commands), run by package saga: a
+// handler reads the route, calls one saga method and renders its status.
 
-// commandKey names a command by the SHA-256 of its identity: a fixed-size,
-// safe name for the store and the sandbox.
-func commandKey(identity string) string { return saga.HashString(identity) }
-
-func identityOf(c echo.Context) (string, error) {
+// commandRoute is every durable command route's prologue: the identity
+// (its key), the route's workspace if it can take commands (counted
+// against the rate limit of class), and, when reserve, the bytes a
+// command request may hold in flight (reserveCommand). release is never
+// nil once err is.
+func (s *Server) commandRoute(c echo.Context, class admission.Class, reserve bool) (w sandgate.Workspace, key string, release func(), err error) {
 	id := c.Param("identity")
 	if err := policy.ValidateCommandIdentity(id); err != nil {
-		return "", err
+		return w, "", nil, err
 	}
-	return commandKey(id), nil
+	if w, err = s.usable(c, class); err != nil {
+		return w, "", nil, err
+	}
+	release = func() {}
+	if reserve {
+		if release, err = s.reserveCommand(c); err != nil {
+			return w, "", nil, err
+		}
+	}
+	return w, saga.CommandKey(id), release, nil
 }
 
 // startCommand is PUT …/commands/{identity}: 202 when this request
 // claimed the identity and launched the command, 200 with the current
 // status, whatever the body, when the identity was claimed before.
 func (s *Server) startCommand(c echo.Context) error {
-	key, err := identityOf(c)
-	if err != nil {
-		return err
-	}
-	w, err := s.usable(c, admission.ClassExec)
-	if err != nil {
-		return err
-	}
-	release, err := s.reserveCommand(c)
+	w, key, release, err := s.commandRoute(c, admission.ClassExec, true)
 	if err != nil {
 		return err
 	}
 	defer release()
-	ctx := c.Request().Context()
-	if cmd, err := s.db.Command(ctx, w, key); err == nil {
-		return s.commandStatus(c, w, cmd, http.StatusOK)
-	} else if !errors.Is(err, store.ErrNotFound) {
-		return unavailable(err)
-	}
-
-	spec, _, err := s.execSpec(c, w)
+	st, err := s.saga.StartCommand(c.Request().Context(), w, key, limitsOf(c).MaxOutputBytes, func() (saga.ExecSpec, error) {
+		spec, _, err := s.execSpec(c, w)
+		return spec, err
+	})
 	if err != nil {
 		return err
 	}
-	st, err := s.saga.StartCommand(ctx, w, key, spec)
-	if errors.Is(err, saga.ErrCommandClaimed) { // another request claimed it first
-		cmd, err := s.db.Command(ctx, w, key)
-		if err != nil {
-			return unavailable(err)
-		}
-		return s.commandStatus(c, w, cmd, http.StatusOK)
+	if st.Started {
+		return renderCommand(c, st, http.StatusAccepted)
 	}
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: string(st)})
+	return renderCommand(c, st, http.StatusOK)
 }
 
 // readCommand is GET …/commands/{identity}.
 func (s *Server) readCommand(c echo.Context) error {
-	key, err := identityOf(c)
-	if err != nil {
-		return err
-	}
-	w, err := s.usable(c, admission.ClassRead)
-	if err != nil {
-		return err
-	}
-	release, err := s.reserveCommand(c)
+	w, key, release, err := s.commandRoute(c, admission.ClassRead, true)
 	if err != nil {
 		return err
 	}
 	defer release()
-	cmd, err := s.db.Command(c.Request().Context(), w, key)
-	if errors.Is(err, store.ErrNotFound) {
-		return c.JSON(http.StatusOK, protocol.CommandStatus{State: protocol.CommandUnknown})
-	}
+	st, err := s.saga.ReadCommand(c.Request().Context(), w, key, limitsOf(c).MaxOutputBytes)
 	if err != nil {
-		return unavailable(err)
+		return err
 	}
-	return s.commandStatus(c, w, cmd, http.StatusOK)
+	return renderCommand(c, st, http.StatusOK)
 }
 
-// cancelCommand is POST …/commands/{identity}/cancel: 202, idempotent. An
-// identity never claimed is fenced; a claimed command is fenced or killed
-// in the sandbox; a completed one keeps its result.
+// cancelCommand is POST …/commands/{identity}/cancel: 202, idempotent
+// (saga.Saga.CancelCommand).
 func (s *Server) cancelCommand(c echo.Context) error {
-	key, err := identityOf(c)
+	w, key, _, err := s.commandRoute(c, "", false)
 	if err != nil {
 		return err
 	}
-	w, err := s.usable(c, "")
+	state, err := s.saga.CancelCommand(c.Request().Context(), w, key)
 	if err != nil {
 		return err
 	}
-	cmds, err := s.commandsOf(w)
-	if err != nil {
-		return err
-	}
-	ctx := context.WithoutCancel(c.Request().Context())
-	out, err := s.db.CancelCommand(ctx, w, key, s.clock.Now())
-	if err != nil {
-		return unavailable(err)
-	}
-	if out == store.CancelRecorded {
-		// Fence a launch still on its way, kill a running command.
-		cctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
-		err := cmds.CancelCommand(cctx, sandboxOf(w), key)
-		cancel()
-		if err != nil && !errors.Is(err, providers.ErrSandboxGone) {
-			return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not cancel the command; retry", Err: err}
-		}
-		s.log.Info("durable command canceled", sandgate.WorkspaceAttr(w.ID))
-	}
-	cmd, err := s.db.Command(ctx, w, key)
-	if err != nil {
-		return unavailable(err)
-	}
-	return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: string(cmd.State)})
+	return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: state})
 }
 
-// commandStatus answers a command's status, learning from the sandbox what
-// Redis does not know yet: a launch whose answer was lost, a command that
-// finished. Output is read from the sandbox every time; it is never kept.
-func (s *Server) commandStatus(c echo.Context, w sandgate.Workspace, cmd sandgate.Command, code int) error {
-	ctx := context.WithoutCancel(c.Request().Context())
-	if cmd.State == sandgate.CommandCanceled && !cmd.Launched {
-		// Fenced before any launch: nothing ran, there is no result.
-		return c.JSON(code, protocol.CommandStatus{State: protocol.CommandCanceled})
+// renderCommand writes a command's status with code; a finished
+// command's output is base64-encoded straight into the response.
+func renderCommand(c echo.Context, st saga.CommandStatus, code int) error {
+	r := st.Result
+	if r == nil {
+		return c.JSON(code, protocol.CommandStatus{State: st.State, ExitCode: st.ExitCode, TimedOut: st.TimedOut})
 	}
-	cmds, err := s.commandsOf(w)
-	if err != nil {
-		return err
-	}
-	lim := limitsOf(c)
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
-	st, err := cmds.ReadCommand(rctx, sandboxOf(w), cmd.Key, lim.MaxOutputBytes)
-	cancel()
-	if err != nil {
-		return providerError(err)
-	}
-	now := s.clock.Now()
-	if st.State == providers.CommandAbsent {
-		switch {
-		case cmd.Launched && cmd.HasExit:
-			// The sandbox lost the files; the exit status is still known.
-			return c.JSON(code, protocol.CommandStatus{State: string(cmd.State), ExitCode: &cmd.ExitCode, TimedOut: cmd.TimedOut})
-		case cmd.Launched:
-			return c.JSON(code, protocol.CommandStatus{State: protocol.CommandUnknown})
-		case now.Before(cmd.DispatchBy):
-			return c.JSON(code, protocol.CommandStatus{State: protocol.CommandStarting})
-		}
-		// The launch's outcome was never learned (its gateway died): fence
-		// it in the sandbox, so a launch still on its way never runs, and
-		// record it canceled.
-		return s.fenceLost(c, w, cmd, code)
-	}
-	if !cmd.Launched {
-		if _, err := s.db.CommandLaunched(ctx, w, cmd.Key); err != nil {
-			return unavailable(err)
-		}
-	}
-	if st.State == providers.CommandRunning {
-		return c.JSON(code, protocol.CommandStatus{State: protocol.CommandRunning})
-	}
-	final, err := s.db.FinishCommand(ctx, w, cmd.Key, sandgate.CommandState(st.State), st.ExitCode, st.TimedOut, now)
-	if err != nil {
-		return unavailable(err)
-	}
-	// protocol.CommandStatus with its exit fields, encoded straight into
-	// the response.
-	state, _ := json.Marshal(string(final))
+	// protocol.CommandStatus with its exit fields.
+	state, _ := json.Marshal(st.State)
 	return b64JSON{
 		text: []string{
-			`{"state":` + string(state) + `,"exit_code":` + jsonInt(int64(st.ExitCode)) + `,"stdout_b64":"`,
+			`{"state":` + string(state) + `,"exit_code":` + jsonInt(int64(r.ExitCode)) + `,"stdout_b64":"`,
 			`","stderr_b64":"`,
-			`","output_truncated":` + jsonBool(st.StdoutTruncated || st.StderrTruncated) +
-				`,"stdout_bytes":` + jsonInt(st.StdoutBytes) +
-				`,"stderr_bytes":` + jsonInt(st.StderrBytes) +
-				`,"timed_out":` + jsonBool(st.TimedOut) + `}`,
+			`","output_truncated":` + jsonBool(r.StdoutTruncated || r.StderrTruncated) +
+				`,"stdout_bytes":` + jsonInt(r.StdoutBytes) +
+				`,"stderr_bytes":` + jsonInt(r.StderrBytes) +
+				`,"timed_out":` + jsonBool(r.TimedOut) + `}`,
 		},
-		b64: [][][]byte{onepart(st.Stdout), onepart(st.Stderr)},
+		b64: [][][]byte{onepart(r.Stdout), onepart(r.Stderr)},
 	}.write(c, code)
+}
+
+// execSpec reads and checks a durable command's request body, as exec's
+// (execRequest), and clamps its timeout to w's expires_at too.
+func (s *Server) execSpec(c echo.Context, w sandgate.Workspace) (saga.ExecSpec, bool, error) {
+	spec, clamped, err := s.execRequest(c)
+	if err != nil {
+		return saga.ExecSpec{}, false, err
+	}
+	spec.Timeout, clamped, err = saga.ClampToExpiry(spec.Timeout, clamped, limitsOf(c), w.ExpiresAt.Sub(s.clock.Now()))
+	return spec, clamped, err
 }
 
 // reserveCommand reserves what a durable command request of w may hold
@@ -213,43 +130,4 @@ func (s *Server) commandStatus(c echo.Context, w sandgate.Workspace, cmd sandgat
 func (s *Server) reserveCommand(c echo.Context) (func(), error) {
 	lim := limitsOf(c)
 	return s.inflight.acquireBytes(bodyCost(c) + 2*lim.MaxOutputBytes + 1024)
-}
-
-// fenceLost fences a command whose launch was claimed but never confirmed
-// before its dispatch deadline, and answers its status after the fence.
-func (s *Server) fenceLost(c echo.Context, w sandgate.Workspace, cmd sandgate.Command, code int) error {
-	cmds, err := s.commandsOf(w)
-	if err != nil {
-		return err
-	}
-	ctx := context.WithoutCancel(c.Request().Context())
-	if _, err := s.db.CancelCommand(ctx, w, cmd.Key, s.clock.Now()); err != nil {
-		return unavailable(err)
-	}
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
-	err = cmds.CancelCommand(cctx, sandboxOf(w), cmd.Key)
-	cancel()
-	if err != nil {
-		return providerError(err)
-	}
-	s.log.Warn("durable command launch never confirmed; fenced", sandgate.WorkspaceAttr(w.ID))
-	// The launch may have landed just before the fence (and been killed by
-	// it): read once more, and from then on let the sandbox answer.
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.TerminateTimeout)
-	st, err := cmds.ReadCommand(rctx, sandboxOf(w), cmd.Key, 0)
-	cancel()
-	if err != nil {
-		return providerError(err)
-	}
-	if st.State == providers.CommandAbsent {
-		return c.JSON(code, protocol.CommandStatus{State: protocol.CommandCanceled})
-	}
-	if _, err := s.db.CommandLaunched(ctx, w, cmd.Key); err != nil {
-		return unavailable(err)
-	}
-	cur, err := s.db.Command(ctx, w, cmd.Key)
-	if err != nil {
-		return unavailable(err)
-	}
-	return s.commandStatus(c, w, cur, code)
 }

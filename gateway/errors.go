@@ -4,13 +4,13 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
-	"strconv"
-	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/httpapi"
 	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/saga"
 )
 
 // handleError is Echo's HTTPErrorHandler: it finds the *protocol.Error in
@@ -45,27 +45,7 @@ func (s *Server) handleError(err error, c echo.Context) {
 }
 
 func writeEnvelope(c echo.Context, status int, pe *protocol.Error) {
-	details := pe.Details
-	if pe.Reason != "" {
-		if details == nil {
-			details = map[string]any{}
-		}
-		details["reason"] = pe.Reason
-	}
-	if details == nil {
-		details = map[string]any{}
-	}
-	if pe.RetryAfter > 0 {
-		c.Response().Header().Set(protocol.HeaderRetryAfter, strconv.FormatInt(retryAfterSeconds(pe.RetryAfter), 10))
-	}
-	env := protocol.Envelope{Error: protocol.EnvelopeError{
-		Code: pe.Code, Message: pe.Message, Retryable: pe.Code.Retryable(), Details: details,
-	}}
-	if c.Request().Method == http.MethodHead {
-		_ = c.NoContent(status)
-		return
-	}
-	_ = c.JSON(status, env)
+	httpapi.WriteError(c.Response(), c.Request(), status, pe)
 }
 
 func fromEchoError(he *echo.HTTPError) *protocol.Error {
@@ -88,11 +68,4 @@ func fromEchoError(he *echo.HTTPError) *protocol.Error {
 // errInvalid is a 400 with an operator-actionable message.
 func errInvalid(msg string) error { return protocol.E(protocol.InvalidRequest, msg) }
 
-var errNotFound = protocol.E(protocol.NotFound, "no such workspace for this instance")
-
-// retryAfterSeconds is d (> 0) as Retry-After's whole seconds, rounded
-// up: a client that waits what it is told is not refused again for the
-// fraction a rounding down would cut off.
-func retryAfterSeconds(d time.Duration) int64 {
-	return int64((d + time.Second - 1) / time.Second)
-}
+var errNotFound = saga.ErrNotFound

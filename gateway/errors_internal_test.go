@@ -3,6 +3,8 @@ package gateway
 import (
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/httpapi"
 )
 
 func TestRetryAfterSeconds(t *testing.T) {
@@ -16,7 +18,7 @@ func TestRetryAfterSeconds(t *testing.T) {
 		{1900 * time.Millisecond, 2},
 		{100 * time.Second, 100},
 	} {
-		if got := retryAfterSeconds(c.d); got != c.want {
+		if got := httpapi.RetryAfterSeconds(c.d); got != c.want {
 			t.Errorf("retryAfterSeconds(%v) = %d; want %d", c.d, got, c.want)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/sandgate/sandgate/httpapi"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 )
@@ -365,7 +366,7 @@ func (b *writeBody) stringStart(field string) bool {
 		return true
 	case c == 'n':
 		if b.literal("ull") {
-			b.fatal(rankField, errInvalid(nullMessage(field)))
+			b.fatal(rankField, errInvalid(httpapi.NullMessage(field)))
 		}
 		return false
 	case isValueStart(c):
@@ -434,7 +435,7 @@ func (b *writeBody) str(limit int) (string, bool) {
 	if over {
 		return strings.Repeat("p", policy.MaxPathBytes+1), true
 	}
-	if !validText(raw) {
+	if !httpapi.ValidText(raw) {
 		b.fatal(rankText, errBodyNotText)
 		return "", false
 	}
@@ -537,7 +538,7 @@ func (b *writeBody) escape() {
 				return
 			}
 		}
-		v, ok := hex4(hex[:], 2)
+		v, ok := httpapi.Hex4(hex[:], 2)
 		if !ok {
 			b.fatal(rankSyntax, errBodyNotJSON)
 			return
@@ -553,7 +554,7 @@ func (b *writeBody) escape() {
 					return
 				}
 			}
-			if w, ok := hex4(lo[:], 2); lo[0] != '\\' || lo[1] != 'u' || !ok || w < 0xDC00 || w > 0xDFFF {
+			if w, ok := httpapi.Hex4(lo[:], 2); lo[0] != '\\' || lo[1] != 'u' || !ok || w < 0xDC00 || w > 0xDFFF {
 				b.fatal(rankText, errBodyNotText)
 				return
 			}

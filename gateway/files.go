@@ -7,31 +7,11 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
-	"github.com/sandgate/sandgate/providers"
-	"github.com/sandgate/sandgate/providers/runner"
+	"github.com/sandgate/sandgate/saga"
 )
-
-func sandboxOf(w sandgate.Workspace) providers.Sandbox { return providers.Sandbox{Ref: w.ProviderRef} }
-
-// providerOf returns the provider w was created on, whether or not it
-// still accepts new work.
-func (s *Server) providerOf(w sandgate.Workspace) (providers.Provider, error) {
-	return s.saga.ProviderOf(w.Provider)
-}
-
-// commandsOf returns the durable commands of w's provider: its own, or the
-// generic runner over its Exec.
-func (s *Server) commandsOf(w sandgate.Workspace) (providers.Commander, error) {
-	p, err := s.providerOf(w)
-	if err != nil {
-		return nil, err
-	}
-	return runner.For(p), nil
-}
 
 func (s *Server) readFile(c echo.Context) error {
 	w, err := s.usable(c, admission.ClassExec)
@@ -53,24 +33,16 @@ func (s *Server) readFile(c echo.Context) error {
 	if err := policy.ValidatePath(req.Path); err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
-	if err := s.db.Touch(ctx, w, s.clock.Now()); err != nil {
-		return unavailable(err)
-	}
-	p, err := s.providerOf(w)
-	if err != nil {
-		return err
-	}
 	// The provider writes the file into chunks as it reads it; the answer
 	// is base64-encoded from them into the connection. The status and
 	// length depend on the whole read, so the contents are held once.
 	var buf fileBuf
-	n, err := p.ReadFile(ctx, sandboxOf(w), req.Path, lim.MaxFileBytes, &buf)
+	n, err := s.saga.ReadFile(c.Request().Context(), w, req.Path, lim.MaxFileBytes, &buf)
 	if err != nil {
-		return providerError(err)
+		return err
 	}
 	if n != buf.n {
-		return providerError(fmt.Errorf("gateway: read: the provider counted %d bytes and wrote %d", n, buf.n))
+		return saga.ProviderError(fmt.Errorf("gateway: read: the provider counted %d bytes and wrote %d", n, buf.n))
 	}
 	// protocol.ReadFileResponse, encoded straight into the response.
 	return b64JSON{
@@ -113,22 +85,8 @@ func (s *Server) writeFile(c echo.Context) error {
 			contents = body.held
 		}
 	}
-	ctx := req.Context()
-	if err := s.db.Touch(ctx, w, s.clock.Now()); err != nil {
-		return unavailable(err)
-	}
-	p, err := s.providerOf(w)
-	if err != nil {
+	if err := s.saga.WriteFile(req.Context(), w, body.path, contents, body.finish); err != nil {
 		return err
-	}
-	err = p.WriteFile(ctx, sandboxOf(w), body.path, contents)
-	if ferr := body.finish(); ferr != nil {
-		// A refused body wins over what the provider made of it: the
-		// provider read the fault and wrote nothing.
-		return ferr
-	}
-	if err != nil {
-		return providerError(err)
 	}
 	return c.NoContent(http.StatusNoContent)
 }

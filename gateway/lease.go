@@ -9,6 +9,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/saga"
@@ -154,9 +155,9 @@ func defaultSize(scope sandgate.Scope) string {
 // reading of the request's decision.
 func (s *Server) admissionState(ctx context.Context, key, acct, inst string, now time.Time) protocol.Admission {
 	if key == "" {
-		key = controlsKey(acct, inst)
+		key = admission.ControlsKey(acct, inst)
 	}
-	c, err := s.controls.forKeyAt(ctx, key, acct, inst, now)
+	c, err := s.controls.ForKeyAt(ctx, key, acct, inst, now)
 	if err != nil {
 		return protocol.Admission{State: protocol.AdmissionPaused, Reason: "unavailable"}
 	}

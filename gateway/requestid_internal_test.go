@@ -3,6 +3,8 @@ package gateway
 import (
 	"testing"
 
+	"github.com/sandgate/sandgate/httpapi"
+
 	"github.com/sandgate/sandgate/policy"
 )
 
@@ -11,8 +13,8 @@ import (
 func TestNewRequestIDs(t *testing.T) {
 	var s Server
 	seen := map[string]bool{}
-	for i := range 5 * requestIDBlock {
-		v := s.newRequestID()
+	for i := range 5 * httpapi.RequestIDBlock {
+		v := s.requestIDs.New()
 		if len(v) != 1 || cap(v) != 1 || !policy.ValidRequestID(v[0]) || seen[v[0]] {
 			t.Fatalf("id %d: %q (cap %d); want one valid, new id", i, v, cap(v))
 		}

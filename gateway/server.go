@@ -2,11 +2,8 @@ package gateway
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -23,12 +20,11 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
-	"github.com/sandgate/sandgate/policy"
+	"github.com/sandgate/sandgate/httpapi"
+	"github.com/sandgate/sandgate/internal/livecache"
 	"github.com/sandgate/sandgate/protocol"
-	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
-	"github.com/sandgate/sandgate/termination"
 )
 
 // Config configures a Server. A zero field means the default noted beside it.
@@ -37,8 +33,10 @@ type Config struct {
 	// X-Forwarded-Proto: https is accepted (a TLS-terminating proxy). Empty
 	// means every plaintext request is refused.
 	TrustedProxies []netip.Prefix
-	// TerminateTimeout bounds one provider terminate inside a request. 0
-	// means 30 seconds; past it, release answers terminating.
+	// TerminateTimeout is read by the test wiring only (internal/sgtest):
+	// the gateway calls no provider, and saga.Config's TerminateTimeout
+	// bounds the calls package saga makes for a request. 0 means 30
+	// seconds.
 	TerminateTimeout time.Duration
 	// Meter records MetricRequests. nil means no metrics are recorded.
 	Meter metric.Meter
@@ -64,14 +62,14 @@ type Config struct {
 // Deps are what a Server works with, built once by the broker's wiring
 // (cmd/sandgate); every one is required.
 type Deps struct {
-	DB         *store.DB
-	Providers  *providers.Set
-	Saga       *saga.Saga
-	Terminator *termination.Terminator
-	Limiter    *admission.Limiter
+	DB   *store.DB
+	Saga *saga.Saga
+	// Limiter is the rate limiter the Saga counts workspace routes with
+	// (saga.Deps.Limiter): the same one, since both spend its buckets.
+	Limiter *admission.Limiter
 	// Controls reads stop and pause state; the admission pipeline reads
 	// the broker-wide stop through the same one (Controls.GlobalStop).
-	Controls *Controls
+	Controls *admission.ControlCache
 	Clock    sandgate.Clock
 	Log      *slog.Logger // nil discards
 	// Caches are in-process caches of other packages (billing's prices)
@@ -87,12 +85,6 @@ type Cache interface {
 	SetLive(live bool)
 }
 
-// externalCache adapts a Cache to the subscription loop.
-type externalCache struct{ c Cache }
-
-func (e externalCache) invalidate()       { e.c.Invalidate() }
-func (e externalCache) setLive(live bool) { e.c.SetLive(live) }
-
 // MetricRequests counts requests by route (the method and route template,
 // or "unmatched"), status and protocol code: bounded attributes only, never
 // an id, a query or a header.
@@ -102,14 +94,12 @@ const MetricRequests = "sandgate.http.requests"
 type Server struct {
 	cfg      Config
 	db       *store.DB
-	provs    *providers.Set
 	saga     *saga.Saga
 	clock    sandgate.Clock
 	log      *slog.Logger
-	cache    *cache[*authEntry]
-	controls *Controls
+	cache    *livecache.Cache[*authEntry]
+	controls *admission.ControlCache
 	limiter  *admission.Limiter
-	term     *termination.Terminator
 	inflight *inflight // caps on execs and file transfers in flight
 	echo     *echo.Echo
 	draining atomic.Bool
@@ -119,7 +109,7 @@ type Server struct {
 	unmatched   *routeInfo
 	measureSets sync.Map  // measureKey → *measureOpts
 	reqs        sync.Pool // *reqContext, reused by serve
-	requestIDs  sync.Pool // *requestIDs, the request ids made ahead (newRequestID)
+	requestIDs  httpapi.RequestIDs
 	tel         serverTelemetry
 	external    []Cache
 	logAttrs    attrsHandler // log's handler, when it is one; nil otherwise
@@ -131,12 +121,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 	switch {
 	case d.DB == nil:
 		return nil, errors.New("gateway: no store")
-	case d.Providers == nil:
-		return nil, errors.New("gateway: no providers")
 	case d.Saga == nil:
 		return nil, errors.New("gateway: no saga")
-	case d.Terminator == nil:
-		return nil, errors.New("gateway: no terminator")
 	case d.Limiter == nil:
 		return nil, errors.New("gateway: no rate limiter")
 	case d.Controls == nil:
@@ -151,8 +137,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, db: d.DB, provs: d.Providers, saga: d.Saga, clock: d.Clock, log: log,
-		cache: newCache[*authEntry](), controls: d.Controls, limiter: d.Limiter, term: d.Terminator, external: d.Caches}
+	s := &Server{cfg: cfg, db: d.DB, saga: d.Saga, clock: d.Clock, log: log,
+		cache: livecache.New[*authEntry](), controls: d.Controls, limiter: d.Limiter, external: d.Caches}
 	s.inflight = newInflight(cfg)
 	s.logAttrs, _ = log.Handler().(attrsHandler)
 	switch d.Clock.(type) {
@@ -188,11 +174,7 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // Run keeps the auth cache's invalidation subscription up until ctx ends.
 // Until it has subscribed, every request reads the token from Redis.
 func (s *Server) Run(ctx context.Context) {
-	caches := []invalidator{s.cache, s.controls.cache}
-	for _, c := range s.external {
-		caches = append(caches, externalCache{c})
-	}
-	subscribe(ctx, s.db, s.log, caches...)
+	subscribe(ctx, s.db, s.log, append([]Cache{s.cache, s.controls}, s.external...)...)
 }
 
 func (s *Server) routes() *echo.Echo {
@@ -265,11 +247,8 @@ func (s *Server) serve(c echo.Context) error {
 	h := c.Response().Header()
 	h["Cache-Control"] = noStore
 	var idv []string // the response's X-Request-Id: the client's, or one made here
-	if v := c.Request().Header[protocol.HeaderRequestID]; len(v) > 0 && policy.ValidRequestID(v[0]) {
-		idv = v[:1:1] // the request's value: a response header's values are copied when written, never changed in place
-	} else {
-		// A malformed client id is replaced, not refused: it is diagnostics only.
-		idv = s.newRequestID()
+	if idv = httpapi.ClientRequestID(c.Request().Header); idv == nil {
+		idv = s.requestIDs.New()
 	}
 	id := idv[0]
 	h[protocol.HeaderRequestID] = idv
@@ -379,52 +358,6 @@ func requestID(c echo.Context) string {
 		return rc.id
 	}
 	return ""
-}
-
-// newRequestID returns a new request id as a header's values: "req_"
-// and 24 hex digits. It is for diagnostics, not a secret: the runtime's
-// generator (ChaCha8, seeded from the system's entropy) is enough, without
-// a system call per request. The ids are made requestIDBlock at a time,
-// in one string and one slice of values, instead of two allocations per
-// request.
-func (s *Server) newRequestID() []string {
-	b, _ := s.requestIDs.Get().(*requestIDs)
-	if b == nil || b.next == requestIDBlock {
-		b = newRequestIDs()
-	}
-	v := b.vals[b.next : b.next+1 : b.next+1] // capacity 1: an append to it copies
-	b.next++
-	s.requestIDs.Put(b)
-	return v
-}
-
-// requestIDBlock is how many request ids a requestIDs holds.
-const requestIDBlock = 64
-
-// requestIDs are request ids made together; next is the first not given out.
-type requestIDs struct {
-	vals []string
-	next int
-}
-
-const requestIDLen = len("req_") + 24
-
-func newRequestIDs() *requestIDs {
-	var buf [requestIDBlock * requestIDLen]byte
-	for i := range requestIDBlock {
-		id := buf[i*requestIDLen : (i+1)*requestIDLen]
-		var r [12]byte
-		binary.LittleEndian.PutUint64(r[:8], rand.Uint64())
-		binary.LittleEndian.PutUint32(r[8:], rand.Uint32())
-		copy(id, "req_")
-		hex.Encode(id[len("req_"):], r[:])
-	}
-	ids := string(buf[:])
-	b := &requestIDs{vals: make([]string, requestIDBlock)}
-	for i := range b.vals {
-		b.vals[i] = ids[i*requestIDLen : (i+1)*requestIDLen]
-	}
-	return b
 }
 
 // Drain makes the server refuse every new request with 503 unavailable

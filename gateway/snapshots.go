@@ -6,7 +6,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 )
@@ -15,8 +14,6 @@ import (
 // Acquire: authenticate → idempotency replay → validate → quota → provider
 // (package saga).
 func (s *Server) createSnapshot(c echo.Context) error {
-	ctx := c.Request().Context()
-	a := authFrom(c)
 	key := c.Request().Header.Get(protocol.HeaderIdempotencyKey)
 	if err := policy.ValidateIdempotencyKey(key); err != nil {
 		return err
@@ -29,16 +26,8 @@ func (s *Server) createSnapshot(c echo.Context) error {
 	if err := decode(c, &req); err != nil {
 		return err
 	}
-	if snap, ok, err := s.saga.SnapshotReplay(ctx, a.Instance, key, wsID, req); err != nil {
-		return err
-	} else if ok {
-		return c.JSON(http.StatusOK, snapshotBody(snap))
-	}
-	w, err := s.usable(c, admission.ClassAcquire)
-	if err != nil {
-		return err
-	}
-	snap, replay, err := s.saga.CreateSnapshot(ctx, a.Instance, w, key, req)
+	a := authFrom(c)
+	snap, replay, err := s.saga.TakeSnapshot(requestCtx(c), a.Lease, a.Instance, key, wsID, req)
 	if err != nil {
 		return err
 	}

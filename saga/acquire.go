@@ -134,7 +134,7 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 			// retry re-evaluates; the workspace stays listed as failed.
 			_ = s.terminateSandbox(ctx, ws, sb.Ref, false)
 			s.freeKey(ctx, ws, keyHash)
-			return Acquired{}, restoreError(err)
+			return Acquired{}, providerError(opRestore, err)
 		}
 	}
 	started := sb.StartedAt
@@ -344,12 +344,4 @@ func providerName(name string) string {
 		return providers.LegacyName
 	}
 	return name
-}
-
-// restoreError maps a failed restore into a new workspace.
-func restoreError(err error) error {
-	if errors.Is(err, providers.ErrSnapshotGone) {
-		return &protocol.Error{Code: protocol.SnapshotGone, Message: "the snapshot's contents are gone; start cold", Err: err}
-	}
-	return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not restore the snapshot; the workspace was terminated; retry with the same Idempotency-Key", Err: err}
 }

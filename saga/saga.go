@@ -1,8 +1,10 @@
-// Package saga runs the broker's multi-step operations with every
-// compensating step: acquire (admit → create → restore → confirm), a
-// snapshot's create and delete, a durable command's launch. The gateway,
-// the operator API and tests all call it; it speaks domain types and
-// protocol errors, never HTTP.
+// Package saga is the service floor between the HTTP rooms and the
+// state: every v1 operation that changes state or calls a provider runs
+// here, with its compensating steps: acquire (admit → create → restore →
+// confirm), release, exec, file reads and writes, a snapshot's create and
+// delete, and a durable command's launch, status and cancel. The
+// gateway, the operator API and tests all call it; it speaks domain types
+// and protocol errors, never HTTP.
 package saga
 
 import (
@@ -63,20 +65,25 @@ type Deps struct {
 	Admission  Admitter
 	Holds      Holds
 	Terminator *termination.Terminator
-	Clock      sandgate.Clock
-	Log        *slog.Logger // nil discards
+	// Limiter counts a workspace route's request against its lease's
+	// rate limit in the workspace read's round trip (Load, Usable, Exec).
+	// nil counts nothing.
+	Limiter *admission.Limiter
+	Clock   sandgate.Clock
+	Log     *slog.Logger // nil discards
 }
 
 // Saga runs the multi-step operations. It is safe for concurrent use.
 type Saga struct {
-	cfg   Config
-	db    *store.DB
-	provs *providers.Set
-	admit Admitter
-	holds Holds
-	term  *termination.Terminator
-	clock sandgate.Clock
-	log   *slog.Logger
+	cfg     Config
+	db      *store.DB
+	provs   *providers.Set
+	admit   Admitter
+	holds   Holds
+	term    *termination.Terminator
+	limiter *admission.Limiter
+	clock   sandgate.Clock
+	log     *slog.Logger
 }
 
 // New returns a Saga. A missing dependency is an error: each one guards
@@ -111,7 +118,7 @@ func New(cfg Config, d Deps) (*Saga, error) {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Saga{cfg: cfg, db: d.DB, provs: d.Providers, admit: d.Admission, holds: d.Holds, term: d.Terminator, clock: d.Clock, log: d.Log}, nil
+	return &Saga{cfg: cfg, db: d.DB, provs: d.Providers, admit: d.Admission, holds: d.Holds, term: d.Terminator, limiter: d.Limiter, clock: d.Clock, log: d.Log}, nil
 }
 
 // DispatchTimeout is the bound of a durable command's launch.
@@ -139,6 +146,21 @@ func (s *Saga) ProviderOf(name string) (providers.Provider, error) {
 			Message: "the provider this resource lives on is not configured on this broker; ask its operator", RetryAfter: 30 * time.Second, Err: err}
 	}
 	return e.Provider, nil
+}
+
+// requestIDKey is the context key of the request id WithRequestID sets.
+type requestIDKey struct{}
+
+// WithRequestID returns ctx carrying the id of the request it serves, for
+// the Saga's log lines about that request.
+func WithRequestID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, requestIDKey{}, id)
+}
+
+// requestAttr is the log attribute of ctx's request id ("" when none).
+func requestAttr(ctx context.Context) slog.Attr {
+	id, _ := ctx.Value(requestIDKey{}).(string)
+	return slog.String(sandgate.KeyRequestID, id)
 }
 
 // HashString is the hex SHA-256 of s: how keys and requests are compared.

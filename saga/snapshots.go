@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -39,10 +40,25 @@ func (s *Saga) Snapshot(ctx context.Context, in sandgate.Instance, id string) (s
 	return snap, nil
 }
 
-// SnapshotReplay looks up a snapshot request's Idempotency-Key: the
-// snapshot it created (ok true), or ok false when the key is unused. It
-// answers a replay even once the workspace has ended (spec §Idempotency).
-func (s *Saga) SnapshotReplay(ctx context.Context, in sandgate.Instance, key, wsID string, req protocol.SnapshotRequest) (snap sandgate.Snapshot, ok bool, err error) {
+// TakeSnapshot is POST of a snapshot of workspace wsID by lease l of
+// instance in, in the order of Acquire: idempotency replay (answered even
+// once the workspace has ended, spec §Idempotency) → the workspace, usable
+// and counted against the lease's acquire rate (Usable) → CreateSnapshot.
+// replay is true when the key's snapshot is answered, not created.
+func (s *Saga) TakeSnapshot(ctx context.Context, l sandgate.Lease, in sandgate.Instance, key, wsID string, req protocol.SnapshotRequest) (snap sandgate.Snapshot, replay bool, err error) {
+	if snap, ok, err := s.snapshotReplay(ctx, in, key, wsID, req); err != nil || ok {
+		return snap, ok, err
+	}
+	w, err := s.Usable(ctx, l, wsID, admission.ClassAcquire)
+	if err != nil {
+		return sandgate.Snapshot{}, false, err
+	}
+	return s.CreateSnapshot(ctx, in, w, key, req)
+}
+
+// snapshotReplay looks up a snapshot request's Idempotency-Key: the
+// snapshot it created (ok true), or ok false when the key is unused.
+func (s *Saga) snapshotReplay(ctx context.Context, in sandgate.Instance, key, wsID string, req protocol.SnapshotRequest) (snap sandgate.Snapshot, ok bool, err error) {
 	if err := policy.ValidateIdempotencyKey(key); err != nil {
 		return sandgate.Snapshot{}, false, err
 	}
@@ -133,7 +149,7 @@ func (s *Saga) CreateSnapshot(ctx context.Context, in sandgate.Instance, w sandg
 		if aerr := s.db.AbortSnapshot(ctx, snap, keyHash); aerr != nil {
 			s.log.Error("abort after failed snapshot", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, aerr))
 		}
-		return sandgate.Snapshot{}, false, snapshotError(err)
+		return sandgate.Snapshot{}, false, providerError(opSnapshot, err)
 	}
 	snap.Bytes = ref.Bytes
 	if err := s.db.ConfirmSnapshot(ctx, snap, ref.Ref, req.Dir, keyHash, reqHash, lim.MaxSnapshotBytes, s.clock.Now()); err != nil {
@@ -228,23 +244,6 @@ func (s *Saga) deleteContents(ctx context.Context, p providers.Provider, id stri
 	if err := p.DeleteSnapshot(dctx, ref); err != nil {
 		s.log.Warn("snapshot contents not deleted; the reaper retries", sandgate.SnapshotAttr(id), slog.Any(sandgate.KeyError, err))
 	}
-}
-
-// snapshotError maps a provider's Snapshot failure: the directory's
-// problems are the client's (404, 422), the rest 410 or 502.
-func snapshotError(err error) error {
-	switch {
-	case errors.Is(err, providers.ErrSnapshotTooLarge):
-		return &protocol.Error{Code: protocol.SnapshotQuotaExceeded, Err: err,
-			Message: "the snapshot would take the instance's live snapshots past max_snapshot_bytes; delete some first"}
-	case errors.Is(err, providers.ErrFileNotFound):
-		return &protocol.Error{Code: protocol.FileNotFound, Message: "dir does not exist in the workspace", Err: err}
-	case errors.Is(err, providers.ErrNotAFile):
-		return &protocol.Error{Code: protocol.NotAFile, Message: "dir is not a directory that can be snapshotted (it must persist in the workspace)", Err: err}
-	case errors.Is(err, providers.ErrSandboxGone):
-		return &protocol.Error{Code: protocol.WorkspaceGone, Message: "the workspace's sandbox has ended; acquire a new one", Err: err}
-	}
-	return &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not store the snapshot; retry with the same Idempotency-Key", Err: err}
 }
 
 // snapshotHash is the canonical hash of a snapshot request: its workspace

@@ -122,11 +122,15 @@ func (db *DB) Workspace(ctx context.Context, acct, id string) (sandgate.Workspac
 }
 
 // WorkspacePipelined is Workspace with more commands queued (by queue,
-// when not nil) on the same round trip, such as a rate check.
-func (db *DB) WorkspacePipelined(ctx context.Context, acct, id string, queue func(redis.Pipeliner)) (sandgate.Workspace, error) {
+// when not nil) on the same round trip, such as a rate check. When queue
+// returns an error (a refusal decided without Redis), nothing is sent and
+// the error is returned.
+func (db *DB) WorkspacePipelined(ctx context.Context, acct, id string, queue func(redis.Pipeliner) error) (sandgate.Workspace, error) {
 	pipe := db.rdb.Pipeline()
 	if queue != nil {
-		queue(pipe)
+		if err := queue(pipe); err != nil {
+			return sandgate.Workspace{}, err
+		}
 	}
 	return db.workspaceOn(ctx, pipe, acct, id)
 }

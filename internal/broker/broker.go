@@ -222,7 +222,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	if opts.Gateway != nil {
 		gcfg = *opts.Gateway
 	}
-	controls := gateway.NewControls(db, b.clock)
+	controls := admission.NewControlCache(db, b.clock)
 	dc := db.Config()
 	admit := admission.New(durable, admission.Standard(controls, admission.StandardConfig{
 		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout, Billing: b.bill.Checks(), Risk: risk,
@@ -254,16 +254,18 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	if afterCreate == nil {
 		afterCreate = pauseAfterCreate(b.cfg.testPauseAfterCreate)
 	}
+	// The saga and the gateway spend one limiter's buckets.
+	limiter := admission.NewLimiter(b.rdb, rates)
 	b.saga, err = saga.New(saga.Config{
 		// A create must end well within the pending deadline, past which
 		// the reaper ends the workspace under it.
 		CreateTimeout: b.cfg.Admission.PendingTimeout * 3 / 4,
 		AfterCreate:   afterCreate,
-	}, saga.Deps{DB: db, Providers: b.provs, Admission: tadmit, Holds: b.bill, Terminator: b.term, Clock: b.clock, Log: b.log.With("component", "saga")})
+	}, saga.Deps{DB: db, Providers: b.provs, Admission: tadmit, Holds: b.bill, Terminator: b.term, Limiter: limiter, Clock: b.clock, Log: b.log.With("component", "saga")})
 	if err != nil {
 		return nil, err
 	}
-	b.gw, err = gateway.New(gcfg, gateway.Deps{DB: db, Providers: b.provs, Saga: b.saga, Terminator: b.term, Limiter: admission.NewLimiter(b.rdb, rates),
+	b.gw, err = gateway.New(gcfg, gateway.Deps{DB: db, Saga: b.saga, Limiter: limiter,
 		Controls: controls, Clock: b.clock, Log: b.log.With("component", "gateway"), Caches: []gateway.Cache{b.bill.Prices()}})
 	if err != nil {
 		return nil, err
