@@ -1,24 +1,18 @@
 package admin
 
 import (
-	"encoding/json"
-	"errors"
-	"net/http"
-
 	"github.com/labstack/echo/v4"
 
-	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/httpapi"
 )
 
+// maxBody bounds every operator request's body.
+const maxBody = 1 << 20
+
+// decodeStrict decodes the request's JSON body into v as the public
+// listener does (httpapi.Decode): unknown fields, trailing data and an
+// over-size body are refused, with messages that never echo
+// encoding/json's own text.
 func decodeStrict(c echo.Context, v any) error {
-	dec := json.NewDecoder(c.Request().Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return protocol.E(protocol.PayloadTooLarge, "request body is over 1 MiB")
-		}
-		return invalid("request body is not valid JSON for this route: " + err.Error())
-	}
-	return nil
+	return httpapi.Decode(c.Request(), v, maxBody)
 }

@@ -8,13 +8,10 @@ package admin
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -23,6 +20,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/httpapi"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -66,6 +64,8 @@ type Server struct {
 	roles   map[string]adminapi.OperatorToken
 	actions map[string]string // "METHOD /admin/v1/route" → audit action
 	echo    *echo.Echo
+
+	requestIDs httpapi.RequestIDs
 }
 
 // New returns the operator API. A missing dependency is an error.
@@ -148,13 +148,13 @@ func (s *Server) base(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		h := c.Response().Header()
 		h.Set("Cache-Control", "no-store")
-		id := c.Request().Header.Get(protocol.HeaderRequestID)
-		if !policy.ValidRequestID(id) {
-			id = newRequestID()
+		id := httpapi.ClientRequestID(c.Request().Header)
+		if id == nil {
+			id = s.requestIDs.New()
 		}
-		c.Set(ctxRequestID, id)
-		h.Set(protocol.HeaderRequestID, id)
-		c.Request().Body = http.MaxBytesReader(c.Response(), c.Request().Body, 1<<20)
+		c.Set(ctxRequestID, id[0])
+		h[protocol.HeaderRequestID] = id
+		c.Request().Body = http.MaxBytesReader(c.Response(), c.Request().Body, maxBody)
 		return next(c)
 	}
 }
@@ -169,12 +169,6 @@ const (
 func requestID(c echo.Context) string {
 	id, _ := c.Get(ctxRequestID).(string)
 	return id
-}
-
-func newRequestID() string {
-	var b [12]byte
-	rand.Read(b[:])
-	return "req_" + hex.EncodeToString(b[:])
 }
 
 func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
@@ -215,12 +209,7 @@ func (s *Server) handleError(err error, c echo.Context) {
 		s.log.Error("operator request failed", slog.String("route", c.Path()),
 			slog.String(sandgate.KeyRequestID, requestID(c)), slog.Any("err", err))
 	}
-	if pe.RetryAfter > 0 {
-		c.Response().Header().Set(protocol.HeaderRetryAfter, strconv.FormatInt(max(int64(pe.RetryAfter/time.Second), 1), 10))
-	}
-	_ = c.JSON(pe.Code.Status(), protocol.Envelope{Error: protocol.EnvelopeError{
-		Code: pe.Code, Message: pe.Message, Retryable: pe.Code.Retryable(), Details: map[string]any{},
-	}})
+	httpapi.WriteError(c.Response(), c.Request(), pe.Code.Status(), pe)
 }
 
 // toProtocolError is the refusal err answers as; the audit log records
