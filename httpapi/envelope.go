@@ -34,9 +34,23 @@ func WriteError(w http.ResponseWriter, r *http.Request, status int, pe *protocol
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(protocol.Envelope{Error: protocol.EnvelopeError{
-		Code: pe.Code, Message: pe.Message, Retryable: pe.Code.Retryable(), Details: details,
+	_, _ = w.Write(envelope(pe.Code, pe.Message, details))
+}
+
+// EnvelopeBody is the envelope of an answer written without a
+// ResponseWriter (a raw connection's answer), byte for byte as WriteError
+// writes it for pe with no details.
+func EnvelopeBody(code protocol.Code, msg string) []byte {
+	return envelope(code, msg, map[string]any{})
+}
+
+// envelope is the envelope's JSON with a newline at the end, as
+// encoding/json's Encoder (and so echo) writes it.
+func envelope(code protocol.Code, msg string, details map[string]any) []byte {
+	b, _ := json.Marshal(protocol.Envelope{Error: protocol.EnvelopeError{
+		Code: code, Message: msg, Retryable: code.Retryable(), Details: details,
 	}})
+	return append(b, '\n')
 }
 
 // SetRetryAfter sets h's Retry-After to d (> 0) in whole seconds

@@ -63,12 +63,7 @@ func (r *RequestIDs) NewID() string { return r.New()[0] }
 func newIDBlock() *idBlock {
 	var buf [RequestIDBlock * requestIDLen]byte
 	for i := range RequestIDBlock {
-		id := buf[i*requestIDLen : (i+1)*requestIDLen]
-		var r [12]byte
-		binary.LittleEndian.PutUint64(r[:8], rand.Uint64())
-		binary.LittleEndian.PutUint32(r[8:], rand.Uint32())
-		copy(id, "req_")
-		hex.Encode(id[len("req_"):], r[:])
+		putRequestID(buf[i*requestIDLen : (i+1)*requestIDLen])
 	}
 	ids := string(buf[:])
 	b := &idBlock{vals: make([]string, RequestIDBlock)}
@@ -76,4 +71,21 @@ func newIDBlock() *idBlock {
 		b.vals[i] = ids[i*requestIDLen : (i+1)*requestIDLen]
 	}
 	return b
+}
+
+// NewRequestID returns one new request id, for the rare answer that has
+// no RequestIDs at hand (a raw connection's).
+func NewRequestID() string {
+	var id [requestIDLen]byte
+	putRequestID(id[:])
+	return string(id[:])
+}
+
+// putRequestID writes a new request id into id (requestIDLen bytes).
+func putRequestID(id []byte) {
+	var r [12]byte
+	binary.LittleEndian.PutUint64(r[:8], rand.Uint64())
+	binary.LittleEndian.PutUint32(r[8:], rand.Uint32())
+	copy(id, "req_")
+	hex.Encode(id[len("req_"):], r[:])
 }

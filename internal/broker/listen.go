@@ -4,10 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -15,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/httpapi"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -108,18 +106,13 @@ func envelopeFor(b []byte) ([]byte, bool) {
 // invalid_request with status, after which the connection closes. Like
 // every answer of the broker it carries no-store and a request id.
 func envelopeAnswer(status int, msg string) []byte {
-	body, _ := json.Marshal(protocol.Envelope{Error: protocol.EnvelopeError{
-		Code: protocol.InvalidRequest, Message: msg, Retryable: protocol.InvalidRequest.Retryable(), Details: map[string]any{},
-	}})
-	body = append(body, '\n')
-	var id [12]byte
-	rand.Read(id[:]) // never fails; see crypto/rand.Read
+	body := httpapi.EnvelopeBody(protocol.InvalidRequest, msg)
 	var out bytes.Buffer
 	out.WriteString("HTTP/1.1 " + strconv.Itoa(status) + " " + http.StatusText(status) + "\r\n")
 	out.WriteString("Cache-Control: no-store\r\nConnection: close\r\n")
 	out.WriteString("Content-Length: " + strconv.Itoa(len(body)) + "\r\n")
 	out.WriteString("Content-Type: application/json; charset=utf-8\r\n")
-	out.WriteString(protocol.HeaderRequestID + ": req_" + hex.EncodeToString(id[:]) + "\r\n\r\n")
+	out.WriteString(protocol.HeaderRequestID + ": " + httpapi.NewRequestID() + "\r\n\r\n")
 	out.Write(body)
 	return out.Bytes()
 }
@@ -253,19 +246,13 @@ func withConnInfo(next http.Handler) http.Handler {
 		switch {
 		case cc == nil:
 		case cc.plainOnTLS:
-			body, _ := json.Marshal(protocol.Envelope{Error: protocol.EnvelopeError{
-				Code: protocol.InvalidRequest, Message: "plaintext HTTP is refused; use https",
-				Retryable: protocol.InvalidRequest.Retryable(), Details: map[string]any{},
-			}})
-			var id [12]byte
-			rand.Read(id[:]) // never fails; see crypto/rand.Read
 			h := w.Header()
 			h.Set("Cache-Control", "no-store")
 			h.Set("Connection", "close")
 			h.Set("Content-Type", "application/json; charset=utf-8")
-			h.Set(protocol.HeaderRequestID, "req_"+hex.EncodeToString(id[:]))
+			h.Set(protocol.HeaderRequestID, httpapi.NewRequestID())
 			w.WriteHeader(http.StatusBadRequest)
-			_, _ = w.Write(append(body, '\n'))
+			_, _ = w.Write(httpapi.EnvelopeBody(protocol.InvalidRequest, "plaintext HTTP is refused; use https"))
 			return
 		case cc.tls != nil && r.TLS == nil:
 			r = r.WithContext(r.Context())
