@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/internal/tally"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/store"
 )
@@ -58,25 +58,9 @@ func TestAdmitAtomic(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now().UTC()
 	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	admitted, full := 0, 0
-	for i := range 200 {
-		wg.Go(func() {
-			err := e.admit(newWorkspace(acct, inst, now), 5, fmt.Sprint("k", i), now)
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err == nil:
-				admitted++
-			case isConcurrency(err):
-				full++
-			default:
-				t.Errorf("Admit: %v", err)
-			}
-		})
-	}
-	wg.Wait()
+	admitted, full := tally.Run(t, 200, "Admit", func(i int) error {
+		return e.admit(newWorkspace(acct, inst, now), 5, fmt.Sprint("k", i), now)
+	}, isConcurrency)
 	if admitted != 5 || full != 195 {
 		t.Fatalf("admitted, refused = %d, %d; want 5, 195", admitted, full)
 	}

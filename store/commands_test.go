@@ -3,11 +3,11 @@ package store_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/internal/tally"
 	"github.com/sandgate/sandgate/store"
 )
 
@@ -16,26 +16,12 @@ func TestClaimCommandOnce(t *testing.T) {
 		ctx := context.Background()
 		now := time.Now().UTC()
 		w := newRunning(t, db, sandgate.NewID("acct_"), sandgate.NewID("inst_"), now)
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		won, lost := 0, 0
-		for range 40 {
-			wg.Go(func() {
-				err := db.ClaimCommand(ctx, w, "k1", now, now.Add(time.Minute), now.Add(10*time.Minute))
-				var c *store.CommandClaimed
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case err == nil:
-					won++
-				case errors.As(err, &c) && c.State == sandgate.CommandStarting:
-					lost++
-				default:
-					t.Errorf("ClaimCommand: %v", err)
-				}
-			})
-		}
-		wg.Wait()
+		won, lost := tally.Run(t, 40, "ClaimCommand", func(int) error {
+			return db.ClaimCommand(ctx, w, "k1", now, now.Add(time.Minute), now.Add(10*time.Minute))
+		}, func(err error) bool {
+			var c *store.CommandClaimed
+			return errors.As(err, &c) && c.State == sandgate.CommandStarting
+		})
 		if won != 1 || lost != 39 {
 			t.Fatalf("claims won, found claimed = %d, %d; want 1, 39", won, lost)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/internal/redistest"
+	"github.com/sandgate/sandgate/internal/tally"
 	"github.com/sandgate/sandgate/store"
 )
 
@@ -36,25 +36,9 @@ func TestSnapshotQuotaAtomic(t *testing.T) {
 		ctx := context.Background()
 		now := time.Now().UTC()
 		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		ok, full := 0, 0
-		for i := range 50 {
-			wg.Go(func() {
-				err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 3, 0, now.Add(time.Minute), fmt.Sprint("k", i), "h", now)
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case err == nil:
-					ok++
-				case errors.Is(err, store.ErrQuota):
-					full++
-				default:
-					t.Errorf("BeginSnapshot: %v", err)
-				}
-			})
-		}
-		wg.Wait()
+		ok, full := tally.Run(t, 50, "BeginSnapshot", func(i int) error {
+			return db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 3, 0, now.Add(time.Minute), fmt.Sprint("k", i), "h", now)
+		}, isErr(store.ErrQuota))
 		if ok != 3 || full != 47 {
 			t.Fatalf("begun, refused = %d, %d; want 3, 47", ok, full)
 		}
@@ -307,39 +291,25 @@ func TestSnapshotByteQuotaAtomic(t *testing.T) {
 		ctx := context.Background()
 		now := time.Now().UTC()
 		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		ok, over := 0, 0
-		for i := range 30 {
-			wg.Go(func() {
-				s := newSnapshot(acct, inst, now)
-				key := fmt.Sprint("k", i)
-				if err := db.BeginSnapshot(ctx, s, 100, 1000, now.Add(time.Minute), key, "h", now); err != nil {
-					if !errors.Is(err, store.ErrByteQuota) {
-						t.Errorf("BeginSnapshot: %v", err)
-					}
-					return
-				}
-				s.Bytes = 100
-				err := db.ConfirmSnapshot(ctx, s, "ref", "/workspace", key, "h", 1000, now)
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case err == nil:
-					ok++
-				case errors.Is(err, store.ErrByteQuota):
-					over++
-				default:
-					t.Errorf("ConfirmSnapshot: %v", err)
-				}
-			})
-		}
-		wg.Wait()
+		ok, over := tally.Run(t, 30, "BeginSnapshot or ConfirmSnapshot", func(i int) error {
+			s := newSnapshot(acct, inst, now)
+			key := fmt.Sprint("k", i)
+			if err := db.BeginSnapshot(ctx, s, 100, 1000, now.Add(time.Minute), key, "h", now); err != nil {
+				return err
+			}
+			s.Bytes = 100
+			return db.ConfirmSnapshot(ctx, s, "ref", "/workspace", key, "h", 1000, now)
+		}, isErr(store.ErrByteQuota))
 		if ok != 10 {
-			t.Errorf("confirmed %d snapshots of 100 bytes under a quota of 1000 (%d refused at confirm); want 10", ok, over)
+			t.Errorf("confirmed %d snapshots of 100 bytes under a quota of 1000 (%d refused at begin or confirm); want 10", ok, over)
 		}
 		if n, _ := db.LiveSnapshotBytes(ctx, acct, inst, now); n != 1000 {
 			t.Errorf("LiveSnapshotBytes = %d; want 1000", n)
 		}
 	})
+}
+
+// isErr reports whether an error is target, for tally.Run.
+func isErr(target error) func(error) bool {
+	return func(err error) bool { return errors.Is(err, target) }
 }
