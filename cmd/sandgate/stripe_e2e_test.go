@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/internal/stripemock"
 	"github.com/sandgate/sandgate/stripesync"
 )
 
@@ -29,9 +29,9 @@ import (
 func stripeMock(t *testing.T) (string, func() []url.Values) {
 	t.Helper()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "stripe-mock")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/stripe/stripe-mock").CombinedOutput(); err != nil {
-		t.Fatalf("build stripe-mock: %v\n%s", err, out)
+	bin, err := stripemock.Build(dir)
+	if err != nil {
+		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "sock")
 	var logs syncBuffer
@@ -48,13 +48,7 @@ func stripeMock(t *testing.T) (string, func() []url.Values) {
 		}
 		return err == nil, err
 	})
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) { r.Out.URL.Scheme, r.Out.URL.Host = "http", "stripe-mock" },
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		}},
-	}
+	rp := stripemock.Proxy(sock)
 	var mu sync.Mutex
 	var sent []url.Values
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
