@@ -68,7 +68,7 @@ type env struct {
 	url   string
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T, opts ...func(*admin.Deps)) *env {
 	t.Helper()
 	rs := redistest.Start(t)
 	db := store.New(rs.Client(), store.Config{})
@@ -77,6 +77,15 @@ func newEnv(t *testing.T) *env {
 	tok := func(name string, role adminapi.Role, s string) adminapi.OperatorToken {
 		return adminapi.OperatorToken{Name: name, Role: role, Hash: token.Hash(sandgate.Secret(s)), Prefix: adminapi.TokenPrefix(sandgate.Secret(s))}
 	}
+	deps := admin.Deps{
+		DB: db, Clock: clk,
+		Providers:  providers.Single(providers.LegacyName, prov),
+		Terminator: termination.New(termination.Config{}, termination.Deps{DB: db, Providers: providers.Single(providers.LegacyName, prov), Clock: clk}),
+		Billing:    billing.New(billing.Config{}, billing.Deps{DB: db}),
+	}
+	for _, o := range opts {
+		o(&deps)
+	}
 	srv, err := admin.New(admin.Config{
 		Tokens: []adminapi.OperatorToken{
 			tok("alice", adminapi.RoleAdmin, adminToken),
@@ -84,12 +93,7 @@ func newEnv(t *testing.T) *env {
 			tok("fiona", adminapi.RoleFinance, financeToken),
 		},
 		Defaults: sandgate.Scope{DefaultSize: "small", DefaultImage: "host", Limits: sandgate.DefaultLimits},
-	}, admin.Deps{
-		DB: db, Clock: clk,
-		Providers:  providers.Single(providers.LegacyName, prov),
-		Terminator: termination.New(termination.Config{}, termination.Deps{DB: db, Providers: providers.Single(providers.LegacyName, prov), Clock: clk}),
-		Billing:    billing.New(billing.Config{}, billing.Deps{DB: db}),
-	})
+	}, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,15 +87,24 @@ func (s *Server) setBilling(c echo.Context) error {
 		}
 		st.CreditLimitMicros = v
 	}
-	out, ch, err := s.setBillingSettings(c.Request().Context(), st)
+	out, ch, err := s.setBillingSettings(c.Request().Context(), st, stripeRequest(req))
 	return answer(c, http.StatusOK, out, ch, err)
 }
 
-// setBillingSettings replaces an account's billing settings.
-func (v *service) setBillingSettings(ctx context.Context, st billing.Settings) (adminapi.BillingSettings, change, error) {
+// setBillingSettings replaces an account's billing settings, and sets,
+// keeps or clears its Stripe sync as sr says.
+func (v *service) setBillingSettings(ctx context.Context, st billing.Settings, sr stripeSettings) (adminapi.BillingSettings, change, error) {
 	ch := change{target: "account:" + st.AccountID}
 	before, err := v.bill.Settings(ctx, st.AccountID)
 	if err != nil {
+		return adminapi.BillingSettings{}, ch, storeFailed(err)
+	}
+	sop, err := v.stripePlan(ctx, st.AccountID, sr)
+	if err != nil {
+		return adminapi.BillingSettings{}, ch, err
+	}
+	wasBefore := toBillingSettings(before)
+	if err := v.withStripe(ctx, st.AccountID, &wasBefore); err != nil {
 		return adminapi.BillingSettings{}, ch, storeFailed(err)
 	}
 	if err := v.bill.SetSettings(ctx, st); errors.Is(err, billing.ErrNoRateCard) {
@@ -103,16 +112,26 @@ func (v *service) setBillingSettings(ctx context.Context, st billing.Settings) (
 	} else if err != nil {
 		return adminapi.BillingSettings{}, ch, invalid(err.Error())
 	}
+	if err := v.applyStripe(ctx, st.AccountID, sop); err != nil {
+		return adminapi.BillingSettings{}, ch, err
+	}
 	st.Configured = true
 	out := toBillingSettings(st)
-	ch.before, ch.after = toBillingSettings(before), out
+	if err := v.withStripe(ctx, st.AccountID, &out); err != nil {
+		return adminapi.BillingSettings{}, ch, storeFailed(err)
+	}
+	ch.before, ch.after = wasBefore, out
 	return out, ch, nil
 }
 
 func (s *Server) getBilling(c echo.Context) error {
 	return accountGet(c, s.service, func(ctx context.Context, acct string) (adminapi.BillingSettings, error) {
 		st, err := s.bill.Settings(ctx, acct)
-		return toBillingSettings(st), err
+		if err != nil {
+			return adminapi.BillingSettings{}, err
+		}
+		out := toBillingSettings(st)
+		return out, s.withStripe(ctx, acct, &out)
 	})
 }
 

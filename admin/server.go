@@ -55,6 +55,9 @@ type Deps struct {
 	// Billing serves rate cards, billing settings, funds, budgets and
 	// reconciliation.
 	Billing *billing.Billing
+	// Stripe is the Stripe Billing sync; nil when the broker runs none,
+	// and its routes then answer that it is not configured.
+	Stripe StripeSync
 }
 
 // Server serves /admin/v1: the HTTP face of the service, whose methods
@@ -91,7 +94,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Log == nil {
 		deps.Log = slog.New(slog.DiscardHandler)
 	}
-	svc := &service{cfg: cfg, db: deps.DB, clock: deps.Clock, log: deps.Log, provs: deps.Providers, term: deps.Terminator, bill: deps.Billing}
+	svc := &service{cfg: cfg, db: deps.DB, clock: deps.Clock, log: deps.Log, provs: deps.Providers, term: deps.Terminator, bill: deps.Billing,
+		stripe: deps.Stripe}
 	s := &Server{service: svc, roles: map[string]adminapi.OperatorToken{}, actions: map[string]string{}}
 	for _, t := range cfg.Tokens {
 		s.roles[t.Hash] = t
@@ -135,6 +139,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.workspaceRoutes(route)
 	s.whoamiRoutes(route)
 	s.billingRoutes(route)
+	s.stripeRoutes(route)
 	s.echo = e
 	return s, nil
 }

@@ -24,6 +24,8 @@ type service struct {
 	provs *providers.Set
 	term  *termination.Terminator
 	bill  *billing.Billing
+	// stripe is the Stripe sync; nil when the broker runs none.
+	stripe StripeSync
 }
 
 // change is what an operator action changed, as the audit log records

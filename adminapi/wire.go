@@ -267,6 +267,15 @@ type BillingSettings struct {
 	CreditLimit       string `json:"credit_limit"`
 	CreditLimitMicros int64  `json:"credit_limit_micros"`
 	Postpaid          bool   `json:"postpaid"`
+	// StripeCustomer, StripeMeterEvent and StripeUnit are the account's
+	// Stripe Billing sync (StripeStatus; docs/billing.md): its Stripe
+	// customer id (cus_…), its meter's event_name, and what a meter
+	// event's value counts ("seconds", the default, or "micros"). In a
+	// PUT a field left out keeps its value, and "" for both customer and
+	// meter event turns the sync off; an answer has them while it is on.
+	StripeCustomer   *string `json:"stripe_customer,omitempty"`
+	StripeMeterEvent *string `json:"stripe_meter_event,omitempty"`
+	StripeUnit       *string `json:"stripe_unit,omitempty"`
 }
 
 // FundsRequest is an operator credit or debit. IdempotencyKey makes a

@@ -33,10 +33,11 @@
 // that one entry under the same identifier and Idempotency-Key, which
 // Stripe counts once (it enforces identifier uniqueness for at least 24
 // hours). A cancelled context between sends stops the round after the
-// cursor moved. The usage ledger is read by stream id, not with
-// billing.Ledger.Scan: Scan filters by terminated_at, which is not in
-// ledger order (an interim entry is filed under its period's start but
-// appended an hour later), so a time cursor would miss entries.
+// cursor moved. The usage ledger is read by stream id, with
+// [billing.Ledger.ScanAfter], not with billing.Ledger.Scan: Scan filters by
+// terminated_at, which is not in ledger order (an interim entry is filed
+// under its period's start but appended an hour later), so a time cursor
+// would miss entries.
 //
 // # Failures
 //

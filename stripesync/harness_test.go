@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/stripemock"
 )
 
 // mockSock is the unix socket stripe-mock listens on, for the whole package.
@@ -36,10 +37,9 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "stripe-mock")
-	build := exec.Command("go", "build", "-o", bin, "github.com/stripe/stripe-mock")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build stripe-mock: %v\n%s", err, out)
+	bin, err := stripemock.Build(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	mockSock = filepath.Join(dir, "sock")
@@ -96,15 +96,7 @@ type proxy struct {
 func startProxy(t *testing.T) *proxy {
 	t.Helper()
 	p := &proxy{}
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) {
-			r.Out.URL.Scheme, r.Out.URL.Host = "http", "stripe-mock"
-		},
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", mockSock)
-		}},
-	}
+	rp := stripemock.Proxy(mockSock)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))

@@ -42,9 +42,3 @@ func retryKey(acct string) string { return prefix + "{" + acct + "}:stripe:retry
 // accountsKey is the global SET of the account ids with Stripe sync
 // settings, the accounts [Syncer.Run] walks. Example: sg:stripe:accounts
 func accountsKey() string { return prefix + "stripe:accounts" }
-
-// ledgerStream is billing's usage ledger STREAM of an account (billing's
-// usageKey, listed in store/README.md with owner billing): this package
-// only reads it, from its cursor on, because [billing.Ledger.Scan] filters
-// by terminated_at and cannot resume from a stream position.
-func ledgerStream(acct string) string { return prefix + "{" + acct + "}:usage" }

@@ -20,7 +20,7 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 			{Var: "requeuedScript", Keys: [][]string{{leaseKey(a), retryKey(a), deadKey(a), stateKey(a)}}},
 			{Var: "retryScript", Keys: [][]string{{deadKey(a), retryKey(a)}}},
 		})
-		if !redistest.OneSlot([]string{settingsKey(a), ledgerStream(a), cursorKey(a)}) {
+		if !redistest.OneSlot([]string{settingsKey(a), "sg:{" + a + "}:usage", cursorKey(a)}) {
 			t.Errorf("%s: the settings, ledger and cursor keys span slots", a)
 		}
 	}

@@ -35,12 +35,14 @@ var ErrLeaseLost = errors.New("stripesync: lease lost during the round")
 // seconds since the oldest waiting entry's terminated_at, the largest
 // over the accounts of one pass of Run.
 type Syncer struct {
-	cfg   Config
-	deps  Deps
-	rdb   redis.UniversalClient
-	snd   *sender
-	owner string
-	m     metrics
+	cfg  Config
+	deps Deps
+	rdb  redis.UniversalClient
+	// ledger reads billing's usage ledger by stream position.
+	ledger *billing.Ledger
+	snd    *sender
+	owner  string
+	m      metrics
 	// afterSend, when set (tests only), runs after a send succeeded and
 	// before the cursor moves; its error ends the round as a crash would.
 	afterSend func(entryID string) error
@@ -76,7 +78,7 @@ func New(cfg Config, deps Deps) (*Syncer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Syncer{cfg: cfg, deps: deps, rdb: deps.Redis, snd: newSender(cfg.BaseURL, key, hc, cfg.RequestTimeout), owner: owner, m: m}, nil
+	return &Syncer{cfg: cfg, deps: deps, rdb: deps.Redis, ledger: billing.NewLedger(deps.Redis), snd: newSender(cfg.BaseURL, key, hc, cfg.RequestTimeout), owner: owner, m: m}, nil
 }
 
 // Result is what one round of one account did.
@@ -189,28 +191,23 @@ type record struct {
 // readAfter returns up to n ledger entries after the stream id cursor
 // ("" for the start).
 func (s *Syncer) readAfter(ctx context.Context, acct, cursor string, n int) ([]record, error) {
-	start := "-"
-	if cursor != "" {
-		start = "(" + cursor
-	}
-	msgs, err := s.rdb.XRangeN(ctx, ledgerStream(acct), start, "+", int64(n)).Result()
+	ps, err := s.ledger.ScanAfter(ctx, acct, cursor, n)
 	if err != nil {
 		return nil, fmt.Errorf("stripesync: read usage ledger: %w", err)
 	}
-	out := make([]record, 0, len(msgs))
-	for _, m := range msgs {
-		out = append(out, decode(m))
+	out := make([]record, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, toRecord(p))
 	}
 	return out, nil
 }
 
-// decode reads one ledger message; an entry that does not decode is
-// marked bad, under the id "stream:<stream id>".
-func decode(m redis.XMessage) record {
-	s, _ := m.Values["e"].(string)
-	rec := record{streamID: m.ID}
-	if err := json.Unmarshal([]byte(s), &rec.e); err != nil || rec.e.ID == "" {
-		rec.e = billing.UsageEntry{ID: "stream:" + m.ID}
+// toRecord turns a positioned entry into a record; an entry that does not
+// decode is marked bad, under the id "stream:<stream id>".
+func toRecord(p billing.Positioned) record {
+	rec := record{streamID: p.StreamID, e: p.Entry}
+	if p.Err != nil {
+		rec.e = billing.UsageEntry{ID: "stream:" + p.StreamID}
 		rec.bad = "usage ledger entry does not decode"
 	}
 	return rec
@@ -461,13 +458,13 @@ func (r *round) requeued(ctx context.Context) error {
 		if err := json.Unmarshal([]byte(js), &dl); err != nil {
 			return fmt.Errorf("stripesync: requeued %s: %w", id, err)
 		}
-		msgs, err := s.rdb.XRangeN(ctx, ledgerStream(r.acct), dl.StreamID, dl.StreamID, 1).Result()
+		p, found, err := s.ledger.At(ctx, r.acct, dl.StreamID)
 		if err != nil {
 			return fmt.Errorf("stripesync: requeued %s: %w", id, err)
 		}
 		rec := record{streamID: dl.StreamID, e: billing.UsageEntry{ID: id}, bad: "usage ledger entry is gone"}
-		if len(msgs) == 1 {
-			rec = decode(msgs[0])
+		if found {
+			rec = toRecord(p)
 		}
 		value, skip, reason := r.plan(rec)
 		var serr *SendError

@@ -86,6 +86,7 @@ func billingCommand(f *adminFlags) *cobra.Command {
 	set.Flags().StringVar(&req.CreditLimit, "credit-limit", "0", "how far below zero the available amount may go")
 	set.Flags().BoolVar(&req.Postpaid, "postpaid", false, "no funds check (budgets still apply)")
 	_ = set.MarkFlagRequired("currency")
+	stripeFlags(set, &req)
 	get := accountGetCommand(f, "get --account ID", "Show an account's billing settings", "billing", billingLine)
 	cmd.AddCommand(set, get)
 	return cmd

@@ -18,6 +18,7 @@ func usageCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "usage", Short: "Reconcile and export the usage ledger (finance or admin token)"}
 	cmd.AddCommand(reconcileCommand(), usageExportCommand())
 	cmd.AddCommand(usageSummaryCommand(), usageStatementCommand())
+	cmd.AddCommand(usageStripeCommand())
 	return cmd
 }
 

@@ -32,6 +32,7 @@ import (
 	"github.com/sandgate/sandgate/reaper"
 	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
+	"github.com/sandgate/sandgate/stripesync"
 	"github.com/sandgate/sandgate/telemetry"
 	"github.com/sandgate/sandgate/termination"
 )
@@ -108,6 +109,7 @@ type Broker struct {
 	gw        *gateway.Server
 	adm       *admin.Server
 	reaper    *reaper.Reaper
+	stripe    *stripesync.Syncer // nil: no Stripe sync (billing.stripe)
 	health    *health
 	pub, ops  *http.Server
 	claimLate bool // the data directory claim waits for Redis (Run)
@@ -280,8 +282,14 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	b.reaper = reaper.New(reaper.Config{Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
 		Meter: b.obs.mp.Meter("github.com/sandgate/sandgate/reaper"), Tracer: tp},
 		reaper.Deps{DB: db, Providers: b.provs, Terminator: b.term, Clock: b.clock, Log: b.log.With("component", "reaper")})
-	b.adm, err = admin.New(admin.Config{Tokens: operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults},
-		admin.Deps{DB: db, Clock: b.clock, Log: b.log.With("component", "admin"), Providers: b.provs, Terminator: b.term, Billing: b.bill})
+	adeps := admin.Deps{DB: db, Clock: b.clock, Log: b.log.With("component", "admin"), Providers: b.provs, Terminator: b.term, Billing: b.bill}
+	if b.stripe, err = newStripe(b.cfg.Billing.Stripe, b.rdb, getenv, meter, b.clock, b.log); err != nil {
+		return nil, err
+	}
+	if b.stripe != nil {
+		adeps.Stripe = b.stripe
+	}
+	b.adm, err = admin.New(admin.Config{Tokens: operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults}, adeps)
 	if err != nil {
 		return nil, err
 	}
@@ -344,6 +352,10 @@ func (b *Broker) Run(ctx context.Context) error {
 	wg.Go(func() { defer close(rpDone); b.reaper.Run(rpCtx) })
 	wg.Go(func() { b.bill.Run(runCtx, b.cfg.Billing.RepairInterval) })
 	wg.Go(func() { b.bill.RunWebhooks(runCtx) })
+	if b.stripe != nil {
+		// Every gateway runs it; a lease per account keeps one sender.
+		wg.Go(func() { _ = b.stripe.Run(runCtx) })
+	}
 	wg.Go(func() {
 		t := time.NewTicker(egressKeepInterval)
 		defer t.Stop()

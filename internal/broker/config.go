@@ -103,6 +103,10 @@ type Config struct {
 			SecretEnv string        `yaml:"secret_env"` // the environment variable holding the HMAC key (required with url)
 			Timeout   time.Duration `yaml:"timeout"`    // per attempt; default 10s
 		} `yaml:"webhook"`
+		// Stripe sends settled usage to Stripe Billing as meter events
+		// (docs/billing.md, "Invoicing with Stripe"); it runs when its
+		// secret key's variable is set.
+		Stripe StripeConfig `yaml:"stripe"`
 	} `yaml:"billing"`
 
 	// Egress is the broker's egress proxy, through which the local
@@ -253,6 +257,9 @@ func LoadConfig(path string, getenv func(string) string) (*Config, error) {
 		if c.webhookSecret = sandgate.Secret(getenv(wh.SecretEnv)); c.webhookSecret == "" {
 			return nil, fmt.Errorf("config: billing.webhook: %s is empty", wh.SecretEnv)
 		}
+	}
+	if err := c.Billing.Stripe.check(); err != nil {
+		return nil, err
 	}
 	if _, err := c.egressConfig(nil); err != nil {
 		return nil, err

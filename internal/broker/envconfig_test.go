@@ -49,7 +49,8 @@ func TestEnvOverridesEveryField(t *testing.T) {
 	}
 	// Variables sandgate reads for other things must never name a field.
 	reserved := []string{"SANDGATE_ADMIN_URL", "SANDGATE_ADMIN_TOKEN", "SANDGATE_TEST_PAUSE_AFTER_CREATE", "SANDGATE_FLY_APP",
-		"SANDGATE_FLY_ORG", "SANDGATE_FLY_REGION", "SANDGATE_E2E_ADMIN_TOKEN"}
+		"SANDGATE_FLY_ORG", "SANDGATE_FLY_REGION", "SANDGATE_E2E_ADMIN_TOKEN",
+		"SANDGATE_STRIPE_SECRET_KEY"}
 	seen := map[string]string{}
 	for _, f := range fields {
 		if slices.Contains(reserved, f.Env) {
