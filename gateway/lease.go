@@ -75,8 +75,8 @@ func (s *Server) leaseResponse(a store.Auth, state sandgate.LeaseState, adm prot
 			ID:           a.Lease.ID,
 			InstanceID:   a.Lease.InstanceID,
 			State:        string(state),
-			ExpiresAt:    timePtr(a.Lease.ExpiresAt),
-			SupersededAt: timePtr(a.Lease.SupersededAt),
+			ExpiresAt:    protocol.TimePtr(a.Lease.ExpiresAt),
+			SupersededAt: protocol.TimePtr(a.Lease.SupersededAt),
 		},
 		Admission:    adm,
 		Capabilities: protocol.V1Capabilities,
@@ -129,17 +129,6 @@ func wireLimits(l sandgate.Limits) protocol.Limits {
 }
 
 func secs(d time.Duration) int64 { return int64(d / time.Second) }
-
-// wireTime formats a time as the protocol does: RFC 3339, UTC, seconds.
-func wireTime(t time.Time) string { return t.UTC().Truncate(time.Second).Format(time.RFC3339) }
-
-func timePtr(t time.Time) *string {
-	if t.IsZero() {
-		return nil
-	}
-	s := wireTime(t)
-	return &s
-}
 
 func defaultSize(scope sandgate.Scope) string {
 	sz, err := policy.ResolveSize(scope, "")

@@ -38,7 +38,7 @@ func (s *Server) createSnapshot(c echo.Context) error {
 }
 
 func snapshotBody(s sandgate.Snapshot) protocol.Snapshot {
-	return protocol.Snapshot{SnapshotID: s.ID, CreatedAt: wireTime(s.CreatedAt), ExpiresAt: wireTime(s.ExpiresAt)}
+	return protocol.Snapshot{SnapshotID: s.ID, CreatedAt: protocol.Time(s.CreatedAt), ExpiresAt: protocol.Time(s.ExpiresAt)}
 }
 
 // deleteSnapshot is DELETE /v1/snapshots/{id}: 204 also when the snapshot

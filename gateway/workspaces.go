@@ -69,10 +69,10 @@ func (s *Server) status(w sandgate.Workspace) protocol.Workspace {
 		State:              string(w.State),
 		Size:               w.Size,
 		Image:              w.Image,
-		CreatedAt:          wireTime(w.CreatedAt),
-		ExpiresAt:          wireTime(w.ExpiresAt),
+		CreatedAt:          protocol.Time(w.CreatedAt),
+		ExpiresAt:          protocol.Time(w.ExpiresAt),
 		IdleTimeoutSeconds: secs(w.IdleTimeout),
-		TerminatedAt:       timePtr(w.TerminatedAt),
+		TerminatedAt:       protocol.TimePtr(w.TerminatedAt),
 	}
 	reason := w.TerminationReason
 	if w.State == sandgate.WorkspaceRunning && !s.clock.Now().Before(w.ExpiresAt) {
