@@ -23,28 +23,38 @@ type Issued struct {
 }
 
 // Issue makes a CA named caName and a server certificate for dns (its
-// common name the first of them) and ips, signed by it.
+// common name the first of them) and ips, signed by it. It fails the test
+// if that fails.
 func Issue(t testing.TB, caName string, dns []string, ips []net.IP) Issued {
 	t.Helper()
+	pki, err := New(caName, dns, ips)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pki
+}
+
+// New is Issue for a fake server's constructor, which has no testing.TB.
+func New(caName string, dns []string, ips []net.IP) (Issued, error) {
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		t.Fatal(err)
+		return Issued{}, err
 	}
 	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: caName},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
 		KeyUsage: x509.KeyUsageCertSign}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
 	if err != nil {
-		t.Fatal(err)
+		return Issued{}, err
 	}
 	ca, err := x509.ParseCertificate(caDER)
 	if err != nil {
-		t.Fatal(err)
+		return Issued{}, err
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		t.Fatal(err)
+		return Issued{}, err
 	}
 	var cn string
 	if len(dns) > 0 {
@@ -55,7 +65,7 @@ func Issue(t testing.TB, caName string, dns []string, ips []net.IP) Issued {
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
 	if err != nil {
-		t.Fatal(err)
+		return Issued{}, err
 	}
-	return Issued{CA: ca, CADER: caDER, LeafDER: leafDER, Key: key}
+	return Issued{CA: ca, CADER: caDER, LeafDER: leafDER, Key: key}, nil
 }
