@@ -481,7 +481,7 @@ func (s *Server) now() time.Time {
 
 // selfSigned makes a CA and a certificate for 127.0.0.1 and localhost.
 func selfSigned() (tls.Certificate, *x509.CertPool, []byte, error) {
-	pki, err := testpki.New("modaltest CA", []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback})
+	pki, err := testpki.New("modaltest CA", []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, 7*24*time.Hour)
 	if err != nil {
 		return tls.Certificate{}, nil, nil, err
 	}
