@@ -155,7 +155,7 @@ func stillBeating(t *testing.T, p providers.Provider, sb providers.Sandbox, name
 func testCommandCancelRunning(t *testing.T, p providers.Provider, sb providers.Sandbox) {
 	c := runner.For(p)
 	const hb = "/tmp/pt-cancel-hb"
-	startHeartbeat(t, c, sb, "pt-cancel", hb, 5 * time.Minute)
+	startHeartbeat(t, c, sb, "pt-cancel", hb, 5*time.Minute)
 	if !stillBeating(t, p, sb, hb) {
 		t.Fatalf("the command's background child does not run")
 	}
@@ -180,7 +180,7 @@ func testCommandCancelRunning(t *testing.T, p providers.Provider, sb providers.S
 func testCommandTimeout(t *testing.T, p providers.Provider, sb providers.Sandbox) {
 	c := runner.For(p)
 	const hb = "/tmp/pt-timeout-hb"
-	startHeartbeat(t, c, sb, "pt-timeout", hb, 2 * time.Second)
+	startHeartbeat(t, c, sb, "pt-timeout", hb, 2*time.Second)
 	st := WaitCommand(t, c, sb, "pt-timeout", 10)
 	if st.State != providers.CommandCompleted || st.ExitCode != 137 || !st.TimedOut {
 		t.Errorf("timed-out command = %q exit %d timed out %v; want completed 137 true", st.State, st.ExitCode, st.TimedOut)
@@ -194,7 +194,7 @@ func testCommandTerminate(t *testing.T, p providers.Provider, _ providers.Sandbo
 	c := runner.For(p)
 	sb := Create(t, p, Spec(t))
 	const hb = "/tmp/pt-term-hb"
-	startHeartbeat(t, c, sb, "pt-term", hb, 5 * time.Minute)
+	startHeartbeat(t, c, sb, "pt-term", hb, 5*time.Minute)
 	beats(t, p, sb, hb)
 	if err := p.Terminate(t.Context(), sb); err != nil {
 		t.Fatalf("Terminate: %v", err)
