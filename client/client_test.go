@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/client"
+	"github.com/sandgate/sandgate/internal/logbuf"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -101,24 +102,6 @@ func (w *waits) all() []time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]time.Duration(nil), w.d...)
-}
-
-// syncBuffer is a log sink safe to read after the client wrote to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // newClient returns a client of b whose waits are recorded, not spent.
@@ -269,7 +252,7 @@ func TestTokenOnlyInHeader(t *testing.T) {
 			http.NotFound(w, r)
 		}
 	})
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	c, _ := newClient(t, b, func(cfg *client.Config) {
 		cfg.Token = sandgate.Secret("  " + testToken + "\n")
 		cfg.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

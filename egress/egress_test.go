@@ -120,24 +120,18 @@ func (noResolver) LookupNetIP(context.Context, string, string) ([]netip.Addr, er
 // serve serves ws on a fresh listener and returns its address.
 func (e *env) serve(t *testing.T, ws egress.Workspace) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.proxy.Serve(ctx, l, ws) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve = %v; want nil", err)
-		}
-	})
-	return l.Addr().String()
+	return listen(t, "Serve", func(ctx context.Context, l net.Listener) error { return e.proxy.Serve(ctx, l, ws) })
 }
 
 // serveShared serves credential mode on a fresh listener.
 func (e *env) serveShared(t *testing.T) string {
+	t.Helper()
+	return listen(t, "ServeShared", e.proxy.ServeShared)
+}
+
+// listen runs serve on a fresh listener until the test ends and returns the
+// listener's address; name is serve's, for the failure message.
+func listen(t *testing.T, name string, serve func(context.Context, net.Listener) error) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -145,11 +139,11 @@ func (e *env) serveShared(t *testing.T) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- e.proxy.ServeShared(ctx, l) }()
+	go func() { done <- serve(ctx, l) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("ServeShared = %v; want nil", err)
+			t.Errorf("%s = %v; want nil", name, err)
 		}
 	})
 	return l.Addr().String()

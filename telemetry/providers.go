@@ -54,29 +54,32 @@ const (
 // "error". A benign outcome (a missing file, a sandbox already gone) is an
 // answer the caller expected, not a vendor failure.
 func Outcome(err error) (outcome string, benign bool) {
-	switch {
-	case err == nil:
+	if err == nil {
 		return "ok", true
-	case errors.Is(err, providers.ErrFileNotFound):
-		return "file_not_found", true
-	case errors.Is(err, providers.ErrNotAFile):
-		return "not_a_file", true
-	case errors.Is(err, providers.ErrFileTooLarge):
-		return "file_too_large", true
-	case errors.Is(err, providers.ErrSandboxGone):
-		return "sandbox_gone", true
-	case errors.Is(err, providers.ErrSnapshotGone):
-		return "snapshot_gone", true
-	case errors.Is(err, providers.ErrCommandNotStarted):
-		return "command_not_started", false
-	case errors.Is(err, providers.ErrCommandFenced):
-		return "command_fenced", true
-	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout", false
-	case errors.Is(err, context.Canceled):
-		return "canceled", false
+	}
+	for _, o := range outcomes {
+		if errors.Is(err, o.err) {
+			return o.name, o.benign
+		}
 	}
 	return "error", false
+}
+
+// outcomes are the errors Outcome names, in the order it tries them.
+var outcomes = []struct {
+	err    error
+	name   string
+	benign bool
+}{
+	{providers.ErrFileNotFound, "file_not_found", true},
+	{providers.ErrNotAFile, "not_a_file", true},
+	{providers.ErrFileTooLarge, "file_too_large", true},
+	{providers.ErrSandboxGone, "sandbox_gone", true},
+	{providers.ErrSnapshotGone, "snapshot_gone", true},
+	{providers.ErrCommandNotStarted, "command_not_started", false},
+	{providers.ErrCommandFenced, "command_fenced", true},
+	{context.DeadlineExceeded, "timeout", false},
+	{context.Canceled, "canceled", false},
 }
 
 // Providers returns set with every provider wrapped so that each call is

@@ -37,6 +37,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/logbuf"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -197,7 +198,7 @@ func benchRate(out []byte) (float64, error) {
 // serve is the running `sandgate serve`.
 type serve struct {
 	cmd      *exec.Cmd
-	stderr   *syncBuffer
+	stderr   *logbuf.Buffer
 	url      string
 	adminURL string
 	admin    string // admin operator token
@@ -220,7 +221,7 @@ func startServe(ctx context.Context, dir, bin, redisAddr string, clients int, le
 	if err != nil {
 		return nil, err
 	}
-	s := &serve{admin: "sgo_" + randHex(24), stderr: &syncBuffer{}}
+	s := &serve{admin: "sgo_" + randHex(24), stderr: &logbuf.Buffer{}}
 	// Limits sized for the load: the production request-rate limits stay
 	// on, wide enough not to refuse it; risk velocity and open workspaces
 	// likewise.
@@ -608,22 +609,4 @@ func randHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

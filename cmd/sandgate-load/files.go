@@ -12,8 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate/protocol"
@@ -88,13 +86,12 @@ func measureFiles(ctx context.Context, bin, dataDir string, c int, size int64) (
 	pid := b.cmd.Process.Pid
 	var wss []string
 	for i := range (c + 7) / 8 {
-		var ws protocol.Workspace
-		if err := b.call(ctx, http.MethodPost, "/v1/workspaces", protocol.AcquireRequest{Label: "files-" + strconv.Itoa(i),
-			Egress: &protocol.Egress{AllowedDomains: []string{}}}, "files-"+strconv.Itoa(i)+"-"+strconv.FormatInt(time.Now().UnixNano(), 36), &ws); err != nil {
-			return f, fmt.Errorf("acquire: %w", err)
+		ws, release, err := b.acquire(ctx, "files-"+strconv.Itoa(i))
+		if err != nil {
+			return f, err
 		}
-		wss = append(wss, ws.WorkspaceID)
-		defer b.call(context.WithoutCancel(ctx), http.MethodDelete, "/v1/workspaces/"+ws.WorkspaceID, nil, "", nil)
+		wss = append(wss, ws)
+		defer release()
 	}
 	content := make([]byte, size)
 	for i := range content {
@@ -134,22 +131,9 @@ func measureFiles(ctx context.Context, bin, dataDir string, c int, size int64) (
 		return f, err
 	}
 	start := time.Now()
-	var wg sync.WaitGroup
-	var refusals atomic.Int64
-	errs := make(chan error, c)
-	for i := range c {
-		wg.Go(func() {
-			r, err := cycle(wss[i%len(wss)], i)
-			refusals.Add(r)
-			if err != nil {
-				errs <- err
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	f.elapsed, f.refusals, f.unavailable = time.Since(start), refusals.Load(), b.unavailable.Load()
-	if err := <-errs; err != nil {
+	f.refusals, err = concurrently(c, func(i int) (int64, error) { return cycle(wss[i%len(wss)], i) })
+	f.elapsed, f.unavailable = time.Since(start), b.unavailable.Load()
+	if err != nil {
 		return f, err
 	}
 	if f.peak, err = status(pid, "VmHWM"); err != nil {

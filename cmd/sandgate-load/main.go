@@ -278,18 +278,17 @@ func measure(ctx context.Context, bin, dataDir string, execs int, size int64) (f
 		return f, fmt.Errorf("lease: %w", err)
 	}
 	f.maxOutput = lease.Limits.MaxOutputBytes
-	var ws protocol.Workspace
-	if err := b.call(ctx, http.MethodPost, "/v1/workspaces", protocol.AcquireRequest{Label: "load",
-		Egress: &protocol.Egress{AllowedDomains: []string{}}}, "load-"+strconv.FormatInt(time.Now().UnixNano(), 36), &ws); err != nil {
-		return f, fmt.Errorf("acquire: %w", err)
+	ws, release, err := b.acquire(ctx, "load")
+	if err != nil {
+		return f, err
 	}
-	defer b.call(context.WithoutCancel(ctx), http.MethodDelete, "/v1/workspaces/"+ws.WorkspaceID, nil, "", nil)
+	defer release()
 	n := strconv.FormatInt(size, 10)
 	req := protocol.ExecRequest{Argv: []string{"sh", "-c", "head -c " + n + " /dev/zero; head -c " + n + " /dev/zero >&2"}}
 
 	// Warm up (TLS, pools, the sandbox's first start), then let the
 	// runtime settle, and measure at rest.
-	if _, err := b.exec(ctx, ws.WorkspaceID, req, size); err != nil {
+	if _, err := b.exec(ctx, ws, req, size); err != nil {
 		return f, fmt.Errorf("warm-up exec: %w", err)
 	}
 	time.Sleep(2 * time.Second)
@@ -300,7 +299,7 @@ func measure(ctx context.Context, bin, dataDir string, execs int, size int64) (f
 	if err := resetPeak(pid); err != nil {
 		return f, err
 	}
-	if _, err := b.exec(ctx, ws.WorkspaceID, req, size); err != nil {
+	if _, err := b.exec(ctx, ws, req, size); err != nil {
 		return f, fmt.Errorf("baseline exec: %w", err)
 	}
 	if f.one, err = status(pid, "VmHWM"); err != nil {
@@ -312,13 +311,41 @@ func measure(ctx context.Context, bin, dataDir string, execs int, size int64) (f
 		return f, err
 	}
 	start := time.Now()
+	f.refusals, err = concurrently(execs, func(int) (int64, error) {
+		r, err := b.exec(ctx, ws, req, size)
+		return int64(r), err
+	})
+	f.elapsed = time.Since(start)
+	if err != nil {
+		return f, fmt.Errorf("load exec: %w", err)
+	}
+	f.peak, err = status(pid, "VmHWM")
+	return f, err
+}
+
+// acquire acquires a workspace labelled label, with no egress, under a
+// fresh idempotency key; release releases it, even once ctx has ended.
+func (b *broker) acquire(ctx context.Context, label string) (ws string, release func(), err error) {
+	var w protocol.Workspace
+	if err := b.call(ctx, http.MethodPost, "/v1/workspaces", protocol.AcquireRequest{Label: label,
+		Egress: &protocol.Egress{AllowedDomains: []string{}}}, label+"-"+strconv.FormatInt(time.Now().UnixNano(), 36), &w); err != nil {
+		return "", nil, fmt.Errorf("acquire: %w", err)
+	}
+	return w.WorkspaceID, func() {
+		b.call(context.WithoutCancel(ctx), http.MethodDelete, "/v1/workspaces/"+w.WorkspaceID, nil, "", nil)
+	}, nil
+}
+
+// concurrently runs f(0) to f(n-1) all at once; it returns the refusals
+// they retried, added up, and the first error one of them returned.
+func concurrently(n int, f func(i int) (refused int64, err error)) (int64, error) {
 	var wg sync.WaitGroup
 	var refusals atomic.Int64
-	errs := make(chan error, execs)
-	for range execs {
+	errs := make(chan error, n)
+	for i := range n {
 		wg.Go(func() {
-			r, err := b.exec(ctx, ws.WorkspaceID, req, size)
-			refusals.Add(int64(r))
+			r, err := f(i)
+			refusals.Add(r)
 			if err != nil {
 				errs <- err
 			}
@@ -326,12 +353,7 @@ func measure(ctx context.Context, bin, dataDir string, execs int, size int64) (f
 	}
 	wg.Wait()
 	close(errs)
-	f.elapsed, f.refusals = time.Since(start), refusals.Load()
-	if err := <-errs; err != nil {
-		return f, fmt.Errorf("load exec: %w", err)
-	}
-	f.peak, err = status(pid, "VmHWM")
-	return f, err
+	return refusals.Load(), <-errs
 }
 
 // startDev starts `sandgate dev` on free loopback ports and waits for its

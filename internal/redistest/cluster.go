@@ -172,14 +172,20 @@ func (c *Cluster) Client() *redis.ClusterClient {
 // WaitHealthy waits until every running node reports cluster_state:ok,
 // every slot is served, and every primary has a replica whose link is up.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
-	var last error
+	return poll(ctx, "redis cluster not healthy", c.healthy)
+}
+
+// poll calls check every 50ms until it returns nil, or until ctx ends:
+// then it returns check's last error after msg.
+func poll(ctx context.Context, msg string, check func(context.Context) error) error {
 	for {
-		if last = c.healthy(ctx); last == nil {
+		err := check(ctx)
+		if err == nil {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("redis cluster not healthy: %w", last)
+			return fmt.Errorf("%s: %w", msg, err)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -264,17 +270,7 @@ func (c *Cluster) Restart(addr string) error {
 // WaitFailover waits until every slot is served again by a running node
 // (the killed primary's replica promoted). The killed node stays down.
 func (c *Cluster) WaitFailover(ctx context.Context) error {
-	for {
-		err := c.served(ctx)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("redis cluster did not fail over: %w", err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return poll(ctx, "redis cluster did not fail over", c.served)
 }
 
 func (c *Cluster) served(ctx context.Context) error {

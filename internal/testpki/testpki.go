@@ -1,5 +1,5 @@
-// Package testpki issues throwaway certificates for tests: a CA of its
-// own, valid for a day, and one server certificate it signed.
+// Package testpki issues throwaway certificates for tests and fake
+// servers: a CA of its own and one server certificate it signed.
 package testpki
 
 import (
@@ -23,39 +23,51 @@ type Issued struct {
 }
 
 // Issue makes a CA named caName and a server certificate for dns (its
-// common name the first of them) and ips, signed by it.
+// common name the first of them) and ips, signed by it, both valid for a
+// day. It fails the test if that fails.
 func Issue(t testing.TB, caName string, dns []string, ips []net.IP) Issued {
 	t.Helper()
+	pki, err := New(caName, dns, ips, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pki
+}
+
+// New is Issue for a fake server's constructor, which has no testing.TB
+// and may outlive a test (modaltest's modalfake runs until interrupted):
+// both certificates are valid for validFor.
+func New(caName string, dns []string, ips []net.IP, validFor time.Duration) (Issued, error) {
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		t.Fatal(err)
+		return Issued{}, err
 	}
 	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: caName},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validFor), IsCA: true, BasicConstraintsValid: true,
 		KeyUsage: x509.KeyUsageCertSign}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
 	if err != nil {
-		t.Fatal(err)
+		return Issued{}, err
 	}
 	ca, err := x509.ParseCertificate(caDER)
 	if err != nil {
-		t.Fatal(err)
+		return Issued{}, err
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		t.Fatal(err)
+		return Issued{}, err
 	}
 	var cn string
 	if len(dns) > 0 {
 		cn = dns[0]
 	}
 	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: cn}, DNSNames: dns, IPAddresses: ips,
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validFor),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
 	if err != nil {
-		t.Fatal(err)
+		return Issued{}, err
 	}
-	return Issued{CA: ca, CADER: caDER, LeafDER: leafDER, Key: key}
+	return Issued{CA: ca, CADER: caDER, LeafDER: leafDER, Key: key}, nil
 }

@@ -7,13 +7,13 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/internal/logbuf"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/blobstore"
 	"github.com/sandgate/sandgate/providers/flysprites"
@@ -23,7 +23,7 @@ import (
 )
 
 // newProvider returns a provider talking to srv, with its log captured.
-func newProvider(t testing.TB, srv *spritetest.Server, brokerID string, log *logBuffer) *flysprites.Provider {
+func newProvider(t testing.TB, srv *spritetest.Server, brokerID string, log *logbuf.Buffer) *flysprites.Provider {
 	t.Helper()
 	store, err := blobstore.NewDir(t.TempDir())
 	if err != nil {
@@ -40,23 +40,6 @@ func newProvider(t testing.TB, srv *spritetest.Server, brokerID string, log *log
 		t.Fatalf("New: %v", err)
 	}
 	return p
-}
-
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestProvider runs the contract suite against the fake, and then checks
@@ -229,17 +212,7 @@ func TestListFindsOrphans(t *testing.T) {
 		want = append(want, providertest.Create(t, p, s).Ref)
 	}
 	slices.Sort(want)
-	got, err := p.List(t.Context())
-	if err != nil {
-		t.Fatalf("List: %v", err)
-	}
-	var refs []string
-	for _, s := range got {
-		refs = append(refs, s.Ref)
-		if s.Labels[providers.LabelBroker] != "broker-list" {
-			t.Errorf("List returned %s with labels %v", s.Ref, s.Labels)
-		}
-	}
+	refs := providertest.ListRefs(t, p, "broker-list")
 	if !slices.Equal(refs, want) {
 		t.Errorf("List = %d sprites; want the %d of this broker", len(refs), len(want))
 	}
@@ -330,7 +303,7 @@ func TestPolicyMustTake(t *testing.T) {
 func TestNoSecretsInErrors(t *testing.T) {
 	t.Parallel()
 	srv := spritetest.Start(t)
-	log := &logBuffer{}
+	log := &logbuf.Buffer{}
 	p := newProvider(t, srv, "broker-secrets", log)
 	spec := providertest.Spec(t)
 	spec.Env = map[string]string{"SECRET_ENV": "secret-env-v1"}

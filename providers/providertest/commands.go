@@ -117,6 +117,17 @@ func testCommandCancelBeforeLaunch(t *testing.T, p providers.Provider, sb provid
 // every 50ms, and which sleeps until it is killed.
 const heartbeat = `( i=0; while :; do i=$((i+1)); echo $i >"$1.tmp"; mv "$1.tmp" "$1"; sleep 0.05; done ) & sleep 300`
 
+// startHeartbeat starts the durable command name, running heartbeat into
+// the file hb, with timeout.
+func startHeartbeat(t *testing.T, c providers.Commander, sb providers.Sandbox, name, hb string, timeout time.Duration) {
+	t.Helper()
+	if err := c.StartCommand(t.Context(), sb, name, providers.ExecSpec{
+		Argv: []string{"sh", "-c", heartbeat, "sh", hb}, Timeout: timeout,
+	}); err != nil {
+		t.Fatalf("StartCommand: %v", err)
+	}
+}
+
 // beats reads a heartbeat file.
 func beats(t *testing.T, p providers.Provider, sb providers.Sandbox, name string) int {
 	t.Helper()
@@ -144,11 +155,7 @@ func stillBeating(t *testing.T, p providers.Provider, sb providers.Sandbox, name
 func testCommandCancelRunning(t *testing.T, p providers.Provider, sb providers.Sandbox) {
 	c := runner.For(p)
 	const hb = "/tmp/pt-cancel-hb"
-	if err := c.StartCommand(t.Context(), sb, "pt-cancel", providers.ExecSpec{
-		Argv: []string{"sh", "-c", heartbeat, "sh", hb}, Timeout: 5 * time.Minute,
-	}); err != nil {
-		t.Fatalf("StartCommand: %v", err)
-	}
+	startHeartbeat(t, c, sb, "pt-cancel", hb, 5*time.Minute)
 	if !stillBeating(t, p, sb, hb) {
 		t.Fatalf("the command's background child does not run")
 	}
@@ -173,11 +180,7 @@ func testCommandCancelRunning(t *testing.T, p providers.Provider, sb providers.S
 func testCommandTimeout(t *testing.T, p providers.Provider, sb providers.Sandbox) {
 	c := runner.For(p)
 	const hb = "/tmp/pt-timeout-hb"
-	if err := c.StartCommand(t.Context(), sb, "pt-timeout", providers.ExecSpec{
-		Argv: []string{"sh", "-c", heartbeat, "sh", hb}, Timeout: 2 * time.Second,
-	}); err != nil {
-		t.Fatalf("StartCommand: %v", err)
-	}
+	startHeartbeat(t, c, sb, "pt-timeout", hb, 2*time.Second)
 	st := WaitCommand(t, c, sb, "pt-timeout", 10)
 	if st.State != providers.CommandCompleted || st.ExitCode != 137 || !st.TimedOut {
 		t.Errorf("timed-out command = %q exit %d timed out %v; want completed 137 true", st.State, st.ExitCode, st.TimedOut)
@@ -191,11 +194,7 @@ func testCommandTerminate(t *testing.T, p providers.Provider, _ providers.Sandbo
 	c := runner.For(p)
 	sb := Create(t, p, Spec(t))
 	const hb = "/tmp/pt-term-hb"
-	if err := c.StartCommand(t.Context(), sb, "pt-term", providers.ExecSpec{
-		Argv: []string{"sh", "-c", heartbeat, "sh", hb}, Timeout: 5 * time.Minute,
-	}); err != nil {
-		t.Fatalf("StartCommand: %v", err)
-	}
+	startHeartbeat(t, c, sb, "pt-term", hb, 5*time.Minute)
 	beats(t, p, sb, hb)
 	if err := p.Terminate(t.Context(), sb); err != nil {
 		t.Fatalf("Terminate: %v", err)

@@ -65,6 +65,25 @@ func Create(t testing.TB, p providers.Provider, spec providers.CreateSpec) provi
 	return sb
 }
 
+// ListRefs returns the refs of the sandboxes p lists, in List's order. It
+// fails the test on a List error, and marks it failed for each sandbox
+// without broker's label: List must not report another broker's.
+func ListRefs(t testing.TB, p providers.Provider, broker string) []string {
+	t.Helper()
+	all, err := p.List(t.Context())
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	var refs []string
+	for _, sb := range all {
+		refs = append(refs, sb.Ref)
+		if sb.Labels[providers.LabelBroker] != broker {
+			t.Errorf("List returned %s with labels %v; want broker %s's only", sb.Ref, sb.Labels, broker)
+		}
+	}
+	return refs
+}
+
 // Exec runs argv in sb with a 30s timeout and 1 MiB of output per stream,
 // and fails the test on an error.
 func Exec(t testing.TB, p providers.Provider, sb providers.Sandbox, argv ...string) providers.ExecResult {
