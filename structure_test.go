@@ -181,7 +181,7 @@ func testHelper(p string) bool {
 
 // testHelpers are the packages under internal/ that only tests use; the
 // others there (broker, livecache) are parts of the broker.
-var testHelpers = []string{"internal/sgtest", "internal/redistest", "internal/fakeprovider", "internal/egresstest", "internal/testpki", "internal/tally", "internal/stripemock"}
+var testHelpers = []string{"internal/sgtest", "internal/redistest", "internal/fakeprovider", "internal/egresstest", "internal/testpki", "internal/tally", "internal/stripemock", "internal/logbuf"}
 
 // TestImports keeps the rooms' doors where DESIGN.md puts them: the CLI
 // talks to the operator API through its client, not the server; only the
