@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/logbuf"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -25,7 +26,7 @@ import (
 type fakeFly struct {
 	url, caFile, token string
 	cmd                *exec.Cmd
-	logs               syncBuffer
+	logs               logbuf.Buffer
 	done               chan struct{}
 }
 

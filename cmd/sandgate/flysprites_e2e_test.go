@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/logbuf"
 	"github.com/sandgate/sandgate/providers/flysprites"
 )
 
@@ -23,7 +24,7 @@ import (
 // process (providers/flysprites/spritetest/fakesprites) with token, and
 // returns its SPRITES_API_URL and SSL_CERT_FILE and its output. It is
 // stopped with SIGTERM when the test ends, which deletes its sprites.
-func startFakeSprites(t *testing.T, token string) (apiURL, caFile string, logs *syncBuffer) {
+func startFakeSprites(t *testing.T, token string) (apiURL, caFile string, logs *logbuf.Buffer) {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "fakesprites")
@@ -34,7 +35,7 @@ func startFakeSprites(t *testing.T, token string) (apiURL, caFile string, logs *
 	info := filepath.Join(dir, "info.env")
 	cmd := exec.Command(bin, "--data-dir", filepath.Join(dir, "data"), "--info", info)
 	cmd.Env = cleanEnv("SPRITE_TOKEN=" + token)
-	logs = &syncBuffer{}
+	logs = &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	// SIGTERM, not SIGKILL: on it the fake deletes its sprites and their sandboxes.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}

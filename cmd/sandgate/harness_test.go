@@ -43,6 +43,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/client"
+	"github.com/sandgate/sandgate/internal/logbuf"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/testpki"
 	"github.com/sandgate/sandgate/protocol"
@@ -83,32 +84,13 @@ func buildAndRun(m *testing.M) int {
 	return m.Run()
 }
 
-// syncBuffer is an io.Writer safe for the concurrent writes of exec.Cmd's
-// copying goroutines and the test's reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // process is one running sandgate binary with its output captured.
 type process struct {
 	t      testing.TB
 	name   string
 	cmd    *exec.Cmd
-	stdout syncBuffer
-	stderr syncBuffer
+	stdout logbuf.Buffer
+	stderr logbuf.Buffer
 	done   chan struct{} // closed once the process has been waited for
 	err    error         // Wait's error; read after done
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/internal/logbuf"
 	"github.com/sandgate/sandgate/internal/stripemock"
 	"github.com/sandgate/sandgate/stripesync"
 )
@@ -34,7 +35,7 @@ func stripeMock(t *testing.T) (string, func() []url.Values) {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "sock")
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	cmd := exec.Command(bin, "-http-unix", sock)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {

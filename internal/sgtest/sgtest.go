@@ -7,7 +7,6 @@
 package sgtest
 
 import (
-	"bytes"
 	"context"
 	"crypto/x509"
 	"fmt"
@@ -30,6 +29,7 @@ import (
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/broker"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
+	"github.com/sandgate/sandgate/internal/logbuf"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/saga"
@@ -74,24 +74,7 @@ func (c *Clock) Advance(d time.Duration) {
 
 // Logs captures every log line of the harness's components. It is an
 // io.Writer safe for concurrent use.
-type Logs struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-// Write implements io.Writer.
-func (l *Logs) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-// String returns everything logged so far.
-func (l *Logs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+type Logs struct{ logbuf.Buffer }
 
 // Contains reports whether s appears anywhere in the logs.
 func (l *Logs) Contains(s string) bool { return strings.Contains(l.String(), s) }
