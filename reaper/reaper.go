@@ -18,6 +18,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
@@ -192,37 +193,22 @@ func (r *Reaper) lead(ctx context.Context, token int64) {
 	r.log.Info("reaper leading", slog.Int64("fence", token))
 	lctx, lost := context.WithCancel(ctx)
 	defer lost()
-	go func() {
-		t := time.NewTicker(r.cfg.LeaseTTL / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-lctx.Done():
-				return
-			case <-t.C:
+	go tick.Every(lctx, r.cfg.LeaseTTL/3, func() bool {
+		n, ok, err := r.db.AcquireLeader(lctx, r.cfg.Owner, r.cfg.LeaseTTL)
+		if err != nil || !ok || n != token {
+			if lctx.Err() == nil {
+				r.log.Warn("reaper lease lost", slog.Int64("fence", token), slog.Any("err", err))
 			}
-			n, ok, err := r.db.AcquireLeader(lctx, r.cfg.Owner, r.cfg.LeaseTTL)
-			if err != nil || !ok || n != token {
-				if lctx.Err() == nil {
-					r.log.Warn("reaper lease lost", slog.Int64("fence", token), slog.Any("err", err))
-				}
-				lost()
-				return
-			}
+			lost()
+			return false
 		}
-	}()
-	t := time.NewTicker(r.cfg.Interval)
-	defer t.Stop()
-	for {
+		return true
+	})
+	tick.NowAndEvery(lctx, r.cfg.Interval, func() {
 		if err := r.Pass(lctx); err != nil && lctx.Err() == nil {
 			r.log.Warn("reaper pass incomplete", slog.Any("err", err))
 		}
-		select {
-		case <-lctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	})
 }
 
 // Pass carries out every obligation once: it deletes expired snapshots

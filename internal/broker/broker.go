@@ -27,6 +27,7 @@ import (
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/reaper"
@@ -357,18 +358,12 @@ func (b *Broker) Run(ctx context.Context) error {
 		wg.Go(func() { _ = b.stripe.Run(runCtx) })
 	}
 	wg.Go(func() {
-		t := time.NewTicker(egressKeepInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-runCtx.Done():
-				return
-			case <-t.C:
-			}
+		tick.Every(runCtx, egressKeepInterval, func() bool {
 			kctx, kcancel := context.WithTimeout(runCtx, egressKeepTimeout)
+			defer kcancel()
 			b.keepEgress(kctx)
-			kcancel()
-		}
+			return true
+		})
 	})
 	errc := make(chan error, 3)
 	if b.claimLate {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
 )
 
@@ -48,16 +49,7 @@ func newHealth(rdb redis.UniversalClient, provs *providers.Set) *health {
 
 // run checks the providers now and every providerCheckEvery until ctx ends.
 func (h *health) run(ctx context.Context) {
-	t := time.NewTicker(providerCheckEvery)
-	defer t.Stop()
-	for {
-		h.checkProviders(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	tick.NowAndEvery(ctx, providerCheckEvery, func() { h.checkProviders(ctx) })
 }
 
 func (h *health) checkProviders(ctx context.Context) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
 )
 
@@ -198,27 +199,19 @@ func (c *client) run(ctx context.Context, name string, cmd wsCommand) (wsResult,
 		}
 		conn.Write(lctx, websocket.MessageBinary, []byte{streamStdinEOF})
 	}()
-	go func() { // keepalive; exits with the connection
-		t := time.NewTicker(pingEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-lctx.Done():
-				return
-			case <-t.C:
-				pctx, cancel := context.WithTimeout(lctx, 10*time.Second)
-				err := conn.Ping(pctx)
-				cancel()
-				if err != nil && lctx.Err() == nil {
-					// No pong: the connection is dead (sprites-go's read
-					// deadline is 45s); the reader then ends the command
-					// with errNoExit.
-					conn.CloseNow()
-					return
-				}
-			}
+	go tick.Every(lctx, pingEvery, func() bool { // keepalive; exits with the connection
+		pctx, cancel := context.WithTimeout(lctx, 10*time.Second)
+		err := conn.Ping(pctx)
+		cancel()
+		if err != nil && lctx.Err() == nil {
+			// No pong: the connection is dead (sprites-go's read
+			// deadline is 45s); the reader then ends the command
+			// with errNoExit.
+			conn.CloseNow()
+			return false
 		}
-	}()
+		return true
+	})
 
 	var (
 		out     wsResult
