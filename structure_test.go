@@ -87,6 +87,7 @@ var wiringConstructors = map[string][]string{
 	module + "/admin":       {"New"},
 	module + "/reaper":      {"New"},
 	module + "/egress":      {"New"},
+	module + "/stripesync":  {"New"},
 	module + "/telemetry":   {"NewTracing", "Providers", "Admission", "Settlement", "LiveWorkspaces"},
 }
 
