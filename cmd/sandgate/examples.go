@@ -76,6 +76,8 @@ var examples = map[string]string{
   sandgate usage export --format jsonl --account "$ACCT"`,
 	"sandgate usage reconcile": `  sandgate usage reconcile
   sandgate usage reconcile --account "$ACCT" -o json`,
+	"sandgate usage stripe": `  sandgate usage stripe status "$ACCT"
+  sandgate usage stripe retry "$ACCT"`,
 }
 
 // addExamples sets the Examples: section of every command under root
