@@ -263,7 +263,10 @@ func (s *Server) createAccount(c echo.Context) error {
 		return invalid("name is required (at most 200 characters)")
 	}
 	a := sandgate.Account{ID: sandgate.NewID(sandgate.PrefixAccount), Name: name, CreatedAt: s.clock.Now()}
-	if err := s.db.CreateAccount(c.Request().Context(), a); err != nil {
+	var taken *store.NameTakenError
+	if err := s.db.CreateNamedAccount(c.Request().Context(), a); errors.As(err, &taken) {
+		return protocol.E(protocol.Conflict, fmt.Sprintf("account name %q is taken by account %s (names are compared ignoring case and surrounding spaces)", name, taken.AccountID))
+	} else if err != nil {
 		return storeFailed(err)
 	}
 	out := toAccount(a)
