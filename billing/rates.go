@@ -28,7 +28,7 @@ import (
 type RateCard struct {
 	Name      string           `json:"name"`
 	Version   int              `json:"version"`
-	Currency  string           `json:"currency"` // ISO 4217; "" for a card created before cards had one
+	Currency  string           `json:"currency"`      // ISO 4217; "" for a card created before cards had one
 	Prices    map[string]int64 `json:"prices_micros"` // size → micro-units per second
 	CreatedAt time.Time        `json:"created_at"`
 }
