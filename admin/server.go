@@ -274,8 +274,21 @@ func (s *Server) createAccount(c echo.Context) error {
 }
 
 func (s *Server) listAccounts(c echo.Context) error {
-	as, err := s.db.Accounts(c.Request().Context())
-	return listed(c, as, err, toAccount)
+	ctx := c.Request().Context()
+	as, err := s.db.Accounts(ctx)
+	if err != nil {
+		return storeFailed(err)
+	}
+	ids := make([]string, len(as))
+	for i, a := range as {
+		ids[i] = a.ID
+	}
+	states, err := s.bill.States(ctx, ids)
+	return listed(c, as, err, func(a sandgate.Account) adminapi.Account {
+		out := toAccount(a)
+		out.Billing = states[a.ID]
+		return out
+	})
 }
 
 func (s *Server) createInstance(c echo.Context) error {

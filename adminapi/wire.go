@@ -9,6 +9,10 @@ type Account struct {
 	ID        string `json:"id"`
 	Name      string `json:"name"`
 	CreatedAt string `json:"created_at"`
+	// Billing is, in the account list, the account's billing state:
+	// configured, free (marked free on purpose) or not_configured (its
+	// acquires are refused).
+	Billing string `json:"billing,omitempty"`
 }
 
 // CreateAccountRequest is the body of POST /admin/v1/accounts.
