@@ -11,11 +11,6 @@ import (
 	"github.com/sandgate/sandgate"
 )
 
-// accountNamesKey is the HASH of claimed account names: the name,
-// trimmed and lower-cased, → the id of the account that has it.
-// Example: sg:account_names
-func accountNamesKey() string { return prefix + "account_names" }
-
 // NameTakenError is returned when an account name is another account's.
 type NameTakenError struct {
 	Name      string // as the new account asked for it
