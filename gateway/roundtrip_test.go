@@ -213,6 +213,9 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 	wired := sgtest.Broker(tb, sgtest.Config(tb), bo)
 	gw := wired.Gateway()
 	e.bill = wired.Billing()
+	if err := e.bill.SetSettings(ctx, billing.Settings{AccountID: acct, Free: true}); err != nil { // unconfigured accounts cannot acquire
+		tb.Fatalf("SetSettings: %v", err)
+	}
 	e.srv = httptest.NewTLSServer(gw.Handler())
 	tb.Cleanup(e.srv.Close)
 	e.client = e.srv.Client() // keep-alive; trusts the test certificate
