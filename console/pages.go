@@ -246,9 +246,9 @@ type overviewData struct {
 	// Free are the accounts marked free on purpose, Unconfigured those
 	// whose billing was never set (their acquires are refused).
 	Free, Unconfigured []adminapi.Account
-	Refusals   []refusalRow
-	Since      string // the start of the refusals' window
-	Counted    bool   // whether refusals could be counted
+	Refusals           []refusalRow
+	Since              string // the start of the refusals' window
+	Counted            bool   // whether refusals could be counted
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {

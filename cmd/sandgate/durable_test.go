@@ -30,8 +30,8 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers/local"
