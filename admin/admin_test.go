@@ -139,7 +139,8 @@ func (e *env) refused(tok, method, path string, in any) (int, protocol.Code) {
 func (e *env) account() string {
 	e.t.Helper()
 	var a adminapi.Account
-	e.do(adminToken, http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: "acme"}, &a)
+	// Names are unique per broker: each test account gets its own.
+	e.do(adminToken, http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: "acme " + sandgate.NewID("")}, &a)
 	return a.ID
 }
 

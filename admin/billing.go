@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -23,6 +24,7 @@ func (s *Server) billingRoutes(route func(method, path, action string, h echo.Ha
 	adm := []adminapi.Role{adminapi.RoleAdmin}
 	route(http.MethodPost, "/rate-cards", "rate_card.create", s.createRateCard, adm)
 	route(http.MethodGet, "/rate-cards", "rate_card.list", s.listRateCards, read)
+	route(http.MethodPut, "/rate-cards/:name/currency", "rate_card.set_currency", s.setRateCardCurrency, adm)
 	route(http.MethodPut, "/accounts/:id/billing", "billing.set", s.setBilling, adm)
 	route(http.MethodGet, "/accounts/:id/billing", "billing.get", s.getBilling, read)
 	route(http.MethodPost, "/accounts/:id/funds/credit", "funds.credit", s.adjustFunds(billing.KindCredit), adm)
@@ -35,7 +37,7 @@ func (s *Server) billingRoutes(route func(method, path, action string, h echo.Ha
 }
 
 func toRateCard(c billing.RateCard) adminapi.RateCard {
-	out := adminapi.RateCard{Name: c.Name, Version: c.Version, Prices: map[string]string{}, PricesMicros: c.Prices, CreatedAt: wireTime(c.CreatedAt)}
+	out := adminapi.RateCard{Name: c.Name, Version: c.Version, Currency: c.Currency, Prices: map[string]string{}, PricesMicros: c.Prices, CreatedAt: wireTime(c.CreatedAt)}
 	for k, v := range c.Prices {
 		out.Prices[k] = billing.FormatAmount(v)
 	}
@@ -55,12 +57,43 @@ func (s *Server) createRateCard(c echo.Context) error {
 		}
 		prices[size] = v
 	}
-	card, err := s.bill.CreateRateCard(c.Request().Context(), req.Name, prices, s.clock.Now())
+	card, err := s.bill.CreateRateCard(c.Request().Context(), req.Name, req.Currency, prices, s.clock.Now())
+	if errors.Is(err, billing.ErrCardCurrency) {
+		return protocol.E(protocol.Conflict, err.Error())
+	}
 	if err != nil {
 		return invalid(err.Error())
 	}
 	out := toRateCard(card)
 	return answer(c, http.StatusCreated, out, change{target: "rate_card:" + card.Name, after: out}, nil)
+}
+
+// setRateCardCurrency is PUT /rate-cards/{name}/currency: it states the
+// currency of a card created before cards had one, once.
+func (s *Server) setRateCardCurrency(c echo.Context) error {
+	var req adminapi.RateCardCurrencyRequest
+	if err := decodeStrict(c, &req); err != nil {
+		return err
+	}
+	out, ch, err := s.setCardCurrency(c.Request().Context(), c.Param("name"), req.Currency)
+	return answer(c, http.StatusOK, out, ch, err)
+}
+
+// setCardCurrency sets the currency of a rate card that has none.
+func (v *service) setCardCurrency(ctx context.Context, name, currency string) (adminapi.RateCard, change, error) {
+	ch := change{target: "rate_card:" + name}
+	card, err := v.bill.SetRateCardCurrency(ctx, name, currency)
+	switch {
+	case errors.Is(err, billing.ErrNoRateCard):
+		return adminapi.RateCard{}, ch, protocol.E(protocol.NotFound, "no such rate card")
+	case errors.Is(err, billing.ErrCardCurrency):
+		return adminapi.RateCard{}, ch, protocol.E(protocol.Conflict, err.Error())
+	case err != nil:
+		return adminapi.RateCard{}, ch, invalid(err.Error())
+	}
+	out := toRateCard(card)
+	ch.before, ch.after = map[string]string{"currency": ""}, out
+	return out, ch, nil
 }
 
 func (s *Server) listRateCards(c echo.Context) error {
@@ -70,7 +103,8 @@ func (s *Server) listRateCards(c echo.Context) error {
 
 func toBillingSettings(st billing.Settings) adminapi.BillingSettings {
 	return adminapi.BillingSettings{Configured: st.Configured, RateCard: st.RateCard, Currency: st.Currency,
-		CreditLimit: billing.FormatAmount(st.CreditLimitMicros), CreditLimitMicros: st.CreditLimitMicros, Postpaid: st.Postpaid}
+		CreditLimit: billing.FormatAmount(st.CreditLimitMicros), CreditLimitMicros: st.CreditLimitMicros, Postpaid: st.Postpaid,
+		Free: st.Free}
 }
 
 func (s *Server) setBilling(c echo.Context) error {
@@ -79,7 +113,7 @@ func (s *Server) setBilling(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	st := billing.Settings{AccountID: acct, RateCard: req.RateCard, Currency: req.Currency, Postpaid: req.Postpaid}
+	st := billing.Settings{AccountID: acct, RateCard: req.RateCard, Currency: req.Currency, Postpaid: req.Postpaid, Free: req.Free}
 	if req.CreditLimit != "" {
 		v, err := billing.ParseAmount(req.CreditLimit)
 		if err != nil {
@@ -116,6 +150,9 @@ func (v *service) setBillingSettings(ctx context.Context, st billing.Settings, s
 		return adminapi.BillingSettings{}, ch, err
 	}
 	st.Configured = true
+	if st.Free {
+		st.Currency, st.Postpaid = billing.NoCurrency, true // as SetSettings stores it
+	}
 	out := toBillingSettings(st)
 	if err := v.withStripe(ctx, st.AccountID, &out); err != nil {
 		return adminapi.BillingSettings{}, ch, storeFailed(err)
@@ -295,10 +332,14 @@ func (s *Server) adjustUsage(c echo.Context) error {
 	if err != nil || amt == 0 {
 		return invalid("amount: a non-zero decimal with at most 6 fractional digits")
 	}
-	if req.Reason == "" || len(req.Reason) > 500 || req.IdempotencyKey == "" || len(req.IdempotencyKey) > 200 {
-		return invalid("reason and idempotency_key are required")
+	if strings.TrimSpace(req.Reason) == "" || len(req.Reason) > 500 {
+		return invalid("reason is required (at most 500 characters): it goes on the ledger entry, the usage exports and the statement")
 	}
-	e, appended, err := s.bill.AdjustUsage(c.Request().Context(), acct, req.Corrects, req.IdempotencyKey, amt, s.clock.Now())
+	if req.IdempotencyKey == "" || len(req.IdempotencyKey) > 200 {
+		return invalid("idempotency_key is required (at most 200 characters)")
+	}
+	e, appended, err := s.bill.AdjustUsage(c.Request().Context(), acct, billing.UsageAdjustment{Corrects: req.Corrects,
+		Key: req.IdempotencyKey, AmountMicros: amt, Reason: req.Reason, Actor: operator(c).Actor(), At: s.clock.Now()})
 	if errors.Is(err, billing.ErrNoEntry) {
 		return protocol.E(protocol.NotFound, "no such usage ledger entry in this account")
 	}

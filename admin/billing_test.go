@@ -17,7 +17,7 @@ import (
 func TestBillingRolesAndIdempotentFunds(t *testing.T) {
 	e := newEnv(t)
 	acct := e.account()
-	card := adminapi.RateCardRequest{Name: "std", Prices: map[string]string{"small": "0.0001", "standard": "0.0002", "large": "0.0004", "xlarge": "0.0008"}}
+	card := adminapi.RateCardRequest{Name: "std", Currency: "EUR", Prices: map[string]string{"small": "0.0001", "standard": "0.0002", "large": "0.0004", "xlarge": "0.0008"}}
 	if st, code := e.refused(financeToken, http.MethodPost, "/rate-cards", card); st != 403 || code != protocol.Forbidden {
 		t.Fatalf("finance creating a rate card: %d %s; want 403 forbidden", st, code)
 	}

@@ -257,7 +257,10 @@ func (s *Server) createAccount(c echo.Context) error {
 		return invalid("name is required (at most 200 characters)")
 	}
 	a := sandgate.Account{ID: sandgate.NewID(sandgate.PrefixAccount), Name: name, CreatedAt: s.clock.Now()}
-	if err := s.db.CreateAccount(c.Request().Context(), a); err != nil {
+	var taken *store.NameTakenError
+	if err := s.db.CreateNamedAccount(c.Request().Context(), a); errors.As(err, &taken) {
+		return protocol.E(protocol.Conflict, fmt.Sprintf("account name %q is taken by account %s (names are compared ignoring case and surrounding spaces)", name, taken.AccountID))
+	} else if err != nil {
 		return storeFailed(err)
 	}
 	out := toAccount(a)
@@ -265,8 +268,21 @@ func (s *Server) createAccount(c echo.Context) error {
 }
 
 func (s *Server) listAccounts(c echo.Context) error {
-	as, err := s.db.Accounts(c.Request().Context())
-	return listed(c, as, err, toAccount)
+	ctx := c.Request().Context()
+	as, err := s.db.Accounts(ctx)
+	if err != nil {
+		return storeFailed(err)
+	}
+	ids := make([]string, len(as))
+	for i, a := range as {
+		ids[i] = a.ID
+	}
+	states, err := s.bill.States(ctx, ids)
+	return listed(c, as, err, func(a sandgate.Account) adminapi.Account {
+		out := toAccount(a)
+		out.Billing = states[a.ID]
+		return out
+	})
 }
 
 func (s *Server) createInstance(c echo.Context) error {

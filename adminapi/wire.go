@@ -9,6 +9,10 @@ type Account struct {
 	ID        string `json:"id"`
 	Name      string `json:"name"`
 	CreatedAt string `json:"created_at"`
+	// Billing is, in the account list, the account's billing state:
+	// configured, free (marked free on purpose) or not_configured (its
+	// acquires are refused).
+	Billing string `json:"billing,omitempty"`
 }
 
 // CreateAccountRequest is the body of POST /admin/v1/accounts.
@@ -242,24 +246,37 @@ type Whoami struct {
 }
 
 // RateCardRequest creates a rate card version: a price per second, in
-// currency units, for every standard size.
+// units of Currency, for every standard size. Currency is required, and a
+// card keeps the currency of its first version.
 type RateCardRequest struct {
-	Name   string            `json:"name"`
-	Prices map[string]string `json:"prices"`
+	Name     string            `json:"name"`
+	Currency string            `json:"currency"`
+	Prices   map[string]string `json:"prices"`
 }
 
-// RateCard is one version of a rate card.
+// RateCardCurrencyRequest is the body of PUT
+// /admin/v1/rate-cards/{name}/currency: the one-time migration of a card
+// created before cards had currencies.
+type RateCardCurrencyRequest struct {
+	Currency string `json:"currency"`
+}
+
+// RateCard is one version of a rate card. Currency "" marks a card
+// created before cards had currencies: accounts already on it keep its
+// prices, but none can be put on it until its currency is set.
 type RateCard struct {
 	Name         string            `json:"name"`
 	Version      int               `json:"version"`
+	Currency     string            `json:"currency"`
 	Prices       map[string]string `json:"prices"`
 	PricesMicros map[string]int64  `json:"prices_micros"`
 	CreatedAt    string            `json:"created_at"`
 }
 
 // BillingSettings are an account's billing settings. An account never
-// configured reads configured false: postpaid, no rate card (price 0),
-// currency XXX.
+// configured reads configured false (postpaid, no rate card, currency
+// XXX) and cannot acquire. Free marks an account free on purpose: no rate
+// card, currency or credit limit; its workspaces cost 0 in XXX.
 type BillingSettings struct {
 	Configured        bool   `json:"configured"`
 	RateCard          string `json:"rate_card"`
@@ -267,6 +284,7 @@ type BillingSettings struct {
 	CreditLimit       string `json:"credit_limit"`
 	CreditLimitMicros int64  `json:"credit_limit_micros"`
 	Postpaid          bool   `json:"postpaid"`
+	Free              bool   `json:"free"`
 	// StripeCustomer, StripeMeterEvent and StripeUnit are the account's
 	// Stripe Billing sync (StripeStatus; docs/billing.md): its Stripe
 	// customer id (cus_…), its meter's event_name, and what a meter
@@ -341,8 +359,9 @@ type Budget struct {
 }
 
 // AdjustmentRequest corrects a usage ledger entry: Amount is the signed
-// correction in currency units ("-1.50" refunds). The reason is kept in
-// the audit log.
+// correction in currency units ("-1.50" refunds). Reason is required: it
+// is kept, with the operator's name, on the adjustment's ledger entry, its
+// usage export rows and the statement, and in the audit log.
 type AdjustmentRequest struct {
 	Corrects       string `json:"corrects"`
 	Amount         string `json:"amount"`

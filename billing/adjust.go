@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,6 +20,16 @@ var ErrNoEntry = errors.New("billing: no such usage ledger entry")
 // an adjustment of another entry or amount.
 var ErrAdjustmentConflict = errors.New("billing: this idempotency key was used for a different adjustment")
 
+// UsageAdjustment is an operator's correction of a usage ledger entry.
+type UsageAdjustment struct {
+	Corrects     string    // the id of the entry it corrects
+	Key          string    // the operator's idempotency key
+	AmountMicros int64     // the correction: negative refunds; never 0
+	Reason       string    // why: required, kept on the entry, its export rows and statements
+	Actor        string    // who: the audit log's actor (name:prefix)
+	At           time.Time // files the adjustment under this time
+}
+
 // AdjustUsage corrects an earlier usage entry by appending an adjustment: the
 // ledger is never edited. AmountMicros is the correction (negative
 // refunds); it moves settled and balance like a charge. The entry's id is
@@ -26,10 +37,14 @@ var ErrAdjustmentConflict = errors.New("billing: this idempotency key was used f
 // nothing; it returns the entry and whether it was appended now. A retry
 // returns the entry stored first, and ErrAdjustmentConflict when the key
 // was used to correct another entry or by another amount.
-func (b *Billing) AdjustUsage(ctx context.Context, acct, corrects, key string, amountMicros int64, at time.Time) (UsageEntry, bool, error) {
-	if key == "" || amountMicros == 0 {
+func (b *Billing) AdjustUsage(ctx context.Context, acct string, a UsageAdjustment) (UsageEntry, bool, error) {
+	if a.Key == "" || a.AmountMicros == 0 {
 		return UsageEntry{}, false, fmt.Errorf("adjustment: an idempotency key and a non-zero amount are required")
 	}
+	if strings.TrimSpace(a.Reason) == "" {
+		return UsageEntry{}, false, fmt.Errorf("adjustment: a reason is required: it goes on the ledger entry, the exports and the statement")
+	}
+	corrects, key, amountMicros, at := a.Corrects, a.Key, a.AmountMicros, a.At
 	orig, err := b.ledgerEntry(ctx, acct, corrects)
 	if err != nil {
 		return UsageEntry{}, false, err
@@ -38,6 +53,7 @@ func (b *Billing) AdjustUsage(ctx context.Context, acct, corrects, key string, a
 	e := orig
 	e.ID, e.Kind, e.Final, e.Corrects = "adj:"+hex.EncodeToString(sum[:12]), KindAdjustment, true, orig.ID
 	e.Seconds, e.AmountMicros, e.TerminatedAt = 0, amountMicros, at
+	e.Reason, e.Actor = a.Reason, a.Actor
 	// Egress bytes belong to the final entry alone: an adjustment moves
 	// money, and a copy would count the workspace's traffic twice.
 	e.EgressBytesOut, e.EgressBytesIn = 0, 0

@@ -55,7 +55,7 @@ func (e *env) account(id string, unit int64, postpaid bool) {
 	for _, s := range sandgate.StandardSizes {
 		prices[s.Name] = unit
 	}
-	if _, err := e.bill.CreateRateCard(ctx, card, prices, e.clock.Now()); err != nil {
+	if _, err := e.bill.CreateRateCard(ctx, card, "USD", prices, e.clock.Now()); err != nil {
 		e.t.Fatal(err)
 	}
 	if err := e.bill.SetSettings(ctx, billing.Settings{AccountID: id, RateCard: card, Currency: "USD", Postpaid: postpaid}); err != nil {
@@ -416,11 +416,11 @@ func TestAdjustUsageAppendsOnce(t *testing.T) {
 	e.clock.Advance(100 * time.Second)
 	e.release(w, sandgate.ReasonReleased)
 	for range 2 {
-		if _, _, err := e.bill.AdjustUsage(ctx, "acct_j", billing.FinalID(w.ID), "refund-1", -400, e.clock.Now()); err != nil {
+		if _, _, err := e.bill.AdjustUsage(ctx, "acct_j", billing.UsageAdjustment{Corrects: billing.FinalID(w.ID), Key: "refund-1", AmountMicros: -400, Reason: "test", At: e.clock.Now()}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := e.bill.AdjustUsage(ctx, "acct_j", "ws_nope:final", "x", -1, e.clock.Now()); !errors.Is(err, billing.ErrNoEntry) {
+	if _, _, err := e.bill.AdjustUsage(ctx, "acct_j", billing.UsageAdjustment{Corrects: "ws_nope:final", Key: "x", AmountMicros: -1, Reason: "test", At: e.clock.Now()}); !errors.Is(err, billing.ErrNoEntry) {
 		t.Fatalf("adjusting a missing entry: %v, want ErrNoEntry", err)
 	}
 	var kinds []string
@@ -455,7 +455,7 @@ func TestAdjustUsageKeyAndEgress(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	first, appended, err := e.bill.AdjustUsage(ctx, acct, billing.FinalID("ws_a"), "refund", -400, e.clock.Now())
+	first, appended, err := e.bill.AdjustUsage(ctx, acct, billing.UsageAdjustment{Corrects: billing.FinalID("ws_a"), Key: "refund", AmountMicros: -400, Reason: "test", At: e.clock.Now()})
 	if err != nil || !appended {
 		t.Fatalf("adjustment: appended %v, %v", appended, err)
 	}
@@ -463,7 +463,7 @@ func TestAdjustUsageKeyAndEgress(t *testing.T) {
 		t.Errorf("adjustment egress bytes = %d out, %d in; want 0, 0", first.EgressBytesOut, first.EgressBytesIn)
 	}
 	e.clock.Advance(time.Minute)
-	again, appended, err := e.bill.AdjustUsage(ctx, acct, billing.FinalID("ws_a"), "refund", -400, e.clock.Now())
+	again, appended, err := e.bill.AdjustUsage(ctx, acct, billing.UsageAdjustment{Corrects: billing.FinalID("ws_a"), Key: "refund", AmountMicros: -400, Reason: "test", At: e.clock.Now()})
 	if err != nil || appended || again != first {
 		t.Errorf("the same adjustment again = %+v, appended %v, %v; want the first, %+v, not appended", again, appended, err, first)
 	}
@@ -472,7 +472,7 @@ func TestAdjustUsageKeyAndEgress(t *testing.T) {
 		corrects string
 		amount   int64
 	}{{"another entry", billing.FinalID("ws_b"), -400}, {"another amount", billing.FinalID("ws_a"), -900}} {
-		if _, appended, err := e.bill.AdjustUsage(ctx, acct, tc.corrects, "refund", tc.amount, e.clock.Now()); !errors.Is(err, billing.ErrAdjustmentConflict) || appended {
+		if _, appended, err := e.bill.AdjustUsage(ctx, acct, billing.UsageAdjustment{Corrects: tc.corrects, Key: "refund", AmountMicros: tc.amount, Reason: "test", At: e.clock.Now()}); !errors.Is(err, billing.ErrAdjustmentConflict) || appended {
 			t.Errorf("the key reused for %s: appended %v, %v; want ErrAdjustmentConflict", tc.label, appended, err)
 		}
 	}

@@ -15,10 +15,11 @@ func (b *Billing) Checks() []admission.Check {
 	return []admission.Check{FundsCheck{b: b}, BudgetCheck{}}
 }
 
-// FundsCheck prices the workspace (Pre) and, for a prepaid account,
-// refuses insufficient_funds unless its available amount plus credit limit
-// covers the worst case; admitted, it holds the worst case in the same
-// script that takes the concurrency slot.
+// FundsCheck refuses an account whose billing was never configured
+// (neither set nor marked free), prices the workspace (Pre) and, for a
+// prepaid account, refuses insufficient_funds unless its available amount
+// plus credit limit covers the worst case; admitted, it holds the worst
+// case in the same script that takes the concurrency slot.
 type FundsCheck struct{ b *Billing }
 
 // Name implements admission.Check.
@@ -29,7 +30,15 @@ func (FundsCheck) Name() string { return "funds" }
 // workspace record the pipeline is about to write.
 func (c FundsCheck) Pre(ctx context.Context, r *admission.Request) error {
 	w := &r.Workspace
-	p, err := c.b.Price(ctx, w.AccountID, w.Size, w.CreatedAt, w.ExpiresAt)
+	pr, err := c.b.pricing(ctx, w.AccountID)
+	if err != nil {
+		return &protocol.Error{Code: protocol.AdmissionUnavailable,
+			Message: "the broker cannot price the workspace; retry shortly", RetryAfter: time.Second, Err: err}
+	}
+	if !pr.settings.Configured {
+		return NotConfigured(w.AccountID)
+	}
+	p, err := pr.price(w.Size, w.CreatedAt, w.ExpiresAt)
 	if err != nil {
 		return &protocol.Error{Code: protocol.AdmissionUnavailable,
 			Message: "the broker cannot price the workspace; retry shortly", RetryAfter: time.Second, Err: err}
@@ -38,11 +47,28 @@ func (c FundsCheck) Pre(ctx context.Context, r *admission.Request) error {
 	return nil
 }
 
+// ReasonNotConfigured is details.reason of the insufficient_funds refusal
+// of an account whose billing was never configured.
+const ReasonNotConfigured = "billing_not_configured"
+
+// NotConfigured is the refusal of an acquire for an account whose billing
+// an operator never configured. The spec's funds refusal (402
+// insufficient_funds, not retryable): the account has nothing that covers
+// a workspace, and only an operator can change that; a 4xx before any
+// side effect leaves the idempotency key unused, so the client's retry
+// works once billing is set.
+func NotConfigured(acct string) error {
+	return &protocol.Error{Code: protocol.InsufficientFunds, Reason: ReasonNotConfigured,
+		Message: "account " + acct + " has no billing settings: an operator must set them (sandgate admin billing set) " +
+			"or mark the account free (sandgate admin billing set --free)"}
+}
+
 // Lua implements admission.Check. KEYS[kb + 1] settings HASH, KEYS[kb + 2] funds HASH,
 // KEYS[kb + 3] holds HASH; ARGV[ab + 1] hold (micros), ARGV[ab + 2] workspace id.
 func (FundsCheck) Lua() (string, string) {
 	return `local st = redis.call('HMGET', KEYS[kb + 1], 'configured', 'postpaid', 'credit_limit')
-if st[1] == '1' and st[2] ~= '1' then
+if st[1] ~= '1' then return {'` + string(protocol.InsufficientFunds) + `', '` + ReasonNotConfigured + `'} end
+if st[2] ~= '1' then
   local f = redis.call('HMGET', KEYS[kb + 2], 'balance', 'holds')
   local avail = (tonumber(f[1]) or 0) - (tonumber(f[2]) or 0) + (tonumber(st[3]) or 0)
   if avail < tonumber(ARGV[ab + 1]) then return {'` + string(protocol.InsufficientFunds) + `', ''} end

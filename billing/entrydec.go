@@ -86,6 +86,10 @@ func parseField(s string, i int, key string, e *UsageEntry) (int, bool) {
 		str = &e.TerminationReason
 	case "corrects":
 		str = &e.Corrects
+	case "reason":
+		str = &e.Reason
+	case "actor":
+		str = &e.Actor
 	case "unit_price_micros":
 		num = &e.UnitPriceMicros
 	case "seconds":

@@ -22,7 +22,7 @@ func TestParseEntryAsJSON(t *testing.T) {
 			Agent: "coder", RunID: "r", Size: "small", Image: "python:3.12", Provider: "local", RateCard: "std",
 			RateCardVersion: 3, Currency: "USD", UnitPriceMicros: 97, Seconds: 3600, AmountMicros: math.MinInt64,
 			StartedAt: t0.Add(-time.Hour), EndedAt: t0, TerminatedAt: t0, TerminationReason: "released", Corrects: "x"},
-		{ID: "adj:1", Kind: KindAdjustment, Agent: "quote \" backslash \\ line\n <&> é \u2028", AmountMicros: math.MaxInt64},
+		{ID: "adj:1", Kind: KindAdjustment, Reason: "double charge", Actor: "ops:sgop_ab12", Agent: "quote \" backslash \\ line\n <&> é \u2028", AmountMicros: math.MaxInt64},
 	}
 	for _, want := range entries {
 		b, err := json.Marshal(want.normalized())
@@ -55,7 +55,7 @@ func TestRowEncodersAsExportRow(t *testing.T) {
 	}
 	odd = append(odd, "", " x", "\u00a0x", "\u2028", "\u2029", "\xff", "a\xc3", "é漢😀", `\.`, "x\r\ny")
 	for i, s := range odd {
-		e := UsageEntry{ID: s, Kind: s, Agent: s, RunID: s, Image: s, Corrects: s, Currency: "USD",
+		e := UsageEntry{ID: s, Kind: s, Agent: s, RunID: s, Image: s, Corrects: s, Reason: s, Actor: s, Currency: "USD",
 			AmountMicros: int64(i) * -12345, UnitPriceMicros: int64(i), TerminatedAt: time.UnixMilli(int64(i) * 1_000_003).UTC(),
 			EgressBytesOut: int64(i) * 1001, EgressBytesIn: int64(i) * 77}
 		row := NewExportRow(e)
@@ -75,7 +75,7 @@ func TestRowEncodersAsExportRow(t *testing.T) {
 			row.Agent, row.RunID, row.Size, row.Image, row.Provider, row.RateCard, strconv.Itoa(row.RateCardVersion), row.Currency,
 			row.UnitPrice, strconv.FormatInt(row.UnitPriceMicros, 10), strconv.FormatInt(row.Seconds, 10), row.Amount,
 			strconv.FormatInt(row.AmountMicros, 10), row.StartedAt, row.EndedAt, row.TerminatedAt, row.TerminationReason, row.Corrects,
-			strconv.FormatInt(row.EgressBytesOut, 10), strconv.FormatInt(row.EgressBytesIn, 10)})
+			strconv.FormatInt(row.EgressBytesOut, 10), strconv.FormatInt(row.EgressBytesIn, 10), row.Reason, row.Actor})
 		cw.Flush()
 		if got := appendCSVRow(nil, &e); !bytes.Equal(got, cb.Bytes()) {
 			t.Errorf("CSV row of %q:\n got %q\nwant %q", s, got, cb.Bytes())

@@ -51,7 +51,7 @@ var Columns = []string{
 	"size", "image", "provider", "rate_card", "rate_card_version", "currency",
 	"unit_price", "unit_price_micros", "seconds", "amount", "amount_micros",
 	"started_at", "ended_at", "terminated_at", "termination_reason", "corrects",
-	"egress_bytes_out", "egress_bytes_in",
+	"egress_bytes_out", "egress_bytes_in", "reason", "actor",
 }
 
 // ExportRow is one line of a usage export: a [UsageEntry] plus its two
@@ -85,6 +85,8 @@ type ExportRow struct {
 	Corrects          string `json:"corrects"`
 	EgressBytesOut    int64  `json:"egress_bytes_out"` // through the broker's egress proxy, on the final entry
 	EgressBytesIn     int64  `json:"egress_bytes_in"`
+	Reason            string `json:"reason"` // an adjustment's reason; "" on usage rows
+	Actor             string `json:"actor"`  // the operator who made the adjustment (name:prefix); "" on usage rows
 }
 
 // NewExportRow renders e as an export row.
@@ -97,7 +99,7 @@ func NewExportRow(e UsageEntry) ExportRow {
 		Amount: FormatMinor(e.AmountMicros, e.Currency), AmountMicros: e.AmountMicros,
 		StartedAt: exportTime(e.StartedAt), EndedAt: exportTime(e.EndedAt), TerminatedAt: exportTime(e.TerminatedAt),
 		TerminationReason: e.TerminationReason, Corrects: e.Corrects,
-		EgressBytesOut: e.EgressBytesOut, EgressBytesIn: e.EgressBytesIn,
+		EgressBytesOut: e.EgressBytesOut, EgressBytesIn: e.EgressBytesIn, Reason: e.Reason, Actor: e.Actor,
 	}
 }
 

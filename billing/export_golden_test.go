@@ -60,6 +60,7 @@ func goldenEntries() []billing.UsageEntry {
 	add("ws_min:final", func(e *billing.UsageEntry) {
 		e.Kind, e.Final, e.Corrects, e.AmountMicros, e.Seconds = billing.KindAdjustment, false, "ws_max:final", math.MinInt64, 0
 		e.UnitPriceMicros, e.RateCard, e.RateCardVersion, e.Size = -7, "", 0, ""
+		e.Reason, e.Actor = `double charge, see "INC-7"`, "alice:sgop_ab12"
 	})
 	add("ws_interim:final", func(e *billing.UsageEntry) {
 		e.ID, e.Final = "ws_interim:1791000000", false

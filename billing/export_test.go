@@ -163,7 +163,7 @@ func TestExportCSVParsesBackAndReconciles(t *testing.T) {
 	wantFirst := []string{"ws_acct_a_000:final", "usage", "true", "acct_a", "inst_acct_a_0", "ws_acct_a_000", "",
 		"3f1e2d4c-0000-4000-8000-000000000000", "small", "python:3.12", "local", "standard", "2", "USD",
 		"0.000097", "97", "1", "0.00", "97", "2026-09-30T23:59:59.123Z", "2026-10-01T00:00:00.123Z",
-		"2026-10-01T00:00:00.123Z", "released", "", "0", "0"}
+		"2026-10-01T00:00:00.123Z", "released", "", "0", "0", "", ""}
 	if !slices.Equal(first, wantFirst) {
 		t.Errorf("first row = %q\nwant %q", first, wantFirst)
 	}

@@ -60,6 +60,11 @@ type UsageEntry struct {
 	// the proxy never saw (a vendor's own egress).
 	EgressBytesOut int64 `json:"egress_bytes_out"`
 	EgressBytesIn  int64 `json:"egress_bytes_in"`
+	// Reason and Actor are, on an adjustment, why the operator made it
+	// and who did (the audit log's actor, name:prefix); "" on usage
+	// entries.
+	Reason string `json:"reason,omitempty"`
+	Actor  string `json:"actor,omitempty"`
 }
 
 // FinalID is the ledger entry id of a workspace's final usage.

@@ -16,12 +16,19 @@ import (
 )
 
 // RateCard is one version of a named price list: micro-units per second
-// for every standard size. Creating a card under an existing name adds a
-// version; an account follows its card's newest version, and a workspace
-// keeps the version it was admitted at.
+// of its currency for every standard size. Creating a card under an
+// existing name adds a version; an account follows its card's newest
+// version, and a workspace keeps the version it was admitted at.
+//
+// The currency belongs to the card (every version has it) and an account
+// may use the card only when its billing is in that currency. A card
+// created before cards had currencies has none ("") until an operator
+// sets it once ([Billing.SetRateCardCurrency]): accounts already on it
+// keep their prices, but no account can be put on it meanwhile.
 type RateCard struct {
 	Name      string           `json:"name"`
 	Version   int              `json:"version"`
+	Currency  string           `json:"currency"`      // ISO 4217; "" for a card created before cards had one
 	Prices    map[string]int64 `json:"prices_micros"` // size → micro-units per second
 	CreatedAt time.Time        `json:"created_at"`
 }
@@ -31,11 +38,32 @@ var cardName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 // ErrNoRateCard is returned for a rate card name that was never created.
 var ErrNoRateCard = errors.New("billing: no such rate card")
 
-// CreateRateCard stores prices as the next version of the card name. Every
-// standard size needs a price (0 is a price).
-func (b *Billing) CreateRateCard(ctx context.Context, name string, prices map[string]int64, now time.Time) (RateCard, error) {
+// ErrCardCurrency is returned when a rate card's currency forbids the
+// change: a new version in another currency than the card's, a currency
+// set on a card that has one, or an account put on a card of another
+// currency or of none. Its text names the currencies and what to do.
+var ErrCardCurrency = errors.New("billing: rate card currency")
+
+// cardCurrencyError wraps ErrCardCurrency with a message an operator can act on.
+type cardCurrencyError struct{ msg string }
+
+func (e *cardCurrencyError) Error() string        { return e.msg }
+func (e *cardCurrencyError) Is(target error) bool { return target == ErrCardCurrency }
+
+// CreateRateCard stores prices, in micro-units of currency, as the next
+// version of the card name. Every standard size needs a price (0 is a
+// price). A card keeps one currency: a version in another is refused
+// (ErrCardCurrency), as is a new version of a card created without one
+// until its currency is set.
+func (b *Billing) CreateRateCard(ctx context.Context, name, currency string, prices map[string]int64, now time.Time) (RateCard, error) {
 	if !cardName.MatchString(name) {
 		return RateCard{}, fmt.Errorf("rate card name %q: want lower-case letters, digits, - and _", name)
+	}
+	if currency == "" {
+		return RateCard{}, fmt.Errorf("rate card %s: a currency is required (an ISO 4217 code such as USD): its prices are in it", name)
+	}
+	if !ValidCurrency(currency) || currency == NoCurrency {
+		return RateCard{}, fmt.Errorf("rate card %s: currency %q: want an ISO 4217 code such as USD", name, currency)
 	}
 	for _, s := range sandgate.StandardSizes {
 		p, ok := prices[s.Name]
@@ -48,16 +76,29 @@ func (b *Billing) CreateRateCard(ctx context.Context, name string, prices map[st
 			return RateCard{}, fmt.Errorf("rate card: unknown size %q", size)
 		}
 	}
-	c := RateCard{Name: name, Prices: prices, CreatedAt: now.UTC().Truncate(time.Millisecond)}
+	c := RateCard{Name: name, Currency: currency, Prices: prices, CreatedAt: now.UTC().Truncate(time.Millisecond)}
 	body, _ := json.Marshal(c)
-	v, err := createCardScript.Run(ctx, b.rdb, []string{rateCardKey(name)}, string(body), sandgate.NewID("")).Int()
+	res, err := createCardScript.Run(ctx, b.rdb, []string{rateCardKey(name)}, string(body), sandgate.NewID(""), currency).Slice()
 	if err != nil {
 		return RateCard{}, fmt.Errorf("create rate card: %w", err)
+	}
+	if len(res) != 2 {
+		return RateCard{}, fmt.Errorf("create rate card: unexpected script result %v", res)
+	}
+	v, _ := res[0].(int64)
+	switch had, _ := res[1].(string); {
+	case v > 0:
+	case had == "":
+		return RateCard{}, &cardCurrencyError{fmt.Sprintf("rate card %s has versions without a currency: set it first "+
+			"(sandgate admin rate-card set-currency %s --currency %s), then add the version", name, name, currency)}
+	default:
+		return RateCard{}, &cardCurrencyError{fmt.Sprintf("rate card %s is in %s, not %s: a card keeps one currency; "+
+			"create a card under another name for %s", name, had, currency, currency)}
 	}
 	if err := b.rdb.SAdd(ctx, rateCardsKey(), name).Err(); err != nil {
 		return RateCard{}, fmt.Errorf("create rate card: list it: %w", err)
 	}
-	c.Version = v
+	c.Version = int(v)
 	// Accounts on this card follow its newest version: every gateway's
 	// price cache drops the old one before this call returns.
 	if err := b.db.Invalidate(ctx); err != nil {
@@ -69,18 +110,63 @@ func (b *Billing) CreateRateCard(ctx context.Context, name string, prices map[st
 // createCardScript adds a version to a rate card. Each create names
 // itself with a random id, kept beside the newest version: the same id
 // again is this create sent again (a reply lost, go-redis's resend), and
-// it answers the version it made rather than adding a copy.
+// it answers the version it made rather than adding a copy. The card's
+// currency is its field "currency", set by its first version: a version
+// in another currency, or a version of a card whose versions have none,
+// adds nothing.
 //
 // KEYS[1] rate card HASH
-// ARGV[1] the card's JSON, ARGV[2] the create's id
-// Returns the new version.
+// ARGV[1] the card's JSON, ARGV[2] the create's id, ARGV[3] its currency
+// Returns {new version, ""}, or {0, the card's currency} when refused.
 var createCardScript = redis.NewScript(`
 if redis.call('HGET', KEYS[1], 'latest_create') == ARGV[2] then
-  return tonumber(redis.call('HGET', KEYS[1], 'latest'))
+  return {tonumber(redis.call('HGET', KEYS[1], 'latest')), ''}
 end
+local cur = redis.call('HGET', KEYS[1], 'currency')
+local latest = redis.call('HGET', KEYS[1], 'latest')
+if (cur and cur ~= ARGV[3]) or (not cur and latest) then return {0, cur or ''} end
 local v = redis.call('HINCRBY', KEYS[1], 'latest', 1)
-redis.call('HSET', KEYS[1], tostring(v), ARGV[1], 'latest_create', ARGV[2])
-return v
+redis.call('HSET', KEYS[1], tostring(v), ARGV[1], 'latest_create', ARGV[2], 'currency', ARGV[3])
+return {v, ''}
+`)
+
+// SetRateCardCurrency is the one-time migration of a card created before
+// cards had currencies: it states the currency its prices were written
+// in, for every version. Accounts already on the card keep its prices;
+// afterwards accounts of that currency may be put on it. Returns
+// ErrNoRateCard, and ErrCardCurrency when the card has a currency already.
+func (b *Billing) SetRateCardCurrency(ctx context.Context, name, currency string) (RateCard, error) {
+	if !ValidCurrency(currency) || currency == NoCurrency {
+		return RateCard{}, fmt.Errorf("currency %q: want an ISO 4217 code such as USD", currency)
+	}
+	had, err := setCardCurrencyScript.Run(ctx, b.rdb, []string{rateCardKey(name)}, currency).Text()
+	if err != nil {
+		return RateCard{}, fmt.Errorf("set rate card currency: %w", err)
+	}
+	switch had {
+	case "":
+	case "-":
+		return RateCard{}, ErrNoRateCard
+	default:
+		return RateCard{}, &cardCurrencyError{fmt.Sprintf("rate card %s is already in %s: a card's currency is set once", name, had)}
+	}
+	if err := b.db.Invalidate(ctx); err != nil {
+		return RateCard{}, fmt.Errorf("set rate card currency: announce: %w", err)
+	}
+	return b.RateCard(ctx, name, 0)
+}
+
+// setCardCurrencyScript sets the currency of a card that has none.
+//
+// KEYS[1] rate card HASH
+// ARGV[1] the currency
+// Returns "" set now, "-" no such card, or the card's currency (unchanged).
+var setCardCurrencyScript = redis.NewScript(`
+if not redis.call('HGET', KEYS[1], 'latest') then return '-' end
+local cur = redis.call('HGET', KEYS[1], 'currency')
+if cur then return cur end
+redis.call('HSET', KEYS[1], 'currency', ARGV[1])
+return ''
 `)
 
 // RateCard returns a version of a card; version 0 means the newest.
@@ -97,18 +183,21 @@ func (b *Billing) RateCard(ctx context.Context, name string, version int) (RateC
 		}
 		version = v
 	}
-	raw, err := b.rdb.HGet(ctx, key, strconv.Itoa(version)).Bytes()
-	if errors.Is(err, redis.Nil) {
-		return RateCard{}, ErrNoRateCard
-	}
+	vals, err := b.rdb.HMGet(ctx, key, strconv.Itoa(version), "currency").Result()
 	if err != nil {
 		return RateCard{}, err
 	}
+	raw, ok := vals[0].(string)
+	if !ok {
+		return RateCard{}, ErrNoRateCard
+	}
 	var c RateCard
-	if err := json.Unmarshal(raw, &c); err != nil {
+	if err := json.Unmarshal([]byte(raw), &c); err != nil {
 		return RateCard{}, err
 	}
-	c.Name, c.Version = name, version
+	// The card's currency, not the version's: set once for every version.
+	cur, _ := vals[1].(string)
+	c.Name, c.Version, c.Currency = name, version, cur
 	return c, nil
 }
 
@@ -132,11 +221,13 @@ func (b *Billing) RateCards(ctx context.Context) ([]RateCard, error) {
 
 // Settings are an account's billing settings.
 //
-// An account an operator never configured (Configured false) is postpaid
-// with no rate card: its workspaces cost 0 in currency XXX, are not held
-// against funds, and still get usage entries; budgets still apply. Setting
-// billing on an account makes it prepaid unless Postpaid is set: it then
-// needs funds (balance 0 at first) before it can acquire.
+// An account an operator never configured (Configured false) cannot
+// acquire: [FundsCheck] refuses it, so no account runs free by accident.
+// An operator marks an account free on purpose (Free): postpaid with no
+// rate card, its workspaces cost 0 in currency XXX, are not held against
+// funds, and still get usage entries; budgets still apply. Setting billing
+// on an account makes it prepaid unless Postpaid is set: it then needs
+// funds (balance 0 at first) before it can acquire.
 type Settings struct {
 	AccountID         string `json:"account_id"`
 	Configured        bool   `json:"configured"`
@@ -144,10 +235,20 @@ type Settings struct {
 	Currency          string `json:"currency"`
 	CreditLimitMicros int64  `json:"credit_limit_micros"` // how far below 0 available may go; at least 0
 	Postpaid          bool   `json:"postpaid"`            // no funds check; budgets still apply
+	Free              bool   `json:"free"`                // marked free on purpose: no rate card, XXX, postpaid
 }
 
-// SetSettings configures an account's billing. The rate card must exist.
+// SetSettings configures an account's billing. The rate card must exist
+// and be in the account's currency (ErrCardCurrency otherwise). A free
+// account (Free) takes no rate card, currency or credit limit: it is
+// stored postpaid in XXX.
 func (b *Billing) SetSettings(ctx context.Context, s Settings) error {
+	if s.Free {
+		if s.RateCard != "" || (s.Currency != "" && s.Currency != NoCurrency) || s.CreditLimitMicros != 0 {
+			return fmt.Errorf("a free account has no rate card, currency or credit limit: its workspaces cost 0 (currency %s)", NoCurrency)
+		}
+		s.Currency, s.Postpaid = NoCurrency, true
+	}
 	if !ValidCurrency(s.Currency) {
 		return fmt.Errorf("currency %q: want an ISO 4217 code such as USD", s.Currency)
 	}
@@ -155,12 +256,22 @@ func (b *Billing) SetSettings(ctx context.Context, s Settings) error {
 		return fmt.Errorf("credit limit: at least 0")
 	}
 	if s.RateCard != "" {
-		if _, err := b.RateCard(ctx, s.RateCard, 0); err != nil {
+		c, err := b.RateCard(ctx, s.RateCard, 0)
+		if err != nil {
 			return err
+		}
+		switch {
+		case c.Currency == "":
+			return &cardCurrencyError{fmt.Sprintf("rate card %s has no currency (it was created before cards had one): "+
+				"an operator must state the currency its prices are in (sandgate admin rate-card set-currency %s --currency CODE) "+
+				"before an account is put on it", c.Name, c.Name)}
+		case c.Currency != s.Currency:
+			return &cardCurrencyError{fmt.Sprintf("rate card %s is priced in %s but the account's billing currency is %s: "+
+				"use a rate card in %s", c.Name, c.Currency, s.Currency, s.Currency)}
 		}
 	}
 	if err := b.rdb.HSet(ctx, settingsKey(s.AccountID), "configured", "1", "rate_card", s.RateCard,
-		"currency", s.Currency, "credit_limit", s.CreditLimitMicros, "postpaid", boolField(s.Postpaid)).Err(); err != nil {
+		"currency", s.Currency, "credit_limit", s.CreditLimitMicros, "postpaid", boolField(s.Postpaid), "free", boolField(s.Free)).Err(); err != nil {
 		return err
 	}
 	// Every gateway's price cache drops the account's old settings before
@@ -176,7 +287,8 @@ func boolField(v bool) string {
 }
 
 // Settings returns an account's billing settings; an account never
-// configured reads as Configured false, postpaid, currency XXX.
+// configured reads as Configured false, postpaid, currency XXX (and cannot
+// acquire).
 func (b *Billing) Settings(ctx context.Context, acct string) (Settings, error) {
 	m, err := b.rdb.HGetAll(ctx, settingsKey(acct)).Result()
 	if err != nil {
@@ -187,7 +299,7 @@ func (b *Billing) Settings(ctx context.Context, acct string) (Settings, error) {
 	}
 	cl, _ := strconv.ParseInt(m["credit_limit"], 10, 64)
 	return Settings{AccountID: acct, Configured: true, RateCard: m["rate_card"], Currency: m["currency"],
-		CreditLimitMicros: cl, Postpaid: m["postpaid"] == "1"}, nil
+		CreditLimitMicros: cl, Postpaid: m["postpaid"] == "1", Free: m["free"] == "1"}, nil
 }
 
 // Price returns the price a workspace of size admitted now for acct gets,
@@ -200,6 +312,13 @@ func (b *Billing) Price(ctx context.Context, acct, size string, created, expires
 	if err != nil {
 		return sandgate.Price{}, err
 	}
+	return pr.price(size, created, expires)
+}
+
+// price is the price of a workspace of size living from created to
+// expires under pr.
+func (pr pricing) price(size string, created, expires time.Time) (sandgate.Price, error) {
+	var err error
 	p := sandgate.Price{Currency: pr.settings.Currency}
 	if pr.card == nil {
 		return p, nil

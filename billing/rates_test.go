@@ -39,7 +39,7 @@ func TestCreateRateCardSentTwice(t *testing.T) {
 	}
 	create := func(label string, p map[string]int64) int {
 		t.Helper()
-		c, err := bill.CreateRateCard(ctx, "twice", p, now)
+		c, err := bill.CreateRateCard(ctx, "twice", "USD", p, now)
 		if err != nil {
 			t.Fatalf("%s: %v", label, err)
 		}

@@ -19,6 +19,10 @@ import (
 type Report struct {
 	AccountID string  `json:"account_id"`
 	Stored    Balance `json:"stored"`
+	// Billing is the account's billing state (StateConfigured, StateFree
+	// or StateNotConfigured), so finance sees every account that costs
+	// nothing and every one that cannot acquire.
+	Billing string `json:"billing"`
 	// Expected counters, recomputed: credits and debits from the funds
 	// ledger, settled from the usage ledger, holds from the open holds.
 	ExpectedCredits int64 `json:"expected_credits_micros"`
@@ -41,6 +45,11 @@ func (b *Billing) Reconcile(ctx context.Context, acct string) (Report, error) {
 	if r.Stored, err = b.Balance(ctx, acct); err != nil {
 		return r, err
 	}
+	st, err := b.Settings(ctx, acct)
+	if err != nil {
+		return r, err
+	}
+	r.Billing = st.State()
 	err = b.fundsEntries(ctx, acct, func(_ string, e FundsEntry) error {
 		if e.Kind == KindCredit {
 			r.ExpectedCredits += e.AmountMicros

@@ -41,6 +41,8 @@ func appendCSVRow(b []byte, e *UsageEntry) []byte {
 	b = appendCSVField(append(b, ','), e.Corrects)
 	b = strconv.AppendInt(append(b, ','), e.EgressBytesOut, 10)
 	b = strconv.AppendInt(append(b, ','), e.EgressBytesIn, 10)
+	b = appendCSVField(append(b, ','), e.Reason)
+	b = appendCSVField(append(b, ','), e.Actor)
 	return append(b, '\r', '\n')
 }
 
@@ -112,6 +114,8 @@ func appendJSONRow(b []byte, e *UsageEntry) []byte {
 	b = appendJSONString(append(b, `,"corrects":`...), e.Corrects)
 	b = strconv.AppendInt(append(b, `,"egress_bytes_out":`...), e.EgressBytesOut, 10)
 	b = strconv.AppendInt(append(b, `,"egress_bytes_in":`...), e.EgressBytesIn, 10)
+	b = appendJSONString(append(b, `,"reason":`...), e.Reason)
+	b = appendJSONString(append(b, `,"actor":`...), e.Actor)
 	return append(b, '}', '\n')
 }
 

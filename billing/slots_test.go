@@ -34,6 +34,7 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 			{Var: "claimScript", Keys: [][]string{{webhookDueKey(), webhookDeliveriesKey()}}},
 			{Var: "finishScript", Keys: [][]string{{webhookDueKey(), webhookDeliveriesKey(), webhookDoneKey("ev_1"), webhookDeadKey()}}},
 			{Var: "createCardScript", Keys: [][]string{{rateCardKey("std")}}},
+			{Var: "setCardCurrencyScript", Keys: [][]string{{rateCardKey("std")}}},
 			{Var: "dequeueAlertsScript", Keys: [][]string{{alertsKey(a)}}},
 		})
 		r := &admission.Request{Workspace: w, Keys: store.AdmissionKeys(a, w.InstanceID, w.ID, "3a7b"), KeyHash: "3a7b", Now: now}

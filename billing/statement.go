@@ -73,6 +73,8 @@ type AdjustmentLine struct {
 	TerminatedAt string `json:"terminated_at"`
 	AmountMicros int64  `json:"amount_micros"`
 	Amount       string `json:"amount"`
+	Reason       string `json:"reason"` // why the operator made it
+	Actor        string `json:"actor"`  // who made it (the audit log's actor)
 }
 
 // Statement is an account's monthly statement: what a reseller turns into
@@ -217,7 +219,7 @@ func BuildStatement(ctx context.Context, sc Scanner, fr FundsReader, acct string
 		}
 		if e.Kind == KindAdjustment {
 			st.Adjustments = append(st.Adjustments, AdjustmentLine{ID: e.ID, Corrects: e.Corrects,
-				TerminatedAt: exportTime(e.TerminatedAt), AmountMicros: e.AmountMicros})
+				TerminatedAt: exportTime(e.TerminatedAt), AmountMicros: e.AmountMicros, Reason: e.Reason, Actor: e.Actor})
 			st.AdjustMicros += e.AmountMicros
 			return nil
 		}

@@ -52,7 +52,8 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, `{"time":"2026-12-01T00:%02d:%02dZ","actor":"a","action":"act.%d","target":"broker","outcome":{"status":200}}`+"\n", i/60, i%60, i)
 		}
 	case "GET /admin/v1/accounts":
-		w.Write([]byte(`[]`))
+		w.Write([]byte(`[{"id":"acct_paid","name":"paid","billing":"configured"},{"id":"acct_gift","name":"gift","billing":"free"},` +
+			`{"id":"acct_forgot","name":"forgot","billing":"not_configured"}]`))
 	case "GET /admin/v1/status":
 		if role == adminapi.RoleFinance {
 			refuse(403, "forbidden")
@@ -191,6 +192,23 @@ func TestChangesNeedCSRFAndConfirmation(t *testing.T) {
 		if !strings.HasPrefix(p, "127.0.0.1:") {
 			t.Errorf("API request from %q; want the browser's peer address", p)
 		}
+	}
+}
+
+// The overview lists the accounts marked free and those whose billing was
+// never configured (the finance view; operators see the same section).
+func TestOverviewListsFreeAndUnconfiguredAccounts(t *testing.T) {
+	srv, _ := newConsole(t)
+	resp, page := send(t, srv, http.MethodGet, "/console/", financeTok, nil, nil)
+	table := func(id string) string {
+		_, rest, _ := strings.Cut(page, `id="`+id+`"`)
+		tbl, _, _ := strings.Cut(rest, "</table>")
+		return tbl
+	}
+	free, none := table("free-accounts"), table("unconfigured-accounts")
+	if resp.StatusCode != 200 || !strings.Contains(free, "acct_gift") || strings.Contains(free, "acct_paid") ||
+		!strings.Contains(none, "acct_forgot") || strings.Contains(none, "acct_gift") {
+		t.Errorf("overview = %d; want acct_gift under free and acct_forgot under unconfigured:\n%s", resp.StatusCode, page)
 	}
 }
 

@@ -243,9 +243,12 @@ type overviewData struct {
 	ByAccount  []count
 	Status     *adminapi.Status
 	Accounts   int
-	Refusals   []refusalRow
-	Since      string // the start of the refusals' window
-	Counted    bool   // whether refusals could be counted
+	// Free are the accounts marked free on purpose, Unconfigured those
+	// whose billing was never set (their acquires are refused).
+	Free, Unconfigured []adminapi.Account
+	Refusals           []refusalRow
+	Since              string // the start of the refusals' window
+	Counted            bool   // whether refusals could be counted
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
@@ -274,6 +277,14 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	d.Accounts = len(as)
+	for _, a := range as {
+		switch a.Billing {
+		case "free":
+			d.Free = append(d.Free, a)
+		case "not_configured":
+			d.Unconfigured = append(d.Unconfigured, a)
+		}
+	}
 	c.renderView(w, s, http.StatusOK, "overview", view{Title: "overview", Refresh: 10, Data: d})
 }
 

@@ -57,7 +57,7 @@ func newOperator(t testing.TB, h *sgtest.Harness) *operator {
 func (o *operator) billing(t testing.TB, acct, price string, postpaid bool) {
 	t.Helper()
 	card := "card-" + strings.ToLower(acct)
-	o.do(t, http.MethodPost, "/rate-cards", adminapi.RateCardRequest{Name: card,
+	o.do(t, http.MethodPost, "/rate-cards", adminapi.RateCardRequest{Name: card, Currency: "USD",
 		Prices: map[string]string{"small": price, "standard": price, "large": price, "xlarge": price}}, nil)
 	o.do(t, http.MethodPut, "/accounts/"+acct+"/billing", adminapi.BillingSettings{RateCard: card, Currency: "USD", Postpaid: postpaid}, nil)
 }

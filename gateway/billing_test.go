@@ -47,7 +47,7 @@ func TestBillingHoldSettleAndAbort(t *testing.T) {
 		t.Fatalf("with a workspace running: holds %d; want its worst case", b.HoldsMicros)
 	}
 	// A price change reaches only later workspaces.
-	op.do(t, http.MethodPost, "/rate-cards", adminapi.RateCardRequest{Name: "card-" + lower(acct),
+	op.do(t, http.MethodPost, "/rate-cards", adminapi.RateCardRequest{Name: "card-" + lower(acct), Currency: "USD",
 		Prices: map[string]string{"small": "1.00", "standard": "1.00", "large": "1.00", "xlarge": "1.00"}}, nil)
 	h.Clock.Advance(90*time.Second + time.Millisecond)
 	release(t, h, in.Token, ws.WorkspaceID)

@@ -213,6 +213,9 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 	wired := sgtest.Broker(tb, sgtest.Config(tb), bo)
 	gw := wired.Gateway()
 	e.bill = wired.Billing()
+	if err := e.bill.SetSettings(ctx, billing.Settings{AccountID: acct, Free: true}); err != nil { // unconfigured accounts cannot acquire
+		tb.Fatalf("SetSettings: %v", err)
+	}
 	e.srv = httptest.NewTLSServer(gw.Handler())
 	tb.Cleanup(e.srv.Close)
 	e.client = e.srv.Client() // keep-alive; trusts the test certificate
@@ -498,7 +501,7 @@ func TestRoundTripsPriceCache(t *testing.T) {
 		for _, sz := range sandgate.StandardSizes {
 			prices[sz.Name] = unit
 		}
-		if _, err := e.bill.CreateRateCard(ctx, "rt", prices, time.Now().UTC()); err != nil {
+		if _, err := e.bill.CreateRateCard(ctx, "rt", "EUR", prices, time.Now().UTC()); err != nil {
 			t.Fatalf("CreateRateCard: %v", err)
 		}
 	}
@@ -546,7 +549,7 @@ func TestAcquireFlushesQueuedAlerts(t *testing.T) {
 	for _, sz := range sandgate.StandardSizes {
 		prices[sz.Name] = 1000
 	}
-	if _, err := e.bill.CreateRateCard(ctx, "alerts", prices, time.Now().UTC()); err != nil {
+	if _, err := e.bill.CreateRateCard(ctx, "alerts", "USD", prices, time.Now().UTC()); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.bill.SetSettings(ctx, billing.Settings{AccountID: e.inst.AccountID, RateCard: "alerts", Currency: "USD", Postpaid: true}); err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/broker"
@@ -68,6 +69,9 @@ func snapStart(t *testing.T, p providers.Provider, edit func(*sandgate.Limits)) 
 	ctx := context.Background()
 	e.acct = sandgate.NewID(sandgate.PrefixAccount)
 	if err := db.CreateAccount(ctx, sandgate.Account{ID: e.acct, Name: "t", CreatedAt: clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Billing().SetSettings(ctx, billing.Settings{AccountID: e.acct, Free: true}); err != nil { // unconfigured accounts cannot acquire
 		t.Fatal(err)
 	}
 	lim := sandgate.Limits{MaxConcurrentWorkspaces: 1000}

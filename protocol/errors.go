@@ -46,6 +46,10 @@ const (
 	// Forbidden is not a v1 client code: the operator API uses it for a
 	// token whose role does not allow the action.
 	Forbidden Code = "forbidden"
+	// Conflict is not a v1 client code: the operator API uses it for a
+	// change the present state forbids (an account name taken, a rate
+	// card's currency already set).
+	Conflict Code = "conflict"
 )
 
 var statuses = map[Code]int{
@@ -59,6 +63,7 @@ var statuses = map[Code]int{
 	Paused:                http.StatusForbidden,
 	EmergencyStopped:      http.StatusForbidden,
 	Forbidden:             http.StatusForbidden,
+	Conflict:              http.StatusConflict,
 	NotFound:              http.StatusNotFound,
 	FileNotFound:          http.StatusNotFound,
 	IdempotencyConflict:   http.StatusConflict,

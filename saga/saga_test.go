@@ -56,7 +56,7 @@ func newEnv(t *testing.T) *env {
 	if err := db.CreateAccount(ctx, sandgate.Account{ID: e.acct, Name: "saga", CreatedAt: e.clock.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.bill.CreateRateCard(ctx, "rc-"+e.acct, map[string]int64{"small": 10, "standard": 20, "large": 40, "xlarge": 80}, e.clock.Now()); err != nil {
+	if _, err := e.bill.CreateRateCard(ctx, "rc-"+e.acct, "USD", map[string]int64{"small": 10, "standard": 20, "large": 40, "xlarge": 80}, e.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.bill.SetSettings(ctx, billing.Settings{AccountID: e.acct, RateCard: "rc-" + e.acct, Currency: "USD"}); err != nil {

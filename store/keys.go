@@ -10,6 +10,11 @@ const prefix = "sg:"
 // accountsKey is the SET of every account id. Example: sg:accounts
 func accountsKey() string { return prefix + "accounts" }
 
+// accountNamesKey is the HASH of claimed account names: the name,
+// trimmed and lower-cased, → the id of the account that has it.
+// Example: sg:account_names
+func accountNamesKey() string { return prefix + "account_names" }
+
 // accountKey is an account's JSON record. Example: sg:{acct_x}:account
 func accountKey(acct string) string { return prefix + "{" + acct + "}:account" }
 

@@ -48,6 +48,8 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 			{Var: "execStartScript", Keys: [][]string{{workspaceKey(acct, ws), busyKey(acct, ws)}}},
 			{Var: "leaderScript", Keys: [][]string{{reaperLeaderKey(), reaperFenceKey()}}},
 			{Var: "releaseLeaderScript", Keys: [][]string{{reaperLeaderKey()}}},
+			{Var: "claimNameScript", Keys: [][]string{{accountNamesKey()}}},
+			{Var: "releaseNameScript", Keys: [][]string{{accountNamesKey()}}},
 		})
 		// The admission script's keys (composed by admission/ from these
 		// builders) are checked in admission's own slot test.

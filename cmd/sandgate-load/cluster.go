@@ -479,7 +479,7 @@ func setupTenants(ctx context.Context, db *store.DB, bill *billing.Billing, o cl
 	}
 	now := time.Now().UTC()
 	card := "load"
-	if _, err := bill.CreateRateCard(ctx, card, map[string]int64{"small": 10, "standard": 20, "large": 40, "xlarge": 80}, now); err != nil {
+	if _, err := bill.CreateRateCard(ctx, card, "USD", map[string]int64{"small": 10, "standard": 20, "large": 40, "xlarge": 80}, now); err != nil {
 		return nil, 0, fmt.Errorf("rate card: %w", err)
 	}
 	const funds = 1_000_000_000 // 1000.00 in micro-units

@@ -59,7 +59,7 @@ func TestBillingPropertyGatewayKill(t *testing.T) {
 	tok := issueToken(t, admin, inst)
 
 	cli := func(args ...string) string { return runCLI(t, gws[rng.IntN(len(gws))].AdminEnv(), args...) }
-	cli("admin", "rate-card", "create", "--name", "prop", "--small", "0.001000", "--standard", "0.002000",
+	cli("admin", "rate-card", "create", "--name", "prop", "--currency", "USD", "--small", "0.001000", "--standard", "0.002000",
 		"--large", "0.004000", "--xlarge", "0.008000")
 	cli("admin", "billing", "set", "--account", acct, "--rate-card", "prop", "--currency", "USD")
 

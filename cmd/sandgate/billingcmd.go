@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -20,13 +21,13 @@ import (
 
 func rateCardCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "rate-card", Short: "Create and list rate cards (prices per second per size)"}
-	var name string
+	var name, currency string
 	prices := map[string]*string{}
 	create := &cobra.Command{
-		Use:   "create --name N --small P --standard P --large P --xlarge P",
+		Use:   "create --name N --currency USD --small P --standard P --large P --xlarge P",
 		Short: "Create a rate card, or a new version of it; accounts on it price new workspaces at the new version",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			req := adminapi.RateCardRequest{Name: name, Prices: map[string]string{}}
+			req := adminapi.RateCardRequest{Name: name, Currency: currency, Prices: map[string]string{}}
 			for size, p := range prices {
 				req.Prices[size] = *p
 			}
@@ -35,6 +36,8 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 	}
 	create.Flags().StringVar(&name, "name", "", "rate card name (required)")
 	_ = create.MarkFlagRequired("name")
+	create.Flags().StringVar(&currency, "currency", "", "ISO 4217 currency its prices are in, e.g. USD (required; a card keeps one currency)")
+	_ = create.MarkFlagRequired("currency")
 	for _, s := range sandgate.StandardSizes {
 		p := new(string)
 		prices[s.Name] = p
@@ -48,13 +51,13 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodGet, "/rate-cards", nil, &out); err != nil {
 				return err
 			}
-			header := []string{"NAME", "VERSION"}
+			header := []string{"NAME", "VERSION", "CURRENCY"}
 			for _, s := range sandgate.StandardSizes {
 				header = append(header, strings.ToUpper(s.Name)+"/S")
 			}
 			var rows [][]string
 			for _, rc := range out {
-				row := []string{rc.Name, fmt.Sprint(rc.Version)}
+				row := []string{rc.Name, fmt.Sprint(rc.Version), cardCurrency(rc)}
 				for _, s := range sandgate.StandardSizes {
 					row = append(row, rc.Prices[s.Name])
 				}
@@ -63,13 +66,34 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 			return f.print(cmd.OutOrStdout(), out, table(header, rows))
 		},
 	}
-	cmd.AddCommand(create, list)
+	var setCur string
+	setCurrency := &cobra.Command{
+		Use:   "set-currency NAME --currency USD",
+		Short: "State the currency of a rate card created before cards had one (once); accounts can then be put on it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(cmd, f, http.MethodPut, "/rate-cards/"+url.PathEscape(args[0])+"/currency",
+				adminapi.RateCardCurrencyRequest{Currency: setCur}, rateCardLine)
+		},
+	}
+	setCurrency.Flags().StringVar(&setCur, "currency", "", "ISO 4217 currency the card's prices were written in (required)")
+	_ = setCurrency.MarkFlagRequired("currency")
+	cmd.AddCommand(create, list, setCurrency)
 	return cmd
+}
+
+// cardCurrency is a card's currency as lists show it; a card created
+// before cards had one says what to do.
+func cardCurrency(rc adminapi.RateCard) string {
+	if rc.Currency == "" {
+		return "NONE (set-currency)"
+	}
+	return rc.Currency
 }
 
 func rateCardLine(rc adminapi.RateCard) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s v%d", rc.Name, rc.Version)
+	fmt.Fprintf(&b, "%s v%d %s", rc.Name, rc.Version, cardCurrency(rc))
 	for _, s := range sandgate.StandardSizes {
 		fmt.Fprintf(&b, " %s=%s/s", s.Name, rc.Prices[s.Name])
 	}
@@ -79,13 +103,15 @@ func rateCardLine(rc adminapi.RateCard) string {
 func billingCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "billing", Short: "Set and show an account's billing: rate card, currency, credit limit, postpaid"}
 	var req adminapi.BillingSettings
-	set := accountPutCommand(f, "set --account ID --rate-card N --currency USD [--credit-limit 0] [--postpaid]",
-		"Configure an account's billing; it is prepaid (needs funds) unless --postpaid", "billing", &req, billingLine)
+	set := accountPutCommand(f, "set --account ID (--rate-card N --currency USD [--credit-limit 0] [--postpaid] | --free)",
+		"Configure an account's billing; it is prepaid (needs funds) unless --postpaid, and costs nothing with --free", "billing", &req, billingLine)
 	set.Flags().StringVar(&req.RateCard, "rate-card", "", "rate card name")
-	set.Flags().StringVar(&req.Currency, "currency", "", "ISO 4217 currency code (required)")
+	set.Flags().StringVar(&req.Currency, "currency", "", "ISO 4217 currency code (required unless --free); the rate card's")
 	set.Flags().StringVar(&req.CreditLimit, "credit-limit", "0", "how far below zero the available amount may go")
 	set.Flags().BoolVar(&req.Postpaid, "postpaid", false, "no funds check (budgets still apply)")
-	_ = set.MarkFlagRequired("currency")
+	set.Flags().BoolVar(&req.Free, "free", false, "mark the account free on purpose: no rate card, price 0 in XXX, no funds check")
+	set.MarkFlagsMutuallyExclusive("free", "currency")
+	set.MarkFlagsOneRequired("free", "currency")
 	stripeFlags(set, &req)
 	get := accountGetCommand(f, "get --account ID", "Show an account's billing settings", "billing", billingLine)
 	cmd.AddCommand(set, get)
@@ -94,7 +120,10 @@ func billingCommand(f *adminFlags) *cobra.Command {
 
 func billingLine(s adminapi.BillingSettings) string {
 	if !s.Configured {
-		return "not configured: postpaid, no rate card (price 0)"
+		return "not configured: cannot acquire until billing is set (or the account is marked --free)"
+	}
+	if s.Free {
+		return "free: no rate card, price 0 (XXX), no funds check"
 	}
 	mode := "prepaid"
 	if s.Postpaid {
@@ -174,6 +203,9 @@ func adjustmentCommand(f *adminFlags) *cobra.Command {
 		Use:   "adjust-usage --account ID --corrects ENTRY_ID --amount -1.50 --reason TEXT [--idempotency-key K]",
 		Short: "Correct a usage ledger entry by appending an adjustment (negative refunds); the ledger is never edited",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if strings.TrimSpace(req.Reason) == "" {
+				return fmt.Errorf("--reason must say why: it goes on the ledger entry, the usage exports and the statement")
+			}
 			if req.IdempotencyKey == "" {
 				req.IdempotencyKey = newIdempotencyKey()
 			}
@@ -191,7 +223,7 @@ func adjustmentCommand(f *adminFlags) *cobra.Command {
 	cmd.Flags().StringVar(&acct, "account", "", "account id (required)")
 	cmd.Flags().StringVar(&req.Corrects, "corrects", "", "the id of the entry to correct, e.g. ws_…:final (required)")
 	cmd.Flags().StringVar(&req.Amount, "amount", "", "signed correction in currency units (required)")
-	cmd.Flags().StringVar(&req.Reason, "reason", "", "why (required; kept in the audit log)")
+	cmd.Flags().StringVar(&req.Reason, "reason", "", "why (required; kept with your operator name on the ledger entry, the usage exports and the statement)")
 	cmd.Flags().StringVar(&req.IdempotencyKey, "idempotency-key", "", "a retry with the same key appends once (default: random)")
 	for _, fl := range []string{"account", "corrects", "amount", "reason"} {
 		_ = cmd.MarkFlagRequired(fl)

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/protocol"
@@ -109,6 +110,10 @@ func (c *durCluster) seed(db *store.DB) {
 	c.token = token.New(token.Prefix)
 	l := sandgate.Lease{ID: sandgate.NewID(sandgate.PrefixLease), TokenHash: token.Hash(c.token), InstanceID: in.ID, AccountID: acct.ID, IssuedAt: now}
 	if err := db.CreateAccount(ctx, acct); err != nil {
+		c.t.Fatal(err)
+	}
+	// An account whose billing was never configured cannot acquire.
+	if err := billing.New(billing.Config{}, billing.Deps{DB: db}).SetSettings(ctx, billing.Settings{AccountID: acct.ID, Free: true}); err != nil {
 		c.t.Fatal(err)
 	}
 	if err := db.PutInstance(ctx, in); err != nil {

@@ -202,6 +202,8 @@ func testAdminCLI(t *testing.T, d *devBroker) {
 	if !strings.HasPrefix(acctID, sandgate.PrefixAccount) || strings.ContainsAny(acctID, " \t\n") {
 		t.Fatalf("account create printed %q; want the account id alone", acct)
 	}
+	// An account whose billing was never configured cannot acquire.
+	runCLI(t, env, "admin", "billing", "set", "--account", acctID, "--free")
 	inst := runCLI(t, env, "admin", "instance", "create", "--account", acctID,
 		"--max-concurrent", "2", "--max-lifetime", "1h", "--idle-timeout", "15m",
 		"--sizes", "small,standard", "--default-size", "small")

@@ -286,10 +286,11 @@ func TestE2EEgressServe(t *testing.T) {
 	now := time.Now().UTC()
 	csv := runCLI(t, s.AdminEnv(), "usage", "export", "--format", "csv", "--account", acct,
 		"--from", now.Add(-time.Hour).Format(time.RFC3339), "--to", now.Add(time.Hour).Format(time.RFC3339))
-	if header, _, _ := strings.Cut(csv, "\r\n"); !strings.HasSuffix(header, ",egress_bytes_out,egress_bytes_in") {
-		t.Errorf("CSV header %q; want it to end in the egress columns", header)
+	if header, _, _ := strings.Cut(csv, "\r\n"); !strings.HasSuffix(header, ",egress_bytes_out,egress_bytes_in,reason,actor") {
+		t.Errorf("CSV header %q; want it to end in the egress columns, then reason and actor", header)
 	}
-	if !strings.Contains(csv, ","+strconv.FormatInt(bytesOut, 10)+","+strconv.FormatInt(bytesIn, 10)+"\r\n") {
+	// A usage row's reason and actor are empty.
+	if !strings.Contains(csv, ","+strconv.FormatInt(bytesOut, 10)+","+strconv.FormatInt(bytesIn, 10)+",,\r\n") {
 		t.Errorf("CSV export has no row ending in the workspace's egress bytes %d,%d:\n%s", bytesOut, bytesIn, csv)
 	}
 }

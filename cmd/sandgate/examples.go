@@ -21,7 +21,8 @@ var examples = map[string]string{
 	"sandgate admin billing":     `  sandgate admin billing set --account "$ACCT" --rate-card std --currency USD`,
 	"sandgate admin billing get": `  sandgate admin billing get --account "$ACCT"`,
 	"sandgate admin billing set": `  sandgate admin billing set --account "$ACCT" --rate-card std --currency USD
-  sandgate admin billing set --account "$ACCT" --rate-card std --currency EUR --postpaid`,
+  sandgate admin billing set --account "$ACCT" --rate-card std --currency EUR --postpaid
+  sandgate admin billing set --account "$ACCT" --free`,
 	"sandgate admin budget":      `  sandgate admin budget set --account "$ACCT" --monthly 100.00`,
 	"sandgate admin budget list": `  sandgate admin budget list --account "$ACCT"`,
 	"sandgate admin budget set": `  sandgate admin budget set --account "$ACCT" --monthly 100.00
@@ -46,9 +47,10 @@ var examples = map[string]string{
 	"sandgate admin limits set":            `  sandgate admin limits set --account "$ACCT" --acquires-per-minute 60 --max-open 20 --max-size standard`,
 	"sandgate admin pause": `  sandgate admin pause --account "$ACCT" --reason payment
   sandgate admin pause --instance "$INST" --for 2h`,
-	"sandgate admin rate-card":        `  sandgate admin rate-card create --name std --small 0.000100 --standard 0.000200 --large 0.000400 --xlarge 0.000800`,
-	"sandgate admin rate-card create": `  sandgate admin rate-card create --name std --small 0.000100 --standard 0.000200 --large 0.000400 --xlarge 0.000800`,
-	"sandgate admin rate-card list":   `  sandgate admin rate-card list`,
+	"sandgate admin rate-card":              `  sandgate admin rate-card create --name std --currency USD --small 0.000100 --standard 0.000200 --large 0.000400 --xlarge 0.000800`,
+	"sandgate admin rate-card create":       `  sandgate admin rate-card create --name std --currency USD --small 0.000100 --standard 0.000200 --large 0.000400 --xlarge 0.000800`,
+	"sandgate admin rate-card list":         `  sandgate admin rate-card list`,
+	"sandgate admin rate-card set-currency": `  sandgate admin rate-card set-currency std --currency USD`,
 	"sandgate admin resume": `  sandgate admin resume --account "$ACCT"
   sandgate admin resume --instance "$INST"`,
 	"sandgate admin status": `  sandgate admin status

@@ -747,11 +747,23 @@ func acquire(t testing.TB, c *client.Client, key string) *protocol.Workspace {
 
 // --- operator API -----------------------------------------------------------
 
+// createAccount creates an account named name (with a suffix when a
+// test before took the name on the same broker: names are unique) and
+// marks it free, since an account whose billing was never configured
+// cannot acquire; a test that prices its workspaces sets billing again.
 func createAccount(t testing.TB, a *adminapi.Client, name string) string {
 	t.Helper()
+	ctx := context.Background()
 	var acct adminapi.Account
-	if err := a.Do(context.Background(), http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: name}, &acct); err != nil {
+	err := a.Do(ctx, http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: name}, &acct)
+	if apiErr := (*adminapi.APIError)(nil); errors.As(err, &apiErr) && apiErr.Code == protocol.Conflict {
+		err = a.Do(ctx, http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: name + "-" + sandgate.NewID("")}, &acct)
+	}
+	if err != nil {
 		t.Fatalf("create account: %v", err)
+	}
+	if err := a.Do(ctx, http.MethodPut, "/accounts/"+acct.ID+"/billing", adminapi.BillingSettings{Free: true}, nil); err != nil {
+		t.Fatalf("mark account %s free: %v", acct.ID, err)
 	}
 	return acct.ID
 }

@@ -46,7 +46,7 @@ func reconcileCommand() *cobra.Command {
 			if err := c.Do(cmd.Context(), http.MethodGet, path, nil, &out); err != nil {
 				return err
 			}
-			var lines []string
+			var lines, free, unconfigured []string
 			drift := 0
 			for _, r := range out {
 				status := "ok"
@@ -54,14 +54,26 @@ func reconcileCommand() *cobra.Command {
 					status = "DRIFT"
 				}
 				f := func(m int64) string { return billing.FormatExact(m, r.Stored.Currency) }
-				lines = append(lines, fmt.Sprintf("%s %s balance=%s holds=%s settled=%s credits=%s debits=%s open_holds=%d usage_entries=%d",
+				lines = append(lines, fmt.Sprintf("%s %s balance=%s holds=%s settled=%s credits=%s debits=%s open_holds=%d usage_entries=%d billing=%s",
 					r.AccountID, status, f(r.Stored.BalanceMicros), f(r.Stored.HoldsMicros),
 					f(r.Stored.SettledMicros), f(r.Stored.CreditsMicros),
-					f(r.Stored.DebitsMicros), r.OpenHolds, r.UsageEntries))
+					f(r.Stored.DebitsMicros), r.OpenHolds, r.UsageEntries, r.Billing))
+				switch r.Billing {
+				case billing.StateFree:
+					free = append(free, r.AccountID)
+				case billing.StateNotConfigured:
+					unconfigured = append(unconfigured, r.AccountID)
+				}
 				for _, d := range r.Drift {
 					lines = append(lines, "  "+d)
 				}
 				drift += len(r.Drift)
+			}
+			if len(free) > 0 {
+				lines = append(lines, "free accounts (billing set --free, cost 0): "+strings.Join(free, " "))
+			}
+			if len(unconfigured) > 0 {
+				lines = append(lines, "accounts without billing (their acquires are refused until billing set or --free): "+strings.Join(unconfigured, " "))
 			}
 			if err := f.print(cmd.OutOrStdout(), out, strings.Join(lines, "\n")); err != nil {
 				return err

@@ -47,7 +47,7 @@ func TestE2ETraces(t *testing.T) {
 	inst := createInstance(t, adm, acct, 2)
 	tok := issueToken(t, adm, inst)
 	// A priced, postpaid account: admission holds money and release settles it.
-	if err := adm.Do(ctx, http.MethodPost, "/rate-cards", adminapi.RateCardRequest{Name: "e2e-traces",
+	if err := adm.Do(ctx, http.MethodPost, "/rate-cards", adminapi.RateCardRequest{Name: "e2e-traces", Currency: "EUR",
 		Prices: broker.DevPrices()}, nil); err != nil {
 		t.Fatalf("create rate card: %v", err)
 	}

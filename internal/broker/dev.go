@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -91,14 +92,22 @@ func bootstrapDevBilling(ctx context.Context, b *billing.Billing, acct string, n
 		}
 		prices[size] = v
 	}
-	if _, err := b.CreateRateCard(ctx, "dev", prices, now); err != nil {
+	_, err := b.CreateRateCard(ctx, "dev", "USD", prices, now)
+	if errors.Is(err, billing.ErrCardCurrency) {
+		// A dev store from before cards had currencies: the dev card was
+		// always priced in USD (DevPrices), so this is no guess.
+		if _, err = b.SetRateCardCurrency(ctx, "dev", "USD"); err == nil {
+			_, err = b.CreateRateCard(ctx, "dev", "USD", prices, now)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("bootstrap rate card: %w", err)
 	}
 	if err := b.SetSettings(ctx, billing.Settings{AccountID: acct, RateCard: "dev", Currency: "USD"}); err != nil {
 		return fmt.Errorf("bootstrap billing: %w", err)
 	}
 	amt, _ := billing.ParseAmount(DevFunds)
-	_, _, err := b.Adjust(ctx, acct, billing.FundsEntry{Key: "dev-bootstrap", Kind: billing.KindCredit,
+	_, _, err = b.Adjust(ctx, acct, billing.FundsEntry{Key: "dev-bootstrap", Kind: billing.KindCredit,
 		AmountMicros: amt, Reason: "sandgate dev: opening funds", Actor: "sandgate dev", At: now})
 	if err != nil {
 		return fmt.Errorf("bootstrap funds: %w", err)

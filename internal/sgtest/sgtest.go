@@ -448,11 +448,15 @@ type Instance struct {
 	Token     sandgate.Secret
 }
 
-// NewAccount creates an account through the operator API and returns its id.
+// NewAccount creates an account through the operator API, under a name
+// of its own (names are unique per broker), marks it free (an account
+// whose billing was never configured cannot acquire; a test that prices
+// its workspaces sets billing again) and returns its id.
 func (h *Harness) NewAccount() string {
 	h.tb.Helper()
 	var a adminapi.Account
-	h.AdminDo(http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: "test account"}, &a)
+	h.AdminDo(http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: "test account " + sandgate.NewID("")}, &a)
+	h.AdminDo(http.MethodPut, "/accounts/"+a.ID+"/billing", adminapi.BillingSettings{Free: true}, nil)
 	return a.ID
 }
 
