@@ -37,7 +37,7 @@ func (s *Server) billingRoutes(route func(method, path, action string, h echo.Ha
 }
 
 func toRateCard(c billing.RateCard) adminapi.RateCard {
-	out := adminapi.RateCard{Name: c.Name, Version: c.Version, Currency: c.Currency, Prices: map[string]string{}, PricesMicros: c.Prices, CreatedAt: wireTime(c.CreatedAt)}
+	out := adminapi.RateCard{Name: c.Name, Version: c.Version, Currency: c.Currency, Prices: map[string]string{}, PricesMicros: c.Prices, CreatedAt: protocol.Time(c.CreatedAt)}
 	for k, v := range c.Prices {
 		out.Prices[k] = billing.FormatAmount(v)
 	}
@@ -208,7 +208,7 @@ func (v *service) adjust(ctx context.Context, acct string, fe billing.FundsEntry
 		return adminapi.FundsEntry{}, ch, storeFailed(err)
 	}
 	out := adminapi.FundsEntry{Kind: e.Kind, Amount: billing.FormatAmount(e.AmountMicros), AmountMicros: e.AmountMicros,
-		Currency: e.Currency, Reason: e.Reason, Actor: e.Actor, At: wireTime(e.At), Replayed: !applied, Balance: toBalance(bal)}
+		Currency: e.Currency, Reason: e.Reason, Actor: e.Actor, At: protocol.Time(e.At), Replayed: !applied, Balance: toBalance(bal)}
 	ch.after = out
 	return out, ch, nil
 }

@@ -77,7 +77,7 @@ func (v *service) issueToken(ctx context.Context, in sandgate.Instance, req admi
 		return adminapi.IssuedToken{}, ch, err
 	}
 	v.log.Info("token issued", sandgate.InstanceAttr(in.ID), slog.String(sandgate.KeyLeaseID, l.ID), slog.Bool("rotate", rotate))
-	return adminapi.IssuedToken{Token: tok.Reveal(), LeaseID: l.ID, InstanceID: in.ID, ExpiresAt: timePtr(l.ExpiresAt)}, ch, nil
+	return adminapi.IssuedToken{Token: tok.Reveal(), LeaseID: l.ID, InstanceID: in.ID, ExpiresAt: protocol.TimePtr(l.ExpiresAt)}, ch, nil
 }
 
 // endGrace ends the grace period of in's superseded tokens now.

@@ -107,7 +107,7 @@ func toStripeStatus(acct string, st stripesync.Status) adminapi.StripeStatus {
 		if t.IsZero() {
 			return ""
 		}
-		return wireTime(t)
+		return protocol.Time(t)
 	}
 	out := adminapi.StripeStatus{AccountID: acct, Enabled: st.Enabled, Customer: st.Account.Customer, EventName: st.Account.EventName,
 		Unit: string(st.Account.Unit), Since: t(st.Account.Since), Cursor: st.Cursor, Pending: st.Pending, PendingMore: st.PendingMore,

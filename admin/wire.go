@@ -21,16 +21,6 @@ func toProvider(e *providers.Entry, def bool) adminapi.Provider {
 	return out
 }
 
-func wireTime(t time.Time) string { return t.UTC().Truncate(time.Second).Format(time.RFC3339) }
-
-func timePtr(t time.Time) *string {
-	if t.IsZero() {
-		return nil
-	}
-	s := wireTime(t)
-	return &s
-}
-
 func toScope(w adminapi.Scope) sandgate.Scope {
 	s := sandgate.Scope{
 		Sizes: w.Sizes, DefaultSize: w.DefaultSize, Images: w.Images, DefaultImage: w.DefaultImage,
@@ -85,20 +75,20 @@ func fromScope(s sandgate.Scope) adminapi.Scope {
 func sec(n int64) time.Duration { return time.Duration(n) * time.Second }
 
 func toAccount(a sandgate.Account) adminapi.Account {
-	return adminapi.Account{ID: a.ID, Name: a.Name, CreatedAt: wireTime(a.CreatedAt)}
+	return adminapi.Account{ID: a.ID, Name: a.Name, CreatedAt: protocol.Time(a.CreatedAt)}
 }
 
 func toInstance(in sandgate.Instance) adminapi.Instance {
-	return adminapi.Instance{ID: in.ID, AccountID: in.AccountID, Name: in.Name, Provider: in.Provider, CreatedAt: wireTime(in.CreatedAt), Scope: fromScope(in.Scope)}
+	return adminapi.Instance{ID: in.ID, AccountID: in.AccountID, Name: in.Name, Provider: in.Provider, CreatedAt: protocol.Time(in.CreatedAt), Scope: fromScope(in.Scope)}
 }
 
 func toLease(l sandgate.Lease, now time.Time) adminapi.Lease {
 	out := adminapi.Lease{
-		ID: l.ID, TokenPrefix: l.TokenPrefix, State: string(l.StateAt(now)), IssuedAt: wireTime(l.IssuedAt),
-		ExpiresAt: timePtr(l.ExpiresAt), SupersededAt: timePtr(l.SupersededAt), RevokedAt: timePtr(l.RevokedAt),
+		ID: l.ID, TokenPrefix: l.TokenPrefix, State: string(l.StateAt(now)), IssuedAt: protocol.Time(l.IssuedAt),
+		ExpiresAt: protocol.TimePtr(l.ExpiresAt), SupersededAt: protocol.TimePtr(l.SupersededAt), RevokedAt: protocol.TimePtr(l.RevokedAt),
 	}
 	if !l.SupersededAt.IsZero() {
-		out.GraceUntil = timePtr(l.GraceUntil)
+		out.GraceUntil = protocol.TimePtr(l.GraceUntil)
 	}
 	return out
 }
@@ -108,10 +98,10 @@ func toControl(c *store.Control, now time.Time) *adminapi.Control {
 		return nil
 	}
 	out := &adminapi.Control{
-		Reason: c.Reason, Note: c.Note, Actor: c.Actor, Since: wireTime(time.UnixMilli(c.Since)), Active: c.ActiveAt(now),
+		Reason: c.Reason, Note: c.Note, Actor: c.Actor, Since: protocol.Time(time.UnixMilli(c.Since)), Active: c.ActiveAt(now),
 	}
 	if c.Until != 0 {
-		out.Until = timePtr(time.UnixMilli(c.Until))
+		out.Until = protocol.TimePtr(time.UnixMilli(c.Until))
 	}
 	return out
 }

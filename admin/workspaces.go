@@ -46,8 +46,8 @@ func toWorkspace(w sandgate.Workspace, now time.Time) adminapi.Workspace {
 	out := adminapi.Workspace{
 		ID: w.ID, AccountID: w.AccountID, InstanceID: w.InstanceID, Provider: w.Provider,
 		Label: w.Label, Agent: w.Agent, RunID: w.RunID, Size: w.Size, Image: w.Image, State: string(w.State),
-		CreatedAt: wireTime(w.CreatedAt), StartedAt: timePtr(w.StartedAt), ExpiresAt: wireTime(w.ExpiresAt),
-		TerminatedAt: timePtr(w.TerminatedAt), Currency: w.Price.Currency, UnitPrice: w.Price.UnitMicros,
+		CreatedAt: protocol.Time(w.CreatedAt), StartedAt: protocol.TimePtr(w.StartedAt), ExpiresAt: protocol.Time(w.ExpiresAt),
+		TerminatedAt: protocol.TimePtr(w.TerminatedAt), Currency: w.Price.Currency, UnitPrice: w.Price.UnitMicros,
 	}
 	if out.Provider == "" {
 		out.Provider = "local" // records written before providers had names
