@@ -69,12 +69,15 @@ func (o *operator) do(t testing.TB, method, path string, in, out any) {
 	}
 }
 
-// swept sets a stop or a pause and returns its sweep's counts.
-func (o *operator) swept(t testing.TB, path string, in any) adminapi.Swept {
+// wantSwept sets a stop or a pause (in, posted to path) and checks that its
+// sweep terminated n workspaces and failed none; what names it in failures.
+func (o *operator) wantSwept(t testing.TB, what, path string, in any, n int) {
 	t.Helper()
-	var out adminapi.Swept
-	o.do(t, http.MethodPost, path, in, &out)
-	return out
+	var res adminapi.Swept
+	o.do(t, http.MethodPost, path, in, &res)
+	if res != (adminapi.Swept{Terminated: n}) {
+		t.Errorf("%s = %+v; want terminated %d, failed 0", what, res, n)
+	}
 }
 
 func (o *operator) setLimits(t testing.TB, acct string, l adminapi.RiskLimits) {
@@ -239,10 +242,7 @@ func TestEmergencyStop(t *testing.T) {
 	a, b := h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
 	wa1, wa2, wb := acquire(t, h, a.Token, "a1"), acquire(t, h, a.Token, "a2"), acquire(t, h, b.Token, "b1")
 
-	res := op.swept(t, "/stop", adminapi.StopRequest{On: new(true), Reason: "incident"})
-	if res != (adminapi.Swept{Terminated: 3}) {
-		t.Errorf("stop = %+v; want terminated 3, failed 0", res)
-	}
+	op.wantSwept(t, "stop", "/stop", adminapi.StopRequest{On: new(true), Reason: "incident"}, 3)
 	for _, w := range []struct {
 		tok sandgate.Secret
 		id  string
@@ -279,10 +279,7 @@ func TestAccountStop(t *testing.T) {
 	b := h.NewInstance(adminapi.Scope{})
 	w1, w2, wb := acquire(t, h, a1.Token, "a1"), acquire(t, h, a2.Token, "a2"), acquire(t, h, b.Token, "b")
 
-	res := op.swept(t, "/stop", adminapi.StopRequest{On: new(true), AccountID: a1.AccountID, Reason: "fraud-review"})
-	if res != (adminapi.Swept{Terminated: 2}) {
-		t.Errorf("account stop = %+v; want terminated 2, failed 0", res)
-	}
+	op.wantSwept(t, "account stop", "/stop", adminapi.StopRequest{On: new(true), AccountID: a1.AccountID, Reason: "fraud-review"}, 2)
 	wantEnded(t, h, a1.Token, w1.WorkspaceID, sandgate.ReasonEmergencyStopped)
 	wantEnded(t, h, a2.Token, w2.WorkspaceID, sandgate.ReasonEmergencyStopped)
 	wantRunning(t, h, b.Token, wb.WorkspaceID)
@@ -312,9 +309,7 @@ func TestPause(t *testing.T) {
 	w1, w2, wo := acquire(t, h, i1.Token, "i1"), acquire(t, h, i2.Token, "i2"), acquire(t, h, other.Token, "o")
 
 	// An instance pause with no reason: its default.
-	if res := op.swept(t, "/pause", adminapi.PauseRequest{InstanceID: i1.ID}); res != (adminapi.Swept{Terminated: 1}) {
-		t.Errorf("instance pause = %+v; want terminated 1, failed 0", res)
-	}
+	op.wantSwept(t, "instance pause", "/pause", adminapi.PauseRequest{InstanceID: i1.ID}, 1)
 	wantEnded(t, h, i1.Token, w1.WorkspaceID, sandgate.ReasonPaused)
 	wantRunning(t, h, i2.Token, w2.WorkspaceID)
 	wantRefused(t, "acquire in the paused instance", do(t, h, acquireReq(i1.Token, "p1", acquireBody("p"))),
@@ -328,9 +323,7 @@ func TestPause(t *testing.T) {
 	w1b := acquire(t, h, i1.Token, "p1")
 
 	// An account pause with a reason: every instance of the account.
-	if res := op.swept(t, "/pause", adminapi.PauseRequest{AccountID: i1.AccountID, Reason: "payment"}); res != (adminapi.Swept{Terminated: 3}) {
-		t.Errorf("account pause = %+v; want terminated 3, failed 0", res)
-	}
+	op.wantSwept(t, "account pause", "/pause", adminapi.PauseRequest{AccountID: i1.AccountID, Reason: "payment"}, 3)
 	for _, w := range []struct {
 		tok sandgate.Secret
 		id  string

@@ -260,6 +260,30 @@ func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
 
 func (g *gate) wait() { <-g.ch }
 
+// startBlockedAcquire sends the acquire r in the background with the
+// provider's create held by a gate, and returns once the create has begun:
+// the gate, the id of the starting workspace, and where the acquire's reply
+// will arrive once the gate opens. what names the acquire in failures.
+func startBlockedAcquire(t testing.TB, h *sgtest.Harness, what string, r request) (g *gate, id string, done <-chan reply) {
+	t.Helper()
+	g = newGate(t)
+	entered := make(chan string, 1)
+	h.Provider.OnCreate(func(ctx context.Context, spec providers.CreateSpec) error {
+		entered <- spec.WorkspaceID
+		g.wait()
+		return nil
+	})
+	first := make(chan reply, 1)
+	go func() {
+		rep, err := send(h, nil, r)
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+		first <- rep
+	}()
+	return g, <-entered, first
+}
+
 // workspaceOps returns one request per workspace operation on id, with
 // valid bodies.
 func workspaceOps(tok sandgate.Secret, id string) []request {
@@ -1080,23 +1104,7 @@ func TestIdempotencyInProgress(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	in := h.NewInstance(adminapi.Scope{})
-	g := newGate(t)
-	entered := make(chan string, 1)
-	h.Provider.OnCreate(func(ctx context.Context, spec providers.CreateSpec) error {
-		entered <- spec.WorkspaceID
-		g.wait()
-		return nil
-	})
-
-	first := make(chan reply, 1)
-	go func() {
-		rep, err := send(h, nil, acquireReq(in.Token, "slow", acquireBody("slow")))
-		if err != nil {
-			t.Errorf("first acquire: %v", err)
-		}
-		first <- rep
-	}()
-	id := <-entered
+	g, id, first := startBlockedAcquire(t, h, "first acquire", acquireReq(in.Token, "slow", acquireBody("slow")))
 
 	rep := do(t, h, acquireReq(in.Token, "slow", acquireBody("slow")))
 	wantError(t, "replay while in progress", rep, http.StatusConflict, protocol.IdempotencyInProgress)
@@ -1141,22 +1149,7 @@ func TestReleaseWhileStarting(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	in := h.NewInstance(adminapi.Scope{})
-	g := newGate(t)
-	entered := make(chan string, 1)
-	h.Provider.OnCreate(func(ctx context.Context, spec providers.CreateSpec) error {
-		entered <- spec.WorkspaceID
-		g.wait()
-		return nil
-	})
-	first := make(chan reply, 1)
-	go func() {
-		rep, err := send(h, nil, acquireReq(in.Token, "rws", acquireBody("x")))
-		if err != nil {
-			t.Errorf("acquire: %v", err)
-		}
-		first <- rep
-	}()
-	id := <-entered
+	g, id, first := startBlockedAcquire(t, h, "acquire", acquireReq(in.Token, "rws", acquireBody("x")))
 
 	rel := release(t, h, in.Token, id)
 	if rel.State != "terminating" || deref(rel.TerminationReason) != "released" {

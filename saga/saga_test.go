@@ -120,6 +120,25 @@ func (e *env) live(t *testing.T, in sandgate.Instance) int64 {
 	return n
 }
 
+// wantNothingHeld checks that in has no live slot and the account no hold;
+// when names the moment in failures.
+func (e *env) wantNothingHeld(t *testing.T, in sandgate.Instance, when string) {
+	t.Helper()
+	if n, h := e.live(t, in), e.holds(t); n != 0 || h != 0 {
+		t.Errorf("%s: %d live, %d µ held; want 0, 0", when, n, h)
+	}
+}
+
+// wantRetryAdmitted retries a failed acquire with its key and checks that
+// it makes a new workspace, whose slot is the only one of in.
+func (e *env) wantRetryAdmitted(t *testing.T, in sandgate.Instance, key string) {
+	t.Helper()
+	wantNewWorkspace(t, e.saga, in, key, "retry with the same key")
+	if n := e.live(t, in); n != 1 {
+		t.Errorf("live slots after the retry = %d; want 1 (the retry's; the failed one's freed)", n)
+	}
+}
+
 // TestAcquireRoutesToTheInstanceProvider: each workspace lands on its
 // instance's provider and its record names it.
 func TestAcquireRoutesToTheInstanceProvider(t *testing.T) {
@@ -159,9 +178,7 @@ func TestAcquireCompensates(t *testing.T) {
 	})
 	_, err := e.saga.Acquire(ctx, in, "k1", req())
 	wantCode(t, "acquire while the vendor fails", err, protocol.UpstreamError)
-	if n, h := e.live(t, in), e.holds(t); n != 0 || h != 0 {
-		t.Errorf("after a failed create: %d live, %d µ held; want 0, 0", n, h)
-	}
+	e.wantNothingHeld(t, in, "after a failed create")
 	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
 	res, err := e.saga.Acquire(ctx, in, "k1", req())
 	if err != nil || res.Replayed {
@@ -253,10 +270,7 @@ func TestAcquireConfirmFails(t *testing.T) {
 		t.Fatal("no script ran after the create")
 	}
 	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
-	wantNewWorkspace(t, e.saga, in, "k-confirm", "retry with the same key")
-	if n := e.live(t, in); n != 1 {
-		t.Errorf("live slots = %d; want 1 (the retry's; the failed one's freed)", n)
-	}
+	e.wantRetryAdmitted(t, in, "k-confirm")
 }
 
 // TestAcquireCompensatesBesideRepair: another broker's billing repair
@@ -416,16 +430,11 @@ func TestAdmissionAnswerLost(t *testing.T) {
 	e.addSteps(loseAnswer).arm()
 	_, err := e.saga.Acquire(ctx, in, "k", req())
 	wantCode(t, "acquire whose admission answer was lost", err, protocol.AdmissionUnavailable)
-	if n, h := e.live(t, in), e.holds(t); n != 0 || h != 0 {
-		t.Errorf("after the lost answer: %d live, %d µ held; want 0, 0", n, h)
-	}
+	e.wantNothingHeld(t, in, "after the lost answer")
 	if got := e.one.Creates(); got != 0 {
 		t.Errorf("provider creates after the lost answer = %d; want 0", got)
 	}
-	wantNewWorkspace(t, e.saga, in, "k", "retry with the same key")
-	if n := e.live(t, in); n != 1 {
-		t.Errorf("live slots after the retry = %d; want 1", n)
-	}
+	e.wantRetryAdmitted(t, in, "k")
 }
 
 // TestStartingReleasedFreesKey: a gateway dies between the provider

@@ -31,6 +31,17 @@ func newSnapshot(acct, inst string, now time.Time) sandgate.Snapshot {
 	}
 }
 
+// beginSnapshot begins a new snapshot of acct and inst under the key "key",
+// with a quota of one and a pending deadline a minute after now.
+func beginSnapshot(t *testing.T, db *store.DB, acct, inst string, now time.Time) sandgate.Snapshot {
+	t.Helper()
+	s := newSnapshot(acct, inst, now)
+	if err := db.BeginSnapshot(context.Background(), s, 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
+		t.Fatalf("BeginSnapshot: %v", err)
+	}
+	return s
+}
+
 func TestSnapshotQuotaAtomic(t *testing.T) {
 	eachDB(t, func(t *testing.T, db *store.DB) {
 		ctx := context.Background()
@@ -63,10 +74,7 @@ func TestSnapshotLife(t *testing.T) {
 		ctx := context.Background()
 		now := time.Now().UTC()
 		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
-		s := newSnapshot(acct, inst, now)
-		if err := db.BeginSnapshot(ctx, s, 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
-			t.Fatalf("BeginSnapshot: %v", err)
-		}
+		s := beginSnapshot(t, db, acct, inst, now)
 		var replay *store.SnapshotReplay
 		if err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 1, 0, now.Add(time.Minute), "key", "hash", now); !errors.As(err, &replay) ||
 			replay.Record.SnapshotID != s.ID || replay.Record.State != store.IdemInProgress {
@@ -131,10 +139,7 @@ func TestSnapshotAbortFreesKey(t *testing.T) {
 		ctx := context.Background()
 		now := time.Now().UTC()
 		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
-		s := newSnapshot(acct, inst, now)
-		if err := db.BeginSnapshot(ctx, s, 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
-			t.Fatal(err)
-		}
+		s := beginSnapshot(t, db, acct, inst, now)
 		if err := db.AbortSnapshot(ctx, s, "key"); err != nil {
 			t.Fatal(err)
 		}
@@ -155,10 +160,7 @@ func TestSnapshotPendingExpiry(t *testing.T) {
 		ctx := context.Background()
 		now := time.Now().UTC()
 		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
-		s := newSnapshot(acct, inst, now)
-		if err := db.BeginSnapshot(ctx, s, 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
-			t.Fatal(err)
-		}
+		s := beginSnapshot(t, db, acct, inst, now)
 		later := now.Add(2 * time.Minute)
 		if n, _ := db.LiveSnapshots(ctx, acct, inst, later); n != 0 {
 			t.Errorf("LiveSnapshots past the pending deadline = %d; want 0", n)
