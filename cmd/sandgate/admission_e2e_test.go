@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -109,28 +108,10 @@ func TestAdmission300AcrossTwoGateways(t *testing.T) {
 		}
 	}
 
-	// Release each through the gateway that did not create it.
-	for _, r := range won {
-		rel, err := clients[1-r.gw].Release(ctx, r.ws.WorkspaceID)
-		if err != nil || rel == nil || rel.State != "terminated" {
-			t.Fatalf("Release %s = %+v, %v; want terminated", r.ws.WorkspaceID, rel, err)
-		}
-	}
+	releaseCrosswise(ctx, t, clients, won)
 
-	rdb := rs.Client()
-	for _, key := range []string{
-		"sg:{" + acct + "}:inst:" + inst + ":live", // the instance's concurrency slots
-		"sg:{" + acct + "}:open",                   // the account's open reservations (risk)
-	} {
-		if n, err := rdb.ZCard(ctx, key).Result(); err != nil || n != 0 {
-			members, _ := rdb.ZRange(ctx, key, 0, -1).Result()
-			t.Errorf("ZCARD %s = %d, %v (%v); want 0 once everything is released", key, n, err, members)
-		}
-	}
-	entries, err := os.ReadDir(filepath.Join(cfg.DataDir, "local", "workspaces"))
-	if err != nil || len(entries) != 0 {
-		t.Errorf("local workspace directories left: %d (%v); want none", len(entries), err)
-	}
+	wantNoSlots(t, rs.Client(), acct, inst)
+	wantNoLocalWorkspaces(t, cfg.DataDir)
 }
 
 // TestRedisOutageFailsClosed: with Redis down, Acquire is refused with 503

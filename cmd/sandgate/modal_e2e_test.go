@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -251,22 +250,7 @@ func TestModalUnconfirmedCreate(t *testing.T) {
 	gwA := startServeEnv(t, cfg, append(env, "SANDGATE_TEST_PAUSE_AFTER_CREATE="+pause)...)
 	_, _, tok := obligationsInstance(t, gwA, "e2e-modal-unknown-create", 1, time.Hour)
 
-	acqCtx, cancelAcq := context.WithCancel(ctx)
-	defer cancelAcq()
-	acqDone := make(chan error, 1)
-	go func() {
-		_, _, err := gwA.Client(t, tok).Acquire(acqCtx, "modal-unknown-create", protocol.AcquireRequest{Label: "e2e", Egress: noEgress()})
-		acqDone <- err
-	}()
-	var id string
-	waitFor(t, "the acquire to pause after the provider create", func() (bool, error) {
-		entries, err := os.ReadDir(pause)
-		if err != nil || len(entries) == 0 {
-			return false, err
-		}
-		id = entries[0].Name()
-		return true, nil
-	})
+	id, acqDone := acquirePausedAfterCreate(ctx, t, gwA, tok, pause, "modal-unknown-create")
 	gwA.kill()
 	<-acqDone
 	ref := ""
