@@ -359,6 +359,23 @@ func mustJSON(t testing.TB, v any) string {
 	return string(b)
 }
 
+// runScript runs cmd and returns its stdout and stderr; when it fails, the
+// test stops with both, and with broker's answer when broker is not nil.
+// what names the script in the failure.
+func runScript(t *testing.T, what string, cmd *exec.Cmd, broker func() string) (stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		msg := fmt.Sprintf("%s: %v\nstdout:\n%s\nstderr:\n%s", what, err, out.String(), errOut.String())
+		if broker != nil {
+			msg += "\nbroker:\n" + broker()
+		}
+		t.Fatal(msg)
+	}
+	return out.String(), errOut.String()
+}
+
 // TestReadmeWalkthrough runs testdata/walkthrough.sh, the README's curl
 // walk-through, with the real curl against a dev broker, from the working
 // directory where `sandgate dev` keeps .sandgate/dev.env. It also checks
@@ -380,12 +397,7 @@ func TestReadmeWalkthrough(t *testing.T) {
 	cmd := exec.Command("bash", script)
 	cmd.Dir = d.workDir
 	cmd.Env = cleanEnv()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("walkthrough.sh: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-	out := stdout.String()
+	out, stderr := runScript(t, "walkthrough.sh", cmd, nil)
 	for _, want := range []string{
 		`"lease":{"id":"lse_`,             // 1. GET /v1/lease
 		`"state":"active"`,                // 1.
@@ -403,7 +415,7 @@ func TestReadmeWalkthrough(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("walkthrough.sh output:\n%s\nstderr:\n%s", out, stderr.String())
+		t.Logf("walkthrough.sh output:\n%s\nstderr:\n%s", out, stderr)
 	}
 	live, err := d.Client(t, "").ListWorkspaces(context.Background(), "live", "", 0)
 	if err != nil || len(live.Workspaces) != 0 {

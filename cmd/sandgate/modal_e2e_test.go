@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -66,12 +65,7 @@ func TestModalWalkthrough(t *testing.T) {
 	cmd := exec.Command("bash", "-c", script)
 	cmd.Dir = d.workDir
 	cmd.Env = cleanEnv()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("walk-through: %v\nstdout:\n%s\nstderr:\n%s\nbroker:\n%s", err, stdout.String(), stderr.String(), d.Logs())
-	}
-	out := stdout.String()
+	out, stderr := runScript(t, "walk-through", cmd, d.Logs)
 	for _, want := range []string{
 		`"admission":{"state":"open"}`,
 		"workspace: ws_",
@@ -93,7 +87,7 @@ func TestModalWalkthrough(t *testing.T) {
 		t.Errorf("walk-through output has %d workspace ids; want the warm start and the release", n)
 	}
 	if t.Failed() {
-		t.Logf("walk-through output:\n%s\nstderr:\n%s", out, stderr.String())
+		t.Logf("walk-through output:\n%s\nstderr:\n%s", out, stderr)
 	}
 
 	// What Modal saw: sandboxes tagged with the broker's ids only, with
