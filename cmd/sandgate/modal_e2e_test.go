@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/modal"
@@ -131,6 +132,16 @@ func TestModalWalkthrough(t *testing.T) {
 // provider as the default.
 const modalServe = "providers:\n  - {name: local, kind: local}\n  - {name: modal, kind: modal}\ndefault_provider: modal"
 
+// startModalServe starts a fake Modal and a Redis, and writes a serve
+// config for them with Modal the default provider; env is what a gateway
+// needs to reach the fake.
+func startModalServe(t testing.TB) (fake *modaltest.Server, env []string, rs *redistest.Server, cfg *serveConfig) {
+	t.Helper()
+	fake, env = startModal(t)
+	rs = startRedis(t)
+	return fake, env, rs, newServeConfig(t, rs.Addr, serveOptions{Providers: modalServe})
+}
+
 // TestModalOrphanSweep: a sandbox created on Modal straight through the
 // provider, with this broker's tags and no record, is terminated by the
 // running gateway's reaper (found by SandboxList with the broker's tag);
@@ -138,9 +149,7 @@ const modalServe = "providers:\n  - {name: local, kind: local}\n  - {name: modal
 func TestModalOrphanSweep(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	fake, env := startModal(t)
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{Providers: modalServe})
+	fake, env, _, cfg := startModalServe(t)
 	gw := startServeEnv(t, cfg, env...)
 	_, inst, _ := obligationsInstance(t, gw, "e2e-modal-orphans", 1, time.Hour)
 
@@ -191,9 +200,7 @@ func TestModalOrphanSweep(t *testing.T) {
 func TestModalLifetimeEndsWithoutGateways(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	fake, env := startModal(t)
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{Providers: modalServe})
+	fake, env, rs, cfg := startModalServe(t)
 	gw := startServeEnv(t, cfg, env...)
 	acct, _, tok := obligationsInstance(t, gw, "e2e-modal-lifetime", 1, 5*time.Second)
 	c := gw.Client(t, tok)
@@ -236,9 +243,7 @@ func TestModalLifetimeEndsWithoutGateways(t *testing.T) {
 func TestModalUnconfirmedCreate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	fake, env := startModal(t)
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{Providers: modalServe})
+	fake, env, _, cfg := startModalServe(t)
 	appendConfig(t, cfg, "admission:\n  pending_timeout: 3s\n")
 	pause := t.TempDir()
 	gwA := startServeEnv(t, cfg, append(env, "SANDGATE_TEST_PAUSE_AFTER_CREATE="+pause)...)
