@@ -94,12 +94,7 @@ func TestAdmission300AcrossTwoGateways(t *testing.T) {
 	inst := strings.TrimSpace(runCLI(t, gwA.AdminEnv(), "admin", "instance", "create",
 		"--account", acct, "--max-concurrent", "5"))
 	tok := issueToken(t, adm, inst)
-	clients := []*client.Client{gwA.Client(t, tok), gwB.Client(t, tok)}
-	for _, c := range clients {
-		if _, err := c.Lease(ctx); err != nil {
-			t.Fatalf("Lease: %v", err)
-		}
-	}
+	clients := warmClients(ctx, t, tok, gwA, gwB)
 
 	won := wantConcurrencySplit(t, raceAcquires(ctx, clients, "race", racers), limit)
 	for _, r := range won {

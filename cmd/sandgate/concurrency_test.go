@@ -32,13 +32,7 @@ func TestTwoGatewaysConcurrency(t *testing.T) {
 	acct := createAccount(t, adm, "e2e-concurrency")
 	inst := createInstance(t, adm, acct, limit)
 	tok := issueToken(t, adm, inst)
-	clients := []*client.Client{gwA.Client(t, tok), gwB.Client(t, tok)}
-	// Warm both gateways' auth caches and connections outside the race.
-	for _, c := range clients {
-		if _, err := c.Lease(ctx); err != nil {
-			t.Fatalf("Lease: %v", err)
-		}
-	}
+	clients := warmClients(ctx, t, tok, gwA, gwB)
 
 	won := wantConcurrencySplit(t, raceAcquires(ctx, clients, "race", racers), limit)
 
@@ -69,6 +63,21 @@ func TestTwoGatewaysConcurrency(t *testing.T) {
 		t.Fatalf("ZCARD %s = %d, %v; want 0 once everything is released", liveKey, n, err)
 	}
 	wantNoLocalWorkspaces(t, cfg.DataDir)
+}
+
+// warmClients returns a client of tok for each gateway, each of which has
+// read the lease once: the gateways' auth caches and the connections are
+// warm before a race.
+func warmClients(ctx context.Context, t *testing.T, tok string, gws ...*serveBroker) []*client.Client {
+	t.Helper()
+	clients := make([]*client.Client, len(gws))
+	for i, gw := range gws {
+		clients[i] = gw.Client(t, tok)
+		if _, err := clients[i].Lease(ctx); err != nil {
+			t.Fatalf("Lease: %v", err)
+		}
+	}
+	return clients
 }
 
 // releaseCrosswise releases each won workspace through the gateway that
