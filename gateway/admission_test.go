@@ -232,6 +232,29 @@ func sortedIDs(ids ...string) []string {
 	return ids
 }
 
+// wantClosed checks that each of ins is refused an acquire under key, 403
+// with code and details.reason reason, and that its lease reports
+// admission state with that reason; a refusal leaves key unused. what
+// names the condition in failures.
+func wantClosed(t testing.TB, h *sgtest.Harness, what, key string, code protocol.Code, state, reason string, ins ...sgtest.Instance) {
+	t.Helper()
+	for _, in := range ins {
+		wantRefused(t, "acquire "+what, do(t, h, acquireReq(in.Token, key, acquireBody("closed"))),
+			http.StatusForbidden, code, reason, "")
+		wantAdmission(t, h, in.Token, what, state, reason)
+	}
+}
+
+// wantOpen checks that each of ins is admitted: its lease reports
+// admission open, and an acquire under key creates a workspace.
+func wantOpen(t testing.TB, h *sgtest.Harness, what, key string, ins ...sgtest.Instance) {
+	t.Helper()
+	for _, in := range ins {
+		wantAdmission(t, h, in.Token, what, protocol.AdmissionOpen, "")
+		acquire(t, h, in.Token, key)
+	}
+}
+
 // TestEmergencyStop sets the broker-wide stop over running workspaces of
 // two accounts: every one ends, no instance is admitted, release still
 // answers, and lifting the stop restores admission.
@@ -252,20 +275,13 @@ func TestEmergencyStop(t *testing.T) {
 	if got := h.Provider.Live(); got != 0 {
 		t.Errorf("provider sandboxes after the stop = %d; want 0", got)
 	}
-	for _, in := range []sgtest.Instance{a, b} {
-		wantRefused(t, "acquire while stopped", do(t, h, acquireReq(in.Token, "stopped", acquireBody("s"))),
-			http.StatusForbidden, protocol.EmergencyStopped, "incident", "")
-		wantAdmission(t, h, in.Token, "while stopped", protocol.AdmissionEmergencyStopped, "incident")
-	}
+	wantClosed(t, h, "while stopped", "stopped", protocol.EmergencyStopped, protocol.AdmissionEmergencyStopped, "incident", a, b)
 	if got := release(t, h, a.Token, wa1.WorkspaceID); got.State != string(sandgate.WorkspaceTerminated) || deref(got.TerminationReason) != "emergency_stopped" {
 		t.Errorf("release while stopped = %s, %v; want terminated, emergency_stopped", got.State, deref(got.TerminationReason))
 	}
 
 	op.do(t, http.MethodPost, "/stop", adminapi.StopRequest{On: new(false)}, nil)
-	for _, in := range []sgtest.Instance{a, b} {
-		wantAdmission(t, h, in.Token, "after the stop", protocol.AdmissionOpen, "")
-		acquire(t, h, in.Token, "stopped")
-	}
+	wantOpen(t, h, "after the stop", "stopped", a, b)
 }
 
 // TestAccountStop stops one account: only its workspaces end and only it
@@ -283,18 +299,12 @@ func TestAccountStop(t *testing.T) {
 	wantEnded(t, h, a1.Token, w1.WorkspaceID, sandgate.ReasonEmergencyStopped)
 	wantEnded(t, h, a2.Token, w2.WorkspaceID, sandgate.ReasonEmergencyStopped)
 	wantRunning(t, h, b.Token, wb.WorkspaceID)
-	for _, in := range []sgtest.Instance{a1, a2} {
-		wantRefused(t, "acquire in the stopped account", do(t, h, acquireReq(in.Token, "stopped", acquireBody("s"))),
-			http.StatusForbidden, protocol.EmergencyStopped, "fraud-review", "")
-		wantAdmission(t, h, in.Token, "stopped account", protocol.AdmissionEmergencyStopped, "fraud-review")
-	}
-	wantAdmission(t, h, b.Token, "other account", protocol.AdmissionOpen, "")
-	acquire(t, h, b.Token, "other-account")
+	wantClosed(t, h, "in the stopped account", "stopped", protocol.EmergencyStopped, protocol.AdmissionEmergencyStopped, "fraud-review", a1, a2)
+	wantOpen(t, h, "other account", "other-account", b)
 	release(t, h, a2.Token, w2.WorkspaceID)
 
 	op.do(t, http.MethodPost, "/stop", adminapi.StopRequest{On: new(false), AccountID: a1.AccountID}, nil)
-	wantAdmission(t, h, a1.Token, "after the account stop", protocol.AdmissionOpen, "")
-	acquire(t, h, a1.Token, "stopped")
+	wantOpen(t, h, "after the account stop", "stopped", a1)
 }
 
 // TestPause pauses one instance, then its whole account: a pause refuses
@@ -312,9 +322,7 @@ func TestPause(t *testing.T) {
 	op.wantSwept(t, "instance pause", "/pause", adminapi.PauseRequest{InstanceID: i1.ID}, 1)
 	wantEnded(t, h, i1.Token, w1.WorkspaceID, sandgate.ReasonPaused)
 	wantRunning(t, h, i2.Token, w2.WorkspaceID)
-	wantRefused(t, "acquire in the paused instance", do(t, h, acquireReq(i1.Token, "p1", acquireBody("p"))),
-		http.StatusForbidden, protocol.Paused, "instance_paused", "")
-	wantAdmission(t, h, i1.Token, "paused instance", protocol.AdmissionPaused, "instance_paused")
+	wantClosed(t, h, "in the paused instance", "p1", protocol.Paused, protocol.AdmissionPaused, "instance_paused", i1)
 	wantAdmission(t, h, i2.Token, "sibling of the paused instance", protocol.AdmissionOpen, "")
 	w2b := acquire(t, h, i2.Token, "i2-b")
 	wantRunning(t, h, i2.Token, w2.WorkspaceID)
@@ -331,20 +339,12 @@ func TestPause(t *testing.T) {
 		wantEnded(t, h, w.tok, w.id, sandgate.ReasonPaused)
 	}
 	wantRunning(t, h, other.Token, wo.WorkspaceID)
-	for _, in := range []sgtest.Instance{i1, i2} {
-		wantRefused(t, "acquire in the paused account", do(t, h, acquireReq(in.Token, "p2", acquireBody("p"))),
-			http.StatusForbidden, protocol.Paused, "payment", "")
-		wantAdmission(t, h, in.Token, "paused account", protocol.AdmissionPaused, "payment")
-	}
-	wantAdmission(t, h, other.Token, "other account", protocol.AdmissionOpen, "")
-	acquire(t, h, other.Token, "o2")
+	wantClosed(t, h, "in the paused account", "p2", protocol.Paused, protocol.AdmissionPaused, "payment", i1, i2)
+	wantOpen(t, h, "other account", "o2", other)
 	release(t, h, i2.Token, w2.WorkspaceID)
 
 	op.do(t, http.MethodPost, "/resume", adminapi.ResumeRequest{AccountID: i1.AccountID}, nil)
-	for _, in := range []sgtest.Instance{i1, i2} {
-		wantAdmission(t, h, in.Token, "resumed account", protocol.AdmissionOpen, "")
-		acquire(t, h, in.Token, "p2")
-	}
+	wantOpen(t, h, "resumed account", "p2", i1, i2)
 }
 
 // TestRefusalLeavesNoTrace refuses an Acquire for each admission reason
