@@ -383,6 +383,18 @@ func (e *env) acquireStepsAfterCreate(t *testing.T, in sandgate.Instance, key, w
 	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
 }
 
+// acquireDying runs an acquire under key on w in a goroutine of its own,
+// which w's gateway may end by dying there (runtime.Goexit), and waits
+// for that goroutine to end.
+func acquireDying(w *broker.Broker, in sandgate.Instance, key string) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = w.Saga().Acquire(context.Background(), in, key, req())
+	}()
+	<-done
+}
+
 // wireAfterCreate wires another saga over provider "one" alone that
 // calls afterCreate between each provider create and its confirm.
 func (e *env) wireAfterCreate(t *testing.T, afterCreate func(string)) (*providers.Set, *broker.Broker) {
@@ -464,12 +476,7 @@ func TestStartingReleasedFreesKey(t *testing.T) {
 			runtime.Goexit() // the gateway dies here
 		}
 	})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, _ = w.Saga().Acquire(ctx, in, "k", req())
-	}()
-	<-done
+	acquireDying(w, in, "k")
 	live, err := e.db.LiveWorkspaces(ctx, e.acct, in.ID, e.clock.Now())
 	if err != nil || len(live) != 1 || live[0].State != sandgate.WorkspaceStarting {
 		t.Fatalf("live workspaces after the gateway died = %+v, %v; want one starting", live, err)
@@ -547,12 +554,7 @@ func TestFailedCreateRetriedOnTheSandbox(t *testing.T) {
 	e, in := newEnvInstance(t)
 	ctx := context.Background()
 	set, w := e.wireAfterCreate(t, func(string) { runtime.Goexit() }) // the gateway dies here
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, _ = w.Saga().Acquire(ctx, in, "k", req())
-	}()
-	<-done
+	acquireDying(w, in, "k")
 	live, err := e.db.LiveWorkspaces(ctx, e.acct, in.ID, e.clock.Now())
 	if err != nil || len(live) != 1 {
 		t.Fatalf("live workspaces after the gateway died = %+v, %v; want one", live, err)
