@@ -290,9 +290,7 @@ func TestAccountStop(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	a1 := h.NewInstance(adminapi.Scope{})
-	a2 := h.NewInstanceIn(a1.AccountID, adminapi.Scope{})
-	b := h.NewInstance(adminapi.Scope{})
+	a1, a2, b := twoAccounts(h)
 	w1, w2, wb := acquire(t, h, a1.Token, "a1"), acquire(t, h, a2.Token, "a2"), acquire(t, h, b.Token, "b")
 
 	op.wantSwept(t, "account stop", "/stop", adminapi.StopRequest{On: new(true), AccountID: a1.AccountID, Reason: "fraud-review"}, 2)
@@ -313,9 +311,7 @@ func TestPause(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	i1 := h.NewInstance(adminapi.Scope{})
-	i2 := h.NewInstanceIn(i1.AccountID, adminapi.Scope{})
-	other := h.NewInstance(adminapi.Scope{})
+	i1, i2, other := twoAccounts(h)
 	w1, w2, wo := acquire(t, h, i1.Token, "i1"), acquire(t, h, i2.Token, "i2"), acquire(t, h, other.Token, "o")
 
 	// An instance pause with no reason: its default.
@@ -657,9 +653,8 @@ func TestReaperSweepsControlledScopes(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	ctx := context.Background()
-	i1 := h.NewInstance(adminapi.Scope{})
-	i2 := h.NewInstanceIn(i1.AccountID, adminapi.Scope{})
-	lapsed, other := h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
+	i1, i2, lapsed := twoAccounts(h)
+	other := h.NewInstance(adminapi.Scope{})
 	w1, w2 := acquire(t, h, i1.Token, "w1"), acquire(t, h, i2.Token, "w2")
 	wl, wo := acquire(t, h, lapsed.Token, "wl"), acquire(t, h, other.Token, "wo")
 	now := h.Clock.Now().UnixMilli()

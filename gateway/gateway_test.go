@@ -284,6 +284,14 @@ func startBlockedAcquire(t testing.TB, h *sgtest.Harness, what string, r request
 	return g, <-entered, first
 }
 
+// twoAccounts returns two instances of one account and one of another,
+// made in that order, each with the default scope.
+func twoAccounts(h *sgtest.Harness) (x, sibling, stranger sgtest.Instance) {
+	x = h.NewInstance(adminapi.Scope{})
+	sibling = h.NewInstanceIn(x.AccountID, adminapi.Scope{})
+	return x, sibling, h.NewInstance(adminapi.Scope{})
+}
+
 // workspaceOps returns one request per workspace operation on id, with
 // valid bodies.
 func workspaceOps(tok sandgate.Secret, id string) []request {
@@ -1183,9 +1191,7 @@ func TestReleaseWhileStarting(t *testing.T) {
 func TestIdempotencyKeysPerInstance(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	a := h.NewInstance(adminapi.Scope{})
-	b := h.NewInstanceIn(a.AccountID, adminapi.Scope{})
-	c := h.NewInstance(adminapi.Scope{})
+	a, b, c := twoAccounts(h)
 	ids := map[string]bool{}
 	for _, in := range []sgtest.Instance{a, b, c} {
 		ws := acquire(t, h, in.Token, "shared-key")
@@ -1286,9 +1292,7 @@ func TestConcurrencyLimit(t *testing.T) {
 func TestCrossInstance(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	a := h.NewInstance(adminapi.Scope{})
-	sameAccount := h.NewInstanceIn(a.AccountID, adminapi.Scope{})
-	otherAccount := h.NewInstance(adminapi.Scope{})
+	a, sameAccount, otherAccount := twoAccounts(h)
 	ws := acquire(t, h, a.Token, "mine")
 	acquire(t, h, sameAccount.Token, "theirs")
 
