@@ -284,6 +284,14 @@ func startBlockedAcquire(t testing.TB, h *sgtest.Harness, what string, r request
 	return g, <-entered, first
 }
 
+// wantState checks a workspace's state; when names the moment in failures.
+func wantState(t testing.TB, h *sgtest.Harness, tok sandgate.Secret, id, when, want string) {
+	t.Helper()
+	if got := getWorkspace(t, h, tok, id).State; got != want {
+		t.Errorf("workspace state %s = %q; want %q", when, got, want)
+	}
+}
+
 // twoAccounts returns two instances of one account and one of another,
 // made in that order, each with the default scope.
 func twoAccounts(h *sgtest.Harness) (x, sibling, stranger sgtest.Instance) {
@@ -597,9 +605,7 @@ func TestAuthRefused(t *testing.T) {
 		r := request{Method: http.MethodGet, Path: "/v1/lease", Header: map[string]string{"Authorization": hdr}}
 		wantOK(t, fmt.Sprintf("Authorization %q", strings.Replace(hdr, tok, "<token>", 1)), do(t, h, r), http.StatusOK, nil)
 	}
-	if got := getWorkspace(t, h, in.Token, ws.WorkspaceID).State; got != "running" {
-		t.Errorf("workspace state after refused releases = %q; want running", got)
-	}
+	wantState(t, h, in.Token, ws.WorkspaceID, "after refused releases", "running")
 	if ws := listAll(t, h, in.Token); len(ws) != 1 {
 		t.Errorf("workspaces after refused acquires = %d; want 1", len(ws))
 	}
@@ -628,9 +634,7 @@ func TestExpiredToken(t *testing.T) {
 		wantError(t, "expired: "+what(r), do(t, h, r), http.StatusUnauthorized, protocol.LeaseExpired)
 	}
 	// The workspace runs on, and another token of the instance controls it.
-	if got := getWorkspace(t, h, in.Token, ws.WorkspaceID).State; got != "running" {
-		t.Errorf("workspace state after its token expired = %q; want running", got)
-	}
+	wantState(t, h, in.Token, ws.WorkspaceID, "after its token expired", "running")
 	if got := release(t, h, in.Token, ws.WorkspaceID).State; got != "terminated" {
 		t.Errorf("release with another token: state = %q; want terminated", got)
 	}
@@ -1326,9 +1330,7 @@ func TestCrossInstance(t *testing.T) {
 			}
 		}
 	}
-	if got := getWorkspace(t, h, a.Token, ws.WorkspaceID).State; got != "running" {
-		t.Errorf("workspace state after other instances' requests = %q; want running", got)
-	}
+	wantState(t, h, a.Token, ws.WorkspaceID, "after other instances' requests", "running")
 	if n := len(h.Provider.Execs()); n != 0 {
 		t.Errorf("provider execs by other instances = %d; want 0", n)
 	}
@@ -1489,9 +1491,7 @@ func TestExecAfterRelease(t *testing.T) {
 	if got := len(h.Provider.Execs()); got != n {
 		t.Errorf("provider execs after release = %d; want %d", got, n)
 	}
-	if got := getWorkspace(t, h, in.Token, ws.WorkspaceID).State; got != "terminated" {
-		t.Errorf("state after release = %q; want terminated", got)
-	}
+	wantState(t, h, in.Token, ws.WorkspaceID, "after release", "terminated")
 }
 
 func TestExecAfterExpiry(t *testing.T) {
@@ -1779,9 +1779,7 @@ func TestReleaseTerminateFailure(t *testing.T) {
 		t.Errorf("release with a failing provider: state, reason, terminated_at, metered = %q, %v, %v, %v; want terminating, released, <nil>, <nil>",
 			got.State, deref(got.TerminationReason), deref(got.TerminatedAt), deref(got.MeteredSeconds))
 	}
-	if got := getWorkspace(t, h, in.Token, ws.WorkspaceID).State; got != "terminating" {
-		t.Errorf("status after failed terminate = %q; want terminating", got)
-	}
+	wantState(t, h, in.Token, ws.WorkspaceID, "after failed terminate", "terminating")
 	if n := h.LiveCount(in); n != 0 {
 		t.Errorf("live slots while terminating = %d; want 0", n)
 	}
