@@ -255,6 +255,14 @@ func wantOpen(t testing.TB, h *sgtest.Harness, what, key string, ins ...sgtest.I
 	}
 }
 
+// runningInTwoAccounts makes instances a and b of two accounts, and
+// acquires two workspaces on a and one on b.
+func runningInTwoAccounts(t testing.TB, h *sgtest.Harness) (a, b sgtest.Instance, wa1, wa2, wb protocol.Workspace) {
+	t.Helper()
+	a, b = h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
+	return a, b, acquire(t, h, a.Token, "a1"), acquire(t, h, a.Token, "a2"), acquire(t, h, b.Token, "b1")
+}
+
 // TestEmergencyStop sets the broker-wide stop over running workspaces of
 // two accounts: every one ends, no instance is admitted, release still
 // answers, and lifting the stop restores admission.
@@ -262,8 +270,7 @@ func TestEmergencyStop(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	a, b := h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
-	wa1, wa2, wb := acquire(t, h, a.Token, "a1"), acquire(t, h, a.Token, "a2"), acquire(t, h, b.Token, "b1")
+	a, b, wa1, wa2, wb := runningInTwoAccounts(t, h)
 
 	op.wantSwept(t, "stop", "/stop", adminapi.StopRequest{On: new(true), Reason: "incident"}, 3)
 	for _, w := range []struct {
@@ -618,8 +625,7 @@ func TestRevokeTerminates(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	a, b := h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
-	wa1, wa2, wb := acquire(t, h, a.Token, "a1"), acquire(t, h, a.Token, "a2"), acquire(t, h, b.Token, "b1")
+	a, b, wa1, wa2, wb := runningInTwoAccounts(t, h)
 
 	var res adminapi.RevokeResult
 	op.do(t, http.MethodPost, "/instances/"+a.ID+"/tokens/revoke", nil, &res)
