@@ -126,8 +126,7 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 	appendConfig(t, cfg, fmt.Sprintf(generousAdmission, "1s"))
 	gwA := startServe(t, cfg)
 	gwB := startServe(t, cfg)
-	adm := gwA.Admin(t)
-	inst := createInstance(t, adm, createAccount(t, adm, "e2e-outage"), 2)
+	adm, inst := newAccountInstance(t, gwA, "e2e-outage", 2)
 	tok := issueToken(t, adm, inst)
 	clients := []*client.Client{gwA.Client(t, tok), gwB.Client(t, tok)}
 
@@ -258,8 +257,7 @@ func TestEmergencyStopAcrossGateways(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, _, gwA, gwB := startPair(t)
-	adm := gwA.Admin(t)
-	inst := createInstance(t, adm, createAccount(t, adm, "e2e-stop"), 3)
+	adm, inst := newAccountInstance(t, gwA, "e2e-stop", 3)
 	tok := issueToken(t, adm, inst)
 	cA, cB := gwA.Client(t, tok), gwB.Client(t, tok)
 	clients := []*client.Client{cA, cB}

@@ -109,8 +109,7 @@ func TestTokenLifecycleAcrossGateways(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rs, _, gwA, gwB := startPair(t)
-	adm := gwA.Admin(t)
-	inst := createInstance(t, adm, createAccount(t, adm, "e2e-lifecycle"), 2)
+	adm, inst := newAccountInstance(t, gwA, "e2e-lifecycle", 2)
 	rdb := rs.Client()
 
 	t.Run("Revoke", func(t *testing.T) {

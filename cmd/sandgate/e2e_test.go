@@ -359,6 +359,15 @@ func mustJSON(t testing.TB, v any) string {
 	return string(b)
 }
 
+// newAccountInstance creates, through gw's operator API, an account named
+// name with one instance of maxConcurrent slots; it returns the operator
+// client and the instance's id.
+func newAccountInstance(t testing.TB, gw *serveBroker, name string, maxConcurrent int) (*adminapi.Client, string) {
+	t.Helper()
+	adm := gw.Admin(t)
+	return adm, createInstance(t, adm, createAccount(t, adm, name), maxConcurrent)
+}
+
 // runScript runs cmd and returns its stdout and stderr; when it fails, the
 // test stops with both, and with broker's answer when broker is not nil.
 // what names the script in the failure.
@@ -592,8 +601,7 @@ func TestWorkspacesSurviveRestart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, cfg, s1 := startOne(t)
-	adm := s1.Admin(t)
-	inst := createInstance(t, adm, createAccount(t, adm, "e2e-restart"), 2)
+	adm, inst := newAccountInstance(t, s1, "e2e-restart", 2)
 	tok := issueToken(t, adm, inst)
 	c1 := s1.Client(t, tok)
 	ws := acquire(t, c1, "restart-1")
