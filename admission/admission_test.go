@@ -40,6 +40,14 @@ func (e env) admit(w sandgate.Workspace, max int, key string, now time.Time) err
 	})
 }
 
+// mustAdmit is admit, failing the test unless w is admitted.
+func (e env) mustAdmit(t *testing.T, w sandgate.Workspace, max int, key string, now time.Time) {
+	t.Helper()
+	if err := e.admit(w, max, key, now); err != nil {
+		t.Fatalf("Admit under key %q = %v; want admitted", key, err)
+	}
+}
+
 func isConcurrency(err error) bool { return protocol.CodeOf(err) == protocol.ConcurrencyLimit }
 
 func newWorkspace(acct, inst string, now time.Time) sandgate.Workspace {
@@ -92,9 +100,7 @@ func TestPendingSlotExpires(t *testing.T) {
 	now := time.Now().UTC()
 	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
 	stuck := newWorkspace(acct, inst, now)
-	if err := e.admit(stuck, 1, "a", now); err != nil {
-		t.Fatal(err)
-	}
+	e.mustAdmit(t, stuck, 1, "a", now)
 	err := e.admit(newWorkspace(acct, inst, now), 1, "b", now.Add(59*time.Second))
 	if !isConcurrency(err) {
 		t.Fatalf("Admit inside the pending window = %v; want concurrency_limit", err)
@@ -117,9 +123,7 @@ func TestTerminateFreesSlot(t *testing.T) {
 	now := time.Now().UTC()
 	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
 	w := newWorkspace(acct, inst, now)
-	if err := e.admit(w, 1, "a", now); err != nil {
-		t.Fatal(err)
-	}
+	e.mustAdmit(t, w, 1, "a", now)
 	if ok, err := db.Confirm(ctx, w, "ref", now, "a", "h"); !ok || err != nil {
 		t.Fatalf("Confirm = %v, %v; want true", ok, err)
 	}
@@ -151,9 +155,7 @@ func TestListCursor(t *testing.T) {
 	want := map[string]bool{}
 	for i := range 23 {
 		w := newWorkspace(acct, inst, now.Add(time.Duration(i%4)*time.Millisecond)) // many share a score
-		if err := e.admit(w, 100, fmt.Sprint(i), now); err != nil {
-			t.Fatal(err)
-		}
+		e.mustAdmit(t, w, 100, fmt.Sprint(i), now)
 		want[w.ID] = true
 	}
 	seen := map[string]bool{}
@@ -305,9 +307,7 @@ func TestRisk(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := range 3 {
-			if err := e.admit(newWorkspace(acct, inst, now), 10, fmt.Sprint(i), now); err != nil {
-				t.Fatal(err)
-			}
+			e.mustAdmit(t, newWorkspace(acct, inst, now), 10, fmt.Sprint(i), now)
 		}
 		err := e.admit(newWorkspace(acct, inst, now), 10, "4th", now)
 		var pe *protocol.Error
@@ -325,12 +325,8 @@ func TestRisk(t *testing.T) {
 		}
 		a, b := sandgate.NewID("inst_"), sandgate.NewID("inst_")
 		w1 := newWorkspace(acct, a, now)
-		if err := e.admit(w1, 10, "1", now); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.admit(newWorkspace(acct, b, now), 10, "2", now); err != nil {
-			t.Fatal(err)
-		}
+		e.mustAdmit(t, w1, 10, "1", now)
+		e.mustAdmit(t, newWorkspace(acct, b, now), 10, "2", now)
 		err := e.admit(newWorkspace(acct, b, now), 10, "3", now)
 		var pe *protocol.Error
 		if !errors.As(err, &pe) || pe.Reason != "open_workspaces" {
@@ -351,9 +347,7 @@ func TestReplay(t *testing.T) {
 	now := time.Now().UTC()
 	acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
 	w := newWorkspace(acct, inst, now)
-	if err := e.admit(w, 1, "k", now); err != nil {
-		t.Fatal(err)
-	}
+	e.mustAdmit(t, w, 1, "k", now)
 	// Even at the concurrency limit, a claimed key answers its record.
 	rec, ok := admission.IsReplay(e.admit(newWorkspace(acct, inst, now), 1, "k", now))
 	if !ok || rec.WorkspaceID != w.ID || rec.State != store.IdemInProgress {

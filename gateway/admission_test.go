@@ -69,12 +69,15 @@ func (o *operator) do(t testing.TB, method, path string, in, out any) {
 	}
 }
 
-// swept sets a stop or a pause and returns its sweep's counts.
-func (o *operator) swept(t testing.TB, path string, in any) adminapi.Swept {
+// wantSwept sets a stop or a pause (in, posted to path) and checks that its
+// sweep terminated n workspaces and failed none; what names it in failures.
+func (o *operator) wantSwept(t testing.TB, what, path string, in any, n int) {
 	t.Helper()
-	var out adminapi.Swept
-	o.do(t, http.MethodPost, path, in, &out)
-	return out
+	var res adminapi.Swept
+	o.do(t, http.MethodPost, path, in, &res)
+	if res != (adminapi.Swept{Terminated: n}) {
+		t.Errorf("%s = %+v; want terminated %d, failed 0", what, res, n)
+	}
 }
 
 func (o *operator) setLimits(t testing.TB, acct string, l adminapi.RiskLimits) {
@@ -229,6 +232,37 @@ func sortedIDs(ids ...string) []string {
 	return ids
 }
 
+// wantClosed checks that each of ins is refused an acquire under key, 403
+// with code and details.reason reason, and that its lease reports
+// admission state with that reason; a refusal leaves key unused. what
+// names the condition in failures.
+func wantClosed(t testing.TB, h *sgtest.Harness, what, key string, code protocol.Code, state, reason string, ins ...sgtest.Instance) {
+	t.Helper()
+	for _, in := range ins {
+		wantRefused(t, "acquire "+what, do(t, h, acquireReq(in.Token, key, acquireBody("closed"))),
+			http.StatusForbidden, code, reason, "")
+		wantAdmission(t, h, in.Token, what, state, reason)
+	}
+}
+
+// wantOpen checks that each of ins is admitted: its lease reports
+// admission open, and an acquire under key creates a workspace.
+func wantOpen(t testing.TB, h *sgtest.Harness, what, key string, ins ...sgtest.Instance) {
+	t.Helper()
+	for _, in := range ins {
+		wantAdmission(t, h, in.Token, what, protocol.AdmissionOpen, "")
+		acquire(t, h, in.Token, key)
+	}
+}
+
+// runningInTwoAccounts makes instances a and b of two accounts, and
+// acquires two workspaces on a and one on b.
+func runningInTwoAccounts(t testing.TB, h *sgtest.Harness) (a, b sgtest.Instance, wa1, wa2, wb protocol.Workspace) {
+	t.Helper()
+	a, b = h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
+	return a, b, acquire(t, h, a.Token, "a1"), acquire(t, h, a.Token, "a2"), acquire(t, h, b.Token, "b1")
+}
+
 // TestEmergencyStop sets the broker-wide stop over running workspaces of
 // two accounts: every one ends, no instance is admitted, release still
 // answers, and lifting the stop restores admission.
@@ -236,13 +270,9 @@ func TestEmergencyStop(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	a, b := h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
-	wa1, wa2, wb := acquire(t, h, a.Token, "a1"), acquire(t, h, a.Token, "a2"), acquire(t, h, b.Token, "b1")
+	a, b, wa1, wa2, wb := runningInTwoAccounts(t, h)
 
-	res := op.swept(t, "/stop", adminapi.StopRequest{On: new(true), Reason: "incident"})
-	if res != (adminapi.Swept{Terminated: 3}) {
-		t.Errorf("stop = %+v; want terminated 3, failed 0", res)
-	}
+	op.wantSwept(t, "stop", "/stop", adminapi.StopRequest{On: new(true), Reason: "incident"}, 3)
 	for _, w := range []struct {
 		tok sandgate.Secret
 		id  string
@@ -252,20 +282,13 @@ func TestEmergencyStop(t *testing.T) {
 	if got := h.Provider.Live(); got != 0 {
 		t.Errorf("provider sandboxes after the stop = %d; want 0", got)
 	}
-	for _, in := range []sgtest.Instance{a, b} {
-		wantRefused(t, "acquire while stopped", do(t, h, acquireReq(in.Token, "stopped", acquireBody("s"))),
-			http.StatusForbidden, protocol.EmergencyStopped, "incident", "")
-		wantAdmission(t, h, in.Token, "while stopped", protocol.AdmissionEmergencyStopped, "incident")
-	}
+	wantClosed(t, h, "while stopped", "stopped", protocol.EmergencyStopped, protocol.AdmissionEmergencyStopped, "incident", a, b)
 	if got := release(t, h, a.Token, wa1.WorkspaceID); got.State != string(sandgate.WorkspaceTerminated) || deref(got.TerminationReason) != "emergency_stopped" {
 		t.Errorf("release while stopped = %s, %v; want terminated, emergency_stopped", got.State, deref(got.TerminationReason))
 	}
 
 	op.do(t, http.MethodPost, "/stop", adminapi.StopRequest{On: new(false)}, nil)
-	for _, in := range []sgtest.Instance{a, b} {
-		wantAdmission(t, h, in.Token, "after the stop", protocol.AdmissionOpen, "")
-		acquire(t, h, in.Token, "stopped")
-	}
+	wantOpen(t, h, "after the stop", "stopped", a, b)
 }
 
 // TestAccountStop stops one account: only its workspaces end and only it
@@ -274,30 +297,19 @@ func TestAccountStop(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	a1 := h.NewInstance(adminapi.Scope{})
-	a2 := h.NewInstanceIn(a1.AccountID, adminapi.Scope{})
-	b := h.NewInstance(adminapi.Scope{})
+	a1, a2, b := twoAccounts(h)
 	w1, w2, wb := acquire(t, h, a1.Token, "a1"), acquire(t, h, a2.Token, "a2"), acquire(t, h, b.Token, "b")
 
-	res := op.swept(t, "/stop", adminapi.StopRequest{On: new(true), AccountID: a1.AccountID, Reason: "fraud-review"})
-	if res != (adminapi.Swept{Terminated: 2}) {
-		t.Errorf("account stop = %+v; want terminated 2, failed 0", res)
-	}
+	op.wantSwept(t, "account stop", "/stop", adminapi.StopRequest{On: new(true), AccountID: a1.AccountID, Reason: "fraud-review"}, 2)
 	wantEnded(t, h, a1.Token, w1.WorkspaceID, sandgate.ReasonEmergencyStopped)
 	wantEnded(t, h, a2.Token, w2.WorkspaceID, sandgate.ReasonEmergencyStopped)
 	wantRunning(t, h, b.Token, wb.WorkspaceID)
-	for _, in := range []sgtest.Instance{a1, a2} {
-		wantRefused(t, "acquire in the stopped account", do(t, h, acquireReq(in.Token, "stopped", acquireBody("s"))),
-			http.StatusForbidden, protocol.EmergencyStopped, "fraud-review", "")
-		wantAdmission(t, h, in.Token, "stopped account", protocol.AdmissionEmergencyStopped, "fraud-review")
-	}
-	wantAdmission(t, h, b.Token, "other account", protocol.AdmissionOpen, "")
-	acquire(t, h, b.Token, "other-account")
+	wantClosed(t, h, "in the stopped account", "stopped", protocol.EmergencyStopped, protocol.AdmissionEmergencyStopped, "fraud-review", a1, a2)
+	wantOpen(t, h, "other account", "other-account", b)
 	release(t, h, a2.Token, w2.WorkspaceID)
 
 	op.do(t, http.MethodPost, "/stop", adminapi.StopRequest{On: new(false), AccountID: a1.AccountID}, nil)
-	wantAdmission(t, h, a1.Token, "after the account stop", protocol.AdmissionOpen, "")
-	acquire(t, h, a1.Token, "stopped")
+	wantOpen(t, h, "after the account stop", "stopped", a1)
 }
 
 // TestPause pauses one instance, then its whole account: a pause refuses
@@ -306,20 +318,14 @@ func TestPause(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	i1 := h.NewInstance(adminapi.Scope{})
-	i2 := h.NewInstanceIn(i1.AccountID, adminapi.Scope{})
-	other := h.NewInstance(adminapi.Scope{})
+	i1, i2, other := twoAccounts(h)
 	w1, w2, wo := acquire(t, h, i1.Token, "i1"), acquire(t, h, i2.Token, "i2"), acquire(t, h, other.Token, "o")
 
 	// An instance pause with no reason: its default.
-	if res := op.swept(t, "/pause", adminapi.PauseRequest{InstanceID: i1.ID}); res != (adminapi.Swept{Terminated: 1}) {
-		t.Errorf("instance pause = %+v; want terminated 1, failed 0", res)
-	}
+	op.wantSwept(t, "instance pause", "/pause", adminapi.PauseRequest{InstanceID: i1.ID}, 1)
 	wantEnded(t, h, i1.Token, w1.WorkspaceID, sandgate.ReasonPaused)
 	wantRunning(t, h, i2.Token, w2.WorkspaceID)
-	wantRefused(t, "acquire in the paused instance", do(t, h, acquireReq(i1.Token, "p1", acquireBody("p"))),
-		http.StatusForbidden, protocol.Paused, "instance_paused", "")
-	wantAdmission(t, h, i1.Token, "paused instance", protocol.AdmissionPaused, "instance_paused")
+	wantClosed(t, h, "in the paused instance", "p1", protocol.Paused, protocol.AdmissionPaused, "instance_paused", i1)
 	wantAdmission(t, h, i2.Token, "sibling of the paused instance", protocol.AdmissionOpen, "")
 	w2b := acquire(t, h, i2.Token, "i2-b")
 	wantRunning(t, h, i2.Token, w2.WorkspaceID)
@@ -328,9 +334,7 @@ func TestPause(t *testing.T) {
 	w1b := acquire(t, h, i1.Token, "p1")
 
 	// An account pause with a reason: every instance of the account.
-	if res := op.swept(t, "/pause", adminapi.PauseRequest{AccountID: i1.AccountID, Reason: "payment"}); res != (adminapi.Swept{Terminated: 3}) {
-		t.Errorf("account pause = %+v; want terminated 3, failed 0", res)
-	}
+	op.wantSwept(t, "account pause", "/pause", adminapi.PauseRequest{AccountID: i1.AccountID, Reason: "payment"}, 3)
 	for _, w := range []struct {
 		tok sandgate.Secret
 		id  string
@@ -338,20 +342,12 @@ func TestPause(t *testing.T) {
 		wantEnded(t, h, w.tok, w.id, sandgate.ReasonPaused)
 	}
 	wantRunning(t, h, other.Token, wo.WorkspaceID)
-	for _, in := range []sgtest.Instance{i1, i2} {
-		wantRefused(t, "acquire in the paused account", do(t, h, acquireReq(in.Token, "p2", acquireBody("p"))),
-			http.StatusForbidden, protocol.Paused, "payment", "")
-		wantAdmission(t, h, in.Token, "paused account", protocol.AdmissionPaused, "payment")
-	}
-	wantAdmission(t, h, other.Token, "other account", protocol.AdmissionOpen, "")
-	acquire(t, h, other.Token, "o2")
+	wantClosed(t, h, "in the paused account", "p2", protocol.Paused, protocol.AdmissionPaused, "payment", i1, i2)
+	wantOpen(t, h, "other account", "o2", other)
 	release(t, h, i2.Token, w2.WorkspaceID)
 
 	op.do(t, http.MethodPost, "/resume", adminapi.ResumeRequest{AccountID: i1.AccountID}, nil)
-	for _, in := range []sgtest.Instance{i1, i2} {
-		wantAdmission(t, h, in.Token, "resumed account", protocol.AdmissionOpen, "")
-		acquire(t, h, in.Token, "p2")
-	}
+	wantOpen(t, h, "resumed account", "p2", i1, i2)
 }
 
 // TestRefusalLeavesNoTrace refuses an Acquire for each admission reason
@@ -629,8 +625,7 @@ func TestRevokeTerminates(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	op := newOperator(t, h)
-	a, b := h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
-	wa1, wa2, wb := acquire(t, h, a.Token, "a1"), acquire(t, h, a.Token, "a2"), acquire(t, h, b.Token, "b1")
+	a, b, wa1, wa2, wb := runningInTwoAccounts(t, h)
 
 	var res adminapi.RevokeResult
 	op.do(t, http.MethodPost, "/instances/"+a.ID+"/tokens/revoke", nil, &res)
@@ -664,9 +659,8 @@ func TestReaperSweepsControlledScopes(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	ctx := context.Background()
-	i1 := h.NewInstance(adminapi.Scope{})
-	i2 := h.NewInstanceIn(i1.AccountID, adminapi.Scope{})
-	lapsed, other := h.NewInstance(adminapi.Scope{}), h.NewInstance(adminapi.Scope{})
+	i1, i2, lapsed := twoAccounts(h)
+	other := h.NewInstance(adminapi.Scope{})
 	w1, w2 := acquire(t, h, i1.Token, "w1"), acquire(t, h, i2.Token, "w2")
 	wl, wo := acquire(t, h, lapsed.Token, "wl"), acquire(t, h, other.Token, "wo")
 	now := h.Clock.Now().UnixMilli()

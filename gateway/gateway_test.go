@@ -260,6 +260,46 @@ func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
 
 func (g *gate) wait() { <-g.ch }
 
+// startBlockedAcquire sends the acquire r in the background with the
+// provider's create held by a gate, and returns once the create has begun:
+// the gate, the id of the starting workspace, and where the acquire's reply
+// will arrive once the gate opens. what names the acquire in failures.
+func startBlockedAcquire(t testing.TB, h *sgtest.Harness, what string, r request) (g *gate, id string, done <-chan reply) {
+	t.Helper()
+	g = newGate(t)
+	entered := make(chan string, 1)
+	h.Provider.OnCreate(func(ctx context.Context, spec providers.CreateSpec) error {
+		entered <- spec.WorkspaceID
+		g.wait()
+		return nil
+	})
+	first := make(chan reply, 1)
+	go func() {
+		rep, err := send(h, nil, r)
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+		first <- rep
+	}()
+	return g, <-entered, first
+}
+
+// wantState checks a workspace's state; when names the moment in failures.
+func wantState(t testing.TB, h *sgtest.Harness, tok sandgate.Secret, id, when, want string) {
+	t.Helper()
+	if got := getWorkspace(t, h, tok, id).State; got != want {
+		t.Errorf("workspace state %s = %q; want %q", when, got, want)
+	}
+}
+
+// twoAccounts returns two instances of one account and one of another,
+// made in that order, each with the default scope.
+func twoAccounts(h *sgtest.Harness) (x, sibling, stranger sgtest.Instance) {
+	x = h.NewInstance(adminapi.Scope{})
+	sibling = h.NewInstanceIn(x.AccountID, adminapi.Scope{})
+	return x, sibling, h.NewInstance(adminapi.Scope{})
+}
+
 // workspaceOps returns one request per workspace operation on id, with
 // valid bodies.
 func workspaceOps(tok sandgate.Secret, id string) []request {
@@ -565,9 +605,7 @@ func TestAuthRefused(t *testing.T) {
 		r := request{Method: http.MethodGet, Path: "/v1/lease", Header: map[string]string{"Authorization": hdr}}
 		wantOK(t, fmt.Sprintf("Authorization %q", strings.Replace(hdr, tok, "<token>", 1)), do(t, h, r), http.StatusOK, nil)
 	}
-	if got := getWorkspace(t, h, in.Token, ws.WorkspaceID).State; got != "running" {
-		t.Errorf("workspace state after refused releases = %q; want running", got)
-	}
+	wantState(t, h, in.Token, ws.WorkspaceID, "after refused releases", "running")
 	if ws := listAll(t, h, in.Token); len(ws) != 1 {
 		t.Errorf("workspaces after refused acquires = %d; want 1", len(ws))
 	}
@@ -596,9 +634,7 @@ func TestExpiredToken(t *testing.T) {
 		wantError(t, "expired: "+what(r), do(t, h, r), http.StatusUnauthorized, protocol.LeaseExpired)
 	}
 	// The workspace runs on, and another token of the instance controls it.
-	if got := getWorkspace(t, h, in.Token, ws.WorkspaceID).State; got != "running" {
-		t.Errorf("workspace state after its token expired = %q; want running", got)
-	}
+	wantState(t, h, in.Token, ws.WorkspaceID, "after its token expired", "running")
 	if got := release(t, h, in.Token, ws.WorkspaceID).State; got != "terminated" {
 		t.Errorf("release with another token: state = %q; want terminated", got)
 	}
@@ -1080,23 +1116,7 @@ func TestIdempotencyInProgress(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	in := h.NewInstance(adminapi.Scope{})
-	g := newGate(t)
-	entered := make(chan string, 1)
-	h.Provider.OnCreate(func(ctx context.Context, spec providers.CreateSpec) error {
-		entered <- spec.WorkspaceID
-		g.wait()
-		return nil
-	})
-
-	first := make(chan reply, 1)
-	go func() {
-		rep, err := send(h, nil, acquireReq(in.Token, "slow", acquireBody("slow")))
-		if err != nil {
-			t.Errorf("first acquire: %v", err)
-		}
-		first <- rep
-	}()
-	id := <-entered
+	g, id, first := startBlockedAcquire(t, h, "first acquire", acquireReq(in.Token, "slow", acquireBody("slow")))
 
 	rep := do(t, h, acquireReq(in.Token, "slow", acquireBody("slow")))
 	wantError(t, "replay while in progress", rep, http.StatusConflict, protocol.IdempotencyInProgress)
@@ -1141,22 +1161,7 @@ func TestReleaseWhileStarting(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
 	in := h.NewInstance(adminapi.Scope{})
-	g := newGate(t)
-	entered := make(chan string, 1)
-	h.Provider.OnCreate(func(ctx context.Context, spec providers.CreateSpec) error {
-		entered <- spec.WorkspaceID
-		g.wait()
-		return nil
-	})
-	first := make(chan reply, 1)
-	go func() {
-		rep, err := send(h, nil, acquireReq(in.Token, "rws", acquireBody("x")))
-		if err != nil {
-			t.Errorf("acquire: %v", err)
-		}
-		first <- rep
-	}()
-	id := <-entered
+	g, id, first := startBlockedAcquire(t, h, "acquire", acquireReq(in.Token, "rws", acquireBody("x")))
 
 	rel := release(t, h, in.Token, id)
 	if rel.State != "terminating" || deref(rel.TerminationReason) != "released" {
@@ -1190,9 +1195,7 @@ func TestReleaseWhileStarting(t *testing.T) {
 func TestIdempotencyKeysPerInstance(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	a := h.NewInstance(adminapi.Scope{})
-	b := h.NewInstanceIn(a.AccountID, adminapi.Scope{})
-	c := h.NewInstance(adminapi.Scope{})
+	a, b, c := twoAccounts(h)
 	ids := map[string]bool{}
 	for _, in := range []sgtest.Instance{a, b, c} {
 		ws := acquire(t, h, in.Token, "shared-key")
@@ -1293,9 +1296,7 @@ func TestConcurrencyLimit(t *testing.T) {
 func TestCrossInstance(t *testing.T) {
 	t.Parallel()
 	h := sgtest.New(t, sgtest.Options{})
-	a := h.NewInstance(adminapi.Scope{})
-	sameAccount := h.NewInstanceIn(a.AccountID, adminapi.Scope{})
-	otherAccount := h.NewInstance(adminapi.Scope{})
+	a, sameAccount, otherAccount := twoAccounts(h)
 	ws := acquire(t, h, a.Token, "mine")
 	acquire(t, h, sameAccount.Token, "theirs")
 
@@ -1329,9 +1330,7 @@ func TestCrossInstance(t *testing.T) {
 			}
 		}
 	}
-	if got := getWorkspace(t, h, a.Token, ws.WorkspaceID).State; got != "running" {
-		t.Errorf("workspace state after other instances' requests = %q; want running", got)
-	}
+	wantState(t, h, a.Token, ws.WorkspaceID, "after other instances' requests", "running")
 	if n := len(h.Provider.Execs()); n != 0 {
 		t.Errorf("provider execs by other instances = %d; want 0", n)
 	}
@@ -1492,9 +1491,7 @@ func TestExecAfterRelease(t *testing.T) {
 	if got := len(h.Provider.Execs()); got != n {
 		t.Errorf("provider execs after release = %d; want %d", got, n)
 	}
-	if got := getWorkspace(t, h, in.Token, ws.WorkspaceID).State; got != "terminated" {
-		t.Errorf("state after release = %q; want terminated", got)
-	}
+	wantState(t, h, in.Token, ws.WorkspaceID, "after release", "terminated")
 }
 
 func TestExecAfterExpiry(t *testing.T) {
@@ -1782,9 +1779,7 @@ func TestReleaseTerminateFailure(t *testing.T) {
 		t.Errorf("release with a failing provider: state, reason, terminated_at, metered = %q, %v, %v, %v; want terminating, released, <nil>, <nil>",
 			got.State, deref(got.TerminationReason), deref(got.TerminatedAt), deref(got.MeteredSeconds))
 	}
-	if got := getWorkspace(t, h, in.Token, ws.WorkspaceID).State; got != "terminating" {
-		t.Errorf("status after failed terminate = %q; want terminating", got)
-	}
+	wantState(t, h, in.Token, ws.WorkspaceID, "after failed terminate", "terminating")
 	if n := h.LiveCount(in); n != 0 {
 		t.Errorf("live slots while terminating = %d; want 0", n)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/broker"
+	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
@@ -48,6 +49,15 @@ type snapEnv struct {
 	cl       *client.Client
 	logs     *sgtest.Logs
 	instance sandgate.Instance
+}
+
+// snapStartFake is snapStart over a new fake provider, with one workspace
+// acquired.
+func snapStartFake(t *testing.T, edit func(*sandgate.Limits)) (*fakeprovider.Provider, *snapEnv, *protocol.Workspace) {
+	t.Helper()
+	fake := fakeprovider.New()
+	e := snapStart(t, fake, edit)
+	return fake, e, e.acquire("")
 }
 
 // snapStart runs a broker over p with the instance's limits changed by

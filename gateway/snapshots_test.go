@@ -189,9 +189,7 @@ func TestSnapshotTTL(t *testing.T) {
 // it confirms.
 func TestSnapshotTTLRetries(t *testing.T) {
 	t.Parallel()
-	fake := fakeprovider.New()
-	e := snapStart(t, fake, func(l *sandgate.Limits) { l.SnapshotTTL = time.Hour })
-	ws := e.acquire("")
+	fake, e, ws := snapStartFake(t, func(l *sandgate.Limits) { l.SnapshotTTL = time.Hour })
 	snap, _, err := e.snapshot(ws.WorkspaceID, "k", "/workspace")
 	if err != nil {
 		t.Fatal(err)
@@ -218,9 +216,7 @@ func TestSnapshotTTLRetries(t *testing.T) {
 
 func TestSnapshotQuota(t *testing.T) {
 	t.Parallel()
-	fake := fakeprovider.New()
-	e := snapStart(t, fake, func(l *sandgate.Limits) { l.MaxSnapshots = 2 })
-	ws := e.acquire("")
+	_, e, ws := snapStartFake(t, func(l *sandgate.Limits) { l.MaxSnapshots = 2 })
 	var ids []string
 	for i := range 2 {
 		s, _, err := e.snapshot(ws.WorkspaceID, "k"+string(rune('a'+i)), "/workspace")
@@ -243,9 +239,7 @@ func TestSnapshotQuota(t *testing.T) {
 
 func TestSnapshotRefusals(t *testing.T) {
 	t.Parallel()
-	fake := fakeprovider.New()
-	e := snapStart(t, fake, nil)
-	ws := e.acquire("")
+	fake, e, ws := snapStartFake(t, nil)
 	path := "/v1/workspaces/" + ws.WorkspaceID + "/snapshots"
 	key := map[string]string{protocol.HeaderIdempotencyKey: "k1"}
 	for _, tt := range []struct {
@@ -298,9 +292,7 @@ func TestSnapshotRefusals(t *testing.T) {
 // terminates the workspace, answers the error, and frees the key.
 func TestWarmStartRestoreFails(t *testing.T) {
 	t.Parallel()
-	fake := fakeprovider.New()
-	e := snapStart(t, fake, nil)
-	ws := e.acquire("")
+	fake, e, ws := snapStartFake(t, nil)
 	snap, _, err := e.snapshot(ws.WorkspaceID, "k", "/workspace")
 	if err != nil {
 		t.Fatal(err)
@@ -353,9 +345,7 @@ func wantSnapshotQuota(t *testing.T, label string, err error) {
 // is refused before the provider is asked; a refusal consumes no key.
 func TestSnapshotByteQuota(t *testing.T) {
 	t.Parallel()
-	fake := fakeprovider.New()
-	e := snapStart(t, fake, func(l *sandgate.Limits) { l.MaxSnapshotBytes = 10 })
-	ws := e.acquire("")
+	fake, e, ws := snapStartFake(t, func(l *sandgate.Limits) { l.MaxSnapshotBytes = 10 })
 	sb := providers.Sandbox{Ref: ws.WorkspaceID}
 	write := func(path, s string) {
 		if err := providers.WriteFileBytes(context.Background(), fake, sb, path, []byte(s)); err != nil {

@@ -69,6 +69,14 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
+// newEnvInstance is newEnv with one instance on the default provider, the
+// set-up of most tests.
+func newEnvInstance(t *testing.T) (*env, sandgate.Instance) {
+	t.Helper()
+	e := newEnv(t)
+	return e, e.instance(t, "")
+}
+
 // instance stores an instance on provider ("" for the default).
 func (e *env) instance(t *testing.T, provider string) sandgate.Instance {
 	t.Helper()
@@ -120,6 +128,25 @@ func (e *env) live(t *testing.T, in sandgate.Instance) int64 {
 	return n
 }
 
+// wantNothingHeld checks that in has no live slot and the account no hold;
+// when names the moment in failures.
+func (e *env) wantNothingHeld(t *testing.T, in sandgate.Instance, when string) {
+	t.Helper()
+	if n, h := e.live(t, in), e.holds(t); n != 0 || h != 0 {
+		t.Errorf("%s: %d live, %d µ held; want 0, 0", when, n, h)
+	}
+}
+
+// wantRetryAdmitted retries a failed acquire with its key and checks that
+// it makes a new workspace, whose slot is the only one of in.
+func (e *env) wantRetryAdmitted(t *testing.T, in sandgate.Instance, key string) {
+	t.Helper()
+	wantNewWorkspace(t, e.saga, in, key, "retry with the same key")
+	if n := e.live(t, in); n != 1 {
+		t.Errorf("live slots after the retry = %d; want 1 (the retry's; the failed one's freed)", n)
+	}
+}
+
 // TestAcquireRoutesToTheInstanceProvider: each workspace lands on its
 // instance's provider and its record names it.
 func TestAcquireRoutesToTheInstanceProvider(t *testing.T) {
@@ -151,17 +178,14 @@ func TestAcquireRoutesToTheInstanceProvider(t *testing.T) {
 // no consumed key; a provider closed to new work refuses before anything
 // is reserved.
 func TestAcquireCompensates(t *testing.T) {
-	e := newEnv(t)
+	e, in := newEnvInstance(t)
 	ctx := context.Background()
-	in := e.instance(t, "")
 	e.one.Set(func(p *fakeprovider.Provider) {
 		p.CreateHook = func(context.Context, providers.CreateSpec) error { return errors.New("vendor down") }
 	})
 	_, err := e.saga.Acquire(ctx, in, "k1", req())
 	wantCode(t, "acquire while the vendor fails", err, protocol.UpstreamError)
-	if n, h := e.live(t, in), e.holds(t); n != 0 || h != 0 {
-		t.Errorf("after a failed create: %d live, %d µ held; want 0, 0", n, h)
-	}
+	e.wantNothingHeld(t, in, "after a failed create")
 	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
 	res, err := e.saga.Acquire(ctx, in, "k1", req())
 	if err != nil || res.Replayed {
@@ -237,26 +261,9 @@ func TestWarmStartOnlyOnTheSnapshotsProvider(t *testing.T) {
 // sandbox is ended, the answer is admission_unavailable, and the key is
 // freed: a retry with the same key re-evaluates and gets a workspace.
 func TestAcquireConfirmFails(t *testing.T) {
-	e := newEnv(t)
-	ctx := context.Background()
-	in := e.instance(t, "")
-	steps := e.addSteps(failScript)
-	e.one.Set(func(p *fakeprovider.Provider) {
-		p.CreateHook = func(context.Context, providers.CreateSpec) error {
-			steps.arm() // the confirm, the next script
-			return nil
-		}
-	})
-	_, err := e.saga.Acquire(ctx, in, "k-confirm", req())
-	wantCode(t, "acquire whose confirm failed", err, protocol.Unavailable)
-	if !steps.used() {
-		t.Fatal("no script ran after the create")
-	}
-	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
-	wantNewWorkspace(t, e.saga, in, "k-confirm", "retry with the same key")
-	if n := e.live(t, in); n != 1 {
-		t.Errorf("live slots = %d; want 1 (the retry's; the failed one's freed)", n)
-	}
+	e, in := newEnvInstance(t)
+	e.acquireStepsAfterCreate(t, in, "k-confirm", "acquire whose confirm failed", failScript) // the confirm
+	e.wantRetryAdmitted(t, in, "k-confirm")
 }
 
 // TestAcquireCompensatesBesideRepair: another broker's billing repair
@@ -265,9 +272,8 @@ func TestAcquireConfirmFails(t *testing.T) {
 // counts nothing for a workspace that never ran. Before, the record was
 // removed first, and the repair freed the hold without its counters.
 func TestAcquireCompensatesBesideRepair(t *testing.T) {
-	e := newEnv(t)
+	e, in := newEnvInstance(t)
 	ctx := context.Background()
-	in := e.instance(t, "")
 	if err := e.bill.SetBudget(ctx, e.acct, billing.Budget{MonthlyMicros: 10_000_000}); err != nil {
 		t.Fatal(err)
 	}
@@ -356,6 +362,39 @@ func (h *stepHook) process(ctx context.Context, cmd redis.Cmder, next redis.Proc
 	return err
 }
 
+// acquireStepsAfterCreate acquires under key with the script calls that
+// follow the provider's create handed to steps, and fails the test unless
+// the acquire answers Unavailable and every step ran. what names the
+// acquire in failures. The create runs unhooked again afterwards.
+func (e *env) acquireStepsAfterCreate(t *testing.T, in sandgate.Instance, key, what string, steps ...redistest.ScriptHook) {
+	t.Helper()
+	h := e.addSteps(steps...)
+	e.one.Set(func(p *fakeprovider.Provider) {
+		p.CreateHook = func(context.Context, providers.CreateSpec) error {
+			h.arm()
+			return nil
+		}
+	})
+	_, err := e.saga.Acquire(context.Background(), in, key, req())
+	wantCode(t, what, err, protocol.Unavailable)
+	if !h.used() {
+		t.Fatalf("%s: the steps after the create did not all run", what)
+	}
+	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
+}
+
+// acquireDying runs an acquire under key on w in a goroutine of its own,
+// which w's gateway may end by dying there (runtime.Goexit), and waits
+// for that goroutine to end.
+func acquireDying(w *broker.Broker, in sandgate.Instance, key string) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = w.Saga().Acquire(context.Background(), in, key, req())
+	}()
+	<-done
+}
+
 // wireAfterCreate wires another saga over provider "one" alone that
 // calls afterCreate between each provider create and its confirm.
 func (e *env) wireAfterCreate(t *testing.T, afterCreate func(string)) (*providers.Set, *broker.Broker) {
@@ -373,9 +412,8 @@ func (e *env) wireAfterCreate(t *testing.T, afterCreate func(string)) (*provider
 // its own. The stalled confirm, when it runs, refuses and leaves the key
 // to the retry's workspace: replays answer the one running.
 func TestLateConfirmLeavesReclaimedKey(t *testing.T) {
-	e := newEnv(t)
+	e, in := newEnvInstance(t)
 	ctx := context.Background()
-	in := e.instance(t, "")
 	stall := make(chan struct{})
 	var creates atomic.Int32
 	set, w := e.wireAfterCreate(t, func(string) {
@@ -410,22 +448,16 @@ func TestLateConfirmLeavesReclaimedKey(t *testing.T) {
 // a retry with the same key is admitted at once, not refused with 409
 // idempotency_in_progress until the pending deadline.
 func TestAdmissionAnswerLost(t *testing.T) {
-	e := newEnv(t)
+	e, in := newEnvInstance(t)
 	ctx := context.Background()
-	in := e.instance(t, "")
 	e.addSteps(loseAnswer).arm()
 	_, err := e.saga.Acquire(ctx, in, "k", req())
 	wantCode(t, "acquire whose admission answer was lost", err, protocol.AdmissionUnavailable)
-	if n, h := e.live(t, in), e.holds(t); n != 0 || h != 0 {
-		t.Errorf("after the lost answer: %d live, %d µ held; want 0, 0", n, h)
-	}
+	e.wantNothingHeld(t, in, "after the lost answer")
 	if got := e.one.Creates(); got != 0 {
 		t.Errorf("provider creates after the lost answer = %d; want 0", got)
 	}
-	wantNewWorkspace(t, e.saga, in, "k", "retry with the same key")
-	if n := e.live(t, in); n != 1 {
-		t.Errorf("live slots after the retry = %d; want 1", n)
-	}
+	e.wantRetryAdmitted(t, in, "k")
 }
 
 // TestStartingReleasedFreesKey: a gateway dies between the provider
@@ -435,9 +467,8 @@ func TestAdmissionAnswerLost(t *testing.T) {
 // a retry with it is evaluated again, where before it met 409
 // idempotency_in_progress until the key's TTL (7 days).
 func TestStartingReleasedFreesKey(t *testing.T) {
-	e := newEnv(t)
+	e, in := newEnvInstance(t)
 	ctx := context.Background()
-	in := e.instance(t, "")
 	var dying atomic.Bool
 	dying.Store(true)
 	_, w := e.wireAfterCreate(t, func(string) {
@@ -445,12 +476,7 @@ func TestStartingReleasedFreesKey(t *testing.T) {
 			runtime.Goexit() // the gateway dies here
 		}
 	})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, _ = w.Saga().Acquire(ctx, in, "k", req())
-	}()
-	<-done
+	acquireDying(w, in, "k")
 	live, err := e.db.LiveWorkspaces(ctx, e.acct, in.ID, e.clock.Now())
 	if err != nil || len(live) != 1 || live[0].State != sandgate.WorkspaceStarting {
 		t.Fatalf("live workspaces after the gateway died = %+v, %v; want one starting", live, err)
@@ -471,22 +497,10 @@ func TestStartingReleasedFreesKey(t *testing.T) {
 // sandbox was ended under a running record that went on being billed,
 // and the key was freed, so a retry got a second workspace.
 func TestConfirmLostEndUnrecorded(t *testing.T) {
-	e := newEnv(t)
+	e, in := newEnvInstance(t)
 	ctx := context.Background()
-	in := e.instance(t, "")
-	steps := e.addSteps(loseAnswer, failScript) // the confirm, then the end's record
-	e.one.Set(func(p *fakeprovider.Provider) {
-		p.CreateHook = func(context.Context, providers.CreateSpec) error {
-			steps.arm()
-			return nil
-		}
-	})
-	_, err := e.saga.Acquire(ctx, in, "k", req())
-	wantCode(t, "acquire whose confirm's answer was lost and whose end failed", err, protocol.Unavailable)
-	if !steps.used() {
-		t.Fatal("the confirm and the end's record did not both run after the create")
-	}
-	e.one.Set(func(p *fakeprovider.Provider) { p.CreateHook = nil })
+	e.acquireStepsAfterCreate(t, in, "k", "acquire whose confirm's answer was lost and whose end failed",
+		loseAnswer, failScript) // the confirm, then the end's record
 	live, err := e.db.LiveWorkspaces(ctx, e.acct, in.ID, e.clock.Now())
 	if err != nil || len(live) != 1 || live[0].State != sandgate.WorkspaceRunning {
 		t.Fatalf("live workspaces = %+v, %v; want the confirmed one, running", live, err)
@@ -511,9 +525,8 @@ func TestConfirmLostEndUnrecorded(t *testing.T) {
 // record named no sandbox, and the reaper recorded an end without asking
 // the provider while the sandbox ran on, unbilled.
 func TestEndRetriedOnTheSandbox(t *testing.T) {
-	e := newEnv(t)
+	e, in := newEnvInstance(t)
 	ctx := context.Background()
-	in := e.instance(t, "")
 	var w *broker.Broker
 	set, w := e.wireAfterCreate(t, func(id string) {
 		if _, err := w.Terminator().Release(ctx, e.acct, in.ID, id); err != nil {
@@ -538,16 +551,10 @@ func TestEndRetriedOnTheSandbox(t *testing.T) {
 // but the provider fails the terminate. The record keeps the sandbox the
 // provider listed, so the next pass ends it before recording the end.
 func TestFailedCreateRetriedOnTheSandbox(t *testing.T) {
-	e := newEnv(t)
+	e, in := newEnvInstance(t)
 	ctx := context.Background()
-	in := e.instance(t, "")
 	set, w := e.wireAfterCreate(t, func(string) { runtime.Goexit() }) // the gateway dies here
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, _ = w.Saga().Acquire(ctx, in, "k", req())
-	}()
-	<-done
+	acquireDying(w, in, "k")
 	live, err := e.db.LiveWorkspaces(ctx, e.acct, in.ID, e.clock.Now())
 	if err != nil || len(live) != 1 {
 		t.Fatalf("live workspaces after the gateway died = %+v, %v; want one", live, err)
@@ -590,9 +597,8 @@ func (e *env) wantEnded(t *testing.T, id string) {
 // nothing freed the key of a record already terminating: every retry met
 // 409 idempotency_in_progress for the key's TTL.
 func TestEndAnswerLostFreesKey(t *testing.T) {
-	e := newEnv(t)
+	e, in := newEnvInstance(t)
 	ctx := context.Background()
-	in := e.instance(t, "")
 	steps := e.addSteps(failScript, loseAnswer) // the confirm, then the end's record
 	set, w := e.wireAfterCreate(t, func(string) { steps.arm() })
 	_, err := w.Saga().Acquire(ctx, in, "k", req())
@@ -610,9 +616,8 @@ func TestEndAnswerLostFreesKey(t *testing.T) {
 // caller's copy, which names none; before, the end was recorded without
 // asking the provider, and the sandbox ran on until an orphan pass.
 func TestTerminateReadBeforeConfirm(t *testing.T) {
-	e := newEnv(t)
+	e, in := newEnvInstance(t)
 	ctx := context.Background()
-	in := e.instance(t, "")
 	var early sandgate.Workspace
 	_, w := e.wireAfterCreate(t, func(id string) {
 		var err error
@@ -638,9 +643,8 @@ func TestTerminateReadBeforeConfirm(t *testing.T) {
 // next pass ends both. Before, the pass or the release recorded
 // terminated at once, and the sandbox ran on until an orphan pass.
 func TestEndWaitsForTheCreate(t *testing.T) {
-	e := newEnv(t)
+	e, in := newEnvInstance(t)
 	ctx := context.Background()
-	in := e.instance(t, "")
 	var w *broker.Broker
 	var set *providers.Set
 	set, w = e.wireAfterCreate(t, func(id string) {

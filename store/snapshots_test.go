@@ -22,6 +22,15 @@ func eachDB(t *testing.T, fn func(t *testing.T, db *store.DB)) {
 	redistest.Each(t, func(t *testing.T, rdb redis.UniversalClient) { fn(t, store.New(rdb, store.Config{})) })
 }
 
+// eachScope is eachDB with a fresh account and instance, and the time the
+// test runs at, as every snapshot test starts.
+func eachScope(t *testing.T, fn func(t *testing.T, db *store.DB, acct, inst string, now time.Time)) {
+	t.Helper()
+	eachDB(t, func(t *testing.T, db *store.DB) {
+		fn(t, db, sandgate.NewID("acct_"), sandgate.NewID("inst_"), time.Now().UTC())
+	})
+}
+
 // newSnapshot returns a creating snapshot of a fresh account and instance
 // (or of acct and inst when set).
 func newSnapshot(acct, inst string, now time.Time) sandgate.Snapshot {
@@ -31,11 +40,20 @@ func newSnapshot(acct, inst string, now time.Time) sandgate.Snapshot {
 	}
 }
 
+// beginSnapshot begins a new snapshot of acct and inst under the key "key",
+// with a quota of one and a pending deadline a minute after now.
+func beginSnapshot(t *testing.T, db *store.DB, acct, inst string, now time.Time) sandgate.Snapshot {
+	t.Helper()
+	s := newSnapshot(acct, inst, now)
+	if err := db.BeginSnapshot(context.Background(), s, 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
+		t.Fatalf("BeginSnapshot: %v", err)
+	}
+	return s
+}
+
 func TestSnapshotQuotaAtomic(t *testing.T) {
-	eachDB(t, func(t *testing.T, db *store.DB) {
+	eachScope(t, func(t *testing.T, db *store.DB, acct, inst string, now time.Time) {
 		ctx := context.Background()
-		now := time.Now().UTC()
-		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
 		ok, full := tally.Run(t, 50, "BeginSnapshot", func(i int) error {
 			return db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 3, 0, now.Add(time.Minute), fmt.Sprint("k", i), "h", now)
 		}, isErr(store.ErrQuota))
@@ -59,14 +77,9 @@ func TestSnapshotQuotaAtomic(t *testing.T) {
 }
 
 func TestSnapshotLife(t *testing.T) {
-	eachDB(t, func(t *testing.T, db *store.DB) {
+	eachScope(t, func(t *testing.T, db *store.DB, acct, inst string, now time.Time) {
 		ctx := context.Background()
-		now := time.Now().UTC()
-		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
-		s := newSnapshot(acct, inst, now)
-		if err := db.BeginSnapshot(ctx, s, 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
-			t.Fatalf("BeginSnapshot: %v", err)
-		}
+		s := beginSnapshot(t, db, acct, inst, now)
 		var replay *store.SnapshotReplay
 		if err := db.BeginSnapshot(ctx, newSnapshot(acct, inst, now), 1, 0, now.Add(time.Minute), "key", "hash", now); !errors.As(err, &replay) ||
 			replay.Record.SnapshotID != s.ID || replay.Record.State != store.IdemInProgress {
@@ -127,14 +140,9 @@ func TestSnapshotLife(t *testing.T) {
 }
 
 func TestSnapshotAbortFreesKey(t *testing.T) {
-	eachDB(t, func(t *testing.T, db *store.DB) {
+	eachScope(t, func(t *testing.T, db *store.DB, acct, inst string, now time.Time) {
 		ctx := context.Background()
-		now := time.Now().UTC()
-		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
-		s := newSnapshot(acct, inst, now)
-		if err := db.BeginSnapshot(ctx, s, 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
-			t.Fatal(err)
-		}
+		s := beginSnapshot(t, db, acct, inst, now)
 		if err := db.AbortSnapshot(ctx, s, "key"); err != nil {
 			t.Fatal(err)
 		}
@@ -151,14 +159,9 @@ func TestSnapshotAbortFreesKey(t *testing.T) {
 // only until the pending deadline; the reaper then queues its contents for
 // deletion, and a late confirm is refused with the key freed.
 func TestSnapshotPendingExpiry(t *testing.T) {
-	eachDB(t, func(t *testing.T, db *store.DB) {
+	eachScope(t, func(t *testing.T, db *store.DB, acct, inst string, now time.Time) {
 		ctx := context.Background()
-		now := time.Now().UTC()
-		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
-		s := newSnapshot(acct, inst, now)
-		if err := db.BeginSnapshot(ctx, s, 1, 0, now.Add(time.Minute), "key", "hash", now); err != nil {
-			t.Fatal(err)
-		}
+		s := beginSnapshot(t, db, acct, inst, now)
 		later := now.Add(2 * time.Minute)
 		if n, _ := db.LiveSnapshots(ctx, acct, inst, later); n != 0 {
 			t.Errorf("LiveSnapshots past the pending deadline = %d; want 0", n)
@@ -205,10 +208,8 @@ func newRunning(t *testing.T, db *store.DB, acct, inst string, now time.Time) sa
 // max_snapshot_bytes; a begin at the quota and a confirm past it change
 // nothing; a deletion or an expiry gives the bytes back.
 func TestSnapshotByteQuota(t *testing.T) {
-	eachDB(t, func(t *testing.T, db *store.DB) {
+	eachScope(t, func(t *testing.T, db *store.DB, acct, inst string, now time.Time) {
 		ctx := context.Background()
-		now := time.Now().UTC()
-		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
 		const max = 1000
 		begin := func(key string) (sandgate.Snapshot, error) {
 			s := newSnapshot(acct, inst, now)
@@ -287,10 +288,8 @@ func TestSnapshotByteQuota(t *testing.T) {
 // TestSnapshotByteQuotaAtomic: concurrent confirms never take the live
 // snapshots past the byte quota.
 func TestSnapshotByteQuotaAtomic(t *testing.T) {
-	eachDB(t, func(t *testing.T, db *store.DB) {
+	eachScope(t, func(t *testing.T, db *store.DB, acct, inst string, now time.Time) {
 		ctx := context.Background()
-		now := time.Now().UTC()
-		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
 		ok, over := tally.Run(t, 30, "BeginSnapshot or ConfirmSnapshot", func(i int) error {
 			s := newSnapshot(acct, inst, now)
 			key := fmt.Sprint("k", i)

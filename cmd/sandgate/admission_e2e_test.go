@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -95,12 +94,7 @@ func TestAdmission300AcrossTwoGateways(t *testing.T) {
 	inst := strings.TrimSpace(runCLI(t, gwA.AdminEnv(), "admin", "instance", "create",
 		"--account", acct, "--max-concurrent", "5"))
 	tok := issueToken(t, adm, inst)
-	clients := []*client.Client{gwA.Client(t, tok), gwB.Client(t, tok)}
-	for _, c := range clients {
-		if _, err := c.Lease(ctx); err != nil {
-			t.Fatalf("Lease: %v", err)
-		}
-	}
+	clients := warmClients(ctx, t, tok, gwA, gwB)
 
 	won := wantConcurrencySplit(t, raceAcquires(ctx, clients, "race", racers), limit)
 	for _, r := range won {
@@ -109,28 +103,10 @@ func TestAdmission300AcrossTwoGateways(t *testing.T) {
 		}
 	}
 
-	// Release each through the gateway that did not create it.
-	for _, r := range won {
-		rel, err := clients[1-r.gw].Release(ctx, r.ws.WorkspaceID)
-		if err != nil || rel == nil || rel.State != "terminated" {
-			t.Fatalf("Release %s = %+v, %v; want terminated", r.ws.WorkspaceID, rel, err)
-		}
-	}
+	releaseCrosswise(ctx, t, clients, won)
 
-	rdb := rs.Client()
-	for _, key := range []string{
-		"sg:{" + acct + "}:inst:" + inst + ":live", // the instance's concurrency slots
-		"sg:{" + acct + "}:open",                   // the account's open reservations (risk)
-	} {
-		if n, err := rdb.ZCard(ctx, key).Result(); err != nil || n != 0 {
-			members, _ := rdb.ZRange(ctx, key, 0, -1).Result()
-			t.Errorf("ZCARD %s = %d, %v (%v); want 0 once everything is released", key, n, err, members)
-		}
-	}
-	entries, err := os.ReadDir(filepath.Join(cfg.DataDir, "local", "workspaces"))
-	if err != nil || len(entries) != 0 {
-		t.Errorf("local workspace directories left: %d (%v); want none", len(entries), err)
-	}
+	wantNoSlots(t, rs.Client(), acct, inst)
+	wantNoLocalWorkspaces(t, cfg.DataDir)
 }
 
 // TestRedisOutageFailsClosed: with Redis down, Acquire is refused with 503
@@ -150,8 +126,7 @@ func TestRedisOutageFailsClosed(t *testing.T) {
 	appendConfig(t, cfg, fmt.Sprintf(generousAdmission, "1s"))
 	gwA := startServe(t, cfg)
 	gwB := startServe(t, cfg)
-	adm := gwA.Admin(t)
-	inst := createInstance(t, adm, createAccount(t, adm, "e2e-outage"), 2)
+	adm, inst := newAccountInstance(t, gwA, "e2e-outage", 2)
 	tok := issueToken(t, adm, inst)
 	clients := []*client.Client{gwA.Client(t, tok), gwB.Client(t, tok)}
 
@@ -282,8 +257,7 @@ func TestEmergencyStopAcrossGateways(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, _, gwA, gwB := startPair(t)
-	adm := gwA.Admin(t)
-	inst := createInstance(t, adm, createAccount(t, adm, "e2e-stop"), 3)
+	adm, inst := newAccountInstance(t, gwA, "e2e-stop", 3)
 	tok := issueToken(t, adm, inst)
 	cA, cB := gwA.Client(t, tok), gwB.Client(t, tok)
 	clients := []*client.Client{cA, cB}

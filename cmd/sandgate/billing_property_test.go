@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/protocol"
 )
@@ -70,14 +71,7 @@ func TestBillingPropertyGatewayKill(t *testing.T) {
 	var open []string              // admitted, not released by the test
 	check := func(step string) {
 		t.Helper()
-		var b struct {
-			AvailableMicros int64 `json:"available_micros"`
-			HoldsMicros     int64 `json:"holds_micros"`
-			SettledMicros   int64 `json:"settled_micros"`
-			BalanceMicros   int64 `json:"balance_micros"`
-			CreditsMicros   int64 `json:"credits_micros"`
-			DebitsMicros    int64 `json:"debits_micros"`
-		}
+		var b adminapi.Balance
 		out := cli("admin", "funds", "balance", "--account", acct, "-o", "json")
 		if err := json.Unmarshal([]byte(out), &b); err != nil {
 			t.Fatalf("%s: funds balance: %v: %s", step, err, out)

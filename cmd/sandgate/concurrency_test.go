@@ -32,23 +32,11 @@ func TestTwoGatewaysConcurrency(t *testing.T) {
 	acct := createAccount(t, adm, "e2e-concurrency")
 	inst := createInstance(t, adm, acct, limit)
 	tok := issueToken(t, adm, inst)
-	clients := []*client.Client{gwA.Client(t, tok), gwB.Client(t, tok)}
-	// Warm both gateways' auth caches and connections outside the race.
-	for _, c := range clients {
-		if _, err := c.Lease(ctx); err != nil {
-			t.Fatalf("Lease: %v", err)
-		}
-	}
+	clients := warmClients(ctx, t, tok, gwA, gwB)
 
 	won := wantConcurrencySplit(t, raceAcquires(ctx, clients, "race", racers), limit)
 
-	// Release each through the gateway that did not create it.
-	for _, r := range won {
-		rel, err := clients[1-r.gw].Release(ctx, r.ws.WorkspaceID)
-		if err != nil || rel == nil || rel.State != "terminated" {
-			t.Fatalf("Release %s = %+v, %v; want terminated", r.ws.WorkspaceID, rel, err)
-		}
-	}
+	releaseCrosswise(ctx, t, clients, won)
 
 	// Nothing leaked: the full limit is available again, and no more.
 	again := raceAcquires(ctx, clients, "again", limit+1)
@@ -74,9 +62,43 @@ func TestTwoGatewaysConcurrency(t *testing.T) {
 	if n, err := rs.Client().ZCard(ctx, liveKey).Result(); err != nil || n != 0 {
 		t.Fatalf("ZCARD %s = %d, %v; want 0 once everything is released", liveKey, n, err)
 	}
-	entries, err := os.ReadDir(filepath.Join(cfg.DataDir, "local", "workspaces"))
+	wantNoLocalWorkspaces(t, cfg.DataDir)
+}
+
+// warmClients returns a client of tok for each gateway, each of which has
+// read the lease once: the gateways' auth caches and the connections are
+// warm before a race.
+func warmClients(ctx context.Context, t *testing.T, tok string, gws ...*serveBroker) []*client.Client {
+	t.Helper()
+	clients := make([]*client.Client, len(gws))
+	for i, gw := range gws {
+		clients[i] = gw.Client(t, tok)
+		if _, err := clients[i].Lease(ctx); err != nil {
+			t.Fatalf("Lease: %v", err)
+		}
+	}
+	return clients
+}
+
+// releaseCrosswise releases each won workspace through the gateway that
+// did not create it (of two), and fails unless it ends terminated.
+func releaseCrosswise(ctx context.Context, t *testing.T, clients []*client.Client, won []raced) {
+	t.Helper()
+	for _, r := range won {
+		rel, err := clients[1-r.gw].Release(ctx, r.ws.WorkspaceID)
+		if err != nil || rel == nil || rel.State != "terminated" {
+			t.Fatalf("Release %s = %+v, %v; want terminated", r.ws.WorkspaceID, rel, err)
+		}
+	}
+}
+
+// wantNoLocalWorkspaces fails the test unless the local provider under
+// dataDir has no workspace directory left.
+func wantNoLocalWorkspaces(t testing.TB, dataDir string) {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(dataDir, "local", "workspaces"))
 	if err != nil || len(entries) != 0 {
-		t.Fatalf("local workspaces left on disk: %d (%v); want none", len(entries), err)
+		t.Errorf("local workspace directories left: %d (%v); want none", len(entries), err)
 	}
 }
 
@@ -87,8 +109,7 @@ func TestTokenLifecycleAcrossGateways(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rs, _, gwA, gwB := startPair(t)
-	adm := gwA.Admin(t)
-	inst := createInstance(t, adm, createAccount(t, adm, "e2e-lifecycle"), 2)
+	adm, inst := newAccountInstance(t, gwA, "e2e-lifecycle", 2)
 	rdb := rs.Client()
 
 	t.Run("Revoke", func(t *testing.T) {

@@ -361,6 +361,32 @@ func mustJSON(t testing.TB, v any) string {
 	return string(b)
 }
 
+// newAccountInstance creates, through gw's operator API, an account named
+// name with one instance of maxConcurrent slots; it returns the operator
+// client and the instance's id.
+func newAccountInstance(t testing.TB, gw *serveBroker, name string, maxConcurrent int) (*adminapi.Client, string) {
+	t.Helper()
+	adm := gw.Admin(t)
+	return adm, createInstance(t, adm, createAccount(t, adm, name), maxConcurrent)
+}
+
+// runScript runs cmd and returns its stdout and stderr; when it fails, the
+// test stops with both, and with broker's answer when broker is not nil.
+// what names the script in the failure.
+func runScript(t *testing.T, what string, cmd *exec.Cmd, broker func() string) (stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		msg := fmt.Sprintf("%s: %v\nstdout:\n%s\nstderr:\n%s", what, err, out.String(), errOut.String())
+		if broker != nil {
+			msg += "\nbroker:\n" + broker()
+		}
+		t.Fatal(msg)
+	}
+	return out.String(), errOut.String()
+}
+
 // TestReadmeWalkthrough runs testdata/walkthrough.sh, the README's curl
 // walk-through, with the real curl against a dev broker, from the working
 // directory where `sandgate dev` keeps .sandgate/dev.env. It also checks
@@ -382,12 +408,7 @@ func TestReadmeWalkthrough(t *testing.T) {
 	cmd := exec.Command("bash", script)
 	cmd.Dir = d.workDir
 	cmd.Env = cleanEnv()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("walkthrough.sh: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-	out := stdout.String()
+	out, stderr := runScript(t, "walkthrough.sh", cmd, nil)
 	for _, want := range []string{
 		`"lease":{"id":"lse_`,             // 1. GET /v1/lease
 		`"state":"active"`,                // 1.
@@ -405,7 +426,7 @@ func TestReadmeWalkthrough(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("walkthrough.sh output:\n%s\nstderr:\n%s", out, stderr.String())
+		t.Logf("walkthrough.sh output:\n%s\nstderr:\n%s", out, stderr)
 	}
 	live, err := d.Client(t, "").ListWorkspaces(context.Background(), "live", "", 0)
 	if err != nil || len(live.Workspaces) != 0 {
@@ -582,8 +603,7 @@ func TestWorkspacesSurviveRestart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, cfg, s1 := startOne(t)
-	adm := s1.Admin(t)
-	inst := createInstance(t, adm, createAccount(t, adm, "e2e-restart"), 2)
+	adm, inst := newAccountInstance(t, s1, "e2e-restart", 2)
 	tok := issueToken(t, adm, inst)
 	c1 := s1.Client(t, tok)
 	ws := acquire(t, c1, "restart-1")

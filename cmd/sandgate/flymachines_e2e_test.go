@@ -189,21 +189,17 @@ func TestFlyMachinesDev(t *testing.T) {
 	cmd := exec.Command("bash", fullPath)
 	cmd.Dir = d.workDir
 	cmd.Env = cleanEnv()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("the walk-through: %v\nstdout:\n%s\nstderr:\n%s\nbroker:\n%s", err, stdout.String(), stderr.String(), tail(d.Logs(), 8<<10))
-	}
+	stdout, _ := runScript(t, "the walk-through", cmd, func() string { return tail(d.Logs(), 8<<10) })
 	for _, want := range []string{`"state":"active"`, "workspace: ws_", `"exit_code":0`, `"stdout_b64":"aGkK"`,
 		`"contents_b64":"aGVsbG8K"`, `"state":"canceled"`, `"state":"terminated"`, `"termination_reason":"released"`} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("the walk-through's output lacks %s:\n%s", want, stdout.String())
+		if !strings.Contains(stdout, want) {
+			t.Errorf("the walk-through's output lacks %s:\n%s", want, stdout)
 		}
 	}
 	c := d.Client(t, "")
 	// The README reads the file back in the warm start too, then releases
 	// everything it made.
-	if n := strings.Count(stdout.String(), `"contents_b64":"aGVsbG8K"`); n < 2 {
+	if n := strings.Count(stdout, `"contents_b64":"aGVsbG8K"`); n < 2 {
 		t.Errorf("the file was read back %d times; want 2 (the warm start has it too)", n)
 	}
 	if live, err := c.ListWorkspaces(ctx, "live", "", 0); err != nil || len(live.Workspaces) != 0 {

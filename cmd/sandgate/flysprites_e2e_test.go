@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -108,12 +107,7 @@ func TestFlySpritesWalkthrough(t *testing.T) {
 	cmd := exec.Command("bash", "-c", script)
 	cmd.Dir = d.workDir
 	cmd.Env = cleanEnv()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("walk-through: %v\nstdout:\n%s\nstderr:\n%s\nbroker:\n%s", err, stdout.String(), stderr.String(), tail(d.Logs(), 8<<10))
-	}
-	out := stdout.String()
+	out, stderr := runScript(t, "walk-through", cmd, func() string { return tail(d.Logs(), 8<<10) })
 	for _, want := range []string{
 		`"admission":{"state":"open"}`,    // 1. GET /v1/lease
 		"workspace: ws_",                  // 2.
@@ -138,7 +132,7 @@ func TestFlySpritesWalkthrough(t *testing.T) {
 		t.Errorf("live workspaces after the README = %+v, %v; want none", live, err)
 	}
 	if t.Failed() {
-		t.Logf("walk-through output:\n%s\nstderr:\n%s", out, stderr.String())
+		t.Logf("walk-through output:\n%s\nstderr:\n%s", out, stderr)
 	}
 
 	// An orphan: a sprite of this broker and provider that no record

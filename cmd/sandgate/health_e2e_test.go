@@ -138,8 +138,7 @@ func TestE2EServeStartsWithoutRedis(t *testing.T) {
 		code, r, err := readyz(s.AdminURL)
 		return err == nil && r.Ready, fmt.Errorf("readyz = %d %+v, %v", code, r, err)
 	})
-	adm := s.Admin(t)
-	inst := createInstance(t, adm, createAccount(t, adm, "e2e-late-redis"), 1)
+	adm, inst := newAccountInstance(t, s, "e2e-late-redis", 1)
 	c := s.Client(t, issueToken(t, adm, inst))
 	ws := acquire(t, c, "late-redis-1")
 	if _, err := c.Release(t.Context(), ws.WorkspaceID); err != nil {

@@ -49,8 +49,7 @@ func testNoSecretsInLogs(t *testing.T, o serveOptions, env []string, more map[st
 	cfg := newServeConfig(t, rs.Addr, o)
 	recv := startOTLP(t)
 	s := startServeEnv(t, cfg, append(env, recv.Env()...)...)
-	adm := s.Admin(t)
-	inst := createInstance(t, adm, createAccount(t, adm, "e2e-logscan"), 2)
+	adm, inst := newAccountInstance(t, s, "e2e-logscan", 2)
 	tok := issueToken(t, adm, inst)
 
 	// rnd is in every planted secret and nowhere else: no label, key or

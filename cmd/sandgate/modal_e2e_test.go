@@ -3,17 +3,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/modal"
@@ -67,12 +66,7 @@ func TestModalWalkthrough(t *testing.T) {
 	cmd := exec.Command("bash", "-c", script)
 	cmd.Dir = d.workDir
 	cmd.Env = cleanEnv()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("walk-through: %v\nstdout:\n%s\nstderr:\n%s\nbroker:\n%s", err, stdout.String(), stderr.String(), d.Logs())
-	}
-	out := stdout.String()
+	out, stderr := runScript(t, "walk-through", cmd, d.Logs)
 	for _, want := range []string{
 		`"admission":{"state":"open"}`,
 		"workspace: ws_",
@@ -94,7 +88,7 @@ func TestModalWalkthrough(t *testing.T) {
 		t.Errorf("walk-through output has %d workspace ids; want the warm start and the release", n)
 	}
 	if t.Failed() {
-		t.Logf("walk-through output:\n%s\nstderr:\n%s", out, stderr.String())
+		t.Logf("walk-through output:\n%s\nstderr:\n%s", out, stderr)
 	}
 
 	// What Modal saw: sandboxes tagged with the broker's ids only, with
@@ -138,6 +132,16 @@ func TestModalWalkthrough(t *testing.T) {
 // provider as the default.
 const modalServe = "providers:\n  - {name: local, kind: local}\n  - {name: modal, kind: modal}\ndefault_provider: modal"
 
+// startModalServe starts a fake Modal and a Redis, and writes a serve
+// config for them with Modal the default provider; env is what a gateway
+// needs to reach the fake.
+func startModalServe(t testing.TB) (fake *modaltest.Server, env []string, rs *redistest.Server, cfg *serveConfig) {
+	t.Helper()
+	fake, env = startModal(t)
+	rs = startRedis(t)
+	return fake, env, rs, newServeConfig(t, rs.Addr, serveOptions{Providers: modalServe})
+}
+
 // TestModalOrphanSweep: a sandbox created on Modal straight through the
 // provider, with this broker's tags and no record, is terminated by the
 // running gateway's reaper (found by SandboxList with the broker's tag);
@@ -145,9 +149,7 @@ const modalServe = "providers:\n  - {name: local, kind: local}\n  - {name: modal
 func TestModalOrphanSweep(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	fake, env := startModal(t)
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{Providers: modalServe})
+	fake, env, _, cfg := startModalServe(t)
 	gw := startServeEnv(t, cfg, env...)
 	_, inst, _ := obligationsInstance(t, gw, "e2e-modal-orphans", 1, time.Hour)
 
@@ -198,9 +200,7 @@ func TestModalOrphanSweep(t *testing.T) {
 func TestModalLifetimeEndsWithoutGateways(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	fake, env := startModal(t)
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{Providers: modalServe})
+	fake, env, rs, cfg := startModalServe(t)
 	gw := startServeEnv(t, cfg, env...)
 	acct, _, tok := obligationsInstance(t, gw, "e2e-modal-lifetime", 1, 5*time.Second)
 	c := gw.Client(t, tok)
@@ -243,30 +243,13 @@ func TestModalLifetimeEndsWithoutGateways(t *testing.T) {
 func TestModalUnconfirmedCreate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	fake, env := startModal(t)
-	rs := startRedis(t)
-	cfg := newServeConfig(t, rs.Addr, serveOptions{Providers: modalServe})
+	fake, env, _, cfg := startModalServe(t)
 	appendConfig(t, cfg, "admission:\n  pending_timeout: 3s\n")
 	pause := t.TempDir()
 	gwA := startServeEnv(t, cfg, append(env, "SANDGATE_TEST_PAUSE_AFTER_CREATE="+pause)...)
 	_, _, tok := obligationsInstance(t, gwA, "e2e-modal-unknown-create", 1, time.Hour)
 
-	acqCtx, cancelAcq := context.WithCancel(ctx)
-	defer cancelAcq()
-	acqDone := make(chan error, 1)
-	go func() {
-		_, _, err := gwA.Client(t, tok).Acquire(acqCtx, "modal-unknown-create", protocol.AcquireRequest{Label: "e2e", Egress: noEgress()})
-		acqDone <- err
-	}()
-	var id string
-	waitFor(t, "the acquire to pause after the provider create", func() (bool, error) {
-		entries, err := os.ReadDir(pause)
-		if err != nil || len(entries) == 0 {
-			return false, err
-		}
-		id = entries[0].Name()
-		return true, nil
-	})
+	id, acqDone := acquirePausedAfterCreate(ctx, t, gwA, tok, pause, "modal-unknown-create")
 	gwA.kill()
 	<-acqDone
 	ref := ""

@@ -111,6 +111,32 @@ func logLines(logs, msg string) []map[string]any {
 	return out
 }
 
+// acquirePausedAfterCreate starts an acquire under key on gw, a gateway
+// started with SANDGATE_TEST_PAUSE_AFTER_CREATE=pause, and returns once the
+// provider create is done and the acquire is held before its confirm: the
+// workspace's id, and where the acquire's error arrives (it is cancelled
+// when the test ends).
+func acquirePausedAfterCreate(ctx context.Context, t testing.TB, gw *serveBroker, tok, pause, key string) (id string, done <-chan error) {
+	t.Helper()
+	acqCtx, cancelAcq := context.WithCancel(ctx)
+	t.Cleanup(cancelAcq)
+	acqDone := make(chan error, 1)
+	req := protocol.AcquireRequest{Label: "e2e", Egress: noEgress()}
+	go func() {
+		_, _, err := gw.Client(t, tok).Acquire(acqCtx, key, req)
+		acqDone <- err
+	}()
+	waitFor(t, "the acquire to pause after the provider create", func() (bool, error) {
+		entries, err := os.ReadDir(pause)
+		if err != nil || len(entries) == 0 {
+			return false, err
+		}
+		id = entries[0].Name()
+		return true, nil
+	})
+	return id, acqDone
+}
+
 // wantNoSlots fails the test unless the instance's concurrency slots and
 // the account's open reservations are all free.
 func wantNoSlots(t testing.TB, rdb *redis.Client, acct, inst string) {
@@ -211,23 +237,7 @@ func TestGatewayDiesBetweenCreateAndConfirm(t *testing.T) {
 	gwA := startServeEnv(t, cfg, "SANDGATE_TEST_PAUSE_AFTER_CREATE="+pause)
 	acct, inst, tok := obligationsInstance(t, gwA, "e2e-unknown-create", 1, time.Hour)
 
-	acqCtx, cancelAcq := context.WithCancel(ctx)
-	defer cancelAcq()
-	acqDone := make(chan error, 1)
-	req := protocol.AcquireRequest{Label: "e2e", Egress: noEgress()}
-	go func() {
-		_, _, err := gwA.Client(t, tok).Acquire(acqCtx, "unknown-create", req)
-		acqDone <- err
-	}()
-	var id string
-	waitFor(t, "the acquire to pause after the provider create", func() (bool, error) {
-		entries, err := os.ReadDir(pause)
-		if err != nil || len(entries) == 0 {
-			return false, err
-		}
-		id = entries[0].Name()
-		return true, nil
-	})
+	id, acqDone := acquirePausedAfterCreate(ctx, t, gwA, tok, pause, "unknown-create")
 	gwA.kill()
 	if err := <-acqDone; err == nil {
 		t.Fatal("the acquire answered although its gateway was killed before confirming")
@@ -258,7 +268,7 @@ func TestGatewayDiesBetweenCreateAndConfirm(t *testing.T) {
 
 	// The key was still in progress and is freed: the replay creates afresh
 	// (a 201 and a new workspace), in the freed slot (max-concurrent 1).
-	w2, created, err := cB.Acquire(ctx, "unknown-create", req)
+	w2, created, err := cB.Acquire(ctx, "unknown-create", protocol.AcquireRequest{Label: "e2e", Egress: noEgress()})
 	if err != nil || !created || w2.WorkspaceID == id || w2.State != "running" {
 		t.Fatalf("replay of the key = %s, created %v, %v; want 201 and a new running workspace", mustJSON(t, w2), created, err)
 	}

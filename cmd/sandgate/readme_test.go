@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -99,12 +98,7 @@ func TestReadmeShellBlocks(t *testing.T) {
 	cmd.Dir = d.workDir
 	cmd.Env = cleanEnv("GOBIN="+gobin, "PATH="+gobin+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"SANDGATE_TEST_REPO="+repo, "SANDGATE_TEST_DEV_DIR="+d.workDir)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("README shell blocks: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-	out := stdout.String()
+	out, stderr := runScript(t, "README shell blocks", cmd, nil)
 	for _, want := range []string{
 		`"stdout_b64":"aGkK"`,             // the walk-through's exec
 		`"termination_reason":"released"`, // its release
@@ -119,7 +113,7 @@ func TestReadmeShellBlocks(t *testing.T) {
 		t.Errorf("README output has the file read back %d times; want 2 (walk-through, warm start)", n)
 	}
 	if t.Failed() || testing.Verbose() {
-		t.Logf("README output:\n%s\nstderr:\n%s", out, stderr.String())
+		t.Logf("README output:\n%s\nstderr:\n%s", out, stderr)
 	}
 	var live adminapi.WorkspaceList
 	if err := newAdminClient(t, d.AdminURL, d.AdminToken).Do(context.Background(), http.MethodGet, "/workspaces", nil, &live); err != nil {

@@ -17,6 +17,20 @@ import (
 	"time"
 )
 
+// issue makes a P-256 key and a certificate of tmpl for it, signed with
+// signer as parent; with a nil parent the certificate signs itself.
+func issue(tmpl, parent *x509.Certificate, signer *ecdsa.PrivateKey) (der []byte, key *ecdsa.PrivateKey, err error) {
+	key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	if parent == nil {
+		parent, signer = tmpl, key
+	}
+	der, err = x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, signer)
+	return der, key, err
+}
+
 // DevCerts returns the dev broker's server certificate, creating a
 // self-signed CA and a certificate for localhost, 127.0.0.1 and ::1 in dir
 // the first time. The CA's path goes into dev.env as BROKER_CA.
@@ -31,10 +45,6 @@ func DevCerts(dir string, now time.Time) (cert tls.Certificate, caPath string, e
 			}
 		}
 	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, "", err
-	}
 	caTmpl := &x509.Certificate{
 		SerialNumber:          serial(),
 		Subject:               pkix.Name{CommonName: "sandgate dev CA"},
@@ -44,15 +54,11 @@ func DevCerts(dir string, now time.Time) (cert tls.Certificate, caPath string, e
 		BasicConstraintsValid: true,
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	caDER, caKey, err := issue(caTmpl, nil, nil)
 	if err != nil {
 		return tls.Certificate{}, "", err
 	}
 	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, "", err
-	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: "localhost"},
@@ -63,7 +69,7 @@ func DevCerts(dir string, now time.Time) (cert tls.Certificate, caPath string, e
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	der, key, err := issue(tmpl, ca, caKey)
 	if err != nil {
 		return tls.Certificate{}, "", err
 	}

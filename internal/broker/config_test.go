@@ -36,16 +36,9 @@ func TestConfigProviders(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg, err := loadYAML(t, tt.yaml, tt.env)
-			if tt.wantNames == nil {
-				if err == nil {
-					t.Fatalf("loadConfig succeeded; want an error naming %v", tt.wantErr)
-				}
-				wantNaming(t, err, tt.wantErr)
+			cfg := loadCase(t, tt.yaml, tt.env, tt.wantNames == nil, tt.wantErr)
+			if cfg == nil {
 				return
-			}
-			if err != nil {
-				t.Fatalf("loadConfig: %v", err)
 			}
 			var names []string
 			for _, p := range cfg.providers {
@@ -101,6 +94,26 @@ func loadYAML(t *testing.T, yaml string, env map[string]string) (*Config, error)
 		t.Fatal(err)
 	}
 	return LoadConfig(path, func(k string) string { return env[k] })
+}
+
+// loadCase loads yaml under env for a table case. When refused is set it
+// checks that loading fails with an error naming every one of wantErr, and
+// returns nil; otherwise it returns the config, and stops the test if
+// loading fails.
+func loadCase(t *testing.T, yaml string, env map[string]string, refused bool, wantErr []string) *Config {
+	t.Helper()
+	cfg, err := loadYAML(t, yaml, env)
+	if refused {
+		if err == nil {
+			t.Fatalf("loadConfig succeeded; want an error naming %v", wantErr)
+		}
+		wantNaming(t, err, wantErr)
+		return nil
+	}
+	if err != nil {
+		t.Fatalf("loadConfig: %v", err)
+	}
+	return cfg
 }
 
 // wantNaming fails t unless err's message holds every one of words: an

@@ -38,16 +38,9 @@ func TestRedisConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg, err := loadYAML(t, tt.yaml, tt.env)
-			if tt.want == "" {
-				if err == nil {
-					t.Fatalf("loadConfig succeeded; want an error naming %v", tt.wantErr)
-				}
-				wantNaming(t, err, tt.wantErr)
+			cfg := loadCase(t, tt.yaml, tt.env, tt.want == "", tt.wantErr)
+			if cfg == nil {
 				return
-			}
-			if err != nil {
-				t.Fatalf("loadConfig: %v", err)
 			}
 			rdb, err := NewRedis(cfg)
 			if err != nil {
