@@ -71,7 +71,7 @@ type env struct {
 func newEnv(t *testing.T, opts ...func(*admin.Deps)) *env {
 	t.Helper()
 	rs := redistest.Start(t)
-	db := store.New(rs.Client(), store.Config{})
+	db := store.New(store.Config{}, rs.Client())
 	clk := &clock{t: time.Now().UTC().Truncate(time.Second)}
 	prov := fakeprovider.New()
 	tok := func(name string, role adminapi.Role, s string) adminapi.OperatorToken {

@@ -18,7 +18,7 @@ import (
 // TestOpenAPIDocumentsEveryRoute: every route the operator API registers
 // is in openapi/admin-v1.json, and every operation there is a route.
 func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
-	db := store.New(redistest.Start(t).Client(), store.Config{})
+	db := store.New(store.Config{}, redistest.Start(t).Client())
 	prov := providers.Single(providers.LegacyName, fakeprovider.New())
 	srv, err := admin.New(admin.Config{}, admin.Deps{DB: db, Clock: sandgate.SystemClock{}, Providers: prov,
 		Terminator: termination.New(termination.Config{}, termination.Deps{DB: db, Providers: prov, Clock: sandgate.SystemClock{}}),

@@ -23,7 +23,7 @@ type env struct {
 
 func newEnv(t *testing.T, cfg store.Config) env {
 	t.Helper()
-	db := store.New(redistest.Start(t).Client(), cfg)
+	db := store.New(cfg, redistest.Start(t).Client())
 	dc := db.Config()
 	return env{db: db, p: admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
 		IdempotencyTTL: dc.IdempotencyTTL, PendingTimeout: dc.PendingTimeout,
@@ -358,7 +358,7 @@ func TestReplay(t *testing.T) {
 // TestAdmissionUnavailable: when Redis cannot be reached, Admit fails closed.
 func TestAdmissionUnavailable(t *testing.T) {
 	srv := redistest.Start(t)
-	db := store.New(srv.Client(), store.Config{})
+	db := store.New(store.Config{}, srv.Client())
 	p := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{})...)
 	srv.Kill()
 	now := time.Now().UTC()

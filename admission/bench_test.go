@@ -22,7 +22,7 @@ import (
 // of one script call.
 func BenchmarkAdmit(b *testing.B) {
 	srv := redistest.Start(b)
-	db := store.New(srv.Client(), store.Config{})
+	db := store.New(store.Config{}, srv.Client())
 	p := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
 		IdempotencyTTL: time.Hour, PendingTimeout: time.Minute,
 		Risk: admission.RiskDefaults{AcquiresPerMinute: 1 << 30, MaxOpenWorkspaces: 1 << 30},

@@ -219,7 +219,7 @@ func (b *bucket) nextBatch(r Rate, now time.Time) int {
 }
 
 // NewLimiter returns a limiter with rates; a class missing from rates uses DefaultRates.
-func NewLimiter(rdb redis.UniversalClient, rates map[Class]Rate) *Limiter {
+func NewLimiter(rates map[Class]Rate, rdb redis.UniversalClient) *Limiter {
 	all := map[Class]Rate{}
 	for c, r := range DefaultRates {
 		all[c] = r

@@ -64,7 +64,7 @@ func TestLimiterBorrowsInBatches(t *testing.T) {
 	sc := &scriptCounter{}
 	rdb.AddHook(sc)
 	rate := admission.Rate{PerSecond: 0.001, Burst: 100} // no refill within the test
-	l := admission.NewLimiter(rdb, map[admission.Class]admission.Rate{admission.ClassRead: rate})
+	l := admission.NewLimiter(map[admission.Class]admission.Rate{admission.ClassRead: rate}, rdb)
 	ctx := context.Background()
 	for i := range 100 {
 		if err := l.Allow(ctx, "lease_a", admission.ClassRead); err != nil {
@@ -131,7 +131,7 @@ func TestLimiterBatchFollowsRate(t *testing.T) {
 	sc := &scriptCounter{}
 	rdb.AddHook(sc)
 	rate := admission.Rate{PerSecond: 1e6, Burst: 200} // nothing refused: Redis refills on its own clock; batches of 10 to 200
-	l := admission.NewLimiter(rdb, map[admission.Class]admission.Rate{admission.ClassRead: rate})
+	l := admission.NewLimiter(map[admission.Class]admission.Rate{admission.ClassRead: rate}, rdb)
 	var clock atomic.Int64
 	clock.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
 	admission.SetClock(l, func() time.Time { return time.Unix(0, clock.Load()) })
@@ -196,7 +196,7 @@ func TestLimiterBucket(t *testing.T) {
 	sc := &scriptCounter{}
 	rdb.AddHook(sc)
 	rate := admission.Rate{PerSecond: 1e6, Burst: 200} // batches of 10: a borrow ahead once 5 are left
-	l := admission.NewLimiter(rdb, map[admission.Class]admission.Rate{admission.ClassRead: rate})
+	l := admission.NewLimiter(map[admission.Class]admission.Rate{admission.ClassRead: rate}, rdb)
 	ctx := context.Background()
 	h := l.Bucket("lease_a", admission.ClassRead)
 	step := func(name string, allow func() error, want []int64) {
@@ -238,7 +238,7 @@ func TestLimiterRemembersRefusal(t *testing.T) {
 	rdb.AddHook(sc)
 	rate := admission.Rate{PerSecond: 1, Burst: 1} // one request a second, borrowed one at a time
 	rates := map[admission.Class]admission.Rate{admission.ClassExec: rate}
-	l := admission.NewLimiter(rdb, rates)
+	l := admission.NewLimiter(rates, rdb)
 	ctx := context.Background()
 	if err := l.Allow(ctx, "lease_a", admission.ClassExec); err != nil {
 		t.Fatalf("first request: %v", err)
@@ -276,7 +276,7 @@ func TestLimiterRemembersRefusal(t *testing.T) {
 		t.Errorf("Refused of another token: %v; want nil (nothing known of it)", err)
 	}
 
-	other := admission.NewLimiter(rs.Client(), rates)
+	other := admission.NewLimiter(rates, rs.Client())
 	if err := other.Allow(ctx, "lease_a", admission.ClassExec); protocol.CodeOf(err) != protocol.RateLimited {
 		t.Errorf("another gateway's request: %v; want Redis's refusal", err)
 	}
@@ -313,7 +313,7 @@ func TestLimiterAcrossGateways(t *testing.T) {
 	for range 2 {
 		rdb := rs.Client()
 		rdb.AddHook(sc)
-		l := admission.NewLimiter(rdb, rates)
+		l := admission.NewLimiter(rates, rdb)
 		admission.SetClock(l, func() time.Time { return base.Add(time.Duration(tick.Add(1)) * time.Microsecond) })
 		gateways = append(gateways, l)
 	}

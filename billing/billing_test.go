@@ -33,7 +33,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	db := store.New(redistest.Start(t).Client(), store.Config{})
+	db := store.New(store.Config{}, redistest.Start(t).Client())
 	clock := sgtest.NewClock(time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC))
 	b := billing.New(billing.Config{}, billing.Deps{DB: db, Clock: clock})
 	pipe := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{

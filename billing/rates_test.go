@@ -30,7 +30,7 @@ func TestCreateRateCardSentTwice(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Start(t).Client()
 	rdb.AddHook(redistest.ScriptHook(resendScripts))
-	bill := billing.New(billing.Config{}, billing.Deps{DB: store.New(rdb, store.Config{})})
+	bill := billing.New(billing.Config{}, billing.Deps{DB: store.New(store.Config{}, rdb)})
 	ctx := context.Background()
 	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
 	prices := map[string]int64{}

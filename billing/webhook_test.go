@@ -73,7 +73,7 @@ func (r *hookReceiver) delivered() []billing.WebhookEvent {
 // newHookEnv is newEnv with a webhook to url and fast retries.
 func newHookEnv(t *testing.T, url string) *env {
 	t.Helper()
-	db := store.New(redistest.Start(t).Client(), store.Config{})
+	db := store.New(store.Config{}, redistest.Start(t).Client())
 	clock := sgtest.NewClock(time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC))
 	b := billing.New(billing.Config{Webhook: billing.WebhookConfig{URL: url, Secret: hookSecret,
 		Timeout: 2 * time.Second, Backoff: 50 * time.Millisecond, Poll: 20 * time.Millisecond}}, billing.Deps{DB: db})

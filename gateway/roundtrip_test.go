@@ -179,7 +179,7 @@ func rtStart(tb testing.TB, o rtOptions) *rtEnv {
 	}
 	rdb := rs.Client()
 	rdb.AddHook(e.rt)
-	e.db = store.New(rdb, store.Config{})
+	e.db = store.New(store.Config{}, rdb)
 	p := o.provider
 	if p == nil {
 		e.fake = fakeprovider.New()

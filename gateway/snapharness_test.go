@@ -65,7 +65,7 @@ func snapStartFake(t *testing.T, edit func(*sandgate.Limits)) (*fakeprovider.Pro
 func snapStart(t *testing.T, p providers.Provider, edit func(*sandgate.Limits)) *snapEnv {
 	t.Helper()
 	rdb := redistest.Start(t).Client()
-	db := store.New(rdb, store.Config{})
+	db := store.New(store.Config{}, rdb)
 	clock := sgtest.NewClock(time.Now())
 	logs := &sgtest.Logs{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -34,7 +34,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	db := store.New(redistest.Start(t).Client(), store.Config{PendingTimeout: time.Minute})
+	db := store.New(store.Config{PendingTimeout: time.Minute}, redistest.Start(t).Client())
 	clock := sgtest.NewClock(time.Now().Truncate(time.Second))
 	dir := t.TempDir()
 	prov, err := local.New(context.Background(), local.Config{DataDir: dir}, providers.Env{BrokerID: "test-broker", Clock: clock})

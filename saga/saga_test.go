@@ -39,7 +39,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	rdb := redistest.Start(t).Client()
-	db := store.New(rdb, store.Config{})
+	db := store.New(store.Config{}, rdb)
 	e := &env{rdb: rdb, db: db, one: fakeprovider.New(), two: fakeprovider.New(), closed: fakeprovider.New(),
 		clock: sgtest.NewClock(time.Now().UTC().Truncate(time.Second))}
 	set, err := providers.NewSet("one",

@@ -48,7 +48,7 @@ func TestInvalidateReachesEveryGateway(t *testing.T) {
 			clients := gatewayClients(t, topo, 4)
 			var dropped [3]atomic.Int64
 			for i := range dropped {
-				db := store.New(clients[i+1], store.Config{})
+				db := store.New(store.Config{}, clients[i+1])
 				ready := make(chan struct{})
 				go db.Subscribe(ctx, func() { close(ready) }, func() { dropped[i].Add(1) })
 				select {
@@ -57,7 +57,7 @@ func TestInvalidateReachesEveryGateway(t *testing.T) {
 					t.Fatalf("gateway %d never subscribed", i)
 				}
 			}
-			admin := store.New(clients[0], store.Config{})
+			admin := store.New(store.Config{}, clients[0])
 			stop := &store.Control{Reason: "operator", Actor: "ops", Since: time.Now().UnixMilli()}
 			if err := admin.SetGlobalStop(ctx, stop); err != nil {
 				t.Fatal(err)
@@ -66,7 +66,7 @@ func TestInvalidateReachesEveryGateway(t *testing.T) {
 				if got := dropped[i].Load(); got != 1 {
 					t.Errorf("gateway %d dropped its caches %d times once the stop was set; want 1", i, got)
 				}
-				c, err := store.New(clients[i+1], store.Config{}).ControlsFor(ctx, "acct_x", "inst_y")
+				c, err := store.New(store.Config{}, clients[i+1]).ControlsFor(ctx, "acct_x", "inst_y")
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -59,8 +59,9 @@ type DB struct {
 	indexed sync.Map
 }
 
-// New returns a DB over rdb. It does not take ownership of rdb.
-func New(rdb redis.UniversalClient, cfg Config) *DB {
+// New returns a DB over rdb, configured by cfg. It does not take
+// ownership of rdb.
+func New(cfg Config, rdb redis.UniversalClient) *DB {
 	cfg.setDefaults()
 	return &DB{rdb: rdb, cfg: cfg}
 }

@@ -47,7 +47,7 @@ func (a *admitter) admit(ctx context.Context) (sandgate.Workspace, error) {
 // replica, an admission answers 503 admission_unavailable.
 func TestDurableFailsClosedWithoutReplica(t *testing.T) {
 	t.Parallel()
-	db := store.New(store.Durable(redistest.Start(t).Client(), 1, 20*time.Millisecond), store.Config{})
+	db := store.New(store.Config{}, store.Durable(redistest.Start(t).Client(), 1, 20*time.Millisecond))
 	_, err := newAdmitter(db, "acct_a", "inst_b", 2).admit(context.Background())
 	var pe *protocol.Error
 	if !errors.As(err, &pe) || pe.Code != protocol.AdmissionUnavailable || !errors.Is(err, store.ErrNotReplicated) {
@@ -77,7 +77,7 @@ func TestFailoverNoOverAdmission(t *testing.T) {
 	c := redistest.StartCluster(t)
 	rdb := c.Client()
 	defer rdb.Close()
-	db := store.New(store.Durable(rdb, 1, 500*time.Millisecond), store.Config{})
+	db := store.New(store.Config{}, store.Durable(rdb, 1, 500*time.Millisecond))
 	const limit, workers = 4, 8
 	a := newAdmitter(db, "acct_fo", "inst_fo", limit)
 

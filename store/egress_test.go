@@ -77,7 +77,7 @@ func TestAddEgressDurable(t *testing.T) {
 	t.Run("no replica", func(t *testing.T) {
 		t.Parallel()
 		rdb := redistest.Start(t).Client()
-		plain, durable := store.New(rdb, store.Config{}), store.New(store.Durable(rdb, 1, 20*time.Millisecond), store.Config{})
+		plain, durable := store.New(store.Config{}, rdb), store.New(store.Config{}, store.Durable(rdb, 1, 20*time.Millisecond))
 		acct := sandgate.NewID(sandgate.PrefixAccount)
 		w := newRunning(t, plain, acct, sandgate.NewID(sandgate.PrefixInstance), now)
 		add := []store.EgressAdd{{AccountID: acct, WorkspaceID: w.ID, Egress: store.Egress{Counter: "p.1", Out: 40, In: 400}}}
@@ -95,7 +95,7 @@ func TestAddEgressDurable(t *testing.T) {
 		c := redistest.StartCluster(t)
 		rdb := c.Client()
 		defer rdb.Close()
-		db := store.New(store.Durable(rdb, 1, 2*time.Second), store.Config{})
+		db := store.New(store.Config{}, store.Durable(rdb, 1, 2*time.Second))
 		var adds []store.EgressAdd
 		want := map[sandgate.Workspace][2]int64{}
 		nodes := map[string]bool{}

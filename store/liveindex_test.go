@@ -56,7 +56,7 @@ func eachCountedDB(t *testing.T, fn func(t *testing.T, db *store.DB, rc *readCou
 		acct := sandgate.NewID("acct_")
 		rc := &readCounter{tag: "{" + acct + "}:ws:"}
 		rdb.AddHook(rc)
-		fn(t, store.New(rdb, store.Config{}), rc, acct)
+		fn(t, store.New(store.Config{}, rdb), rc, acct)
 	})
 }
 
@@ -217,7 +217,7 @@ func TestLiveIndexUpgrade(t *testing.T) {
 		ctx := context.Background()
 		now := time.Now().UTC().Truncate(time.Second)
 		acct, inst := sandgate.NewID("acct_"), sandgate.NewID("inst_")
-		old := store.New(rdb, store.Config{})
+		old := store.New(store.Config{}, rdb)
 		tenant(t, old, acct, inst, now)
 		for range 30 {
 			terminated(t, old, newRunning(t, old, acct, inst, now), now)
@@ -235,7 +235,7 @@ func TestLiveIndexUpgrade(t *testing.T) {
 
 		rc := &readCounter{tag: "{" + acct + "}:ws:"}
 		rdb.AddHook(rc)
-		db := store.New(rdb, store.Config{}) // the upgraded broker's process
+		db := store.New(store.Config{}, rdb) // the upgraded broker's process
 		want := sorted(run.ID, ending.ID, starting.ID)
 		ws, err := db.LiveWorkspaces(ctx, "", "", now)
 		if err != nil {

@@ -19,7 +19,7 @@ import (
 // redis-server and a Redis Cluster (redistest.Each).
 func eachDB(t *testing.T, fn func(t *testing.T, db *store.DB)) {
 	t.Helper()
-	redistest.Each(t, func(t *testing.T, rdb redis.UniversalClient) { fn(t, store.New(rdb, store.Config{})) })
+	redistest.Each(t, func(t *testing.T, rdb redis.UniversalClient) { fn(t, store.New(store.Config{}, rdb)) })
 }
 
 // eachScope is eachDB with a fresh account and instance, and the time the

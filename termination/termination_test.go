@@ -19,7 +19,7 @@ import (
 // workspace of another instance as not found, changing nothing.
 func TestReleaseWithoutBilling(t *testing.T) {
 	ctx := context.Background()
-	db := store.New(redistest.Start(t).Client(), store.Config{})
+	db := store.New(store.Config{}, redistest.Start(t).Client())
 	clock := sgtest.NewClock(time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC))
 	pipe := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{
 		IdempotencyTTL: time.Hour, PendingTimeout: time.Minute,

@@ -218,7 +218,7 @@ func clusterRun(ctx context.Context, dir string, o clusterOpts, cluster bool, ga
 		redisYML = fmt.Sprintf("{addr: %q}", addr)
 	}
 	defer rdb.Close()
-	db := store.New(rdb, store.Config{})
+	db := store.New(store.Config{}, rdb)
 	bill := billing.New(billing.Config{}, billing.Deps{DB: db})
 	tenants, funds, err := setupTenants(ctx, db, bill, o)
 	if err != nil {

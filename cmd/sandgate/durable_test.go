@@ -82,7 +82,7 @@ func durStart(t *testing.T) *durCluster {
 	srv := redistest.Start(t)
 	c.redis = srv.Addr
 	c.cert, c.key, c.pool = durCert(t, c.dir)
-	c.seed(store.New(srv.Client(), store.Config{}))
+	c.seed(store.New(store.Config{}, srv.Client()))
 	t.Cleanup(func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -188,7 +188,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	// Every script that admits work or moves money waits for the
 	// replicas' acknowledgement (redis.wait, docs/scaling.md).
 	durable := store.Durable(b.rdb, b.cfg.Redis.Wait.Replicas, b.cfg.Redis.Wait.Timeout)
-	db := store.New(durable, store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout})
+	db := store.New(store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout}, durable)
 	b.db = db
 	// A data directory another one holds stops the broker at once; a store
 	// that cannot be asked yet (serve starts with Redis down) is asked again
@@ -258,7 +258,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 		afterCreate = pauseAfterCreate(b.cfg.testPauseAfterCreate)
 	}
 	// The saga and the gateway spend one limiter's buckets.
-	limiter := admission.NewLimiter(b.rdb, rates)
+	limiter := admission.NewLimiter(rates, b.rdb)
 	b.saga, err = saga.New(saga.Config{
 		// A create must end well within the pending deadline, past which
 		// the reaper ends the workspace under it.

@@ -35,7 +35,7 @@ const OperatorPrefix = "sgo_"
 // reusing the ids and tokens of an earlier run when st has them, and
 // prices and funds the account (DevFunds, DevPrices).
 func BootstrapDev(ctx context.Context, rdb redis.UniversalClient, st *DevState, provider string, clock sandgate.Clock) error {
-	db := store.New(rdb, store.Config{})
+	db := store.New(store.Config{}, rdb)
 	now := clock.Now()
 	if st.AccountID == "" || !token.Valid(st.Token, token.Prefix) || !token.Valid(st.AdminToken, OperatorPrefix) {
 		*st = DevState{
