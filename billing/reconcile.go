@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/store"
 )
 
@@ -147,28 +148,27 @@ func (b *Billing) Run(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = time.Minute
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	tick.Every(ctx, interval, func() bool {
+		b.repair(ctx)
+		return true
+	})
+}
+
+// repair is one round of Run over every account.
+func (b *Billing) repair(ctx context.Context) {
+	as, err := b.db.Accounts(ctx)
+	if err != nil {
+		b.log.Warn("billing repair: list accounts", slog.Any("err", err))
+		return
+	}
+	for _, a := range as {
+		if _, err := b.Accrue(ctx, a.ID, b.clock.Now().UTC()); err != nil {
+			b.log.Warn("billing accrual", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
 		}
-		as, err := b.db.Accounts(ctx)
-		if err != nil {
-			b.log.Warn("billing repair: list accounts", slog.Any("err", err))
-			continue
-		}
-		for _, a := range as {
-			if _, err := b.Accrue(ctx, a.ID, b.clock.Now().UTC()); err != nil {
-				b.log.Warn("billing accrual", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
-			}
-			if n, err := b.SettleDangling(ctx, a.ID); err != nil {
-				b.log.Warn("billing repair", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
-			} else if n > 0 {
-				b.log.Info("billing repair: closed dangling holds", slog.String(sandgate.KeyAccountID, a.ID), slog.Int("holds", n))
-			}
+		if n, err := b.SettleDangling(ctx, a.ID); err != nil {
+			b.log.Warn("billing repair", slog.String(sandgate.KeyAccountID, a.ID), slog.Any("err", err))
+		} else if n > 0 {
+			b.log.Info("billing repair: closed dangling holds", slog.String(sandgate.KeyAccountID, a.ID), slog.Int("holds", n))
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/internal/tick"
 )
 
 // DefaultSecretKeyEnv is the environment variable the Stripe secret key is
@@ -140,20 +141,6 @@ func (d *Deps) setDefaults() {
 		d.Clock = sandgate.SystemClock{}
 	}
 	if d.Sleep == nil {
-		d.Sleep = sleep
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+		d.Sleep = tick.Sleep
 	}
 }

@@ -38,3 +38,20 @@ func NowAndEvery(ctx context.Context, d time.Duration, f func()) {
 		}
 	}
 }
+
+// Sleep waits d, or until ctx ends: nil when d passed, the context's
+// cause when it ended first. A d of 0 or less only reports whether ctx
+// has ended.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return context.Cause(ctx)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}

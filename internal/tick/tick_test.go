@@ -39,3 +39,17 @@ func TestNowAndEveryCallsFirstAtOnce(t *testing.T) {
 		t.Fatalf("f ran %d times; want 1, at once", n)
 	}
 }
+
+func TestSleep(t *testing.T) {
+	if err := tick.Sleep(context.Background(), time.Millisecond); err != nil {
+		t.Errorf("Sleep of a live context = %v; want nil", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := tick.Sleep(ctx, time.Hour); err != context.Canceled {
+		t.Errorf("Sleep of an ended context = %v; want context.Canceled", err)
+	}
+	if err := tick.Sleep(ctx, 0); err != context.Canceled {
+		t.Errorf("Sleep(0) of an ended context = %v; want context.Canceled", err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/runner"
 )
@@ -343,7 +344,7 @@ func (p *Provider) viaRunner(ctx context.Context, sb providers.Sandbox, spec pro
 				StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes,
 			}, nil
 		}
-		if err := sleepCtx(ctx, pause); err != nil {
+		if err := tick.Sleep(ctx, pause); err != nil {
 			p.cancelCommand(ctx, sb, id)
 			return providers.ExecResult{}, fmt.Errorf("flymachines: exec: %w", err)
 		}

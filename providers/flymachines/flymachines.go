@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/blobstore"
 	"github.com/sandgate/sandgate/providers/execfile"
@@ -181,7 +182,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.clock = sandgate.SystemClock{}
 	}
 	p.http = &http.Client{Transport: c.Transport}
-	p.c = &client{base: c.BaseURL, auth: sandgate.Secret(authHeader(c.Token.Reveal())), http: p.http, log: p.log, sleep: sleepCtx}
+	p.c = &client{base: c.BaseURL, auth: sandgate.Secret(authHeader(c.Token.Reveal())), http: p.http, log: p.log, sleep: tick.Sleep}
 	p.runner = runner.New(directExecer{p}, "")
 	p.snap = execsnap.New(directExecer{p}, store, execsnap.Config{ChunkBytes: snapChunk, OpTimeout: c.DirectExecMax})
 	if err := p.ensureApp(ctx); err != nil {
@@ -232,7 +233,7 @@ func (p *Provider) ensureApp(ctx context.Context) error {
 	req := CreateAppRequest{Name: p.cfg.App, OrgSlug: p.cfg.Org, IdempotencyKey: uuid.New()}
 	for attempt := range 4 {
 		if attempt > 0 {
-			if err := sleepCtx(ctx, backoff(attempt)); err != nil {
+			if err := tick.Sleep(ctx, backoff(attempt)); err != nil {
 				return fmt.Errorf("flymachines: create app: %w", err)
 			}
 		}
@@ -479,7 +480,7 @@ func (p *Provider) waitStarted(ctx context.Context, m Machine) error {
 		case gerr == nil && cur.InstanceID != "":
 			m.InstanceID = cur.InstanceID
 		}
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+		if err := tick.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return fmt.Errorf("wait for start: %w", err)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers/internal/uuid"
 	"github.com/sandgate/sandgate/providers/modal/proto/clientpb"
 )
@@ -188,16 +189,7 @@ func (p *Provider) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.C
 }
 
 // sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+func sleep(ctx context.Context, d time.Duration) bool { return tick.Sleep(ctx, d) == nil }
 
 // authToken is the JWT of AuthTokenGet, refreshed lazily when less than 5
 // minutes remain, one refresh at a time.
