@@ -40,4 +40,6 @@ func (h spanHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	return spanHandler{h.Handler.WithAttrs(attrs)}
 }
 
-func (h spanHandler) WithGroup(name string) slog.Handler { return spanHandler{h.Handler.WithGroup(name)} }
+func (h spanHandler) WithGroup(name string) slog.Handler {
+	return spanHandler{h.Handler.WithGroup(name)}
+}
