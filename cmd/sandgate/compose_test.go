@@ -143,7 +143,7 @@ func TestComposeFile(t *testing.T) {
 		t.Errorf("compose config: redis %q, admin_listen %q; want redis:6379 and loopback :8444", cfg.Redis.Addr, cfg.AdminListen)
 	}
 
-	prom, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus.yml"))
+	prom, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus", "prometheus.yml"))
 	if err != nil {
 		t.Fatal(err)
 	}
