@@ -28,13 +28,6 @@ import (
 	"github.com/sandgate/sandgate/protocol"
 )
 
-// Paths of the shipped observability files, from the repository's root.
-var (
-	promDir       = filepath.Join("deploy", "prometheus")
-	alertsFile    = filepath.Join(promDir, "alerts.yml")
-	dashboardFile = filepath.Join("deploy", "grafana", "sandgate.json")
-)
-
 // TestPromtool runs Prometheus's own checks on the shipped files: the
 // config (with the alert rules it loads), the rules, and the rules' unit
 // tests (alerts_test.yml). promtool comes with Debian's prometheus
@@ -140,10 +133,6 @@ func dashboardQueries(t *testing.T) map[string][]string {
 	}
 	return out
 }
-
-// grafanaDatasourceUID is the uid of the provisioned Prometheus data
-// source (deploy/grafana/provisioning/datasources).
-const grafanaDatasourceUID = "prometheus"
 
 var (
 	// promStrings, promMatchers, promRanges and promGrouping are what of
