@@ -98,6 +98,10 @@ func TestE2ETraces(t *testing.T) {
 	checkMetrics(t, s.AdminURL)
 
 	s.stop() // flushes the spans still buffered
+	// The acquire's log lines name its trace, which continues the caller's.
+	if !strings.Contains(s.Logs(), `"trace_id":"`+callerTrace+`","span_id":"`) {
+		t.Errorf("no log line names the caller's trace %s:\n%s", callerTrace, tail(s.Logs(), 20))
+	}
 	spans := recv.Spans()
 	byID := map[string]recvSpan{}
 	for _, sp := range spans {
