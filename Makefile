@@ -5,7 +5,7 @@
 # checks, a clone through the proxy),
 # chromium for the console's browser tests) and runs every test with -race.
 GO ?= go
-APT_PACKAGES := redis-server redis-tools bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl openssl git chromium
+APT_PACKAGES := redis-server redis-tools bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl openssl git chromium prometheus
 
 .PHONY: test deps vet bench figures generate
 
@@ -25,6 +25,7 @@ deps:
 	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
 	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

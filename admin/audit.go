@@ -44,7 +44,8 @@ func note(c echo.Context) *auditNote {
 //
 // The entry is written once the handler has returned, so a successful
 // answer is already on its way: when the entry cannot be written the
-// action stands and the failure is logged at Error ("audit write failed").
+// action stands, the failure is logged at Error ("audit write failed")
+// and counted (MetricAuditWriteFailures).
 func (s *Server) audit(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		n := note(c)
@@ -92,6 +93,7 @@ func (s *Server) writeAudit(c echo.Context, n *auditNote, out store.AuditOutcome
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 5*time.Second)
 	defer cancel()
 	if err := s.db.AppendAudit(ctx, e, s.cfg.AuditRetention); err != nil {
+		s.metrics.auditFailures.Add(ctx, 1)
 		s.log.Error("audit write failed", slog.String("action", e.Action), slog.String("target", e.Target),
 			slog.String("actor", e.Actor), slog.Int(sandgate.KeyStatus, out.Status),
 			slog.String(sandgate.KeyRequestID, e.RequestID), slog.Any(sandgate.KeyError, err))

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/adminapi"
@@ -58,6 +59,9 @@ type Deps struct {
 	// Stripe is the Stripe Billing sync; nil when the broker runs none,
 	// and its routes then answer that it is not configured.
 	Stripe StripeSync
+	// Meter records the operator API's metrics (MetricRequests and the
+	// others); nil records none.
+	Meter metric.Meter
 }
 
 // Server serves /admin/v1: the HTTP face of the service, whose methods
@@ -69,6 +73,7 @@ type Server struct {
 	echo    *echo.Echo
 
 	requestIDs httpapi.RequestIDs
+	metrics    metrics
 }
 
 // New returns the operator API. A missing dependency is an error.
@@ -100,13 +105,17 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	for _, t := range cfg.Tokens {
 		s.roles[t.Hash] = t
 	}
+	var err error
+	if s.metrics, err = newMetrics(deps.Meter); err != nil {
+		return nil, fmt.Errorf("admin: metrics: %w", err)
+	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	// The source IP of the audit log is the peer's: forwarding headers are
 	// the client's to forge.
 	e.IPExtractor = echo.ExtractIPDirect()
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.base)
+	e.Use(s.measure, s.base)
 	g := e.Group("/admin/v1", s.audit, s.authenticate)
 	all := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator, adminapi.RoleFinance}
 	ops := []adminapi.Role{adminapi.RoleAdmin, adminapi.RoleOperator}

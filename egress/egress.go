@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 
@@ -284,10 +285,18 @@ func New(cfg Config, d Deps) (*Proxy, error) {
 		metric.WithDescription("Egress proxy requests refused, by reason.")); err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
 	}
+	// Every reason's series exists from the start, at 0: a rate over it,
+	// and an alert on its increase, sees the first refusal.
+	for _, r := range []string{ReasonBadRequest, ReasonAuth, ReasonIPLiteral, ReasonDomain, ReasonPort, ReasonAddress, ReasonSNI,
+		ReasonNotTLS, ReasonLimit, ReasonResolve, ReasonUnreached} {
+		p.denied.Add(context.Background(), 0, metric.WithAttributeSet(attribute.NewSet(attribute.String(AttrReason, r))))
+	}
 	if p.bytes, err = cfg.Meter.Int64Counter(MetricBytes, metric.WithUnit("By"),
 		metric.WithDescription("Bytes moved through the egress proxy, by direction: out (sandbox to destination) or in.")); err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
 	}
+	p.bytes.Add(context.Background(), 0, dirIn)
+	p.bytes.Add(context.Background(), 0, dirOut)
 	return p, nil
 }
 

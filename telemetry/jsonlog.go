@@ -70,6 +70,10 @@ var jsonBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b
 const maxPooledLine = 16 << 10
 
 func (h *jsonHandler) Handle(ctx context.Context, r slog.Record) error {
+	if ids, ok := spanIDs(ctx); ok {
+		r = r.Clone()
+		r.AddAttrs(ids[:]...)
+	}
 	bp := jsonBufs.Get().(*[]byte)
 	buf, ok := h.appendRecord((*bp)[:0], r)
 	var err error
@@ -105,6 +109,9 @@ func (h *jsonHandler) appendRecord(buf []byte, r slog.Record) ([]byte, bool) {
 func (h *jsonHandler) HandleAttrs(ctx context.Context, t time.Time, level slog.Level, msg string, attrs []slog.Attr) error {
 	if level < h.level.Level() {
 		return nil
+	}
+	if ids, ok := spanIDs(ctx); ok {
+		attrs = append(attrs[:len(attrs):len(attrs)], ids[:]...)
 	}
 	if h.held != nil {
 		if size, ok := deferrable(t, msg, attrs); ok {
@@ -417,7 +424,7 @@ func (h *jsonHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 		}
 		var ok bool
 		if pre, ok = appendJSONAttr(pre, a); !ok {
-			return n.std // slog's handler alone from here on
+			return spanHandler{n.std} // slog's handler alone from here on
 		}
 		a.Value = a.Value.Resolve() // as pre has it: a LogValuer is not asked again
 		n.with = append(n.with, a)
@@ -427,5 +434,5 @@ func (h *jsonHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 }
 
 func (h *jsonHandler) WithGroup(name string) slog.Handler {
-	return h.std.WithGroup(name)
+	return spanHandler{h.std.WithGroup(name)}
 }

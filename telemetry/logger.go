@@ -15,7 +15,9 @@ import (
 // in its key: "duration" becomes "duration_ms": 12.5. It is the one
 // logger constructor, so that what tests and benchmarks log through is what
 // `sandgate serve` logs through. The JSON lines are slog's JSONHandler's,
-// byte for byte; most are encoded without it (jsonHandler).
+// byte for byte; most are encoded without it (jsonHandler). A line
+// logged with a context that carries a valid span names it: trace_id and
+// span_id, last.
 func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
@@ -26,7 +28,7 @@ func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	case "", "json":
 		return slog.New(newJSONHandler(w, opts)), nil
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(spanHandler{slog.NewTextHandler(w, opts)}), nil
 	}
 	return nil, fmt.Errorf("log format %q: want json or text", format)
 }

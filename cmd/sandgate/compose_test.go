@@ -11,6 +11,17 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
+// Paths of the shipped observability files, from the repository's root.
+var (
+	promDir       = filepath.Join("deploy", "prometheus")
+	alertsFile    = filepath.Join(promDir, "alerts.yml")
+	dashboardFile = filepath.Join("deploy", "grafana", "sandgate.json")
+)
+
+// grafanaDatasourceUID is the uid of the provisioned Prometheus data
+// source (deploy/grafana/provisioning/datasources).
+const grafanaDatasourceUID = "prometheus"
+
 // composeFile is the part of docker-compose.yml the checks read.
 type composeFile struct {
 	Services map[string]struct {
@@ -48,7 +59,7 @@ func TestComposeFile(t *testing.T) {
 	if err := dec.Decode(&c); err != nil {
 		t.Fatalf("docker-compose.yml: %v", err)
 	}
-	for _, name := range []string{"sandgate", "redis", "otel-collector", "prometheus", "jaeger", "tls-init"} {
+	for _, name := range []string{"sandgate", "redis", "otel-collector", "prometheus", "jaeger", "tls-init", "grafana"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Errorf("docker-compose.yml has no service %s", name)
 		}
@@ -143,11 +154,12 @@ func TestComposeFile(t *testing.T) {
 		t.Errorf("compose config: redis %q, admin_listen %q; want redis:6379 and loopback :8444", cfg.Redis.Addr, cfg.AdminListen)
 	}
 
-	prom, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus.yml"))
+	prom, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus", "prometheus.yml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var pc struct {
+		RuleFiles     []string `yaml:"rule_files"`
 		ScrapeConfigs []struct {
 			MetricsPath   string `yaml:"metrics_path"`
 			StaticConfigs []struct {
@@ -162,6 +174,11 @@ func TestComposeFile(t *testing.T) {
 		!slices.Contains(pc.ScrapeConfigs[0].StaticConfigs[0].Targets, cfg.AdminListen) {
 		t.Errorf("prometheus.yml does not scrape /metrics on %s: %+v", cfg.AdminListen, pc)
 	}
+	// Prometheus loads the alert rules from the directory compose mounts.
+	if !slices.Contains(c.Services["prometheus"].Volumes, "./deploy/prometheus:/etc/prometheus:ro") || !slices.Contains(pc.RuleFiles, "alerts.yml") {
+		t.Errorf("prometheus does not load deploy/prometheus/alerts.yml: volumes %v, rule_files %v", c.Services["prometheus"].Volumes, pc.RuleFiles)
+	}
+	checkGrafana(t, root, c)
 
 	otel, err := os.ReadFile(filepath.Join(root, "deploy", "otel-collector.yaml"))
 	if err != nil {
@@ -199,6 +216,65 @@ func TestComposeFile(t *testing.T) {
 		if !strings.Contains(string(readme), want) {
 			t.Errorf("README.md does not mention %s", want)
 		}
+	}
+}
+
+// checkGrafana checks the grafana service: its provisioning directory
+// and the dashboard mounted where the dashboard provider reads, its data
+// source reaching Prometheus (which runs in the sandgate service's network
+// namespace), and its start once Prometheus is healthy.
+func checkGrafana(t *testing.T, root string, c composeFile) {
+	t.Helper()
+	g := c.Services["grafana"]
+	mounts := map[string]string{} // container path → source
+	for _, v := range g.Volumes {
+		src, dst, _ := strings.Cut(v, ":")
+		dst, _, _ = strings.Cut(dst, ":")
+		mounts[dst] = src
+	}
+	if mounts["/etc/grafana/provisioning"] != "./deploy/grafana/provisioning" {
+		t.Errorf("grafana does not mount ./deploy/grafana/provisioning at /etc/grafana/provisioning: %v", g.Volumes)
+	}
+	if g.DependsOn["prometheus"].Condition != "service_healthy" {
+		t.Errorf("grafana does not wait for a healthy prometheus: %+v", g.DependsOn)
+	}
+	prov := filepath.Join(root, "deploy", "grafana", "provisioning")
+	var dp struct {
+		Providers []struct {
+			Type    string `yaml:"type"`
+			Options struct {
+				Path string `yaml:"path"`
+			} `yaml:"options"`
+		} `yaml:"providers"`
+	}
+	b, err := os.ReadFile(filepath.Join(prov, "dashboards", "sandgate.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &dp); err != nil || len(dp.Providers) != 1 || dp.Providers[0].Type != "file" {
+		t.Fatalf("grafana dashboard provisioning: %v, %+v; want one file provider", err, dp)
+	}
+	if src := mounts[dp.Providers[0].Options.Path+"/sandgate.json"]; src != "./"+filepath.ToSlash(dashboardFile) {
+		t.Errorf("grafana's dashboard provider reads %s, where compose mounts %q, not ./%s", dp.Providers[0].Options.Path, src, dashboardFile)
+	}
+	var ds struct {
+		Datasources []struct {
+			Type string `yaml:"type"`
+			UID  string `yaml:"uid"`
+			URL  string `yaml:"url"`
+		} `yaml:"datasources"`
+	}
+	if b, err = os.ReadFile(filepath.Join(prov, "datasources", "prometheus.yml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &ds); err != nil || len(ds.Datasources) != 1 {
+		t.Fatalf("grafana datasource provisioning: %v, %+v; want one data source", err, ds)
+	}
+	d := ds.Datasources[0]
+	promNet, _ := strings.CutPrefix(c.Services["prometheus"].NetworkMode, "service:")
+	if d.Type != "prometheus" || d.UID != grafanaDatasourceUID || d.URL != "http://"+promNet+":9090" {
+		t.Errorf("grafana's data source = %+v; want type prometheus, uid %s, url http://%s:9090 (prometheus runs in %s's network namespace)",
+			d, grafanaDatasourceUID, promNet, promNet)
 	}
 }
 

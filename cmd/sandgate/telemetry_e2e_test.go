@@ -13,8 +13,6 @@ import (
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/internal/broker"
@@ -100,6 +98,10 @@ func TestE2ETraces(t *testing.T) {
 	checkMetrics(t, s.AdminURL)
 
 	s.stop() // flushes the spans still buffered
+	// The acquire's log lines name its trace, which continues the caller's.
+	if !strings.Contains(s.Logs(), `"trace_id":"`+callerTrace+`","span_id":"`) {
+		t.Errorf("no log line names the caller's trace %s:\n%s", callerTrace, tail(s.Logs(), 20))
+	}
 	spans := recv.Spans()
 	byID := map[string]recvSpan{}
 	for _, sp := range spans {
@@ -181,17 +183,7 @@ func TestE2ETraces(t *testing.T) {
 // OpenTelemetry scope labels and no id as a label.
 func checkMetrics(t *testing.T, adminURL string) {
 	t.Helper()
-	resp, err := http.Get(adminURL + "/metrics")
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatalf("GET /metrics does not parse: %v", err)
-	}
+	fams := scrape(t, adminURL)
 	want := map[string]string{
 		"sandgate_http_request_duration_seconds":  "HISTOGRAM",
 		"sandgate_http_requests_total":            "COUNTER",

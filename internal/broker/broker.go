@@ -283,7 +283,8 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	b.reaper = reaper.New(reaper.Config{Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
 		Meter: b.obs.mp.Meter("github.com/sandgate/sandgate/reaper"), Tracer: tp},
 		reaper.Deps{DB: db, Providers: b.provs, Terminator: b.term, Clock: b.clock, Log: b.log.With("component", "reaper")})
-	adeps := admin.Deps{DB: db, Clock: b.clock, Log: b.log.With("component", "admin"), Providers: b.provs, Terminator: b.term, Billing: b.bill}
+	adeps := admin.Deps{DB: db, Clock: b.clock, Log: b.log.With("component", "admin"), Providers: b.provs, Terminator: b.term, Billing: b.bill,
+		Meter: b.obs.mp.Meter("github.com/sandgate/sandgate/admin")}
 	if b.stripe, err = newStripe(b.cfg.Billing.Stripe, b.rdb, getenv, meter, b.clock, b.log); err != nil {
 		return nil, err
 	}
@@ -298,6 +299,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	// Both servers see the connections of listen.go, so that every answer,
 	// even those net/http gives by itself, is the envelope.
 	b.health = newHealth(b.rdb, b.rawProvs)
+	if err := b.health.observe(b.obs.mp.Meter("github.com/sandgate/sandgate/internal/broker")); err != nil {
+		return nil, err
+	}
 	b.pub = &http.Server{Handler: withConnInfo(withHealth(b.gw.Handler(), b.health)), ReadHeaderTimeout: readHeaderTimeout, ConnContext: connContext,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
 	b.ops = &http.Server{Handler: withMetrics(b.adm.Handler(), b.obs.metrics, b.health), ReadHeaderTimeout: readHeaderTimeout,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
@@ -98,6 +99,25 @@ func (h *health) failing(ctx context.Context) []string {
 		}
 	}
 	return out
+}
+
+// MetricReady is 1 while the process is ready (as /readyz answers 200)
+// and 0 otherwise, read at every collection.
+const MetricReady = "sandgate.ready"
+
+// observe reports MetricReady through m at every collection.
+func (h *health) observe(m metric.Meter) error {
+	_, err := m.Int64ObservableGauge(MetricReady,
+		metric.WithDescription("1 while the broker is ready (its /readyz answers 200), 0 otherwise."),
+		metric.WithInt64Callback(func(ctx context.Context, o metric.Int64Observer) error {
+			var v int64
+			if len(h.failing(ctx)) == 0 {
+				v = 1
+			}
+			o.Observe(v)
+			return nil
+		}))
+	return err
 }
 
 // Readiness is the body of the operator listener's /readyz.
