@@ -136,3 +136,26 @@ func TestExitCodes(t *testing.T) {
 		t.Errorf("usage reconcile with drift: exit %d, stdout %q, stderr %q; want %d and DRIFT", got, stdout, stderr, exitDrift)
 	}
 }
+
+// TestUsageExportReports: an export to a file reports its rows and bytes
+// on stderr, and an empty JSON lines export leaves no "superfluous
+// WriteHeader" in the broker's log (a flush of nothing used to send the
+// status before the handler's own).
+func TestUsageExportReports(t *testing.T) {
+	_, _, s := startOne(t)
+	acct := createAccount(t, s.Admin(t), "export-empty")
+	dir := t.TempDir()
+	for _, tt := range []struct{ format, want string }{
+		{"jsonl", "wrote 0 rows, 0 bytes"},
+		{"csv", "wrote 0 rows, "},
+	} {
+		out := filepath.Join(dir, "usage."+tt.format)
+		_, stderr, err := tryCLI(s.AdminEnv(), "usage", "export", "--account", acct, "--format", tt.format, "--out", out)
+		if err != nil || !strings.Contains(stderr, tt.want) {
+			t.Errorf("usage export --format %s: %v, stderr %q; want %q", tt.format, err, stderr, tt.want)
+		}
+	}
+	if logs := s.Logs(); strings.Contains(logs, "superfluous") {
+		t.Errorf("broker log after an empty export: %s", tail(logs, 2000))
+	}
+}
