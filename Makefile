@@ -6,6 +6,8 @@
 # chromium for the console's browser tests) and runs every test with -race.
 GO ?= go
 APT_PACKAGES := redis-server redis-tools bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl openssl git chromium
+# systemd-analyze, for verifying deploy/systemd/sandgate.service.
+APT_PACKAGES += systemd
 
 .PHONY: test deps vet bench figures generate
 
@@ -25,6 +27,7 @@ deps:
 	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
 	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
