@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -14,12 +13,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/providers"
-	"github.com/sandgate/sandgate/providers/flymachines"
-	"github.com/sandgate/sandgate/providers/flysprites"
-	"github.com/sandgate/sandgate/providers/local"
-	"github.com/sandgate/sandgate/providers/modal"
-	"github.com/sandgate/sandgate/providers/noop"
 )
 
 // Check validates what `serve` would refuse at startup and needs no
@@ -89,55 +82,6 @@ func readablePEM(path string) error {
 		return fmt.Errorf("%s holds no PEM certificate", path)
 	}
 	return nil
-}
-
-// checkProvider decodes a provider's settings strictly into its kind's
-// settings type and checks the environment variables the kind requires,
-// as the kind's Open would, without dialling or creating anything.
-func checkProvider(pc providers.Config, getenv func(string) string) error {
-	need := func(env string) error {
-		if getenv(env) == "" {
-			return fmt.Errorf("%s is not set", env)
-		}
-		return nil
-	}
-	decode := func(v any) error {
-		if err := providers.DecodeSettings(pc.Settings, v); err != nil {
-			return yamlError(nil, err)
-		}
-		return nil
-	}
-	switch pc.Kind {
-	case "local":
-		var c local.Config
-		return decode(&c)
-	case "modal":
-		var s modal.Settings
-		if err := decode(&s); err != nil {
-			return err
-		}
-		return errors.Join(need(modal.EnvTokenID), need(modal.EnvTokenSecret))
-	case "fly-machines":
-		var s flymachines.Settings
-		if err := decode(&s); err != nil {
-			return err
-		}
-		errs := []error{need(cmp.Or(s.TokenEnv, flymachines.EnvToken))}
-		if s.App == "" {
-			errs = append(errs, need(flymachines.EnvApp))
-		}
-		return errors.Join(errs...)
-	case "fly-sprites":
-		var s flysprites.Settings
-		if err := decode(&s); err != nil {
-			return err
-		}
-		return need(flysprites.EnvToken)
-	case noop.Kind:
-		var c noop.Config
-		return decode(&c)
-	}
-	return fmt.Errorf("unknown kind %q; this build runs: local, modal, fly-machines, fly-sprites, noop", pc.Kind)
 }
 
 // checkDefaults refuses defaults that name a size sandgate does not know,
