@@ -389,7 +389,7 @@ func parseProvider(n yaml.Node) (providers.Config, error) {
 			pc.Kind = v.Value
 		case "accept_new":
 			if err := v.Decode(&pc.AcceptNew); err != nil {
-				return providers.Config{}, fmt.Errorf("provider %q: accept_new: %w", pc.Name, err)
+				return providers.Config{}, fmt.Errorf("provider %q: accept_new: %w", pc.Name, yamlError(nil, err))
 			}
 		default:
 			settings.Content = append(settings.Content, k, v)
