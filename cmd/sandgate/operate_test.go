@@ -126,6 +126,13 @@ func TestExitCodes(t *testing.T) {
 			}
 		})
 	}
+	// The codes are documented where a scripter looks.
+	help := runCLI(t, nil, "--help")
+	for _, line := range strings.Split(exitHelp, "\n")[1:] {
+		if !strings.Contains(help, line) {
+			t.Errorf("sandgate --help lacks the exit code line %q", line)
+		}
+	}
 	// Credits the ledger never recorded: drift.
 	rdb := rs.Client()
 	if err := rdb.HIncrBy(t.Context(), "sg:{"+acct+"}:funds", "credits", 5).Err(); err != nil {
