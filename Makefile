@@ -5,7 +5,12 @@
 # checks, a clone through the proxy),
 # chromium for the console's browser tests) and runs every test with -race.
 GO ?= go
-APT_PACKAGES := redis-server redis-tools bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl openssl git chromium prometheus
+APT_PACKAGES := redis-server redis-tools bubblewrap protobuf-compiler e2fsprogs util-linux mount jq curl openssl git chromium
+# promtool (Debian's prometheus package), for the shipped alert rules and
+# their unit tests.
+APT_PACKAGES += prometheus
+# systemd-analyze, for verifying deploy/systemd/sandgate.service.
+APT_PACKAGES += systemd
 
 .PHONY: test deps vet bench figures generate
 
@@ -26,6 +31,7 @@ deps:
 	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

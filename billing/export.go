@@ -184,6 +184,12 @@ func Export(ctx context.Context, sc Scanner, accounts []string, f ExportFilter, 
 	st := ExportStats{Totals: map[string]int64{}}
 	bw := bufio.NewWriterSize(w, 64<<10)
 	flush := func() error {
+		// Nothing new to send: flushing w anyway would make net/http send
+		// an implicit 200 behind its caller's back, and the caller's own
+		// WriteHeader for an empty export would then be superfluous.
+		if bw.Buffered() == 0 {
+			return nil
+		}
 		if err := bw.Flush(); err != nil {
 			return err
 		}

@@ -55,8 +55,15 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 		return err
 	}
 	if !broker.IsLoopback(adminListen) {
-		return fmt.Errorf("--admin-listen %q must be a loopback address", adminListen)
+		return usageErr(fmt.Errorf("--admin-listen %q must be a loopback address", adminListen))
 	}
+	// A second dev on this directory would remove the first one's
+	// workspaces (below): refuse it, naming the holder.
+	release, err := broker.LockDataDir(dataDir)
+	if err != nil {
+		return err
+	}
+	defer release()
 	cfg, err := broker.DevConfig(dataDir, provider)
 	if err != nil {
 		return err

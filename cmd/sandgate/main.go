@@ -17,7 +17,7 @@ func main() {
 	defer stop()
 	if err := rootCommand().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "sandgate:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -25,6 +25,7 @@ func rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "sandgate",
 		Short:         "sandgate is an execution broker (protocol v1)",
+		Long:          "sandgate is an execution broker (protocol v1).\n\n" + exitHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       readBuildInfo().Version,
@@ -33,6 +34,7 @@ func rootCommand() *cobra.Command {
 	root.AddCommand(serveCommand(), devCommand(), adminCommand(), usageCommand(), versionCommand())
 	root.AddCommand(operatorTokenCommand())
 	refuseUnknownSubcommands(root)
+	markUsageErrors(root)
 	addExamples(root)
 	return root
 }

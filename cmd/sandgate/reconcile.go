@@ -31,7 +31,7 @@ func reconcileCommand() *cobra.Command {
 	var acct string
 	cmd := &cobra.Command{
 		Use:   "reconcile [--account ID]",
-		Short: "Recompute every balance from the ledgers and print any drift (exit 1 on drift)",
+		Short: "Recompute every balance from the ledgers and print any drift (exit 5 on drift)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := f.client()
@@ -79,7 +79,7 @@ func reconcileCommand() *cobra.Command {
 				return err
 			}
 			if drift > 0 {
-				return fmt.Errorf("reconcile: %d drift(s)", drift)
+				return &exitError{code: exitDrift, err: fmt.Errorf("reconcile: %d drift(s)", drift)}
 			}
 			return nil
 		},

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -15,11 +13,23 @@ import (
 
 func serveCommand() *cobra.Command {
 	var configPath string
+	var check bool
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the broker (TLS only) against Redis",
+		Long: `serve runs the broker of the YAML config file (--config), with its
+environment overrides (SANDGATE_ and the YAML path).
+With --check it validates everything serve checks before it serves, and
+needs no network: the YAML (unknown keys refused), the overrides, the
+defaults against the sizes, every provider's settings and the variables
+its kind requires, the TLS files and the pair's match, the Redis CA file
+and the operators' token variables. It prints "config OK" and exits 0,
+or names each problem by its YAML path and exits 1.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := broker.LoadConfig(configPath, os.Getenv)
+			if err == nil {
+				err = cfg.Check(os.Getenv)
+			}
 			if err != nil {
 				return err
 			}
@@ -28,22 +38,14 @@ func serveCommand() *cobra.Command {
 				return err
 			}
 			defer closeLog()
+			if check {
+				fmt.Fprintf(cmd.OutOrStdout(), "config OK: %s\n", configPath)
+				return nil
+			}
 			broker.RouteRedisLogs(log)
 			opts := broker.Options{Log: log, Version: readBuildInfo().Version}
-			switch {
-			case cfg.TLS.CertFile != "" && cfg.TLS.KeyFile != "":
-				cert, err := tls.LoadX509KeyPair(cfg.TLS.CertFile, cfg.TLS.KeyFile)
-				if err != nil {
-					return fmt.Errorf("tls: %w", err)
-				}
-				opts.TLS = broker.ServerTLS(cert)
-			case cfg.TLS.CertFile != "" || cfg.TLS.KeyFile != "":
-				return errors.New("tls: set both cert_file and key_file")
-			case len(cfg.TLS.TrustedProxies) == 0:
-				return errors.New("sandgate refuses plaintext: set tls.cert_file and tls.key_file, or tls.trusted_proxies for a TLS-terminating proxy")
-			}
-			if !broker.IsLoopback(cfg.AdminListen) {
-				return fmt.Errorf("admin_listen %q is not a loopback address; the operator API serves plain HTTP and must stay on loopback (put a TLS proxy in front to expose it)", cfg.AdminListen)
+			if opts.TLS, err = cfg.ServeTLS(); err != nil {
+				return err
 			}
 			if opts.Redis, err = broker.NewRedis(cfg); err != nil {
 				return err
@@ -60,6 +62,7 @@ func serveCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&configPath, "config", "", "path of the YAML config file")
+	cmd.Flags().BoolVar(&check, "check", false, "validate the config and exit without serving")
 	return cmd
 }
 

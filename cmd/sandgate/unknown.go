@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -33,7 +34,7 @@ func refuseUnknownSubcommands(root *cobra.Command) {
 			} else {
 				msg += "; run '" + cmd.CommandPath() + " --help' for its commands"
 			}
-			return fmt.Errorf("%s", msg)
+			return usageErr(errors.New(msg))
 		}
 	}
 }

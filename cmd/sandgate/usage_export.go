@@ -34,13 +34,14 @@ of one account, instance or agent, as CSV (RFC 4180, header row) or JSON lines.
 The README's "For finance teams" section lists the columns and how to reconcile.
 
 With --out the export is written to FILE.partial and renamed to FILE once
-complete, so FILE never holds a cut-short export. When stderr is a terminal a
-progress line counts the rows.`,
+complete, so FILE never holds a cut-short export, and a line on stderr reports
+the rows and bytes written. When stderr is a terminal a progress line counts
+the rows meanwhile.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fmtv, err := billing.ParseFormat(format)
 			if err != nil {
-				return err
+				return usageErr(err)
 			}
 			month := billing.MonthOf(time.Now())
 			q := url.Values{"format": {string(fmtv)}}
@@ -51,7 +52,7 @@ progress line counts the rows.`,
 				t := p.def
 				if p.v != "" {
 					if t, err = time.Parse(time.RFC3339, p.v); err != nil {
-						return fmt.Errorf("--%s takes an RFC 3339 time, e.g. 2026-10-01T00:00:00Z: %q", p.name, p.v)
+						return usageErr(fmt.Errorf("--%s takes an RFC 3339 time, e.g. 2026-10-01T00:00:00Z: %q", p.name, p.v))
 					}
 				}
 				q.Set(p.name, t.UTC().Format(time.RFC3339))
@@ -65,7 +66,11 @@ progress line counts the rows.`,
 			if err != nil {
 				return err
 			}
-			return exportUsage(cmd.Context(), c, "/usage?"+q.Encode(), out, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			header := int64(0)
+			if fmtv == billing.FormatCSV {
+				header = 1
+			}
+			return exportUsage(cmd.Context(), c, "/usage?"+q.Encode(), out, header, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	fl := cmd.Flags()
@@ -79,9 +84,11 @@ progress line counts the rows.`,
 }
 
 // exportUsage streams path to out (a file, or stdout when "" or "-"),
+// and, for a file, reports the rows (lines past the header's) and bytes
+// written on stderr,
 // with a progress line on stderr when stderr is a terminal that the rows
 // are not also going to.
-func exportUsage(ctx context.Context, c *adminapi.Client, path, out string, stdout, stderr io.Writer) error {
+func exportUsage(ctx context.Context, c *adminapi.Client, path, out string, header int64, stdout, stderr io.Writer) error {
 	toStdout := out == "" || out == "-"
 	p := newProgress(stderr, !(toStdout && isTerminal(stdout)))
 	defer p.stop()
@@ -102,7 +109,14 @@ func exportUsage(ctx context.Context, c *adminapi.Client, path, out string, stdo
 		os.Remove(tmp)
 		return err
 	}
-	return os.Rename(tmp, out)
+	if err := os.Rename(tmp, out); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	rows, n := max(p.rows-header, 0), p.n
+	p.mu.Unlock()
+	fmt.Fprintf(stderr, "sandgate: wrote %d rows, %d bytes to %s\n", rows, n, out)
+	return nil
 }
 
 // progress counts the lines of an export and, when its writer is a

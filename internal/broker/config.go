@@ -2,7 +2,9 @@ package broker
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"slices"
@@ -187,10 +189,14 @@ func LoadConfig(path string, getenv func(string) string) (*Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("config: %w", err)
 		}
+		var root yaml.Node
+		if err := yaml.Unmarshal(b, &root); err != nil {
+			return nil, fmt.Errorf("config %s: %w", path, err)
+		}
 		dec := yaml.NewDecoder(bytes.NewReader(b))
 		dec.KnownFields(true)
-		if err := dec.Decode(&c); err != nil {
-			return nil, fmt.Errorf("config %s: %w", path, err)
+		if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("config %s: %w", path, yamlError(&root, err))
 		}
 	}
 	if err := applyEnv(&c, getenv); err != nil {
@@ -204,6 +210,9 @@ func LoadConfig(path string, getenv func(string) string) (*Config, error) {
 	def(&c.Listen, ":8443")
 	def(&c.AdminListen, "127.0.0.1:8444")
 	def(&c.DataDir, "/var/lib/sandgate")
+	if err := c.checkDefaults(); err != nil {
+		return nil, err
+	}
 	if err := c.Redis.check(); err != nil {
 		return nil, err
 	}
@@ -380,7 +389,7 @@ func parseProvider(n yaml.Node) (providers.Config, error) {
 			pc.Kind = v.Value
 		case "accept_new":
 			if err := v.Decode(&pc.AcceptNew); err != nil {
-				return providers.Config{}, fmt.Errorf("provider %q: accept_new: %w", pc.Name, err)
+				return providers.Config{}, fmt.Errorf("provider %q: accept_new: %w", pc.Name, yamlError(nil, err))
 			}
 		default:
 			settings.Content = append(settings.Content, k, v)
