@@ -146,7 +146,7 @@ func TestExitCodes(t *testing.T) {
 
 // TestUsageExportReports: an export to a file reports its rows and bytes
 // on stderr, and an empty JSON lines export leaves no "superfluous
-// WriteHeader" in the broker's log (a flush of nothing used to send the
+// WriteHeader" in the broker's log (a flush of nothing would send the
 // status before the handler's own).
 func TestUsageExportReports(t *testing.T) {
 	_, _, s := startOne(t)
