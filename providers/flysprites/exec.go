@@ -109,6 +109,18 @@ func sessionID(raw json.RawMessage) string {
 
 // isExit reports whether m ends the command: binary frame 3 or the text
 // exit message.
+// sessionInfo returns the session id a session_info message carries.
+func sessionInfo(m wsMessage) (string, bool) {
+	if m.typ != websocket.MessageText {
+		return "", false
+	}
+	var tm textMessage
+	if json.Unmarshal(m.data, &tm) != nil || tm.Type != "session_info" {
+		return "", false
+	}
+	return sessionID(tm.SessionID), true
+}
+
 func isExit(m wsMessage) bool {
 	if m.typ == websocket.MessageBinary {
 		return len(m.data) > 0 && m.data[0] == streamExit
@@ -244,14 +256,28 @@ func (c *client) run(ctx context.Context, name string, cmd wsCommand) (wsResult,
 	// group (and escalates to KILL after its -k), then KILL through the
 	// route if no exit came within termWait.
 	stop := func() {
-		if session == "" {
-			return // closing the socket leaves it to the vendor's disconnect timer
+		t := time.NewTimer(termWait)
+		defer t.Stop()
+		// A request canceled before the session's id arrived waits for
+		// it (at most termWait), so that the command is ended, not left
+		// running until the vendor's disconnect timer.
+		for session == "" {
+			select {
+			case m := <-msgs:
+				if m.err != nil || isExit(m) {
+					return
+				}
+				if id, ok := sessionInfo(m); ok {
+					session = id
+				}
+			case <-t.C:
+				return // closing the socket leaves it to the vendor's disconnect timer
+			}
 		}
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupLimit)
 		defer cancel()
 		_ = c.killSession(kctx, name, session, "TERM")
-		t := time.NewTimer(termWait)
-		defer t.Stop()
+		t.Reset(termWait) // no stale tick: Go 1.23's timers drop it
 		for {
 			select {
 			case m := <-msgs:

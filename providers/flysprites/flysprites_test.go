@@ -392,6 +392,15 @@ func TestOpen(t *testing.T) {
 // reads as not found and is created by a write, and an empty directory is
 // not a file; before, every empty listing read as a directory, so no new
 // file could be written.
+// TestCancelBeforeSessionInfo: a request canceled after its command
+// started but before the vendor sent the session's id still ends the
+// command and everything it started, instead of leaving it to the
+// vendor's disconnect timer.
+func TestCancelBeforeSessionInfo(t *testing.T) {
+	srv := spritetest.StartWith(t, spritetest.Config{SessionInfoDelay: time.Second})
+	providertest.RunContextCancel(t, func(t *testing.T) providers.Provider { return newProvider(t, srv, "broker-slow-info", nil) })
+}
+
 func TestFilesWhenMissingListsEmpty(t *testing.T) {
 	srv := spritetest.StartWith(t, spritetest.Config{MissingListsEmpty: true})
 	providertest.RunFiles(t, func(t *testing.T) providers.Provider { return newProvider(t, srv, "broker-empty", nil) })

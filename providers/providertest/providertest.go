@@ -565,6 +565,14 @@ func testContextCancel(t *testing.T, p providers.Provider, sb providers.Sandbox)
 	}
 }
 
+// RunContextCancel runs the suite's context-cancel case alone, on a new
+// sandbox of the provider newProvider returns: for a fake set up to make
+// the cancel harder than the plain suite does.
+func RunContextCancel(t *testing.T, newProvider func(t *testing.T) providers.Provider) {
+	p := newProvider(t)
+	testContextCancel(t, p, Create(t, p, Spec(t)))
+}
+
 // cancelMarker makes startRunning's processes recognizable.
 const cancelMarker = "sleep 319"
 

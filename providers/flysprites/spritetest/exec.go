@@ -134,6 +134,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	sp.mu.Lock()
 	sp.sessions[j.session] = j
 	sp.mu.Unlock()
+	if s.infoDelay > 0 {
+		time.Sleep(s.infoDelay)
+	}
 	// session_id as a number, as the docs show it (sheet §5.2).
 	info, _ := json.Marshal(map[string]any{"type": "session_info", "session_id": sid, "tty": false})
 	if conn.Write(ctx, websocket.MessageText, info) != nil {

@@ -46,6 +46,10 @@ type Config struct {
 	// with 200 and no entries, the reading sprites-go's stat takes (sheet
 	// §6: "an empty list means not found"), instead of 404.
 	MissingListsEmpty bool
+	// SessionInfoDelay holds back an exec's session_info message this
+	// long after its command started, as a slow vendor may: a client
+	// that needs the session's id (to kill it) must wait for it.
+	SessionInfoDelay time.Duration
 }
 
 // Server is a running fake. Its methods are safe for concurrent use.
@@ -57,7 +61,8 @@ type Server struct {
 	lp           *local.Provider
 	hs           *httptest.Server
 	data         string
-	missingEmpty bool // Config.MissingListsEmpty
+	missingEmpty bool          // Config.MissingListsEmpty
+	infoDelay    time.Duration // Config.SessionInfoDelay
 
 	mu      sync.Mutex
 	sprites map[string]*sprite
@@ -91,7 +96,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{token: c.Token, lp: lp, data: filepath.Join(c.DataDir, "local"), missingEmpty: c.MissingListsEmpty,
+	s := &Server{token: c.Token, lp: lp, data: filepath.Join(c.DataDir, "local"), missingEmpty: c.MissingListsEmpty, infoDelay: c.SessionInfoDelay,
 		sprites: map[string]*sprite{}, events: map[string][]Event{}}
 	if s.hs, s.CAFile, err = fakeserver.StartTLS(s.routes(), c.DataDir); err != nil {
 		return nil, err
