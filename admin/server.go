@@ -25,6 +25,7 @@ import (
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
 	"github.com/sandgate/sandgate/token"
@@ -62,6 +63,9 @@ type Deps struct {
 	// Meter records the operator API's metrics (MetricRequests and the
 	// others); nil records none.
 	Meter metric.Meter
+	// Saga runs an operator's exec and file calls on a tenant's
+	// workspace; nil answers them 503 unavailable.
+	Saga *saga.Saga
 }
 
 // Server serves /admin/v1: the HTTP face of the service, whose methods
@@ -100,7 +104,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Log = slog.New(slog.DiscardHandler)
 	}
 	svc := &service{cfg: cfg, db: deps.DB, clock: deps.Clock, log: deps.Log, provs: deps.Providers, term: deps.Terminator, bill: deps.Billing,
-		stripe: deps.Stripe}
+		stripe: deps.Stripe, saga: deps.Saga}
 	s := &Server{service: svc, roles: map[string]adminapi.OperatorToken{}, actions: map[string]string{}}
 	for _, t := range cfg.Tokens {
 		s.roles[t.Hash] = t
@@ -146,6 +150,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	route(http.MethodGet, "/audit", "audit.export", s.exportAudit, ops)
 	s.usageRoutes(route)
 	s.workspaceRoutes(route)
+	s.workspaceIORoutes(route)
 	s.whoamiRoutes(route)
 	s.billingRoutes(route)
 	s.stripeRoutes(route)

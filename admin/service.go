@@ -7,6 +7,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
 )
@@ -26,6 +27,8 @@ type service struct {
 	bill  *billing.Billing
 	// stripe is the Stripe sync; nil when the broker runs none.
 	stripe StripeSync
+	// saga runs operators' exec and file calls; nil when the broker runs none.
+	saga *saga.Saga
 }
 
 // change is what an operator action changed, as the audit log records

@@ -387,3 +387,14 @@ type SummaryGroup struct {
 	AmountMicros int64  `json:"amount_micros"`
 	Amount       string `json:"amount"`
 }
+
+// The bodies of an operator's exec and file calls on a tenant's workspace
+// (POST /workspaces/{id}/exec, …/files/read and …/files/write) are the
+// protocol's own.
+type (
+	ExecRequest      = protocol.ExecRequest
+	ExecResponse     = protocol.ExecResponse
+	ReadFileRequest  = protocol.ReadFileRequest
+	ReadFileResponse = protocol.ReadFileResponse
+	WriteFileRequest = protocol.WriteFileRequest
+)

@@ -284,7 +284,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 		Meter: b.obs.mp.Meter("github.com/sandgate/sandgate/reaper"), Tracer: tp},
 		reaper.Deps{DB: db, Providers: b.provs, Terminator: b.term, Clock: b.clock, Log: b.log.With("component", "reaper")})
 	adeps := admin.Deps{DB: db, Clock: b.clock, Log: b.log.With("component", "admin"), Providers: b.provs, Terminator: b.term, Billing: b.bill,
-		Meter: b.obs.mp.Meter("github.com/sandgate/sandgate/admin")}
+		Meter: b.obs.mp.Meter("github.com/sandgate/sandgate/admin"), Saga: b.saga}
 	if b.stripe, err = newStripe(b.cfg.Billing.Stripe, b.rdb, getenv, meter, b.clock, b.log); err != nil {
 		return nil, err
 	}
