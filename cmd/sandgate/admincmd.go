@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -20,8 +19,8 @@ import (
 
 // adminFlags are shared by every `sandgate admin` command.
 type adminFlags struct {
-	url, token, output string
-	timeout            time.Duration
+	url, token string
+	timeout    time.Duration
 }
 
 func (f *adminFlags) client() (*adminapi.Client, error) {
@@ -48,13 +47,13 @@ func (f *adminFlags) do(cmd *cobra.Command, method, path string, in, out any) er
 }
 
 // call sends one request with the flags' URL and token and prints its
-// answer: as JSON with -o json, else as text renders it.
+// answer (emit), its text form as text renders it.
 func call[T any](cmd *cobra.Command, f *adminFlags, method, path string, in any, text func(T) string) error {
 	var out T
 	if err := f.do(cmd, method, path, in, &out); err != nil {
 		return err
 	}
-	return f.print(cmd.OutOrStdout(), out, text(out))
+	return emit(cmd, out, text(out))
 }
 
 // accountPath is the path of the account acct's resource rest.
@@ -100,27 +99,17 @@ func accountFlag(cmd *cobra.Command, acct *string) {
 	_ = cmd.MarkFlagRequired("account")
 }
 
-// print writes v as JSON with -o json, else the plain value alone.
-func (f *adminFlags) print(w io.Writer, v any, plain string) error {
-	switch f.output {
-	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
-	case "", "text", "table":
-		_, err := fmt.Fprintln(w, plain)
-		return err
-	}
-	return fmt.Errorf("-o %q: want table or json", f.output)
+// addPersistent adds the connection flags to cmd and the commands under it.
+func (f *adminFlags) addPersistent(cmd *cobra.Command) {
+	cmd.PersistentFlags().StringVar(&f.url, "url", "", "operator API URL (default $SANDGATE_ADMIN_URL)")
+	cmd.PersistentFlags().StringVar(&f.token, "token", "", "operator token (default $SANDGATE_ADMIN_TOKEN)")
+	cmd.PersistentFlags().DurationVar(&f.timeout, "timeout", 10*time.Minute, "bound on one request (a stop waits for its workspaces to end)")
 }
 
 func adminCommand() *cobra.Command {
 	f := &adminFlags{}
 	cmd := &cobra.Command{Use: "admin", Short: "Drive the operator API (accounts, instances, tokens, stops, pauses, limits, audit, billing)"}
-	cmd.PersistentFlags().StringVar(&f.url, "url", "", "operator API URL (default $SANDGATE_ADMIN_URL)")
-	cmd.PersistentFlags().StringVar(&f.token, "token", "", "operator token (default $SANDGATE_ADMIN_TOKEN)")
-	cmd.PersistentFlags().StringVarP(&f.output, "output", "o", "", "output format: table (default) or json")
-	cmd.PersistentFlags().DurationVar(&f.timeout, "timeout", 10*time.Minute, "bound on one request (a stop waits for its workspaces to end)")
+	f.addPersistent(cmd)
 	cmd.AddCommand(accountCommand(f), instanceCommand(f), tokenCommand(f),
 		stopCommand(f), pauseCommand(f), resumeCommand(f), limitsCommand(f), statusCommand(f), auditCommand(f),
 		rateCardCommand(f), billingCommand(f), fundsCommand(f), budgetCommand(f))
@@ -138,7 +127,7 @@ func accountCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: name}, &a); err != nil {
 				return err
 			}
-			return f.print(cmd.OutOrStdout(), a, a.ID)
+			return emit(cmd, a, a.ID)
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "account name (required)")
@@ -185,7 +174,7 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 			if err := c.Do(cmd.Context(), http.MethodPost, "/instances", req, &in); err != nil {
 				return err
 			}
-			return f.print(cmd.OutOrStdout(), in, in.ID)
+			return emit(cmd, in, in.ID)
 		},
 	}
 	fl := create.Flags()
@@ -219,10 +208,12 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodGet, "/instances/"+url.PathEscape(args[0]), nil, &in); err != nil {
 				return err
 			}
-			if f.output == "" || f.output == "text" || f.output == "table" {
-				f.output = "json" // the scope has no one-line form
+			// The scope has no one-line form: the text form is the JSON.
+			b, err := json.MarshalIndent(in, "", "  ")
+			if err != nil {
+				return err
 			}
-			return f.print(cmd.OutOrStdout(), in, "")
+			return emit(cmd, in, string(b))
 		},
 	}
 	var acct string
@@ -245,7 +236,7 @@ func instanceCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodPut, "/instances/"+url.PathEscape(args[0])+"/provider", adminapi.SetProviderRequest{Provider: prov}, &in); err != nil {
 				return err
 			}
-			return f.print(cmd.OutOrStdout(), in, in.ID+"\t"+in.Provider)
+			return emit(cmd, in, in.ID+"\t"+in.Provider)
 		},
 	}
 	setProvider.Flags().StringVar(&prov, "provider", "", "provider name (required)")
@@ -280,7 +271,7 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 				if err := cl.Do(cmd.Context(), http.MethodPost, "/instances/"+url.PathEscape(inst)+path, req, &out); err != nil {
 					return err
 				}
-				return f.print(cmd.OutOrStdout(), out, out.Token)
+				return emit(cmd, out, out.Token)
 			},
 		}
 		c.Flags().StringVar(&inst, "instance", "", "instance id (required)")
@@ -296,7 +287,7 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 				if err := f.do(cmd, http.MethodPost, "/instances/"+url.PathEscape(inst)+path, nil, &out); err != nil {
 					return err
 				}
-				return f.print(cmd.OutOrStdout(), out, fmt.Sprint(out.Count))
+				return emit(cmd, out, fmt.Sprint(out.Count))
 			},
 		}
 		c.Flags().StringVar(&inst, "instance", "", "instance id (required)")
@@ -331,7 +322,7 @@ func tokenCommand(f *adminFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return f.print(cmd.OutOrStdout(), out, fmt.Sprintf("revoked=%d terminated=%d failed=%d", out.Count, out.Terminated, out.Failed))
+			return emit(cmd, out, fmt.Sprintf("revoked=%d terminated=%d failed=%d", out.Count, out.Terminated, out.Failed))
 		},
 	}
 	revoke.Flags().StringVar(&inst, "instance", "", "instance id: revoke every token of it")
@@ -421,9 +412,9 @@ func stopCommand(f *adminFlags) *cobra.Command {
 				return err
 			}
 			if !on {
-				return f.print(cmd.OutOrStdout(), struct{}{}, "off")
+				return emit(cmd, struct{}{}, "off")
 			}
-			return f.print(cmd.OutOrStdout(), out, swept(out))
+			return emit(cmd, out, swept(out))
 		},
 	}
 	cmd.Flags().StringVar(&acct, "account", "", "stop this account only (default: the whole broker)")
@@ -464,7 +455,7 @@ func resumeCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodPost, "/resume", adminapi.ResumeRequest{AccountID: acct, InstanceID: inst}, nil); err != nil {
 				return err
 			}
-			return f.print(cmd.OutOrStdout(), struct{}{}, "resumed")
+			return emit(cmd, struct{}{}, "resumed")
 		},
 	}
 	scopeFlags(cmd, &acct, &inst)
@@ -513,7 +504,7 @@ func limitsCommand(f *adminFlags) *cobra.Command {
 			if err := c.Do(cmd.Context(), http.MethodPut, path, cur, &out); err != nil {
 				return err
 			}
-			return f.print(cmd.OutOrStdout(), out, limitsLine(out))
+			return emit(cmd, out, limitsLine(out))
 		},
 	}
 	accountFlag(set, &acct)
@@ -533,7 +524,7 @@ func statusCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodGet, "/status", nil, &st); err != nil {
 				return err
 			}
-			return f.print(cmd.OutOrStdout(), st, statusTable(st))
+			return emit(cmd, st, statusTable(st))
 		},
 	}
 }

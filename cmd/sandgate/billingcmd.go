@@ -63,7 +63,7 @@ func rateCardCommand(f *adminFlags) *cobra.Command {
 				}
 				rows = append(rows, row)
 			}
-			return f.print(cmd.OutOrStdout(), out, table(header, rows))
+			return emit(cmd, out, table(header, rows))
 		},
 	}
 	var setCur string
@@ -217,7 +217,7 @@ func adjustmentCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodPost, accountPath(acct, "usage/adjustments"), req, &out); err != nil {
 				return err
 			}
-			return f.print(cmd.OutOrStdout(), out, out.Entry.ID)
+			return emit(cmd, out, out.Entry.ID)
 		},
 	}
 	cmd.Flags().StringVar(&acct, "account", "", "account id (required)")

@@ -36,7 +36,8 @@ credentials and endpoint read from the vendor's own environment variables
 (see the README); the local provider is configured beside it.
 It is not for production and never for money.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDev(cmd.Context(), listen, adminListen, dataDir, provider)
+			show := func(v devVars, env string) error { return emit(cmd, v, strings.TrimSuffix(env, "\n")) }
+			return runDev(cmd.Context(), listen, adminListen, dataDir, provider, show)
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8443", "address of the broker's HTTPS listener")
@@ -46,7 +47,9 @@ It is not for production and never for money.`,
 	return cmd
 }
 
-func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) error {
+// runDev runs the dev broker, calling show with what it prints (and
+// writes to dev.env) once it listens.
+func runDev(ctx context.Context, listen, adminListen, dataDir, provider string, show func(devVars, string) error) error {
 	dataDir, err := filepath.Abs(dataDir)
 	if err != nil {
 		return err
@@ -113,22 +116,37 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 		opts.Public.Close()
 		return err
 	}
-	env := devEnv(opts.Public.Addr().String(), opts.Admin.Addr().String(), caPath, st)
+	vars := devVars{BrokerURL: "https://" + opts.Public.Addr().String(), BrokerCA: caPath, BrokerToken: st.Token,
+		AdminURL: "http://" + opts.Admin.Addr().String(), AdminToken: st.AdminToken, FinanceToken: st.FinanceToken}
+	env := vars.env()
 	if err := os.WriteFile(filepath.Join(dataDir, "dev.env"), []byte(env), 0o600); err != nil {
 		return err
 	}
-	fmt.Print(env)
+	if err := show(vars, env); err != nil {
+		return err
+	}
 	return run(ctx, *cfg, opts)
 }
 
-func devEnv(public, adminAddr, caPath string, st broker.DevState) string {
+// devVars are what dev prints and writes to dev.env, named as there.
+type devVars struct {
+	BrokerURL    string `json:"BROKER_URL"`
+	BrokerCA     string `json:"BROKER_CA"`
+	BrokerToken  string `json:"BROKER_TOKEN"`
+	AdminURL     string `json:"SANDGATE_ADMIN_URL"`
+	AdminToken   string `json:"SANDGATE_ADMIN_TOKEN"`
+	FinanceToken string `json:"FINANCE_TOKEN"`
+}
+
+// env is v as dev.env's lines.
+func (v devVars) env() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "BROKER_URL=https://%s\n", public)
-	fmt.Fprintf(&b, "BROKER_CA=%s\n", caPath)
-	fmt.Fprintf(&b, "BROKER_TOKEN=%s\n", st.Token)
-	fmt.Fprintf(&b, "SANDGATE_ADMIN_URL=http://%s\n", adminAddr)
-	fmt.Fprintf(&b, "SANDGATE_ADMIN_TOKEN=%s\n", st.AdminToken)
-	fmt.Fprintf(&b, "FINANCE_TOKEN=%s\n", st.FinanceToken)
+	fmt.Fprintf(&b, "BROKER_URL=%s\n", v.BrokerURL)
+	fmt.Fprintf(&b, "BROKER_CA=%s\n", v.BrokerCA)
+	fmt.Fprintf(&b, "BROKER_TOKEN=%s\n", v.BrokerToken)
+	fmt.Fprintf(&b, "SANDGATE_ADMIN_URL=%s\n", v.AdminURL)
+	fmt.Fprintf(&b, "SANDGATE_ADMIN_TOKEN=%s\n", v.AdminToken)
+	fmt.Fprintf(&b, "FINANCE_TOKEN=%s\n", v.FinanceToken)
 	fmt.Fprintf(&b, "# try: curl --cacert \"$BROKER_CA\" -H \"Authorization: Bearer $BROKER_TOKEN\" \"$BROKER_URL/v1/lease\"\n")
 	return b.String()
 }

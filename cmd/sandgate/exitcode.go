@@ -28,12 +28,18 @@ const exitHelp = `Exit codes:
   2  usage error: a bad flag, argument or subcommand
   3  refused by the broker (a 4xx answer: bad request, not found, forbidden)
   4  broker unavailable: a 5xx answer, or the broker could not be reached
-  5  drift found by 'usage reconcile'`
+  5  drift found by 'usage reconcile'
+'workspace exec' exits with the command's own exit code once the command
+ran (0-255; -o json carries it as exit_code too); the codes above apply
+only when it did not run, with a 'sandgate:' line on stderr.`
 
 // exitError is an error with the exit code it ends the process with.
 type exitError struct {
 	code int
 	err  error
+	// silent: main prints nothing, the code says it all (the exit code
+	// of a command run by workspace exec).
+	silent bool
 }
 
 func (e *exitError) Error() string { return e.err.Error() }

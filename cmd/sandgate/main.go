@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -16,7 +17,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := rootCommand().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "sandgate:", err)
+		if ee := (*exitError)(nil); !errors.As(err, &ee) || !ee.silent {
+			fmt.Fprintln(os.Stderr, "sandgate:", err)
+		}
 		os.Exit(exitCode(err))
 	}
 }
@@ -25,7 +28,7 @@ func rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "sandgate",
 		Short:         "sandgate is an execution broker (protocol v1)",
-		Long:          "sandgate is an execution broker (protocol v1).\n\n" + exitHelp,
+		Long:          "sandgate is an execution broker (protocol v1).\n\n" + exitHelp + "\n\n" + outputHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       readBuildInfo().Version,
@@ -33,7 +36,10 @@ func rootCommand() *cobra.Command {
 	root.SetVersionTemplate(readBuildInfo().String())
 	root.AddCommand(serveCommand(), devCommand(), adminCommand(), usageCommand(), versionCommand())
 	root.AddCommand(operatorTokenCommand())
+	root.AddCommand(rootWorkspaceCommand())
 	refuseUnknownSubcommands(root)
+	addOutputFlags(root)
+	addCompletions(root)
 	markUsageErrors(root)
 	addExamples(root)
 	return root

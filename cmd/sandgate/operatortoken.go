@@ -13,7 +13,7 @@ import (
 // token for `serve` locally (no broker is asked) and prints the config
 // entry that grants it, with only the token's SHA-256 in it.
 func operatorTokenCommand() *cobra.Command {
-	var name, role, output string
+	var name, role string
 	cmd := &cobra.Command{
 		Use:   "operator-token --name NAME --role admin|operator|finance",
 		Short: "Mint an operator token for serve; prints the token, and the operators: entry to add to the config on stderr",
@@ -44,11 +44,10 @@ prefix too, put the token in an environment variable and use token_env.`,
 				Token       string `json:"token"`
 				TokenSHA256 string `json:"token_sha256"`
 			}{name, role, tok.Reveal(), hash}
-			f := &adminFlags{output: output}
-			if err := f.print(cmd.OutOrStdout(), out, tok.Reveal()); err != nil {
+			if err := emit(cmd, out, tok.Reveal()); err != nil {
 				return err
 			}
-			if output == "json" {
+			if o, _ := outputOf(cmd); !o.text() {
 				return nil
 			}
 			_, err := fmt.Fprintf(cmd.ErrOrStderr(), "# add under operators: in the config:\n  - name: %s\n    role: %s\n    token_sha256: %q\n", name, role, hash)
@@ -57,6 +56,5 @@ prefix too, put the token in an environment variable and use token_env.`,
 	}
 	cmd.Flags().StringVar(&name, "name", "", "the operator's name, as the audit log shows it (required)")
 	cmd.Flags().StringVar(&role, "role", "", "admin, operator or finance (required)")
-	cmd.Flags().StringVarP(&output, "output", "o", "", "output format: table (default: the token alone) or json")
 	return cmd
 }

@@ -75,7 +75,7 @@ func reconcileCommand() *cobra.Command {
 			if len(unconfigured) > 0 {
 				lines = append(lines, "accounts without billing (their acquires are refused until billing set or --free): "+strings.Join(unconfigured, " "))
 			}
-			if err := f.print(cmd.OutOrStdout(), out, strings.Join(lines, "\n")); err != nil {
+			if err := emit(cmd, out, strings.Join(lines, "\n")); err != nil {
 				return err
 			}
 			if drift > 0 {
@@ -88,7 +88,6 @@ func reconcileCommand() *cobra.Command {
 	fl.StringVar(&acct, "account", "", "one account (default: every account)")
 	fl.StringVar(&f.url, "url", "", "operator API URL (default $SANDGATE_ADMIN_URL)")
 	fl.StringVar(&f.token, "token", "", "operator token (default $SANDGATE_ADMIN_TOKEN)")
-	fl.StringVarP(&f.output, "output", "o", "", "output format: table (default) or json")
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Minute, "bound on the request")
 	return cmd
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os"
 
@@ -39,8 +38,10 @@ or names each problem by its YAML path and exits 1.`,
 			}
 			defer closeLog()
 			if check {
-				fmt.Fprintf(cmd.OutOrStdout(), "config OK: %s\n", configPath)
-				return nil
+				return emit(cmd, struct {
+					Config string `json:"config"`
+					OK     bool   `json:"ok"`
+				}{configPath, true}, "config OK: "+configPath)
 			}
 			broker.RouteRedisLogs(log)
 			opts := broker.Options{Log: log, Version: readBuildInfo().Version}

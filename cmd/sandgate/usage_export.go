@@ -70,7 +70,17 @@ the rows meanwhile.`,
 			if fmtv == billing.FormatCSV {
 				header = 1
 			}
-			return exportUsage(cmd.Context(), c, "/usage?"+q.Encode(), out, header, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			rep, err := exportUsage(cmd.Context(), c, "/usage?"+q.Encode(), out, header, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if err != nil || rep == nil {
+				return err
+			}
+			// The report goes to stderr as text, so that it never mixes with
+			// rows; as JSON (-o json) it is the command's answer, on stdout.
+			if o, _ := outputOf(cmd); o.text() {
+				_, err = fmt.Fprintf(cmd.ErrOrStderr(), "sandgate: wrote %d rows, %d bytes to %s\n", rep.Rows, rep.Bytes, rep.File)
+				return err
+			}
+			return emit(cmd, rep, "")
 		},
 	}
 	fl := cmd.Flags()
@@ -83,40 +93,43 @@ the rows meanwhile.`,
 	return cmd
 }
 
+// exportReport is what an export to a file wrote.
+type exportReport struct {
+	File  string `json:"file"`
+	Rows  int64  `json:"rows"` // lines past the header's
+	Bytes int64  `json:"bytes"`
+}
+
 // exportUsage streams path to out (a file, or stdout when "" or "-"),
-// and, for a file, reports the rows (lines past the header's) and bytes
-// written on stderr,
 // with a progress line on stderr when stderr is a terminal that the rows
-// are not also going to.
-func exportUsage(ctx context.Context, c *adminapi.Client, path, out string, header int64, stdout, stderr io.Writer) error {
+// are not also going to. For a file it returns what it wrote.
+func exportUsage(ctx context.Context, c *adminapi.Client, path, out string, header int64, stdout, stderr io.Writer) (*exportReport, error) {
 	toStdout := out == "" || out == "-"
 	p := newProgress(stderr, !(toStdout && isTerminal(stdout)))
 	defer p.stop()
 	if toStdout {
-		return c.Stream(ctx, path, p.wrap(stdout))
+		return nil, c.Stream(ctx, path, p.wrap(stdout))
 	}
 	tmp := out + ".partial"
 	file, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := c.Stream(ctx, path, p.wrap(file)); err != nil {
 		file.Close()
 		os.Remove(tmp)
-		return fmt.Errorf("usage export cut short, %s not written: %w", filepath.Base(out), err)
+		return nil, fmt.Errorf("usage export cut short, %s not written: %w", filepath.Base(out), err)
 	}
 	if err := file.Close(); err != nil {
 		os.Remove(tmp)
-		return err
+		return nil, err
 	}
 	if err := os.Rename(tmp, out); err != nil {
-		return err
+		return nil, err
 	}
 	p.mu.Lock()
-	rows, n := max(p.rows-header, 0), p.n
-	p.mu.Unlock()
-	fmt.Fprintf(stderr, "sandgate: wrote %d rows, %d bytes to %s\n", rows, n, out)
-	return nil
+	defer p.mu.Unlock()
+	return &exportReport{File: out, Rows: max(p.rows-header, 0), Bytes: p.n}, nil
 }
 
 // progress counts the lines of an export and, when its writer is a

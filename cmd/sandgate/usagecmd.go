@@ -20,7 +20,6 @@ func usageFlags(cmd *cobra.Command, f *adminFlags) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.url, "url", "", "operator API URL (default $SANDGATE_ADMIN_URL)")
 	fl.StringVar(&f.token, "token", "", "finance or admin operator token (default $SANDGATE_ADMIN_TOKEN)")
-	fl.StringVarP(&f.output, "output", "o", "", "output format: table (default) or json")
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Minute, "bound on the request")
 }
 
@@ -68,7 +67,7 @@ rounded once at the currency's minor units.`,
 			}
 			tw.Flush()
 			fmt.Fprintf(&b, "from %s to %s", sum.From, sum.To)
-			return f.print(cmd.OutOrStdout(), sum, b.String())
+			return emit(cmd, sum, b.String())
 		},
 	}
 	usageFlags(cmd, &f)
@@ -119,7 +118,7 @@ func usageStatementCommand() *cobra.Command {
 			if err := f.do(cmd, http.MethodGet, path, nil, &st); err != nil {
 				return err
 			}
-			return f.print(cmd.OutOrStdout(), st, statementTable(st))
+			return emit(cmd, st, statementTable(st))
 		},
 	}
 	usageFlags(cmd, &f)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -16,8 +17,10 @@ var (
 
 // buildInfo is what `sandgate version` prints.
 type buildInfo struct {
-	Version, Commit, Go string
-	Modified            bool
+	Version  string `json:"version"`
+	Commit   string `json:"commit"`
+	Go       string `json:"go"`
+	Modified bool   `json:"modified"`
 }
 
 // readBuildInfo reads the module version, the VCS commit and the Go
@@ -62,8 +65,8 @@ func versionCommand() *cobra.Command {
 		Short: "Print the version, commit and Go version of this binary",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, err := fmt.Fprint(cmd.OutOrStdout(), readBuildInfo())
-			return err
+			bi := readBuildInfo()
+			return emit(cmd, bi, strings.TrimSuffix(bi.String(), "\n"))
 		},
 	}
 }

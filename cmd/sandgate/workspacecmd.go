@@ -14,15 +14,26 @@ import (
 	"github.com/sandgate/sandgate/adminapi"
 )
 
+// rootWorkspaceCommand is `sandgate workspace`, the same commands as
+// `sandgate admin workspace`, at the top where operators debugging a
+// tenant's workspace look for exec (as in the vendors' CLIs).
+func rootWorkspaceCommand() *cobra.Command {
+	f := &adminFlags{}
+	cmd := workspaceCommand(f)
+	f.addPersistent(cmd)
+	return cmd
+}
+
 // workspaceCommand is `sandgate admin workspace`: single workspaces
 // across accounts and instances.
 func workspaceCommand(f *adminFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "workspace",
-		Short: "List, show and end single workspaces across accounts and instances",
+		Short: "List, show, end, exec in and copy files of single workspaces across accounts and instances",
 		Example: `  sandgate admin workspace list --account "$ACCT"
   sandgate admin workspace get ws_…
-  sandgate admin workspace kill ws_…   # termination_reason emergency_stopped`,
+  sandgate admin workspace kill ws_…   # termination_reason emergency_stopped
+  sandgate workspace exec ws_… -- ls /workspace`,
 	}
 	var q struct {
 		account, instance, provider, state, after, before string
@@ -73,7 +84,7 @@ func workspaceCommand(f *adminFlags) *cobra.Command {
 				}
 				v.Set("cursor", *l.NextCursor)
 			}
-			return f.print(cmd.OutOrStdout(), out, workspaceTable(out.Workspaces))
+			return emit(cmd, out, workspaceTable(out.Workspaces))
 		},
 	}
 	fl := list.Flags()
@@ -95,7 +106,7 @@ func workspaceCommand(f *adminFlags) *cobra.Command {
 			if err := f.do(cmd, http.MethodGet, "/workspaces/"+url.PathEscape(args[0]), nil, &w); err != nil {
 				return err
 			}
-			return f.print(cmd.OutOrStdout(), w, workspaceTable([]adminapi.Workspace{w}))
+			return emit(cmd, w, workspaceTable([]adminapi.Workspace{w}))
 		},
 	}
 	kill := &cobra.Command{
@@ -116,10 +127,13 @@ func workspaceCommand(f *adminFlags) *cobra.Command {
 			if w.TerminationReason != nil {
 				reason = *w.TerminationReason
 			}
-			return f.print(cmd.OutOrStdout(), w, w.State+" "+reason)
+			return emit(cmd, w, w.State+" "+reason)
 		},
 	}
-	cmd.AddCommand(list, get, kill)
+	cmd.AddCommand(list, get, kill, workspaceExecCommand(f), workspaceFilesCommand(f))
+	for _, c := range []*cobra.Command{get, kill} {
+		c.ValidArgsFunction = completeWorkspaceID
+	}
 	return cmd
 }
 
