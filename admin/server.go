@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -72,7 +73,9 @@ type Deps struct {
 // carry out the operator actions.
 type Server struct {
 	*service
-	roles   map[string]adminapi.OperatorToken
+	// roles are the operator tokens by their hash; SetTokens swaps them
+	// whole while requests read them.
+	roles   atomic.Pointer[map[string]adminapi.OperatorToken]
 	actions map[string]string // "METHOD /admin/v1/route" → audit action
 	echo    *echo.Echo
 
@@ -105,10 +108,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	svc := &service{cfg: cfg, db: deps.DB, clock: deps.Clock, log: deps.Log, provs: deps.Providers, term: deps.Terminator, bill: deps.Billing,
 		stripe: deps.Stripe, saga: deps.Saga}
-	s := &Server{service: svc, roles: map[string]adminapi.OperatorToken{}, actions: map[string]string{}}
-	for _, t := range cfg.Tokens {
-		s.roles[t.Hash] = t
-	}
+	s := &Server{service: svc, actions: map[string]string{}}
+	s.SetTokens(cfg.Tokens)
 	var err error
 	if s.metrics, err = newMetrics(deps.Meter); err != nil {
 		return nil, fmt.Errorf("admin: metrics: %w", err)
@@ -158,6 +159,18 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	return s, nil
 }
 
+// SetTokens replaces the operator tokens the API accepts (Config.Tokens)
+// with ts: a request from then on is authenticated against them, one
+// already authenticated finishes as it began. The broker calls it when it
+// reloads its configuration.
+func (s *Server) SetTokens(ts []adminapi.OperatorToken) {
+	roles := make(map[string]adminapi.OperatorToken, len(ts))
+	for _, t := range ts {
+		roles[t.Hash] = t
+	}
+	s.roles.Store(&roles)
+}
+
 // Handler returns the HTTP handler of /admin/v1.
 func (s *Server) Handler() http.Handler { return s.echo }
 
@@ -196,7 +209,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return protocol.E(protocol.Unauthenticated, "missing operator token")
 		}
-		t, ok := s.roles[token.Hash(sandgate.Secret(strings.TrimSpace(raw)))]
+		t, ok := (*s.roles.Load())[token.Hash(sandgate.Secret(strings.TrimSpace(raw)))]
 		if !ok {
 			return protocol.E(protocol.Unauthenticated, "unknown operator token")
 		}

@@ -67,6 +67,9 @@ type Options struct {
 	// TLS is the public listener's TLS; nil serves plaintext, allowed
 	// only behind tls.trusted_proxies.
 	TLS *tls.Config
+	// Certs, when set, is the certificate TLS serves, which Reload reads
+	// again from its files.
+	Certs *CertFiles
 
 	// Gateway, when set, is the gateway's config in place of the one the
 	// config gives.
@@ -94,6 +97,8 @@ type Broker struct {
 	rdb    redis.UniversalClient
 	clock  sandgate.Clock
 	tls    *tls.Config
+	certs  *CertFiles          // nil: the certificate is not reloaded
+	getenv func(string) string // Options.Getenv, read again by Reload
 	public net.Listener
 	admin  net.Listener
 
@@ -112,6 +117,7 @@ type Broker struct {
 	reaper    *reaper.Reaper
 	stripe    *stripesync.Syncer // nil: no Stripe sync (billing.stripe)
 	health    *health
+	reloads   reloads
 	pub, ops  *http.Server
 	claimLate bool // the data directory claim waits for Redis (Run)
 
@@ -126,7 +132,7 @@ const readHeaderTimeout = 10 * time.Second
 // operator API and the reaper once, sharing them. Nothing is served until
 // Run. On error, what New opened is closed again.
 func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
-	b := &Broker{cfg: &cfg, log: opts.Log, rdb: opts.Redis, clock: opts.Clock, tls: opts.TLS, public: opts.Public, admin: opts.Admin}
+	b := &Broker{cfg: &cfg, log: opts.Log, rdb: opts.Redis, clock: opts.Clock, tls: opts.TLS, certs: opts.Certs, public: opts.Public, admin: opts.Admin}
 	if b.log == nil {
 		b.log = slog.New(slog.DiscardHandler)
 	}
@@ -149,6 +155,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
+	b.getenv = getenv
 	operators, err := b.cfg.OperatorTokens(getenv)
 	if err != nil {
 		return nil, err
@@ -300,6 +307,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	// even those net/http gives by itself, is the envelope.
 	b.health = newHealth(b.rdb, b.rawProvs)
 	if err := b.health.observe(b.obs.mp.Meter("github.com/sandgate/sandgate/internal/broker")); err != nil {
+		return nil, err
+	}
+	if b.reloads, err = newReloads(b.obs.mp.Meter("github.com/sandgate/sandgate/internal/broker")); err != nil {
 		return nil, err
 	}
 	b.pub = &http.Server{Handler: withConnInfo(withHealth(b.gw.Handler(), b.health)), ReadHeaderTimeout: readHeaderTimeout, ConnContext: connContext,

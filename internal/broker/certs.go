@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 )
 
@@ -96,4 +97,41 @@ func serial() *big.Int {
 
 func writePEM(path, typ string, der []byte, mode os.FileMode) error {
 	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode)
+}
+
+// CertFiles is the public listener's certificate and key, read from
+// their files at start and again on Reload (SIGHUP), so that a renewed
+// certificate needs no restart. Connections already open keep the
+// certificate of their handshake; new ones get the newest loaded. It is
+// safe for concurrent use.
+type CertFiles struct {
+	cur atomic.Pointer[tls.Certificate]
+}
+
+// LoadCertFiles reads the certificate and key pair of certFile and keyFile.
+func LoadCertFiles(certFile, keyFile string) (*CertFiles, error) {
+	c := &CertFiles{}
+	if err := c.Reload(certFile, keyFile); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Reload reads the pair of certFile and keyFile and serves it to new
+// connections from then on. A pair that does not load (missing, not
+// PEM, key and certificate not matching) is an error, and the pair
+// served before stays.
+func (c *CertFiles) Reload(certFile, keyFile string) error {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return fmt.Errorf("tls.cert_file and tls.key_file: %w", err)
+	}
+	c.cur.Store(&cert)
+	return nil
+}
+
+// Apply makes cfg serve the pair loaded last, in place of its own.
+func (c *CertFiles) Apply(cfg *tls.Config) {
+	cfg.Certificates = nil
+	cfg.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.cur.Load(), nil }
 }
