@@ -103,6 +103,7 @@ func TestReadmeShellBlocks(t *testing.T) {
 		`"stdout_b64":"aGkK"`,             // the walk-through's exec
 		`"termination_reason":"released"`, // its release
 		"terminated emergency_stopped\n",  // workspace kill
+		"Linux\noperator-fix\n",           // workspace exec, files put and get
 		"terminated=0 failed=0\n",         // stop on
 	} {
 		if !strings.Contains(out, want) {

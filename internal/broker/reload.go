@@ -23,7 +23,15 @@ type reloads struct{ count metric.Int64Counter }
 func newReloads(m metric.Meter) (reloads, error) {
 	c, err := m.Int64Counter(MetricConfigReloads,
 		metric.WithDescription("Configuration reloads (SIGHUP) by result: ok, or failed (the previous certificate and operator tokens stay)."))
-	return reloads{count: c}, err
+	if err != nil {
+		return reloads{}, err
+	}
+	// Both series exist from the start, so that an alert on failures sees
+	// the first one as an increase.
+	for _, r := range []string{"ok", "failed"} {
+		c.Add(context.Background(), 0, metric.WithAttributes(attribute.String("result", r)))
+	}
+	return reloads{count: c}, nil
 }
 
 // Reload reads the configuration with load (the config file again, its
