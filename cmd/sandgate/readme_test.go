@@ -100,11 +100,11 @@ func TestReadmeShellBlocks(t *testing.T) {
 		"SANDGATE_TEST_REPO="+repo, "SANDGATE_TEST_DEV_DIR="+d.workDir)
 	out, stderr := runScript(t, "README shell blocks", cmd, nil)
 	for _, want := range []string{
-		`"stdout_b64":"aGkK"`,             // the walk-through's exec
-		`"termination_reason":"released"`, // its release
-		"terminated emergency_stopped\n",  // workspace kill
-		"Linux\noperator-fix\n",           // workspace exec, files put and get
-		"terminated=0 failed=0\n",         // stop on
+		`"stdout_b64":"aGkK"`,                   // the walk-through's exec
+		`"termination_reason":"released"`,       // its release
+		"terminated emergency_stopped\n",        // workspace kill
+		"Linux\nwrote 13 bytes\noperator-fix\n", // workspace exec, files put and get
+		"terminated=0 failed=0\n",               // stop on
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("README output lacks %q", want)
