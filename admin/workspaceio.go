@@ -70,28 +70,18 @@ func (v *service) usableWorkspace(ctx context.Context, id, actor string) (sandga
 // an operator. The answer is the protocol's ExecResponse.
 func (s *Server) execWorkspace(c echo.Context) error {
 	var req adminapi.ExecRequest
-	if err := decodeStrict(c, &req); err != nil {
-		return err
-	}
-	if err := policy.ValidateArgv(req.Argv); err != nil {
-		return err
-	}
-	if req.Dir != "" {
-		if err := policy.ValidatePathField("dir", req.Dir); err != nil {
+	if err := decodeValid(c, &req, func() error {
+		if err := policy.ValidateArgv(req.Argv); err != nil || req.Dir == "" {
 			return err
 		}
-	}
-	stdin, err := decodeB64("stdin_b64", req.StdinB64)
-	if err != nil {
+		return policy.ValidatePathField("dir", req.Dir)
+	}); err != nil {
 		return err
 	}
 	ctx := c.Request().Context()
-	w, l, lim, err := s.usableWorkspace(ctx, c.Param("id"), operator(c).Actor())
+	w, l, lim, stdin, err := s.usableWithBytes(c, "stdin_b64", req.StdinB64)
 	if err != nil {
 		return err
-	}
-	if int64(len(stdin)) > lim.MaxFileBytes {
-		return protocol.E(protocol.PayloadTooLarge, "stdin is over the instance's max_file_bytes")
 	}
 	timeout, clamped, err := policy.ClampExecTimeout(policy.Seconds(req.TimeoutSeconds), lim.DefaultExecTimeout, lim.MaxExecTimeout, math.MaxInt64)
 	if err != nil {
@@ -120,10 +110,7 @@ func (s *Server) execWorkspace(c echo.Context) error {
 // file read, by an operator, at most the instance's max_file_bytes.
 func (s *Server) readWorkspaceFile(c echo.Context) error {
 	var req adminapi.ReadFileRequest
-	if err := decodeStrict(c, &req); err != nil {
-		return err
-	}
-	if err := policy.ValidatePath(req.Path); err != nil {
+	if err := decodeValid(c, &req, func() error { return policy.ValidatePath(req.Path) }); err != nil {
 		return err
 	}
 	ctx := c.Request().Context()
@@ -147,36 +134,38 @@ func (s *Server) readWorkspaceFile(c echo.Context) error {
 // about 750 KiB of contents) applies before the instance's max_file_bytes.
 func (s *Server) writeWorkspaceFile(c echo.Context) error {
 	var req adminapi.WriteFileRequest
-	if err := decodeStrict(c, &req); err != nil {
+	if err := decodeValid(c, &req, func() error { return policy.ValidatePath(req.Path) }); err != nil {
 		return err
 	}
-	if err := policy.ValidatePath(req.Path); err != nil {
-		return err
-	}
-	contents, err := decodeB64("contents_b64", req.ContentsB64)
+	w, _, _, contents, err := s.usableWithBytes(c, "contents_b64", req.ContentsB64)
 	if err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
-	w, _, lim, err := s.usableWorkspace(ctx, c.Param("id"), operator(c).Actor())
-	if err != nil {
-		return err
-	}
-	if int64(len(contents)) > lim.MaxFileBytes {
-		return protocol.E(protocol.PayloadTooLarge, "contents are over the instance's max_file_bytes")
-	}
-	if err := s.saga.WriteFile(ctx, w, req.Path, bytes.NewReader(contents), func() error { return nil }); err != nil {
+	if err := s.saga.WriteFile(c.Request().Context(), w, req.Path, bytes.NewReader(contents), func() error { return nil }); err != nil {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
 }
 
-// decodeB64 decodes the standard, padded base64 of field, as the
-// protocol's fields are.
-func decodeB64(field, s string) ([]byte, error) {
-	b, err := base64.StdEncoding.Strict().DecodeString(s)
-	if err != nil {
-		return nil, invalid(field + " is not standard base64 with padding")
+// decodeValid decodes the request's body into req, then checks it with valid.
+func decodeValid(c echo.Context, req any, valid func() error) error {
+	if err := decodeStrict(c, req); err != nil {
+		return err
 	}
-	return b, nil
+	return valid()
+}
+
+// usableWithBytes decodes the request's field, standard padded base64
+// b64, and returns it with the usable workspace of the route's :id (as
+// usableWorkspace): bytes over the instance's max_file_bytes are refused.
+func (s *Server) usableWithBytes(c echo.Context, field, b64 string) (sandgate.Workspace, sandgate.Lease, sandgate.Limits, []byte, error) {
+	b, err := base64.StdEncoding.Strict().DecodeString(b64)
+	if err != nil {
+		return sandgate.Workspace{}, sandgate.Lease{}, sandgate.Limits{}, nil, invalid(field + " is not standard base64 with padding")
+	}
+	w, l, lim, err := s.usableWorkspace(c.Request().Context(), c.Param("id"), operator(c).Actor())
+	if err == nil && int64(len(b)) > lim.MaxFileBytes {
+		err = protocol.E(protocol.PayloadTooLarge, field+" is over the instance's max_file_bytes")
+	}
+	return w, l, lim, b, err
 }

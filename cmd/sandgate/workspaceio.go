@@ -35,7 +35,7 @@ func workspaceExecCommand(f *adminFlags) *cobra.Command {
 		ValidArgsFunction: completeWorkspaceID,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.ArgsLenAtDash() != 1 {
-				return usageErr(errors.New("put the command after --: sandgate workspace exec ID -- ARGV..."))
+				return usageErr(errors.New("put the command after --, as in: sandgate workspace exec ID -- ARGV"))
 			}
 			req := adminapi.ExecRequest{Argv: args[1:], Dir: dir, TimeoutSeconds: int64(timeout / time.Second)}
 			if stdin != "" {
