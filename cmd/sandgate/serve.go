@@ -83,14 +83,16 @@ or names each problem by its YAML path and exits 1.`,
 // serve is run with SIGHUP reloading the config file's certificate and
 // operator tokens (broker.Broker.Reload) while the broker serves.
 func serve(ctx context.Context, configPath string, cfg broker.Config, opts broker.Options) error {
+	// Caught from the start: SIGHUP's default would end the process, and
+	// one sent while the broker starts is applied once it runs.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	b, err := broker.New(ctx, cfg, opts)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
