@@ -62,7 +62,8 @@ func TestOutputFlagsAndCompletion(t *testing.T) {
 		t.Fatalf("account create -o json: %+v, %v", a, err)
 	}
 	admin := s.Admin(t)
-	tok := issueToken(t, admin, createInstance(t, admin, acct, 1))
+	inst := createInstance(t, admin, acct, 1)
+	tok := issueToken(t, admin, inst)
 	setFree(t, admin, acct)
 	ws := acquire(t, s.Client(t, tok), "output-flags")
 
@@ -130,6 +131,9 @@ func TestOutputFlagsAndCompletion(t *testing.T) {
 	}
 	if got, _ := complete(env, "admin", "instance", "list", "--account", ""); !slices.Contains(got, a.ID+"\toutput-flags-2") {
 		t.Errorf("completion of admin instance list --account: %q", got)
+	}
+	if got, _ := complete(env, "admin", "token", "list", "--instance", ""); !slices.Contains(got, inst+"\te2e "+acct) {
+		t.Errorf("completion of --instance: %q; want %q among them", got, inst+"\te2e "+acct)
 	}
 	if got, _ := complete(env, "workspace", "exec", ""); len(got) != 1 || !strings.HasPrefix(got[0], ws.WorkspaceID+"\t"+acct) {
 		t.Errorf("completion of workspace exec's ID: %q; want %s", got, ws.WorkspaceID)
