@@ -32,6 +32,12 @@ type composeFile struct {
 		Volumes     []string          `yaml:"volumes"`
 		Ports       []string          `yaml:"ports"`
 		NetworkMode string            `yaml:"network_mode"`
+		User        string            `yaml:"user"`
+		CapAdd      []string          `yaml:"cap_add"`
+		CapDrop     []string          `yaml:"cap_drop"`
+		Devices     []string          `yaml:"devices"`
+		DeviceRules []string          `yaml:"device_cgroup_rules"`
+		Cgroup      string            `yaml:"cgroup"`
 		Healthcheck *struct {
 			Test []string `yaml:"test"`
 		} `yaml:"healthcheck"`
@@ -87,12 +93,20 @@ func TestComposeFile(t *testing.T) {
 		}
 		for _, v := range s.Volumes {
 			src, _, _ := strings.Cut(v, ":")
-			if strings.HasPrefix(src, ".") {
+			switch {
+			case strings.HasPrefix(src, "."):
 				if _, err := os.Stat(filepath.Join(root, src)); err != nil {
 					t.Errorf("service %s mounts %s: %v", name, src, err)
 				}
-			} else if _, ok := c.Volumes[src]; !ok {
-				t.Errorf("service %s mounts the named volume %s, which is not declared", name, src)
+			case filepath.IsAbs(src):
+				// A host path (the cgroup hierarchy): it exists on a Linux host.
+				if _, err := os.Stat(src); err != nil {
+					t.Errorf("service %s mounts the host's %s: %v", name, src, err)
+				}
+			default:
+				if _, ok := c.Volumes[src]; !ok {
+					t.Errorf("service %s mounts the named volume %s, which is not declared", name, src)
+				}
 			}
 		}
 		if m, ok := strings.CutPrefix(s.NetworkMode, "service:"); ok {
@@ -324,7 +338,7 @@ func TestDockerfile(t *testing.T) {
 	if len(froms) != 2 || !strings.HasPrefix(froms[0], "golang:"+goVersion) || !strings.Contains(froms[0], " AS build") {
 		t.Errorf("Dockerfile stages %q; want a golang:%s builder and a runtime stage", froms, goVersion)
 	}
-	for _, want := range []string{"bubblewrap", "util-linux", "curl", "USER sandgate", "-X main.buildCommit=", "-X main.buildVersion=",
+	for _, want := range []string{"bubblewrap", "util-linux", "e2fsprogs", "curl", "USER root", "-X main.buildCommit=", "-X main.buildVersion=",
 		`ENTRYPOINT ["/usr/local/bin/sandgate"]`, `CMD ["serve", "--config", "/etc/sandgate/sandgate.yaml"]`, "COPY --from=build"} {
 		if !strings.Contains(df, want) {
 			t.Errorf("Dockerfile has no %s", want)
