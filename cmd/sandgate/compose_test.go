@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -343,5 +344,41 @@ func TestDockerfile(t *testing.T) {
 		if !strings.Contains(df, want) {
 			t.Errorf("Dockerfile has no %s", want)
 		}
+	}
+}
+
+// TestOtelCollectorConfig runs the OpenTelemetry Collector's own
+// `validate` on deploy/otel-collector.yaml, with the components the
+// config uses (deploy/otelcheck, a module of its own), and checks that it
+// refuses a broken copy: a pipeline naming an exporter that is not
+// configured.
+func TestOtelCollectorConfig(t *testing.T) {
+	t.Parallel()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "otelcheck")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = filepath.Join(root, "deploy", "otelcheck")
+	build.Env = append(os.Environ(), "GOFLAGS=-mod=readonly")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build deploy/otelcheck: %v\n%s", err, out)
+	}
+	shipped := filepath.Join(root, "deploy", "otel-collector.yaml")
+	if out, err := exec.Command(bin, "validate", "--config", shipped).CombinedOutput(); err != nil {
+		t.Errorf("the collector refuses deploy/otel-collector.yaml: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(shipped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := filepath.Join(t.TempDir(), "broken.yaml")
+	if err := os.WriteFile(broken, []byte(strings.Replace(string(b), "exporters: [otlp/jaeger]", "exporters: [otlp/nowhere]", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "validate", "--config", broken).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `"otlp/nowhere"`) {
+		t.Errorf("the collector's validate on a pipeline naming a missing exporter: %v\n%s; want a refusal naming it", err, out)
 	}
 }
