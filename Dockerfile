@@ -1,7 +1,12 @@
 # syntax=docker/dockerfile:1
 # sandgate: a multi-stage build. The runtime image is Debian slim with what
-# the local provider needs (bwrap, prlimit from util-linux) and curl for the
-# health check; it runs as the unprivileged user sandgate (uid 10001).
+# the local provider needs (bwrap; prlimit and mount from util-linux;
+# mkfs.ext4 from e2fsprogs for the workspaces' disk images) and curl for the
+# health check. It runs as root, because the local provider does: it makes
+# cgroups, loop-mounts disk images and maps each workspace to a uid of its
+# own. docker-compose.yml grants it only the capabilities and devices that
+# needs, each with its reason; cmd/sandgate/image_test.go runs this
+# entrypoint with exactly those, outside Docker.
 #
 #   docker build --build-arg VERSION=v0.1.0 --build-arg COMMIT=$(git rev-parse HEAD) -t sandgate .
 
@@ -18,13 +23,11 @@ RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
 
 FROM debian:trixie-slim
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bubblewrap util-linux ca-certificates curl \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bubblewrap util-linux e2fsprogs ca-certificates curl \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --home-dir /var/lib/sandgate --shell /usr/sbin/nologin sandgate \
- && mkdir -p /var/lib/sandgate /etc/sandgate \
- && chown sandgate:sandgate /var/lib/sandgate
+ && mkdir -p -m 0700 /var/lib/sandgate /etc/sandgate
 COPY --from=build /out/sandgate /usr/local/bin/sandgate
-USER sandgate
+USER root
 WORKDIR /var/lib/sandgate
 VOLUME /var/lib/sandgate
 # 8443: the v1 API (TLS). The operator listener (8444) binds loopback only.

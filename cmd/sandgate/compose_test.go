@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -32,6 +33,12 @@ type composeFile struct {
 		Volumes     []string          `yaml:"volumes"`
 		Ports       []string          `yaml:"ports"`
 		NetworkMode string            `yaml:"network_mode"`
+		User        string            `yaml:"user"`
+		CapAdd      []string          `yaml:"cap_add"`
+		CapDrop     []string          `yaml:"cap_drop"`
+		Devices     []string          `yaml:"devices"`
+		DeviceRules []string          `yaml:"device_cgroup_rules"`
+		Cgroup      string            `yaml:"cgroup"`
 		Healthcheck *struct {
 			Test []string `yaml:"test"`
 		} `yaml:"healthcheck"`
@@ -87,12 +94,20 @@ func TestComposeFile(t *testing.T) {
 		}
 		for _, v := range s.Volumes {
 			src, _, _ := strings.Cut(v, ":")
-			if strings.HasPrefix(src, ".") {
+			switch {
+			case strings.HasPrefix(src, "."):
 				if _, err := os.Stat(filepath.Join(root, src)); err != nil {
 					t.Errorf("service %s mounts %s: %v", name, src, err)
 				}
-			} else if _, ok := c.Volumes[src]; !ok {
-				t.Errorf("service %s mounts the named volume %s, which is not declared", name, src)
+			case filepath.IsAbs(src):
+				// A host path (the cgroup hierarchy): it exists on a Linux host.
+				if _, err := os.Stat(src); err != nil {
+					t.Errorf("service %s mounts the host's %s: %v", name, src, err)
+				}
+			default:
+				if _, ok := c.Volumes[src]; !ok {
+					t.Errorf("service %s mounts the named volume %s, which is not declared", name, src)
+				}
 			}
 		}
 		if m, ok := strings.CutPrefix(s.NetworkMode, "service:"); ok {
@@ -324,10 +339,46 @@ func TestDockerfile(t *testing.T) {
 	if len(froms) != 2 || !strings.HasPrefix(froms[0], "golang:"+goVersion) || !strings.Contains(froms[0], " AS build") {
 		t.Errorf("Dockerfile stages %q; want a golang:%s builder and a runtime stage", froms, goVersion)
 	}
-	for _, want := range []string{"bubblewrap", "util-linux", "curl", "USER sandgate", "-X main.buildCommit=", "-X main.buildVersion=",
+	for _, want := range []string{"bubblewrap", "util-linux", "e2fsprogs", "curl", "USER root", "-X main.buildCommit=", "-X main.buildVersion=",
 		`ENTRYPOINT ["/usr/local/bin/sandgate"]`, `CMD ["serve", "--config", "/etc/sandgate/sandgate.yaml"]`, "COPY --from=build"} {
 		if !strings.Contains(df, want) {
 			t.Errorf("Dockerfile has no %s", want)
 		}
+	}
+}
+
+// TestOtelCollectorConfig runs the OpenTelemetry Collector's own
+// `validate` on deploy/otel-collector.yaml, with the components the
+// config uses (deploy/otelcheck, a module of its own), and checks that it
+// refuses a broken copy: a pipeline naming an exporter that is not
+// configured.
+func TestOtelCollectorConfig(t *testing.T) {
+	t.Parallel()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "otelcheck")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = filepath.Join(root, "deploy", "otelcheck")
+	build.Env = append(os.Environ(), "GOFLAGS=-mod=readonly")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build deploy/otelcheck: %v\n%s", err, out)
+	}
+	shipped := filepath.Join(root, "deploy", "otel-collector.yaml")
+	if out, err := exec.Command(bin, "validate", "--config", shipped).CombinedOutput(); err != nil {
+		t.Errorf("the collector refuses deploy/otel-collector.yaml: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(shipped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := filepath.Join(t.TempDir(), "broken.yaml")
+	if err := os.WriteFile(broken, []byte(strings.Replace(string(b), "exporters: [otlp/jaeger]", "exporters: [otlp/nowhere]", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "validate", "--config", broken).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `"otlp/nowhere"`) {
+		t.Errorf("the collector's validate on a pipeline naming a missing exporter: %v\n%s; want a refusal naming it", err, out)
 	}
 }

@@ -129,10 +129,17 @@ func cleanEnv(extra ...string) []string {
 // with no sandbox left behind.
 func startProcess(t testing.TB, name, workDir string, env []string, args ...string) *process {
 	t.Helper()
-	p := &process{t: t, name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(sandgateBin, args...)
-	p.cmd.Dir = workDir
-	p.cmd.Env = cleanEnv(env...)
+	cmd := exec.Command(sandgateBin, args...)
+	cmd.Dir = workDir
+	cmd.Env = cleanEnv(env...)
+	return startCmd(t, name, cmd)
+}
+
+// startCmd is startProcess for a command that ends up as the sandgate
+// binary (through exec, never a fork: it is the process signalled).
+func startCmd(t testing.TB, name string, cmd *exec.Cmd) *process {
+	t.Helper()
+	p := &process{t: t, name: name, done: make(chan struct{}), cmd: cmd}
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	// The broker dies with the test binary even if the test is cut short
 	// (a -timeout panic skips cleanups); its sandboxes die with it

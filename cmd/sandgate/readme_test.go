@@ -19,7 +19,6 @@ import (
 var readmeNotRun = map[string]string{
 	"go run ./cmd/sandgate dev\n": "the test starts sandgate dev itself (startDev)",
 	"make test\n":                 "it is the test suite",
-	"sandgate serve --config /etc/sandgate/sandgate.yaml\n": "the serve tests run it with their own config",
 	"export SANDGATE_OPERATOR_TOKEN_ADMIN=sgo_$(openssl rand -hex 24)   # the operator API's admin token\n" +
 		"docker compose up -d --build\n" +
 		"docker compose ps                        # sandgate turns healthy once Redis answers and its provider passed its check\n" +
@@ -105,6 +104,8 @@ func TestReadmeShellBlocks(t *testing.T) {
 		"terminated emergency_stopped\n",        // workspace kill
 		"Linux\nwrote 13 bytes\noperator-fix\n", // workspace exec, files put and get
 		"terminated=0 failed=0\n",               // stop on
+		"config OK: sandgate.yaml\n",            // production: serve --check
+		`"stdout_b64":"TGludXgK"`,               // production: the smoke exec through serve
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("README output lacks %q", want)

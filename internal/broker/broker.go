@@ -366,6 +366,9 @@ func (b *Broker) Run(ctx context.Context) error {
 	rpDone := make(chan struct{})
 	wg.Go(func() { defer close(rpDone); b.reaper.Run(rpCtx) })
 	wg.Go(func() { b.bill.Run(runCtx, b.cfg.Billing.RepairInterval) })
+	wg.Go(func() {
+		b.bill.WatchDrift(runCtx, b.cfg.Billing.ReconcileInterval, func() bool { return b.reaper.Fence() != 0 })
+	})
 	wg.Go(func() { b.bill.RunWebhooks(runCtx) })
 	if b.stripe != nil {
 		// Every gateway runs it; a lease per account keeps one sender.

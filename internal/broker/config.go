@@ -98,6 +98,10 @@ type Config struct {
 		// RepairInterval is how often billing settles holds that lost
 		// their owner; default 1m.
 		RepairInterval time.Duration `yaml:"repair_interval"`
+		// ReconcileInterval is how often the reaper's leader reconciles
+		// every account's funds with its ledgers for the drift metric;
+		// default 15m.
+		ReconcileInterval time.Duration `yaml:"reconcile_interval"`
 		// Webhook POSTs every budget alert, signed with HMAC-SHA256 and
 		// retried with backoff; url "" sends none.
 		Webhook struct {
@@ -255,6 +259,12 @@ func LoadConfig(path string, getenv func(string) string) (*Config, error) {
 	}
 	if c.Billing.RepairInterval < 0 {
 		return nil, fmt.Errorf("config: billing.repair_interval must be positive")
+	}
+	if c.Billing.ReconcileInterval == 0 {
+		c.Billing.ReconcileInterval = 15 * time.Minute
+	}
+	if c.Billing.ReconcileInterval < 0 {
+		return nil, fmt.Errorf("config: billing.reconcile_interval must be positive")
 	}
 	if wh := c.Billing.Webhook; wh.URL != "" {
 		if err := billing.ValidateWebhookURL(wh.URL); err != nil {

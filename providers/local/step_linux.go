@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path"
@@ -673,7 +674,7 @@ func loopOf(image string, st *unix.Stat_t) (*os.File, error) {
 		if err != nil {
 			return nil, err
 		}
-		l, err := os.OpenFile("/dev/loop"+strconv.Itoa(n), os.O_RDWR, 0)
+		l, err := openLoop(n)
 		if err != nil {
 			return nil, scrub(err)
 		}
@@ -697,6 +698,22 @@ func loopOf(image string, st *unix.Stat_t) (*os.File, error) {
 		// Taken by someone else between GET_FREE and CONFIGURE: the next.
 	}
 	return nil, errors.New("no free loop device")
+}
+
+// openLoop opens /dev/loopN, making the node first when /dev lacks it: a
+// container's /dev (Docker's, a tmpfs) holds only the devices it was
+// given, while loop-control hands out numbers the host's kernel chose.
+func openLoop(n int) (*os.File, error) {
+	name := "/dev/loop" + strconv.Itoa(n)
+	l, err := os.OpenFile(name, os.O_RDWR, 0)
+	if !errors.Is(err, fs.ErrNotExist) {
+		return l, err
+	}
+	const loopMajor = 7
+	if err := unix.Mknod(name, unix.S_IFBLK|0o660, int(unix.Mkdev(loopMajor, uint32(n)))); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("make %s: %w", name, err)
+	}
+	return os.OpenFile(name, os.O_RDWR, 0)
 }
 
 // killChildren SIGKILLs every child of the step, orphans reparented to it
