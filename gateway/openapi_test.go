@@ -13,8 +13,8 @@ import (
 
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/internal/sgtest"
-	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/openapi"
+	"github.com/sandgate/sandgate/protocol"
 )
 
 // TestOpenAPIDocumentsEveryRoute: every /v1 route the gateway registers
