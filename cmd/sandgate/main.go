@@ -33,6 +33,7 @@ func rootCommand() *cobra.Command {
 	root.SetVersionTemplate(readBuildInfo().String())
 	root.AddCommand(serveCommand(), devCommand(), adminCommand(), usageCommand(), versionCommand())
 	root.AddCommand(operatorTokenCommand())
+	root.AddCommand(conformanceCommand())
 	refuseUnknownSubcommands(root)
 	markUsageErrors(root)
 	addExamples(root)
