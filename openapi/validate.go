@@ -67,26 +67,28 @@ func Load(name string) (*Spec, error) {
 }
 
 // Operation returns the operation of method on an actual request path
-// (for example /v1/workspaces/ws_1/exec, or with a prefix before /v1/)
-// and the template it matched.
+// (for example /v1/workspaces/ws_1/exec, or with the base URL's path
+// prefix before it) and the template it matched.
 func (s *Spec) Operation(method, path string) (*Operation, string, bool) {
-	if i := strings.Index(path, "/v1/"); i > 0 {
-		path = path[i:]
-	}
 	got := strings.Split(path, "/")
 	for tmpl, ops := range s.doc.Paths {
-		want := strings.Split(tmpl, "/")
-		if len(want) != len(got) {
+		op, ok := ops[strings.ToLower(method)]
+		if !ok {
 			continue
 		}
+		want := strings.Split(tmpl, "/")
+		if len(want) > len(got) {
+			continue
+		}
+		tail := got[len(got)-len(want):] // a prefix of the base URL may come before
 		match := true
 		for i := range want {
-			if want[i] != got[i] && !(strings.HasPrefix(want[i], "{") && got[i] != "") {
+			if want[i] != tail[i] && !(strings.HasPrefix(want[i], "{") && tail[i] != "") {
 				match = false
 				break
 			}
 		}
-		if op, ok := ops[strings.ToLower(method)]; ok && match {
+		if match {
 			return op, tmpl, true
 		}
 	}
