@@ -340,24 +340,36 @@ func (r *run) acquire(ctx context.Context) error {
 
 // waitRunning waits until workspace id is running.
 func (r *run) waitRunning(ctx context.Context, id string) error {
-	deadline := time.Now().Add(r.cfg.Wait)
-	for {
+	return r.poll(ctx, func() (bool, error) {
 		ws, err := r.c.Workspace(ctx, id)
 		if err != nil {
-			return err
+			return false, err
 		}
 		switch ws.State {
 		case "running":
-			return nil
+			return true, nil
 		case "starting":
-		default:
-			return fmt.Errorf("workspace %s is %s (%v), want running", id, ws.State, deref(ws.TerminationReason))
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("workspace %s still starting after %s", id, r.cfg.Wait)
-		}
-		if err := sleep(ctx, r.cfg.Poll); err != nil {
+		return false, fmt.Errorf("workspace %s is %s (%v), want running", id, ws.State, deref(ws.TerminationReason))
+	})
+}
+
+// poll calls f every Config.Poll until it is done or fails, for at most
+// Config.Wait.
+func (r *run) poll(ctx context.Context, f func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Wait)
+	defer cancel()
+	tick := time.NewTicker(r.cfg.Poll)
+	defer tick.Stop()
+	for {
+		if done, err := f(); done || err != nil {
 			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("still waiting after %s: %w", r.cfg.Wait, ctx.Err())
+		case <-tick.C:
 		}
 	}
 }
@@ -446,26 +458,21 @@ func (r *run) cancel(ctx context.Context) error {
 // waitCommand reads command id until it reaches state, and fails on any
 // other final state.
 func (r *run) waitCommand(ctx context.Context, id, state string) (*protocol.CommandStatus, error) {
-	deadline := time.Now().Add(r.cfg.Wait)
-	for {
-		st, err := r.c.ReadCommand(ctx, r.ws, id)
-		if err != nil {
-			return nil, err
+	var st *protocol.CommandStatus
+	err := r.poll(ctx, func() (bool, error) {
+		var err error
+		if st, err = r.c.ReadCommand(ctx, r.ws, id); err != nil {
+			return false, err
 		}
 		switch st.State {
 		case state:
-			return st, nil
+			return true, nil
 		case protocol.CommandStarting, protocol.CommandRunning:
-		default:
-			return nil, fmt.Errorf("command %s is %s, want %s", id, st.State, state)
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("command %s still %s after %s, want %s", id, st.State, r.cfg.Wait, state)
-		}
-		if err := sleep(ctx, r.cfg.Poll); err != nil {
-			return nil, err
-		}
-	}
+		return false, fmt.Errorf("command %s is %s, want %s", id, st.State, state)
+	})
+	return st, err
 }
 
 // fetch runs curl in the workspace against https://domain/ (certificate
@@ -678,15 +685,4 @@ func nonce() string {
 	var b [6]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

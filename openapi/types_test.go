@@ -287,17 +287,22 @@ var everyOperation = map[string][]protocol.Code{
 // a protocol code of that status (forbidden and conflict only in the
 // operator API's); the spec's codes for each v1 operation and the codes
 // of every operation are all there.
-func TestErrorCodes(t *testing.T) {
+func TestErrorCodes(t *testing.T) { eachSpec(t, errorCodes) }
+
+// eachSpec runs f on each document, loaded, in a subtest of its name.
+func eachSpec(t *testing.T, f func(t *testing.T, name string, spec *openapi.Spec)) {
 	for _, name := range []string{openapi.V1, openapi.Admin} {
-		t.Run(name, func(t *testing.T) { errorCodes(t, name) })
+		t.Run(name, func(t *testing.T) {
+			spec, err := openapi.Load(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f(t, name, spec)
+		})
 	}
 }
 
-func errorCodes(t *testing.T, name string) {
-	spec, err := openapi.Load(name)
-	if err != nil {
-		t.Fatal(err)
-	}
+func errorCodes(t *testing.T, name string, spec *openapi.Spec) {
 	for route, op := range spec.Operations() {
 		listed := map[protocol.Code]bool{}
 		for st := range op.Responses {
@@ -370,17 +375,9 @@ func enumCodes(t *testing.T, r *openapi.Response) []protocol.Code {
 // TestExamples: every operation has an example request body (when it
 // takes one) and an example of every answer with a body, and each JSON
 // one validates against its own schema.
-func TestExamples(t *testing.T) {
-	for _, name := range []string{openapi.V1, openapi.Admin} {
-		t.Run(name, func(t *testing.T) { examples(t, name) })
-	}
-}
+func TestExamples(t *testing.T) { eachSpec(t, examples) }
 
-func examples(t *testing.T, name string) {
-	spec, err := openapi.Load(name)
-	if err != nil {
-		t.Fatal(err)
-	}
+func examples(t *testing.T, _ string, spec *openapi.Spec) {
 	for route, op := range spec.Operations() {
 		if op.RequestBody != nil {
 			mt := op.RequestBody.Content["application/json"]
