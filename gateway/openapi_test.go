@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/sandgate/sandgate/adminapi"
@@ -180,4 +181,26 @@ func fieldsOf(sc *reqSchema, example map[string]any, prefix string) []field {
 		}
 	}
 	return out
+}
+
+// v1Spec is openapi/v1.json, loaded once for checkAnswer.
+var v1Spec = sync.OnceValues(func() (*openapi.Spec, error) { return openapi.Load(openapi.V1) })
+
+// checkAnswer fails the test when an answer of a documented v1
+// operation departs from openapi/v1.json: every raw request of the
+// gateway's tests goes through it, so a code a handler sends that the
+// document does not list for its operation fails here.
+func checkAnswer(t testing.TB, r request, rep reply) {
+	t.Helper()
+	spec, err := v1Spec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, _, _ := strings.Cut(r.Path, "?")
+	if _, _, ok := spec.Operation(r.Method, path); !ok || r.Plain {
+		return // not an operation (a wrong method, an unknown route), or plaintext: refused before routing
+	}
+	if err := spec.CheckResponse(r.Method, path, rep.Status, rep.Header, rep.Body); err != nil {
+		t.Errorf("openapi/v1.json: %v", err)
+	}
 }

@@ -67,8 +67,7 @@ func Load(name string) (*Spec, error) {
 }
 
 // Operation returns the operation of method on an actual request path
-// (for example /v1/workspaces/ws_1/exec, or with the base URL's path
-// prefix before it) and the template it matched.
+// (for example /v1/workspaces/ws_1/exec) and the template it matched.
 func (s *Spec) Operation(method, path string) (*Operation, string, bool) {
 	got := strings.Split(path, "/")
 	for tmpl, ops := range s.doc.Paths {
@@ -77,13 +76,12 @@ func (s *Spec) Operation(method, path string) (*Operation, string, bool) {
 			continue
 		}
 		want := strings.Split(tmpl, "/")
-		if len(want) > len(got) {
+		if len(want) != len(got) {
 			continue
 		}
-		tail := got[len(got)-len(want):] // a prefix of the base URL may come before
 		match := true
 		for i := range want {
-			if want[i] != tail[i] && !(strings.HasPrefix(want[i], "{") && tail[i] != "") {
+			if want[i] != got[i] && !(strings.HasPrefix(want[i], "{") && got[i] != "") {
 				match = false
 				break
 			}
