@@ -169,6 +169,7 @@ type schema struct {
 	Items                json.RawMessage            `json:"items"`
 	Enum                 []any                      `json:"enum"`
 	AllOf                []json.RawMessage          `json:"allOf"`
+	AnyOf                []json.RawMessage          `json:"anyOf"`
 	MinItems             *int                       `json:"minItems"`
 	MinLength            *int                       `json:"minLength"`
 	Format               string                     `json:"format"`
@@ -189,6 +190,20 @@ func (s *Spec) validate(raw json.RawMessage, v any, at string) error {
 	for _, sub := range sc.AllOf {
 		if err := s.validate(sub, v, at); err != nil {
 			return err
+		}
+	}
+	if len(sc.AnyOf) > 0 {
+		var errs []string
+		for _, sub := range sc.AnyOf {
+			err := s.validate(sub, v, at)
+			if err == nil {
+				errs = nil
+				break
+			}
+			errs = append(errs, err.Error())
+		}
+		if errs != nil {
+			return fmt.Errorf("%s: matches none of anyOf: %s", at, strings.Join(errs, "; "))
 		}
 	}
 	if len(sc.Type) > 0 {
