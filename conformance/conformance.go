@@ -165,7 +165,7 @@ func (r *run) all(ctx context.Context) {
 		r.skipRest("the lease check failed")
 		return
 	}
-	r.errors(ctx)
+	r.refusals(ctx)
 	if !r.check(ctx, "acquire", r.acquire) {
 		r.skipRest("no workspace was acquired")
 		return
@@ -547,9 +547,9 @@ func (r *run) warmStart(ctx context.Context) error {
 	return nil
 }
 
-// errors checks the broker's refusals of bad requests, each its own
+// refusals checks the broker's refusals of bad requests, each its own
 // check. None creates anything.
-func (r *run) errors(ctx context.Context) {
+func (r *run) refusals(ctx context.Context) {
 	acquire := func(tok, key, body string) func(context.Context) (int, protocol.Code, error) {
 		return func(ctx context.Context) (int, protocol.Code, error) {
 			h := http.Header{}
