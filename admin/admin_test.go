@@ -97,7 +97,7 @@ func newEnv(t *testing.T, opts ...func(*admin.Deps)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(srv.Handler())
+	hs := httptest.NewServer(checkedHandler(t, srv.Handler()))
 	t.Cleanup(hs.Close)
 	dc := db.Config()
 	pipe := admission.New(db.Redis(), admission.Standard(db, admission.StandardConfig{

@@ -109,6 +109,7 @@ func do(t testing.TB, h *sgtest.Harness, r request) reply {
 	if err != nil {
 		t.Fatalf("%s %s: %v", r.Method, r.Path, err)
 	}
+	checkAnswer(t, r, rep)
 	return rep
 }
 

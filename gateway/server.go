@@ -22,6 +22,7 @@ import (
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/httpapi"
 	"github.com/sandgate/sandgate/internal/livecache"
+	"github.com/sandgate/sandgate/openapi"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/saga"
 	"github.com/sandgate/sandgate/store"
@@ -225,6 +226,7 @@ func (s *Server) routes() *echo.Echo {
 	route(http.MethodPut, "/workspaces/:id/commands/:identity", s.startCommand)
 	route(http.MethodGet, "/workspaces/:id/commands/:identity", s.readCommand)
 	route(http.MethodPost, "/workspaces/:id/commands/:identity/cancel", s.cancelCommand) // like release: never rate limited
+	e.GET("/openapi/"+openapi.V1, serveOpenAPI)                                          // no token: it describes the API, it does not call it
 	return e
 }
 

@@ -1,8 +1,10 @@
 // Package openapi holds the OpenAPI 3.1 documents of sandgate's two HTTP
 // APIs, protocol v1 (/v1, the public listener) and the operator API
-// (/admin/v1), embedded in the binary and served by the operator listener.
-// Tests check that every route the servers register is documented and
-// that every documented route exists.
+// (/admin/v1), embedded in the binary: the operator listener serves both,
+// the public listener serves v1.json. Tests check that every route the
+// servers register is documented and the reverse, that the schemas name the
+// fields of the wire types the servers encode and decode, and, through
+// [Spec], that real answers of the e2e suite match the document.
 package openapi
 
 import (
@@ -37,7 +39,7 @@ func Handler() http.Handler {
 				http.Error(w, "internal error", http.StatusInternalServerError)
 				return
 			}
-			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Type", "application/json; charset=utf-8")
 			w.Header().Set("Cache-Control", "no-cache")
 			w.Write(b)
 		})

@@ -37,6 +37,7 @@ func rootCommand() *cobra.Command {
 	root.AddCommand(serveCommand(), devCommand(), adminCommand(), usageCommand(), versionCommand())
 	root.AddCommand(operatorTokenCommand())
 	root.AddCommand(rootWorkspaceCommand())
+	root.AddCommand(conformanceCommand())
 	refuseUnknownSubcommands(root)
 	addOutputFlags(root)
 	addCompletions(root)
