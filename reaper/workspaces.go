@@ -162,7 +162,7 @@ func (r *Reaper) listProviders(ctx context.Context) listing {
 		byWorkspace(sbs, own)
 		all := maps.Clone(own)
 		complete, failed := berr == nil, false
-		bl, ok := e.Provider.(providers.BrokerLister)
+		bl, ok := providers.AsBrokerLister(e.Provider)
 		for _, id := range brokers {
 			if id == r.cfg.BrokerID {
 				continue
