@@ -178,3 +178,37 @@ func TestForeignUnconfirmedCreateSwept(t *testing.T) {
 		return false, errors.New("no such sandbox")
 	})
 }
+
+// TestModalLifetimeClamped: an instance whose scope allows 48 h on Modal,
+// which ends every sandbox within 24 h, has a lease advertising 24 h, and
+// its acquire runs (201) with expires_at 24 h away at most, instead of a
+// 502 on every try.
+func TestModalLifetimeClamped(t *testing.T) {
+	t.Parallel()
+	_, env, _, cfg := startModalServe(t)
+	gw := startServeEnv(t, cfg, env...)
+	_, _, tok := obligationsInstance(t, gw, "e2e-modal-48h", 1, 48*time.Hour)
+	c := gw.Client(t, tok)
+	lease, err := c.Lease(context.Background())
+	if err != nil {
+		t.Fatalf("lease: %v", err)
+	}
+	if got := lease.Limits.MaxLifetimeSeconds; got != 24*3600 {
+		t.Errorf("lease max_lifetime_seconds = %d; want 86400, what Modal honours", got)
+	}
+	if got := lease.Limits.IdleTimeoutSeconds; got > 24*3600 {
+		t.Errorf("lease idle_timeout_seconds = %d; want at most 86400", got)
+	}
+	before := time.Now()
+	ws := acquire(t, c, "modal-48h-1")
+	expires, err := time.Parse(time.RFC3339, ws.ExpiresAt)
+	if err != nil {
+		t.Fatalf("expires_at %q: %v", ws.ExpiresAt, err)
+	}
+	if expires.After(before.Add(24*time.Hour + time.Second)) {
+		t.Errorf("expires_at %s; want within 24 h of the acquire", ws.ExpiresAt)
+	}
+	if _, err := c.Exec(context.Background(), ws.WorkspaceID, protocol.ExecRequest{Argv: []string{"true"}}); err != nil {
+		t.Errorf("exec: %v", err)
+	}
+}

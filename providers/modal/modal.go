@@ -244,6 +244,7 @@ func (p *Provider) Capabilities() providers.Capabilities {
 		Sizes:          Sizes,
 		Images:         p.cfg.Images,
 		DefaultImage:   p.cfg.DefaultImage,
+		MaxLifetime:    maxLifetime,
 	}
 }
 
