@@ -707,6 +707,7 @@ func randRead(b []byte) { rand.Read(b) }
 
 // Interface guards
 var (
-	_ providers.Provider  = (*Provider)(nil)
-	_ providers.Commander = (*Provider)(nil)
+	_ providers.Provider     = (*Provider)(nil)
+	_ providers.Commander    = (*Provider)(nil)
+	_ providers.BrokerLister = (*Provider)(nil)
 )

@@ -586,6 +586,7 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef
 
 // Interface guards
 var (
-	_ providers.Provider = (*Provider)(nil)
-	_ execsnap.Execer    = (*Provider)(nil)
+	_ providers.Provider     = (*Provider)(nil)
+	_ execsnap.Execer        = (*Provider)(nil)
+	_ providers.BrokerLister = (*Provider)(nil)
 )

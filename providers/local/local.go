@@ -1052,7 +1052,8 @@ func randomHex() string {
 
 // Interface guards
 var (
-	_ providers.Provider = (*Provider)(nil)
-	_ execfile.Execer    = (*Provider)(nil)
-	_ io.Closer          = (*Provider)(nil)
+	_ providers.Provider     = (*Provider)(nil)
+	_ execfile.Execer        = (*Provider)(nil)
+	_ io.Closer              = (*Provider)(nil)
+	_ providers.BrokerLister = (*Provider)(nil)
 )

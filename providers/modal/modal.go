@@ -263,4 +263,7 @@ func (p *Provider) Close() error {
 }
 
 // Interface guards
-var _ providers.Provider = (*Provider)(nil)
+var (
+	_ providers.Provider     = (*Provider)(nil)
+	_ providers.BrokerLister = (*Provider)(nil)
+)
