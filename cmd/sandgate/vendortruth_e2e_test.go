@@ -5,7 +5,7 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -47,6 +47,20 @@ func killAtModal(t testing.TB, fake *modaltest.Server, ref string) {
 	}
 }
 
+// vendorTruthWorkspace starts a gateway on a fake Modal with the given
+// reaper.reconcile_interval and one workspace of an instance of one slot
+// called name, and returns the fake, the instance's client and the
+// workspace.
+func vendorTruthWorkspace(t *testing.T, reconcile, name string) (*modaltest.Server, *client.Client, *protocol.Workspace) {
+	t.Helper()
+	fake, env, _, cfg := startModalServe(t)
+	appendConfig(t, cfg, "reaper:\n  reconcile_interval: "+reconcile+"\n")
+	gw := startServeEnv(t, cfg, env...)
+	_, _, tok := obligationsInstance(t, gw, "e2e-"+name, 1, time.Hour)
+	c := gw.Client(t, tok)
+	return fake, c, acquire(t, c, name+"-1")
+}
+
 // wantEndedBy checks that ws ended (failed) no later than by, with its
 // metering stopped there, and that the instance's only slot is free: a
 // new workspace is admitted.
@@ -85,12 +99,7 @@ func wantEndedBy(t *testing.T, c *client.Client, id string, killed, by time.Time
 // terminated (failed), its metering stopped then and its slot is free.
 func TestVendorKillReconciled(t *testing.T) {
 	t.Parallel()
-	fake, env, _, cfg := startModalServe(t)
-	appendConfig(t, cfg, "reaper:\n  reconcile_interval: 1s\n")
-	gw := startServeEnv(t, cfg, env...)
-	_, _, tok := obligationsInstance(t, gw, "e2e-vendor-kill", 1, time.Hour)
-	c := gw.Client(t, tok)
-	ws := acquire(t, c, "vendor-kill-1")
+	fake, c, ws := vendorTruthWorkspace(t, "1s", "vendor-kill")
 	ref := modalSandboxOf(t, fake, ws.WorkspaceID)
 	time.Sleep(1100 * time.Millisecond) // confirmed running longer than the reconcile interval
 
@@ -123,12 +132,7 @@ func TestVendorKillReconciled(t *testing.T) {
 // comparison turned off.
 func TestVendorGoneOnExec(t *testing.T) {
 	t.Parallel()
-	fake, env, _, cfg := startModalServe(t)
-	appendConfig(t, cfg, "reaper:\n  reconcile_interval: -1s\n")
-	gw := startServeEnv(t, cfg, env...)
-	_, _, tok := obligationsInstance(t, gw, "e2e-vendor-gone-exec", 1, time.Hour)
-	c := gw.Client(t, tok)
-	ws := acquire(t, c, "vendor-gone-exec-1")
+	fake, c, ws := vendorTruthWorkspace(t, "-1s", "vendor-gone-exec")
 
 	killed := time.Now()
 	killAtModal(t, fake, modalSandboxOf(t, fake, ws.WorkspaceID))
@@ -155,27 +159,54 @@ func TestVendorGoneOnExec(t *testing.T) {
 // the workspace failed and ends the sandbox on Modal.
 func TestForeignUnconfirmedCreateSwept(t *testing.T) {
 	t.Parallel()
+	unconfirmedModalCreate(t, "foreign-unknown-create", []string{"SANDGATE_BROKER_ID=sandgate-crashed"}, []string{"SANDGATE_BROKER_ID=sandgate-survivor"})
+}
+
+// unconfirmedModalCreate SIGKILLs a gateway (with crashedEnv) after Modal
+// created a workspace's sandbox and before the record was confirmed, then
+// starts another (with survivorEnv) and checks that it records the
+// workspace failed and ends the sandbox on Modal.
+func unconfirmedModalCreate(t *testing.T, name string, crashedEnv, survivorEnv []string) {
+	t.Helper()
 	ctx := context.Background()
 	fake, env, _, cfg := startModalServe(t)
 	appendConfig(t, cfg, "admission:\n  pending_timeout: 3s\n")
 	pause := t.TempDir()
-	gwA := startServeEnv(t, cfg, append(env, "SANDGATE_BROKER_ID=sandgate-crashed", "SANDGATE_TEST_PAUSE_AFTER_CREATE="+pause)...)
-	_, _, tok := obligationsInstance(t, gwA, "e2e-foreign-unknown-create", 1, time.Hour)
+	gwA := startServeEnv(t, cfg, slices.Concat(env, crashedEnv, []string{"SANDGATE_TEST_PAUSE_AFTER_CREATE=" + pause})...)
+	_, _, tok := obligationsInstance(t, gwA, "e2e-"+name, 1, time.Hour)
 
-	id, acqDone := acquirePausedAfterCreate(ctx, t, gwA, tok, pause, "foreign-unknown-create")
+	id, acqDone := acquirePausedAfterCreate(ctx, t, gwA, tok, pause, name)
 	gwA.kill()
 	<-acqDone
 	ref := modalSandboxOf(t, fake, id)
+	if sb := fakeSandboxByID(fake, ref); sb == nil || sb.Result != nil {
+		t.Fatalf("Modal runs no sandbox tagged with workspace %s", id)
+	}
 
-	gwB := startServeEnv(t, cfg, append(env, "SANDGATE_BROKER_ID=sandgate-survivor")...)
+	gwB := startServeEnv(t, cfg, slices.Concat(env, survivorEnv)...)
 	waitTerminated(t, gwB.Client(t, tok), id, "failed")
-	waitFor(t, "Modal to end the crashed gateway's sandbox", func() (bool, error) {
-		for _, sb := range fake.Sandboxes() {
-			if sb.ID == ref {
-				return sb.Result != nil, fmt.Errorf("still running")
-			}
+	waitModalEnded(t, fake, ref)
+}
+
+// fakeSandboxByID returns the fake Modal's sandbox ref, nil when none.
+func fakeSandboxByID(fake *modaltest.Server, ref string) *modaltest.Sandbox {
+	for _, sb := range fake.Sandboxes() {
+		if sb.ID == ref {
+			return &sb
 		}
-		return false, errors.New("no such sandbox")
+	}
+	return nil
+}
+
+// waitModalEnded waits until the fake Modal has ended sandbox ref.
+func waitModalEnded(t testing.TB, fake *modaltest.Server, ref string) {
+	t.Helper()
+	waitFor(t, "Modal to end sandbox "+ref, func() (bool, error) {
+		sb := fakeSandboxByID(fake, ref)
+		if sb == nil {
+			return false, errors.New("no such sandbox")
+		}
+		return sb.Result != nil, errors.New("still running")
 	})
 }
 
