@@ -7,13 +7,6 @@ import (
 	"time"
 )
 
-// brokersKey is the HASH of the broker ids of every gateway that ran on
-// this store: field the broker id (the label its providers put on
-// sandboxes), value when its reaper last started (unix ms). The leader
-// lists each one's sandboxes, so that a crashed gateway's unconfirmed
-// creates are swept whatever its broker id. Example: sg:brokers
-func brokersKey() string { return prefix + "brokers" }
-
 // RegisterBroker records that a gateway with broker id id runs on the
 // store.
 func (db *DB) RegisterBroker(ctx context.Context, id string, now time.Time) error {
