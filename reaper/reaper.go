@@ -1,7 +1,8 @@
 // Package reaper carries out the broker's obligations in the background:
-// it ends every workspace of a stopped or paused scope, keeps retrying
-// those whose end the provider has not confirmed, and deletes snapshots at
-// their TTL until the provider confirms.
+// it ends every workspace of a stopped or paused scope, and those whose
+// sandbox the vendor no longer lists, keeps retrying those whose end the
+// provider has not confirmed, and deletes snapshots at their TTL until
+// the provider confirms.
 package reaper
 
 import (
