@@ -24,17 +24,19 @@ func (f *fixture) truthReaper(interval time.Duration) *reaper.Reaper {
 // TestVanishedSandboxEnded: a running workspace whose sandbox the provider
 // no longer lists is ended (failed) at the listing that missed it, its
 // slot freed; one confirmed less than a reconcile interval before the
-// listing, and one whose sandbox is still listed, are left running.
+// listing, one due to idle out within the interval, and one whose sandbox
+// is still listed, are left running.
 func TestVanishedSandboxEnded(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	gone := f.admit(time.Hour, time.Hour, true, true)
 	kept := f.admit(time.Hour, time.Hour, true, true)
+	idling := f.admit(time.Hour, 70*time.Second, true, true)
 	r := f.truthReaper(30 * time.Second)
 	f.clock.Advance(time.Minute)
 	young := f.admit(time.Hour, time.Hour, true, true)
 	// The vendor ends two sandboxes on its own.
-	for _, w := range []sandgate.Workspace{gone, young} {
+	for _, w := range []sandgate.Workspace{gone, young, idling} {
 		if err := f.prov.Terminate(ctx, providers.Sandbox{Ref: w.ProviderRef}); err != nil {
 			t.Fatalf("Terminate at the provider: %v", err)
 		}
@@ -47,23 +49,29 @@ func TestVanishedSandboxEnded(t *testing.T) {
 	if g.State != sandgate.WorkspaceTerminated || g.TerminationReason != sandgate.ReasonFailed || !g.TerminatedAt.Equal(listed) {
 		t.Errorf("vanished workspace: %s %s at %v; want terminated, failed at the listing %v", g.State, g.TerminationReason, g.TerminatedAt, listed)
 	}
-	for _, w := range []sandgate.Workspace{kept, young} {
+	// The idling one is due to idle out within the interval: a vendor
+	// enforcing the idle timeout may end it a little early.
+	for _, w := range []sandgate.Workspace{kept, young, idling} {
 		if st := f.get(w.ID).State; st != sandgate.WorkspaceRunning {
 			t.Errorf("workspace %s is %s; want running", w.ID, st)
 		}
 	}
-	f.checkSlots(2)
+	f.checkSlots(3)
 	if n := r.Stats().Vanished.Load(); n != 1 {
 		t.Errorf("Vanished = %d; want 1", n)
 	}
 
-	// The next comparison, a reconcile interval later, ends the young one.
+	// The next comparison, a reconcile interval later, ends the young
+	// one; the idling one has idled out, with that reason.
 	f.clock.Advance(30 * time.Second)
 	if err := r.Pass(ctx); err != nil {
 		t.Fatalf("Pass: %v", err)
 	}
 	if st := f.get(young.ID).State; st != sandgate.WorkspaceTerminated {
 		t.Errorf("young vanished workspace is %s; want terminated", st)
+	}
+	if w := f.get(idling.ID); w.State != sandgate.WorkspaceTerminated || w.TerminationReason != sandgate.ReasonIdle {
+		t.Errorf("idling workspace: %s %s; want terminated, idle", w.State, w.TerminationReason)
 	}
 	f.checkSlots(1)
 }

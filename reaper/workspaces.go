@@ -86,14 +86,22 @@ func (r *Reaper) truthDue(at time.Time) bool {
 // checkVanished ends w, running and confirmed at least a
 // ReconcileInterval before the listing taken at at, when that complete
 // listing of its provider (every broker id's sandboxes) lacks it: the
-// vendor ended it (a crash, a vendor-side kill, its own limits) and
-// nothing else would tell. Its metering stops at at.
+// vendor ended it (a crash, a vendor-side kill) and nothing else would
+// tell. Its metering stops at at. One due to expire or idle out within
+// a ReconcileInterval is left to that end.
 func (r *Reaper) checkVanished(ctx context.Context, w sandgate.Workspace, vendor map[string]providers.Sandbox, at time.Time) {
 	if w.State != sandgate.WorkspaceRunning || w.StartedAt.IsZero() || w.ProviderRef == "" ||
 		w.StartedAt.After(at.Add(-r.cfg.ReconcileInterval)) {
 		return
 	}
 	if _, ok := vendor[w.ID]; ok {
+		return
+	}
+	// A vendor that enforces the lifetime or the idle timeout itself may
+	// end the sandbox a little before the broker's clock says so: such an
+	// end is the broker's to record, with its own reason, shortly.
+	soon := at.Add(r.cfg.ReconcileInterval)
+	if !soon.Before(w.ExpiresAt) || (w.IdleTimeout > 0 && !soon.Before(w.IdleAt())) {
 		return
 	}
 	started, err := r.term.Vanished(ctx, w, at)
