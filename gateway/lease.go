@@ -96,6 +96,7 @@ func (s *Server) leaseResponse(a store.Auth, state sandgate.LeaseState, adm prot
 		resp.Admission = protocol.Admission{State: protocol.AdmissionPaused, Reason: saga.ReasonProviderClosed}
 	}
 	caps := prov.Provider.Capabilities()
+	resp.Limits = wireLimits(scope.Limits) // clamped to what the provider honours
 	resp.DefaultSize = defaultSize(scope)
 	resp.Images = protocol.Images{Default: scope.DefaultImage, Allowed: policy.AllowedImages(scope)}
 	for _, sz := range scope.AllowedSizes() {

@@ -3,6 +3,7 @@ package providers
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/sandgate/sandgate"
 )
@@ -53,6 +54,24 @@ type Capabilities struct {
 	Images []string
 	// DefaultImage is the image of a scope that names none.
 	DefaultImage string
+	// MaxLifetime is the longest a sandbox runs on the vendor (Modal: 24
+	// h); 0 means no bound. Limits past it are clamped (ClampLimits).
+	MaxLifetime time.Duration
+}
+
+// ClampLimits returns l with every duration clamped to what the provider
+// can honour: max_lifetime to MaxLifetime, and the idle and exec timeouts
+// to that lifetime. The lease advertises the clamped limits, and
+// workspaces are created with them.
+func (c Capabilities) ClampLimits(l sandgate.Limits) sandgate.Limits {
+	if c.MaxLifetime <= 0 {
+		return l
+	}
+	l.MaxLifetime = min(l.MaxLifetime, c.MaxLifetime)
+	l.IdleTimeout = min(l.IdleTimeout, l.MaxLifetime)
+	l.MaxExecTimeout = min(l.MaxExecTimeout, l.MaxLifetime)
+	l.DefaultExecTimeout = min(l.DefaultExecTimeout, l.MaxExecTimeout)
+	return l
 }
 
 // Size returns the provider's tier called name.

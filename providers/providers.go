@@ -326,6 +326,34 @@ type Env struct {
 	TracerProvider trace.TracerProvider
 }
 
+// BrokerLister is an optional interface of a Provider: it lists the
+// sandboxes another broker id labelled (LabelBroker) on the same vendor
+// account, as List does for this broker's. Gateways with their own broker
+// ids share one store, and one leader's reaper sweeps for all of them:
+// it ends the sandboxes of another gateway's creates nobody confirmed, and
+// tells a running workspace whose sandbox the vendor no longer has only
+// when every broker id's listing succeeded.
+type BrokerLister interface {
+	ListBroker(ctx context.Context, brokerID string) ([]Sandbox, error)
+}
+
+// AsBrokerLister returns p's BrokerLister, looking through wrappers that
+// expose the provider inside with an Unwrap() Provider method (package
+// telemetry's instrumented providers).
+func AsBrokerLister(p Provider) (BrokerLister, bool) {
+	for p != nil {
+		if bl, ok := p.(BrokerLister); ok {
+			return bl, true
+		}
+		u, ok := p.(interface{ Unwrap() Provider })
+		if !ok {
+			return nil, false
+		}
+		p = u.Unwrap()
+	}
+	return nil, false
+}
+
 // Checker is an optional interface of a Provider: a cheap check that the
 // vendor answers and the credentials work. Readiness (GET /readyz) runs
 // it on every provider that accepts new work; a provider without one is

@@ -1,7 +1,8 @@
 // Package reaper carries out the broker's obligations in the background:
-// it ends every workspace of a stopped or paused scope, keeps retrying
-// those whose end the provider has not confirmed, and deletes snapshots at
-// their TTL until the provider confirms.
+// it ends every workspace of a stopped or paused scope, and those whose
+// sandbox the vendor no longer lists, keeps retrying those whose end the
+// provider has not confirmed, and deletes snapshots at their TTL until
+// the provider confirms.
 package reaper
 
 import (
@@ -39,6 +40,15 @@ type Config struct {
 	// Tracer makes a span of every pass ("reaper pass"), the parent of
 	// its store and provider calls. nil means no spans.
 	Tracer trace.TracerProvider
+	// BrokerID is this gateway's broker id (the label its providers put
+	// on sandboxes), registered in the store so that whichever gateway
+	// leads also lists this one's sandboxes. "" registers nothing.
+	BrokerID string
+	// ReconcileInterval is the least time between two comparisons of the
+	// running workspaces with what each provider lists; a workspace
+	// confirmed running at least this long before a listing that lacks
+	// its sandbox is ended (failed). 0 means 30 seconds; < 0 means never.
+	ReconcileInterval time.Duration
 }
 
 // Deps are what a Reaper works with.
@@ -91,11 +101,15 @@ type Reaper struct {
 	passes      metric.Int64Counter
 	tracer      trace.Tracer
 	fence       atomic.Int64 // the fencing token while leading, 0 otherwise
+	lastTruth   atomic.Int64 // when running workspaces were last compared with the listings (unix ns)
 }
 
 // Stats counts what the reaper did, by kind; every count is also a log line.
 type Stats struct {
 	Passes, Expired, Idle, Revoked, Failed, Orphaned, Retried, SlotsFreed atomic.Int64
+	// Vanished counts running workspaces ended because their provider no
+	// longer lists their sandbox (also counted in the failed kind).
+	Vanished atomic.Int64
 }
 
 // New returns a Reaper.
@@ -106,6 +120,9 @@ func New(cfg Config, d Deps) *Reaper {
 	}
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = 5 * time.Second
+	}
+	if cfg.ReconcileInterval == 0 {
+		cfg.ReconcileInterval = 30 * time.Second
 	}
 	if cfg.Owner == "" {
 		cfg.Owner = sandgate.NewID("reaper_")
@@ -170,7 +187,15 @@ func (r *Reaper) Run(ctx context.Context) {
 	}()
 	retry := time.NewTicker(r.cfg.LeaseTTL / 5)
 	defer retry.Stop()
+	registered := r.cfg.BrokerID == ""
 	for {
+		if !registered {
+			err := r.db.RegisterBroker(ctx, r.cfg.BrokerID, r.clock.Now())
+			registered = err == nil
+			if err != nil && ctx.Err() == nil {
+				r.log.Warn("broker id not registered; the leader may miss this gateway's sandboxes", slog.Any(sandgate.KeyError, err))
+			}
+		}
 		token, ok, err := r.db.AcquireLeader(ctx, r.cfg.Owner, r.cfg.LeaseTTL)
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("reaper lease unavailable", slog.Any("err", err))

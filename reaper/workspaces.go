@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/sandgate/sandgate"
@@ -18,19 +19,22 @@ import (
 const createMargin = time.Second
 
 // sweepWorkspaces walks every live workspace once: it ends those past
-// expires_at (expired), idle ones (idle) and those of a revoked instance
-// (lease_revoked), retries terminations the provider has not confirmed,
-// resolves creates whose outcome is unknown (failed); then it terminates
-// the provider's sandboxes that have no live record (orphaned) and frees
+// expires_at (expired), idle ones (idle), those of a revoked instance
+// (lease_revoked) and, every ReconcileInterval, running ones whose
+// sandbox the provider no longer lists (failed); it retries terminations
+// the provider has not confirmed and resolves creates whose outcome is
+// unknown, whichever gateway made them (failed); then it terminates the
+// provider's sandboxes that have no live record (orphaned) and frees
 // slots and reservations whose workspace is gone. It stops when ctx ends
 // (the leader lease was lost).
 func (r *Reaper) sweepWorkspaces(ctx context.Context) error {
-	vendors := r.listProviders(ctx)
+	l := r.listProviders(ctx)
 	now := r.clock.Now()
 	ws, err := r.db.LiveWorkspaces(ctx, "", "", now)
 	if err != nil {
 		return err
 	}
+	truth := r.truthDue(l.at)
 	revoked := map[string]map[string]time.Time{}
 	pending := r.db.Config().PendingTimeout
 	for _, w := range ws {
@@ -44,16 +48,19 @@ func (r *Reaper) sweepWorkspaces(ctx context.Context) error {
 			}
 			revoked[w.AccountID] = rev
 		}
-		vendor := vendors[providerName(w.Provider)]
-		r.settle(ctx, w, now, pending, rev, vendor)
+		name := providerName(w.Provider)
+		r.settle(ctx, w, now, pending, rev, l.all[name])
+		if truth && l.complete[name] {
+			r.checkVanished(ctx, w, l.all[name], l.at)
+		}
 		// Not an orphan this pass, even if settle ends it now: the listing
 		// predates that end. A sandbox left behind by it is the next
 		// pass's, with a fresh listing.
-		delete(vendor, w.ID)
+		delete(l.own[name], w.ID)
 	}
 	if r.provs != nil {
 		for _, e := range r.provs.All() {
-			if vendor := vendors[e.Name]; vendor != nil {
+			if vendor := l.own[e.Name]; vendor != nil {
 				if err := r.sweepOrphans(ctx, e.Provider, vendor); err != nil {
 					return err
 				}
@@ -61,6 +68,50 @@ func (r *Reaper) sweepWorkspaces(ctx context.Context) error {
 		}
 	}
 	return r.reconcile(ctx)
+}
+
+// truthDue reports whether this pass compares running workspaces with
+// the listings taken at at: once every ReconcileInterval.
+func (r *Reaper) truthDue(at time.Time) bool {
+	if r.cfg.ReconcileInterval < 0 {
+		return false
+	}
+	last := r.lastTruth.Load()
+	if last != 0 && at.Sub(time.Unix(0, last)) < r.cfg.ReconcileInterval {
+		return false
+	}
+	return r.lastTruth.CompareAndSwap(last, at.UnixNano())
+}
+
+// checkVanished ends w, running and confirmed at least a
+// ReconcileInterval before the listing taken at at, when that complete
+// listing of its provider (every broker id's sandboxes) lacks it: the
+// vendor ended it (a crash, a vendor-side kill) and nothing else would
+// tell. Its metering stops at at. One due to expire or idle out within
+// a ReconcileInterval is left to that end.
+func (r *Reaper) checkVanished(ctx context.Context, w sandgate.Workspace, vendor map[string]providers.Sandbox, at time.Time) {
+	if w.State != sandgate.WorkspaceRunning || w.StartedAt.IsZero() || w.ProviderRef == "" ||
+		w.StartedAt.After(at.Add(-r.cfg.ReconcileInterval)) {
+		return
+	}
+	if _, ok := vendor[w.ID]; ok {
+		return
+	}
+	// A vendor that enforces the lifetime or the idle timeout itself may
+	// end the sandbox a little before the broker's clock says so: such an
+	// end is the broker's to record, with its own reason, shortly.
+	soon := at.Add(r.cfg.ReconcileInterval)
+	if !soon.Before(w.ExpiresAt) || (w.IdleTimeout > 0 && !soon.Before(w.IdleAt())) {
+		return
+	}
+	started, err := r.term.Vanished(ctx, w, at)
+	if started {
+		r.stats.Vanished.Add(1)
+		r.stats.Failed.Add(1)
+		r.correct(ctx, string(sandgate.ReasonFailed), 1)
+		r.log.Info("reaper ended a workspace its provider no longer has", sandgate.WorkspaceAttr(w.ID),
+			slog.String(sandgate.KeyInstanceID, w.InstanceID), slog.String("reason", string(sandgate.ReasonFailed)), slog.Any(sandgate.KeyError, err))
+	}
 }
 
 // providerName is the name a record's provider field stands for.
@@ -71,14 +122,43 @@ func providerName(name string) string {
 	return name
 }
 
+// listing is what every configured provider listed at the start of a
+// pass, by provider name and then workspace id.
+type listing struct {
+	at time.Time
+	// own are the sandboxes of this broker id (List): the orphan sweep's.
+	own map[string]map[string]providers.Sandbox
+	// all adds those of every other broker id registered on the store
+	// that the provider could list (providers.BrokerLister): unconfirmed
+	// creates of any gateway are found there.
+	all map[string]map[string]providers.Sandbox
+	// complete is set for a provider whose all holds every registered
+	// broker id's sandboxes, the only listing a missing sandbox can be
+	// judged by.
+	complete map[string]bool
+}
+
 // listProviders lists every configured provider's sandboxes, accepting
-// new work or not: provider name → workspace id → sandbox. A provider
-// whose List failed has no entry, so its unknown creates and orphans wait
-// for a pass that can ask it; the others go on.
-func (r *Reaper) listProviders(ctx context.Context) map[string]map[string]providers.Sandbox {
-	out := map[string]map[string]providers.Sandbox{}
+// new work or not, for this broker id and for every other one registered
+// on the store. A provider whose List (or one broker id's ListBroker)
+// failed has no entry, so its unknown creates and orphans wait for a pass
+// that can ask it; the others go on.
+func (r *Reaper) listProviders(ctx context.Context) listing {
+	l := listing{at: r.clock.Now(), own: map[string]map[string]providers.Sandbox{},
+		all: map[string]map[string]providers.Sandbox{}, complete: map[string]bool{}}
 	if r.provs == nil {
-		return out
+		return l
+	}
+	brokers, berr := r.db.Brokers(ctx)
+	if berr != nil {
+		r.log.Warn("broker ids not read; only this broker's sandboxes are listed", slog.Any(sandgate.KeyError, berr))
+	}
+	byWorkspace := func(sbs []providers.Sandbox, into map[string]providers.Sandbox) {
+		for _, sb := range sbs {
+			if id := sb.Labels[providers.LabelWorkspace]; id != "" {
+				into[id] = sb
+			}
+		}
 	}
 	for _, e := range r.provs.All() {
 		sbs, err := e.Provider.List(ctx)
@@ -86,15 +166,34 @@ func (r *Reaper) listProviders(ctx context.Context) map[string]map[string]provid
 			r.log.Warn("provider list failed; its unknown creates and orphans wait", slog.String(sandgate.KeyProvider, e.Name), slog.Any(sandgate.KeyError, err))
 			continue
 		}
-		vendor := make(map[string]providers.Sandbox, len(sbs))
-		for _, sb := range sbs {
-			if id := sb.Labels[providers.LabelWorkspace]; id != "" {
-				vendor[id] = sb
+		own := make(map[string]providers.Sandbox, len(sbs))
+		byWorkspace(sbs, own)
+		all := maps.Clone(own)
+		complete, failed := berr == nil, false
+		bl, ok := providers.AsBrokerLister(e.Provider)
+		for _, id := range brokers {
+			if id == r.cfg.BrokerID {
+				continue
 			}
+			if !ok {
+				complete = false
+				break
+			}
+			sbs, err := bl.ListBroker(ctx, id)
+			if err != nil {
+				r.log.Warn("provider list of another broker id failed; its unknown creates wait", slog.String(sandgate.KeyProvider, e.Name), slog.Any(sandgate.KeyError, err))
+				failed = true
+				break
+			}
+			byWorkspace(sbs, all)
 		}
-		out[e.Name] = vendor
+		l.own[e.Name] = own
+		if !failed {
+			l.all[e.Name] = all
+			l.complete[e.Name] = complete && r.cfg.BrokerID != ""
+		}
 	}
-	return out
+	return l
 }
 
 // settle takes the one step w is due for, if any.

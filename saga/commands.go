@@ -124,7 +124,7 @@ func (s *Saga) launch(ctx context.Context, w sandgate.Workspace, key string, spe
 			s.log.Error("unclaim command", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, uerr))
 		}
 		if errors.Is(err, providers.ErrSandboxGone) {
-			return "", &protocol.Error{Code: protocol.WorkspaceGone, Message: "the workspace's sandbox has ended; acquire a new one", Err: err}
+			return "", s.sandboxError(ctx, w, opSandbox, err)
 		}
 		return "", &protocol.Error{Code: protocol.CommandNotStarted, Message: "the command could not be started; nothing ran", Err: err}
 	}
@@ -237,7 +237,7 @@ func (s *Saga) fenceLost(ctx context.Context, cmds providers.Commander, w sandga
 	err := cmds.CancelCommand(cctx, sandboxOf(w), cmd.Key)
 	cancel()
 	if err != nil {
-		return CommandStatus{}, ProviderError(err)
+		return CommandStatus{}, s.sandboxError(ctx, w, opSandbox, err)
 	}
 	s.log.Warn("durable command launch never confirmed; fenced", sandgate.WorkspaceAttr(w.ID))
 	// The launch may have landed just before the fence (and been killed by
@@ -266,7 +266,7 @@ func (s *Saga) readCommand(ctx context.Context, cmds providers.Commander, w sand
 	defer cancel()
 	st, err := cmds.ReadCommand(rctx, sandboxOf(w), key, maxOutput)
 	if err != nil {
-		return st, ProviderError(err)
+		return st, s.sandboxError(ctx, w, opSandbox, err)
 	}
 	return st, nil
 }

@@ -1,8 +1,11 @@
 package saga
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 )
@@ -77,3 +80,17 @@ func providerError(o op, err error) error {
 // command's read to the protocol: a sandbox that is gone is 410, a path's
 // problems 404, 413 or 422, anything else 502 with a fixed message.
 func ProviderError(err error) error { return providerError(opSandbox, err) }
+
+// sandboxError maps a failure of a provider call of kind o on w's sandbox
+// to the protocol (providerError). A sandbox the vendor no longer has
+// ends w at once (termination.Terminator.Vanished): the workspace is
+// terminated, its slot freed and its metering stopped now, instead of
+// staying running until its idle timeout.
+func (s *Saga) sandboxError(ctx context.Context, w sandgate.Workspace, o op, err error) error {
+	if errors.Is(err, providers.ErrSandboxGone) {
+		if _, verr := s.term.Vanished(ctx, w, s.clock.Now()); verr != nil {
+			s.log.Error("end a workspace whose sandbox is gone; the reaper retries", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, verr))
+		}
+	}
+	return providerError(o, err)
+}

@@ -82,7 +82,7 @@ func (s *Saga) Exec(ctx context.Context, l sandgate.Lease, lim sandgate.Limits, 
 	marked = false
 	if err != nil {
 		s.execEnded(ctx, w, member, end)
-		return ProviderError(err)
+		return s.sandboxError(ctx, w, opSandbox, err)
 	}
 	answer(res, clamped)
 	s.execEnded(ctx, w, member, end)
@@ -125,7 +125,7 @@ func (s *Saga) ReadFile(ctx context.Context, w sandgate.Workspace, path string, 
 	}
 	n, err := p.ReadFile(ctx, sandboxOf(w), path, max, dst)
 	if err != nil {
-		return 0, ProviderError(err)
+		return 0, s.sandboxError(ctx, w, opSandbox, err)
 	}
 	return n, nil
 }
@@ -144,7 +144,7 @@ func (s *Saga) WriteFile(ctx context.Context, w sandgate.Workspace, path string,
 		return ferr
 	}
 	if err != nil {
-		return ProviderError(err)
+		return s.sandboxError(ctx, w, opSandbox, err)
 	}
 	return nil
 }

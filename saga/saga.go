@@ -126,14 +126,16 @@ func (s *Saga) DispatchTimeout() time.Duration { return s.cfg.DispatchTimeout }
 
 // Scope is an instance's scope as it applies now: defaults filled from
 // the limits' and from the instance's provider's capabilities (every size
-// it runs when the scope names none, its default image).
+// it runs when the scope names none, its default image), and limits
+// clamped to what the provider honours (Capabilities.ClampLimits).
 func (s *Saga) Scope(in sandgate.Instance) (sandgate.Scope, *providers.Entry, error) {
 	e, err := s.provs.ForInstance(in.Provider)
 	if err != nil {
 		return sandgate.Scope{}, nil, err
 	}
-	scope := e.Provider.Capabilities().Effective(in.Scope)
-	scope.Limits = scope.Limits.WithDefaults()
+	caps := e.Provider.Capabilities()
+	scope := caps.Effective(in.Scope)
+	scope.Limits = caps.ClampLimits(scope.Limits.WithDefaults())
 	return scope, e, nil
 }
 

@@ -149,7 +149,7 @@ func (s *Saga) CreateSnapshot(ctx context.Context, in sandgate.Instance, w sandg
 		if aerr := s.db.AbortSnapshot(ctx, snap, keyHash); aerr != nil {
 			s.log.Error("abort after failed snapshot", sandgate.WorkspaceAttr(w.ID), slog.Any(sandgate.KeyError, aerr))
 		}
-		return sandgate.Snapshot{}, false, providerError(opSnapshot, err)
+		return sandgate.Snapshot{}, false, s.sandboxError(ctx, w, opSnapshot, err)
 	}
 	snap.Bytes = ref.Bytes
 	if err := s.db.ConfirmSnapshot(ctx, snap, ref.Ref, req.Dir, keyHash, reqHash, lim.MaxSnapshotBytes, s.clock.Now()); err != nil {

@@ -187,6 +187,13 @@ func reaperLeaderKey() string { return prefix + "{reaper}:leader" }
 // fencing token of the lease's holder. Example: sg:{reaper}:fence
 func reaperFenceKey() string { return prefix + "{reaper}:fence" }
 
+// brokersKey is the HASH of the broker ids of every gateway that ran on
+// this store: field the broker id (the label its providers put on
+// sandboxes), value when its reaper last started (unix ms). The leader
+// lists each one's sandboxes, so that a crashed gateway's unconfirmed
+// creates are swept whatever its broker id. Example: sg:brokers
+func brokersKey() string { return prefix + "brokers" }
+
 // revokedKey is the HASH of an account's instances whose tokens an
 // operator revoked with their workspaces: field instance id, value the
 // revocation's time (unix ms). The reaper ends every workspace of the

@@ -204,10 +204,49 @@ func (t *Terminator) FailCreate(ctx context.Context, w sandgate.Workspace, sb pr
 	return ok, true, err
 }
 
+// Vanished ends workspace w, whose sandbox the vendor no longer has
+// (a provider answered providers.ErrSandboxGone, or the reaper's listing
+// lacks it), with reason failed: its slot is freed and its end recorded
+// and settled at at, when the broker learned of it (or the vendor's own
+// end), so that metering stops there. Only a running workspace is ended:
+// one still starting belongs to its Acquire, and one already ending keeps
+// its reason. started reports whether this call ended it. w needs only
+// its ID and AccountID; the record is read again.
+func (t *Terminator) Vanished(ctx context.Context, w sandgate.Workspace, at time.Time) (started bool, err error) {
+	ctx = context.WithoutCancel(ctx)
+	cur, err := t.db.Workspace(ctx, w.AccountID, w.ID)
+	if err != nil {
+		return false, err
+	}
+	if cur.State != sandgate.WorkspaceRunning {
+		return false, nil
+	}
+	if now := t.clock.Now(); at.IsZero() || at.After(now) {
+		at = now
+	}
+	if at.Before(cur.StartedAt) {
+		at = cur.StartedAt
+	}
+	prev, started, _, err := t.db.BeginTerminateIf(ctx, cur, sandgate.ReasonFailed, at, store.CondNone)
+	if err != nil || !started || prev != sandgate.WorkspaceRunning {
+		return false, err
+	}
+	t.log.Warn("sandbox gone at the provider; workspace ended", sandgate.WorkspaceAttr(cur.ID),
+		slog.String(sandgate.KeyProvider, cur.Provider), slog.String("reason", string(sandgate.ReasonFailed)))
+	_, err = t.finish(ctx, cur, at)
+	return true, err
+}
+
 // Finish asks the provider to end a terminating workspace and records the
 // confirmed end. A workspace whose create may still be in flight is left
 // to its Acquire (false, nil): see createInFlight.
 func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, error) {
+	return t.finish(ctx, w, time.Time{})
+}
+
+// finish is Finish recording the end at at, or when the provider
+// confirmed it for a zero at.
+func (t *Terminator) finish(ctx context.Context, w sandgate.Workspace, at time.Time) (bool, error) {
 	if t.createInFlight(w) {
 		return false, nil
 	}
@@ -219,7 +258,10 @@ func (t *Terminator) Finish(ctx context.Context, w sandgate.Workspace) (bool, er
 		}
 	}
 	w, eg, _ := t.egressBytes(w) // settled from the record the end leaves
-	if err := t.db.FinishTerminate(ctx, w, t.clock.Now(), eg); err != nil {
+	if at.IsZero() {
+		at = t.clock.Now()
+	}
+	if err := t.db.FinishTerminate(ctx, w, at, eg); err != nil {
 		t.log.Error("terminate: record end", sandgate.WorkspaceAttr(w.ID), slog.Any("err", err))
 		return false, err
 	}

@@ -242,36 +242,5 @@ func TestModalLifetimeEndsWithoutGateways(t *testing.T) {
 // tags, ends it on Modal and records the workspace failed.
 func TestModalUnconfirmedCreate(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	fake, env, _, cfg := startModalServe(t)
-	appendConfig(t, cfg, "admission:\n  pending_timeout: 3s\n")
-	pause := t.TempDir()
-	gwA := startServeEnv(t, cfg, append(env, "SANDGATE_TEST_PAUSE_AFTER_CREATE="+pause)...)
-	_, _, tok := obligationsInstance(t, gwA, "e2e-modal-unknown-create", 1, time.Hour)
-
-	id, acqDone := acquirePausedAfterCreate(ctx, t, gwA, tok, pause, "modal-unknown-create")
-	gwA.kill()
-	<-acqDone
-	ref := ""
-	for _, sb := range fake.Sandboxes() {
-		for _, tg := range sb.Request.GetTags() {
-			if tg.GetTagName() == providers.LabelWorkspace && tg.GetTagValue() == id && sb.Result == nil {
-				ref = sb.ID
-			}
-		}
-	}
-	if ref == "" {
-		t.Fatalf("Modal runs no sandbox tagged with workspace %s", id)
-	}
-
-	gwB := startServeEnv(t, cfg, env...)
-	waitTerminated(t, gwB.Client(t, tok), id, "failed")
-	waitFor(t, "Modal to end the sandbox", func() (bool, error) {
-		for _, sb := range fake.Sandboxes() {
-			if sb.ID == ref {
-				return sb.Result != nil, errors.New("still running")
-			}
-		}
-		return false, errors.New("no such sandbox")
-	})
+	unconfirmedModalCreate(t, "modal-unknown-create", nil, nil)
 }

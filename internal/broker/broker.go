@@ -288,6 +288,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	// Every gateway process runs the reaper; one at a time leads (a Redis
 	// lease), and its passes are idempotent all the same.
 	b.reaper = reaper.New(reaper.Config{Owner: b.cfg.BrokerID + "/" + sandgate.NewID("reaper_"),
+		BrokerID: b.cfg.BrokerID, ReconcileInterval: b.cfg.Reaper.ReconcileInterval,
 		Meter: b.obs.mp.Meter("github.com/sandgate/sandgate/reaper"), Tracer: tp},
 		reaper.Deps{DB: db, Providers: b.provs, Terminator: b.term, Clock: b.clock, Log: b.log.With("component", "reaper")})
 	adeps := admin.Deps{DB: db, Clock: b.clock, Log: b.log.With("component", "admin"), Providers: b.provs, Terminator: b.term, Billing: b.bill,

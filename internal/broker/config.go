@@ -94,6 +94,13 @@ type Config struct {
 		Level  string `yaml:"level"`  // SANDGATE_LOG_LEVEL; debug, info (default), warn, error
 		Format string `yaml:"format"` // SANDGATE_LOG_FORMAT; json (default) or text
 	} `yaml:"log"`
+	Reaper struct {
+		// ReconcileInterval is how often the leader's reaper compares
+		// running workspaces with what each provider lists, ending
+		// (failed) those whose sandbox the vendor no longer has once
+		// confirmed running this long; default 30s, negative for never.
+		ReconcileInterval time.Duration `yaml:"reconcile_interval"`
+	} `yaml:"reaper"`
 	Billing struct {
 		// RepairInterval is how often billing settles holds that lost
 		// their owner; default 1m.

@@ -574,7 +574,13 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 // List returns the broker's Machines that are not destroyed, found by the
 // vendor's server-side metadata filter and checked again here.
 func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
-	ms, err := p.list(ctx, nil)
+	return p.ListBroker(ctx, p.brokerID)
+}
+
+// ListBroker implements providers.BrokerLister: the app's Machines that
+// broker id labelled.
+func (p *Provider) ListBroker(ctx context.Context, id string) ([]providers.Sandbox, error) {
+	ms, err := p.listBroker(ctx, id, nil)
 	if err != nil {
 		return nil, fmt.Errorf("flymachines: list: %w", err)
 	}
@@ -599,7 +605,12 @@ func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
 // pagination is not in the sheet: an array answer is the whole list, and
 // an object answer {machines, next_cursor} is followed by its cursor.
 func (p *Provider) list(ctx context.Context, extra url.Values) ([]Machine, error) {
-	q := url.Values{"metadata." + providers.LabelBroker: {p.brokerID}}
+	return p.listBroker(ctx, p.brokerID, extra)
+}
+
+// listBroker is list for the Machines of broker id.
+func (p *Provider) listBroker(ctx context.Context, id string, extra url.Values) ([]Machine, error) {
+	q := url.Values{"metadata." + providers.LabelBroker: {id}}
 	for k, v := range extra {
 		q[k] = v
 	}
@@ -621,7 +632,7 @@ func (p *Provider) list(ctx context.Context, extra url.Values) ([]Machine, error
 		}
 		for _, m := range ms {
 			md := m.metadata()
-			if md[providers.LabelBroker] != p.brokerID || m.State == "destroyed" || m.State == "destroying" {
+			if md[providers.LabelBroker] != id || m.State == "destroyed" || m.State == "destroying" {
 				continue
 			}
 			ok := true
@@ -696,6 +707,7 @@ func randRead(b []byte) { rand.Read(b) }
 
 // Interface guards
 var (
-	_ providers.Provider  = (*Provider)(nil)
-	_ providers.Commander = (*Provider)(nil)
+	_ providers.Provider     = (*Provider)(nil)
+	_ providers.Commander    = (*Provider)(nil)
+	_ providers.BrokerLister = (*Provider)(nil)
 )

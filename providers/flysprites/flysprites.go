@@ -101,6 +101,7 @@ type Config struct {
 type Provider struct {
 	c        *client
 	prefix   string // every sprite name of this broker and provider starts with it
+	name     string // the provider's name, for another broker id's prefix (ListBroker)
 	brokerID string
 	log      *slog.Logger
 	clock    sandgate.Clock
@@ -131,6 +132,7 @@ func New(_ context.Context, c Config, env providers.Env) (*Provider, error) {
 		c: &client{base: base, token: c.Token, hc: hc, timeout: cmp.Or(c.Timeout, 30*time.Second),
 			retries: 3, maxWait: time.Minute},
 		prefix:   NamePrefix(env.BrokerID, cmp.Or(c.Name, "fly-sprites")),
+		name:     cmp.Or(c.Name, "fly-sprites"),
 		brokerID: env.BrokerID,
 		log:      env.Logger,
 		clock:    env.Clock,
@@ -551,14 +553,21 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 // name prefix (the only server-side filter, sheet §4), all pages, whose
 // broker label is this broker's.
 func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
-	all, err := p.c.list(ctx, p.prefix)
+	return p.ListBroker(ctx, p.brokerID)
+}
+
+// ListBroker implements providers.BrokerLister: the sprites of this
+// provider that broker id named and labelled.
+func (p *Provider) ListBroker(ctx context.Context, id string) ([]providers.Sandbox, error) {
+	prefix := NamePrefix(id, p.name)
+	all, err := p.c.list(ctx, prefix)
 	if err != nil {
 		return nil, fmt.Errorf("flysprites: list: %w", err)
 	}
 	var out []providers.Sandbox
 	for _, s := range all {
 		l := parseLabels(s.Labels)
-		if !strings.HasPrefix(s.Name, p.prefix) || l[providers.LabelBroker] != p.brokerID {
+		if !strings.HasPrefix(s.Name, prefix) || l[providers.LabelBroker] != id {
 			continue
 		}
 		out = append(out, providers.Sandbox{Ref: s.Name, Labels: l, StartedAt: s.CreatedAt})
@@ -577,6 +586,7 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef
 
 // Interface guards
 var (
-	_ providers.Provider = (*Provider)(nil)
-	_ execsnap.Execer    = (*Provider)(nil)
+	_ providers.Provider     = (*Provider)(nil)
+	_ execsnap.Execer        = (*Provider)(nil)
+	_ providers.BrokerLister = (*Provider)(nil)
 )

@@ -1015,6 +1015,13 @@ func (p *Provider) emptyTrash() {
 // by Ref. A workspace whose creation was cut short is listed too, so that
 // the reaper finds it.
 func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
+	return p.ListBroker(ctx, p.brokerID)
+}
+
+// ListBroker implements providers.BrokerLister: the sandboxes broker id
+// labelled in the data directory, which every gateway on the store
+// shares.
+func (p *Provider) ListBroker(ctx context.Context, id string) ([]providers.Sandbox, error) {
 	entries, err := os.ReadDir(filepath.Join(p.dataDir, workspacesDir))
 	if err != nil {
 		return nil, fmt.Errorf("local: list: %w", scrub(err))
@@ -1027,7 +1034,7 @@ func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
 		}
 		l := p.layout(ref)
 		var labels map[string]string
-		if err := readJSON(l.labels(), &labels); err != nil || labels[providers.LabelBroker] != p.brokerID {
+		if err := readJSON(l.labels(), &labels); err != nil || labels[providers.LabelBroker] != id {
 			continue
 		}
 		var rec record
@@ -1045,7 +1052,8 @@ func randomHex() string {
 
 // Interface guards
 var (
-	_ providers.Provider = (*Provider)(nil)
-	_ execfile.Execer    = (*Provider)(nil)
-	_ io.Closer          = (*Provider)(nil)
+	_ providers.Provider     = (*Provider)(nil)
+	_ execfile.Execer        = (*Provider)(nil)
+	_ io.Closer              = (*Provider)(nil)
+	_ providers.BrokerLister = (*Provider)(nil)
 )

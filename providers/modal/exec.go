@@ -3,6 +3,7 @@ package modal
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
@@ -35,6 +36,14 @@ const (
 	// has ended (a background child may hold the output open).
 	drainWait = 5 * time.Second
 	killWait  = 30 * time.Second
+	// timeoutMargin is how much later than the in-sandbox timeout Modal's
+	// own exec timeout falls, so that the wrapper, not Modal, kills the
+	// command and every child it started, and tells a timeout.
+	timeoutMargin = 5 * time.Second
+	// argvFileDir holds the argv file of a command whose argv is over
+	// what Modal takes in TaskExecStart (wrapArgvFile); the launcher
+	// removes it before the command starts.
+	argvFileDir = "/tmp"
 )
 
 // execMarker prefixes the argument that names an exec's process group, so
@@ -46,11 +55,42 @@ const execMarker = "sandgate-exec-"
 // whole group at the deadline, and otherwise exits as the command did, a
 // signal included. The marker argument makes the group findable.
 func wrap(execID string, timeout time.Duration, argv []string) []string {
-	secs := "0" // none
-	if timeout > 0 {
-		secs = strconv.FormatFloat(timeout.Seconds(), 'f', 3, 64)
+	return append([]string{"timeout", "-s", "KILL", timeoutSecs(timeout), "sh", "-c", `exec "$@"`, execMarker + execID}, argv...)
+}
+
+// timeoutSecs is GNU timeout's duration argument: "0" for none.
+func timeoutSecs(timeout time.Duration) string {
+	if timeout <= 0 {
+		return "0"
 	}
-	return append([]string{"timeout", "-s", "KILL", secs, "sh", "-c", `exec "$@"`, execMarker + execID}, argv...)
+	return strconv.FormatFloat(timeout.Seconds(), 'f', 3, 64)
+}
+
+// argvLauncher runs the command whose argv the shell file $1 sets (set
+// -- with every argument single-quoted, argvScript), without a shell
+// between: it reads the file, removes it, and execs the command, whose
+// exit status, signals and stdin are its own.
+const argvLauncher = `f=$1 && . "$f" && rm -f -- "$f" && exec "$@"`
+
+// argvScript is the file argvLauncher reads: argv single-quoted, which
+// holds any byte but NUL (ExecSpec.Check refuses NUL).
+func argvScript(argv []string) string {
+	var b strings.Builder
+	b.WriteString("set --")
+	for _, a := range argv {
+		b.WriteString(" '")
+		b.WriteString(strings.ReplaceAll(a, "'", `'\''`))
+		b.WriteString("'")
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+// wrapArgvFile is wrap for an argv written to file in the sandbox first:
+// Modal's SDKs keep command_args under 64 KiB, the protocol allows 256
+// KiB of argv.
+func wrapArgvFile(execID string, timeout time.Duration, file string) []string {
+	return []string{"timeout", "-s", "KILL", timeoutSecs(timeout), "sh", "-c", argvLauncher, execMarker + execID, file}
 }
 
 // killScript kills the process group of the exec whose marker is
@@ -77,15 +117,21 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 		}
 		n += len(a)
 	}
-	if n > maxArgBytes-256 {
-		return providers.ExecResult{}, errors.New("modal: exec: argv is over Modal's 64 KiB")
+	argvFile := ""
+	if n+len(spec.Argv) > maxArgBytes-512 {
+		// Over what Modal takes: the argv goes to a file first, which
+		// a small launcher runs (wrapArgvFile).
+		argvFile = argvFileDir + "/.sandgate-argv-" + uuid.New()
+		if err := execfile.WriteFile(ctx, p, sb, argvFile, strings.NewReader(argvScript(spec.Argv))); err != nil {
+			return providers.ExecResult{}, fmt.Errorf("modal: exec: write the argv file: %w", err)
+		}
 	}
 	r, err := p.router(ctx, sb.Ref)
 	if err != nil {
 		return providers.ExecResult{}, err
 	}
 	start := time.Now()
-	res, err := p.exec(ctx, r, spec)
+	res, err := p.exec(ctx, r, spec, argvFile)
 	if err != nil {
 		return providers.ExecResult{}, err
 	}
@@ -96,18 +142,25 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 	return res, nil
 }
 
-func (p *Provider) exec(ctx context.Context, r *router, spec providers.ExecSpec) (providers.ExecResult, error) {
+// exec runs spec through router r; argvFile, when set, holds spec's argv
+// in the sandbox (wrapArgvFile).
+func (p *Provider) exec(ctx context.Context, r *router, spec providers.ExecSpec, argvFile string) (providers.ExecResult, error) {
 	execID := uuid.New()
+	args := wrap(execID, spec.Timeout, spec.Argv)
+	if argvFile != "" {
+		args = wrapArgvFile(execID, spec.Timeout, argvFile)
+	}
 	req := &routerpb.TaskExecStartRequest{
 		TaskId:       r.taskID,
 		ExecId:       execID,
-		CommandArgs:  wrap(execID, spec.Timeout, spec.Argv),
+		CommandArgs:  args,
 		StdoutConfig: routerpb.TaskExecStdoutConfig_TASK_EXEC_STDOUT_CONFIG_PIPE,
 		StderrConfig: routerpb.TaskExecStderrConfig_TASK_EXEC_STDERR_CONFIG_PIPE,
 	}
 	if spec.Timeout > 0 {
-		// Modal kills the command after this too (whole seconds, rounded up).
-		secs := uint32((spec.Timeout + time.Second - 1) / time.Second)
+		// Modal kills the command too, a margin after the wrapper does
+		// (whole seconds, rounded up).
+		secs := uint32((spec.Timeout + timeoutMargin + time.Second - 1) / time.Second)
 		req.TimeoutSecs = &secs
 	}
 	if spec.Dir != "" {
@@ -329,7 +382,7 @@ func (p *Provider) kill(ctx context.Context, r *router, execID string) {
 // run runs a helper command of the provider's own (not the client's) and
 // returns its exit code.
 func (p *Provider) run(ctx context.Context, r *router, argv []string) (int, error) {
-	res, err := p.exec(ctx, r, providers.ExecSpec{Argv: argv, Timeout: time.Minute})
+	res, err := p.exec(ctx, r, providers.ExecSpec{Argv: argv, Timeout: time.Minute}, "")
 	return res.ExitCode, err
 }
 

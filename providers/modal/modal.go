@@ -107,8 +107,11 @@ type Config struct {
 type Provider struct {
 	cfg      Config
 	brokerID string
-	log      *slog.Logger
-	clock    sandgate.Clock
+	// ownApp is set when the App's name comes from the broker id: another
+	// broker id's sandboxes are then in that id's App (ListBroker).
+	ownApp bool
+	log    *slog.Logger
+	clock  sandgate.Clock
 
 	conn   *grpc.ClientConn
 	client clientpb.ModalClientClient
@@ -158,8 +161,9 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	c.DefaultImage = cmp.Or(c.DefaultImage, DefaultImage)
 	c.BuilderVersion = cmp.Or(c.BuilderVersion, defaultBuilderVersion)
 	c.Timeout = cmp.Or(c.Timeout, 60*time.Second)
-	if c.App == "" {
-		c.App = "sandgate-" + strings.TrimPrefix(env.BrokerID, "sandgate-")
+	ownApp := c.App == ""
+	if ownApp {
+		c.App = appName(env.BrokerID)
 	}
 	switch {
 	case c.TokenID == "":
@@ -178,6 +182,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	p := &Provider{
 		cfg:      c,
 		brokerID: env.BrokerID,
+		ownApp:   ownApp,
 		log:      env.Logger,
 		clock:    env.Clock,
 		images:   map[string]string{},
@@ -239,6 +244,7 @@ func (p *Provider) Capabilities() providers.Capabilities {
 		Sizes:          Sizes,
 		Images:         p.cfg.Images,
 		DefaultImage:   p.cfg.DefaultImage,
+		MaxLifetime:    maxLifetime,
 	}
 }
 
@@ -257,4 +263,7 @@ func (p *Provider) Close() error {
 }
 
 // Interface guards
-var _ providers.Provider = (*Provider)(nil)
+var (
+	_ providers.Provider     = (*Provider)(nil)
+	_ providers.BrokerLister = (*Provider)(nil)
+)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -272,12 +273,50 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 }
 
 // List returns the live sandboxes of the broker's App that carry this
-// broker's tag, page by page (each page before the last one's created_at).
+// broker's tag.
 func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
 	appID, err := p.app(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("modal: list: %w", err)
 	}
+	return p.list(ctx, appID, p.brokerID)
+}
+
+// ListBroker implements providers.BrokerLister: the live sandboxes that
+// carry broker id's tag, in that broker's App when App names come from
+// broker ids (none when it has no App), in the configured App otherwise.
+func (p *Provider) ListBroker(ctx context.Context, id string) ([]providers.Sandbox, error) {
+	if id == p.brokerID {
+		return p.List(ctx)
+	}
+	appID, err := p.app(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("modal: list: %w", err)
+	}
+	if p.ownApp {
+		cctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+		resp, err := p.client.AppGetOrCreate(cctx, &clientpb.AppGetOrCreateRequest{
+			AppName:         appName(id),
+			EnvironmentName: p.cfg.Environment,
+		}, retryable)
+		cancel()
+		if status.Code(err) == codes.NotFound {
+			return nil, nil // that broker never created a sandbox here
+		}
+		if err != nil {
+			return nil, vendorError("list: app lookup", err)
+		}
+		appID = resp.GetAppId()
+	}
+	return p.list(ctx, appID, id)
+}
+
+// appName is the App of broker id when the configuration names none.
+func appName(brokerID string) string { return "sandgate-" + strings.TrimPrefix(brokerID, "sandgate-") }
+
+// list returns the live sandboxes of App appID that carry broker id's
+// tag, page by page (each page before the last one's created_at).
+func (p *Provider) list(ctx context.Context, appID, brokerID string) ([]providers.Sandbox, error) {
 	var out []providers.Sandbox
 	seen := map[string]bool{}
 	before := 0.0
@@ -287,7 +326,7 @@ func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
 			AppId:           appID,
 			BeforeTimestamp: before,
 			EnvironmentName: p.cfg.Environment,
-			Tags:            []*clientpb.SandboxTag{{TagName: providers.LabelBroker, TagValue: p.brokerID}},
+			Tags:            []*clientpb.SandboxTag{{TagName: providers.LabelBroker, TagValue: brokerID}},
 		}, retryable)
 		cancel()
 		if err != nil {
@@ -309,7 +348,7 @@ func (p *Provider) List(ctx context.Context) ([]providers.Sandbox, error) {
 					labels[t.GetTagName()] = t.GetTagValue()
 				}
 			}
-			if labels[providers.LabelBroker] != p.brokerID {
+			if labels[providers.LabelBroker] != brokerID {
 				continue // Modal returns only sandboxes with every tag asked; this is a guard
 			}
 			out = append(out, providers.Sandbox{Ref: s.GetId(), Labels: labels, StartedAt: epoch(s.GetCreatedAt())})

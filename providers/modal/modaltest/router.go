@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/sandgate/sandgate/providers"
@@ -32,6 +33,10 @@ func localRef(imageID string) providers.SnapshotRef {
 	return providers.SnapshotRef{ID: imageID, Ref: imageID}
 }
 
+// maxCommandArgBytes is the most command_args Modal's SDKs send (the
+// sheet: under 64 KiB, counting a NUL after each argument).
+const maxCommandArgBytes = 65536
+
 func (t *taskRouter) TaskExecStart(ctx context.Context, req *routerpb.TaskExecStartRequest) (*routerpb.TaskExecStartResponse, error) {
 	sb, err := t.s.authorizedTask(ctx, req.GetTaskId())
 	if err != nil {
@@ -40,9 +45,19 @@ func (t *taskRouter) TaskExecStart(ctx context.Context, req *routerpb.TaskExecSt
 	if len(req.GetCommandArgs()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "empty command")
 	}
+	n := 0
+	for _, a := range req.GetCommandArgs() {
+		n += len(a) + 1
+	}
+	if n > maxCommandArgBytes {
+		return nil, status.Error(codes.InvalidArgument, "command_args too long")
+	}
 	if err := sb.startExec(req); err != nil {
 		return nil, status.Error(codes.Internal, "exec start failed")
 	}
+	t.s.mu.Lock()
+	t.s.execReqs = append(t.s.execReqs, proto.Clone(req).(*routerpb.TaskExecStartRequest))
+	t.s.mu.Unlock()
 	return &routerpb.TaskExecStartResponse{}, nil
 }
 

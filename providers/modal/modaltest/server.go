@@ -38,6 +38,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sandgate/sandgate/internal/testpki"
 	"github.com/sandgate/sandgate/providers"
@@ -91,6 +92,7 @@ type Server struct {
 	snapIDs   map[string]string // TaskSnapshotDirectory snapshot_id → image id
 	faults    map[string][]fault
 	calls     map[string][]metadata.MD
+	execReqs  []*routerpb.TaskExecStartRequest
 	lastTime  time.Time
 }
 
@@ -263,6 +265,18 @@ func (s *Server) Calls(method string) []metadata.MD {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]metadata.MD{}, s.calls[method]...)
+}
+
+// ExecStarts returns every TaskExecStart request the router accepted, in
+// order.
+func (s *Server) ExecStarts() []*routerpb.TaskExecStartRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*routerpb.TaskExecStartRequest, len(s.execReqs))
+	for i, r := range s.execReqs {
+		out[i] = proto.Clone(r).(*routerpb.TaskExecStartRequest)
+	}
+	return out
 }
 
 // Sandbox is what the fake knows of one sandbox.
