@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -208,7 +209,7 @@ func TestE2EObservabilityNamesExist(t *testing.T) {
 	rs := startRedis(t)
 	cfg := newServeConfig(t, rs.Addr, serveOptions{})
 	s := startServeEnv(t, cfg, "SANDGATE_STRIPE_SECRET_KEY=sk_test_observability0123456789", "SANDGATE_BILLING_STRIPE_BASE_URL="+stripeURL,
-		"SANDGATE_BILLING_STRIPE_INTERVAL=200ms")
+		"SANDGATE_BILLING_STRIPE_INTERVAL=200ms", "SANDGATE_BILLING_RECONCILE_INTERVAL=1s")
 	adm := s.Admin(t)
 	acct := createAccount(t, adm, "observability")
 	inst := createInstance(t, adm, acct, 2)
@@ -249,7 +250,13 @@ func TestE2EObservabilityNamesExist(t *testing.T) {
 		return err == nil && st.Sent >= 1, err
 	})
 
-	fams := scrape(t, s.AdminURL)
+	// The reaper's leader reports money drift once its first
+	// reconciliation pass is done.
+	var fams map[string]*dto.MetricFamily
+	waitFor(t, "the first reconciliation pass", func() (bool, error) {
+		fams = scrape(t, s.AdminURL)
+		return fams["sandgate_billing_reconcile_drift_accounts"] != nil, errors.New("no sandgate_billing_reconcile_drift_accounts yet")
+	})
 	exists := func(name string) bool {
 		if _, ok := fams[name]; ok || syntheticSeries[name] {
 			return true
