@@ -36,6 +36,13 @@ credentials and endpoint read from the vendor's own environment variables
 (see the README); the local provider is configured beside it.
 It is not for production and never for money.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The SANDGATE_* overrides serve honours apply to dev too; a
+			// flag given on the command line wins over its override.
+			for flag, env := range map[string]string{"listen": "SANDGATE_LISTEN", "admin-listen": "SANDGATE_ADMIN_LISTEN", "data-dir": "SANDGATE_DATA_DIR"} {
+				if v := os.Getenv(env); v != "" && !cmd.Flags().Changed(flag) {
+					_ = cmd.Flags().Set(flag, v)
+				}
+			}
 			return runDev(cmd.Context(), listen, adminListen, dataDir, provider)
 		},
 	}
@@ -64,7 +71,7 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 		return err
 	}
 	defer release()
-	cfg, err := broker.DevConfig(dataDir, provider)
+	cfg, err := broker.DevConfig(dataDir, provider, os.Getenv)
 	if err != nil {
 		return err
 	}
@@ -77,6 +84,13 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 	clock := sandgate.SystemClock{}
 	cert, caPath, err := broker.DevCerts(dataDir, clock.Now())
 	if err != nil {
+		return err
+	}
+	if cfg.Egress.VendorListen != "" && cfg.Egress.VendorURL == "" && cfg.Egress.VendorCAFile == "" {
+		// dev's own vendor listener serves dev's certificate.
+		cfg.Egress.VendorCAFile = caPath
+	}
+	if err := cfg.DevGuestBinary(ctx, provider); err != nil {
 		return err
 	}
 	st, err := loadDevState(filepath.Join(dataDir, "dev.json"))
@@ -96,7 +110,7 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string) 
 	if err := os.RemoveAll(filepath.Join(dataDir, "local")); err != nil {
 		return err
 	}
-	if err := broker.BootstrapDev(ctx, rdb, &st, provider, clock); err != nil {
+	if err := broker.BootstrapDev(ctx, rdb, &st, provider, cfg.DevAnyEgress(provider), clock); err != nil {
 		return err
 	}
 	if err := saveDevState(filepath.Join(dataDir, "dev.json"), st); err != nil {
