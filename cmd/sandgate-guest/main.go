@@ -62,7 +62,7 @@ func keeper(ctx context.Context, args []string) int {
 		return usageExit
 	}
 	if *detach {
-		return guest.Detach(ctx, append([]string{"keeper"}, withoutDetach(args)...), true)
+		return guest.Detach(append([]string{"keeper"}, withoutDetach(args)...), true)
 	}
 	c := guest.KeeperConfig{Until: time.Unix(*until, 0), ReadyFD: *readyFD}
 	if fw.Sock != "" {
@@ -107,7 +107,7 @@ func runJail(ctx context.Context, args []string) int {
 	c.Env = env
 	c.Timeout = time.Duration(*timeout) * time.Second
 	if *detach {
-		return guest.Detach(ctx, append([]string{"run"}, withoutDetach(args)...), false)
+		return guest.Detach(append([]string{"run"}, withoutDetach(args)...), false)
 	}
 	return guest.Run(ctx, c)
 }

@@ -1,7 +1,8 @@
 package guest
 
 import (
-	"context"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -19,24 +20,41 @@ const (
 // itself as the jail's pid 1.
 const InitCommand = "jail-init"
 
+// Hostname is the jail's host name: nothing of the vendor's.
+const Hostname = "sandbox"
+
+// Exit statuses of a jail besides the tenant's own.
+const (
+	ExitTimeout     = 124 // --timeout passed
+	ExitNotExec     = 126 // ARGV[0] is not executable
+	ExitNotFound    = 127 // ARGV[0] is not found
+	ExitSignalBase  = 128 // 128+N: ended by signal N
+	exitJailFailure = 125 // the jail could not be built
+)
+
+// defaultPath is the tenant's PATH unless its env sets one.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 // RunConfig is one `sandgate-guest run`.
 type RunConfig struct {
 	Argv []string
 	// Dir is the tenant's working directory; empty means HOME.
 	Dir string
 	// Env is the tenant's environment besides PATH, HOME and the proxy
-	// variables, as K=V pairs.
+	// variables, as K=V pairs (a PATH or HOME here replaces the default).
 	Env []string
 	// EgressSock is the forwarder's socket; empty means no egress at all.
 	EgressSock string
-	// ProxyPort is the jail's loopback port that relays to EgressSock.
+	// ProxyPort is the jail's loopback port that relays to EgressSock;
+	// zero means DefaultProxyPort.
 	ProxyPort int
 	// Timeout ends the jail with status 124 when it passes; zero means none.
 	Timeout time.Duration
 	// StdoutFile, StderrFile and StatusFile, when set, receive the
-	// tenant's output (appended) and its exit status.
+	// tenant's output (appended) and its exit status (durable commands).
 	StdoutFile, StderrFile, StatusFile string
-	// AgentDir is hidden under a tmpfs in the jail.
+	// AgentDir is hidden under a tmpfs in the jail; empty means
+	// DefaultAgentDir.
 	AgentDir string
 }
 
@@ -59,16 +77,51 @@ type KeeperConfig struct {
 	ReadyFD int
 }
 
-// Run runs c.Argv in a fresh jail and returns its exit status.
-func Run(ctx context.Context, c RunConfig) int { return 1 }
+// tenantEnv is the environment of the jail's pid 1 and of the tenant,
+// built from scratch: PATH, HOME, env, and the proxy variables when the
+// jail has egress.
+func tenantEnv(env []string, egress bool, proxyPort int) []string {
+	out := []string{"PATH=" + defaultPath, "HOME=/root"}
+	set := func(kv string) {
+		k, _, _ := strings.Cut(kv, "=")
+		for i, o := range out {
+			if ok, _, _ := strings.Cut(o, "="); ok == k {
+				out[i] = kv
+				return
+			}
+		}
+		out = append(out, kv)
+	}
+	for _, kv := range env {
+		if strings.Contains(kv, "=") {
+			set(kv)
+		}
+	}
+	if egress {
+		for _, kv := range proxyEnv(proxyPort) {
+			set(kv)
+		}
+	}
+	return out
+}
 
-// JailInit is the jail's pid 1.
-func JailInit() int { return 1 }
+// proxyEnv are the proxy variables of a jail with egress: the local
+// provider's, both cases, as tools read either.
+func proxyEnv(port int) []string {
+	url := "http://127.0.0.1:" + strconv.Itoa(port)
+	var out []string
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"} {
+		out = append(out, k+"="+url)
+	}
+	return append(out, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1")
+}
 
-// Keep runs the keeper until its deadline or a SIGTERM and returns its exit
-// status.
-func Keep(ctx context.Context, c KeeperConfig) int { return 1 }
-
-// Detach starts the agent again with args in a new session, stdio on
-// /dev/null, and returns once it is started (ready: once it serves).
-func Detach(ctx context.Context, args []string, ready bool) int { return 1 }
+// lookEnv returns the value of k in env.
+func lookEnv(env []string, k string) string {
+	for _, kv := range env {
+		if key, v, ok := strings.Cut(kv, "="); ok && key == k {
+			return v
+		}
+	}
+	return ""
+}
