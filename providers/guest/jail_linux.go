@@ -21,8 +21,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// selfExe is the agent's own binary, run again as the jail's pid 1.
-const selfExe = "/proc/self/exe"
+// selfExe is the agent's own binary, run again as the jail's pid 1 and
+// as a detached child: by its name, so that ps shows sandgate-guest.
+func selfExe() string {
+	if p, err := os.Executable(); err == nil {
+		return p
+	}
+	return "/proc/self/exe"
+}
 
 // jailCloneFlags are the namespaces of a jail. No user namespace: the
 // guest's root stays root (with fewer capabilities) on the guest's own file
@@ -95,7 +101,7 @@ func runJail(ctx context.Context, c RunConfig, stdout, stderr *os.File) int {
 	}
 	defer cfgW.Close()
 	cmd := &exec.Cmd{
-		Path:        selfExe,
+		Path:        selfExe(),
 		Args:        []string{"sandgate-guest", InitCommand},
 		Env:         tenantEnv(c.Env, c.EgressSock != "", c.ProxyPort),
 		Dir:         "/",

@@ -118,7 +118,7 @@ func Detach(args []string, ready bool) int {
 		return 1
 	}
 	defer null.Close()
-	cmd := exec.Command(selfExe)
+	cmd := exec.Command(selfExe())
 	cmd.Args = append([]string{"sandgate-guest"}, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, null, null
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
