@@ -35,9 +35,9 @@ const (
 
 // filterArch is what the filter needs to know of an architecture.
 type filterArch struct {
-	audit  uint32 // AUDIT_ARCH_* of the native ABI
-	x32bit uint32 // syscall number bit of an ABI sharing audit (x32); 0 if none
-	denied []uint32
+	audit                  uint32 // AUDIT_ARCH_* of the native ABI
+	x32bit                 uint32 // syscall number bit of an ABI sharing audit (x32); 0 if none
+	denied                 []uint32
 	clone, unshare, clone3 uint32
 }
 
