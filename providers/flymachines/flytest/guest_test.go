@@ -212,4 +212,3 @@ func TestGuestRootWritesPersist(t *testing.T) {
 		}
 	}
 }
-

@@ -1,8 +1,12 @@
 package fakeserver
 
 import (
+	"fmt"
 	"io"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -88,4 +92,53 @@ func (c *Canary) Hits() int {
 func (c *Canary) Close() {
 	c.l.Close()
 	c.wg.Wait()
+}
+
+// GuestRoot returns /proc/PID/root of a process of the guest whose mount
+// namespace is ns ("mnt:[N]", as readlink /proc/self/ns/mnt shows it in
+// the guest), the guest's pid 1 preferred: the host reaches the guest's
+// whole file system through it, as a vendor's in-VM agent does. pid is
+// the process's host pid, for [GuestRootValid].
+func GuestRoot(ns string) (root string, pid int, err error) {
+	des, err := os.ReadDir("/proc")
+	if err != nil {
+		return "", 0, err
+	}
+	for _, de := range des {
+		n, err := strconv.Atoi(de.Name())
+		if err != nil || !GuestRootValid(n, ns) {
+			continue
+		}
+		if pid == 0 || isNSInit(n) {
+			pid = n
+		}
+		if isNSInit(n) {
+			break
+		}
+	}
+	if pid == 0 {
+		return "", 0, fmt.Errorf("fakeserver: no process in the guest's mount namespace %s", ns)
+	}
+	return "/proc/" + strconv.Itoa(pid) + "/root", pid, nil
+}
+
+// GuestRootValid reports whether pid is still in mount namespace ns.
+func GuestRootValid(pid int, ns string) bool {
+	l, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
+	return err == nil && l == ns
+}
+
+// isNSInit reports whether pid is the init of its own pid namespace.
+func isNSInit(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for l := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(l, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			return len(f) > 1 && f[len(f)-1] == "1"
+		}
+	}
+	return false
 }
