@@ -6,6 +6,9 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
+	"strconv"
+	"time"
 
 	"github.com/sandgate/sandgate/egress"
 )
@@ -65,4 +68,93 @@ func ReadGuestBinary(path string) ([]byte, error) {
 		return nil, fmt.Errorf("the sandgate-guest agent at %s is not an executable (ELF) file", path)
 	}
 	return b, nil
+}
+
+// Paths of the agent and its files in a vendor guest. The directory is
+// root's (mode 0700), and every jail mounts an empty tmpfs over it, so
+// nothing in it is visible to the tenant; the broker's own scratch
+// directories (exec and durable commands) live under it for the same
+// reason.
+const (
+	GuestDir        = "/.sandgate"
+	GuestAgent      = GuestDir + "/" + GuestBinaryName
+	GuestCredFile   = GuestDir + "/egress.cred" // mode 0600: the workspace's proxy credential
+	GuestCAFile     = GuestDir + "/egress.ca"   // PEM: the CA of the proxy's certificate
+	GuestEgressSock = GuestDir + "/egress.sock" // the keeper's forwarder
+	GuestExecDir    = GuestDir + "/x"           // direct execs' scratch
+	GuestCommandDir = GuestDir + "/cmd"         // durable commands (package runner)
+)
+
+// GuestRunArgv is the argv that runs argv in a fresh jail of the agent:
+// in dir ("" the jail's default), with env as the tenant's whole
+// environment besides PATH, HOME and the proxy variables, and with egress
+// through the keeper's forwarder when egress is set (else only loopback).
+func GuestRunArgv(env map[string]string, dir string, egress bool, argv []string) []string {
+	out := []string{GuestAgent, "run"}
+	if dir != "" {
+		out = append(out, "--dir", dir)
+	}
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		out = append(out, "--env", k+"="+env[k])
+	}
+	if egress {
+		out = append(out, "--egress-sock", GuestEgressSock)
+	}
+	out = append(out, "--")
+	return append(out, argv...)
+}
+
+// GuestKeeperArgv is the argv of the guest's lifetime keeper: it ends
+// every jail at until (rounded up to the second: never before it) and,
+// for a workspace wsID with egress (ve not nil), serves the forwarder to
+// ve with the credential in GuestCredFile.
+func GuestKeeperArgv(until time.Time, ve *VendorEgress, wsID string, detach bool) []string {
+	unix := until.Unix()
+	if until.Nanosecond() > 0 {
+		unix++
+	}
+	out := []string{GuestAgent, "keeper", "--until", strconv.FormatInt(unix, 10)}
+	if detach {
+		out = append(out, "--detach")
+	}
+	if ve != nil {
+		out = append(out, "--egress-sock", GuestEgressSock, "--egress-proxy", ve.Addr, "--egress-server-name", ve.ServerName,
+			"--egress-user", wsID, "--egress-cred-file", GuestCredFile)
+		if len(ve.CA) > 0 {
+			out = append(out, "--egress-ca", GuestCAFile)
+		}
+	}
+	return out
+}
+
+// GuestEgress reports whether a keeper's argv (GuestKeeperArgv) serves
+// the forwarder: a workspace whose jails get egress.
+func GuestEgress(keeper []string) bool { return slices.Contains(keeper, "--egress-sock") }
+
+// RegisterVendorEgress registers the workspace of spec with ve's proxy
+// when it has domains to reach, and returns its credential; "" (and no
+// registration) for an empty allowlist. A non-empty allowlist without ve
+// is an error: the provider then offers [] only.
+func RegisterVendorEgress(ve *VendorEgress, spec CreateSpec) (string, error) {
+	if len(spec.Egress.AllowedDomains) == 0 {
+		return "", nil
+	}
+	if ve == nil {
+		return "", errors.New("cannot reach domains: the broker's egress proxy is not served to vendor guests (egress.vendor_listen)")
+	}
+	return ve.Proxy.Register(egress.Workspace{ID: spec.WorkspaceID, AccountID: spec.AccountID, AllowedDomains: spec.Egress.AllowedDomains})
+}
+
+// EgressMode is the egress a vendor provider over ve offers: domain
+// allowlists through the proxy, or [] only when guests cannot reach it.
+func (ve *VendorEgress) EgressMode() EgressMode {
+	if ve == nil {
+		return EgressNoneOnly
+	}
+	return EgressProxy
 }

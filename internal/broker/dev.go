@@ -133,8 +133,8 @@ func (c *Config) DevAnyEgress(provider string) bool {
 // sandgate-guest agent. With neither guest_binary nor one beside the
 // executable (`go run ./cmd/sandgate dev` runs from the build cache), and
 // the working directory inside a checkout of sandgate, it builds the agent
-// from that checkout into DATA_DIR/bin (CGO_ENABLED=0: it runs on guests
-// of any distribution) and sets guest_binary to it. Otherwise it leaves
+// from that checkout into DATA_DIR/bin (static and stripped: it runs on
+// guests of any distribution, and every Machine's config carries it) and sets guest_binary to it. Otherwise it leaves
 // the path to the provider, whose Open names it when it is missing.
 func (c *Config) DevGuestBinary(ctx context.Context, provider string) error {
 	if !VendorKind(provider) || c.GuestBinary != "" {
@@ -148,7 +148,7 @@ func (c *Config) DevGuestBinary(ctx context.Context, provider string) error {
 		return nil
 	}
 	out := filepath.Join(c.DataDir, "bin", providers.GuestBinaryName)
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "./cmd/sandgate-guest")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./cmd/sandgate-guest")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

@@ -2,6 +2,7 @@ package flymachines_test
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	stdmaps "maps"
@@ -16,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/internal/guesttest"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/flymachines"
 	"github.com/sandgate/sandgate/providers/flymachines/flytest"
@@ -51,7 +53,7 @@ func config(t testing.TB, s *flytest.Server) flymachines.Config {
 
 func newProvider(t testing.TB, c flymachines.Config, broker string) *flymachines.Provider {
 	t.Helper()
-	p, err := flymachines.New(t.Context(), c, providers.Env{BrokerID: broker})
+	p, err := flymachines.New(t.Context(), c, providers.Env{GuestBinary: guesttest.Binary(t), BrokerID: broker})
 	if err != nil {
 		t.Fatalf("flymachines.New: %v", err)
 	}
@@ -99,7 +101,7 @@ func TestMachineConfig(t *testing.T) {
 			if tt.size != "small" {
 				// Only the config matters here; the fake would really run
 				// an xlarge guest.
-				cfg, err := p.MachineConfig(spec, time.Now())
+				cfg, err := p.MachineConfig(spec, time.Now(), "")
 				if err != nil {
 					t.Fatalf("MachineConfig: %v", err)
 				}
@@ -138,9 +140,16 @@ func TestMachineConfig(t *testing.T) {
 			if c.Env[providertest.EnvVar] != providertest.EnvValue || len(c.Env) != 1 {
 				t.Errorf("env = %v; want only the workspace's", c.Env)
 			}
-			if c.Init == nil || len(c.Init.Exec) < 4 || c.Init.Exec[0] != "/bin/sh" ||
-				!slices.Contains(c.Init.Exec, strconvUnix(spec.ExpiresAt)) {
-				t.Errorf("init = %+v; want the lifetime script ending at %d", c.Init, spec.ExpiresAt.Unix())
+			if c.Init == nil || !slices.Equal(c.Init.Exec, []string{providers.GuestAgent, "keeper", "--until", strconvUnix(spec.ExpiresAt)}) {
+				t.Errorf("init = %+v; want the agent's keeper ending at %d, without egress", c.Init, spec.ExpiresAt.Unix())
+			}
+			agent, err := os.ReadFile(guesttest.Binary(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(c.Files) != 1 || c.Files[0].GuestPath != providers.GuestAgent || c.Files[0].Mode != 0o700 ||
+				c.Files[0].RawValue == nil || *c.Files[0].RawValue != base64.StdEncoding.EncodeToString(agent) {
+				t.Errorf("files = %d entries; want the agent alone at %s, mode 0700", len(c.Files), providers.GuestAgent)
 			}
 			if c.Image != flymachines.DefaultImage {
 				t.Errorf("image = %q; want %q", c.Image, flymachines.DefaultImage)
@@ -155,7 +164,7 @@ func strconvUnix(t time.Time) string { return strconv.FormatInt(t.Unix(), 10) }
 // own main process ends at expires_at and Fly destroys it (auto_destroy).
 func TestLifetimeWithoutBroker(t *testing.T) {
 	s := startFake(t, flytest.Options{})
-	p, err := flymachines.New(t.Context(), config(t, s), providers.Env{BrokerID: "broker-life"})
+	p, err := flymachines.New(t.Context(), config(t, s), providers.Env{GuestBinary: guesttest.Binary(t), BrokerID: "broker-life"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +239,7 @@ func TestAppCreatedOnce(t *testing.T) {
 	}
 	c := config(t, s)
 	c.App, c.Org = "sandgate-other", ""
-	if _, err := flymachines.New(t.Context(), c, providers.Env{BrokerID: "b"}); err == nil || !strings.Contains(err.Error(), flymachines.EnvOrg) {
+	if _, err := flymachines.New(t.Context(), c, providers.Env{GuestBinary: guesttest.Binary(t), BrokerID: "b"}); err == nil || !strings.Contains(err.Error(), flymachines.EnvOrg) {
 		t.Errorf("New without an org for a missing app = %v; want an error naming %s", err, flymachines.EnvOrg)
 	}
 }
@@ -340,7 +349,7 @@ func TestAuthAndErrors(t *testing.T) {
 	s := startFake(t, flytest.Options{})
 	c := config(t, s)
 	c.Token = "fm2_wrong-secret-token"
-	_, err := flymachines.New(t.Context(), c, providers.Env{BrokerID: "b"})
+	_, err := flymachines.New(t.Context(), c, providers.Env{GuestBinary: guesttest.Binary(t), BrokerID: "b"})
 	var ae *flymachines.APIError
 	if !errors.As(err, &ae) || ae.StatusCode != 401 {
 		t.Fatalf("New with a wrong token = %v; want a 401 APIError", err)
@@ -363,7 +372,7 @@ func TestOpenFromEnvironment(t *testing.T) {
 	for _, missing := range []string{flymachines.EnvToken, flymachines.EnvApp} {
 		e := maps(env)
 		delete(e, missing)
-		_, err := flymachines.Open(t.Context(), "fly-machines", yaml.Node{}, providers.Env{BrokerID: "b", DataDir: t.TempDir(), Getenv: func(k string) string { return e[k] }})
+		_, err := flymachines.Open(t.Context(), "fly-machines", yaml.Node{}, providers.Env{GuestBinary: guesttest.Binary(t), BrokerID: "b", DataDir: t.TempDir(), Getenv: func(k string) string { return e[k] }})
 		if err == nil || !strings.Contains(err.Error(), missing) {
 			t.Errorf("Open without %s = %v; want an error naming it", missing, err)
 		}
