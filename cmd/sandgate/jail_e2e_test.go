@@ -109,7 +109,7 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 	if _, _, err := lc.StartCommand(ctx, short.WorkspaceID, "jail-sleeper", protocol.ExecRequest{Argv: []string{"sleep", marker}}); err != nil {
 		t.Fatalf("start a durable command: %v", err)
 	}
-	waitFor(t, "the durable command running on the host", func() (bool, error) { return hostProcess("sleep "+marker), nil })
+	waitFor(t, "the durable command running on the host", func() (bool, error) { return hostProcess("sleep " + marker), nil })
 
 	ws, _, err := c.Acquire(ctx, "jail-ws", protocol.AcquireRequest{Label: "jail", Egress: &protocol.Egress{AllowedDomains: []string{"allowed.sg.test"}},
 		Env: map[string]string{"SG_JAIL": "yes"}})
@@ -228,8 +228,14 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 	}
 }
 
-func stdout(r protocol.ExecResponse) []byte { b, _ := base64.StdEncoding.DecodeString(r.StdoutB64); return b }
-func stderr(r protocol.ExecResponse) []byte { b, _ := base64.StdEncoding.DecodeString(r.StderrB64); return b }
+func stdout(r protocol.ExecResponse) []byte {
+	b, _ := base64.StdEncoding.DecodeString(r.StdoutB64)
+	return b
+}
+func stderr(r protocol.ExecResponse) []byte {
+	b, _ := base64.StdEncoding.DecodeString(r.StderrB64)
+	return b
+}
 
 // hostPort is the host:port of url.
 func hostPort(t *testing.T, url string) string {
