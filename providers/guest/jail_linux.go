@@ -299,6 +299,12 @@ func buildJail(ic initConfig) error {
 	if err := unix.Mount("/dev/null", "/proc/sysrq-trigger", "", unix.MS_BIND, ""); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("sysrq: %w", err)
 	}
+	if err := unix.Mount("sysfs", "/sys", "sysfs", nodev|unix.MS_RDONLY, ""); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("sysfs: %w", err)
+	}
+	if err := mountDev(); err != nil {
+		return fmt.Errorf("dev: %w", err)
+	}
 	if err := unix.Mount("tmpfs", filepath.Clean(ic.AgentDir), "tmpfs", nodev|unix.MS_RDONLY, "mode=0700,size=4k"); err != nil {
 		return fmt.Errorf("hide the agent: %w", err)
 	}
@@ -317,6 +323,46 @@ func buildJail(ic initConfig) error {
 			return fmt.Errorf("proxy relay: %w", err)
 		}
 		go relay(ln, "/proc/self/fd/"+strconv.Itoa(sockFD))
+	}
+	return nil
+}
+
+// mountDev gives the jail a /dev of its own with the few devices a
+// program expects, a pty instance of its own and a /dev/shm: none of the
+// guest's disks, whose raw blocks hold the agent's credential.
+func mountDev() error {
+	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+		return err
+	}
+	for _, d := range []struct {
+		name         string
+		major, minor uint32
+	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
+		name := "/dev/" + d.name
+		if err := unix.Mknod(name, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+			return err
+		}
+		// mknod applies the umask.
+		if err := unix.Chmod(name, 0o666); err != nil {
+			return err
+		}
+	}
+	for _, dir := range []string{"/dev/pts", "/dev/shm"} {
+		if err := unix.Mkdir(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return err
+	}
+	for link, target := range map[string]string{"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
+		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
+		if err := unix.Symlink(target, "/dev/"+link); err != nil {
+			return err
+		}
 	}
 	return nil
 }

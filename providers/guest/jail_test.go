@@ -315,17 +315,23 @@ func TestJailRefusesSyscalls(t *testing.T) {
 	if want := strconv.Itoa(int(syscall.ENOSYS)); got["clone3"] != want {
 		t.Errorf("clone3 in the jail: errno %s, want ENOSYS (%s)", got["clone3"], want)
 	}
-	// The tools a tenant would reach for fail too.
+	// The tools a tenant would reach for fail too; the guest's disks are
+	// out of reach (no node in /dev, none can be made), /sys is read-only.
 	r = jail(t, agentDir(t), nil, "sh", "-c", "unshare -U true && echo unshared; mount -t tmpfs none /mnt && echo mounted; "+
-		"nsenter -t $$ -n true && echo entered; true")
-	for _, bad := range []string{"unshared", "mounted", "entered"} {
+		"nsenter -t $$ -n true && echo entered; ls /dev | grep -E '^(sd|vd|nvme|xvd|loop|mem|kmsg)' && echo disks; "+
+		"mknod /tmp/sg-disk-$$ b 8 0 && echo mknod; echo never > /sys/kernel/mm/transparent_hugepage/enabled && echo sysfs; "+
+		"echo x > /dev/null && test -c /dev/urandom && echo devices-ok; true")
+	if !strings.Contains(r.stdout, "devices-ok") {
+		t.Errorf("the jail's /dev lacks null or urandom: %q %q", r.stdout, r.stderr)
+	}
+	for _, bad := range []string{"unshared", "mounted", "entered", "disks", "mknod", "sysfs"} {
 		if strings.Contains(r.stdout, bad) {
 			t.Errorf("in the jail: %q", r.stdout)
 		}
 	}
-	// Docker's default capabilities, no more; no_new_privs.
+	// Docker's default capabilities but CAP_MKNOD, no more; no_new_privs.
 	r = jail(t, agentDir(t), nil, "grep", "-E", "^(CapBnd|CapEff|CapPrm|CapInh|CapAmb|NoNewPrivs|Seccomp):", "/proc/self/status")
-	for _, want := range []string{"CapBnd:\t00000000a80425fb", "CapEff:\t00000000a80425fb", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
+	for _, want := range []string{"CapBnd:\t00000000a00425fb", "CapEff:\t00000000a00425fb", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
 		if !strings.Contains(r.stdout, want+"\n") {
 			t.Errorf("the tenant's status lacks %q:\n%s", want, r.stdout)
 		}
