@@ -68,7 +68,7 @@ func Run(ctx context.Context, c RunConfig) int {
 		}
 		f, err := os.OpenFile(o.name, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "sandgate-guest: cannot open an output file:", errors.Unwrap(err))
+			fmt.Fprintln(os.Stderr, "sandgate-guest: cannot open an output file:", cause(err))
 			return exitJailFailure
 		}
 		defer f.Close()
@@ -77,7 +77,7 @@ func Run(ctx context.Context, c RunConfig) int {
 	status := runJail(ctx, c, stdout, stderr)
 	if c.StatusFile != "" {
 		if err := writeStatus(c.StatusFile, status); err != nil {
-			fmt.Fprintln(os.Stderr, "sandgate-guest: cannot write the status file:", errors.Unwrap(err))
+			fmt.Fprintln(os.Stderr, "sandgate-guest: cannot write the status file:", cause(err))
 		}
 	}
 	return status
@@ -121,7 +121,7 @@ func runJail(ctx context.Context, c RunConfig, stdout, stderr *os.File) int {
 	err = cmd.Start()
 	cfgR.Close()
 	if err != nil {
-		fmt.Fprintln(stderr, "sandgate-guest: cannot start the jail:", errors.Unwrap(err))
+		fmt.Fprintln(stderr, "sandgate-guest: cannot start the jail:", cause(err))
 		return exitJailFailure
 	}
 	ic := initConfig{Argv: c.Argv, Dir: c.Dir, EgressSock: c.EgressSock, ProxyPort: c.ProxyPort, AgentDir: c.AgentDir}
@@ -201,7 +201,7 @@ func JailInit() int {
 		dir = os.Getenv("HOME")
 	}
 	if err := os.Chdir(dir); err != nil {
-		fmt.Fprintln(os.Stderr, "sandgate-guest: cannot enter the working directory:", errors.Unwrap(err))
+		fmt.Fprintln(os.Stderr, "sandgate-guest: cannot enter the working directory:", cause(err))
 		return exitJailFailure
 	}
 	if err := harden(); err != nil {
@@ -240,7 +240,7 @@ func startTenant(argv []string) (*os.Process, int) {
 		fmt.Fprintf(os.Stderr, "sandgate-guest: %s: command not found\n", argv[0])
 		return nil, ExitNotFound
 	default:
-		fmt.Fprintf(os.Stderr, "sandgate-guest: %s: cannot execute: %v\n", argv[0], errors.Unwrap(err))
+		fmt.Fprintf(os.Stderr, "sandgate-guest: %s: cannot execute: %v\n", argv[0], cause(err))
 		return nil, ExitNotExec
 	}
 }
@@ -408,9 +408,6 @@ func relay(ln net.Listener, sock string) {
 		}()
 	}
 }
-
-// halfCloser is a connection that can end its write side alone.
-type halfCloser interface{ CloseWrite() error }
 
 // pipe copies a to b and b to a until both directions end.
 func pipe(a, b net.Conn) {

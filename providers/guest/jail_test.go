@@ -1,3 +1,5 @@
+//go:build linux && (amd64 || arm64)
+
 package guest_test
 
 import (
@@ -194,6 +196,7 @@ func TestRunExitStatuses(t *testing.T) {
 		{"not executable", []string{"--", notExec}, 126},
 		{"timeout", []string{"--timeout", "1", "--", "sleep", "1000"}, 124},
 		{"killed", []string{"--", "sh", "-c", "kill -9 $$"}, 128 + 9},
+		{"no jail", []string{"--egress-sock", "/no/such/egress.sock", "--", "true"}, 125},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := run(t, nil, append([]string{"run", "--agent-dir", agentDir(t)}, tc.args...)...)

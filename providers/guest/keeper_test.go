@@ -1,9 +1,15 @@
+//go:build linux && (amd64 || arm64)
+
 package guest_test
 
 import (
 	"context"
 	"crypto/tls"
 	"encoding/pem"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -139,9 +145,14 @@ func TestKeeperDetachAndSIGTERM(t *testing.T) {
 
 func TestEgressThroughForwarder(t *testing.T) {
 	site := egresstest.StartSite(t, []string{"allowed.sg.test", "denied.sg.test"}, nil)
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "plain %s %s\n", r.Host, r.Header.Get("Proxy-Authorization"))
+	}))
+	t.Cleanup(plain.Close)
+	plainPort := plain.Listener.Addr().(*net.TCPAddr).Port
 	loop := netip.MustParseAddr("127.0.0.1")
 	proxy, err := egress.New(egress.Config{
-		Ports:    []uint16{uint16(site.Port)},
+		Ports:    []uint16{uint16(site.Port), uint16(plainPort)},
 		TLSPorts: []uint16{uint16(site.Port)},
 		Hosts:    map[string]netip.Addr{"allowed.sg.test": loop, "denied.sg.test": loop},
 	}, egress.Deps{})
@@ -198,6 +209,16 @@ func TestEgressThroughForwarder(t *testing.T) {
 	r := jailed(curl + "https://allowed.sg.test:" + port + "/ && " + curl + "--proxy-user ws-egress-1:guess https://allowed.sg.test:" + port + "/")
 	if r.status != 0 || r.stdout != "hello allowed.sg.test\nhello allowed.sg.test\n" {
 		t.Fatalf("allowed: status %d, stdout %q, stderr %q", r.status, r.stdout, r.stderr)
+	}
+	// Plain HTTP, forwarded request by request on one kept-alive
+	// connection; the destination gets no Proxy-Authorization.
+	pp := strconv.Itoa(plainPort)
+	r = jailed("curl -sS --max-time 60 http://allowed.sg.test:" + pp + "/a http://allowed.sg.test:" + pp + "/b")
+	if want := "plain allowed.sg.test:" + pp + " \n"; r.status != 0 || r.stdout != want+want {
+		t.Errorf("plain HTTP: status %d, stdout %q, stderr %q", r.status, r.stdout, r.stderr)
+	}
+	if r := jailed("curl -sS --max-time 60 -o /dev/null -w '%{http_code}' http://denied.sg.test:" + pp + "/"); r.stdout != "403" {
+		t.Errorf("plain HTTP to a denied host: %q, want 403", r.stdout)
 	}
 	for name, script := range map[string]string{
 		"denied":           curl + "https://denied.sg.test:" + port + "/",
