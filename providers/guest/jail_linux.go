@@ -299,7 +299,7 @@ func buildJail(ic initConfig) error {
 	if err := unix.Mount("/dev/null", "/proc/sysrq-trigger", "", unix.MS_BIND, ""); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("sysrq: %w", err)
 	}
-	if err := unix.Mount("sysfs", "/sys", "sysfs", nodev|unix.MS_RDONLY, ""); err != nil && !errors.Is(err, unix.ENOENT) {
+	if err := mountSys(); err != nil {
 		return fmt.Errorf("sysfs: %w", err)
 	}
 	if err := mountDev(); err != nil {
@@ -327,23 +327,53 @@ func buildJail(ic initConfig) error {
 	return nil
 }
 
+// mountSys makes /sys read-only: a fresh sysfs (it shows the jail's
+// network only) or, where the kernel refuses one (a guest that is itself a
+// user namespace, as the fakes' are, without a fully visible sysfs), the
+// guest's own, bound read-only.
+func mountSys() error {
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RDONLY
+	err := unix.Mount("sysfs", "/sys", "sysfs", flags, "")
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err := unix.Mount("/sys", "/sys", "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	return unix.Mount("", "/sys", "", unix.MS_BIND|unix.MS_REMOUNT|flags, "")
+}
+
+// devices are the nodes of the jail's /dev.
+var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
 // mountDev gives the jail a /dev of its own with the few devices a
-// program expects, a pty instance of its own and a /dev/shm: none of the
-// guest's disks, whose raw blocks hold the agent's credential.
+// program expects (bound from the guest's, as making nodes needs a
+// privilege a guest that is a user namespace lacks), a pty instance of its
+// own and a /dev/shm: none of the guest's disks, whose raw blocks hold the
+// agent's credential.
 func mountDev() error {
+	fds := map[string]int{}
+	for _, d := range devices {
+		fd, err := unix.Open("/dev/"+d, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue // a guest without it: so is the jail
+		}
+		defer unix.Close(fd)
+		fds[d] = fd
+	}
 	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
 		return err
 	}
-	for _, d := range []struct {
-		name         string
-		major, minor uint32
-	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
-		name := "/dev/" + d.name
-		if err := unix.Mknod(name, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+	for _, d := range devices {
+		fd, ok := fds[d]
+		if !ok {
+			continue
+		}
+		name := "/dev/" + d
+		if err := os.WriteFile(name, nil, 0o666); err != nil {
 			return err
 		}
-		// mknod applies the umask.
-		if err := unix.Chmod(name, 0o666); err != nil {
+		if err := unix.Mount("/proc/self/fd/"+strconv.Itoa(fd), name, "", unix.MS_BIND, ""); err != nil {
 			return err
 		}
 	}

@@ -340,3 +340,21 @@ func TestJailRefusesSyscalls(t *testing.T) {
 		}
 	}
 }
+
+// TestJailInUserNamespaceGuest builds the jail where the guest's root is
+// root of a user namespace only, as in the fake vendors' guests: the
+// kernel refuses it a fresh sysfs and device nodes of its own making.
+func TestJailInUserNamespaceGuest(t *testing.T) {
+	cmd := exec.Command("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount", "--mount-proc",
+		agent, "run", "--agent-dir", agentDir(t), "--", "sh", "-c",
+		"ps -e -o comm=; hostname; echo x > /dev/null && test -c /dev/urandom && echo devices-ok; "+
+			"echo x > /sys/kernel/mm/transparent_hugepage/enabled && echo sysfs-written; unshare -U true && echo unshared; true")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	want := "sandgate-guest\nsh\nps\nsandbox\ndevices-ok\n"
+	if string(out) != want {
+		t.Errorf("in a user-namespace guest the jail gives %q, want %q", out, want)
+	}
+}
