@@ -1,0 +1,61 @@
+package local_test
+
+import (
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
+)
+
+// A GuestVM sandbox stands for a fake vendor's VM: the host's network,
+// a root that may create namespaces and mount, a writable root
+// directory; every other sandbox keeps none of that (TestNoNetwork).
+func TestGuestVM(t *testing.T) {
+	t.Parallel()
+	if _, err := local.New(t.Context(), local.Config{DataDir: t.TempDir(), GuestVM: true}, providers.Env{}); err == nil {
+		t.Error("New with GuestVM but no HostDirs = nil error; want one")
+	}
+	p, err := local.New(t.Context(), local.Config{DataDir: t.TempDir(), GuestVM: true, HostDirs: true}, providers.Env{BrokerID: broker})
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	t.Cleanup(func() { closeProvider(p) })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 4\r\n\r\nhost"))
+			c.Close()
+		}
+	}()
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	res := providertest.Exec(t, p, sb, "sh", "-c",
+		"curl -sS --max-time 30 http://"+l.Addr().String()+"/ && echo && "+
+			"unshare --pid --fork --mount-proc --net --mount true && echo ns && "+
+			"mkdir -p /var/lib/x && echo root && grep -E '^Cap(Eff|Bnd)' /proc/self/status")
+	out := string(res.Stdout)
+	rest, ok := strings.CutPrefix(out, "host\nns\nroot\n")
+	if res.ExitCode != 0 || !ok {
+		t.Fatalf("guest: exit %d, %q %q", res.ExitCode, out, res.Stderr)
+	}
+	// Every capability the kernel has, CAP_SYS_ADMIN (21) among them.
+	caps := map[string]uint64{}
+	for l := range strings.Lines(rest) {
+		k, v, _ := strings.Cut(strings.TrimSpace(l), ":")
+		caps[k], _ = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+	}
+	if caps["CapEff"] != caps["CapBnd"] || caps["CapEff"]&(1<<21) == 0 {
+		t.Fatalf("guest's root capabilities: %q", rest)
+	}
+}
