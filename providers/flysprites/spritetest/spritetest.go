@@ -674,7 +674,7 @@ func (sp *sprite) boot(ctx context.Context) error {
 	}
 	sp.ctl = ctl
 	if err := sp.s.lp.StartCommand(ctx, lsb, "agent", providers.ExecSpec{
-		Argv: []string{"sh", "-c", fakeserver.GuestBoot + "hostname " + shellQuote(sp.name) + " || exit 1\n" + installSudo + agentScript, "sh", guestSpool}, Timeout: spriteLife,
+		Argv: []string{"sh", "-c", bootScript(sp.name) + agentScript, "sh", guestSpool}, Timeout: spriteLife,
 	}); err != nil {
 		ctl.Close()
 		return fail(err)
