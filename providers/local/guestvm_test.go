@@ -1,12 +1,12 @@
 package local_test
 
 import (
-	"net"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/internal/fakeserver"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/providers/providertest"
 )
@@ -24,28 +24,14 @@ func TestGuestVM(t *testing.T) {
 		t.Fatalf("local.New: %v", err)
 	}
 	t.Cleanup(func() { closeProvider(p) })
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 4\r\n\r\nhost"))
-			c.Close()
-		}
-	}()
+	c := fakeserver.StartCanary(t)
 	sb := providertest.Create(t, p, providertest.Spec(t))
 	res := providertest.Exec(t, p, sb, "sh", "-c",
-		"curl -sS --max-time 30 http://"+l.Addr().String()+"/ && echo && "+
+		"curl -sS --max-time 30 http://"+c.Addr()+"/ && echo && "+
 			"unshare --pid --fork --mount-proc --net --mount true && echo ns && "+
 			"mkdir -p /var/lib/x && echo root && grep -E '^Cap(Eff|Bnd)' /proc/self/status")
 	out := string(res.Stdout)
-	rest, ok := strings.CutPrefix(out, "host\nns\nroot\n")
+	rest, ok := strings.CutPrefix(out, "sandgate-canary\nns\nroot\n")
 	if res.ExitCode != 0 || !ok {
 		t.Fatalf("guest: exit %d, %q %q", res.ExitCode, out, res.Stderr)
 	}
