@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command sandgate-guest is the broker's agent inside a vendor guest (a Fly
 // Machine or a sprite): it runs every tenant process in a jail of its own
 // namespaces and keeps the guest's deadline from outside every jail. See

@@ -27,6 +27,9 @@ type forwarder struct {
 	auth  string // the Proxy-Authorization value; never logged
 }
 
+// halfCloser is a connection that can end its write side alone.
+type halfCloser interface{ CloseWrite() error }
+
 // dialTimeout bounds reaching the broker's proxy.
 const dialTimeout = 30 * time.Second
 

@@ -115,13 +115,3 @@ func proxyEnv(port int) []string {
 	}
 	return append(out, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1")
 }
-
-// lookEnv returns the value of k in env.
-func lookEnv(env []string, k string) string {
-	for _, kv := range env {
-		if key, v, ok := strings.Cut(kv, "="); ok && key == k {
-			return v
-		}
-	}
-	return ""
-}

@@ -8,12 +8,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// keptCaps is the capability set a default Docker container keeps: enough
-// for root to install packages (chown, setuid helpers, raw sockets for
-// ping), nothing that reconfigures the kernel, the network, the clock, or
-// other processes.
+// keptCaps is the capability set a default Docker container keeps but
+// CAP_MKNOD: enough for root to install packages (chown, setuid helpers,
+// raw sockets for ping), nothing that reconfigures the kernel, the
+// network, the clock, or other processes. Docker keeps CAP_MKNOD behind a
+// device cgroup; the jail has none, and a block device node made by the
+// tenant would read the guest's disk (and the agent's credential on it).
 var keptCaps = []uintptr{
-	unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FSETID, unix.CAP_FOWNER, unix.CAP_MKNOD,
+	unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FSETID, unix.CAP_FOWNER,
 	unix.CAP_NET_RAW, unix.CAP_SETGID, unix.CAP_SETUID, unix.CAP_SETFCAP, unix.CAP_SETPCAP,
 	unix.CAP_NET_BIND_SERVICE, unix.CAP_SYS_CHROOT, unix.CAP_KILL, unix.CAP_AUDIT_WRITE,
 }

@@ -68,7 +68,7 @@ func Run(ctx context.Context, c RunConfig) int {
 		}
 		f, err := os.OpenFile(o.name, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "sandgate-guest: cannot open an output file:", errors.Unwrap(err))
+			fmt.Fprintln(os.Stderr, "sandgate-guest: cannot open an output file:", cause(err))
 			return exitJailFailure
 		}
 		defer f.Close()
@@ -77,7 +77,7 @@ func Run(ctx context.Context, c RunConfig) int {
 	status := runJail(ctx, c, stdout, stderr)
 	if c.StatusFile != "" {
 		if err := writeStatus(c.StatusFile, status); err != nil {
-			fmt.Fprintln(os.Stderr, "sandgate-guest: cannot write the status file:", errors.Unwrap(err))
+			fmt.Fprintln(os.Stderr, "sandgate-guest: cannot write the status file:", cause(err))
 		}
 	}
 	return status
@@ -121,7 +121,7 @@ func runJail(ctx context.Context, c RunConfig, stdout, stderr *os.File) int {
 	err = cmd.Start()
 	cfgR.Close()
 	if err != nil {
-		fmt.Fprintln(stderr, "sandgate-guest: cannot start the jail:", errors.Unwrap(err))
+		fmt.Fprintln(stderr, "sandgate-guest: cannot start the jail:", cause(err))
 		return exitJailFailure
 	}
 	ic := initConfig{Argv: c.Argv, Dir: c.Dir, EgressSock: c.EgressSock, ProxyPort: c.ProxyPort, AgentDir: c.AgentDir}
@@ -201,7 +201,7 @@ func JailInit() int {
 		dir = os.Getenv("HOME")
 	}
 	if err := os.Chdir(dir); err != nil {
-		fmt.Fprintln(os.Stderr, "sandgate-guest: cannot enter the working directory:", errors.Unwrap(err))
+		fmt.Fprintln(os.Stderr, "sandgate-guest: cannot enter the working directory:", cause(err))
 		return exitJailFailure
 	}
 	if err := harden(); err != nil {
@@ -240,7 +240,7 @@ func startTenant(argv []string) (*os.Process, int) {
 		fmt.Fprintf(os.Stderr, "sandgate-guest: %s: command not found\n", argv[0])
 		return nil, ExitNotFound
 	default:
-		fmt.Fprintf(os.Stderr, "sandgate-guest: %s: cannot execute: %v\n", argv[0], errors.Unwrap(err))
+		fmt.Fprintf(os.Stderr, "sandgate-guest: %s: cannot execute: %v\n", argv[0], cause(err))
 		return nil, ExitNotExec
 	}
 }
@@ -299,6 +299,12 @@ func buildJail(ic initConfig) error {
 	if err := unix.Mount("/dev/null", "/proc/sysrq-trigger", "", unix.MS_BIND, ""); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("sysrq: %w", err)
 	}
+	if err := mountSys(); err != nil {
+		return fmt.Errorf("sysfs: %w", err)
+	}
+	if err := mountDev(); err != nil {
+		return fmt.Errorf("dev: %w", err)
+	}
 	if err := unix.Mount("tmpfs", filepath.Clean(ic.AgentDir), "tmpfs", nodev|unix.MS_RDONLY, "mode=0700,size=4k"); err != nil {
 		return fmt.Errorf("hide the agent: %w", err)
 	}
@@ -317,6 +323,76 @@ func buildJail(ic initConfig) error {
 			return fmt.Errorf("proxy relay: %w", err)
 		}
 		go relay(ln, "/proc/self/fd/"+strconv.Itoa(sockFD))
+	}
+	return nil
+}
+
+// mountSys makes /sys read-only: a fresh sysfs (it shows the jail's
+// network only) or, where the kernel refuses one (a guest that is itself a
+// user namespace, as the fakes' are, without a fully visible sysfs), the
+// guest's own, bound read-only.
+func mountSys() error {
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RDONLY
+	err := unix.Mount("sysfs", "/sys", "sysfs", flags, "")
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err := unix.Mount("/sys", "/sys", "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	return unix.Mount("", "/sys", "", unix.MS_BIND|unix.MS_REMOUNT|flags, "")
+}
+
+// devices are the nodes of the jail's /dev.
+var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// mountDev gives the jail a /dev of its own with the few devices a
+// program expects (bound from the guest's, as making nodes needs a
+// privilege a guest that is a user namespace lacks), a pty instance of its
+// own and a /dev/shm: none of the guest's disks, whose raw blocks hold the
+// agent's credential.
+func mountDev() error {
+	fds := map[string]int{}
+	for _, d := range devices {
+		fd, err := unix.Open("/dev/"+d, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue // a guest without it: so is the jail
+		}
+		defer unix.Close(fd)
+		fds[d] = fd
+	}
+	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+		return err
+	}
+	for _, d := range devices {
+		fd, ok := fds[d]
+		if !ok {
+			continue
+		}
+		name := "/dev/" + d
+		if err := os.WriteFile(name, nil, 0o666); err != nil {
+			return err
+		}
+		if err := unix.Mount("/proc/self/fd/"+strconv.Itoa(fd), name, "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+	}
+	for _, dir := range []string{"/dev/pts", "/dev/shm"} {
+		if err := unix.Mkdir(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return err
+	}
+	for link, target := range map[string]string{"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
+		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
+		if err := unix.Symlink(target, "/dev/"+link); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -362,9 +438,6 @@ func relay(ln net.Listener, sock string) {
 		}()
 	}
 }
-
-// halfCloser is a connection that can end its write side alone.
-type halfCloser interface{ CloseWrite() error }
 
 // pipe copies a to b and b to a until both directions end.
 func pipe(a, b net.Conn) {

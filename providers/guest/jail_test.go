@@ -1,3 +1,5 @@
+//go:build linux && (amd64 || arm64)
+
 package guest_test
 
 import (
@@ -194,6 +196,7 @@ func TestRunExitStatuses(t *testing.T) {
 		{"not executable", []string{"--", notExec}, 126},
 		{"timeout", []string{"--timeout", "1", "--", "sleep", "1000"}, 124},
 		{"killed", []string{"--", "sh", "-c", "kill -9 $$"}, 128 + 9},
+		{"no jail", []string{"--egress-sock", "/no/such/egress.sock", "--", "true"}, 125},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := run(t, nil, append([]string{"run", "--agent-dir", agentDir(t)}, tc.args...)...)
@@ -315,19 +318,43 @@ func TestJailRefusesSyscalls(t *testing.T) {
 	if want := strconv.Itoa(int(syscall.ENOSYS)); got["clone3"] != want {
 		t.Errorf("clone3 in the jail: errno %s, want ENOSYS (%s)", got["clone3"], want)
 	}
-	// The tools a tenant would reach for fail too.
+	// The tools a tenant would reach for fail too; the guest's disks are
+	// out of reach (no node in /dev, none can be made), /sys is read-only.
 	r = jail(t, agentDir(t), nil, "sh", "-c", "unshare -U true && echo unshared; mount -t tmpfs none /mnt && echo mounted; "+
-		"nsenter -t $$ -n true && echo entered; true")
-	for _, bad := range []string{"unshared", "mounted", "entered"} {
+		"nsenter -t $$ -n true && echo entered; ls /dev | grep -E '^(sd|vd|nvme|xvd|loop|mem|kmsg)' && echo disks; "+
+		"mknod /tmp/sg-disk-$$ b 8 0 && echo mknod; echo never > /sys/kernel/mm/transparent_hugepage/enabled && echo sysfs; "+
+		"echo x > /dev/null && test -c /dev/urandom && echo devices-ok; true")
+	if !strings.Contains(r.stdout, "devices-ok") {
+		t.Errorf("the jail's /dev lacks null or urandom: %q %q", r.stdout, r.stderr)
+	}
+	for _, bad := range []string{"unshared", "mounted", "entered", "disks", "mknod", "sysfs"} {
 		if strings.Contains(r.stdout, bad) {
 			t.Errorf("in the jail: %q", r.stdout)
 		}
 	}
-	// Docker's default capabilities, no more; no_new_privs.
+	// Docker's default capabilities but CAP_MKNOD, no more; no_new_privs.
 	r = jail(t, agentDir(t), nil, "grep", "-E", "^(CapBnd|CapEff|CapPrm|CapInh|CapAmb|NoNewPrivs|Seccomp):", "/proc/self/status")
-	for _, want := range []string{"CapBnd:\t00000000a80425fb", "CapEff:\t00000000a80425fb", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
+	for _, want := range []string{"CapBnd:\t00000000a00425fb", "CapEff:\t00000000a00425fb", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
 		if !strings.Contains(r.stdout, want+"\n") {
 			t.Errorf("the tenant's status lacks %q:\n%s", want, r.stdout)
 		}
+	}
+}
+
+// TestJailInUserNamespaceGuest builds the jail where the guest's root is
+// root of a user namespace only, as in the fake vendors' guests: the
+// kernel refuses it a fresh sysfs and device nodes of its own making.
+func TestJailInUserNamespaceGuest(t *testing.T) {
+	cmd := exec.Command("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount", "--mount-proc",
+		agent, "run", "--agent-dir", agentDir(t), "--", "sh", "-c",
+		"ps -e -o comm=; hostname; echo x > /dev/null && test -c /dev/urandom && echo devices-ok; "+
+			"echo x > /sys/kernel/mm/transparent_hugepage/enabled && echo sysfs-written; unshare -U true && echo unshared; true")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	want := "sandgate-guest\nsh\nps\nsandbox\ndevices-ok\n"
+	if string(out) != want {
+		t.Errorf("in a user-namespace guest the jail gives %q, want %q", out, want)
 	}
 }

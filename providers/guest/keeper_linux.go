@@ -2,6 +2,7 @@ package guest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -31,7 +32,7 @@ func Keep(ctx context.Context, c KeeperConfig) int {
 		}
 		ln, err := listenUnix(c.Forward.Sock)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "sandgate-guest keeper: cannot listen for the jails:", err)
+			fmt.Fprintln(os.Stderr, "sandgate-guest keeper: cannot listen for the jails:", cause(err))
 			return 1
 		}
 		defer ln.Close()
@@ -56,6 +57,18 @@ func Keep(ctx context.Context, c KeeperConfig) int {
 	}
 	killJails()
 	return 0
+}
+
+// cause is err's innermost error (an errno, not the path or address the
+// wrappers add), for messages that must not carry paths.
+func cause(err error) error {
+	for {
+		u := errors.Unwrap(err)
+		if u == nil {
+			return err
+		}
+		err = u
+	}
 }
 
 // listenUnix listens on the Unix socket name, mode 0600 (root only),
@@ -114,7 +127,7 @@ func killJails() {
 func Detach(args []string, ready bool) int {
 	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "sandgate-guest:", err)
+		fmt.Fprintln(os.Stderr, "sandgate-guest:", cause(err))
 		return 1
 	}
 	defer null.Close()
@@ -135,7 +148,7 @@ func Detach(args []string, ready bool) int {
 		defer w.Close()
 	}
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "sandgate-guest: cannot start:", err)
+		fmt.Fprintln(os.Stderr, "sandgate-guest: cannot start:", cause(err))
 		return 1
 	}
 	if r != nil {

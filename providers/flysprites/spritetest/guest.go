@@ -34,9 +34,13 @@ fi
 exec env "$@"
 `
 
-// installSudo writes sudoScript at boot, after fakeserver.GuestBoot made
-// /usr writable.
-const installSudo = "cat >/usr/bin/sudo <<'SANDGATE_FAKE_SUDO' && chmod 0755 /usr/bin/sudo || exit 1\n" + sudoScript + "SANDGATE_FAKE_SUDO\n"
+// bootScript is what the sprite called name runs before its agent: the
+// guest's writable file systems (fakeserver.GuestBoot), its hostname,
+// and sudoScript as /usr/bin/sudo.
+func bootScript(name string) string {
+	return fakeserver.GuestBoot + "hostname " + shellQuote(name) + " || exit 1\n" +
+		"cat >/usr/bin/sudo <<'SANDGATE_FAKE_SUDO' && chmod 0755 /usr/bin/sudo || exit 1\n" + sudoScript + "SANDGATE_FAKE_SUDO\n"
+}
 
 // Canary is a TCP listener on the host's loopback that counts
 // connections: a sprite reaches it unless a jail keeps it off the network.

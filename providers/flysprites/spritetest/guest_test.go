@@ -59,6 +59,9 @@ func TestSpriteGuestSharesOnePIDNamespace(t *testing.T) {
 	if code, out, errb := run(t, s, "pids", "sh", "-c", "kill -STOP "+pid+" && sleep 0.2 && ps -o stat= -p "+pid); code != 0 || !strings.HasPrefix(strings.TrimSpace(out), "T") {
 		t.Fatalf("kill -STOP: %d %q %q", code, out, errb)
 	}
+	if _, out, _ := run(t, s, "pids", "hostname"); out != "pids\n" {
+		t.Errorf("hostname = %q, want the sprite's name", out)
+	}
 	if code, _, errb := run(t, s, "pids", "unshare", "--pid", "--fork", "--mount-proc", "--net", "--mount", "--uts", "--ipc", "true"); code != 0 {
 		t.Fatalf("the guest's root cannot create namespaces: %d %q", code, errb)
 	}

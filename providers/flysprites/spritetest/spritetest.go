@@ -12,7 +12,10 @@
 // /etc and / for the sprite's life (fakeserver.GuestBoot). Network
 // policies are recorded, not enforced: the fake records every policy and
 // exec so tests can check their order. The sheet documents no
-// environment variable of the vendor's in an exec, so the fake adds none.
+// environment variable of the vendor's in an exec, so the fake adds none;
+// nor does it document the guest's hostname, which the fake sets to the
+// sprite's name, as a VM's commonly names it, so that a test sees a
+// vendor identifier wherever a client could leak it.
 //
 // The user: the vendor runs exec as user "sprite" with passwordless sudo
 // (sheet §8a). The fake runs every command as the guest's root instead:
@@ -671,7 +674,7 @@ func (sp *sprite) boot(ctx context.Context) error {
 	}
 	sp.ctl = ctl
 	if err := sp.s.lp.StartCommand(ctx, lsb, "agent", providers.ExecSpec{
-		Argv: []string{"sh", "-c", fakeserver.GuestBoot + installSudo + agentScript, "sh", guestSpool}, Timeout: spriteLife,
+		Argv: []string{"sh", "-c", bootScript(sp.name) + agentScript, "sh", guestSpool}, Timeout: spriteLife,
 	}); err != nil {
 		ctl.Close()
 		return fail(err)
