@@ -106,7 +106,7 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 		t.Fatalf("acquire the short-lived workspace: %v", err)
 	}
 	marker := strconv.Itoa(40000 + int(time.Now().UnixNano()%20000))
-	if _, _, err := lc.StartCommand(ctx, short.WorkspaceID, "jail-sleeper", protocol.ExecRequest{Argv: []string{"sleep", marker}}); err != nil {
+	if _, _, err := lc.StartCommand(ctx, short.WorkspaceID, "jail-sleeper", protocol.ExecRequest{Argv: []string{"sleep", marker}, TimeoutSeconds: 600}); err != nil {
 		t.Fatalf("start a durable command: %v", err)
 	}
 	waitFor(t, "the durable command running on the host", func() (bool, error) { return hostProcess("sleep " + marker), nil })

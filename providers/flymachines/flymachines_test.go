@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	stdmaps "maps"
 	"net/http"
@@ -11,13 +12,16 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/internal/guesttest"
+	"github.com/sandgate/sandgate/internal/testpki"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/flymachines"
 	"github.com/sandgate/sandgate/providers/flymachines/flytest"
@@ -169,13 +173,15 @@ func TestLifetimeWithoutBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := providertest.Spec(t)
-	spec.ExpiresAt = time.Now().Add(3 * time.Second)
+	// Long enough for a create on a loaded host (the agent's config.files
+	// make a boot slower than a bare one).
+	spec.ExpiresAt = time.Now().Add(45 * time.Second)
 	sb, err := p.Create(t.Context(), spec)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
 	p.Close() // no broker from here on
-	waitUntil(t, 30*time.Second, "machine destroyed at expires_at", func() bool {
+	waitUntil(t, time.Until(spec.ExpiresAt)+60*time.Second, "machine destroyed at expires_at", func() bool {
 		m, _ := s.Machine(sb.Ref)
 		return m.State == "destroyed"
 	})
@@ -219,6 +225,85 @@ func TestEgressDenyAllBeforeFirstExec(t *testing.T) {
 	}
 	if c := p.Capabilities(); c.Egress != providers.EgressNoneOnly || !c.VendorLifetime || c.VendorIdle || !c.Snapshots {
 		t.Errorf("capabilities = %+v; want egress none, vendor lifetime, no vendor idle, snapshots", c)
+	}
+}
+
+// registry stands for the broker's egress proxy: it registers every
+// workspace with a fixed credential.
+type registry struct {
+	mu                       sync.Mutex
+	registered, unregistered []string
+}
+
+func (r *registry) Register(ws egress.Workspace) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.registered = append(r.registered, ws.ID+"="+strings.Join(ws.AllowedDomains, ","))
+	return "cred-" + ws.ID, nil
+}
+
+func (r *registry) Unregister(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unregistered = append(r.unregistered, id)
+}
+
+// TestEgressThroughTheProxy: with the broker's proxy served to guests,
+// the provider offers domain allowlists; the app's policy allows only the
+// proxy's port; a workspace with domains is registered, gets its
+// credential and the proxy's CA as config.files beside the agent and a
+// keeper that forwards to the proxy, and is unregistered at terminate.
+func TestEgressThroughTheProxy(t *testing.T) {
+	s := startFake(t, flytest.Options{})
+	reg := &registry{}
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: testpki.Issue(t, "proxy CA", []string{"proxy.sg.test"}, nil).CADER})
+	ve, err := providers.NewVendorEgress("https://proxy.sg.test:8443", ca, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := flymachines.New(t.Context(), config(t, s), providers.Env{BrokerID: "broker-proxy", GuestBinary: guesttest.Binary(t), VendorEgress: ve})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if c := p.Capabilities(); c.Egress != providers.EgressProxy {
+		t.Errorf("egress = %v; want proxy", c.Egress)
+	}
+	pols := s.Policies("sandgate-test")
+	if len(pols) != 1 || pols[0].Name != flymachines.ProxyPolicyName || !pols[0].Selector.All || len(pols[0].Rules) != 1 ||
+		pols[0].Rules[0].Action != "allow" || pols[0].Rules[0].Direction != "egress" || len(pols[0].Rules[0].Ports) != 1 ||
+		pols[0].Rules[0].Ports[0].Protocol != "tcp" || pols[0].Rules[0].Ports[0].Port != 8443 {
+		t.Fatalf("policies = %+v; want one egress policy for all machines allowing tcp 8443 only", pols)
+	}
+	spec := providertest.Spec(t)
+	spec.Egress.AllowedDomains = []string{"example.com"}
+	sb := providertest.Create(t, p, spec)
+	if want := spec.WorkspaceID + "=example.com"; len(reg.registered) != 1 || reg.registered[0] != want {
+		t.Errorf("registered %v; want %s", reg.registered, want)
+	}
+	m, _ := s.Machine(sb.Ref)
+	files := map[string]string{}
+	for _, f := range m.Config.Files {
+		if f.RawValue != nil {
+			b, _ := base64.StdEncoding.DecodeString(*f.RawValue)
+			files[f.GuestPath+" "+strconv.FormatUint(uint64(f.Mode), 8)] = string(b)
+		}
+	}
+	if len(files) != 3 || files[providers.GuestCredFile+" 600"] != "cred-"+spec.WorkspaceID+"\n" || files[providers.GuestCAFile+" 600"] != string(ca) ||
+		len(files[providers.GuestAgent+" 700"]) == 0 {
+		t.Errorf("files: %d; want the agent (0700), the credential and the CA (0600)", len(files))
+	}
+	want := []string{providers.GuestAgent, "keeper", "--until", strconvUnix(spec.ExpiresAt.Add(time.Second - 1)), "--egress-sock", providers.GuestEgressSock,
+		"--egress-proxy", "proxy.sg.test:8443", "--egress-server-name", "proxy.sg.test", "--egress-user", spec.WorkspaceID,
+		"--egress-cred-file", providers.GuestCredFile, "--egress-ca", providers.GuestCAFile}
+	if m.Config.Init == nil || !slices.Equal(m.Config.Init.Exec, want) {
+		t.Errorf("init = %+v; want %q", m.Config.Init, want)
+	}
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if len(reg.unregistered) != 1 || reg.unregistered[0] != spec.WorkspaceID {
+		t.Errorf("unregistered %v; want %s", reg.unregistered, spec.WorkspaceID)
 	}
 }
 
