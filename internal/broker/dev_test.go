@@ -2,6 +2,8 @@ package broker
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -95,5 +97,36 @@ func TestVendorEgressConfig(t *testing.T) {
 		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
 			t.Errorf("%v: %v; want an error saying %q", tt.env, err, tt.want)
 		}
+	}
+}
+
+// TestCheckVendorGuests: `serve --check` refuses a vendor provider
+// without its agent, naming the path, and a vendor listener without the
+// broker's TLS or with an unreadable CA file.
+func TestCheckVendorGuests(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no-agent")
+	env := map[string]string{"FLY_API_TOKEN": "t", "SANDGATE_FLY_APP": "a"}
+	cfg, err := loadYAML(t, "tls: {trusted_proxies: [10.0.0.1]}\nguest_binary: "+missing+
+		"\negress: {vendor_listen: \":8445\", vendor_url: \"https://proxy.example:8445\", vendor_ca_file: "+missing+".pem}"+
+		"\nproviders:\n  - {name: fly, kind: fly-machines}\n", env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cfg.Check(func(k string) string { return env[k] })
+	for _, want := range []string{"guest_binary", missing, "egress.vendor_listen serves TLS", "egress.vendor_ca_file"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Check = %v; want it to name %q", err, want)
+		}
+	}
+	agent := filepath.Join(t.TempDir(), "sandgate-guest")
+	if err := os.WriteFile(agent, []byte("\x7fELF not really"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err = loadYAML(t, "tls: {trusted_proxies: [10.0.0.1]}\nguest_binary: "+agent+"\nproviders:\n  - {name: fly, kind: fly-machines}\n", env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Check(func(k string) string { return env[k] }); err != nil {
+		t.Errorf("Check with the agent in place = %v; want nil", err)
 	}
 }
