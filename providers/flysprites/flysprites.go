@@ -333,8 +333,8 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ pro
 		return fail(err)
 	}
 	p.remember(name, j)
-	if spec.ExpiresAt.IsZero() {
-		// The keeper needs a deadline; the broker always sets one.
+	if spec.ExpiresAt.IsZero() && cred != "" {
+		// The keeper serves the forwarder; the broker always sets a deadline.
 		return fail(errors.New("flysprites: create: no expires_at: the sprite's keeper needs one"))
 	}
 	if err := p.startKeeper(ctx, name, spec.ExpiresAt, spec.WorkspaceID, cred != ""); err != nil {
