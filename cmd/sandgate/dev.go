@@ -33,7 +33,11 @@ instance and token, an admin and a finance operator token, and prints
 them, also writing DATA_DIR/dev.env.
 With --provider KIND the instance runs on that provider instead, its
 credentials and endpoint read from the vendor's own environment variables
-(see the README); the local provider is configured beside it.
+(see the README); the local provider is configured beside it. Fly Machines
+and Fly Sprites reach domains through the broker's egress proxy on a
+loopback port dev picks, and run the sandgate-guest agent found beside
+sandgate (built from the checkout into DATA_DIR/bin under go run).
+The SANDGATE_* overrides serve reads apply too; a flag wins over its own.
 It is not for production and never for money.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The SANDGATE_* overrides serve honours apply to dev too; a
