@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -473,7 +474,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ pro
 		return providers.Sandbox{}, fmt.Errorf("flymachines: create: %w", err)
 	}
 	sb := providers.Sandbox{Ref: m.ID, Labels: p.labels(spec), StartedAt: p.clock.Now()}
-	p.jails.put(m.ID, jailOf{env: env(cfg.Env), egress: cred != ""})
+	p.jails.put(m.ID, jailOf{env: maps.Clone(cfg.Env), egress: cred != ""})
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(spec.WorkspaceID), sandgate.InstanceAttr(spec.InstanceID),
 		"fly_cpus", cfg.Guest.CPUs, "fly_memory_mb", cfg.Guest.MemoryMB, "env_count", len(cfg.Env))
 	return sb, nil

@@ -47,9 +47,6 @@ func (c *jailCache) drop(id string) {
 	delete(c.m, id)
 }
 
-// env copies a Machine config's env.
-func env(m map[string]string) map[string]string { return maps.Clone(m) }
-
 // jailFor returns the jail settings of sb's Machine: remembered from its
 // create, or read from its config (env, and the keeper's egress flags).
 func (p *Provider) jailFor(ctx context.Context, sb providers.Sandbox) (jailOf, error) {
@@ -73,7 +70,7 @@ func (p *Provider) jailFor(ctx context.Context, sb providers.Sandbox) (jailOf, e
 	if cfg == nil || cfg.Init == nil || len(cfg.Init.Exec) == 0 || cfg.Init.Exec[0] != providers.GuestAgent {
 		return jailOf{}, errors.New("the Machine has no sandgate-guest keeper: it was not made by this version of the broker")
 	}
-	j := jailOf{env: env(cfg.Env), egress: providers.GuestEgress(cfg.Init.Exec)}
+	j := jailOf{env: maps.Clone(cfg.Env), egress: providers.GuestEgress(cfg.Init.Exec)}
 	p.jails.put(sb.Ref, j)
 	return j, nil
 }

@@ -399,15 +399,15 @@ func (p *Provider) setPolicy(ctx context.Context, name string, want networkPolic
 }
 
 // checkTools checks that the sprite has the tools the broker runs in it
-// outside the agent (sudo for root, timeout for an exec's deadline, tar
-// and gzip for snapshots).
+// outside the agent (sudo for root, setsid for durable commands, timeout
+// for an exec's deadline, tar and gzip for snapshots).
 func (p *Provider) checkTools(ctx context.Context, name string) error {
 	r, err := p.c.run(ctx, name, wsCommand{argv: []string{"sh", "-c", toolsScript}, max: 1 << 10, killAfter: time.Minute})
 	if err != nil {
 		return fmt.Errorf("flysprites: create: check the guest's tools: %w", err)
 	}
 	if r.res.ExitCode == exitNoTools {
-		return errors.New("flysprites: create: the sprite lacks a tool the broker needs (sudo, timeout, tar, gzip)")
+		return errors.New("flysprites: create: the sprite lacks a tool the broker needs (sudo, setsid, timeout, tar, gzip)")
 	}
 	if r.res.ExitCode != 0 {
 		return fmt.Errorf("flysprites: create: check the guest's tools: exit %d", r.res.ExitCode)
@@ -416,7 +416,7 @@ func (p *Provider) checkTools(ctx context.Context, name string) error {
 }
 
 // toolsScript checks for the tools the broker runs in the guest.
-var toolsScript = `for t in sudo timeout tar gzip; do command -v "$t" >/dev/null 2>&1 || exit ` + strconv.Itoa(exitNoTools) + `; done
+var toolsScript = `for t in sudo setsid timeout tar gzip; do command -v "$t" >/dev/null 2>&1 || exit ` + strconv.Itoa(exitNoTools) + `; done
 exit 0
 `
 
