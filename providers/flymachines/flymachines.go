@@ -216,6 +216,10 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	return p, nil
 }
 
+// createTimeout is the least bound of a create call (Config.Timeout when
+// longer): its body and answer hold the agent.
+const createTimeout = 2 * time.Minute
+
 // snapChunk is what one exec moves of a snapshot: well below any output
 // or request size a vendor would allow, once base64 adds a third.
 const snapChunk = 512 << 10
@@ -454,7 +458,9 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ pro
 	}
 	req := CreateMachineRequest{Config: cfg, Region: p.cfg.Region, SkipServiceRegistration: true}
 	var m Machine
-	cctx, cancel := p.callCtx(ctx)
+	// The request and its answer carry the agent (config.files, some
+	// megabytes each way): more than an ordinary call's bound.
+	cctx, cancel := context.WithTimeout(ctx, max(p.cfg.Timeout, createTimeout))
 	err = p.c.do(cctx, "create machine", http.MethodPost, p.appPath()+"/machines", nil, req, &m, maxBody)
 	cancel()
 	if err != nil {

@@ -333,7 +333,9 @@ func TestAppCreatedOnce(t *testing.T) {
 // 400 that says the deadline passed.
 func TestWaitDeadlineAnswers(t *testing.T) {
 	for _, wait400 := range []bool{false, true} {
-		s := startFake(t, flytest.Options{StartDelay: 1500 * time.Millisecond, MaxWait: 200 * time.Millisecond, Wait400: wait400})
+		// The start outlasts the create's answer, which carries the agent
+		// (megabytes of JSON) and may be slow on a loaded host.
+		s := startFake(t, flytest.Options{StartDelay: 10 * time.Second, MaxWait: 200 * time.Millisecond, Wait400: wait400})
 		p := newProvider(t, config(t, s), "broker-wait")
 		sb := providertest.Create(t, p, providertest.Spec(t))
 		if res := providertest.Exec(t, p, sb, "echo", "up"); string(res.Stdout) != "up\n" {
