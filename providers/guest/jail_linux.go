@@ -93,6 +93,8 @@ func writeStatus(name string, status int) error {
 	return os.Rename(tmp, name)
 }
 
+// runJail starts the jail's pid 1 in its new namespaces, hands it its
+// configuration, and waits for it, a signal, ctx or the timeout.
 func runJail(ctx context.Context, c RunConfig, stdout, stderr *os.File) int {
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
