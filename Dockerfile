@@ -20,6 +20,9 @@ ARG COMMIT=""
 RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
       -ldflags "-s -w -X main.buildVersion=${VERSION} -X main.buildCommit=${COMMIT}" \
       -o /out/sandgate ./cmd/sandgate
+# The guest agent the vendor providers deliver into their guests: static,
+# beside the broker, where it looks for it.
+RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags "-s -w" -o /out/sandgate-guest ./cmd/sandgate-guest
 
 FROM debian:trixie-slim
 RUN apt-get update \
@@ -27,6 +30,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && mkdir -p -m 0700 /var/lib/sandgate /etc/sandgate
 COPY --from=build /out/sandgate /usr/local/bin/sandgate
+COPY --from=build /out/sandgate-guest /usr/local/bin/sandgate-guest
 USER root
 WORKDIR /var/lib/sandgate
 VOLUME /var/lib/sandgate

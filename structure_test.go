@@ -91,13 +91,13 @@ var wiringConstructors = map[string][]string{
 	module + "/telemetry":   {"NewTracing", "Providers", "Admission", "Settlement", "LiveWorkspaces"},
 }
 
-// tools are the commands that are not shipped (the Dockerfile builds
-// cmd/sandgate alone): measuring tools, which seed Redis and build the
-// parts they measure as tests do.
+// tools are the commands that are not shipped (the Dockerfile builds the
+// broker and its guest agent alone): measuring tools, which seed Redis and
+// build the parts they measure as tests do.
 var tools = []string{module + "/cmd/sandgate-load"}
 
 // shipped are the commands that are shipped.
-var shipped = []string{"./cmd/sandgate"}
+var shipped = []string{"./cmd/sandgate", "./cmd/sandgate-guest"}
 
 // wiringExempt are the packages besides internal/broker whose non-test
 // files may call a wiring constructor: the tools, and the test helpers

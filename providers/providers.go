@@ -324,6 +324,13 @@ type Env struct {
 	// TracerProvider is the host's tracing, for a vendor's gRPC client
 	// (telemetry.GRPCDialOptions); nil means none.
 	TracerProvider trace.TracerProvider
+	// VendorEgress is the broker's egress proxy as vendor guests reach
+	// it; nil means none is configured, and a vendor provider then offers
+	// egress [] only.
+	VendorEgress *VendorEgress
+	// GuestBinary is the path of the sandgate-guest agent that vendor
+	// providers deliver into their guests (ReadGuestBinary).
+	GuestBinary string
 }
 
 // BrokerLister is an optional interface of a Provider: it lists the

@@ -33,9 +33,20 @@ instance and token, an admin and a finance operator token, and prints
 them, also writing DATA_DIR/dev.env.
 With --provider KIND the instance runs on that provider instead, its
 credentials and endpoint read from the vendor's own environment variables
-(see the README); the local provider is configured beside it.
+(see the README); the local provider is configured beside it. Fly Machines
+and Fly Sprites reach domains through the broker's egress proxy on a
+loopback port dev picks, and run the sandgate-guest agent found beside
+sandgate (built from the checkout into DATA_DIR/bin under go run).
+The SANDGATE_* overrides serve reads apply too; a flag wins over its own.
 It is not for production and never for money.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The SANDGATE_* overrides serve honours apply to dev too; a
+			// flag given on the command line wins over its override.
+			for flag, env := range map[string]string{"listen": "SANDGATE_LISTEN", "admin-listen": "SANDGATE_ADMIN_LISTEN", "data-dir": "SANDGATE_DATA_DIR"} {
+				if v := os.Getenv(env); v != "" && !cmd.Flags().Changed(flag) {
+					_ = cmd.Flags().Set(flag, v)
+				}
+			}
 			show := func(v devVars, env string) error { return emit(cmd, v, strings.TrimSuffix(env, "\n")) }
 			return runDev(cmd.Context(), listen, adminListen, dataDir, provider, show)
 		},
@@ -67,7 +78,7 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string, 
 		return err
 	}
 	defer release()
-	cfg, err := broker.DevConfig(dataDir, provider)
+	cfg, err := broker.DevConfig(dataDir, provider, os.Getenv)
 	if err != nil {
 		return err
 	}
@@ -80,6 +91,13 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string, 
 	clock := sandgate.SystemClock{}
 	cert, caPath, err := broker.DevCerts(dataDir, clock.Now())
 	if err != nil {
+		return err
+	}
+	if cfg.Egress.VendorListen != "" && cfg.Egress.VendorURL == "" && cfg.Egress.VendorCAFile == "" {
+		// dev's own vendor listener serves dev's certificate.
+		cfg.Egress.VendorCAFile = caPath
+	}
+	if err := cfg.DevGuestBinary(ctx, provider); err != nil {
 		return err
 	}
 	st, err := loadDevState(filepath.Join(dataDir, "dev.json"))
@@ -99,7 +117,7 @@ func runDev(ctx context.Context, listen, adminListen, dataDir, provider string, 
 	if err := os.RemoveAll(filepath.Join(dataDir, "local")); err != nil {
 		return err
 	}
-	if err := broker.BootstrapDev(ctx, rdb, &st, provider, clock); err != nil {
+	if err := broker.BootstrapDev(ctx, rdb, &st, provider, cfg.DevAnyEgress(provider), clock); err != nil {
 		return err
 	}
 	if err := saveDevState(filepath.Join(dataDir, "dev.json"), st); err != nil {

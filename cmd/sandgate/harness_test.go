@@ -81,6 +81,15 @@ func buildAndRun(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: go build -race:", err)
 		return 1
 	}
+	// The vendor providers' agent, beside sandgate where the broker looks
+	// for it: static and stripped, as guests get it.
+	guest := exec.Command(goTool, "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(dir, "sandgate-guest"), "../sandgate-guest")
+	guest.Env = append(os.Environ(), "CGO_ENABLED=0")
+	guest.Stdout, guest.Stderr = os.Stderr, os.Stderr
+	if err := guest.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: go build sandgate-guest:", err)
+		return 1
+	}
 	return m.Run()
 }
 

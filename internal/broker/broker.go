@@ -101,6 +101,7 @@ type Broker struct {
 	getenv func(string) string // Options.Getenv, read again by Reload
 	public net.Listener
 	admin  net.Listener
+	vendor net.Listener // egress.vendor_listen; nil when none
 
 	obs      *observability
 	proxy    *egress.Proxy
@@ -173,6 +174,12 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	if b.proxy, err = egress.New(ecfg, egress.Deps{Log: b.log.With("component", "egress")}); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
+	// Vendor guests reach the same proxy over the network, each request
+	// naming its workspace by credential (docs/egress.md).
+	var vendor *providers.VendorEgress
+	if b.vendor, vendor, err = b.cfg.vendorEgress(b.tls, b.proxy); err != nil {
+		return nil, err
+	}
 	b.rawProvs = opts.Providers
 	if b.rawProvs == nil {
 		reg := opts.Kinds
@@ -180,7 +187,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 			reg = kinds(b.proxy)
 		}
 		penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: b.clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir,
-			Getenv: getenv, Transport: b.obs.transport, TracerProvider: tp}
+			Getenv: getenv, Transport: b.obs.transport, TracerProvider: tp, VendorEgress: vendor, GuestBinary: b.cfg.guestBinary()}
 		if b.rawProvs, err = reg.Open(ctx, b.cfg.providers, b.cfg.DefaultProvider, penv); err != nil {
 			return nil, err
 		}
@@ -383,7 +390,7 @@ func (b *Broker) Run(ctx context.Context) error {
 			return true
 		})
 	})
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	if b.claimLate {
 		wg.Go(func() {
 			for {
@@ -413,12 +420,23 @@ func (b *Broker) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("public listener: %w", err)
 		}
 	})
+	if b.vendor != nil {
+		wg.Go(func() {
+			if err := b.proxy.ServeShared(runCtx, tls.NewListener(b.vendor, b.tls)); err != nil {
+				errc <- fmt.Errorf("egress vendor listener: %w", err)
+			}
+		})
+	}
 	wg.Go(func() {
 		if err := b.ops.Serve(plainListener{b.admin}); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("operator listener: %w", err)
 		}
 	})
-	b.log.Info("sandgate listening", slog.String("listen", b.public.Addr().String()), slog.String("admin_listen", b.admin.Addr().String()), slog.String("broker_id", b.cfg.BrokerID))
+	attrs := []any{slog.String("listen", b.public.Addr().String()), slog.String("admin_listen", b.admin.Addr().String()), slog.String("broker_id", b.cfg.BrokerID)}
+	if b.vendor != nil {
+		attrs = append(attrs, slog.String("egress_vendor_listen", b.vendor.Addr().String()))
+	}
+	b.log.Info("sandgate listening", attrs...)
 	var runErr error
 	select {
 	case <-ctx.Done():
@@ -454,7 +472,7 @@ func (b *Broker) Run(ctx context.Context) error {
 // and the telemetry exporters, flushed. It does not close Options.Redis.
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
-		for _, ln := range []net.Listener{b.public, b.admin} {
+		for _, ln := range []net.Listener{b.public, b.admin, b.vendor} {
 			if ln != nil {
 				_ = ln.Close()
 			}

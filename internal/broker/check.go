@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
 )
 
 // Check validates what `serve` would refuse at startup and needs no
@@ -38,6 +40,19 @@ func (c *Config) Check(getenv func(string) string) error {
 	if f := c.Redis.TLS.CAFile; f != "" {
 		if err := readablePEM(f); err != nil {
 			errs = append(errs, fmt.Errorf("config: redis.tls.ca_file: %w", err))
+		}
+	}
+	if f := c.Egress.VendorCAFile; f != "" {
+		if err := readablePEM(f); err != nil {
+			errs = append(errs, fmt.Errorf("config: egress.vendor_ca_file: %w", err))
+		}
+	}
+	if c.Egress.VendorListen != "" && c.TLS.CertFile == "" {
+		errs = append(errs, errors.New("config: egress.vendor_listen serves TLS: set tls.cert_file and tls.key_file"))
+	}
+	if slices.ContainsFunc(c.providers, func(pc providers.Config) bool { return VendorKind(pc.Kind) }) {
+		if _, err := providers.ReadGuestBinary(c.guestBinary()); err != nil {
+			errs = append(errs, fmt.Errorf("config: guest_binary: %w", err))
 		}
 	}
 	for i, pc := range c.providers {

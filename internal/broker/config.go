@@ -133,7 +133,26 @@ type Config struct {
 		// and exempt from the private-address refusal;
 		// SANDGATE_EGRESS_HOSTS=name=ip,name=ip.
 		Hosts egressHosts `yaml:"hosts"`
+		// VendorListen is the host:port on which the proxy serves vendor
+		// guests (fly-machines, fly-sprites) in credential mode, over the
+		// broker's TLS; "" serves none, and those providers then offer
+		// egress [] only; SANDGATE_EGRESS_VENDOR_LISTEN.
+		VendorListen string `yaml:"vendor_listen"`
+		// VendorURL is how guests reach VendorListen, https://HOST:PORT
+		// (the address as the operator publishes it); required with
+		// vendor_listen; SANDGATE_EGRESS_VENDOR_URL.
+		VendorURL string `yaml:"vendor_url"`
+		// VendorCAFile is the PEM of the CA that signs the broker's
+		// certificate, given to guests to check VendorURL with; "" means
+		// the guest's system roots; SANDGATE_EGRESS_VENDOR_CA_FILE.
+		VendorCAFile string `yaml:"vendor_ca_file"`
 	} `yaml:"egress"`
+
+	// GuestBinary is the sandgate-guest agent the vendor providers
+	// deliver into every guest (their jail, lifetime keeper and egress
+	// forwarder); "" means sandgate-guest beside the broker's executable;
+	// SANDGATE_GUEST_BINARY.
+	GuestBinary string `yaml:"guest_binary"`
 
 	// DrainDelay is how long a stopping gateway reports not ready (GET
 	// /readyz) while it still serves, before it refuses new requests: time
@@ -290,6 +309,9 @@ func LoadConfig(path string, getenv func(string) string) (*Config, error) {
 	if _, err := c.egressConfig(nil); err != nil {
 		return nil, err
 	}
+	if err := c.checkVendorEgress(); err != nil {
+		return nil, err
+	}
 	pcs, err := c.providerConfigs()
 	if err != nil {
 		return nil, err
@@ -422,17 +444,34 @@ func parseProvider(n yaml.Node) (providers.Config, error) {
 	return pc, nil
 }
 
-// DevConfig is the config of `sandgate dev`: the defaults, over dataDir,
-// with the local provider and, when provider is another kind, that one
-// beside it as the default, its settings read from the vendor's own
-// environment variables.
-func DevConfig(dataDir, provider string) (*Config, error) {
-	cfg, err := LoadConfig("", func(string) string { return "" })
+// DevConfig is the config of `sandgate dev`: the defaults with every
+// SANDGATE_* override of getenv that serve honours, over dataDir, with the
+// local provider and, when provider is another kind, that one beside it
+// as the default, its settings read from the vendor's own environment
+// variables. The listeners, the data directory, the providers and the
+// store are dev's own (its flags and its embedded store). A vendor kind
+// whose guests reach the egress proxy over the network (VendorKind) gets
+// a vendor listener on a loopback port dev picks, unless
+// SANDGATE_EGRESS_VENDOR_LISTEN names one.
+func DevConfig(dataDir, provider string, getenv func(string) string) (*Config, error) {
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
+	cfg, err := LoadConfig("", func(k string) string {
+		switch k {
+		// Decided by dev's flags and its own set-up, not by overrides.
+		case "SANDGATE_PROVIDER", "SANDGATE_PROVIDER_NAME", "SANDGATE_PROVIDERS", "SANDGATE_PROVIDER_LOCAL", "SANDGATE_DEFAULT_PROVIDER":
+			return ""
+		}
+		return getenv(k)
+	})
 	if err != nil {
 		return nil, err
 	}
 	cfg.DataDir = dataDir
-	cfg.BrokerID = "sandgate-dev"
+	if getenv("SANDGATE_BROKER_ID") == "" {
+		cfg.BrokerID = "sandgate-dev"
+	}
 	if err := providers.ValidName(provider); err != nil {
 		return nil, fmt.Errorf("--provider: %w", err)
 	}
@@ -440,6 +479,10 @@ func DevConfig(dataDir, provider string) (*Config, error) {
 		cfg.providers = append(cfg.providers, providers.Config{Name: provider, Kind: provider, AcceptNew: true})
 	}
 	cfg.DefaultProvider = provider
+	if VendorKind(provider) && cfg.Egress.VendorListen == "" {
+		// The fakes' guests run on this host: loopback reaches it.
+		cfg.Egress.VendorListen = "127.0.0.1:0"
+	}
 	// For trying things: the local provider warns loudly where the host
 	// cannot enforce a workspace limit, and runs anyway.
 	for i := range cfg.providers {
@@ -450,3 +493,8 @@ func DevConfig(dataDir, provider string) (*Config, error) {
 	}
 	return cfg, nil
 }
+
+// VendorKind reports whether provider kind runs its guests on a vendor's
+// machines with the broker's own jail (sandgate-guest), reaching the
+// egress proxy over egress.vendor_listen.
+func VendorKind(kind string) bool { return kind == "fly-machines" || kind == "fly-sprites" }

@@ -4,12 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/billing"
+	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/token"
 )
@@ -33,8 +38,10 @@ const OperatorPrefix = "sgo_"
 
 // BootstrapDev creates the dev account, instance and token in rdb,
 // reusing the ids and tokens of an earlier run when st has them, and
-// prices and funds the account (DevFunds, DevPrices).
-func BootstrapDev(ctx context.Context, rdb redis.UniversalClient, st *DevState, provider string, clock sandgate.Clock) error {
+// prices and funds the account (DevFunds, DevPrices). anyEgress gives the
+// instance egress ceiling null: its provider enforces domain allowlists
+// through the broker's egress proxy.
+func BootstrapDev(ctx context.Context, rdb redis.UniversalClient, st *DevState, provider string, anyEgress bool, clock sandgate.Clock) error {
 	db := store.New(store.Config{}, rdb)
 	now := clock.Now()
 	if st.AccountID == "" || !token.Valid(st.Token, token.Prefix) || !token.Valid(st.AdminToken, OperatorPrefix) {
@@ -52,12 +59,12 @@ func BootstrapDev(ctx context.Context, rdb redis.UniversalClient, st *DevState, 
 	if err := db.CreateAccount(ctx, sandgate.Account{ID: st.AccountID, Name: "dev", CreatedAt: now}); err != nil {
 		return fmt.Errorf("bootstrap account: %w", err)
 	}
-	// The local provider reaches domains through the broker's egress
-	// proxy: ceiling null, any valid domain up to max_egress_domains.
-	// Another provider kind gets no egress at all, the one ceiling every
-	// provider can enforce.
+	// A provider that reaches domains through the broker's egress proxy
+	// gets ceiling null: any valid domain up to max_egress_domains.
+	// Another gets no egress at all, the one ceiling every provider can
+	// enforce.
 	scope := sandgate.Scope{EgressCeiling: []string{}, Limits: sandgate.DefaultLimits}
-	if provider == "local" {
+	if anyEgress {
 		scope.EgressCeiling = nil
 	}
 	in := sandgate.Instance{ID: st.InstanceID, AccountID: st.AccountID, Name: "dev", Provider: provider, Scope: scope, CreatedAt: now}
@@ -113,4 +120,61 @@ func bootstrapDevBilling(ctx context.Context, b *billing.Billing, acct string, n
 		return fmt.Errorf("bootstrap funds: %w", err)
 	}
 	return nil
+}
+
+// DevAnyEgress reports whether dev's instance on provider gets egress
+// ceiling null: the local provider, and a vendor kind whose guests reach
+// the egress proxy (egress.vendor_listen).
+func (c *Config) DevAnyEgress(provider string) bool {
+	return provider == "local" || (VendorKind(provider) && c.Egress.VendorListen != "")
+}
+
+// DevGuestBinary makes sure a vendor provider of dev has its
+// sandgate-guest agent. With neither guest_binary nor one beside the
+// executable (`go run ./cmd/sandgate dev` runs from the build cache), and
+// the working directory inside a checkout of sandgate, it builds the agent
+// from that checkout into DATA_DIR/bin (static and stripped: it runs on
+// guests of any distribution, and every Machine's config carries it) and sets guest_binary to it. Otherwise it leaves
+// the path to the provider, whose Open names it when it is missing.
+func (c *Config) DevGuestBinary(ctx context.Context, provider string) error {
+	if !VendorKind(provider) || c.GuestBinary != "" {
+		return nil
+	}
+	if _, err := os.Stat(c.guestBinary()); err == nil {
+		return nil
+	}
+	root, ok := checkoutRoot()
+	if !ok {
+		return nil
+	}
+	out := filepath.Join(c.DataDir, "bin", providers.GuestBinaryName)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./cmd/sandgate-guest")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build the sandgate-guest agent from the checkout at %s: %w\n%s", root, err, b)
+	}
+	c.GuestBinary = out
+	return nil
+}
+
+// checkoutRoot finds the sandgate module's root at or above the working
+// directory.
+func checkoutRoot() (string, bool) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", false
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil {
+			first, _, _ := strings.Cut(string(b), "\n")
+			return dir, strings.TrimSpace(first) == "module github.com/sandgate/sandgate"
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", false
+		}
+		dir = parent
+	}
 }

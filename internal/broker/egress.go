@@ -1,8 +1,14 @@
 package broker
 
 import (
+	"cmp"
+	"crypto/tls"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/providers"
 )
 
 // egressPorts is egress.ports: a YAML list of ports, or (as
@@ -103,4 +110,79 @@ func (c *Config) egressConfig(meter metric.Meter) (egress.Config, error) {
 		return egress.Config{}, fmt.Errorf("config: egress: %w", err)
 	}
 	return ec, nil
+}
+
+// checkVendorEgress checks egress.vendor_listen and egress.vendor_url:
+// both or neither, an address to listen on, and an https://HOST:PORT URL.
+func (c *Config) checkVendorEgress() error {
+	e := c.Egress
+	switch {
+	case e.VendorListen == "" && e.VendorURL == "":
+		if e.VendorCAFile != "" {
+			return errors.New("config: egress.vendor_ca_file is set without egress.vendor_listen")
+		}
+		return nil
+	case e.VendorListen == "":
+		return errors.New("config: egress.vendor_url is set without egress.vendor_listen")
+	case e.VendorURL == "":
+		return errors.New("config: egress.vendor_listen is set without egress.vendor_url, the https://HOST:PORT guests reach it at")
+	}
+	if _, _, err := net.SplitHostPort(e.VendorListen); err != nil {
+		return fmt.Errorf("config: egress.vendor_listen: %q is not HOST:PORT", e.VendorListen)
+	}
+	if _, err := providers.NewVendorEgress(e.VendorURL, nil, noRegistry{}); err != nil {
+		return fmt.Errorf("config: egress.vendor_url: %w", err)
+	}
+	return nil
+}
+
+// noRegistry stands for the proxy where a config is only checked.
+type noRegistry struct{}
+
+func (noRegistry) Register(egress.Workspace) (string, error) { return "", errors.New("no proxy") }
+func (noRegistry) Unregister(string)                         {}
+
+// vendorEgress opens the vendor guests' listener of egress.vendor_listen
+// and returns it with what the providers need to reach it; nil, nil when
+// none is configured. An empty egress.vendor_url (sandgate dev) means the
+// listener's own address. The listener serves TLS with tlsCfg.
+func (c *Config) vendorEgress(tlsCfg *tls.Config, reg providers.EgressRegistry) (net.Listener, *providers.VendorEgress, error) {
+	e := c.Egress
+	if e.VendorListen == "" {
+		return nil, nil, nil
+	}
+	if tlsCfg == nil {
+		return nil, nil, errors.New("config: egress.vendor_listen serves TLS: set tls.cert_file and tls.key_file")
+	}
+	var ca []byte
+	if e.VendorCAFile != "" {
+		var err error
+		if ca, err = os.ReadFile(e.VendorCAFile); err != nil {
+			return nil, nil, fmt.Errorf("config: egress.vendor_ca_file: %w", err)
+		}
+	}
+	ln, err := net.Listen("tcp", e.VendorListen)
+	if err != nil {
+		return nil, nil, fmt.Errorf("egress.vendor_listen: %w", err)
+	}
+	u := cmp.Or(e.VendorURL, "https://"+ln.Addr().String())
+	ve, err := providers.NewVendorEgress(u, ca, reg)
+	if err != nil {
+		ln.Close()
+		return nil, nil, fmt.Errorf("config: egress.vendor_url: %w", err)
+	}
+	return ln, ve, nil
+}
+
+// guestBinary is the path of the sandgate-guest agent: guest_binary, or
+// sandgate-guest beside the running executable.
+func (c *Config) guestBinary() string {
+	if c.GuestBinary != "" {
+		return c.GuestBinary
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return providers.GuestBinaryName // Open then names it as missing
+	}
+	return filepath.Join(filepath.Dir(exe), providers.GuestBinaryName)
 }

@@ -33,6 +33,15 @@ type MachineConfig struct {
 	Metadata    map[string]string `json:"metadata,omitempty"`
 	AutoDestroy bool              `json:"auto_destroy,omitempty"`
 	Restart     *Restart          `json:"restart,omitempty"`
+	Files       []File            `json:"files,omitempty"`
+}
+
+// File is one of a Machine's config.files, written at boot (§1.3):
+// guest_path absolute, raw_value base64, mode an integer.
+type File struct {
+	GuestPath string `json:"guest_path"`
+	RawValue  string `json:"raw_value,omitempty"`
+	Mode      int    `json:"mode,omitempty"`
 }
 
 // Guest is a Machine's CPU and memory (§1.9).

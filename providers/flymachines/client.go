@@ -20,8 +20,11 @@ import (
 // DefaultBaseURL is the public Machines API; FLY_FLAPS_BASE_URL replaces it.
 const DefaultBaseURL = "https://api.machines.dev"
 
-// maxBody bounds what is read of any response but an exec's.
-const maxBody = 8 << 20
+// maxBody bounds what is read of any response but an exec's. Every
+// Machine's config carries the agent (config.files, some 6 MB of base64)
+// and Fly echoes it in each answer holding a config: a list of 40 live
+// Machines fits.
+const maxBody = 256 << 20
 
 // APIError is a non-2xx answer of the Machines API. Its text carries the
 // status, the vendor's status code and the request id, never the body's

@@ -20,8 +20,10 @@ import (
 )
 
 // execDir is the broker-owned directory in the guest under which each
-// direct exec keeps its stdin, output and pid while it runs.
-const execDir = "/tmp/.sandgate/x"
+// direct exec keeps its stdin, output and pid while it runs: under the
+// agent's directory, which no jail sees, so a tenant cannot touch the pid
+// a kill reads.
+const execDir = providers.GuestExecDir
 
 // inlineStdin is the most base64 of stdin one vendor exec carries (a
 // multiple of 4, so that pieces decode on their own); more is staged into
@@ -84,18 +86,22 @@ exit 0
 // of its command, if it recorded itself.
 const killScript = `p=$(cat "$1/pid" 2>/dev/null) && [ -n "$p" ] && kill -9 "-$p" 2>/dev/null; exit 0`
 
-// Exec runs spec in the Machine. A command whose timeout fits one vendor
-// exec (cfg.DirectExecMax) runs directly; a longer one, or one without a
-// timeout, runs as a durable command of package runner and is polled, so
-// that no single vendor exec outlives the vendor's exec limit. Returns
-// providers.ErrSandboxGone once the Machine is gone.
+// Exec runs spec in the Machine, in a fresh jail of the agent. A command
+// whose timeout fits one vendor exec (cfg.DirectExecMax) runs directly; a
+// longer one, or one without a timeout, runs as a durable command of
+// package runner and is polled, so that no single vendor exec outlives
+// the vendor's exec limit. Returns providers.ErrSandboxGone once the
+// Machine is gone.
 func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
 	if err := checkSpec(spec); err != nil {
 		return providers.ExecResult{}, err
 	}
+	spec, err := p.jailed(ctx, sb, spec)
+	if err != nil {
+		return providers.ExecResult{}, err
+	}
 	start := time.Now()
 	var res providers.ExecResult
-	var err error
 	via := "exec"
 	if spec.Timeout > 0 && spec.Timeout <= p.cfg.DirectExecMax {
 		res, err = p.direct(ctx, sb, spec)
@@ -124,12 +130,23 @@ func checkSpec(spec providers.ExecSpec) error {
 
 // directExecer is the provider's direct exec, for packages runner,
 // execfile and execsnap: their scripts are short, so a timeout over
-// cfg.DirectExecMax is cut to it.
-type directExecer struct{ p *Provider }
+// cfg.DirectExecMax is cut to it. With jail, the script runs in a fresh
+// jail without egress or the workspace's env (files and snapshots: a path
+// then resolves as the tenant sees it, never into the agent's
+// directory); without, as root of the guest (the runner, whose files are
+// in the agent's directory and whose commands start their own jail).
+type directExecer struct {
+	p    *Provider
+	jail bool
+}
 
 func (d directExecer) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
 	if err := checkSpec(spec); err != nil {
 		return providers.ExecResult{}, err
+	}
+	if d.jail {
+		spec.Argv = providers.GuestRunArgv(nil, spec.Dir, false, spec.Argv)
+		spec.Dir = ""
 	}
 	if spec.Timeout <= 0 || spec.Timeout > d.p.cfg.DirectExecMax {
 		spec.Timeout = d.p.cfg.DirectExecMax
@@ -321,7 +338,7 @@ func (p *Provider) viaRunner(ctx context.Context, sb providers.Sandbox, spec pro
 		}
 		return providers.ExecResult{}, fmt.Errorf("flymachines: exec: %w", err)
 	}
-	defer p.cleanup(ctx, sb, runner.CommandDir(runner.DefaultDir, sb, id))
+	defer p.cleanup(ctx, sb, runner.CommandDir(providers.GuestCommandDir, sb, id))
 	pause, failures := 100*time.Millisecond, 0
 	for {
 		st, err := p.runner.ReadCommand(ctx, sb, id, max(spec.MaxOutputBytes, 0))
@@ -360,8 +377,16 @@ func (p *Provider) cancelCommand(ctx context.Context, sb providers.Sandbox, id s
 	}
 }
 
-// StartCommand launches a durable command; see [providers.Commander].
+// StartCommand launches a durable command in a fresh jail; see
+// [providers.Commander].
 func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id string, spec providers.ExecSpec) error {
+	if err := checkSpec(spec); err != nil {
+		return fmt.Errorf("%w: %w", providers.ErrCommandNotStarted, err)
+	}
+	spec, err := p.jailed(ctx, sb, spec)
+	if err != nil {
+		return err
+	}
 	return p.runner.StartCommand(ctx, sb, id, spec)
 }
 

@@ -1,21 +1,27 @@
 // Package flymachines runs workspaces as Fly Machines over the Machines
 // REST API, with a small client written from the vendor's fact sheet. Fly
 // has no lifetime field, no domain egress control and no filesystem
-// snapshots: the provider bounds each Machine's life by its own main
-// process (auto_destroy, restart "no"), denies all egress with an app-wide
-// network policy made before any Machine, and snapshots through exec into
-// the broker's blob store. README.md's "Fly Machines" section says what is
-// enforced where.
+// snapshots: the provider delivers the broker's agent (sandgate-guest)
+// into every Machine as config.files; the agent's keeper is the Machine's
+// main process and ends it at expires_at (auto_destroy, restart "no"),
+// every command runs in the agent's jail, whose only way out is the
+// keeper's forwarder to the broker's egress proxy, an app-wide network
+// policy narrows egress to the proxy's port as a second layer, and
+// snapshots go through exec into the broker's blob store. README.md's
+// "Fly Machines" section says what is enforced where.
 package flymachines
 
 import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"net"
 	"net/http"
 	"net/url"
 	"path/filepath"
@@ -49,8 +55,12 @@ const (
 // setsid, tar and gzip: exec, files, commands and snapshots run through them.
 const DefaultImage = "docker.io/library/ubuntu:24.04"
 
-// PolicyName is the app-wide network policy that denies all egress.
-const PolicyName = "sandgate-deny-egress"
+// PolicyName is the app-wide network policy that denies all egress;
+// ProxyPolicyName the one that allows only the egress proxy's port.
+const (
+	PolicyName      = "sandgate-deny-egress"
+	ProxyPolicyName = "sandgate-egress-proxy"
+)
 
 // Settings is the kind-specific block of a `kind: fly-machines` provider.
 // A zero field means the default noted beside it; the token is only ever
@@ -150,6 +160,9 @@ func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (p
 // Provider runs workspaces as Fly Machines of one app. Safe for concurrent use.
 type Provider struct {
 	cfg      Config
+	agent    []byte                  // the sandgate-guest binary delivered into every Machine
+	vendor   *providers.VendorEgress // nil: no egress proxy for guests, [] only
+	jails    jailCache
 	c        *client
 	log      *slog.Logger
 	clock    sandgate.Clock
@@ -174,7 +187,11 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flymachines: %w", err)
 	}
-	p := &Provider{cfg: c, log: env.Logger, clock: env.Clock, brokerID: env.BrokerID}
+	agent, err := providers.ReadGuestBinary(env.GuestBinary)
+	if err != nil {
+		return nil, fmt.Errorf("flymachines: %w", err)
+	}
+	p := &Provider{cfg: c, agent: agent, vendor: env.VendorEgress, log: env.Logger, clock: env.Clock, brokerID: env.BrokerID}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -183,8 +200,11 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	}
 	p.http = &http.Client{Transport: c.Transport}
 	p.c = &client{base: c.BaseURL, auth: sandgate.Secret(authHeader(c.Token.Reveal())), http: p.http, log: p.log, sleep: tick.Sleep}
-	p.runner = runner.New(directExecer{p}, "")
-	p.snap = execsnap.New(directExecer{p}, store, execsnap.Config{ChunkBytes: snapChunk, OpTimeout: c.DirectExecMax})
+	// The runner's scripts run outside the jail (their files are under the
+	// agent's directory, which no jail sees); the commands they start, and
+	// the file and snapshot scripts, run in one.
+	p.runner = runner.New(directExecer{p: p}, providers.GuestCommandDir)
+	p.snap = execsnap.New(directExecer{p: p, jail: true}, store, execsnap.Config{ChunkBytes: snapChunk, OpTimeout: c.DirectExecMax})
 	if err := p.ensureApp(ctx); err != nil {
 		p.http.CloseIdleConnections()
 		return nil, err
@@ -195,6 +215,10 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	}
 	return p, nil
 }
+
+// createTimeout is the least bound of a create call (Config.Timeout when
+// longer): its body and answer hold the agent.
+const createTimeout = 2 * time.Minute
 
 // snapChunk is what one exec moves of a snapshot: well below any output
 // or request size a vendor would allow, once base64 adds a third.
@@ -276,25 +300,52 @@ func denyEgress() NetworkPolicy {
 	}
 }
 
-// ensurePolicy makes sure the app has the deny-all egress policy. Policies
-// take effect when a Machine starts, so this runs before any Create.
+// proxyEgress is the policy of a provider whose guests reach the broker's
+// egress proxy: egress to the proxy's TCP port only. It is a second layer:
+// the jail, whose only way out is the forwarder, is what keeps a
+// workspace to its allowlist.
+func proxyEgress(port int) NetworkPolicy {
+	return NetworkPolicy{
+		Name:     ProxyPolicyName,
+		Selector: PolicySelector{All: true},
+		Rules: []PolicyRule{{Action: "allow", Direction: "egress",
+			Ports: []PolicyPort{{Protocol: "tcp", Port: port}}}},
+	}
+}
+
+// wantPolicy is the app's egress policy: the proxy's port when guests
+// reach the proxy, else deny-all.
+func (p *Provider) wantPolicy() NetworkPolicy {
+	if p.vendor != nil {
+		if _, port, err := net.SplitHostPort(p.vendor.Addr); err == nil {
+			if n, err := strconv.Atoi(port); err == nil {
+				return proxyEgress(n)
+			}
+		}
+	}
+	return denyEgress()
+}
+
+// ensurePolicy makes sure the app has its egress policy (wantPolicy).
+// Policies take effect when a Machine starts, so this runs before any
+// Create.
 func (p *Provider) ensurePolicy(ctx context.Context) error {
 	have, err := p.policies(ctx)
 	if err != nil {
 		return err
 	}
-	want := denyEgress()
+	want := p.wantPolicy()
 	for _, np := range have {
-		if np.Name == PolicyName && samePolicy(np, want) {
+		if np.Name == want.Name && samePolicy(np, want) {
 			return nil
 		}
 	}
 	cctx, cancel := p.callCtx(ctx)
 	defer cancel()
 	if err := p.c.do(cctx, "create network policy", http.MethodPost, p.appPath()+"/network_policies", nil, want, nil, maxBody); err != nil {
-		return fmt.Errorf("flymachines: deny-all egress policy: %w", err)
+		return fmt.Errorf("flymachines: egress policy: %w", err)
 	}
-	p.log.Info("fly network policy created", "policy", PolicyName)
+	p.log.Info("fly network policy created", "policy", want.Name)
 	return nil
 }
 
@@ -338,35 +389,19 @@ func (p *Provider) labels(spec providers.CreateSpec) map[string]string {
 	}
 }
 
-// lifetimeScript is the Machine's main process: it ends at $1 (unix
-// seconds, by the guest's clock) or after $2 seconds of its own sleeping,
-// whichever comes first, so a wrong guest clock cannot stretch the
-// lifetime past the create's own count. Fly then destroys the Machine
-// (auto_destroy with restart "no"), with or without a broker alive.
-const lifetimeScript = `d=$1 n=$2 e=0
-while [ "$e" -lt "$n" ]; do
-	t=$(date +%s) && [ "$t" -ge "$d" ] && exit 0
-	s=$((n - e))
-	[ "$s" -gt 10 ] && s=10
-	sleep "$s"
-	e=$((e + s))
-done
-exit 0
-`
-
-// MachineConfig returns the config Create sends for spec at now. Tests
-// check it field by field.
-func (p *Provider) MachineConfig(spec providers.CreateSpec, now time.Time) (MachineConfig, error) {
+// MachineConfig returns the config Create sends for spec at now, cred
+// being the workspace's egress-proxy credential ("" for no egress). The
+// agent, the credential and the proxy's CA are config.files under
+// /.sandgate; the main process is the agent's keeper, which ends the
+// Machine at expires_at (then Fly destroys it: auto_destroy, restart
+// "no"), with or without a broker alive. Tests check it field by field.
+func (p *Provider) MachineConfig(spec providers.CreateSpec, now time.Time, cred string) (MachineConfig, error) {
 	if spec.ExpiresAt.IsZero() {
 		return MachineConfig{}, errors.New("flymachines: create: no expires_at: the Machine's lifetime needs one")
 	}
 	left := spec.ExpiresAt.Sub(now)
 	if left <= 0 {
 		return MachineConfig{}, errors.New("flymachines: create: expires_at has passed")
-	}
-	secs := int64(left / time.Second) // rounded down: never past expires_at
-	if secs < 1 {
-		secs = 1
 	}
 	g, err := guestFor(tierOf(spec.Size))
 	if err != nil {
@@ -376,11 +411,23 @@ func (p *Provider) MachineConfig(spec providers.CreateSpec, now time.Time) (Mach
 	if env == nil {
 		env = map[string]string{}
 	}
+	files := []File{{GuestPath: providers.GuestAgent, RawValue: base64.StdEncoding.EncodeToString(p.agent), Mode: 0o700}}
+	var ve *providers.VendorEgress
+	if cred != "" {
+		ve = p.vendor
+		files = append(files, File{GuestPath: providers.GuestCredFile, RawValue: base64.StdEncoding.EncodeToString([]byte(cred + "\n")), Mode: 0o600})
+		if len(ve.CA) > 0 {
+			files = append(files, File{GuestPath: providers.GuestCAFile, RawValue: base64.StdEncoding.EncodeToString(ve.CA), Mode: 0o600})
+		}
+	}
 	return MachineConfig{
-		Image:       cmp.Or(spec.Image, p.cfg.DefaultImage),
-		Guest:       &g,
-		Init:        &Init{Exec: []string{"/bin/sh", "-c", lifetimeScript, "sandgate-lifetime", strconv.FormatInt(spec.ExpiresAt.Unix(), 10), strconv.FormatInt(secs, 10)}},
+		Image: cmp.Or(spec.Image, p.cfg.DefaultImage),
+		Guest: &g,
+		Init:  &Init{Exec: providers.GuestKeeperArgv(spec.ExpiresAt, ve, spec.WorkspaceID, false)},
+		// The workspace's env, for the jails of every broker process
+		// (jailOf); the jail passes it on, and nothing else of the guest's.
 		Env:         env,
+		Files:       files,
 		Metadata:    p.labels(spec),
 		AutoDestroy: true,
 		Restart:     &Restart{Policy: "no"},
@@ -388,21 +435,32 @@ func (p *Provider) MachineConfig(spec providers.CreateSpec, now time.Time) (Mach
 }
 
 // Create creates the workspace's Machine and waits until it has started.
-// It refuses a non-empty egress allowlist: Fly can only be made to deny
-// everything. A Machine whose start fails or cannot be confirmed is
-// destroyed again.
-func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
-	if len(spec.Egress.AllowedDomains) > 0 {
-		return providers.Sandbox{}, errors.New("flymachines: create: cannot filter egress by domain; only an empty allowlist (no network) is supported")
+// A workspace with domains to reach is registered with the broker's
+// egress proxy first (refused when guests cannot reach it) and
+// unregistered again when the create fails. A Machine whose start fails or
+// cannot be confirmed is destroyed again.
+func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ providers.Sandbox, err error) {
+	cred, err := providers.RegisterVendorEgress(p.vendor, spec)
+	if err != nil {
+		return providers.Sandbox{}, fmt.Errorf("flymachines: create: %w", err)
+	}
+	if cred != "" {
+		defer func() {
+			if err != nil {
+				p.vendor.Proxy.Unregister(spec.WorkspaceID)
+			}
+		}()
 	}
 	now := p.clock.Now()
-	cfg, err := p.MachineConfig(spec, now)
+	cfg, err := p.MachineConfig(spec, now, cred)
 	if err != nil {
 		return providers.Sandbox{}, err
 	}
 	req := CreateMachineRequest{Config: cfg, Region: p.cfg.Region, SkipServiceRegistration: true}
 	var m Machine
-	cctx, cancel := p.callCtx(ctx)
+	// The request and its answer carry the agent (config.files, some
+	// megabytes each way): more than an ordinary call's bound.
+	cctx, cancel := context.WithTimeout(ctx, max(p.cfg.Timeout, createTimeout))
 	err = p.c.do(cctx, "create machine", http.MethodPost, p.appPath()+"/machines", nil, req, &m, maxBody)
 	cancel()
 	if err != nil {
@@ -422,6 +480,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		return providers.Sandbox{}, fmt.Errorf("flymachines: create: %w", err)
 	}
 	sb := providers.Sandbox{Ref: m.ID, Labels: p.labels(spec), StartedAt: p.clock.Now()}
+	p.jails.put(m.ID, jailOf{env: maps.Clone(cfg.Env), egress: cred != ""})
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(spec.WorkspaceID), sandgate.InstanceAttr(spec.InstanceID),
 		"fly_cpus", cfg.Guest.CPUs, "fly_memory_mb", cfg.Guest.MemoryMB, "env_count", len(cfg.Env))
 	return sb, nil
@@ -559,7 +618,8 @@ func (p *Provider) destroyByWorkspace(ctx context.Context, wsID string) {
 	}
 }
 
-// Terminate force-destroys the Machine; one already gone is success.
+// Terminate force-destroys the Machine, one already gone being success,
+// and revokes the workspace's egress credential.
 func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	if sb.Ref == "" {
 		return nil
@@ -567,6 +627,10 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	if err := p.destroy(ctx, sb.Ref); err != nil {
 		return fmt.Errorf("flymachines: terminate: %w", err)
 	}
+	if p.vendor != nil && sb.Labels[providers.LabelWorkspace] != "" {
+		p.vendor.Proxy.Unregister(sb.Labels[providers.LabelWorkspace])
+	}
+	p.jails.drop(sb.Ref)
 	p.log.Info("sandbox terminated", "fly_machine_id", sb.Ref)
 	return nil
 }
@@ -654,12 +718,12 @@ func (p *Provider) listBroker(ctx context.Context, id string, extra url.Values) 
 
 // ReadFile reads a file in the Machine; see [execfile.ReadFile].
 func (p *Provider) ReadFile(ctx context.Context, sb providers.Sandbox, path string, max int64, w io.Writer) (int64, error) {
-	return execfile.ReadFile(ctx, directExecer{p}, sb, path, max, w)
+	return execfile.ReadFile(ctx, directExecer{p: p, jail: true}, sb, path, max, w)
 }
 
 // WriteFile writes a file in the Machine; see [execfile.WriteFile].
 func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path string, r io.Reader) error {
-	return execfile.WriteFile(ctx, directExecer{p}, sb, path, r)
+	return execfile.WriteFile(ctx, directExecer{p: p, jail: true}, sb, path, r)
 }
 
 // Snapshot archives spec.Dir in the Machine and stores it in the blob
@@ -678,14 +742,15 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef
 	return p.snap.Delete(ctx, ref)
 }
 
-// Capabilities implements providers.Provider: egress [] only (the app's
-// deny-all policy; domain allowlists wait for the broker's egress proxy),
-// a vendor-side lifetime (the main process ends at expires_at and Fly
-// destroys the Machine), the idle timeout by the broker's reaper,
-// snapshots through the blob store, durable commands by package runner.
+// Capabilities implements providers.Provider: domain allowlists through
+// the broker's egress proxy when guests reach it (egress.vendor_listen),
+// else [] only; a vendor-side lifetime (the agent's keeper, the main
+// process, ends at expires_at and Fly destroys the Machine), the idle
+// timeout by the broker's reaper, snapshots through the blob store,
+// durable commands by package runner.
 func (p *Provider) Capabilities() providers.Capabilities {
 	return providers.Capabilities{
-		Egress:         providers.EgressNoneOnly,
+		Egress:         p.vendor.EgressMode(),
 		VendorLifetime: true,
 		VendorIdle:     false,
 		Snapshots:      true,

@@ -2,7 +2,9 @@ package flymachines_test
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	stdmaps "maps"
 	"net/http"
@@ -10,12 +12,16 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/internal/guesttest"
+	"github.com/sandgate/sandgate/internal/testpki"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/flymachines"
 	"github.com/sandgate/sandgate/providers/flymachines/flytest"
@@ -51,7 +57,7 @@ func config(t testing.TB, s *flytest.Server) flymachines.Config {
 
 func newProvider(t testing.TB, c flymachines.Config, broker string) *flymachines.Provider {
 	t.Helper()
-	p, err := flymachines.New(t.Context(), c, providers.Env{BrokerID: broker})
+	p, err := flymachines.New(t.Context(), c, providers.Env{GuestBinary: guesttest.Binary(t), BrokerID: broker})
 	if err != nil {
 		t.Fatalf("flymachines.New: %v", err)
 	}
@@ -99,7 +105,7 @@ func TestMachineConfig(t *testing.T) {
 			if tt.size != "small" {
 				// Only the config matters here; the fake would really run
 				// an xlarge guest.
-				cfg, err := p.MachineConfig(spec, time.Now())
+				cfg, err := p.MachineConfig(spec, time.Now(), "")
 				if err != nil {
 					t.Fatalf("MachineConfig: %v", err)
 				}
@@ -138,9 +144,16 @@ func TestMachineConfig(t *testing.T) {
 			if c.Env[providertest.EnvVar] != providertest.EnvValue || len(c.Env) != 1 {
 				t.Errorf("env = %v; want only the workspace's", c.Env)
 			}
-			if c.Init == nil || len(c.Init.Exec) < 4 || c.Init.Exec[0] != "/bin/sh" ||
-				!slices.Contains(c.Init.Exec, strconvUnix(spec.ExpiresAt)) {
-				t.Errorf("init = %+v; want the lifetime script ending at %d", c.Init, spec.ExpiresAt.Unix())
+			if c.Init == nil || !slices.Equal(c.Init.Exec, []string{providers.GuestAgent, "keeper", "--until", strconvUnix(spec.ExpiresAt)}) {
+				t.Errorf("init = %+v; want the agent's keeper ending at %d, without egress", c.Init, spec.ExpiresAt.Unix())
+			}
+			agent, err := os.ReadFile(guesttest.Binary(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(c.Files) != 1 || c.Files[0].GuestPath != providers.GuestAgent || c.Files[0].Mode != 0o700 ||
+				c.Files[0].RawValue == nil || *c.Files[0].RawValue != base64.StdEncoding.EncodeToString(agent) {
+				t.Errorf("files = %d entries; want the agent alone at %s, mode 0700", len(c.Files), providers.GuestAgent)
 			}
 			if c.Image != flymachines.DefaultImage {
 				t.Errorf("image = %q; want %q", c.Image, flymachines.DefaultImage)
@@ -155,18 +168,20 @@ func strconvUnix(t time.Time) string { return strconv.FormatInt(t.Unix(), 10) }
 // own main process ends at expires_at and Fly destroys it (auto_destroy).
 func TestLifetimeWithoutBroker(t *testing.T) {
 	s := startFake(t, flytest.Options{})
-	p, err := flymachines.New(t.Context(), config(t, s), providers.Env{BrokerID: "broker-life"})
+	p, err := flymachines.New(t.Context(), config(t, s), providers.Env{GuestBinary: guesttest.Binary(t), BrokerID: "broker-life"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	spec := providertest.Spec(t)
-	spec.ExpiresAt = time.Now().Add(3 * time.Second)
+	// Long enough for a create on a loaded host (the agent's config.files
+	// make a boot slower than a bare one).
+	spec.ExpiresAt = time.Now().Add(45 * time.Second)
 	sb, err := p.Create(t.Context(), spec)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
 	p.Close() // no broker from here on
-	waitUntil(t, 30*time.Second, "machine destroyed at expires_at", func() bool {
+	waitUntil(t, time.Until(spec.ExpiresAt)+60*time.Second, "machine destroyed at expires_at", func() bool {
 		m, _ := s.Machine(sb.Ref)
 		return m.State == "destroyed"
 	})
@@ -213,6 +228,85 @@ func TestEgressDenyAllBeforeFirstExec(t *testing.T) {
 	}
 }
 
+// registry stands for the broker's egress proxy: it registers every
+// workspace with a fixed credential.
+type registry struct {
+	mu                       sync.Mutex
+	registered, unregistered []string
+}
+
+func (r *registry) Register(ws egress.Workspace) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.registered = append(r.registered, ws.ID+"="+strings.Join(ws.AllowedDomains, ","))
+	return "cred-" + ws.ID, nil
+}
+
+func (r *registry) Unregister(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unregistered = append(r.unregistered, id)
+}
+
+// TestEgressThroughTheProxy: with the broker's proxy served to guests,
+// the provider offers domain allowlists; the app's policy allows only the
+// proxy's port; a workspace with domains is registered, gets its
+// credential and the proxy's CA as config.files beside the agent and a
+// keeper that forwards to the proxy, and is unregistered at terminate.
+func TestEgressThroughTheProxy(t *testing.T) {
+	s := startFake(t, flytest.Options{})
+	reg := &registry{}
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: testpki.Issue(t, "proxy CA", []string{"proxy.sg.test"}, nil).CADER})
+	ve, err := providers.NewVendorEgress("https://proxy.sg.test:8443", ca, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := flymachines.New(t.Context(), config(t, s), providers.Env{BrokerID: "broker-proxy", GuestBinary: guesttest.Binary(t), VendorEgress: ve})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if c := p.Capabilities(); c.Egress != providers.EgressProxy {
+		t.Errorf("egress = %v; want proxy", c.Egress)
+	}
+	pols := s.Policies("sandgate-test")
+	if len(pols) != 1 || pols[0].Name != flymachines.ProxyPolicyName || !pols[0].Selector.All || len(pols[0].Rules) != 1 ||
+		pols[0].Rules[0].Action != "allow" || pols[0].Rules[0].Direction != "egress" || len(pols[0].Rules[0].Ports) != 1 ||
+		pols[0].Rules[0].Ports[0].Protocol != "tcp" || pols[0].Rules[0].Ports[0].Port != 8443 {
+		t.Fatalf("policies = %+v; want one egress policy for all machines allowing tcp 8443 only", pols)
+	}
+	spec := providertest.Spec(t)
+	spec.Egress.AllowedDomains = []string{"example.com"}
+	sb := providertest.Create(t, p, spec)
+	if want := spec.WorkspaceID + "=example.com"; len(reg.registered) != 1 || reg.registered[0] != want {
+		t.Errorf("registered %v; want %s", reg.registered, want)
+	}
+	m, _ := s.Machine(sb.Ref)
+	files := map[string]string{}
+	for _, f := range m.Config.Files {
+		if f.RawValue != nil {
+			b, _ := base64.StdEncoding.DecodeString(*f.RawValue)
+			files[f.GuestPath+" "+strconv.FormatUint(uint64(f.Mode), 8)] = string(b)
+		}
+	}
+	if len(files) != 3 || files[providers.GuestCredFile+" 600"] != "cred-"+spec.WorkspaceID+"\n" || files[providers.GuestCAFile+" 600"] != string(ca) ||
+		len(files[providers.GuestAgent+" 700"]) == 0 {
+		t.Errorf("files: %d; want the agent (0700), the credential and the CA (0600)", len(files))
+	}
+	want := []string{providers.GuestAgent, "keeper", "--until", strconvUnix(spec.ExpiresAt.Add(time.Second - 1)), "--egress-sock", providers.GuestEgressSock,
+		"--egress-proxy", "proxy.sg.test:8443", "--egress-server-name", "proxy.sg.test", "--egress-user", spec.WorkspaceID,
+		"--egress-cred-file", providers.GuestCredFile, "--egress-ca", providers.GuestCAFile}
+	if m.Config.Init == nil || !slices.Equal(m.Config.Init.Exec, want) {
+		t.Errorf("init = %+v; want %q", m.Config.Init, want)
+	}
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if len(reg.unregistered) != 1 || reg.unregistered[0] != spec.WorkspaceID {
+		t.Errorf("unregistered %v; want %s", reg.unregistered, spec.WorkspaceID)
+	}
+}
+
 // TestAppCreatedOnce: a missing app is created in the org; an answer lost
 // on the way is retried with the same idempotency key.
 func TestAppCreatedOnce(t *testing.T) {
@@ -230,7 +324,7 @@ func TestAppCreatedOnce(t *testing.T) {
 	}
 	c := config(t, s)
 	c.App, c.Org = "sandgate-other", ""
-	if _, err := flymachines.New(t.Context(), c, providers.Env{BrokerID: "b"}); err == nil || !strings.Contains(err.Error(), flymachines.EnvOrg) {
+	if _, err := flymachines.New(t.Context(), c, providers.Env{GuestBinary: guesttest.Binary(t), BrokerID: "b"}); err == nil || !strings.Contains(err.Error(), flymachines.EnvOrg) {
 		t.Errorf("New without an org for a missing app = %v; want an error naming %s", err, flymachines.EnvOrg)
 	}
 }
@@ -239,7 +333,9 @@ func TestAppCreatedOnce(t *testing.T) {
 // 400 that says the deadline passed.
 func TestWaitDeadlineAnswers(t *testing.T) {
 	for _, wait400 := range []bool{false, true} {
-		s := startFake(t, flytest.Options{StartDelay: 1500 * time.Millisecond, MaxWait: 200 * time.Millisecond, Wait400: wait400})
+		// The start outlasts the create's answer, which carries the agent
+		// (megabytes of JSON) and may be slow on a loaded host.
+		s := startFake(t, flytest.Options{StartDelay: 10 * time.Second, MaxWait: 200 * time.Millisecond, Wait400: wait400})
 		p := newProvider(t, config(t, s), "broker-wait")
 		sb := providertest.Create(t, p, providertest.Spec(t))
 		if res := providertest.Exec(t, p, sb, "echo", "up"); string(res.Stdout) != "up\n" {
@@ -340,7 +436,7 @@ func TestAuthAndErrors(t *testing.T) {
 	s := startFake(t, flytest.Options{})
 	c := config(t, s)
 	c.Token = "fm2_wrong-secret-token"
-	_, err := flymachines.New(t.Context(), c, providers.Env{BrokerID: "b"})
+	_, err := flymachines.New(t.Context(), c, providers.Env{GuestBinary: guesttest.Binary(t), BrokerID: "b"})
 	var ae *flymachines.APIError
 	if !errors.As(err, &ae) || ae.StatusCode != 401 {
 		t.Fatalf("New with a wrong token = %v; want a 401 APIError", err)
@@ -363,7 +459,7 @@ func TestOpenFromEnvironment(t *testing.T) {
 	for _, missing := range []string{flymachines.EnvToken, flymachines.EnvApp} {
 		e := maps(env)
 		delete(e, missing)
-		_, err := flymachines.Open(t.Context(), "fly-machines", yaml.Node{}, providers.Env{BrokerID: "b", DataDir: t.TempDir(), Getenv: func(k string) string { return e[k] }})
+		_, err := flymachines.Open(t.Context(), "fly-machines", yaml.Node{}, providers.Env{GuestBinary: guesttest.Binary(t), BrokerID: "b", DataDir: t.TempDir(), Getenv: func(k string) string { return e[k] }})
 		if err == nil || !strings.Contains(err.Error(), missing) {
 			t.Errorf("Open without %s = %v; want an error naming it", missing, err)
 		}

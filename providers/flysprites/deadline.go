@@ -3,70 +3,53 @@ package flysprites
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
+
+	"github.com/sandgate/sandgate/providers"
 )
 
 // Sprites have no lifetime field, and idling only puts a sprite to sleep
-// (sheet §9). So Create starts a deadline process inside the sprite, in a
-// session of its own (it outlives the exec that started it and every
-// broker process): it waits on the wall clock (a sleeping sprite does not
-// advance a monotonic sleep), and at expires_at kills every process whose
-// environment carries markerVar, which every command the broker starts
-// does, until none is left. The sprite then has nothing to run, sleeps,
-// and costs only storage until the reaper deletes it. The deadline process
-// itself runs without the marker.
+// (sheet §9). So Create starts the agent's keeper (sandgate-guest keeper
+// --detach) inside the sprite, outside every jail, in a session of its
+// own: it outlives the exec that started it and every broker process,
+// waits on the wall clock (a sleeping sprite does not advance a monotonic
+// sleep), and at expires_at kills every process in another PID namespace
+// (every jail, so every tenant process) until none is left. The sprite
+// then has nothing to run, sleeps, and costs only storage until the
+// reaper deletes it. A tenant, in its jail, can neither see nor signal it.
 
-// deadlineScript gets $1 = the deadline in unix seconds, $2 = the marker
-// line (NAME=VALUE).
-const deadlineScript = `d=$1 m=$2
-while :; do
-	n=$(date +%s) || n=0
-	[ "$n" -ge "$d" ] && break
-	r=$((d - n))
-	[ "$r" -gt 30 ] && r=30
-	sleep "$r"
+// keeperScript gets $1 = the agent's directory, then the keeper's argv. It
+// makes the directory and the files the fs API wrote root's own (mode
+// 0700 and 0600), then starts the keeper, which detaches itself once
+// it serves.
+const keeperScript = `d=$1
+shift
+chown -R 0:0 "$d" && chmod 0700 "$d" "$d/` + providers.GuestBinaryName + `" || exit 1
+for f in "$d/egress.cred" "$d/egress.ca" "$d/jail.json"; do
+	if [ -e "$f" ]; then chmod 0600 "$f" || exit 1; fi
 done
-while :; do
-	k=0
-	for e in /proc/[0-9]*/environ; do
-		p=${e#/proc/}
-		p=${p%/environ}
-		[ "$p" = "$$" ] && continue
-		grep -qzxF -- "$m" "$e" 2>/dev/null || continue
-		kill -KILL "$p" 2>/dev/null && k=1
-	done
-	[ "$k" = 1 ] || break
-	sleep 1
-done
+exec "$@"
 `
 
-// exitNoSetsid: the guest has no setsid, so no process can outlive its exec.
-const exitNoSetsid = 84
-
-// launchDeadline gets $1 = the script, $2 and $3 its arguments, and starts
-// it detached.
-var launchDeadline = `command -v setsid >/dev/null 2>&1 || exit ` + strconv.Itoa(exitNoSetsid) + `
-setsid sh -c "$1" sh "$2" "$3" </dev/null >/dev/null 2>&1 &
-exit 0
-`
-
-// startDeadline starts the deadline process of sprite name, with the
-// sprite's default environment (no marker).
-func (p *Provider) startDeadline(ctx context.Context, name string, base []string, at time.Time) error {
-	unix := at.Unix()
-	if at.Nanosecond() > 0 {
-		unix++ // never before expires_at
+// startKeeper delivers nothing itself: Create wrote the agent and its
+// files with the fs API. It runs keeperScript as root through one exec. A
+// zero at (a test's spec: the broker always sets expires_at) starts no
+// keeper.
+func (p *Provider) startKeeper(ctx context.Context, name string, at time.Time, wsID string, egress bool) error {
+	var ve *providers.VendorEgress
+	if egress {
+		ve = p.vendor
 	}
-	r, err := p.c.run(ctx, name, wsCommand{
-		argv: []string{"sh", "-c", launchDeadline, "sh", deadlineScript, strconv.FormatInt(unix, 10), markerVar + "=" + name},
-		env:  base, max: 1 << 10, killAfter: time.Minute,
-	})
+	argv := []string{"sudo", "-n", "sh", "-c", keeperScript, "sh", providers.GuestDir}
+	if !at.IsZero() {
+		argv = append(argv, providers.GuestKeeperArgv(at, ve, wsID, true)...)
+	}
+	r, err := p.c.run(ctx, name, wsCommand{argv: argv, max: 4 << 10, killAfter: time.Minute})
 	if err != nil {
-		return fmt.Errorf("flysprites: create: start the deadline process: %w", err)
+		return fmt.Errorf("flysprites: create: start the keeper: %w", err)
 	}
 	if r.res.ExitCode != 0 {
-		return fmt.Errorf("flysprites: create: start the deadline process: exit %d", r.res.ExitCode)
+		return fmt.Errorf("flysprites: create: start the keeper: exit %d", r.res.ExitCode)
 	}
 	return nil
 }

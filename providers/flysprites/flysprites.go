@@ -1,19 +1,22 @@
 // Package flysprites runs workspaces on Fly Sprites: one sprite per
-// workspace, its egress filtered by the vendor's domain policy (set and
-// read back before the first command), commands over the exec WebSocket,
-// files through the fs API, snapshots through the shared blob store, and
-// the hard lifetime enforced inside the sprite by a deadline process plus
-// the broker's reaper. Every vendor fact comes from the fact sheet
+// workspace, every command over the exec WebSocket in a fresh jail of the
+// broker's agent (sandgate-guest, delivered through the fs API), whose
+// only way out is the agent's forwarder to the broker's egress proxy; the
+// vendor's domain policy (set and read back before the first command)
+// allows only the proxy's host, as a second layer; files go through the
+// fs API, snapshots through the shared blob store, and the hard lifetime
+// is enforced inside the sprite by the agent's keeper plus the broker's
+// reaper. Every vendor fact comes from the fact sheet
 // ../shared/reference/fly-sprites.md; README.md ("Fly Sprites") says what
 // is enforced where.
 package flysprites
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -33,6 +36,7 @@ import (
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/blobstore"
 	"github.com/sandgate/sandgate/providers/execsnap"
+	"github.com/sandgate/sandgate/providers/runner"
 )
 
 // Environment variables, named as the vendor names them (sheet §1).
@@ -47,11 +51,10 @@ const DefaultBaseURL = "https://api.sprites.dev"
 // Image is the one image: Sprites has no image choice on create.
 const Image = "sprite"
 
-// Guest paths the broker owns inside every sprite; no client is told of them.
-const (
-	guestDir     = "/tmp/.sandgate"
-	guestEnvFile = guestDir + "/env" // the workspace's environment, NUL-separated, 0600
-)
+// jailFile is what every jail of a sprite gets (jailOf, JSON), in the
+// agent's directory (root's, mode 0600): read by a broker process that
+// did not create the sprite.
+const jailFile = providers.GuestDir + "/jail.json"
 
 // Settings is the kind-specific block of a `kind: fly-sprites` provider.
 // It has no fields: the token and the URL come from SPRITE_TOKEN and
@@ -106,9 +109,19 @@ type Provider struct {
 	log      *slog.Logger
 	clock    sandgate.Clock
 	snap     *execsnap.Snapshotter
+	runner   *runner.Runner
+	agent    []byte                  // the sandgate-guest binary delivered into every sprite
+	vendor   *providers.VendorEgress // nil: no egress proxy for guests, [] only
 
-	mu  sync.Mutex
-	env map[string][]string // sprite name → the env sent with every exec, as loaded
+	mu    sync.Mutex
+	jails map[string]jailOf // sprite name → its jails' settings, as loaded
+}
+
+// jailOf is what every jail of a sprite gets: the workspace's env, and
+// whether the keeper serves it egress.
+type jailOf struct {
+	Env    map[string]string `json:"env"`
+	Egress bool              `json:"egress"`
 }
 
 // New returns a provider. It makes no call: the first Create or List
@@ -124,6 +137,10 @@ func New(_ context.Context, c Config, env providers.Env) (*Provider, error) {
 	if err != nil || (base.Scheme != "https" && base.Scheme != "http") || base.Host == "" {
 		return nil, fmt.Errorf("flysprites: %s must be an http(s) URL", EnvAPIURL)
 	}
+	agent, err := providers.ReadGuestBinary(env.GuestBinary)
+	if err != nil {
+		return nil, fmt.Errorf("flysprites: %w", err)
+	}
 	hc := c.HTTPClient
 	if hc == nil {
 		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
@@ -136,7 +153,9 @@ func New(_ context.Context, c Config, env providers.Env) (*Provider, error) {
 		brokerID: env.BrokerID,
 		log:      env.Logger,
 		clock:    env.Clock,
-		env:      map[string][]string{},
+		jails:    map[string]jailOf{},
+		agent:    agent,
+		vendor:   env.VendorEgress,
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -144,25 +163,32 @@ func New(_ context.Context, c Config, env providers.Env) (*Provider, error) {
 	if p.clock == nil {
 		p.clock = sandgate.SystemClock{}
 	}
-	p.snap = execsnap.New(p, c.Blobs, execsnap.Config{})
+	// Snapshots run in a jail without the workspace's env or egress; the
+	// runner's scripts run as root outside every jail (their files are in
+	// the agent's directory, which no jail sees) and start each command
+	// in a jail of its own.
+	p.snap = execsnap.New(jailExecer{p}, c.Blobs, execsnap.Config{})
+	p.runner = runner.New(rootExecer{p}, providers.GuestCommandDir)
 	return p, nil
 }
 
-// Capabilities implements providers.Provider. Egress is the vendor's own
-// domain policy (native); the vendor documents it as DNS filtering, and
-// whether a connection to a literal IP address is blocked is not
-// documented (sheet §8): README.md states that gap. The lifetime is
-// enforced inside the sprite by the deadline process (a command that
-// clears its environment or kills that process escapes it) and by the
-// reaper's delete, so it is not reported as the vendor's; idle is the
-// reaper's. Snapshots go through the blob store.
+// Capabilities implements providers.Provider. Egress is domain
+// allowlists through the broker's egress proxy when guests reach it
+// (egress.vendor_listen), else [] only: the vendor's policy filters DNS
+// names and whether it blocks IP literals is not documented (sheet §8),
+// so it is only a second layer. The lifetime is enforced inside the
+// sprite by the agent's keeper, which no tenant process can see or
+// signal, and by the reaper's delete, so it is not reported as the
+// vendor's; idle is the reaper's. Snapshots go through the blob store,
+// durable commands through package runner.
 func (p *Provider) Capabilities() providers.Capabilities {
 	return providers.Capabilities{
-		Egress:       providers.EgressNative,
-		Snapshots:    true,
-		Sizes:        sandgate.StandardSizes,
-		Images:       []string{Image},
-		DefaultImage: Image,
+		Egress:         p.vendor.EgressMode(),
+		Snapshots:      true,
+		NativeCommands: true, // the provider implements Commander (package runner, each command in a jail)
+		Sizes:          sandgate.StandardSizes,
+		Images:         []string{Image},
+		DefaultImage:   Image,
 	}
 }
 
@@ -228,23 +254,27 @@ func parseLabels(ls []string) map[string]string {
 	return m
 }
 
-// policyFor is the network policy of an egress allowlist: each domain an
-// allow rule, then a final deny of everything (sheet §8: keep a final `*`
-// deny rule); [] is the deny rule alone.
-func policyFor(eg sandgate.EgressPolicy) networkPolicy {
+// policyFor is the network policy of a sprite: with egress, the broker's
+// proxy host allowed, then a final deny of everything (sheet §8: keep a
+// final `*` deny rule); without, the deny rule alone. The jail is what
+// keeps a workspace to its allowlist: this only narrows the guest.
+func policyFor(ve *providers.VendorEgress, egress bool) networkPolicy {
 	var rules []rule
-	for _, d := range eg.AllowedDomains {
-		rules = append(rules, rule{Domain: d, Action: "allow"})
+	if egress {
+		rules = append(rules, rule{Domain: ve.ServerName, Action: "allow"})
 	}
 	return networkPolicy{Rules: append(rules, rule{Domain: "*", Action: "deny"})}
 }
 
-// Create implements providers.Provider. It creates the sprite (the name is
-// the idempotency key: after an unclear answer it looks the name up before
+// Create implements providers.Provider. A workspace with domains to reach
+// is registered with the broker's egress proxy first (refused when
+// guests cannot reach it). It creates the sprite (the name is the
+// idempotency key: after an unclear answer it looks the name up before
 // creating again), sets the network policy and reads it back before any
-// command runs, records the environment inside the sprite, and starts the
-// deadline process. A failure after the sprite exists deletes it again.
-func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
+// command runs, writes the agent, the credential and the jails' settings
+// into the sprite, and starts the agent's keeper. A failure after the
+// sprite exists deletes it again; a failure unregisters the workspace.
+func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ providers.Sandbox, err error) {
 	if spec.Image != "" && spec.Image != Image {
 		return providers.Sandbox{}, errors.New("flysprites: create: unknown image; the only image is " + Image)
 	}
@@ -256,6 +286,17 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	name, err := p.spriteName(spec.WorkspaceID)
 	if err != nil {
 		return providers.Sandbox{}, err
+	}
+	cred, err := providers.RegisterVendorEgress(p.vendor, spec)
+	if err != nil {
+		return providers.Sandbox{}, fmt.Errorf("flysprites: create: %w", err)
+	}
+	if cred != "" {
+		defer func() {
+			if err != nil {
+				p.vendor.Proxy.Unregister(spec.WorkspaceID)
+			}
+		}()
 	}
 	labels := p.labels(spec)
 	req := createRequest{Name: name, Labels: labels,
@@ -282,23 +323,24 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	if sb.StartedAt.IsZero() {
 		sb.StartedAt = p.clock.Now()
 	}
-	if err := p.setPolicy(ctx, name, policyFor(spec.Egress)); err != nil {
+	if err := p.setPolicy(ctx, name, policyFor(p.vendor, cred != "")); err != nil {
 		return fail(err)
 	}
 	// From here on commands run: the policy is in place.
-	base, err := p.defaultEnv(ctx, name)
-	if err != nil {
+	if err := p.checkTools(ctx, name); err != nil {
 		return fail(err)
 	}
-	env := mergeEnv(base, spec.Env, markerVar+"="+name)
-	if err := p.c.fsWrite(ctx, name, guestEnvFile, "0600", encodeEnv(env)); err != nil {
-		return fail(fmt.Errorf("flysprites: create: record the environment: %w", err))
+	j := jailOf{Env: spec.Env, Egress: cred != ""}
+	if err := p.deliver(ctx, name, j, cred); err != nil {
+		return fail(err)
 	}
-	p.remember(name, env)
-	if !spec.ExpiresAt.IsZero() {
-		if err := p.startDeadline(ctx, name, base, spec.ExpiresAt); err != nil {
-			return fail(err)
-		}
+	p.remember(name, j)
+	if spec.ExpiresAt.IsZero() && cred != "" {
+		// The keeper serves the forwarder; the broker always sets a deadline.
+		return fail(errors.New("flysprites: create: no expires_at: the sprite's keeper needs one"))
+	}
+	if err := p.startKeeper(ctx, name, spec.ExpiresAt, spec.WorkspaceID, cred != ""); err != nil {
+		return fail(err)
 	}
 	reported := spriteConfig{}
 	if info.Config != nil {
@@ -358,115 +400,91 @@ func (p *Provider) setPolicy(ctx context.Context, name string, want networkPolic
 	return nil
 }
 
-// markerVar is in the environment of every command the broker starts in
-// a sprite; the deadline process kills every process that carries it.
-const markerVar = "SANDGATE_SPRITE"
-
-// defaultEnv reads the sprite's default environment: the exec env
-// parameter replaces it (sheet §5.1), so every exec sends it along with
-// the workspace's.
-func (p *Provider) defaultEnv(ctx context.Context, name string) ([]string, error) {
-	r, err := p.c.run(ctx, name, wsCommand{argv: []string{"sh", "-c", toolsScript}, max: 1 << 20, killAfter: time.Minute})
+// checkTools checks that the sprite has the tools the broker runs in it
+// outside the agent (sudo for root, setsid for durable commands, timeout
+// for an exec's deadline, tar and gzip for snapshots).
+func (p *Provider) checkTools(ctx context.Context, name string) error {
+	r, err := p.c.run(ctx, name, wsCommand{argv: []string{"sh", "-c", toolsScript}, max: 1 << 10, killAfter: time.Minute})
 	if err != nil {
-		return nil, fmt.Errorf("flysprites: create: read the default environment: %w", err)
+		return fmt.Errorf("flysprites: create: check the guest's tools: %w", err)
 	}
 	if r.res.ExitCode == exitNoTools {
-		return nil, errors.New("flysprites: create: the sprite lacks a tool the broker needs (timeout, setsid, tar, gzip, grep)")
+		return errors.New("flysprites: create: the sprite lacks a tool the broker needs (sudo, setsid, timeout, tar, gzip)")
 	}
-	if r.res.ExitCode != 0 || r.res.StdoutTruncated {
-		return nil, fmt.Errorf("flysprites: create: read the default environment: exit %d", r.res.ExitCode)
+	if r.res.ExitCode != 0 {
+		return fmt.Errorf("flysprites: create: check the guest's tools: exit %d", r.res.ExitCode)
 	}
-	var env []string
-	for _, kv := range bytes.Split(r.res.Stdout, []byte{0}) {
-		if k, _, ok := strings.Cut(string(kv), "="); ok && k != "" && k != markerVar && !shellVars[k] {
-			env = append(env, string(kv))
-		}
-	}
-	return env, nil
+	return nil
 }
 
-// toolsScript checks for the tools the broker runs in the guest (the exec
-// wrapper, the deadline process, snapshots), then prints the default
-// environment, NUL-separated.
-var toolsScript = `for t in timeout setsid tar gzip grep; do command -v "$t" >/dev/null 2>&1 || exit ` + strconv.Itoa(exitNoTools) + `; done
-exec cat /proc/self/environ
+// toolsScript checks for the tools the broker runs in the guest.
+var toolsScript = `for t in sudo setsid timeout tar gzip; do command -v "$t" >/dev/null 2>&1 || exit ` + strconv.Itoa(exitNoTools) + `; done
+exit 0
 `
 
 const exitNoTools = 85
 
-// shellVars are what the shell of toolsScript may add to the environment
-// it passes on; they are not the sprite's.
-var shellVars = map[string]bool{"PWD": true, "OLDPWD": true, "SHLVL": true, "_": true}
-
-// mergeEnv returns base with ws's variables set over it, and extra last.
-func mergeEnv(base []string, ws map[string]string, extra ...string) []string {
-	var out []string
-	for _, kv := range base {
-		k, _, _ := strings.Cut(kv, "=")
-		if _, over := ws[k]; !over {
-			out = append(out, kv)
+// deliver writes the agent, the workspace's egress credential and the
+// proxy's CA (with egress) and the jails' settings into the sprite's
+// agent directory; the keeper's start makes them root's.
+func (p *Provider) deliver(ctx context.Context, name string, j jailOf, cred string) error {
+	js, err := json.Marshal(j)
+	if err != nil {
+		return err
+	}
+	type file struct {
+		path, mode string
+		data       []byte
+	}
+	files := []file{{providers.GuestAgent, "0700", p.agent}, {jailFile, "0600", js}}
+	if cred != "" {
+		files = append(files, file{providers.GuestCredFile, "0600", []byte(cred + "\n")})
+		if len(p.vendor.CA) > 0 {
+			files = append(files, file{providers.GuestCAFile, "0600", p.vendor.CA})
 		}
 	}
-	keys := make([]string, 0, len(ws))
-	for k := range ws {
-		keys = append(keys, k)
+	for _, f := range files {
+		if err := p.c.fsWrite(ctx, name, f.path, f.mode, f.data); err != nil {
+			return fmt.Errorf("flysprites: create: deliver the agent's files: %w", err)
+		}
 	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		out = append(out, k+"="+ws[k])
-	}
-	return append(out, extra...)
+	return nil
 }
 
-func encodeEnv(env []string) []byte {
-	var b bytes.Buffer
-	for _, kv := range env {
-		b.WriteString(kv)
-		b.WriteByte(0)
-	}
-	return b.Bytes()
-}
-
-func (p *Provider) remember(name string, env []string) {
+func (p *Provider) remember(name string, j jailOf) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.env[name] = env
+	p.jails[name] = j
 }
 
 func (p *Provider) forget(name string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.env, name)
+	delete(p.jails, name)
 }
 
-// envOf returns the environment of the sprite's commands: from memory,
-// or (in another broker process) from the file Create wrote in the sprite.
-func (p *Provider) envOf(ctx context.Context, name string) ([]string, error) {
+// jailFor returns the jail settings of the sprite: from memory, or (in
+// another broker process) from the file Create wrote in the sprite.
+func (p *Provider) jailFor(ctx context.Context, name string) (jailOf, error) {
 	p.mu.Lock()
-	env, ok := p.env[name]
+	j, ok := p.jails[name]
 	p.mu.Unlock()
 	if ok {
-		return env, nil
+		return j, nil
 	}
-	body, err := p.c.fsRead(ctx, name, guestEnvFile)
+	body, err := p.c.fsRead(ctx, name, jailFile)
 	if statusOf(err) == http.StatusNotFound {
-		return nil, p.goneOr(ctx, name, errors.New("flysprites: the workspace's environment is missing in the sprite"))
+		return jailOf{}, p.goneOr(ctx, name, errors.New("flysprites: the jail's settings are missing in the sprite"))
 	}
 	if err != nil {
-		return nil, err
+		return jailOf{}, err
 	}
 	defer body.Close()
-	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(io.LimitReader(body, 4<<20)); err != nil {
-		return nil, err
+	if err := json.NewDecoder(io.LimitReader(body, 4<<20)).Decode(&j); err != nil {
+		return jailOf{}, fmt.Errorf("flysprites: the jail's settings in the sprite: %w", err)
 	}
-	for _, kv := range bytes.Split(buf.Bytes(), []byte{0}) {
-		if len(kv) > 0 {
-			env = append(env, string(kv))
-		}
-	}
-	p.remember(name, env)
-	return env, nil
+	p.remember(name, j)
+	return j, nil
 }
 
 // waitScript runs its arguments as one command (never interpreted by
@@ -500,18 +518,28 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 	if len(spec.Argv) == 0 {
 		return providers.ExecResult{}, errors.New("flysprites: exec: empty argv")
 	}
-	env, err := p.envOf(ctx, sb.Ref)
+	j, err := p.jailFor(ctx, sb.Ref)
 	if err != nil {
 		return providers.ExecResult{}, fmt.Errorf("flysprites: exec: %w", err)
 	}
-	argv := spec.Argv
+	return p.execAs(ctx, sb, spec, providers.GuestRunArgv(j.Env, spec.Dir, j.Egress, spec.Argv))
+}
+
+// execAs runs argv (a jail's, or a script of the broker's) as root of the
+// sprite, for spec's stdin, timeout and output bound.
+func (p *Provider) execAs(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec, argv []string) (providers.ExecResult, error) {
 	if spec.Timeout > 0 {
 		secs := strconv.FormatFloat(spec.Timeout.Seconds(), 'f', 3, 64)
 		// -k 1: a TERM from the kill route (a canceled request) reaches
-		// the whole group, and KILL follows a second later.
+		// the whole group, and KILL follows a second later. The jail's
+		// init dies with the agent that started it.
 		argv = append([]string{"timeout", "-s", "KILL", "-k", "1", secs}, argv...)
 	}
-	cmd := wsCommand{argv: append([]string{"sh", "-c", waitScript, "sh"}, argv...), env: env, dir: spec.Dir,
+	// Exec runs as the sprite's user: sudo makes it root, which the jail
+	// and the agent's directory need. The vendor's default environment
+	// reaches sudo, never the jail.
+	argv = append([]string{"sudo", "-n"}, argv...)
+	cmd := wsCommand{argv: append([]string{"sh", "-c", waitScript, "sh"}, argv...),
 		stdin: spec.Stdin, max: max(spec.MaxOutputBytes, 0)}
 	if spec.Timeout > 0 {
 		cmd.killAfter = spec.Timeout + killGrace
@@ -543,6 +571,9 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	}
 	if err := p.c.delete(ctx, sb.Ref); err != nil {
 		return fmt.Errorf("flysprites: terminate: %w", err)
+	}
+	if p.vendor != nil && sb.Labels[providers.LabelWorkspace] != "" {
+		p.vendor.Proxy.Unregister(sb.Labels[providers.LabelWorkspace])
 	}
 	p.forget(sb.Ref)
 	p.log.Info("sandbox terminated", "sprite", sb.Ref)
@@ -588,5 +619,56 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef
 var (
 	_ providers.Provider     = (*Provider)(nil)
 	_ execsnap.Execer        = (*Provider)(nil)
+	_ providers.Commander    = (*Provider)(nil)
 	_ providers.BrokerLister = (*Provider)(nil)
 )
+
+// jailExecer runs scripts of the broker's (snapshots) in a fresh jail
+// without the workspace's env or egress, so a path resolves as the tenant
+// sees it.
+type jailExecer struct{ p *Provider }
+
+func (e jailExecer) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	if len(spec.Argv) == 0 {
+		return providers.ExecResult{}, errors.New("flysprites: exec: empty argv")
+	}
+	return e.p.execAs(ctx, sb, spec, providers.GuestRunArgv(nil, spec.Dir, false, spec.Argv))
+}
+
+// rootExecer runs package runner's scripts as root outside every jail.
+type rootExecer struct{ p *Provider }
+
+func (e rootExecer) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
+	if len(spec.Argv) == 0 {
+		return providers.ExecResult{}, errors.New("flysprites: exec: empty argv")
+	}
+	if spec.Dir != "" {
+		return providers.ExecResult{}, errors.New("flysprites: exec: the runner's scripts run in the default directory")
+	}
+	return e.p.execAs(ctx, sb, spec, spec.Argv)
+}
+
+// StartCommand launches a durable command in a fresh jail; see
+// [providers.Commander].
+func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id string, spec providers.ExecSpec) error {
+	if len(spec.Argv) == 0 {
+		return fmt.Errorf("flysprites: start: empty argv: %w", providers.ErrCommandNotStarted)
+	}
+	j, err := p.jailFor(ctx, sb.Ref)
+	if err != nil {
+		return fmt.Errorf("flysprites: start: %w", err)
+	}
+	spec.Argv = providers.GuestRunArgv(j.Env, spec.Dir, j.Egress, spec.Argv)
+	spec.Dir = ""
+	return p.runner.StartCommand(ctx, sb, id, spec)
+}
+
+// ReadCommand reads a durable command; see [providers.Commander].
+func (p *Provider) ReadCommand(ctx context.Context, sb providers.Sandbox, id string, maxOut int64) (providers.CommandStatus, error) {
+	return p.runner.ReadCommand(ctx, sb, id, maxOut)
+}
+
+// CancelCommand cancels a durable command; see [providers.Commander].
+func (p *Provider) CancelCommand(ctx context.Context, sb providers.Sandbox, id string) error {
+	return p.runner.CancelCommand(ctx, sb, id)
+}

@@ -13,6 +13,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/internal/guesttest"
 	"github.com/sandgate/sandgate/internal/logbuf"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/blobstore"
@@ -29,7 +31,7 @@ func newProvider(t testing.TB, srv *spritetest.Server, brokerID string, log *log
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := providers.Env{BrokerID: brokerID}
+	env := providers.Env{BrokerID: brokerID, GuestBinary: guesttest.Binary(t)}
 	if log != nil {
 		env.Logger = slog.New(slog.NewJSONHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -80,18 +82,45 @@ func checkPolicyFirst(t *testing.T, name string, evs []spritetest.Event, want []
 	}
 }
 
-// TestPolicyBeforeFirstCommand: every sprite's policy is set, and is the
-// allowlist with a final deny, before its first command runs.
+// registry stands for the broker's egress proxy: it registers every
+// workspace with a fixed credential.
+type registry struct{ registered, unregistered []string }
+
+func (r *registry) Register(ws egress.Workspace) (string, error) {
+	r.registered = append(r.registered, ws.ID)
+	return "cred-" + ws.ID, nil
+}
+func (r *registry) Unregister(id string) { r.unregistered = append(r.unregistered, id) }
+
+// TestPolicyBeforeFirstCommand: every sprite's policy is set before its
+// first command runs: with domains, the broker's proxy host allowed and
+// a final deny; without, the deny alone.
 func TestPolicyBeforeFirstCommand(t *testing.T) {
 	t.Parallel()
 	srv := spritetest.Start(t)
-	p := newProvider(t, srv, "broker-policy", nil)
+	reg := &registry{}
+	ve, err := providers.NewVendorEgress("https://proxy.sg.test:8443", nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := blobstore.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := flysprites.New(t.Context(), flysprites.Config{BaseURL: srv.URL, Token: sandgate.Secret(srv.Token()), Blobs: store, HTTPClient: srv.Client()},
+		providers.Env{BrokerID: "broker-policy", GuestBinary: guesttest.Binary(t), VendorEgress: ve})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := p.Capabilities(); c.Egress != providers.EgressProxy {
+		t.Errorf("egress with the proxy served to guests = %v; want proxy", c.Egress)
+	}
 	for _, tt := range []struct {
 		allow []string
 		want  []string
 	}{
 		{[]string{}, []string{"deny:*"}},
-		{[]string{"github.com", "*.githubusercontent.com"}, []string{"allow:github.com", "allow:*.githubusercontent.com", "deny:*"}},
+		{[]string{"github.com", "*.githubusercontent.com"}, []string{"allow:proxy.sg.test", "deny:*"}},
 	} {
 		spec := providertest.Spec(t)
 		spec.Egress.AllowedDomains = tt.allow
@@ -324,7 +353,7 @@ func TestNoSecretsInErrors(t *testing.T) {
 	}
 	store, _ := blobstore.NewDir(t.TempDir())
 	bad, _ = flysprites.New(t.Context(), flysprites.Config{BaseURL: srv.URL, Token: "secret-token-t1",
-		Blobs: store, HTTPClient: srv.Client()}, providers.Env{})
+		Blobs: store, HTTPClient: srv.Client()}, providers.Env{GuestBinary: guesttest.Binary(t)})
 	_, err = bad.Create(t.Context(), providertest.Spec(t))
 	errs = append(errs, err)
 	for _, e := range errs {
@@ -356,7 +385,7 @@ func TestNoSecretsInErrors(t *testing.T) {
 func TestOpen(t *testing.T) {
 	t.Parallel()
 	env := func(vars map[string]string) providers.Env {
-		return providers.Env{BrokerID: "b", DataDir: t.TempDir(), Getenv: func(k string) string { return vars[k] }}
+		return providers.Env{BrokerID: "b", GuestBinary: guesttest.Binary(t), DataDir: t.TempDir(), Getenv: func(k string) string { return vars[k] }}
 	}
 	var empty yaml.Node
 	if _, err := flysprites.Open(t.Context(), "fly-sprites", empty, env(nil)); err == nil || !strings.Contains(err.Error(), "SPRITE_TOKEN") {
@@ -378,11 +407,13 @@ func TestOpen(t *testing.T) {
 		t.Fatalf("Open: %v", err)
 	}
 	caps := p.Capabilities()
-	if caps.Egress != providers.EgressNative || !caps.Snapshots || caps.VendorLifetime || caps.VendorIdle || caps.DefaultImage != flysprites.Image {
+	// No egress proxy for guests: the vendor's DNS policy alone is not
+	// trusted with an allowlist.
+	if caps.Egress != providers.EgressNoneOnly || !caps.Snapshots || !caps.NativeCommands || caps.VendorLifetime || caps.VendorIdle || caps.DefaultImage != flysprites.Image {
 		t.Errorf("Capabilities = %+v", caps)
 	}
-	if err := caps.CheckScope("fly-sprites", sandgate.Scope{EgressCeiling: []string{"github.com"}}); err != nil {
-		t.Errorf("a domain ceiling: %v; want it enforceable", err)
+	if err := caps.CheckScope("fly-sprites", sandgate.Scope{EgressCeiling: []string{"github.com"}}); err == nil {
+		t.Errorf("a domain ceiling without the egress proxy is enforceable; want refused")
 	}
 }
 

@@ -963,9 +963,16 @@ func (p *Provider) bwrapOptions(j job, seccomp, rooted bool) []byte {
 	o := []string{
 		"--unshare-all", // mount, pid, ipc, uts, net, cgroup
 		"--unshare-user", "--uid", "0", "--gid", "0",
-		"--cap-drop", "ALL",
 	}
-	if !seccomp {
+	guest := p.cfg.GuestVM
+	if guest {
+		// A VM's root: the host's network, every capability in its own
+		// user namespace, nested namespaces allowed.
+		o = append(o, "--share-net", "--cap-add", "ALL")
+	} else {
+		o = append(o, "--cap-drop", "ALL")
+	}
+	if !seccomp && !guest {
 		// No nested user namespaces: less kernel surface. The seccomp
 		// filter does that where there is one, without a nested namespace.
 		o = append(o, "--disable-userns")
@@ -1016,7 +1023,7 @@ func (p *Provider) bwrapOptions(j job, seccomp, rooted bool) []byte {
 	// /dev is tmpfs, that is memory: make it read-only. So is the root
 	// without a root tree; the root tree is read-only already.
 	o = append(o, "--remount-ro", "/dev")
-	if !rooted {
+	if !rooted && !guest {
 		o = append(o, "--remount-ro", "/")
 	}
 	o = append(o,

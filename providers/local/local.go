@@ -95,6 +95,14 @@ type Config struct {
 	// (modaltest, spritetest, flytest) that reach into those directories
 	// from the host, as a vendor's agent inside its VM would.
 	HostDirs bool `yaml:"-"`
+	// GuestVM makes every sandbox stand for a VM's guest rather than a
+	// jail: it shares the host's network namespace, its root keeps every
+	// capability in its own user namespace (so it can create namespaces
+	// and mount, as a VM's root can), no seccomp filter applies, and its
+	// root directory stays writable. Requires HostDirs. Not a config
+	// setting: the broker never sets it; it is for the fake vendors
+	// (flytest, spritetest) whose guests stand for Firecracker VMs.
+	GuestVM bool `yaml:"-"`
 	// Egress serves each workspace's egress proxy listener; nil means no
 	// egress. Not a config setting: cmd/sandgate passes the broker's proxy.
 	Egress Egress `yaml:"-"`
@@ -255,6 +263,14 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		terminating: make(map[string]int),
 		egress:      make(map[string]*egressServer),
 		released:    releases{wait: releaseWait},
+	}
+	if c.GuestVM {
+		if !c.HostDirs {
+			return nil, errors.New("local: GuestVM needs HostDirs")
+		}
+		// A VM's root has no seccomp filter, and a guest's execs need
+		// no shared root tree: bwrapOptions builds each one whole.
+		p.seccomp, p.rootTrees = nil, false
 	}
 	p.egressCtx, p.egressStop = context.WithCancel(context.WithoutCancel(ctx))
 	if p.log == nil {

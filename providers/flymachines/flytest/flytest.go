@@ -3,10 +3,14 @@
 // behaves like Fly as the fact sheet describes it (the token scheme,
 // apps, Machine states and wait with its deadline answers, exec answering
 // JSON strings, the metadata list filter, network policies, auto_destroy
-// when the main process exits, error bodies), and it runs each Machine
-// for real as a workspace of the local provider (bwrap), which gives it no
-// network at all. What network policy a Machine started under is
-// recorded, so tests can check it.
+// when the main process exits, config.files, error bodies), and it runs
+// each Machine for real as a workspace of the local provider (bwrap) that
+// behaves like Fly's Firecracker VM (guest.go): one pid namespace shared
+// by the main process and every exec, the host's network (the guest
+// reaches the host's loopback, as a real one reaches the internet; see
+// [StartCanary]), a root with every capability inside the guest, and the
+// FLY_* environment. Network policies are recorded, not enforced: what
+// policy a Machine started under is kept so tests can check it.
 package flytest
 
 import (
@@ -112,8 +116,8 @@ type Machine struct {
 	CreatedAt  time.Time
 	// Egress is the egress a network policy left the Machine when it
 	// started: "open" (no policy), "deny-all" (only port 0, which no
-	// connection can use) or "ports" (some real port). The fake itself
-	// always runs Machines with no network.
+	// connection can use) or "ports" (some real port). The fake does not
+	// enforce it: every guest has the host's network.
 	Egress string
 	// EgressAtFirstExec is Egress as it stood at the first exec, "" before one.
 	EgressAtFirstExec string
@@ -133,9 +137,8 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	lp, err := local.New(ctx, local.Config{DataDir: filepath.Join(o.DataDir, "machines"),
-		// A guest's root, as in a VM, reads and writes its files whatever their modes.
-		GuestCapabilities: []string{"CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER"}, HostDirs: true}, providers.Env{BrokerID: "flytest", Logger: o.Logger})
+	lp, err := local.New(ctx, local.Config{DataDir: filepath.Join(o.DataDir, "machines"), GuestVM: true, HostDirs: true},
+		providers.Env{BrokerID: "flytest", Logger: o.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("flytest: %w", err)
 	}
@@ -340,6 +343,9 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, pattern string, 
 	json.NewEncoder(w).Encode(body)
 }
 
+// privateIP is every Machine's 6PN address, as the API and FLY_PRIVATE_IP show it.
+const privateIP = "fdaa::1"
+
 // rawBody is an answer sent as application/octet-stream.
 type rawBody []byte
 
@@ -516,6 +522,9 @@ func (s *Server) createMachine(_ http.ResponseWriter, r *http.Request) (int, any
 	if cfg.Image == "" {
 		return errAnswer(http.StatusUnprocessableEntity, "", "config.image is required")
 	}
+	if msg := checkFiles(cfg.Files); msg != "" {
+		return errAnswer(http.StatusBadRequest, "invalid_argument", "invalid_argument: "+msg)
+	}
 	g := Guest{CPUKind: "shared", CPUs: 1, MemoryMB: 256}
 	if cfg.Guest != nil {
 		g = *cfg.Guest
@@ -575,7 +584,7 @@ func (s *Server) run(m *Machine) {
 		WorkspaceID: m.ID, InstanceID: m.App,
 		Size:   sandgate.Size{Name: "fly", CPUCores: g.CPUs, MemoryMiB: g.MemoryMB},
 		Image:  local.Image,
-		Env:    m.Config.Env,
+		Env:    flyEnv(m, privateIP),
 		Egress: sandgate.EgressPolicy{AllowedDomains: []string{}},
 		// A backstop should the fake itself die; Machines end long before.
 		ExpiresAt: time.Now().Add(3 * time.Hour),
@@ -595,11 +604,17 @@ func (s *Server) run(m *Machine) {
 	m.ws = ws
 	m.Egress = egressOf(s.apps[m.App], m)
 	s.mu.Unlock()
+	files, err := stageFiles(filepath.Join(s.opts.DataDir, "machines", "workspaces", ws.Ref, "tmp"), m.Config.Files)
+	if err != nil {
+		s.log.Error("flytest: files not staged", sandgate.KeyError, err)
+		s.destroy(m, "failed")
+		return
+	}
 	init := []string{"sleep", "2147483647"}
 	if m.Config.Init != nil && len(m.Config.Init.Exec) > 0 {
 		init = m.Config.Init.Exec
 	}
-	argv := append([]string{"sh", "-c", agentScript, "sh"}, init...)
+	argv := append([]string{"sh", "-c", bootScript(m, files) + agentScript, "sh"}, init...)
 	if err := s.local.StartCommand(ctx, ws, "main", providers.ExecSpec{Argv: argv}); err != nil {
 		s.log.Error("flytest: main process not started", sandgate.KeyError, err)
 		s.destroy(m, "failed")
@@ -720,7 +735,7 @@ func (s *Server) viewLocked(m *Machine) machineJSON {
 	evs := slices.Clone(m.events)
 	slices.Reverse(evs) // newest first, as Fly lists them
 	return machineJSON{ID: m.ID, Name: "m-" + m.ID, State: m.State, Region: m.Region, InstanceID: m.InstanceID,
-		PrivateIP: "fdaa::1", Config: m.rawConfig, HostStatus: "ok", Events: evs,
+		PrivateIP: privateIP, Config: m.rawConfig, HostStatus: "ok", Events: evs,
 		CreatedAt: m.CreatedAt.UTC().Format(time.RFC3339), UpdatedAt: time.Now().UTC().Format(time.RFC3339)}
 }
 

@@ -41,7 +41,7 @@ type MachineConfig struct {
 		Signal  string `json:"signal,omitempty"`
 		Timeout string `json:"timeout,omitempty"` // a duration string, e.g. "10s"
 	} `json:"stop_config,omitempty"`
-	Files      json.RawMessage `json:"files,omitempty"`
+	Files      []File          `json:"files,omitempty"`
 	Services   json.RawMessage `json:"services,omitempty"`
 	Checks     json.RawMessage `json:"checks,omitempty"`
 	Mounts     json.RawMessage `json:"mounts,omitempty"`
@@ -51,6 +51,17 @@ type MachineConfig struct {
 	Rootfs     json.RawMessage `json:"rootfs,omitempty"`
 	Containers json.RawMessage `json:"containers,omitempty"`
 	Standbys   json.RawMessage `json:"standbys,omitempty"`
+}
+
+// File is one of config.files, written into the guest at boot: exactly
+// one of RawValue (base64), SecretName and ImageConfig; Mode is the
+// file's permission bits (decimal in JSON, e.g. 384 for 0600).
+type File struct {
+	GuestPath   string  `json:"guest_path"`
+	RawValue    *string `json:"raw_value,omitempty"`
+	SecretName  *string `json:"secret_name,omitempty"`
+	ImageConfig *string `json:"image_config,omitempty"`
+	Mode        uint32  `json:"mode,omitempty"`
 }
 
 // Guest is a Machine's CPU and memory.

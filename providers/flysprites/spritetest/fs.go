@@ -18,11 +18,14 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sandgate/sandgate/providers/internal/fakeserver"
 )
 
-// The fs API (sheet §6) works on the sprite's writable directories, each
-// opened as an os.Root so that no symlink leads out of it: /tmp,
-// /workspace and /root. Other paths answer 403.
+// The fs API (sheet §6) works on the sprite's whole file system, opened
+// as an os.Root so that no symlink leads out of it: /tmp, /workspace and
+// /root are the workspace's host directories, and every other path is
+// reached through the guest's mount namespace (guestRoot).
 var mounts = map[string]string{"/tmp": "tmp", "/workspace": "workspace", "/root": "home"}
 
 // resolve maps an absolute sprite path to a root and a path inside it.
@@ -44,7 +47,36 @@ func (sp *sprite) resolve(p, workingDir string) (*os.Root, string, error) {
 			return root, rel, nil
 		}
 	}
-	return nil, "", fs.ErrPermission
+	gr, err := sp.guestRoot()
+	if err != nil {
+		return nil, "", err
+	}
+	root, err := os.OpenRoot(gr)
+	if err != nil {
+		return nil, "", err
+	}
+	rel := strings.TrimPrefix(p, "/")
+	if rel == "" {
+		rel = "."
+	}
+	return root, rel, nil
+}
+
+// guestRoot is the guest's / as the host reaches it: /proc/PID/root of a
+// process in the guest's mount namespace, found once and checked on
+// every use (the pid may have ended and been reused).
+func (sp *sprite) guestRoot() (string, error) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.rootPID != 0 && fakeserver.GuestRootValid(sp.rootPID, sp.mntNS) {
+		return "/proc/" + strconv.Itoa(sp.rootPID) + "/root", nil
+	}
+	root, pid, err := fakeserver.GuestRoot(sp.mntNS)
+	if err != nil {
+		return "", err
+	}
+	sp.rootPID = pid
+	return root, nil
 }
 
 // fsFail answers an error of the file system in the fs API's body.

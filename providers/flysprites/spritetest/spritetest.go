@@ -3,9 +3,32 @@
 // network policy of the fact sheet, over TLS on loopback. Each sprite is a
 // workspace of the local provider (bwrap) in which one long-lived agent
 // runs the commands, so processes outlive their exec as on a real sprite.
-// The local provider gives a sandbox no network at all, so no sprite, with
-// or without a policy, reaches anything; the fake records every policy and
-// exec so tests can check their order.
+//
+// A sprite's guest behaves like the vendor's Firecracker VM
+// (local.Config.GuestVM): the agent and every command share one pid
+// namespace, the guest has the host's network (it reaches the host's
+// loopback as a real sprite reaches the internet; see [StartCanary]),
+// and its root has every capability inside the guest and writes /usr,
+// /etc and / for the sprite's life (fakeserver.GuestBoot). Network
+// policies are recorded, not enforced: the fake records every policy and
+// exec so tests can check their order. The sheet documents no
+// environment variable of the vendor's in an exec, so the fake adds none;
+// nor does it document the guest's hostname, which the fake sets to the
+// sprite's name, as a VM's commonly names it, so that a test sees a
+// vendor identifier wherever a client could leak it.
+//
+// The user: the vendor runs exec as user "sprite" with passwordless sudo
+// (sheet §8a). The fake runs every command as the guest's root instead:
+// its guest is an unprivileged user namespace in which only one uid (root)
+// is mapped, so no second user can exist. It does install a sudo on the
+// guest's PATH (/usr/bin/sudo, sudoScript) that takes sudo's usual
+// options (-n, -E, -H, -u root, --, NAME=VALUE) and resets the
+// environment as Ubuntu's sudo does, so that a client that prefixes
+// "sudo -n", as it must on the vendor, works unchanged.
+//
+// The fs API reads and writes the guest's whole file system, as the
+// guest's root: /workspace, /root and /tmp directly on the host, every
+// other path through the guest's mount namespace.
 package spritetest
 
 import (
@@ -92,7 +115,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	if c.Token == "" || c.DataDir == "" {
 		return nil, errors.New("spritetest: a token and a data directory are required")
 	}
-	lp, err := local.New(ctx, local.Config{DataDir: filepath.Join(c.DataDir, "local"), HostDirs: true}, providers.Env{BrokerID: "spritetest"})
+	lp, err := local.New(ctx, local.Config{DataDir: filepath.Join(c.DataDir, "local"), GuestVM: true, HostDirs: true}, providers.Env{BrokerID: "spritetest"})
 	if err != nil {
 		return nil, err
 	}
@@ -575,6 +598,7 @@ type sprite struct {
 	created     time.Time
 
 	lsb    providers.Sandbox
+	mntNS  string       // the guest's mount namespace, "mnt:[N]"
 	spool  string       // host path of the agent's spool, /tmp/.sprite-spool inside
 	ctl    *os.File     // the agent's control FIFO, held open for writing
 	ready  bool         // guarded by s.mu
@@ -586,6 +610,7 @@ type sprite struct {
 	nextJob     int
 	checkpoints []checkpoint
 	closed      bool
+	rootPID     int // a process in the guest's mount namespace (guestRoot); 0: not found yet
 }
 
 // spriteLife bounds a fake sprite: its sandbox and agent end by then even
@@ -602,6 +627,7 @@ const guestSpool = "/tmp/.sprite-spool"
 // wrote its pid leaves a "killed" fence the job obeys.
 const agentScript = `s=$1
 exec 3<>"$s/ctl"
+readlink /proc/self/ns/mnt >"$s/mntns" || exit 1
 : >"$s/ready"
 while IFS=' ' read -r op j sig <&3; do
 	case $op in
@@ -648,7 +674,7 @@ func (sp *sprite) boot(ctx context.Context) error {
 	}
 	sp.ctl = ctl
 	if err := sp.s.lp.StartCommand(ctx, lsb, "agent", providers.ExecSpec{
-		Argv: []string{"sh", "-c", agentScript, "sh", guestSpool}, Timeout: spriteLife,
+		Argv: []string{"sh", "-c", bootScript(sp.name) + agentScript, "sh", guestSpool}, Timeout: spriteLife,
 	}); err != nil {
 		ctl.Close()
 		return fail(err)
@@ -664,6 +690,12 @@ func (sp *sprite) boot(ctx context.Context) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	ns, err := os.ReadFile(filepath.Join(sp.spool, "mntns"))
+	if err != nil {
+		ctl.Close()
+		return fail(err)
+	}
+	sp.mntNS = strings.TrimSpace(string(ns))
 	sp.s.mu.Lock()
 	sp.ready = true
 	sp.s.mu.Unlock()

@@ -1,0 +1,275 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/adminapi"
+	"github.com/sandgate/sandgate/protocol"
+)
+
+// The acceptance of the vendor guests' jail (docs/egress.md, "Vendor
+// guests"): `sandgate dev --provider fly-machines|fly-sprites` against the
+// fakes, whose guests have open network to the host's loopback as the
+// real vendors give the internet, so that a missing jail shows as a
+// reached canary.
+
+func TestJailFlyMachines(t *testing.T) {
+	t.Parallel()
+	f := startFakeFly(t)
+	testJail(t, "fly-machines", []string{
+		"FLY_API_TOKEN=" + f.token, "FLY_FLAPS_BASE_URL=" + f.url,
+		"SANDGATE_FLY_APP=sandgate-jail-" + randHex(4), "SANDGATE_FLY_ORG=sandgate-org", "SSL_CERT_FILE=" + f.caFile,
+	})
+}
+
+func TestJailFlySprites(t *testing.T) {
+	t.Parallel()
+	token := "spr_e2e_" + randHex(16)
+	apiURL, caFile, _ := startFakeSprites(t, token)
+	testJail(t, "fly-sprites", []string{"SPRITE_TOKEN=" + token, "SPRITES_API_URL=" + apiURL, "SSL_CERT_FILE=" + caFile})
+}
+
+// canary is a TCP listener on the host's loopback that counts connections.
+type canary struct {
+	ln   net.Listener
+	hits atomic.Int64
+}
+
+func startCanary(t *testing.T) *canary {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &canary{ln: ln}
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.hits.Add(1)
+			conn.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 6\r\n\r\ncanary"))
+			conn.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return c
+}
+
+func (c *canary) port() string {
+	_, p, _ := net.SplitHostPort(c.ln.Addr().String())
+	return p
+}
+
+func testJail(t *testing.T, provider string, vendorEnv []string) {
+	ctx := context.Background()
+	site, egEnv := egressSite(t)
+	can := startCanary(t)
+	d := startDevWith(t, append(vendorEnv, egEnv...), "--provider", provider)
+	c := d.Client(t, "")
+	sitePort := strconv.Itoa(site.Port)
+
+	lease, err := c.Lease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.Egress.Ceiling != nil {
+		t.Errorf("lease egress ceiling = %v; want null (domain allowlists through the broker's proxy)", lease.Egress.Ceiling)
+	}
+
+	// A workspace whose lifetime ends while every broker process is
+	// stopped: made first, so that its clock runs while the rest is checked.
+	a := newAdminClient(t, d.AdminURL, d.AdminToken)
+	acct := createAccount(t, a, "jail-life")
+	ireq := adminapi.CreateInstanceRequest{AccountID: acct, Name: "jail-life", Provider: provider}
+	ireq.Scope.Limits.MaxLifetimeSeconds = 90
+	var inst adminapi.Instance
+	if err := a.Do(ctx, http.MethodPost, "/instances", ireq, &inst); err != nil {
+		t.Fatalf("create a short-lived instance: %v", err)
+	}
+	lc := d.Client(t, issueToken(t, a, inst.ID))
+	short, _, err := lc.Acquire(ctx, "jail-life", protocol.AcquireRequest{Label: "jail-life", Egress: noEgress()})
+	if err != nil {
+		t.Fatalf("acquire the short-lived workspace: %v", err)
+	}
+	marker := strconv.Itoa(40000 + int(time.Now().UnixNano()%20000))
+	if _, _, err := lc.StartCommand(ctx, short.WorkspaceID, "jail-sleeper", protocol.ExecRequest{Argv: []string{"sleep", marker}, TimeoutSeconds: 600}); err != nil {
+		t.Fatalf("start a durable command: %v", err)
+	}
+	waitFor(t, "the durable command running on the host", func() (bool, error) { return hostProcess("sleep " + marker), nil })
+
+	ws, _, err := c.Acquire(ctx, "jail-ws", protocol.AcquireRequest{Label: "jail", Egress: &protocol.Egress{AllowedDomains: []string{"allowed.sg.test"}},
+		Env: map[string]string{"SG_JAIL": "yes"}})
+	if err != nil {
+		t.Fatalf("acquire with allowed.sg.test: %v", err)
+	}
+	exec := func(argv ...string) protocol.ExecResponse {
+		t.Helper()
+		res, err := c.Exec(ctx, ws.WorkspaceID, protocol.ExecRequest{Argv: argv, TimeoutSeconds: 120})
+		if err != nil {
+			t.Fatalf("exec %q: %v", argv, err)
+		}
+		return *res
+	}
+	if err := c.WriteFile(ctx, ws.WorkspaceID, "/tmp/ca.pem", site.CAPEM); err != nil {
+		t.Fatal(err)
+	}
+	res := exec("curl", "-fsS", "--max-time", "30", "--cacert", "/tmp/ca.pem", "https://allowed.sg.test:"+sitePort+"/")
+	if res.ExitCode != 0 || string(stdout(res)) != "hello allowed.sg.test\n" {
+		t.Errorf("curl allowed.sg.test = exit %d, %q, %q; want the page", res.ExitCode, stdout(res), stderr(res))
+	}
+
+	// Everything else: each attempt prints its name and curl's status.
+	public, admin := hostPort(t, d.URL), hostPort(t, d.AdminURL)
+	vendor := vendorListen(t, d.Logs())
+	attempts := []string{
+		"denied https://denied.sg.test:" + sitePort + "/",
+		"ip-literal https://127.0.0.1:" + sitePort + "/",
+		"direct --noproxy * https://127.0.0.1:" + sitePort + "/",
+		"direct-name --noproxy * https://allowed.sg.test:" + sitePort + "/",
+		"canary http://127.0.0.1:" + can.port() + "/",
+		"canary-direct --noproxy * http://127.0.0.1:" + can.port() + "/",
+		"public --noproxy * https://" + public + "/v1/lease",
+		"admin --noproxy * http://" + admin + "/healthz",
+		"vendor --noproxy * https://" + vendor + "/",
+	}
+	script := `for a in "$@"; do set -- $a; n=$1; shift; curl -ksS -o /dev/null --max-time 10 "$@" 2>/dev/null; echo "$n $?"; done`
+	res = exec(append([]string{"sh", "-c", script, "sh"}, attempts...)...)
+	for _, line := range strings.Split(strings.TrimSpace(string(stdout(res))), "\n") {
+		name, code, _ := strings.Cut(line, " ")
+		if code == "0" || code == "" {
+			t.Errorf("%s was reached from the jail (curl status %q)", name, code)
+		}
+	}
+	if n := len(strings.Split(strings.TrimSpace(string(stdout(res))), "\n")); n != len(attempts) {
+		t.Errorf("%d attempts reported; want %d:\n%s", n, len(attempts), stdout(res))
+	}
+
+	// A workspace with [] reaches nothing, not even through the variables.
+	none, _, err := c.Acquire(ctx, "jail-none", protocol.AcquireRequest{Label: "jail-none", Egress: noEgress()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nres, err := c.Exec(ctx, none.WorkspaceID, protocol.ExecRequest{TimeoutSeconds: 120, Argv: []string{"sh", "-c",
+		`env | grep -ci proxy; curl -ksS -o /dev/null --max-time 10 -x http://127.0.0.1:3128 https://allowed.sg.test:$1/ 2>/dev/null; echo "proxied $?"; ` +
+			`curl -sS -o /dev/null --max-time 10 http://127.0.0.1:$2/ 2>/dev/null; echo "canary $?"`, "sh", sitePort, can.port()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := string(stdout(*nres)); !strings.HasPrefix(out, "0\n") || strings.Contains(out, " 0\n") {
+		t.Errorf("a workspace with [] egress: %q; want no proxy variables and nothing reached", out)
+	}
+	if n := can.hits.Load(); n != 0 {
+		t.Errorf("the host's canary got %d connections from the jails; want none", n)
+	}
+
+	// Only the tenant's own processes, and nothing outside can be signalled.
+	res = exec("ps", "ax", "-o", "pid=,args=")
+	ps := strings.TrimSpace(string(stdout(res)))
+	if res.ExitCode != 0 || strings.Contains(ps, "keeper") || strings.Contains(ps, "sleep "+marker) || len(strings.Split(ps, "\n")) > 3 {
+		t.Errorf("ps ax in the jail (exit %d):\n%s\nwant only the jail's init and ps", res.ExitCode, ps)
+	}
+	exec("sh", "-c", "kill -STOP -1; kill -9 -1; kill -STOP 1; kill -9 1; true")
+	if res := exec("echo", "still"); string(stdout(res)) != "still\n" {
+		t.Errorf("the workspace after kill -9 -1: %q", stdout(res))
+	}
+
+	// No vendor identifier: env, the hostname, /proc/self/environ, /proc/1/environ.
+	// The jail's pid 1 (the agent) is not dumpable: its environ reads
+	// empty or not at all; either way it must not show an identifier.
+	res = exec("sh", "-c", `env; hostname; tr '\0' '\n' </proc/self/environ; { tr '\0' '\n' </proc/1/environ; } 2>/dev/null; exit 0`)
+	out := string(stdout(res))
+	if res.ExitCode != 0 || !strings.Contains(out, "SG_JAIL=yes") {
+		t.Errorf("the jail's environment (exit %d) lacks the workspace's env:\n%s", res.ExitCode, out)
+	}
+	for _, id := range []string{"FLY_", "SPRITE", "SANDGATE", strings.ToLower(strings.ReplaceAll(ws.WorkspaceID, "_", "-"))} {
+		if strings.Contains(strings.ToUpper(out), strings.ToUpper(id)) {
+			t.Errorf("the jail shows a vendor identifier (%s):\n%s", id, out)
+		}
+	}
+	if res := exec("hostname"); string(stdout(res)) != "sandbox\n" {
+		t.Errorf("hostname = %q; want sandbox", stdout(res))
+	}
+
+	// The jail's root writes to the image's file system, as apt-get does,
+	// and a later exec sees it.
+	if res := exec("sh", "-c", "echo jail >/etc/sg-jail && mkdir -p /var/lib/sg-jail && echo lib >/var/lib/sg-jail/f"); res.ExitCode != 0 {
+		t.Errorf("root write to /etc: exit %d, %s", res.ExitCode, stderr(res))
+	}
+	if res := exec("cat", "/etc/sg-jail", "/var/lib/sg-jail/f"); string(stdout(res)) != "jail\nlib\n" {
+		t.Errorf("a later exec reads %q; want the jail's root's writes", stdout(res))
+	}
+
+	// Every broker process stopped: the short-lived workspace's tenant
+	// processes end at its expires_at all the same.
+	exp, err := time.Parse(time.RFC3339, short.ExpiresAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.stop()
+	if !hostProcess("sleep " + marker) {
+		t.Fatalf("the durable command ended before expires_at (%s)", exp)
+	}
+	time.Sleep(time.Until(exp))
+	waitFor(t, "the tenant's processes gone after expires_at", func() (bool, error) { return !hostProcess("sleep " + marker), nil })
+	if late := time.Since(exp); late > 45*time.Second {
+		t.Errorf("the tenant's processes ended %v after expires_at", late)
+	}
+}
+
+func stdout(r protocol.ExecResponse) []byte {
+	b, _ := base64.StdEncoding.DecodeString(r.StdoutB64)
+	return b
+}
+func stderr(r protocol.ExecResponse) []byte {
+	b, _ := base64.StdEncoding.DecodeString(r.StderrB64)
+	return b
+}
+
+// hostPort is the host:port of url.
+func hostPort(t *testing.T, url string) string {
+	t.Helper()
+	_, rest, _ := strings.Cut(url, "://")
+	return rest
+}
+
+// vendorListen is the vendor listener's address from dev's log.
+func vendorListen(t *testing.T, logs string) string {
+	t.Helper()
+	const key = `"egress_vendor_listen":"`
+	i := strings.Index(logs, key)
+	if i < 0 {
+		t.Fatalf("dev's log names no egress vendor listener:\n%s", tail(logs, 4<<10))
+	}
+	addr, _, _ := strings.Cut(logs[i+len(key):], `"`)
+	return addr
+}
+
+// hostProcess reports whether a process whose command line is args runs
+// on this host (the fakes' guests are processes of it).
+func hostProcess(args string) bool {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%s/cmdline", e.Name()))
+		if err == nil && strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " ")) == args {
+			return true
+		}
+	}
+	return false
+}

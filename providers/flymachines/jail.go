@@ -1,0 +1,87 @@
+package flymachines
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"sync"
+
+	"github.com/sandgate/sandgate/providers"
+)
+
+// jailOf is what every jail of a Machine gets: the workspace's env, and
+// whether the keeper serves it egress.
+type jailOf struct {
+	env    map[string]string
+	egress bool
+}
+
+// jailCache remembers each Machine's jailOf; another broker process
+// reads it from the Machine's config (jailFor).
+type jailCache struct {
+	mu sync.Mutex
+	m  map[string]jailOf
+}
+
+func (c *jailCache) get(id string) (jailOf, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j, ok := c.m[id]
+	return j, ok
+}
+
+func (c *jailCache) put(id string, j jailOf) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]jailOf{}
+	}
+	c.m[id] = j
+}
+
+func (c *jailCache) drop(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, id)
+}
+
+// jailFor returns the jail settings of sb's Machine: remembered from its
+// create, or read from its config (env, and the keeper's egress flags).
+func (p *Provider) jailFor(ctx context.Context, sb providers.Sandbox) (jailOf, error) {
+	if j, ok := p.jails.get(sb.Ref); ok {
+		return j, nil
+	}
+	m, err := p.get(ctx, sb.Ref)
+	switch {
+	case statusIs(err, http.StatusNotFound):
+		return jailOf{}, providers.ErrSandboxGone
+	case err != nil:
+		return jailOf{}, err
+	}
+	cfg := m.Config
+	if cfg == nil {
+		cfg = m.IncompleteConfig
+	}
+	if goneStates[m.State] {
+		return jailOf{}, providers.ErrSandboxGone
+	}
+	if cfg == nil || cfg.Init == nil || len(cfg.Init.Exec) == 0 || cfg.Init.Exec[0] != providers.GuestAgent {
+		return jailOf{}, errors.New("the Machine has no sandgate-guest keeper: it was not made by this version of the broker")
+	}
+	j := jailOf{env: maps.Clone(cfg.Env), egress: providers.GuestEgress(cfg.Init.Exec)}
+	p.jails.put(sb.Ref, j)
+	return j, nil
+}
+
+// jailed returns spec with its argv run in a fresh jail of sb's Machine.
+func (p *Provider) jailed(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecSpec, error) {
+	j, err := p.jailFor(ctx, sb)
+	if err != nil {
+		return providers.ExecSpec{}, fmt.Errorf("flymachines: exec: %w", err)
+	}
+	spec.Argv = providers.GuestRunArgv(j.env, spec.Dir, j.egress, spec.Argv)
+	spec.Dir = ""
+	return spec, nil
+}
