@@ -103,6 +103,9 @@ type Config struct {
 	mountinfo string
 	// cpuTick replaces the CPU governor's tick (cpuweight.go) in tests.
 	cpuTick time.Duration
+	// afterUIDClaim, when set, runs in Create right after the uid claim:
+	// tests end a create there as a kill would.
+	afterUIDClaim func()
 }
 
 // Egress is the broker's egress proxy as the local provider uses it:
@@ -300,6 +303,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	p.disk = disk
 	p.emptyTrash()
 	p.sweepCgroups()
+	p.sweepUIDs()
 	p.sweepSnapshotTemps()
 	if err := p.probe(ctx); err != nil {
 		p.egressStop()
@@ -525,6 +529,9 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			if p.probeUID > 0 { // else not root: the broker's own uid (AllowUnenforced)
 				rec.UID, err = p.claimUID(ref)
 			}
+			if err == nil && p.cfg.afterUIDClaim != nil {
+				p.cfg.afterUIDClaim()
+			}
 			return err
 		},
 		func() error { return p.makeDisk(ctx, l, &rec, spec.Size) }, // or, without a disk quota, the directories
@@ -745,6 +752,8 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	var rec record
 	if readJSON(p.layout(ref).sandbox(), &rec) == nil {
 		defer p.releaseUID(ref, rec.UID) // once nothing of it runs or is left
+	} else {
+		defer p.releaseClaimsOf(ref) // a create cut short: no record names its uid
 	}
 	// The rename is the moment the workspace is gone, for every Provider on
 	// this DataDir; removing the files may then take its time.
