@@ -70,9 +70,8 @@ const (
 func newInflight(cfg Config) *inflight {
 	f := &inflight{perWorkspace: cfg.MaxInflightPerWorkspace, perInstance: cfg.MaxInflightPerInstance,
 		budget: cfg.InflightBytes, instBytes: cfg.InflightBytesPerInstance, acctBytes: cfg.InflightBytesPerAccount,
-		bodyTimeout: cfg.BodyReadTimeout,
-		ws: map[string]int{}, inst: map[string]int{}, instUsed: map[string]int64{}, acctUsed: map[string]int64{},
-		giveBack: debug.FreeOSMemory}
+		bodyTimeout: cfg.BodyReadTimeout, giveBack: debug.FreeOSMemory,
+		ws: map[string]int{}, inst: map[string]int{}, instUsed: map[string]int64{}, acctUsed: map[string]int64{}}
 	if f.perWorkspace <= 0 {
 		f.perWorkspace = DefaultInflightPerWorkspace
 	}
