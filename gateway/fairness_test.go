@@ -44,6 +44,19 @@ func stalledExec(t *testing.T, h *sgtest.Harness, tok sandgate.Secret, path stri
 	return out, stop
 }
 
+// answer waits for a stalled request's reply, failing the test when none
+// comes: the answer must not wait for the body.
+func answer(t *testing.T, what string, got <-chan reply) reply {
+	t.Helper()
+	select {
+	case rep := <-got:
+		return rep
+	case <-time.After(time.Minute):
+		t.Fatalf("%s: no answer while its body is not sent; want one at once", what)
+		return reply{}
+	}
+}
+
 // execOf is a small exec of workspace id by tok.
 func execOf(tok sandgate.Secret, id string) request {
 	return request{Method: http.MethodPost, Path: wsPath(id, "/exec"), Token: tok, Body: `{"argv":["true"]}`}
@@ -67,11 +80,12 @@ func TestInflightSlowBodiesFair(t *testing.T) {
 	// A workspace that does not exist: 404 at once, nothing reserved.
 	for _, n := range sizes {
 		got, _ := stalledExec(t, h, a.Token, wsPath("ws_doesnotexist", "/exec"), n)
-		wantError(t, "stalled exec of ws_doesnotexist", <-got, http.StatusNotFound, protocol.NotFound)
+		wantError(t, "stalled exec of ws_doesnotexist", answer(t, "stalled exec of ws_doesnotexist", got), http.StatusNotFound, protocol.NotFound)
 	}
 	// Another instance's workspace: the same.
 	got, _ := stalledExec(t, h, a.Token, wsPath(wsB.WorkspaceID, "/exec"), 12<<20)
-	wantError(t, "stalled exec of another instance's workspace", <-got, http.StatusNotFound, protocol.NotFound)
+	wantError(t, "stalled exec of another instance's workspace", answer(t, "stalled exec of another instance's workspace", got),
+		http.StatusNotFound, protocol.NotFound)
 	if st := h.Gateway.InflightStats(); st != (gateway.InflightStats{}) {
 		t.Fatalf("in flight after execs of workspaces not the caller's = %+v; want nothing reserved", st)
 	}
@@ -121,7 +135,7 @@ func TestInflightBodyReadTimeout(t *testing.T) {
 	in := h.NewInstance(adminapi.Scope{})
 	ws := acquire(t, h, in.Token, "body-timeout")
 	got, _ := stalledExec(t, h, in.Token, wsPath(ws.WorkspaceID, "/exec"), 12<<20)
-	rep := <-got
+	rep := answer(t, "exec whose body never came", got)
 	if rep.Status != http.StatusBadRequest {
 		t.Errorf("exec whose body never came: status %d (body %s); want 400", rep.Status, rep.Body)
 	}
