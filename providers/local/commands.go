@@ -126,6 +126,17 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 	if _, err := os.Stat(filepath.Join(d, runner.FileCancel)); err == nil {
 		return fmt.Errorf("local: start command: %w", providers.ErrCommandFenced)
 	}
+	if _, err := os.Lstat(filepath.Join(d, runner.FileClaim)); err == nil {
+		return nil // launched before: never twice
+	}
+	admitted, err := p.admitCommand(ctx, w, spec.MaxOutputBytes)
+	if err != nil {
+		return err
+	}
+	defer admitted() // once the runner is recorded: the next admission counts it
+	if err := os.WriteFile(filepath.Join(d, maxOutFile), []byte(strconv.FormatInt(max(spec.MaxOutputBytes, 0), 10)), 0o600); err != nil {
+		return fmt.Errorf("local: start command: %w: %w", scrub(err), providers.ErrCommandNotStarted)
+	}
 	claim, err := os.OpenFile(filepath.Join(d, runner.FileClaim), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, fs.ErrExist) {
 		return nil // launched before: never twice

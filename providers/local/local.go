@@ -81,6 +81,11 @@ type Config struct {
 	// would leave less; 0 means 1024.
 	FreeReserveMiB int `yaml:"free_reserve_mib"`
 
+	// MaxCommands caps the durable commands one workspace may start in
+	// its lifetime; past it, and past its disk quota of kept output, a
+	// start is refused (cmdquota.go). 0 means DefaultMaxCommands (256).
+	MaxCommands int `yaml:"max_commands"`
+
 	// GuestCapabilities are capabilities (e.g. "CAP_DAC_OVERRIDE") every
 	// sandbox's root keeps in its own user namespace, where they reach only
 	// the workspace's own files. nil means none. Not a config setting: the
@@ -224,6 +229,9 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	}
 	if c.FreeReserveMiB <= 0 {
 		c.FreeReserveMiB = 1024
+	}
+	if c.MaxCommands <= 0 {
+		c.MaxCommands = DefaultMaxCommands
 	}
 	if c.UIDCount < 2 || c.UIDBase+c.UIDCount > 1<<31 || (c.UIDBase <= 65534 && 65534 < c.UIDBase+c.UIDCount) {
 		return nil, errors.New("local: uid_base and uid_count must name at least 2 uids, below 2^31, apart from nobody (65534)")
