@@ -86,6 +86,15 @@ type Config struct {
 	// start is refused (cmdquota.go). 0 means DefaultMaxCommands (256).
 	MaxCommands int `yaml:"max_commands"`
 
+	// HostPidsMax and HostMemoryMaxMiB are the ceiling of all of this
+	// data directory's workspaces together (ceiling.go): their processes
+	// (threads included) and their memory, set on their parent cgroups. 0
+	// means derived from the host: three quarters of the processes the
+	// kernel allows, and the memory less a quarter of it (at least 1 GiB)
+	// left to the broker, Redis and the rest; -1 means no ceiling.
+	HostPidsMax      int `yaml:"host_pids_max"`
+	HostMemoryMaxMiB int `yaml:"host_memory_max_mib"`
+
 	// GuestCapabilities are capabilities (e.g. "CAP_DAC_OVERRIDE") every
 	// sandbox's root keeps in its own user namespace, where they reach only
 	// the workspace's own files. nil means none. Not a config setting: the
@@ -232,6 +241,10 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	}
 	if c.MaxCommands <= 0 {
 		c.MaxCommands = DefaultMaxCommands
+	}
+	if pids, mem := hostCeiling(); c.HostPidsMax == 0 || c.HostMemoryMaxMiB == 0 {
+		c.HostPidsMax = cmp.Or(c.HostPidsMax, pids)
+		c.HostMemoryMaxMiB = cmp.Or(c.HostMemoryMaxMiB, mem)
 	}
 	if c.UIDCount < 2 || c.UIDBase+c.UIDCount > 1<<31 || (c.UIDBase <= 65534 && 65534 < c.UIDBase+c.UIDCount) {
 		return nil, errors.New("local: uid_base and uid_count must name at least 2 uids, below 2^31, apart from nobody (65534)")
@@ -543,6 +556,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			return err
 		},
 		func() error { return p.makeDisk(ctx, l, &rec, spec.Size) }, // or, without a disk quota, the directories
+		func() error { return p.admitPids(ref, rec.Pids) },
 		func() error { return p.limit(ref, rec) },
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return p.serveEgress(ref, l, rec) },
@@ -889,6 +903,9 @@ func (p *Provider) releaseUID(ref string, uid int) {
 func (p *Provider) limit(ref string, rec record) error {
 	if p.cg == nil {
 		return nil
+	}
+	if err := p.cg.setCeiling(p.cfg.HostPidsMax, p.cfg.HostMemoryMaxMiB); err != nil {
+		return err
 	}
 	pids := cmp.Or(rec.Pids, 1024*max(rec.CPUCores, 1)) // 0: a workspace from before the cap
 	_, errs := p.cg.setLimits(ref, cgroupLimits{memory: int64(rec.MemoryMiB) << 20, pids: pids, cpuCores: rec.CPUCores})
