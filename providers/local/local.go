@@ -288,6 +288,11 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.clock = sandgate.SystemClock{}
 	}
 	cg, problems := detectCgroups(cmp.Or(c.mountinfo, "/proc/self/mountinfo"), c.CgroupParent)
+	if cg != nil {
+		if err := cg.setCeiling(c.HostPidsMax, c.HostMemoryMaxMiB); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
 	if len(problems) > 0 && !c.AllowUnenforced {
 		return nil, fmt.Errorf("local: this host cannot enforce the workspace limits: %s", strings.Join(problems, "; "))
 	}
@@ -904,9 +909,8 @@ func (p *Provider) limit(ref string, rec record) error {
 	if p.cg == nil {
 		return nil
 	}
-	if err := p.cg.setCeiling(p.cfg.HostPidsMax, p.cfg.HostMemoryMaxMiB); err != nil {
-		return err
-	}
+	// Again: on v1 a Close removes the parents. New reported a failure.
+	_ = p.cg.setCeiling(p.cfg.HostPidsMax, p.cfg.HostMemoryMaxMiB)
 	pids := cmp.Or(rec.Pids, 1024*max(rec.CPUCores, 1)) // 0: a workspace from before the cap
 	_, errs := p.cg.setLimits(ref, cgroupLimits{memory: int64(rec.MemoryMiB) << 20, pids: pids, cpuCores: rec.CPUCores})
 	if len(errs) > 0 {
