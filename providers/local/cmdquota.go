@@ -2,11 +2,9 @@ package local
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/runner"
@@ -38,21 +36,9 @@ func (p *Provider) admitCommand(ctx context.Context, w opened, maxOut int64) (un
 	if err != nil {
 		return nil, fmt.Errorf("local: start command: %w: %w", scrub(err), providers.ErrCommandNotStarted)
 	}
-	for {
-		err := flock(int(f.Fd()), lockExclusive|lockNonBlock)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, errWouldBlock) {
-			f.Close()
-			return nil, fmt.Errorf("local: start command: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("local: start command: %w", context.Cause(ctx))
-		case <-time.After(lockPoll):
-		}
+	if err := flockWait(ctx, f, lockExclusive); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("local: start command: %w", err)
 	}
 	unlock = func() {
 		flock(int(f.Fd()), lockUnlock)

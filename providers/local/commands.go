@@ -44,21 +44,9 @@ func (p *Provider) lock(ctx context.Context, ref string, how int) (func(), error
 	if err != nil {
 		return nil, fmt.Errorf("local: lock: %w", scrub(err))
 	}
-	for {
-		err := flock(int(f.Fd()), how|lockNonBlock)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, errWouldBlock) {
-			f.Close()
-			return nil, fmt.Errorf("local: lock: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("local: lock: %w", context.Cause(ctx))
-		case <-time.After(lockPoll):
-		}
+	if err := flockWait(ctx, f, how); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("local: lock: %w", err)
 	}
 	unlock := func() {
 		flock(int(f.Fd()), lockUnlock)
@@ -71,6 +59,25 @@ func (p *Provider) lock(ctx context.Context, ref string, how int) (func(), error
 		return nil, fmt.Errorf("local: %w", providers.ErrSandboxGone)
 	}
 	return unlock, nil
+}
+
+// flockWait takes f's flock (lockShared or lockExclusive), waiting until
+// ctx ends.
+func flockWait(ctx context.Context, f *os.File, how int) error {
+	for {
+		err := flock(int(f.Fd()), how|lockNonBlock)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, errWouldBlock) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(lockPoll):
+		}
+	}
 }
 
 // checkCommandID refuses an id that is not a safe directory name.
