@@ -31,7 +31,8 @@ func (s *Server) commandRoute(c echo.Context, class admission.Class, reserve boo
 	}
 	release = func() {}
 	if reserve {
-		if release, err = s.reserveCommand(c); err != nil {
+		if release, err = s.reserveCommand(c, w); err != nil {
+			dropUnreadBody(c)
 			return w, "", nil, err
 		}
 	}
@@ -48,7 +49,12 @@ func (s *Server) startCommand(c echo.Context) error {
 	}
 	defer release()
 	st, err := s.saga.StartCommand(c.Request().Context(), w, key, limitsOf(c).MaxOutputBytes, func() (saga.ExecSpec, error) {
+		read := s.bodyDeadline(c)
 		spec, _, err := s.execSpec(c, w)
+		read()
+		if err != nil {
+			dropUnreadBody(c) // it may have timed out
+		}
 		return spec, err
 	})
 	if err != nil {
@@ -122,12 +128,12 @@ func (s *Server) execSpec(c echo.Context, w sandgate.Workspace) (saga.ExecSpec, 
 }
 
 // reserveCommand reserves what a durable command request of w may hold
-// from the budget of bytes in flight, before its body is read: the body,
+// from the budget of bytes in flight (and w's shares of it), before its body is read: the body,
 // and the output a status read may carry (max_output_bytes of each stream,
 // and the runner's status lines). It does not count against the
 // per-workspace and per-instance caps: a repeated PUT of one identity
 // answers the command's status (spec §Durable commands), whatever else runs.
-func (s *Server) reserveCommand(c echo.Context) (func(), error) {
+func (s *Server) reserveCommand(c echo.Context, w sandgate.Workspace) (func(), error) {
 	lim := limitsOf(c)
-	return s.inflight.acquireBytes(bodyCost(c) + 2*lim.MaxOutputBytes + 1024)
+	return s.inflight.acquireBytes(tenantOf(w), bodyCost(c)+2*lim.MaxOutputBytes+1024)
 }

@@ -32,14 +32,21 @@ func (s *Server) exec(c echo.Context) error {
 	if err := s.limiter.Refused(a.Lease.ID, admission.ClassExec); err != nil {
 		return err
 	}
+	// Nothing is reserved for a workspace that is unknown or another
+	// instance's: such an exec is refused with its body unread.
+	if err := s.execOwned(c, a.Lease, id); err != nil {
+		return err
+	}
 	// The worst case is reserved before the body is read: the body, and
 	// max_output_bytes of each stream.
-	release, err := s.inflight.acquire(id, a.Lease.InstanceID, bodyCost(c)+2*lim.MaxOutputBytes)
+	release, err := s.inflight.acquire(tenant{id, a.Lease.InstanceID, a.Lease.AccountID}, bodyCost(c)+2*lim.MaxOutputBytes)
 	if err != nil {
 		return s.execRefused(c, err)
 	}
 	defer release()
+	read := s.bodyDeadline(c)
 	spec, clamped, err := s.execRequest(c)
+	read()
 	if err != nil {
 		return s.execRefused(c, err)
 	}
@@ -70,6 +77,10 @@ func (s *Server) exec(c echo.Context) error {
 // the in-flight caps or its body (err), or by an invalid id (err nil):
 // usable's answer comes first, as on every workspace route.
 func (s *Server) execRefused(c echo.Context, err error) error {
+	dropUnreadBody(c)
+	if err != nil && c.Request().Context().Err() != nil {
+		return err // the connection failed (a body that never came): nothing to read the workspace for
+	}
 	if _, uerr := s.usable(c, admission.ClassExec); uerr != nil {
 		return uerr
 	}

@@ -7,11 +7,17 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
 	"github.com/sandgate/sandgate/policy"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/saga"
 )
+
+// tenantOf is whom a request of workspace w is counted against.
+func tenantOf(w sandgate.Workspace) tenant {
+	return tenant{ws: w.ID, inst: w.InstanceID, acct: w.AccountID}
+}
 
 func (s *Server) readFile(c echo.Context) error {
 	w, err := s.usable(c, admission.ClassExec)
@@ -21,13 +27,18 @@ func (s *Server) readFile(c echo.Context) error {
 	lim := limitsOf(c)
 	// The body (a path), and the contents: at most max_file_bytes, and
 	// one byte more that a read keeps to tell a file that grew.
-	release, err := s.inflight.acquire(w.ID, w.InstanceID, bodyCost(c)+lim.MaxFileBytes+1)
+	release, err := s.inflight.acquire(tenantOf(w), bodyCost(c)+lim.MaxFileBytes+1)
 	if err != nil {
+		dropUnreadBody(c)
 		return err
 	}
 	defer release()
 	var req protocol.ReadFileRequest
-	if err := decode(c, &req); err != nil {
+	read := s.bodyDeadline(c)
+	err = decode(c, &req)
+	read()
+	if err != nil {
+		dropUnreadBody(c) // it may have timed out
 		return err
 	}
 	if err := policy.ValidatePath(req.Path); err != nil {
@@ -62,11 +73,13 @@ func (s *Server) writeFile(c echo.Context) error {
 	}
 	lim := limitsOf(c)
 	req := c.Request()
-	release, err := s.inflight.acquire(w.ID, w.InstanceID, writeCost(req.ContentLength, lim.MaxFileBytes))
+	release, err := s.inflight.acquire(tenantOf(w), writeCost(req.ContentLength, lim.MaxFileBytes))
 	if err != nil {
+		dropUnreadBody(c)
 		return err
 	}
 	defer release()
+	defer s.bodyDeadline(c)() // the body streams into the provider until WriteFile returns
 	body := newWriteBody(req.Body, req.ContentLength, lim.MaxFileBytes)
 	stream := body.head()
 	if body.err != nil {
@@ -77,7 +90,7 @@ func (s *Server) writeFile(c echo.Context) error {
 		// Scanned whole: the contents are held (or empty).
 		contents = &fileBuf{}
 		if body.held != nil {
-			more, err := s.inflight.acquireBytes(body.held.n)
+			more, err := s.inflight.acquireBytes(tenantOf(w), body.held.n)
 			if err != nil {
 				return err
 			}

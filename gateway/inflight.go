@@ -21,6 +21,7 @@ const (
 	DefaultInflightPerWorkspace = 8
 	DefaultInflightPerInstance  = 16
 	DefaultInflightBytes        = 256 << 20
+	DefaultBodyReadTimeout      = 60 * time.Second
 )
 
 // inflightRetryAfter is the Retry-After of a refusal by the in-flight caps:
@@ -29,18 +30,24 @@ const inflightRetryAfter = time.Second
 
 // inflight bounds what one gateway process holds for execs and file
 // transfers in flight: how many run per workspace and per instance, and
-// the bytes all of them may hold at once, each request reserving its worst
-// case before it reads its body or runs anything. The counters are this
-// process's own, not shared through Redis: a broker of n gateway processes
-// admits up to n times each cap. It is safe for concurrent use.
+// the bytes they may hold at once, per instance, per account and in all,
+// each request reserving its worst case once its workspace is known to
+// be the caller's and before it reads its body or runs anything. The
+// counters are this process's own, not shared through Redis: a broker of
+// n gateway processes admits up to n times each cap. It is safe for
+// concurrent use.
 type inflight struct {
 	perWorkspace, perInstance int
 	budget                    int64
+	instBytes, acctBytes      int64 // an instance's and an account's share of budget
+	bodyTimeout               time.Duration
 
-	mu   sync.Mutex
-	used int64
-	ws   map[string]int // workspace id -> requests in flight
-	inst map[string]int // instance id -> requests in flight
+	mu       sync.Mutex
+	used     int64
+	ws       map[string]int   // workspace id -> requests in flight
+	inst     map[string]int   // instance id -> requests in flight
+	instUsed map[string]int64 // instance id -> bytes reserved
+	acctUsed map[string]int64 // account id -> bytes reserved
 
 	// After a burst: when nothing is in flight any more and the burst
 	// reserved at least releaseAbove bytes, giveBack (debug.FreeOSMemory)
@@ -62,7 +69,9 @@ const (
 
 func newInflight(cfg Config) *inflight {
 	f := &inflight{perWorkspace: cfg.MaxInflightPerWorkspace, perInstance: cfg.MaxInflightPerInstance,
-		budget: cfg.InflightBytes, ws: map[string]int{}, inst: map[string]int{}, giveBack: debug.FreeOSMemory}
+		budget: cfg.InflightBytes, instBytes: cfg.InflightBytesPerInstance, acctBytes: cfg.InflightBytesPerAccount,
+		bodyTimeout: cfg.BodyReadTimeout, giveBack: debug.FreeOSMemory,
+		ws: map[string]int{}, inst: map[string]int{}, instUsed: map[string]int64{}, acctUsed: map[string]int64{}}
 	if f.perWorkspace <= 0 {
 		f.perWorkspace = DefaultInflightPerWorkspace
 	}
@@ -72,45 +81,79 @@ func newInflight(cfg Config) *inflight {
 	if f.budget <= 0 {
 		f.budget = DefaultInflightBytes
 	}
+	if f.bodyTimeout <= 0 {
+		f.bodyTimeout = DefaultBodyReadTimeout
+	}
+	if f.instBytes <= 0 {
+		f.instBytes = f.budget / 4
+	}
+	if f.acctBytes <= 0 {
+		f.acctBytes = f.budget / 2
+	}
 	return f
 }
 
-// acquire reserves one request of workspace ws of instance inst, holding
-// at most bytes, and returns the function that gives it back (safe to call
-// more than once). Past the workspace's or the instance's cap it answers
-// 429 rate_limited; when the bytes do not fit in what is left of the
-// budget, 503 unavailable (the broker, not the client, is at its limit),
-// both with a Retry-After.
-func (f *inflight) acquire(ws, inst string, bytes int64) (func(), error) {
-	return f.reserve(ws, inst, bytes, true)
+// tenant is who a reservation is counted against: the workspace (for the
+// count caps only), its instance and the instance's account.
+type tenant struct {
+	ws, inst, acct string
 }
 
-// acquireBytes reserves bytes from the budget alone, for a request that
-// does not count against the caps (durable commands); 503 unavailable
-// when they do not fit.
-func (f *inflight) acquireBytes(bytes int64) (func(), error) {
-	return f.reserve("", "", bytes, false)
+// acquire reserves one request of workspace t.ws, holding at most bytes,
+// and returns the function that gives it back (safe to call more than
+// once). Past the workspace's or the instance's count cap, or past the
+// instance's or the account's share of the bytes, it answers 429
+// rate_limited: the tenant holds its own share, whatever others do. Only
+// when the bytes do not fit in what is left of the whole budget is it 503
+// unavailable (the broker, not the client, is at its limit). Both carry a
+// Retry-After.
+func (f *inflight) acquire(t tenant, bytes int64) (func(), error) {
+	return f.reserve(t, bytes, true)
 }
 
-func (f *inflight) reserve(ws, inst string, bytes int64, counted bool) (func(), error) {
+// acquireBytes reserves bytes for t as acquire does, for a request that
+// does not count against the count caps (durable commands, and the
+// second reservation of a file write): only the shares and the budget
+// can refuse it.
+func (f *inflight) acquireBytes(t tenant, bytes int64) (func(), error) {
+	return f.reserve(t, bytes, false)
+}
+
+// overShare reports whether reserving bytes more would take a tenant that
+// holds used past its share. A tenant with nothing in flight may always
+// reserve (within the whole budget): a scope whose one request is larger
+// than the share still runs, one request at a time.
+func overShare(used, bytes, share int64) bool {
+	return used > 0 && used+bytes > share
+}
+
+func (f *inflight) reserve(t tenant, bytes int64, counted bool) (func(), error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
-	case counted && f.ws[ws] >= f.perWorkspace:
+	case counted && f.ws[t.ws] >= f.perWorkspace:
 		return nil, &protocol.Error{Code: protocol.RateLimited, RetryAfter: inflightRetryAfter,
 			Message: "this workspace has as many execs and file transfers in flight as the broker allows; retry after Retry-After"}
-	case counted && f.inst[inst] >= f.perInstance:
+	case counted && f.inst[t.inst] >= f.perInstance:
 		return nil, &protocol.Error{Code: protocol.RateLimited, RetryAfter: inflightRetryAfter,
 			Message: "this instance has as many execs and file transfers in flight as the broker allows; retry after Retry-After"}
+	case overShare(f.instUsed[t.inst], bytes, f.instBytes):
+		return nil, &protocol.Error{Code: protocol.RateLimited, RetryAfter: inflightRetryAfter,
+			Message: "this instance holds as much exec output and file content in flight as the broker allows one instance; retry after Retry-After"}
+	case overShare(f.acctUsed[t.acct], bytes, f.acctBytes):
+		return nil, &protocol.Error{Code: protocol.RateLimited, RetryAfter: inflightRetryAfter,
+			Message: "this account holds as much exec output and file content in flight as the broker allows one account; retry after Retry-After"}
 	case bytes > f.budget-f.used:
 		return nil, &protocol.Error{Code: protocol.Unavailable, RetryAfter: inflightRetryAfter,
 			Message: "the broker holds as much exec output and file content as it allows; retry shortly"}
 	}
 	f.used += bytes
+	f.instUsed[t.inst] += bytes
+	f.acctUsed[t.acct] += bytes
 	f.high = max(f.high, f.used)
 	if counted {
-		f.ws[ws]++
-		f.inst[inst]++
+		f.ws[t.ws]++
+		f.inst[t.inst]++
 	}
 	var once sync.Once
 	return func() {
@@ -118,18 +161,51 @@ func (f *inflight) reserve(ws, inst string, bytes int64, counted bool) (func(), 
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			f.used -= bytes
+			giveBackBytes(f.instUsed, t.inst, bytes)
+			giveBackBytes(f.acctUsed, t.acct, bytes)
 			f.maybeGiveBack()
 			if !counted {
 				return
 			}
-			if f.ws[ws]--; f.ws[ws] == 0 {
-				delete(f.ws, ws)
+			if f.ws[t.ws]--; f.ws[t.ws] == 0 {
+				delete(f.ws, t.ws)
 			}
-			if f.inst[inst]--; f.inst[inst] == 0 {
-				delete(f.inst, inst)
+			if f.inst[t.inst]--; f.inst[t.inst] == 0 {
+				delete(f.inst, t.inst)
 			}
 		})
 	}, nil
+}
+
+// bodyDeadline makes reading c's body fail once the body read timeout has
+// passed, so that a body that never comes cannot hold a reservation, and
+// returns the function that lifts the deadline once the body is read (the
+// connection's later reads, such as net/http's watch for the client going
+// away, must not time out). Where the connection cannot take a deadline
+// it does nothing.
+func (s *Server) bodyDeadline(c echo.Context) func() {
+	rc := http.NewResponseController(c.Response().Writer)
+	if rc.SetReadDeadline(time.Now().Add(s.inflight.bodyTimeout)) != nil {
+		return func() {}
+	}
+	return func() { _ = rc.SetReadDeadline(time.Time{}) }
+}
+
+// dropUnreadBody makes the answer to a request refused with its body
+// unread close the connection (HTTP/1): net/http would otherwise read up
+// to 256 KiB of that body before it sends the answer, waiting as long as
+// a client that never sends it likes.
+func dropUnreadBody(c echo.Context) {
+	if r := c.Request(); r.ContentLength != 0 && r.ProtoMajor == 1 {
+		c.Response().Header().Set(echo.HeaderConnection, "close")
+	}
+}
+
+// giveBackBytes takes bytes off key's count in m, forgetting it at zero.
+func giveBackBytes(m map[string]int64, key string, bytes int64) {
+	if m[key] -= bytes; m[key] <= 0 {
+		delete(m, key)
+	}
 }
 
 // maybeGiveBack starts giveBack when the burst is over (see giveBack).

@@ -10,16 +10,16 @@ func TestInflightGiveBack(t *testing.T) {
 	calls := make(chan struct{}, 10)
 	f.giveBack = func() { calls <- struct{}{} }
 
-	small, err := f.acquire("ws_a", "inst_a", 1<<20)
+	small, err := f.acquire(tenant{"ws_a", "inst_a", "acct_a"}, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	small()
-	a, err := f.acquire("ws_a", "inst_a", releaseAbove/2)
+	a, err := f.acquire(tenant{"ws_a", "inst_a", "acct_a"}, releaseAbove/2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := f.acquire("ws_b", "inst_a", releaseAbove/2)
+	b, err := f.acquire(tenant{"ws_b", "inst_a", "acct_a"}, releaseAbove/2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,8 +117,9 @@ func TestInflightBudget(t *testing.T) {
 	t.Parallel()
 	const maxOut = 1 << 20
 	// Two execs' worst case (2 × max_output_bytes and their small bodies) fit, a third does not.
+	// The instance's and account's shares are left out of the way: this is the whole budget's test.
 	h := sgtest.New(t, sgtest.Options{Gateway: gateway.Config{MaxInflightPerWorkspace: 100, MaxInflightPerInstance: 100,
-		InflightBytes: 5 * maxOut}})
+		InflightBytes: 5 * maxOut, InflightBytesPerInstance: 100 * maxOut, InflightBytesPerAccount: 100 * maxOut}})
 	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxOutputBytes: maxOut, MaxFileBytes: 1024}})
 	big := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxOutputBytes: 3 * maxOut}})
 	ws := acquire(t, h, in.Token, "budget")
@@ -278,7 +279,8 @@ func TestExecBodyStreamed(t *testing.T) {
 func TestInflightCommands(t *testing.T) {
 	t.Parallel()
 	const maxOut = 1 << 20
-	h := sgtest.New(t, sgtest.Options{Gateway: gateway.Config{MaxInflightPerWorkspace: 1, InflightBytes: 5 * maxOut}})
+	h := sgtest.New(t, sgtest.Options{Gateway: gateway.Config{MaxInflightPerWorkspace: 1, InflightBytes: 5 * maxOut,
+		InflightBytesPerInstance: 100 * maxOut, InflightBytesPerAccount: 100 * maxOut}})
 	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxOutputBytes: maxOut}})
 	ws := acquire(t, h, in.Token, "commands")
 	put := request{Method: http.MethodPut, Path: wsPath(ws.WorkspaceID, "/commands/c1"), Token: in.Token, Body: `{"argv":["true"]}`}

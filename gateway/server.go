@@ -56,6 +56,20 @@ type Config struct {
 	// before it runs; one that does not fit is refused with 503
 	// unavailable and a Retry-After. 0 means DefaultInflightBytes (256 MiB).
 	InflightBytes int64
+	// InflightBytesPerInstance is one instance's share of InflightBytes:
+	// a request that would take an instance holding bytes in flight past
+	// it is refused with 429 rate_limited and a Retry-After (an instance
+	// with nothing in flight may always reserve one request). 0 means a
+	// quarter of InflightBytes.
+	InflightBytesPerInstance int64
+	// InflightBytesPerAccount is the same share for all of one account's
+	// instances together. 0 means half of InflightBytes.
+	InflightBytesPerAccount int64
+	// BodyReadTimeout bounds reading the body of a request that holds an
+	// in-flight reservation: a body that has not arrived by then ends the
+	// request (400 invalid_request) and frees its reservation. 0 means
+	// DefaultBodyReadTimeout (60 seconds).
+	BodyReadTimeout time.Duration
 	// Tracer makes each request's server span. nil means no spans.
 	Tracer trace.TracerProvider
 }
@@ -102,6 +116,7 @@ type Server struct {
 	controls *admission.ControlCache
 	limiter  *admission.Limiter
 	inflight *inflight // caps on execs and file transfers in flight
+	owners   owners    // the instance of each workspace seen, for exec's reservation
 	echo     *echo.Echo
 	draining atomic.Bool
 	// routeInfos are the labels ("METHOD /template") of every route, for the

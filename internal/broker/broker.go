@@ -233,9 +233,12 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	}
 	gcfg := gateway.Config{TrustedProxies: proxies, Meter: b.obs.mp.Meter("github.com/sandgate/sandgate/gateway"), Tracer: tp,
 		// Counted per gateway process (README, admission.inflight).
-		MaxInflightPerWorkspace: b.cfg.Admission.Inflight.PerWorkspace,
-		MaxInflightPerInstance:  b.cfg.Admission.Inflight.PerInstance,
-		InflightBytes:           b.cfg.Admission.Inflight.MaxBytes}
+		MaxInflightPerWorkspace:  b.cfg.Admission.Inflight.PerWorkspace,
+		MaxInflightPerInstance:   b.cfg.Admission.Inflight.PerInstance,
+		InflightBytes:            b.cfg.Admission.Inflight.MaxBytes,
+		InflightBytesPerInstance: b.cfg.Admission.Inflight.PerInstanceBytes,
+		InflightBytesPerAccount:  b.cfg.Admission.Inflight.PerAccountBytes,
+		BodyReadTimeout:          b.cfg.Admission.Inflight.BodyTimeout}
 	if opts.Gateway != nil {
 		gcfg = *opts.Gateway
 	}

@@ -88,6 +88,14 @@ type Config struct {
 			PerWorkspace int   `yaml:"per_workspace"` // default 8; past it 429 rate_limited
 			PerInstance  int   `yaml:"per_instance"`  // default 16; past it 429 rate_limited
 			MaxBytes     int64 `yaml:"max_bytes"`     // default 268435456 (256 MiB); past it 503 unavailable
+			// An instance's and an account's shares of max_bytes: past
+			// them 429 rate_limited. Defaults: a quarter and a half of
+			// max_bytes.
+			PerInstanceBytes int64 `yaml:"per_instance_bytes"`
+			PerAccountBytes  int64 `yaml:"per_account_bytes"`
+			// BodyTimeout ends a request whose body has not arrived
+			// within it, freeing its reservation; default 60s.
+			BodyTimeout time.Duration `yaml:"body_timeout"`
 		} `yaml:"inflight"`
 	} `yaml:"admission"`
 	Log struct {
@@ -271,8 +279,9 @@ func LoadConfig(path string, getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("config: admission.rate_limits: unknown class %q (want read, acquire or exec)", class)
 		}
 	}
-	if in := c.Admission.Inflight; in.PerWorkspace < 0 || in.PerInstance < 0 || in.MaxBytes < 0 {
-		return nil, fmt.Errorf("config: admission.inflight: per_workspace, per_instance and max_bytes must not be negative")
+	if in := c.Admission.Inflight; in.PerWorkspace < 0 || in.PerInstance < 0 || in.MaxBytes < 0 ||
+		in.PerInstanceBytes < 0 || in.PerAccountBytes < 0 || in.BodyTimeout < 0 {
+		return nil, fmt.Errorf("config: admission.inflight: per_workspace, per_instance, max_bytes, per_instance_bytes, per_account_bytes and body_timeout must not be negative")
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second

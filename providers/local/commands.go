@@ -44,21 +44,9 @@ func (p *Provider) lock(ctx context.Context, ref string, how int) (func(), error
 	if err != nil {
 		return nil, fmt.Errorf("local: lock: %w", scrub(err))
 	}
-	for {
-		err := flock(int(f.Fd()), how|lockNonBlock)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, errWouldBlock) {
-			f.Close()
-			return nil, fmt.Errorf("local: lock: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("local: lock: %w", context.Cause(ctx))
-		case <-time.After(lockPoll):
-		}
+	if err := flockWait(ctx, f, how); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("local: lock: %w", err)
 	}
 	unlock := func() {
 		flock(int(f.Fd()), lockUnlock)
@@ -71,6 +59,25 @@ func (p *Provider) lock(ctx context.Context, ref string, how int) (func(), error
 		return nil, fmt.Errorf("local: %w", providers.ErrSandboxGone)
 	}
 	return unlock, nil
+}
+
+// flockWait takes f's flock (lockShared or lockExclusive), waiting until
+// ctx ends.
+func flockWait(ctx context.Context, f *os.File, how int) error {
+	for {
+		err := flock(int(f.Fd()), how|lockNonBlock)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, errWouldBlock) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(lockPoll):
+		}
+	}
 }
 
 // checkCommandID refuses an id that is not a safe directory name.
@@ -125,6 +132,17 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 	}
 	if _, err := os.Stat(filepath.Join(d, runner.FileCancel)); err == nil {
 		return fmt.Errorf("local: start command: %w", providers.ErrCommandFenced)
+	}
+	if _, err := os.Lstat(filepath.Join(d, runner.FileClaim)); err == nil {
+		return nil // launched before: never twice
+	}
+	admitted, err := p.admitCommand(ctx, w, spec.MaxOutputBytes)
+	if err != nil {
+		return err
+	}
+	defer admitted() // once the runner is recorded: the next admission counts it
+	if err := os.WriteFile(filepath.Join(d, maxOutFile), []byte(strconv.FormatInt(max(spec.MaxOutputBytes, 0), 10)), 0o600); err != nil {
+		return fmt.Errorf("local: start command: %w: %w", scrub(err), providers.ErrCommandNotStarted)
 	}
 	claim, err := os.OpenFile(filepath.Join(d, runner.FileClaim), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, fs.ErrExist) {

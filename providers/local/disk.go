@@ -4,7 +4,6 @@ package local
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -123,7 +122,7 @@ func (p *Provider) admitDisk(ctx context.Context, mib int) (unlock func(), err e
 	if err != nil {
 		return nil, scrub(err)
 	}
-	if err := lockFD(ctx, f); err != nil {
+	if err := flockWait(ctx, f, lockExclusive); err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -239,22 +238,4 @@ func (p *Provider) committed() int64 {
 		}
 	}
 	return n
-}
-
-// lockFD takes f's flock exclusively, waiting until ctx ends.
-func lockFD(ctx context.Context, f *os.File) error {
-	for {
-		err := flock(int(f.Fd()), lockExclusive|lockNonBlock)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, errWouldBlock) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-time.After(lockPoll):
-		}
-	}
 }

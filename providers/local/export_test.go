@@ -108,3 +108,6 @@ var JoinAsStarted = joinAsStarted
 // JoinsItself reports whether an exec's bwrap joins its cgroups itself
 // (cgroupHost.joinsItself).
 func JoinsItself(p *Provider) bool { return p.cg.joinsItself() }
+
+// SetAfterUIDClaim makes Create call f right after it claimed its uid.
+func SetAfterUIDClaim(c *Config, f func()) { c.afterUIDClaim = f }

@@ -81,6 +81,20 @@ type Config struct {
 	// would leave less; 0 means 1024.
 	FreeReserveMiB int `yaml:"free_reserve_mib"`
 
+	// MaxCommands caps the durable commands one workspace may start in
+	// its lifetime; past it, and past its disk quota of kept output, a
+	// start is refused (cmdquota.go). 0 means DefaultMaxCommands (256).
+	MaxCommands int `yaml:"max_commands"`
+
+	// HostPidsMax and HostMemoryMaxMiB are the ceiling of all of this
+	// data directory's workspaces together (ceiling.go): their processes
+	// (threads included) and their memory, set on their parent cgroups. 0
+	// means derived from the host: three quarters of the processes the
+	// kernel allows, and the memory less a quarter of it (at least 1 GiB)
+	// left to the broker, Redis and the rest; -1 means no ceiling.
+	HostPidsMax      int `yaml:"host_pids_max"`
+	HostMemoryMaxMiB int `yaml:"host_memory_max_mib"`
+
 	// GuestCapabilities are capabilities (e.g. "CAP_DAC_OVERRIDE") every
 	// sandbox's root keeps in its own user namespace, where they reach only
 	// the workspace's own files. nil means none. Not a config setting: the
@@ -111,6 +125,9 @@ type Config struct {
 	mountinfo string
 	// cpuTick replaces the CPU governor's tick (cpuweight.go) in tests.
 	cpuTick time.Duration
+	// afterUIDClaim, when set, runs in Create right after the uid claim:
+	// tests end a create there as a kill would.
+	afterUIDClaim func()
 }
 
 // Egress is the broker's egress proxy as the local provider uses it:
@@ -230,6 +247,13 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if c.FreeReserveMiB <= 0 {
 		c.FreeReserveMiB = 1024
 	}
+	if c.MaxCommands <= 0 {
+		c.MaxCommands = DefaultMaxCommands
+	}
+	if pids, mem := hostCeiling(); c.HostPidsMax == 0 || c.HostMemoryMaxMiB == 0 {
+		c.HostPidsMax = cmp.Or(c.HostPidsMax, pids)
+		c.HostMemoryMaxMiB = cmp.Or(c.HostMemoryMaxMiB, mem)
+	}
 	if c.UIDCount < 2 || c.UIDBase+c.UIDCount > 1<<31 || (c.UIDBase <= 65534 && 65534 < c.UIDBase+c.UIDCount) {
 		return nil, errors.New("local: uid_base and uid_count must name at least 2 uids, below 2^31, apart from nobody (65534)")
 	}
@@ -280,6 +304,11 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.clock = sandgate.SystemClock{}
 	}
 	cg, problems := detectCgroups(cmp.Or(c.mountinfo, "/proc/self/mountinfo"), c.CgroupParent)
+	if cg != nil {
+		if err := cg.setCeiling(c.HostPidsMax, c.HostMemoryMaxMiB); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
 	if len(problems) > 0 && !c.AllowUnenforced {
 		return nil, fmt.Errorf("local: this host cannot enforce the workspace limits: %s", strings.Join(problems, "; "))
 	}
@@ -316,6 +345,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	p.disk = disk
 	p.emptyTrash()
 	p.sweepCgroups()
+	p.sweepUIDs()
 	p.sweepSnapshotTemps()
 	if err := p.probe(ctx); err != nil {
 		p.egressStop()
@@ -541,9 +571,13 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			if p.probeUID > 0 { // else not root: the broker's own uid (AllowUnenforced)
 				rec.UID, err = p.claimUID(ref)
 			}
+			if err == nil && p.cfg.afterUIDClaim != nil {
+				p.cfg.afterUIDClaim()
+			}
 			return err
 		},
 		func() error { return p.makeDisk(ctx, l, &rec, spec.Size) }, // or, without a disk quota, the directories
+		func() error { return p.admitPids(ref, rec.Pids) },
 		func() error { return p.limit(ref, rec) },
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return p.serveEgress(ref, l, rec) },
@@ -761,6 +795,8 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	var rec record
 	if readJSON(p.layout(ref).sandbox(), &rec) == nil {
 		defer p.releaseUID(ref, rec.UID) // once nothing of it runs or is left
+	} else {
+		defer p.releaseClaimsOf(ref) // a create cut short: no record names its uid
 	}
 	// The rename is the moment the workspace is gone, for every Provider on
 	// this DataDir; removing the files may then take its time.
@@ -889,6 +925,8 @@ func (p *Provider) limit(ref string, rec record) error {
 	if p.cg == nil {
 		return nil
 	}
+	// Again: on v1 a Close removes the parents. New reported a failure.
+	_ = p.cg.setCeiling(p.cfg.HostPidsMax, p.cfg.HostMemoryMaxMiB)
 	pids := cmp.Or(rec.Pids, 1024*max(rec.CPUCores, 1)) // 0: a workspace from before the cap
 	_, errs := p.cg.setLimits(ref, cgroupLimits{memory: int64(rec.MemoryMiB) << 20, pids: pids, cpuCores: rec.CPUCores})
 	if len(errs) > 0 {
