@@ -439,7 +439,7 @@ func TestUnknownRoute(t *testing.T) {
 		{Method: http.MethodGet, Path: wsPath(ws.WorkspaceID, "/files/read/"), Token: in.Token},
 	}
 	for _, r := range tests {
-		wantError(t, what(r), do(t, h, r), http.StatusNotFound, protocol.NotFound)
+		wantError(t, what(r), do(t, h, r), http.StatusBadRequest, protocol.InvalidRequest)
 	}
 }
 

@@ -32,9 +32,9 @@ func (s *Server) acquire(c echo.Context) error {
 		return err
 	}
 	if res.Replayed {
-		return c.JSON(http.StatusOK, s.status(res.Workspace))
+		return answerJSON(c, http.StatusOK, s.status(res.Workspace))
 	}
-	return c.JSON(http.StatusCreated, s.status(res.Workspace))
+	return answerJSON(c, http.StatusCreated, s.status(res.Workspace))
 }
 
 func unavailable(err error) error { return saga.Unavailable(err) }
@@ -57,7 +57,7 @@ func (s *Server) getWorkspace(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, s.status(w))
+	return answerJSON(c, http.StatusOK, s.status(w))
 }
 
 // status renders a workspace's status object. A running workspace past
@@ -128,7 +128,7 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 	if next != "" {
 		out.NextCursor = &next
 	}
-	return c.JSON(http.StatusOK, out)
+	return answerJSON(c, http.StatusOK, out)
 }
 
 // release is DELETE /v1/workspaces/{id}: idempotent, never refused for
@@ -138,5 +138,5 @@ func (s *Server) release(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, s.status(w))
+	return answerJSON(c, http.StatusOK, s.status(w))
 }

@@ -1,0 +1,79 @@
+package gateway_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/sandgate/sandgate/adminapi"
+	"github.com/sandgate/sandgate/internal/sgtest"
+	"github.com/sandgate/sandgate/protocol"
+)
+
+// TestNoRouteIsNeverNotFound checks that a request no route serves is
+// never 404 not_found, which the client reads as success for Release and
+// DeleteSnapshot: a wrong method is 405 with Allow, any other path
+// (a trailing slash included) 400 invalid_request, and the workspace a
+// DELETE with a trailing slash names keeps running.
+func TestNoRouteIsNeverNotFound(t *testing.T) {
+	t.Parallel()
+	h := sgtest.New(t, sgtest.Options{})
+	in := h.NewInstance(adminapi.Scope{})
+	ws := acquire(t, h, in.Token, "route-ws")
+
+	for _, tc := range []struct {
+		r     request
+		allow string // "" for an unknown path
+	}{
+		{r: request{Method: http.MethodPost, Path: "/v1/lease"}, allow: "GET"},
+		{r: request{Method: http.MethodPatch, Path: wsPath(ws.WorkspaceID)}, allow: "GET, DELETE"},
+		{r: request{Method: http.MethodGet, Path: wsPath(ws.WorkspaceID, "/exec")}, allow: "POST"},
+		{r: request{Method: http.MethodDelete, Path: "/v1/workspaces"}, allow: "POST, GET"},
+		{r: request{Method: http.MethodPost, Path: "/v1/snapshots/snap_x"}, allow: "DELETE"},
+		{r: request{Method: http.MethodDelete, Path: wsPath(ws.WorkspaceID) + "/"}},
+		{r: request{Method: http.MethodDelete, Path: "/v1/snapshots/snap_x/"}},
+		{r: request{Method: http.MethodDelete, Path: "/v1/workspaces//"}},
+		{r: request{Method: http.MethodGet, Path: "/v1/nope"}},
+		{r: request{Method: http.MethodGet, Path: "/"}},
+	} {
+		r := tc.r
+		r.Token = in.Token
+		rep := do(t, h, r)
+		if tc.allow == "" {
+			wantError(t, what(r), rep, http.StatusBadRequest, protocol.InvalidRequest)
+			continue
+		}
+		wantError(t, what(r), rep, http.StatusMethodNotAllowed, protocol.InvalidRequest)
+		if got := rep.Header.Get("Allow"); got != tc.allow {
+			t.Errorf("%s: Allow = %q; want %q", what(r), got, tc.allow)
+		}
+	}
+	if got := getWorkspace(t, h, in.Token, ws.WorkspaceID); got.State != "running" {
+		t.Errorf("after DELETE with a trailing slash: state = %q; want running", got.State)
+	}
+	// The route's own resources still answer not_found.
+	wantError(t, "DELETE of an unknown workspace", do(t, h, request{Method: http.MethodDelete, Path: wsPath("ws_doesnotexist"), Token: in.Token}),
+		http.StatusNotFound, protocol.NotFound)
+}
+
+// TestJSONCharset checks that every JSON answer, success or error, says
+// application/json; charset=utf-8 (spec §Conventions).
+func TestJSONCharset(t *testing.T) {
+	t.Parallel()
+	h := sgtest.New(t, sgtest.Options{})
+	in := h.NewInstance(adminapi.Scope{})
+	ws := acquire(t, h, in.Token, "charset-ws")
+	for _, r := range []request{
+		{Method: http.MethodGet, Path: "/v1/lease", Token: in.Token},
+		{Method: http.MethodGet, Path: wsPath(ws.WorkspaceID), Token: in.Token},
+		{Method: http.MethodGet, Path: "/v1/workspaces", Token: in.Token},
+		{Method: http.MethodPost, Path: wsPath(ws.WorkspaceID, "/exec"), Token: in.Token, Body: `{"argv":["true"]}`},
+		{Method: http.MethodGet, Path: wsPath("ws_doesnotexist"), Token: in.Token},
+		{Method: http.MethodGet, Path: "/v1/lease"},
+		{Method: http.MethodDelete, Path: wsPath(ws.WorkspaceID), Token: in.Token},
+	} {
+		rep := do(t, h, r)
+		if got, want := rep.Header.Get("Content-Type"), "application/json; charset=utf-8"; got != want {
+			t.Errorf("%s (%d): Content-Type = %q; want %q", what(r), rep.Status, got, want)
+		}
+	}
+}
