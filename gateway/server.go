@@ -100,7 +100,7 @@ type Server struct {
 	cache    *livecache.Cache[*authEntry]
 	controls *admission.ControlCache
 	limiter  *admission.Limiter
-	inflight *inflight // caps on execs and file transfers in flight
+	inflight *inflight       // caps on execs and file transfers in flight
 	table    []routeTemplate // every route, for the answer to a request that matches none (noRoute)
 	echo     *echo.Echo
 	draining atomic.Bool
