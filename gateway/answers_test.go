@@ -77,3 +77,21 @@ func TestJSONCharset(t *testing.T) {
 		}
 	}
 }
+
+// TestEmptySizeRefused checks that "size": "" (and "image": "",
+// "snapshot_id": "") is refused, never silently resolved to the default
+// (spec §Acquire), and consumes no key: the same key then acquires.
+func TestEmptySizeRefused(t *testing.T) {
+	t.Parallel()
+	h := sgtest.New(t, sgtest.Options{})
+	in := h.NewInstance(adminapi.Scope{})
+	for _, field := range []string{"size", "image", "snapshot_id"} {
+		body := `{"label":"empty","egress":{"allowed_domains":[]},"` + field + `":""}`
+		rep := do(t, h, acquireReq(in.Token, "empty-"+field, body))
+		wantError(t, field+` ""`, rep, http.StatusBadRequest, protocol.InvalidRequest)
+	}
+	if n := len(listAll(t, h, in.Token)); n != 0 {
+		t.Errorf("workspaces after the refusals = %d; want 0", n)
+	}
+	wantOK(t, "the same key, size omitted", do(t, h, acquireReq(in.Token, "empty-size", acquireBody("empty"))), http.StatusCreated, nil)
+}

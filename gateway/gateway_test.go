@@ -1512,9 +1512,23 @@ func TestExecAfterExpiry(t *testing.T) {
 	for _, r := range workspaceOps(in.Token, ws.WorkspaceID)[1:4] {
 		wantError(t, "expired: "+what(r), do(t, h, r), http.StatusGone, protocol.WorkspaceGone)
 	}
-	got := getWorkspace(t, h, in.Token, ws.WorkspaceID)
+	// Status and release answer 410 too (spec §Acquire); the list still
+	// shows the workspace's end.
+	for _, r := range []request{{Method: http.MethodGet, Path: wsPath(ws.WorkspaceID), Token: in.Token}, {Method: http.MethodDelete, Path: wsPath(ws.WorkspaceID), Token: in.Token}} {
+		wantError(t, "expired: "+what(r), do(t, h, r), http.StatusGone, protocol.WorkspaceGone)
+	}
+	listed := func() protocol.Workspace {
+		for _, w := range listAll(t, h, in.Token) {
+			if w.WorkspaceID == ws.WorkspaceID {
+				return w
+			}
+		}
+		t.Fatalf("workspace %s not listed", ws.WorkspaceID)
+		return protocol.Workspace{}
+	}
+	got := listed()
 	if got.State != "terminating" || deref(got.TerminationReason) != "expired" || got.TerminatedAt != nil {
-		t.Errorf("status at expires_at: state, reason, terminated_at = %q, %v, %v; want terminating, expired, <nil>",
+		t.Errorf("listed at expires_at: state, reason, terminated_at = %q, %v, %v; want terminating, expired, <nil>",
 			got.State, deref(got.TerminationReason), deref(got.TerminatedAt))
 	}
 	if n := h.LiveCount(in); n != 0 {
@@ -1522,9 +1536,9 @@ func TestExecAfterExpiry(t *testing.T) {
 	}
 	g.open()
 	sgtest.WaitFor(t, "the expired workspace to terminate", func() bool {
-		return getWorkspace(t, h, in.Token, ws.WorkspaceID).State == "terminated"
+		return listed().State == "terminated"
 	})
-	got = getWorkspace(t, h, in.Token, ws.WorkspaceID)
+	got = listed()
 	if deref(got.TerminationReason) != "expired" || deref(got.TerminatedAt) != wire(expires) {
 		t.Errorf("terminated: reason, terminated_at = %v, %v; want expired, %s", deref(got.TerminationReason), deref(got.TerminatedAt), wire(expires))
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/sandgate/sandgate"
@@ -57,8 +58,28 @@ func (s *Server) getWorkspace(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if expired(w, s.clock.Now()) {
+		return errExpired
+	}
 	return answerJSON(c, http.StatusOK, s.status(w))
 }
+
+// expired reports whether w ended, or ends, at its expires_at by now:
+// then every operation on it answers errExpired (spec §Acquire: "after it
+// every operation on the workspace answers 410 workspace_gone"). One
+// ended before its deadline (released, idle, …) still answers its
+// status.
+func expired(w sandgate.Workspace, now time.Time) bool {
+	if now.Before(w.ExpiresAt) {
+		return false
+	}
+	return w.State == sandgate.WorkspaceRunning || w.State == sandgate.WorkspaceStarting ||
+		w.TerminationReason == sandgate.ReasonExpired
+}
+
+// errExpired is the answer about a workspace past its expires_at.
+var errExpired = &protocol.Error{Code: protocol.WorkspaceGone, Reason: string(sandgate.ReasonExpired),
+	Message: "the workspace reached its expires_at; acquire a new one"}
 
 // status renders a workspace's status object. A running workspace past
 // expires_at reads as terminating with reason expired until its end is
@@ -133,7 +154,12 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 
 // release is DELETE /v1/workspaces/{id}: idempotent, never refused for
 // funds, budgets, pauses or stops (spec §Release).
+// A workspace past its expires_at answers errExpired; reading it started
+// its end (reason expired), which the reaper finishes.
 func (s *Server) release(c echo.Context) error {
+	if w, err := s.saga.Workspace(requestCtx(c), authFrom(c).Lease, c.Param("id")); err == nil && expired(w, s.clock.Now()) {
+		return errExpired
+	}
 	w, err := s.saga.Release(c.Request().Context(), authFrom(c).Lease, c.Param("id"))
 	if err != nil {
 		return err
