@@ -95,3 +95,51 @@ func TestEmptySizeRefused(t *testing.T) {
 	}
 	wantOK(t, "the same key, size omitted", do(t, h, acquireReq(in.Token, "empty-size", acquireBody("empty"))), http.StatusCreated, nil)
 }
+
+// TestAcquireRacingStop checks that an Acquire whose workspace a pause or
+// a stop ends while its create runs answers the refusal the pause or stop
+// gives, never 201 with state terminated, and that its Idempotency-Key
+// does not replay that dead workspace: once admission is open again, the
+// same key creates a workspace that runs.
+func TestAcquireRacingStop(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name          string
+		on, off       string
+		onBody, offBy func(in sgtest.Instance) any
+		code          protocol.Code
+		reason        string
+	}{
+		{name: "pause", on: "/pause", off: "/resume", code: protocol.Paused, reason: "instance_paused",
+			onBody: func(in sgtest.Instance) any { return adminapi.PauseRequest{InstanceID: in.ID} },
+			offBy:  func(in sgtest.Instance) any { return adminapi.ResumeRequest{InstanceID: in.ID} }},
+		{name: "stop", on: "/stop", off: "/stop", code: protocol.EmergencyStopped, reason: "incident",
+			onBody: func(in sgtest.Instance) any {
+				return adminapi.StopRequest{On: new(true), AccountID: in.AccountID, Reason: "incident"}
+			},
+			offBy: func(in sgtest.Instance) any { return adminapi.StopRequest{On: new(false), AccountID: in.AccountID} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := sgtest.New(t, sgtest.Options{})
+			op := newOperator(t, h)
+			in := h.NewInstance(adminapi.Scope{})
+			r := acquireReq(in.Token, "racing", acquireBody("racing"))
+			g, id, first := startBlockedAcquire(t, h, "acquire", r)
+
+			op.do(t, http.MethodPost, tc.on, tc.onBody(in), nil)
+			g.open()
+			wantRefused(t, "acquire ended by the "+tc.name, <-first, http.StatusForbidden, tc.code, tc.reason, "")
+			if n := h.Provider.Live(); n != 0 {
+				t.Errorf("provider sandboxes after the %s = %d; want 0", tc.name, n)
+			}
+			h.Provider.OnCreate(nil)
+			op.do(t, http.MethodPost, tc.off, tc.offBy(in), nil)
+			var ws protocol.Workspace
+			wantOK(t, "the same key after the "+tc.name, do(t, h, r), http.StatusCreated, &ws)
+			if ws.WorkspaceID == id || ws.State != "running" {
+				t.Errorf("the same key after the %s: id, state = %q, %q; want a new workspace, running", tc.name, ws.WorkspaceID, ws.State)
+			}
+		})
+	}
+}

@@ -46,6 +46,13 @@ type Acquired struct {
 // looks the key up first, and a claimed key answers the replay instead
 // (replayOr), so every request is answered as if the lookup came first.
 func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, req protocol.AcquireRequest) (Acquired, error) {
+	return s.acquire(ctx, in, key, req, true)
+}
+
+// acquire is Acquire. again allows it to evaluate the request once more
+// when a stop or pause ended its workspace before the create was
+// confirmed (stoppedWhileStarting).
+func (s *Saga) acquire(ctx context.Context, in sandgate.Instance, key string, req protocol.AcquireRequest, again bool) (Acquired, error) {
 	if err := policy.ValidateIdempotencyKey(key); err != nil {
 		return Acquired{}, err
 	}
@@ -168,7 +175,25 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 	if err != nil {
 		return Acquired{}, Unavailable(err)
 	}
+	if again && stoppedWhileStarting(cur) {
+		// The client never got this workspace, and never will: a 201 of
+		// a terminated workspace, and its key replaying it for days,
+		// would keep the client's acquisition failing. The key is freed
+		// and the request evaluated again, so the client gets the
+		// refusal the stop or pause gives (or, lifted meanwhile, a
+		// workspace).
+		if err := s.db.FreeKeyOf(ctx, ws.AccountID, ws.InstanceID, store.OpAcquire, keyHash, ws.ID); err != nil {
+			return Acquired{}, Unavailable(err)
+		}
+		return s.acquire(ctx, in, key, req, false)
+	}
 	return Acquired{Workspace: cur}, nil
+}
+
+// stoppedWhileStarting reports whether a stop or pause ended w before its
+// create was confirmed.
+func stoppedWhileStarting(w sandgate.Workspace) bool {
+	return w.StartedAt.IsZero() && (w.TerminationReason == sandgate.ReasonPaused || w.TerminationReason == sandgate.ReasonEmergencyStopped)
 }
 
 // providerClosed refuses new work on a provider that takes none.
