@@ -1,6 +1,8 @@
 package gateway_test
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"testing"
 
@@ -141,5 +143,56 @@ func TestAcquireRacingStop(t *testing.T) {
 				t.Errorf("the same key after the %s: id, state = %q, %q; want a new workspace, running", tc.name, ws.WorkspaceID, ws.State)
 			}
 		})
+	}
+}
+
+// TestSnapshotTooLargeForSize checks that a warm start from a snapshot
+// taken in a size with more disk than the requested one answers 410
+// snapshot_gone, which the client follows to a cold start, before
+// anything is created (real bwrap: the local provider's tiers), and that
+// the same snapshot still restores into its own size.
+func TestSnapshotTooLargeForSize(t *testing.T) {
+	t.Parallel()
+	e := snapStart(t, snapLocal(t), nil)
+	ctx := context.Background()
+	large := func(snapshot string) protocol.AcquireRequest {
+		r := snapAcquireReq(snapshot)
+		r.Size = "large"
+		return r
+	}
+	src, _, err := e.cl.Acquire(ctx, "src", large(""))
+	if err != nil {
+		t.Fatalf("acquire large: %v", err)
+	}
+	e.exec(src.WorkspaceID, "sh", "-c", "mkdir -p /workspace/p && echo hi >/workspace/p/f")
+	snap, _, err := e.snapshot(src.WorkspaceID, "snap", "/workspace/p")
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	list := func() int {
+		l, err := e.cl.ListWorkspaces(ctx, "all", "", 100)
+		if err != nil {
+			t.Fatalf("list: %v", err)
+		}
+		return len(l.Workspaces)
+	}
+	before := list()
+	for i := range 2 {
+		small := snapAcquireReq(snap.SnapshotID)
+		small.Size = "small"
+		_, _, err := e.cl.Acquire(ctx, fmt.Sprintf("small-%d", i), small)
+		if got := snapErrCode(err); got != protocol.SnapshotGone {
+			t.Errorf("warm start of small from a large snapshot: %v (code %q); want 410 snapshot_gone", err, got)
+		}
+	}
+	if after := list(); after != before {
+		t.Errorf("workspaces after the refused warm starts = %d; want %d (nothing created)", after, before)
+	}
+	ws, _, err := e.cl.Acquire(ctx, "large-warm", large(snap.SnapshotID))
+	if err != nil {
+		t.Fatalf("warm start of large: %v", err)
+	}
+	if out := e.exec(ws.WorkspaceID, "cat", "/workspace/p/f"); snapB64d(out.StdoutB64) != "hi\n" {
+		t.Errorf("restored file = %q; want %q", snapB64d(out.StdoutB64), "hi\n")
 	}
 }

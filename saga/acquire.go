@@ -79,6 +79,10 @@ func (s *Saga) acquire(ctx context.Context, in sandgate.Instance, key string, re
 	if !ok { // the scope was checked against the provider: a changed provider
 		return s.replayOr(ctx, in, keyHash, reqHash, protocol.E(protocol.SizeNotAllowed, "this broker's provider for the instance does not run size "+ws.Size))
 	}
+	if snap != nil && !fits(caps, *snap, size) {
+		return s.replayOr(ctx, in, keyHash, reqHash, protocol.E(protocol.SnapshotGone,
+			"the snapshot was taken in a workspace with more disk than size "+ws.Size+" has; start cold or acquire a larger size"))
+	}
 	ws.ID = sandgate.NewID(sandgate.PrefixWorkspace)
 	ws.AccountID, ws.InstanceID, ws.Provider = in.AccountID, in.ID, prov.Name
 
@@ -361,6 +365,16 @@ func (s *Saga) warmStart(ctx context.Context, in sandgate.Instance, id, provider
 		return nil, protocol.E(protocol.SnapshotGone, "the snapshot is held by another provider than this instance's; start cold")
 	}
 	return &snap, nil
+}
+
+// fits reports whether snap can be restored into a workspace of size:
+// the disk of the size it was taken in is not larger than size's. A
+// restore that cannot fit would otherwise fail after the create, on every
+// warm start, as a retryable provider error. A snapshot without a
+// recorded size, or sizes without a disk quota, are not refused.
+func fits(caps providers.Capabilities, snap sandgate.Snapshot, size sandgate.Size) bool {
+	from, ok := caps.Size(snap.Size)
+	return !ok || from.DiskMiB == 0 || size.DiskMiB == 0 || from.DiskMiB <= size.DiskMiB
 }
 
 // providerName is the name a record's provider field stands for.
