@@ -2,8 +2,10 @@ package gateway_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/sandgate/sandgate/adminapi"
@@ -194,5 +196,34 @@ func TestSnapshotTooLargeForSize(t *testing.T) {
 	}
 	if out := e.exec(ws.WorkspaceID, "cat", "/workspace/p/f"); snapB64d(out.StdoutB64) != "hi\n" {
 		t.Errorf("restored file = %q; want %q", snapB64d(out.StdoutB64), "hi\n")
+	}
+}
+
+// TestOperatorSecondsOverflow checks that an operator API *_seconds
+// field too large for the broker's durations is refused with 400 naming
+// the field, never wrapped around (snapshot_ttl_seconds 18446744075 was
+// stored as 1 s), and that nothing is created.
+func TestOperatorSecondsOverflow(t *testing.T) {
+	t.Parallel()
+	h := sgtest.New(t, sgtest.Options{})
+	op := newOperator(t, h)
+	acct := h.NewAccount()
+	for field, lim := range map[string]protocol.Limits{
+		"snapshot_ttl_seconds": {SnapshotTTLSeconds: 18446744075},
+		"max_lifetime_seconds": {MaxLifetimeSeconds: 1 << 62},
+		"idle_timeout_seconds": {IdleTimeoutSeconds: 9223372037},
+	} {
+		err := op.c.Do(context.Background(), http.MethodPost, "/instances",
+			adminapi.CreateInstanceRequest{AccountID: acct, Name: "overflow", Scope: adminapi.Scope{Limits: lim}}, nil)
+		var ae *adminapi.APIError
+		if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || ae.Code != protocol.InvalidRequest || !strings.Contains(ae.Message, field) {
+			t.Errorf("create an instance with %s overflowing: %v; want 400 invalid_request naming the field", field, err)
+		}
+	}
+	in := h.NewInstanceIn(acct, adminapi.Scope{})
+	err := op.c.Do(context.Background(), http.MethodPost, "/instances/"+in.ID+"/tokens", adminapi.IssueTokenRequest{TTLSeconds: 1 << 62}, nil)
+	var ae *adminapi.APIError
+	if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || !strings.Contains(ae.Message, "ttl_seconds") {
+		t.Errorf("issue a token with ttl_seconds overflowing: %v; want 400 naming the field", err)
 	}
 }
