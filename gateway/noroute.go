@@ -68,7 +68,7 @@ func answerJSON(c echo.Context, status int, v any) error {
 // the protocol ends in a slash.
 func exactPath(h echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		if p := c.Request().URL.Path; len(p) > 1 && p[len(p)-1] == '/' {
+		if p := c.Request().URL.EscapedPath(); len(p) > 1 && p[len(p)-1] == '/' {
 			return errNoRoute
 		}
 		return h(c)

@@ -77,6 +77,15 @@ func expired(w sandgate.Workspace, now time.Time) bool {
 		w.TerminationReason == sandgate.ReasonExpired
 }
 
+// endedExpired reports whether w, ended or ending, was still live at its
+// expires_at, which lies before now.
+func endedExpired(w sandgate.Workspace, now time.Time) bool {
+	if now.Before(w.ExpiresAt) {
+		return false
+	}
+	return w.TerminationReason == sandgate.ReasonExpired || w.TerminatedAt.IsZero() || !w.TerminatedAt.Before(w.ExpiresAt)
+}
+
 // errExpired is the answer about a workspace past its expires_at.
 var errExpired = &protocol.Error{Code: protocol.WorkspaceGone, Reason: string(sandgate.ReasonExpired),
 	Message: "the workspace reached its expires_at; acquire a new one"}
@@ -154,15 +163,16 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 
 // release is DELETE /v1/workspaces/{id}: idempotent, never refused for
 // funds, budgets, pauses or stops (spec §Release).
-// A workspace past its expires_at answers errExpired; reading it started
-// its end (reason expired), which the reaper finishes.
+// A workspace that was still live at its expires_at answers errExpired,
+// once the release has started its end (the release costs no read of its
+// own: its two round trips answer the record).
 func (s *Server) release(c echo.Context) error {
-	if w, err := s.saga.Workspace(requestCtx(c), authFrom(c).Lease, c.Param("id")); err == nil && expired(w, s.clock.Now()) {
-		return errExpired
-	}
 	w, err := s.saga.Release(c.Request().Context(), authFrom(c).Lease, c.Param("id"))
 	if err != nil {
 		return err
+	}
+	if endedExpired(w, s.clock.Now()) {
+		return errExpired
 	}
 	return answerJSON(c, http.StatusOK, s.status(w))
 }
