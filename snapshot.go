@@ -43,6 +43,10 @@ type Snapshot struct {
 	// Bytes is the size of the stored contents as the provider reported
 	// it, counted against the scope's MaxSnapshotBytes; 0 until live.
 	Bytes int64
+	// Size is the size of the workspace it was taken from ("" on older
+	// records): a warm start restores it only into a size whose disk is
+	// at least as large.
+	Size string
 }
 
 // UsableAt reports whether a workspace can start from the snapshot at now:

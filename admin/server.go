@@ -7,6 +7,7 @@
 package admin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -408,7 +409,10 @@ func (s *Server) listProviders(c echo.Context) error {
 // is [] on a provider that cannot filter by domain.
 func (v *service) mergeScope(w adminapi.Scope, prov *providers.Entry) (sandgate.Scope, error) {
 	caps := prov.Provider.Capabilities()
-	req := toScope(w)
+	req, err := toScope(w)
+	if err != nil {
+		return sandgate.Scope{}, err
+	}
 	out := v.cfg.Defaults
 	if req.Sizes != nil {
 		out.Sizes = req.Sizes
@@ -541,6 +545,9 @@ func (s *Server) issueToken(rotate bool) echo.HandlerFunc {
 		}
 		if req.TTLSeconds < 0 || req.GraceSeconds < 0 {
 			return invalid("ttl_seconds and grace_seconds must not be negative")
+		}
+		if err := cmp.Or(checkSeconds("ttl_seconds", req.TTLSeconds), checkSeconds("grace_seconds", req.GraceSeconds)); err != nil {
+			return err
 		}
 		out, ch, err := s.service.issueToken(c.Request().Context(), in, req, rotate)
 		return answer(c, http.StatusCreated, out, ch, err)

@@ -1,6 +1,8 @@
 package admin
 
 import (
+	"fmt"
+	"math"
 	"time"
 
 	"github.com/sandgate/sandgate"
@@ -21,7 +23,23 @@ func toProvider(e *providers.Entry, def bool) adminapi.Provider {
 	return out
 }
 
-func toScope(w adminapi.Scope) sandgate.Scope {
+// toScope is w as a scope. A *_seconds field too large for a
+// time.Duration is 400 invalid_request naming it, never wrapped around.
+func toScope(w adminapi.Scope) (sandgate.Scope, error) {
+	for _, f := range []struct {
+		name string
+		n    int64
+	}{
+		{"max_lifetime_seconds", w.Limits.MaxLifetimeSeconds},
+		{"idle_timeout_seconds", w.Limits.IdleTimeoutSeconds},
+		{"max_exec_timeout_seconds", w.Limits.MaxExecTimeoutSeconds},
+		{"default_exec_timeout_seconds", w.Limits.DefaultExecTimeoutSeconds},
+		{"snapshot_ttl_seconds", w.Limits.SnapshotTTLSeconds},
+	} {
+		if err := checkSeconds(f.name, f.n); err != nil {
+			return sandgate.Scope{}, err
+		}
+	}
 	s := sandgate.Scope{
 		Sizes: w.Sizes, DefaultSize: w.DefaultSize, Images: w.Images, DefaultImage: w.DefaultImage,
 		Limits: sandgate.Limits{
@@ -42,7 +60,20 @@ func toScope(w adminapi.Scope) sandgate.Scope {
 	if w.EgressCeiling != nil {
 		s.EgressCeiling = append([]string{}, *w.EgressCeiling...)
 	}
-	return s
+	return s, nil
+}
+
+// maxSeconds is the most seconds a time.Duration holds.
+const maxSeconds = math.MaxInt64 / int64(time.Second)
+
+// checkSeconds refuses a *_seconds field of n seconds that a
+// time.Duration cannot hold: multiplied, it would wrap around to another
+// duration (snapshot_ttl_seconds: 18446744075 became 1 s).
+func checkSeconds(field string, n int64) error {
+	if n > maxSeconds {
+		return protocol.E(protocol.InvalidRequest, fmt.Sprintf("%s is over %d", field, maxSeconds))
+	}
+	return nil
 }
 
 func fromScope(s sandgate.Scope) adminapi.Scope {

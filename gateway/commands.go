@@ -91,7 +91,7 @@ func (s *Server) cancelCommand(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusAccepted, protocol.CommandStatus{State: state})
+	return answerJSON(c, http.StatusAccepted, protocol.CommandStatus{State: state})
 }
 
 // renderCommand writes a command's status with code; a finished
@@ -99,7 +99,7 @@ func (s *Server) cancelCommand(c echo.Context) error {
 func renderCommand(c echo.Context, st saga.CommandStatus, code int) error {
 	r := st.Result
 	if r == nil {
-		return c.JSON(code, protocol.CommandStatus{State: st.State, ExitCode: st.ExitCode, TimedOut: st.TimedOut})
+		return answerJSON(c, code, protocol.CommandStatus{State: st.State, ExitCode: st.ExitCode, TimedOut: st.TimedOut})
 	}
 	// protocol.CommandStatus with its exit fields.
 	state, _ := json.Marshal(st.State)

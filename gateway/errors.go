@@ -51,7 +51,7 @@ func writeEnvelope(c echo.Context, status int, pe *protocol.Error) {
 func fromEchoError(he *echo.HTTPError) *protocol.Error {
 	switch he.Code {
 	case http.StatusNotFound:
-		return protocol.E(protocol.NotFound, "no such route")
+		return errNoRoute
 	case http.StatusMethodNotAllowed:
 		return protocol.E(protocol.InvalidRequest, "method not allowed on this route")
 	case http.StatusRequestEntityTooLarge:

@@ -440,7 +440,7 @@ func TestUnknownRoute(t *testing.T) {
 		{Method: http.MethodGet, Path: wsPath(ws.WorkspaceID, "/files/read/"), Token: in.Token},
 	}
 	for _, r := range tests {
-		wantError(t, what(r), do(t, h, r), http.StatusNotFound, protocol.NotFound)
+		wantError(t, what(r), do(t, h, r), http.StatusBadRequest, protocol.InvalidRequest)
 	}
 }
 
@@ -1513,9 +1513,21 @@ func TestExecAfterExpiry(t *testing.T) {
 	for _, r := range workspaceOps(in.Token, ws.WorkspaceID)[1:4] {
 		wantError(t, "expired: "+what(r), do(t, h, r), http.StatusGone, protocol.WorkspaceGone)
 	}
-	got := getWorkspace(t, h, in.Token, ws.WorkspaceID)
+	// Status answers 410 too (spec §Acquire), and release below; the
+	// list still shows the workspace's end.
+	wantError(t, "expired: status", do(t, h, request{Method: http.MethodGet, Path: wsPath(ws.WorkspaceID), Token: in.Token}), http.StatusGone, protocol.WorkspaceGone)
+	listed := func() protocol.Workspace {
+		for _, w := range listAll(t, h, in.Token) {
+			if w.WorkspaceID == ws.WorkspaceID {
+				return w
+			}
+		}
+		t.Fatalf("workspace %s not listed", ws.WorkspaceID)
+		return protocol.Workspace{}
+	}
+	got := listed()
 	if got.State != "terminating" || deref(got.TerminationReason) != "expired" || got.TerminatedAt != nil {
-		t.Errorf("status at expires_at: state, reason, terminated_at = %q, %v, %v; want terminating, expired, <nil>",
+		t.Errorf("listed at expires_at: state, reason, terminated_at = %q, %v, %v; want terminating, expired, <nil>",
 			got.State, deref(got.TerminationReason), deref(got.TerminatedAt))
 	}
 	if n := h.LiveCount(in); n != 0 {
@@ -1523,9 +1535,9 @@ func TestExecAfterExpiry(t *testing.T) {
 	}
 	g.open()
 	sgtest.WaitFor(t, "the expired workspace to terminate", func() bool {
-		return getWorkspace(t, h, in.Token, ws.WorkspaceID).State == "terminated"
+		return listed().State == "terminated"
 	})
-	got = getWorkspace(t, h, in.Token, ws.WorkspaceID)
+	got = listed()
 	if deref(got.TerminationReason) != "expired" || deref(got.TerminatedAt) != wire(expires) {
 		t.Errorf("terminated: reason, terminated_at = %v, %v; want expired, %s", deref(got.TerminationReason), deref(got.TerminatedAt), wire(expires))
 	}
@@ -1533,6 +1545,7 @@ func TestExecAfterExpiry(t *testing.T) {
 		t.Errorf("provider sandboxes after expiry = %d; want 0", n)
 	}
 	wantError(t, "exec after termination", do(t, h, workspaceOps(in.Token, ws.WorkspaceID)[1]), http.StatusGone, protocol.WorkspaceGone)
+	wantError(t, "release after expiry", do(t, h, request{Method: http.MethodDelete, Path: wsPath(ws.WorkspaceID), Token: in.Token}), http.StatusGone, protocol.WorkspaceGone)
 }
 
 func TestFiles(t *testing.T) {
@@ -1857,7 +1870,7 @@ func TestLogsHoldNoSecrets(t *testing.T) {
 	wantError(t, "acquire bad env key", do(t, h, acquireReq(tok, "logs-2", map[string]any{"label": "x", "env": map[string]string{"SECRET-KEY-xyz": env}, "egress": map[string]any{"allowed_domains": []string{}}})), http.StatusBadRequest, protocol.InvalidRequest)
 	wantError(t, "acquire conflict", do(t, h, acquireReq(tok, "logs-1", map[string]any{"label": label, "env": map[string]string{"API_KEY": env + "2"}, "egress": map[string]any{"allowed_domains": []string{}}})), http.StatusConflict, protocol.IdempotencyConflict)
 	wantError(t, "list with secret query", do(t, h, request{Method: http.MethodGet, Path: "/v1/workspaces?" + query + "=1", Token: tok}), http.StatusBadRequest, protocol.InvalidRequest)
-	wantError(t, "unknown route", do(t, h, request{Method: http.MethodGet, Path: "/v1/" + route, Token: tok}), http.StatusNotFound, protocol.NotFound)
+	wantError(t, "unknown route", do(t, h, request{Method: http.MethodGet, Path: "/v1/" + route, Token: tok}), http.StatusBadRequest, protocol.InvalidRequest)
 	wantError(t, "malformed token", do(t, h, request{Method: http.MethodGet, Path: "/v1/lease", Header: map[string]string{"Authorization": "Bearer sgt_SECRET-TOKEN-xyz"}}), http.StatusUnauthorized, protocol.Unauthenticated)
 	wantError(t, "unknown token", do(t, h, request{Method: http.MethodGet, Path: "/v1/lease", Token: unknownTok}), http.StatusUnauthorized, protocol.Unauthenticated)
 

@@ -312,7 +312,7 @@ func (o b64JSON) write(c echo.Context, status int) error {
 		size += base64.StdEncoding.EncodedLen(n)
 	}
 	h := c.Response().Header()
-	h.Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
+	h[echo.HeaderContentType] = jsonType
 	h.Set(echo.HeaderContentLength, strconv.Itoa(size))
 	c.Response().WriteHeader(status)
 	if c.Request().Method == http.MethodHead {

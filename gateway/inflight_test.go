@@ -267,8 +267,8 @@ func TestExecBodyStreamed(t *testing.T) {
 		if got := rep.Header.Get("Content-Length"); got != strconv.Itoa(len(want)) {
 			t.Errorf("exec (output via writer %v): Content-Length = %q; want %d", viaWriter, got, len(want))
 		}
-		if got := rep.Header.Get("Content-Type"); got != "application/json" {
-			t.Errorf("exec: Content-Type = %q; want application/json", got)
+		if got := rep.Header.Get("Content-Type"); got != "application/json; charset=utf-8" {
+			t.Errorf("exec: Content-Type = %q; want application/json; charset=utf-8", got)
 		}
 	}
 }

@@ -43,7 +43,7 @@ func (s *Server) getLease(c echo.Context) error {
 	}
 	resp := s.leaseResponse(e.Auth, state, adm)
 	if !plain {
-		return c.JSON(http.StatusOK, resp)
+		return answerJSON(c, http.StatusOK, resp)
 	}
 	body, err := json.Marshal(resp)
 	if err != nil {

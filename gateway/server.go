@@ -115,8 +115,9 @@ type Server struct {
 	cache    *livecache.Cache[*authEntry]
 	controls *admission.ControlCache
 	limiter  *admission.Limiter
-	inflight *inflight // caps on execs and file transfers in flight
-	owners   owners    // the instance of each workspace seen, for exec's reservation
+	inflight *inflight       // caps on execs and file transfers in flight
+	owners   owners          // the instance of each workspace seen, for exec's reservation
+	table    []routeTemplate // every route, for the answer to a request that matches none (noRoute)
 	echo     *echo.Echo
 	draining atomic.Bool
 	// routeInfos are the labels ("METHOD /template") of every route, for the
@@ -213,7 +214,7 @@ func (s *Server) routes() *echo.Echo {
 		for i := len(m) - 1; i >= 0; i-- {
 			h = m[i](h)
 		}
-		return s.authenticate(ri, h)
+		return s.authenticate(ri, exactPath(h))
 	}
 	// A route's handler knows its route: it tells observe, which would
 	// otherwise look it up by the request's method and template.
@@ -222,9 +223,10 @@ func (s *Server) routes() *echo.Echo {
 		r := v1.Add(method, path, auth(ri, h, m...))
 		ri.label = r.Method + " " + r.Path
 		s.routeInfos[routeKey{r.Method, r.Path}] = ri
+		s.table = append(s.table, routeTemplate{method: r.Method, segs: strings.Split(r.Path, "/")})
 	}
-	v1.RouteNotFound("", auth(nil, echo.NotFoundHandler))
-	v1.RouteNotFound("/*", auth(nil, echo.NotFoundHandler))
+	v1.RouteNotFound("", auth(nil, s.noRoute))
+	v1.RouteNotFound("/*", auth(nil, s.noRoute))
 	// Routes on one workspace count against their class's limit in usable,
 	// sharing the workspace read's round trip.
 	read, acquire := s.rateLimit(admission.ClassRead), s.rateLimit(admission.ClassAcquire)
@@ -250,7 +252,7 @@ func (s *Server) routes() *echo.Echo {
 // a Set replaces a value, never changes it in place.
 var (
 	noStore  = []string{"no-store"}
-	jsonType = []string{echo.MIMEApplicationJSON}
+	jsonType = []string{httpapi.ContentTypeJSON}
 )
 
 // serve is what every request goes through, error or not, in this order:

@@ -32,9 +32,9 @@ func (s *Server) createSnapshot(c echo.Context) error {
 		return err
 	}
 	if replay {
-		return c.JSON(http.StatusOK, snapshotBody(snap))
+		return answerJSON(c, http.StatusOK, snapshotBody(snap))
 	}
-	return c.JSON(http.StatusCreated, snapshotBody(snap))
+	return answerJSON(c, http.StatusCreated, snapshotBody(snap))
 }
 
 func snapshotBody(s sandgate.Snapshot) protocol.Snapshot {

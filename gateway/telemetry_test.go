@@ -120,7 +120,7 @@ func TestServerSpans(t *testing.T) {
 	if routes["GET /v1/lease"] != 2 || routes["unmatched"] != 1 {
 		t.Errorf("%s by route = %v; want GET /v1/lease 2, unmatched 1", gateway.MetricRequestDuration, routes)
 	}
-	want := map[string]int64{"GET /v1/lease 200 ": 1, "GET /v1/lease 401 unauthenticated": 1, "unmatched 404 not_found": 1}
+	want := map[string]int64{"GET /v1/lease 200 ": 1, "GET /v1/lease 401 unauthenticated": 1, "unmatched 400 invalid_request": 1}
 	if !maps.Equal(counts, want) {
 		t.Errorf("%s = %v; want %v", gateway.MetricRequests, counts, want)
 	}

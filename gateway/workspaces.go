@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/sandgate/sandgate"
@@ -32,9 +33,9 @@ func (s *Server) acquire(c echo.Context) error {
 		return err
 	}
 	if res.Replayed {
-		return c.JSON(http.StatusOK, s.status(res.Workspace))
+		return answerJSON(c, http.StatusOK, s.status(res.Workspace))
 	}
-	return c.JSON(http.StatusCreated, s.status(res.Workspace))
+	return answerJSON(c, http.StatusCreated, s.status(res.Workspace))
 }
 
 func unavailable(err error) error { return saga.Unavailable(err) }
@@ -57,8 +58,37 @@ func (s *Server) getWorkspace(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, s.status(w))
+	if expired(w, s.clock.Now()) {
+		return errExpired
+	}
+	return answerJSON(c, http.StatusOK, s.status(w))
 }
+
+// expired reports whether w ended, or ends, at its expires_at by now:
+// then every operation on it answers errExpired (spec §Acquire: "after it
+// every operation on the workspace answers 410 workspace_gone"). One
+// ended before its deadline (released, idle, …) still answers its
+// status.
+func expired(w sandgate.Workspace, now time.Time) bool {
+	if now.Before(w.ExpiresAt) {
+		return false
+	}
+	return w.State == sandgate.WorkspaceRunning || w.State == sandgate.WorkspaceStarting ||
+		w.TerminationReason == sandgate.ReasonExpired
+}
+
+// endedExpired reports whether w, ended or ending, was still live at its
+// expires_at, which lies before now.
+func endedExpired(w sandgate.Workspace, now time.Time) bool {
+	if now.Before(w.ExpiresAt) {
+		return false
+	}
+	return w.TerminationReason == sandgate.ReasonExpired || w.TerminatedAt.IsZero() || !w.TerminatedAt.Before(w.ExpiresAt)
+}
+
+// errExpired is the answer about a workspace past its expires_at.
+var errExpired = &protocol.Error{Code: protocol.WorkspaceGone, Reason: string(sandgate.ReasonExpired),
+	Message: "the workspace reached its expires_at; acquire a new one"}
 
 // status renders a workspace's status object. A running workspace past
 // expires_at reads as terminating with reason expired until its end is
@@ -128,15 +158,21 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 	if next != "" {
 		out.NextCursor = &next
 	}
-	return c.JSON(http.StatusOK, out)
+	return answerJSON(c, http.StatusOK, out)
 }
 
 // release is DELETE /v1/workspaces/{id}: idempotent, never refused for
 // funds, budgets, pauses or stops (spec §Release).
+// A workspace that was still live at its expires_at answers errExpired,
+// once the release has started its end (the release costs no read of its
+// own: its two round trips answer the record).
 func (s *Server) release(c echo.Context) error {
 	w, err := s.saga.Release(c.Request().Context(), authFrom(c).Lease, c.Param("id"))
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, s.status(w))
+	if endedExpired(w, s.clock.Now()) {
+		return errExpired
+	}
+	return answerJSON(c, http.StatusOK, s.status(w))
 }

@@ -32,7 +32,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, status int, pe *protocol
 		w.WriteHeader(status)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Type", ContentTypeJSON)
 	w.WriteHeader(status)
 	_, _ = w.Write(envelope(pe.Code, pe.Message, details))
 }

@@ -110,11 +110,11 @@ type EgressInfo struct {
 // character: the gateway refuses it sent as "" or null (omit it instead).
 type AcquireRequest struct {
 	Label      string            `json:"label"`
-	Size       string            `json:"size,omitempty"`
-	Image      string            `json:"image,omitempty"`
+	Size       string            `json:"size,omitempty" wire:"nonempty"`
+	Image      string            `json:"image,omitempty" wire:"nonempty"`
 	Env        map[string]string `json:"env,omitempty"`
 	Egress     *Egress           `json:"egress"`
-	SnapshotID string            `json:"snapshot_id,omitempty"`
+	SnapshotID string            `json:"snapshot_id,omitempty" wire:"nonempty"`
 	Agent      string            `json:"agent,omitempty" wire:"nonempty"`
 	RunID      string            `json:"run_id,omitempty" wire:"nonempty"`
 }

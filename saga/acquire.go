@@ -46,6 +46,13 @@ type Acquired struct {
 // looks the key up first, and a claimed key answers the replay instead
 // (replayOr), so every request is answered as if the lookup came first.
 func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, req protocol.AcquireRequest) (Acquired, error) {
+	return s.acquire(ctx, in, key, req, true)
+}
+
+// acquire is Acquire. again allows it to evaluate the request once more
+// when a stop or pause ended its workspace before the create was
+// confirmed (stoppedWhileStarting).
+func (s *Saga) acquire(ctx context.Context, in sandgate.Instance, key string, req protocol.AcquireRequest, again bool) (Acquired, error) {
 	if err := policy.ValidateIdempotencyKey(key); err != nil {
 		return Acquired{}, err
 	}
@@ -71,6 +78,10 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 	size, ok := caps.Size(ws.Size)
 	if !ok { // the scope was checked against the provider: a changed provider
 		return s.replayOr(ctx, in, keyHash, reqHash, protocol.E(protocol.SizeNotAllowed, "this broker's provider for the instance does not run size "+ws.Size))
+	}
+	if snap != nil && !fits(caps, *snap, size) {
+		return s.replayOr(ctx, in, keyHash, reqHash, protocol.E(protocol.SnapshotGone,
+			"the snapshot was taken in a workspace with more disk than size "+ws.Size+" has; start cold or acquire a larger size"))
 	}
 	ws.ID = sandgate.NewID(sandgate.PrefixWorkspace)
 	ws.AccountID, ws.InstanceID, ws.Provider = in.AccountID, in.ID, prov.Name
@@ -168,7 +179,25 @@ func (s *Saga) Acquire(ctx context.Context, in sandgate.Instance, key string, re
 	if err != nil {
 		return Acquired{}, Unavailable(err)
 	}
+	if again && stoppedWhileStarting(cur) {
+		// The client never got this workspace, and never will: a 201 of
+		// a terminated workspace, and its key replaying it for days,
+		// would keep the client's acquisition failing. The key is freed
+		// and the request evaluated again, so the client gets the
+		// refusal the stop or pause gives (or, lifted meanwhile, a
+		// workspace).
+		if err := s.db.FreeKeyOf(ctx, ws.AccountID, ws.InstanceID, store.OpAcquire, keyHash, ws.ID); err != nil {
+			return Acquired{}, Unavailable(err)
+		}
+		return s.acquire(ctx, in, key, req, false)
+	}
 	return Acquired{Workspace: cur}, nil
+}
+
+// stoppedWhileStarting reports whether a stop or pause ended w before its
+// create was confirmed.
+func stoppedWhileStarting(w sandgate.Workspace) bool {
+	return w.StartedAt.IsZero() && (w.TerminationReason == sandgate.ReasonPaused || w.TerminationReason == sandgate.ReasonEmergencyStopped)
 }
 
 // providerClosed refuses new work on a provider that takes none.
@@ -336,6 +365,16 @@ func (s *Saga) warmStart(ctx context.Context, in sandgate.Instance, id, provider
 		return nil, protocol.E(protocol.SnapshotGone, "the snapshot is held by another provider than this instance's; start cold")
 	}
 	return &snap, nil
+}
+
+// fits reports whether snap can be restored into a workspace of size:
+// the disk of the size it was taken in is not larger than size's. A
+// restore that cannot fit would otherwise fail after the create, on every
+// warm start, as a retryable provider error. A snapshot without a
+// recorded size, or sizes without a disk quota, are not refused.
+func fits(caps providers.Capabilities, snap sandgate.Snapshot, size sandgate.Size) bool {
+	from, ok := caps.Size(snap.Size)
+	return !ok || from.DiskMiB == 0 || size.DiskMiB == 0 || from.DiskMiB <= size.DiskMiB
 }
 
 // providerName is the name a record's provider field stands for.

@@ -140,12 +140,16 @@ func (s *Saga) Scope(in sandgate.Instance) (sandgate.Scope, *providers.Entry, er
 }
 
 // ProviderOf returns the provider a record names (a workspace's or a
-// snapshot's), whether or not it accepts new work.
+// snapshot's), whether or not it accepts new work. One no longer
+// configured is 403 paused with reason provider_closed, as for a new
+// acquire: a refusal before anything ran must be a 4xx, since the client
+// reports a 5xx exec as one that may have run, and restoring the
+// provider's config is the operator's decision.
 func (s *Saga) ProviderOf(name string) (providers.Provider, error) {
 	e, err := s.provs.Get(name)
 	if err != nil {
-		return nil, &protocol.Error{Code: protocol.Unavailable,
-			Message: "the provider this resource lives on is not configured on this broker; ask its operator", RetryAfter: 30 * time.Second, Err: err}
+		return nil, &protocol.Error{Code: protocol.Paused, Reason: ReasonProviderClosed,
+			Message: "the provider this resource lives on is not configured on this broker; ask its operator", Err: err}
 	}
 	return e.Provider, nil
 }

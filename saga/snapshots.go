@@ -109,7 +109,7 @@ func (s *Saga) CreateSnapshot(ctx context.Context, in sandgate.Instance, w sandg
 	created := now.Truncate(time.Second)
 	snap = sandgate.Snapshot{
 		ID: sandgate.NewID(sandgate.PrefixSnapshot), AccountID: w.AccountID, InstanceID: w.InstanceID,
-		WorkspaceID: w.ID, Provider: providerName(w.Provider), State: sandgate.SnapshotCreating,
+		WorkspaceID: w.ID, Provider: providerName(w.Provider), Size: w.Size, State: sandgate.SnapshotCreating,
 		CreatedAt: created, ExpiresAt: created.Add(lim.SnapshotTTL),
 	}
 	err = s.db.BeginSnapshot(ctx, snap, lim.MaxSnapshots, lim.MaxSnapshotBytes, now.Add(s.cfg.SnapshotTimeout+snapshotPendingGrace), keyHash, reqHash, now)

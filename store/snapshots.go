@@ -244,6 +244,7 @@ func snapshotFields(s sandgate.Snapshot) []any {
 	return []any{
 		"id", s.ID, "account", s.AccountID, "instance", s.InstanceID, "workspace", s.WorkspaceID,
 		"provider", s.Provider, "state", string(s.State), "created_ms", ms(s.CreatedAt), "expires_ms", ms(s.ExpiresAt),
+		"size", s.Size,
 	}
 }
 
@@ -260,6 +261,7 @@ func parseSnapshot(m map[string]string) (sandgate.Snapshot, error) {
 		ExpiresAt: fromMS(num("expires_ms")),
 		DeletedAt: fromMS(num("deleted_ms")),
 		Bytes:     num("bytes"),
+		Size:      m["size"],
 	}
 	if s.ID == "" || s.State == "" {
 		return sandgate.Snapshot{}, errors.New("store: snapshot record without id or state")

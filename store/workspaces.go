@@ -49,6 +49,28 @@ func (db *DB) FreeKey(ctx context.Context, acct, inst, op, keyHash string) error
 	return db.rdb.Del(ctx, idempotencyKey(acct, inst, op, keyHash)).Err()
 }
 
+// FreeKeyOf releases a claimed Idempotency-Key if it names workspace id,
+// whatever its state: for a create whose workspace a stop or pause ended
+// before it was confirmed, which the client never got (a replay would
+// answer a workspace that never ran for the key's whole retention). A key
+// another request has claimed since is left alone.
+func (db *DB) FreeKeyOf(ctx context.Context, acct, inst, op, keyHash, id string) error {
+	if err := freeKeyOfScript.Run(ctx, db.rdb, []string{idempotencyKey(acct, inst, op, keyHash)}, id).Err(); err != nil {
+		return fmt.Errorf("free the key of %s: %w", id, err)
+	}
+	return nil
+}
+
+// freeKeyOfScript deletes KEYS[1], an idempotency record, if it names
+// workspace ARGV[1]. Returns 1 deleted, 0 kept.
+var freeKeyOfScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local ok, rec = pcall(cjson.decode, v)
+if ok and rec.ws == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`)
+
 // Confirm records that the provider created the workspace's sandbox. It
 // returns false when the workspace stopped being starting meanwhile (a
 // release, or its pending slot expired); the caller must then terminate

@@ -3,6 +3,8 @@ package broker
 import (
 	"log/slog"
 	"net/http"
+	"path"
+	"strings"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/console"
@@ -24,7 +26,27 @@ func withConsole(next, api http.Handler, clock sandgate.Clock, log *slog.Logger)
 	mux := http.NewServeMux()
 	mux.Handle(console.Prefix, con.Handler())
 	mux.Handle("GET /console", http.RedirectHandler(console.Prefix, http.StatusSeeOther))
+	mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusSeeOther))
 	mux.Handle("GET /openapi/", openapi.Handler())
 	mux.Handle("/", next)
-	return mux
+	return cleanPaths(mux, api)
+}
+
+// cleanPaths hands a request whose path is not clean ("..", ".", "//")
+// to api, the operator API, which answers it as an unknown route with its
+// envelope: the muxes would answer it with a 307 redirect and an HTML
+// body, which no client of the API follows or reads.
+func cleanPaths(mux, api http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		clean := path.Clean("/" + p)
+		if clean != "/" && strings.HasSuffix(p, "/") {
+			clean += "/"
+		}
+		if clean != p {
+			api.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }

@@ -274,6 +274,11 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		cmd.Stdin = bytes.NewReader(j.stdin)
 	}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
+	var failed *execFailure // bwrap's line when it cannot execute the command
+	if !j.egress {
+		failed = &execFailure{next: stderr, argv0: j.argv[0]}
+		cmd.Stderr = failed
+	}
 	if j.stdinR != nil {
 		cmd.Stdin = j.stdinR
 	}
@@ -353,12 +358,16 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	if end.waitErr != nil && !errors.As(end.waitErr, &ee) && !errors.Is(end.waitErr, exec.ErrWaitDelay) {
 		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", end.waitErr)
 	}
+	code := exitCode(cmd.ProcessState)
+	if failed != nil {
+		code = failed.end(code, stdout.n == 0)
+	}
 	if err := cmp.Or(stdout.err, stderr.err); err != nil {
 		return providers.ExecResult{}, fmt.Errorf("local: exec: output: %w", err)
 	}
 
 	res := providers.ExecResult{
-		ExitCode:        exitCode(cmd.ProcessState),
+		ExitCode:        code,
 		Stdout:          stdout.buf,
 		Stderr:          stderr.buf,
 		StdoutBytes:     stdout.n,
@@ -1059,6 +1068,68 @@ func exitCode(ps *os.ProcessState) int {
 		return 128 + int(ws.Signal())
 	}
 	return ps.ExitCode()
+}
+
+// execFailure passes a command's stderr on to next, except a first line
+// that may be bwrap's own "bwrap: execvp ARGV0: why", which it holds back
+// until the command's end (end): bwrap's failure to execute the command
+// becomes the answer a shell gives (docs/protocol-notes.md).
+type execFailure struct {
+	next    io.Writer
+	argv0   string
+	held    []byte
+	passing bool // the stream is not bwrap's line: pass everything on
+}
+
+// maxExecFailure bounds the held line past its prefix: the reason is one
+// of strerror's short messages.
+const maxExecFailure = 128
+
+func (f *execFailure) Write(b []byte) (int, error) {
+	if f.passing {
+		return f.next.Write(b)
+	}
+	f.held = append(f.held, b...)
+	prefix := f.prefix()
+	n := min(len(f.held), len(prefix))
+	nl := bytes.IndexByte(f.held, '\n')
+	if string(f.held[:n]) != prefix[:n] || len(f.held) > len(prefix)+maxExecFailure || (nl >= 0 && nl != len(f.held)-1) {
+		f.passing = true
+		held := f.held
+		f.held = nil
+		_, _ = f.next.Write(held) // cappedBuffer never fails a write
+	}
+	return len(b), nil
+}
+
+func (f *execFailure) prefix() string { return "bwrap: execvp " + f.argv0 + ": " }
+
+// end returns the exit code to answer for a command that exited with
+// code, having written nothing to stdout when quiet, and hands on what
+// it held: for bwrap's line after exit code 1, a shell's answer instead,
+// 127 for a program that does not exist and 126 for one that cannot be
+// executed, with a line naming the program and why. A command printing
+// bwrap's line itself and exiting 1 reads the same; it only misleads
+// itself.
+func (f *execFailure) end(code int, quiet bool) int {
+	if f.passing || len(f.held) == 0 {
+		return code
+	}
+	why, ok := strings.CutPrefix(string(f.held), f.prefix())
+	why, nl := strings.CutSuffix(why, "\n")
+	if code != 1 || !quiet || !ok || !nl || why == "" {
+		_, _ = f.next.Write(f.held)
+		return code
+	}
+	code = 126
+	if why == "No such file or directory" { // strerror(ENOENT), as bwrap prints it
+		code = 127
+		if !strings.Contains(f.argv0, "/") {
+			why = "command not found" // looked up in PATH, as a shell says
+		}
+	}
+	_, _ = f.next.Write([]byte(f.argv0 + ": " + why + "\n"))
+	return code
 }
 
 // cappedBuffer keeps the first max bytes written to it and counts the rest,

@@ -208,26 +208,35 @@ func waitExited(pid int) error {
 //     library falls back to clone: no nested user namespace, the kernel
 //     surface bwrap's --disable-userns removes, without the nested
 //     namespace --disable-userns needs (which would hide the real uid map
-//     from /proc/self/uid_map).
+//     from /proc/self/uid_map);
+//   - add_key, request_key, keyctl and perf_event_open fail with EPERM, and
+//     io_uring_setup, io_uring_enter and io_uring_register with ENOSYS (as
+//     on a kernel without io_uring, so that libraries fall back to plain
+//     system calls): kernel surfaces a workspace never needs, with a
+//     history of privilege escalations, which the sandbox's namespaces do
+//     not confine (the keyrings are per uid, not per namespace).
 //
 // The program checks the audit architecture first, so a 32-bit compat
 // syscall (int 0x80 on amd64, AArch32 on arm64) cannot dodge it with a
 // different number, and masks the x32 bit on amd64 for the same reason.
 func seccompFilter() []byte {
-	type nrs struct{ affinity, unshare, clone, clone3 uint32 }
+	type nrs struct {
+		affinity, unshare, clone, clone3 uint32
+		addKey, requestKey, keyctl, perf uint32
+	}
 	var arch, nrMask, compatArch uint32
 	var native, compat nrs
 	switch runtime.GOARCH {
 	case "amd64":
 		arch, nrMask = 0xc000003e, 0xbfffffff // AUDIT_ARCH_X86_64; clears the x32 bit
-		native = nrs{203, 272, 56, 435}
+		native = nrs{203, 272, 56, 435, 248, 249, 250, 298}
 		compatArch = 0x40000003 // AUDIT_ARCH_I386
-		compat = nrs{241, 310, 120, 435}
+		compat = nrs{241, 310, 120, 435, 286, 287, 288, 336}
 	case "arm64":
 		arch, nrMask = 0xc00000b7, 0xffffffff // AUDIT_ARCH_AARCH64
-		native = nrs{122, 97, 220, 435}
+		native = nrs{122, 97, 220, 435, 217, 218, 219, 241}
 		compatArch = 0x40000028 // AUDIT_ARCH_ARM
-		compat = nrs{241, 337, 120, 435}
+		compat = nrs{241, 337, 120, 435, 309, 310, 311, 364}
 	default:
 		return nil
 	}
@@ -245,6 +254,9 @@ func seccompFilter() []byte {
 		retEPERM  = 0x00050000 | uint32(syscall.EPERM)  // SECCOMP_RET_ERRNO
 		retENOSYS = 0x00050000 | uint32(syscall.ENOSYS) // SECCOMP_RET_ERRNO
 		newUser   = syscall.CLONE_NEWUSER
+		// io_uring_setup, _enter and _register: the same numbers on every
+		// architecture, native and compat.
+		ioURingSetup, ioURingRegister = 425, 427
 	)
 	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
 		return nil // big endian: args[0]'s low half is elsewhere
@@ -258,7 +270,14 @@ func seccompFilter() []byte {
 	nrChecks := func(n nrs) []insn {
 		return []insn{
 			{code: jeqK, k: n.affinity, jt: "eperm"},
+			{code: jeqK, k: n.addKey, jt: "eperm"},
+			{code: jeqK, k: n.requestKey, jt: "eperm"},
+			{code: jeqK, k: n.keyctl, jt: "eperm"},
+			{code: jeqK, k: n.perf, jt: "eperm"},
 			{code: jeqK, k: n.clone3, jt: "enosys"},
+			{code: jeqK, k: ioURingSetup, jt: "enosys"},
+			{code: jeqK, k: ioURingSetup + 1, jt: "enosys"},
+			{code: jeqK, k: ioURingRegister, jt: "enosys"},
 			{code: jeqK, k: n.unshare, jt: "flags"},
 			{code: jeqK, k: n.clone, jt: "flags"},
 			{code: ja, jt: "allow"},
