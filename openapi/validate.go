@@ -3,28 +3,31 @@ package openapi
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"mime"
 	"net/http"
-	"slices"
+	"net/url"
 	"strconv"
 	"strings"
-	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // Spec is a loaded document that checks requests and answers against its
-// schemas. It understands the part of JSON Schema the documents use:
-// $ref, type (one or a list), properties, required, additionalProperties,
-// items, enum, allOf, minItems, minLength and format date-time.
+// schemas, JSON Schema 2020-12 with format date-time asserted.
 type Spec struct {
 	name string
 	doc  struct {
 		Paths      map[string]map[string]*Operation `json:"paths"`
 		Components struct {
-			Schemas   map[string]json.RawMessage `json:"schemas"`
-			Responses map[string]*Response       `json:"responses"`
+			Responses map[string]*Response `json:"responses"`
 		} `json:"components"`
 	}
+	// schemas holds every body schema of the document compiled, by its
+	// text: CheckJSON is handed the text, and equal texts in one document
+	// mean the same schema because their $refs are all to the document.
+	schemas map[string]*jsonschema.Schema
 }
 
 // Operation is one operation of a document.
@@ -53,17 +56,74 @@ type MediaType struct {
 	Example json.RawMessage `json:"example"`
 }
 
-// Load reads the embedded document name (V1 or Admin).
+// Load reads the embedded document name (V1 or Admin) and compiles the
+// schema of every request and answer body it documents.
 func Load(name string) (*Spec, error) {
 	b, err := Document(name)
 	if err != nil {
 		return nil, err
 	}
-	s := &Spec{name: name}
+	s := &Spec{name: name, schemas: map[string]*jsonschema.Schema{}}
 	if err := json.Unmarshal(b, &s.doc); err != nil {
 		return nil, fmt.Errorf("openapi: %s: %w", name, err)
 	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("openapi: %s: %w", name, err)
+	}
+	// The whole document is one resource so that "#/components/schemas/X"
+	// resolves; each body schema is compiled by its JSON pointer in it.
+	base := "https://sandgate.invalid/" + name
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft2020)
+	c.AssertFormat()
+	if err := c.AddResource(base, doc); err != nil {
+		return nil, fmt.Errorf("openapi: %s: %w", name, err)
+	}
+	compile := func(content map[string]*MediaType, at ...string) error {
+		for ct, mt := range content {
+			if mt.Schema == nil || s.schemas[string(mt.Schema)] != nil {
+				continue
+			}
+			ptr := pointer(append(at, "content", ct, "schema"))
+			sch, err := c.Compile(base + "#" + ptr)
+			if err != nil {
+				return fmt.Errorf("openapi: %s: %w", name, err)
+			}
+			s.schemas[string(mt.Schema)] = sch
+		}
+		return nil
+	}
+	for p, ops := range s.doc.Paths {
+		for m, op := range ops {
+			if op.RequestBody != nil {
+				if err := compile(op.RequestBody.Content, "paths", p, m, "requestBody"); err != nil {
+					return nil, err
+				}
+			}
+			for st, r := range op.Responses {
+				if err := compile(r.Content, "paths", p, m, "responses", st); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	for n, r := range s.doc.Components.Responses {
+		if err := compile(r.Content, "components", "responses", n); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
+}
+
+// pointer is the URI fragment of the JSON pointer to tokens.
+func pointer(tokens []string) string {
+	var sb strings.Builder
+	r := strings.NewReplacer("~", "~0", "/", "~1")
+	for _, t := range tokens {
+		sb.WriteString("/" + url.PathEscape(r.Replace(t)))
+	}
+	return sb.String()
 }
 
 // Operation returns the operation of method on an actual request path
@@ -148,151 +208,33 @@ func (s *Spec) CheckResponse(method, path string, status int, h http.Header, bod
 	return nil
 }
 
-// CheckJSON validates the JSON text body against schema.
+// CheckJSON validates the JSON text body against schema, one of the body
+// schemas of the document (a MediaType's Schema).
 func (s *Spec) CheckJSON(schema json.RawMessage, body []byte) error {
-	d := json.NewDecoder(bytes.NewReader(body))
-	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
+	sch := s.schemas[string(schema)]
+	if sch == nil {
+		return fmt.Errorf("schema %.100s is not a body schema of %s", schema, s.name)
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(body))
+	if err != nil {
 		return fmt.Errorf("body is not JSON: %w", err)
 	}
-	return s.validate(schema, v, "$")
-}
-
-// schema is the part of a JSON Schema validate reads.
-type schema struct {
-	Ref                  string                     `json:"$ref"`
-	Type                 json.RawMessage            `json:"type"`
-	Properties           map[string]json.RawMessage `json:"properties"`
-	Required             []string                   `json:"required"`
-	AdditionalProperties json.RawMessage            `json:"additionalProperties"`
-	Items                json.RawMessage            `json:"items"`
-	Enum                 []any                      `json:"enum"`
-	AllOf                []json.RawMessage          `json:"allOf"`
-	AnyOf                []json.RawMessage          `json:"anyOf"`
-	MinItems             *int                       `json:"minItems"`
-	MinLength            *int                       `json:"minLength"`
-	Format               string                     `json:"format"`
-}
-
-func (s *Spec) validate(raw json.RawMessage, v any, at string) error {
-	var sc schema
-	if err := json.Unmarshal(raw, &sc); err != nil {
-		return fmt.Errorf("%s: bad schema: %w", at, err)
+	err = sch.Validate(v)
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return err
 	}
-	if sc.Ref != "" {
-		name, ok := strings.CutPrefix(sc.Ref, "#/components/schemas/")
-		if !ok || s.doc.Components.Schemas[name] == nil {
-			return fmt.Errorf("%s: $ref %s names no schema", at, sc.Ref)
+	// One line per failing value, each naming where it is in the body.
+	var leaves []string
+	var walk func(*jsonschema.ValidationError)
+	walk = func(e *jsonschema.ValidationError) {
+		if len(e.Causes) == 0 {
+			leaves = append(leaves, e.Error())
 		}
-		return s.validate(s.doc.Components.Schemas[name], v, at)
-	}
-	for _, sub := range sc.AllOf {
-		if err := s.validate(sub, v, at); err != nil {
-			return err
+		for _, c := range e.Causes {
+			walk(c)
 		}
 	}
-	if len(sc.AnyOf) > 0 {
-		var errs []string
-		for _, sub := range sc.AnyOf {
-			err := s.validate(sub, v, at)
-			if err == nil {
-				errs = nil
-				break
-			}
-			errs = append(errs, err.Error())
-		}
-		if errs != nil {
-			return fmt.Errorf("%s: matches none of anyOf: %s", at, strings.Join(errs, "; "))
-		}
-	}
-	if len(sc.Type) > 0 {
-		var types []string
-		if err := json.Unmarshal(sc.Type, &types); err != nil {
-			var one string
-			if err := json.Unmarshal(sc.Type, &one); err != nil {
-				return fmt.Errorf("%s: bad type %s", at, sc.Type)
-			}
-			types = []string{one}
-		}
-		if t := typeOf(v); !slices.Contains(types, t) && !(t == "integer" && slices.Contains(types, "number")) {
-			return fmt.Errorf("%s: %s, want %s", at, t, strings.Join(types, " or "))
-		}
-	}
-	if sc.Enum != nil && !slices.ContainsFunc(sc.Enum, func(e any) bool { return fmt.Sprint(e) == fmt.Sprint(v) && typeOf(e) == typeOf(v) }) {
-		return fmt.Errorf("%s: %v is not one of %v", at, v, sc.Enum)
-	}
-	switch v := v.(type) {
-	case string:
-		if sc.MinLength != nil && len(v) < *sc.MinLength {
-			return fmt.Errorf("%s: shorter than %d", at, *sc.MinLength)
-		}
-		if sc.Format == "date-time" {
-			if _, err := time.Parse(time.RFC3339, v); err != nil {
-				return fmt.Errorf("%s: %q is not an RFC 3339 time", at, v)
-			}
-		}
-	case []any:
-		if sc.MinItems != nil && len(v) < *sc.MinItems {
-			return fmt.Errorf("%s: fewer than %d items", at, *sc.MinItems)
-		}
-		if sc.Items != nil {
-			for i, e := range v {
-				if err := s.validate(sc.Items, e, fmt.Sprintf("%s[%d]", at, i)); err != nil {
-					return err
-				}
-			}
-		}
-	case map[string]any:
-		for _, r := range sc.Required {
-			if _, ok := v[r]; !ok {
-				return fmt.Errorf("%s: required %q is missing", at, r)
-			}
-		}
-		for k, e := range v {
-			if p, ok := sc.Properties[k]; ok {
-				if err := s.validate(p, e, at+"."+k); err != nil {
-					return err
-				}
-				continue
-			}
-			switch ap := strings.TrimSpace(string(sc.AdditionalProperties)); ap {
-			case "", "true":
-			case "false":
-				return fmt.Errorf("%s: %q is not a documented property", at, k)
-			default:
-				if err := s.validate(sc.AdditionalProperties, e, at+"."+k); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
-}
-
-// typeOf is v's JSON Schema type.
-func typeOf(v any) string {
-	switch v := v.(type) {
-	case nil:
-		return "null"
-	case bool:
-		return "boolean"
-	case string:
-		return "string"
-	case json.Number:
-		if _, err := v.Int64(); err == nil {
-			return "integer"
-		}
-		return "number"
-	case float64:
-		if v == float64(int64(v)) {
-			return "integer"
-		}
-		return "number"
-	case []any:
-		return "array"
-	case map[string]any:
-		return "object"
-	}
-	return "unknown"
+	walk(ve)
+	return errors.New(strings.Join(leaves, "; "))
 }
