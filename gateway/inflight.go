@@ -144,8 +144,10 @@ func (f *inflight) reserve(t tenant, bytes int64, counted bool) (func(), error) 
 		return nil, &protocol.Error{Code: protocol.RateLimited, RetryAfter: inflightRetryAfter,
 			Message: "this account holds as much exec output and file content in flight as the broker allows one account; retry after Retry-After"}
 	case bytes > f.budget-f.used:
-		return nil, &protocol.Error{Code: protocol.Unavailable, RetryAfter: inflightRetryAfter,
-			Message: "the broker holds as much exec output and file content as it allows; retry shortly"}
+		// 429, not 503: a refusal that proves nothing ran (a client reads
+		// a 5xx on exec as "may have run"), and is retried all the same.
+		return nil, &protocol.Error{Code: protocol.RateLimited, RetryAfter: inflightRetryAfter,
+			Message: "the broker holds as much exec output and file content as it allows; retry after Retry-After"}
 	}
 	f.used += bytes
 	f.instUsed[t.inst] += bytes

@@ -137,7 +137,7 @@ func TestInflightBudget(t *testing.T) {
 	if got, want := h.Gateway.InflightStats().Bytes, int64(2*(2*maxOut+4*len(`{"argv":["true"]}`))); got != want {
 		t.Errorf("bytes reserved by two execs = %d; want %d", got, want)
 	}
-	wantRefusedInflight(t, "exec past the budget", do(t, h, exec), http.StatusServiceUnavailable, protocol.Unavailable)
+	wantRefusedInflight(t, "exec past the budget", do(t, h, exec), http.StatusTooManyRequests, protocol.RateLimited)
 	// What is left still takes a small transfer (1 KiB of contents).
 	wantOK(t, "small write within the budget", do(t, h, request{Method: http.MethodPost, Path: wsPath(ws.WorkspaceID, "/files/write"),
 		Token: in.Token, Body: `{"path":"/workspace/a","contents_b64":"eA=="}`}), http.StatusNoContent, nil)
@@ -150,7 +150,7 @@ func TestInflightBudget(t *testing.T) {
 	waitInflight(t, h, 0)
 	// A scope whose worst case is over the whole budget never runs.
 	wantRefusedInflight(t, "exec larger than the budget", do(t, h, request{Method: http.MethodPost,
-		Path: wsPath(wsBig.WorkspaceID, "/exec"), Token: big.Token, Body: `{"argv":["true"]}`}), http.StatusServiceUnavailable, protocol.Unavailable)
+		Path: wsPath(wsBig.WorkspaceID, "/exec"), Token: big.Token, Body: `{"argv":["true"]}`}), http.StatusTooManyRequests, protocol.RateLimited)
 }
 
 // TestInflightConcurrent fires many execs at one workspace at once: no
@@ -274,7 +274,7 @@ func TestExecBodyStreamed(t *testing.T) {
 }
 
 // TestInflightCommands: durable command requests reserve bytes from the
-// budget (503 past it) but do not count against the per-workspace cap, so
+// budget (429 past it) but do not count against the per-workspace cap, so
 // a repeated PUT still answers the command's status while execs fill it.
 func TestInflightCommands(t *testing.T) {
 	t.Parallel()
@@ -305,7 +305,7 @@ func TestInflightCommands(t *testing.T) {
 	ws2 := acquire(t, h, in2.Token, "commands-2")
 	held2 := background(t, h, request{Method: http.MethodPost, Path: wsPath(ws2.WorkspaceID, "/exec"), Token: in2.Token, Body: `{"argv":["true"]}`})
 	waitInflight(t, h, 2)
-	wantRefusedInflight(t, "GET past the budget", do(t, h, get), http.StatusServiceUnavailable, protocol.Unavailable)
+	wantRefusedInflight(t, "GET past the budget", do(t, h, get), http.StatusTooManyRequests, protocol.RateLimited)
 	g.open()
 	for _, wait := range []func() reply{held, held2} {
 		if rep := wait(); rep.Status != http.StatusOK {
