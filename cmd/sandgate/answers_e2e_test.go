@@ -57,6 +57,14 @@ func TestProtocolAnswers(t *testing.T) {
 		t.Errorf("exec of a missing program: exit %d, stderr %q; want 127, %q", res.ExitCode, stderr, "nosuchprog: command not found\n")
 	}
 
+	// A write below a dangling symlink: a parent that is not a directory,
+	// refused for good (422), never a retryable 502.
+	if res, err := c.Exec(ctx, ws.WorkspaceID, protocol.ExecRequest{Argv: []string{"ln", "-s", "/nowhere", "/workspace/dangling"}}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("make a dangling symlink: %+v, %v", res, err)
+	}
+	err = c.WriteFile(ctx, ws.WorkspaceID, "/workspace/dangling/f.txt", []byte("x"))
+	wantCode(t, "files/write below a dangling symlink", err, http.StatusUnprocessableEntity, protocol.NotAFile)
+
 	status, body = rawCall(t, hc, http.MethodGet, d.AdminURL+"/admin/v1/workspaces/../accounts", d.AdminToken, nil)
 	if status >= 300 && status < 400 || envelopeOf(t, body).Error.Code == "" {
 		t.Errorf("operator GET /admin/v1/workspaces/../accounts: %d %s; want the envelope, no redirect", status, body)

@@ -61,7 +61,8 @@ exec cat -- "$p"
 // written to a temporary file beside the target and renamed over it, so a
 // reader sees the old or the new file, never a partial one. The new file is
 // 0644, or 0755 when it replaces an executable file. It exits exitNotAFile
-// when the path names a directory or a component of its parent is not one,
+// when the path names a directory or a component of its parent is not one
+// (a dangling symlink included),
 // and exitReadOnly when the deepest directory that exists on the way to
 // the path cannot be written (a read-only mount, or no write or search
 // permission: test -w and -x ask the kernel, so they see both).
@@ -76,7 +77,7 @@ d=${p%/*}
 if ! mkdir -p -- "$d" 2>/dev/null; then
 	a=$d
 	while [ -n "$a" ]; do
-		if [ -e "$a" ] && [ ! -d "$a" ]; then exit ` + strconv.Itoa(exitNotAFile) + `; fi
+		if { [ -e "$a" ] || [ -L "$a" ]; } && [ ! -d "$a" ]; then exit ` + strconv.Itoa(exitNotAFile) + `; fi
 		a=${a%/*}
 	done
 	a=$d

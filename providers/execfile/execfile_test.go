@@ -181,12 +181,21 @@ func TestWriteFile(t *testing.T) {
 		t.Errorf("WriteFile through a symlink replaced the link itself (%v)", err)
 	}
 
-	for _, name := range []string{"a/b", "a/b/", "a/b/c/bin/", "a/b/c/bin/below", "a/b/c/bin/x/y", "."} {
+	// A parent that is a dangling symlink is not a directory either: the
+	// write is refused as such (never an unexplained failure, which a
+	// client would retry), and nothing is made where the link points.
+	if err := os.Symlink(filepath.Join(dir, "nowhere"), filepath.Join(dir, "dangling")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a/b", "a/b/", "a/b/c/bin/", "a/b/c/bin/below", "a/b/c/bin/x/y", ".", "dangling/f", "dangling/sub/f"} {
 		if err := write(name, []byte("x")); !errors.Is(err, providers.ErrNotAFile) {
 			t.Errorf("WriteFile(%q) error = %v; want ErrNotAFile", name, err)
 		}
 	}
 	checkFile(t, filepath.Join(dir, "a/b/c/bin"), []byte("short"), 0o644)
+	if _, err := os.Lstat(filepath.Join(dir, "nowhere")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a write below a dangling symlink made its target (%v)", err)
+	}
 
 	// No temporary file is left behind, on success or on failure.
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
