@@ -149,6 +149,25 @@ func listen(t *testing.T, name string, serve func(context.Context, net.Listener)
 	return l.Addr().String()
 }
 
+// connectCase is one CONNECT to authority with a Proxy-Authorization
+// auth, and the status it must get.
+type connectCase struct {
+	name, authority, auth string
+	status                int
+}
+
+// wantConnects runs each case against the proxy at addr.
+func wantConnects(t *testing.T, addr string, tests []connectCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if code, _ := connect(t, addr, tt.authority, tt.auth); code != tt.status {
+				t.Errorf("CONNECT %s = %d; want %d", tt.authority, code, tt.status)
+			}
+		})
+	}
+}
+
 // register registers ws in credential mode and returns its credential.
 func (e *env) register(t *testing.T, ws egress.Workspace) string {
 	t.Helper()
@@ -618,10 +637,7 @@ func TestCredentials(t *testing.T) {
 		t.Errorf("Register(ws_a) twice: nil error; want one")
 	}
 	tp := strconv.Itoa(int(e.tlsPort))
-	tests := []struct {
-		name, authority, auth string
-		status                int
-	}{
+	tests := []connectCase{
 		{"own credential", "allowed.sg.test:" + tp, basic("ws_a", credA), 200},
 		{"own credential, other's domain", "a.sg.test:" + tp, basic("ws_a", credA), 403},
 		{"b's credential", "a.sg.test:" + tp, basic("ws_b", credB), 200},
@@ -632,13 +648,7 @@ func TestCredentials(t *testing.T) {
 		{"truncated credential", "allowed.sg.test:" + tp, basic("ws_a", credA[:len(credA)-1]), 407},
 		{"bearer", "allowed.sg.test:" + tp, "Bearer " + credA, 407},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if code, _ := connect(t, addr, tt.authority, tt.auth); code != tt.status {
-				t.Errorf("CONNECT %s = %d; want %d", tt.authority, code, tt.status)
-			}
-		})
-	}
+	wantConnects(t, addr, tests)
 	// Plain HTTP carries the credential in the request; it never reaches
 	// the destination.
 	resp := httpGet(t, addr, "http://allowed.sg.test:"+strconv.Itoa(int(e.httpPort))+"/", basic("ws_a", credA))
@@ -1077,6 +1087,7 @@ func TestDerivedCredentials(t *testing.T) {
 	// The gateway that created the workspaces.
 	creator := newEnv(t, func(c *egress.Config) { c.CredentialKey = key })
 	credA, credB, credT := creator.register(t, wsA), creator.register(t, wsB), creator.register(t, wsT)
+	credC := creator.register(t, egress.Workspace{ID: "ws_c", AllowedDomains: []string{"allowed.sg.test"}}) // not in the store
 	// Another gateway of the same store: it registered nothing.
 	other := newEnv(t, func(c *egress.Config) {
 		c.CredentialKey, c.Lookup, c.LookupTTL = key, store.lookup, time.Nanosecond // every request asks
@@ -1087,26 +1098,18 @@ func TestDerivedCredentials(t *testing.T) {
 	credStranger := stranger.register(t, egress.Workspace{ID: "ws_a", AllowedDomains: []string{"allowed.sg.test"}})
 
 	tp := strconv.Itoa(int(other.tlsPort))
-	tests := []struct {
-		name, authority, auth string
-		status                int
-	}{
+	tests := []connectCase{
 		{"live workspace", "allowed.sg.test:" + tp, basic("ws_a", credA), 200},
 		{"live workspace, other's domain", "a.sg.test:" + tp, basic("ws_a", credA), 403},
 		{"other live workspace", "a.sg.test:" + tp, basic("ws_b", credB), 200},
 		{"terminated workspace", "allowed.sg.test:" + tp, basic("ws_t", credT), 407},
 		{"a's credential under b's id", "a.sg.test:" + tp, basic("ws_b", credA), 407},
-		{"unknown id, its own derived credential", "allowed.sg.test:" + tp, basic("ws_c", credA), 407},
+		{"a's credential under an unknown id", "allowed.sg.test:" + tp, basic("ws_c", credA), 407},
+		{"unknown id, its own derived credential", "allowed.sg.test:" + tp, basic("ws_c", credC), 407},
 		{"credential of another key", "allowed.sg.test:" + tp, basic("ws_a", credStranger), 407},
 		{"truncated credential", "allowed.sg.test:" + tp, basic("ws_a", credA[:len(credA)-1]), 407},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if code, _ := connect(t, addr, tt.authority, tt.auth); code != tt.status {
-				t.Errorf("CONNECT %s = %d; want %d", tt.authority, code, tt.status)
-			}
-		})
-	}
+	wantConnects(t, addr, tests)
 	if page, code, err := fetchTLS(t, addr, "allowed.sg.test:"+tp, "allowed.sg.test", basic("ws_a", credA)); err != nil || !strings.Contains(page, "tls page for allowed.sg.test") {
 		t.Errorf("fetch through the other gateway = %q, %d, %v; want the page", page, code, err)
 	}
