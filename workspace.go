@@ -1,6 +1,9 @@
 package sandgate
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // WorkspaceState is the life of one workspace, as the protocol reports it.
 type WorkspaceState string
@@ -70,6 +73,19 @@ type Workspace struct {
 	// it runs, and for traffic that never passes the proxy.
 	EgressBytesOut int64
 	EgressBytesIn  int64
+	// Domains are the allowed_domains the workspace was admitted with,
+	// joined by "," (the grammar has none; "": none), for the egress
+	// proxy of a gateway that did not create it (docs/egress.md). A
+	// string keeps Workspace comparable.
+	Domains string
+}
+
+// AllowedDomains returns Domains as a list; nil when there are none.
+func (w Workspace) AllowedDomains() []string {
+	if w.Domains == "" {
+		return nil
+	}
+	return strings.Split(w.Domains, ",")
 }
 
 // Price is the rate a workspace was admitted at and the funds held for it.

@@ -98,6 +98,22 @@ type Config struct {
 	// Dial connects to the checked address (always an IP address and a
 	// port); nil means a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	// CredentialKey, when set, makes every credential of Register the
+	// HMAC-SHA256 of the workspace id under it, so that every proxy with
+	// the same key (the other gateways of one store, this one after a
+	// restart) can check it without having registered the workspace. At
+	// least 16 bytes; nil means random credentials, known only here.
+	CredentialKey []byte
+	// Lookup finds a workspace ServeShared was not told of by Register,
+	// once its credential checked out under CredentialKey: ok is false
+	// when the workspace is not live (unknown, terminating or
+	// terminated). Nil means such a workspace is refused.
+	Lookup func(ctx context.Context, id string) (ws Workspace, ok bool, err error)
+	// LookupTTL is how long an answer of Lookup is reused, so a busy
+	// tunnel does not ask per request; a workspace ended elsewhere is
+	// refused here at most this long after; 0 means 5s.
+	LookupTTL time.Duration
 }
 
 // withDefaults returns c with every zero field set to its default.
@@ -135,6 +151,9 @@ func (c Config) withDefaults() Config {
 	if c.Dial == nil {
 		c.Dial = (&net.Dialer{}).DialContext
 	}
+	if c.LookupTTL == 0 {
+		c.LookupTTL = 5 * time.Second
+	}
 	return c
 }
 
@@ -152,8 +171,14 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.MaxConnsPerWorkspace < 0 || c.MaxSharedConns < 0 || c.IdleTimeout < 0 || c.HeaderTimeout < 0 ||
-		c.MaxHeaderBytes < 0 || c.DialTimeout < 0 {
+		c.MaxHeaderBytes < 0 || c.DialTimeout < 0 || c.LookupTTL < 0 {
 		return errors.New("egress: limits and timeouts must not be negative")
+	}
+	if c.CredentialKey != nil && len(c.CredentialKey) < 16 {
+		return errors.New("egress: the credential key must be at least 16 bytes")
+	}
+	if c.Lookup != nil && c.CredentialKey == nil {
+		return errors.New("egress: a lookup needs a credential key")
 	}
 	return nil
 }
@@ -225,10 +250,11 @@ type Proxy struct {
 	// id is this proxy's, random, in each of its counters' names.
 	id string
 
-	mu    sync.Mutex
-	made  uint64                  // wsStates made so far
-	state map[string]*wsState     // by workspace id
-	creds map[string]registration // credential mode, by workspace id
+	mu     sync.Mutex
+	made   uint64                  // wsStates made so far
+	state  map[string]*wsState     // by workspace id
+	creds  map[string]registration // credential mode, by workspace id
+	lookup map[string]looked       // Config.Lookup's recent answers, by workspace id
 }
 
 // wsState is the counters of one workspace.
@@ -245,6 +271,9 @@ type wsState struct {
 	// kept may then be short. Both guarded by Proxy.recordMu.
 	kept    Usage
 	inDoubt bool
+	// remote is set for a workspace found by Config.Lookup: its end is
+	// seen elsewhere, so Record sends its count until it hears KeptEnded.
+	remote bool
 }
 
 // total is every byte s counted.
@@ -273,7 +302,7 @@ func New(cfg Config, d Deps) (*Proxy, error) {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
 	p := &Proxy{cfg: cfg, ports: map[uint16]bool{}, tls: map[uint16]bool{}, log: d.Log, id: rand.Text()[:16],
-		state: map[string]*wsState{}, creds: map[string]registration{}}
+		state: map[string]*wsState{}, creds: map[string]registration{}, lookup: map[string]looked{}}
 	for _, port := range cfg.Ports {
 		p.ports[port] = true
 	}
@@ -406,7 +435,7 @@ func (p *Proxy) Record(ctx context.Context, keep func(context.Context, []Delta) 
 	p.mu.Lock()
 	for id, s := range p.state {
 		t := s.total()
-		if s.account == "" || (t == s.kept && !s.inDoubt) {
+		if s.account == "" || (t == s.kept && !s.inDoubt && !s.remote) {
 			continue
 		}
 		ds = append(ds, Delta{WorkspaceID: id, AccountID: s.account, Counter: s.counter, Usage: t})

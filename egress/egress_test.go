@@ -149,6 +149,25 @@ func listen(t *testing.T, name string, serve func(context.Context, net.Listener)
 	return l.Addr().String()
 }
 
+// connectCase is one CONNECT to authority with a Proxy-Authorization
+// auth, and the status it must get.
+type connectCase struct {
+	name, authority, auth string
+	status                int
+}
+
+// wantConnects runs each case against the proxy at addr.
+func wantConnects(t *testing.T, addr string, tests []connectCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if code, _ := connect(t, addr, tt.authority, tt.auth); code != tt.status {
+				t.Errorf("CONNECT %s = %d; want %d", tt.authority, code, tt.status)
+			}
+		})
+	}
+}
+
 // register registers ws in credential mode and returns its credential.
 func (e *env) register(t *testing.T, ws egress.Workspace) string {
 	t.Helper()
@@ -618,10 +637,7 @@ func TestCredentials(t *testing.T) {
 		t.Errorf("Register(ws_a) twice: nil error; want one")
 	}
 	tp := strconv.Itoa(int(e.tlsPort))
-	tests := []struct {
-		name, authority, auth string
-		status                int
-	}{
+	tests := []connectCase{
 		{"own credential", "allowed.sg.test:" + tp, basic("ws_a", credA), 200},
 		{"own credential, other's domain", "a.sg.test:" + tp, basic("ws_a", credA), 403},
 		{"b's credential", "a.sg.test:" + tp, basic("ws_b", credB), 200},
@@ -632,13 +648,7 @@ func TestCredentials(t *testing.T) {
 		{"truncated credential", "allowed.sg.test:" + tp, basic("ws_a", credA[:len(credA)-1]), 407},
 		{"bearer", "allowed.sg.test:" + tp, "Bearer " + credA, 407},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if code, _ := connect(t, addr, tt.authority, tt.auth); code != tt.status {
-				t.Errorf("CONNECT %s = %d; want %d", tt.authority, code, tt.status)
-			}
-		})
-	}
+	wantConnects(t, addr, tests)
 	// Plain HTTP carries the credential in the request; it never reaches
 	// the destination.
 	resp := httpGet(t, addr, "http://allowed.sg.test:"+strconv.Itoa(int(e.httpPort))+"/", basic("ws_a", credA))
@@ -1031,6 +1041,134 @@ func TestInvalidWorkspace(t *testing.T) {
 		l.Close()
 		if _, err := e.proxy.Register(ws); err == nil {
 			t.Errorf("Register(allowed_domains %q) = nil error; want one", domains)
+		}
+	}
+}
+
+// liveSet is a Config.Lookup over a set of workspaces, each live or not,
+// that counts its calls.
+type liveSet struct {
+	mu    sync.Mutex
+	ws    map[string]egress.Workspace
+	live  map[string]bool
+	calls int
+	err   error
+}
+
+func (s *liveSet) lookup(_ context.Context, id string) (egress.Workspace, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	if s.err != nil {
+		return egress.Workspace{}, false, s.err
+	}
+	ws, ok := s.ws[id]
+	return ws, ok && s.live[id], nil
+}
+
+func (s *liveSet) set(id string, live bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.live[id] = live
+}
+
+// TestDerivedCredentials: with a credential key, a workspace registered
+// with one proxy (a gateway, or the broker before a restart) is served by
+// another proxy with the same key while the store says it is live, and
+// refused once it is not, for an unknown id or a wrong credential.
+func TestDerivedCredentials(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	wsA := egress.Workspace{ID: "ws_a", AccountID: "acct_x", AllowedDomains: []string{"allowed.sg.test"}}
+	wsB := egress.Workspace{ID: "ws_b", AccountID: "acct_x", AllowedDomains: []string{"a.sg.test"}}
+	wsT := egress.Workspace{ID: "ws_t", AccountID: "acct_x", AllowedDomains: []string{"allowed.sg.test"}}
+	store := &liveSet{ws: map[string]egress.Workspace{"ws_a": wsA, "ws_b": wsB, "ws_t": wsT},
+		live: map[string]bool{"ws_a": true, "ws_b": true}}
+
+	// The gateway that created the workspaces.
+	creator := newEnv(t, func(c *egress.Config) { c.CredentialKey = key })
+	credA, credB, credT := creator.register(t, wsA), creator.register(t, wsB), creator.register(t, wsT)
+	credC := creator.register(t, egress.Workspace{ID: "ws_c", AllowedDomains: []string{"allowed.sg.test"}}) // not in the store
+	// Another gateway of the same store: it registered nothing.
+	other := newEnv(t, func(c *egress.Config) {
+		c.CredentialKey, c.Lookup, c.LookupTTL = key, store.lookup, time.Nanosecond // every request asks
+	})
+	addr := other.serveShared(t)
+	// A gateway with another key.
+	stranger := newEnv(t, func(c *egress.Config) { c.CredentialKey = []byte("another key, another store......") })
+	credStranger := stranger.register(t, egress.Workspace{ID: "ws_a", AllowedDomains: []string{"allowed.sg.test"}})
+
+	tp := strconv.Itoa(int(other.tlsPort))
+	tests := []connectCase{
+		{"live workspace", "allowed.sg.test:" + tp, basic("ws_a", credA), 200},
+		{"live workspace, other's domain", "a.sg.test:" + tp, basic("ws_a", credA), 403},
+		{"other live workspace", "a.sg.test:" + tp, basic("ws_b", credB), 200},
+		{"terminated workspace", "allowed.sg.test:" + tp, basic("ws_t", credT), 407},
+		{"a's credential under b's id", "a.sg.test:" + tp, basic("ws_b", credA), 407},
+		{"a's credential under an unknown id", "allowed.sg.test:" + tp, basic("ws_c", credA), 407},
+		{"unknown id, its own derived credential", "allowed.sg.test:" + tp, basic("ws_c", credC), 407},
+		{"credential of another key", "allowed.sg.test:" + tp, basic("ws_a", credStranger), 407},
+		{"truncated credential", "allowed.sg.test:" + tp, basic("ws_a", credA[:len(credA)-1]), 407},
+	}
+	wantConnects(t, addr, tests)
+	if page, code, err := fetchTLS(t, addr, "allowed.sg.test:"+tp, "allowed.sg.test", basic("ws_a", credA)); err != nil || !strings.Contains(page, "tls page for allowed.sg.test") {
+		t.Errorf("fetch through the other gateway = %q, %d, %v; want the page", page, code, err)
+	}
+	if u := other.proxy.Usage("ws_a"); u.BytesIn == 0 {
+		t.Errorf("other gateway's Usage(ws_a) = %+v; want the bytes it moved counted there", u)
+	}
+
+	// Ended elsewhere: refused once the store says so.
+	store.set("ws_a", false)
+	if code, _ := connect(t, addr, "allowed.sg.test:"+tp, basic("ws_a", credA)); code != http.StatusProxyAuthRequired {
+		t.Errorf("CONNECT after ws_a ended = %d; want 407", code)
+	}
+	// The store out of reach: refused, not as a wrong credential.
+	store.mu.Lock()
+	store.err = errors.New("redis down")
+	store.mu.Unlock()
+	if code, _ := connect(t, addr, "a.sg.test:"+tp, basic("ws_b", credB)); code != http.StatusServiceUnavailable {
+		t.Errorf("CONNECT with the store out of reach = %d; want 503", code)
+	}
+}
+
+// TestDerivedCredentialsCached: Lookup's answer is reused for LookupTTL,
+// and Unregister refuses at once what the cache still holds live.
+func TestDerivedCredentialsCached(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	wsA := egress.Workspace{ID: "ws_a", AccountID: "acct_x", AllowedDomains: []string{"allowed.sg.test"}}
+	store := &liveSet{ws: map[string]egress.Workspace{"ws_a": wsA}, live: map[string]bool{"ws_a": true}}
+	e := newEnv(t, func(c *egress.Config) { c.CredentialKey, c.Lookup, c.LookupTTL = key, store.lookup, time.Hour })
+	addr := e.serveShared(t)
+	other := newEnv(t, func(c *egress.Config) { c.CredentialKey = key })
+	cred := other.register(t, wsA)
+	tp := strconv.Itoa(int(e.tlsPort))
+	for i := range 3 {
+		if code, _ := connect(t, addr, "allowed.sg.test:"+tp, basic("ws_a", cred)); code != 200 {
+			t.Fatalf("CONNECT %d = %d; want 200", i, code)
+		}
+	}
+	store.mu.Lock()
+	calls := store.calls
+	store.mu.Unlock()
+	if calls != 1 {
+		t.Errorf("Lookup called %d times for 3 requests within LookupTTL; want 1", calls)
+	}
+	e.proxy.Unregister("ws_a")
+	if code, _ := connect(t, addr, "allowed.sg.test:"+tp, basic("ws_a", cred)); code != http.StatusProxyAuthRequired {
+		t.Errorf("CONNECT after Unregister = %d; want 407", code)
+	}
+}
+
+// TestCredentialKeyConfig: a short key, or a lookup without a key, is
+// refused.
+func TestCredentialKeyConfig(t *testing.T) {
+	lookup := func(context.Context, string) (egress.Workspace, bool, error) { return egress.Workspace{}, false, nil }
+	for name, cfg := range map[string]egress.Config{
+		"short key":          {CredentialKey: []byte("short")},
+		"lookup without key": {Lookup: lookup},
+	} {
+		if _, err := egress.New(cfg, egress.Deps{}); err == nil {
+			t.Errorf("New(%s) = nil error; want one", name)
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -44,7 +45,9 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener, ws Workspace) error {
 // Register lets ws use the shared listener of [Proxy.ServeShared] and
 // returns its credential: the password of a Proxy-Authorization Basic
 // header whose user is the workspace id. The credential names that
-// workspace and no other. Registering an id twice is an error.
+// workspace and no other: with Config.CredentialKey it is derived from
+// the id (every proxy with the key accepts it while Config.Lookup finds
+// the workspace live), else random. Registering an id twice is an error.
 func (p *Proxy) Register(ws Workspace) (credential string, err error) {
 	if strings.ContainsAny(ws.ID, ":\r\n") {
 		return "", errors.New("egress: register: a workspace id must not hold ':'")
@@ -52,17 +55,22 @@ func (p *Proxy) Register(ws Workspace) (credential string, err error) {
 	if err := ws.Validate(); err != nil {
 		return "", err
 	}
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("egress: register: %w", err)
+	if p.cfg.CredentialKey != nil {
+		credential = p.derive(ws.ID)
+	} else {
+		b := make([]byte, 32)
+		if _, err := rand.Read(b); err != nil {
+			return "", fmt.Errorf("egress: register: %w", err)
+		}
+		credential = base64.RawURLEncoding.EncodeToString(b)
 	}
-	credential = base64.RawURLEncoding.EncodeToString(b)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, dup := p.creds[ws.ID]; dup {
 		return "", fmt.Errorf("egress: register: workspace %s is already registered", ws.ID)
 	}
 	p.creds[ws.ID] = registration{ws: ws, cred: []byte(credential)}
+	delete(p.lookup, ws.ID)
 	if p.state[ws.ID] == nil {
 		p.state[ws.ID] = &wsState{}
 	}
@@ -73,12 +81,16 @@ func (p *Proxy) Register(ws Workspace) (credential string, err error) {
 }
 
 // Unregister revokes the credential of workspace id: its next request is
-// refused. Tunnels already open run on until they end or idle out (the
+// refused, here at once, elsewhere once Config.Lookup no longer finds it
+// live. Tunnels already open run on until they end or idle out (the
 // workspace's sandbox is normally gone by then). Its counters stay until
 // [Proxy.Forget].
 func (p *Proxy) Unregister(id string) {
 	p.mu.Lock()
 	delete(p.creds, id)
+	if p.cfg.CredentialKey != nil {
+		p.remember(id, looked{at: time.Now()}) // not live, whatever Lookup still says
+	}
 	p.mu.Unlock()
 }
 
@@ -98,7 +110,8 @@ func (p *Proxy) ServeShared(ctx context.Context, l net.Listener) error {
 
 // authenticate finds the workspace r's Proxy-Authorization names. The
 // credential is compared in constant time, and only with the one the
-// named workspace was registered with.
+// named workspace was registered with or, for a workspace registered
+// elsewhere, the one derived from its id.
 func (p *Proxy) authenticate(r *http.Request) (Workspace, *wsState, *denial) {
 	user, pass, ok := parseBasic(r.Header.Get("Proxy-Authorization"))
 	if !ok {
@@ -108,6 +121,9 @@ func (p *Proxy) authenticate(r *http.Request) (Workspace, *wsState, *denial) {
 	reg, found := p.creds[user]
 	st := p.state[user]
 	p.mu.Unlock()
+	if !found && p.cfg.CredentialKey != nil {
+		return p.authenticateDerived(r.Context(), user, pass)
+	}
 	want := reg.cred
 	if !found {
 		want = make([]byte, len(pass)) // compare anyway: the same work for a known and an unknown id

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/sandgate/sandgate"
@@ -85,6 +86,7 @@ func (s *Saga) acquire(ctx context.Context, in sandgate.Instance, key string, re
 	}
 	ws.ID = sandgate.NewID(sandgate.PrefixWorkspace)
 	ws.AccountID, ws.InstanceID, ws.Provider = in.AccountID, in.ID, prov.Name
+	ws.Domains = strings.Join(egress, ",") // for the egress proxy of every gateway (docs/egress.md)
 
 	areq := &admission.Request{
 		Workspace: ws, Scope: scope,

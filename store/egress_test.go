@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/store"
@@ -135,4 +136,23 @@ func egressIs(t *testing.T, db *store.DB, acct string, want map[sandgate.Workspa
 			t.Errorf("%s (%s): egress %d out, %d in; want %d, %d", w.ID, w.State, r.EgressBytesOut, r.EgressBytesIn, n[0], n[1])
 		}
 	}
+}
+
+// TestEgressKey: every gateway of a store gets the same 32-byte egress
+// credential key, made by the first to ask.
+func TestEgressKey(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		a, err := store.New(store.Config{}, rdb).EgressKey(ctx)
+		if err != nil {
+			t.Fatalf("EgressKey: %v", err)
+		}
+		b, err := store.New(store.Config{}, rdb).EgressKey(ctx)
+		if err != nil {
+			t.Fatalf("EgressKey again: %v", err)
+		}
+		if len(a) != 32 || !slices.Equal(a, b) {
+			t.Errorf("EgressKey = %x, then %x; want the same 32 bytes", a, b)
+		}
+	})
 }

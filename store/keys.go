@@ -199,3 +199,9 @@ func brokersKey() string { return prefix + "brokers" }
 // revocation's time (unix ms). The reaper ends every workspace of the
 // instance created before it (lease_revoked). Example: sg:{acct_x}:revoked
 func revokedKey(acct string) string { return prefix + "{" + acct + "}:revoked" }
+
+// egressKeyKey is the broker-wide key of the egress proxy's credentials
+// (32 random bytes, set once with SETNX): every gateway of the store
+// derives and checks vendor guests' credentials with it. Example:
+// sg:egress_key
+func egressKeyKey() string { return prefix + "egress_key" }

@@ -721,13 +721,14 @@ func WorkspaceFields(w sandgate.Workspace) []any {
 	str("currency", w.Price.Currency)
 	num("price_micros", w.Price.UnitMicros)
 	num("hold_micros", w.Price.HoldMicros)
+	str("allowed_domains", w.Domains)
 	return out
 }
 
 // workspaceFieldNames are the fields WorkspaceFields may write.
 var workspaceFieldNames = [...]string{"id", "state", "account", "instance", "label", "size", "image", "agent", "run_id",
 	"provider", "provider_ref", "created_ms", "expires_ms", "idle_ms", "activity_ms", "terminated_ms", "reason",
-	"rate_card", "rate_card_version", "currency", "price_micros", "hold_micros"}
+	"rate_card", "rate_card_version", "currency", "price_micros", "hold_micros", "allowed_domains"}
 
 // asStored returns w as a read of its record answers it (parseWorkspace):
 // times in UTC at millisecond precision, durations in milliseconds. A
@@ -845,6 +846,8 @@ func setWorkspaceField(w *sandgate.Workspace, k, v string) {
 		w.EgressBytesOut = num()
 	case "egress_in":
 		w.EgressBytesIn = num()
+	case "allowed_domains":
+		w.Domains = v
 	}
 }
 

@@ -171,6 +171,14 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if b.cfg.Egress.VendorListen != "" {
+		// Vendor guests' credentials are derived from the workspace id
+		// under the store's key, so any gateway of the store, this one
+		// after a restart too, serves a live workspace (docs/egress.md).
+		if ecfg.CredentialKey, ecfg.Lookup, err = vendorCredentials(ctx, store.New(store.Config{}, b.rdb)); err != nil {
+			return nil, err
+		}
+	}
 	if b.proxy, err = egress.New(ecfg, egress.Deps{Log: b.log.With("component", "egress")}); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}

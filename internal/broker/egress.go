@@ -2,6 +2,7 @@ package broker
 
 import (
 	"cmp"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -16,8 +17,10 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/store"
 )
 
 // egressPorts is egress.ports: a YAML list of ports, or (as
@@ -185,4 +188,27 @@ func (c *Config) guestBinary() string {
 		return providers.GuestBinaryName // Open then names it as missing
 	}
 	return filepath.Join(filepath.Dir(exe), providers.GuestBinaryName)
+}
+
+// vendorCredentials returns the store's egress credential key and the
+// proxy's lookup of workspaces registered by another gateway (or by this
+// one before a restart): only a live workspace (starting or running) of
+// db is served, with the allowed_domains of its record.
+func vendorCredentials(ctx context.Context, db *store.DB) ([]byte, func(context.Context, string) (egress.Workspace, bool, error), error) {
+	key, err := db.EgressKey(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("egress.vendor_listen needs the store's credential key: %w", err)
+	}
+	lookup := func(ctx context.Context, id string) (egress.Workspace, bool, error) {
+		w, err := db.FindWorkspace(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			return egress.Workspace{}, false, nil
+		}
+		if err != nil {
+			return egress.Workspace{}, false, err
+		}
+		live := w.State == sandgate.WorkspaceStarting || w.State == sandgate.WorkspaceRunning
+		return egress.Workspace{ID: w.ID, AccountID: w.AccountID, AllowedDomains: w.AllowedDomains()}, live, nil
+	}
+	return key, lookup, nil
 }
