@@ -146,7 +146,16 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 		"admin --noproxy * http://" + admin + "/healthz",
 		"vendor --noproxy * https://" + vendor + "/",
 	}
-	script := `for a in "$@"; do set -- $a; n=$1; shift; curl -ksS -o /dev/null --max-time 10 "$@" 2>/dev/null; echo "$n $?"; done`
+	// Every port the dev process listens on (its listeners and its
+	// embedded Redis among them), directly and through the proxy.
+	for _, port := range listeningPorts(t, d.cmd.Process.Pid) {
+		attempts = append(attempts, "dev-port-"+port+" --noproxy * http://127.0.0.1:"+port+"/",
+			"dev-port-"+port+"-proxied --noproxy x.invalid -x http://127.0.0.1:3128 http://127.0.0.1:"+port+"/")
+	}
+	// A plain-HTTP request the proxy refuses is an HTTP answer (curl
+	// status 0) whose body names the refusal: reported as "refused".
+	script := `for a in "$@"; do set -- $a; n=$1; shift; o=$(curl -ksS --max-time 10 "$@" 2>/dev/null); r=$?
+	case $o in "sandgate egress: refused"*) r=refused;; esac; echo "$n $r"; done`
 	res = exec(append([]string{"sh", "-c", script, "sh"}, attempts...)...)
 	for _, line := range strings.Split(strings.TrimSpace(string(stdout(res))), "\n") {
 		name, code, _ := strings.Cut(line, " ")
@@ -272,4 +281,45 @@ func hostProcess(args string) bool {
 		}
 	}
 	return false
+}
+
+// listeningPorts returns the TCP ports process pid listens on, read from
+// /proc: its socket inodes, matched with the listening sockets of its
+// network namespace. Among dev's are its embedded Redis and its listeners.
+func listeningPorts(t *testing.T, pid int) []string {
+	t.Helper()
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inodes := map[string]bool{}
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil {
+			if in, ok := strings.CutPrefix(l, "socket:["); ok {
+				inodes[strings.TrimSuffix(in, "]")] = true
+			}
+		}
+	}
+	var ports []string
+	for _, f := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			// sl local_address rem_address st … inode
+			fields := strings.Fields(line)
+			if len(fields) < 10 || fields[3] != "0A" || !inodes[fields[9]] { // 0A: LISTEN
+				continue
+			}
+			_, hexPort, _ := strings.Cut(fields[1], ":")
+			if n, err := strconv.ParseUint(hexPort, 16, 16); err == nil {
+				ports = append(ports, strconv.FormatUint(n, 10))
+			}
+		}
+	}
+	if len(ports) < 4 { // public, admin, vendor, Redis
+		t.Fatalf("dev listens on ports %v; want at least its three listeners and its Redis", ports)
+	}
+	return ports
 }
