@@ -90,26 +90,31 @@ func TestInflightSlowBodiesFair(t *testing.T) {
 		t.Fatalf("in flight after execs of workspaces not the caller's = %+v; want nothing reserved", st)
 	}
 
-	// A's own workspace: the first holds its reservation, the others are
-	// A's refusals.
+	// A's own workspace: the first (12 MiB) holds its reservation, the
+	// others are A's refusals. The first is held before the others are
+	// sent: which one reserves decides how much of A's share is left.
 	var stops []func()
 	var replies []<-chan reply
-	for _, n := range sizes {
+	for i, n := range sizes {
 		got, stop := stalledExec(t, h, a.Token, wsPath(wsA.WorkspaceID, "/exec"), n)
 		replies, stops = append(replies, got), append(stops, stop)
-	}
-	waitInflight(t, h, 1)
-	refused := 0
-	for i, got := range replies {
-		select {
-		case rep := <-got:
-			wantRefusedInflight(t, "A's stalled exec "+strconv.Itoa(i), rep, http.StatusTooManyRequests, protocol.RateLimited)
-			refused++
-		case <-time.After(100 * time.Millisecond): // the one held: still waiting for its body
+		if i == 0 {
+			waitInflight(t, h, 1)
 		}
 	}
-	if refused != len(sizes)-1 {
-		t.Errorf("A's stalled execs refused: %d; want all but the one held (%d)", refused, len(sizes)-1)
+	waitInflight(t, h, 1)
+	for i, got := range replies[1:] {
+		select {
+		case rep := <-got:
+			wantRefusedInflight(t, "A's stalled exec "+strconv.Itoa(i+1), rep, http.StatusTooManyRequests, protocol.RateLimited)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("A's stalled exec %d: no answer; want 429 while the first holds A's share", i+1)
+		}
+	}
+	select {
+	case rep := <-replies[0]:
+		t.Fatalf("A's first stalled exec answered %d while its body has not come; want it held", rep.Status)
+	default:
 	}
 	wantRefusedInflight(t, "A's exec while A holds its share", do(t, h, execOf(a.Token, wsA.WorkspaceID)), http.StatusTooManyRequests, protocol.RateLimited)
 

@@ -134,14 +134,11 @@ func testNoSecretsInLogs(t *testing.T, o serveOptions, env []string, more map[st
 	// /usr is read-only in the sandbox: the client's mistake, a 422.
 	err = c.WriteFile(ctx, id, "/usr/SECRET-PATH-"+rnd+"/f", []byte(secContent))
 	wantCode(t, "WriteFile under read-only /usr", err, http.StatusUnprocessableEntity, protocol.NotAFile)
-	// A parent that is a symlink loop: the write fails inside the sandbox
-	// in a way the provider does not classify, which the gateway answers
-	// (and logs, with its whole error chain) as a 5xx.
-	if res, err := c.Exec(ctx, id, protocol.ExecRequest{Argv: []string{"ln", "-s", "loop", secDir + "/loop"}}); err != nil || res.ExitCode != 0 {
-		t.Fatalf("ln -s: %+v, %v", res, err)
-	}
-	err = c.WriteFile(ctx, id, secDir+"/loop/f", []byte(secContent))
-	wantCode(t, "WriteFile under a symlink loop", err, http.StatusBadGateway, protocol.UpstreamError)
+	// A name longer than the file system allows: the write fails inside
+	// the sandbox in a way the provider does not classify, which the
+	// gateway answers (and logs, with its whole error chain) as a 5xx.
+	err = c.WriteFile(ctx, id, secDir+"/"+strings.Repeat("n", 300), []byte(secContent))
+	wantCode(t, "WriteFile of a name too long", err, http.StatusBadGateway, protocol.UpstreamError)
 
 	// Unknown and malformed tokens, and an unknown workspace.
 	for _, bad := range []string{unknownTok, malformedTok} {

@@ -232,7 +232,9 @@ func TestModalLifetimeEndsWithoutGateways(t *testing.T) {
 	}
 
 	gw2 := startServeEnv(t, cfg, env...)
-	waitRecordTerminated(t, rs.Client(), acct, ws.WorkspaceID)
+	if r := waitRecordTerminated(t, rs.Client(), acct, ws.WorkspaceID); r != "expired" {
+		t.Errorf("workspace %s ended %q; want expired", ws.WorkspaceID, r)
+	}
 	waitTerminated(t, gw2.Client(t, tok), ws.WorkspaceID, "expired")
 }
 

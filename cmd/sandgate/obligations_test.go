@@ -69,9 +69,21 @@ func withMarker(marker string) []int {
 }
 
 // waitTerminated polls the workspace through c until it reads terminated,
-// and fails the test unless the reason is want.
+// and fails the test unless the reason is want. Past its expires_at a
+// workspace answers 410 workspace_gone, reason expired, to every
+// operation (spec), whatever its record says: for want "expired" that
+// answer is what is checked, after the caller read the record itself
+// (waitRecordTerminated).
 func waitTerminated(t testing.TB, c *client.Client, id, want string) {
 	t.Helper()
+	if want == string(sandgate.ReasonExpired) {
+		_, err := c.Workspace(context.Background(), id)
+		wantCode(t, "the status of expired workspace "+id, err, http.StatusGone, protocol.WorkspaceGone)
+		if e := (*client.Error)(nil); errors.As(err, &e) && e.Details["reason"] != want {
+			t.Fatalf("the status of expired workspace %s: reason %v; want %s", id, e.Details["reason"], want)
+		}
+		return
+	}
 	var got *protocol.Workspace
 	waitFor(t, "workspace "+id+" to read terminated", func() (bool, error) {
 		w, err := c.Workspace(context.Background(), id)
@@ -88,13 +100,20 @@ func waitTerminated(t testing.TB, c *client.Client, id, want string) {
 
 // waitRecordTerminated polls the workspace's record in Redis, not through
 // a gateway (reading an expired workspace through one ends it at once;
-// docs/protocol-notes.md), until it is terminated.
-func waitRecordTerminated(t testing.TB, rdb *redis.Client, acct, id string) {
+// docs/protocol-notes.md), until it is terminated, and returns its
+// termination reason.
+func waitRecordTerminated(t testing.TB, rdb *redis.Client, acct, id string) (reason string) {
 	t.Helper()
 	waitFor(t, "the record of "+id+" to be terminated", func() (bool, error) {
-		st, err := rdb.HGet(context.Background(), "sg:{"+acct+"}:ws:"+id, "state").Result()
-		return st == "terminated", fmt.Errorf("state %q, %v", st, err)
+		f, err := rdb.HMGet(context.Background(), "sg:{"+acct+"}:ws:"+id, "state", "reason").Result()
+		if err != nil || len(f) != 2 {
+			return false, err
+		}
+		st, _ := f[0].(string)
+		reason, _ = f[1].(string)
+		return st == "terminated", fmt.Errorf("state %q", st)
 	})
+	return reason
 }
 
 // logLines returns the JSON log lines of logs whose msg is msg.
@@ -194,7 +213,9 @@ func TestLifetimeEndsWithoutGateways(t *testing.T) {
 
 	gwC := startServe(t, cfg)
 	cC := gwC.Client(t, tok)
-	waitRecordTerminated(t, rs.Client(), acct, ws.WorkspaceID)
+	if r := waitRecordTerminated(t, rs.Client(), acct, ws.WorkspaceID); r != "expired" {
+		t.Errorf("workspace %s ended %q; want expired", ws.WorkspaceID, r)
+	}
 	waitTerminated(t, cC, ws.WorkspaceID, "expired")
 	wantNoSlots(t, rs.Client(), acct, inst)
 	// The line follows the recorded end: wait for it, then count.
@@ -358,7 +379,9 @@ func TestReaperLeaderTakeover(t *testing.T) {
 		return l == follower && f > fence, fmt.Errorf("fence %d", f)
 	})
 	for id := range ids {
-		waitRecordTerminated(t, rdb, acct, id)
+		if r := waitRecordTerminated(t, rdb, acct, id); r != "expired" {
+			t.Errorf("workspace %s ended %q; want expired", id, r)
+		}
 		waitTerminated(t, c, id, "expired")
 	}
 	// Exactly once: one "reaper ended a workspace" per workspace, in all.

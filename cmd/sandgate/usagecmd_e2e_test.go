@@ -81,7 +81,7 @@ func TestOperatorListenerServesAPIDocuments(t *testing.T) {
 		}
 		err = json.NewDecoder(resp.Body).Decode(&doc)
 		resp.Body.Close()
-		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" || err != nil || doc.OpenAPI != "3.1.0" || len(doc.Paths) < 10 {
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json; charset=utf-8" || err != nil || doc.OpenAPI != "3.1.0" || len(doc.Paths) < 10 {
 			t.Errorf("GET /openapi/%s = %d %q, %v, openapi %q with %d paths; want 200 JSON of OpenAPI 3.1.0",
 				name, resp.StatusCode, resp.Header.Get("Content-Type"), err, doc.OpenAPI, len(doc.Paths))
 		}

@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-
-	"github.com/sandgate/sandgate/providers"
 )
 
 // The host ceiling bounds all of a data directory's workspaces together,
@@ -17,9 +15,9 @@ import (
 // memory.limit_in_bytes (v1). Each workspace's own limits hold below it;
 // the ceiling keeps room on the host for the broker, Redis and the rest
 // when many workspaces use their limits at once (a fork bomb in each,
-// say). A create whose pids would take the workspaces' pids together past
-// the ceiling is refused ([providers.ErrNoCapacity]), so a workspace the
-// host admitted gets its pids even while the others exhaust theirs.
+// say). Creates are not refused against it: an idle workspace holds a few
+// of its tier's processes, so refusing by the tiers' sum would cap a host
+// at a few dozen workspaces; the kernel enforces the ceiling instead.
 
 // hostCeiling returns the defaults of Config.HostPidsMax and
 // Config.HostMemoryMaxMiB, derived from this host: three quarters of the
@@ -89,29 +87,4 @@ func (h *cgroupHost) setCeiling(pids int, memoryMiB int) error {
 		errs = append(errs, write(h.mem, file, strconv.FormatInt(int64(memoryMiB)<<20, 10)))
 	}
 	return errors.Join(errs...)
-}
-
-// admitPids refuses a new workspace ref of pids processes when the
-// workspaces of this data directory could then hold more than the
-// ceiling together.
-func (p *Provider) admitPids(ref string, pids int) error {
-	if p.cfg.HostPidsMax <= 0 {
-		return nil
-	}
-	entries, _ := os.ReadDir(filepath.Join(p.dataDir, workspacesDir))
-	total := pids
-	for _, e := range entries {
-		if e.Name() == ref || checkRef(e.Name()) != nil {
-			continue
-		}
-		var rec record
-		if readJSON(p.layout(e.Name()).sandbox(), &rec) == nil {
-			total += rec.Pids
-		}
-	}
-	if total > p.cfg.HostPidsMax {
-		p.log.Warn("local workspace refused: host pids ceiling", "pids", total, "host_pids_max", p.cfg.HostPidsMax)
-		return fmt.Errorf("local: create: the workspaces' processes would pass host_pids_max: %w", providers.ErrNoCapacity)
-	}
-	return nil
 }

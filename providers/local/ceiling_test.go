@@ -1,7 +1,6 @@
 package local_test
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,10 +16,10 @@ import (
 )
 
 // TestHostCeiling: the workspaces of a data directory together stay under
-// host_pids_max. The host admits as many small workspaces as their pids
-// fit in it and refuses the next; a fork bomb in all but one of them
-// leaves the last one's exec running, and the processes of all of them
-// together never pass the ceiling, which is set on their parent cgroup.
+// host_pids_max, set on their parent cgroup. Creates are not refused by
+// the tiers' sum (four workspaces of 256 pids under a ceiling of 768);
+// fork bombs in two of them leave another's exec running, and the
+// processes of all of them together never pass the ceiling.
 func TestHostCeiling(t *testing.T) {
 	t.Parallel()
 	const pids, ceiling = 256, 3 * 256
@@ -34,14 +33,8 @@ func TestHostCeiling(t *testing.T) {
 	for i := range 4 {
 		sb, err := p.Create(t.Context(), providers.CreateSpec{WorkspaceID: "ws_bomb" + strconv.Itoa(i), InstanceID: "inst_x",
 			Size: sandgate.Size{Name: "small", CPUCores: 1, MemoryMiB: 128}, ExpiresAt: time.Now().Add(time.Hour)})
-		if i == 3 {
-			if !errors.Is(err, providers.ErrNoCapacity) {
-				t.Fatalf("fourth create past host_pids_max: %v; want ErrNoCapacity", err)
-			}
-			break
-		}
 		if err != nil {
-			t.Fatalf("create %d within host_pids_max: %v", i, err)
+			t.Fatalf("create %d: %v; want every create admitted (pids are overcommitted)", i, err)
 		}
 		sbs = append(sbs, sb)
 	}

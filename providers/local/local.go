@@ -577,7 +577,6 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			return err
 		},
 		func() error { return p.makeDisk(ctx, l, &rec, spec.Size) }, // or, without a disk quota, the directories
-		func() error { return p.admitPids(ref, rec.Pids) },
 		func() error { return p.limit(ref, rec) },
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return p.serveEgress(ref, l, rec) },
