@@ -27,6 +27,7 @@ func TestScriptsTouchOneSlot(t *testing.T) {
 			{Var: "addEgressScript", Keys: [][]string{{workspaceKey(acct, ws)}}},
 			{Var: "indexLiveScript", Keys: [][]string{{liveIndexKey(acct, inst), workspaceKey(acct, ws), workspaceKey(acct, "ws_d")}}},
 			{Var: "freePendingKeyScript", Keys: [][]string{{idempotencyKey("acct_a", "inst_b", OpAcquire, "3a7b")}}},
+			{Var: "freeKeyOfScript", Keys: [][]string{{idempotencyKey(acct, inst, OpAcquire, key)}}},
 			{Var: "auditScript", Keys: [][]string{{auditKey()}, {auditKey(), auditOnceKey()}}},
 			{Var: "beginSnapshotScript", Keys: [][]string{snapshotKeys(s, key)}},
 			{Var: "confirmSnapshotScript", Keys: [][]string{snapshotKeys(s, key)}},
