@@ -202,6 +202,6 @@ func revokedKey(acct string) string { return prefix + "{" + acct + "}:revoked" }
 
 // egressKeyKey is the broker-wide key of the egress proxy's credentials
 // (32 random bytes, set once with SETNX): every gateway of the store
-// derives and checks vendor guests' credentials with it. Example:
-// sg:egress_key
+// derives and checks vendor guests' credentials with it.
+// Example: sg:egress_key
 func egressKeyKey() string { return prefix + "egress_key" }
