@@ -481,7 +481,13 @@ func TestPlainHTTP(t *testing.T) {
 	if b := body(resp); !strings.Contains(b, "got 5000 bytes") {
 		t.Fatalf("POST body = %q; want the server to get 5000 bytes", b)
 	}
+	// The last write to the destination is counted when it returns, which
+	// may be after the destination's answer has reached the client: poll.
 	after := e.proxy.Usage("ws_one")
+	for deadline := time.Now().Add(10 * time.Second); after.BytesOut-before.BytesOut < 5000 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+		after = e.proxy.Usage("ws_one")
+	}
 	if out := after.BytesOut - before.BytesOut; out < 5000 {
 		t.Errorf("BytesOut grew by %d for a 5000-byte POST; want at least 5000", out)
 	}
