@@ -21,7 +21,9 @@ func TestSlowBodiesFairServe(t *testing.T) {
 	t.Parallel()
 	rs := startRedis(t)
 	cfg := newServeConfig(t, rs.Addr, serveOptions{})
-	appendConfig(t, cfg, "admission:\n  inflight:\n    body_timeout: 10m\n")
+	// A's share is 60 MiB: one stalled 12 MiB exec holds 4 × 12 MiB + 2 ×
+	// max_output_bytes (4 MiB) = 56 MiB of it, so no other exec of A's fits.
+	appendConfig(t, cfg, "admission:\n  inflight:\n    body_timeout: 10m\n    per_instance_bytes: 62914560\n")
 	s := startServe(t, cfg)
 	adm := s.Admin(t)
 	tokA := issueToken(t, adm, createInstance(t, adm, createAccount(t, adm, "e2e-fair-a"), 2))
@@ -96,9 +98,11 @@ func TestSlowBodiesFairServe(t *testing.T) {
 			t.Errorf("stalled exec of ws_doesnotexist = %d %s; want 404 at once", a.status, a.body)
 		}
 	}
+	// A's stalled execs all declare 12 MiB, so whichever the gateway reads
+	// first fills A's share (a 6 MiB one would leave room for a small exec).
 	var toA []<-chan answer
-	for _, n := range sizes {
-		toA = append(toA, stalled(tokA, wsA.WorkspaceID, n))
+	for range sizes {
+		toA = append(toA, stalled(tokA, wsA.WorkspaceID, 12<<20))
 	}
 	// All but one of A's are A's own refusals; the one left holds A's share.
 	refused := 0
