@@ -3,8 +3,10 @@
 // broker's agent (sandgate-guest, delivered through the fs API), whose
 // only way out is the agent's forwarder to the broker's egress proxy; the
 // vendor's domain policy (set and read back before the first command)
-// allows only the proxy's host, as a second layer; files go through the
-// fs API, snapshots through the shared blob store, and the hard lifetime
+// allows only the proxy's host, as a second layer; files are read and
+// written in a fresh jail too (the fs API, outside every jail, could follow
+// a tenant's symlink into the agent's directory), snapshots go through the
+// shared blob store, and the hard lifetime
 // is enforced inside the sprite by the agent's keeper plus the broker's
 // reaper. Every vendor fact comes from the fact sheet
 // ../shared/reference/fly-sprites.md; README.md ("Fly Sprites") says what

@@ -417,12 +417,6 @@ func TestOpen(t *testing.T) {
 	}
 }
 
-// TestFilesWhenMissingListsEmpty: the sheet (§6) gives the vendor's
-// listing of a missing path as sprites-go reads it, an empty list, where
-// the fake otherwise answers 404. Under that reading too a missing file
-// reads as not found and is created by a write, and an empty directory is
-// not a file; before, every empty listing read as a directory, so no new
-// file could be written.
 // TestCancelBeforeSessionInfo: a request canceled after its command
 // started but before the vendor sent the session's id still ends the
 // command and everything it started, instead of leaving it to the
@@ -432,7 +426,28 @@ func TestCancelBeforeSessionInfo(t *testing.T) {
 	providertest.RunContextCancel(t, func(t *testing.T) providers.Provider { return newProvider(t, srv, "broker-slow-info", nil) })
 }
 
-func TestFilesWhenMissingListsEmpty(t *testing.T) {
-	srv := spritetest.StartWith(t, spritetest.Config{MissingListsEmpty: true})
-	providertest.RunFiles(t, func(t *testing.T) providers.Provider { return newProvider(t, srv, "broker-empty", nil) })
+// TestFilesStayInTheJail: a tenant's symlink to the agent's directory
+// leads a file read or write to what the tenant sees there (nothing), not
+// to the agent's files outside every jail: a read must not show the
+// jail's env, a write must not replace the binary the broker runs as
+// root. Whether the vendor's fs API follows symlinks is not documented
+// (the fake's does, as a root process of the guest would), so the broker
+// must not depend on it.
+func TestFilesStayInTheJail(t *testing.T) {
+	t.Parallel()
+	srv := spritetest.Start(t)
+	p := newProvider(t, srv, "broker-links", nil)
+	spec := providertest.Spec(t)
+	spec.Env = map[string]string{"TENANT_SECRET": "s3cret-of-the-tenant"}
+	sb := providertest.Create(t, p, spec)
+	providertest.Exec(t, p, sb, "sh", "-c", "ln -s ../.sandgate /workspace/d && ln -s ../.sandgate/jail.json /workspace/jail")
+	for _, f := range []string{"/workspace/d/jail.json", "/workspace/jail"} {
+		if got, err := providers.ReadFileBytes(t.Context(), p, sb, f, 1<<20); err == nil || strings.Contains(string(got), "s3cret") {
+			t.Errorf("read of %s (a link into the agent's directory) = %q, %v; want an error", f, got, err)
+		}
+	}
+	_ = providers.WriteFileBytes(t.Context(), p, sb, "/workspace/d/sandgate-guest", []byte("#!/bin/sh\necho owned\n"))
+	if r := providertest.Exec(t, p, sb, "echo", "still jailed"); string(r.Stdout) != "still jailed\n" {
+		t.Errorf("exec after a write through a link to the agent's binary = %q; want the agent intact", r.Stdout)
+	}
 }

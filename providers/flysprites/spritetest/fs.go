@@ -22,18 +22,78 @@ import (
 	"github.com/sandgate/sandgate/providers/internal/fakeserver"
 )
 
-// The fs API (sheet §6) works on the sprite's whole file system, opened
-// as an os.Root so that no symlink leads out of it: /tmp, /workspace and
+// The fs API (sheet §6) works on the sprite's whole file system as a
+// process of the guest outside every jail sees it: /tmp, /workspace and
 // /root are the workspace's host directories, and every other path is
-// reached through the guest's mount namespace (guestRoot).
+// reached through the guest's mount namespace (guestRoot). Symlinks are
+// followed across them (follow), as the vendor's agent, a root process
+// of the guest, would; each part is then opened as an os.Root so that
+// nothing leads out of the guest.
 var mounts = map[string]string{"/tmp": "tmp", "/workspace": "workspace", "/root": "home"}
+
+// hostPath is where the guest's absolute, clean path p is on the host.
+func (sp *sprite) hostPath(p string) (string, error) {
+	for m, dir := range mounts {
+		if p == m || strings.HasPrefix(p, m+"/") {
+			return filepath.Join(sp.s.data, "workspaces", sp.lsb.Ref, dir, strings.TrimPrefix(p, m)), nil
+		}
+	}
+	gr, err := sp.guestRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(gr, p), nil
+}
+
+// follow resolves the symlinks of the guest's absolute path p, the last
+// one's too, as open(2) in the guest would; a missing part is kept as it
+// is, for a write to create.
+func (sp *sprite) follow(p string) (string, error) {
+	done, rest := "/", strings.Split(p, "/")
+	for links := 0; len(rest) > 0; {
+		c := rest[0]
+		rest = rest[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			done = path.Dir(done)
+			continue
+		}
+		next := path.Join(done, c)
+		host, err := sp.hostPath(next)
+		if err != nil {
+			return "", err
+		}
+		fi, err := os.Lstat(host)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			done = next
+			continue
+		}
+		if links++; links > 40 {
+			return "", syscall.ELOOP
+		}
+		target, err := os.Readlink(host)
+		if err != nil {
+			return "", err
+		}
+		if path.IsAbs(target) {
+			done = "/"
+		}
+		rest = append(strings.Split(target, "/"), rest...)
+	}
+	return done, nil
+}
 
 // resolve maps an absolute sprite path to a root and a path inside it.
 func (sp *sprite) resolve(p, workingDir string) (*os.Root, string, error) {
 	if !path.IsAbs(p) {
 		p = path.Join(workingDir, p)
 	}
-	p = path.Clean(p)
+	p, err := sp.follow(path.Clean(p))
+	if err != nil {
+		return nil, "", err
+	}
 	for m, dir := range mounts {
 		if p == m || strings.HasPrefix(p, m+"/") {
 			root, err := os.OpenRoot(filepath.Join(sp.s.data, "workspaces", sp.lsb.Ref, dir))
@@ -211,10 +271,6 @@ func (s *Server) fsList(w http.ResponseWriter, r *http.Request) {
 	defer root.Close()
 	p = path.Clean(p)
 	st, err := root.Stat(rel)
-	if err != nil && s.missingEmpty && errors.Is(err, fs.ErrNotExist) {
-		writeJSON(w, http.StatusOK, map[string]any{"path": p, "entries": []map[string]any{}, "count": 0})
-		return
-	}
 	if err != nil {
 		fsFail(w, p, err)
 		return

@@ -65,10 +65,6 @@ type Config struct {
 	Token string
 	// DataDir holds the sprites (local provider workspaces); required.
 	DataDir string
-	// MissingListsEmpty answers a listing of a path that does not exist
-	// with 200 and no entries, the reading sprites-go's stat takes (sheet
-	// §6: "an empty list means not found"), instead of 404.
-	MissingListsEmpty bool
 	// SessionInfoDelay holds back an exec's session_info message this
 	// long after its command started, as a slow vendor may: a client
 	// that needs the session's id (to kill it) must wait for it.
@@ -80,12 +76,11 @@ type Server struct {
 	URL    string // https://127.0.0.1:port
 	CAFile string // PEM of the server's certificate, usable as SSL_CERT_FILE
 
-	token        string
-	lp           *local.Provider
-	hs           *httptest.Server
-	data         string
-	missingEmpty bool          // Config.MissingListsEmpty
-	infoDelay    time.Duration // Config.SessionInfoDelay
+	token     string
+	lp        *local.Provider
+	hs        *httptest.Server
+	data      string
+	infoDelay time.Duration // Config.SessionInfoDelay
 
 	mu      sync.Mutex
 	sprites map[string]*sprite
@@ -119,7 +114,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{token: c.Token, lp: lp, data: filepath.Join(c.DataDir, "local"), missingEmpty: c.MissingListsEmpty, infoDelay: c.SessionInfoDelay,
+	s := &Server{token: c.Token, lp: lp, data: filepath.Join(c.DataDir, "local"), infoDelay: c.SessionInfoDelay,
 		sprites: map[string]*sprite{}, events: map[string][]Event{}}
 	if s.hs, s.CAFile, err = fakeserver.StartTLS(s.routes(), c.DataDir); err != nil {
 		return nil, err
