@@ -435,3 +435,40 @@ func TestExecOutputLost(t *testing.T) {
 			res.Stdout, res.StdoutTruncated, res.Stderr, res.StderrTruncated)
 	}
 }
+
+// fastClock runs a thousand times faster than the wall clock: the fake's
+// image build (at least 50 ms) takes at least 50 s of it.
+type fastClock struct{ start time.Time }
+
+func (c fastClock) Now() time.Time { return c.start.Add(1000 * time.Since(c.start)) }
+
+// TestTimeoutCountsFromCreate: what Create does before SandboxCreate (the
+// App, an image build that can stream for minutes, the env Secret) takes
+// time; the timeout sent must still end the sandbox by expires_at, so it
+// is counted from SandboxCreate, not from Create's start.
+func TestTimeoutCountsFromCreate(t *testing.T) {
+	fake := startFake(t, modaltest.Config{})
+	clock := fastClock{start: time.Now()}
+	p, err := modal.New(t.Context(), modal.Config{
+		ServerURL: fake.URL, TokenID: tokenID, TokenSecret: sandgate.Secret(tokenSecret), RootCAs: fake.CertPool,
+		DefaultImage: "debian:bookworm-slim-never-built-before",
+	}, providers.Env{BrokerID: "sandgate-slow-build", Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	sp := spec(t, "standard", time.Hour)
+	sp.ExpiresAt = clock.Now().Add(23 * time.Hour)
+	sb := providertest.Create(t, p, sp)
+	for _, s := range fake.Sandboxes() {
+		if s.ID != sb.Ref {
+			continue
+		}
+		sent := time.Duration(s.Request.GetDefinition().GetTimeoutSecs()) * time.Second
+		if most := 23*time.Hour - 50*time.Second; sent > most {
+			t.Errorf("timeout_secs = %v after an image build of at least 50 s; want at most %v (to expires_at from SandboxCreate)", sent, most)
+		}
+		return
+	}
+	t.Fatalf("the fake has no sandbox %s", sb.Ref)
+}

@@ -147,6 +147,19 @@ func networkAccess(e sandgate.EgressPolicy) *clientpb.NetworkAccess {
 	}
 }
 
+// lifetimeAt is the sandbox's timeout at now: whole seconds that end it no
+// later than expiresAt, within Modal's 24 h.
+func lifetimeAt(expiresAt, now time.Time) (time.Duration, error) {
+	lifetime := expiresAt.Sub(now).Truncate(time.Second)
+	switch {
+	case lifetime < time.Second:
+		return 0, errors.New("modal: create: expires_at is less than a second away")
+	case lifetime > maxLifetime:
+		return 0, errors.New("modal: create: Modal ends every sandbox within 24 h; max_lifetime must not be longer")
+	}
+	return lifetime, nil
+}
+
 // Create creates the sandbox: the broker's App, the image, the env as an
 // ephemeral Secret, then SandboxCreate with the timeout, idle timeout,
 // limits equal to requests, the allowlist and the broker's tags. It returns
@@ -164,13 +177,9 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	if !p.Capabilities().RunsImage(image) {
 		return providers.Sandbox{}, errors.New("modal: create: image not allowed by the provider's images")
 	}
-	now := p.clock.Now()
-	lifetime := spec.ExpiresAt.Sub(now).Truncate(time.Second) // ends no later than expires_at
-	switch {
-	case lifetime < time.Second:
-		return providers.Sandbox{}, errors.New("modal: create: expires_at is less than a second away")
-	case lifetime > maxLifetime:
-		return providers.Sandbox{}, errors.New("modal: create: Modal ends every sandbox within 24 h; max_lifetime must not be longer")
+	lifetime, err := lifetimeAt(spec.ExpiresAt, p.clock.Now())
+	if err != nil {
+		return providers.Sandbox{}, err
 	}
 	def := &clientpb.Sandbox{
 		Resources: &clientpb.Resources{
@@ -213,6 +222,17 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		providers.LabelBroker:    p.brokerID,
 		providers.LabelWorkspace: spec.WorkspaceID,
 		providers.LabelInstance:  spec.InstanceID,
+	}
+	// The App, the image (a build can stream for minutes) and the Secret
+	// took time: the timeout counts from now, so that it still ends the
+	// sandbox by expires_at.
+	now := p.clock.Now()
+	if lifetime, err = lifetimeAt(spec.ExpiresAt, now); err != nil {
+		return providers.Sandbox{}, err
+	}
+	def.TimeoutSecs = uint32(lifetime / time.Second)
+	if def.IdleTimeoutSecs != nil {
+		*def.IdleTimeoutSecs = min(*def.IdleTimeoutSecs, def.TimeoutSecs)
 	}
 	cctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	// Not retried: a retry could create a second sandbox. The reaper's
