@@ -472,3 +472,21 @@ func TestTimeoutCountsFromCreate(t *testing.T) {
 	}
 	t.Fatalf("the fake has no sandbox %s", sb.Ref)
 }
+
+// TestSnapshotRefusesSymlinks: a directory reached through a symlink (the
+// directory itself, or a parent) is not snapshotted: du, which does not
+// follow it, would charge the quota for a link.
+func TestSnapshotRefusesSymlinks(t *testing.T) {
+	fake := startFake(t, modaltest.Config{})
+	p := newProvider(t, fake, "sandgate-snap-links")
+	sb := providertest.Create(t, p, spec(t, "small", time.Hour))
+	providertest.Exec(t, p, sb, "sh", "-c", "mkdir -p /workspace/big/p && echo x >/workspace/big/p/f && ln -s /workspace/big /workspace/link && ln -s /workspace/big /workspace/up")
+	for _, dir := range []string{"/workspace/link", "/workspace/up/p", "/workspace/link/"} {
+		if _, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: "snap_link", Dir: dir}); !errors.Is(err, providers.ErrNotAFile) {
+			t.Errorf("Snapshot of %s = %v; want ErrNotAFile", dir, err)
+		}
+	}
+	if _, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: "snap_real", Dir: "/workspace/big/p/"}); err != nil {
+		t.Errorf("Snapshot of the real directory = %v; want it stored", err)
+	}
+}

@@ -34,8 +34,12 @@ const (
 	exitNotDir = 20 // something that is not a directory
 )
 
-// dirScript checks $1 before a snapshot: a directory exits 0.
-const dirScript = `if [ -d "$1" ]; then exit 0; elif [ -e "$1" ] || [ -L "$1" ]; then exit 20; else exit 21; fi`
+// dirScript checks $1, a clean absolute path, before a snapshot: a
+// directory reached without a symlink exits 0. Through a symlink, du
+// (which does not follow it) would charge max_snapshot_bytes for a link
+// while Modal, whose handling of symlinks is not documented, might store
+// the directory behind it: such a path is refused as not a directory.
+const dirScript = `if [ -d "$1" ]; then [ "$(cd -P -- "$1" && pwd -P)" = "$1" ] && exit 0; exit 20; elif [ -e "$1" ] || [ -L "$1" ]; then exit 20; else exit 21; fi`
 
 // checkDir refuses a path Modal cannot snapshot or mount: relative, NUL,
 // or the root.
@@ -72,7 +76,7 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	if err != nil {
 		return providers.SnapshotRef{}, err
 	}
-	switch code, err := p.run(ctx, r, []string{"sh", "-c", dirScript, "sh", spec.Dir}); {
+	switch code, err := p.run(ctx, r, []string{"sh", "-c", dirScript, "sh", path.Clean(spec.Dir)}); {
 	case err != nil:
 		return providers.SnapshotRef{}, fmt.Errorf("modal: snapshot: %w", err)
 	case code == exitNoDir:
