@@ -406,6 +406,11 @@ func (s *Store) unpack(ctx context.Context, r name.Reference, l v1.Layer, lh str
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// A dir already there is one no image records (a crash between rename
+	// and meta.json): replace it.
+	if err := os.RemoveAll(s.path("layers", lh)); err != nil {
+		return 0, fmt.Errorf("images: %w", err)
+	}
 	if err := os.Rename(tmp, s.path("layers", lh)); err != nil {
 		return 0, fmt.Errorf("images: %w", err)
 	}

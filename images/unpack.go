@@ -202,7 +202,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 			u.dirs = append(u.dirs, dirTime{path: path, atime: atime(hdr), mtime: hdr.ModTime})
 		}
 		return err
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg:
 		if len(path) == 0 {
 			return errors.New("file at the layer's root")
 		}
