@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -362,11 +363,8 @@ func TestCredentialsAreUsedAndNeverLogged(t *testing.T) {
 
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	dockerConfig := filepath.Join(t.TempDir(), "config.json")
+	dockerConfig := writeConfig(t, host, user+":"+password)
 	encoded := base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
-	if err := os.WriteFile(dockerConfig, fmt.Appendf(nil, `{"auths":{%q:{"auth":%q}}}`, host, encoded), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
 
 	cases := map[string]func(*images.Config){
@@ -540,7 +538,7 @@ func TestBoundEvictsUnusedImages(t *testing.T) {
 	for _, e := range s.List() {
 		refs = append(refs, e.Ref)
 	}
-	if len(refs) != 2 || !containsAll(refs, a, c) {
+	if len(refs) != 2 || !slices.Contains(refs, a) || !slices.Contains(refs, c) {
 		t.Errorf("List = %v, want %s (acquired) and %s (newest)", refs, a, c)
 	}
 	if _, err := os.Stat(imgB.Layers[1]); !errors.Is(err, os.ErrNotExist) {
@@ -551,19 +549,6 @@ func TestBoundEvictsUnusedImages(t *testing.T) {
 			t.Errorf("acquired image's layer %s: %v", l, err)
 		}
 	}
-}
-
-func containsAll(have []string, want ...string) bool {
-	for _, w := range want {
-		found := false
-		for _, h := range have {
-			found = found || h == w
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
 }
 
 func TestRemoveRefusesImageInUse(t *testing.T) {
@@ -662,4 +647,35 @@ func TestIsRef(t *testing.T) {
 
 func remoteAuth(user, password string) []remote.Option {
 	return []remote.Option{remote.WithAuth(&authn.Basic{Username: user, Password: password})}
+}
+
+func TestIndexPullsTheConfiguredPlatform(t *testing.T) {
+	host := imagestest.Registry(t, nil)
+	marker := func(s string) v1.Image {
+		return imagestest.Image(t, v1.Config{}, imagestest.Layer(t, imagestest.File{Name: "etc/os-release", Body: s}))
+	}
+	amd, arm := marker("amd64"), marker("arm64")
+	index := imagestest.PushIndex(t, host+"/test/multi:1", map[string]v1.Image{"linux/amd64": amd, "linux/arm64": arm})
+	armDigest, err := arm.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, ref := range []string{host + "/test/multi:1", host + "/test/multi@" + index} {
+		s := open(t, t.TempDir(), host, func(c *images.Config) { c.Platform = "linux/arm64" })
+		img, err := s.Pull(ctx, ref, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if img.Digest != armDigest.String() {
+			t.Errorf("%s: digest = %s, want the arm64 image's %s", ref, img.Digest, armDigest)
+		}
+		if got := readFile(t, filepath.Join(img.Layers[0], "etc/os-release")); got != "arm64" {
+			t.Errorf("%s: os-release = %q, want arm64", ref, got)
+		}
+		// The index digest now names the platform's image without a fetch.
+		if again, err := s.Pull(ctx, ref, nil); err != nil || again.Digest != img.Digest {
+			t.Errorf("%s again: %s, %v", ref, again.Digest, err)
+		}
+	}
 }

@@ -176,3 +176,29 @@ func Push(t testing.TB, ref string, img v1.Image, opts ...remote.Option) string 
 	}
 	return d.String()
 }
+
+// PushIndex writes an image index of imgs keyed by platform ("linux/arm64")
+// to ref and returns the index's digest.
+func PushIndex(t testing.TB, ref string, imgs map[string]v1.Image) string {
+	t.Helper()
+	idx := v1.ImageIndex(empty.Index)
+	for p, img := range imgs {
+		plat, err := v1.ParsePlatform(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: plat}})
+	}
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteIndex(r, idx); err != nil {
+		t.Fatalf("push %s: %v", ref, err)
+	}
+	d, err := idx.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.String()
+}
