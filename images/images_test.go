@@ -221,6 +221,11 @@ func TestSpecialFilesAndOwnership(t *testing.T) {
 	l := imagestest.Layer(t,
 		imagestest.File{Name: "usr/bin/tool", Body: "#!/bin/sh\n", Mode: 0o4755, Uid: 1234, Gid: 5678},
 		imagestest.File{Name: "usr/bin/tool2", Typeflag: tar.TypeLink, Linkname: "usr/bin/tool"},
+		imagestest.File{Name: "usr/bin/ping", Body: "elf", Mode: 0o755, Uid: 3, Xattrs: map[string]string{
+			"security.capability":      string(netBindCap),
+			"trusted.overlay.opaque":   "y",
+			"trusted.overlay.redirect": "/etc",
+		}},
 		imagestest.File{Name: "etc/abs", Typeflag: tar.TypeSymlink, Linkname: "/etc/passwd", Uid: 7},
 		imagestest.File{Name: "dev/null", Typeflag: tar.TypeChar, Mode: 0o666},
 		imagestest.File{Name: "run/fifo", Typeflag: tar.TypeFifo, Mode: 0o600, Uid: 9, Gid: 9},
@@ -251,6 +256,13 @@ func TestSpecialFilesAndOwnership(t *testing.T) {
 	if tool.Mtim.Sec != 1704164645 {
 		t.Errorf("tool mtime = %d, want the tar's", tool.Mtim.Sec)
 	}
+	buf := make([]byte, 64)
+	if n, err := unix.Lgetxattr(filepath.Join(dir, "usr/bin/ping"), "security.capability", buf); err != nil || string(buf[:n]) != string(netBindCap) {
+		t.Errorf("ping's file capability = %x, %v, want %x", buf[:n], err, netBindCap)
+	}
+	if n, _ := unix.Llistxattr(filepath.Join(dir, "usr/bin/ping"), buf); strings.Contains(string(buf[:n]), "trusted.") {
+		t.Errorf("ping has the image's trusted.* xattrs: %q", buf[:n])
+	}
 	if l, err := os.Readlink(filepath.Join(dir, "etc/abs")); err != nil || l != "/etc/passwd" {
 		t.Errorf("etc/abs -> %q, %v", l, err)
 	}
@@ -267,6 +279,10 @@ func TestSpecialFilesAndOwnership(t *testing.T) {
 		t.Errorf("home/u mode %o uid %d", st.Mode&0o7777, st.Uid)
 	}
 }
+
+// netBindCap is a VFS_CAP_REVISION_2 file capability with
+// CAP_NET_BIND_SERVICE permitted and effective.
+var netBindCap = []byte{1, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 func TestLayerCannotEscape(t *testing.T) {
 	outside := t.TempDir()

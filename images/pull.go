@@ -91,7 +91,6 @@ func (s *Store) remoteOpts(ctx context.Context) []remote.Option {
 		remote.WithContext(ctx),
 		remote.WithAuthFromKeychain(s.keys),
 		remote.WithPlatform(s.platform),
-		remote.WithTransport(http.DefaultTransport),
 	}
 }
 

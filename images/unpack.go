@@ -226,10 +226,11 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 			if err != nil {
 				return err
 			}
-			if err := u.setPAXXattrs(pfd, base, hdr); err != nil {
+			// After chown, which clears security.capability.
+			if err := u.setMeta(pfd, base, hdr, mode, true); err != nil {
 				return err
 			}
-			return u.setMeta(pfd, base, hdr, mode, true)
+			return u.setPAXXattrs(pfd, base, hdr)
 		})
 	case tar.TypeSymlink:
 		return u.create(path, hdr, func(pfd int, base string) error {

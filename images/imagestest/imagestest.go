@@ -49,6 +49,7 @@ type File struct {
 	Linkname string
 	Mode     int64
 	Uid, Gid int
+	Xattrs   map[string]string // extended attributes, as PAX records
 }
 
 // Layer builds a gzip layer holding files in order.
@@ -61,6 +62,12 @@ func Layer(t testing.TB, files ...File) v1.Layer {
 		hdr := &tar.Header{
 			Name: f.Name, Typeflag: f.Typeflag, Linkname: f.Linkname, Mode: f.Mode,
 			Uid: f.Uid, Gid: f.Gid, ModTime: mtime, Format: tar.FormatPAX,
+		}
+		for k, v := range f.Xattrs {
+			if hdr.PAXRecords == nil {
+				hdr.PAXRecords = make(map[string]string)
+			}
+			hdr.PAXRecords["SCHILY.xattr."+k] = v
 		}
 		if hdr.Typeflag == 0 {
 			hdr.Typeflag = tar.TypeReg
