@@ -567,6 +567,41 @@ func TestBoundEvictsUnusedImages(t *testing.T) {
 	}
 }
 
+func TestLastUseSurvivesReopen(t *testing.T) {
+	host := imagestest.Registry(t, nil)
+	file := func(name string) v1.Layer {
+		return imagestest.Layer(t, imagestest.File{Name: name, Body: strings.Repeat("x", 1000)})
+	}
+	a := pushSized(t, host, "a", file("a"))
+	b := pushSized(t, host, "b", file("b"))
+	c := pushSized(t, host, "c", file("c"))
+	dir := t.TempDir()
+	ctx := context.Background()
+	s := open(t, dir, host, nil)
+	for _, ref := range []string{a, b} {
+		if _, err := s.Pull(ctx, ref, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, release, err := s.Acquire(ctx, a) // a is now the most recently used
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+
+	s = open(t, dir, host, func(c *images.Config) { c.MaxBytes = 2500 })
+	if _, err := s.Pull(ctx, c, nil); err != nil {
+		t.Fatal(err)
+	}
+	var refs []string
+	for _, e := range s.List() {
+		refs = append(refs, e.Ref)
+	}
+	if want := []string{c, a}; !slices.Equal(refs, want) {
+		t.Errorf("List after reopen and evict = %v, want %v (b least recently used)", refs, want)
+	}
+}
+
 func TestRemoveRefusesImageInUse(t *testing.T) {
 	host := imagestest.Registry(t, nil)
 	ref := pushSized(t, host, "rm", imagestest.Layer(t, imagestest.File{Name: "f", Body: "f"}))

@@ -203,6 +203,10 @@ func (s *Store) acquire(ctx context.Context, ref string, progress func(string), 
 			continue
 		}
 		c.meta.LastUsed = time.Now().UTC()
+		if err := s.saveMetaLocked(c.meta); err != nil {
+			// Only the eviction order after a restart suffers.
+			s.log.Warn("images: recording last use", "digest", c.meta.Digest, "err", err)
+		}
 		if !pin {
 			s.mu.Unlock()
 			return s.image(ref, c.meta), noop, nil
@@ -348,6 +352,15 @@ func (s *Store) evictLocked(keep string) {
 			return
 		}
 	}
+}
+
+// saveMetaLocked rewrites an image's meta.json atomically.
+func (s *Store) saveMetaLocked(m *imageMeta) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(s.path("images", hexOf(m.Digest), "meta.json"), s.path("tmp"), b)
 }
 
 // saveTagsLocked writes tags.json atomically.
