@@ -730,3 +730,24 @@ func TestIndexPullsTheConfiguredPlatform(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkFirstPull100MB times pulling and unpacking an uncached image of
+// one 100 MB incompressible layer from a loopback registry.
+func BenchmarkFirstPull100MB(b *testing.B) {
+	host := imagestest.Registry(b, nil)
+	ref := host + "/bench/random:1"
+	imagestest.Push(b, ref, imagestest.Image(b, v1.Config{}, imagestest.RandomLayer(b, 100<<20)))
+	ctx := context.Background()
+	for b.Loop() {
+		b.StopTimer()
+		s, err := images.Open(images.Config{Dir: b.TempDir(), Insecure: []string{host}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if _, err := s.Pull(ctx, ref, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.SetBytes(100 << 20)
+}

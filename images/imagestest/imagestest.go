@@ -107,23 +107,29 @@ func layerFromBytes(t testing.TB, b []byte) v1.Layer {
 	return l
 }
 
-// BusyboxLayer holds /bin/busybox (from the busybox-static package), sh and
-// cat as links to it, and /etc/os-release saying marker.
+// BusyboxLayer holds /bin/busybox (from the busybox-static package) with
+// sh, cat, echo, ls, id, env, mkdir, rm, touch, test and stat as symlinks to
+// it, /etc/os-release saying "ID=<marker>", empty /usr/bin and a 1777 /tmp.
 func BusyboxLayer(t testing.TB, marker string) v1.Layer {
 	t.Helper()
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {
 		t.Fatalf("busybox-static: %v", err)
 	}
-	return Layer(t,
-		File{Name: "bin/", Typeflag: tar.TypeDir},
-		File{Name: "bin/busybox", Body: string(bb), Mode: 0o755},
-		File{Name: "bin/sh", Typeflag: tar.TypeSymlink, Linkname: "busybox"},
-		File{Name: "bin/cat", Typeflag: tar.TypeSymlink, Linkname: "busybox"},
+	files := []File{
+		{Name: "bin/", Typeflag: tar.TypeDir},
+		{Name: "bin/busybox", Body: string(bb), Mode: 0o755},
+	}
+	for _, applet := range []string{"sh", "cat", "echo", "ls", "id", "env", "mkdir", "rm", "touch", "test", "stat"} {
+		files = append(files, File{Name: "bin/" + applet, Typeflag: tar.TypeSymlink, Linkname: "busybox"})
+	}
+	return Layer(t, append(files,
 		File{Name: "etc/", Typeflag: tar.TypeDir},
 		File{Name: "etc/os-release", Body: "ID=" + marker + "\n"},
+		File{Name: "usr/", Typeflag: tar.TypeDir},
+		File{Name: "usr/bin/", Typeflag: tar.TypeDir},
 		File{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777},
-	)
+	)...)
 }
 
 // RandomLayer holds one file of size incompressible bytes, for timing
