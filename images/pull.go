@@ -186,8 +186,18 @@ func (s *Store) Refresh(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
-		if _, _, err := s.lookup(ctx, r); err != nil {
+		s.mu.Lock()
+		was := s.tags[n]
+		s.mu.Unlock()
+		lctx, cancel := context.WithTimeout(ctx, s.cfg.PullTimeout)
+		_, d, err := s.lookup(lctx, r)
+		cancel()
+		if err != nil {
 			errs = append(errs, err)
+			continue
+		}
+		if d != was {
+			s.log.Info("images: tag moved", "ref", n, "from", was, "digest", d)
 		}
 	}
 	return errors.Join(errs...)
