@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -750,4 +751,72 @@ func BenchmarkFirstPull100MB(b *testing.B) {
 		}
 	}
 	b.SetBytes(100 << 20)
+}
+
+func TestPullTimeoutBoundsAStalledRegistry(t *testing.T) {
+	var stall sync.Map
+	host := imagestest.Registry(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if _, on := stall.Load(true); on && strings.Contains(r.URL.Path, "/blobs/") {
+				<-r.Context().Done() // a registry that never answers
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	ref := pushSized(t, host, "stall", imagestest.Layer(t, imagestest.File{Name: "f", Body: "f"}))
+	stall.Store(true, true)
+	dir := t.TempDir()
+	s := open(t, dir, host, func(c *images.Config) { c.PullTimeout = time.Second })
+	_, err := s.Pull(context.Background(), ref, nil)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want the pull's deadline", err)
+	}
+	if l := s.List(); len(l) != 0 {
+		t.Errorf("List = %v after a timed-out pull", l)
+	}
+}
+
+func TestCancelledCallerDoesNotFailTheOthers(t *testing.T) {
+	var hold sync.Map
+	requested, release := make(chan struct{}, 16), make(chan struct{})
+	host := imagestest.Registry(t, func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if _, on := hold.Load(true); on && r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
+				requested <- struct{}{}
+				<-release
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	ref := pushSized(t, host, "shared", imagestest.Layer(t, imagestest.File{Name: "f", Body: "f"}))
+	hold.Store(true, true)
+	s := open(t, t.TempDir(), host, nil)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() {
+		_, err := s.Pull(ctx, ref, nil)
+		first <- err
+	}()
+	<-requested // the first caller's pull is fetching
+	second := make(chan error, 1)
+	go func() {
+		_, _, err := s.Acquire(context.Background(), ref)
+		second <- err
+	}()
+	cancel()
+	if err := <-first; !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled caller: err = %v, want context.Canceled", err)
+	}
+	close(release)
+	if err := <-second; err != nil {
+		t.Fatalf("waiting caller: %v", err)
+	}
+	if n := 1 + len(requested); n != 2 {
+		t.Errorf("%d blob fetches, want 2 (config and layer) shared by both callers", n)
+	}
+	if e := s.List(); len(e) != 1 || e[0].InUse != 1 {
+		t.Errorf("List = %+v, want the image acquired once", e)
+	}
 }
