@@ -175,6 +175,25 @@ func IsRef(s string) bool {
 // for one image pull it once. progress, when not nil, gets human lines
 // without secrets.
 func (s *Store) Pull(ctx context.Context, ref string, progress func(string)) (Image, error) {
+	if progress != nil {
+		// The pull may outlive this call (see pullContext): stop telling
+		// the caller once it has returned.
+		var mu sync.Mutex
+		done := false
+		defer func() {
+			mu.Lock()
+			done = true
+			mu.Unlock()
+		}()
+		report := progress
+		progress = func(line string) {
+			mu.Lock()
+			defer mu.Unlock()
+			if !done {
+				report(line)
+			}
+		}
+	}
 	img, release, err := s.acquire(ctx, ref, progress, false)
 	release()
 	return img, err
