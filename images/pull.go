@@ -123,7 +123,7 @@ func registryErr(r name.Reference, err error) error {
 	return fmt.Errorf("images: pull %s: %w", r, err)
 }
 
-// lookup fetches tag's manifest for the platform and remembers its digest.
+// lookup fetches tag's manifest for the platform.
 func (s *Store) lookup(ctx context.Context, r name.Reference) (v1.Image, string, error) {
 	desc, err := remote.Get(r, s.remoteOpts(ctx)...)
 	if err != nil {
@@ -137,13 +137,24 @@ func (s *Store) lookup(ctx context.Context, r name.Reference) (v1.Image, string,
 	if err != nil {
 		return nil, "", registryErr(r, err)
 	}
+	return img, d.String(), nil
+}
+
+// remember records that tag r names digest d.
+func (s *Store) remember(r name.Reference, d string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.tags[r.Name()] = d.String()
-	if err := s.saveTagsLocked(); err != nil {
-		return nil, "", err
+	s.tags[r.Name()] = d
+	return s.saveTagsLocked()
+}
+
+// lookupAndRemember looks tag r up and remembers the answer.
+func (s *Store) lookupAndRemember(ctx context.Context, r name.Reference) (string, error) {
+	_, d, err := s.lookup(ctx, r)
+	if err != nil {
+		return "", err
 	}
-	return img, d.String(), nil
+	return d, s.remember(r, d)
 }
 
 // Resolve returns the digest ("sha256:…") of ref's manifest for the
@@ -163,8 +174,7 @@ func (s *Store) Resolve(ctx context.Context, ref string) (string, error) {
 	return s.resolves.do(ctx, r.Name(), func() (string, error) {
 		ctx, cancel := s.pullContext(ctx)
 		defer cancel()
-		_, d, err := s.lookup(ctx, r)
-		return d, err
+		return s.lookupAndRemember(ctx, r)
 	})
 }
 
@@ -190,7 +200,7 @@ func (s *Store) Refresh(ctx context.Context) error {
 		was := s.tags[n]
 		s.mu.Unlock()
 		lctx, cancel := context.WithTimeout(ctx, s.cfg.PullTimeout)
-		_, d, err := s.lookup(lctx, r)
+		d, err := s.lookupAndRemember(lctx, r)
 		cancel()
 		if err != nil {
 			errs = append(errs, err)
@@ -236,9 +246,28 @@ func (s *Store) pull(ctx context.Context, ref string, progress func(string)) (*i
 		if err != nil {
 			return nil, err
 		}
-		return s.pulls.do(ctx, d, func() (*imageMeta, error) {
+		m, err := s.pulls.do(ctx, d, func() (*imageMeta, error) {
+			// Remembered only now that this pull of d is registered: a
+			// caller that finds the tag then joins it instead of
+			// fetching d's manifest again.
+			if err := s.remember(r, d); err != nil {
+				return nil, err
+			}
 			return s.fetch(ctx, ref, r, img, progress)
 		})
+		if err != nil {
+			return nil, err
+		}
+		// This joined a pull of d by another name: remember the tag too.
+		s.mu.Lock()
+		known := s.tags[r.Name()] == d
+		s.mu.Unlock()
+		if !known {
+			if err := s.remember(r, d); err != nil {
+				return nil, err
+			}
+		}
+		return m, nil
 	})
 }
 
