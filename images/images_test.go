@@ -820,3 +820,28 @@ func TestCancelledCallerDoesNotFailTheOthers(t *testing.T) {
 		t.Errorf("List = %+v, want the image acquired once", e)
 	}
 }
+
+func TestOpenDropsAnImageWithAMissingLayer(t *testing.T) {
+	host := imagestest.Registry(t, nil)
+	ref := pushSized(t, host, "lost", imagestest.Layer(t, imagestest.File{Name: "f", Body: "f"}))
+	dir := t.TempDir()
+	ctx := context.Background()
+	img, err := open(t, dir, host, nil).Pull(ctx, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(img.Layers[0]); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, dir, host, nil)
+	if e := s.List(); len(e) != 0 {
+		t.Errorf("List = %+v, want the broken image dropped", e)
+	}
+	again, err := s.Pull(ctx, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(again.Layers[0], "f")); got != "f" {
+		t.Errorf("f = %q after the pull again", got)
+	}
+}

@@ -123,6 +123,11 @@ func Open(cfg Config) (*Store, error) {
 		if err == nil {
 			err = json.Unmarshal(b, &m)
 		}
+		for _, l := range m.Layers {
+			if err == nil {
+				_, err = os.Stat(s.path("layers", hexOf(l.Digest)))
+			}
+		}
 		if err != nil {
 			s.log.Warn("images: dropping unreadable image", "digest", "sha256:"+e.Name(), "err", err)
 			os.RemoveAll(s.path("images", e.Name()))
