@@ -1,10 +1,12 @@
 package console
 
 import (
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/adminapi"
 )
 
@@ -116,27 +118,30 @@ type nameBook struct {
 }
 
 // names reads the names the session may see: every account's, and
-// every instance's for a role that may list instances.
-func (c *Console) names(r *http.Request, s *session) (nameBook, error) {
+// every instance's for a role that may list instances. Names are a
+// courtesy: a page whose names cannot be read shows ids.
+func (c *Console) names(r *http.Request, s *session) nameBook {
 	b := nameBook{Accounts: map[string]string{}, Instances: map[string]string{}}
 	var as []adminapi.Account
 	if err := c.call(r, s.token, http.MethodGet, "/accounts", nil, &as); err != nil {
-		return b, err
+		c.log.Warn("console names not read", slog.Any(sandgate.KeyError, err))
+		return b
 	}
 	for _, a := range as {
 		b.Accounts[a.ID] = a.Name
 	}
 	if !s.may(opsRoles...) {
-		return b, nil
+		return b
 	}
 	var ins []adminapi.Instance
 	if err := c.call(r, s.token, http.MethodGet, "/instances", nil, &ins); err != nil {
-		return b, err
+		c.log.Warn("console names not read", slog.Any(sandgate.KeyError, err))
+		return b
 	}
 	for _, in := range ins {
 		b.Instances[in.ID] = in.Name
 	}
-	return b, nil
+	return b
 }
 
 // Target is an audit target ("account:acct_x", "instance:inst_y", …)

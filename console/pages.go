@@ -563,11 +563,7 @@ func (c *Console) controls(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, r, s, err)
 		return
 	}
-	var err error
-	if d.Names, err = c.names(r, s); err != nil {
-		c.fail(w, r, s, err)
-		return
-	}
+	d.Names = c.names(r, s)
 	c.renderView(w, s, http.StatusOK, "controls", view{Title: "controls", Flash: r.URL.Query().Get("done"), Data: d})
 }
 
@@ -736,10 +732,7 @@ func (c *Console) audit(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	slices.Reverse(all)
 	d := auditData{Days: days, Page: page, Total: total, Shown: len(all), Pages: max(1, (len(all)+auditPageSize-1)/auditPageSize)}
-	if d.Names, err = c.names(r, s); err != nil {
-		c.fail(w, r, s, err)
-		return
-	}
+	d.Names = c.names(r, s)
 	lo := min((page-1)*auditPageSize, len(all))
 	d.Entries = all[lo:min(lo+auditPageSize, len(all))]
 	c.renderView(w, s, http.StatusOK, "audit", view{Title: "audit log", Data: d})
@@ -788,10 +781,7 @@ func (c *Console) search(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		d.Workspaces = l.Workspaces
 		d.More = d.More || l.NextCursor != nil
-		if d.Names, err = c.names(r, s); err != nil {
-			c.fail(w, r, s, err)
-			return
-		}
+		d.Names = c.names(r, s)
 	}
 	c.renderView(w, s, http.StatusOK, "search", view{Title: "search", Query: d.Q, Data: d})
 }
