@@ -177,6 +177,22 @@ func TestConsoleFindsSortsAndStaysLive(t *testing.T) {
 	}
 	tb.screenshot("search")
 
+	// Account names are unique: a duplicate is refused with the API's
+	// message, which names the account that has it.
+	tb.do("duplicate name", chromedp.Navigate(tb.base+"accounts"), chromedp.WaitVisible(chromedp.ID("new-account-name")),
+		chromedp.SendKeys(chromedp.ID("new-account-name"), " globex corporation"),
+		chromedp.Click(chromedp.ID("new-account-submit")), chromedp.WaitVisible(chromedp.ID("error")))
+	if msg := run(tb, "refusal", chromedp.Text(chromedp.ID("error"))); !strings.HasPrefix(msg, "409 conflict") || !strings.Contains(msg, s.globex) {
+		t.Errorf("creating a duplicate name shows %q; want 409 conflict naming %s", msg, s.globex)
+	}
+	tb.screenshot("duplicate-name")
+	tb.do("new name", chromedp.Navigate(tb.base+"accounts"), chromedp.WaitVisible(chromedp.ID("new-account-name")),
+		chromedp.SendKeys(chromedp.ID("new-account-name"), "Initech"),
+		chromedp.Click(chromedp.ID("new-account-submit")), chromedp.WaitVisible(chromedp.ID("flash")))
+	if names := run(tb, "accounts found", chromedp.Text(chromedp.ID("accounts"))); !strings.Contains(names, "Initech") || strings.Contains(names, "tenant") {
+		t.Errorf("accounts after creating Initech = %q; want it found by its name alone", names)
+	}
+
 	// Sort the workspaces table by age from its header: youngest first,
 	// 50 rows a page, the next page going on where the first stopped.
 	tb.do("workspaces", chromedp.Navigate(tb.base+"workspaces"), chromedp.WaitVisible(chromedp.ID("sort-age")))

@@ -29,6 +29,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /console/workspaces/{id}/kill", c.signedIn(c.killConfirm))
 	m.HandleFunc("POST /console/workspaces/{id}/kill", c.posted(c.kill))
 	m.HandleFunc("GET /console/accounts", c.signedIn(c.accounts))
+	m.HandleFunc("POST /console/accounts", c.posted(c.createAccount))
 	m.HandleFunc("GET /console/usage", c.signedIn(c.usage, financeRoles...))
 	m.HandleFunc("GET /console/usage.csv", c.signedIn(c.usageCSV))
 	m.HandleFunc("GET /console/controls", c.signedIn(c.controls, opsRoles...))
@@ -427,7 +428,23 @@ func (c *Console) accounts(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		d.Rows = append(d.Rows, row)
 	}
-	c.renderView(w, s, http.StatusOK, "accounts", view{Title: "accounts", Query: f.Get("q"), Data: d})
+	flash := ""
+	if id := r.URL.Query().Get("created"); id != "" {
+		flash = "created account " + id
+	}
+	c.renderView(w, s, http.StatusOK, "accounts", view{Title: "accounts", Query: f.Get("q"), Flash: flash, Data: d})
+}
+
+// createAccount creates an account through POST /admin/v1/accounts; a
+// name another account has is the API's 409, shown with its message.
+func (c *Console) createAccount(w http.ResponseWriter, r *http.Request, s *session) {
+	var a adminapi.Account
+	req := adminapi.CreateAccountRequest{Name: strings.TrimSpace(r.PostForm.Get("name"))}
+	if err := c.call(r, s.token, http.MethodPost, "/accounts", req, &a); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	http.Redirect(w, r, Prefix+"accounts?"+url.Values{"q": {a.Name}, "created": {a.ID}}.Encode(), http.StatusSeeOther)
 }
 
 // month parses ?month=YYYY-MM (default: the current UTC month) into its
