@@ -228,17 +228,10 @@ func TestWorkspacesFindSortAndPage(t *testing.T) {
 
 	// A name two instances share needs an account or the id.
 	e.namedInstance(initech, "agents")
-	for _, tt := range []struct {
-		query  string
-		status int
-		code   protocol.Code
-	}{
-		{"instance=agents", 400, protocol.InvalidRequest},
-		{"account=umbrella", 404, protocol.NotFound},
-		{"sort=size", 400, protocol.InvalidRequest},
-	} {
-		if st, code := e.refused(operatorToken, http.MethodGet, "/workspaces?"+tt.query, nil); st != tt.status || code != tt.code {
-			t.Errorf("GET /workspaces?%s = %d %s; want %d %s", tt.query, st, code, tt.status, tt.code)
+	codes := map[int]protocol.Code{400: protocol.InvalidRequest, 404: protocol.NotFound}
+	for query, status := range map[string]int{"instance=agents": 400, "account=umbrella": 404, "sort=size": 400} {
+		if st, code := e.refused(operatorToken, http.MethodGet, "/workspaces?"+query, nil); st != status || code != codes[status] {
+			t.Errorf("GET /workspaces?%s = %d %s; want %d %s", query, st, code, status, codes[status])
 		}
 	}
 	e.do(operatorToken, http.MethodGet, "/workspaces?account=globex&instance=agents", nil, &l)

@@ -49,10 +49,9 @@ func newTab(t *testing.T, base string) *tab {
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(bin), chromedp.UserDataDir(t.TempDir()),
 		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1400, 1000))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancelAlloc)
 	ctx, cancel := chromedp.NewContext(actx, chromedp.WithLogf(func(string, ...any) {}))
-	t.Cleanup(cancel)
-	if err := chromedp.Do(ctx); err != nil {
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	if _, err := chromedp.Run(ctx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
 	shot := os.Getenv("SANDGATE_SCREENSHOTS")

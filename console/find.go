@@ -122,26 +122,25 @@ type nameBook struct {
 // courtesy: a page whose names cannot be read shows ids.
 func (c *Console) names(r *http.Request, s *session) nameBook {
 	b := nameBook{Accounts: map[string]string{}, Instances: map[string]string{}}
-	var as []adminapi.Account
-	if err := c.call(r, s.token, http.MethodGet, "/accounts", nil, &as); err != nil {
-		c.log.Warn("console names not read", slog.Any(sandgate.KeyError, err))
-		return b
-	}
-	for _, a := range as {
-		b.Accounts[a.ID] = a.Name
-	}
-	if !s.may(opsRoles...) {
-		return b
-	}
-	var ins []adminapi.Instance
-	if err := c.call(r, s.token, http.MethodGet, "/instances", nil, &ins); err != nil {
-		c.log.Warn("console names not read", slog.Any(sandgate.KeyError, err))
-		return b
-	}
-	for _, in := range ins {
-		b.Instances[in.ID] = in.Name
+	if readNames(c, r, s, "/accounts", b.Accounts, func(a adminapi.Account) (string, string) { return a.ID, a.Name }) && s.may(opsRoles...) {
+		readNames(c, r, s, "/instances", b.Instances, func(in adminapi.Instance) (string, string) { return in.ID, in.Name })
 	}
 	return b
+}
+
+// readNames reads the list at path into names, by id as idName gives
+// them, and reports whether it could.
+func readNames[T any](c *Console, r *http.Request, s *session, path string, names map[string]string, idName func(T) (string, string)) bool {
+	var rows []T
+	if err := c.call(r, s.token, http.MethodGet, path, nil, &rows); err != nil {
+		c.log.Warn("console names not read", slog.String("list", path), slog.Any(sandgate.KeyError, err))
+		return false
+	}
+	for _, row := range rows {
+		id, name := idName(row)
+		names[id] = name
+	}
+	return true
 }
 
 // Target is an audit target ("account:acct_x", "instance:inst_y", …)
