@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -295,17 +296,32 @@ func (s *Server) createAccount(c echo.Context) error {
 	return answer(c, http.StatusCreated, out, change{target: "account:" + a.ID, after: out}, nil)
 }
 
+// listAccounts is GET /accounts: every account, or those whose name or
+// id starts with q, sorted by id (or sort), a page at a time with limit.
 func (s *Server) listAccounts(c echo.Context) error {
+	lq, err := parseList(c, []string{"id", "name", "created"}, "id", 0)
+	if err != nil {
+		return err
+	}
 	ctx := c.Request().Context()
 	as, err := s.db.Accounts(ctx)
 	if err != nil {
 		return storeFailed(err)
 	}
+	as = slices.DeleteFunc(as, func(a sandgate.Account) bool { return !lq.matches(a.Name, a.ID) })
+	as, next := page(lq, as, map[string]sortKey[sandgate.Account]{
+		"id":      func(a sandgate.Account) string { return a.ID },
+		"name":    func(a sandgate.Account) string { return store.AccountNameKey(a.Name) },
+		"created": func(a sandgate.Account) string { return timeKey(a.CreatedAt.UnixNano()) },
+	}, func(a sandgate.Account) string { return a.ID })
 	ids := make([]string, len(as))
 	for i, a := range as {
 		ids[i] = a.ID
 	}
 	states, err := s.bill.States(ctx, ids)
+	if next != "" {
+		c.Response().Header().Set(adminapi.HeaderNextCursor, next)
+	}
 	return listed(c, as, err, func(a sandgate.Account) adminapi.Account {
 		out := toAccount(a)
 		out.Billing = states[a.ID]
@@ -479,10 +495,45 @@ func (v *service) mergeScope(w adminapi.Scope, prov *providers.Entry) (sandgate.
 	return out, nil
 }
 
+// listInstances is GET /instances: every account's instances (or one
+// account's, named by id or name), or those whose name or id, or whose
+// account's name, starts with q; sorted by id (or sort), a page at a time
+// with limit.
 func (s *Server) listInstances(c echo.Context) error {
-	out, err := s.instances(c.Request().Context(), c.QueryParam("account"))
+	lq, err := parseList(c, []string{"id", "name", "created", "account"}, "id", 0)
 	if err != nil {
 		return err
+	}
+	ctx := c.Request().Context()
+	acct := c.QueryParam("account")
+	if acct != "" {
+		if acct, err = s.accountByRef(ctx, acct); err != nil {
+			return err
+		}
+	}
+	out, err := s.instances(ctx, acct)
+	if err != nil {
+		return err
+	}
+	acctNames := map[string]string{}
+	if lq.q != "" || lq.col == "account" {
+		as, err := s.db.Accounts(ctx)
+		if err != nil {
+			return storeFailed(err)
+		}
+		for _, a := range as {
+			acctNames[a.ID] = a.Name
+		}
+	}
+	out = slices.DeleteFunc(out, func(in adminapi.Instance) bool { return !lq.matches(in.Name, in.ID, acctNames[in.AccountID]) })
+	out, next := page(lq, out, map[string]sortKey[adminapi.Instance]{
+		"id":      func(in adminapi.Instance) string { return in.ID },
+		"name":    func(in adminapi.Instance) string { return strings.ToLower(in.Name) },
+		"created": func(in adminapi.Instance) string { return in.CreatedAt },
+		"account": func(in adminapi.Instance) string { return store.AccountNameKey(acctNames[in.AccountID]) },
+	}, func(in adminapi.Instance) string { return in.ID })
+	if next != "" {
+		c.Response().Header().Set(adminapi.HeaderNextCursor, next)
 	}
 	return c.JSON(http.StatusOK, out)
 }

@@ -3,12 +3,11 @@ package admin
 import (
 	"cmp"
 	"context"
-	"encoding/base64"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -80,18 +79,21 @@ func toWorkspace(w sandgate.Workspace, now time.Time) adminapi.Workspace {
 
 // workspaceFilter is the query of GET /admin/v1/workspaces.
 type workspaceFilter struct {
-	account, instance, provider string
+	account, instance, provider string                    // account and instance: an id or a name
 	states                      []sandgate.WorkspaceState // nil: every state
 	all                         bool                      // terminated ones too
 	after, before               time.Time                 // created_at in [after, before); zero: unbounded
-	limit                       int
-	afterMS                     int64 // the cursor: the last row of the previous page
-	afterID                     string
+	list                        listQuery
 }
+
+// workspaceSorts are the columns the workspace list sorts by. Age sorts
+// by creation, youngest first, so that a walk's order does not change as
+// the rows grow older.
+var workspaceSorts = []string{"created", "age", "state", "account", "instance", "provider", "id", "expires"}
 
 func parseWorkspaceFilter(c echo.Context) (workspaceFilter, error) {
 	q := c.QueryParams()
-	f := workspaceFilter{account: q.Get("account"), instance: q.Get("instance"), provider: q.Get("provider"), limit: 100}
+	f := workspaceFilter{account: strings.TrimSpace(q.Get("account")), instance: strings.TrimSpace(q.Get("instance")), provider: q.Get("provider")}
 	switch st := q.Get("state"); st {
 	case "", "live":
 		f.states = []sandgate.WorkspaceState{sandgate.WorkspaceStarting, sandgate.WorkspaceRunning, sandgate.WorkspaceTerminating}
@@ -110,33 +112,15 @@ func parseWorkspaceFilter(c echo.Context) (workspaceFilter, error) {
 	if err := queryTime(c, "created_before", &f.before); err != nil {
 		return f, err
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 500 {
-			return f, invalid("limit must be 1 to 500 (default 100)")
-		}
-		f.limit = n
-	}
-	if v := q.Get("cursor"); v != "" {
-		b, err := base64.RawURLEncoding.DecodeString(v)
-		ms, id, ok := strings.Cut(string(b), ":")
-		n, perr := strconv.ParseInt(ms, 10, 64)
-		if err != nil || !ok || perr != nil || id == "" {
-			return f, invalid("cursor is not one this API returned")
-		}
-		f.afterMS, f.afterID = n, id
-	}
-	return f, nil
+	var err error
+	f.list, err = parseList(c, workspaceSorts, "created", 100)
+	return f, err
 }
 
-func workspaceCursor(w sandgate.Workspace) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(w.CreatedAt.UnixMilli(), 10) + ":" + w.ID))
-}
-
-// listWorkspaces is GET /workspaces: the workspaces of every account
-// (or of one account, instance or provider) in creation order, then id,
-// a page at a time. The cursor names the last row returned, so rows
-// created or ended during a walk never shift it.
+// listWorkspaces is GET /workspaces: the workspaces of every account (or
+// of one account or instance, by id or name, or of one provider), or
+// those whose id or label, or whose account's or instance's name, starts
+// with q; in creation order (or sort), then id, a page at a time.
 func (s *Server) listWorkspaces(c echo.Context) error {
 	f, err := parseWorkspaceFilter(c)
 	if err != nil {
@@ -151,46 +135,60 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 
 // workspaces returns the page of workspaces f selects.
 func (v *service) workspaces(ctx context.Context, f workspaceFilter) (adminapi.WorkspaceList, error) {
-	acct := f.account
+	acct, inst := "", ""
+	if f.account != "" {
+		var err error
+		if acct, err = v.accountByRef(ctx, f.account); err != nil {
+			return adminapi.WorkspaceList{}, err
+		}
+	}
 	if f.instance != "" {
-		in, err := v.instanceByID(ctx, f.instance)
+		in, err := v.instanceByRef(ctx, acct, f.instance)
 		if err != nil {
 			return adminapi.WorkspaceList{}, err
 		}
 		if acct != "" && acct != in.AccountID {
 			return adminapi.WorkspaceList{Workspaces: []adminapi.Workspace{}}, nil
 		}
-		acct = in.AccountID
-	} else if acct != "" {
-		if err := v.account(ctx, acct); err != nil {
-			return adminapi.WorkspaceList{}, err
-		}
+		acct, inst = in.AccountID, in.ID
 	}
 	now := v.clock.Now()
-	ws, err := v.db.Workspaces(ctx, acct, f.instance, f.all, now)
+	ws, err := v.db.Workspaces(ctx, acct, inst, f.all, now)
 	if err != nil {
 		return adminapi.WorkspaceList{}, storeFailed(err)
 	}
+	as, err := v.db.Accounts(ctx)
+	if err != nil {
+		return adminapi.WorkspaceList{}, storeFailed(err)
+	}
+	n, err := v.namesOf(ctx, as)
+	if err != nil {
+		return adminapi.WorkspaceList{}, err
+	}
 	ws = slices.DeleteFunc(ws, func(w sandgate.Workspace) bool {
 		prov := cmp.Or(w.Provider, "local")
-		created := w.CreatedAt.UnixMilli()
 		return (f.provider != "" && prov != f.provider) ||
 			(f.states != nil && !slices.Contains(f.states, w.State)) ||
 			(!f.after.IsZero() && w.CreatedAt.Before(f.after)) ||
 			(!f.before.IsZero() && !w.CreatedAt.Before(f.before)) ||
-			(f.afterID != "" && (created < f.afterMS || created == f.afterMS && w.ID <= f.afterID))
+			!f.list.matches(w.ID, w.Label, n.accounts[w.AccountID], n.instances[w.InstanceID])
 	})
-	slices.SortFunc(ws, func(a, b sandgate.Workspace) int {
-		return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
-	})
+	ws, next := page(f.list, ws, map[string]sortKey[sandgate.Workspace]{
+		"created":  func(w sandgate.Workspace) string { return timeKey(w.CreatedAt.UnixNano()) },
+		"age":      func(w sandgate.Workspace) string { return timeKey(math.MaxInt64 - w.CreatedAt.UnixNano()) },
+		"state":    func(w sandgate.Workspace) string { return string(w.State) },
+		"account":  func(w sandgate.Workspace) string { return store.AccountNameKey(n.accounts[w.AccountID]) },
+		"instance": func(w sandgate.Workspace) string { return strings.ToLower(n.instances[w.InstanceID]) },
+		"provider": func(w sandgate.Workspace) string { return cmp.Or(w.Provider, "local") },
+		"id":       func(w sandgate.Workspace) string { return w.ID },
+		"expires":  func(w sandgate.Workspace) string { return timeKey(w.ExpiresAt.UnixNano()) },
+	}, func(w sandgate.Workspace) string { return w.ID })
 	out := adminapi.WorkspaceList{Workspaces: []adminapi.Workspace{}}
-	if len(ws) > f.limit {
-		ws = ws[:f.limit]
-		next := workspaceCursor(ws[len(ws)-1])
+	if next != "" {
 		out.NextCursor = &next
 	}
 	for _, w := range ws {
-		out.Workspaces = append(out.Workspaces, toWorkspace(w, now))
+		out.Workspaces = append(out.Workspaces, n.named(toWorkspace(w, now)))
 	}
 	return out, nil
 }
@@ -208,7 +206,15 @@ func (s *Server) getWorkspace(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, toWorkspace(w, s.clock.Now()))
+	out := toWorkspace(w, s.clock.Now())
+	// Names are a courtesy: the workspace answers without them.
+	if a, err := s.db.Account(c.Request().Context(), w.AccountID); err == nil {
+		out.AccountName = a.Name
+	}
+	if in, err := s.db.InstanceOf(c.Request().Context(), w.AccountID, w.InstanceID); err == nil {
+		out.InstanceName = in.Name
+	}
+	return c.JSON(http.StatusOK, out)
 }
 
 // killWorkspace is DELETE /workspaces/{id}: it ends one workspace now

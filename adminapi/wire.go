@@ -15,6 +15,12 @@ type Account struct {
 	Billing string `json:"billing,omitempty"`
 }
 
+// HeaderNextCursor carries, on a page of GET /admin/v1/accounts or
+// /admin/v1/instances asked for with limit, the cursor of the next page;
+// it is absent on the last. (Those lists answer a JSON array, so the
+// cursor cannot be in the body; the workspace list's is, as next_cursor.)
+const HeaderNextCursor = "Next-Cursor"
+
 // CreateAccountRequest is the body of POST /admin/v1/accounts.
 type CreateAccountRequest struct {
 	Name string `json:"name"`
@@ -202,9 +208,13 @@ type RiskLimits struct {
 // Workspace is one workspace as the operator API shows it: who owns it,
 // where it runs, how long it has lived and what it has cost so far.
 type Workspace struct {
-	ID                string  `json:"id"`
-	AccountID         string  `json:"account_id"`
-	InstanceID        string  `json:"instance_id"`
+	ID         string `json:"id"`
+	AccountID  string `json:"account_id"`
+	InstanceID string `json:"instance_id"`
+	// AccountName and InstanceName are the names of its account and
+	// instance, in the workspace list and a workspace's own answer.
+	AccountName       string  `json:"account_name,omitempty"`
+	InstanceName      string  `json:"instance_name,omitempty"`
 	Provider          string  `json:"provider"`
 	Label             string  `json:"label"`
 	Agent             string  `json:"agent,omitempty"`

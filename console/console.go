@@ -105,7 +105,9 @@ func (c *Console) Handler() http.Handler { return c }
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Cache-Control", "no-store")
-	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	// script-src and connect-src: live.js, the console's one script, and
+	// the table fragments it fetches; no inline script.
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "same-origin") // not no-referrer: with it, browsers send "Origin: null" on the console's own forms
@@ -226,9 +228,16 @@ func apiRequest(r *http.Request, tok sandgate.Secret, method, path string, in an
 // call sends one request to the operator API in process and decodes its
 // answer into out (when non-nil). A refusal is an *adminapi.APIError.
 func (c *Console) call(r *http.Request, tok sandgate.Secret, method, path string, in, out any) error {
+	_, err := c.callHeader(r, tok, method, path, in, out)
+	return err
+}
+
+// callHeader is call that also returns the answer's header (a list's
+// next cursor).
+func (c *Console) callHeader(r *http.Request, tok sandgate.Secret, method, path string, in, out any) (http.Header, error) {
 	req, err := apiRequest(r, tok, method, path, in)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rec := &recorder{header: http.Header{}}
 	c.api.ServeHTTP(rec, req)
@@ -236,15 +245,15 @@ func (c *Console) call(r *http.Request, tok sandgate.Secret, method, path string
 		rec.status = http.StatusOK
 	}
 	if rec.status >= 300 {
-		return adminapi.ParseError(rec.status, rec.body.Bytes())
+		return rec.header, adminapi.ParseError(rec.status, rec.body.Bytes())
 	}
 	if out == nil {
-		return nil
+		return rec.header, nil
 	}
 	if err := json.Unmarshal(rec.body.Bytes(), out); err != nil {
-		return fmt.Errorf("console: decode %s %s: %w", method, path, err)
+		return rec.header, fmt.Errorf("console: decode %s %s: %w", method, path, err)
 	}
-	return nil
+	return rec.header, nil
 }
 
 // streamLines sends a GET to the operator API and hands each line of a

@@ -29,6 +29,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /console/workspaces/{id}/kill", c.signedIn(c.killConfirm))
 	m.HandleFunc("POST /console/workspaces/{id}/kill", c.posted(c.kill))
 	m.HandleFunc("GET /console/accounts", c.signedIn(c.accounts))
+	m.HandleFunc("POST /console/accounts", c.posted(c.createAccount))
 	m.HandleFunc("GET /console/usage", c.signedIn(c.usage, financeRoles...))
 	m.HandleFunc("GET /console/usage.csv", c.signedIn(c.usageCSV))
 	m.HandleFunc("GET /console/controls", c.signedIn(c.controls, opsRoles...))
@@ -36,6 +37,7 @@ func (c *Console) routes() {
 	m.HandleFunc("POST /console/controls/pause", c.posted(c.pause))
 	m.HandleFunc("POST /console/controls/resume", c.posted(c.resume))
 	m.HandleFunc("GET /console/audit", c.signedIn(c.audit, opsRoles...))
+	m.HandleFunc("GET /console/search", c.signedIn(c.search))
 	m.Handle("GET /console/static/", http.StripPrefix("/console/", http.FileServerFS(files)))
 	c.mux = m
 }
@@ -85,7 +87,7 @@ type view struct {
 	Ops      bool // may see workspaces, controls and the audit log
 	Finance  bool // may see usage
 	SignedIn bool
-	Refresh  int // seconds; 0: no automatic refresh
+	Query    string // the search box's
 	Flash    string
 	Data     any
 }
@@ -220,18 +222,21 @@ func (c *Console) liveWorkspaces(r *http.Request, s *session, q url.Values) ([]a
 
 // count is one row of a count by key.
 type count struct {
-	Key string
-	N   int
+	Key  string
+	Name string // what the page shows; Key on hover when they differ
+	N    int
 }
 
-func countBy(ws []adminapi.Workspace, key func(adminapi.Workspace) string) []count {
+func countBy(ws []adminapi.Workspace, key, name func(adminapi.Workspace) string) []count {
 	m := map[string]int{}
+	names := map[string]string{}
 	for _, w := range ws {
 		m[key(w)]++
+		names[key(w)] = cmp.Or(name(w), key(w))
 	}
 	out := make([]count, 0, len(m))
 	for k, n := range m {
-		out = append(out, count{k, n})
+		out = append(out, count{k, names[k], n})
 	}
 	slices.SortFunc(out, func(a, b count) int { return cmp.Or(cmp.Compare(b.N, a.N), cmp.Compare(a.Key, b.Key)) })
 	return out
@@ -260,8 +265,10 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 			return
 		}
 		d.Live = len(ws)
-		d.ByProvider = countBy(ws, func(w adminapi.Workspace) string { return w.Provider })
-		d.ByAccount = countBy(ws, func(w adminapi.Workspace) string { return w.AccountID })
+		provider := func(w adminapi.Workspace) string { return w.Provider }
+		d.ByProvider = countBy(ws, provider, provider)
+		d.ByAccount = countBy(ws, func(w adminapi.Workspace) string { return w.AccountID },
+			func(w adminapi.Workspace) string { return w.AccountName })
 		var since time.Time
 		d.Refusals, since, d.Counted = c.refs.window(r, c.clock.Now())
 		d.Since = since.UTC().Format(time.RFC3339)
@@ -285,35 +292,70 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 			d.Unconfigured = append(d.Unconfigured, a)
 		}
 	}
-	c.renderView(w, s, http.StatusOK, "overview", view{Title: "overview", Refresh: 10, Data: d})
+	c.renderView(w, s, http.StatusOK, "overview", view{Title: "overview", Data: d})
 }
 
 type workspacesData struct {
 	Filter     url.Values
 	States     []string
 	Workspaces []adminapi.Workspace
+	Sort       map[string]sortLink
+	Pages      pager
+	Refused    string // the API's refusal of the filters, shown above the table
 }
 
-// workspaces is the live table: filters, a refresh every 5 s, and a kill
-// button per row.
+// workspaceCols are the live table's sortable columns (the operator
+// API's sort names).
+var workspaceCols = []string{"id", "account", "instance", "provider", "state", "age", "expires"}
+
+// workspaces is the live table: one page of the operator API's list,
+// with filters, sortable columns, next and previous links, and a kill
+// link per row. With ?fragment=rows it answers the table's rows alone,
+// which live.js puts in place every few seconds.
 func (c *Console) workspaces(w http.ResponseWriter, r *http.Request, s *session) {
-	f := url.Values{}
-	for _, k := range []string{"account", "instance", "provider", "state"} {
-		if v := strings.TrimSpace(r.URL.Query().Get(k)); v != "" {
-			f.Set(k, v)
-		}
-	}
-	ws, err := c.liveWorkspaces(r, s, cloneValues(f))
-	if err != nil {
+	const path = Prefix + "workspaces"
+	f := filters(r, "q", "account", "instance", "provider", "state", "sort", "limit")
+	d := workspacesData{Filter: f, States: []string{"live", "all", "starting", "running", "terminating", "terminated"},
+		Sort: sortLinks(path, f, workspaceCols...)}
+	var l adminapi.WorkspaceList
+	err := c.call(r, s.token, http.MethodGet, "/workspaces?"+pageParams(f, r, "50").Encode(), nil, &l)
+	var ae *adminapi.APIError
+	switch {
+	case errors.As(err, &ae) && (ae.Status == http.StatusBadRequest || ae.Status == http.StatusNotFound):
+		d.Refused = ae.Message // a filter naming nothing: the form stays to fix it
+	case err != nil:
 		c.fail(w, r, s, err)
+		return
+	}
+	d.Workspaces = l.Workspaces
+	if l.NextCursor != nil {
+		d.Pages = pagesOf(path, f, r, *l.NextCursor)
+	} else {
+		d.Pages = pagesOf(path, f, r, "")
+	}
+	if r.URL.Query().Get("fragment") == "rows" {
+		c.fragment(w, "workspaces", "rows", d)
 		return
 	}
 	flash := ""
 	if id := r.URL.Query().Get("killed"); id != "" {
 		flash = "killed " + id
 	}
-	c.renderView(w, s, http.StatusOK, "workspaces", view{Title: "workspaces", Refresh: 5, Flash: flash,
-		Data: workspacesData{Filter: f, States: []string{"live", "all", "starting", "running", "terminating", "terminated"}, Workspaces: ws}})
+	c.renderView(w, s, http.StatusOK, "workspaces", view{Title: "workspaces", Flash: flash, Query: f.Get("q"), Data: d})
+}
+
+// fragment answers one named template of page alone (a live table's
+// rows), marked so live.js can tell it from a sign-in page.
+func (c *Console) fragment(w http.ResponseWriter, page, name string, data any) {
+	var b bytes.Buffer
+	if err := c.pages[page].ExecuteTemplate(&b, name, data); err != nil {
+		c.log.Error("console fragment failed", slog.String("page", page), slog.Any(sandgate.KeyError, err))
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("X-Console-Fragment", name)
+	w.Write(b.Bytes())
 }
 
 func cloneValues(v url.Values) url.Values {
@@ -351,13 +393,29 @@ type accountRow struct {
 	Budgets []adminapi.Budget
 }
 
+type accountsData struct {
+	Filter url.Values
+	Rows   []accountRow
+	Sort   map[string]sortLink
+	Pages  pager
+}
+
+// accounts is one page of the accounts, found by a prefix of their name
+// and sorted by name, creation or id, with each one's funds and budgets.
 func (c *Console) accounts(w http.ResponseWriter, r *http.Request, s *session) {
+	const path = Prefix + "accounts"
+	f := filters(r, "q", "sort", "limit")
+	if f.Get("sort") == "" {
+		f.Set("sort", "name")
+	}
 	var as []adminapi.Account
-	if err := c.call(r, s.token, http.MethodGet, "/accounts", nil, &as); err != nil {
+	h, err := c.callHeader(r, s.token, http.MethodGet, "/accounts?"+pageParams(f, r, "50").Encode(), nil, &as)
+	if err != nil {
 		c.fail(w, r, s, err)
 		return
 	}
-	rows := make([]accountRow, 0, len(as))
+	d := accountsData{Filter: f, Sort: sortLinks(path, f, "name", "created", "id"),
+		Pages: pagesOf(path, f, r, h.Get(adminapi.HeaderNextCursor)), Rows: make([]accountRow, 0, len(as))}
 	for _, a := range as {
 		row := accountRow{Account: a, Balance: &adminapi.Balance{}}
 		if err := c.call(r, s.token, http.MethodGet, "/accounts/"+url.PathEscape(a.ID)+"/funds", nil, row.Balance); err != nil {
@@ -368,9 +426,25 @@ func (c *Console) accounts(w http.ResponseWriter, r *http.Request, s *session) {
 			c.fail(w, r, s, err)
 			return
 		}
-		rows = append(rows, row)
+		d.Rows = append(d.Rows, row)
 	}
-	c.renderView(w, s, http.StatusOK, "accounts", view{Title: "accounts", Data: rows})
+	flash := ""
+	if id := r.URL.Query().Get("created"); id != "" {
+		flash = "created account " + id
+	}
+	c.renderView(w, s, http.StatusOK, "accounts", view{Title: "accounts", Query: f.Get("q"), Flash: flash, Data: d})
+}
+
+// createAccount creates an account through POST /admin/v1/accounts; a
+// name another account has is the API's 409, shown with its message.
+func (c *Console) createAccount(w http.ResponseWriter, r *http.Request, s *session) {
+	var a adminapi.Account
+	req := adminapi.CreateAccountRequest{Name: strings.TrimSpace(r.PostForm.Get("name"))}
+	if err := c.call(r, s.token, http.MethodPost, "/accounts", req, &a); err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	http.Redirect(w, r, Prefix+"accounts?"+url.Values{"q": {a.Name}, "created": {a.ID}}.Encode(), http.StatusSeeOther)
 }
 
 // month parses ?month=YYYY-MM (default: the current UTC month) into its
@@ -497,6 +571,7 @@ func (c *Console) usageCSV(w http.ResponseWriter, r *http.Request, s *session) {
 
 type controlsData struct {
 	Status adminapi.Status
+	Names  nameBook
 }
 
 func (c *Console) controls(w http.ResponseWriter, r *http.Request, s *session) {
@@ -505,6 +580,7 @@ func (c *Console) controls(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, r, s, err)
 		return
 	}
+	d.Names = c.names(r, s)
 	c.renderView(w, s, http.StatusOK, "controls", view{Title: "controls", Flash: r.URL.Query().Get("done"), Data: d})
 }
 
@@ -634,6 +710,7 @@ type auditData struct {
 	Entries           []auditEntry
 	Total             int // entries in the range
 	Shown             int // the newest of them that can be paged (at most auditKeep)
+	Names             nameBook
 }
 
 // auditPageSize is the audit page's rows; auditKeep bounds how many of
@@ -672,7 +749,56 @@ func (c *Console) audit(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	slices.Reverse(all)
 	d := auditData{Days: days, Page: page, Total: total, Shown: len(all), Pages: max(1, (len(all)+auditPageSize-1)/auditPageSize)}
+	d.Names = c.names(r, s)
 	lo := min((page-1)*auditPageSize, len(all))
 	d.Entries = all[lo:min(lo+auditPageSize, len(all))]
 	c.renderView(w, s, http.StatusOK, "audit", view{Title: "audit log", Data: d})
+}
+
+type searchData struct {
+	Q          string
+	Accounts   []adminapi.Account
+	Instances  []adminapi.Instance
+	Workspaces []adminapi.Workspace
+	Names      nameBook
+	More       bool // some list had more matches than it shows
+}
+
+// searchLimit is how many matches of each kind the search page shows.
+const searchLimit = 20
+
+// search finds accounts, instances and workspaces (ended ones too) by a
+// prefix of their names, ids or labels: the layout's search box. Each
+// role sees the kinds the operator API lets it list.
+func (c *Console) search(w http.ResponseWriter, r *http.Request, s *session) {
+	d := searchData{Q: strings.TrimSpace(r.URL.Query().Get("q"))}
+	if d.Q == "" {
+		c.renderView(w, s, http.StatusOK, "search", view{Title: "search", Data: d})
+		return
+	}
+	q := url.Values{"q": {d.Q}, "limit": {strconv.Itoa(searchLimit)}, "sort": {"name"}}
+	h, err := c.callHeader(r, s.token, http.MethodGet, "/accounts?"+q.Encode(), nil, &d.Accounts)
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	d.More = h.Get(adminapi.HeaderNextCursor) != ""
+	if s.may(opsRoles...) {
+		h, err := c.callHeader(r, s.token, http.MethodGet, "/instances?"+q.Encode(), nil, &d.Instances)
+		if err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
+		d.More = d.More || h.Get(adminapi.HeaderNextCursor) != ""
+		var l adminapi.WorkspaceList
+		wq := url.Values{"q": {d.Q}, "limit": {strconv.Itoa(searchLimit)}, "sort": {"age"}, "state": {"all"}}
+		if err := c.call(r, s.token, http.MethodGet, "/workspaces?"+wq.Encode(), nil, &l); err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
+		d.Workspaces = l.Workspaces
+		d.More = d.More || l.NextCursor != nil
+		d.Names = c.names(r, s)
+	}
+	c.renderView(w, s, http.StatusOK, "search", view{Title: "search", Query: d.Q, Data: d})
 }
