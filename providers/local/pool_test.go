@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/providers/providertest"
@@ -266,5 +268,33 @@ func readJSONFile(t *testing.T, name string, v any) {
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The pool is read from the provider's settings block, strictly, as the
+// broker's config (and SANDGATE_PROVIDER_LOCAL, SANDGATE_PROVIDERS) gives it.
+func TestPoolFromSettings(t *testing.T) {
+	t.Parallel()
+	open := func(settings string) (providers.Provider, error) {
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte(settings), &doc); err != nil {
+			t.Fatal(err)
+		}
+		p, err := local.Open(t.Context(), "local", *doc.Content[0], providers.Env{BrokerID: broker, DataDir: t.TempDir()})
+		if err == nil {
+			t.Cleanup(func() { closeProvider(p.(*local.Provider)) })
+		}
+		return p, err
+	}
+	p, err := open("{pool: {per: [{size: small, count: 1}], max_memory_mib: 1024}}")
+	if err != nil {
+		t.Fatalf("local.Open with a pool: %v", err)
+	}
+	st := p.(providers.Pooler).PoolStats()
+	if len(st.Ready) != 1 || st.Ready[0].Size != "small" || st.Ready[0].Image != local.Image {
+		t.Errorf("pool stats %+v; want one entry of small on %s", st, local.Image)
+	}
+	if _, err := open("{pool: {per: [{size: small, count: 1}], spare: 2}}"); err == nil {
+		t.Errorf("local.Open with an unknown pool key: no error; want it refused")
 	}
 }
