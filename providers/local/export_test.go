@@ -131,3 +131,10 @@ func AbandonPool(p *Provider) {
 	pl.lock.Close()
 	p.pool = nil
 }
+
+// HasNS reports whether p holds a mount namespace of the workspace ref.
+func HasNS(p *Provider, ref string) bool {
+	p.ns.mu.Lock()
+	defer p.ns.mu.Unlock()
+	return p.ns.m[ref] != nil
+}

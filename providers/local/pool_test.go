@@ -120,6 +120,14 @@ func TestPoolTake(t *testing.T) {
 	if st := p.PoolStats(); st.Taken != 2 {
 		t.Errorf("pool stats %+v; want 2 taken", st)
 	}
+	// Its mount namespace is made with the take, not by its first exec.
+	deadline := time.Now().Add(time.Minute)
+	for !local.HasNS(p, a.Ref) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no mount namespace of a taken workspace before its first exec")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	show := func(sb providers.Sandbox) (env, uid string) {
 		res := providertest.Exec(t, p, sb, "sh", "-c", `echo "$TENANT_SECRET"; ls /workspace`)
 		if res.ExitCode != 0 {
