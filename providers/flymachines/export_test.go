@@ -3,7 +3,5 @@ package flymachines
 // PauseRefill stops p's pool from making Machines, so that a test sees
 // only the calls of its creates.
 func PauseRefill(p *Provider) {
-	p.pool.mu.Lock()
-	defer p.pool.mu.Unlock()
-	p.pool.paused = true
+	p.pool.Pause()
 }

@@ -7,12 +7,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate"
-	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/warmpool"
 )
 
 // Warm Machines (Config.Pool): a pooled Machine is created with
@@ -38,33 +38,13 @@ const (
 	// poolLifetime bounds a pooled Machine's keeper should it ever be
 	// started without a take; the take replaces it.
 	poolLifetime = 24 * time.Hour
-	// poolRetry is how long the refill waits after a failed create.
-	poolRetry = 5 * time.Second
 )
 
-// pool is a Provider's warm Machines.
+// pool is a Provider's warm Machines, by id.
 type pool struct {
-	cfg   providers.PoolConfig
+	*warmpool.Pool[string]
 	owner string
-	kick  chan struct{}
-	done  chan struct{} // closed when the refill has ended
-	ctx   context.Context
-	stop  context.CancelFunc
-	once  sync.Once
-
-	mu      sync.Mutex
-	ready   map[poolKey][]pooled
-	seconds float64 // of pooled Machines gone
-	taken   int64
-	n       int  // pooled Machines made, for their names
-	paused  bool // tests hold the refill
-}
-
-type poolKey struct{ size, image string }
-
-type pooled struct {
-	id   string
-	made time.Time
+	n     atomic.Int64 // pooled Machines made, for their names
 }
 
 // startPool makes the Provider's pool and starts its refill; nothing
@@ -75,68 +55,15 @@ func (p *Provider) startPool() {
 	}
 	var b [6]byte
 	rand.Read(b[:])
-	pl := &pool{cfg: p.cfg.Pool, owner: hex.EncodeToString(b[:]), kick: make(chan struct{}, 1),
-		done: make(chan struct{}), ready: map[poolKey][]pooled{}}
-	pl.ctx, pl.stop = context.WithCancel(context.Background())
-	p.pool = pl
-	go p.refill()
-}
-
-// refill keeps the pool full, one Machine at a time, until Close.
-func (p *Provider) refill() {
-	pl := p.pool
-	defer close(pl.done)
-	for {
-		key, ok := pl.want(p.cfg.DefaultImage)
-		if !ok {
-			select {
-			case <-pl.ctx.Done():
-				return
-			case <-pl.kick:
-			}
-			continue
-		}
-		id, err := p.makePooled(pl.ctx, key)
-		if err != nil {
-			if pl.ctx.Err() != nil {
-				return
-			}
-			p.log.Warn("pooled machine not made", "size", key.size, sandgate.KeyError, err)
-			if tick.Sleep(pl.ctx, poolRetry) != nil {
-				return
-			}
-			continue
-		}
-		pl.mu.Lock()
-		pl.ready[key] = append(pl.ready[key], pooled{id: id, made: p.clock.Now()})
-		pl.mu.Unlock()
-	}
-}
-
-// want returns a (size, image) below its count.
-func (pl *pool) want(defImage string) (poolKey, bool) {
-	pl.mu.Lock()
-	defer pl.mu.Unlock()
-	if pl.paused {
-		return poolKey{}, false
-	}
-	for _, e := range pl.cfg.Per {
-		k := poolKey{e.Size, cmp.Or(e.Image, defImage)}
-		if len(pl.ready[k]) < e.Count {
-			return k, true
-		}
-	}
-	return poolKey{}, false
+	p.pool = &pool{owner: hex.EncodeToString(b[:])}
+	p.pool.Pool = warmpool.Start(p.cfg.Pool, p.cfg.DefaultImage, p.clock, p.log, p.makePooled)
 }
 
 // makePooled creates one pooled Machine of key, not launched.
-func (p *Provider) makePooled(ctx context.Context, key poolKey) (string, error) {
-	size, _ := sandgate.LookupSize(key.size) // Pool.Validate checked it
-	p.pool.mu.Lock()
-	p.pool.n++
-	name := fmt.Sprintf("pool-%s-%d", p.pool.owner, p.pool.n)
-	p.pool.mu.Unlock()
-	spec := providers.CreateSpec{WorkspaceID: name, Size: size, Image: key.image, ExpiresAt: p.clock.Now().Add(poolLifetime)}
+func (p *Provider) makePooled(ctx context.Context, key warmpool.Key) (string, error) {
+	size, _ := sandgate.LookupSize(key.Size) // Pool.Validate checked it
+	name := fmt.Sprintf("pool-%s-%d", p.pool.owner, p.pool.n.Add(1))
+	spec := providers.CreateSpec{WorkspaceID: name, Size: size, Image: key.Image, ExpiresAt: p.clock.Now().Add(poolLifetime)}
 	cfg, err := p.MachineConfig(spec, p.clock.Now(), "")
 	if err != nil {
 		return "", err
@@ -162,48 +89,32 @@ func (p *Provider) makePooled(ctx context.Context, key poolKey) (string, error) 
 // when none is ready or it could not be started (it is destroyed then, and
 // Create creates one as without a pool).
 func (p *Provider) takePooled(ctx context.Context, spec providers.CreateSpec, cfg MachineConfig) (m Machine, ok bool) {
-	pl := p.pool
-	if pl == nil {
+	if p.pool == nil {
 		return Machine{}, false
 	}
-	if std, known := sandgate.LookupSize(spec.Size.Name); !known || std.CPUCores != spec.Size.CPUCores || std.MemoryMiB != spec.Size.MemoryMiB {
+	id, ok := p.pool.Take(spec.Size, spec.Image)
+	if !ok {
 		return Machine{}, false
-	}
-	key := poolKey{spec.Size.Name, cmp.Or(spec.Image, p.cfg.DefaultImage)}
-	pl.mu.Lock()
-	ws := pl.ready[key]
-	if len(ws) == 0 {
-		pl.mu.Unlock()
-		return Machine{}, false
-	}
-	w := ws[0] // the oldest
-	pl.ready[key] = ws[1:]
-	pl.taken++
-	pl.seconds += p.clock.Now().Sub(w.made).Seconds()
-	pl.mu.Unlock()
-	select {
-	case pl.kick <- struct{}{}:
-	default:
 	}
 	err := func() error {
 		// Region is immutable and left out; the body carries the agent.
 		cctx, cancel := context.WithTimeout(ctx, max(p.cfg.Timeout, createTimeout))
-		err := p.c.do(cctx, "update machine", http.MethodPost, p.machinePath(w.id), nil, CreateMachineRequest{Config: cfg, SkipServiceRegistration: true}, &m, maxBody)
+		err := p.c.do(cctx, "update machine", http.MethodPost, p.machinePath(id), nil, CreateMachineRequest{Config: cfg, SkipServiceRegistration: true}, &m, maxBody)
 		cancel()
 		if err != nil {
 			return err
 		}
 		cctx, cancel = p.callCtx(ctx)
-		err = p.c.do(cctx, "start machine", http.MethodPost, p.machinePath(w.id)+"/start", nil, nil, nil, maxBody)
+		err = p.c.do(cctx, "start machine", http.MethodPost, p.machinePath(id)+"/start", nil, nil, nil, maxBody)
 		cancel()
 		if err != nil {
 			return err
 		}
-		m.ID = cmp.Or(m.ID, w.id)
+		m.ID = cmp.Or(m.ID, id)
 		return p.waitStarted(ctx, m)
 	}()
 	if err != nil {
-		p.destroy(context.WithoutCancel(ctx), w.id)
+		p.destroy(context.WithoutCancel(ctx), id)
 		p.log.Warn("pooled machine not started; creating one", sandgate.WorkspaceAttr(spec.WorkspaceID), sandgate.KeyError, err)
 		return Machine{}, false
 	}
@@ -212,26 +123,14 @@ func (p *Provider) takePooled(ctx context.Context, spec providers.CreateSpec, cf
 
 // closePool stops the refill and destroys the pooled Machines.
 func (p *Provider) closePool() {
-	pl := p.pool
-	if pl == nil {
+	if p.pool == nil {
 		return
 	}
-	pl.once.Do(func() {
-		pl.stop()
-		<-pl.done
-		pl.mu.Lock()
-		defer pl.mu.Unlock()
-		now := p.clock.Now()
-		for k, ws := range pl.ready {
-			for _, w := range ws {
-				pl.seconds += now.Sub(w.made).Seconds()
-				ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout)
-				if err := p.destroy(ctx, w.id); err != nil {
-					p.log.Warn("pooled machine not destroyed; the reaper will", sandgate.KeyError, err)
-				}
-				cancel()
-			}
-			delete(pl.ready, k)
+	p.pool.Close(func(id string) {
+		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout)
+		defer cancel()
+		if err := p.destroy(ctx, id); err != nil {
+			p.log.Warn("pooled machine not destroyed; the reaper will", sandgate.KeyError, err)
 		}
 	})
 }
@@ -244,23 +143,10 @@ func (p *Provider) ownPooled(md map[string]string) bool {
 
 // PoolStats implements providers.Pooler.
 func (p *Provider) PoolStats() providers.PoolStats {
-	var st providers.PoolStats
-	pl := p.pool
-	if pl == nil {
-		return st
+	if p.pool == nil {
+		return providers.PoolStats{}
 	}
-	now := p.clock.Now()
-	pl.mu.Lock()
-	defer pl.mu.Unlock()
-	st.Seconds, st.Taken = pl.seconds, pl.taken
-	for _, e := range pl.cfg.Per {
-		k := poolKey{e.Size, cmp.Or(e.Image, p.cfg.DefaultImage)}
-		for _, w := range pl.ready[k] {
-			st.Seconds += now.Sub(w.made).Seconds()
-		}
-		st.Ready = append(st.Ready, providers.PoolReady{Size: k.size, Image: k.image, Ready: len(pl.ready[k])})
-	}
-	return st
+	return p.pool.Stats()
 }
 
 // Interface guards

@@ -125,10 +125,8 @@ func PooledDirs(p *Provider) []string {
 // AbandonPool leaves p's warm workspaces behind as a broker that crashed
 // would: its refill stops and its owner lock is let go, nothing removed.
 func AbandonPool(p *Provider) {
-	pl := p.pool
-	pl.stop()
-	<-pl.done
-	pl.lock.Close()
+	p.pool.Abandon()
+	p.pool.lock.Close()
 	p.pool = nil
 }
 

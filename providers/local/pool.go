@@ -1,7 +1,6 @@
 package local
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,11 +9,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/warmpool"
 )
 
 // Warm workspaces (Config.Pool): a pooled workspace is a directory made as
@@ -34,38 +32,20 @@ import (
 // workspaces of every owner whose lock it can take (a broker that crashed
 // or was killed); Close removes its own.
 
-const (
-	poolDir = "pool"
-	// poolRetry is how long the refill waits after a pooled workspace
-	// could not be made (a full disk, say) before it tries again.
-	poolRetry = 5 * time.Second
-)
+const poolDir = "pool"
 
 // pool is a Provider's warm workspaces.
 type pool struct {
-	cfg   providers.PoolConfig
+	*warmpool.Pool[pooled]
 	owner string
 	dir   string   // <DataDir>/pool/<owner>
 	lock  *os.File // flock'ed: this owner lives
-	kick  chan struct{}
-	done  chan struct{} // closed when the refill has ended
-	ctx   context.Context
-	stop  context.CancelFunc
-	once  sync.Once
-
-	mu      sync.Mutex
-	ready   map[poolKey][]pooled
-	seconds float64 // of pooled workspaces gone
-	taken   int64
 }
-
-type poolKey struct{ size, image string }
 
 // pooled is one ready workspace of the pool.
 type pooled struct {
-	id   string
-	rec  record // size, uid and disk
-	made time.Time
+	id  string
+	rec record // size, uid and disk
 }
 
 // claim is what the uid claim of the pooled workspace id holds.
@@ -94,64 +74,15 @@ func (p *Provider) startPool() error {
 		lock.Close()
 		return fmt.Errorf("local: pool: %w", scrub(err))
 	}
-	pl := &pool{cfg: p.cfg.Pool, owner: owner, dir: dir, lock: lock,
-		kick: make(chan struct{}, 1), done: make(chan struct{}), ready: map[poolKey][]pooled{}}
-	pl.ctx, pl.stop = context.WithCancel(context.Background())
-	p.pool = pl
-	go p.refill()
+	p.pool = &pool{owner: owner, dir: dir, lock: lock}
+	p.pool.Pool = warmpool.Start(p.cfg.Pool, Image, p.clock, p.log, p.makePooled)
 	return nil
-}
-
-// refill keeps the pool full, one workspace at a time, until Close.
-func (p *Provider) refill() {
-	pl := p.pool
-	defer close(pl.done)
-	for {
-		key, ok := pl.want()
-		if !ok {
-			select {
-			case <-pl.ctx.Done():
-				return
-			case <-pl.kick:
-			}
-			continue
-		}
-		w, err := p.makePooled(pl.ctx, key)
-		if err != nil {
-			if pl.ctx.Err() != nil {
-				return
-			}
-			p.log.Warn("pooled workspace not made", "size", key.size, sandgate.KeyError, err)
-			select {
-			case <-pl.ctx.Done():
-				return
-			case <-time.After(poolRetry):
-			}
-			continue
-		}
-		pl.mu.Lock()
-		pl.ready[key] = append(pl.ready[key], w)
-		pl.mu.Unlock()
-	}
-}
-
-// want returns a (size, image) below its count.
-func (pl *pool) want() (poolKey, bool) {
-	pl.mu.Lock()
-	defer pl.mu.Unlock()
-	for _, e := range pl.cfg.Per {
-		k := poolKey{e.Size, cmp.Or(e.Image, Image)}
-		if len(pl.ready[k]) < e.Count {
-			return k, true
-		}
-	}
-	return poolKey{}, false
 }
 
 // makePooled makes one pooled workspace of key: what Create does up to
 // and including the disk.
-func (p *Provider) makePooled(ctx context.Context, key poolKey) (pooled, error) {
-	size, _ := sandgate.LookupSize(key.size) // Pool.Validate checked it
+func (p *Provider) makePooled(ctx context.Context, key warmpool.Key) (pooled, error) {
+	size, _ := sandgate.LookupSize(key.Size) // Pool.Validate checked it
 	w := pooled{id: randomHex(), rec: record{CPUCores: size.CPUCores, MemoryMiB: size.MemoryMiB, Pids: p.cfg.tier(size).Pids}}
 	l := p.pool.layout(w.id)
 	if err := os.Mkdir(string(l), 0o700); err != nil {
@@ -170,7 +101,6 @@ func (p *Provider) makePooled(ctx context.Context, key poolKey) (pooled, error) 
 		removeAll(string(l))
 		return pooled{}, scrub(err)
 	}
-	w.made = p.clock.Now()
 	return w, nil
 }
 
@@ -181,24 +111,9 @@ func (p *Provider) takePooled(ctx context.Context, spec providers.CreateSpec, sb
 	if pl == nil {
 		return false, nil
 	}
-	if std, known := sandgate.LookupSize(spec.Size.Name); !known || std.CPUCores != spec.Size.CPUCores || std.MemoryMiB != spec.Size.MemoryMiB {
+	w, ok := pl.Take(spec.Size, spec.Image)
+	if !ok {
 		return false, nil
-	}
-	key := poolKey{spec.Size.Name, cmp.Or(spec.Image, Image)}
-	pl.mu.Lock()
-	ws := pl.ready[key]
-	if len(ws) == 0 {
-		pl.mu.Unlock()
-		return false, nil
-	}
-	w := ws[0] // the oldest
-	pl.ready[key] = ws[1:]
-	pl.taken++
-	pl.seconds += p.clock.Now().Sub(w.made).Seconds()
-	pl.mu.Unlock()
-	select {
-	case pl.kick <- struct{}{}:
-	default:
 	}
 
 	ref := sb.Ref
@@ -299,27 +214,13 @@ func (p *Provider) pooledClaim(name string) bool {
 
 // closePool stops the refill and removes the pooled workspaces.
 func (p *Provider) closePool() {
-	pl := p.pool
-	if pl == nil {
+	if p.pool == nil {
 		return
 	}
-	pl.once.Do(func() {
-		pl.stop()
-		<-pl.done
-		pl.mu.Lock()
-		now := p.clock.Now()
-		for k, ws := range pl.ready {
-			for _, w := range ws {
-				pl.seconds += now.Sub(w.made).Seconds()
-				p.dropPooled(w)
-			}
-			delete(pl.ready, k)
-		}
-		pl.mu.Unlock()
-		removeAll(pl.dir)
-		os.Remove(pl.lock.Name())
-		pl.lock.Close()
-	})
+	p.pool.Close(p.dropPooled)
+	removeAll(p.pool.dir)
+	os.Remove(p.pool.lock.Name())
+	p.pool.lock.Close()
 }
 
 // reclaimPool removes the pooled workspaces of owners that are gone: their
@@ -352,23 +253,10 @@ func (p *Provider) reclaimPool() {
 
 // PoolStats implements providers.Pooler.
 func (p *Provider) PoolStats() providers.PoolStats {
-	var st providers.PoolStats
-	pl := p.pool
-	if pl == nil {
-		return st
+	if p.pool == nil {
+		return providers.PoolStats{}
 	}
-	now := p.clock.Now()
-	pl.mu.Lock()
-	defer pl.mu.Unlock()
-	st.Seconds, st.Taken = pl.seconds, pl.taken
-	for _, e := range pl.cfg.Per {
-		k := poolKey{e.Size, cmp.Or(e.Image, Image)}
-		for _, w := range pl.ready[k] {
-			st.Seconds += now.Sub(w.made).Seconds()
-		}
-		st.Ready = append(st.Ready, providers.PoolReady{Size: k.size, Image: k.image, Ready: len(pl.ready[k])})
-	}
-	return st
+	return p.pool.Stats()
 }
 
 // Interface guards

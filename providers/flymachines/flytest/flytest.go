@@ -572,12 +572,12 @@ func decodeMachineRequest(r *http.Request) (req createMachineRequest, cfg Machin
 // stays as it is until a start. A running Machine's update would reboot
 // it, which the fake does not model: 412.
 func (s *Server) updateMachine(_ http.ResponseWriter, r *http.Request) (int, any) {
-	m, st, b := s.machine(r)
-	if m == nil {
-		return st, b
-	}
 	req, cfg, st, b := decodeMachineRequest(r)
 	if st != 0 {
+		return st, b
+	}
+	m, st, b := s.machine(r)
+	if m == nil {
 		return st, b
 	}
 	s.mu.Lock()
