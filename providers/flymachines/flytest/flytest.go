@@ -599,17 +599,23 @@ func (s *Server) startMachine(_ http.ResponseWriter, r *http.Request) (int, any)
 	if m == nil {
 		return st, b
 	}
+	if state, ok := s.launch(m); !ok {
+		return errAnswer(http.StatusPreconditionFailed, "", "failed_precondition: machine is "+state)
+	}
+	return http.StatusOK, map[string]any{"previous_state": "created"}
+}
+
+// launch boots m if it has never started; otherwise it reports m's state.
+func (s *Server) launch(m *Machine) (state string, ok bool) {
 	s.mu.Lock()
-	prev := m.State
-	if prev != "created" {
-		s.mu.Unlock()
-		return errAnswer(http.StatusPreconditionFailed, "", "failed_precondition: machine is "+prev)
+	defer s.mu.Unlock()
+	if m.State != "created" {
+		return m.State, false
 	}
 	m.State = "starting"
-	s.mu.Unlock()
 	s.wg.Add(1)
 	go s.run(m)
-	return http.StatusOK, map[string]any{"previous_state": prev}
+	return "", true
 }
 
 func cmpOr(a, b string) string {
