@@ -195,6 +195,8 @@ func checkMetrics(t *testing.T, adminURL string) {
 		"sandgate_reaper_passes_total":            "COUNTER",
 		"sandgate_billing_held_micros_total":      "COUNTER",
 		"sandgate_billing_settled_micros_total":   "COUNTER",
+		"sandgate_pool_seconds_total":             "COUNTER", // 0: the local provider can pool, none configured
+		"sandgate_pool_taken_total":               "COUNTER",
 	}
 	for name, typ := range want {
 		f, ok := fams[name]

@@ -205,6 +205,11 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	if b.provs, err = telemetry.Providers(b.rawProvs, tp, meter); err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
+	// Warm pools' sizes and cost (telemetry.Pools), read from the
+	// providers as opened.
+	if err := telemetry.Pools(b.rawProvs, meter); err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
 
 	// The one wiring place: everything below is built once and shared.
 	// Every script that admits work or moves money waits for the

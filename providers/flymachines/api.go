@@ -22,6 +22,8 @@ type CreateMachineRequest struct {
 	Config                  MachineConfig `json:"config"`
 	Region                  string        `json:"region,omitempty"`
 	SkipServiceRegistration bool          `json:"skip_service_registration,omitempty"`
+	// SkipLaunch creates the Machine without booting it (a warm one).
+	SkipLaunch bool `json:"skip_launch,omitempty"`
 }
 
 // MachineConfig is a Machine's config (§1.3).

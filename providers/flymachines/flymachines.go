@@ -72,6 +72,9 @@ type Settings struct {
 	DefaultImage string        `yaml:"default_image"` // "" means DefaultImage
 	TokenEnv     string        `yaml:"token_env"`     // "" means FLY_API_TOKEN
 	Timeout      time.Duration `yaml:"timeout"`       // 0 means 30s per vendor call
+	// Pool keeps Machines created but never started, per size and image,
+	// for creates to start (pool.go); the zero value keeps none.
+	Pool providers.PoolConfig `yaml:"pool"`
 }
 
 // Config configures New. A zero field means the default noted beside it.
@@ -90,6 +93,8 @@ type Config struct {
 	DirectExecMax time.Duration
 	// StartTimeout bounds the wait for a new Machine to start; 0 means 5m.
 	StartTimeout time.Duration
+	// Pool keeps warm Machines (pool.go); the zero value keeps none.
+	Pool providers.PoolConfig
 	// BlobDir holds the snapshot blobs; "" means DATA_DIR/blobs.
 	BlobDir string
 	// Transport carries the requests; nil means a clone of
@@ -125,6 +130,9 @@ func (c *Config) Validate() error {
 	case c.BlobDir == "":
 		return errors.New("flymachines: no data directory for the snapshot blobs")
 	}
+	if err := c.Pool.Validate(); err != nil {
+		return fmt.Errorf("flymachines: %w", err)
+	}
 	u, err := url.Parse(c.BaseURL)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 		return errors.New("flymachines: the base URL must be an http(s) URL")
@@ -146,6 +154,7 @@ func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (p
 			Region:       cmp.Or(s.Region, getenv(EnvRegion)),
 			DefaultImage: s.DefaultImage,
 			Timeout:      s.Timeout,
+			Pool:         s.Pool,
 		}
 		if c.Token == "" {
 			return nil, fmt.Errorf("flymachines: %s is not set", tokenEnv)
@@ -170,6 +179,7 @@ type Provider struct {
 	runner   *runner.Runner
 	snap     *execsnap.Snapshotter
 	http     *http.Client
+	pool     *pool // nil: no warm Machines (pool.go)
 }
 
 // New returns a provider over the app c.App: it creates the app in c.Org
@@ -213,6 +223,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.http.CloseIdleConnections()
 		return nil, err
 	}
+	p.startPool()
 	return p, nil
 }
 
@@ -456,6 +467,9 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ pro
 	if err != nil {
 		return providers.Sandbox{}, err
 	}
+	if m, ok := p.takePooled(ctx, spec, cfg); ok {
+		return p.created(spec, m, cfg, cred), nil
+	}
 	req := CreateMachineRequest{Config: cfg, Region: p.cfg.Region, SkipServiceRegistration: true}
 	var m Machine
 	// The request and its answer carry the agent (config.files, some
@@ -479,11 +493,16 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ pro
 		p.destroy(context.WithoutCancel(ctx), m.ID)
 		return providers.Sandbox{}, fmt.Errorf("flymachines: create: %w", err)
 	}
+	return p.created(spec, m, cfg, cred), nil
+}
+
+// created is the sandbox of spec's Machine m, started with cfg.
+func (p *Provider) created(spec providers.CreateSpec, m Machine, cfg MachineConfig, cred string) providers.Sandbox {
 	sb := providers.Sandbox{Ref: m.ID, Labels: p.labels(spec), StartedAt: p.clock.Now()}
 	p.jails.put(m.ID, jailOf{env: maps.Clone(cfg.Env), egress: cred != ""})
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(spec.WorkspaceID), sandgate.InstanceAttr(spec.InstanceID),
 		"fly_cpus", cfg.Guest.CPUs, "fly_memory_mb", cfg.Guest.MemoryMB, "env_count", len(cfg.Env))
-	return sb, nil
+	return sb
 }
 
 // goneStates are the states of a Machine that will never run a command
@@ -651,6 +670,9 @@ func (p *Provider) ListBroker(ctx context.Context, id string) ([]providers.Sandb
 	out := make([]providers.Sandbox, 0, len(ms))
 	for _, m := range ms {
 		md := m.metadata()
+		if p.ownPooled(md) {
+			continue // warm, not a workspace; a gone Provider's are orphans to reap
+		}
 		sb := providers.Sandbox{Ref: m.ID, Labels: map[string]string{
 			providers.LabelBroker:    md[providers.LabelBroker],
 			providers.LabelWorkspace: md[providers.LabelWorkspace],
@@ -764,6 +786,7 @@ func (p *Provider) Capabilities() providers.Capabilities {
 // Close releases idle connections. Machines keep running until their
 // lifetime ends or the broker terminates them.
 func (p *Provider) Close() error {
+	p.closePool()
 	p.http.CloseIdleConnections()
 	return nil
 }

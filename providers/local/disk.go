@@ -224,13 +224,15 @@ func (r *releases) pending(trash string, now time.Time) bool {
 	return pending
 }
 
-// committed is what the images of this data directory may still grow by.
+// committed is what the images of this data directory, warm workspaces'
+// included, may still grow by.
 func (p *Provider) committed() int64 {
-	entries, _ := os.ReadDir(filepath.Join(p.dataDir, workspacesDir))
+	images, _ := filepath.Glob(filepath.Join(p.dataDir, workspacesDir, "*", diskImage))
+	pooled, _ := filepath.Glob(filepath.Join(p.dataDir, poolDir, "*", "*", diskImage))
 	var n int64
-	for _, e := range entries {
+	for _, img := range append(images, pooled...) {
 		var st syscall.Stat_t
-		if syscall.Stat(filepath.Join(p.dataDir, workspacesDir, e.Name(), diskImage), &st) != nil {
+		if syscall.Stat(img, &st) != nil {
 			continue
 		}
 		if left := st.Size - st.Blocks*512; left > 0 {

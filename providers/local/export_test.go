@@ -111,3 +111,28 @@ func JoinsItself(p *Provider) bool { return p.cg.joinsItself() }
 
 // SetAfterUIDClaim makes Create call f right after it claimed its uid.
 func SetAfterUIDClaim(c *Config, f func()) { c.afterUIDClaim = f }
+
+// SetOnMkfs makes New's Provider call f after each disk image it makes.
+func SetOnMkfs(c *Config, f func()) { c.onMkfs = f }
+
+// PooledDirs returns the directories of the data directory's warm
+// workspaces, of every owner.
+func PooledDirs(p *Provider) []string {
+	dirs, _ := filepath.Glob(filepath.Join(p.dataDir, poolDir, "*", "*"))
+	return dirs
+}
+
+// AbandonPool leaves p's warm workspaces behind as a broker that crashed
+// would: its refill stops and its owner lock is let go, nothing removed.
+func AbandonPool(p *Provider) {
+	p.pool.Abandon()
+	p.pool.lock.Close()
+	p.pool = nil
+}
+
+// HasNS reports whether p holds a mount namespace of the workspace ref.
+func HasNS(p *Provider, ref string) bool {
+	p.ns.mu.Lock()
+	defer p.ns.mu.Unlock()
+	return p.ns.m[ref] != nil
+}

@@ -117,6 +117,10 @@ type Config struct {
 	// setting: the broker never sets it; it is for the fake vendors
 	// (flytest, spritetest) whose guests stand for Firecracker VMs.
 	GuestVM bool `yaml:"-"`
+	// Pool keeps warm workspaces of some sizes, ready before any create
+	// asks (pool.go); the zero value keeps none. Its image is [Image] or "".
+	Pool providers.PoolConfig `yaml:"pool"`
+
 	// Egress serves each workspace's egress proxy listener; nil means no
 	// egress. Not a config setting: cmd/sandgate passes the broker's proxy.
 	Egress Egress `yaml:"-"`
@@ -128,6 +132,9 @@ type Config struct {
 	// afterUIDClaim, when set, runs in Create right after the uid claim:
 	// tests end a create there as a kill would.
 	afterUIDClaim func()
+	// onMkfs, when set, runs after each disk image is made: tests count
+	// them.
+	onMkfs func()
 }
 
 // Egress is the broker's egress proxy as the local provider uses it:
@@ -194,6 +201,7 @@ type Provider struct {
 	supMu     sync.Mutex // serialises ensureSupervisor
 
 	released releases // images in the trash seen bound (admitDisk)
+	pool     *pool    // nil: no warm workspaces (pool.go)
 
 	placeMu sync.Mutex
 	placed  map[string][]int // ref → the CPUs of each live workspace (placement.go)
@@ -257,6 +265,14 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if c.UIDCount < 2 || c.UIDBase+c.UIDCount > 1<<31 || (c.UIDBase <= 65534 && 65534 < c.UIDBase+c.UIDCount) {
 		return nil, errors.New("local: uid_base and uid_count must name at least 2 uids, below 2^31, apart from nobody (65534)")
 	}
+	if err := c.Pool.Validate(); err != nil {
+		return nil, fmt.Errorf("local: %w", err)
+	}
+	for _, e := range c.Pool.Per {
+		if e.Image != "" && e.Image != Image {
+			return nil, errors.New("local: pool: unknown image; the only image is " + Image)
+		}
+	}
 	stageDir, err := findStageDir(c.StageDir)
 	if err != nil {
 		return nil, err
@@ -316,7 +332,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.log.Warn("WORKSPACE LIMIT NOT ENFORCED: one workspace can take this host down for all", "problem", pr)
 	}
 	p.cg = cg
-	for _, d := range []string{workspacesDir, trashDir, snapshotsDir, uidsDir, deadlinesDir} {
+	for _, d := range []string{workspacesDir, trashDir, snapshotsDir, uidsDir, deadlinesDir, poolDir} {
 		if err := os.MkdirAll(filepath.Join(dataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("local: data directory: %w", scrub(err))
 		}
@@ -345,6 +361,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	p.disk = disk
 	p.emptyTrash()
 	p.sweepCgroups()
+	p.reclaimPool()
 	p.sweepUIDs()
 	p.sweepSnapshotTemps()
 	if err := p.probe(ctx); err != nil {
@@ -366,6 +383,10 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.log.Warn("no CPU usage accounting (cgroup cpuacct): a workspace that keeps its cores busy keeps its full CPU weight")
 	}
 	p.reopen()
+	if err := p.startPool(); err != nil {
+		p.Close()
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -534,13 +555,6 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		return providers.Sandbox{}, err
 	}
 
-	l := p.layout(ref)
-	if err := os.Mkdir(string(l), 0o700); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return providers.Sandbox{}, errors.New("local: create: workspace already exists")
-		}
-		return providers.Sandbox{}, fmt.Errorf("local: create: %w", scrub(err))
-	}
 	sb := providers.Sandbox{
 		Ref: ref,
 		Labels: map[string]string{
@@ -554,16 +568,25 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	if env == nil {
 		env = map[string]string{}
 	}
+	if ok, err := p.takePooled(ctx, spec, sb, env); ok {
+		if err != nil {
+			return providers.Sandbox{}, err
+		}
+		return sb, nil
+	}
+
+	l := p.layout(ref)
+	if err := os.Mkdir(string(l), 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return providers.Sandbox{}, errors.New("local: create: workspace already exists")
+		}
+		return providers.Sandbox{}, fmt.Errorf("local: create: %w", scrub(err))
+	}
 	rec := record{
 		CPUCores:  spec.Size.CPUCores,
 		MemoryMiB: spec.Size.MemoryMiB,
 		Pids:      p.cfg.tier(spec.Size).Pids,
 		StartedAt: sb.StartedAt,
-		ExpiresAt: spec.ExpiresAt,
-		Account:   spec.AccountID,
-	}
-	if len(spec.Egress.AllowedDomains) > 0 {
-		rec.AllowedDomains = slices.Clone(spec.Egress.AllowedDomains)
 	}
 	for _, step := range []func() error{
 		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
@@ -577,30 +600,56 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			return err
 		},
 		func() error { return p.makeDisk(ctx, l, &rec, spec.Size) }, // or, without a disk quota, the directories
-		func() error { return p.limit(ref, rec) },
-		func() error { return writeJSON(l.env(), env, 0o600) },
-		func() error { return p.serveEgress(ref, l, rec) },
-		func() error { rec.CPUs = p.placeCPUs(ref, rec.CPUCores); return nil },
-		func() error { return writeJSON(l.sandbox(), rec, 0o644) }, // marks the workspace ready
-		func() error { return p.supervise(ref, spec.ExpiresAt) },   // the hard lifetime, without any broker
+		func() error { return p.finishCreate(ctx, spec, l, &rec, env) },
 	} {
 		if err := step(); err != nil {
-			p.unplace(ref)
-			p.stopEgress(ref)
-			p.removeDeadline(ref)
-			p.cg.remove(ref)
-			p.releaseUID(ref, rec.UID)
-			removeAll(string(l))
-			if errors.Is(err, providers.ErrNoCapacity) {
-				return providers.Sandbox{}, err
-			}
-			return providers.Sandbox{}, fmt.Errorf("local: create: %w", scrub(err))
+			return providers.Sandbox{}, p.undoCreate(ref, l, rec.UID, err)
 		}
 	}
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(ref), sandgate.InstanceAttr(spec.InstanceID),
 		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env),
 		"egress_domains", len(rec.AllowedDomains))
 	return sb, nil
+}
+
+// finishCreate does what a create does once the workspace at l has its
+// labels, uid and disk (rec): its own lifetime, account, egress, cgroups,
+// env, CPUs and record, which marks it ready, and its deadline. A pooled
+// workspace gets all of it at take time (takePooled).
+func (p *Provider) finishCreate(ctx context.Context, spec providers.CreateSpec, l layout, rec *record, env map[string]string) error {
+	ref := spec.WorkspaceID
+	rec.ExpiresAt, rec.Account = spec.ExpiresAt, spec.AccountID
+	if len(spec.Egress.AllowedDomains) > 0 {
+		rec.AllowedDomains = slices.Clone(spec.Egress.AllowedDomains)
+	}
+	for _, step := range []func() error{
+		func() error { return p.limit(ref, *rec) },
+		func() error { return writeJSON(l.env(), env, 0o600) },
+		func() error { return p.serveEgress(ref, l, *rec) },
+		func() error { rec.CPUs = p.placeCPUs(ref, rec.CPUCores); return nil },
+		func() error { return writeJSON(l.sandbox(), *rec, 0o644) }, // marks the workspace ready
+		func() error { return p.supervise(ref, spec.ExpiresAt) },    // the hard lifetime, without any broker
+	} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// undoCreate removes what a create that failed with err made of the
+// workspace ref at l, and returns err as Create reports it.
+func (p *Provider) undoCreate(ref string, l layout, uid int, err error) error {
+	p.unplace(ref)
+	p.stopEgress(ref)
+	p.removeDeadline(ref)
+	p.cg.remove(ref)
+	p.releaseUID(ref, uid)
+	removeAll(string(l))
+	if errors.Is(err, providers.ErrNoCapacity) {
+		return err
+	}
+	return fmt.Errorf("local: create: %w", scrub(err))
 }
 
 // checkEnv refuses what a process environment cannot hold. The gateway
@@ -833,6 +882,9 @@ func (p *Provider) makeDisk(ctx context.Context, l layout, rec *record, size san
 	if err := p.disk.create(ctx, l, mib, rec.UID); err != nil {
 		return err
 	}
+	if p.cfg.onMkfs != nil {
+		p.cfg.onMkfs()
+	}
 	rec.DiskMiB = mib
 	return nil
 }
@@ -1013,6 +1065,7 @@ func (p *Provider) Close() error {
 			p.hostNS.Close()
 		}
 	})
+	p.closePool()
 	p.ns.sweep(time.Time{})
 	p.egressStop()
 	p.egressMu.Lock()

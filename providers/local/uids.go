@@ -47,6 +47,9 @@ func (p *Provider) sweepUIDs() {
 			continue
 		}
 		ref := string(b)
+		if p.pooledClaim(ref) {
+			continue // a warm workspace's (pool.go)
+		}
 		if checkRef(ref) == nil {
 			if _, err := os.Lstat(string(p.layout(ref))); !errors.Is(err, fs.ErrNotExist) {
 				continue // a workspace, or one in the making

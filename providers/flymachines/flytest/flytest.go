@@ -290,6 +290,8 @@ func (s *Server) handler() http.Handler {
 	route("GET /v1/apps/{app}/machines/{id}", s.getMachine)
 	route("DELETE /v1/apps/{app}/machines/{id}", s.destroyMachine)
 	route("GET /v1/apps/{app}/machines/{id}/wait", s.waitMachine)
+	route("POST /v1/apps/{app}/machines/{id}", s.updateMachine)
+	route("POST /v1/apps/{app}/machines/{id}/start", s.startMachine)
 	route("POST /v1/apps/{app}/machines/{id}/stop", s.stopMachine)
 	route("POST /v1/apps/{app}/machines/{id}/exec", s.execMachine)
 	route("POST /v1/apps/{app}/network_policies", s.createPolicy)
@@ -509,34 +511,9 @@ func (s *Server) createMachine(_ http.ResponseWriter, r *http.Request) (int, any
 	if a == nil {
 		return st, b
 	}
-	var req createMachineRequest
-	if err := decodeStrict(r, &req); err != nil {
-		return errAnswer(http.StatusBadRequest, "", "invalid request body: "+err.Error())
-	}
-	var cfg MachineConfig
-	dec := json.NewDecoder(bytes.NewReader(req.Config))
-	dec.DisallowUnknownFields()
-	if len(req.Config) == 0 || dec.Decode(&cfg) != nil {
-		return errAnswer(http.StatusBadRequest, "", "invalid config")
-	}
-	if cfg.Image == "" {
-		return errAnswer(http.StatusUnprocessableEntity, "", "config.image is required")
-	}
-	if msg := checkFiles(cfg.Files); msg != "" {
-		return errAnswer(http.StatusBadRequest, "invalid_argument", "invalid_argument: "+msg)
-	}
-	g := Guest{CPUKind: "shared", CPUs: 1, MemoryMB: 256}
-	if cfg.Guest != nil {
-		g = *cfg.Guest
-	}
-	lo, hi := 256, 2048
-	if g.CPUKind == "performance" {
-		lo, hi = 2048, 8192
-	} else if g.CPUKind != "shared" {
-		return errAnswer(http.StatusUnprocessableEntity, "", "unknown cpu_kind")
-	}
-	if g.CPUs < 1 || g.MemoryMB < lo*g.CPUs || g.MemoryMB > hi*g.CPUs || (g.CPUKind == "shared" && g.CPUs > 8) {
-		return errAnswer(http.StatusUnprocessableEntity, "", "invalid guest: memory out of range for its cpus")
+	req, cfg, st, b := decodeMachineRequest(r)
+	if st != 0 {
+		return st, b
 	}
 	now := time.Now()
 	m := &Machine{ID: randomID(), App: a.name, State: "created", InstanceID: strings.ToUpper(randomID() + randomID())[:26],
@@ -550,6 +527,95 @@ func (s *Server) createMachine(_ http.ResponseWriter, r *http.Request) (int, any
 		go s.run(m)
 	}
 	return http.StatusOK, s.view(m)
+}
+
+// decodeMachineRequest decodes and checks a create or update body; a
+// non-zero status is the refusal to answer.
+func decodeMachineRequest(r *http.Request) (req createMachineRequest, cfg MachineConfig, status int, body any) {
+	if err := decodeStrict(r, &req); err != nil {
+		status, body = errAnswer(http.StatusBadRequest, "", "invalid request body: "+err.Error())
+		return
+	}
+	dec := json.NewDecoder(bytes.NewReader(req.Config))
+	dec.DisallowUnknownFields()
+	if len(req.Config) == 0 || dec.Decode(&cfg) != nil {
+		status, body = errAnswer(http.StatusBadRequest, "", "invalid config")
+		return
+	}
+	if cfg.Image == "" {
+		status, body = errAnswer(http.StatusUnprocessableEntity, "", "config.image is required")
+		return
+	}
+	if msg := checkFiles(cfg.Files); msg != "" {
+		status, body = errAnswer(http.StatusBadRequest, "invalid_argument", "invalid_argument: "+msg)
+		return
+	}
+	g := Guest{CPUKind: "shared", CPUs: 1, MemoryMB: 256}
+	if cfg.Guest != nil {
+		g = *cfg.Guest
+	}
+	lo, hi := 256, 2048
+	if g.CPUKind == "performance" {
+		lo, hi = 2048, 8192
+	} else if g.CPUKind != "shared" {
+		status, body = errAnswer(http.StatusUnprocessableEntity, "", "unknown cpu_kind")
+		return
+	}
+	if g.CPUs < 1 || g.MemoryMB < lo*g.CPUs || g.MemoryMB > hi*g.CPUs || (g.CPUKind == "shared" && g.CPUs > 8) {
+		status, body = errAnswer(http.StatusUnprocessableEntity, "", "invalid guest: memory out of range for its cpus")
+	}
+	return
+}
+
+// updateMachine replaces the config of a Machine that is not running
+// (created with skip_launch, or stopped), which gets a new version; it
+// stays as it is until a start. A running Machine's update would reboot
+// it, which the fake does not model: 412.
+func (s *Server) updateMachine(_ http.ResponseWriter, r *http.Request) (int, any) {
+	req, cfg, st, b := decodeMachineRequest(r)
+	if st != 0 {
+		return st, b
+	}
+	m, st, b := s.machine(r)
+	if m == nil {
+		return st, b
+	}
+	s.mu.Lock()
+	if m.State != "created" && m.State != "stopped" {
+		s.mu.Unlock()
+		return errAnswer(http.StatusPreconditionFailed, "", "failed_precondition: the fake updates only a machine that is not running")
+	}
+	m.Config, m.rawConfig = cfg, req.Config
+	m.InstanceID = strings.ToUpper(randomID() + randomID())[:26]
+	m.event("update", m.State, nil)
+	s.mu.Unlock()
+	return http.StatusOK, s.view(m)
+}
+
+// startMachine boots a Machine created with skip_launch; a stopped one
+// has ended for good in this fake (its sandbox is gone): 412.
+func (s *Server) startMachine(_ http.ResponseWriter, r *http.Request) (int, any) {
+	m, st, b := s.machine(r)
+	if m == nil {
+		return st, b
+	}
+	if state, ok := s.launch(m); !ok {
+		return errAnswer(http.StatusPreconditionFailed, "", "failed_precondition: machine is "+state)
+	}
+	return http.StatusOK, map[string]any{"previous_state": "created"}
+}
+
+// launch boots m if it has never started; otherwise it reports m's state.
+func (s *Server) launch(m *Machine) (state string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m.State != "created" {
+		return m.State, false
+	}
+	m.State = "starting"
+	s.wg.Add(1)
+	go s.run(m)
+	return "", true
 }
 
 func cmpOr(a, b string) string {

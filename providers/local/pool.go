@@ -1,0 +1,263 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/warmpool"
+)
+
+// Warm workspaces (Config.Pool): a pooled workspace is a directory made as
+// Create makes one up to its disk, under <DataDir>/pool/<owner>/<id>/: its
+// uid claimed (uids/<uid> names "pool/<owner>/<id>"), its disk image made
+// (mkfs) and owned by that uid, or its directories. It has no labels, env,
+// egress, cgroups, CPUs, deadline or record, and nothing has ever run in it.
+// A Create of its size and image takes it (takePooled): it writes the
+// labels, renames the directory to workspaces/<ref>, gives the uid claim to
+// ref, and then does what Create does after the disk, with the
+// workspace's own spec. A taken workspace is a workspace like any other and
+// never goes back to the pool; the pool refills in the background, one
+// workspace at a time.
+//
+// <owner> is a random name per Provider, held by an flock on
+// pool/<owner>.lock while the Provider lives. New removes the pooled
+// workspaces of every owner whose lock it can take (a broker that crashed
+// or was killed); Close removes its own.
+
+const poolDir = "pool"
+
+// pool is a Provider's warm workspaces.
+type pool struct {
+	*warmpool.Pool[pooled]
+	owner string
+	dir   string   // <DataDir>/pool/<owner>
+	lock  *os.File // flock'ed: this owner lives
+}
+
+// pooled is one ready workspace of the pool.
+type pooled struct {
+	id  string
+	rec record // size, uid and disk
+}
+
+// claim is what the uid claim of the pooled workspace id holds.
+func (pl *pool) claim(id string) string { return poolDir + "/" + pl.owner + "/" + id }
+
+func (pl *pool) layout(id string) layout { return layout(filepath.Join(pl.dir, id)) }
+
+// startPool makes the Provider's pool and starts its refill; nothing when
+// the config has none.
+func (p *Provider) startPool() error {
+	if !p.cfg.Pool.Enabled() {
+		return nil
+	}
+	owner := randomHex()
+	root := filepath.Join(p.dataDir, poolDir)
+	lock, err := os.OpenFile(filepath.Join(root, owner+".lock"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("local: pool: %w", scrub(err))
+	}
+	if err := flock(int(lock.Fd()), lockExclusive|lockNonBlock); err != nil {
+		lock.Close()
+		return fmt.Errorf("local: pool: %w", scrub(err))
+	}
+	dir := filepath.Join(root, owner)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		lock.Close()
+		return fmt.Errorf("local: pool: %w", scrub(err))
+	}
+	p.pool = &pool{owner: owner, dir: dir, lock: lock}
+	p.pool.Pool = warmpool.Start(p.cfg.Pool, Image, p.clock, p.log, p.makePooled)
+	return nil
+}
+
+// makePooled makes one pooled workspace of key: what Create does up to
+// and including the disk.
+func (p *Provider) makePooled(ctx context.Context, key warmpool.Key) (pooled, error) {
+	size, _ := sandgate.LookupSize(key.Size) // Pool.Validate checked it
+	w := pooled{id: randomHex(), rec: record{CPUCores: size.CPUCores, MemoryMiB: size.MemoryMiB, Pids: p.cfg.tier(size).Pids}}
+	l := p.pool.layout(w.id)
+	if err := os.Mkdir(string(l), 0o700); err != nil {
+		return pooled{}, scrub(err)
+	}
+	err := func() (err error) {
+		if p.probeUID > 0 {
+			if w.rec.UID, err = p.claimUID(p.pool.claim(w.id)); err != nil {
+				return err
+			}
+		}
+		return p.makeDisk(ctx, l, &w.rec, size)
+	}()
+	if err != nil {
+		p.releaseUID(p.pool.claim(w.id), w.rec.UID)
+		removeAll(string(l))
+		return pooled{}, scrub(err)
+	}
+	return w, nil
+}
+
+// takePooled is Create from a pooled workspace, when one of spec's size and
+// image is ready; ok is false when none is (Create then makes one).
+func (p *Provider) takePooled(ctx context.Context, spec providers.CreateSpec, sb providers.Sandbox, env map[string]string) (ok bool, err error) {
+	pl := p.pool
+	if pl == nil {
+		return false, nil
+	}
+	w, ok := pl.Take(spec.Size, spec.Image)
+	if !ok {
+		return false, nil
+	}
+
+	ref := sb.Ref
+	src, l := pl.layout(w.id), p.layout(ref)
+	if err := writeJSON(src.labels(), sb.Labels, 0o644); err != nil {
+		p.dropPooled(w)
+		return true, fmt.Errorf("local: create: %w", scrub(err))
+	}
+	if err := renameNoReplace(string(src), string(l)); err != nil {
+		p.dropPooled(w)
+		if errors.Is(err, fs.ErrExist) {
+			return true, errors.New("local: create: workspace already exists")
+		}
+		return true, fmt.Errorf("local: create: %w", scrub(err))
+	}
+	rec := w.rec
+	rec.StartedAt = sb.StartedAt
+	err = p.giveUID(rec.UID, pl.claim(w.id), ref)
+	if err == nil {
+		err = p.finishCreate(ctx, spec, l, &rec, env)
+	}
+	if err != nil {
+		return true, p.undoCreate(ref, l, rec.UID, err)
+	}
+	go p.warmNS(ref, l, rec)
+	p.log.Info("sandbox created", sandgate.WorkspaceAttr(ref), sandgate.InstanceAttr(spec.InstanceID),
+		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env),
+		"egress_domains", len(rec.AllowedDomains), "pooled", true)
+	return true, nil
+}
+
+// warmNS makes the taken workspace's mount namespace (mountns.go) while
+// the create's answer travels, staged exactly as its first exec will ask
+// (exec.go), so that exec joins it instead of mounting the image. A
+// Terminate that came first or meanwhile leaves it nothing: its mark is
+// set before it drops the namespace, and the check below follows the
+// make.
+func (p *Provider) warmNS(ref string, l layout, rec record) {
+	j := p.jobIn(ref, opened{layout: l, rec: rec})
+	j.stageEgress = len(rec.AllowedDomains) > 0
+	o, ok := p.stageOptions(j)
+	if !ok {
+		return
+	}
+	if p.rootTrees {
+		o = p.rootOptions(j, o)
+	}
+	_, release, err := p.ns.acquire(ref, o)
+	if err != nil {
+		return // the first exec stages it and reports why
+	}
+	release()
+	if _, err := os.Stat(string(l)); err != nil || ended(l) {
+		p.ns.drop(ref)
+	}
+}
+
+// giveUID hands the uid claim from one name to another, in one rename.
+func (p *Provider) giveUID(uid int, from, to string) error {
+	if uid <= 0 {
+		return nil
+	}
+	dir := filepath.Join(p.dataDir, uidsDir)
+	name := filepath.Join(dir, strconv.Itoa(uid))
+	if b, err := os.ReadFile(name); err != nil || string(b) != from {
+		return errors.New("the pooled workspace's uid claim is gone")
+	}
+	f, err := os.CreateTemp(dir, ".tmp-") // not a uid: sweepUIDs skips it
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(to)
+	if err = errors.Join(err, f.Close()); err == nil {
+		err = os.Rename(f.Name(), name)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
+// dropPooled removes the pooled workspace w.
+func (p *Provider) dropPooled(w pooled) {
+	p.releaseUID(p.pool.claim(w.id), w.rec.UID)
+	removeAll(string(p.pool.layout(w.id)))
+}
+
+// pooledClaim reports whether the uid claim naming name belongs to a
+// pooled workspace that is still there.
+func (p *Provider) pooledClaim(name string) bool {
+	parts := strings.Split(name, "/")
+	if len(parts) != 3 || parts[0] != poolDir || checkRef(parts[1]) != nil || checkRef(parts[2]) != nil {
+		return false
+	}
+	_, err := os.Lstat(filepath.Join(p.dataDir, name))
+	return err == nil
+}
+
+// closePool stops the refill and removes the pooled workspaces.
+func (p *Provider) closePool() {
+	if p.pool == nil {
+		return
+	}
+	p.pool.Close(p.dropPooled)
+	removeAll(p.pool.dir)
+	os.Remove(p.pool.lock.Name())
+	p.pool.lock.Close()
+}
+
+// reclaimPool removes the pooled workspaces of owners that are gone: their
+// lock is free. Their uid claims are freed by sweepUIDs after it.
+func (p *Provider) reclaimPool() {
+	root := filepath.Join(p.dataDir, poolDir)
+	locks, _ := filepath.Glob(filepath.Join(root, "*.lock"))
+	for _, name := range locks {
+		f, err := os.OpenFile(name, os.O_RDWR, 0)
+		if err != nil {
+			continue
+		}
+		if flock(int(f.Fd()), lockExclusive|lockNonBlock) != nil {
+			f.Close() // its Provider lives
+			continue
+		}
+		dir := strings.TrimSuffix(name, ".lock")
+		entries, _ := os.ReadDir(dir)
+		if err := removeAll(dir); err != nil {
+			p.log.Error("pooled workspaces of a gone broker not removed", sandgate.KeyError, err)
+		} else {
+			os.Remove(name)
+			if len(entries) > 0 {
+				p.log.Info("pooled workspaces of a gone broker removed", "count", len(entries))
+			}
+		}
+		f.Close()
+	}
+}
+
+// PoolStats implements providers.Pooler.
+func (p *Provider) PoolStats() providers.PoolStats {
+	if p.pool == nil {
+		return providers.PoolStats{}
+	}
+	return p.pool.Stats()
+}
+
+// Interface guards
+var _ providers.Pooler = (*Provider)(nil)

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package local
+
+func renameNoReplace(string, string) error { return errUnsupported }
