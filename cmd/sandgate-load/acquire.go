@@ -304,25 +304,30 @@ func (s *serve) stop() {
 // workspaces, and a token, through the operator API.
 func (s *serve) tenant(ctx context.Context, clients int) (string, error) {
 	var acct struct{ ID string }
-	if err := s.adminDo(ctx, "/accounts", map[string]any{"name": "load"}, &acct); err != nil {
+	if err := s.adminDo(ctx, http.MethodPost, "/accounts", map[string]any{"name": "load"}, &acct); err != nil {
 		return "", fmt.Errorf("create account: %w", err)
+	}
+	// An account whose billing was never set cannot acquire; a free one
+	// admits at price 0 through the same holds, ledger and settle scripts.
+	if err := s.adminDo(ctx, http.MethodPut, "/accounts/"+acct.ID+"/billing", map[string]any{"free": true}, &struct{}{}); err != nil {
+		return "", fmt.Errorf("set billing: %w", err)
 	}
 	var in struct{ ID string }
 	req := map[string]any{"account_id": acct.ID, "name": "load",
 		"scope": map[string]any{"limits": map[string]any{"max_concurrent_workspaces": 4 * clients}}}
-	if err := s.adminDo(ctx, "/instances", req, &in); err != nil {
+	if err := s.adminDo(ctx, http.MethodPost, "/instances", req, &in); err != nil {
 		return "", fmt.Errorf("create instance: %w", err)
 	}
 	var tok struct{ Token string }
-	if err := s.adminDo(ctx, "/instances/"+in.ID+"/tokens", map[string]any{}, &tok); err != nil {
+	if err := s.adminDo(ctx, http.MethodPost, "/instances/"+in.ID+"/tokens", map[string]any{}, &tok); err != nil {
 		return "", fmt.Errorf("issue token: %w", err)
 	}
 	return tok.Token, nil
 }
 
-func (s *serve) adminDo(ctx context.Context, path string, in, out any) error {
+func (s *serve) adminDo(ctx context.Context, method, path string, in, out any) error {
 	body, _ := json.Marshal(in)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.adminURL+"/admin/v1"+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, method, s.adminURL+"/admin/v1"+path, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -335,7 +340,7 @@ func (s *serve) adminDo(ctx context.Context, path string, in, out any) error {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("POST %s: %d %s", path, resp.StatusCode, bytes.TrimSpace(b))
+		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(b))
 	}
 	return json.Unmarshal(b, out)
 }
