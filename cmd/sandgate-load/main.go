@@ -72,7 +72,7 @@ func main() {
 	execs := flag.Int("execs", 40, "execs fired at once in one workspace")
 	size := flag.Int64("bytes", 4<<20, "bytes each exec prints on stdout and again on stderr")
 	bin := flag.String("sandgate", "", "sandgate binary to run; empty builds ./cmd/sandgate")
-	before := flag.String("before", "", "also measure the broker of this git revision first (built from git archive), for comparison")
+	before := flag.String("before", "", "also measure the broker of this git revision (built from git archive), for comparison; -acquire alternates it with this build in each round")
 	timeout := flag.Duration("timeout", 10*time.Minute, "bound of the whole run")
 	noisy := flag.Bool("noisy", false, "measure noisy neighbours instead: exec true latency in one workspace, quiet and beside a fork tree and a memory hog")
 	n := flag.Int("n", 200, "-noisy: sequential `exec true` per phase; -idle: idle workspaces; -ttfc: cycles (default 50)")
@@ -129,7 +129,7 @@ func main() {
 		})
 		err = runTTFC(ctx, ttfcOptions{bin: *bin, n: cycles, pool: *pool, fly: *fly})
 	case *acq:
-		err = runAcquire(ctx, acquireOptions{bin: *bin, n: *pairs, c: orDefault(*clients, 8), rounds: max(*rounds, 1), level: *level})
+		err = runAcquire(ctx, acquireOptions{bin: *bin, n: *pairs, c: orDefault(*clients, 8), rounds: max(*rounds, 1), level: *level, before: *before})
 	case *files:
 		err = runFiles(ctx, *bin, *before, orDefault(*clients, 16), *fileSize)
 	case *cluster:
