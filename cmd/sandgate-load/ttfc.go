@@ -70,6 +70,11 @@ func runTTFC(ctx context.Context, o ttfcOptions) error {
 		return err
 	}
 	s.print()
+	// As every (F) command of `make figures`: a missed target fails.
+	p50, p99 := quantile(s.steps[3], 0.5), quantile(s.steps[3], 0.99)
+	if p50 > 3*quantile(s.floor, 0.5) || p99 > 2*p50 {
+		return errors.New("time to first command misses its target (p50 ≤ 3 × the floor, p99 ≤ 2 × p50)")
+	}
 	return nil
 }
 
