@@ -72,6 +72,7 @@ figures: deps
 	-$(GO) test -run '^$$' -bench 'ExecLocalVsBwrap' -benchtime 100x -count 3 ./gateway/
 	-$(GO) test -run '^$$' -bench 'Export' -benchtime 1x -benchmem ./billing/
 	-$(LOAD) -acquire -pairs 2000 -c 8 -rounds 3
+	-$(LOAD) -ttfc -n 50
 	-$(LOAD) -files -c 16 -size 8388608
 	-$(LOAD) -execs 40 -bytes 4194304
 	-$(LOAD) -noisy -n 200

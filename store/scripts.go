@@ -12,6 +12,11 @@ import "github.com/redis/go-redis/v9"
 // another workspace is left alone: this create's key was freed (the
 // reaper failed it) and a retry claimed it for a workspace of its own.
 //
+// A record still starting in its slot needs no read of the key: only an
+// end of the record (FailCreate, FreePendingKey, FreeKeyOf, Abort) frees
+// a key its admission claimed, so the key still names this workspace. The
+// key is read and decoded only on the way to a refusal or a resend.
+//
 // KEYS[1] live ZSET, KEYS[2] workspace HASH, KEYS[3] idempotency STRING, KEYS[4] account open ZSET
 // ARGV[1] workspace id, ARGV[2] expires_at (unix ms), ARGV[3] provider ref,
 // ARGV[4] started (unix ms), ARGV[5] idempotency record (JSON), ARGV[6] idempotency TTL (ms)
@@ -22,21 +27,22 @@ import "github.com/redis/go-redis/v9"
 // (empty when there is none), so the Acquire's answer costs no further
 // round trip.
 var confirmScript = redis.NewScript(`
+local cur = redis.call('HMGET', KEYS[2], 'state', 'provider_ref', 'started_ms')
+if cur[1] == 'starting' and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
+  redis.call('HSET', KEYS[2], 'state', 'running', 'provider_ref', ARGV[3], 'started_ms', ARGV[4], 'activity_ms', ARGV[4])
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+  redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
+  return {1}
+end
 local idem = redis.call('GET', KEYS[3])
 if not idem or cjson.decode(idem).ws == ARGV[1] then
   redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
 end
-local cur = redis.call('HMGET', KEYS[2], 'state', 'provider_ref', 'started_ms')
 if cur[1] == 'running' and cur[2] == ARGV[3] and cur[3] == ARGV[4] then
   return {1} -- this confirm, run before (a resent command)
 end
-if cur[1] ~= 'starting' or not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  return {0, redis.call('HGETALL', KEYS[2])}
-end
-redis.call('HSET', KEYS[2], 'state', 'running', 'provider_ref', ARGV[3], 'started_ms', ARGV[4], 'activity_ms', ARGV[4])
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
-return {1}
+return {0, redis.call('HGETALL', KEYS[2])}
 `)
 
 // abortScript removes every trace of an Acquire whose create failed before
@@ -68,7 +74,8 @@ return 1
 //
 // With ARGV[5] set (a release) the record must belong to that instance,
 // else it reads as absent and nothing changes; and the record as the
-// script left it is returned too, so that a release needs no other read.
+// script read it is returned too, so that a release needs no other read
+// (the caller applies this script's changes to it: BeginRelease).
 //
 // Without ARGV[5], with ARGV[6] set (the sandbox the caller holds: an
 // Acquire ending what it created) a record that is not terminated and
@@ -84,11 +91,10 @@ return 1
 // Returns {0, ""} no record, {1, state} already terminating or terminated,
 // {2, previous state} termination started, {3, state} condition not met;
 // each followed by the record's provider ref as it left it (the caller's
-// copy may predate the confirm), or, with ARGV[5], by the record
-// (HGETALL's list; none for 0).
+// copy may predate the confirm), or, with ARGV[5], by the record as read
+// before any change (HGETALL's list; none for 0).
 var terminateScript = redis.NewScript(`
--- A release reads the whole record once, up front, and answers it with
--- this script's changes applied here, not with a second read.
+-- A release reads the whole record once, up front, and answers it as read.
 local rec, st, inst, ref
 if ARGV[5] ~= '' then
   rec = redis.call('HGETALL', KEYS[2])
@@ -121,16 +127,6 @@ end
 redis.call('HSET', KEYS[2], 'state', 'terminating', 'reason', ARGV[2], 'terminating_ms', ARGV[3])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-if rec then
-  local set = {state = 'terminating', reason = ARGV[2], terminating_ms = ARGV[3]}
-  for i = 1, #rec, 2 do
-    local v = set[rec[i]]
-    if v then rec[i + 1], set[rec[i]] = v, nil end
-  end
-  for _, k in ipairs({'state', 'reason', 'terminating_ms'}) do
-    if set[k] then rec[#rec + 1], rec[#rec + 2] = k, set[k] end
-  end
-end
 return out(2, st)
 `)
 

@@ -268,6 +268,11 @@ func (db *DB) BeginRelease(ctx context.Context, acct, inst, id string, reason sa
 	if rec, err = DecodeWorkspace(res[2]); err != nil {
 		return prev, started, rec, err
 	}
+	if started {
+		// The script's changes, on the record it read: applied here, so
+		// that the script does not rebuild the record in Lua.
+		rec.State, rec.TerminationReason = sandgate.WorkspaceTerminating, reason
+	}
 	if started && prev == sandgate.WorkspaceStarting {
 		err = db.FreePendingKey(ctx, acct, inst, id)
 	}

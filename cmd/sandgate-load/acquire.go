@@ -48,6 +48,7 @@ type acquireOptions struct {
 	c      int    // concurrent clients
 	rounds int    // rounds, each: redis-benchmark, then the broker
 	level  string // the broker's log level: info logs a line per request
+	before string // a git revision to measure beside bin, alternating; "" for none
 }
 
 const adminTokenEnv = "SANDGATE_LOAD_ADMIN_TOKEN"
@@ -94,6 +95,13 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 	if _, err := srv.pairs(ctx, min(o.n, 4*o.c), o.c); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
+	var old *serve // the broker of o.before, on the same redis-server
+	if o.before != "" {
+		if old, err = startBefore(ctx, dir, o, redisAddr); err != nil {
+			return err
+		}
+		defer old.stop()
+	}
 	acqBody, relBody, err := srv.pairBodies(ctx)
 	if err != nil {
 		return fmt.Errorf("warm-up: %w", err)
@@ -128,7 +136,7 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 		return benchRate(out)
 	}
 	var ratios, ratios1, ceilings, budgets []float64
-	var costs []processCPU
+	var costs, oldCosts []processCPU
 	for r := range o.rounds {
 		es, err := evalsha(o.c)
 		if err != nil {
@@ -144,6 +152,13 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 			return fmt.Errorf("round %d: %w", r+1, err)
 		}
 		costs = append(costs, sampleCPU(rs.Process.Pid, srv.cmd.Process.Pid).perPair(cpu0, o.n))
+		if old != nil {
+			cpu0 := sampleCPU(rs.Process.Pid, old.cmd.Process.Pid)
+			if _, err := old.pairs(ctx, o.n, o.c); err != nil {
+				return fmt.Errorf("round %d, %s: %w", r+1, o.before, err)
+			}
+			oldCosts = append(oldCosts, sampleCPU(rs.Process.Pid, old.cmd.Process.Pid).perPair(cpu0, o.n))
+		}
 		budgets = append(budgets, float64(cpuCount())*1e6/(0.3*es))
 		floorPairs, err := fl.pairs(ctx, o.n, o.c)
 		if err != nil {
@@ -162,11 +177,46 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 		all := c.redis + c.broker + c.clients
 		fmt.Printf("| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f |\n", r+1, c.redis, c.broker, c.clients, all, budgets[r], all/budgets[r])
 	}
+	if old != nil {
+		fmt.Printf("\nThe same, now beside %s (its pairs run right after this build's in each round, on the same redis-server):\n\n", o.before)
+		fmt.Printf("| round | redis-server µs now | before | now ÷ before | sandgate serve µs now | before | now ÷ before |\n" +
+			"| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		for r, c := range costs {
+			b := oldCosts[r]
+			fmt.Printf("| %d | %.0f | %.0f | %.2f | %.0f | %.0f | %.2f |\n", r+1, c.redis, b.redis, c.redis/b.redis, c.broker, b.broker, c.broker/b.broker)
+		}
+	}
 	med := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
 	fmt.Printf("\nmedian pairs ÷ EVALSHA: %.3f against -c %d, %.3f against -c 1 (target ≥ 0.3); "+
 		"median floor ÷ EVALSHA -c %d: %.3f (no broker doing two HTTPS requests per pair exceeds it on this host)\n",
 		med(ratios), o.c, med(ratios1), o.c, med(ceilings))
 	return nil
+}
+
+// startBefore builds revision o.before and starts it as a second
+// `sandgate serve` on the same redis-server, in a directory of its own,
+// with a tenant of its own and its scripts loaded.
+func startBefore(ctx context.Context, dir string, o acquireOptions, redisAddr string) (*serve, error) {
+	bin, err := buildBefore(ctx, dir, o.before)
+	if err != nil {
+		return nil, err
+	}
+	sub := filepath.Join(dir, "serve-before")
+	if err := os.MkdirAll(sub, 0o700); err != nil {
+		return nil, err
+	}
+	old, err := startServe(ctx, sub, bin, redisAddr, o.c, o.level)
+	if err != nil {
+		return nil, err
+	}
+	if old.token, err = old.tenant(ctx, o.c); err == nil {
+		_, err = old.pairs(ctx, min(o.n, 4*o.c), o.c)
+	}
+	if err != nil {
+		old.stop()
+		return nil, fmt.Errorf("%s: %w", o.before, err)
+	}
+	return old, nil
 }
 
 // processCPU is CPU time of redis-server, the broker and this process (the
@@ -229,7 +279,7 @@ func startServe(ctx context.Context, dir, bin, redisAddr string, clients int, le
 listen: "127.0.0.1:%d"
 admin_listen: "127.0.0.1:%d"
 data_dir: %q
-broker_id: "sandgate-load"
+broker_id: %q
 tls:
   cert_file: %q
   key_file: %q
@@ -256,7 +306,7 @@ admission:
     read: {per_second: 1000000, burst: 1000000}
 log:
   level: %s
-`, pub, adm, filepath.Join(dir, "data"), cert, key, redisAddr, adminTokenEnv, 4*clients, level)
+`, pub, adm, filepath.Join(dir, "data"), "sandgate-load-"+filepath.Base(dir), cert, key, redisAddr, adminTokenEnv, 4*clients, level)
 	path := filepath.Join(dir, "sandgate.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, err
@@ -304,25 +354,30 @@ func (s *serve) stop() {
 // workspaces, and a token, through the operator API.
 func (s *serve) tenant(ctx context.Context, clients int) (string, error) {
 	var acct struct{ ID string }
-	if err := s.adminDo(ctx, "/accounts", map[string]any{"name": "load"}, &acct); err != nil {
+	if err := s.adminDo(ctx, http.MethodPost, "/accounts", map[string]any{"name": "load-" + randHex(4)}, &acct); err != nil {
 		return "", fmt.Errorf("create account: %w", err)
+	}
+	// An account whose billing was never set cannot acquire; a free one
+	// admits at price 0 through the same holds, ledger and settle scripts.
+	if err := s.adminDo(ctx, http.MethodPut, "/accounts/"+acct.ID+"/billing", map[string]any{"free": true}, &struct{}{}); err != nil {
+		return "", fmt.Errorf("set billing: %w", err)
 	}
 	var in struct{ ID string }
 	req := map[string]any{"account_id": acct.ID, "name": "load",
 		"scope": map[string]any{"limits": map[string]any{"max_concurrent_workspaces": 4 * clients}}}
-	if err := s.adminDo(ctx, "/instances", req, &in); err != nil {
+	if err := s.adminDo(ctx, http.MethodPost, "/instances", req, &in); err != nil {
 		return "", fmt.Errorf("create instance: %w", err)
 	}
 	var tok struct{ Token string }
-	if err := s.adminDo(ctx, "/instances/"+in.ID+"/tokens", map[string]any{}, &tok); err != nil {
+	if err := s.adminDo(ctx, http.MethodPost, "/instances/"+in.ID+"/tokens", map[string]any{}, &tok); err != nil {
 		return "", fmt.Errorf("issue token: %w", err)
 	}
 	return tok.Token, nil
 }
 
-func (s *serve) adminDo(ctx context.Context, path string, in, out any) error {
+func (s *serve) adminDo(ctx context.Context, method, path string, in, out any) error {
 	body, _ := json.Marshal(in)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.adminURL+"/admin/v1"+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, method, s.adminURL+"/admin/v1"+path, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -335,7 +390,7 @@ func (s *serve) adminDo(ctx context.Context, path string, in, out any) error {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("POST %s: %d %s", path, resp.StatusCode, bytes.TrimSpace(b))
+		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(b))
 	}
 	return json.Unmarshal(b, out)
 }

@@ -72,10 +72,10 @@ func main() {
 	execs := flag.Int("execs", 40, "execs fired at once in one workspace")
 	size := flag.Int64("bytes", 4<<20, "bytes each exec prints on stdout and again on stderr")
 	bin := flag.String("sandgate", "", "sandgate binary to run; empty builds ./cmd/sandgate")
-	before := flag.String("before", "", "also measure the broker of this git revision first (built from git archive), for comparison")
+	before := flag.String("before", "", "also measure the broker of this git revision (built from git archive), for comparison; -acquire alternates it with this build in each round")
 	timeout := flag.Duration("timeout", 10*time.Minute, "bound of the whole run")
 	noisy := flag.Bool("noisy", false, "measure noisy neighbours instead: exec true latency in one workspace, quiet and beside a fork tree and a memory hog")
-	n := flag.Int("n", 200, "-noisy: sequential `exec true` per phase; -idle: idle workspaces")
+	n := flag.Int("n", 200, "-noisy: sequential `exec true` per phase; -idle: idle workspaces; -ttfc: cycles (default 50)")
 	files := flag.Bool("files", false, "measure file transfers instead: -c clients each writing then reading a file of -size bytes")
 	clients := flag.Int("c", 0, "-files, -acquire: clients at once (default 16 for -files, 8 for -acquire)")
 	fileSize := flag.Int64("size", 8<<20, "-files: bytes of each client's file")
@@ -100,6 +100,9 @@ func main() {
 	idle := flag.Bool("idle", false, "measure idle workspaces instead: host CPU with -n live idle local workspaces against none")
 	window := flag.Duration("window", 30*time.Second, "-idle: each measuring window")
 	diskMiB := flag.Int("disk-mib", 16, "-idle: each workspace's disk image")
+	ttfc := flag.Bool("ttfc", false, "measure time to first command instead: -n (default 50) sequential acquire, exec `echo ready`, release cycles on the local provider beside a bare bwrap")
+	pool := flag.Int("pool", 0, "-ttfc: warm workspaces per size and image (0: the pool off)")
+	fly := flag.Bool("fly", false, "-ttfc: Fly Machines on the flytest fake instead of the local provider")
 	floorServe := flag.String("floor-serve", "", "internal, run by -acquire: serve its floor on this address")
 	floorDir := flag.String("floor-dir", "", "internal, with -floor-serve: the directory -acquire prepared")
 	flag.Parse()
@@ -117,8 +120,16 @@ func main() {
 	defer cancel()
 	var err error
 	switch {
+	case *ttfc:
+		cycles := 50
+		flag.Visit(func(f *flag.Flag) {
+			if f.Name == "n" {
+				cycles = *n
+			}
+		})
+		err = runTTFC(ctx, ttfcOptions{bin: *bin, n: cycles, pool: *pool, fly: *fly})
 	case *acq:
-		err = runAcquire(ctx, acquireOptions{bin: *bin, n: *pairs, c: orDefault(*clients, 8), rounds: max(*rounds, 1), level: *level})
+		err = runAcquire(ctx, acquireOptions{bin: *bin, n: *pairs, c: orDefault(*clients, 8), rounds: max(*rounds, 1), level: *level, before: *before})
 	case *files:
 		err = runFiles(ctx, *bin, *before, orDefault(*clients, 16), *fileSize)
 	case *cluster:
