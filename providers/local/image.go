@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
 )
 
 // A workspace on an OCI image (any CreateSpec.Image but "" and [Image])
@@ -42,7 +44,7 @@ type Images interface {
 
 // ErrImageUser is returned by Create for an image whose config names a
 // user other than root: a sandbox maps only its uid 0 to a host uid.
-var ErrImageUser = errors.New("local: create: the image runs as a user other than root, which this provider's sandboxes cannot map")
+var ErrImageUser = fmt.Errorf("local: create: the image runs as a user other than root, which this provider's sandboxes cannot map: %w", providers.ErrImageUnavailable)
 
 // imageRecord is the image a workspace runs on, in sandbox.json.
 type imageRecord struct {
@@ -141,7 +143,7 @@ func (p *Provider) repinImages(ctx context.Context) {
 		if readJSON(p.layout(ref).sandbox(), &rec) != nil || rec.Image == nil {
 			continue
 		}
-		_, release, err := p.cfg.Images.Acquire(ctx, rec.Image.Ref+"@"+rec.Image.Digest)
+		_, release, err := p.cfg.Images.Acquire(ctx, digestRef(rec.Image.Ref, rec.Image.Digest))
 		if err != nil {
 			p.log.Warn("image of a live workspace not pinned", sandgate.WorkspaceAttr(ref), "digest", rec.Image.Digest, sandgate.KeyError, err)
 			continue
@@ -221,4 +223,23 @@ func imageDigest(rec record) string {
 		return ""
 	}
 	return rec.Image.Digest
+}
+
+// digestRef is the reference of digest in ref's repository: ref without
+// its tag or digest, then "@" and digest.
+func digestRef(ref, digest string) string {
+	repo, _, _ := strings.Cut(ref, "@")
+	if i := strings.LastIndexByte(repo, ':'); i > strings.LastIndexByte(repo, '/') {
+		repo = repo[:i]
+	}
+	return repo + "@" + digest
+}
+
+// images is the provider's Capabilities.Images: [Image] alone, or with an
+// image store any image (nil), which a create then pulls.
+func (p *Provider) images() []string {
+	if p.cfg.Images != nil && p.unshare != "" && p.probeUID > 0 && p.rootTrees {
+		return nil
+	}
+	return []string{Image}
 }

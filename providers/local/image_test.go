@@ -94,9 +94,9 @@ func newImageProvider(t *testing.T) (*local.Provider, *fakeImages, []string) {
 	}
 	imgs := &fakeImages{
 		images: map[string]local.RootImage{
-			"registry.test/busybox:1": img,
+			"registry.test/busybox:1":             img,
 			"registry.test/busybox@" + img.Digest: img,
-			"registry.test/nonroot:1": {Digest: "sha256:" + strings.Repeat("cd", 32), Layers: layers, User: "1000"},
+			"registry.test/nonroot:1":             {Digest: "sha256:" + strings.Repeat("cd", 32), Layers: layers, User: "1000"},
 		},
 		pinned: map[string]int{},
 	}
