@@ -56,7 +56,7 @@ type Config struct {
 	// workspaces run on (internal/broker/images.go).
 	Images    ImagesConfig     `yaml:"images"`
 	Operators []OperatorConfig `yaml:"operators"`
-	Lease           struct {
+	Lease     struct {
 		GracePeriod time.Duration `yaml:"grace_period"` // default 1h
 	} `yaml:"lease"`
 	Defaults struct {
