@@ -18,7 +18,7 @@ type Image struct {
 	Ref      string    `json:"ref"`
 	Digest   string    `json:"digest"`
 	Size     int64     `json:"size_bytes"` // unpacked
-	LastUsed time.Time `json:"last_used,omitzero"`
+	LastUsed time.Time `json:"last_used"`
 	InUse    int       `json:"in_use"` // live workspaces on it
 }
 
@@ -39,7 +39,7 @@ type PullEvent struct {
 // PullImage pulls ref into the broker's cache, calling progress (when not
 // nil) with each progress line as it arrives.
 func (c *Client) PullImage(ctx context.Context, ref string, progress func(string)) (Image, error) {
-	resp, err := c.send(ctx, http.MethodPost, "/admin/v1/images/pull", PullImageRequest{Ref: ref})
+	resp, err := c.send(ctx, http.MethodPost, "/images/pull", PullImageRequest{Ref: ref})
 	if err != nil {
 		return Image{}, err
 	}
@@ -69,12 +69,12 @@ func (c *Client) PullImage(ctx context.Context, ref string, progress func(string
 // ListImages lists the broker's image cache.
 func (c *Client) ListImages(ctx context.Context) ([]Image, error) {
 	var out []Image
-	err := c.Do(ctx, http.MethodGet, "/admin/v1/images", nil, &out)
+	err := c.Do(ctx, http.MethodGet, "/images", nil, &out)
 	return out, err
 }
 
 // RemoveImage removes an image (by reference or digest) from the cache;
 // an image a live workspace runs on is refused (409 conflict).
 func (c *Client) RemoveImage(ctx context.Context, refOrDigest string) error {
-	return c.Do(ctx, http.MethodDelete, "/admin/v1/images/"+url.PathEscape(refOrDigest), nil, nil)
+	return c.Do(ctx, http.MethodDelete, "/images/"+url.PathEscape(refOrDigest), nil, nil)
 }
