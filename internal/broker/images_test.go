@@ -56,7 +56,7 @@ type imageEnv struct {
 	provider *local.Provider
 }
 
-func newImageEnv(t *testing.T, maxBytes int64) *imageEnv {
+func newImageEnv(t testing.TB, maxBytes int64) *imageEnv {
 	t.Helper()
 	e := &imageEnv{}
 	e.host = imagestest.Registry(t, func(h http.Handler) http.Handler {
@@ -106,7 +106,7 @@ func newImageEnv(t *testing.T, maxBytes int64) *imageEnv {
 
 // push pushes img to repo:tag with the registry's login and returns its
 // digest reference.
-func (e *imageEnv) push(t *testing.T, repo string, img v1.Image) string {
+func (e *imageEnv) push(t testing.TB, repo string, img v1.Image) string {
 	t.Helper()
 	auth := remote.WithAuth(&authn.Basic{Username: registryUser, Password: registryPass})
 	d := imagestest.Push(t, e.host+"/"+repo+":1", img, auth)
@@ -114,7 +114,7 @@ func (e *imageEnv) push(t *testing.T, repo string, img v1.Image) string {
 	return e.host + "/" + repo + "@" + d
 }
 
-func (e *imageEnv) create(t *testing.T, image string) (providers.Sandbox, error) {
+func (e *imageEnv) create(t testing.TB, image string) (providers.Sandbox, error) {
 	t.Helper()
 	return e.provider.Create(t.Context(), providers.CreateSpec{
 		WorkspaceID: sandgate.NewID("ws_"), InstanceID: "in_images", AccountID: "acct_images",
