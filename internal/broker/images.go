@@ -15,6 +15,7 @@ import (
 	"github.com/sandgate/sandgate/admin"
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/images"
+	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
 )
@@ -182,16 +183,10 @@ func refreshImages(ctx context.Context, s *images.Store, every time.Duration, lo
 	if every < 0 {
 		return
 	}
-	t := time.NewTicker(cmp.Or(every, defaultRefreshInterval))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := s.Refresh(ctx); err != nil {
-				log.Warn("image tags not refreshed", sandgate.KeyError, err)
-			}
+	tick.Every(ctx, cmp.Or(every, defaultRefreshInterval), func() bool {
+		if err := s.Refresh(ctx); err != nil {
+			log.Warn("image tags not refreshed", sandgate.KeyError, err)
 		}
-	}
+		return true
+	})
 }

@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/images/imagestest"
+	"github.com/sandgate/sandgate/internal/logbuf"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
 )
@@ -28,30 +28,12 @@ const (
 	registryPass = "s3cret-registry-pass-7Q"
 )
 
-// syncBuffer is a log sink the test reads after concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // imageEnv is a registry that demands a login, a broker config naming it,
 // the image store that config opens and a local provider on it.
 type imageEnv struct {
 	host     string
 	blobGets atomic.Int64 // GETs of blobs since the pushes
-	logs     syncBuffer
+	logs     logbuf.Buffer
 	store    *localImages
 	provider *local.Provider
 }

@@ -51,23 +51,10 @@ func stageImageRoot(dir string, t *rootTree) error {
 			return err
 		}
 	}
-	for _, b := range t.binds {
-		if err := mk(b.dst, false); err != nil {
-			return err
-		}
-		if err := bindRoot(dir+b.dst, b, false); err != nil {
-			return err
-		}
+	if err := bindAll(dir, t.binds, false, mk); err != nil {
+		return err
 	}
-	for _, b := range t.files {
-		if err := mk(b.dst, true); err != nil {
-			return err
-		}
-		if err := bindRoot(dir+b.dst, b, true); err != nil {
-			return err
-		}
-	}
-	return nil
+	return bindAll(dir, t.files, true, mk)
 }
 
 // mountOverlay mounts t's image on dir. The layers are each cloned

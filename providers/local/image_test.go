@@ -80,7 +80,7 @@ func buildLayers(t *testing.T) []string {
 	must(os.WriteFile(filepath.Join(base, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nimageuser:x:0:0::/:/bin/sh\n"), 0o644))
 	must(os.MkdirAll(filepath.Join(top, "etc"), 0o755))
 	must(os.WriteFile(filepath.Join(top, "marker"), []byte("top layer\n"), 0o644))
-	must(syscall.Mknod(filepath.Join(top, "etc/gone"), syscall.S_IFCHR|0o000, 0))
+	must(syscall.Mknod(filepath.Join(top, "etc/gone"), syscall.S_IFCHR, 0))
 	return []string{base, top}
 }
 

@@ -530,16 +530,25 @@ func stageRoot(dir string, t *rootTree) error {
 			}
 		}
 	}
-	for _, b := range t.binds {
-		if err := mk(b.dst, false); err != nil {
-			return err
-		}
-		if err := bindRoot(dir+b.dst, b, false); err != nil {
-			return err
-		}
+	if err := bindAll(dir, t.binds, false, mk); err != nil {
+		return err
 	}
 	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 		return fmt.Errorf("root: read-only: %w", err)
+	}
+	return nil
+}
+
+// bindAll binds each of binds (directories; files when file is set) on its
+// mount point below dir, which mk makes.
+func bindAll(dir string, binds []rootBind, file bool, mk func(name string, file bool) error) error {
+	for _, b := range binds {
+		if err := mk(b.dst, file); err != nil {
+			return err
+		}
+		if err := bindRoot(dir+b.dst, b, file); err != nil {
+			return err
+		}
 	}
 	return nil
 }
