@@ -11,6 +11,8 @@ APT_PACKAGES := redis-server redis-tools bubblewrap protobuf-compiler e2fsprogs 
 APT_PACKAGES += prometheus
 # systemd-analyze, for verifying deploy/systemd/sandgate.service.
 APT_PACKAGES += systemd
+# A static busybox, the content of the OCI images the image tests build.
+APT_PACKAGES += busybox-static
 
 .PHONY: test deps vet bench figures generate
 
@@ -32,6 +34,7 @@ deps:
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
+	[ -x /bin/busybox ] || missing="$$missing busybox-static"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

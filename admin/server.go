@@ -69,6 +69,9 @@ type Deps struct {
 	// Saga runs an operator's exec and file calls on a tenant's
 	// workspace; nil answers them 503 unavailable.
 	Saga *saga.Saga
+	// Images is the broker's image store: it resolves the images of a
+	// scope as it is set and serves /images; nil answers those 404.
+	Images Images
 }
 
 // Server serves /admin/v1: the HTTP face of the service, whose methods
@@ -109,7 +112,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Log = slog.New(slog.DiscardHandler)
 	}
 	svc := &service{cfg: cfg, db: deps.DB, clock: deps.Clock, log: deps.Log, provs: deps.Providers, term: deps.Terminator, bill: deps.Billing,
-		stripe: deps.Stripe, saga: deps.Saga}
+		stripe: deps.Stripe, saga: deps.Saga, images: deps.Images}
 	s := &Server{service: svc, actions: map[string]string{}}
 	s.SetTokens(cfg.Tokens)
 	var err error
@@ -157,6 +160,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.whoamiRoutes(route)
 	s.billingRoutes(route)
 	s.stripeRoutes(route)
+	s.imageRoutes(route)
 	s.echo = e
 	return s, nil
 }
@@ -350,6 +354,9 @@ func (v *service) createInstance(ctx context.Context, req adminapi.CreateInstanc
 	}
 	scope, err := v.mergeScope(req.Scope, prov)
 	if err != nil {
+		return adminapi.Instance{}, change{}, err
+	}
+	if err := v.resolveImages(ctx, scope); err != nil {
 		return adminapi.Instance{}, change{}, err
 	}
 	in := sandgate.Instance{ID: sandgate.NewID(sandgate.PrefixInstance), AccountID: req.AccountID, Name: req.Name,

@@ -29,6 +29,8 @@ type service struct {
 	stripe StripeSync
 	// saga runs operators' exec and file calls; nil when the broker runs none.
 	saga *saga.Saga
+	// images is the broker's image store; nil when it has none.
+	images Images
 }
 
 // change is what an operator action changed, as the audit log records

@@ -46,6 +46,7 @@ var adminTypes = map[string]any{
 	"ReconcileReport": billing.Report{}, "StripeStatus": adminapi.StripeStatus{}, "StripeDeadLetter": adminapi.StripeDeadLetter{},
 	"StripeRetryResult": adminapi.StripeRetryResult{}, "UsageSummary": adminapi.UsageSummary{}, "Statement": billing.Statement{},
 	"Whoami": adminapi.Whoami{}, "Workspace": adminapi.Workspace{}, "WorkspaceList": adminapi.WorkspaceList{},
+	"Image": adminapi.Image{}, "PullImageRequest": adminapi.PullImageRequest{}, "PullEvent": adminapi.PullEvent{},
 	"CreateAccountRequest": adminapi.CreateAccountRequest{}, "CreateInstanceRequest": adminapi.CreateInstanceRequest{},
 	"SetProviderRequest": adminapi.SetProviderRequest{}, "IssueTokenRequest": adminapi.IssueTokenRequest{}, "RevokeRequest": adminapi.RevokeRequest{},
 	"StopRequest": adminapi.StopRequest{}, "PauseRequest": adminapi.PauseRequest{}, "ResumeRequest": adminapi.ResumeRequest{},

@@ -39,6 +39,11 @@ var (
 	// for another sandbox now (the local provider's disk reserve); nothing
 	// was created, and a later retry may succeed.
 	ErrNoCapacity = errors.New("no capacity for a new sandbox")
+	// ErrImageUnavailable is a create refused because its image cannot
+	// run, whatever a retry does: no registry has it, it is over the size
+	// limit, or the provider cannot run it as it is (its user). Nothing
+	// was created.
+	ErrImageUnavailable = errors.New("image unavailable")
 	// ErrSnapshotGone: the snapshot's contents no longer exist (deleted,
 	// or never stored).
 	ErrSnapshotGone = errors.New("snapshot gone")

@@ -130,6 +130,9 @@ func (s *Saga) acquire(ctx context.Context, in sandgate.Instance, key string, re
 		if errors.Is(err, providers.ErrNoCapacity) {
 			return Acquired{}, &protocol.Error{Code: protocol.Unavailable, Message: "the sandbox provider has no capacity for a new workspace now; retry later", RetryAfter: time.Minute, Err: err}
 		}
+		if errors.Is(err, providers.ErrImageUnavailable) {
+			return Acquired{}, &protocol.Error{Code: protocol.ImageNotAllowed, Reason: "image_unavailable", Message: "the image cannot be run: no registry has it, it is too large, or it runs as a user other than root; pick another image", Err: err}
+		}
 		return Acquired{}, &protocol.Error{Code: protocol.UpstreamError, Message: "the sandbox provider could not create the workspace; retry with the same Idempotency-Key", Err: err}
 	}
 	if s.cfg.AfterCreate != nil {

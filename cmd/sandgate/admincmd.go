@@ -108,12 +108,13 @@ func (f *adminFlags) addPersistent(cmd *cobra.Command) {
 
 func adminCommand() *cobra.Command {
 	f := &adminFlags{}
-	cmd := &cobra.Command{Use: "admin", Short: "Drive the operator API (accounts, instances, tokens, stops, pauses, limits, audit, billing)"}
+	cmd := &cobra.Command{Use: "admin", Short: "Drive the operator API (accounts, instances, tokens, stops, pauses, limits, audit, billing, images)"}
 	f.addPersistent(cmd)
 	cmd.AddCommand(accountCommand(f), instanceCommand(f), tokenCommand(f),
 		stopCommand(f), pauseCommand(f), resumeCommand(f), limitsCommand(f), statusCommand(f), auditCommand(f),
 		rateCardCommand(f), billingCommand(f), fundsCommand(f), budgetCommand(f))
 	cmd.AddCommand(workspaceCommand(f))
+	cmd.AddCommand(imageCommand(f))
 	return cmd
 }
 

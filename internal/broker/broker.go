@@ -27,6 +27,7 @@ import (
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
@@ -108,6 +109,7 @@ type Broker struct {
 	rawProvs *providers.Set // as opened, for health and the data directory claim
 	ownProvs bool           // rawProvs were opened by New
 	provs    *providers.Set // rawProvs with telemetry
+	images   *images.Store  // the local provider's OCI images; nil with Options.Providers or Kinds
 
 	db        *store.DB
 	bill      *billing.Billing
@@ -192,7 +194,10 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	if b.rawProvs == nil {
 		reg := opts.Kinds
 		if reg == nil {
-			reg = kinds(b.proxy)
+			if b.images, err = openImages(b.cfg, b.log.With("component", "images")); err != nil {
+				return nil, err
+			}
+			reg = kinds(b.proxy, localImages{b.images})
 		}
 		penv := providers.Env{Logger: b.log.With("component", "provider"), Clock: b.clock, BrokerID: b.cfg.BrokerID, DataDir: b.cfg.DataDir,
 			Getenv: getenv, Transport: b.obs.transport, TracerProvider: tp, VendorEgress: vendor, GuestBinary: b.cfg.guestBinary()}
@@ -322,6 +327,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	if b.stripe != nil {
 		adeps.Stripe = b.stripe
 	}
+	if b.images != nil {
+		adeps.Images = adminImages{b.images}
+	}
 	b.adm, err = admin.New(admin.Config{Tokens: operators, Grace: b.cfg.Lease.GracePeriod, Defaults: defaults}, adeps)
 	if err != nil {
 		return nil, err
@@ -394,6 +402,9 @@ func (b *Broker) Run(ctx context.Context) error {
 		b.bill.WatchDrift(runCtx, b.cfg.Billing.ReconcileInterval, func() bool { return b.reaper.Fence() != 0 })
 	})
 	wg.Go(func() { b.bill.RunWebhooks(runCtx) })
+	if b.images != nil {
+		wg.Go(func() { refreshImages(runCtx, b.images, b.cfg.Images.RefreshInterval, b.log) })
+	}
 	if b.stripe != nil {
 		// Every gateway runs it; a lease per account keeps one sender.
 		wg.Go(func() { _ = b.stripe.Run(runCtx) })

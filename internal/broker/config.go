@@ -51,9 +51,12 @@ type Config struct {
 	Providers []yaml.Node `yaml:"providers"`
 	// DefaultProvider is the provider of instances that name none;
 	// SANDGATE_DEFAULT_PROVIDER; default the first provider.
-	DefaultProvider string           `yaml:"default_provider"`
-	Operators       []OperatorConfig `yaml:"operators"`
-	Lease           struct {
+	DefaultProvider string `yaml:"default_provider"`
+	// Images is the store of the OCI images the local provider's
+	// workspaces run on (internal/broker/images.go).
+	Images    ImagesConfig     `yaml:"images"`
+	Operators []OperatorConfig `yaml:"operators"`
+	Lease     struct {
 		GracePeriod time.Duration `yaml:"grace_period"` // default 1h
 	} `yaml:"lease"`
 	Defaults struct {

@@ -19,10 +19,11 @@ import (
 // kinds is the one table of the provider kinds this binary runs: a kind
 // a config names that is not here fails at startup. Tests build
 // registries of their own. ex is the broker's egress proxy, which the
-// local provider's workspaces reach the network through.
-func kinds(ex local.Egress) providers.Registry {
+// local provider's workspaces reach the network through, imgs the image
+// store its workspaces on OCI images run on.
+func kinds(ex local.Egress, imgs local.Images) providers.Registry {
 	return providers.Registry{
-		"local":        local.Opener(ex),
+		"local":        local.Opener(ex, imgs),
 		"modal":        modal.Open,
 		"fly-machines": flymachines.Open,
 		"fly-sprites":  flysprites.Open,
@@ -76,5 +77,5 @@ func checkProvider(pc providers.Config, getenv func(string) string) error {
 		var c noop.Config
 		return decode(&c)
 	}
-	return fmt.Errorf("unknown kind %q; this build runs: %s", pc.Kind, strings.Join(slices.Sorted(maps.Keys(kinds(nil))), ", "))
+	return fmt.Errorf("unknown kind %q; this build runs: %s", pc.Kind, strings.Join(slices.Sorted(maps.Keys(kinds(nil, nil))), ", "))
 }

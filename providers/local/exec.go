@@ -76,8 +76,8 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 		}
 	}
 	j := p.jobIn(sb.Ref, w)
-	j.env = w.env
-	j.dir = cmp.Or(spec.Dir, defaultDir)
+	j.env = imageEnv(w)
+	j.dir = cmp.Or(spec.Dir, imageDir(w))
 	j.argv = spec.Argv
 	j.stdin = spec.Stdin
 	j.timeout, j.expiry = timeout, expiry
@@ -874,6 +874,10 @@ type rootTree struct {
 	// mounts: the mounts on the way to each of keepPaths, and those on
 	// the way to and below each of keepTrees (trimMounts).
 	keepPaths, keepTrees []string
+	// image, when set, makes the root an OCI image's overlay (image.go),
+	// writable, with files bound on it too.
+	image *imageRoot
+	files []rootBind
 }
 
 // rootBind is a directory bound into the root tree.
@@ -917,6 +921,7 @@ func (p *Provider) rootOptions(j job, o stepOptions) stepOptions {
 	if j.disk != "" {
 		t.keepTrees = append(t.keepTrees, j.disk)
 	}
+	p.imageRootTree(j, t)
 	o.root = t
 	return o
 }
@@ -927,7 +932,8 @@ func sameRoot(a, b *rootTree) bool {
 		return a == b
 	}
 	return a.owner == b.owner && a.egress == b.egress && slices.Equal(a.usrLinks, b.usrLinks) && slices.Equal(a.binds, b.binds) &&
-		slices.Equal(a.keepPaths, b.keepPaths) && slices.Equal(a.keepTrees, b.keepTrees)
+		slices.Equal(a.keepPaths, b.keepPaths) && slices.Equal(a.keepTrees, b.keepTrees) &&
+		sameImageRoot(a.image, b.image) && slices.Equal(a.files, b.files)
 }
 
 // rlimit is one --rlimit NAME=N: a resource limit, soft and hard.

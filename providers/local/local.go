@@ -124,6 +124,10 @@ type Config struct {
 	// Egress serves each workspace's egress proxy listener; nil means no
 	// egress. Not a config setting: cmd/sandgate passes the broker's proxy.
 	Egress Egress `yaml:"-"`
+	// Images gives workspaces on OCI images their root (image.go); nil
+	// means [Image] is the only image. Not a config setting: the broker
+	// passes its image store.
+	Images Images `yaml:"-"`
 
 	// mountinfo replaces /proc/self/mountinfo in tests.
 	mountinfo string
@@ -200,8 +204,10 @@ type Provider struct {
 	stopOnce  sync.Once
 	supMu     sync.Mutex // serialises ensureSupervisor
 
-	released releases // images in the trash seen bound (admitDisk)
-	pool     *pool    // nil: no warm workspaces (pool.go)
+	released releases  // images in the trash seen bound (admitDisk)
+	pool     *pool     // nil: no warm workspaces (pool.go)
+	pins     imagePins // each image workspace's pin on its OCI image
+	unshare  string    // unshare(1), for image roots; "": none found
 
 	placeMu sync.Mutex
 	placed  map[string][]int // ref → the CPUs of each live workspace (placement.go)
@@ -312,6 +318,9 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		// no shared root tree: bwrapOptions builds each one whole.
 		p.seccomp, p.rootTrees = nil, false
 	}
+	if c.Images != nil {
+		p.unshare, _ = exec.LookPath("unshare")
+	}
 	p.egressCtx, p.egressStop = context.WithCancel(context.WithoutCancel(ctx))
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -377,6 +386,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.hostNS = f
 	}
 	go p.ns.run(p.stop)
+	go p.repinImages(p.egressCtx)
 	if p.cg != nil && p.cg.acct != "" && p.cg.cpu != "" {
 		go newCPUGovernor(p.cg, len(p.cpus), p.log).run(cmp.Or(c.cpuTick, cpuTick), p.stop)
 	} else {
@@ -534,13 +544,11 @@ func (p *Provider) pickCPUs(ref string, n int) []int {
 // Create makes the workspace's directories and records its labels, env and
 // size, and, for a workspace with allowed domains, serves its egress socket
 // (egress.go). Nothing runs until Exec. It refuses an image other than
-// [Image], a non-empty egress allowlist without [Config.Egress] (no domain
+// [Image] without [Config.Images] (image.go), one whose config runs as a
+// user other than root ([ErrImageUser]), a non-empty egress allowlist without [Config.Egress] (no domain
 // filter: only no network at all), a WorkspaceID that is not a safe
 // directory name, and an existing one.
 func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
-	if spec.Image != "" && spec.Image != Image {
-		return providers.Sandbox{}, errors.New("local: create: unknown image; the only image is " + Image)
-	}
 	if len(spec.Egress.AllowedDomains) > 0 && p.cfg.Egress == nil {
 		return providers.Sandbox{}, errNoEgress
 	}
@@ -553,6 +561,14 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	}
 	if err := checkEnv(spec.Env); err != nil {
 		return providers.Sandbox{}, err
+	}
+	var img *imageRecord
+	release := func() {}
+	if spec.Image != "" && spec.Image != Image {
+		var err error
+		if img, release, err = p.acquireImage(ctx, spec.Image); err != nil {
+			return providers.Sandbox{}, err
+		}
 	}
 
 	sb := providers.Sandbox{
@@ -568,25 +584,30 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	if env == nil {
 		env = map[string]string{}
 	}
-	if ok, err := p.takePooled(ctx, spec, sb, env); ok {
-		if err != nil {
-			return providers.Sandbox{}, err
+	if img == nil { // a pooled workspace is on the host image
+		if ok, err := p.takePooled(ctx, spec, sb, env); ok {
+			if err != nil {
+				return providers.Sandbox{}, err
+			}
+			return sb, nil
 		}
-		return sb, nil
 	}
 
 	l := p.layout(ref)
 	if err := os.Mkdir(string(l), 0o700); err != nil {
+		release()
 		if errors.Is(err, fs.ErrExist) {
 			return providers.Sandbox{}, errors.New("local: create: workspace already exists")
 		}
 		return providers.Sandbox{}, fmt.Errorf("local: create: %w", scrub(err))
 	}
+	p.pins.put(ref, release) // dropped by Terminate, or by undoCreate
 	rec := record{
 		CPUCores:  spec.Size.CPUCores,
 		MemoryMiB: spec.Size.MemoryMiB,
 		Pids:      p.cfg.tier(spec.Size).Pids,
 		StartedAt: sb.StartedAt,
+		Image:     img,
 	}
 	for _, step := range []func() error{
 		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
@@ -608,7 +629,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	}
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(ref), sandgate.InstanceAttr(spec.InstanceID),
 		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env),
-		"egress_domains", len(rec.AllowedDomains))
+		"egress_domains", len(rec.AllowedDomains), "image_digest", imageDigest(rec))
 	return sb, nil
 }
 
@@ -645,6 +666,7 @@ func (p *Provider) undoCreate(ref string, l layout, uid int, err error) error {
 	p.removeDeadline(ref)
 	p.cg.remove(ref)
 	p.releaseUID(ref, uid)
+	p.pins.drop(ref)
 	removeAll(string(l))
 	if errors.Is(err, providers.ErrNoCapacity) {
 		return err
@@ -840,6 +862,7 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	stopSupervisor(p.layout(ref)) // a workspace's own, from before the one per data directory
 	p.cg.remove(ref)
 	p.unplace(ref)
+	defer p.pins.drop(ref) // once its files, the upper layer among them, are gone
 	var rec record
 	if readJSON(p.layout(ref).sandbox(), &rec) == nil {
 		defer p.releaseUID(ref, rec.UID) // once nothing of it runs or is left

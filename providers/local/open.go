@@ -17,12 +17,13 @@ import (
 // data_dir/local for the provider named "local" (as before providers had
 // names), data_dir/local-NAME for any other.
 func Open(ctx context.Context, name string, raw yaml.Node, env providers.Env) (providers.Provider, error) {
-	return Opener(nil)(ctx, name, raw, env)
+	return Opener(nil, nil)(ctx, name, raw, env)
 }
 
 // Opener is Open with the broker's egress proxy in the config (nil: none),
-// so that workspaces may be admitted with domain allowlists.
-func Opener(ex Egress) providers.Opener {
+// so that workspaces may be admitted with domain allowlists, and its image
+// store (nil: none), so that they may run on OCI images.
+func Opener(ex Egress, imgs Images) providers.Opener {
 	return func(ctx context.Context, name string, raw yaml.Node, env providers.Env) (providers.Provider, error) {
 		return providers.OpenSettings(ctx, raw, env, func(ctx context.Context, c Config, _ func(string) string) (*Provider, error) {
 			dir := "local"
@@ -31,6 +32,7 @@ func Opener(ex Egress) providers.Opener {
 			}
 			c.DataDir = filepath.Join(env.DataDir, dir)
 			c.Egress = ex
+			c.Images = imgs
 			return New(ctx, c, env)
 		})
 	}
@@ -52,7 +54,7 @@ func (p *Provider) Capabilities() providers.Capabilities {
 		Snapshots:      true,
 		NativeCommands: true,
 		Sizes:          p.sizes(),
-		Images:         []string{Image},
+		Images:         p.images(),
 		DefaultImage:   Image,
 	}
 }

@@ -463,6 +463,9 @@ func rootTreesWork() bool {
 // namespace, owned by the host's user namespace, so no sandbox can undo
 // them.
 func stageRoot(dir string, t *rootTree) error {
+	if t.image != nil {
+		return stageImageRoot(dir, t)
+	}
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return fmt.Errorf("mkdir: %w", scrub(err))
 	}
@@ -527,38 +530,58 @@ func stageRoot(dir string, t *rootTree) error {
 			}
 		}
 	}
-	for _, b := range t.binds {
-		if err := mk(b.dst, false); err != nil {
-			return err
-		}
-		dst := dir + b.dst
-		// A read-write source is one of the workspace's own directories:
-		// its last component is never followed, so that a symlink there
-		// could not bind a host directory into the sandbox. (The
-		// read-only ones are the host's and the broker's.)
-		flags := unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC
-		if !b.ro {
-			flags |= unix.O_NOFOLLOW
-		}
-		src, err := unix.Open(b.src, flags, 0)
-		if err != nil {
-			return fmt.Errorf("root: bind source: %w", err)
-		}
-		err = unix.Mount("/proc/thread-self/fd/"+strconv.Itoa(src), dst, "", unix.MS_BIND|unix.MS_REC, "")
-		unix.Close(src)
-		if err != nil {
-			return fmt.Errorf("root: bind: %w", err)
-		}
-		attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
-		if b.ro {
-			attr |= unix.MOUNT_ATTR_RDONLY
-		}
-		if err := unix.MountSetattr(-1, dst, unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: attr}); err != nil {
-			return fmt.Errorf("root: mount_setattr: %w", err)
-		}
+	if err := bindAll(dir, t.binds, false, mk); err != nil {
+		return err
 	}
 	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 		return fmt.Errorf("root: read-only: %w", err)
+	}
+	return nil
+}
+
+// bindAll binds each of binds (directories; files when file is set) on its
+// mount point below dir, which mk makes.
+func bindAll(dir string, binds []rootBind, file bool, mk func(name string, file bool) error) error {
+	for _, b := range binds {
+		if err := mk(b.dst, file); err != nil {
+			return err
+		}
+		if err := bindRoot(dir+b.dst, b, file); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// bindRoot binds b.src (a directory; a file when file is set) on dst, a
+// mount point of a root tree, never set-user-ID or a device.
+func bindRoot(dst string, b rootBind, file bool) error {
+	// A read-write source is one of the workspace's own directories:
+	// its last component is never followed, so that a symlink there
+	// could not bind a host directory into the sandbox. (The
+	// read-only ones are the host's and the broker's.)
+	flags := unix.O_PATH | unix.O_CLOEXEC
+	if !file {
+		flags |= unix.O_DIRECTORY
+	}
+	if !b.ro {
+		flags |= unix.O_NOFOLLOW
+	}
+	src, err := unix.Open(b.src, flags, 0)
+	if err != nil {
+		return fmt.Errorf("root: bind source: %w", err)
+	}
+	err = unix.Mount("/proc/thread-self/fd/"+strconv.Itoa(src), dst, "", unix.MS_BIND|unix.MS_REC, "")
+	unix.Close(src)
+	if err != nil {
+		return fmt.Errorf("root: bind: %w", err)
+	}
+	attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
+	if b.ro {
+		attr |= unix.MOUNT_ATTR_RDONLY
+	}
+	if err := unix.MountSetattr(-1, dst, unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: attr}); err != nil {
+		return fmt.Errorf("root: mount_setattr: %w", err)
 	}
 	return nil
 }

@@ -20,7 +20,9 @@ import (
 //	              workspace ready (Exec on a workspace without it is gone)
 //	disk.img      the workspace's ext4 image, DiskMiB, sparse (disk.go);
 //	              it holds workspace/, home/ and tmp/, which each exec's
-//	              step mounts at /workspace, /root and /tmp
+//	              step mounts at /workspace, /root and /tmp, and, for a
+//	              workspace on an OCI image, rootfs/upper and rootfs/work,
+//	              the root overlay's writable layer (image.go)
 //	workspace/, home/, tmp/  the same, on the host, for a workspace without
 //	              a disk quota (a host without mkfs.ext4, allowed by
 //	              Config.AllowUnenforced)
@@ -134,6 +136,9 @@ type record struct {
 	// record its bytes as they come; "" in a workspace from before it (its
 	// bytes are counted at its end only).
 	Account string `json:"account,omitempty"`
+	// Image is the OCI image the workspace runs on, its digest included;
+	// nil: the host's /usr ([Image]).
+	Image *imageRecord `json:"image,omitempty"`
 }
 
 // readJSON decodes the JSON file at name into v.

@@ -1,0 +1,234 @@
+package local_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
+)
+
+// fakeImages hands out images made of directories the test built, and
+// counts the pins it holds.
+type fakeImages struct {
+	mu     sync.Mutex
+	images map[string]local.RootImage
+	pinned map[string]int // digest → pins held
+}
+
+func (f *fakeImages) Acquire(ctx context.Context, ref string) (local.RootImage, func(), error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	img, ok := f.images[ref]
+	if !ok {
+		return local.RootImage{}, nil, errors.New("no such image")
+	}
+	f.pinned[img.Digest]++
+	var once sync.Once
+	return img, func() {
+		once.Do(func() {
+			f.mu.Lock()
+			f.pinned[img.Digest]--
+			f.mu.Unlock()
+		})
+	}, nil
+}
+
+func (f *fakeImages) pins(digest string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pinned[digest]
+}
+
+// buildLayers makes two unpacked layers as the image store leaves them: a
+// busybox base with an os-release and a file the top layer deletes (an
+// overlay whiteout, a 0/0 character device) beside a marker of its own.
+func buildLayers(t *testing.T) []string {
+	t.Helper()
+	dir := t.TempDir()
+	base, top := filepath.Join(dir, "base"), filepath.Join(dir, "top")
+	for _, d := range []string{"bin", "etc", "usr/bin", "root", "tmp", "workspace", "proc", "dev"} {
+		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatalf("busybox-static is needed (apt-get install busybox-static): %v", err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(filepath.Join(base, "bin/busybox"), bb, 0o755))
+	for _, name := range []string{"sh", "cat", "ls", "echo", "stat", "id", "rm", "mkdir", "env", "pwd", "true"} {
+		must(os.Symlink("busybox", filepath.Join(base, "bin", name)))
+	}
+	must(os.WriteFile(filepath.Join(base, "etc/os-release"), []byte("ID=sandgate-test-image\n"), 0o644))
+	must(os.WriteFile(filepath.Join(base, "etc/gone"), []byte("deleted above\n"), 0o644))
+	must(os.WriteFile(filepath.Join(base, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nimageuser:x:0:0::/:/bin/sh\n"), 0o644))
+	must(os.MkdirAll(filepath.Join(top, "etc"), 0o755))
+	must(os.WriteFile(filepath.Join(top, "marker"), []byte("top layer\n"), 0o644))
+	must(syscall.Mknod(filepath.Join(top, "etc/gone"), syscall.S_IFCHR, 0))
+	return []string{base, top}
+}
+
+func newImageProvider(t *testing.T) (*local.Provider, *fakeImages, []string) {
+	t.Helper()
+	layers := buildLayers(t)
+	img := local.RootImage{
+		Digest: "sha256:" + strings.Repeat("ab", 32),
+		Layers: layers,
+		Env:    []string{"PATH=/bin:/usr/bin", "IMAGE_VAR=from-image", "SHARED=image"},
+	}
+	imgs := &fakeImages{
+		images: map[string]local.RootImage{
+			"registry.test/busybox:1":             img,
+			"registry.test/busybox@" + img.Digest: img,
+			"registry.test/nonroot:1":             {Digest: "sha256:" + strings.Repeat("cd", 32), Layers: layers, User: "1000"},
+		},
+		pinned: map[string]int{},
+	}
+	p, err := local.New(t.Context(), local.Config{DataDir: t.TempDir(), Images: imgs}, providers.Env{BrokerID: broker})
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	t.Cleanup(func() { closeProvider(p) })
+	return p, imgs, layers
+}
+
+// sh runs script in sb and returns its stdout, failing on a non-zero exit.
+func sh(t *testing.T, p *local.Provider, sb providers.Sandbox, script string) string {
+	t.Helper()
+	res, err := p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"sh", "-c", script}, MaxOutputBytes: 1 << 16})
+	if err != nil {
+		t.Fatalf("exec %q: %v", script, err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exec %q: exit %d, stderr %q", script, res.ExitCode, res.Stderr)
+	}
+	return string(res.Stdout)
+}
+
+func TestImageRoot(t *testing.T) {
+	t.Parallel()
+	p, imgs, layers := newImageProvider(t)
+	digest := "sha256:" + strings.Repeat("ab", 32)
+
+	specA := providertest.Spec(t)
+	specA.Image = "registry.test/busybox:1" // by tag
+	specA.Env = map[string]string{"SHARED": "workspace"}
+	a := providertest.Create(t, p, specA)
+	specB := providertest.Spec(t)
+	specB.Image = "registry.test/busybox@" + digest // by digest
+	b := providertest.Create(t, p, specB)
+
+	// The image's content, not the host's.
+	if got := sh(t, p, a, "cat /etc/os-release /marker"); got != "ID=sandgate-test-image\ntop layer\n" {
+		t.Errorf("os-release and marker = %q; want the image's", got)
+	}
+	if got := sh(t, p, a, "ls /etc/gone 2>&1 || echo absent"); !strings.HasSuffix(got, "absent\n") {
+		t.Errorf("a file the top layer whited out: %q; want it absent", got)
+	}
+	// The image's files belong to the sandbox's root; the image's passwd
+	// is kept, the generated hosts is bound over it.
+	if got := sh(t, p, a, "stat -c %u:%g /bin/busybox /etc; id -u"); got != "0:0\n0:0\n0\n" {
+		t.Errorf("owners in the image = %q; want root's", got)
+	}
+	if got := sh(t, p, a, "cat /etc/passwd; cat /etc/hosts"); !strings.Contains(got, "imageuser") || !strings.Contains(got, "sandbox") {
+		t.Errorf("/etc = %q; want the image's passwd and the generated hosts", got)
+	}
+	// The image's Env under the workspace's; no dir: /workspace.
+	if got := sh(t, p, a, `echo "$IMAGE_VAR $SHARED $PATH"; pwd`); got != "from-image workspace /bin:/usr/bin\n/workspace\n" {
+		t.Errorf("env and dir = %q", got)
+	}
+
+	// Root writes under /usr: into the workspace's own layer only.
+	sh(t, p, a, "mkdir -p /usr/local/lib && echo installed > /usr/local/lib/pkg && echo x > /etc/os-release")
+	if got := sh(t, p, a, "cat /usr/local/lib/pkg /etc/os-release"); got != "installed\nx\n" {
+		t.Errorf("written files = %q", got)
+	}
+	if got := sh(t, p, b, "cat /etc/os-release; test -e /usr/local/lib/pkg && echo present || echo absent"); got != "ID=sandgate-test-image\nabsent\n" {
+		t.Errorf("the other workspace on the image sees %q; want the image's files", got)
+	}
+	if raw, err := os.ReadFile(filepath.Join(layers[0], "etc/os-release")); err != nil || string(raw) != "ID=sandgate-test-image\n" {
+		t.Errorf("the cached layer's os-release = %q, %v; want it unchanged", raw, err)
+	}
+	if _, err := os.Stat(filepath.Join(layers[0], "usr/local")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a write in the sandbox reached the cached layer: %v", err)
+	}
+	// The write survives the workspace's namespace: it is on its disk.
+	p.Close()
+	p2, err := local.New(t.Context(), local.Config{DataDir: p.DataDir(), Images: imgs}, providers.Env{BrokerID: broker})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeProvider(p2) })
+	if got := sh(t, p2, a, "cat /usr/local/lib/pkg"); got != "installed\n" {
+		t.Errorf("after a restart /usr/local/lib/pkg = %q", got)
+	}
+
+	// Both run on one unpacked copy, and the record keeps the digest.
+	for _, sb := range []providers.Sandbox{a, b} {
+		var rec struct {
+			Image struct {
+				Digest string   `json:"digest"`
+				Layers []string `json:"layers"`
+			} `json:"image"`
+		}
+		raw, err := os.ReadFile(filepath.Join(p.DataDir(), "workspaces", sb.Ref, "sandbox.json"))
+		if err == nil {
+			err = json.Unmarshal(raw, &rec)
+		}
+		if err != nil || rec.Image.Digest != digest || !slices.Equal(rec.Image.Layers, layers) {
+			t.Errorf("%s's record: image %+v, %v; want digest %s on the shared layers", sb.Ref, rec.Image, err, digest)
+		}
+	}
+	if n := imgs.pins(digest); n < 2 {
+		t.Errorf("pins on the image with two live workspaces = %d; want at least 2", n)
+	}
+	for _, sb := range []providers.Sandbox{a, b} {
+		if err := p2.Terminate(t.Context(), sb); err != nil {
+			t.Fatal(err)
+		}
+		p.Terminate(t.Context(), sb)
+	}
+	if n := imgs.pins(digest); n != 0 {
+		t.Errorf("pins on the image once its workspaces are gone = %d; want 0", n)
+	}
+}
+
+func TestImageRefusals(t *testing.T) {
+	t.Parallel()
+	p, imgs, _ := newImageProvider(t)
+	spec := providertest.Spec(t)
+	spec.Image = "registry.test/nonroot:1"
+	if sb, err := p.Create(t.Context(), spec); !errors.Is(err, local.ErrImageUser) {
+		p.Terminate(context.Background(), sb)
+		t.Errorf("Create on an image with a non-root user = %v; want ErrImageUser", err)
+	}
+	spec.Image = "registry.test/missing:1"
+	if sb, err := p.Create(t.Context(), spec); err == nil {
+		p.Terminate(context.Background(), sb)
+		t.Errorf("Create on a missing image = nil error")
+	}
+	if n := imgs.pins("sha256:" + strings.Repeat("cd", 32)); n != 0 {
+		t.Errorf("pins left by refused creates = %d; want 0", n)
+	}
+	// The host image stays as it was.
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	if got := sh(t, p, sb, "test -e /usr/bin/env && echo host"); got != "host\n" {
+		t.Errorf("a host workspace's /usr = %q", got)
+	}
+}
