@@ -95,7 +95,12 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 		j.egress = true
 	}
 	start := time.Now()
-	res, err := p.run(ctx, j)
+	var res providers.ExecResult
+	if p.useResident(j) {
+		res, err = p.execResident(ctx, w, j)
+	} else {
+		res, err = p.run(ctx, j)
+	}
 	if err != nil {
 		return providers.ExecResult{}, err
 	}
@@ -162,6 +167,11 @@ type job struct {
 	// stageEgress stages the egress socket's directory and the forwarder
 	// (see stageOptions) even when egress is false.
 	stageEgress bool
+	// stageExe stages the broker's binary (and makes its mount point in
+	// the root tree) for the workspace's resident, so that every job of
+	// the workspace shares one mount namespace; bindExe binds it at
+	// forwardBin: the job is the resident (resident.go).
+	stageExe, bindExe bool
 }
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
@@ -556,6 +566,8 @@ func (p *Provider) stageOptions(j job) (o stepOptions, ok bool) {
 	}
 	if j.egress || j.stageEgress {
 		o.binds = append(o.binds, [2]string{j.layout.egress(), "g"}, [2]string{p.exe, "x"})
+	} else if j.stageExe {
+		o.binds = append(o.binds, [2]string{p.exe, "x"})
 	}
 	return o, true
 }
@@ -577,6 +589,12 @@ type launch struct {
 	// or timeout (<= 0: none) passes (watch).
 	ctx     context.Context
 	timeout time.Duration
+	// closeStarted are closed once bwrap has started (or failed to):
+	// descriptors only bwrap keeps.
+	closeStarted []*os.File
+	// last are bwrap's last descriptors, past those of the sh that joins
+	// the cgroups (joinAsStarted), which reads no descriptor above 9.
+	last []*os.File
 }
 
 // bwrapEnd is how an exec's bwrap ended, from launchBwrap.
@@ -619,11 +637,14 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 		if err == nil && lf.self {
 			joinStatus, joinStatusW, err = joinAsStarted(cmd, lf.join)
 		}
+		// After the sh's descriptors, which must stay below 10 for it.
+		cmd.ExtraFiles = append(cmd.ExtraFiles, l.last...)
 		if err != nil {
 			err = fmt.Errorf("local: exec: %w", err)
 		} else {
 			err = p.start(j.ref, l.ns, cmd, r)
 		}
+		closeAll(l.closeStarted)
 		if unpin != nil {
 			unpin()
 		}
@@ -895,7 +916,7 @@ func (p *Provider) rootOptions(j job, o stepOptions) stepOptions {
 		d := p.stageDir + "/d/"
 		dirs = [3]string{d + "workspace", d + "home", d + "tmp"}
 	}
-	t := &rootTree{owner: max(j.uid, 0), usrLinks: p.usrLinks, egress: j.egress || j.stageEgress}
+	t := &rootTree{owner: max(j.uid, 0), usrLinks: p.usrLinks, egress: j.egress || j.stageEgress || j.stageExe}
 	t.binds = append(t.binds, rootBind{src: "/usr", dst: "/usr", ro: true})
 	for _, l := range p.usrLinks {
 		if l.target == "" {
@@ -1022,12 +1043,13 @@ func (p *Provider) bwrapOptions(j job, seccomp, rooted bool) []byte {
 			"--bind", src("t", j.layout.tmp()), "/tmp",
 		)
 	}
-	if j.egress {
+	if j.egress || j.bindExe {
 		// Before / is read-only: bwrap makes the mount points there (the
 		// root tree has them).
-		o = append(o,
-			"--ro-bind", src("x", p.exe), forwardBin,
-			"--ro-bind", src("g", j.layout.egress()), egressMount)
+		o = append(o, "--ro-bind", src("x", p.exe), forwardBin)
+	}
+	if j.egress {
+		o = append(o, "--ro-bind", src("g", j.layout.egress()), egressMount)
 	}
 	// /dev is tmpfs, that is memory: make it read-only. So is the root
 	// without a root tree; the root tree is read-only already.

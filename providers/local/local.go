@@ -120,6 +120,10 @@ type Config struct {
 	// Egress serves each workspace's egress proxy listener; nil means no
 	// egress. Not a config setting: cmd/sandgate passes the broker's proxy.
 	Egress Egress `yaml:"-"`
+	// ResidentExec runs each exec as a fork in a resident process that
+	// lives in the workspace's sandbox, instead of a bwrap of its own
+	// (README.md, "The resident"). Off by default.
+	ResidentExec bool `yaml:"resident_exec"`
 
 	// mountinfo replaces /proc/self/mountinfo in tests.
 	mountinfo string
@@ -201,6 +205,8 @@ type Provider struct {
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
 	terminating map[string]int               // ref → Terminate calls in flight
+
+	res residents // each workspace's resident (Config.ResidentExec)
 
 	egressMu   sync.Mutex
 	egress     map[string]*egressServer // ref → the egress socket this Provider serves
@@ -849,6 +855,8 @@ func (p *Provider) jobIn(ref string, w opened) job {
 		rec:    w.rec,
 		uid:    w.rec.UID,
 		disk:   p.diskOf(w),
+		// One mount namespace serves the resident and the rest.
+		stageExe: p.cfg.ResidentExec,
 	}
 }
 
