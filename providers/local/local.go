@@ -603,6 +603,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			return providers.Sandbox{}, fmt.Errorf("local: create: %w", scrub(err))
 		}
 	}
+	p.warmResident(ref)
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(ref), sandgate.InstanceAttr(spec.InstanceID),
 		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env),
 		"egress_domains", len(rec.AllowedDomains))
@@ -1014,6 +1015,7 @@ func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
 // and their durable commands stay as they are.
 func (p *Provider) Close() error {
 	p.stopOnce.Do(func() {
+		p.stopResidents() // before hostNS: their threads leave for it
 		close(p.stop)
 		if p.hostNS != nil {
 			// An exec still running then stays in its workspace's

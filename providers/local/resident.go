@@ -71,10 +71,10 @@ type residentReply struct {
 
 // resident is a workspace's running resident.
 type resident struct {
-	ctlMu sync.RWMutex // write-held to close ctl, read-held to send on it
-	ctl   *os.File     // the broker's end of the control socket; nil once closed
-	r    *run          // its bwrap, which Terminate kills
-	dead chan struct{} // closed once its bwrap has exited
+	ctlMu sync.RWMutex  // write-held to close ctl, read-held to send on it
+	ctl   *os.File      // the broker's end of the control socket; nil once closed
+	r     *run          // its bwrap, which Terminate kills
+	dead  chan struct{} // closed once its bwrap has exited
 
 	mu       sync.Mutex
 	inflight int
@@ -84,7 +84,14 @@ type resident struct {
 // residents are a Provider's residents, by workspace.
 type residents struct {
 	mu sync.Mutex
-	m  map[string]*resident
+	m  map[string]*residentSlot
+}
+
+// residentSlot holds one workspace's resident; its lock is held while
+// one starts, so that a start never holds up another workspace's execs.
+type residentSlot struct {
+	mu sync.Mutex
+	rs *resident // nil: none started yet
 }
 
 // useResident reports whether j runs on its workspace's resident: with
@@ -95,26 +102,62 @@ func (p *Provider) useResident(j job) bool {
 	return p.cfg.ResidentExec && !p.cfg.GuestVM && j.ref != "" && (p.cg == nil || p.cg.joinsItself())
 }
 
+// warmResident starts ref's resident in the background (Create): its
+// set-up then overlaps the client's first request.
+func (p *Provider) warmResident(ref string) {
+	if !p.cfg.ResidentExec {
+		return
+	}
+	go func() {
+		w, err := p.open(ref)
+		if err != nil || !p.useResident(p.jobIn(ref, w)) {
+			return
+		}
+		if _, err := p.residentOf(ref, w); err != nil {
+			p.log.Debug("resident not started", sandgate.WorkspaceAttr(ref), "err", err)
+		}
+	}()
+}
+
 // residentOf returns ref's resident, starting one when there is none or
 // it has died.
 func (p *Provider) residentOf(ref string, w opened) (*resident, error) {
 	p.res.mu.Lock()
-	defer p.res.mu.Unlock()
-	if rs := p.res.m[ref]; rs != nil {
+	if p.res.m == nil {
+		p.res.m = make(map[string]*residentSlot)
+	}
+	slot := p.res.m[ref]
+	if slot == nil {
+		slot = &residentSlot{}
+		p.res.m[ref] = slot
+	}
+	p.res.mu.Unlock()
+
+	slot.mu.Lock()
+	defer slot.mu.Unlock()
+	if slot.rs != nil {
 		select {
-		case <-rs.dead:
+		case <-slot.rs.dead:
 		default:
-			return rs, nil
+			return slot.rs, nil
 		}
 	}
 	rs, err := p.startResident(ref, w)
 	if err != nil {
 		return nil, err
 	}
-	if p.res.m == nil {
-		p.res.m = make(map[string]*resident)
-	}
-	p.res.m[ref] = rs
+	slot.rs = rs
+	go func() {
+		<-rs.dead
+		p.res.mu.Lock()
+		defer p.res.mu.Unlock()
+		if p.res.m[ref] == slot && slot.mu.TryLock() {
+			if slot.rs == rs {
+				delete(p.res.m, ref) // else a start is under way, or done
+			}
+			slot.mu.Unlock()
+		}
+	}()
 	return rs, nil
 }
 
@@ -237,6 +280,27 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 	return rs, nil
 }
 
+// stopResidents kills every resident and waits until they are gone
+// (Close): the namespaces they hold then end with their descriptors.
+func (p *Provider) stopResidents() {
+	p.res.mu.Lock()
+	var all []*resident
+	for _, slot := range p.res.m {
+		slot.mu.Lock()
+		if slot.rs != nil {
+			all = append(all, slot.rs)
+		}
+		slot.mu.Unlock()
+	}
+	p.res.mu.Unlock()
+	for _, rs := range all {
+		rs.r.kill(false)
+	}
+	for _, rs := range all {
+		<-rs.dead
+	}
+}
+
 // idleResident stops rs once it has run no exec for residentIdle, and
 // when the Provider closes.
 func (p *Provider) idleResident(ref string, rs *resident) {
@@ -255,12 +319,7 @@ func (p *Provider) idleResident(ref string, rs *resident) {
 				continue
 			}
 		}
-		p.res.mu.Lock()
-		if p.res.m[ref] == rs {
-			delete(p.res.m, ref)
-		}
-		p.res.mu.Unlock()
-		rs.r.kill(false)
+		rs.r.kill(false) // residentOf forgets it once it is dead
 		return
 	}
 }

@@ -116,11 +116,13 @@ func TestResidentConcurrentExecs(t *testing.T) {
 	var wg sync.WaitGroup
 	var a providers.ExecResult
 	wg.Go(func() {
-		// Waits for the other exec, which must run meanwhile.
-		a = providertest.Exec(t, p, sb, "sh", "-c", "while [ ! -e /tmp/b ]; do sleep 0.01; done; echo a; sleep 4714")
+		// Waits for the other exec, which must run meanwhile; 4715 marks
+		// it in its command line.
+		a = providertest.Exec(t, p, sb, "sh", "-c", "while [ ! -e /tmp/b ]; do sleep 0.01; done; echo a", "sh", "4715")
 	})
-	// Commands of one workspace see each other, as on the vendors.
-	b := providertest.Exec(t, p, sb, "sh", "-c", `until grep -qs 4714 /proc/[0-9]*/cmdline; do sleep 0.01; done; echo b; touch /tmp/b`)
+	// Commands of one workspace see each other, as on the vendors (the
+	// marker is built so that this command's own line does not hold it).
+	b := providertest.Exec(t, p, sb, "sh", "-c", `m=47; m=${m}15; until grep -qs "$m" /proc/[0-9]*/cmdline; do sleep 0.01; done; echo b; touch /tmp/b`)
 	wg.Wait()
 	if string(a.Stdout) != "a\n" || string(b.Stdout) != "b\n" || a.ExitCode != 0 || b.ExitCode != 0 {
 		t.Errorf("execs = %q (exit %d), %q (exit %d); want \"a\", \"b\", 0", a.Stdout, a.ExitCode, b.Stdout, b.ExitCode)
@@ -161,10 +163,12 @@ func TestResidentChannelUnreachable(t *testing.T) {
 		}
 	}
 	// The resident is pid 2, bwrap's init's one child: it is there, but
-	// the sandbox cannot read its descriptors or environment.
+	// the sandbox cannot follow its descriptors or read its environment
+	// (it may list their numbers: the directory belongs to the user
+	// namespace's root).
 	res = providertest.Exec(t, p, sb, "sh", "-c", `
 		tr '\0' ' ' </proc/2/cmdline; echo
-		ls /proc/2/fd >/dev/null 2>&1 && echo fd-readable
+		for f in /proc/2/fd/*; do readlink $f >/dev/null 2>&1 && echo fd-readable; done
 		cat /proc/2/environ >/dev/null 2>&1 && echo environ-readable
 		exit 0`)
 	if got := string(res.Stdout); !strings.Contains(got, "--sandgate-exec-resident") || strings.Contains(got, "readable") {
@@ -174,8 +178,9 @@ func TestResidentChannelUnreachable(t *testing.T) {
 
 type residentPid struct{ host, inner int }
 
-// residentPids finds sb's resident: the host process whose command line
-// names it and whose last NSpid is what the sandbox calls it.
+// residentPids finds the residents: the host processes whose command
+// line names one and that are pid 2 in their sandbox (bwrap's own
+// processes have the same command line).
 func residentPids(t *testing.T, p *local.Provider, sb providers.Sandbox) []residentPid {
 	t.Helper()
 	providertest.Exec(t, p, sb, "true") // it runs
@@ -189,7 +194,9 @@ func residentPids(t *testing.T, p *local.Provider, sb providers.Sandbox) []resid
 			if f := strings.Fields(l); len(f) > 1 && f[0] == "NSpid:" {
 				host, _ := strconv.Atoi(s)
 				inner, _ := strconv.Atoi(f[len(f)-1])
-				out = append(out, residentPid{host, inner})
+				if inner == 2 { // not bwrap's (pid 1 inside, or outside)
+					out = append(out, residentPid{host, inner})
+				}
 			}
 		}
 	}
@@ -214,6 +221,9 @@ func TestResidentRSS(t *testing.T) {
 	}
 	var rss int
 	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && (f[0] == "RssAnon:" || f[0] == "RssFile:") {
+			t.Logf("resident %s %s KiB", f[0], f[1])
+		}
 		if f := strings.Fields(l); len(f) == 3 && f[0] == "VmRSS:" {
 			rss, _ = strconv.Atoi(f[1])
 		}
@@ -222,4 +232,10 @@ func TestResidentRSS(t *testing.T) {
 	if rss == 0 || rss > 32<<10 {
 		t.Errorf("resident VmRSS = %d KiB; want (0, 32 MiB]", rss)
 	}
+}
+
+// TestProviderResident runs the contract suite on resident execs.
+func TestProviderResident(t *testing.T) {
+	t.Parallel()
+	providertest.Run(t, func(t *testing.T) providers.Provider { return newResidentProvider(t) })
 }
