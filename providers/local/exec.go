@@ -167,10 +167,10 @@ type job struct {
 	// stageEgress stages the egress socket's directory and the forwarder
 	// (see stageOptions) even when egress is false.
 	stageEgress bool
-	// stageExe stages the broker's binary (and makes its mount point in
-	// the root tree) for the workspace's resident, so that every job of
-	// the workspace shares one mount namespace; bindExe binds it at
-	// forwardBin: the job is the resident (resident.go).
+	// stageExe stages the broker's binary for the workspace's resident,
+	// for every job of the workspace, so that they share one mount
+	// namespace; bindExe binds it at residentBin: the job is the
+	// resident (resident.go).
 	stageExe, bindExe bool
 }
 
@@ -180,6 +180,7 @@ type run struct {
 	done chan struct{} // closed when the exec's processes are reaped
 
 	mu         sync.Mutex
+	killEarly  bool // killed before bwrap started: start kills it
 	exited     bool // bwrap has exited: the pgid may soon be free for reuse
 	terminated bool // Terminate killed it
 	timedOut   bool // the exec's timeout killed it (watch)
@@ -197,6 +198,12 @@ func (r *run) kill(byTerminate bool) bool {
 	if r.exited {
 		return false
 	}
+	if r.pgid == 0 {
+		// Not started yet (a resident: resident.go); kill(0) would be
+		// the broker's own process group.
+		r.killEarly = true
+		return false
+	}
 	killExec(r.pgid) // ESRCH: it is exiting anyway
 	return true
 }
@@ -206,7 +213,7 @@ func (r *run) kill(byTerminate bool) bool {
 func (r *run) timeOut() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.exited {
+	if !r.exited && r.pgid != 0 {
 		r.timedOut = true
 		killExec(r.pgid) // ESRCH: it is exiting anyway
 	}
@@ -428,7 +435,12 @@ func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("local: exec: start: %w", scrub(err))
 	}
+	r.mu.Lock()
 	r.pgid = cmd.Process.Pid
+	if r.killEarly {
+		killExec(r.pgid) // it has no options yet, and dies before it runs anything
+	}
+	r.mu.Unlock()
 	if ref != "" {
 		if p.runs[ref] == nil {
 			p.runs[ref] = make(map[*run]struct{})
@@ -916,7 +928,7 @@ func (p *Provider) rootOptions(j job, o stepOptions) stepOptions {
 		d := p.stageDir + "/d/"
 		dirs = [3]string{d + "workspace", d + "home", d + "tmp"}
 	}
-	t := &rootTree{owner: max(j.uid, 0), usrLinks: p.usrLinks, egress: j.egress || j.stageEgress || j.stageExe}
+	t := &rootTree{owner: max(j.uid, 0), usrLinks: p.usrLinks, egress: j.egress || j.stageEgress}
 	t.binds = append(t.binds, rootBind{src: "/usr", dst: "/usr", ro: true})
 	for _, l := range p.usrLinks {
 		if l.target == "" {
@@ -1043,13 +1055,17 @@ func (p *Provider) bwrapOptions(j job, seccomp, rooted bool) []byte {
 			"--bind", src("t", j.layout.tmp()), "/tmp",
 		)
 	}
-	if j.egress || j.bindExe {
+	if j.egress {
 		// Before / is read-only: bwrap makes the mount points there (the
 		// root tree has them).
-		o = append(o, "--ro-bind", src("x", p.exe), forwardBin)
+		o = append(o,
+			"--ro-bind", src("x", p.exe), forwardBin,
+			"--ro-bind", src("g", j.layout.egress()), egressMount)
 	}
-	if j.egress {
-		o = append(o, "--ro-bind", src("g", j.layout.egress()), egressMount)
+	if j.bindExe {
+		// On bwrap's own /dev, before it is read-only: nothing of it
+		// shows in the root tree.
+		o = append(o, "--ro-bind", src("x", p.exe), residentBin)
 	}
 	// /dev is tmpfs, that is memory: make it read-only. So is the root
 	// without a root tree; the root tree is read-only already.

@@ -23,13 +23,13 @@ import (
 )
 
 // The resident (Config.ResidentExec): each workspace keeps one small
-// process inside its sandbox, the broker's own binary bound at forwardBin
-// and run by a bwrap started exactly as an exec's (same namespaces, uid,
+// process inside its sandbox, the broker's own binary bound at
+// residentBin and run by a bwrap started exactly as an exec's (same namespaces, uid,
 // seccomp filter, resource limits and cgroups), so that everything it
 // forks inherits them. An exec is then a fork in it rather than a new
 // sandbox:
 //
-//	/run/sandgate/forward --sandgate-exec-resident SOCKET
+//	/dev/.sandgate-resident --sandgate-exec-resident SOCKET
 //
 // Its one descriptor past stderr is its end of a SOCK_SEQPACKET socket
 // pair whose other end only the broker holds; each message is one exec: a residentRequest, and with
@@ -41,6 +41,10 @@ import (
 // broker's pipes. See README.md, "The resident".
 
 const residentName = "sandgate-exec-resident"
+
+// residentBin is where the resident's binary is bound in its sandbox: on
+// bwrap's own /dev, so that no mount point of it is in the root tree.
+const residentBin = "/dev/.sandgate-resident"
 
 // maxResidentFDs bounds the descriptors of one request: the connection,
 // stdio and at most four cgroup files.
@@ -202,7 +206,7 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 		return nil, fmt.Errorf("local: exec: %w", err)
 	}
 	ctl, theirs := os.NewFile(uintptr(pair[0]), "resident"), os.NewFile(uintptr(pair[1]), "resident")
-	j.argv = []string{forwardBin, "--" + residentName, sock}
+	j.argv = []string{residentBin, "--" + residentName, sock}
 
 	leaves := make(chan leafFiles, 1)
 	leaf := "e-" + randomHex()
