@@ -205,6 +205,9 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 		argsW.Close()
 		return nil, fmt.Errorf("local: exec: %w", err)
 	}
+	// One message is one request, whose env may be large: past the
+	// default buffer it could not be sent at all. Best effort (root only).
+	_ = unix.SetsockoptInt(pair[0], unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 8<<20)
 	ctl, theirs := os.NewFile(uintptr(pair[0]), "resident"), os.NewFile(uintptr(pair[1]), "resident")
 	j.argv = []string{residentBin, "--" + residentName, sock}
 

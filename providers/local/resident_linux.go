@@ -49,12 +49,24 @@ func runResident(args []string) int {
 	buf := make([]byte, 64<<10)
 	oob := make([]byte, unix.CmsgSpace(maxResidentFDs*4))
 	for {
-		n, oobn, _, _, err := unix.Recvmsg(ctl, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		// The request's size first (an env may be large), then the
+		// request with its descriptors.
+		n, _, _, _, err := unix.Recvmsg(ctl, nil, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil || n == 0 {
 			return 0 // the broker is gone
+		}
+		if n > len(buf) {
+			buf = make([]byte, n)
+		}
+		n, oobn, _, _, err := unix.Recvmsg(ctl, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			return 0
 		}
 		fds := rightsOf(oob[:oobn])
 		var req residentRequest
@@ -66,6 +78,9 @@ func runResident(args []string) int {
 			fds = slices.Insert(fds, 1, -1)
 		}
 		go serveExec(req, fds)
+		if len(buf) > 64<<10 {
+			buf = make([]byte, 64<<10) // a large env's buffer goes with its request
+		}
 	}
 }
 
