@@ -603,7 +603,6 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			return providers.Sandbox{}, fmt.Errorf("local: create: %w", scrub(err))
 		}
 	}
-	p.warmResident(ref)
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(ref), sandgate.InstanceAttr(spec.InstanceID),
 		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env),
 		"egress_domains", len(rec.AllowedDomains))

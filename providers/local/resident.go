@@ -106,23 +106,6 @@ func (p *Provider) useResident(j job) bool {
 	return p.cfg.ResidentExec && !p.cfg.GuestVM && j.ref != "" && (p.cg == nil || p.cg.joinsItself())
 }
 
-// warmResident starts ref's resident in the background (Create): its
-// set-up then overlaps the client's first request.
-func (p *Provider) warmResident(ref string) {
-	if !p.cfg.ResidentExec {
-		return
-	}
-	go func() {
-		w, err := p.open(ref)
-		if err != nil || !p.useResident(p.jobIn(ref, w)) {
-			return
-		}
-		if _, err := p.residentOf(ref, w); err != nil {
-			p.log.Debug("resident not started", sandgate.WorkspaceAttr(ref), "err", err)
-		}
-	}()
-}
-
 // residentOf returns ref's resident, starting one when there is none or
 // it has died.
 func (p *Provider) residentOf(ref string, w opened) (*resident, error) {
