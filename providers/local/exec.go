@@ -379,10 +379,15 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	if failed != nil {
 		code = failed.end(code, stdout.n == 0)
 	}
+	return p.execResult(j.ref, code, timedOut, stdout, stderr, end.oom)
+}
+
+// execResult is the result of an exec of ref that exited with code, from
+// its output and its leaf's OOM kill count (oom; nil: none).
+func (p *Provider) execResult(ref string, code int, timedOut bool, stdout, stderr *cappedBuffer, oom *os.File) (providers.ExecResult, error) {
 	if err := cmp.Or(stdout.err, stderr.err); err != nil {
 		return providers.ExecResult{}, fmt.Errorf("local: exec: output: %w", err)
 	}
-
 	res := providers.ExecResult{
 		ExitCode:        code,
 		Stdout:          stdout.buf,
@@ -396,12 +401,12 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	if timedOut {
 		res.ExitCode = 128 + int(syscall.SIGKILL)
 	}
-	if end.oom != nil && oomKills(end.oom) > 0 {
+	if oom != nil && oomKills(oom) > 0 {
 		// The workspace's memory ran out and the kernel killed a process
 		// of this exec: report it as the kill it was (protocol notes:
 		// 128+9), whatever the command made of it.
 		res.ExitCode = 128 + int(syscall.SIGKILL)
-		p.log.Info("exec oom killed", sandgate.WorkspaceAttr(j.ref))
+		p.log.Info("exec oom killed", sandgate.WorkspaceAttr(ref))
 	}
 	return res, nil
 }

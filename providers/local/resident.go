@@ -533,27 +533,7 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 			code = 128 + int(ws.Signal())
 		}
 	}
-	if err := cmp.Or(stdout.err, stderr.err); err != nil {
-		return providers.ExecResult{}, fmt.Errorf("local: exec: output: %w", err)
-	}
-	res := providers.ExecResult{
-		ExitCode:        code,
-		Stdout:          stdout.buf,
-		Stderr:          stderr.buf,
-		StdoutBytes:     stdout.n,
-		StderrBytes:     stderr.n,
-		StdoutTruncated: stdout.truncated(),
-		StderrTruncated: stderr.truncated(),
-		TimedOut:        to,
-	}
-	if to {
-		res.ExitCode = 128 + int(syscall.SIGKILL)
-	}
-	if lf.oom != nil && oomKills(lf.oom) > 0 {
-		res.ExitCode = 128 + int(syscall.SIGKILL)
-		p.log.Info("exec oom killed", sandgate.WorkspaceAttr(j.ref))
-	}
-	return res, nil
+	return p.execResult(j.ref, code, to, stdout, stderr, lf.oom)
 }
 
 // residentPipes are an exec's stdio: the resident's ends (handed over and
