@@ -156,6 +156,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.whoamiRoutes(route)
 	s.billingRoutes(route)
 	s.stripeRoutes(route)
+	s.detailRoutes(route)
 	s.echo = e
 	return s, nil
 }

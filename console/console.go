@@ -230,6 +230,9 @@ func (c *Console) call(r *http.Request, tok sandgate.Secret, method, path string
 	if err != nil {
 		return err
 	}
+	if method == http.MethodGet {
+		req = req.WithContext(adminapi.WithConsoleRead(req.Context())) // a page view, not an audited action
+	}
 	rec := &recorder{header: http.Header{}}
 	c.api.ServeHTTP(rec, req)
 	if rec.status == 0 {
@@ -255,6 +258,7 @@ func (c *Console) streamLines(r *http.Request, tok sandgate.Secret, path string,
 	if err != nil {
 		return err
 	}
+	req = req.WithContext(adminapi.WithConsoleRead(req.Context())) // the audit page's view of the log
 	lw := &lineWriter{recorder: recorder{header: http.Header{}}, fn: fn}
 	c.api.ServeHTTP(lw, req)
 	if lw.status >= 300 {
