@@ -51,10 +51,6 @@ type Config struct {
 	Clock sandgate.Clock
 	// Log receives failures of the console itself. nil discards them.
 	Log *slog.Logger
-	// Metrics serves GET /metrics (the Prometheus exposition of this
-	// process), from which the overview counts refusals by code. nil
-	// leaves them out.
-	Metrics http.Handler
 }
 
 // Console serves the operator console. It is safe for concurrent use.
@@ -64,7 +60,6 @@ type Console struct {
 	log   *slog.Logger
 	pages map[string]*template.Template
 	mux   *http.ServeMux
-	refs  *refusals
 }
 
 // New returns the console over the operator API.
@@ -78,8 +73,7 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	c := &Console{api: cfg.API, clock: cfg.Clock, log: cfg.Log, pages: map[string]*template.Template{},
-		refs: &refusals{metrics: cfg.Metrics}}
+	c := &Console{api: cfg.API, clock: cfg.Clock, log: cfg.Log, pages: map[string]*template.Template{}}
 	names, err := fs.Glob(files, "templates/*.html")
 	if err != nil {
 		return nil, err
