@@ -51,21 +51,22 @@ type InstanceDetail struct {
 }
 
 // AccountDetail is the answer of GET /admin/v1/accounts/{id}. Account,
-// Balance and Budgets are every role's; Instances, Limits, Workspaces and
+// Balance and Budgets are every role's. Instances, Limits, Workspaces and
 // Refusals are only in the answer to roles admin and operator (finance
-// reads no instance, token or workspace) and are null otherwise.
+// reads no instance, token or workspace); a list that is empty is left
+// out as well.
 type AccountDetail struct {
 	Account Account  `json:"account"`
 	Balance Balance  `json:"balance"`
 	Budgets []Budget `json:"budgets"`
 	// Instances are the account's instances with their tokens.
-	Instances []InstanceDetail `json:"instances"`
-	Limits    *RiskLimits      `json:"limits"`
+	Instances []InstanceDetail `json:"instances,omitempty"`
+	Limits    *RiskLimits      `json:"limits,omitempty"`
 	// Workspaces are its most recently created workspaces, newest first
 	// (at most 20), of every state.
-	Workspaces []Workspace `json:"workspaces"`
+	Workspaces []Workspace `json:"workspaces,omitempty"`
 	// Refusals are its tokens' refused requests of the last 24 hours.
-	Refusals *RefusalCounts `json:"refusals"`
+	Refusals *RefusalCounts `json:"refusals,omitempty"`
 }
 
 // RefusalCount is the number of requests refused with one protocol code.
