@@ -118,6 +118,8 @@ type timeChart struct {
 	Width  int
 	Height int
 	Left   int // the plot's left edge
+	Top    int // the plot's top edge
+	Plot   int // the plot's height
 	Bottom int // the plot's bottom edge (y of the x axis)
 	Right  int
 	YTicks []tick
@@ -164,7 +166,7 @@ const (
 	tsHeight = 240
 	tsLeft   = 84
 	tsRight  = 12
-	tsTop    = 12
+	tsTop    = 24 // room for the y axis' title above the plot
 	tsBottom = 34
 )
 
@@ -174,7 +176,7 @@ const (
 func timeSeries(title, metric, unit, what string, days []string, top []string, values map[string]map[string]int64,
 	total map[string]int64, of int, name func(string) string, label func(int64) string) timeChart {
 	c := timeChart{Title: title, Metric: metric, Unit: unit, Width: tsWidth, Height: tsHeight,
-		Left: tsLeft, Bottom: tsHeight - tsBottom, Right: tsWidth - tsRight, Shown: len(top), Of: of, What: what}
+		Left: tsLeft, Top: tsTop, Bottom: tsHeight - tsBottom, Right: tsWidth - tsRight, Shown: len(top), Of: of, What: what}
 	c.Axis = "amount (" + unit + ")"
 	if metric == "seconds" {
 		c.Axis = "metered seconds (s)"
@@ -188,6 +190,7 @@ func timeSeries(title, metric, unit, what string, days []string, top []string, v
 	step := niceStep(peak)
 	yMax := step * 4
 	plotH := c.Bottom - tsTop
+	c.Plot = plotH
 	plotW := c.Right - c.Left
 	x := func(i int) int {
 		if len(days) < 2 {
