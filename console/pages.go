@@ -394,10 +394,6 @@ func (c *Console) month(r *http.Request) (string, time.Time, time.Time, error) {
 	return m, from, from.AddDate(0, 1, 0), nil
 }
 
-func (c *Console) summary(r *http.Request, s *session, by string, from, to time.Time, acct string) ([]adminapi.SummaryGroup, error) {
-	return c.summaryOf(r, s, by, from, to, url.Values{"account": {acct}})
-}
-
 // summaryOf is GET /usage/summary grouped by by over [from, to), with the
 // non-empty filters of f (account, size).
 func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to time.Time, f url.Values) ([]adminapi.SummaryGroup, error) {
