@@ -50,7 +50,7 @@ func (s *Server) countRefusals(ctx context.Context) {
 		}
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if err := s.db.CountRefusals(wctx, batch); err != nil {
+		if err := s.saga.CountRefusals(wctx, batch); err != nil {
 			s.log.Warn("refusals not counted", slog.Int("refusals", len(batch)), slog.Any(sandgate.KeyError, err))
 		}
 		batch = batch[:0]

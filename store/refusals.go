@@ -24,19 +24,16 @@ const (
 	refusalHourTTL   = 8 * 24 * time.Hour
 )
 
-// refusalsKey is the HASH of the refusals of one bucket of width w
-// starting at unix second start ("m" for minutes, "h" for hours), broker
-// wide (acct "") or of one account. Examples: sg:refusals:h:1796536800,
-// sg:{acct_x}:refusals:h:1796536800
-func refusalsKey(acct string, w time.Duration, start int64) string {
-	unit := "h"
+// bucket returns the key of the bucket of width w starting at start,
+// broker wide (acct "") or of one account (hours only).
+func bucket(acct string, w time.Duration, start int64) string {
+	if acct != "" {
+		return accountRefusalsKey(acct, start)
+	}
 	if w == refusalMinute {
-		unit = "m"
+		return refusalsKey("m", start)
 	}
-	if acct == "" {
-		return prefix + "refusals:" + unit + ":" + strconv.FormatInt(start, 10)
-	}
-	return prefix + "{" + acct + "}:refusals:" + unit + ":" + strconv.FormatInt(start, 10)
+	return refusalsKey("h", start)
 }
 
 // Refusal is one refused request to count: its protocol code, when it
@@ -58,10 +55,10 @@ func (db *DB) CountRefusals(ctx context.Context, rs []Refusal) error {
 	n := map[cell]int64{}
 	for _, r := range rs {
 		m, h := r.At.Truncate(refusalMinute).Unix(), r.At.Truncate(refusalHour).Unix()
-		n[cell{refusalsKey("", refusalMinute, m), r.Code, refusalMinuteTTL}]++
-		n[cell{refusalsKey("", refusalHour, h), r.Code, refusalHourTTL}]++
+		n[cell{bucket("", refusalMinute, m), r.Code, refusalMinuteTTL}]++
+		n[cell{bucket("", refusalHour, h), r.Code, refusalHourTTL}]++
 		if r.Account != "" {
-			n[cell{refusalsKey(r.Account, refusalHour, h), r.Code, refusalHourTTL}]++
+			n[cell{bucket(r.Account, refusalHour, h), r.Code, refusalHourTTL}]++
 		}
 	}
 	if len(n) == 0 {
@@ -99,7 +96,7 @@ func (db *DB) RefusalCounts(ctx context.Context, acct string, window time.Durati
 	var cmds []*redis.MapStringStringCmd
 	_, err := db.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for t := first; !t.After(now); t = t.Add(w) {
-			cmds = append(cmds, p.HGetAll(ctx, refusalsKey(acct, w, t.Unix())))
+			cmds = append(cmds, p.HGetAll(ctx, bucket(acct, w, t.Unix())))
 		}
 		return nil
 	})
