@@ -40,7 +40,10 @@ func note(c echo.Context) *auditNote {
 
 // audit writes one audit entry for every request that changes something
 // and for every refused one (401, 403, any 4xx or 5xx), whatever its
-// method. Successful reads are not audited, except the audit export.
+// method. Successful reads are not audited, except the exports and
+// summaries of money and of the log itself; a successful read the
+// console makes to show one of its pages (adminapi.WithConsoleRead) is
+// not audited either: a page view is no action.
 //
 // The entry is written once the handler has returned, so a successful
 // answer is already on its way: when the entry cannot be written the
@@ -68,7 +71,8 @@ func (s *Server) audit(next echo.HandlerFunc) echo.HandlerFunc {
 			pe := toProtocolError(err)
 			out.Status, out.Code = pe.Code.Status(), string(pe.Code)
 		}
-		if out.Status < 400 && c.Request().Method == http.MethodGet && !n.always {
+		if out.Status < 400 && c.Request().Method == http.MethodGet &&
+			(!n.always || adminapi.IsConsoleRead(c.Request().Context())) {
 			return err
 		}
 		if n.swept != nil {

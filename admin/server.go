@@ -161,6 +161,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.billingRoutes(route)
 	s.stripeRoutes(route)
 	s.imageRoutes(route)
+	s.detailRoutes(route)
 	s.echo = e
 	return s, nil
 }

@@ -51,10 +51,6 @@ type Config struct {
 	Clock sandgate.Clock
 	// Log receives failures of the console itself. nil discards them.
 	Log *slog.Logger
-	// Metrics serves GET /metrics (the Prometheus exposition of this
-	// process), from which the overview counts refusals by code. nil
-	// leaves them out.
-	Metrics http.Handler
 }
 
 // Console serves the operator console. It is safe for concurrent use.
@@ -64,7 +60,6 @@ type Console struct {
 	log   *slog.Logger
 	pages map[string]*template.Template
 	mux   *http.ServeMux
-	refs  *refusals
 }
 
 // New returns the console over the operator API.
@@ -78,8 +73,7 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	c := &Console{api: cfg.API, clock: cfg.Clock, log: cfg.Log, pages: map[string]*template.Template{},
-		refs: &refusals{metrics: cfg.Metrics}}
+	c := &Console{api: cfg.API, clock: cfg.Clock, log: cfg.Log, pages: map[string]*template.Template{}}
 	names, err := fs.Glob(files, "templates/*.html")
 	if err != nil {
 		return nil, err
@@ -239,6 +233,9 @@ func (c *Console) callHeader(r *http.Request, tok sandgate.Secret, method, path 
 	if err != nil {
 		return nil, err
 	}
+	if method == http.MethodGet {
+		req = req.WithContext(adminapi.WithConsoleRead(req.Context())) // a page view, not an audited action
+	}
 	rec := &recorder{header: http.Header{}}
 	c.api.ServeHTTP(rec, req)
 	if rec.status == 0 {
@@ -264,6 +261,7 @@ func (c *Console) streamLines(r *http.Request, tok sandgate.Secret, path string,
 	if err != nil {
 		return err
 	}
+	req = req.WithContext(adminapi.WithConsoleRead(req.Context())) // the audit page's view of the log
 	lw := &lineWriter{recorder: recorder{header: http.Header{}}, fn: fn}
 	c.api.ServeHTTP(lw, req)
 	if lw.status >= 300 {

@@ -39,6 +39,10 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /console/audit", c.signedIn(c.audit, opsRoles...))
 	m.HandleFunc("GET /console/search", c.signedIn(c.search))
 	m.Handle("GET /console/static/", http.StripPrefix("/console/", http.FileServerFS(files)))
+	// Detail pages (detail.go).
+	m.HandleFunc("GET /console/workspaces/{id}", c.signedIn(c.workspaceDetail, opsRoles...))
+	m.HandleFunc("GET /console/accounts/{id}", c.signedIn(c.accountDetail))
+	m.HandleFunc("GET /console/accounts/{id}/statement", c.signedIn(c.accountStatement, financeRoles...))
 	c.mux = m
 }
 
@@ -251,9 +255,7 @@ type overviewData struct {
 	// Free are the accounts marked free on purpose, Unconfigured those
 	// whose billing was never set (their acquires are refused).
 	Free, Unconfigured []adminapi.Account
-	Refusals           []refusalRow
-	Since              string // the start of the refusals' window
-	Counted            bool   // whether refusals could be counted
+	Refusals           refusalsData
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
@@ -269,9 +271,10 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 		d.ByProvider = countBy(ws, provider, provider)
 		d.ByAccount = countBy(ws, func(w adminapi.Workspace) string { return w.AccountID },
 			func(w adminapi.Workspace) string { return w.AccountName })
-		var since time.Time
-		d.Refusals, since, d.Counted = c.refs.window(r, c.clock.Now())
-		d.Since = since.UTC().Format(time.RFC3339)
+		if d.Refusals, err = c.refusals(r, s); err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
 		d.Status = &adminapi.Status{}
 		if err := c.call(r, s.token, http.MethodGet, "/status", nil, d.Status); err != nil {
 			c.fail(w, r, s, err)
@@ -383,6 +386,10 @@ func (c *Console) kill(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, r, s, err)
 		return
 	}
+	if r.PostForm.Get("from") == "detail" {
+		http.Redirect(w, r, Prefix+"workspaces/"+url.PathEscape(id)+"?killed=1", http.StatusSeeOther)
+		return
+	}
 	http.Redirect(w, r, Prefix+"workspaces?killed="+url.QueryEscape(id), http.StatusSeeOther)
 }
 
@@ -461,21 +468,6 @@ func (c *Console) month(r *http.Request) (string, time.Time, time.Time, error) {
 	return m, from, from.AddDate(0, 1, 0), nil
 }
 
-type usageData struct {
-	Month, Prev, Next string
-	Days              []chart // per currency: seconds and amounts per day
-	ByAccount         []adminapi.SummaryGroup
-	BySize            []adminapi.SummaryGroup
-	AccountCharts     []chart
-	SizeCharts        []chart
-	SizeDayCharts     []chart
-	CSV               string
-}
-
-func (c *Console) summary(r *http.Request, s *session, by string, from, to time.Time, acct string) ([]adminapi.SummaryGroup, error) {
-	return c.summaryOf(r, s, by, from, to, url.Values{"account": {acct}})
-}
-
 // summaryOf is GET /usage/summary grouped by by over [from, to), with the
 // non-empty filters of f (account, size).
 func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to time.Time, f url.Values) ([]adminapi.SummaryGroup, error) {
@@ -490,61 +482,6 @@ func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to tim
 		return nil, err
 	}
 	return sum.Groups, nil
-}
-
-// usage is the usage page: metered seconds and amounts per day of one
-// month, overall and per account, totals per account and per size, and
-// the month's CSV export.
-func (c *Console) usage(w http.ResponseWriter, r *http.Request, s *session) {
-	m, from, to, err := c.month(r)
-	if err != nil {
-		c.fail(w, r, s, err)
-		return
-	}
-	d := usageData{Month: m, Prev: from.AddDate(0, -1, 0).Format("2006-01"), Next: to.Format("2006-01"),
-		CSV: Prefix + "usage.csv?month=" + m}
-	days, err := c.summary(r, s, "day", from, to, "")
-	if err != nil {
-		c.fail(w, r, s, err)
-		return
-	}
-	d.Days = dayCharts("all accounts", days, from, to)
-	if d.ByAccount, err = c.summary(r, s, "account", from, to, ""); err != nil {
-		c.fail(w, r, s, err)
-		return
-	}
-	if d.BySize, err = c.summary(r, s, "size", from, to, ""); err != nil {
-		c.fail(w, r, s, err)
-		return
-	}
-	d.SizeCharts = sizeCharts(d.BySize)
-	sizes := map[string]bool{}
-	for _, g := range d.BySize {
-		if sizes[g.Key] || g.Key == "" {
-			continue
-		}
-		sizes[g.Key] = true
-		days, err := c.summaryOf(r, s, "day", from, to, url.Values{"size": {g.Key}})
-		if err != nil {
-			c.fail(w, r, s, err)
-			return
-		}
-		d.SizeDayCharts = append(d.SizeDayCharts, dayCharts("size "+g.Key, days, from, to)...)
-	}
-	seen := map[string]bool{}
-	for _, g := range d.ByAccount {
-		if seen[g.Key] || len(seen) == 10 {
-			continue
-		}
-		seen[g.Key] = true
-		days, err := c.summary(r, s, "day", from, to, g.Key)
-		if err != nil {
-			c.fail(w, r, s, err)
-			return
-		}
-		d.AccountCharts = append(d.AccountCharts, dayCharts(g.Key, days, from, to)...)
-	}
-	c.renderView(w, s, http.StatusOK, "usage", view{Title: "usage", Data: d})
 }
 
 // usageCSV is the month's export as finance downloads it: the operator

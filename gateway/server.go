@@ -129,8 +129,9 @@ type Server struct {
 	requestIDs  httpapi.RequestIDs
 	tel         serverTelemetry
 	external    []Cache
-	logAttrs    attrsHandler // log's handler, when it is one; nil otherwise
-	systemClock bool         // clock is the system's: a request's start is its reading (requestNow)
+	logAttrs    attrsHandler       // log's handler, when it is one; nil otherwise
+	systemClock bool               // clock is the system's: a request's start is its reading (requestNow)
+	refusals    chan store.Refusal // refusals to count in Redis (refusals.go)
 }
 
 // New returns a Server. A missing dependency is an error.
@@ -155,7 +156,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, db: d.DB, saga: d.Saga, clock: d.Clock, log: log,
-		cache: livecache.New[*authEntry](), controls: d.Controls, limiter: d.Limiter, external: d.Caches}
+		cache: livecache.New[*authEntry](), controls: d.Controls, limiter: d.Limiter, external: d.Caches,
+		refusals: make(chan store.Refusal, refusalQueue)}
 	s.inflight = newInflight(cfg)
 	s.logAttrs, _ = log.Handler().(attrsHandler)
 	switch d.Clock.(type) {
@@ -189,9 +191,16 @@ func New(cfg Config, d Deps) (*Server, error) {
 func (s *Server) Handler() http.Handler { return s.echo }
 
 // Run keeps the auth cache's invalidation subscription up until ctx ends.
-// Until it has subscribed, every request reads the token from Redis.
+// Until it has subscribed, every request reads the token from Redis. It
+// also writes the counts of refusals (refusals.go) until ctx ends.
 func (s *Server) Run(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.countRefusals(ctx)
+	}()
 	subscribe(ctx, s.db, s.log, append([]Cache{s.cache, s.controls}, s.external...)...)
+	<-done
 }
 
 func (s *Server) routes() *echo.Echo {
@@ -323,6 +332,9 @@ func (s *Server) observe(c *reqContext) {
 	m := s.measuresOf(ri, c.Response().Status, code)
 	if refused == nil {
 		s.accessLog(c.Request().Context(), c, m, code, start, end)
+		if code != "" {
+			s.queueRefusal(c, string(code), s.clock.Now())
+		}
 	}
 	s.endSpan(span, c, code)
 	if s.tel.duration != nil {

@@ -56,6 +56,7 @@ var adminTypes = map[string]any{
 	"ExecRequest":             adminapi.ExecRequest{}, "ExecResponse": adminapi.ExecResponse{}, "ReadFileRequest": adminapi.ReadFileRequest{},
 	"ReadFileResponse": adminapi.ReadFileResponse{}, "WriteFileRequest": adminapi.WriteFileRequest{},
 	"ErrorEnvelope": protocol.Envelope{}, "Empty": struct{}{},
+	"WorkspaceDetail": adminapi.WorkspaceDetail{}, "AccountDetail": adminapi.AccountDetail{}, "RefusalCounts": adminapi.RefusalCounts{},
 }
 
 // requestTypes are decoded by the gateway: which of their fields are

@@ -1,5 +1,7 @@
 package store
 
+import "strconv"
+
 // Every key sandgate writes is built here; store/README.md lists them with
 // their types, TTLs and owners. Keys of one account share the hash tag
 // {acct_…} so that an account's multi-key scripts stay in one Redis Cluster
@@ -205,3 +207,16 @@ func revokedKey(acct string) string { return prefix + "{" + acct + "}:revoked" }
 // derives and checks vendor guests' credentials with it.
 // Example: sg:egress_key
 func egressKeyKey() string { return prefix + "egress_key" }
+
+// refusalsKey is the HASH of the v1 requests refused, by code, broker
+// wide, in the minute ("m") or hour ("h") starting at unix second start.
+// Example: sg:refusals:h:1796536800
+func refusalsKey(unit string, start int64) string {
+	return prefix + "refusals:" + unit + ":" + strconv.FormatInt(start, 10)
+}
+
+// accountRefusalsKey is refusalsKey's hour bucket for the requests of one
+// account's tokens. Example: sg:{acct_x}:refusals:h:1796536800
+func accountRefusalsKey(acct string, start int64) string {
+	return prefix + "{" + acct + "}:refusals:h:" + strconv.FormatInt(start, 10)
+}

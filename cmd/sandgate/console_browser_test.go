@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,42 +16,15 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/sandgate/sandgate/adminapi"
+	"github.com/sandgate/sandgate/internal/browsertest"
 	"github.com/sandgate/sandgate/protocol"
 )
 
-// newBrowser starts a headless Chromium (Debian's chromium package, which
-// `make deps` installs) with a fresh profile and no network of its own,
-// and returns a context of one tab in it; both end with the test.
+// newBrowser starts a headless Chromium at 1400 × 1000 and returns a
+// context of one tab in it; both end with the test.
 func newBrowser(t *testing.T) context.Context {
 	t.Helper()
-	path, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatalf("the console's browser tests need chromium (apt-get install chromium; make deps does): %v", err)
-	}
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(path),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.Flag("headless", true),
-		chromedp.Flag("no-sandbox", true),
-		chromedp.Flag("disable-gpu", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("no-first-run", true),
-		chromedp.Flag("no-default-browser-check", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("password-store", "basic"),
-		chromedp.WindowSize(1400, 1000),
-	}
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancelAlloc)
-	ctx, cancel := chromedp.NewContext(actx, chromedp.WithLogf(func(string, ...any) {}))
-	t.Cleanup(cancel)
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	return ctx
+	return browsertest.New(t, 1400, 1000)
 }
 
 // do runs browser steps within a bound, failing the test with what step

@@ -18,7 +18,7 @@ import (
 // The console reads and acts only through api, with the signed-in
 // operator's token.
 func withConsole(next, api http.Handler, clock sandgate.Clock, log *slog.Logger) http.Handler {
-	con, err := console.New(console.Config{API: api, Clock: clock, Log: log, Metrics: next})
+	con, err := console.New(console.Config{API: api, Clock: clock, Log: log})
 	if err != nil {
 		// The templates are embedded: a failure is a build defect, caught by every test.
 		panic(err)

@@ -1,4 +1,0 @@
-package console
-
-// ParseRefusals bridges parseRefusals to the external tests.
-var ParseRefusals = parseRefusals
