@@ -225,7 +225,11 @@ func mountLayers(state, merged string, points []string) error {
 		}
 		opts := "lowerdir=" + p + ",upperdir=" + upper + ",workdir=" + work
 		if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
-			return fmt.Errorf("cannot mount the jails' root (overlayfs) over a file system of the guest: %w", err)
+			// A guest that is a user namespace (the fakes') keeps the
+			// overlay's metadata in user.* extended attributes.
+			if unix.Mount("overlay", target, "overlay", 0, opts+",userxattr") != nil {
+				return fmt.Errorf("cannot mount the jails' root (overlayfs) over a file system of the guest: %w", err)
+			}
 		}
 	}
 	return nil
