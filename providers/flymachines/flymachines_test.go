@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	stdmaps "maps"
 	"net/http"
 	"os"
@@ -141,8 +142,11 @@ func TestMachineConfig(t *testing.T) {
 					t.Errorf("metadata carries client data: %s=%s", k, v)
 				}
 			}
-			if c.Env[providertest.EnvVar] != providertest.EnvValue || len(c.Env) != 1 {
-				t.Errorf("env = %v; want only the workspace's", c.Env)
+			// Fly gives config.env to every process of the guest, the
+			// broker's root scripts too: the workspace's env is a file the
+			// jails read.
+			if len(c.Env) != 0 {
+				t.Errorf("env = %v; want none (the workspace's env is a file)", c.Env)
 			}
 			if c.Init == nil || !slices.Equal(c.Init.Exec, []string{providers.GuestAgent, "keeper", "--until", strconvUnix(spec.ExpiresAt)}) {
 				t.Errorf("init = %+v; want the agent's keeper ending at %d, without egress", c.Init, spec.ExpiresAt.Unix())
@@ -151,9 +155,18 @@ func TestMachineConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(c.Files) != 1 || c.Files[0].GuestPath != providers.GuestAgent || c.Files[0].Mode != 0o700 ||
+			if len(c.Files) != 2 || c.Files[0].GuestPath != providers.GuestAgent || c.Files[0].Mode != 0o700 ||
 				c.Files[0].RawValue == nil || *c.Files[0].RawValue != base64.StdEncoding.EncodeToString(agent) {
-				t.Errorf("files = %d entries; want the agent alone at %s, mode 0700", len(c.Files), providers.GuestAgent)
+				t.Fatalf("files = %d entries; want the agent at %s, mode 0700, and the env file", len(c.Files), providers.GuestAgent)
+			}
+			f := c.Files[1]
+			var env map[string]string
+			if f.RawValue != nil {
+				b, _ := base64.StdEncoding.DecodeString(*f.RawValue)
+				json.Unmarshal(b, &env)
+			}
+			if f.GuestPath != providers.GuestDir+"/env.json" || f.Mode != 0o600 || fmt.Sprint(env) != fmt.Sprint(spec.Env) {
+				t.Errorf("files[1] = %s mode %o, env %v; want the workspace's env %v at %s/env.json, mode 0600", f.GuestPath, f.Mode, env, spec.Env, providers.GuestDir)
 			}
 			if c.Image != flymachines.DefaultImage {
 				t.Errorf("image = %q; want %q", c.Image, flymachines.DefaultImage)
