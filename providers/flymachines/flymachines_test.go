@@ -550,3 +550,80 @@ func TestStagedStdinFails(t *testing.T) {
 		}
 	}
 }
+
+// rawExec runs argv in the Machine through the fake's exec route,
+// bypassing the provider: as the guest's root, outside every jail, with
+// the Machine's environment, where the broker's own scripts run.
+func rawExec(t *testing.T, s *flytest.Server, id string, argv ...string) string {
+	t.Helper()
+	b, _ := json.Marshal(flymachines.ExecRequest{Command: argv, Timeout: 30})
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, s.URL()+"/v1/apps/sandgate-test/machines/"+id+"/exec", bytes.NewReader(b))
+	req.Header.Set("Authorization", "FlyV1 "+testToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Transport: s.Transport()}).Do(req)
+	if err != nil {
+		t.Fatalf("raw exec: %v", err)
+	}
+	defer resp.Body.Close()
+	var er flymachines.ExecResponse
+	if err := json.NewDecoder(resp.Body).Decode(&er); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("raw exec: status %d, %v", resp.StatusCode, err)
+	}
+	return er.Stdout
+}
+
+// TestTenantCannotReachTheBrokersScripts: a client's env puts a directory
+// the tenant writes first in PATH, and the tenant, root in its jail,
+// plants tools there and overwrites the ones the broker's outside scripts
+// call (head, timeout, sh, base64), each leaving a marker in the guest's
+// own root. Then more execs (direct and durable), file operations and a
+// snapshot run: all work, and no marker appears outside the jail's view.
+func TestTenantCannotReachTheBrokersScripts(t *testing.T) {
+	s := startFake(t, flytest.Options{ExecDeadline: 3 * time.Second})
+	c := config(t, s)
+	c.DirectExecMax = 2 * time.Second
+	p := newProvider(t, c, "broker-poison")
+	spec := providertest.Spec(t)
+	spec.Env = map[string]string{"PATH": "/tmp/p:/usr/local/bin:/usr/bin:/bin"}
+	sb := providertest.Create(t, p, spec)
+	poison := `trap='#!/bin/sh
+touch /.sandgate-pwned-$(basename "$0")
+'
+mkdir -p /tmp/p /usr/local/bin || exit 1
+for p in /tmp/p/head /tmp/p/sh /tmp/p/base64 /tmp/p/timeout /tmp/p/env /usr/bin/head /usr/bin/timeout /usr/bin/base64 /usr/local/bin/sh /usr/local/bin/rm; do
+	printf '%s' "$trap" > "$p" && chmod 755 "$p" || exit 1
+done
+echo poisoned`
+	exec := func(argv []string, timeout time.Duration) providers.ExecResult {
+		t.Helper()
+		res, err := p.Exec(t.Context(), sb, providers.ExecSpec{Argv: argv, Timeout: timeout, MaxOutputBytes: 1 << 10})
+		if err != nil {
+			t.Fatalf("exec %q: %v", argv, err)
+		}
+		return res
+	}
+	if res := exec([]string{"/bin/sh", "-c", poison}, time.Second); res.ExitCode != 0 || string(res.Stdout) != "poisoned\n" {
+		t.Fatalf("poison = %+v", res)
+	}
+	if res := exec([]string{"/bin/echo", "direct"}, time.Second); string(res.Stdout) != "direct\n" {
+		t.Errorf("direct exec after the poison = %+v", res)
+	}
+	if res := exec([]string{"/bin/sh", "-c", "/bin/sleep 3; /bin/echo durable"}, 20*time.Second); string(res.Stdout) != "durable\n" {
+		t.Errorf("durable exec after the poison = %+v", res)
+	}
+	if err := p.WriteFile(t.Context(), sb, "/workspace/f", strings.NewReader("content")); err != nil {
+		t.Errorf("WriteFile after the poison: %v", err)
+	}
+	var got bytes.Buffer
+	if _, err := p.ReadFile(t.Context(), sb, "/workspace/f", 1<<10, &got); err != nil || got.String() != "content" {
+		t.Errorf("ReadFile after the poison = %q, %v", got.String(), err)
+	}
+	if _, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: "snap-poison", InstanceID: spec.InstanceID, Dir: "/workspace"}); err != nil {
+		t.Errorf("Snapshot after the poison: %v", err)
+	}
+	// The guest's own root, as the vendor's exec (and the broker's
+	// scripts) see it.
+	if out := rawExec(t, s, sb.Ref, "/bin/sh", "-c", "ls -a / | grep sandgate-pwned; test -e /tmp/p && echo tmp-p; true"); out != "" {
+		t.Errorf("outside the jail: %q; want no marker and no /tmp/p", out)
+	}
+}
