@@ -187,6 +187,10 @@ func Detach(args []string, ready bool) int {
 // guest's deadline in Unix seconds.
 const keeperFile = "keeper"
 
+// keeperStartWait bounds how long run waits for a starting keeper to
+// record itself.
+const keeperStartWait = 10 * time.Second
+
 // errNoKeeper is why run refuses a jail: nothing would end it at the
 // guest's deadline.
 var errNoKeeper = errors.New("the guest's lifetime keeper is not running: no jail starts without it")
@@ -231,7 +235,15 @@ func writeKeeperFile(agentDir string, until time.Time) error {
 // liveKeeper returns the guest's deadline once it has checked that the
 // keeper agentDir names is alive and the deadline has not passed.
 func liveKeeper(agentDir string) (time.Time, error) {
-	b, err := os.ReadFile(filepath.Join(agentDir, keeperFile))
+	// A keeper that is starting (a Machine's main process, just booted)
+	// records itself within moments: wait a little for the file, never
+	// for a keeper it names to come back.
+	name := filepath.Join(agentDir, keeperFile)
+	b, err := os.ReadFile(name)
+	for wait := time.Now().Add(keeperStartWait); errors.Is(err, os.ErrNotExist) && time.Now().Before(wait); {
+		time.Sleep(50 * time.Millisecond)
+		b, err = os.ReadFile(name)
+	}
 	if err != nil {
 		return time.Time{}, errNoKeeper
 	}
