@@ -36,6 +36,9 @@ type halfCloser interface{ CloseWrite() error }
 // dialTimeout bounds reaching the broker's proxy.
 const dialTimeout = 30 * time.Second
 
+// resolveTimeout bounds resolving the proxy's host at the keeper's start.
+const resolveTimeout = 5 * time.Second
+
 // maxHeaderBytes bounds a request header read from a jail.
 const maxHeaderBytes = 64 << 10
 
@@ -52,15 +55,18 @@ func newForwarder(c ForwardConfig) (*forwarder, error) {
 	if err != nil {
 		return nil, errors.New("--egress-proxy is not host:port")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	// Resolved once, now: a forwarder that could not resolve its proxy
+	// answers every jail 502 for the guest's life (the keeper still keeps
+	// the lifetime), never resolving later.
+	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
 	ips, err := net.DefaultResolver.LookupIPAddr(ctx, host)
 	cancel()
-	if err != nil || len(ips) == 0 {
-		return nil, errors.New("cannot resolve the egress proxy's host")
-	}
 	var addrs []string
 	for _, ip := range ips {
 		addrs = append(addrs, net.JoinHostPort(ip.IP.String(), port))
+	}
+	if err != nil || len(addrs) == 0 {
+		fmt.Fprintln(os.Stderr, "sandgate-guest keeper: cannot resolve the egress proxy's host: the jails get no egress")
 	}
 	conf := &tls.Config{ServerName: c.ServerName, MinVersion: tls.VersionTLS12}
 	if conf.ServerName == "" {
@@ -157,7 +163,7 @@ func (f *forwarder) dial() (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
 	defer cancel()
 	d := tls.Dialer{Config: f.tls}
-	var err error
+	err := errors.New("the proxy's address was not resolved at the keeper's start")
 	for _, a := range f.addrs {
 		var c net.Conn
 		if c, err = d.DialContext(ctx, "tcp", a); err == nil {
