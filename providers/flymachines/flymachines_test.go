@@ -302,9 +302,9 @@ func TestEgressThroughTheProxy(t *testing.T) {
 			files[f.GuestPath+" "+strconv.FormatUint(uint64(f.Mode), 8)] = string(b)
 		}
 	}
-	if len(files) != 3 || files[providers.GuestCredFile+" 600"] != "cred-"+spec.WorkspaceID+"\n" || files[providers.GuestCAFile+" 600"] != string(ca) ||
-		len(files[providers.GuestAgent+" 700"]) == 0 {
-		t.Errorf("files: %d; want the agent (0700), the credential and the CA (0600)", len(files))
+	if len(files) != 4 || files[providers.GuestCredFile+" 600"] != "cred-"+spec.WorkspaceID+"\n" || files[providers.GuestCAFile+" 600"] != string(ca) ||
+		len(files[providers.GuestAgent+" 700"]) == 0 || len(files[providers.GuestDir+"/env.json 600"]) == 0 {
+		t.Errorf("files: %d; want the agent (0700), the env file, the credential and the CA (0600)", len(files))
 	}
 	want := []string{providers.GuestAgent, "keeper", "--until", strconvUnix(spec.ExpiresAt.Add(time.Second - 1)), "--egress-sock", providers.GuestEgressSock,
 		"--egress-proxy", "proxy.sg.test:8443", "--egress-server-name", "proxy.sg.test", "--egress-user", spec.WorkspaceID,
@@ -575,9 +575,12 @@ func rawExec(t *testing.T, s *flytest.Server, id string, argv ...string) string 
 // TestTenantCannotReachTheBrokersScripts: a client's env puts a directory
 // the tenant writes first in PATH, and the tenant, root in its jail,
 // plants tools there and overwrites the ones the broker's outside scripts
-// call (head, timeout, sh, base64), each leaving a marker in the guest's
-// own root. Then more execs (direct and durable), file operations and a
-// snapshot run: all work, and no marker appears outside the jail's view.
+// call (head, base64, sh, timeout, env, rm), each leaving a marker in the
+// guest's own root. Then file operations, a snapshot and more execs
+// (direct and durable) run: all work, and no marker appears outside the
+// jail's view. (File operations and snapshots run their scripts in a
+// jail, with the tenant's own tools: they run before the tenant breaks
+// its own head and base64.)
 func TestTenantCannotReachTheBrokersScripts(t *testing.T) {
 	s := startFake(t, flytest.Options{ExecDeadline: 3 * time.Second})
 	c := config(t, s)
@@ -586,14 +589,6 @@ func TestTenantCannotReachTheBrokersScripts(t *testing.T) {
 	spec := providertest.Spec(t)
 	spec.Env = map[string]string{"PATH": "/tmp/p:/usr/local/bin:/usr/bin:/bin"}
 	sb := providertest.Create(t, p, spec)
-	poison := `trap='#!/bin/sh
-touch /.sandgate-pwned-$(basename "$0")
-'
-mkdir -p /tmp/p /usr/local/bin || exit 1
-for p in /tmp/p/head /tmp/p/sh /tmp/p/base64 /tmp/p/timeout /tmp/p/env /usr/bin/head /usr/bin/timeout /usr/bin/base64 /usr/local/bin/sh /usr/local/bin/rm; do
-	printf '%s' "$trap" > "$p" && chmod 755 "$p" || exit 1
-done
-echo poisoned`
 	exec := func(argv []string, timeout time.Duration) providers.ExecResult {
 		t.Helper()
 		res, err := p.Exec(t.Context(), sb, providers.ExecSpec{Argv: argv, Timeout: timeout, MaxOutputBytes: 1 << 10})
@@ -602,15 +597,20 @@ echo poisoned`
 		}
 		return res
 	}
-	if res := exec([]string{"/bin/sh", "-c", poison}, time.Second); res.ExitCode != 0 || string(res.Stdout) != "poisoned\n" {
-		t.Fatalf("poison = %+v", res)
+	poison := func(paths string) {
+		t.Helper()
+		script := `trap='#!/bin/sh
+touch /.sandgate-pwned-$(basename "$0")
+'
+for p in ` + paths + `; do
+	mkdir -p "${p%/*}" && printf '%s' "$trap" > "$p" && chmod 755 "$p" || exit 1
+done
+echo poisoned`
+		if res := exec([]string{"/bin/sh", "-c", script}, time.Second); res.ExitCode != 0 || string(res.Stdout) != "poisoned\n" {
+			t.Fatalf("poison = %+v", res)
+		}
 	}
-	if res := exec([]string{"/bin/echo", "direct"}, time.Second); string(res.Stdout) != "direct\n" {
-		t.Errorf("direct exec after the poison = %+v", res)
-	}
-	if res := exec([]string{"/bin/sh", "-c", "/bin/sleep 3; /bin/echo durable"}, 20*time.Second); string(res.Stdout) != "durable\n" {
-		t.Errorf("durable exec after the poison = %+v", res)
-	}
+	poison("/tmp/p/head /tmp/p/sh /tmp/p/base64 /tmp/p/timeout /tmp/p/env /tmp/p/rm /usr/bin/timeout /usr/local/bin/sudo")
 	if err := p.WriteFile(t.Context(), sb, "/workspace/f", strings.NewReader("content")); err != nil {
 		t.Errorf("WriteFile after the poison: %v", err)
 	}
@@ -620,6 +620,13 @@ echo poisoned`
 	}
 	if _, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: "snap-poison", InstanceID: spec.InstanceID, Dir: "/workspace"}); err != nil {
 		t.Errorf("Snapshot after the poison: %v", err)
+	}
+	poison("/usr/bin/head /usr/bin/base64 /usr/local/bin/sh /usr/local/bin/env /usr/local/bin/rm /usr/local/bin/mkfifo")
+	if res := exec([]string{"/bin/echo", "direct"}, time.Second); string(res.Stdout) != "direct\n" {
+		t.Errorf("direct exec after the poison = %+v", res)
+	}
+	if res := exec([]string{"/bin/sh", "-c", "/bin/sleep 3; /bin/echo durable"}, 20*time.Second); string(res.Stdout) != "durable\n" {
+		t.Errorf("durable exec after the poison = %+v", res)
 	}
 	// The guest's own root, as the vendor's exec (and the broker's
 	// scripts) see it.
