@@ -212,10 +212,12 @@ func TestDeadlineWithoutBroker(t *testing.T) {
 	}
 }
 
-// beats reads the heartbeat file inside the sprite, bypassing the provider.
+// beats reads the heartbeat file inside the sprite, bypassing the provider
+// and every jail: the tenant wrote it on the jails' root, an overlay whose
+// writes land under /.sandgate/root/LAYER/upper (docs/guest.md).
 func beats(t *testing.T, srv *spritetest.Server, name, file string) string {
 	t.Helper()
-	res, err := srv.Run(t.Context(), name, "cat", file)
+	res, err := srv.Run(t.Context(), name, "sudo", "-n", "sh", "-c", `for f in /.sandgate/root/*/upper"$1" /.sandgate/root/*/upper/"${1##*/}"; do [ -f "$f" ] && cat "$f"; done; true`, "sh", file)
 	if err != nil {
 		t.Fatal(err)
 	}
