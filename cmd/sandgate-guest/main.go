@@ -5,7 +5,7 @@
 // namespaces and keeps the guest's deadline from outside every jail. See
 // docs/guest.md.
 //
-//	sandgate-guest keeper --until UNIX [--detach] [--egress-sock PATH --egress-proxy HOST:PORT
+//	sandgate-guest keeper --until UNIX [--detach] [--agent-dir DIR] [--egress-sock PATH --egress-proxy HOST:PORT
 //	    --egress-server-name NAME --egress-user WSID --egress-cred-file F [--egress-ca F]]
 //	sandgate-guest run [--dir DIR] [--env K=V]... [--egress-sock PATH] [--proxy-port N]
 //	    [--timeout SECONDS] [--stdout-file F --stderr-file F --status-file F --detach] -- ARGV...
@@ -52,6 +52,7 @@ func keeper(ctx context.Context, args []string) int {
 	until := fs.Int64("until", 0, "")
 	detach := fs.Bool("detach", false, "")
 	readyFD := fs.Int("ready-fd", 0, "")
+	agentDir := fs.String("agent-dir", guest.DefaultAgentDir, "")
 	var fw guest.ForwardConfig
 	fs.StringVar(&fw.Sock, "egress-sock", "", "")
 	fs.StringVar(&fw.Proxy, "egress-proxy", "", "")
@@ -66,7 +67,7 @@ func keeper(ctx context.Context, args []string) int {
 	if *detach {
 		return guest.Detach(append([]string{"keeper"}, withoutDetach(args)...), true)
 	}
-	c := guest.KeeperConfig{Until: time.Unix(*until, 0), ReadyFD: *readyFD}
+	c := guest.KeeperConfig{Until: time.Unix(*until, 0), AgentDir: *agentDir, ReadyFD: *readyFD}
 	if fw.Sock != "" {
 		if fw.Proxy == "" || fw.User == "" || fw.CredFile == "" {
 			fmt.Fprintln(os.Stderr, "sandgate-guest keeper: --egress-sock needs --egress-proxy, --egress-user and --egress-cred-file")

@@ -212,6 +212,12 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 	if res := exec("hostname"); string(stdout(res)) != "sandbox\n" {
 		t.Errorf("hostname = %q; want sandbox", stdout(res))
 	}
+	// The jail's hostname and hosts files are the agent's, and its /run
+	// (where the guest's services keep their sockets) is empty.
+	if res := exec("sh", "-c", "cat /etc/hostname /etc/hosts; ls -A /run"); string(stdout(res)) !=
+		"sandbox\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tsandbox\n" {
+		t.Errorf("hostname, hosts and /run in the jail = %q; want the agent's files and an empty /run", stdout(res))
+	}
 
 	// The jail's root writes to the image's file system, as apt-get does,
 	// and a later exec sees it.

@@ -203,6 +203,17 @@ func (p *Provider) direct(ctx context.Context, sb providers.Sandbox, spec provid
 	return res, nil
 }
 
+// outsidePath is the whole environment of the broker's scripts that run as
+// the guest's root outside every jail.
+const outsidePath = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+
+// outsideArgv runs argv with an environment of outsidePath alone: the
+// vendor's exec gives a command the Machine's environment, which is not
+// the broker's to trust.
+func outsideArgv(argv []string) []string {
+	return append([]string{"/usr/bin/env", "-i", outsidePath}, argv...)
+}
+
 // vendorOut is a vendor exec's outcome.
 type vendorOut struct {
 	Stdout     []byte
@@ -219,7 +230,7 @@ func (p *Provider) vendorExec(ctx context.Context, sb providers.Sandbox, argv []
 	vt := int(timeout/time.Second) + 10
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(vt+15)*time.Second)
 	defer cancel()
-	req := ExecRequest{Command: argv, Stdin: stdin, Timeout: vt}
+	req := ExecRequest{Command: outsideArgv(argv), Stdin: stdin, Timeout: vt}
 	var raw rawAnswer
 	for attempt := 0; ; attempt++ {
 		err := p.c.do(ctx, "exec", http.MethodPost, p.machinePath(sb.Ref)+"/exec", nil, req, &raw, limit)

@@ -418,11 +418,11 @@ func (p *Provider) MachineConfig(spec providers.CreateSpec, now time.Time, cred 
 	if err != nil {
 		return MachineConfig{}, err
 	}
-	env := spec.Env
-	if env == nil {
-		env = map[string]string{}
+	envFile, err := jailEnvFile(spec.Env)
+	if err != nil {
+		return MachineConfig{}, err
 	}
-	files := []File{{GuestPath: providers.GuestAgent, RawValue: base64.StdEncoding.EncodeToString(p.agent), Mode: 0o700}}
+	files := []File{{GuestPath: providers.GuestAgent, RawValue: base64.StdEncoding.EncodeToString(p.agent), Mode: 0o700}, envFile}
 	var ve *providers.VendorEgress
 	if cred != "" {
 		ve = p.vendor
@@ -435,9 +435,9 @@ func (p *Provider) MachineConfig(spec providers.CreateSpec, now time.Time, cred 
 		Image: cmp.Or(spec.Image, p.cfg.DefaultImage),
 		Guest: &g,
 		Init:  &Init{Exec: providers.GuestKeeperArgv(spec.ExpiresAt, ve, spec.WorkspaceID, false)},
-		// The workspace's env, for the jails of every broker process
-		// (jailOf); the jail passes it on, and nothing else of the guest's.
-		Env:         env,
+		// No env: Fly gives config.env to every process of the guest,
+		// the broker's own root scripts too. The workspace's env is a
+		// file only the jails read (jailEnvFile).
 		Files:       files,
 		Metadata:    p.labels(spec),
 		AutoDestroy: true,
@@ -499,9 +499,9 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ pro
 // created is the sandbox of spec's Machine m, started with cfg.
 func (p *Provider) created(spec providers.CreateSpec, m Machine, cfg MachineConfig, cred string) providers.Sandbox {
 	sb := providers.Sandbox{Ref: m.ID, Labels: p.labels(spec), StartedAt: p.clock.Now()}
-	p.jails.put(m.ID, jailOf{env: maps.Clone(cfg.Env), egress: cred != ""})
+	p.jails.put(m.ID, jailOf{env: maps.Clone(spec.Env), egress: cred != ""})
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(spec.WorkspaceID), sandgate.InstanceAttr(spec.InstanceID),
-		"fly_cpus", cfg.Guest.CPUs, "fly_memory_mb", cfg.Guest.MemoryMB, "env_count", len(cfg.Env))
+		"fly_cpus", cfg.Guest.CPUs, "fly_memory_mb", cfg.Guest.MemoryMB, "env_count", len(spec.Env))
 	return sb
 }
 

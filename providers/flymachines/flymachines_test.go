@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	stdmaps "maps"
 	"net/http"
 	"os"
@@ -141,8 +142,11 @@ func TestMachineConfig(t *testing.T) {
 					t.Errorf("metadata carries client data: %s=%s", k, v)
 				}
 			}
-			if c.Env[providertest.EnvVar] != providertest.EnvValue || len(c.Env) != 1 {
-				t.Errorf("env = %v; want only the workspace's", c.Env)
+			// Fly gives config.env to every process of the guest, the
+			// broker's root scripts too: the workspace's env is a file the
+			// jails read.
+			if len(c.Env) != 0 {
+				t.Errorf("env = %v; want none (the workspace's env is a file)", c.Env)
 			}
 			if c.Init == nil || !slices.Equal(c.Init.Exec, []string{providers.GuestAgent, "keeper", "--until", strconvUnix(spec.ExpiresAt)}) {
 				t.Errorf("init = %+v; want the agent's keeper ending at %d, without egress", c.Init, spec.ExpiresAt.Unix())
@@ -151,9 +155,18 @@ func TestMachineConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(c.Files) != 1 || c.Files[0].GuestPath != providers.GuestAgent || c.Files[0].Mode != 0o700 ||
+			if len(c.Files) != 2 || c.Files[0].GuestPath != providers.GuestAgent || c.Files[0].Mode != 0o700 ||
 				c.Files[0].RawValue == nil || *c.Files[0].RawValue != base64.StdEncoding.EncodeToString(agent) {
-				t.Errorf("files = %d entries; want the agent alone at %s, mode 0700", len(c.Files), providers.GuestAgent)
+				t.Fatalf("files = %d entries; want the agent at %s, mode 0700, and the env file", len(c.Files), providers.GuestAgent)
+			}
+			f := c.Files[1]
+			var env map[string]string
+			if f.RawValue != nil {
+				b, _ := base64.StdEncoding.DecodeString(*f.RawValue)
+				json.Unmarshal(b, &env)
+			}
+			if f.GuestPath != providers.GuestDir+"/env.json" || f.Mode != 0o600 || fmt.Sprint(env) != fmt.Sprint(spec.Env) {
+				t.Errorf("files[1] = %s mode %o, env %v; want the workspace's env %v at %s/env.json, mode 0600", f.GuestPath, f.Mode, env, spec.Env, providers.GuestDir)
 			}
 			if c.Image != flymachines.DefaultImage {
 				t.Errorf("image = %q; want %q", c.Image, flymachines.DefaultImage)
@@ -289,9 +302,9 @@ func TestEgressThroughTheProxy(t *testing.T) {
 			files[f.GuestPath+" "+strconv.FormatUint(uint64(f.Mode), 8)] = string(b)
 		}
 	}
-	if len(files) != 3 || files[providers.GuestCredFile+" 600"] != "cred-"+spec.WorkspaceID+"\n" || files[providers.GuestCAFile+" 600"] != string(ca) ||
-		len(files[providers.GuestAgent+" 700"]) == 0 {
-		t.Errorf("files: %d; want the agent (0700), the credential and the CA (0600)", len(files))
+	if len(files) != 4 || files[providers.GuestCredFile+" 600"] != "cred-"+spec.WorkspaceID+"\n" || files[providers.GuestCAFile+" 600"] != string(ca) ||
+		len(files[providers.GuestAgent+" 700"]) == 0 || len(files[providers.GuestDir+"/env.json 600"]) == 0 {
+		t.Errorf("files: %d; want the agent (0700), the env file, the credential and the CA (0600)", len(files))
 	}
 	want := []string{providers.GuestAgent, "keeper", "--until", strconvUnix(spec.ExpiresAt.Add(time.Second - 1)), "--egress-sock", providers.GuestEgressSock,
 		"--egress-proxy", "proxy.sg.test:8443", "--egress-server-name", "proxy.sg.test", "--egress-user", spec.WorkspaceID,
@@ -535,5 +548,89 @@ func TestStagedStdinFails(t *testing.T) {
 		if got := strings.TrimSpace(string(res.Stdout)); got != strconv.Itoa(len(stdin)) {
 			t.Errorf("octet-stream %v: wc -c of the whole stdin staged = %q; want %d", octet, got, len(stdin))
 		}
+	}
+}
+
+// rawExec runs argv in the Machine through the fake's exec route,
+// bypassing the provider: as the guest's root, outside every jail, with
+// the Machine's environment, where the broker's own scripts run.
+func rawExec(t *testing.T, s *flytest.Server, id string, argv ...string) string {
+	t.Helper()
+	b, _ := json.Marshal(flymachines.ExecRequest{Command: argv, Timeout: 30})
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, s.URL()+"/v1/apps/sandgate-test/machines/"+id+"/exec", bytes.NewReader(b))
+	req.Header.Set("Authorization", "FlyV1 "+testToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Transport: s.Transport()}).Do(req)
+	if err != nil {
+		t.Fatalf("raw exec: %v", err)
+	}
+	defer resp.Body.Close()
+	var er flymachines.ExecResponse
+	if err := json.NewDecoder(resp.Body).Decode(&er); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("raw exec: status %d, %v", resp.StatusCode, err)
+	}
+	return er.Stdout
+}
+
+// TestTenantCannotReachTheBrokersScripts: a client's env puts a directory
+// the tenant writes first in PATH, and the tenant, root in its jail,
+// plants tools there and overwrites the ones the broker's outside scripts
+// call (head, base64, sh, timeout, env, rm), each leaving a marker in the
+// guest's own root. Then file operations, a snapshot and more execs
+// (direct and durable) run: all work, and no marker appears outside the
+// jail's view. (File operations and snapshots run their scripts in a
+// jail, with the tenant's own tools: they run before the tenant breaks
+// its own head and base64.)
+func TestTenantCannotReachTheBrokersScripts(t *testing.T) {
+	s := startFake(t, flytest.Options{ExecDeadline: 3 * time.Second})
+	c := config(t, s)
+	c.DirectExecMax = 2 * time.Second
+	p := newProvider(t, c, "broker-poison")
+	spec := providertest.Spec(t)
+	spec.Env = map[string]string{"PATH": "/tmp/p:/usr/local/bin:/usr/bin:/bin"}
+	sb := providertest.Create(t, p, spec)
+	exec := func(argv []string, timeout time.Duration) providers.ExecResult {
+		t.Helper()
+		res, err := p.Exec(t.Context(), sb, providers.ExecSpec{Argv: argv, Timeout: timeout, MaxOutputBytes: 1 << 10})
+		if err != nil {
+			t.Fatalf("exec %q: %v", argv, err)
+		}
+		return res
+	}
+	poison := func(paths string) {
+		t.Helper()
+		script := `trap='#!/bin/sh
+touch /.sandgate-pwned-$(basename "$0")
+'
+for p in ` + paths + `; do
+	mkdir -p "${p%/*}" && printf '%s' "$trap" > "$p" && chmod 755 "$p" || exit 1
+done
+echo poisoned`
+		if res := exec([]string{"/bin/sh", "-c", script}, time.Second); res.ExitCode != 0 || string(res.Stdout) != "poisoned\n" {
+			t.Fatalf("poison = %+v", res)
+		}
+	}
+	poison("/tmp/p/head /tmp/p/sh /tmp/p/base64 /tmp/p/timeout /tmp/p/env /tmp/p/rm /usr/bin/timeout /usr/local/bin/sudo")
+	if err := p.WriteFile(t.Context(), sb, "/workspace/f", strings.NewReader("content")); err != nil {
+		t.Errorf("WriteFile after the poison: %v", err)
+	}
+	var got bytes.Buffer
+	if _, err := p.ReadFile(t.Context(), sb, "/workspace/f", 1<<10, &got); err != nil || got.String() != "content" {
+		t.Errorf("ReadFile after the poison = %q, %v", got.String(), err)
+	}
+	if _, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: "snap-poison", InstanceID: spec.InstanceID, Dir: "/workspace"}); err != nil {
+		t.Errorf("Snapshot after the poison: %v", err)
+	}
+	poison("/usr/bin/head /usr/bin/base64 /usr/local/bin/sh /usr/local/bin/env /usr/local/bin/rm /usr/local/bin/mkfifo")
+	if res := exec([]string{"/bin/echo", "direct"}, time.Second); string(res.Stdout) != "direct\n" {
+		t.Errorf("direct exec after the poison = %+v", res)
+	}
+	if res := exec([]string{"/bin/sh", "-c", "/bin/sleep 3; /bin/echo durable"}, 20*time.Second); string(res.Stdout) != "durable\n" {
+		t.Errorf("durable exec after the poison = %+v", res)
+	}
+	// The guest's own root, as the vendor's exec (and the broker's
+	// scripts) see it.
+	if out := rawExec(t, s, sb.Ref, "/bin/sh", "-c", "ls -a / | grep sandgate-pwned; test -e /tmp/p && echo tmp-p; true"); out != "" {
+		t.Errorf("outside the jail: %q; want no marker and no /tmp/p", out)
 	}
 }

@@ -2,9 +2,10 @@ package flymachines
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net/http"
 	"sync"
 
@@ -47,8 +48,47 @@ func (c *jailCache) drop(id string) {
 	delete(c.m, id)
 }
 
+// envFile is where a Machine's config.files puts the workspace's env
+// (JSON, mode 0600, root's, under the agent's directory that no jail
+// sees): never config.env, which Fly gives to every process of the guest,
+// the broker's root scripts outside the jails included (a client's
+// PATH=/tmp/p:... would pick their tools).
+const envFile = providers.GuestDir + "/env.json"
+
+// jailEnvFile is the config.files entry of env.
+func jailEnvFile(env map[string]string) (File, error) {
+	if env == nil {
+		env = map[string]string{}
+	}
+	b, err := json.Marshal(env)
+	if err != nil {
+		return File{}, fmt.Errorf("flymachines: create: env: %w", err)
+	}
+	return File{GuestPath: envFile, RawValue: base64.StdEncoding.EncodeToString(b), Mode: 0o600}, nil
+}
+
+// envOf reads the workspace's env back from a Machine's config.files.
+func envOf(files []File) (map[string]string, error) {
+	for _, f := range files {
+		if f.GuestPath != envFile {
+			continue
+		}
+		b, err := base64.StdEncoding.DecodeString(f.RawValue)
+		if err != nil {
+			return nil, errors.New("the Machine's env file is not base64")
+		}
+		var env map[string]string
+		if err := json.Unmarshal(b, &env); err != nil {
+			return nil, errors.New("the Machine's env file is not a JSON object")
+		}
+		return env, nil
+	}
+	return nil, errors.New("the Machine has no env file: it was not made by this version of the broker")
+}
+
 // jailFor returns the jail settings of sb's Machine: remembered from its
-// create, or read from its config (env, and the keeper's egress flags).
+// create, or read from its config (the env file, and the keeper's egress
+// flags).
 func (p *Provider) jailFor(ctx context.Context, sb providers.Sandbox) (jailOf, error) {
 	if j, ok := p.jails.get(sb.Ref); ok {
 		return j, nil
@@ -70,7 +110,11 @@ func (p *Provider) jailFor(ctx context.Context, sb providers.Sandbox) (jailOf, e
 	if cfg == nil || cfg.Init == nil || len(cfg.Init.Exec) == 0 || cfg.Init.Exec[0] != providers.GuestAgent {
 		return jailOf{}, errors.New("the Machine has no sandgate-guest keeper: it was not made by this version of the broker")
 	}
-	j := jailOf{env: maps.Clone(cfg.Env), egress: providers.GuestEgress(cfg.Init.Exec)}
+	env, err := envOf(cfg.Files)
+	if err != nil {
+		return jailOf{}, err
+	}
+	j := jailOf{env: env, egress: providers.GuestEgress(cfg.Init.Exec)}
 	p.jails.put(sb.Ref, j)
 	return j, nil
 }

@@ -34,7 +34,10 @@ exec "$@"
 // startKeeper delivers nothing itself: Create wrote the agent and its
 // files with the fs API. It runs keeperScript as root through one exec. A
 // zero at (a test's spec: the broker always sets expires_at) starts no
-// keeper.
+// keeper, and then no command runs in the sprite: `sandgate-guest run`
+// refuses a jail without a live keeper (docs/guest.md), as it does once
+// the keeper has died, so a sprite whose keeper is gone fails its
+// commands (exit 125) rather than run them without a lifetime.
 func (p *Provider) startKeeper(ctx context.Context, name string, at time.Time, wsID string, egress bool) error {
 	var ve *providers.VendorEgress
 	if egress {

@@ -212,10 +212,12 @@ func TestDeadlineWithoutBroker(t *testing.T) {
 	}
 }
 
-// beats reads the heartbeat file inside the sprite, bypassing the provider.
+// beats reads the heartbeat file inside the sprite, bypassing the provider
+// and every jail: the tenant wrote it on the jails' root, an overlay whose
+// writes land under /.sandgate/root/LAYER/upper (docs/guest.md).
 func beats(t *testing.T, srv *spritetest.Server, name, file string) string {
 	t.Helper()
-	res, err := srv.Run(t.Context(), name, "cat", file)
+	res, err := srv.Run(t.Context(), name, "sudo", "-n", "sh", "-c", `for f in /.sandgate/root/*/upper"$1" /.sandgate/root/*/upper/"${1##*/}"; do [ -f "$f" ] && cat "$f"; done; true`, "sh", file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,5 +451,31 @@ func TestFilesStayInTheJail(t *testing.T) {
 	_ = providers.WriteFileBytes(t.Context(), p, sb, "/workspace/d/sandgate-guest", []byte("#!/bin/sh\necho owned\n"))
 	if r := providertest.Exec(t, p, sb, "echo", "still jailed"); string(r.Stdout) != "still jailed\n" {
 		t.Errorf("exec after a write through a link to the agent's binary = %q; want the agent intact", r.Stdout)
+	}
+}
+
+// TestDeadKeeperRefusesCommands: the sprite's lifetime rests on the
+// detached keeper; once it is gone (killed from outside every jail), no
+// command runs unbounded: the next is refused.
+func TestDeadKeeperRefusesCommands(t *testing.T) {
+	t.Parallel()
+	srv := spritetest.Start(t)
+	p := newProvider(t, srv, "broker-keeper", nil)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	// The jail's hostname and hosts name nothing of the vendor's.
+	r := providertest.Exec(t, p, sb, "sh", "-c", "hostname; cat /etc/hostname /etc/hosts")
+	if strings.Contains(string(r.Stdout), sb.Ref) || !strings.HasPrefix(string(r.Stdout), "sandbox\nsandbox\n") {
+		t.Errorf("hostname and hosts in the jail = %q; want sandbox and nothing of the sprite's name", r.Stdout)
+	}
+	kill, err := srv.Run(t.Context(), sb.Ref, "sudo", "-n", "sh", "-c", `kill -9 "$(cut -d ' ' -f 1 /.sandgate/keeper)"`)
+	if err != nil || kill.ExitCode != 0 {
+		t.Fatalf("killing the keeper: %+v, %v", kill, err)
+	}
+	res, err := p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"echo", "ran"}, Timeout: 30 * time.Second, MaxOutputBytes: 1 << 10})
+	if err != nil {
+		t.Fatalf("exec after the keeper died: %v", err)
+	}
+	if res.ExitCode != 125 || len(res.Stdout) != 0 || !strings.Contains(string(res.Stderr), "keeper is not running") {
+		t.Errorf("exec after the keeper died = exit %d, stdout %q, stderr %q; want 125, a refusal", res.ExitCode, res.Stdout, res.Stderr)
 	}
 }

@@ -22,7 +22,10 @@ import (
 // It reaches that proxy and nothing else; the proxy enforces the
 // workspace's allowlist.
 type forwarder struct {
-	proxy string
+	// addrs are the proxy's addresses, resolved once at the keeper's
+	// start, before any tenant code runs: nothing the guest's resolver or
+	// /etc/hosts says later moves them.
+	addrs []string
 	tls   *tls.Config
 	auth  string // the Proxy-Authorization value; never logged
 }
@@ -32,6 +35,9 @@ type halfCloser interface{ CloseWrite() error }
 
 // dialTimeout bounds reaching the broker's proxy.
 const dialTimeout = 30 * time.Second
+
+// resolveTimeout bounds resolving the proxy's host at the keeper's start.
+const resolveTimeout = 5 * time.Second
 
 // maxHeaderBytes bounds a request header read from a jail.
 const maxHeaderBytes = 64 << 10
@@ -45,15 +51,34 @@ func newForwarder(c ForwardConfig) (*forwarder, error) {
 	if secret == "" || strings.ContainsAny(secret, "\r\n") {
 		return nil, errors.New("the egress credential file holds no credential")
 	}
-	host, _, err := net.SplitHostPort(c.Proxy)
+	host, port, err := net.SplitHostPort(c.Proxy)
 	if err != nil {
 		return nil, errors.New("--egress-proxy is not host:port")
+	}
+	// Resolved once, now: a forwarder that could not resolve its proxy
+	// answers every jail 502 for the guest's life (the keeper still keeps
+	// the lifetime), never resolving later.
+	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+	ips, err := net.DefaultResolver.LookupIPAddr(ctx, host)
+	cancel()
+	var addrs []string
+	for _, ip := range ips {
+		addrs = append(addrs, net.JoinHostPort(ip.IP.String(), port))
+	}
+	if err != nil || len(addrs) == 0 {
+		fmt.Fprintln(os.Stderr, "sandgate-guest keeper: cannot resolve the egress proxy's host: the jails get no egress")
 	}
 	conf := &tls.Config{ServerName: c.ServerName, MinVersion: tls.VersionTLS12}
 	if conf.ServerName == "" {
 		conf.ServerName = host
 	}
-	if c.CAFile != "" {
+	if c.CAFile == "" {
+		// The system's roots, loaded now rather than at the first
+		// connection.
+		if conf.RootCAs, err = x509.SystemCertPool(); err != nil {
+			return nil, errors.New("cannot load the system's TLS roots")
+		}
+	} else {
 		pem, err := os.ReadFile(c.CAFile)
 		if err != nil {
 			return nil, errors.New("cannot read the egress CA file")
@@ -64,7 +89,7 @@ func newForwarder(c ForwardConfig) (*forwarder, error) {
 		}
 	}
 	return &forwarder{
-		proxy: c.Proxy,
+		addrs: addrs,
 		tls:   conf,
 		auth:  "Basic " + base64.StdEncoding.EncodeToString([]byte(c.User+":"+secret)),
 	}, nil
@@ -90,10 +115,7 @@ func (f *forwarder) serve(ln net.Listener) {
 // accepts, which turns the connection into a tunnel.
 func (f *forwarder) handle(c net.Conn) {
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
-	d := tls.Dialer{Config: f.tls}
-	up, err := d.DialContext(ctx, "tcp", f.proxy)
-	cancel()
+	up, err := f.dial()
 	if err != nil {
 		io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
 		return
@@ -134,6 +156,21 @@ func (f *forwarder) handle(c net.Conn) {
 			return
 		}
 	}
+}
+
+// dial reaches the proxy at the first of its addresses that answers.
+func (f *forwarder) dial() (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	defer cancel()
+	d := tls.Dialer{Config: f.tls}
+	err := errors.New("the proxy's address was not resolved at the keeper's start")
+	for _, a := range f.addrs {
+		var c net.Conn
+		if c, err = d.DialContext(ctx, "tcp", a); err == nil {
+			return c, nil
+		}
+	}
+	return nil, err
 }
 
 // tunnel sends the CONNECT req to the proxy, relays its answer, and, if it

@@ -32,6 +32,10 @@ const (
 	exitJailFailure = 125 // the jail could not be built
 )
 
+// outsidePath is the whole environment of the agent's own processes
+// outside every jail: nothing of the vendor's or the client's.
+const outsidePath = "/usr/sbin:/usr/bin:/sbin:/bin"
+
 // defaultPath is the tenant's PATH unless its env sets one.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -70,8 +74,11 @@ type ForwardConfig struct {
 
 // KeeperConfig is one `sandgate-guest keeper`.
 type KeeperConfig struct {
-	Until   time.Time
-	Forward *ForwardConfig // nil: no forwarder
+	Until time.Time
+	// AgentDir is where the keeper records itself for run (which refuses
+	// a jail without a live keeper); empty means DefaultAgentDir.
+	AgentDir string
+	Forward  *ForwardConfig // nil: no forwarder
 	// ReadyFD, when positive, is closed once the keeper serves (the
 	// detaching parent waits for it).
 	ReadyFD int

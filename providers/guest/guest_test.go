@@ -9,8 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,10 +58,15 @@ type result struct {
 }
 
 // run runs the agent with args to its end, with env added to the test's
-// own environment (which the jail must not pass on).
+// own environment (which the jail must not pass on): in the guest whose
+// keeper serves the --agent-dir of args (guestFor), or on the host when
+// args name none.
 func run(t testing.TB, env []string, args ...string) result {
 	t.Helper()
 	cmd := exec.Command(agent, args...)
+	if i := slices.Index(args, "--agent-dir"); i >= 0 && i+1 < len(args) {
+		cmd = guestFor(t, args[i+1]).command(args...)
+	}
 	cmd.Env = append(os.Environ(), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -139,6 +146,39 @@ func procState(pid int) string {
 func alive(pid int) bool {
 	s := procState(pid)
 	return s != "" && s != "Z"
+}
+
+// guests maps an agent directory to the test guest whose keeper serves
+// it: every run of that directory runs there.
+var guests sync.Map
+
+// guestFor returns the guest of the agent directory dir, starting one
+// with a keeper for an hour if there is none.
+func guestFor(t testing.TB, dir string) *guestVM {
+	t.Helper()
+	if g, ok := guests.Load(dir); ok {
+		return g.(*guestVM)
+	}
+	g := startGuest(t)
+	g.keep(t, dir, time.Hour)
+	return g
+}
+
+// keep starts a detached keeper in g for the agent directory dir, ending
+// after d, with extra arguments.
+func (g *guestVM) keep(t testing.TB, dir string, d time.Duration, extra ...string) {
+	t.Helper()
+	args := append([]string{"keeper", "--detach", "--agent-dir", dir, "--until", strconv.FormatInt(time.Now().Add(d).Unix(), 10)}, extra...)
+	if out, err := g.command(args...).CombinedOutput(); err != nil {
+		t.Fatalf("keeper --detach: %v: %s", err, out)
+	}
+	register(t, dir, g)
+}
+
+// register makes g the guest of the agent directory dir for the test.
+func register(t testing.TB, dir string, g *guestVM) {
+	guests.Store(dir, g)
+	t.Cleanup(func() { guests.Delete(dir) })
 }
 
 // guestVM stands for a vendor guest: a pid and mount namespace of its own

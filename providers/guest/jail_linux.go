@@ -96,6 +96,15 @@ func writeStatus(name string, status int) error {
 // runJail starts the jail's pid 1 in its new namespaces, hands it its
 // configuration, and waits for it, a signal, ctx or the timeout.
 func runJail(ctx context.Context, c RunConfig, stdout, stderr *os.File) int {
+	until, err := liveKeeper(c.AgentDir)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandgate-guest: refused:", err)
+		return exitJailFailure
+	}
+	if err := ensureRoot(c.AgentDir); err != nil {
+		fmt.Fprintln(stderr, "sandgate-guest: cannot build the jail:", err)
+		return exitJailFailure
+	}
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
 		fmt.Fprintln(stderr, "sandgate-guest:", err)
@@ -143,9 +152,14 @@ func runJail(ctx context.Context, c RunConfig, stdout, stderr *os.File) int {
 		defer t.Stop()
 		timeout = t.C
 	}
+	// The jail ends at the guest's deadline even if the keeper does not
+	// end it: this agent is outside the jail, out of the tenant's reach.
+	end := time.NewTimer(time.Until(until))
+	defer end.Stop()
 	timedOut := false
 	select {
 	case <-done:
+	case <-end.C:
 	case <-timeout:
 		timedOut = true
 	case <-sigs:
@@ -269,15 +283,24 @@ func reap(pid int) int {
 	}
 }
 
-// buildJail sets up the namespaces pid 1 was born in: private mounts, a
-// proc of the new pid namespace, the agent's directory hidden, the host
-// name, loopback up, and the proxy relay.
+// buildJail sets up the namespaces pid 1 was born in: private mounts;
+// in the jails' root tree (ensureRoot), a proc of the new pid namespace,
+// its own /sys, /dev and /run, the agent's directory hidden, its own hosts
+// and hostname files; then that tree as /, the guest's own root detached;
+// the host name, loopback up, and the proxy relay.
+//
+// Every mount is made before the pivot, while the guest's root is in this
+// mount namespace (a bind's source must be, and a user namespace's root,
+// as in the fakes' guests, may mount a proc only while the guest's is
+// visible), on a target opened inside the tree (openat2 RESOLVE_IN_ROOT):
+// a link the tenant left in its writable root resolves inside the tree,
+// never into the guest's own root.
 func buildJail(ic initConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("private mounts: %w", err)
 	}
-	// The forwarder's socket may sit in the agent's directory, which the
-	// tmpfs hides: keep a handle on it to connect through.
+	// The forwarder's socket sits in the agent's directory, which the
+	// tree hides: keep a handle on it to connect through.
 	sockFD := -1
 	if ic.EgressSock != "" {
 		fd, err := unix.Open(ic.EgressSock, unix.O_PATH|unix.O_CLOEXEC, 0)
@@ -286,29 +309,34 @@ func buildJail(ic initConfig) error {
 		}
 		sockFD = fd
 	}
-	const nodev = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
-	if err := unix.Mount("proc", "/proc", "proc", nodev, ""); err != nil {
-		return fmt.Errorf("mount proc: %w", err)
+	merged := filepath.Join(ic.AgentDir, rootMerged)
+	rootFD, err := unix.Open(merged, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("the jails' root: %w", err)
 	}
-	// As a container runtime does: the kernel's tunables read-only, and
-	// no sysrq.
-	if err := unix.Mount("/proc/sys", "/proc/sys", "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("proc/sys: %w", err)
+	t := tree{root: rootFD}
+	defer t.close()
+	if err := t.mountKernel(); err != nil {
+		return err
 	}
-	if err := unix.Mount("", "/proc/sys", "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|nodev, ""); err != nil {
-		return fmt.Errorf("proc/sys read-only: %w", err)
-	}
-	if err := unix.Mount("/dev/null", "/proc/sysrq-trigger", "", unix.MS_BIND, ""); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("sysrq: %w", err)
-	}
-	if err := mountSys(); err != nil {
-		return fmt.Errorf("sysfs: %w", err)
-	}
-	if err := mountDev(); err != nil {
+	if err := t.mountDev(); err != nil {
 		return fmt.Errorf("dev: %w", err)
 	}
-	if err := unix.Mount("tmpfs", filepath.Clean(ic.AgentDir), "tmpfs", nodev|unix.MS_RDONLY, "mode=0700,size=4k"); err != nil {
+	// The guest's /run holds its services' sockets; the jail's is empty.
+	if err := t.mountTmpfs("run", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m"); err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	if err := t.mountTmpfs(ic.AgentDir, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC|unix.MS_RDONLY, "mode=0700,size=4k"); err != nil {
 		return fmt.Errorf("hide the agent: %w", err)
+	}
+	state := filepath.Join(ic.AgentDir, rootState)
+	for _, name := range []string{"hosts", "hostname"} {
+		if err := t.bindFile(filepath.Join(state, name), "etc/"+name); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	if err := pivotRoot(merged); err != nil {
+		return err
 	}
 	if err := unix.Sethostname([]byte(Hostname)); err != nil {
 		return fmt.Errorf("hostname: %w", err)
@@ -324,7 +352,127 @@ func buildJail(ic initConfig) error {
 		if err != nil {
 			return fmt.Errorf("proxy relay: %w", err)
 		}
-		go relay(ln, "/proc/self/fd/"+strconv.Itoa(sockFD))
+		go relay(ln, fdPath(sockFD))
+	}
+	return nil
+}
+
+// fdPath names the file fd refers to, for mount(2).
+func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
+
+// tree is the jails' root tree before the pivot, opened by its root.
+type tree struct {
+	root int
+	fds  []int // to close
+}
+
+func (t *tree) close() {
+	for _, fd := range t.fds {
+		unix.Close(fd)
+	}
+	unix.Close(t.root)
+}
+
+// open opens name (relative, or absolute from the tree's root) inside
+// the tree: no link leaves it. The descriptor lives as long as t.
+func (t *tree) open(name string, flags uint64, mode uint64) (int, error) {
+	fd, err := unix.Openat2(t.root, name, &unix.OpenHow{
+		Flags:   flags | unix.O_CLOEXEC,
+		Mode:    mode,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return -1, err
+	}
+	t.fds = append(t.fds, fd)
+	return fd, nil
+}
+
+// dir opens the directory name in the tree.
+func (t *tree) dir(name string) (int, error) {
+	return t.open(name, unix.O_PATH|unix.O_DIRECTORY, 0)
+}
+
+// mountTmpfs mounts a tmpfs on the directory name in the tree, making it
+// first in the tree's root when the image lacks it.
+func (t *tree) mountTmpfs(name string, flags uintptr, data string) error {
+	fd, err := t.dir(name)
+	if errors.Is(err, unix.ENOENT) && !strings.Contains(strings.Trim(name, "/"), "/") {
+		if err := unix.Mkdirat(t.root, strings.Trim(name, "/"), 0o755); err != nil {
+			return err
+		}
+		fd, err = t.dir(name)
+	}
+	if err != nil {
+		return err
+	}
+	return unix.Mount("tmpfs", fdPath(fd), "tmpfs", flags, data)
+}
+
+// remount makes the mount at name in the tree read-only (with flags): a
+// descriptor opened after the mount names its root.
+func (t *tree) remount(name string, flags uintptr) error {
+	fd, err := t.open(name, unix.O_PATH, 0)
+	if err != nil {
+		return err
+	}
+	return unix.Mount("", fdPath(fd), "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|flags, "")
+}
+
+// bindFile binds src, a file of the guest's, read-only over name in the
+// tree, making name first when the image lacks it.
+func (t *tree) bindFile(src, name string) error {
+	sfd, err := unix.Open(src, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(sfd)
+	fd, err := t.open(name, unix.O_PATH|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, unix.ENOENT) {
+		if fd, err = t.open(name, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW, 0o644); err != nil {
+			return err
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if err := unix.Mount(fdPath(sfd), fdPath(fd), "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	return t.remount(name, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC)
+}
+
+// mountKernel mounts the jail's proc (of its own pid namespace, the
+// kernel's tunables read-only, no sysrq) and /sys.
+func (t *tree) mountKernel() error {
+	const nodev = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	fd, err := t.dir("proc")
+	if err != nil {
+		return fmt.Errorf("proc: %w", err)
+	}
+	if err := unix.Mount("proc", fdPath(fd), "proc", nodev, ""); err != nil {
+		return fmt.Errorf("mount proc: %w", err)
+	}
+	// As a container runtime does.
+	if fd, err = t.dir("proc/sys"); err != nil {
+		return fmt.Errorf("proc/sys: %w", err)
+	}
+	if err := unix.Mount(fdPath(fd), fdPath(fd), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("proc/sys: %w", err)
+	}
+	if err := t.remount("proc/sys", nodev); err != nil {
+		return fmt.Errorf("proc/sys read-only: %w", err)
+	}
+	if null, err := unix.Open("/dev/null", unix.O_PATH|unix.O_CLOEXEC, 0); err == nil {
+		defer unix.Close(null)
+		if fd, err := t.open("proc/sysrq-trigger", unix.O_PATH, 0); err == nil {
+			if err := unix.Mount(fdPath(null), fdPath(fd), "", unix.MS_BIND, ""); err != nil {
+				return fmt.Errorf("sysrq: %w", err)
+			}
+		}
+	}
+	if err := t.mountSys(); err != nil {
+		return fmt.Errorf("sysfs: %w", err)
 	}
 	return nil
 }
@@ -332,17 +480,24 @@ func buildJail(ic initConfig) error {
 // mountSys makes /sys read-only: a fresh sysfs (it shows the jail's
 // network only) or, where the kernel refuses one (a guest that is itself a
 // user namespace, as the fakes' are, without a fully visible sysfs), the
-// guest's own, bound read-only.
-func mountSys() error {
+// guest's own, bound read-only. A guest without /sys gives a jail without.
+func (t *tree) mountSys() error {
 	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RDONLY
-	err := unix.Mount("sysfs", "/sys", "sysfs", flags, "")
-	if err == nil || errors.Is(err, unix.ENOENT) {
+	fd, err := t.dir("sys")
+	if errors.Is(err, unix.ENOENT) {
 		return nil
 	}
-	if err := unix.Mount("/sys", "/sys", "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+	if err != nil {
 		return err
 	}
-	return unix.Mount("", "/sys", "", unix.MS_BIND|unix.MS_REMOUNT|flags, "")
+	err = unix.Mount("sysfs", fdPath(fd), "sysfs", flags, "")
+	if err == nil {
+		return nil
+	}
+	if err := unix.Mount("/sys", fdPath(fd), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	return t.remount("sys", flags&^unix.MS_RDONLY)
 }
 
 // devices are the nodes of the jail's /dev.
@@ -353,46 +508,51 @@ var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 // privilege a guest that is a user namespace lacks), a pty instance of its
 // own and a /dev/shm: none of the guest's disks, whose raw blocks hold the
 // agent's credential.
-func mountDev() error {
-	fds := map[string]int{}
+func (t *tree) mountDev() error {
+	if err := t.mountTmpfs("dev", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+		return err
+	}
+	dev, err := t.dir("dev") // the tmpfs now
+	if err != nil {
+		return err
+	}
 	for _, d := range devices {
-		fd, err := unix.Open("/dev/"+d, unix.O_PATH|unix.O_CLOEXEC, 0)
+		src, err := unix.Open("/dev/"+d, unix.O_PATH|unix.O_CLOEXEC, 0)
 		if err != nil {
 			continue // a guest without it: so is the jail
 		}
-		defer unix.Close(fd)
-		fds[d] = fd
+		fd, err := unix.Openat(dev, d, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o666)
+		if err == nil {
+			unix.Close(fd)
+			fd, err = unix.Openat(dev, d, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		}
+		if err == nil {
+			err = unix.Mount(fdPath(src), fdPath(fd), "", unix.MS_BIND, "")
+			unix.Close(fd)
+		}
+		unix.Close(src)
+		if err != nil {
+			return err
+		}
 	}
-	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+	for _, d := range []string{"pts", "shm"} {
+		if err := unix.Mkdirat(dev, d, 0o755); err != nil {
+			return err
+		}
+	}
+	pts, err := t.dir("dev/pts")
+	if err != nil {
 		return err
 	}
-	for _, d := range devices {
-		fd, ok := fds[d]
-		if !ok {
-			continue
-		}
-		name := "/dev/" + d
-		if err := os.WriteFile(name, nil, 0o666); err != nil {
-			return err
-		}
-		if err := unix.Mount("/proc/self/fd/"+strconv.Itoa(fd), name, "", unix.MS_BIND, ""); err != nil {
-			return err
-		}
-	}
-	for _, dir := range []string{"/dev/pts", "/dev/shm"} {
-		if err := unix.Mkdir(dir, 0o755); err != nil {
-			return err
-		}
-	}
-	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+	if err := unix.Mount("devpts", fdPath(pts), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
 		return err
 	}
-	if err := unix.Mount("tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+	if err := t.mountTmpfs("dev/shm", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
 		return err
 	}
 	for link, target := range map[string]string{"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
 		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
-		if err := unix.Symlink(target, "/dev/"+link); err != nil {
+		if err := unix.Symlinkat(target, dev, link); err != nil {
 			return err
 		}
 	}

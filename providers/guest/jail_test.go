@@ -3,6 +3,7 @@
 package guest_test
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -13,8 +14,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
+	"github.com/sandgate/sandgate/providers/internal/fakeserver"
 	"golang.org/x/sys/unix"
 )
 
@@ -95,13 +98,14 @@ func TestJailEnvironmentAndHostname(t *testing.T) {
 }
 
 func TestJailInitEnvironHasNoVendorVariables(t *testing.T) {
-	cmd := exec.Command(agent, "run", "--agent-dir", agentDir(t), "--env", "FOO=bar", "--", "sleep", "1000")
+	dir := agentDir(t)
+	cmd := guestFor(t, dir).command("run", "--agent-dir", dir, "--env", "FOO=bar", "--", "sleep", "1000")
 	cmd.Env = append(os.Environ(), vendorEnv...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	init := waitChild(t, cmd.Process.Pid)
+	init := waitChild(t, waitChild(t, cmd.Process.Pid)) // nsenter, the agent, its jail
 	tenant := waitChild(t, init)
 	for _, pid := range []int{init, tenant} {
 		// The host's root can read what the tenant cannot (pid 1 is not
@@ -122,23 +126,85 @@ func TestJailInitEnvironHasNoVendorVariables(t *testing.T) {
 	}
 }
 
+// inFakeGuest runs script as the root of a disposable guest built as the
+// fake vendors build theirs (bwrap, package local, and
+// fakeserver.GuestBoot): a user namespace whose writable /usr and /etc
+// are overlays of the host's, so that a jail that failed to keep the
+// tenant off the guest's root damages nothing of the host's. The agent is
+// /opt/sandgate-guest, its directory /.sandgate, with a keeper for an
+// hour; script's stdout is returned.
+func inFakeGuest(t *testing.T, script string) string {
+	t.Helper()
+	until := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)
+	boot := fakeserver.GuestBoot + "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n" +
+		"/opt/sandgate-guest keeper --detach --until " + until + " || exit 1\n"
+	cmd := exec.Command("bwrap", "--unshare-user", "--uid", "0", "--gid", "0", "--cap-add", "ALL", "--unshare-pid", "--unshare-ipc",
+		"--unshare-uts", "--share-net", "--die-with-parent", "--proc", "/proc", "--dev", "/dev", "--ro-bind", "/usr", "/usr",
+		"--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
+		"--ro-bind", "/etc", "/etc", "--ro-bind", "/sys", "/sys", "--bind", agentDir(t), "/.sandgate", "--ro-bind", agent, "/opt/sandgate-guest",
+		"--tmpfs", "/tmp", "--dir", "/root", "--dir", "/var/lib", "sh", "-c", boot+script)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%v: stdout %q, stderr %q", err, out.String(), errb.String())
+	}
+	return out.String()
+}
+
 func TestJailRootWritesPersist(t *testing.T) {
-	// A directory standing for /etc of the guest's own file system.
-	etc := filepath.Join(t.TempDir(), "etc")
-	if err := os.Mkdir(etc, 0o755); err != nil {
-		t.Fatal(err)
+	out := inFakeGuest(t, `sg=/opt/sandgate-guest
+$sg run -- sh -c 'echo installed > /etc/sg-pkg && chmod 640 /etc/sg-pkg && mkdir -p /var/lib/sg-pkg && echo state > /var/lib/sg-pkg/db && id -u' || exit 1
+echo --
+$sg run -- sh -c 'cat /etc/sg-pkg /var/lib/sg-pkg/db && stat -c %a /etc/sg-pkg'
+echo --
+test -e /etc/sg-pkg && echo guest-etc; test -e /var/lib/sg-pkg && echo guest-var-lib; true
+`)
+	want := "0\n--\ninstalled\nstate\n640\n--\n"
+	if out != want {
+		t.Errorf("a write in one jail, read in the next, and the guest's own root:\n%s\nwant:\n%s", out, want)
 	}
-	r := jail(t, agentDir(t), nil, "sh", "-c", "echo installed > "+etc+"/pkg.conf && chown 1000:1000 "+etc+"/pkg.conf && id -u")
-	if r.status != 0 || strings.TrimSpace(r.stdout) != "0" {
-		t.Fatalf("status %d, stdout %q, stderr %q", r.status, r.stdout, r.stderr)
+}
+
+// TestJailCannotReachTheGuestsRoot overwrites, in the jail, the tools the
+// broker's outside scripts run as the guest's root (timeout, head,
+// base64, sh early in PATH, a sudo, ld.so.preload) with ones that leave a
+// marker, and then runs more jails, a durable command and those tools
+// outside: no marker appears and everything still works.
+func TestJailCannotReachTheGuestsRoot(t *testing.T) {
+	out := inFakeGuest(t, `sg=/opt/sandgate-guest
+trap='#!/bin/sh
+touch /tmp/pwned
+'
+$sg run -- sh -c 'for p in /usr/bin/timeout /usr/bin/head /usr/bin/base64 /usr/local/bin/sudo /usr/local/sbin/sh; do
+	mkdir -p "${p%/*}" && printf "%s" "$1" > "$p" && chmod 755 "$p" || exit 1
+done; echo /no/such/lib.so > /etc/ld.so.preload && echo poisoned' sh "$trap" || exit 1
+$sg run -- grep -c pwned /usr/bin/timeout
+$sg run --detach --stdout-file /tmp/out --status-file /tmp/status -- echo durable || exit 1
+while ! test -e /tmp/status; do sleep 0.05; done
+cat /tmp/out
+echo hello | head -c 5 | base64 && timeout 10 true && sh -c 'echo sh-ok' && sudo -n true 2>/dev/null; true
+test -e /etc/ld.so.preload && echo preload-reached-the-guest
+test -e /tmp/pwned && echo PWNED; true
+`)
+	want := "poisoned\n1\ndurable\naGVsbG8=\nsh-ok\n"
+	if out != want {
+		t.Errorf("after the tenant poisoned its tools:\n%s\nwant:\n%s", out, want)
 	}
-	b, err := os.ReadFile(filepath.Join(etc, "pkg.conf"))
-	if err != nil || string(b) != "installed\n" {
-		t.Fatalf("after the jail, the file holds %q (%v)", b, err)
-	}
-	// A later jail sees it.
-	if r := jail(t, agentDir(t), nil, "cat", filepath.Join(etc, "pkg.conf")); r.stdout != "installed\n" {
-		t.Errorf("a later jail reads %q", r.stdout)
+}
+
+// TestJailHidesGuestState: the guest's /run (its services' sockets) is
+// not the jail's, and the jail's hosts and hostname name nothing of the
+// guest's.
+func TestJailHidesGuestState(t *testing.T) {
+	out := inFakeGuest(t, `sg=/opt/sandgate-guest
+hostname vendor-machine-e784e90ec4 || exit 1
+echo '10.0.0.1 vendor-machine-e784e90ec4' >> /etc/hosts
+touch /run/docker.sock
+$sg run -- sh -c 'ls -A /run; echo --; cat /etc/hostname /etc/hosts; echo --; hostname; echo evil > /etc/hosts && echo wrote; true'
+`)
+	want := "--\nsandbox\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tsandbox\n--\nsandbox\n"
+	if out != want {
+		t.Errorf("the jail's /run, hostname and hosts:\n%s\nwant:\n%s", out, want)
 	}
 }
 
@@ -211,7 +277,8 @@ func TestRunExitStatuses(t *testing.T) {
 }
 
 func TestRunStdio(t *testing.T) {
-	cmd := exec.Command(agent, "run", "--agent-dir", agentDir(t), "--", "sh", "-c", "tr a-z A-Z; echo err >&2")
+	dir := agentDir(t)
+	cmd := guestFor(t, dir).command("run", "--agent-dir", dir, "--", "sh", "-c", "tr a-z A-Z; echo err >&2")
 	cmd.Stdin = strings.NewReader("hello\n")
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -227,7 +294,8 @@ func TestRunDurable(t *testing.T) {
 	dir := t.TempDir()
 	stdout, stderr, status := filepath.Join(dir, "out"), filepath.Join(dir, "err"), filepath.Join(dir, "status")
 	gate := filepath.Join(dir, "gate")
-	r := run(t, nil, "run", "--agent-dir", agentDir(t), "--detach", "--stdout-file", stdout, "--stderr-file", stderr,
+	adir := agentDir(t)
+	r := run(t, nil, "run", "--agent-dir", adir, "--detach", "--stdout-file", stdout, "--stderr-file", stderr,
 		"--status-file", status, "--", "sh", "-c", "echo out; echo err >&2; while ! test -e "+gate+"; do sleep 0.05; done; exit 7")
 	if r.status != 0 {
 		t.Fatalf("--detach: status %d, stderr %q", r.status, r.stderr)
@@ -240,8 +308,10 @@ func TestRunDurable(t *testing.T) {
 	if _, err := os.Stat(status); err == nil {
 		t.Fatal("the status file exists before the command ended")
 	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
+	// The gate is in the jails' root: written by a jail, as the guest's
+	// own root does not reach it.
+	if r := jail(t, adir, nil, "touch", gate); r.status != 0 {
+		t.Fatalf("touch the gate: status %d, stderr %q", r.status, r.stderr)
 	}
 	waitFor(t, "the status file", func() bool { _, err := os.Stat(status); return err == nil })
 	if b, _ := os.ReadFile(status); string(b) != "7\n" {
@@ -343,18 +413,13 @@ func TestJailRefusesSyscalls(t *testing.T) {
 
 // TestJailInUserNamespaceGuest builds the jail where the guest's root is
 // root of a user namespace only, as in the fake vendors' guests: the
-// kernel refuses it a fresh sysfs and device nodes of its own making.
+// kernel refuses it a fresh sysfs and device nodes of its own making, and
+// its overlays keep their metadata in user extended attributes.
 func TestJailInUserNamespaceGuest(t *testing.T) {
-	cmd := exec.Command("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount", "--mount-proc",
-		agent, "run", "--agent-dir", agentDir(t), "--", "sh", "-c",
-		"ps -e -o comm=; hostname; echo x > /dev/null && test -c /dev/urandom && echo devices-ok; "+
-			"echo x > /sys/kernel/mm/transparent_hugepage/enabled && echo sysfs-written; unshare -U true && echo unshared; true")
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
+	out := inFakeGuest(t, "/opt/sandgate-guest run -- sh -c \"ps -e -o comm=; hostname; echo x > /dev/null && test -c /dev/urandom && echo devices-ok; "+
+		"echo x > /sys/kernel/mm/transparent_hugepage/enabled && echo sysfs-written; unshare -U true && echo unshared; true\"")
 	want := "sandgate-guest\nsh\nps\nsandbox\ndevices-ok\n"
-	if string(out) != want {
+	if out != want {
 		t.Errorf("in a user-namespace guest the jail gives %q, want %q", out, want)
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -22,6 +24,13 @@ const keeperTick = 30 * time.Second
 // every jail and returns 0. It runs outside every jail, so no tenant
 // process can see, signal or outlive it.
 func Keep(ctx context.Context, c KeeperConfig) int {
+	// Nothing of the vendor's or the client's environment (SSL_CERT_FILE,
+	// say) steers the keeper: it is built from nothing.
+	os.Clearenv()
+	os.Setenv("PATH", outsidePath)
+	if c.AgentDir == "" {
+		c.AgentDir = DefaultAgentDir
+	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if c.Forward != nil {
@@ -38,6 +47,11 @@ func Keep(ctx context.Context, c KeeperConfig) int {
 		defer ln.Close()
 		go fw.serve(ln)
 	}
+	if err := writeKeeperFile(c.AgentDir, c.Until); err != nil {
+		fmt.Fprintln(os.Stderr, "sandgate-guest keeper: cannot record itself:", cause(err))
+		return 1
+	}
+	defer os.Remove(filepath.Join(c.AgentDir, keeperFile))
 	if c.ReadyFD > 0 {
 		os.NewFile(uintptr(c.ReadyFD), "ready").Close()
 	}
@@ -134,6 +148,7 @@ func Detach(args []string, ready bool) int {
 	cmd := exec.Command(selfExe())
 	cmd.Args = append([]string{"sandgate-guest"}, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, null, null
+	cmd.Env = []string{"PATH=" + outsidePath}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	var r *os.File
 	if ready {
@@ -164,4 +179,89 @@ func Detach(args []string, ready bool) int {
 	}
 	cmd.Process.Release()
 	return 0
+}
+
+// keeperFile, in the agent's directory, names the running keeper: "PID
+// STARTTIME UNTIL", its pid, its start time in clock ticks after boot
+// (/proc/PID/stat, so that a reused pid does not pass for it) and the
+// guest's deadline in Unix seconds.
+const keeperFile = "keeper"
+
+// keeperStartWait bounds how long run waits for a starting keeper to
+// record itself.
+const keeperStartWait = 10 * time.Second
+
+// errNoKeeper is why run refuses a jail: nothing would end it at the
+// guest's deadline.
+var errNoKeeper = errors.New("the guest's lifetime keeper is not running: no jail starts without it")
+
+// errExpired is why run refuses a jail after the guest's deadline.
+var errExpired = errors.New("the workspace's lifetime has ended")
+
+// statFields are the fields of /proc/PID/stat after the command's name:
+// [0] is the state, [19] the start time.
+func statFields(pid int) ([]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, errors.New("malformed stat")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return nil, errors.New("malformed stat")
+	}
+	return f, nil
+}
+
+// writeKeeperFile records the calling keeper in agentDir, whole or not at
+// all.
+func writeKeeperFile(agentDir string, until time.Time) error {
+	st, err := statFields(os.Getpid())
+	if err != nil {
+		return err
+	}
+	name := filepath.Join(agentDir, keeperFile)
+	line := fmt.Sprintf("%d %s %d\n", os.Getpid(), st[19], until.Unix())
+	if err := os.WriteFile(name+".tmp", []byte(line), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(name+".tmp", name)
+}
+
+// liveKeeper returns the guest's deadline once it has checked that the
+// keeper agentDir names is alive and the deadline has not passed.
+func liveKeeper(agentDir string) (time.Time, error) {
+	// A keeper that is starting (a Machine's main process, just booted)
+	// records itself within moments: wait a little for the file, never
+	// for a keeper it names to come back.
+	name := filepath.Join(agentDir, keeperFile)
+	b, err := os.ReadFile(name)
+	for wait := time.Now().Add(keeperStartWait); errors.Is(err, os.ErrNotExist) && time.Now().Before(wait); {
+		time.Sleep(50 * time.Millisecond)
+		b, err = os.ReadFile(name)
+	}
+	if err != nil {
+		return time.Time{}, errNoKeeper
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 3 {
+		return time.Time{}, errNoKeeper
+	}
+	pid, err1 := strconv.Atoi(f[0])
+	until, err2 := strconv.ParseInt(f[2], 10, 64)
+	if err1 != nil || err2 != nil || pid <= 0 {
+		return time.Time{}, errNoKeeper
+	}
+	if st, err := statFields(pid); err != nil || st[19] != f[1] || st[0] == "Z" || st[0] == "X" {
+		return time.Time{}, errNoKeeper
+	}
+	t := time.Unix(until, 0)
+	if !time.Now().Before(t) {
+		return time.Time{}, errExpired
+	}
+	return t, nil
 }

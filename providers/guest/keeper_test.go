@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,11 +26,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// startKeeper starts the keeper in g with args and returns its host pid
-// and a channel that yields its exit status.
-func startKeeper(t *testing.T, g *guestVM, args ...string) (int, <-chan int) {
+// startKeeper starts the keeper of the agent directory dir in g with args
+// and returns its host pid, once it serves, and a channel that yields its
+// exit status.
+func startKeeper(t *testing.T, g *guestVM, dir string, args ...string) (int, <-chan int) {
 	t.Helper()
-	cmd := g.command(append([]string{"keeper"}, args...)...)
+	cmd := g.command(append([]string{"keeper", "--agent-dir", dir}, args...)...)
 	// A file, not a pipe: the keeper's detached children would hold a
 	// pipe open and Wait with it.
 	errf, err := os.Create(filepath.Join(t.TempDir(), "keeper.stderr"))
@@ -54,14 +56,16 @@ func startKeeper(t *testing.T, g *guestVM, args ...string) (int, <-chan int) {
 			t.Logf("keeper stderr: %s", b)
 		}
 	})
+	register(t, dir, g)
+	waitFor(t, "the keeper to serve", func() bool { _, err := os.Stat(filepath.Join(dir, "keeper")); return err == nil })
 	return waitChild(t, cmd.Process.Pid), done
 }
 
 // startJail starts `run -- argv` in g and returns a channel that yields
 // its exit status, once the tenant runs.
-func startJail(t *testing.T, g *guestVM, argv ...string) <-chan int {
+func startJail(t *testing.T, g *guestVM, dir string, argv ...string) <-chan int {
 	t.Helper()
-	cmd := g.command(append([]string{"run", "--agent-dir", agentDir(t), "--"}, argv...)...)
+	cmd := g.command(append([]string{"run", "--agent-dir", dir, "--"}, argv...)...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -79,13 +83,13 @@ func startJail(t *testing.T, g *guestVM, argv ...string) <-chan int {
 }
 
 func TestKeeperEndsJailsAtDeadline(t *testing.T) {
-	g := startGuest(t)
-	keeper, keeperDone := startKeeper(t, g, "--until", strconv.FormatInt(time.Now().Add(3*time.Second).Unix(), 10))
+	g, dir := startGuest(t), agentDir(t)
+	keeper, keeperDone := startKeeper(t, g, dir, "--until", strconv.FormatInt(time.Now().Add(3*time.Second).Unix(), 10))
 	// The tenant tries to stop and kill the keeper by its pid in the
 	// guest: that pid is not the keeper's in the jail (at most one of the
 	// jail's own, which the jail's init ignores).
 	kp := strconv.Itoa(nsPid(t, keeper))
-	r := g.command("run", "--agent-dir", agentDir(t), "--", "sh", "-c",
+	r := g.command("run", "--agent-dir", dir, "--", "sh", "-c",
 		"kill -STOP "+kp+"; kill -9 "+kp+"; cat /proc/"+kp+"/cmdline; ps -e -o args=; true")
 	out, err := r.Output()
 	if err != nil {
@@ -99,7 +103,7 @@ func TestKeeperEndsJailsAtDeadline(t *testing.T) {
 	}
 	// A jail that would outlive the deadline, with a process that left
 	// its session.
-	jailDone := startJail(t, g, "sh", "-c", "setsid sleep 1000 & sleep 1000")
+	jailDone := startJail(t, g, dir, "sh", "-c", "setsid sleep 1000 & sleep 1000")
 	if st := <-keeperDone; st != 0 {
 		t.Errorf("keeper status %d, want 0", st)
 	}
@@ -113,8 +117,8 @@ func TestKeeperEndsJailsAtDeadline(t *testing.T) {
 }
 
 func TestKeeperDetachAndSIGTERM(t *testing.T) {
-	g := startGuest(t)
-	cmd := g.command("keeper", "--detach", "--until", strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10))
+	g, dir := startGuest(t), agentDir(t)
+	cmd := g.command("keeper", "--detach", "--agent-dir", dir, "--until", strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("keeper --detach: %v: %s", err, out)
 	}
@@ -132,7 +136,7 @@ func TestKeeperDetachAndSIGTERM(t *testing.T) {
 	if sid, _ := unix.Getsid(keeper); sid != keeper {
 		t.Errorf("the keeper's session is %d, want its own (%d)", sid, keeper)
 	}
-	jailDone := startJail(t, g, "sleep", "1000")
+	jailDone := startJail(t, g, dir, "sleep", "1000")
 	// The vendor's stop.
 	if err := syscall.Kill(keeper, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -189,13 +193,27 @@ func TestEgressThroughForwarder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The guest names the proxy in its /etc/hosts when the keeper starts.
 	g := startGuest(t)
-	startKeeper(t, g, "--until", strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10),
-		"--egress-sock", sock, "--egress-proxy", ln.Addr().String(), "--egress-server-name", "proxy.sg.test",
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, []byte("127.0.0.1 proxy.sg.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("nsenter", "-t", strconv.Itoa(g.init), "-m", "--", "mount", "--bind", hosts, "/etc/hosts").CombinedOutput(); err != nil {
+		t.Fatalf("the guest's hosts: %v: %s", err, out)
+	}
+	_, proxyPort, _ := net.SplitHostPort(ln.Addr().String())
+	startKeeper(t, g, dir, "--until", strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10),
+		"--egress-sock", sock, "--egress-proxy", "proxy.sg.test:"+proxyPort, "--egress-server-name", "proxy.sg.test",
 		"--egress-user", "ws-egress-1", "--egress-cred-file", credFile, "--egress-ca", caFile)
 	waitFor(t, "the forwarder's socket", func() bool { _, err := os.Stat(sock); return err == nil })
 	if fi, _ := os.Stat(sock); fi.Mode().Perm() != 0o600 {
 		t.Errorf("the forwarder's socket has mode %v, want 0600", fi.Mode().Perm())
+	}
+	// Whatever the guest's /etc/hosts says later (a tenant that reached
+	// it), the forwarder reaches the proxy it resolved at its start.
+	if err := os.WriteFile(hosts, []byte("127.0.0.2 proxy.sg.test\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
 
 	port := strconv.Itoa(site.Port)
@@ -246,5 +264,56 @@ func TestEgressThroughForwarder(t *testing.T) {
 	// Without --egress-sock, nothing at all.
 	if r := run(t, nil, "run", "--agent-dir", dir, "--", "sh", "-c", curl+"--proxy http://127.0.0.1:3128 https://allowed.sg.test:"+port+"/"); r.status == 0 {
 		t.Errorf("a jail without egress reached the site: %q", r.stdout)
+	}
+}
+
+func TestRunRefusesWithoutLiveKeeper(t *testing.T) {
+	// No keeper at all.
+	cmd := exec.Command(agent, "run", "--agent-dir", agentDir(t), "--", "echo", "ran")
+	out, _ := cmd.Output()
+	if st := cmd.ProcessState.ExitCode(); st != 125 || len(out) != 0 {
+		t.Errorf("without a keeper: status %d, stdout %q; want 125 and nothing run", st, out)
+	}
+
+	// A keeper killed from outside the jails.
+	g, dir := startGuest(t), agentDir(t)
+	g.keep(t, dir, time.Hour)
+	if r := jail(t, dir, nil, "echo", "ran"); r.status != 0 || r.stdout != "ran\n" {
+		t.Fatalf("with the keeper: status %d, stdout %q, stderr %q", r.status, r.stdout, r.stderr)
+	}
+	var keeper int
+	for _, c := range children(g.init) {
+		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(c) + "/cmdline"); strings.Contains(string(b), "keeper") {
+			keeper = c
+		}
+	}
+	if keeper == 0 {
+		t.Fatal("no keeper in the guest")
+	}
+	if err := syscall.Kill(keeper, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the keeper to die", func() bool { return !alive(keeper) })
+	r := jail(t, dir, nil, "echo", "ran")
+	if r.status != 125 || r.stdout != "" || !strings.Contains(r.stderr, "keeper is not running") {
+		t.Errorf("after the keeper died: status %d, stdout %q, stderr %q; want 125, a refusal", r.status, r.stdout, r.stderr)
+	}
+}
+
+// TestJailEndsAtDeadlineWithoutKeeper: a jail ends at the guest's
+// deadline even when its keeper, stopped, does not end it.
+func TestJailEndsAtDeadlineWithoutKeeper(t *testing.T) {
+	g, dir := startGuest(t), agentDir(t)
+	keeper, _ := startKeeper(t, g, dir, "--until", strconv.FormatInt(time.Now().Add(4*time.Second).Unix(), 10))
+	jailDone := startJail(t, g, dir, "sleep", "1000")
+	if err := syscall.Kill(keeper, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(keeper, syscall.SIGCONT) })
+	if st := <-jailDone; st != signalExitStatus(syscall.SIGKILL) {
+		t.Errorf("jail status %d, want %d", st, signalExitStatus(syscall.SIGKILL))
+	}
+	if r := jail(t, dir, nil, "echo", "ran"); r.status != 125 || r.stdout != "" {
+		t.Errorf("after the deadline: status %d, stdout %q; want 125, nothing run", r.status, r.stdout)
 	}
 }
