@@ -266,9 +266,11 @@ func TestConsoleFindsSortsAndStaysLive(t *testing.T) {
 		t.Errorf("without scripts, page 2 by age = %v…; want %v…", head(got), head(all[10:20]))
 	}
 
-	// At phone width no page is wider than the screen: wide tables
-	// scroll in their own box. At 1400 px nothing overflows either.
-	pages := []string{"", "workspaces", "accounts", "usage", "controls", "audit", "search?q=glob", "workspaces/" + late.WorkspaceID + "/kill"}
+	// At phone width no page, the detail pages included, is wider than the
+	// screen (scripts still off): wide tables scroll in their own box. At
+	// 1400 px nothing overflows either.
+	pages := []string{"", "workspaces", "accounts", "usage", "controls", "audit", "search?q=glob",
+		"workspaces/" + late.WorkspaceID, "accounts/" + s.globex, "workspaces/" + late.WorkspaceID + "/kill"}
 	for _, width := range []int64{390, 1400} {
 		tb.do(fmt.Sprint("viewport ", width), chromedp.EmulateViewport(width, 844))
 		for _, p := range pages {
