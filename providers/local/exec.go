@@ -561,6 +561,19 @@ func (p *Provider) stepArgs(j job, nfds int) []string {
 	return a
 }
 
+// nsStepArgs are the options of a durable command's step for j that joins
+// the workspace's mount namespace, descriptor nsFD, with nfds descriptors
+// for bwrap past stderr (below nsFD). Its cgroups the runner joined.
+func (p *Provider) nsStepArgs(j job, nfds, nsFD int) []string {
+	a := []string{"--fds", strconv.Itoa(nfds), "--ns-fd", strconv.Itoa(nsFD)}
+	a = append(a, rlimitArgs(j)...)
+	if j.uid > 0 {
+		u := strconv.Itoa(j.uid)
+		a = append(a, "--uid", u, "--gid", u)
+	}
+	return a
+}
+
 // stageOptions are what stage does for j: the directories bwrap, running
 // as the workspace's uid, finds below the stage directory. ok is false when
 // nothing is staged (a workspace from before uids and disk images, which
@@ -892,9 +905,12 @@ type stepOptions struct {
 	rlimits  []rlimit
 	// root, when set, is the sandbox's root tree, which stage builds below
 	// stage/r (stageRoot) and an exec's bwrap binds as its / (see
-	// bwrapOptions). Only an exec's namespace has one, never a durable
-	// command's step.
+	// bwrapOptions). A durable command's step never builds one: on an
+	// image workspace it joins the workspace's namespace (nsFD) instead.
 	root *rootTree
+	// nsFD, when >= 0, is the step's descriptor of the workspace's mount
+	// namespace, which it joins in place of staging.
+	nsFD int
 }
 
 // rootName is the directory below the stage that holds the sandbox's root

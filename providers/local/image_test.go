@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
@@ -230,5 +231,32 @@ func TestImageRefusals(t *testing.T) {
 	sb := providertest.Create(t, p, providertest.Spec(t))
 	if got := sh(t, p, sb, "test -e /usr/bin/env && echo host"); got != "host\n" {
 		t.Errorf("a host workspace's /usr = %q", got)
+	}
+}
+
+// TestImageDurableCommand checks that a durable command on an image
+// workspace runs on the image's root, in the workspace's own layer, as an
+// exec does: not on the host's /usr.
+func TestImageDurableCommand(t *testing.T) {
+	t.Parallel()
+	p, _, _ := newImageProvider(t)
+	spec := providertest.Spec(t)
+	spec.Image = "registry.test/busybox:1"
+	sb := providertest.Create(t, p, spec)
+	sh(t, p, sb, "mkdir -p /usr/local/lib && echo installed > /usr/local/lib/pkg")
+	err := p.StartCommand(t.Context(), sb, "on-image", providers.ExecSpec{
+		Argv:    []string{"sh", "-c", `cat /etc/os-release /marker /usr/local/lib/pkg; echo "$IMAGE_VAR"; pwd; echo durable > /usr/local/lib/from-command`},
+		Timeout: time.Minute, MaxOutputBytes: 1 << 10,
+	})
+	if err != nil {
+		t.Fatalf("StartCommand: %v", err)
+	}
+	st := providertest.WaitCommand(t, p, sb, "on-image", 1<<10)
+	want := "ID=sandgate-test-image\ntop layer\ninstalled\nfrom-image\n/workspace\n"
+	if st.State != providers.CommandCompleted || st.ExitCode != 0 || string(st.Stdout) != want {
+		t.Errorf("durable command on the image = %q exit %d stdout %q stderr %q; want completed 0 %q", st.State, st.ExitCode, st.Stdout, st.Stderr, want)
+	}
+	if got := sh(t, p, sb, "cat /usr/local/lib/from-command"); got != "durable\n" {
+		t.Errorf("what the command wrote under /usr, seen by an exec = %q", got)
 	}
 }
