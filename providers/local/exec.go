@@ -172,6 +172,12 @@ type job struct {
 	// namespace; bindExe binds it at residentBin: the job is the
 	// resident (resident.go).
 	stageExe, bindExe bool
+	// hostTools runs the job on the host's /usr and generated /etc even
+	// when its workspace runs on an image, in a mount namespace of its
+	// own: the snapshot helpers, whose GNU tar and gzip an image need not
+	// have. They reach only /workspace, /root and /tmp, which are the
+	// same on either root.
+	hostTools bool
 }
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
@@ -311,11 +317,17 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	var ns *os.File
 	var rooted bool
 	if o, ok := p.stageOptions(j); ok {
+		nsRef := j.ref
 		if p.rootTrees {
-			o = p.rootOptions(j, o)
+			rj := j
+			if j.hostTools && j.rec.Image != nil {
+				rj.rec.Image = nil
+				nsRef = "" // not the workspace's namespace: one of its own, closed by release
+			}
+			o = p.rootOptions(rj, o)
 			rooted = true
 		}
-		fd, release, err := p.ns.acquire(j.ref, o)
+		fd, release, err := p.ns.acquire(nsRef, o)
 		if err != nil {
 			go func() { (<-leaves).close() }() // never handed to bwrap
 			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)

@@ -260,3 +260,65 @@ func TestImageDurableCommand(t *testing.T) {
 		t.Errorf("what the command wrote under /usr, seen by an exec = %q", got)
 	}
 }
+
+// shellOnlyLayer makes one unpacked layer that holds the host's dash
+// and the C library it needs, and no other program: no tar, no gzip.
+func shellOnlyLayer(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "sh")
+	for _, d := range []string{"bin", "lib/x86_64-linux-gnu", "lib64", "etc", "root", "tmp", "workspace", "proc", "dev"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for src, dst := range map[string]string{
+		"/bin/dash":                       "bin/sh",
+		"/lib/x86_64-linux-gnu/libc.so.6": "lib/x86_64-linux-gnu/libc.so.6",
+		"/lib64/ld-linux-x86-64.so.2":     "lib64/ld-linux-x86-64.so.2",
+	} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Skipf("no %s to build a shell-only image from: %v", src, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, dst), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etc/os-release"), []byte("ID=shell-only\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestImageSnapshot checks that a snapshot of an image workspace's
+// directory, and its restore into another, work on an image that has a
+// shell and nothing else: the snapshot helpers run on the broker's tools.
+func TestImageSnapshot(t *testing.T) {
+	t.Parallel()
+	p, imgs, _ := newImageProvider(t)
+	imgs.mu.Lock()
+	imgs.images["registry.test/shonly:1"] = local.RootImage{Digest: "sha256:" + strings.Repeat("ef", 32), Layers: []string{shellOnlyLayer(t)}}
+	imgs.mu.Unlock()
+	spec := providertest.Spec(t)
+	spec.Image = "registry.test/shonly:1"
+	a := providertest.Create(t, p, spec)
+	if got := sh(t, p, a, "command -v tar gzip mkdir || echo none"); got != "none\n" {
+		t.Fatalf("the test image has tools of its own: %q", got)
+	}
+	sh(t, p, a, "cd /workspace && echo kept > file")
+	ref, err := p.Snapshot(t.Context(), a, providers.SnapshotSpec{ID: "snapimg" + a.Ref, Dir: "/workspace"})
+	if err != nil {
+		t.Fatalf("Snapshot of an image workspace: %v", err)
+	}
+	t.Cleanup(func() { p.DeleteSnapshot(context.Background(), ref) })
+
+	specB := providertest.Spec(t)
+	specB.Image = spec.Image
+	b := providertest.Create(t, p, specB)
+	if err := p.Restore(t.Context(), b, ref, "/workspace"); err != nil {
+		t.Fatalf("Restore into an image workspace: %v", err)
+	}
+	if got := sh(t, p, b, "read l < /workspace/file; read o < /etc/os-release; echo $l $o"); got != "kept ID=shell-only\n" {
+		t.Errorf("restored workspace = %q; want the file back, on the image", got)
+	}
+}

@@ -108,6 +108,7 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	// Read what the workspace's root cannot without it (mode 0 files):
 	// only files the sandbox's uid 0 owns, that is the workspace's own.
 	j.capAdd = []string{"CAP_DAC_READ_SEARCH"}
+	j.hostTools = true
 	res, err := p.run(ctx, j)
 	if err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", err)
@@ -200,6 +201,7 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 	// the end: it needs the override the sandbox's root lacks. As for
 	// Snapshot, no env reaches this tar.
 	j.capAdd = []string{"CAP_DAC_OVERRIDE", "CAP_FOWNER"}
+	j.hostTools = true
 	res, err := p.run(ctx, j)
 	if err != nil {
 		return fmt.Errorf("local: restore: %w", err)
