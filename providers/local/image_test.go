@@ -322,3 +322,61 @@ func TestImageSnapshot(t *testing.T) {
 		t.Errorf("restored workspace = %q; want the file back, on the image", got)
 	}
 }
+
+// TestImageWarmStartSameDigest checks that a restore into a workspace on
+// the image's tag runs on the digest the snapshot was taken on, after the
+// tag moved to another digest; and fails when that digest is gone.
+func TestImageWarmStartSameDigest(t *testing.T) {
+	t.Parallel()
+	p, imgs, _ := newImageProvider(t)
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	spec := providertest.Spec(t)
+	spec.Image = "registry.test/busybox:1"
+	a := providertest.Create(t, p, spec)
+	sh(t, p, a, "echo kept > /workspace/file")
+	ref, err := p.Snapshot(t.Context(), a, providers.SnapshotSpec{ID: "snapdg" + a.Ref, Dir: "/workspace"})
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	t.Cleanup(func() { p.DeleteSnapshot(context.Background(), ref) })
+
+	// The tag moves on to another image.
+	moved := local.RootImage{Digest: "sha256:" + strings.Repeat("ef", 32), Layers: []string{shellOnlyLayer(t)}}
+	imgs.mu.Lock()
+	imgs.images["registry.test/busybox:1"] = moved
+	imgs.mu.Unlock()
+
+	specB := providertest.Spec(t)
+	specB.Image = spec.Image
+	b := providertest.Create(t, p, specB)
+	if err := p.Restore(t.Context(), b, ref, "/workspace"); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	if got := sh(t, p, b, "cat /workspace/file /etc/os-release"); got != "kept\nID=sandgate-test-image\n" {
+		t.Errorf("warm start after the tag moved = %q; want the snapshot's files on the snapshot's image", got)
+	}
+	var rec struct {
+		Image struct {
+			Ref    string `json:"ref"`
+			Digest string `json:"digest"`
+		} `json:"image"`
+	}
+	readJSONFile(t, filepath.Join(p.DataDir(), "workspaces", b.Ref, "sandbox.json"), &rec)
+	if rec.Image.Digest != digest || rec.Image.Ref != spec.Image {
+		t.Errorf("restored workspace's record = %+v; want %s on digest %s", rec.Image, spec.Image, digest)
+	}
+	if n := imgs.pins(moved.Digest); n != 0 {
+		t.Errorf("pins left on the tag's new digest = %d; want 0", n)
+	}
+
+	// The snapshot's digest can no longer be had: the restore fails.
+	imgs.mu.Lock()
+	delete(imgs.images, "registry.test/busybox@"+digest)
+	imgs.mu.Unlock()
+	specC := providertest.Spec(t)
+	specC.Image = spec.Image
+	c := providertest.Create(t, p, specC)
+	if err := p.Restore(t.Context(), c, ref, "/workspace"); err == nil {
+		t.Errorf("Restore onto an image digest that is gone = nil error")
+	}
+}

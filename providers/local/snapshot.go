@@ -144,6 +144,9 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	if err := tmp.Close(); err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
 	}
+	if err := p.writeSnapshotImage(spec.ID, w); err != nil {
+		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: image: %w", scrub(err))
+	}
 	if err := os.Rename(tmp.Name(), p.snapshotPath(spec.ID)); err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
 	}
@@ -190,6 +193,12 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 		return fmt.Errorf("local: restore: %w", scrub(err))
 	}
 	defer f.Close()
+	if err := p.restoreImage(ctx, sb.Ref, w, ref.ID); err != nil {
+		return fmt.Errorf("local: restore: %w", err)
+	}
+	if w, err = p.open(sb.Ref); err != nil {
+		return err
+	}
 	j := p.jobIn(sb.Ref, w)
 	j.dir = "/"
 	j.argv = []string{"sh", "-c", restoreScript, "sh", dir}
@@ -223,6 +232,10 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 func (p *Provider) DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef) error {
 	if checkRef(ref.ID) != nil {
 		return nil // no snapshot can have this name
+	}
+	// The image record first: it is only read with the archive.
+	if err := os.Remove(p.snapshotImagePath(ref.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("local: delete snapshot: %w", scrub(err))
 	}
 	err := os.Remove(p.snapshotPath(ref.ID))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
