@@ -312,15 +312,23 @@ func TestImageSnapshot(t *testing.T) {
 	}
 	t.Cleanup(func() { p.DeleteSnapshot(context.Background(), ref) })
 
-	specB := providertest.Spec(t)
-	specB.Image = spec.Image
-	b := providertest.Create(t, p, specB)
-	if err := p.Restore(t.Context(), b, ref, "/workspace"); err != nil {
-		t.Fatalf("Restore into an image workspace: %v", err)
-	}
+	b := warmStart(t, p, spec.Image, ref)
 	if got := sh(t, p, b, "read l < /workspace/file; read o < /etc/os-release; echo $l $o"); got != "kept ID=shell-only\n" {
 		t.Errorf("restored workspace = %q; want the file back, on the image", got)
 	}
+}
+
+// warmStart creates a workspace on image and restores ref's /workspace
+// into it, as an acquire with a snapshot_id does.
+func warmStart(t *testing.T, p *local.Provider, image string, ref providers.SnapshotRef) providers.Sandbox {
+	t.Helper()
+	spec := providertest.Spec(t)
+	spec.Image = image
+	sb := providertest.Create(t, p, spec)
+	if err := p.Restore(t.Context(), sb, ref, "/workspace"); err != nil {
+		t.Fatalf("Restore into a workspace on %s: %v", image, err)
+	}
+	return sb
 }
 
 // TestImageWarmStartSameDigest checks that a restore into a workspace on
@@ -346,12 +354,7 @@ func TestImageWarmStartSameDigest(t *testing.T) {
 	imgs.images["registry.test/busybox:1"] = moved
 	imgs.mu.Unlock()
 
-	specB := providertest.Spec(t)
-	specB.Image = spec.Image
-	b := providertest.Create(t, p, specB)
-	if err := p.Restore(t.Context(), b, ref, "/workspace"); err != nil {
-		t.Fatalf("Restore: %v", err)
-	}
+	b := warmStart(t, p, spec.Image, ref)
 	if got := sh(t, p, b, "cat /workspace/file /etc/os-release"); got != "kept\nID=sandgate-test-image\n" {
 		t.Errorf("warm start after the tag moved = %q; want the snapshot's files on the snapshot's image", got)
 	}
