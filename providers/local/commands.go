@@ -164,8 +164,8 @@ func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id st
 	}
 
 	j := p.jobIn(sb.Ref, w)
-	j.env = w.env
-	j.dir = cmp.Or(spec.Dir, defaultDir)
+	j.env = imageEnv(w)
+	j.dir = cmp.Or(spec.Dir, imageDir(w))
 	j.argv = spec.Argv
 	j.egress = len(w.rec.AllowedDomains) > 0
 	if j.egress {
@@ -193,7 +193,17 @@ const joinScript = `for f; do [ "$f" = -- ] && break; case $f in */tasks) v=0;; 
 // its pid and start time in the command's host.pid, and returns the pid.
 func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, error) {
 	filter := p.seccomp
-	opts, err := memfd("sandgate-bwrap-args", p.bwrapOptions(j, filter != nil, false))
+	// A workspace on an image runs its commands on the image's root: the
+	// step joins the workspace's mount namespace, which holds the overlay,
+	// instead of staging one of its own, so the workspace's upper layer is
+	// mounted once, not once more for each command. The runner (and the
+	// step) keep the namespace as long as the command runs.
+	ns, release, err := p.commandNS(j)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	opts, err := memfd("sandgate-bwrap-args", p.bwrapOptions(j, filter != nil, ns != nil))
 	if err != nil {
 		return 0, err
 	}
@@ -206,6 +216,14 @@ func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, erro
 		}
 		defer sec.Close()
 		files = append(files, sec)
+	}
+	// The runner joins the cgroups (joinScript), not the step.
+	sj := j
+	sj.cgroups = nil
+	stepArgs := p.stepArgs(sj, len(files))
+	if ns != nil {
+		stepArgs = p.nsStepArgs(j, len(files), 3+len(files))
+		files = append(files, ns)
 	}
 	// The runner is sh on the host; bwrap, as in Exec, gets an empty
 	// environment (env -i) and its options from fd 3.
@@ -221,11 +239,9 @@ func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, erro
 	// argv[0]) stages the workspace's directories and runs bwrap as the
 	// workspace's uid, as for an exec; the runner above already joined
 	// the cgroups.
-	sj := j
-	sj.cgroups = nil
 	args = append(args, "--", "/bin/sh", "-c", runner.Script, "sh", d, strconv.FormatInt(maxOut, 10), strconv.FormatInt(timeoutSecs, 10),
 		"env", "-i", p.exe, "--"+stepName)
-	args = append(args, p.stepArgs(sj, len(files))...)
+	args = append(args, stepArgs...)
 	args = append(args, "--", p.bwrap, "--args", "3", "--")
 	args = append(args, sandboxArgv(j)...)
 	cmd := exec.Command("/bin/sh", args...)
@@ -253,6 +269,22 @@ func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, erro
 		return 0, scrub(err)
 	}
 	return pid, nil
+}
+
+// commandNS returns the mount namespace a durable command of j joins, and
+// its release: the workspace's own, with its root tree, when j's
+// workspace runs on an image; nil (and a no-op release) otherwise, where
+// the step stages its own.
+func (p *Provider) commandNS(j job) (*os.File, func(), error) {
+	o, ok := p.stageOptions(j)
+	if j.rec.Image == nil || !ok || !p.rootTrees {
+		return nil, func() {}, nil
+	}
+	ns, release, err := p.ns.acquire(j.ref, p.rootOptions(j, o))
+	if err != nil {
+		return nil, nil, fmt.Errorf("namespace: %w", err)
+	}
+	return ns, release, nil
 }
 
 // runnerOf returns the runner recorded in a command's host.pid, or 0.

@@ -172,6 +172,12 @@ type job struct {
 	// namespace; bindExe binds it at residentBin: the job is the
 	// resident (resident.go).
 	stageExe, bindExe bool
+	// hostTools runs the job on the host's /usr and generated /etc even
+	// when its workspace runs on an image, in a mount namespace of its
+	// own: the snapshot helpers, whose GNU tar and gzip an image need not
+	// have. They reach only /workspace, /root and /tmp, which are the
+	// same on either root.
+	hostTools bool
 }
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
@@ -311,11 +317,17 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	var ns *os.File
 	var rooted bool
 	if o, ok := p.stageOptions(j); ok {
+		nsRef := j.ref
 		if p.rootTrees {
-			o = p.rootOptions(j, o)
+			rj := j
+			if j.hostTools && j.rec.Image != nil {
+				rj.rec.Image = nil
+				nsRef = "" // not the workspace's namespace: one of its own, closed by release
+			}
+			o = p.rootOptions(rj, o)
 			rooted = true
 		}
-		fd, release, err := p.ns.acquire(j.ref, o)
+		fd, release, err := p.ns.acquire(nsRef, o)
 		if err != nil {
 			go func() { (<-leaves).close() }() // never handed to bwrap
 			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
@@ -557,6 +569,19 @@ func (p *Provider) stepArgs(j job, nfds int) []string {
 		if o.disk != "" {
 			a = append(a, "--disk", o.disk, "--mount-bin", o.mountBin)
 		}
+	}
+	return a
+}
+
+// nsStepArgs are the options of a durable command's step for j that joins
+// the workspace's mount namespace, descriptor nsFD, with nfds descriptors
+// for bwrap past stderr (below nsFD). Its cgroups the runner joined.
+func (p *Provider) nsStepArgs(j job, nfds, nsFD int) []string {
+	a := []string{"--fds", strconv.Itoa(nfds), "--ns-fd", strconv.Itoa(nsFD)}
+	a = append(a, rlimitArgs(j)...)
+	if j.uid > 0 {
+		u := strconv.Itoa(j.uid)
+		a = append(a, "--uid", u, "--gid", u)
 	}
 	return a
 }
@@ -892,9 +917,12 @@ type stepOptions struct {
 	rlimits  []rlimit
 	// root, when set, is the sandbox's root tree, which stage builds below
 	// stage/r (stageRoot) and an exec's bwrap binds as its / (see
-	// bwrapOptions). Only an exec's namespace has one, never a durable
-	// command's step.
+	// bwrapOptions). A durable command's step never builds one: on an
+	// image workspace it joins the workspace's namespace (nsFD) instead.
 	root *rootTree
+	// nsFD, when >= 0, is the step's descriptor of the workspace's mount
+	// namespace, which it joins in place of staging.
+	nsFD int
 }
 
 // rootName is the directory below the stage that holds the sandbox's root

@@ -243,3 +243,59 @@ func (p *Provider) images() []string {
 	}
 	return []string{Image}
 }
+
+// snapshotImage is what a snapshot of a workspace on an image keeps
+// beside its archive (<id>.image.json): the image it was taken on, which
+// a restore into a workspace on the same image's repository runs on.
+type snapshotImage struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
+}
+
+// snapshotImagePath is the image record of snapshot id; id must be checked.
+func (p *Provider) snapshotImagePath(id string) string {
+	return filepath.Join(p.dataDir, snapshotsDir, id+".image.json")
+}
+
+// writeSnapshotImage records the image of w, if any, for snapshot id.
+func (p *Provider) writeSnapshotImage(id string, w opened) error {
+	if w.rec.Image == nil {
+		return nil
+	}
+	return replaceJSON(p.snapshotImagePath(id), ".tmp-"+id+"-", snapshotImage{Ref: w.rec.Image.Ref, Digest: w.rec.Image.Digest})
+}
+
+// restoreImage moves w, a workspace on an image that nothing has run on
+// yet (a warm start), onto the image snapshot id was taken on when that
+// is another digest of the same repository: a tag that moved on since
+// still restores onto the digest the snapshot's files were made for. The
+// digest is pulled again when the store no longer has it; when it cannot
+// be (no longer in the registry, or refused), the restore fails. A
+// snapshot of another repository, or of the host image, leaves w's image
+// as it is.
+func (p *Provider) restoreImage(ctx context.Context, ref string, w opened, id string) error {
+	var si snapshotImage
+	if w.rec.Image == nil || readJSON(p.snapshotImagePath(id), &si) != nil || si.Digest == "" || si.Digest == w.rec.Image.Digest {
+		return nil
+	}
+	if digestRef(si.Ref, "") != digestRef(w.rec.Image.Ref, "") {
+		return nil
+	}
+	img, release, err := p.acquireImage(ctx, digestRef(w.rec.Image.Ref, si.Digest))
+	if err != nil {
+		return fmt.Errorf("the snapshot's image: %w", err)
+	}
+	rec := w.rec
+	img.Ref = w.rec.Image.Ref
+	rec.Image = img
+	// Off the old root before the record names the new one: the next
+	// exec builds the namespace on the snapshot's layers.
+	p.ns.drop(ref)
+	if err := replaceJSON(p.layout(ref).sandbox(), ".tmp-sandbox-", rec); err != nil {
+		release()
+		return fmt.Errorf("record: %w", scrub(err))
+	}
+	p.pins.put(ref, release) // and the old image's pin goes
+	p.log.Info("workspace moved onto the snapshot's image", sandgate.WorkspaceAttr(ref), "digest", si.Digest)
+	return nil
+}

@@ -69,6 +69,15 @@ func mountOverlay(dir string, t *rootTree) error {
 	defer userns.Close()
 	rootfs := t.image.rootfs
 	upper, work := rootfs+"/upper", rootfs+"/work"
+	// Another broker process (or this one, for another exec) may build
+	// this workspace's root at the same time: one at a time, so that
+	// neither finds upper/ before it is the sandbox's, and the overlay's
+	// mount never resets a work/ that another mount is still setting up.
+	unlock, err := lockRootfs(rootfs)
+	if err != nil {
+		return fmt.Errorf("image: lock: %w", scrub(err))
+	}
+	defer unlock()
 	if err := makeRootfs(rootfs, t.owner); err != nil {
 		return fmt.Errorf("image: %w", scrub(err))
 	}
@@ -103,6 +112,25 @@ func mountOverlay(dir string, t *rootTree) error {
 		return fmt.Errorf("image: overlay: %w", err)
 	}
 	return nil
+}
+
+// lockRootfs takes the exclusive flock on rootfs/lock (made when missing;
+// the sandbox never sees rootfs/ itself, only upper/ through the overlay)
+// and returns its release. The lock file is on the workspace's disk (or
+// directory), so every broker process on the data directory meets it.
+func lockRootfs(rootfs string) (func(), error) {
+	if err := os.Mkdir(rootfs, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	f, err := os.OpenFile(rootfs+"/lock", os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil // closing the last descriptor unlocks
 }
 
 // makeRootfs makes the overlay's upper/ (the sandbox root's, owner) and

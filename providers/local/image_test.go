@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
@@ -230,5 +231,155 @@ func TestImageRefusals(t *testing.T) {
 	sb := providertest.Create(t, p, providertest.Spec(t))
 	if got := sh(t, p, sb, "test -e /usr/bin/env && echo host"); got != "host\n" {
 		t.Errorf("a host workspace's /usr = %q", got)
+	}
+}
+
+// TestImageDurableCommand checks that a durable command on an image
+// workspace runs on the image's root, in the workspace's own layer, as an
+// exec does: not on the host's /usr.
+func TestImageDurableCommand(t *testing.T) {
+	t.Parallel()
+	p, _, _ := newImageProvider(t)
+	spec := providertest.Spec(t)
+	spec.Image = "registry.test/busybox:1"
+	sb := providertest.Create(t, p, spec)
+	sh(t, p, sb, "mkdir -p /usr/local/lib && echo installed > /usr/local/lib/pkg")
+	err := p.StartCommand(t.Context(), sb, "on-image", providers.ExecSpec{
+		Argv:    []string{"sh", "-c", `cat /etc/os-release /marker /usr/local/lib/pkg; echo "$IMAGE_VAR"; pwd; echo durable > /usr/local/lib/from-command`},
+		Timeout: time.Minute, MaxOutputBytes: 1 << 10,
+	})
+	if err != nil {
+		t.Fatalf("StartCommand: %v", err)
+	}
+	st := providertest.WaitCommand(t, p, sb, "on-image", 1<<10)
+	want := "ID=sandgate-test-image\ntop layer\ninstalled\nfrom-image\n/workspace\n"
+	if st.State != providers.CommandCompleted || st.ExitCode != 0 || string(st.Stdout) != want {
+		t.Errorf("durable command on the image = %q exit %d stdout %q stderr %q; want completed 0 %q", st.State, st.ExitCode, st.Stdout, st.Stderr, want)
+	}
+	if got := sh(t, p, sb, "cat /usr/local/lib/from-command"); got != "durable\n" {
+		t.Errorf("what the command wrote under /usr, seen by an exec = %q", got)
+	}
+}
+
+// shellOnlyLayer makes one unpacked layer that holds the host's dash
+// and the C library it needs, and no other program: no tar, no gzip.
+func shellOnlyLayer(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "sh")
+	for _, d := range []string{"bin", "lib/x86_64-linux-gnu", "lib64", "etc", "root", "tmp", "workspace", "proc", "dev"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for src, dst := range map[string]string{
+		"/bin/dash":                       "bin/sh",
+		"/lib/x86_64-linux-gnu/libc.so.6": "lib/x86_64-linux-gnu/libc.so.6",
+		"/lib64/ld-linux-x86-64.so.2":     "lib64/ld-linux-x86-64.so.2",
+	} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Skipf("no %s to build a shell-only image from: %v", src, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, dst), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etc/os-release"), []byte("ID=shell-only\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestImageSnapshot checks that a snapshot of an image workspace's
+// directory, and its restore into another, work on an image that has a
+// shell and nothing else: the snapshot helpers run on the broker's tools.
+func TestImageSnapshot(t *testing.T) {
+	t.Parallel()
+	p, imgs, _ := newImageProvider(t)
+	imgs.mu.Lock()
+	imgs.images["registry.test/shonly:1"] = local.RootImage{Digest: "sha256:" + strings.Repeat("ef", 32), Layers: []string{shellOnlyLayer(t)}}
+	imgs.mu.Unlock()
+	spec := providertest.Spec(t)
+	spec.Image = "registry.test/shonly:1"
+	a := providertest.Create(t, p, spec)
+	if got := sh(t, p, a, "command -v tar gzip mkdir || echo none"); got != "none\n" {
+		t.Fatalf("the test image has tools of its own: %q", got)
+	}
+	sh(t, p, a, "cd /workspace && echo kept > file")
+	ref, err := p.Snapshot(t.Context(), a, providers.SnapshotSpec{ID: "snapimg" + a.Ref, Dir: "/workspace"})
+	if err != nil {
+		t.Fatalf("Snapshot of an image workspace: %v", err)
+	}
+	t.Cleanup(func() { p.DeleteSnapshot(context.Background(), ref) })
+
+	b := warmStart(t, p, spec.Image, ref)
+	if got := sh(t, p, b, "read l < /workspace/file; read o < /etc/os-release; echo $l $o"); got != "kept ID=shell-only\n" {
+		t.Errorf("restored workspace = %q; want the file back, on the image", got)
+	}
+}
+
+// warmStart creates a workspace on image and restores ref's /workspace
+// into it, as an acquire with a snapshot_id does.
+func warmStart(t *testing.T, p *local.Provider, image string, ref providers.SnapshotRef) providers.Sandbox {
+	t.Helper()
+	spec := providertest.Spec(t)
+	spec.Image = image
+	sb := providertest.Create(t, p, spec)
+	if err := p.Restore(t.Context(), sb, ref, "/workspace"); err != nil {
+		t.Fatalf("Restore into a workspace on %s: %v", image, err)
+	}
+	return sb
+}
+
+// TestImageWarmStartSameDigest checks that a restore into a workspace on
+// the image's tag runs on the digest the snapshot was taken on, after the
+// tag moved to another digest; and fails when that digest is gone.
+func TestImageWarmStartSameDigest(t *testing.T) {
+	t.Parallel()
+	p, imgs, _ := newImageProvider(t)
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	spec := providertest.Spec(t)
+	spec.Image = "registry.test/busybox:1"
+	a := providertest.Create(t, p, spec)
+	sh(t, p, a, "echo kept > /workspace/file")
+	ref, err := p.Snapshot(t.Context(), a, providers.SnapshotSpec{ID: "snapdg" + a.Ref, Dir: "/workspace"})
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	t.Cleanup(func() { p.DeleteSnapshot(context.Background(), ref) })
+
+	// The tag moves on to another image.
+	moved := local.RootImage{Digest: "sha256:" + strings.Repeat("ef", 32), Layers: []string{shellOnlyLayer(t)}}
+	imgs.mu.Lock()
+	imgs.images["registry.test/busybox:1"] = moved
+	imgs.mu.Unlock()
+
+	b := warmStart(t, p, spec.Image, ref)
+	if got := sh(t, p, b, "cat /workspace/file /etc/os-release"); got != "kept\nID=sandgate-test-image\n" {
+		t.Errorf("warm start after the tag moved = %q; want the snapshot's files on the snapshot's image", got)
+	}
+	var rec struct {
+		Image struct {
+			Ref    string `json:"ref"`
+			Digest string `json:"digest"`
+		} `json:"image"`
+	}
+	readJSONFile(t, filepath.Join(p.DataDir(), "workspaces", b.Ref, "sandbox.json"), &rec)
+	if rec.Image.Digest != digest || rec.Image.Ref != spec.Image {
+		t.Errorf("restored workspace's record = %+v; want %s on digest %s", rec.Image, spec.Image, digest)
+	}
+	if n := imgs.pins(moved.Digest); n != 0 {
+		t.Errorf("pins left on the tag's new digest = %d; want 0", n)
+	}
+
+	// The snapshot's digest can no longer be had: the restore fails.
+	imgs.mu.Lock()
+	delete(imgs.images, "registry.test/busybox@"+digest)
+	imgs.mu.Unlock()
+	specC := providertest.Spec(t)
+	specC.Image = spec.Image
+	c := providertest.Create(t, p, specC)
+	if err := p.Restore(t.Context(), c, ref, "/workspace"); err == nil {
+		t.Errorf("Restore onto an image digest that is gone = nil error")
 	}
 }

@@ -108,6 +108,7 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	// Read what the workspace's root cannot without it (mode 0 files):
 	// only files the sandbox's uid 0 owns, that is the workspace's own.
 	j.capAdd = []string{"CAP_DAC_READ_SEARCH"}
+	j.hostTools = true
 	res, err := p.run(ctx, j)
 	if err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", err)
@@ -142,6 +143,9 @@ func (p *Provider) Snapshot(ctx context.Context, sb providers.Sandbox, spec prov
 	size := fi.Size()
 	if err := tmp.Close(); err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
+	}
+	if err := p.writeSnapshotImage(spec.ID, w); err != nil {
+		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: image: %w", scrub(err))
 	}
 	if err := os.Rename(tmp.Name(), p.snapshotPath(spec.ID)); err != nil {
 		return providers.SnapshotRef{}, fmt.Errorf("local: snapshot: %w", scrub(err))
@@ -189,6 +193,12 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 		return fmt.Errorf("local: restore: %w", scrub(err))
 	}
 	defer f.Close()
+	if err := p.restoreImage(ctx, sb.Ref, w, ref.ID); err != nil {
+		return fmt.Errorf("local: restore: %w", err)
+	}
+	if w, err = p.open(sb.Ref); err != nil {
+		return err
+	}
 	j := p.jobIn(sb.Ref, w)
 	j.dir = "/"
 	j.argv = []string{"sh", "-c", restoreScript, "sh", dir}
@@ -200,6 +210,7 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 	// the end: it needs the override the sandbox's root lacks. As for
 	// Snapshot, no env reaches this tar.
 	j.capAdd = []string{"CAP_DAC_OVERRIDE", "CAP_FOWNER"}
+	j.hostTools = true
 	res, err := p.run(ctx, j)
 	if err != nil {
 		return fmt.Errorf("local: restore: %w", err)
@@ -221,6 +232,10 @@ func (p *Provider) Restore(ctx context.Context, sb providers.Sandbox, ref provid
 func (p *Provider) DeleteSnapshot(ctx context.Context, ref providers.SnapshotRef) error {
 	if checkRef(ref.ID) != nil {
 		return nil // no snapshot can have this name
+	}
+	// The image record first: it is only read with the archive.
+	if err := os.Remove(p.snapshotImagePath(ref.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("local: delete snapshot: %w", scrub(err))
 	}
 	err := os.Remove(p.snapshotPath(ref.ID))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -101,6 +101,18 @@ func runStep(args []string) int {
 			return stepExitCgroup
 		}
 	}
+	if o.nsFD >= 0 {
+		// The workspace's namespace, root tree and all (an image
+		// workspace's; see Provider.commandNS); the descriptor is not
+		// the sandbox's.
+		ns := os.NewFile(uintptr(o.nsFD), "ns")
+		err := joinNS(ns)
+		ns.Close()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: namespace:", err)
+			return stepExitStart
+		}
+	}
 	if o.stage != "" {
 		if err := stage(o); err != nil {
 			fmt.Fprintln(os.Stderr, "sandgate: exec step: stage:", err)
@@ -277,7 +289,7 @@ func rlimitResource(name string) (int, bool) {
 
 // parseStep parses the step's arguments; argv is what follows "--".
 func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
-	o = stepOptions{nfds: -1, uid: -1, gid: -1}
+	o = stepOptions{nfds: -1, uid: -1, gid: -1, nsFD: -1}
 	num := func(s string) int {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
@@ -301,6 +313,10 @@ func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
 			o.gid = num(args[1])
 		case "--stage":
 			o.stage = args[1]
+		case "--ns-fd":
+			if o.nsFD = num(args[1]); o.nsFD < 3 {
+				return o, nil, false
+			}
 		case "--disk":
 			o.disk = args[1]
 		case "--mount-bin":
@@ -324,7 +340,8 @@ func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
 		}
 		args = args[n:]
 	}
-	if o.nfds < 0 || len(args) < 2 || (o.uid < 0) != (o.gid < 0) || (o.disk != "" && (o.stage == "" || o.mountBin == "")) {
+	if o.nfds < 0 || len(args) < 2 || (o.uid < 0) != (o.gid < 0) || (o.disk != "" && (o.stage == "" || o.mountBin == "")) ||
+		(o.nsFD >= 0 && (o.stage != "" || o.nsFD < 3+o.nfds)) {
 		return o, nil, false
 	}
 	return o, args[1:], true

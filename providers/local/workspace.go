@@ -150,6 +150,29 @@ func readJSON(name string, v any) error {
 	return json.Unmarshal(b, v)
 }
 
+// replaceJSON writes v to name by a rename of a temporary file (named
+// with prefix, in the same directory), so a reader sees the old or the
+// new contents, never a part.
+func replaceJSON(name, prefix string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(name), prefix)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	err = errors.Join(err, f.Chmod(0o644), f.Close())
+	if err == nil {
+		err = os.Rename(f.Name(), name)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
 // writeJSON creates the file at name, which must not exist, holding v.
 func writeJSON(name string, v any, mode fs.FileMode) error {
 	b, err := json.Marshal(v)
