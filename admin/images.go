@@ -12,16 +12,19 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
 )
 
 // Images is the broker's image store as the operator API uses it: the
 // local provider's OCI images (internal/broker adapts package images).
 type Images interface {
-	// ResolveImages resolves the OCI references among refs to digests,
-	// which the store keeps until its next refresh; names that are no
-	// OCI reference ("host") are skipped. ErrImageNotFound marks a
-	// reference no registry knows.
-	ResolveImages(ctx context.Context, refs []string) error
+	// ResolveImages resolves the OCI references among refs, the images
+	// of an instance on a provider of kind kind, to digests, which the
+	// store keeps until its next refresh; names that are no OCI reference
+	// ("host"), and every image of a provider that does not run the
+	// store's images (a vendor pulls its own), are skipped.
+	// ErrImageNotFound marks a reference no registry knows.
+	ResolveImages(ctx context.Context, kind string, refs []string) error
 	// Pull makes ref present in the cache, calling progress with human
 	// lines (no secrets) as it goes.
 	Pull(ctx context.Context, ref string, progress func(string)) (adminapi.Image, error)
@@ -54,7 +57,7 @@ func (s *Server) imageRoutes(route func(method, path, action string, h echo.Hand
 // operator sets it, so that a tag is pinned to a digest from then on and
 // a reference no registry knows is refused now rather than at the first
 // acquire.
-func (v *service) resolveImages(ctx context.Context, scope sandgate.Scope) error {
+func (v *service) resolveImages(ctx context.Context, prov *providers.Entry, scope sandgate.Scope) error {
 	if v.images == nil {
 		return nil
 	}
@@ -62,7 +65,7 @@ func (v *service) resolveImages(ctx context.Context, scope sandgate.Scope) error
 	if scope.DefaultImage != "" {
 		refs = append(refs[:len(refs):len(refs)], scope.DefaultImage)
 	}
-	err := v.images.ResolveImages(ctx, refs)
+	err := v.images.ResolveImages(ctx, prov.Kind, refs)
 	switch {
 	case err == nil:
 		return nil

@@ -22,7 +22,7 @@ type fakeImages struct {
 	resolved []string
 }
 
-func (f *fakeImages) ResolveImages(ctx context.Context, refs []string) error {
+func (f *fakeImages) ResolveImages(ctx context.Context, kind string, refs []string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, r := range refs {

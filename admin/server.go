@@ -357,7 +357,7 @@ func (v *service) createInstance(ctx context.Context, req adminapi.CreateInstanc
 	if err != nil {
 		return adminapi.Instance{}, change{}, err
 	}
-	if err := v.resolveImages(ctx, scope); err != nil {
+	if err := v.resolveImages(ctx, prov, scope); err != nil {
 		return adminapi.Instance{}, change{}, err
 	}
 	in := sandgate.Instance{ID: sandgate.NewID(sandgate.PrefixInstance), AccountID: req.AccountID, Name: req.Name,
@@ -407,6 +407,9 @@ func (v *service) moveInstance(ctx context.Context, id, provider string) (admina
 	}
 	if err := prov.Provider.Capabilities().CheckScope(prov.Name, in.Scope); err != nil {
 		return adminapi.Instance{}, change{}, invalid(err.Error() + "; change the instance's scope first")
+	}
+	if err := v.resolveImages(ctx, prov, in.Scope); err != nil {
+		return adminapi.Instance{}, change{}, err
 	}
 	ch := change{target: "instance:" + in.ID, before: toInstance(in)}
 	in.Provider = prov.Name

@@ -15,7 +15,8 @@ import (
 // imageCommand is `sandgate admin image pull|list|rm`: the broker's cache
 // of OCI images for the local provider (admin token).
 func imageCommand(f *adminFlags) *cobra.Command {
-	cmd := &cobra.Command{Use: "image", Short: "Warm, list and remove the local provider's cached OCI images (admin)"}
+	cmd := &cobra.Command{Use: "image", Short: "Warm, list and remove the local provider's cached OCI images (admin)",
+		Example: "  sandgate admin image pull docker.io/library/python:3.12-slim\n  sandgate admin image list -o json"}
 	pull := &cobra.Command{
 		Use:     "pull REF",
 		Short:   "Pull an image into the broker's cache, showing its progress; prints its digest",
@@ -37,6 +38,7 @@ func imageCommand(f *adminFlags) *cobra.Command {
 	}
 	list := &cobra.Command{
 		Use: "list", Short: "List the cached images, most recently used first",
+		Example: "  sandgate admin image list\n  sandgate admin image list -o json",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(cmd, f, http.MethodGet, "/images", nil, rowsOf([]string{"REF", "DIGEST", "SIZE", "IN USE", "LAST USED"},
 				func(i adminapi.Image) []string {
@@ -46,7 +48,8 @@ func imageCommand(f *adminFlags) *cobra.Command {
 	}
 	rm := &cobra.Command{
 		Use: "rm REF|DIGEST", Short: "Remove an image no live workspace runs on from the cache",
-		Args: cobra.ExactArgs(1),
+		Example: "  sandgate admin image rm docker.io/library/python:3.12-slim",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := f.do(cmd, http.MethodDelete, "/images/"+url.PathEscape(args[0]), nil, nil); err != nil {
 				return err

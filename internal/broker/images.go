@@ -124,7 +124,10 @@ type adminImages struct{ s *images.Store }
 // the operator sets it: a tag is pinned to its digest from then until the
 // next refresh, and a reference no registry knows is refused at once
 // rather than at the first acquire.
-func (a adminImages) ResolveImages(ctx context.Context, refs []string) error {
+func (a adminImages) ResolveImages(ctx context.Context, kind string, refs []string) error {
+	if kind != "local" {
+		return nil // Modal and Fly pull their images themselves
+	}
 	for _, ref := range refs {
 		if !images.IsRef(ref) {
 			continue // "host", or another provider's image name

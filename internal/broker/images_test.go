@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/images/imagestest"
 	"github.com/sandgate/sandgate/internal/logbuf"
 	"github.com/sandgate/sandgate/providers"
@@ -245,5 +247,35 @@ func TestImageCacheBound(t *testing.T) {
 	}
 	if got := e.sh(t, sbB, "cat /etc/os-release"); got != "ID=b\n" {
 		t.Errorf("workspace on B sees %q", got)
+	}
+}
+
+// TestVendorImagesNotResolved: an instance on a vendor provider names the
+// vendor's images (Modal's "debian:bookworm-slim"); the broker's store
+// never resolves them, so creating such an instance asks no registry (and
+// a broker that cannot reach one still admits it).
+func TestVendorImagesNotResolved(t *testing.T) {
+	var asked atomic.Int64
+	reg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		http.Error(w, "no", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(reg.Close)
+	host := strings.TrimPrefix(reg.URL, "http://")
+	s, err := images.Open(images.Config{Dir: t.TempDir(), Insecure: []string{host}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := adminImages{s}
+	for _, kind := range []string{"modal", "fly-machines", "fly-sprites"} {
+		if err := a.ResolveImages(t.Context(), kind, []string{host + "/debian:bookworm-slim"}); err != nil {
+			t.Errorf("resolve on %s = %v; want nothing asked", kind, err)
+		}
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("the registry was asked %d times for vendor images; want 0", n)
+	}
+	if err := a.ResolveImages(t.Context(), "local", []string{host + "/debian:bookworm-slim"}); err == nil || asked.Load() == 0 {
+		t.Errorf("resolve on local = %v after %d requests; want the registry asked, and its refusal", err, asked.Load())
 	}
 }
