@@ -110,13 +110,19 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 
 // children returns the pids of pid's children.
 func children(pid int) []int {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	// Every thread's: a Go program forks from whichever thread runs the
+	// goroutine, and a child is listed under that thread only.
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if n, err := strconv.Atoi(f); err == nil {
-			out = append(out, n)
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
 		}
 	}
+	slices.Sort(out)
 	return out
 }
 
