@@ -81,8 +81,10 @@ func TestDiskQuota(t *testing.T) {
 
 // TestImageNotLeftMounted: a workspace's image is mounted only in the
 // Provider's own mount namespace, kept between execs, never on the host;
-// Terminate unmounts it (its loop device is gone when Terminate returns),
-// and Close does so for a workspace left running.
+// Terminate unmounts it, and Close does so for a workspace left running.
+// The kernel then clears the loop device on its own time (a device
+// prober such as udev may hold it open a moment longer), so the test
+// waits for that rather than expecting it the instant the call returns.
 func TestImageNotLeftMounted(t *testing.T) {
 	t.Parallel()
 	dataDir := t.TempDir()
@@ -103,14 +105,28 @@ func TestImageNotLeftMounted(t *testing.T) {
 	if err := p.Terminate(t.Context(), sb1); err != nil {
 		t.Fatal(err)
 	}
-	if n := loopsUnder(t, dataDir); n != 1 {
+	if n := settledLoops(t, dataDir, 1); n != 1 {
 		t.Errorf("%d loop devices on the images after one Terminate; want 1", n)
 	}
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n := loopsUnder(t, dataDir); n != 0 {
+	if n := settledLoops(t, dataDir, 0); n != 0 {
 		t.Errorf("%d loop devices on the images after Close; want none", n)
+	}
+}
+
+// settledLoops waits, a bounded time, for the loop devices bound below
+// dir to fall to want, and returns how many there are then.
+func settledLoops(t *testing.T, dir string, want int) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n := loopsUnder(t, dir)
+		if n <= want || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
