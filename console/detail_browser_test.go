@@ -2,8 +2,6 @@ package console_test
 
 import (
 	"context"
-	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +10,6 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/internal/browsertest"
 )
@@ -88,14 +85,9 @@ func shoot(t *testing.T, ctx context.Context, dir, name string) {
 // from the workspace page ends it and the audit log names the operator.
 func TestDetailPagesInBrowser(t *testing.T) {
 	e := newBrokerEnv(t, nil, time.Date(2026, 10, 20, 12, 0, 0, 0, time.UTC))
-	l := billing.NewLedger(e.b.DB().Redis())
-	for i := range 49 {
-		var a adminapi.Account
-		e.do(http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: fmt.Sprintf("tenant %02d", i)}, &a)
-		seedUsage(t, l, a.ID, 1+i%19, 1+i%7)
-	}
+	seedTenants(t, e, 49, func(i int) (day, n int) { return 1 + i%19, 1 + i%7 })
 	acct, c := e.tenant("acme corp")
-	seedUsage(t, l, acct.ID, 20, 3)
+	seedUsage(t, billing.NewLedger(e.b.DB().Redis()), acct.ID, 20, 3)
 	ws := e.acquire(c, "pypi.org")
 	dir := screenshots(t)
 	ctx := browsertest.New(t, 1400, 1000)

@@ -363,18 +363,26 @@ func seedUsage(t *testing.T, l *billing.Ledger, acct string, day, n int) {
 	}
 }
 
+// seedTenants creates n accounts named "tenant 00"… with usage: use
+// gives account i's day of October 2026 and its number of entries.
+func seedTenants(t *testing.T, e *brokerEnv, n int, use func(i int) (day, entries int)) {
+	t.Helper()
+	l := billing.NewLedger(e.b.DB().Redis())
+	for i := range n {
+		var a adminapi.Account
+		e.do(http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: fmt.Sprintf("tenant %02d", i)}, &a)
+		day, k := use(i)
+		seedUsage(t, l, a.ID, day, k)
+	}
+}
+
 // With 50 accounts of usage the usage page draws a few time series per
 // currency, whatever the number of accounts: axes with tick labels and
 // units, a legend, a total, the top 8 accounts by name and the other 42
 // summed under "others", and it says so.
 func TestUsageChartsAtFiftyAccounts(t *testing.T) {
 	e := newBrokerEnv(t, nil, time.Date(2026, 10, 20, 12, 0, 0, 0, time.UTC))
-	l := billing.NewLedger(e.b.DB().Redis())
-	for i := range 50 {
-		var a adminapi.Account
-		e.do(http.MethodPost, "/accounts", adminapi.CreateAccountRequest{Name: fmt.Sprintf("tenant %02d", i)}, &a)
-		seedUsage(t, l, a.ID, 1+i%19, 1+i) // tenant 49 uses the most
-	}
+	seedTenants(t, e, 50, func(i int) (day, n int) { return 1 + i%19, 1 + i }) // tenant 49 uses the most
 	page := e.page(brokerFinanceTok, "/console/usage?month=2026-10", http.StatusOK)
 	eur := strings.Count(page, `data-unit="EUR"`)
 	if eur == 0 || eur > 3 {
