@@ -39,7 +39,9 @@ func (s *Server) workspaceDetail(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, toWorkspaceDetail(w, s.clock.Now()))
+	out := toWorkspaceDetail(w, s.clock.Now())
+	s.name(c.Request().Context(), &out.Workspace)
+	return c.JSON(http.StatusOK, out)
 }
 
 func toWorkspaceDetail(w sandgate.Workspace, now time.Time) adminapi.WorkspaceDetail {

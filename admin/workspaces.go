@@ -207,14 +207,19 @@ func (s *Server) getWorkspace(c echo.Context) error {
 		return err
 	}
 	out := toWorkspace(w, s.clock.Now())
-	// Names are a courtesy: the workspace answers without them.
-	if a, err := s.db.Account(c.Request().Context(), w.AccountID); err == nil {
-		out.AccountName = a.Name
-	}
-	if in, err := s.db.InstanceOf(c.Request().Context(), w.AccountID, w.InstanceID); err == nil {
-		out.InstanceName = in.Name
-	}
+	s.name(c.Request().Context(), &out)
 	return c.JSON(http.StatusOK, out)
+}
+
+// name sets the names of w's account and instance. Names are a
+// courtesy: a workspace answers without them.
+func (s *Server) name(ctx context.Context, w *adminapi.Workspace) {
+	if a, err := s.db.Account(ctx, w.AccountID); err == nil {
+		w.AccountName = a.Name
+	}
+	if in, err := s.db.InstanceOf(ctx, w.AccountID, w.InstanceID); err == nil {
+		w.InstanceName = in.Name
+	}
 }
 
 // killWorkspace is DELETE /workspaces/{id}: it ends one workspace now

@@ -11,24 +11,14 @@ import (
 // The detail pages of one workspace and one account, read through the
 // operator API's detail routes.
 
-type workspaceData struct {
-	adminapi.WorkspaceDetail
-	AccountName string
-	Killed      bool
-}
-
 // workspaceDetail is one workspace: its history, where it runs, its
 // egress and what it has cost, and the kill button while it lives.
 func (c *Console) workspaceDetail(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	var d workspaceData
-	if err := c.call(r, s.token, http.MethodGet, "/workspaces/"+url.PathEscape(id)+"/detail", nil, &d.WorkspaceDetail); err != nil {
+	var d adminapi.WorkspaceDetail
+	if err := c.call(r, s.token, http.MethodGet, "/workspaces/"+url.PathEscape(id)+"/detail", nil, &d); err != nil {
 		c.fail(w, r, s, err)
 		return
-	}
-	var a adminapi.AccountDetail
-	if err := c.call(r, s.token, http.MethodGet, "/accounts/"+url.PathEscape(d.Workspace.AccountID), nil, &a); err == nil {
-		d.AccountName = a.Account.Name
 	}
 	flash := ""
 	if r.URL.Query().Get("killed") != "" {

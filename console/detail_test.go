@@ -178,7 +178,17 @@ func TestPageViewsAreNotAuditEntries(t *testing.T) {
 		t.Fatalf("viewing pages wrote %d audit entries (%+v); want none", len(after)-len(before), after[len(before):])
 	}
 
+	// The confirmation names the account and the instance, ids on hover.
+	confirm := e.page(brokerAdminTok, "/console/workspaces/"+ws.WorkspaceID+"/kill", http.StatusOK)
+	for _, want := range []string{`title="` + acct.ID + `">globex</strong>`, `>globex-ci</strong>`} {
+		if !strings.Contains(confirm, want) {
+			t.Errorf("kill confirmation lacks %s:\n%s", want, confirm)
+		}
+	}
 	detail := e.page(brokerAdminTok, "/console/workspaces/"+ws.WorkspaceID, http.StatusOK)
+	if !strings.Contains(detail, `id="ws-instance"`) || !strings.Contains(detail, ">globex-ci</span>") {
+		t.Errorf("workspace page does not name the instance:\n%s", detail)
+	}
 	csrf := csrfPattern.FindStringSubmatch(detail)
 	if csrf == nil || !strings.Contains(detail, `id="kill"`) {
 		t.Fatalf("workspace page has no kill form:\n%s", detail)
