@@ -416,4 +416,20 @@ func TestUsageChartsAtFiftyAccounts(t *testing.T) {
 	if len(page) > 400_000 {
 		t.Errorf("usage page is %d bytes; want it bounded", len(page))
 	}
+	// The per-account table lists the ten busiest, and links to the rest.
+	table := func(page string) string {
+		_, after, _ := strings.Cut(page, `<table id="by-account">`)
+		tbl, _, _ := strings.Cut(after, "</table>")
+		return tbl
+	}
+	tbl := table(page)
+	if rows := strings.Count(tbl, `<a href="/console/accounts/`); rows != 10 ||
+		!strings.Contains(tbl, ">tenant 49</a>") || !strings.Contains(tbl, ">tenant 40</a>") || strings.Contains(tbl, ">tenant 39</a>") ||
+		!strings.Contains(tbl, "40 quieter accounts not listed") {
+		t.Errorf("per-account table lists %d accounts; want the 10 busiest (tenant 49 to 40) and a link to 40 more:\n%s", rows, tbl)
+	}
+	all := table(e.page(brokerFinanceTok, "/console/usage?month=2026-10&accounts=all", http.StatusOK))
+	if rows := strings.Count(all, `<a href="/console/accounts/`); rows != 50 || strings.Contains(all, "quieter") {
+		t.Errorf("per-account table with accounts=all lists %d accounts; want 50", rows)
+	}
 }

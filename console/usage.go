@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"net/http"
 	"net/url"
 	"slices"
@@ -12,10 +13,13 @@ type usageData struct {
 	Month, Prev, Next string
 	ByAccount         []adminapi.SummaryGroup
 	BySize            []adminapi.SummaryGroup
-	Names             map[string]string // account id → name
-	Days              []timeChart       // by account: seconds, then the amount per currency
-	SizeCharts        []chart           // per size: seconds, then the amount per currency
-	SizeDays          []timeChart       // by size: seconds, then the amount per currency
+	Names             map[string]string       // account id → name
+	Accounts          []adminapi.SummaryGroup // ByAccount's rows shown: the busiest first
+	MoreAccounts      int                     // accounts left out of Accounts
+	AllAccounts       string                  // the page with every account's rows
+	Days              []timeChart             // by account: seconds, then the amount per currency
+	SizeCharts        []chart                 // per size: seconds, then the amount per currency
+	SizeDays          []timeChart             // by size: seconds, then the amount per currency
 	CSV               string
 }
 
@@ -63,6 +67,12 @@ func (c *Console) usage(w http.ResponseWriter, r *http.Request, s *session) {
 	for _, a := range accounts {
 		d.Names[a.ID] = a.Name
 	}
+	limit := tableAccounts
+	if r.URL.Query().Get("accounts") == "all" {
+		limit = -1
+	}
+	d.Accounts, d.MoreAccounts = busiest(d.ByAccount, limit)
+	d.AllAccounts = Prefix + "usage?month=" + m + "&accounts=all#by-account"
 	name := func(id string) string {
 		if n := d.Names[id]; n != "" {
 			return n
@@ -156,4 +166,37 @@ func amountsOf(m map[string]perDay, cur string) map[string]map[string]int64 {
 		out[k] = v.amounts[cur]
 	}
 	return out
+}
+
+// tableAccounts is how many accounts the usage page's per-account table
+// lists before it links to the whole list.
+const tableAccounts = 10
+
+// busiest orders groups (one per account and currency) by their
+// account's metered seconds, most first, and keeps the rows of the first
+// limit accounts (every row when limit < 0). It returns how many
+// accounts it left out.
+func busiest(groups []adminapi.SummaryGroup, limit int) ([]adminapi.SummaryGroup, int) {
+	secs := map[string]int64{}
+	for _, g := range groups {
+		secs[g.Key] += g.Seconds
+	}
+	out := slices.Clone(groups)
+	slices.SortFunc(out, func(a, b adminapi.SummaryGroup) int {
+		return cmp.Or(cmp.Compare(secs[b.Key], secs[a.Key]), cmp.Compare(a.Key, b.Key), cmp.Compare(a.Currency, b.Currency))
+	})
+	if limit < 0 || len(secs) <= limit {
+		return out, 0
+	}
+	n, shown := 0, 0
+	for i, g := range out {
+		if i == 0 || g.Key != out[i-1].Key {
+			if shown == limit {
+				break
+			}
+			shown++
+		}
+		n++
+	}
+	return out[:n], len(secs) - shown
 }
