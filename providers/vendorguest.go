@@ -132,6 +132,21 @@ func GuestKeeperArgv(until time.Time, ve *VendorEgress, wsID string, detach bool
 	return out
 }
 
+// GuestKeeperStatusArgv asks the agent, as root outside every jail,
+// whether the guest's lifetime keeper is alive: it exits 0 when it is
+// and GuestKeeperGone when it is not (or the deadline has passed).
+func GuestKeeperStatusArgv() []string { return []string{GuestAgent, "keeper-status"} }
+
+// Exit statuses of the agent that the broker reads.
+const (
+	// GuestJailFailure: `run` could not start a jail (a dead keeper
+	// among the causes); a tenant's command may exit so too.
+	GuestJailFailure = 125
+	// GuestKeeperGone: keeper-status found the guest's keeper gone or
+	// its deadline passed (guest.ExitKeeperGone).
+	GuestKeeperGone = 3
+)
+
 // GuestEgress reports whether a keeper's argv (GuestKeeperArgv) serves
 // the forwarder: a workspace whose jails get egress.
 func GuestEgress(keeper []string) bool { return slices.Contains(keeper, "--egress-sock") }

@@ -9,6 +9,7 @@
 //	    --egress-server-name NAME --egress-user WSID --egress-cred-file F [--egress-ca F]]
 //	sandgate-guest run [--dir DIR] [--env K=V]... [--egress-sock PATH] [--proxy-port N]
 //	    [--timeout SECONDS] [--stdout-file F --stderr-file F --status-file F --detach] -- ARGV...
+//	sandgate-guest keeper-status
 package main
 
 import (
@@ -31,7 +32,7 @@ const usageExit = 2
 
 func run(ctx context.Context, args []string) int {
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: sandgate-guest keeper|run ...")
+		fmt.Fprintln(os.Stderr, "usage: sandgate-guest keeper|run|keeper-status ...")
 		return usageExit
 	}
 	switch args[0] {
@@ -41,6 +42,12 @@ func run(ctx context.Context, args []string) int {
 		return keeper(ctx, args[1:])
 	case "run":
 		return runJail(ctx, args[1:])
+	case "keeper-status":
+		if len(args) != 1 {
+			fmt.Fprintln(os.Stderr, "sandgate-guest keeper-status: no arguments")
+			return usageExit
+		}
+		return guest.KeeperStatus("")
 	}
 	fmt.Fprintf(os.Stderr, "sandgate-guest: unknown command %q\n", args[0])
 	return usageExit

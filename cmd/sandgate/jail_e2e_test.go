@@ -90,27 +90,6 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 		t.Errorf("lease egress ceiling = %v; want null (domain allowlists through the broker's proxy)", lease.Egress.Ceiling)
 	}
 
-	// A workspace whose lifetime ends while every broker process is
-	// stopped: made first, so that its clock runs while the rest is checked.
-	a := newAdminClient(t, d.AdminURL, d.AdminToken)
-	acct := createAccount(t, a, "jail-life")
-	ireq := adminapi.CreateInstanceRequest{AccountID: acct, Name: "jail-life", Provider: provider}
-	ireq.Scope.Limits.MaxLifetimeSeconds = 90
-	var inst adminapi.Instance
-	if err := a.Do(ctx, http.MethodPost, "/instances", ireq, &inst); err != nil {
-		t.Fatalf("create a short-lived instance: %v", err)
-	}
-	lc := d.Client(t, issueToken(t, a, inst.ID))
-	short, _, err := lc.Acquire(ctx, "jail-life", protocol.AcquireRequest{Label: "jail-life", Egress: noEgress()})
-	if err != nil {
-		t.Fatalf("acquire the short-lived workspace: %v", err)
-	}
-	marker := strconv.Itoa(40000 + int(time.Now().UnixNano()%20000))
-	if _, _, err := lc.StartCommand(ctx, short.WorkspaceID, "jail-sleeper", protocol.ExecRequest{Argv: []string{"sleep", marker}, TimeoutSeconds: 600}); err != nil {
-		t.Fatalf("start a durable command: %v", err)
-	}
-	waitFor(t, "the durable command running on the host", func() (bool, error) { return hostProcess("sleep " + marker), nil })
-
 	ws, _, err := c.Acquire(ctx, "jail-ws", protocol.AcquireRequest{Label: "jail", Egress: &protocol.Egress{AllowedDomains: []string{"allowed.sg.test"}},
 		Env: map[string]string{"SG_JAIL": "yes"}})
 	if err != nil {
@@ -184,6 +163,29 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 	if n := can.hits.Load(); n != 0 {
 		t.Errorf("the host's canary got %d connections from the jails; want none", n)
 	}
+
+	// A workspace whose lifetime ends while every broker process is
+	// stopped: its clock runs while the last checks are made (its
+	// process is also the other tenant's that ps must not show), and
+	// its lifetime leaves room for them on a slow machine.
+	a := newAdminClient(t, d.AdminURL, d.AdminToken)
+	acct := createAccount(t, a, "jail-life")
+	ireq := adminapi.CreateInstanceRequest{AccountID: acct, Name: "jail-life", Provider: provider}
+	ireq.Scope.Limits.MaxLifetimeSeconds = 120
+	var inst adminapi.Instance
+	if err := a.Do(ctx, http.MethodPost, "/instances", ireq, &inst); err != nil {
+		t.Fatalf("create a short-lived instance: %v", err)
+	}
+	lc := d.Client(t, issueToken(t, a, inst.ID))
+	short, _, err := lc.Acquire(ctx, "jail-life", protocol.AcquireRequest{Label: "jail-life", Egress: noEgress()})
+	if err != nil {
+		t.Fatalf("acquire the short-lived workspace: %v", err)
+	}
+	marker := strconv.Itoa(40000 + int(time.Now().UnixNano()%20000))
+	if _, _, err := lc.StartCommand(ctx, short.WorkspaceID, "jail-sleeper", protocol.ExecRequest{Argv: []string{"sleep", marker}, TimeoutSeconds: 600}); err != nil {
+		t.Fatalf("start a durable command: %v", err)
+	}
+	waitFor(t, "the durable command running on the host", func() (bool, error) { return hostProcess("sleep " + marker), nil })
 
 	// Only the tenant's own processes, and nothing outside can be signalled.
 	res = exec("ps", "ax", "-o", "pid=,args=")

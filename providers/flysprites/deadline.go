@@ -36,8 +36,8 @@ exec "$@"
 // zero at (a test's spec: the broker always sets expires_at) starts no
 // keeper, and then no command runs in the sprite: `sandgate-guest run`
 // refuses a jail without a live keeper (docs/guest.md), as it does once
-// the keeper has died, so a sprite whose keeper is gone fails its
-// commands (exit 125) rather than run them without a lifetime.
+// the keeper has died, so a sprite whose keeper is gone runs no command
+// without a lifetime (and execJail then deletes it).
 func (p *Provider) startKeeper(ctx context.Context, name string, at time.Time, wsID string, egress bool) error {
 	var ve *providers.VendorEgress
 	if egress {

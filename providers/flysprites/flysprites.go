@@ -524,7 +524,27 @@ func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec provider
 	if err != nil {
 		return providers.ExecResult{}, fmt.Errorf("flysprites: exec: %w", err)
 	}
-	return p.execAs(ctx, sb, spec, providers.GuestRunArgv(j.Env, spec.Dir, j.Egress, spec.Argv))
+	return p.execJail(ctx, sb, spec, providers.GuestRunArgv(j.Env, spec.Dir, j.Egress, spec.Argv))
+}
+
+// execJail runs argv, a jail's, as execAs does. A jail the agent refused
+// to start may be a sprite whose lifetime keeper is gone: nothing would
+// end it at expires_at, and every later command would be refused too, so
+// the sprite is deleted and the workspace is gone.
+func (p *Provider) execJail(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec, argv []string) (providers.ExecResult, error) {
+	res, err := p.execAs(ctx, sb, spec, argv)
+	if err != nil || res.ExitCode != providers.GuestJailFailure || res.TimedOut {
+		return res, err
+	}
+	st, err := p.execAs(ctx, sb, providers.ExecSpec{Timeout: time.Minute, MaxOutputBytes: 4 << 10}, providers.GuestKeeperStatusArgv())
+	if err != nil || st.ExitCode != providers.GuestKeeperGone {
+		return res, nil // the keeper lives: the 125 is the command's, or the jail's own failure
+	}
+	p.log.Warn("sprite's lifetime keeper is gone: ending the workspace", sandgate.WorkspaceAttr(sb.Labels[providers.LabelWorkspace]))
+	if err := p.Terminate(context.WithoutCancel(ctx), sb); err != nil {
+		return providers.ExecResult{}, fmt.Errorf("flysprites: exec: the guest's lifetime keeper is gone and the sprite could not be deleted: %w", err)
+	}
+	return providers.ExecResult{}, fmt.Errorf("flysprites: exec: the guest's lifetime keeper is gone, so the sprite was deleted: %w", providers.ErrSandboxGone)
 }
 
 // execAs runs argv (a jail's, or a script of the broker's) as root of the
@@ -634,7 +654,7 @@ func (e jailExecer) Exec(ctx context.Context, sb providers.Sandbox, spec provide
 	if len(spec.Argv) == 0 {
 		return providers.ExecResult{}, errors.New("flysprites: exec: empty argv")
 	}
-	return e.p.execAs(ctx, sb, spec, providers.GuestRunArgv(nil, spec.Dir, false, spec.Argv))
+	return e.p.execJail(ctx, sb, spec, providers.GuestRunArgv(nil, spec.Dir, false, spec.Argv))
 }
 
 // rootExecer runs package runner's scripts as root outside every jail.

@@ -32,6 +32,11 @@ const (
 	exitJailFailure = 125 // the jail could not be built
 )
 
+// ExitKeeperGone is keeper-status's exit status when the guest's
+// lifetime keeper is not running or its deadline has passed: no jail may
+// start (providers.GuestKeeperGone is the broker's copy).
+const ExitKeeperGone = 3
+
 // outsidePath is the whole environment of the agent's own processes
 // outside every jail: nothing of the vendor's or the client's.
 const outsidePath = "/usr/sbin:/usr/bin:/sbin:/bin"

@@ -232,6 +232,21 @@ func writeKeeperFile(agentDir string, until time.Time) error {
 	return os.Rename(name+".tmp", name)
 }
 
+// KeeperStatus is `sandgate-guest keeper-status`: 0 when the keeper
+// agentDir names (DefaultAgentDir when empty) is alive and the guest's
+// deadline has not passed, ExitKeeperGone when either fails, which the
+// provider reads as the workspace's end.
+func KeeperStatus(agentDir string) int {
+	if agentDir == "" {
+		agentDir = DefaultAgentDir
+	}
+	if _, err := liveKeeper(agentDir); err != nil {
+		fmt.Fprintf(os.Stderr, "sandgate-guest: %v\n", err)
+		return ExitKeeperGone
+	}
+	return 0
+}
+
 // liveKeeper returns the guest's deadline once it has checked that the
 // keeper agentDir names is alive and the deadline has not passed.
 func liveKeeper(agentDir string) (time.Time, error) {
