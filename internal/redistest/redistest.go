@@ -66,11 +66,18 @@ func (s *Server) start() error {
 	return nil
 }
 
+// clientTimeout bounds a test client's dial, read and write. A server
+// that is up answers in milliseconds, but on a loaded machine a busy disk
+// can hold its AOF writes, and its answer, for seconds; a timed-out call
+// fails the test (or is retried, running a script twice). A killed
+// server fails its clients at once whatever the bound.
+const clientTimeout = 10 * time.Second
+
 // Client returns a new client of the server, closed when the test ends.
 // It fails the test on a command that would span cluster slots
 // (CheckSlots).
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: clientTimeout, ReadTimeout: clientTimeout, WriteTimeout: clientTimeout})
 	CheckSlots(s.tb, c)
 	s.tb.Cleanup(func() { c.Close() })
 	return c
