@@ -170,7 +170,7 @@ redis:
 		c.t.Fatal(err)
 	}
 	go func() { g.cmd.Wait(); close(g.done) }()
-	cl, err := client.New(client.Config{Endpoint: g.url, Token: c.token, RootCAs: c.pool, MaxAttempts: 1, Timeout: 30 * time.Second})
+	cl, err := client.New(client.Config{Endpoint: g.url, Token: c.token, RootCAs: c.pool, MaxAttempts: 1}) // the default 60 s per call, as the other e2e clients: an acquire can take 20 s on a loaded machine
 	if err != nil {
 		g.kill()
 		c.t.Fatal(err)
