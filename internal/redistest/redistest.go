@@ -116,13 +116,22 @@ func killServer(cmd *exec.Cmd, exited <-chan struct{}) {
 }
 
 // Restart starts the server again on the same port and data directory.
-// The port is free from the kill on, so another test may take it first:
-// the restart then fails the test, saying so.
+// The port is free from the kill on, so another test may take it first,
+// often only for a moment (a client connection's local port): the
+// restart tries again for a while, then fails the test, saying so.
 func (s *Server) Restart() {
 	s.tb.Helper()
 	s.Kill()
-	if err := s.start(); err != nil {
-		s.tb.Fatalf("restart %s on its port: %v", s, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := s.start()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, errNodeExited) || time.Now().After(deadline) {
+			s.tb.Fatalf("restart %s on its port: %v", s, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
