@@ -353,7 +353,9 @@ func TestReaperLeaderTakeover(t *testing.T) {
 		follower = gws[1]
 	}
 	const n = 6
-	acct, inst, tok := obligationsInstance(t, follower, "e2e-takeover", n, 3*time.Second)
+	// shortLifetime: the n acquires come before the first workspace is
+	// due, however slowly a loaded machine makes them.
+	acct, inst, tok := obligationsInstance(t, follower, "e2e-takeover", n, shortLifetime)
 	c := follower.Client(t, tok)
 
 	// Frozen, the leader holds the lease but reaps nothing; its lease
