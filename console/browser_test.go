@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/console"
+	"github.com/sandgate/sandgate/internal/browsertest"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/protocol"
 )
@@ -47,7 +48,7 @@ func newTab(t *testing.T, base string) *tab {
 		t.Fatalf("the console's browser tests need chromium (make deps installs it): %v", err)
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(bin), chromedp.UserDataDir(t.TempDir()),
-		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1400, 1000))
+		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1400, 1000), chromedp.WSURLReadTimeout(browsertest.StartTimeout))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx, chromedp.WithLogf(func(string, ...any) {}))
 	t.Cleanup(func() { cancel(); cancelAlloc() })

@@ -396,7 +396,9 @@ func TestLeaderHandoff(t *testing.T) {
 	stopA()
 	start := time.Now()
 	sgtest.WaitFor(t, "b leads", func() bool { return b.Fence() > 0 })
-	if d := time.Since(start); d > 2*time.Second {
+	// Within seconds: the lease's TTL (1 s) and a pass, with room for a
+	// loaded machine; a takeover that waits for anything longer fails.
+	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("takeover took %s", d)
 	}
 	if b.Fence() <= first {

@@ -274,7 +274,7 @@ func TestEmergencyStopAcrossGateways(t *testing.T) {
 	}
 	execDone := make(chan execResult, 1)
 	go func() {
-		res, err := cB.Exec(execCtx, ws[0].WorkspaceID, protocol.ExecRequest{Argv: []string{"sleep", "60"}, TimeoutSeconds: 120})
+		res, err := cB.Exec(execCtx, ws[0].WorkspaceID, protocol.ExecRequest{Argv: []string{"sleep", "300"}, TimeoutSeconds: 600})
 		execDone <- execResult{res, err}
 	}()
 	waitFor(t, "the exec's sleep to start in gateway B's sandbox", func() (bool, error) {
@@ -310,13 +310,16 @@ func TestEmergencyStopAcrossGateways(t *testing.T) {
 	// A ended the workspace and gateway B started the command
 	// (providers/local Terminate kills the execs any broker process
 	// recorded in the workspace).
-	deadline := time.Now().Add(10 * time.Second)
+	// Bounded well below the sleep's 300 s, so a survivor is told from a
+	// sleep that ended on its own; generous for a loaded machine.
+	const killBound = time.Minute
+	deadline := time.Now().Add(killBound)
 	for len(sleepers(gwB)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if left := sleepers(gwB); len(left) > 0 {
-		t.Errorf("the emergency stop set through gateway A terminated workspace %s, but the `sleep 60` exec "+
-			"started through gateway B still runs 10s later (pid %d)", ws[0].WorkspaceID, left[0].pid)
+		t.Errorf("the emergency stop set through gateway A terminated workspace %s, but the `sleep 300` exec "+
+			"started through gateway B still runs %v later (pid %d)", ws[0].WorkspaceID, killBound, left[0].pid)
 		cancelExec()
 		<-execDone
 	} else {

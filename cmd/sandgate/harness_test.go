@@ -188,8 +188,13 @@ func (p *process) kill() {
 	<-p.done
 }
 
+// stopTimeout bounds a stop: longer than the broker's own shutdown bound
+// (shutdown_timeout, 30 s by default, for requests still in flight) plus
+// the closing of its providers, on a loaded machine.
+const stopTimeout = 2 * time.Minute
+
 // stop asks the process to shut down (SIGTERM) and waits, killing it if it
-// does not exit within the bound.
+// does not exit within stopTimeout.
 func (p *process) stop() {
 	if p.exited() {
 		return
@@ -198,8 +203,8 @@ func (p *process) stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
-	case <-time.After(30 * time.Second):
-		p.t.Errorf("%s did not exit within 30s of SIGTERM; killing it", p.name)
+	case <-time.After(stopTimeout):
+		p.t.Errorf("%s did not exit within %v of SIGTERM; killing it", p.name, stopTimeout)
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
@@ -329,7 +334,9 @@ func (p *process) checkNoSandboxesLeft() {
 		}
 		return out
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	// An escaped sandbox stays for good; one being torn down can take
+	// seconds on a loaded machine.
+	deadline := time.Now().Add(pollTimeout)
 	for {
 		left := alive()
 		if len(left) == 0 {

@@ -90,6 +90,28 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 		t.Errorf("lease egress ceiling = %v; want null (domain allowlists through the broker's proxy)", lease.Egress.Ceiling)
 	}
 
+	// An instance whose workspaces live 90 s: one made first, whose
+	// durable command the other workspaces' jails must not see, and one
+	// made last, whose lifetime ends while every broker process is stopped.
+	a := newAdminClient(t, d.AdminURL, d.AdminToken)
+	acct := createAccount(t, a, "jail-life")
+	ireq := adminapi.CreateInstanceRequest{AccountID: acct, Name: "jail-life", Provider: provider}
+	ireq.Scope.Limits.MaxLifetimeSeconds = 90
+	var inst adminapi.Instance
+	if err := a.Do(ctx, http.MethodPost, "/instances", ireq, &inst); err != nil {
+		t.Fatalf("create a short-lived instance: %v", err)
+	}
+	lc := d.Client(t, issueToken(t, a, inst.ID))
+	short, _, err := lc.Acquire(ctx, "jail-life", protocol.AcquireRequest{Label: "jail-life", Egress: noEgress()})
+	if err != nil {
+		t.Fatalf("acquire the short-lived workspace: %v", err)
+	}
+	marker := strconv.Itoa(40000 + int(time.Now().UnixNano()%20000))
+	if _, _, err := lc.StartCommand(ctx, short.WorkspaceID, "jail-sleeper", protocol.ExecRequest{Argv: []string{"sleep", marker}, TimeoutSeconds: 600}); err != nil {
+		t.Fatalf("start a durable command: %v", err)
+	}
+	waitFor(t, "the durable command running on the host", func() (bool, error) { return hostProcess("sleep " + marker), nil })
+
 	ws, _, err := c.Acquire(ctx, "jail-ws", protocol.AcquireRequest{Label: "jail", Egress: &protocol.Egress{AllowedDomains: []string{"allowed.sg.test"}},
 		Env: map[string]string{"SG_JAIL": "yes"}})
 	if err != nil {
@@ -164,29 +186,6 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 		t.Errorf("the host's canary got %d connections from the jails; want none", n)
 	}
 
-	// A workspace whose lifetime ends while every broker process is
-	// stopped: its clock runs while the last checks are made (its
-	// process is also the other tenant's that ps must not show), and
-	// its lifetime leaves room for them on a slow machine.
-	a := newAdminClient(t, d.AdminURL, d.AdminToken)
-	acct := createAccount(t, a, "jail-life")
-	ireq := adminapi.CreateInstanceRequest{AccountID: acct, Name: "jail-life", Provider: provider}
-	ireq.Scope.Limits.MaxLifetimeSeconds = 120
-	var inst adminapi.Instance
-	if err := a.Do(ctx, http.MethodPost, "/instances", ireq, &inst); err != nil {
-		t.Fatalf("create a short-lived instance: %v", err)
-	}
-	lc := d.Client(t, issueToken(t, a, inst.ID))
-	short, _, err := lc.Acquire(ctx, "jail-life", protocol.AcquireRequest{Label: "jail-life", Egress: noEgress()})
-	if err != nil {
-		t.Fatalf("acquire the short-lived workspace: %v", err)
-	}
-	marker := strconv.Itoa(40000 + int(time.Now().UnixNano()%20000))
-	if _, _, err := lc.StartCommand(ctx, short.WorkspaceID, "jail-sleeper", protocol.ExecRequest{Argv: []string{"sleep", marker}, TimeoutSeconds: 600}); err != nil {
-		t.Fatalf("start a durable command: %v", err)
-	}
-	waitFor(t, "the durable command running on the host", func() (bool, error) { return hostProcess("sleep " + marker), nil })
-
 	// Only the tenant's own processes, and nothing outside can be signalled.
 	res = exec("ps", "ax", "-o", "pid=,args=")
 	ps := strings.TrimSpace(string(stdout(res)))
@@ -231,17 +230,27 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 	}
 
 	// Every broker process stopped: the short-lived workspace's tenant
-	// processes end at its expires_at all the same.
-	exp, err := time.Parse(time.RFC3339, short.ExpiresAt)
+	// processes end at its expires_at all the same. It is made now, not
+	// first: on a loaded machine the checks above can outlast its lifetime.
+	last, _, err := lc.Acquire(ctx, "jail-life-last", protocol.AcquireRequest{Label: "jail-life-last", Egress: noEgress()})
+	if err != nil {
+		t.Fatalf("acquire the last short-lived workspace: %v", err)
+	}
+	lastMarker := strconv.Itoa(60000 + int(time.Now().UnixNano()%20000)) // not the first one's
+	if _, _, err := lc.StartCommand(ctx, last.WorkspaceID, "jail-sleeper", protocol.ExecRequest{Argv: []string{"sleep", lastMarker}, TimeoutSeconds: 600}); err != nil {
+		t.Fatalf("start a durable command: %v", err)
+	}
+	waitFor(t, "the last durable command running on the host", func() (bool, error) { return hostProcess("sleep " + lastMarker), nil })
+	exp, err := time.Parse(time.RFC3339, last.ExpiresAt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	d.stop()
-	if !hostProcess("sleep " + marker) {
+	if !hostProcess("sleep " + lastMarker) {
 		t.Fatalf("the durable command ended before expires_at (%s)", exp)
 	}
 	time.Sleep(time.Until(exp))
-	waitFor(t, "the tenant's processes gone after expires_at", func() (bool, error) { return !hostProcess("sleep " + marker), nil })
+	waitFor(t, "the tenant's processes gone after expires_at", func() (bool, error) { return !hostProcess("sleep " + lastMarker), nil })
 	if late := time.Since(exp); late > 45*time.Second {
 		t.Errorf("the tenant's processes ended %v after expires_at", late)
 	}

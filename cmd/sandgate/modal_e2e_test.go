@@ -193,7 +193,7 @@ func TestModalOrphanSweep(t *testing.T) {
 	}
 }
 
-// TestModalLifetimeEndsWithoutGateways: a workspace with a 5-second
+// TestModalLifetimeEndsWithoutGateways: a workspace with a short
 // lifetime on Modal ends at expires_at with every gateway process stopped,
 // by Modal itself (its sandbox timeout), background processes included;
 // a gateway started afterwards records it expired.
@@ -202,7 +202,7 @@ func TestModalLifetimeEndsWithoutGateways(t *testing.T) {
 	ctx := context.Background()
 	fake, env, rs, cfg := startModalServe(t)
 	gw := startServeEnv(t, cfg, env...)
-	acct, _, tok := obligationsInstance(t, gw, "e2e-modal-lifetime", 1, 5*time.Second)
+	acct, _, tok := obligationsInstance(t, gw, "e2e-modal-lifetime", 1, shortLifetime)
 	c := gw.Client(t, tok)
 	ws := acquire(t, c, "modal-lifetime-1")
 	if _, err := c.Exec(ctx, ws.WorkspaceID, protocol.ExecRequest{Argv: []string{"sh", "-c", "sleep 600 >/dev/null 2>&1 &"}}); err != nil {

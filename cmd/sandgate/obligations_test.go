@@ -171,7 +171,12 @@ func wantNoSlots(t testing.TB, rdb *redis.Client, acct, inst string) {
 	}
 }
 
-// TestLifetimeEndsWithoutGateways: a workspace with a 5-second lifetime
+// shortLifetime is the lifetime of a workspace a test watches end with no
+// gateway running: the acquire and the first exec or command, which must
+// come before the end, take seconds on a loaded machine.
+const shortLifetime = 20 * time.Second
+
+// TestLifetimeEndsWithoutGateways: a workspace with a short lifetime
 // ends on time with every gateway process stopped: the local provider's
 // supervisor kills its durable command and makes it unusable, and the
 // first reaper pass of a gateway started afterwards records it expired.
@@ -179,7 +184,7 @@ func TestLifetimeEndsWithoutGateways(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rs, cfg, gwA, gwB := startPair(t)
-	acct, inst, tok := obligationsInstance(t, gwA, "e2e-lifetime", 1, 5*time.Second)
+	acct, inst, tok := obligationsInstance(t, gwA, "e2e-lifetime", 1, shortLifetime)
 	c := gwA.Client(t, tok)
 	ws := acquire(t, c, "lifetime-1")
 
@@ -348,7 +353,9 @@ func TestReaperLeaderTakeover(t *testing.T) {
 		follower = gws[1]
 	}
 	const n = 6
-	acct, inst, tok := obligationsInstance(t, follower, "e2e-takeover", n, 3*time.Second)
+	// shortLifetime: the n acquires come before the first workspace is
+	// due, however slowly a loaded machine makes them.
+	acct, inst, tok := obligationsInstance(t, follower, "e2e-takeover", n, shortLifetime)
 	c := follower.Client(t, tok)
 
 	// Frozen, the leader holds the lease but reaps nothing; its lease

@@ -6,9 +6,13 @@ import (
 	"context"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 )
+
+// StartTimeout bounds how long Chromium may take to start.
+const StartTimeout = 2 * time.Minute
 
 // New starts a headless Chromium (Debian's chromium package, which `make
 // deps` installs) with a fresh profile, no network of its own and a
@@ -35,6 +39,9 @@ func New(t testing.TB, width, height int) context.Context {
 		chromedp.Flag("disable-extensions", true),
 		chromedp.Flag("password-store", "basic"),
 		chromedp.WindowSize(width, height),
+		// chromedp gives Chromium 20 s to print its DevTools address; a
+		// cold start on a loaded machine can take longer.
+		chromedp.WSURLReadTimeout(StartTimeout),
 	}
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancelAlloc)

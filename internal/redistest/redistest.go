@@ -66,11 +66,18 @@ func (s *Server) start() error {
 	return nil
 }
 
+// clientTimeout bounds a test client's dial, read and write. A server
+// that is up answers in milliseconds, but on a loaded machine a busy disk
+// can hold its AOF writes, and its answer, for seconds; a timed-out call
+// fails the test (or is retried, running a script twice). A killed
+// server fails its clients at once whatever the bound.
+const clientTimeout = 10 * time.Second
+
 // Client returns a new client of the server, closed when the test ends.
 // It fails the test on a command that would span cluster slots
 // (CheckSlots).
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: clientTimeout, ReadTimeout: clientTimeout, WriteTimeout: clientTimeout})
 	CheckSlots(s.tb, c)
 	s.tb.Cleanup(func() { c.Close() })
 	return c
@@ -109,13 +116,22 @@ func killServer(cmd *exec.Cmd, exited <-chan struct{}) {
 }
 
 // Restart starts the server again on the same port and data directory.
-// The port is free from the kill on, so another test may take it first:
-// the restart then fails the test, saying so.
+// The port is free from the kill on, so another test may take it first,
+// often only for a moment (a client connection's local port): the
+// restart tries again for a while, then fails the test, saying so.
 func (s *Server) Restart() {
 	s.tb.Helper()
 	s.Kill()
-	if err := s.start(); err != nil {
-		s.tb.Fatalf("restart %s on its port: %v", s, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := s.start()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, errNodeExited) || time.Now().After(deadline) {
+			s.tb.Fatalf("restart %s on its port: %v", s, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -2,7 +2,9 @@ package redistest
 
 import (
 	"errors"
+	"net"
 	"testing"
+	"time"
 )
 
 // TestStartOnTakenPort starts a second server on the first one's port:
@@ -22,5 +24,29 @@ func TestStartOnTakenPort(t *testing.T) {
 	}
 	if err := first.Client().Ping(t.Context()).Err(); err != nil {
 		t.Errorf("the first server after the second's try: %v", err)
+	}
+}
+
+// TestRestartWaitsForItsPort: a restart whose port is held for a moment
+// (as a client connection's local port can be) starts once it is free,
+// rather than failing the test.
+func TestRestartWaitsForItsPort(t *testing.T) {
+	t.Parallel()
+	s := Start(t)
+	s.Kill()
+	ln, err := net.Listen("tcp", s.Addr)
+	if err != nil {
+		t.Fatalf("hold %s: %v", s.Addr, err)
+	}
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(300 * time.Millisecond)
+		ln.Close()
+	}()
+	s.Restart()
+	<-released
+	if err := s.Client().Ping(t.Context()).Err(); err != nil {
+		t.Errorf("ping after the restart: %v", err)
 	}
 }

@@ -373,11 +373,14 @@ func New(tb testing.TB, opts Options) *Harness {
 	return h
 }
 
-// WaitFor polls cond every 5ms, at most 2000 times, and fails the test if
-// it never holds. It measures no wall-clock time itself.
+// WaitFor polls cond every 5ms, at most 12000 times (a minute at least),
+// and fails the test if it never holds. It measures no wall-clock time
+// itself. The bound is generous: what it waits for (a reconnect after an
+// outage, a background pass) can take seconds on a loaded machine, and
+// a cond that never holds costs only the wait.
 func WaitFor(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	for range 2000 {
+	for range 12000 {
 		if cond() {
 			return
 		}

@@ -372,25 +372,28 @@ func TestWaitDeadlineAnswers(t *testing.T) {
 // TestLongExecThroughRunner: an exec longer than one vendor exec may last
 // runs as a durable command and is polled, instead of failing with 408.
 func TestLongExecThroughRunner(t *testing.T) {
-	s := startFake(t, flytest.Options{ExecDeadline: 3 * time.Second})
+	// The vendor's deadline and the direct execs' timeouts leave seconds
+	// for an exec through the fake on a loaded machine; the long exec
+	// outlasts both.
+	s := startFake(t, flytest.Options{ExecDeadline: 10 * time.Second})
 	c := config(t, s)
-	c.DirectExecMax = 2 * time.Second
+	c.DirectExecMax = 8 * time.Second
 	p := newProvider(t, c, "broker-long")
 	sb := providertest.Create(t, p, providertest.Spec(t))
 	res, err := p.Exec(t.Context(), sb, providers.ExecSpec{
-		Argv: []string{"sh", "-c", "sleep 4; printf 'done\\377'; exit 5"}, Timeout: 20 * time.Second, MaxOutputBytes: 100,
+		Argv: []string{"sh", "-c", "sleep 12; printf 'done\\377'; exit 5"}, Timeout: time.Minute, MaxOutputBytes: 100,
 	})
 	if err != nil || res.ExitCode != 5 || string(res.Stdout) != "done\xff" {
 		t.Fatalf("long exec = %+v, %v; want exit 5, %q", res, err, "done\xff")
 	}
 	// Rate-limited execs are sent again; the command runs once.
 	s.RateLimit("POST /v1/apps/{app}/machines/{id}/exec", 2)
-	res, err = p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"sh", "-c", "echo x >>/tmp/once; cat /tmp/once"}, Timeout: time.Second, MaxOutputBytes: 100})
+	res, err = p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"sh", "-c", "echo x >>/tmp/once; cat /tmp/once"}, Timeout: c.DirectExecMax, MaxOutputBytes: 100})
 	if err != nil || string(res.Stdout) != "x\n" {
 		t.Errorf("exec after two 429s = %+v, %v; want it run once", res, err)
 	}
 	// A direct exec within the vendor's deadline still answers directly.
-	res, err = p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"echo", "quick"}, Timeout: time.Second, MaxOutputBytes: 100})
+	res, err = p.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"echo", "quick"}, Timeout: c.DirectExecMax, MaxOutputBytes: 100})
 	if err != nil || string(res.Stdout) != "quick\n" {
 		t.Errorf("short exec = %+v, %v", res, err)
 	}

@@ -84,8 +84,10 @@ func TestTerminateKillsCommands(t *testing.T) {
 		t.Fatalf("StartCommand: %v", err)
 	}
 	pid := runnerPID(t, dataDir, sb, "long")
+	// Bounds of a minute: a backstop, not a timing assertion (a command's
+	// start and a namespace's teardown take seconds on a loaded machine).
 	for i := 0; len(hostProcesses(t, marker)) < 2; i++ {
-		if i == 500 {
+		if i == 6000 {
 			t.Fatalf("the command's processes did not start")
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -95,7 +97,7 @@ func TestTerminateKillsCommands(t *testing.T) {
 		t.Fatalf("Terminate: %v", err)
 	}
 	for i := 0; !gone(pid) || len(hostProcesses(t, marker)) > 0; i++ {
-		if i == 500 {
+		if i == 6000 {
 			t.Fatalf("runner gone %v, processes left: %v", gone(pid), hostProcesses(t, marker))
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -146,7 +146,9 @@ func TestCreateRequest(t *testing.T) {
 func TestVendorEndsAtExpiry(t *testing.T) {
 	fake := startFake(t, modaltest.Config{})
 	p := newProvider(t, fake, "sandgate-expiry")
-	sp := spec(t, "small", 3*time.Second)
+	// Room for the create and the exec, which must come before the end,
+	// on a loaded machine.
+	sp := spec(t, "small", 15*time.Second)
 	sb, err := p.Create(t.Context(), sp)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
@@ -185,13 +187,15 @@ func TestVendorIdleTimeout(t *testing.T) {
 	fake := startFake(t, modaltest.Config{})
 	p := newProvider(t, fake, "sandgate-idle")
 	sp := spec(t, "small", time.Hour)
-	sp.IdleTimeout = 2 * time.Second
+	// Long enough that the exec below starts before it on a loaded
+	// machine: a sandbox already ended would fail it.
+	sp.IdleTimeout = 5 * time.Second
 	sb, err := p.Create(t.Context(), sp)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
 	providertest.Exec(t, p, sb, "sleep", "1") // running: not idle
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for fakeSandbox(t, fake, sb.Ref).Result == nil {
 		if time.Now().After(deadline) {
 			t.Fatal("the idle sandbox still runs")
@@ -352,14 +356,16 @@ func TestSnapshotTTL(t *testing.T) {
 	p := newProvider(t, fake, "sandgate-snap")
 	sb := providertest.Create(t, p, spec(t, "small", time.Hour))
 	providertest.Exec(t, p, sb, "sh", "-c", "mkdir -p /workspace/p && echo x >/workspace/p/f")
-	ref, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: "snap_ttl", Dir: "/workspace/p", ExpiresAt: time.Now().Add(2 * time.Second)})
+	// A TTL longer than the snapshot itself takes on a loaded machine: the
+	// image must be there when Snapshot returns.
+	ref, err := p.Snapshot(t.Context(), sb, providers.SnapshotSpec{ID: "snap_ttl", Dir: "/workspace/p", ExpiresAt: time.Now().Add(10 * time.Second)})
 	if err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
 	if !fake.Images()[ref.Ref] {
 		t.Fatalf("the fake has no image %s", ref.Ref)
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for fake.Images()[ref.Ref] {
 		if time.Now().After(deadline) {
 			t.Fatal("the image outlived its TTL")
@@ -404,12 +410,14 @@ func TestDurableCommandKeepsSandbox(t *testing.T) {
 	fake := startFake(t, modaltest.Config{})
 	p := newProvider(t, fake, "sandgate-durable")
 	sp := spec(t, "small", time.Hour)
-	sp.IdleTimeout = 2 * time.Second
+	sp.IdleTimeout = 3 * time.Second
 	sb := providertest.Create(t, p, sp)
-	if err := p.StartCommand(t.Context(), sb, "long", providers.ExecSpec{Argv: []string{"sleep", "5"}, Timeout: time.Minute}); err != nil {
+	// The check comes well past the idle timeout and well before the
+	// command's end, with seconds to spare either side on a loaded machine.
+	if err := p.StartCommand(t.Context(), sb, "long", providers.ExecSpec{Argv: []string{"sleep", "14"}, Timeout: time.Minute}); err != nil {
 		t.Fatalf("StartCommand: %v", err)
 	}
-	time.Sleep(4 * time.Second)
+	time.Sleep(8 * time.Second)
 	if r := fakeSandbox(t, fake, sb.Ref).Result; r != nil {
 		t.Fatalf("the sandbox ended %v while its command ran", r)
 	}

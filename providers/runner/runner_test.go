@@ -261,7 +261,7 @@ func TestCancelRunning(t *testing.T) {
 		t.Errorf("after cancel = %q exit %d; want canceled 137", st.State, st.ExitCode)
 	}
 	for i := 0; alive(sh) || alive(child); i++ {
-		if i == 250 {
+		if i == 1500 { // 30 s, as waitFile: a backstop for a loaded machine
 			t.Fatalf("the command (%v) or its child (%v) survived the cancel", alive(sh), alive(child))
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -273,13 +273,15 @@ func TestCancelRunning(t *testing.T) {
 
 func TestTimeout(t *testing.T) {
 	e := newEnv(t)
-	sh, child := startSleeper(t, e, "slow", time.Second)
+	// Long enough that the sleeper records its pids before it is killed,
+	// on a loaded machine.
+	sh, child := startSleeper(t, e, "slow", 3*time.Second)
 	st := e.wait(t, "slow", 10)
 	if st.State != providers.CommandCompleted || st.ExitCode != 137 || !st.TimedOut {
 		t.Errorf("timed-out command = %q exit %d timed out %v; want completed 137 true", st.State, st.ExitCode, st.TimedOut)
 	}
 	for i := 0; alive(sh) || alive(child); i++ {
-		if i == 250 {
+		if i == 1500 {
 			t.Fatalf("processes survived the timeout")
 		}
 		time.Sleep(20 * time.Millisecond)
