@@ -95,9 +95,16 @@ func (Concurrency) Name() string { return "concurrency" }
 
 // Lua implements Check. KEYS[kb + 1] live ZSET; ARGV[ab + 1] now, ARGV[ab + 2] max, ARGV[ab + 3] pending
 // deadline (unix ms), ARGV[ab + 4] workspace id.
+//
+// As in Risk, the slots are pruned only when their count reaches the
+// limit: a count under it stays under it once pruned, so the decision is
+// the one a prune before every count gives, for a command fewer.
 func (Concurrency) Lua() (string, string) {
-	return `redis.call('ZREMRANGEBYSCORE', KEYS[kb + 1], '-inf', ARGV[ab + 1])
-if redis.call('ZCARD', KEYS[kb + 1]) >= tonumber(ARGV[ab + 2]) then return {'` + string(protocol.ConcurrencyLimit) + `', ''} end`,
+	return `local max = tonumber(ARGV[ab + 2])
+if redis.call('ZCARD', KEYS[kb + 1]) >= max then
+  redis.call('ZREMRANGEBYSCORE', KEYS[kb + 1], '-inf', ARGV[ab + 1])
+  if redis.call('ZCARD', KEYS[kb + 1]) >= max then return {'` + string(protocol.ConcurrencyLimit) + `', ''} end
+end`,
 		`redis.call('ZADD', KEYS[kb + 1], ARGV[ab + 3], ARGV[ab + 4])`
 }
 

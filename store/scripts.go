@@ -28,10 +28,12 @@ import "github.com/redis/go-redis/v9"
 // round trip.
 var confirmScript = redis.NewScript(`
 local cur = redis.call('HMGET', KEYS[2], 'state', 'provider_ref', 'started_ms')
-if cur[1] == 'starting' and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+-- The slot's new deadline, only if the slot is still there (XX): CH
+-- answers 0 when it is absent, and also when the deadline was already
+-- expires_at, which only ZSCORE tells apart.
+if cur[1] == 'starting' and (redis.call('ZADD', KEYS[1], 'XX', 'CH', ARGV[2], ARGV[1]) == 1 or redis.call('ZSCORE', KEYS[1], ARGV[1])) then
   redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
   redis.call('HSET', KEYS[2], 'state', 'running', 'provider_ref', ARGV[3], 'started_ms', ARGV[4], 'activity_ms', ARGV[4])
-  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
   redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
   return {1}
 end

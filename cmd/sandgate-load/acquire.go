@@ -137,6 +137,7 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 	}
 	var ratios, ratios1, ceilings, budgets []float64
 	var costs, oldCosts []processCPU
+	var stats [2]commandStats // the last round's, before and after this build's pairs
 	for r := range o.rounds {
 		es, err := evalsha(o.c)
 		if err != nil {
@@ -146,12 +147,20 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 		if err != nil {
 			return err
 		}
+		st0, err := readCommandStats(ctx, port)
+		if err != nil {
+			return err
+		}
 		cpu0 := sampleCPU(rs.Process.Pid, srv.cmd.Process.Pid)
 		pairs, err := srv.pairs(ctx, o.n, o.c)
 		if err != nil {
 			return fmt.Errorf("round %d: %w", r+1, err)
 		}
 		costs = append(costs, sampleCPU(rs.Process.Pid, srv.cmd.Process.Pid).perPair(cpu0, o.n))
+		if stats[1], err = readCommandStats(ctx, port); err != nil {
+			return err
+		}
+		stats[0] = st0
 		if old != nil {
 			cpu0 := sampleCPU(rs.Process.Pid, old.cmd.Process.Pid)
 			if _, err := old.pairs(ctx, o.n, o.c); err != nil {
@@ -186,6 +195,8 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 			fmt.Printf("| %d | %.0f | %.0f | %.2f | %.0f | %.0f | %.2f |\n", r+1, c.redis, b.redis, c.redis/b.redis, c.broker, b.broker, c.broker/b.broker)
 		}
 	}
+	fmt.Printf("\nWhat redis-server ran a pair in the last round, this build (INFO commandstats):\n\n")
+	printPerPair(stats[0], stats[1], o.n)
 	med := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
 	fmt.Printf("\nmedian pairs ÷ EVALSHA: %.3f against -c %d, %.3f against -c 1 (target ≥ 0.3); "+
 		"median floor ÷ EVALSHA -c %d: %.3f (no broker doing two HTTPS requests per pair exceeds it on this host)\n",
