@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/bwrapfloor"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -49,7 +50,7 @@ func runTTFC(ctx context.Context, o ttfcOptions) error {
 	if o.fly {
 		return errors.New("-fly: not supported yet; -ttfc measures the local provider")
 	}
-	floor, err := bareBwrap("echo", "ready")
+	floor, err := bwrapfloor.Command("echo", "ready")
 	if err != nil {
 		return err
 	}
@@ -156,27 +157,6 @@ func spawn(ctx context.Context, argv []string) (time.Duration, error) {
 		return 0, fmt.Errorf("bare bwrap: %w: %s", err, out)
 	}
 	return d, nil
-}
-
-// bareBwrap returns the bare bwrap command line of argv with the local
-// provider's namespaces: no limits, no disk, no uid, no cgroups (as
-// gateway's BenchmarkBwrapTrue).
-func bareBwrap(argv ...string) ([]string, error) {
-	bwrap, err := exec.LookPath("bwrap")
-	if err != nil {
-		return nil, fmt.Errorf("bwrap: %w", err)
-	}
-	args := []string{bwrap, "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
-		"--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"}
-	for _, name := range []string{"/bin", "/sbin", "/lib", "/lib64"} {
-		if t, err := os.Readlink(name); err == nil {
-			args = append(args, "--symlink", t, name)
-		} else if _, err := os.Stat(name); err == nil {
-			args = append(args, "--ro-bind", name, name)
-		}
-	}
-	args = append(args, "--proc", "/proc", "--dev", "/dev", "--")
-	return append(args, argv...), nil
 }
 
 // quantile is the q-quantile of ds (nearest rank), which it sorts.

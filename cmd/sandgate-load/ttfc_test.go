@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandgate/sandgate/internal/bwrapfloor"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -20,7 +21,7 @@ func TestTTFC(t *testing.T) {
 	if err := build(ctx, "../..", bin); err != nil {
 		t.Fatal(err)
 	}
-	floor, err := bareBwrap("echo", "ready")
+	floor, err := bwrapfloor.Command("echo", "ready")
 	if err != nil {
 		t.Fatal(err)
 	}
