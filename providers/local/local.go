@@ -816,10 +816,11 @@ func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path str
 
 // Terminate kills the workspace's running execs, waits for them, and
 // moves its directory to the trash: it is gone when Terminate returns.
-// Its image is unmounted, its files removed and its uid freed right
-// after, off the request path; Close waits for that, and a create's disk
-// check waits for the space. A workspace that is already gone is not an
-// error.
+// Its disk image is unmounted, its files removed and its uid freed right
+// after, off the request path (Close waits for that, and a create's disk
+// check waits for the space), except for a workspace on an OCI image,
+// whose image pin goes before Terminate returns. A workspace that is
+// already gone is not an error.
 func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	ref := sb.Ref
 	if checkRef(ref) != nil {
@@ -900,18 +901,28 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 		}
 		return fmt.Errorf("local: terminate: %w", scrub(err))
 	}
-	p.trashing.Add(1)
-	p.trashN.Add(1)
-	go func() {
-		defer p.trashing.Done()
-		defer p.trashN.Add(-1)
+	teardown := func() {
 		closeNS(ns) // first: the image's space comes back once it is unmounted and removed
 		if err := removeAll(trash); err != nil {
 			// Gone all the same; the next New retries.
 			p.log.Error("sandbox files not removed", sandgate.WorkspaceAttr(ref), sandgate.KeyError, err)
 		}
 		release()
-	}()
+	}
+	if !haveRec || rec.Image != nil {
+		// An OCI image's pin goes when Terminate returns, so that the
+		// image store may collect it from then on; a create cut short is
+		// rare.
+		teardown()
+	} else {
+		p.trashing.Add(1)
+		p.trashN.Add(1)
+		go func() {
+			defer p.trashing.Done()
+			defer p.trashN.Add(-1)
+			teardown()
+		}()
+	}
 	p.log.Info("sandbox terminated", sandgate.WorkspaceAttr(ref), "killed_execs", len(runs), "killed_commands", commands)
 	return nil
 }
