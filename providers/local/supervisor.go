@@ -145,10 +145,11 @@ func supervising(dataDir string) bool {
 // ensureSupervisor starts the data directory's supervisor unless one runs,
 // without waiting for it to take its lock: the deadline is written first,
 // and a supervisor reads deadlines/ once it holds its lock, so none is
-// missed. A supervisor an earlier call started that is still on its way to
-// its lock is waited for (a few seconds at most) rather than started
-// twice; one that exited is replaced, and when it had failed, the new one
-// is waited for, so that a supervisor that cannot run fails the create.
+// missed. While one started earlier is still on its way to its lock,
+// another is started all the same (it may be leaving, having found no
+// deadline): two agree, the one that gets the lock runs. When the one
+// started last had failed, the new one is waited for, so that a
+// supervisor that cannot run fails the create.
 func (p *Provider) ensureSupervisor() error {
 	p.supMu.Lock()
 	defer p.supMu.Unlock()
@@ -156,13 +157,10 @@ func (p *Provider) ensureSupervisor() error {
 		return nil
 	}
 	failed := false
-	if p.supStarted != nil {
-		switch err := p.waitSupervisor(); {
-		case errors.Is(err, errSupervisorFailed):
-			failed = true
-		case err != nil || p.supStarted != nil || supervising(p.dataDir):
-			return nil // runs, or slow to start but started
-		}
+	select {
+	case err := <-p.supStarted: // a nil channel: none started yet
+		failed = err != nil && !supervising(p.dataDir)
+	default:
 	}
 	cmd := exec.Command(selfExe, p.dataDir)
 	cmd.Args[0] = SupervisorName
