@@ -16,20 +16,7 @@ import (
 // the floor have a duration per cycle.
 func TestTTFC(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "sandgate")
-	if err := build(ctx, "../..", bin); err != nil {
-		t.Fatal(err)
-	}
-	floor, err := bwrapfloor.Command("echo", "ready")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := startDev(ctx, bin, filepath.Join(dir, "data"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.stop()
+	b, floor := startTTFCTest(t, 0)
 	const n = 3
 	s, err := measureTTFC(ctx, b, floor, n)
 	if err != nil {
@@ -70,21 +57,8 @@ func TestTTFC(t *testing.T) {
 // request path.
 func TestTTFCPool(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "sandgate")
-	if err := build(ctx, "../..", bin); err != nil {
-		t.Fatal(err)
-	}
-	floor, err := bwrapfloor.Command("echo", "ready")
-	if err != nil {
-		t.Fatal(err)
-	}
 	const n = 3
-	b, err := startTTFC(ctx, bin, filepath.Join(dir, "data"), n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.stop()
+	b, floor := startTTFCTest(t, n)
 	m, err := scrape(ctx, b)
 	if err != nil {
 		t.Fatal(err)
@@ -115,4 +89,27 @@ func TestTTFCFlyUnsupported(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "-fly") {
 		t.Errorf("runTTFC(-fly) = %v, want a -fly refusal", err)
 	}
+}
+
+// startTTFCTest builds sandgate and starts it as -ttfc does, with pool
+// warm workspaces; it returns the broker, stopped by t.Cleanup, and the
+// floor's command line.
+func startTTFCTest(t *testing.T, pool int) (*broker, []string) {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "sandgate")
+	if err := build(ctx, "../..", bin); err != nil {
+		t.Fatal(err)
+	}
+	floor, err := bwrapfloor.Command("echo", "ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := startTTFC(ctx, bin, filepath.Join(dir, "data"), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.stop)
+	return b, floor
 }
