@@ -15,7 +15,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/internal/bwrapfloor"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
@@ -258,20 +258,11 @@ func (p bwrapProvider) Exec(ctx context.Context, sb providers.Sandbox, spec prov
 // bareBwrap returns the bare bwrap command line of "true" with the local
 // provider's namespaces.
 func bareBwrap(b *testing.B) []string {
-	bwrap, err := exec.LookPath("bwrap")
+	argv, err := bwrapfloor.Command("true")
 	if err != nil {
-		b.Fatalf("bwrap: %v", err)
+		b.Fatal(err)
 	}
-	args := []string{bwrap, "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
-		"--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"}
-	for _, name := range []string{"/bin", "/sbin", "/lib", "/lib64"} {
-		if t, err := os.Readlink(name); err == nil {
-			args = append(args, "--symlink", t, name)
-		} else if _, err := os.Stat(name); err == nil {
-			args = append(args, "--ro-bind", name, name)
-		}
-	}
-	return append(args, "--proc", "/proc", "--dev", "/dev", "--", "true")
+	return argv
 }
 
 func runBare(b *testing.B, argv []string) {

@@ -369,8 +369,11 @@ func concurrently(n int, f func(i int) (refused int64, err error)) (int64, error
 
 // startDev starts `sandgate dev` on free loopback ports and waits for its
 // dev.env.
-func startDev(ctx context.Context, bin, dataDir string) (*broker, error) {
+func startDev(ctx context.Context, bin, dataDir string, overrides ...string) (*broker, error) {
 	cmd := exec.Command(bin, "dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", dataDir)
+	if len(overrides) > 0 { // KEY=value: SANDGATE_* overrides of the broker's config
+		cmd.Env = append(os.Environ(), overrides...)
+	}
 	cmd.Stdout = io.Discard
 	logs, err := os.Create(dataDir + ".log")
 	if err != nil {

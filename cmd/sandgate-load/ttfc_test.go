@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandgate/sandgate/internal/bwrapfloor"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -15,20 +16,7 @@ import (
 // the floor have a duration per cycle.
 func TestTTFC(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "sandgate")
-	if err := build(ctx, "../..", bin); err != nil {
-		t.Fatal(err)
-	}
-	floor, err := bareBwrap("echo", "ready")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := startDev(ctx, bin, filepath.Join(dir, "data"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.stop()
+	b, floor := startTTFCTest(t, 0)
 	const n = 3
 	s, err := measureTTFC(ctx, b, floor, n)
 	if err != nil {
@@ -63,13 +51,65 @@ func TestTTFC(t *testing.T) {
 	}
 }
 
-// TestTTFCPoolUnsupported: -pool and -fly fail at once and say why while
-// the broker has no pool setting, instead of measuring something else.
-func TestTTFCPoolUnsupported(t *testing.T) {
-	for _, o := range []ttfcOptions{{n: 1, pool: 2}, {n: 1, fly: true}} {
-		err := runTTFC(context.Background(), o)
-		if err == nil || !(strings.Contains(err.Error(), "-pool") || strings.Contains(err.Error(), "-fly")) {
-			t.Errorf("runTTFC(%+v) = %v, want a -pool or -fly refusal", o, err)
-		}
+// TestTTFCPool runs the -ttfc core with -pool 3 for three cycles: the
+// broker starts with three warm workspaces ready, and every cycle's
+// create (and the warm-up's) is served by the pool, not made on the
+// request path.
+func TestTTFCPool(t *testing.T) {
+	ctx := context.Background()
+	const n = 3
+	b, floor := startTTFCTest(t, n)
+	m, err := scrape(ctx, b)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if got := m[`sandgate_pool_ready{image="host",provider="local",size="small"}`]; got != n {
+		t.Fatalf("warm workspaces ready before the cycles: %v, want %d", got, n)
+	}
+	s, err := measureTTFC(ctx, b, floor, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.steps[3]) != n || len(s.floor) != n {
+		t.Fatalf("%d cycles and %d floor samples, want %d", len(s.steps[3]), len(s.floor), n)
+	}
+	taken, err := poolTaken(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if taken != n+1 { // and the warm-up's
+		t.Errorf("creates served by the pool: %d, want %d", taken, n+1)
+	}
+}
+
+// TestTTFCFlyUnsupported: -fly fails at once and says why, instead of
+// measuring the local provider under its name.
+func TestTTFCFlyUnsupported(t *testing.T) {
+	err := runTTFC(context.Background(), ttfcOptions{n: 1, fly: true})
+	if err == nil || !strings.Contains(err.Error(), "-fly") {
+		t.Errorf("runTTFC(-fly) = %v, want a -fly refusal", err)
+	}
+}
+
+// startTTFCTest builds sandgate and starts it as -ttfc does, with pool
+// warm workspaces; it returns the broker, stopped by t.Cleanup, and the
+// floor's command line.
+func startTTFCTest(t *testing.T, pool int) (*broker, []string) {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "sandgate")
+	if err := build(ctx, "../..", bin); err != nil {
+		t.Fatal(err)
+	}
+	floor, err := bwrapfloor.Command("echo", "ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := startTTFC(ctx, bin, filepath.Join(dir, "data"), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.stop)
+	return b, floor
 }

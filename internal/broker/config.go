@@ -471,8 +471,10 @@ func DevConfig(dataDir, provider string, getenv func(string) string) (*Config, e
 	}
 	cfg, err := LoadConfig("", func(k string) string {
 		switch k {
-		// Decided by dev's flags and its own set-up, not by overrides.
-		case "SANDGATE_PROVIDER", "SANDGATE_PROVIDER_NAME", "SANDGATE_PROVIDERS", "SANDGATE_PROVIDER_LOCAL", "SANDGATE_DEFAULT_PROVIDER":
+		// Decided by dev's flags and its own set-up, not by overrides;
+		// SANDGATE_PROVIDER_LOCAL (the local provider's settings, such
+		// as a pool) is honoured below.
+		case "SANDGATE_PROVIDER", "SANDGATE_PROVIDER_NAME", "SANDGATE_PROVIDERS", "SANDGATE_DEFAULT_PROVIDER":
 			return ""
 		}
 		return getenv(k)
@@ -496,11 +498,18 @@ func DevConfig(dataDir, provider string, getenv func(string) string) (*Config, e
 		cfg.Egress.VendorListen = "127.0.0.1:0"
 	}
 	// For trying things: the local provider warns loudly where the host
-	// cannot enforce a workspace limit, and runs anyway.
+	// cannot enforce a workspace limit, and runs anyway, beside whatever
+	// SANDGATE_PROVIDER_LOCAL sets.
 	for i := range cfg.providers {
 		if cfg.providers[i].Kind == "local" {
-			cfg.providers[i].Settings = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{
-				{Kind: yaml.ScalarNode, Tag: "!!str", Value: "allow_unenforced"}, {Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"}}}
+			s := &cfg.providers[i].Settings
+			if s.Kind != yaml.MappingNode {
+				*s = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+			}
+			if !slices.ContainsFunc(s.Content, func(n *yaml.Node) bool { return n.Value == "allow_unenforced" }) {
+				s.Content = append(s.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: "allow_unenforced"},
+					&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+			}
 		}
 	}
 	return cfg, nil

@@ -45,6 +45,36 @@ func TestDevConfigHonoursOverrides(t *testing.T) {
 	}
 }
 
+// TestDevConfigLocalSettings: SANDGATE_PROVIDER_LOCAL sets dev's local
+// provider's settings (a warm pool, for sandgate-load -ttfc -pool), beside
+// the allow_unenforced dev always sets.
+func TestDevConfigLocalSettings(t *testing.T) {
+	cfg, err := DevConfig(t.TempDir(), "local", func(k string) string {
+		return map[string]string{"SANDGATE_PROVIDER_LOCAL": "{pool: {per: [{size: small, count: 2}]}}"}[k]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		AllowUnenforced bool `yaml:"allow_unenforced"`
+		Pool            struct {
+			Per []struct {
+				Size  string `yaml:"size"`
+				Count int    `yaml:"count"`
+			} `yaml:"per"`
+		} `yaml:"pool"`
+	}
+	if len(cfg.providers) != 1 {
+		t.Fatalf("providers = %+v; want dev's local provider", cfg.providers)
+	}
+	if err := cfg.providers[0].Settings.Decode(&got); err != nil {
+		t.Fatal(err)
+	}
+	if !got.AllowUnenforced || len(got.Pool.Per) != 1 || got.Pool.Per[0].Size != "small" || got.Pool.Per[0].Count != 2 {
+		t.Errorf("local settings = %+v; want allow_unenforced and the pool of SANDGATE_PROVIDER_LOCAL", got)
+	}
+}
+
 // TestDevConfigVendorListener: dev with a vendor kind serves the proxy to
 // its guests on a loopback port it picks, so its lease's ceiling is null;
 // an override names another address.

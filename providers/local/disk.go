@@ -136,15 +136,16 @@ func (p *Provider) admitDisk(ctx context.Context, mib int) (unlock func(), err e
 	// space is free only then, and on a busy host that can take seconds.
 	// While an image in the trash is still bound (for at most releaseWait
 	// since it was first seen bound: one that stays bound is waited for
-	// once, not by every create), and for releaseSettle after the last one
-	// was, the check waits before it refuses. Each look at the trash comes
+	// once, not by every create), or while Terminate still removes a
+	// workspace's files in the background, and for releaseSettle after
+	// the last one was, the check waits before it refuses. Each look at the trash comes
 	// before the measure that follows it, so a release that ends in
 	// between is in the measure.
 	trash := filepath.Join(p.dataDir, trashDir) + "/"
 	free, need, err := p.diskRoom(mib)
 	var seen time.Time // when an image in the trash was last seen bound
 	for err == nil && free < need {
-		if now := time.Now(); p.released.pending(trash, now) {
+		if now := time.Now(); p.released.pending(trash, now) || p.trashN.Load() > 0 {
 			seen = now
 		} else if now.Sub(seen) > releaseSettle {
 			break

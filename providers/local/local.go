@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -203,8 +204,16 @@ type Provider struct {
 	stop      chan struct{} // closed by Close: ends the CPU governor
 	stopOnce  sync.Once
 	supMu     sync.Mutex // serialises ensureSupervisor
+	// supStarted reports the exit of the supervisor ensureSupervisor
+	// started last; nil when none was. Under supMu.
+	supStarted chan error
 
-	released releases  // images in the trash seen bound (admitDisk)
+	released releases // images in the trash seen bound (admitDisk)
+	// trashing counts the terminated workspaces whose files Terminate
+	// is still removing in the background; Close waits for them, and
+	// admitDisk waits for their space.
+	trashing sync.WaitGroup
+	trashN   atomic.Int64
 	pool     *pool     // nil: no warm workspaces (pool.go)
 	pins     imagePins // each image workspace's pin on its OCI image
 	unshare  string    // unshare(1), for image roots; "": none found
@@ -806,7 +815,12 @@ func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path str
 }
 
 // Terminate kills the workspace's running execs, waits for them, and
-// removes its directory. A workspace that is already gone is not an error.
+// moves its directory to the trash: it is gone when Terminate returns.
+// Its disk image is unmounted, its files removed and its uid freed right
+// after, off the request path (Close waits for that, and a create's disk
+// check waits for the space), except for a workspace on an OCI image,
+// whose image pin goes before Terminate returns. A workspace that is
+// already gone is not an error.
 func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	ref := sb.Ref
 	if checkRef(ref) != nil {
@@ -849,12 +863,14 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	markEnded(p.layout(ref))
 	p.opens.drop(ref)
 	p.stopEgress(ref)
-	// Its execs are gone: the disk image's mount goes now, so that its
-	// space is free once Terminate returns.
-	p.ns.drop(ref)
+	// Its execs are gone: its mount namespace leaves the table now, so
+	// that nothing joins it again, and is closed (the image unmounted)
+	// with the files below.
+	ns := p.ns.detach(ref)
 	// Execs another broker process started (a stop set through one gateway
 	// while another runs the workspace's command) are killed here too.
 	if _, err := killExecs(ctx, p.layout(ref)); err != nil {
+		closeNS(ns)
 		return fmt.Errorf("local: terminate: %w", err)
 	}
 	commands := killCommands(p.layout(ref))
@@ -862,25 +878,50 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	stopSupervisor(p.layout(ref)) // a workspace's own, from before the one per data directory
 	p.cg.remove(ref)
 	p.unplace(ref)
-	defer p.pins.drop(ref) // once its files, the upper layer among them, are gone
 	var rec record
-	if readJSON(p.layout(ref).sandbox(), &rec) == nil {
-		defer p.releaseUID(ref, rec.UID) // once nothing of it runs or is left
-	} else {
-		defer p.releaseClaimsOf(ref) // a create cut short: no record names its uid
+	haveRec := readJSON(p.layout(ref).sandbox(), &rec) == nil
+	// Once nothing of it runs or is left: its image pin (the upper layer
+	// is among its files) and its uid.
+	release := func() {
+		p.pins.drop(ref)
+		if haveRec {
+			p.releaseUID(ref, rec.UID)
+		} else {
+			p.releaseClaimsOf(ref) // a create cut short: no record names its uid
+		}
 	}
 	// The rename is the moment the workspace is gone, for every Provider on
-	// this DataDir; removing the files may then take its time.
+	// this DataDir; removing the files then happens off the request path.
 	trash := filepath.Join(p.dataDir, trashDir, ref+"-"+randomHex())
 	if err := os.Rename(string(p.layout(ref)), trash); err != nil {
+		closeNS(ns)
+		release()
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
 		return fmt.Errorf("local: terminate: %w", scrub(err))
 	}
-	if err := removeAll(trash); err != nil {
-		// Gone all the same; the next New retries.
-		p.log.Error("sandbox files not removed", sandgate.WorkspaceAttr(ref), sandgate.KeyError, err)
+	teardown := func() {
+		closeNS(ns) // first: the image's space comes back once it is unmounted and removed
+		if err := removeAll(trash); err != nil {
+			// Gone all the same; the next New retries.
+			p.log.Error("sandbox files not removed", sandgate.WorkspaceAttr(ref), sandgate.KeyError, err)
+		}
+		release()
+	}
+	if !haveRec || rec.Image != nil {
+		// An OCI image's pin goes when Terminate returns, so that the
+		// image store may collect it from then on; a create cut short is
+		// rare.
+		teardown()
+	} else {
+		p.trashing.Add(1)
+		p.trashN.Add(1)
+		go func() {
+			defer p.trashing.Done()
+			defer p.trashN.Add(-1)
+			teardown()
+		}()
 	}
 	p.log.Info("sandbox terminated", sandgate.WorkspaceAttr(ref), "killed_execs", len(runs), "killed_commands", commands)
 	return nil
@@ -1089,6 +1130,7 @@ func (p *Provider) Close() error {
 		}
 	})
 	p.closePool()
+	p.trashing.Wait()
 	p.ns.sweep(time.Time{})
 	p.egressStop()
 	p.egressMu.Lock()

@@ -17,9 +17,9 @@ import (
 // process is in it. So a broker that dies, however, leaves nothing behind:
 // the kernel closes the descriptor, ends the namespace, unmounts the image
 // and clears its loop device. The Provider closes a namespace nobody used
-// for nsIdle, at Terminate (before the workspace's files go, so that its
-// disk space is free when Terminate returns) and at Close. See README.md,
-// "Disk".
+// for nsIdle, at Terminate (off the request path, before the workspace's
+// files go; a create's disk check waits for that space) and at Close. See
+// README.md, "Disk".
 
 // nsIdle is how long a workspace's mount namespace is kept after its last
 // exec. It holds a private copy of the host's mounts as they were when it
@@ -108,6 +108,33 @@ func (t *nsTable) drop(ref string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.dropLocked(ref)
+}
+
+// detach takes ref's namespace out of the table, as drop does, and hands
+// its descriptor to the caller to close: the kernel unmounts the image
+// then, which takes milliseconds. It returns nil when there is none, or
+// when an exec still uses it (its release closes it).
+func (t *nsTable) detach(ref string) *os.File {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := t.m[ref]
+	if h == nil {
+		return nil
+	}
+	delete(t.m, ref)
+	if h.users > 0 {
+		return nil
+	}
+	fd := h.fd
+	h.fd = nil
+	return fd
+}
+
+// closeNS closes a descriptor detach returned, if any.
+func closeNS(fd *os.File) {
+	if fd != nil {
+		fd.Close()
+	}
 }
 
 func (t *nsTable) dropLocked(ref string) {

@@ -143,13 +143,24 @@ func supervising(dataDir string) bool {
 }
 
 // ensureSupervisor starts the data directory's supervisor unless one runs,
-// and waits (a few seconds at most) until it holds its lock, so that
-// Creates that follow find it running rather than start one each.
+// without waiting for it to take its lock: the deadline is written first,
+// and a supervisor reads deadlines/ once it holds its lock, so none is
+// missed. While one started earlier is still on its way to its lock,
+// another is started all the same (it may be leaving, having found no
+// deadline): two agree, the one that gets the lock runs. When the one
+// started last had failed, the new one is waited for, so that a
+// supervisor that cannot run fails the create.
 func (p *Provider) ensureSupervisor() error {
 	p.supMu.Lock()
 	defer p.supMu.Unlock()
 	if supervising(p.dataDir) {
 		return nil
+	}
+	failed := false
+	select {
+	case err := <-p.supStarted: // a nil channel: none started yet
+		failed = err != nil && !supervising(p.dataDir)
+	default:
 	}
 	cmd := exec.Command(selfExe, p.dataDir)
 	cmd.Args[0] = SupervisorName
@@ -164,22 +175,38 @@ func (p *Provider) ensureSupervisor() error {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }() // reap it while this process lives; after that, init does
+	p.supStarted = exited
+	if failed {
+		return p.waitSupervisor()
+	}
+	return nil
+}
+
+// errSupervisorFailed: the supervisor ended with an error before it took
+// its lock.
+var errSupervisorFailed = errors.New("the supervisor exited at once")
+
+// waitSupervisor waits, a few seconds at most, until the supervisor
+// ensureSupervisor started last holds its lock or exits; p.supStarted is
+// nil after an exit. Under supMu.
+func (p *Provider) waitSupervisor() error {
 	for range 300 {
 		if supervising(p.dataDir) {
 			return nil
 		}
 		select {
-		case err := <-exited:
+		case err := <-p.supStarted:
+			p.supStarted = nil
 			// Status 0: another one holds the lock, or there was no
 			// deadline left to hold (a Terminate came first).
 			if err != nil && !supervising(p.dataDir) {
-				return errors.New("the supervisor exited at once")
+				return errSupervisorFailed
 			}
 			return nil
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	return nil // slow to start, but started: the next Create looks again
+	return nil
 }
 
 // ended reports whether the workspace's supervisor ended it.
