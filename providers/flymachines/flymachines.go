@@ -451,17 +451,15 @@ func (p *Provider) MachineConfig(spec providers.CreateSpec, now time.Time, cred 
 // unregistered again when the create fails. A Machine whose start fails or
 // cannot be confirmed is destroyed again.
 func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ providers.Sandbox, err error) {
-	cred, err := providers.RegisterVendorEgress(p.vendor, spec)
+	cred, unregister, err := providers.RegisterVendorEgress(p.vendor, spec)
 	if err != nil {
 		return providers.Sandbox{}, fmt.Errorf("flymachines: create: %w", err)
 	}
-	if cred != "" {
-		defer func() {
-			if err != nil {
-				p.vendor.Proxy.Unregister(spec.WorkspaceID)
-			}
-		}()
-	}
+	defer func() {
+		if err != nil {
+			unregister()
+		}
+	}()
 	now := p.clock.Now()
 	cfg, err := p.MachineConfig(spec, now, cred)
 	if err != nil {
