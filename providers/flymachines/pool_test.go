@@ -1,12 +1,21 @@
 package flymachines_test
 
 import (
+	"context"
+	"crypto/tls"
 	"encoding/pem"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/internal/guesttest"
 	"github.com/sandgate/sandgate/internal/testpki"
 
@@ -252,6 +261,78 @@ func TestPoolMachinesOfAGoneBrokerAreOrphans(t *testing.T) {
 	for _, m := range s.Machines() {
 		if m.State != "destroyed" {
 			t.Errorf("machine %s is %s after Close; want every pooled Machine destroyed", m.ID, m.State)
+		}
+	}
+}
+
+// Two workspaces taken from the pool reach the broker's egress proxy
+// (credential mode, over TLS) each with its own credential: each reaches
+// the host its allowlist names and is refused the other's.
+func TestPoolTakeEgressIsItsOwn(t *testing.T) {
+	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "site %s\n", r.Host)
+	}))
+	t.Cleanup(site.Close)
+	sitePort := site.Listener.Addr().(*net.TCPAddr).Port
+	loop := netip.MustParseAddr("127.0.0.1")
+	proxy, err := egress.New(egress.Config{
+		Ports: []uint16{uint16(sitePort)},
+		Hosts: map[string]netip.Addr{"alpha.sg.test": loop, "bravo.sg.test": loop},
+	}, egress.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pki := testpki.Issue(t, "vendor listener CA", nil, []net.IP{net.IPv4(127, 0, 0, 1)})
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{pki.LeafDER}, PrivateKey: pki.Key}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() {
+		proxy.ServeShared(ctx, ln)
+		close(served)
+	}()
+	t.Cleanup(func() { cancel(); ln.Close(); <-served })
+	ve, err := providers.NewVendorEgress("https://"+ln.Addr().String(), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pki.CADER}), proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s := startFake(t, flytest.Options{})
+	cfg := config(t, s)
+	cfg.Pool = providers.PoolConfig{Per: []providers.PoolEntry{{Size: "small", Count: 2}}}
+	p, err := flymachines.New(t.Context(), cfg, providers.Env{BrokerID: "broker-own-egress", GuestBinary: guesttest.Binary(t), VendorEgress: ve})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	waitPoolReady(t, p, 2)
+	flymachines.PauseRefill(p)
+	take := func(host string) providers.Sandbox {
+		spec := providertest.Spec(t)
+		spec.Egress.AllowedDomains = []string{host}
+		sb, calls, _ := acquireCalls(t, s, p, spec)
+		if len(calls) != 2 {
+			t.Fatalf("vendor calls of a take: %q; want a start and the wait", calls)
+		}
+		return sb
+	}
+	// Each take's own calls, without the other's bind and relabel.
+	release := flymachines.HoldSettle(p)
+	a, b := take("alpha.sg.test"), take("bravo.sg.test")
+	release()
+	get := func(sb providers.Sandbox, host string) string {
+		url := "http://" + host + ":" + strconv.Itoa(sitePort) + "/"
+		res := providertest.Exec(t, p, sb, "sh", "-c", "curl -sS --max-time 60 -o /dev/null -w '%{http_code}' "+url)
+		return string(res.Stdout)
+	}
+	for _, c := range []struct {
+		sb         providers.Sandbox
+		host, want string
+	}{{a, "alpha.sg.test", "200"}, {a, "bravo.sg.test", "403"}, {b, "bravo.sg.test", "200"}, {b, "alpha.sg.test", "403"}} {
+		if got := get(c.sb, c.host); got != c.want {
+			t.Errorf("workspace %s to %s: %q; want %s", c.sb.Labels[providers.LabelWorkspace], c.host, got, c.want)
 		}
 	}
 }
