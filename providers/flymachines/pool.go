@@ -203,10 +203,9 @@ func (p *Provider) bindArgs(spec providers.CreateSpec, now time.Time, cred strin
 }
 
 // takePooled starts a pooled Machine of spec's size and image for the
-// workspace, whose bind is bind: a start and the wait. ok is false when
-// none is ready or it could not be started (it is destroyed then, and
-// Create creates one as without a pool). The bind and the relabel follow
-// in the background.
+// workspace: a start and the wait. ok is false when none is ready or it
+// could not be started (it is destroyed then, and Create creates one as
+// without a pool). Create then has settleTake bind and relabel it.
 func (p *Provider) takePooled(ctx context.Context, spec providers.CreateSpec) (m Machine, ok bool) {
 	if p.pool == nil {
 		return Machine{}, false
