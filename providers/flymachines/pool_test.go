@@ -155,27 +155,30 @@ func TestPoolStartsNotCreates(t *testing.T) {
 	}
 }
 
-// A taken Machine gets its workspace's lifetime and egress, and nothing
-// of another's: the keeper it runs ends it at the workspace's
-// expires_at and forwards with the workspace's own credential; a
-// workspace without egress gets no forwarder and no credential file.
-func TestPoolTakeBindsLifetimeAndEgress(t *testing.T) {
-	s := startFake(t, flytest.Options{})
-	reg := &registry{}
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: testpki.Issue(t, "proxy CA", []string{"proxy.sg.test"}, nil).CADER})
-	ve, err := providers.NewVendorEgress("https://proxy.sg.test:8443", ca, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+// poolProvider is a provider over s with a full pool of two small
+// Machines and its refill paused, whose guests reach ve.
+func poolProvider(t *testing.T, s *flytest.Server, broker string, ve *providers.VendorEgress) *flymachines.Provider {
+	t.Helper()
 	cfg := config(t, s)
 	cfg.Pool = providers.PoolConfig{Per: []providers.PoolEntry{{Size: "small", Count: 2}}}
-	p, err := flymachines.New(t.Context(), cfg, providers.Env{BrokerID: "broker-bind", GuestBinary: guesttest.Binary(t), VendorEgress: ve})
+	p, err := flymachines.New(t.Context(), cfg, providers.Env{BrokerID: broker, GuestBinary: guesttest.Binary(t), VendorEgress: ve})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
 	waitPoolReady(t, p, 2)
 	flymachines.PauseRefill(p)
+	return p
+}
+
+// A taken Machine gets its workspace's lifetime and egress, and nothing
+// of another's: the keeper it runs ends it at the workspace's
+// expires_at and forwards with the workspace's own credential; a
+// workspace without egress gets no forwarder and no credential file.
+func TestPoolTakeBindsLifetimeAndEgress(t *testing.T) {
+	s := startFake(t, flytest.Options{})
+	ve, _, _ := proxyEgress(t)
+	p := poolProvider(t, s, "broker-bind", ve)
 
 	withEgress := providertest.Spec(t)
 	withEgress.Egress.AllowedDomains = []string{"example.com"}
@@ -300,15 +303,7 @@ func TestPoolTakeEgressIsItsOwn(t *testing.T) {
 	}
 
 	s := startFake(t, flytest.Options{})
-	cfg := config(t, s)
-	cfg.Pool = providers.PoolConfig{Per: []providers.PoolEntry{{Size: "small", Count: 2}}}
-	p, err := flymachines.New(t.Context(), cfg, providers.Env{BrokerID: "broker-own-egress", GuestBinary: guesttest.Binary(t), VendorEgress: ve})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	waitPoolReady(t, p, 2)
-	flymachines.PauseRefill(p)
+	p := poolProvider(t, s, "broker-own-egress", ve)
 	take := func(host string) providers.Sandbox {
 		spec := providertest.Spec(t)
 		spec.Egress.AllowedDomains = []string{host}
