@@ -152,17 +152,23 @@ const (
 func GuestEgress(keeper []string) bool { return slices.Contains(keeper, "--egress-sock") }
 
 // RegisterVendorEgress registers the workspace of spec with ve's proxy
-// when it has domains to reach, and returns its credential; "" (and no
-// registration) for an empty allowlist. A non-empty allowlist without ve
-// is an error: the provider then offers [] only.
-func RegisterVendorEgress(ve *VendorEgress, spec CreateSpec) (string, error) {
+// when it has domains to reach, and returns its credential and the undo
+// of the registration, for a create that fails after it; "" (and no
+// registration, an undo that does nothing) for an empty allowlist. A
+// non-empty allowlist without ve is an error: the provider then offers []
+// only.
+func RegisterVendorEgress(ve *VendorEgress, spec CreateSpec) (cred string, unregister func(), err error) {
 	if len(spec.Egress.AllowedDomains) == 0 {
-		return "", nil
+		return "", func() {}, nil
 	}
 	if ve == nil {
-		return "", errors.New("cannot reach domains: the broker's egress proxy is not served to vendor guests (egress.vendor_listen)")
+		return "", nil, errors.New("cannot reach domains: the broker's egress proxy is not served to vendor guests (egress.vendor_listen)")
 	}
-	return ve.Proxy.Register(egress.Workspace{ID: spec.WorkspaceID, AccountID: spec.AccountID, AllowedDomains: spec.Egress.AllowedDomains})
+	cred, err = ve.Proxy.Register(egress.Workspace{ID: spec.WorkspaceID, AccountID: spec.AccountID, AllowedDomains: spec.Egress.AllowedDomains})
+	if err != nil {
+		return "", nil, err
+	}
+	return cred, func() { ve.Proxy.Unregister(spec.WorkspaceID) }, nil
 }
 
 // EgressMode is the egress a vendor provider over ve offers: domain

@@ -26,6 +26,14 @@ type CreateMachineRequest struct {
 	SkipLaunch bool `json:"skip_launch,omitempty"`
 }
 
+// MetadataRequest is the body of the bulk metadata update, PATCH
+// /v1/apps/{app}/machines/{id}/metadata (§1.3): a "" value removes its
+// key; a MachineVersion that is not the Machine's is answered 412.
+type MetadataRequest struct {
+	Metadata       map[string]string `json:"metadata"`
+	MachineVersion string            `json:"machine_version,omitempty"`
+}
+
 // MachineConfig is a Machine's config (§1.3).
 type MachineConfig struct {
 	Image       string            `json:"image"`

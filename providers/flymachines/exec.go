@@ -230,6 +230,27 @@ func (p *Provider) vendorExec(ctx context.Context, sb providers.Sandbox, argv []
 	vt := int(timeout/time.Second) + 10
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(vt+15)*time.Second)
 	defer cancel()
+	// A taken pooled Machine not bound yet is bound first, in this same
+	// exec (pool.go).
+	bind := p.jails.pendingBind(sb.Ref)
+	if bind != nil {
+		argv = append(append([]string{"sh", "-c", bindScript, "sh"}, bind...), argv...)
+	}
+	out, err := p.sendExec(ctx, sb, argv, stdin, vt, limit)
+	if err != nil || bind == nil {
+		return out, err
+	}
+	rest, ok := bytes.CutPrefix(out.Stdout, []byte(boundMark))
+	if !ok {
+		return vendorOut{}, fmt.Errorf("fly: exec: the Machine could not be bound to its workspace (exit code %d in the guest)", out.ExitCode)
+	}
+	p.jails.bound(sb.Ref)
+	out.Stdout = rest
+	return out, nil
+}
+
+// sendExec sends one exec of argv, outside every jail, and decodes its answer.
+func (p *Provider) sendExec(ctx context.Context, sb providers.Sandbox, argv []string, stdin string, vt int, limit int64) (vendorOut, error) {
 	req := ExecRequest{Command: outsideArgv(argv), Stdin: stdin, Timeout: vt}
 	var raw rawAnswer
 	for attempt := 0; ; attempt++ {

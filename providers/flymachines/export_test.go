@@ -5,3 +5,14 @@ package flymachines
 func PauseRefill(p *Provider) {
 	p.pool.Pause()
 }
+
+// HoldSettle holds the binds and relabels of the takes that follow, off
+// the acquire path, until release is called.
+func HoldSettle(p *Provider) (release func()) {
+	h := make(chan struct{})
+	p.pool.hold = h
+	return func() {
+		p.pool.hold = nil
+		close(h)
+	}
+}

@@ -451,24 +451,31 @@ func (p *Provider) MachineConfig(spec providers.CreateSpec, now time.Time, cred 
 // unregistered again when the create fails. A Machine whose start fails or
 // cannot be confirmed is destroyed again.
 func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ providers.Sandbox, err error) {
-	cred, err := providers.RegisterVendorEgress(p.vendor, spec)
+	cred, unregister, err := providers.RegisterVendorEgress(p.vendor, spec)
 	if err != nil {
 		return providers.Sandbox{}, fmt.Errorf("flymachines: create: %w", err)
 	}
-	if cred != "" {
-		defer func() {
-			if err != nil {
-				p.vendor.Proxy.Unregister(spec.WorkspaceID)
-			}
-		}()
-	}
+	defer func() {
+		if err != nil {
+			unregister()
+		}
+	}()
 	now := p.clock.Now()
+	if p.pool != nil {
+		bind, err := p.bindArgs(spec, now, cred)
+		if err != nil {
+			return providers.Sandbox{}, err
+		}
+		if m, ok := p.takePooled(ctx, spec); ok {
+			g, _ := guestFor(tierOf(spec.Size))
+			sb := p.created(spec, m, g, cred, bind)
+			p.settleTake(sb, m.InstanceID)
+			return sb, nil
+		}
+	}
 	cfg, err := p.MachineConfig(spec, now, cred)
 	if err != nil {
 		return providers.Sandbox{}, err
-	}
-	if m, ok := p.takePooled(ctx, spec, cfg); ok {
-		return p.created(spec, m, cfg, cred), nil
 	}
 	req := CreateMachineRequest{Config: cfg, Region: p.cfg.Region, SkipServiceRegistration: true}
 	var m Machine
@@ -493,15 +500,16 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ pro
 		p.destroy(context.WithoutCancel(ctx), m.ID)
 		return providers.Sandbox{}, fmt.Errorf("flymachines: create: %w", err)
 	}
-	return p.created(spec, m, cfg, cred), nil
+	return p.created(spec, m, *cfg.Guest, cred, nil), nil
 }
 
-// created is the sandbox of spec's Machine m, started with cfg.
-func (p *Provider) created(spec providers.CreateSpec, m Machine, cfg MachineConfig, cred string) providers.Sandbox {
+// created is the sandbox of spec's Machine m, started with guest g; bind
+// is the bind a taken pooled Machine still needs (pool.go).
+func (p *Provider) created(spec providers.CreateSpec, m Machine, g Guest, cred string, bind []string) providers.Sandbox {
 	sb := providers.Sandbox{Ref: m.ID, Labels: p.labels(spec), StartedAt: p.clock.Now()}
-	p.jails.put(m.ID, jailOf{env: maps.Clone(spec.Env), egress: cred != ""})
+	p.jails.put(m.ID, jailOf{env: maps.Clone(spec.Env), egress: cred != "", bind: bind})
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(spec.WorkspaceID), sandgate.InstanceAttr(spec.InstanceID),
-		"fly_cpus", cfg.Guest.CPUs, "fly_memory_mb", cfg.Guest.MemoryMB, "env_count", len(spec.Env))
+		"fly_cpus", g.CPUs, "fly_memory_mb", g.MemoryMB, "env_count", len(spec.Env), "pooled", bind != nil)
 	return sb
 }
 
@@ -650,6 +658,11 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 		p.vendor.Proxy.Unregister(sb.Labels[providers.LabelWorkspace])
 	}
 	p.jails.drop(sb.Ref)
+	if p.pool != nil {
+		p.pool.mu.Lock()
+		delete(p.pool.taken, sb.Ref)
+		p.pool.mu.Unlock()
+	}
 	p.log.Info("sandbox terminated", "fly_machine_id", sb.Ref)
 	return nil
 }
@@ -671,7 +684,11 @@ func (p *Provider) ListBroker(ctx context.Context, id string) ([]providers.Sandb
 	for _, m := range ms {
 		md := m.metadata()
 		if p.ownPooled(md) {
-			continue // warm, not a workspace; a gone Provider's are orphans to reap
+			l, taken := p.takenLabels(m.ID)
+			if !taken {
+				continue // warm, not a workspace; a gone Provider's are orphans to reap
+			}
+			md = l // taken, its relabel in flight
 		}
 		sb := providers.Sandbox{Ref: m.ID, Labels: map[string]string{
 			providers.LabelBroker:    md[providers.LabelBroker],

@@ -261,6 +261,18 @@ func (r *registry) Unregister(id string) {
 	r.unregistered = append(r.unregistered, id)
 }
 
+// proxyEgress is a VendorEgress of a proxy at proxy.sg.test:8443 (which
+// no guest reaches), its registry and its CA.
+func proxyEgress(t *testing.T) (*providers.VendorEgress, *registry, []byte) {
+	reg := &registry{}
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: testpki.Issue(t, "proxy CA", []string{"proxy.sg.test"}, nil).CADER})
+	ve, err := providers.NewVendorEgress("https://proxy.sg.test:8443", ca, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ve, reg, ca
+}
+
 // TestEgressThroughTheProxy: with the broker's proxy served to guests,
 // the provider offers domain allowlists; the app's policy allows only the
 // proxy's port; a workspace with domains is registered, gets its
@@ -268,12 +280,7 @@ func (r *registry) Unregister(id string) {
 // keeper that forwards to the proxy, and is unregistered at terminate.
 func TestEgressThroughTheProxy(t *testing.T) {
 	s := startFake(t, flytest.Options{})
-	reg := &registry{}
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: testpki.Issue(t, "proxy CA", []string{"proxy.sg.test"}, nil).CADER})
-	ve, err := providers.NewVendorEgress("https://proxy.sg.test:8443", ca, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ve, reg, ca := proxyEgress(t)
 	p, err := flymachines.New(t.Context(), config(t, s), providers.Env{BrokerID: "broker-proxy", GuestBinary: guesttest.Binary(t), VendorEgress: ve})
 	if err != nil {
 		t.Fatal(err)

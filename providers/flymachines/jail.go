@@ -7,16 +7,22 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/tick"
 
 	"github.com/sandgate/sandgate/providers"
 )
 
 // jailOf is what every jail of a Machine gets: the workspace's env, and
-// whether the keeper serves it egress.
+// whether the keeper serves it egress; bind is the bindScript arguments
+// of a taken pooled Machine not bound yet (pool.go).
 type jailOf struct {
 	env    map[string]string
 	egress bool
+	bind   []string
 }
 
 // jailCache remembers each Machine's jailOf; another broker process
@@ -40,6 +46,23 @@ func (c *jailCache) put(id string, j jailOf) {
 		c.m = map[string]jailOf{}
 	}
 	c.m[id] = j
+}
+
+// pendingBind returns the bind Machine id still needs, nil for none.
+func (c *jailCache) pendingBind(id string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[id].bind
+}
+
+// bound records that Machine id is bound.
+func (c *jailCache) bound(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if j, ok := c.m[id]; ok {
+		j.bind = nil
+		c.m[id] = j
+	}
 }
 
 func (c *jailCache) drop(id string) {
@@ -107,6 +130,14 @@ func (p *Provider) jailFor(ctx context.Context, sb providers.Sandbox) (jailOf, e
 	if goneStates[m.State] {
 		return jailOf{}, providers.ErrSandboxGone
 	}
+	if cfg != nil && isPoolInit(cfg.Init) {
+		j, err := p.readBind(ctx, sb)
+		if err != nil {
+			return jailOf{}, err
+		}
+		p.jails.put(sb.Ref, j)
+		return j, nil
+	}
 	if cfg == nil || cfg.Init == nil || len(cfg.Init.Exec) == 0 || cfg.Init.Exec[0] != providers.GuestAgent {
 		return jailOf{}, errors.New("the Machine has no sandgate-guest keeper: it was not made by this version of the broker")
 	}
@@ -128,4 +159,36 @@ func (p *Provider) jailed(ctx context.Context, sb providers.Sandbox, spec provid
 	spec.Argv = providers.GuestRunArgv(j.env, spec.Dir, j.egress, spec.Argv)
 	spec.Dir = ""
 	return spec, nil
+}
+
+// readBind reads the binding of a taken pooled Machine that another
+// broker process took, waiting at most bindWait for that process to bind
+// it (it does so right after the take). A Machine never bound lost its
+// workspace's env and credential with the process that took it: it is
+// gone for the workspace.
+func (p *Provider) readBind(ctx context.Context, sb providers.Sandbox) (jailOf, error) {
+	ctx, cancel := context.WithTimeout(ctx, bindWait)
+	defer cancel()
+	for {
+		out, err := p.vendorExec(ctx, sb, []string{"sh", "-c", readBindScript}, "", 10*time.Second, 1<<20)
+		if err != nil {
+			err, _ = p.mapGone(ctx, sb, err)
+			return jailOf{}, err
+		}
+		lines := strings.Split(strings.TrimRight(string(out.Stdout), "\n"), "\n")
+		switch {
+		case len(lines) >= 4 && lines[0] == "sandgate-bind":
+			b, err := base64.StdEncoding.DecodeString(lines[1])
+			var env map[string]string
+			if err != nil || json.Unmarshal(b, &env) != nil {
+				return jailOf{}, errors.New("the Machine's env file is not a JSON object")
+			}
+			return jailOf{env: env, egress: providers.GuestEgress(lines[2:])}, nil
+		case len(lines) == 0 || lines[0] != "sandgate-unbound":
+			return jailOf{}, errors.New("the Machine's binding is unreadable")
+		}
+		if err := tick.Sleep(ctx, 500*time.Millisecond); err != nil {
+			return jailOf{}, fmt.Errorf("%w: the pooled Machine was never bound to its workspace", providers.ErrSandboxGone)
+		}
+	}
 }

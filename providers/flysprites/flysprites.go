@@ -289,17 +289,15 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (_ pro
 	if err != nil {
 		return providers.Sandbox{}, err
 	}
-	cred, err := providers.RegisterVendorEgress(p.vendor, spec)
+	cred, unregister, err := providers.RegisterVendorEgress(p.vendor, spec)
 	if err != nil {
 		return providers.Sandbox{}, fmt.Errorf("flysprites: create: %w", err)
 	}
-	if cred != "" {
-		defer func() {
-			if err != nil {
-				p.vendor.Proxy.Unregister(spec.WorkspaceID)
-			}
-		}()
-	}
+	defer func() {
+		if err != nil {
+			unregister()
+		}
+	}()
 	labels := p.labels(spec)
 	req := createRequest{Name: name, Labels: labels,
 		Config: &spriteConfig{CPUs: spec.Size.CPUCores, RAMMB: spec.Size.MemoryMiB}}

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -97,11 +98,13 @@ type app struct {
 	policies       []NetworkPolicy
 }
 
-// Request is one request the server answered, for tests: never a body.
+// Request is one request the server answered, for tests: never a body,
+// only its size.
 type Request struct {
 	Method, Path string
 	Query        string
 	Status       int
+	BodyBytes    int64
 }
 
 // Machine is the fake's view of one Machine. Tests read copies of it
@@ -265,6 +268,7 @@ func (s *Server) handler() http.Handler {
 	mux := http.NewServeMux()
 	route := func(pattern string, h func(w http.ResponseWriter, r *http.Request) (int, any)) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			r.Body = &countingBody{ReadCloser: r.Body}
 			if !s.authorized(r) {
 				s.answer(w, r, pattern, http.StatusUnauthorized, errorResponse{Error: "Authenticate: token validation error"})
 				return
@@ -294,6 +298,7 @@ func (s *Server) handler() http.Handler {
 	route("POST /v1/apps/{app}/machines/{id}/start", s.startMachine)
 	route("POST /v1/apps/{app}/machines/{id}/stop", s.stopMachine)
 	route("POST /v1/apps/{app}/machines/{id}/exec", s.execMachine)
+	route("PATCH /v1/apps/{app}/machines/{id}/metadata", s.patchMetadata)
 	route("POST /v1/apps/{app}/network_policies", s.createPolicy)
 	route("GET /v1/apps/{app}/network_policies/{$}", s.listPolicies)
 	route("DELETE /v1/apps/{app}/network_policies/{pid}", s.deletePolicy)
@@ -322,12 +327,17 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, pattern string, 
 	if status == 0 {
 		return // the client went away
 	}
+	var n int64
+	if cb, ok := r.Body.(*countingBody); ok {
+		io.Copy(io.Discard, cb) // what the handler did not read
+		n = cb.n
+	}
 	s.mu.Lock()
 	if n := s.lose[pattern]; n > 0 {
 		s.lose[pattern] = n - 1
 		status, body = http.StatusBadGateway, nil
 	}
-	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Status: status})
+	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Status: status, BodyBytes: n})
 	s.mu.Unlock()
 	w.Header().Set("fly-request-id", randomID())
 	if body == nil {
@@ -343,6 +353,18 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, pattern string, 
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(body)
+}
+
+// countingBody counts the bytes of a request's body.
+type countingBody struct {
+	io.ReadCloser
+	n int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n += int64(n)
+	return n, err
 }
 
 // privateIP is every Machine's 6PN address, as the API and FLY_PRIVATE_IP show it.
@@ -590,6 +612,45 @@ func (s *Server) updateMachine(_ http.ResponseWriter, r *http.Request) (int, any
 	m.event("update", m.State, nil)
 	s.mu.Unlock()
 	return http.StatusOK, s.view(m)
+}
+
+// patchMetadata is the bulk metadata update (sheet §1.3): each key given
+// is set, and a null or "" value removes it; 412 when machine_version is
+// not the Machine's version. Nothing else of the Machine changes: it
+// neither reboots nor gets a new version.
+func (s *Server) patchMetadata(_ http.ResponseWriter, r *http.Request) (int, any) {
+	var req metadataRequest
+	if err := decodeStrict(r, &req); err != nil || req.Metadata == nil {
+		return errAnswer(http.StatusBadRequest, "", "invalid request body")
+	}
+	m, st, b := s.machine(r)
+	if m == nil {
+		return st, b
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if req.MachineVersion != "" && req.MachineVersion != m.InstanceID {
+		return errAnswer(http.StatusPreconditionFailed, "", "failed_precondition: machine_version does not match")
+	}
+	md := maps.Clone(m.Config.Metadata)
+	if md == nil {
+		md = map[string]string{}
+	}
+	for k, v := range req.Metadata {
+		if v == nil || *v == "" {
+			delete(md, k)
+		} else {
+			md[k] = *v
+		}
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(m.rawConfig, &raw); err != nil {
+		return errAnswer(http.StatusInternalServerError, "", "config not decodable")
+	}
+	raw["metadata"], _ = json.Marshal(md)
+	m.rawConfig, _ = json.Marshal(raw)
+	m.Config.Metadata = md
+	return http.StatusNoContent, nil
 }
 
 // startMachine boots a Machine created with skip_launch; a stopped one

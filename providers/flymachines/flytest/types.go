@@ -28,6 +28,13 @@ type createMachineRequest struct {
 	MinSecretsVersion       json.RawMessage `json:"min_secrets_version,omitempty"`
 }
 
+// metadataRequest is the body of the bulk metadata PATCH.
+type metadataRequest struct {
+	Metadata       map[string]*string `json:"metadata"`
+	MachineVersion string             `json:"machine_version,omitempty"`
+	UpdatedAt      string             `json:"updated_at,omitempty"`
+}
+
 // MachineConfig is a Machine's config as the fake decodes it.
 type MachineConfig struct {
 	Image       string            `json:"image"`
