@@ -88,6 +88,32 @@ func (tb *tab) do(what string, steps ...chromedp.Action[chromedp.Void]) {
 	run(tb, what, chromedp.Steps(steps...))
 }
 
+// follow clicks the link or button id, waits until the browser is on the
+// page it leads to, then until ready is visible there. Waiting for ready
+// alone would not do where the page before has it too: the browser may
+// not have left that page yet.
+func (tb *tab) follow(what, id, ready string) {
+	tb.t.Helper()
+	// A mark on the page before, which the page it leads to lacks.
+	// DevTools evaluates it with the page's own scripts off too.
+	run(tb, what+": mark the page", chromedp.Evaluate[bool](`window.sgLeft = false; true`))
+	tb.do(what, chromedp.Click(chromedp.ID(id)))
+	// An evaluation while the browser is between the pages fails; that is
+	// part of the wait.
+	for deadline := time.Now().Add(browserStep); ; time.Sleep(50 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(tb.ctx, 5*time.Second)
+		left, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.sgLeft !== false && document.readyState !== 'loading'`))
+		cancel()
+		if err == nil && left {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.t.Fatalf("%s: still on the page before after %v (%v)", what, browserStep, err)
+		}
+	}
+	tb.do(what, chromedp.WaitVisible(chromedp.ID(ready)))
+}
+
 // screenshot writes the whole page to name.png in the screenshot directory.
 func (tb *tab) screenshot(name string) {
 	tb.t.Helper()
@@ -160,15 +186,12 @@ func TestConsoleFindsSortsAndStaysLive(t *testing.T) {
 	tb.do("sign in",
 		chromedp.Navigate(tb.base),
 		chromedp.WaitVisible(chromedp.ID("token")),
-		chromedp.SendKeys(chromedp.ID("token"), h.AdminToken.Reveal()),
-		chromedp.Click(chromedp.ID("signin")),
-		chromedp.WaitVisible(chromedp.ID("who")))
+		chromedp.SendKeys(chromedp.ID("token"), h.AdminToken.Reveal()))
+	tb.follow("sign in", "signin", "who")
 
 	// Find an account by typing part of its name into the search box.
-	tb.do("search",
-		chromedp.SendKeys(chromedp.ID("search"), "glob"),
-		chromedp.Click(chromedp.ID("search-submit")),
-		chromedp.WaitVisible(chromedp.ID("found-"+s.globex)))
+	tb.do("search", chromedp.SendKeys(chromedp.ID("search"), "glob"))
+	tb.follow("search", "search-submit", "found-"+s.globex)
 	if got := run(tb, "found", chromedp.Text(chromedp.ID("found-accounts"))); !strings.Contains(got, "Globex Corporation") || strings.Contains(got, "tenant") {
 		t.Errorf("search for glob found accounts %q; want Globex Corporation alone", got)
 	}
@@ -180,15 +203,15 @@ func TestConsoleFindsSortsAndStaysLive(t *testing.T) {
 	// Account names are unique: a duplicate is refused with the API's
 	// message, which names the account that has it.
 	tb.do("duplicate name", chromedp.Navigate(tb.base+"accounts"), chromedp.WaitVisible(chromedp.ID("new-account-name")),
-		chromedp.SendKeys(chromedp.ID("new-account-name"), " globex corporation"),
-		chromedp.Click(chromedp.ID("new-account-submit")), chromedp.WaitVisible(chromedp.ID("error")))
+		chromedp.SendKeys(chromedp.ID("new-account-name"), " globex corporation"))
+	tb.follow("duplicate name", "new-account-submit", "error")
 	if msg := run(tb, "refusal", chromedp.Text(chromedp.ID("error"))); !strings.HasPrefix(msg, "409 conflict") || !strings.Contains(msg, s.globex) {
 		t.Errorf("creating a duplicate name shows %q; want 409 conflict naming %s", msg, s.globex)
 	}
 	tb.screenshot("duplicate-name")
 	tb.do("new name", chromedp.Navigate(tb.base+"accounts"), chromedp.WaitVisible(chromedp.ID("new-account-name")),
-		chromedp.SendKeys(chromedp.ID("new-account-name"), "Initech"),
-		chromedp.Click(chromedp.ID("new-account-submit")), chromedp.WaitVisible(chromedp.ID("flash")))
+		chromedp.SendKeys(chromedp.ID("new-account-name"), "Initech"))
+	tb.follow("new name", "new-account-submit", "flash")
 	if names := run(tb, "accounts found", chromedp.Text(chromedp.ID("accounts"))); !strings.Contains(names, "Initech") || strings.Contains(names, "tenant") {
 		t.Errorf("accounts after creating Initech = %q; want it found by its name alone", names)
 	}
@@ -199,7 +222,7 @@ func TestConsoleFindsSortsAndStaysLive(t *testing.T) {
 	if got := tb.rowIDs(); !slices.Equal(got, s.workspaces) {
 		t.Errorf("workspaces before sorting = %d rows; want all %d in creation order", len(got), len(s.workspaces))
 	}
-	tb.do("sort by age", chromedp.Click(chromedp.ID("sort-age")), chromedp.WaitVisible(chromedp.CSS(`#sort-age`)))
+	tb.follow("sort by age", "sort-age", "sort-age")
 	youngest := slices.Clone(s.workspaces)
 	slices.Reverse(youngest)
 	if got := tb.rowIDs(); !slices.Equal(got, youngest) {
@@ -208,16 +231,16 @@ func TestConsoleFindsSortsAndStaysLive(t *testing.T) {
 	if mark := run(tb, "sort mark", chromedp.Text(chromedp.ID("sort-age"))); !strings.Contains(mark, "▲") {
 		t.Errorf("age header = %q; want it marked as the sort", mark)
 	}
-	tb.do("oldest first", chromedp.Click(chromedp.ID("sort-age")), chromedp.WaitVisible(chromedp.ID("workspaces")))
+	tb.follow("oldest first", "sort-age", "workspaces")
 	if got := tb.rowIDs(); len(got) == 0 || got[0] != s.workspaces[0] {
 		t.Errorf("sorted by age again = %v…; want oldest (%s) first", head(got), s.workspaces[0])
 	}
 	tb.screenshot("workspaces")
 	tb.do("page of 20", chromedp.Navigate(tb.base+"workspaces?sort=age&limit=20"), chromedp.WaitVisible(chromedp.ID("next")))
 	first := tb.rowIDs()
-	tb.do("next page", chromedp.Click(chromedp.ID("next")), chromedp.WaitVisible(chromedp.ID("prev")))
+	tb.follow("next page", "next", "prev")
 	second := tb.rowIDs()
-	tb.do("previous page", chromedp.Click(chromedp.ID("prev")), chromedp.WaitVisible(chromedp.ID("next")))
+	tb.follow("previous page", "prev", "next")
 	if back := tb.rowIDs(); !slices.Equal(first, youngest[:20]) || !slices.Equal(second, youngest[20:40]) || !slices.Equal(back, first) {
 		t.Errorf("pages of 20 by age = %v… then %v… then back %v…; want the youngest 20, the next 20, then the first again", head(first), head(second), head(back))
 	}
@@ -244,7 +267,7 @@ func TestConsoleFindsSortsAndStaysLive(t *testing.T) {
 	if !run(tb, "not reloaded", chromedp.Evaluate[bool](`window.notReloaded === true`)) {
 		t.Error("the page was reloaded by the live updates")
 	}
-	tb.do("filter", chromedp.Click(chromedp.ID("filter-submit")), chromedp.WaitVisible(chromedp.ID("workspaces")))
+	tb.follow("filter", "filter-submit", "workspaces")
 	if got := tb.rowIDs(); !slices.Equal(got, s.workspaces[42:43]) {
 		t.Errorf("filter tenant 42 = %v; want tenant 42's workspace %s", got, s.workspaces[42])
 	}
@@ -258,9 +281,9 @@ func TestConsoleFindsSortsAndStaysLive(t *testing.T) {
 		_, err := cdp.Call(ctx, tg, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: true})
 		return struct{}{}, err
 	}))
-	tb.do("no script: sort", chromedp.Navigate(tb.base+"workspaces?limit=10"), chromedp.WaitVisible(chromedp.ID("sort-age")),
-		chromedp.Click(chromedp.ID("sort-age")), chromedp.WaitVisible(chromedp.ID("next")), chromedp.Click(chromedp.ID("next")),
-		chromedp.WaitVisible(chromedp.ID("prev")))
+	tb.do("no script: page", chromedp.Navigate(tb.base+"workspaces?limit=10"), chromedp.WaitVisible(chromedp.ID("sort-age")))
+	tb.follow("no script: sort", "sort-age", "next")
+	tb.follow("no script: next", "next", "prev")
 	all := append(slices.Clone(s.workspaces), late.WorkspaceID)
 	slices.Reverse(all)
 	if got := tb.rowIDs(); !slices.Equal(got, all[10:20]) {
