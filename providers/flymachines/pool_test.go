@@ -1,8 +1,6 @@
 package flymachines_test
 
 import (
-	"context"
-	"crypto/tls"
 	"encoding/pem"
 	"fmt"
 	"net"
@@ -16,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/internal/egresstest"
 	"github.com/sandgate/sandgate/internal/guesttest"
 	"github.com/sandgate/sandgate/internal/testpki"
 
@@ -286,18 +285,8 @@ func TestPoolTakeEgressIsItsOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	pki := testpki.Issue(t, "vendor listener CA", nil, []net.IP{net.IPv4(127, 0, 0, 1)})
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{pki.LeafDER}, PrivateKey: pki.Key}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() {
-		proxy.ServeShared(ctx, ln)
-		close(served)
-	}()
-	t.Cleanup(func() { cancel(); ln.Close(); <-served })
-	ve, err := providers.NewVendorEgress("https://"+ln.Addr().String(), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pki.CADER}), proxy)
+	addr := egresstest.ServeVendor(t, proxy, pki)
+	ve, err := providers.NewVendorEgress("https://"+addr.String(), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pki.CADER}), proxy)
 	if err != nil {
 		t.Fatal(err)
 	}

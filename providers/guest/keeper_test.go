@@ -3,8 +3,6 @@
 package guest_test
 
 import (
-	"context"
-	"crypto/tls"
 	"encoding/pem"
 	"fmt"
 	"net"
@@ -173,17 +171,7 @@ func TestEgressThroughForwarder(t *testing.T) {
 	}
 	// The broker's vendor listener: the proxy in credential mode, over TLS.
 	pki := testpki.Issue(t, "sandgate vendor listener CA", []string{"proxy.sg.test"}, nil)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{pki.LeafDER}, PrivateKey: pki.Key}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() {
-		proxy.ServeShared(ctx, ln)
-		close(served)
-	}()
-	t.Cleanup(func() { cancel(); ln.Close(); <-served })
+	addr := egresstest.ServeVendor(t, proxy, pki)
 	cred, err := proxy.Register(egress.Workspace{ID: "ws-egress-1", AllowedDomains: []string{"allowed.sg.test"}})
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +198,7 @@ func TestEgressThroughForwarder(t *testing.T) {
 	if out, err := exec.Command("nsenter", "-t", strconv.Itoa(g.init), "-m", "--", "mount", "--bind", hosts, "/etc/hosts").CombinedOutput(); err != nil {
 		t.Fatalf("the guest's hosts: %v: %s", err, out)
 	}
-	_, proxyPort, _ := net.SplitHostPort(ln.Addr().String())
+	_, proxyPort, _ := net.SplitHostPort(addr.String())
 	startKeeper(t, g, dir, "--until", strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10),
 		"--egress-sock", sock, "--egress-proxy", "proxy.sg.test:"+proxyPort, "--egress-server-name", "proxy.sg.test",
 		"--egress-user", "ws-egress-1", "--egress-cred-file", credFile, "--egress-ca", caFile)
@@ -250,7 +238,7 @@ func TestEgressThroughForwarder(t *testing.T) {
 		"denied":           curl + "https://denied.sg.test:" + port + "/",
 		"direct":           curl + "--noproxy '*' https://127.0.0.1:" + port + "/",
 		"direct by name":   curl + "--noproxy '*' --resolve allowed.sg.test:" + port + ":127.0.0.1 https://allowed.sg.test:" + port + "/",
-		"the proxy itself": curl + "--noproxy '*' -k https://" + ln.Addr().String() + "/",
+		"the proxy itself": curl + "--noproxy '*' -k https://" + addr.String() + "/",
 		"credential":       "cat " + credFile,
 		"socket by path":   "curl -sS --max-time 60 --unix-socket " + sock + " http://x/",
 	} {
