@@ -194,7 +194,18 @@ func BenchmarkBwrapTrue(b *testing.B) {
 // (x-bwrap): the provider's overhead over the sandbox itself, measured side
 // by side in one run.
 func BenchmarkExecLocalVsBwrap(b *testing.B) {
-	p, err := local.New(context.Background(), local.Config{DataDir: b.TempDir()}, providers.Env{BrokerID: "bench"})
+	benchExecLocalVsBwrap(b, local.Config{DataDir: b.TempDir()})
+}
+
+// BenchmarkExecLocalVsBwrapResident is BenchmarkExecLocalVsBwrap with
+// execs forked by the workspace's resident (local.Config.ResidentExec):
+// no bwrap per exec.
+func BenchmarkExecLocalVsBwrapResident(b *testing.B) {
+	benchExecLocalVsBwrap(b, local.Config{DataDir: b.TempDir(), ResidentExec: true})
+}
+
+func benchExecLocalVsBwrap(b *testing.B, c local.Config) {
+	p, err := local.New(context.Background(), c, providers.Env{BrokerID: "bench"})
 	if err != nil {
 		b.Fatalf("local.New: %v", err)
 	}

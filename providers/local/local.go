@@ -128,6 +128,10 @@ type Config struct {
 	// means [Image] is the only image. Not a config setting: the broker
 	// passes its image store.
 	Images Images `yaml:"-"`
+	// ResidentExec runs each exec as a fork in a resident process that
+	// lives in the workspace's sandbox, instead of a bwrap of its own
+	// (README.md, "The resident"). Off by default.
+	ResidentExec bool `yaml:"resident_exec"`
 
 	// mountinfo replaces /proc/self/mountinfo in tests.
 	mountinfo string
@@ -215,6 +219,8 @@ type Provider struct {
 	mu          sync.Mutex
 	runs        map[string]map[*run]struct{} // ref → execs in flight
 	terminating map[string]int               // ref → Terminate calls in flight
+
+	res residents // each workspace's resident (Config.ResidentExec)
 
 	egressMu   sync.Mutex
 	egress     map[string]*egressServer // ref → the egress socket this Provider serves
@@ -924,6 +930,8 @@ func (p *Provider) jobIn(ref string, w opened) job {
 		rec:    w.rec,
 		uid:    w.rec.UID,
 		disk:   p.diskOf(w),
+		// One mount namespace serves the resident and the rest.
+		stageExe: p.cfg.ResidentExec,
 	}
 }
 
@@ -1081,6 +1089,7 @@ func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
 // and their durable commands stay as they are.
 func (p *Provider) Close() error {
 	p.stopOnce.Do(func() {
+		p.stopResidents() // before hostNS: their threads leave for it
 		close(p.stop)
 		if p.hostNS != nil {
 			// An exec still running then stays in its workspace's

@@ -1,0 +1,634 @@
+package local
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/providers"
+)
+
+// The resident (Config.ResidentExec): each workspace keeps one small
+// process inside its sandbox, the broker's own binary bound at
+// residentBin and run by a bwrap started exactly as an exec's (same namespaces, uid,
+// seccomp filter, resource limits and cgroups), so that everything it
+// forks inherits them. An exec is then a fork in it rather than a new
+// sandbox:
+//
+//	/dev/.sandgate-resident --sandgate-exec-resident SOCKET
+//
+// Its one descriptor past stderr is its end of a SOCK_SEQPACKET socket
+// pair whose other end only the broker holds; each message is one exec: a residentRequest, and with
+// SCM_RIGHTS the exec's own connection (a socket pair of its own), its
+// stdin, stdout and stderr, and the tasks files of its leaf cgroups. The
+// resident forks the command from a thread that has joined those cgroups,
+// so the command is born in them, and answers on the exec's connection
+// with its wait status. Output goes straight from the command to the
+// broker's pipes. See README.md, "The resident".
+
+const residentName = "sandgate-exec-resident"
+
+// residentBin is where the resident's binary is bound in its sandbox: on
+// bwrap's own /dev, so that no mount point of it is in the root tree.
+const residentBin = "/dev/.sandgate-resident"
+
+// maxResidentFDs bounds the descriptors of one request: the connection,
+// stdio and at most four cgroup files.
+const maxResidentFDs = 8
+
+// residentIdle is how long a resident is kept after its last exec.
+const residentIdle = nsIdle
+
+// residentRequest is one exec, as the broker sends it to the resident.
+type residentRequest struct {
+	Argv []string `json:"argv"`
+	Env  []string `json:"env"`
+	Dir  string   `json:"dir"`
+	// Stdin is whether a stdin pipe follows the connection (else the
+	// command's stdin is /dev/null); Join is how many cgroup files
+	// follow stdout and stderr.
+	Stdin bool `json:"stdin,omitempty"`
+	Join  int  `json:"join"`
+}
+
+// residentReply is how the exec ended.
+type residentReply struct {
+	Status int    `json:"status,omitempty"` // the command's wait status
+	Err    string `json:"err,omitempty"`    // why it could not be started
+	Chdir  bool   `json:"chdir,omitempty"`  // Err is about its directory
+	Cgroup bool   `json:"cgroup,omitempty"` // its cgroups could not be joined
+}
+
+// resident is a workspace's running resident.
+type resident struct {
+	ctlMu sync.RWMutex  // write-held to close ctl, read-held to send on it
+	ctl   *os.File      // the broker's end of the control socket; nil once closed
+	r     *run          // its bwrap, which Terminate kills
+	dead  chan struct{} // closed once its bwrap has exited
+
+	mu       sync.Mutex
+	inflight int
+	last     time.Time
+}
+
+// residents are a Provider's residents, by workspace.
+type residents struct {
+	mu sync.Mutex
+	m  map[string]*residentSlot
+}
+
+// residentSlot holds one workspace's resident; its lock is held while
+// one starts, so that a start never holds up another workspace's execs.
+type residentSlot struct {
+	mu sync.Mutex
+	rs *resident // nil: none started yet
+}
+
+// useResident reports whether j runs on its workspace's resident: with
+// Config.ResidentExec, for a workspace's exec (the file helpers included)
+// on a host whose v1 cgroups a thread joins by itself, or without cgroups.
+// Snapshots (capabilities, RLIMIT_FSIZE, streamed output) keep bwrap.
+func (p *Provider) useResident(j job) bool {
+	return p.cfg.ResidentExec && !p.cfg.GuestVM && j.ref != "" && (p.cg == nil || p.cg.joinsItself())
+}
+
+// residentOf returns ref's resident, starting one when there is none or
+// it has died.
+func (p *Provider) residentOf(ref string, w opened) (*resident, error) {
+	p.res.mu.Lock()
+	if p.res.m == nil {
+		p.res.m = make(map[string]*residentSlot)
+	}
+	slot := p.res.m[ref]
+	if slot == nil {
+		slot = &residentSlot{}
+		p.res.m[ref] = slot
+	}
+	p.res.mu.Unlock()
+
+	slot.mu.Lock()
+	defer slot.mu.Unlock()
+	if slot.rs != nil {
+		select {
+		case <-slot.rs.dead:
+		default:
+			return slot.rs, nil
+		}
+	}
+	rs, err := p.startResident(ref, w)
+	if err != nil {
+		return nil, err
+	}
+	slot.rs = rs
+	go func() {
+		<-rs.dead
+		p.res.mu.Lock()
+		defer p.res.mu.Unlock()
+		if p.res.m[ref] == slot && slot.mu.TryLock() {
+			if slot.rs == rs {
+				delete(p.res.m, ref) // else a start is under way, or done
+			}
+			slot.mu.Unlock()
+		}
+	}()
+	return rs, nil
+}
+
+// startResident starts ref's resident and returns at once: requests
+// queue in the control socket until it reads them.
+func (p *Provider) startResident(ref string, w opened) (*resident, error) {
+	j := p.jobIn(ref, w)
+	j.dir = "/"
+	j.env = map[string]string{"GOMAXPROCS": "1", "GOGC": "20"}
+	sock := ""
+	if len(w.rec.AllowedDomains) > 0 {
+		p.ensureEgress(ref, w)
+		j.egress, j.stageEgress = true, true
+		sock = egressSock
+	}
+	argsR, argsW, err := blockingPipe()
+	if err != nil {
+		return nil, fmt.Errorf("local: exec: %w", err)
+	}
+	files := []*os.File{argsR}
+	filter := p.seccomp
+	if filter != nil {
+		secR, secW, err := blockingPipe()
+		if err != nil {
+			argsR.Close()
+			argsW.Close()
+			return nil, fmt.Errorf("local: exec: %w", err)
+		}
+		_, err = secW.Write(filter)
+		secW.Close()
+		files = append(files, secR)
+		if err != nil {
+			closeAll(files)
+			argsW.Close()
+			return nil, fmt.Errorf("local: exec: %w", err)
+		}
+	}
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		closeAll(files)
+		argsW.Close()
+		return nil, fmt.Errorf("local: exec: %w", err)
+	}
+	// One message is one request, whose env may be large: past the
+	// default buffer it could not be sent at all. Best effort (root only).
+	_ = unix.SetsockoptInt(pair[0], unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 8<<20)
+	ctl, theirs := os.NewFile(uintptr(pair[0]), "resident"), os.NewFile(uintptr(pair[1]), "resident")
+	j.argv = []string{residentBin, "--" + residentName, sock}
+
+	leaves := make(chan leafFiles, 1)
+	leaf := "e-" + randomHex()
+	if p.cg != nil {
+		go func() { leaves <- p.openLeaf(ref, j.rec, leaf) }()
+	} else {
+		leaves <- leafFiles{}
+	}
+	j.bindExe = true
+	cmd := exec.Command(p.bwrap)
+	cmd.Args = append([]string{p.bwrap, "--args", "3", "--"}, j.argv...)
+	cmd.Env = []string{} // as an exec's bwrap: see run
+	cmd.ExtraFiles = files
+	cmd.SysProcAttr = sandboxProcAttr(j.uid)
+	cmd.WaitDelay = waitDelay
+
+	rs := &resident{ctl: ctl, r: &run{done: make(chan struct{})}, dead: make(chan struct{}), last: time.Now()}
+	fail := func(err error) (*resident, error) {
+		ctl.Close()
+		theirs.Close()
+		closeAll(files)
+		argsW.Close()
+		go func() {
+			(<-leaves).close()
+			if p.cg != nil {
+				p.cg.removeLeaf(ref, leaf)
+			}
+		}()
+		return nil, fmt.Errorf("local: exec: resident: %w", err)
+	}
+	o, staged := p.stageOptions(j)
+	var ns *os.File
+	release := func() {}
+	rooted := false
+	if staged {
+		if p.rootTrees {
+			o = p.rootOptions(j, o)
+			rooted = true
+		}
+		ns, release, err = p.ns.acquire(ref, o)
+		if err != nil {
+			return fail(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := launch{cmd: cmd, r: rs.r, ns: ns, leaves: leaves, argsR: argsR, argsW: argsW,
+		opts: p.bwrapOptions(j, filter != nil, rooted), ctx: ctx,
+		// The seccomp filter and the resident's end of the socket: only
+		// bwrap keeps them, so that the resident's end closes with it.
+		closeStarted: append(files[1:], theirs), last: []*os.File{theirs}}
+	exited := p.launchBwrap(j, l)
+	go func() {
+		end := <-exited
+		cancel()
+		if end.oom != nil {
+			end.oom.Close()
+		}
+		release()
+		if end.started && end.startErr == nil {
+			p.forget(ref, rs.r)
+		}
+		argsW.Close()
+		rs.ctlMu.Lock()
+		rs.ctl.Close()
+		rs.ctl = nil
+		rs.ctlMu.Unlock()
+		close(rs.r.done)
+		close(rs.dead)
+		if p.cg != nil {
+			p.cg.removeLeaf(ref, leaf)
+		}
+		p.log.Debug("resident exited", sandgate.WorkspaceAttr(ref))
+	}()
+	go p.idleResident(ref, rs)
+	return rs, nil
+}
+
+// stopResidents kills every resident and waits until they are gone
+// (Close): the namespaces they hold then end with their descriptors.
+func (p *Provider) stopResidents() {
+	p.res.mu.Lock()
+	var all []*resident
+	for _, slot := range p.res.m {
+		slot.mu.Lock()
+		if slot.rs != nil {
+			all = append(all, slot.rs)
+		}
+		slot.mu.Unlock()
+	}
+	p.res.mu.Unlock()
+	for _, rs := range all {
+		rs.r.kill(false)
+	}
+	for _, rs := range all {
+		<-rs.dead
+	}
+}
+
+// idleResident stops rs once it has run no exec for residentIdle, and
+// when the Provider closes.
+func (p *Provider) idleResident(ref string, rs *resident) {
+	t := time.NewTicker(residentIdle / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-rs.dead:
+			return
+		case <-p.stop:
+		case <-t.C:
+			rs.mu.Lock()
+			idle := rs.inflight == 0 && time.Since(rs.last) >= residentIdle
+			rs.mu.Unlock()
+			if !idle {
+				continue
+			}
+		}
+		rs.r.kill(false) // residentOf forgets it once it is dead
+		return
+	}
+}
+
+// send sends one request to rs.
+func (rs *resident) send(req, oob []byte) error {
+	rs.ctlMu.RLock()
+	defer rs.ctlMu.RUnlock()
+	if rs.ctl == nil {
+		return syscall.EPIPE
+	}
+	sc, err := rs.ctl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = sc.Control(func(fd uintptr) {
+		serr = unix.Sendmsg(int(fd), req, oob, nil, unix.MSG_NOSIGNAL)
+	})
+	return cmp.Or(err, serr)
+}
+
+// begin and end count rs's execs in flight, for idleResident.
+func (rs *resident) begin() {
+	rs.mu.Lock()
+	rs.inflight++
+	rs.mu.Unlock()
+}
+
+func (rs *resident) end() {
+	rs.mu.Lock()
+	rs.inflight--
+	rs.last = time.Now()
+	rs.mu.Unlock()
+}
+
+// residentEnv is the command's environment, as bwrap would set it: PATH,
+// HOME, the workspace's env, the proxy variables, and PWD.
+func residentEnv(j job) []string {
+	env := map[string]string{"PATH": defaultPath, "HOME": "/root"}
+	maps.Copy(env, j.env)
+	if j.egress {
+		for _, kv := range proxyEnv {
+			env[kv[0]] = kv[1]
+		}
+	}
+	env["PWD"] = j.dir
+	out := make([]string, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, k+"="+env[k])
+	}
+	return out
+}
+
+// execResident runs j on its workspace's resident (w) and waits for it.
+// It kills every process of the exec (its leaf cgroups) when j.timeout
+// passes or ctx ends, and when the command exits.
+func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers.ExecResult, error) {
+	if err := ctx.Err(); err != nil {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", context.Cause(ctx))
+	}
+	var lf leafFiles
+	leaf := ""
+	if p.cg != nil {
+		leaf = "e-" + randomHex()
+		lf = p.openLeaf(j.ref, j.rec, leaf)
+		defer func() { go p.cg.removeLeaf(j.ref, leaf) }()
+		if lf.err != nil {
+			lf.close()
+			return providers.ExecResult{}, fmt.Errorf("local: exec: %w", lf.err)
+		}
+	}
+	defer lf.close()
+
+	stdout := &cappedBuffer{max: j.maxOut, w: j.outTo}
+	stderr := &cappedBuffer{max: j.maxOut, w: j.errTo}
+	var pipes residentPipes
+	defer pipes.close()
+	if err := pipes.open(len(j.stdin) > 0); err != nil {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
+	}
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", err)
+	}
+	conn := os.NewFile(uintptr(pair[0]), "exec")
+	defer conn.Close()
+	theirs := pair[1]
+
+	req, _ := json.Marshal(residentRequest{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join)})
+	fds := []int{theirs}
+	if pipes.stdinR >= 0 {
+		fds = append(fds, pipes.stdinR)
+	}
+	fds = append(fds, pipes.stdoutW, pipes.stderrW)
+	for _, f := range lf.join {
+		fds = append(fds, int(f.Fd()))
+	}
+	var rs *resident
+	for try := 0; ; try++ {
+		if rs, err = p.residentOf(j.ref, w); err != nil {
+			unix.Close(theirs)
+			return providers.ExecResult{}, err
+		}
+		err = rs.send(req, unix.UnixRights(fds...))
+		if err == nil {
+			break
+		}
+		// The resident died before it read the request (killed from
+		// inside, say): nothing ran; start another once.
+		select {
+		case <-rs.dead:
+		case <-time.After(waitDelay):
+			rs.r.kill(false)
+			<-rs.dead
+		}
+		if try > 0 {
+			unix.Close(theirs)
+			return providers.ExecResult{}, fmt.Errorf("local: exec: resident: %w", err)
+		}
+	}
+	unix.Close(theirs)
+	rs.begin()
+	defer rs.end()
+	pipes.closeTheirs()
+	closeAll(lf.join)
+
+	copied := pipes.copy(j.stdin, stdout, stderr)
+	killLeaf := func() {
+		if p.cg != nil {
+			for _, d := range p.cg.leafDirs(j.ref, leaf) {
+				killCgroup(d)
+			}
+		}
+	}
+	stop := make(chan struct{})
+	var timedOut bool
+	var killMu sync.Mutex
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		var timer <-chan time.Time
+		if j.timeout > 0 {
+			t := time.NewTimer(j.timeout)
+			defer t.Stop()
+			timer = t.C
+		}
+		select {
+		case <-stop:
+			return
+		case <-timer:
+			killMu.Lock()
+			timedOut = true
+			killMu.Unlock()
+		case <-ctx.Done():
+		case <-rs.dead:
+		}
+		unix.Shutdown(int(conn.Fd()), unix.SHUT_WR) // the resident kills the command's group
+		killLeaf()
+		select {
+		case <-stop:
+		case <-time.After(waitDelay):
+			rs.r.kill(false) // the resident does not answer: end the sandbox
+		}
+	}()
+	var rep residentReply
+	buf := make([]byte, 512)
+	n, rerr := conn.Read(buf)
+	if rerr == nil {
+		rerr = json.Unmarshal(buf[:n], &rep)
+	}
+	close(stop)
+	<-watchDone
+	// What the command left behind dies with it, as with its own pid
+	// namespace before: its pipes then close.
+	killLeaf()
+	select {
+	case <-copied:
+	case <-time.After(waitDelay):
+		pipes.closeOurs()
+		<-copied
+	}
+	killMu.Lock()
+	to := timedOut
+	killMu.Unlock()
+
+	terminated := rs.r.isTerminated()
+	if !terminated {
+		if _, err := os.Stat(j.layout.sandbox()); err != nil || ended(j.layout) {
+			terminated = true
+		}
+	}
+	if terminated && !j.expiry.IsZero() && !p.clock.Now().Before(j.expiry) {
+		terminated, to = false, true
+	}
+	switch {
+	case terminated:
+		return providers.ExecResult{}, fmt.Errorf("local: exec: terminated while running: %w", providers.ErrSandboxGone)
+	case ctx.Err() != nil:
+		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", context.Cause(ctx))
+	}
+	var code int
+	switch {
+	case rerr != nil:
+		// The resident died under the exec (killed from inside): the
+		// exec was killed with it.
+		code = 128 + int(syscall.SIGKILL)
+	case rep.Cgroup:
+		return providers.ExecResult{}, errors.New("local: exec: cannot join the workspace's cgroup")
+	case rep.Chdir:
+		_, _ = stderr.Write([]byte("bwrap: Can't chdir to " + j.dir + ": " + rep.Err + "\n"))
+		code = 1
+	case rep.Err != "":
+		f := &execFailure{next: stderr, argv0: j.argv[0]}
+		_, _ = f.Write([]byte(f.prefix() + rep.Err + "\n"))
+		code = f.end(1, stdout.n == 0)
+	default:
+		ws := syscall.WaitStatus(rep.Status)
+		code = ws.ExitStatus()
+		if ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+	}
+	return p.execResult(j.ref, code, to, stdout, stderr, lf.oom)
+}
+
+// residentPipes are an exec's stdio: the resident's ends (handed over and
+// closed) and the broker's.
+type residentPipes struct {
+	stdinR, stdoutW, stderrW int // theirs; stdinR -1: none
+	stdinW, stdoutR, stderrR *os.File
+}
+
+// open makes the pipes; the broker's ends are non-blocking (the runtime's
+// poller), so that closing them ends a copy.
+func (rp *residentPipes) open(stdin bool) error {
+	rp.stdinR, rp.stdoutW, rp.stderrW = -1, -1, -1
+	mk := func(ours int) (theirs int, f *os.File, err error) {
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+			return -1, nil, os.NewSyscallError("pipe2", err)
+		}
+		o := p[ours]
+		unix.SetNonblock(o, true)
+		return p[1-ours], os.NewFile(uintptr(o), "|"), nil
+	}
+	var err error
+	if stdin {
+		if rp.stdinR, rp.stdinW, err = mk(1); err != nil {
+			return err
+		}
+	}
+	if rp.stdoutW, rp.stdoutR, err = mk(0); err != nil {
+		return err
+	}
+	rp.stderrW, rp.stderrR, err = mk(0)
+	return err
+}
+
+// copy writes stdin to the command and reads its output into stdout and
+// stderr; the channel closes once both streams have ended.
+func (rp *residentPipes) copy(stdin []byte, stdout, stderr io.Writer) <-chan struct{} {
+	if rp.stdinW != nil {
+		go func() {
+			rp.stdinW.Write(stdin) // EPIPE: the command did not read it all
+			rp.stdinW.Close()
+		}()
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, s := range []struct {
+		r *os.File
+		w io.Writer
+	}{{rp.stdoutR, stdout}, {rp.stderrR, stderr}} {
+		wg.Go(func() { io.Copy(s.w, s.r) })
+	}
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	return done
+}
+
+func (rp *residentPipes) closeTheirs() {
+	for _, fd := range []*int{&rp.stdinR, &rp.stdoutW, &rp.stderrW} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+}
+
+func (rp *residentPipes) closeOurs() {
+	for _, f := range []*os.File{rp.stdinW, rp.stdoutR, rp.stderrR} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+func (rp *residentPipes) close() {
+	rp.closeTheirs()
+	rp.closeOurs()
+}
+
+// isTerminated reports whether a Terminate killed r.
+func (r *run) isTerminated() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.terminated
+}
+
+// leafDirs are the directories of ref's leaf cgroup name.
+func (h *cgroupHost) leafDirs(ref, name string) []string {
+	var out []string
+	for _, d := range h.controllers(ref) {
+		if h.leafIn(d, ref) {
+			out = append(out, filepath.Join(d, name))
+		}
+	}
+	return out
+}
