@@ -172,6 +172,11 @@ type job struct {
 	// namespace; bindExe binds it at residentBin: the job is the
 	// resident (resident.go).
 	stageExe, bindExe bool
+	// perCommandData gives bwrap residentData as RLIMIT_DATA when that is
+	// more than the workspace's memory: the resident (a Go runtime that
+	// must not live under a tenant's limit) sets the workspace's on each
+	// command it starts (resident_linux.go).
+	perCommandData bool
 	// hostTools runs the job on the host's /usr and generated /etc even
 	// when its workspace runs on an image, in a mount namespace of its
 	// own: the snapshot helpers, whose GNU tar and gzip an image need not

@@ -296,6 +296,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	p := &Provider{
 		cfg:         c,
 		exe:         exe,
+		res:         residents{static: sync.OnceValue(func() bool { return staticBinary(exe) })},
 		stageDir:    stageDir,
 		dataDir:     dataDir,
 		etcDir:      filepath.Join(dataDir, etcDir),

@@ -3,6 +3,7 @@ package local
 import (
 	"cmp"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -50,6 +52,11 @@ const residentBin = "/dev/.sandgate-resident"
 // stdio and at most four cgroup files.
 const maxResidentFDs = 8
 
+// residentData bounds the resident's own RLIMIT_DATA: a -race build
+// maps about 450 MiB, a plain one about 120 MiB (VmData; its RSS is about
+// 10 MiB). A workspace with more memory gives it its own.
+const residentData = 1 << 30
+
 // residentIdle is how long a resident is kept after its last exec.
 const residentIdle = nsIdle
 
@@ -63,6 +70,11 @@ type residentRequest struct {
 	// follow stdout and stderr.
 	Stdin bool `json:"stdin,omitempty"`
 	Join  int  `json:"join"`
+	// Data is the command's RLIMIT_DATA, soft and hard, in bytes (0:
+	// the resident's own). The resident runs without it: a Go runtime
+	// under a tenant's limit dies of it (a -race build maps most of
+	// 512 MiB) and takes every exec in flight with it.
+	Data uint64 `json:"data,omitempty"`
 }
 
 // residentReply is how the exec ended.
@@ -89,6 +101,11 @@ type resident struct {
 type residents struct {
 	mu sync.Mutex
 	m  map[string]*residentSlot
+
+	// static reports whether the broker's binary needs no dynamic loader,
+	// so that it runs on an image, which need not have the host's C
+	// library (a -race build needs it).
+	static func() bool
 }
 
 // residentSlot holds one workspace's resident; its lock is held while
@@ -103,7 +120,25 @@ type residentSlot struct {
 // on a host whose v1 cgroups a thread joins by itself, or without cgroups.
 // Snapshots (capabilities, RLIMIT_FSIZE, streamed output) keep bwrap.
 func (p *Provider) useResident(j job) bool {
-	return p.cfg.ResidentExec && !p.cfg.GuestVM && j.ref != "" && (p.cg == nil || p.cg.joinsItself())
+	if !p.cfg.ResidentExec || p.cfg.GuestVM || j.ref == "" || (p.cg != nil && !p.cg.joinsItself()) {
+		return false
+	}
+	return j.rec.Image == nil || p.res.static()
+}
+
+// staticBinary reports whether the ELF file name has no interpreter.
+func staticBinary(name string) bool {
+	f, err := elf.Open(name)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return false
+		}
+	}
+	return true
 }
 
 // residentOf returns ref's resident, starting one when there is none or
@@ -154,6 +189,7 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 	j := p.jobIn(ref, w)
 	j.dir = "/"
 	j.env = map[string]string{"GOMAXPROCS": "1", "GOGC": "20"}
+	j.perCommandData = true
 	sock := ""
 	if len(w.rec.AllowedDomains) > 0 {
 		p.ensureEgress(ref, w)
@@ -197,7 +233,7 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 	leaves := make(chan leafFiles, 1)
 	leaf := "e-" + randomHex()
 	if p.cg != nil {
-		go func() { leaves <- p.openLeaf(ref, j.rec, leaf) }()
+		go func() { leaves <- p.residentLeaf(ref, j.rec, leaf) }()
 	} else {
 		leaves <- leafFiles{}
 	}
@@ -268,6 +304,31 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 	}()
 	go p.idleResident(ref, rs)
 	return rs, nil
+}
+
+// residentLeaf is openLeaf for the resident, without the workspace's
+// memory cgroup: the resident's memory is the broker's, so that a
+// tenant's memory neither pays for it nor gets it killed (an OOM kill
+// there would end every exec in flight). The commands it forks join
+// their exec's leaf, memory included.
+func (p *Provider) residentLeaf(ref string, rec record, name string) leafFiles {
+	lf := p.openLeaf(ref, rec, name)
+	if p.cg.mem == "" {
+		return lf
+	}
+	mem := filepath.Join(p.cg.mem, ref) + string(filepath.Separator)
+	lf.join = slices.DeleteFunc(lf.join, func(f *os.File) bool {
+		if strings.HasPrefix(f.Name(), mem) {
+			f.Close()
+			return true
+		}
+		return false
+	})
+	if lf.oom != nil {
+		lf.oom.Close()
+		lf.oom = nil
+	}
+	return lf
 }
 
 // stopResidents kills every resident and waits until they are gone
@@ -399,7 +460,7 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 	defer conn.Close()
 	theirs := pair[1]
 
-	req, _ := json.Marshal(residentRequest{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join)})
+	req, _ := json.Marshal(residentRequest{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join), Data: uint64(j.memory)})
 	fds := []int{theirs}
 	if pipes.stdinR >= 0 {
 		fds = append(fds, pipes.stdinR)

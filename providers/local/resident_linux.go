@@ -136,7 +136,7 @@ func serveExec(req residentRequest, fds []int) {
 	defer unix.Close(conn)
 	pid, rep := forkInto(req, fds[1:4], fds[4:])
 	closeFDs(fds[1:]) // -1 is skipped
-	if pid <= 0 {
+	if pid <= 0 { // not started, or killed before it ran (rep.Status)
 		sendReply(conn, rep)
 		return
 	}
@@ -230,16 +230,62 @@ func forkInto(req residentRequest, stdio, join []int) (int, residentReply) {
 			Dir:   req.Dir,
 			Env:   req.Env,
 			Files: files,
-			Sys:   &syscall.SysProcAttr{Setsid: true},
+			// Traced, the command stops at its execve before its first
+			// instruction, which is where its RLIMIT_DATA is set.
+			Sys: &syscall.SysProcAttr{Setsid: true, Ptrace: req.Data > 0},
 		})
 		if err != nil {
 			done <- result{rep: residentReply{Err: errText(err)}}
 			return
 		}
+		if req.Data > 0 {
+			if rep, ok := limitTraced(pid, req.Data); !ok {
+				done <- result{rep: rep}
+				return
+			}
+		}
 		done <- result{pid: pid}
 	}()
 	r := <-done
 	return r.pid, r.rep
+}
+
+// limitTraced sets pid's RLIMIT_DATA, soft and hard, while it is stopped
+// at its execve (it was started traced by this thread), and lets it run.
+// Killed meanwhile, pid is reaped and rep holds its status; a limit that
+// cannot be set kills it. ok reports that it runs.
+func limitTraced(pid int, data uint64) (rep residentReply, ok bool) {
+	var ws unix.WaitStatus
+	for {
+		if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != unix.EINTR {
+			break
+		}
+	}
+	if !ws.Stopped() {
+		return residentReply{Status: int(ws)}, false
+	}
+	// The tracee's RLIMIT_DATA, not the resident's: the limit is the
+	// one the exec's bwrap had (README.md, "Memory").
+	lerr := unix.Prlimit(pid, unix.RLIMIT_DATA, &unix.Rlimit{Cur: data, Max: data}, nil)
+	if lerr != nil {
+		unix.Kill(pid, unix.SIGKILL)
+	}
+	// The stop is the SIGTRAP of the execve; another signal that
+	// stopped it first goes on to it.
+	sig := ws.StopSignal()
+	if sig == unix.SIGTRAP {
+		sig = 0
+	}
+	unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(pid), 0, uintptr(sig), 0, 0)
+	if lerr != nil {
+		for {
+			if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != unix.EINTR {
+				break
+			}
+		}
+		return residentReply{Err: "setrlimit: " + errText(lerr)}, false
+	}
+	return residentReply{}, true
 }
 
 // lookPath finds argv0 as execvp does, in the command's PATH: the first

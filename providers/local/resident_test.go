@@ -221,7 +221,7 @@ func TestResidentRSS(t *testing.T) {
 	}
 	var rss int
 	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) == 3 && (f[0] == "RssAnon:" || f[0] == "RssFile:") {
+		if f := strings.Fields(l); len(f) == 3 && (f[0] == "RssAnon:" || f[0] == "RssFile:" || f[0] == "VmData:") {
 			t.Logf("resident %s %s KiB", f[0], f[1])
 		}
 		if f := strings.Fields(l); len(f) == 3 && f[0] == "VmRSS:" {
