@@ -136,7 +136,8 @@ func serveExec(req residentRequest, fds []int) {
 	defer unix.Close(conn)
 	pid, rep := forkInto(req, fds[1:4], fds[4:])
 	closeFDs(fds[1:]) // -1 is skipped
-	if pid <= 0 { // not started, or killed before it ran (rep.Status)
+	if pid <= 0 {
+		// Not started, or killed before it ran (rep.Status).
 		sendReply(conn, rep)
 		return
 	}
