@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -230,13 +229,12 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 	ctl, theirs := os.NewFile(uintptr(pair[0]), "resident"), os.NewFile(uintptr(pair[1]), "resident")
 	j.argv = []string{residentBin, "--" + residentName, sock}
 
+	// The resident joins none of the workspace's cgroups: like the
+	// broker's threads, it must never be what the tenant's memory or
+	// process count kills (that would end every exec in flight), nor
+	// count against them. The commands it forks join their exec's.
 	leaves := make(chan leafFiles, 1)
-	leaf := "e-" + randomHex()
-	if p.cg != nil {
-		go func() { leaves <- p.residentLeaf(ref, j.rec, leaf) }()
-	} else {
-		leaves <- leafFiles{}
-	}
+	leaves <- leafFiles{}
 	j.bindExe = true
 	cmd := exec.Command(p.bwrap)
 	cmd.Args = append([]string{p.bwrap, "--args", "3", "--"}, j.argv...)
@@ -251,12 +249,6 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 		theirs.Close()
 		closeAll(files)
 		argsW.Close()
-		go func() {
-			(<-leaves).close()
-			if p.cg != nil {
-				p.cg.removeLeaf(ref, leaf)
-			}
-		}()
 		return nil, fmt.Errorf("local: exec: resident: %w", err)
 	}
 	o, staged := p.stageOptions(j)
@@ -297,38 +289,10 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 		rs.ctlMu.Unlock()
 		close(rs.r.done)
 		close(rs.dead)
-		if p.cg != nil {
-			p.cg.removeLeaf(ref, leaf)
-		}
 		p.log.Debug("resident exited", sandgate.WorkspaceAttr(ref))
 	}()
 	go p.idleResident(ref, rs)
 	return rs, nil
-}
-
-// residentLeaf is openLeaf for the resident, without the workspace's
-// memory cgroup: the resident's memory is the broker's, so that a
-// tenant's memory neither pays for it nor gets it killed (an OOM kill
-// there would end every exec in flight). The commands it forks join
-// their exec's leaf, memory included.
-func (p *Provider) residentLeaf(ref string, rec record, name string) leafFiles {
-	lf := p.openLeaf(ref, rec, name)
-	if p.cg.mem == "" {
-		return lf
-	}
-	mem := filepath.Join(p.cg.mem, ref) + string(filepath.Separator)
-	lf.join = slices.DeleteFunc(lf.join, func(f *os.File) bool {
-		if strings.HasPrefix(f.Name(), mem) {
-			f.Close()
-			return true
-		}
-		return false
-	})
-	if lf.oom != nil {
-		lf.oom.Close()
-		lf.oom = nil
-	}
-	return lf
 }
 
 // stopResidents kills every resident and waits until they are gone

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/providers/providertest"
@@ -183,15 +184,23 @@ type residentPid struct{ host, inner int }
 // processes have the same command line).
 func residentPids(t *testing.T, p *local.Provider, sb providers.Sandbox) []residentPid {
 	t.Helper()
-	providertest.Exec(t, p, sb, "true") // it runs
+	// It runs, as the workspace's host uid (other tests' run beside it).
+	m := strings.Fields(string(providertest.Exec(t, p, sb, "cat", "/proc/self/uid_map").Stdout))
+	if len(m) != 3 {
+		t.Fatalf("uid_map = %q", m)
+	}
 	var out []residentPid
 	for _, s := range residents(t) {
 		b, err := os.ReadFile("/proc/" + s + "/status")
 		if err != nil {
 			continue
 		}
+		mine := false
 		for _, l := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(l); len(f) > 1 && f[0] == "NSpid:" {
+			if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" {
+				mine = f[1] == m[1]
+			}
+			if f := strings.Fields(l); mine && len(f) > 1 && f[0] == "NSpid:" {
 				host, _ := strconv.Atoi(s)
 				inner, _ := strconv.Atoi(f[len(f)-1])
 				if inner == 2 { // not bwrap's (pid 1 inside, or outside)
@@ -238,4 +247,39 @@ func TestResidentRSS(t *testing.T) {
 func TestProviderResident(t *testing.T) {
 	t.Parallel()
 	providertest.Run(t, func(t *testing.T) providers.Provider { return newResidentProvider(t) })
+}
+
+// TestResidentOutsideTenantLimits: the commands a resident forks have the
+// workspace's RLIMIT_DATA, soft and hard, and its memory cgroup, while
+// the resident itself is in none of the workspace's cgroups and under no
+// tenant limit: a command that runs its workspace out of memory is
+// refused or killed, and the resident, and the execs it runs, go on.
+func TestResidentOutsideTenantLimits(t *testing.T) {
+	t.Parallel()
+	p := newResidentProvider(t)
+	spec := providertest.Spec(t)
+	spec.Size = sandgate.Size{CPUCores: 1, MemoryMiB: 16}
+	sb := providertest.Create(t, p, spec)
+
+	res := providertest.Exec(t, p, sb, "sh", "-c", "grep 'Max data size' /proc/self/limits")
+	if f := strings.Fields(string(res.Stdout)); len(f) < 5 || f[3] != strconv.Itoa(16<<20) || f[4] != strconv.Itoa(16<<20) {
+		t.Errorf("the command's RLIMIT_DATA = %q; want 16 MiB, soft and hard", res.Stdout)
+	}
+	pids := residentPids(t, p, sb)
+	if len(pids) != 1 {
+		t.Fatalf("residents of the workspace = %v; want one", pids)
+	}
+	host := strconv.Itoa(pids[0].host)
+	if b, err := os.ReadFile("/proc/" + host + "/cgroup"); err != nil || strings.Contains(string(b), sb.Ref) {
+		t.Errorf("the resident's cgroups = %q (%v); want none of the workspace's", b, err)
+	}
+	if res := providertest.Exec(t, p, sb, "sh", "-c", "head -c 32M /dev/zero | tail >/dev/null"); res.ExitCode == 0 {
+		t.Errorf("a 32 MiB heap in a 16 MiB workspace: exit 0; want it refused")
+	}
+	if res := providertest.Exec(t, p, sb, "sh", "-c", "head -c 4M /dev/zero | tail >/dev/null && echo ok"); string(res.Stdout) != "ok\n" {
+		t.Errorf("4 MiB after the refusals = %q, exit %d (%s); want ok", res.Stdout, res.ExitCode, res.Stderr)
+	}
+	if _, err := os.Stat("/proc/" + host); err != nil {
+		t.Errorf("the resident is gone after its workspace ran out of memory: %v", err)
+	}
 }
