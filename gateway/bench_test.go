@@ -192,16 +192,16 @@ func BenchmarkBwrapTrue(b *testing.B) {
 // local provider and one bare bwrap "true" (BenchmarkBwrapTrue's), so that
 // both see the same load, and reports each one's mean and their ratio
 // (x-bwrap): the provider's overhead over the sandbox itself, measured side
-// by side in one run.
+// by side in one run. Its execs are forked by the workspace's resident
+// (the default): no bwrap per exec.
 func BenchmarkExecLocalVsBwrap(b *testing.B) {
 	benchExecLocalVsBwrap(b, local.Config{DataDir: b.TempDir()})
 }
 
-// BenchmarkExecLocalVsBwrapResident is BenchmarkExecLocalVsBwrap with
-// execs forked by the workspace's resident (local.Config.ResidentExec):
-// no bwrap per exec.
-func BenchmarkExecLocalVsBwrapResident(b *testing.B) {
-	benchExecLocalVsBwrap(b, local.Config{DataDir: b.TempDir(), ResidentExec: true})
+// BenchmarkExecLocalVsBwrapOwn is BenchmarkExecLocalVsBwrap with a bwrap
+// of its own per exec (local.Config.BwrapExec).
+func BenchmarkExecLocalVsBwrapOwn(b *testing.B) {
+	benchExecLocalVsBwrap(b, local.Config{DataDir: b.TempDir(), BwrapExec: true})
 }
 
 func benchExecLocalVsBwrap(b *testing.B, c local.Config) {

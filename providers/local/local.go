@@ -128,10 +128,10 @@ type Config struct {
 	// means [Image] is the only image. Not a config setting: the broker
 	// passes its image store.
 	Images Images `yaml:"-"`
-	// ResidentExec runs each exec as a fork in a resident process that
-	// lives in the workspace's sandbox, instead of a bwrap of its own
-	// (README.md, "The resident"). Off by default.
-	ResidentExec bool `yaml:"resident_exec"`
+	// BwrapExec starts a bwrap of its own for every exec instead of
+	// forking it in the workspace's resident process (README.md, "The
+	// resident"), which is the default.
+	BwrapExec bool `yaml:"bwrap_exec"`
 
 	// mountinfo replaces /proc/self/mountinfo in tests.
 	mountinfo string
@@ -220,7 +220,7 @@ type Provider struct {
 	runs        map[string]map[*run]struct{} // ref → execs in flight
 	terminating map[string]int               // ref → Terminate calls in flight
 
-	res residents // each workspace's resident (Config.ResidentExec)
+	res residents // each workspace's resident (README.md, "The resident")
 
 	egressMu   sync.Mutex
 	egress     map[string]*egressServer // ref → the egress socket this Provider serves
@@ -932,7 +932,7 @@ func (p *Provider) jobIn(ref string, w opened) job {
 		uid:    w.rec.UID,
 		disk:   p.diskOf(w),
 		// One mount namespace serves the resident and the rest.
-		stageExe: p.cfg.ResidentExec,
+		stageExe: !p.cfg.BwrapExec,
 	}
 }
 

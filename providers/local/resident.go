@@ -23,7 +23,7 @@ import (
 	"github.com/sandgate/sandgate/providers"
 )
 
-// The resident (Config.ResidentExec): each workspace keeps one small
+// The resident (unless Config.BwrapExec): each workspace keeps one small
 // process inside its sandbox, the broker's own binary bound at
 // residentBin and run by a bwrap started exactly as an exec's (same namespaces, uid,
 // seccomp filter, resource limits and cgroups), so that everything it
@@ -114,12 +114,13 @@ type residentSlot struct {
 	rs *resident // nil: none started yet
 }
 
-// useResident reports whether j runs on its workspace's resident: with
-// Config.ResidentExec, for a workspace's exec (the file helpers included)
-// on a host whose v1 cgroups a thread joins by itself, or without cgroups.
+// useResident reports whether j runs on its workspace's resident: unless
+// Config.BwrapExec, for a workspace's exec (the file helpers included)
+// on a host whose v1 cgroups a thread joins by itself, or without cgroups,
+// on the host's /usr or an image the broker's binary runs on.
 // Snapshots (capabilities, RLIMIT_FSIZE, streamed output) keep bwrap.
 func (p *Provider) useResident(j job) bool {
-	if !p.cfg.ResidentExec || p.cfg.GuestVM || j.ref == "" || (p.cg != nil && !p.cg.joinsItself()) {
+	if p.cfg.BwrapExec || p.cfg.GuestVM || j.ref == "" || (p.cg != nil && !p.cg.joinsItself()) {
 		return false
 	}
 	return j.rec.Image == nil || p.res.static()

@@ -15,10 +15,11 @@ import (
 	"github.com/sandgate/sandgate/providers/providertest"
 )
 
-// newResidentProvider is newProvider with Config.ResidentExec.
+// newResidentProvider is newProvider on its own data directory: its
+// execs run on the residents (the default).
 func newResidentProvider(t *testing.T) *local.Provider {
 	t.Helper()
-	p, err := local.New(t.Context(), local.Config{DataDir: t.TempDir(), ResidentExec: true}, providers.Env{BrokerID: broker})
+	p, err := local.New(t.Context(), local.Config{DataDir: t.TempDir()}, providers.Env{BrokerID: broker})
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
@@ -247,6 +248,21 @@ func TestResidentRSS(t *testing.T) {
 func TestProviderResident(t *testing.T) {
 	t.Parallel()
 	providertest.Run(t, func(t *testing.T) providers.Provider { return newResidentProvider(t) })
+}
+
+// TestProviderBwrap runs the contract suite with a bwrap per exec
+// (Config.BwrapExec), as on a host whose cgroups the resident cannot
+// join a thread to.
+func TestProviderBwrap(t *testing.T) {
+	t.Parallel()
+	providertest.Run(t, func(t *testing.T) providers.Provider {
+		p, err := local.New(t.Context(), local.Config{DataDir: t.TempDir(), BwrapExec: true}, providers.Env{BrokerID: broker})
+		if err != nil {
+			t.Fatalf("local.New: %v", err)
+		}
+		t.Cleanup(func() { closeProvider(p) })
+		return p
+	})
 }
 
 // TestResidentOutsideTenantLimits: the commands a resident forks have the
