@@ -69,6 +69,11 @@ type residentRequest struct {
 	// follow stdout and stderr.
 	Stdin bool `json:"stdin,omitempty"`
 	Join  int  `json:"join"`
+	// Leave is how many cgroup files follow those: the workspace's own
+	// cgroups above the leaves, which the forking thread moves back to
+	// once the command is forked, so that killing the leaf never finds
+	// a thread of the resident in it.
+	Leave int `json:"leave,omitempty"`
 	// Data is the command's RLIMIT_DATA, soft and hard, in bytes (0:
 	// the resident's own). The resident runs without it: a Go runtime
 	// under a tenant's limit dies of it (a -race build maps most of
@@ -94,6 +99,7 @@ type resident struct {
 	mu       sync.Mutex
 	inflight int
 	last     time.Time
+	stopping bool // idleResident is stopping it: no exec may begin
 }
 
 // residents are a Provider's residents, by workspace.
@@ -330,11 +336,15 @@ func (p *Provider) idleResident(ref string, rs *resident) {
 		case <-t.C:
 			rs.mu.Lock()
 			idle := rs.inflight == 0 && time.Since(rs.last) >= residentIdle
+			rs.stopping = idle
 			rs.mu.Unlock()
 			if !idle {
 				continue
 			}
 		}
+		rs.mu.Lock()
+		rs.stopping = true
+		rs.mu.Unlock()
 		rs.r.kill(false) // residentOf forgets it once it is dead
 		return
 	}
@@ -358,11 +368,17 @@ func (rs *resident) send(req, oob []byte) error {
 	return cmp.Or(err, serr)
 }
 
-// begin and end count rs's execs in flight, for idleResident.
-func (rs *resident) begin() {
+// begin and end count rs's execs in flight, for idleResident. begin
+// reports false when rs is being stopped: an exec sent to it then would
+// die with it.
+func (rs *resident) begin() bool {
 	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.stopping {
+		return false
+	}
 	rs.inflight++
-	rs.mu.Unlock()
+	return true
 }
 
 func (rs *resident) end() {
@@ -425,7 +441,9 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 	defer conn.Close()
 	theirs := pair[1]
 
-	req, _ := json.Marshal(residentRequest{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join), Data: uint64(j.memory)})
+	leave := p.leaveFiles(j.ref)
+	defer closeAll(leave)
+	req, _ := json.Marshal(residentRequest{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join), Leave: len(leave), Data: uint64(j.memory)})
 	fds := []int{theirs}
 	if pipes.stdinR >= 0 {
 		fds = append(fds, pipes.stdinR)
@@ -434,16 +452,24 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 	for _, f := range lf.join {
 		fds = append(fds, int(f.Fd()))
 	}
+	for _, f := range leave {
+		fds = append(fds, int(f.Fd()))
+	}
 	var rs *resident
 	for try := 0; ; try++ {
 		if rs, err = p.residentOf(j.ref, w); err != nil {
 			unix.Close(theirs)
 			return providers.ExecResult{}, err
 		}
+		if !rs.begin() {
+			<-rs.dead // stopped for idleness: start another
+			continue
+		}
 		err = rs.send(req, unix.UnixRights(fds...))
 		if err == nil {
 			break
 		}
+		rs.end()
 		// The resident died before it read the request (killed from
 		// inside, say): nothing ran; start another once.
 		select {
@@ -458,7 +484,6 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 		}
 	}
 	unix.Close(theirs)
-	rs.begin()
 	defer rs.end()
 	pipes.closeTheirs()
 	closeAll(lf.join)
@@ -646,6 +671,23 @@ func (r *run) isTerminated() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.terminated
+}
+
+// leaveFiles are the tasks files of ref's workspace cgroups that have
+// leaves (see residentRequest.Leave), opened for writing.
+func (p *Provider) leaveFiles(ref string) []*os.File {
+	if !p.cg.joinsItself() {
+		return nil
+	}
+	var out []*os.File
+	for _, d := range p.cg.controllers(ref) {
+		if p.cg.leafIn(d, ref) {
+			if f, err := os.OpenFile(filepath.Join(d, "tasks"), os.O_WRONLY, 0); err == nil {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
 }
 
 // leafDirs are the directories of ref's leaf cgroup name.

@@ -70,7 +70,7 @@ func runResident(args []string) int {
 		}
 		fds := rightsOf(oob[:oobn])
 		var req residentRequest
-		if json.Unmarshal(buf[:n], &req) != nil || len(req.Argv) == 0 || len(fds) != 3+req.Join+btoi(req.Stdin) {
+		if json.Unmarshal(buf[:n], &req) != nil || len(req.Argv) == 0 || len(fds) != 3+req.Join+req.Leave+btoi(req.Stdin) {
 			closeFDs(fds)
 			continue
 		}
@@ -134,7 +134,7 @@ func closeFDs(fds []int) {
 func serveExec(req residentRequest, fds []int) {
 	conn := fds[0]
 	defer unix.Close(conn)
-	pid, rep := forkInto(req, fds[1:4], fds[4:])
+	pid, rep := forkInto(req, fds[1:4], fds[4:4+req.Join], fds[4+req.Join:])
 	closeFDs(fds[1:]) // -1 is skipped
 	if pid <= 0 {
 		// Not started, or killed before it ran (rep.Status).
@@ -193,7 +193,7 @@ func waitNoReap(pid int) {
 // that first joins the exec's cgroups by writing "0" to each of join (v1
 // tasks files): the command is born in them. The thread is never given
 // back, so the resident's other threads stay where they are.
-func forkInto(req residentRequest, stdio, join []int) (int, residentReply) {
+func forkInto(req residentRequest, stdio, join, leave []int) (int, residentReply) {
 	path, why := lookPath(req.Argv[0], req.Env)
 	if why != "" {
 		return 0, residentReply{Err: why}
@@ -211,44 +211,52 @@ func forkInto(req residentRequest, stdio, join []int) (int, residentReply) {
 	done := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		for _, fd := range join {
-			if _, err := unix.Write(fd, []byte("0")); err != nil {
-				done <- result{rep: residentReply{Cgroup: true}}
-				return
-			}
+		pid, rep := forkJoined(req, path, stdio, join)
+		// Back out of the leaves before anyone hears of the command: the
+		// broker kills whatever is left in them when the exec ends, and
+		// this thread, until it has exited, is the resident.
+		for _, fd := range leave {
+			unix.Write(fd, []byte("0"))
 		}
-		files := []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])}
-		if stdio[0] < 0 {
-			null, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				done <- result{rep: residentReply{Err: errText(err)}}
-				return
-			}
-			defer unix.Close(null)
-			files[0] = uintptr(null)
-		}
-		pid, err := syscall.ForkExec(path, req.Argv, &syscall.ProcAttr{
-			Dir:   req.Dir,
-			Env:   req.Env,
-			Files: files,
-			// Traced, the command stops at its execve before its first
-			// instruction, which is where its RLIMIT_DATA is set.
-			Sys: &syscall.SysProcAttr{Setsid: true, Ptrace: req.Data > 0},
-		})
-		if err != nil {
-			done <- result{rep: residentReply{Err: errText(err)}}
-			return
-		}
-		if req.Data > 0 {
-			if rep, ok := limitTraced(pid, req.Data); !ok {
-				done <- result{rep: rep}
-				return
-			}
-		}
-		done <- result{pid: pid}
+		done <- result{pid, rep}
 	}()
 	r := <-done
 	return r.pid, r.rep
+}
+
+// forkJoined is forkInto's work on its locked thread.
+func forkJoined(req residentRequest, path string, stdio, join []int) (int, residentReply) {
+	for _, fd := range join {
+		if _, err := unix.Write(fd, []byte("0")); err != nil {
+			return 0, residentReply{Cgroup: true}
+		}
+	}
+	files := []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])}
+	if stdio[0] < 0 {
+		null, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return 0, residentReply{Err: errText(err)}
+		}
+		defer unix.Close(null)
+		files[0] = uintptr(null)
+	}
+	pid, err := syscall.ForkExec(path, req.Argv, &syscall.ProcAttr{
+		Dir:   req.Dir,
+		Env:   req.Env,
+		Files: files,
+		// Traced, the command stops at its execve before its first
+		// instruction, which is where its RLIMIT_DATA is set.
+		Sys: &syscall.SysProcAttr{Setsid: true, Ptrace: req.Data > 0},
+	})
+	if err != nil {
+		return 0, residentReply{Err: errText(err)}
+	}
+	if req.Data > 0 {
+		if rep, ok := limitTraced(pid, req.Data); !ok {
+			return 0, rep
+		}
+	}
+	return pid, residentReply{}
 }
 
 // limitTraced sets pid's RLIMIT_DATA, soft and hard, while it is stopped
