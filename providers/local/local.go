@@ -932,7 +932,7 @@ func (p *Provider) jobIn(ref string, w opened) job {
 		uid:    w.rec.UID,
 		disk:   p.diskOf(w),
 		// One mount namespace serves the resident and the rest.
-		stageExe: !p.cfg.BwrapExec,
+		stageExe: !p.cfg.BwrapExec && !p.cfg.GuestVM,
 	}
 }
 
