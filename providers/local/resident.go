@@ -48,8 +48,8 @@ const residentName = "sandgate-exec-resident"
 const residentBin = "/dev/.sandgate-resident"
 
 // maxResidentFDs bounds the descriptors of one request: the connection,
-// stdio and at most four cgroup files.
-const maxResidentFDs = 8
+// stdio, at most four cgroup files to join and two to leave.
+const maxResidentFDs = 10
 
 // residentData bounds the resident's own RLIMIT_DATA: a -race build
 // maps about 450 MiB, a plain one about 120 MiB (VmData; its RSS is about
