@@ -376,17 +376,8 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 			terminated = true
 		}
 	}
-	if terminated && !j.expiry.IsZero() && !p.clock.Now().Before(j.expiry) {
-		// The exec ran into the deadline that cut its timeout: the
-		// supervisor (or a reaper's Terminate) ending the workspace then
-		// raced its own timer, and the answer is the same either way.
-		terminated, timedOut = false, true
-	}
-	switch {
-	case terminated:
-		return providers.ExecResult{}, fmt.Errorf("local: exec: terminated while running: %w", providers.ErrSandboxGone)
-	case ctx.Err() != nil:
-		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", context.Cause(ctx))
+	if timedOut, err = p.cutShort(ctx, j, terminated, timedOut); err != nil {
+		return providers.ExecResult{}, err
 	}
 	var ee *exec.ExitError
 	if end.waitErr != nil && !errors.As(end.waitErr, &ee) && !errors.Is(end.waitErr, exec.ErrWaitDelay) {
@@ -397,6 +388,24 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 		code = failed.end(code, stdout.n == 0)
 	}
 	return p.execResult(j.ref, code, timedOut, stdout, stderr, end.oom)
+}
+
+// cutShort is the end of an exec that its workspace's end (terminated)
+// or ctx cut short: an error, or timedOut, updated, for an exec that ran
+// into the deadline that cut its timeout.
+func (p *Provider) cutShort(ctx context.Context, j job, terminated, timedOut bool) (bool, error) {
+	if terminated && !j.expiry.IsZero() && !p.clock.Now().Before(j.expiry) {
+		// The supervisor (or a reaper's Terminate) ending the workspace
+		// then raced its own timer, and the answer is the same either way.
+		return true, nil
+	}
+	switch {
+	case terminated:
+		return timedOut, fmt.Errorf("local: exec: terminated while running: %w", providers.ErrSandboxGone)
+	case ctx.Err() != nil:
+		return timedOut, fmt.Errorf("local: exec: %w", context.Cause(ctx))
+	}
+	return timedOut, nil
 }
 
 // execResult is the result of an exec of ref that exited with code, from

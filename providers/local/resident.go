@@ -553,14 +553,9 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 			terminated = true
 		}
 	}
-	if terminated && !j.expiry.IsZero() && !p.clock.Now().Before(j.expiry) {
-		terminated, to = false, true
-	}
-	switch {
-	case terminated:
-		return providers.ExecResult{}, fmt.Errorf("local: exec: terminated while running: %w", providers.ErrSandboxGone)
-	case ctx.Err() != nil:
-		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", context.Cause(ctx))
+	to, err = p.cutShort(ctx, j, terminated, to)
+	if err != nil {
+		return providers.ExecResult{}, err
 	}
 	var code int
 	switch {
