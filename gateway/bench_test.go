@@ -192,9 +192,20 @@ func BenchmarkBwrapTrue(b *testing.B) {
 // local provider and one bare bwrap "true" (BenchmarkBwrapTrue's), so that
 // both see the same load, and reports each one's mean and their ratio
 // (x-bwrap): the provider's overhead over the sandbox itself, measured side
-// by side in one run.
+// by side in one run. Its execs are forked by the workspace's resident
+// (the default): no bwrap per exec.
 func BenchmarkExecLocalVsBwrap(b *testing.B) {
-	p, err := local.New(context.Background(), local.Config{DataDir: b.TempDir()}, providers.Env{BrokerID: "bench"})
+	benchExecLocalVsBwrap(b, local.Config{DataDir: b.TempDir()})
+}
+
+// BenchmarkExecLocalVsBwrapOwn is BenchmarkExecLocalVsBwrap with a bwrap
+// of its own per exec (local.Config.BwrapExec).
+func BenchmarkExecLocalVsBwrapOwn(b *testing.B) {
+	benchExecLocalVsBwrap(b, local.Config{DataDir: b.TempDir(), BwrapExec: true})
+}
+
+func benchExecLocalVsBwrap(b *testing.B, c local.Config) {
+	p, err := local.New(context.Background(), c, providers.Env{BrokerID: "bench"})
 	if err != nil {
 		b.Fatalf("local.New: %v", err)
 	}

@@ -95,7 +95,12 @@ func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec provider
 		j.egress = true
 	}
 	start := time.Now()
-	res, err := p.run(ctx, j)
+	var res providers.ExecResult
+	if p.useResident(j) {
+		res, err = p.execResident(ctx, w, j)
+	} else {
+		res, err = p.run(ctx, j)
+	}
 	if err != nil {
 		return providers.ExecResult{}, err
 	}
@@ -162,6 +167,16 @@ type job struct {
 	// stageEgress stages the egress socket's directory and the forwarder
 	// (see stageOptions) even when egress is false.
 	stageEgress bool
+	// stageExe stages the broker's binary for the workspace's resident,
+	// for every job of the workspace, so that they share one mount
+	// namespace; bindExe binds it at residentBin: the job is the
+	// resident (resident.go).
+	stageExe, bindExe bool
+	// perCommandData gives bwrap residentData as RLIMIT_DATA when that is
+	// more than the workspace's memory: the resident (a Go runtime that
+	// must not live under a tenant's limit) sets the workspace's on each
+	// command it starts (resident_linux.go).
+	perCommandData bool
 	// hostTools runs the job on the host's /usr and generated /etc even
 	// when its workspace runs on an image, in a mount namespace of its
 	// own: the snapshot helpers, whose GNU tar and gzip an image need not
@@ -176,6 +191,7 @@ type run struct {
 	done chan struct{} // closed when the exec's processes are reaped
 
 	mu         sync.Mutex
+	killEarly  bool // killed before bwrap started: start kills it
 	exited     bool // bwrap has exited: the pgid may soon be free for reuse
 	terminated bool // Terminate killed it
 	timedOut   bool // the exec's timeout killed it (watch)
@@ -193,6 +209,12 @@ func (r *run) kill(byTerminate bool) bool {
 	if r.exited {
 		return false
 	}
+	if r.pgid == 0 {
+		// Not started yet (a resident: resident.go); kill(0) would be
+		// the broker's own process group.
+		r.killEarly = true
+		return false
+	}
 	killExec(r.pgid) // ESRCH: it is exiting anyway
 	return true
 }
@@ -202,7 +224,7 @@ func (r *run) kill(byTerminate bool) bool {
 func (r *run) timeOut() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.exited {
+	if !r.exited && r.pgid != 0 {
 		r.timedOut = true
 		killExec(r.pgid) // ESRCH: it is exiting anyway
 	}
@@ -354,17 +376,8 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 			terminated = true
 		}
 	}
-	if terminated && !j.expiry.IsZero() && !p.clock.Now().Before(j.expiry) {
-		// The exec ran into the deadline that cut its timeout: the
-		// supervisor (or a reaper's Terminate) ending the workspace then
-		// raced its own timer, and the answer is the same either way.
-		terminated, timedOut = false, true
-	}
-	switch {
-	case terminated:
-		return providers.ExecResult{}, fmt.Errorf("local: exec: terminated while running: %w", providers.ErrSandboxGone)
-	case ctx.Err() != nil:
-		return providers.ExecResult{}, fmt.Errorf("local: exec: %w", context.Cause(ctx))
+	if timedOut, err = p.cutShort(ctx, j, terminated, timedOut); err != nil {
+		return providers.ExecResult{}, err
 	}
 	var ee *exec.ExitError
 	if end.waitErr != nil && !errors.As(end.waitErr, &ee) && !errors.Is(end.waitErr, exec.ErrWaitDelay) {
@@ -374,10 +387,33 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	if failed != nil {
 		code = failed.end(code, stdout.n == 0)
 	}
+	return p.execResult(j.ref, code, timedOut, stdout, stderr, end.oom)
+}
+
+// cutShort is the end of an exec that its workspace's end (terminated)
+// or ctx cut short: an error, or timedOut, updated, for an exec that ran
+// into the deadline that cut its timeout.
+func (p *Provider) cutShort(ctx context.Context, j job, terminated, timedOut bool) (bool, error) {
+	if terminated && !j.expiry.IsZero() && !p.clock.Now().Before(j.expiry) {
+		// The supervisor (or a reaper's Terminate) ending the workspace
+		// then raced its own timer, and the answer is the same either way.
+		return true, nil
+	}
+	switch {
+	case terminated:
+		return timedOut, fmt.Errorf("local: exec: terminated while running: %w", providers.ErrSandboxGone)
+	case ctx.Err() != nil:
+		return timedOut, fmt.Errorf("local: exec: %w", context.Cause(ctx))
+	}
+	return timedOut, nil
+}
+
+// execResult is the result of an exec of ref that exited with code, from
+// its output and its leaf's OOM kill count (oom; nil: none).
+func (p *Provider) execResult(ref string, code int, timedOut bool, stdout, stderr *cappedBuffer, oom *os.File) (providers.ExecResult, error) {
 	if err := cmp.Or(stdout.err, stderr.err); err != nil {
 		return providers.ExecResult{}, fmt.Errorf("local: exec: output: %w", err)
 	}
-
 	res := providers.ExecResult{
 		ExitCode:        code,
 		Stdout:          stdout.buf,
@@ -391,12 +427,12 @@ func (p *Provider) run(ctx context.Context, j job) (providers.ExecResult, error)
 	if timedOut {
 		res.ExitCode = 128 + int(syscall.SIGKILL)
 	}
-	if end.oom != nil && oomKills(end.oom) > 0 {
+	if oom != nil && oomKills(oom) > 0 {
 		// The workspace's memory ran out and the kernel killed a process
 		// of this exec: report it as the kill it was (protocol notes:
 		// 128+9), whatever the command made of it.
 		res.ExitCode = 128 + int(syscall.SIGKILL)
-		p.log.Info("exec oom killed", sandgate.WorkspaceAttr(j.ref))
+		p.log.Info("exec oom killed", sandgate.WorkspaceAttr(ref))
 	}
 	return res, nil
 }
@@ -430,7 +466,12 @@ func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("local: exec: start: %w", scrub(err))
 	}
+	r.mu.Lock()
 	r.pgid = cmd.Process.Pid
+	if r.killEarly {
+		killExec(r.pgid) // it has no options yet, and dies before it runs anything
+	}
+	r.mu.Unlock()
 	if ref != "" {
 		if p.runs[ref] == nil {
 			p.runs[ref] = make(map[*run]struct{})
@@ -581,6 +622,8 @@ func (p *Provider) stageOptions(j job) (o stepOptions, ok bool) {
 	}
 	if j.egress || j.stageEgress {
 		o.binds = append(o.binds, [2]string{j.layout.egress(), "g"}, [2]string{p.exe, "x"})
+	} else if j.stageExe {
+		o.binds = append(o.binds, [2]string{p.exe, "x"})
 	}
 	return o, true
 }
@@ -602,6 +645,12 @@ type launch struct {
 	// or timeout (<= 0: none) passes (watch).
 	ctx     context.Context
 	timeout time.Duration
+	// closeStarted are closed once bwrap has started (or failed to):
+	// descriptors only bwrap keeps.
+	closeStarted []*os.File
+	// last are bwrap's last descriptors, past those of the sh that joins
+	// the cgroups (joinAsStarted), which reads no descriptor above 9.
+	last []*os.File
 }
 
 // bwrapEnd is how an exec's bwrap ended, from launchBwrap.
@@ -644,11 +693,14 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 		if err == nil && lf.self {
 			joinStatus, joinStatusW, err = joinAsStarted(cmd, lf.join)
 		}
+		// After the sh's descriptors, which must stay below 10 for it.
+		cmd.ExtraFiles = append(cmd.ExtraFiles, l.last...)
 		if err != nil {
 			err = fmt.Errorf("local: exec: %w", err)
 		} else {
 			err = p.start(j.ref, l.ns, cmd, r)
 		}
+		closeAll(l.closeStarted)
 		if unpin != nil {
 			unpin()
 		}
@@ -1062,6 +1114,11 @@ func (p *Provider) bwrapOptions(j job, seccomp, rooted bool) []byte {
 		o = append(o,
 			"--ro-bind", src("x", p.exe), forwardBin,
 			"--ro-bind", src("g", j.layout.egress()), egressMount)
+	}
+	if j.bindExe {
+		// On bwrap's own /dev, before it is read-only: nothing of it
+		// shows in the root tree.
+		o = append(o, "--ro-bind", src("x", p.exe), residentBin)
 	}
 	// /dev is tmpfs, that is memory: make it read-only. So is the root
 	// without a root tree; the root tree is read-only already.

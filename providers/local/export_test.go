@@ -91,8 +91,13 @@ func HasDeadline(p *Provider, ref string) bool {
 func HashCPU(p *Provider, ref string) int { return p.pickCPUs(ref, 1)[0] }
 
 // CloseMountNamespaces closes the workspaces' mount namespaces that no exec
-// uses, as the Provider does after nsIdle, unmounting their disk images.
-func CloseMountNamespaces(p *Provider) { p.ns.sweep(time.Time{}) }
+// uses, as the Provider does after nsIdle, unmounting their disk images;
+// the residents, which hold them, are stopped first, as after their idle
+// time.
+func CloseMountNamespaces(p *Provider) {
+	p.stopResidents()
+	p.ns.sweep(time.Time{})
+}
 
 // SetReleaseWait sets how long a create waits for an image in the trash
 // that stays bound (releaseWait).

@@ -129,6 +129,10 @@ type Config struct {
 	// means [Image] is the only image. Not a config setting: the broker
 	// passes its image store.
 	Images Images `yaml:"-"`
+	// BwrapExec starts a bwrap of its own for every exec instead of
+	// forking it in the workspace's resident process (README.md, "The
+	// resident"), which is the default.
+	BwrapExec bool `yaml:"bwrap_exec"`
 
 	// mountinfo replaces /proc/self/mountinfo in tests.
 	mountinfo string
@@ -225,6 +229,8 @@ type Provider struct {
 	runs        map[string]map[*run]struct{} // ref → execs in flight
 	terminating map[string]int               // ref → Terminate calls in flight
 
+	res residents // each workspace's resident (README.md, "The resident")
+
 	egressMu   sync.Mutex
 	egress     map[string]*egressServer // ref → the egress socket this Provider serves
 	egressCtx  context.Context          // the egress servers' context; ended by Close
@@ -299,6 +305,7 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	p := &Provider{
 		cfg:         c,
 		exe:         exe,
+		res:         residents{static: sync.OnceValue(func() bool { return staticBinary(exe) })},
 		stageDir:    stageDir,
 		dataDir:     dataDir,
 		etcDir:      filepath.Join(dataDir, etcDir),
@@ -965,6 +972,8 @@ func (p *Provider) jobIn(ref string, w opened) job {
 		rec:    w.rec,
 		uid:    w.rec.UID,
 		disk:   p.diskOf(w),
+		// One mount namespace serves the resident and the rest.
+		stageExe: !p.cfg.BwrapExec && !p.cfg.GuestVM,
 	}
 }
 
@@ -1122,6 +1131,7 @@ func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
 // and their durable commands stay as they are.
 func (p *Provider) Close() error {
 	p.stopOnce.Do(func() {
+		p.stopResidents() // before hostNS: their threads leave for it
 		close(p.stop)
 		if p.hostNS != nil {
 			// An exec still running then stays in its workspace's

@@ -74,6 +74,9 @@ func init() {
 	case len(os.Args) > 1 && os.Args[1] == "--"+forwardName:
 		// Inside a sandbox with egress: see egress.go.
 		os.Exit(runForward(os.Args[2:]))
+	case len(os.Args) > 1 && os.Args[1] == "--"+residentName:
+		// A workspace's resident, inside its sandbox: see resident.go.
+		os.Exit(runResident(os.Args[2:]))
 	}
 }
 
@@ -262,9 +265,13 @@ func prlimitOn(pid, uid, gid int, limits []rlimit) error {
 // not RLIMIT_AS.
 func jobLimits(j job) []rlimit {
 	l := []rlimit{
-		{unix.RLIMIT_DATA, uint64(j.memory)},
 		{unix.RLIMIT_CORE, 0}, // no core files written where a host helper might read them
 	}
+	data := j.memory
+	if j.perCommandData {
+		data = max(data, residentData)
+	}
+	l = append(l, rlimit{unix.RLIMIT_DATA, uint64(data)})
 	if j.fsize > 0 {
 		l = append(l, rlimit{unix.RLIMIT_FSIZE, uint64(j.fsize)})
 	}

@@ -1,0 +1,356 @@
+package local
+
+import (
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// runResident is the resident's main (see resident.go); it returns the
+// exit code. Its control socket is its one descriptor past stderr; args
+// is, for a workspace with egress, the proxy socket to forward
+// 127.0.0.1:3128 to ("" for none). It serves requests until the broker closes the socket,
+// then exits, and the sandbox's pid namespace (everything its execs
+// started) dies with it.
+func runResident(args []string) int {
+	// Small and steady: it lives inside the workspace's memory cgroup.
+	runtime.GOMAXPROCS(1)
+	debug.SetGCPercent(20)
+	// Not dumpable: no process of the sandbox (same uid, no capability)
+	// can ptrace it or open its descriptors through /proc, the control
+	// socket included. Commands it starts are dumpable again after execve.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return stepExitStart
+	}
+	if len(args) != 1 {
+		return stepExitUsage
+	}
+	ctl := controlSocket()
+	if ctl < 0 {
+		return stepExitUsage
+	}
+	if args[0] != "" {
+		ln, err := net.Listen("tcp", forwardAddr)
+		if err != nil {
+			return stepExitStart
+		}
+		go forwardAll(ln, args[0])
+	}
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(maxResidentFDs*4))
+	for {
+		// The request's size first (an env may be large), then the
+		// request with its descriptors.
+		n, _, _, _, err := unix.Recvmsg(ctl, nil, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			return 0 // the broker is gone
+		}
+		if n > len(buf) {
+			buf = make([]byte, n)
+		}
+		n, oobn, _, _, err := unix.Recvmsg(ctl, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			return 0
+		}
+		fds := rightsOf(oob[:oobn])
+		var req residentRequest
+		if json.Unmarshal(buf[:n], &req) != nil || len(req.Argv) == 0 || len(fds) != 3+req.Join+req.Leave+btoi(req.Stdin) {
+			closeFDs(fds)
+			continue
+		}
+		if !req.Stdin {
+			fds = slices.Insert(fds, 1, -1)
+		}
+		go serveExec(req, fds)
+		if len(buf) > 64<<10 {
+			buf = make([]byte, 64<<10) // a large env's buffer goes with its request
+		}
+	}
+}
+
+// controlSocket finds the resident's control socket, a SOCK_SEQPACKET
+// socket among its first descriptors past stderr, and makes it
+// close-on-exec; -1 when there is none.
+func controlSocket() int {
+	for fd := 3; fd < 64; fd++ {
+		if t, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err == nil && t == unix.SOCK_SEQPACKET {
+			syscall.CloseOnExec(fd)
+			return fd
+		}
+	}
+	return -1
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// rightsOf returns the descriptors of SCM_RIGHTS messages in oob.
+func rightsOf(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, m := range msgs {
+		if r, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, r...)
+		}
+	}
+	return fds
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// serveExec runs one request: fds are the exec's connection, stdin (-1
+// none), stdout, stderr and req.Join cgroup files. It answers on the
+// connection once the command has exited, and kills the command's process
+// group when the broker's side of the connection goes away first.
+func serveExec(req residentRequest, fds []int) {
+	conn := fds[0]
+	defer unix.Close(conn)
+	pid, rep := forkInto(req, fds[1:4], fds[4:4+req.Join], fds[4+req.Join:])
+	closeFDs(fds[1:]) // -1 is skipped
+	if pid <= 0 {
+		// Not started, or killed before it ran (rep.Status).
+		sendReply(conn, rep)
+		return
+	}
+	var mu sync.Mutex
+	reaped := false
+	kill := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !reaped { // the zombie still holds its pid: no other process has it
+			unix.Kill(-pid, unix.SIGKILL)
+		}
+	}
+	go func() {
+		var b [1]byte
+		unix.Read(conn, b[:]) // EOF: the broker's side is gone, or shut for writing (a kill)
+		kill()
+	}()
+	waitNoReap(pid)
+	// What the command left in its process group dies with it, as it did
+	// with an exec's own pid namespace (the broker kills the rest of its
+	// cgroup).
+	kill()
+	var ws unix.WaitStatus
+	mu.Lock()
+	for {
+		if _, err := unix.Wait4(pid, &ws, 0, nil); err != unix.EINTR {
+			break
+		}
+	}
+	reaped = true
+	mu.Unlock()
+	sendReply(conn, residentReply{Status: int(ws)})
+}
+
+func sendReply(conn int, rep residentReply) {
+	b, _ := json.Marshal(rep)
+	unix.Write(conn, b)
+}
+
+// waitNoReap blocks until pid has exited, leaving it a zombie.
+func waitNoReap(pid int) {
+	var info [128]byte // siginfo_t
+	for {
+		_, _, e := unix.Syscall6(unix.SYS_WAITID, unix.P_PID, uintptr(pid), uintptr(unsafe.Pointer(&info)), unix.WEXITED|unix.WNOWAIT, 0, 0)
+		if e != unix.EINTR {
+			return
+		}
+	}
+}
+
+// forkInto starts req's command with stdio as its descriptors 0, 1 and 2
+// (stdio[0] -1: /dev/null), in a session of its own, from a locked thread
+// that first joins the exec's cgroups by writing "0" to each of join (v1
+// tasks files): the command is born in them. The thread is never given
+// back, so the resident's other threads stay where they are.
+func forkInto(req residentRequest, stdio, join, leave []int) (int, residentReply) {
+	path, why := lookPath(req.Argv[0], req.Env)
+	if why != "" {
+		return 0, residentReply{Err: why}
+	}
+	if fi, err := os.Stat(req.Dir); err != nil || !fi.IsDir() {
+		if err == nil {
+			err = syscall.ENOTDIR
+		}
+		return 0, residentReply{Err: errText(err), Chdir: true}
+	}
+	type result struct {
+		pid int
+		rep residentReply
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		pid, rep := forkJoined(req, path, stdio, join)
+		// Back out of the leaves before anyone hears of the command: the
+		// broker kills whatever is left in them when the exec ends, and
+		// this thread, until it has exited, is the resident.
+		for _, fd := range leave {
+			unix.Write(fd, []byte("0"))
+		}
+		done <- result{pid, rep}
+	}()
+	r := <-done
+	return r.pid, r.rep
+}
+
+// forkJoined is forkInto's work on its locked thread.
+func forkJoined(req residentRequest, path string, stdio, join []int) (int, residentReply) {
+	for _, fd := range join {
+		if _, err := unix.Write(fd, []byte("0")); err != nil {
+			return 0, residentReply{Cgroup: true}
+		}
+	}
+	files := []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])}
+	if stdio[0] < 0 {
+		null, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return 0, residentReply{Err: errText(err)}
+		}
+		defer unix.Close(null)
+		files[0] = uintptr(null)
+	}
+	pid, err := syscall.ForkExec(path, req.Argv, &syscall.ProcAttr{
+		Dir:   req.Dir,
+		Env:   req.Env,
+		Files: files,
+		// Traced, the command stops at its execve before its first
+		// instruction, which is where its RLIMIT_DATA is set.
+		Sys: &syscall.SysProcAttr{Setsid: true, Ptrace: req.Data > 0},
+	})
+	if err != nil {
+		return 0, residentReply{Err: errText(err)}
+	}
+	if req.Data > 0 {
+		if rep, ok := limitTraced(pid, req.Data); !ok {
+			return 0, rep
+		}
+	}
+	return pid, residentReply{}
+}
+
+// limitTraced sets pid's RLIMIT_DATA, soft and hard, while it is stopped
+// at its execve (it was started traced by this thread), and lets it run.
+// Killed meanwhile, pid is reaped and rep holds its status; a limit that
+// cannot be set kills it. ok reports that it runs.
+func limitTraced(pid int, data uint64) (rep residentReply, ok bool) {
+	var ws unix.WaitStatus
+	for {
+		if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != unix.EINTR {
+			break
+		}
+	}
+	if !ws.Stopped() {
+		return residentReply{Status: int(ws)}, false
+	}
+	// The tracee's RLIMIT_DATA, not the resident's: the limit is the
+	// one the exec's bwrap had (README.md, "Memory").
+	lerr := unix.Prlimit(pid, unix.RLIMIT_DATA, &unix.Rlimit{Cur: data, Max: data}, nil)
+	if lerr != nil {
+		unix.Kill(pid, unix.SIGKILL)
+	}
+	// The stop is the SIGTRAP of the execve; another signal that
+	// stopped it first goes on to it.
+	sig := ws.StopSignal()
+	if sig == unix.SIGTRAP {
+		sig = 0
+	}
+	unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(pid), 0, uintptr(sig), 0, 0)
+	if lerr != nil {
+		for {
+			if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != unix.EINTR {
+				break
+			}
+		}
+		return residentReply{Err: "setrlimit: " + errText(lerr)}, false
+	}
+	return residentReply{}, true
+}
+
+// lookPath finds argv0 as execvp does, in the command's PATH: the first
+// candidate that exists; one that exists but cannot be executed only when
+// no later one can. why is strerror's text when none is found.
+func lookPath(argv0 string, env []string) (path, why string) {
+	if strings.Contains(argv0, "/") {
+		return argv0, ""
+	}
+	dirs := defaultPath
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			dirs = v
+		}
+	}
+	denied := ""
+	for _, d := range filepath.SplitList(dirs) {
+		p := filepath.Join(cmpOr(d, "."), argv0)
+		fi, err := os.Stat(p)
+		if err != nil || fi.IsDir() {
+			continue
+		}
+		if unix.Access(p, unix.X_OK) != nil {
+			denied = errText(syscall.EACCES)
+			continue
+		}
+		return p, ""
+	}
+	if denied != "" {
+		return "", denied
+	}
+	return "", errText(syscall.ENOENT)
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// errText is strerror's text for err's errno, as the C library (and so
+// bwrap) prints it.
+func errText(err error) string {
+	var en syscall.Errno
+	if pe, ok := err.(*os.PathError); ok {
+		err = pe.Err
+	}
+	if e, ok := err.(syscall.Errno); ok {
+		en = e
+	} else {
+		return err.Error()
+	}
+	s := en.Error()
+	if s != "" {
+		s = strings.ToUpper(s[:1]) + s[1:]
+	}
+	return s
+}
