@@ -131,6 +131,9 @@ func startHeartbeat(t *testing.T, c providers.Commander, sb providers.Sandbox, n
 // beats reads a heartbeat file.
 func beats(t *testing.T, p providers.Provider, sb providers.Sandbox, name string) int {
 	t.Helper()
+	// A heartbeat whose first beat never comes fails here, bounded, rather
+	// than hanging until the package's timeout.
+	give := time.Now().Add(2 * time.Minute)
 	for {
 		b, err := providers.ReadFileBytes(t.Context(), p, sb, name, 100)
 		if err == nil {
@@ -139,6 +142,9 @@ func beats(t *testing.T, p providers.Provider, sb providers.Sandbox, name string
 		}
 		if !errors.Is(err, providers.ErrFileNotFound) {
 			t.Fatalf("ReadFile(%s): %v", name, err)
+		}
+		if time.Now().After(give) {
+			t.Fatalf("ReadFile(%s): no heartbeat written within 2 minutes", name)
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
