@@ -131,6 +131,10 @@ type Config struct {
 		// (docs/billing.md, "Invoicing with Stripe"); it runs when its
 		// secret key's variable is set.
 		Stripe StripeConfig `yaml:"stripe"`
+		// PoolRateCard names the rate card that prices the warm pools'
+		// time in usage summaries (billing.PoolUsage); "" shows their
+		// seconds unpriced.
+		PoolRateCard string `yaml:"pool_rate_card"`
 	} `yaml:"billing"`
 
 	// Egress is the broker's egress proxy, through which the local
