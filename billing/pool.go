@@ -24,20 +24,12 @@ import (
 // by hour, provider, size and image, so the record is shared by every
 // broker on the store and outlives them; usage summaries show it as
 // their own lines, priced at the rate card Config.PoolRateCard names.
+// The key is poolKey (keys.go).
 
 // PoolRetention is how long the pools' recorded time is kept after its
 // day: as long as the monthly spending counters and the audit log, so a
 // year of summaries is complete.
 const PoolRetention = 400 * 24 * time.Hour
-
-// poolKey is the HASH of one UTC day's warm-pool time: field
-// "<HH>|<provider>|<size>|<image>" (HH the UTC hour, 00 to 23; the image
-// last, as it may hold any character), value the integer milliseconds
-// the pool's sandboxes of that provider, size and image were warm in
-// that hour, summed over every broker. Global, written by single-key
-// commands; it expires PoolRetention after its day ends.
-// Example: sg:pool:20260315
-func poolKey(day time.Time) string { return prefix + "pool:" + day.Format("20060102") }
 
 // PoolTotal is a running total of warm time: a provider's pooled
 // sandboxes of one size and image, since the provider was opened
@@ -99,11 +91,11 @@ func (m *PoolMeter) Record(ctx context.Context, now time.Time, totals []PoolTota
 	days := map[time.Time]bool{}
 	for b, ms := range m.owed {
 		day := b.hour.Truncate(24 * time.Hour)
-		pipe.HIncrBy(ctx, poolKey(day), poolField(b), ms)
+		pipe.HIncrBy(ctx, poolKey(day.Format("20060102")), poolField(b), ms)
 		days[day] = true
 	}
 	for day := range days {
-		pipe.PExpireAt(ctx, poolKey(day), day.Add(24*time.Hour+PoolRetention))
+		pipe.PExpireAt(ctx, poolKey(day.Format("20060102")), day.Add(24*time.Hour+PoolRetention))
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("record pool time: %w", err)
@@ -156,7 +148,7 @@ func (b *Billing) PoolUsage(ctx context.Context, from, to time.Time, size string
 	pipe := b.rdb.Pipeline()
 	cmds := make([]*redis.MapStringStringCmd, len(days))
 	for i, d := range days {
-		cmds[i] = pipe.HGetAll(ctx, poolKey(d))
+		cmds[i] = pipe.HGetAll(ctx, poolKey(d.Format("20060102")))
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("read pool time: %w", err)
