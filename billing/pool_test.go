@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/sgtest"
@@ -20,14 +19,6 @@ func poolBroker(t *testing.T, srv *redistest.Server, clock *sgtest.Clock, card s
 	return billing.New(billing.Config{PoolRateCard: card}, billing.Deps{DB: db, Clock: clock})
 }
 
-func pricesOf(unit int64) map[string]int64 {
-	p := map[string]int64{}
-	for _, s := range sandgate.StandardSizes {
-		p[s.Name] = unit
-	}
-	return p
-}
-
 // The pools' time is recorded in Redis by hour: two brokers' meters sum,
 // a restarted broker reads (and adds to) what the others wrote, lines are
 // per provider, size and image, each priced at the pool card's version
@@ -38,7 +29,7 @@ func TestPoolUsage(t *testing.T) {
 	t0 := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
 	clock := sgtest.NewClock(t0)
 	a, b := poolBroker(t, srv, clock, "pool"), poolBroker(t, srv, clock, "pool")
-	if _, err := a.CreateRateCard(ctx, "pool", "USD", pricesOf(100), t0.Add(-time.Hour)); err != nil {
+	if _, err := a.CreateRateCard(ctx, "pool", "USD", flatPrices(100), t0.Add(-time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	ma, mb := a.PoolMeter(), b.PoolMeter()
@@ -55,7 +46,7 @@ func TestPoolUsage(t *testing.T) {
 
 	// A new card version prices the next hour only.
 	clock.Set(t0.Add(30 * time.Minute))
-	if _, err := a.CreateRateCard(ctx, "pool", "USD", pricesOf(1000), t0.Add(30*time.Minute)); err != nil {
+	if _, err := a.CreateRateCard(ctx, "pool", "USD", flatPrices(1000), t0.Add(30*time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	// A restarted broker a: a new meter whose totals start again at 0.
