@@ -497,6 +497,11 @@ func DevConfig(dataDir, provider string, getenv func(string) string) (*Config, e
 		cfg.providers = append(cfg.providers, providers.Config{Name: provider, Kind: provider, AcceptNew: true})
 	}
 	cfg.DefaultProvider = provider
+	if cfg.Billing.PoolRateCard == "" {
+		// A pool's time is priced as the dev account's workspaces are,
+		// at the card bootstrapDevBilling makes.
+		cfg.Billing.PoolRateCard = "dev"
+	}
 	if VendorKind(provider) && cfg.Egress.VendorListen == "" {
 		// The fakes' guests run on this host: loopback reaches it.
 		cfg.Egress.VendorListen = "127.0.0.1:0"
