@@ -55,6 +55,8 @@ type usageRange struct {
 	Format   string `json:"format,omitempty"`
 	GroupBy  string `json:"group_by,omitempty"`
 	Rows     int64  `json:"rows"`
+	// PoolLines counts a summary's warm-pool lines.
+	PoolLines int `json:"pool_lines,omitempty"`
 }
 
 // parseUsageQuery reads from, to (RFC 3339; each defaults to the current
@@ -195,7 +197,34 @@ func (s *Server) summarizeUsage(c echo.Context) error {
 			Workspaces: r.Workspaces, Seconds: r.Seconds, AmountMicros: r.AmountMicros,
 			Amount: billing.FormatMinor(r.AmountMicros, r.Currency)})
 	}
+	if out.Pool, err = s.poolLines(c, q); err != nil {
+		return err
+	}
+	rng.PoolLines = len(out.Pool)
 	return c.JSON(http.StatusOK, out)
+}
+
+// poolLines are a summary's warm-pool lines (billing.PoolUsage): the
+// operator's own cost, so only a read of every account shows them, and
+// its size filter applies.
+func (s *Server) poolLines(c echo.Context, q usageQuery) ([]adminapi.PoolLine, error) {
+	out := []adminapi.PoolLine{}
+	if s.bill == nil || c.QueryParam("account") != "" || q.filter.InstanceID != "" || q.filter.Agent != "" {
+		return out, nil
+	}
+	lines, err := s.bill.PoolUsage(c.Request().Context(), q.filter.From, q.filter.To, q.filter.Size)
+	if err != nil {
+		return nil, &protocol.Error{Code: protocol.Internal, Message: "the warm pools' time could not be read", Err: err}
+	}
+	for _, l := range lines {
+		pl := adminapi.PoolLine{Provider: l.Provider, Size: l.Size, Image: l.Image, Seconds: l.Seconds,
+			RateCard: l.RateCard, Currency: l.Currency, AmountMicros: l.AmountMicros}
+		if l.Currency != "" {
+			pl.Amount = billing.FormatMinor(l.AmountMicros, l.Currency)
+		}
+		out = append(out, pl)
+	}
+	return out, nil
 }
 
 // statement answers an account's monthly statement (?month=YYYY-MM,

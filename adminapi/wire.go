@@ -385,6 +385,28 @@ type UsageSummary struct {
 	To      string         `json:"to"`
 	GroupBy string         `json:"group_by"`
 	Groups  []SummaryGroup `json:"groups"`
+	// Pool is the warm pools' own time over the range: the operator's
+	// cost, billed to no account and in no group or total above. One
+	// line per provider, size and image; empty when the read names an
+	// account, instance or agent.
+	Pool []PoolLine `json:"pool"`
+}
+
+// PoolLine is the time a provider's warm sandboxes of one size and image
+// existed unclaimed, summed over the whole UTC hours that start in the
+// range, and its price.
+type PoolLine struct {
+	Provider string `json:"provider"`
+	Size     string `json:"size"`
+	Image    string `json:"image"`
+	Seconds  int64  `json:"seconds"` // rounded up from milliseconds
+	// RateCard is the card that priced it (billing.pool_rate_card); ""
+	// when none is configured: Currency and Amount are "" and
+	// AmountMicros 0.
+	RateCard     string `json:"rate_card"`
+	Currency     string `json:"currency"`
+	AmountMicros int64  `json:"amount_micros"`
+	Amount       string `json:"amount"`
 }
 
 // SummaryGroup totals one group's entries in one currency.

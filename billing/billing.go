@@ -20,6 +20,9 @@ type Config struct {
 	Webhook WebhookConfig
 	// Meter records MetricSettled. nil means no metrics are recorded.
 	Meter metric.Meter
+	// PoolRateCard names the rate card that prices the warm pools' time
+	// (PoolUsage); "" leaves it unpriced.
+	PoolRateCard string
 }
 
 // Deps are what Billing works with.

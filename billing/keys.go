@@ -27,6 +27,15 @@ func rateCardKey(name string) string { return prefix + "ratecard:" + name }
 // rateCardsKey is the SET of every rate card name. Example: sg:ratecards
 func rateCardsKey() string { return prefix + "ratecards" }
 
+// poolKey is the HASH of one UTC day's (YYYYMMDD) warm-pool time: field
+// "<HH>|<provider>|<size>|<image>" (HH the UTC hour, 00 to 23; the image
+// last, as it may hold any character), value the integer milliseconds
+// the pool's sandboxes of that provider, size and image were warm in
+// that hour, summed over every broker. Global, written by single-key
+// commands; it expires PoolRetention after its day ends.
+// Example: sg:pool:20260315
+func poolKey(day string) string { return prefix + "pool:" + day }
+
 // settingsKey is an account's billing settings HASH: configured, rate_card,
 // currency, credit_limit (micros), postpaid. Example: sg:{acct_x}:billing
 func settingsKey(acct string) string { return prefix + "{" + acct + "}:billing" }

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -431,5 +432,36 @@ func TestUsageChartsAtFiftyAccounts(t *testing.T) {
 	all := table(e.page(brokerFinanceTok, "/console/usage?month=2026-10&accounts=all", http.StatusOK))
 	if rows := strings.Count(all, `<a href="/console/accounts/`); rows != 50 || strings.Contains(all, "quieter") {
 		t.Errorf("per-account table with accounts=all lists %d accounts; want 50", rows)
+	}
+}
+
+// The usage page shows the warm pools' time and cost on lines of their
+// own, beside the accounts' rows and totals, which it does not change.
+func TestUsagePageShowsThePool(t *testing.T) {
+	e := newBrokerEnv(t, nil, time.Date(2026, 10, 20, 12, 0, 0, 0, time.UTC))
+	seedTenants(t, e, 1, func(int) (day, n int) { return 3, 2 })
+	totals := func(page string) []string {
+		var out []string
+		for _, part := range strings.Split(page, `total <strong class="total">`)[1:] {
+			v, _, _ := strings.Cut(part, "<")
+			out = append(out, v)
+		}
+		return out
+	}
+	before := totals(e.page(brokerFinanceTok, "/console/usage?month=2026-10", http.StatusOK))
+	bill := e.b.Billing()
+	ctx := context.Background()
+	if err := bill.PoolMeter().Record(ctx, e.clock.Now(), []billing.PoolTotal{
+		{Provider: "local", Size: "small", Image: "host", Warm: 1300 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	page := e.page(brokerFinanceTok, "/console/usage?month=2026-10", http.StatusOK)
+	_, after, _ := strings.Cut(page, `<table id="pool">`)
+	tbl, _, _ := strings.Cut(after, "</table>")
+	if want := `<tr><td>warm pool</td><td>local</td><td>small</td><td>host</td><td class="num">1300</td><td class="num">unpriced (billing.pool_rate_card)</td></tr>`; !strings.Contains(tbl, want) {
+		t.Errorf("usage page's pool table lacks the line %s:\n%s", want, tbl)
+	}
+	if after := totals(page); len(before) == 0 || !slices.Equal(after, before) {
+		t.Errorf("the accounts' totals with pool time = %q; want them as before it, %q", after, before)
 	}
 }

@@ -471,6 +471,12 @@ func (c *Console) month(r *http.Request) (string, time.Time, time.Time, error) {
 // summaryOf is GET /usage/summary grouped by by over [from, to), with the
 // non-empty filters of f (account, size).
 func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to time.Time, f url.Values) ([]adminapi.SummaryGroup, error) {
+	sum, err := c.summary(r, s, by, from, to, f)
+	return sum.Groups, err
+}
+
+// summary is summaryOf's whole answer, the warm pools' lines included.
+func (c *Console) summary(r *http.Request, s *session, by string, from, to time.Time, f url.Values) (adminapi.UsageSummary, error) {
 	q := url.Values{"group_by": {by}, "from": {from.Format(time.RFC3339)}, "to": {to.Format(time.RFC3339)}}
 	for k := range f {
 		if v := f.Get(k); v != "" {
@@ -478,10 +484,8 @@ func (c *Console) summaryOf(r *http.Request, s *session, by string, from, to tim
 		}
 	}
 	var sum adminapi.UsageSummary
-	if err := c.call(r, s.token, http.MethodGet, "/usage/summary?"+q.Encode(), nil, &sum); err != nil {
-		return nil, err
-	}
-	return sum.Groups, nil
+	err := c.call(r, s.token, http.MethodGet, "/usage/summary?"+q.Encode(), nil, &sum)
+	return sum, err
 }
 
 // usageCSV is the month's export as finance downloads it: the operator

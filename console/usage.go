@@ -20,13 +20,14 @@ type usageData struct {
 	Days              []timeChart             // by account: seconds, then the amount per currency
 	SizeCharts        []chart                 // per size: seconds, then the amount per currency
 	SizeDays          []timeChart             // by size: seconds, then the amount per currency
+	Pool              []adminapi.PoolLine     // the warm pools' own time and cost, in no account's rows
 	CSV               string
 }
 
 // usage is the usage page of one month: metered seconds and, per
 // currency, amounts per day by account (the top topAccounts, the rest as
-// others) and by size, totals per account and per size, and the month's
-// CSV export. Its height does not grow with the number of accounts.
+// others) and by size, totals per account and per size, the warm pools'
+// own time and cost, and the month's CSV export. Its height does not grow with the number of accounts.
 func (c *Console) usage(w http.ResponseWriter, r *http.Request, s *session) {
 	m, from, to, err := c.month(r)
 	if err != nil {
@@ -51,7 +52,9 @@ func (c *Console) usage(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	all, err := dayValues(nil)
 	if err == nil {
-		d.ByAccount, err = c.summaryOf(r, s, "account", from, to, nil)
+		var sum adminapi.UsageSummary
+		sum, err = c.summary(r, s, "account", from, to, nil)
+		d.ByAccount, d.Pool = sum.Groups, sum.Pool
 	}
 	if err == nil {
 		d.BySize, err = c.summaryOf(r, s, "size", from, to, nil)

@@ -3,6 +3,7 @@ package providers
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/sandgate/sandgate"
 )
@@ -83,10 +84,16 @@ type PoolStats struct {
 	Taken int64
 }
 
-// PoolReady is the ready count of one (size, image).
+// PoolReady is one (size, image) of a pool: its ready count and its
+// warm time.
 type PoolReady struct {
 	Size, Image string
 	Ready       int
+	// Warm is how long the pool's sandboxes of this size and image have
+	// existed unclaimed, summed since the provider was opened, the ready
+	// ones up to now: a running total that only grows, which the broker
+	// records durably (billing.PoolMeter).
+	Warm time.Duration
 }
 
 // Pooler is an optional interface of a Provider that keeps a pool of

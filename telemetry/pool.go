@@ -14,7 +14,9 @@ const (
 	// by provider, size and image.
 	MetricPoolReady = "sandgate.pool.ready"
 	// MetricPoolSeconds is how long warm sandboxes have existed unclaimed
-	// (the pool's own cost, billed to no tenant), by provider.
+	// (the pool's own cost, billed to no tenant), by provider, counted by
+	// this broker process since it started; the record that every broker
+	// shares and that outlives them is billing's (billing.PoolUsage).
 	MetricPoolSeconds = "sandgate.pool.seconds"
 	// MetricPoolTaken counts the creates a warm sandbox served, by
 	// provider.

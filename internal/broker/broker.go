@@ -113,6 +113,7 @@ type Broker struct {
 
 	db        *store.DB
 	bill      *billing.Billing
+	poolMeter *billing.PoolMeter // this process's warm pools' time (pool.go)
 	term      *termination.Terminator
 	saga      *saga.Saga
 	gw        *gateway.Server
@@ -231,9 +232,10 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 		b.log.Warn("local data directory not yet recorded in Redis; retrying", slog.Any(sandgate.KeyError, err))
 		b.claimLate = true
 	}
-	b.bill = billing.New(billing.Config{Provider: providers.LegacyName, Meter: meter,
+	b.bill = billing.New(billing.Config{Provider: providers.LegacyName, Meter: meter, PoolRateCard: b.cfg.Billing.PoolRateCard,
 		Webhook: billing.WebhookConfig{URL: b.cfg.Billing.Webhook.URL, Secret: b.cfg.webhookSecret, Timeout: b.cfg.Billing.Webhook.Timeout}},
 		billing.Deps{DB: db, Log: b.log.With("component", "billing"), Clock: b.clock})
+	b.poolMeter = b.bill.PoolMeter()
 	rates := opts.RateLimits
 	if rates == nil {
 		rates = map[admission.Class]admission.Rate{}
@@ -409,6 +411,7 @@ func (b *Broker) Run(ctx context.Context) error {
 		// Every gateway runs it; a lease per account keeps one sender.
 		wg.Go(func() { _ = b.stripe.Run(runCtx) })
 	}
+	wg.Go(func() { b.recordPools(runCtx) })
 	wg.Go(func() {
 		tick.Every(runCtx, egressKeepInterval, func() bool {
 			kctx, kcancel := context.WithTimeout(runCtx, egressKeepTimeout)
@@ -513,6 +516,14 @@ func (b *Broker) Close() error {
 			kctx, kcancel := context.WithTimeout(context.Background(), egressKeepTimeout)
 			b.keepEgress(kctx)
 			kcancel()
+		}
+		if b.poolMeter != nil {
+			// The providers closed their pools: what they dropped is in.
+			pctx, pcancel := context.WithTimeout(context.Background(), egressKeepTimeout)
+			if err := b.RecordPool(pctx); err != nil {
+				b.log.Warn("warm pools' last time not recorded", slog.Any(sandgate.KeyError, err))
+			}
+			pcancel()
 		}
 		if b.obs != nil {
 			b.obs.shutdown()

@@ -131,6 +131,10 @@ type Config struct {
 		// (docs/billing.md, "Invoicing with Stripe"); it runs when its
 		// secret key's variable is set.
 		Stripe StripeConfig `yaml:"stripe"`
+		// PoolRateCard names the rate card that prices the warm pools'
+		// time in usage summaries (billing.PoolUsage); "" shows their
+		// seconds unpriced.
+		PoolRateCard string `yaml:"pool_rate_card"`
 	} `yaml:"billing"`
 
 	// Egress is the broker's egress proxy, through which the local
@@ -493,6 +497,11 @@ func DevConfig(dataDir, provider string, getenv func(string) string) (*Config, e
 		cfg.providers = append(cfg.providers, providers.Config{Name: provider, Kind: provider, AcceptNew: true})
 	}
 	cfg.DefaultProvider = provider
+	if cfg.Billing.PoolRateCard == "" {
+		// A pool's time is priced as the dev account's workspaces are,
+		// at the card bootstrapDevBilling makes.
+		cfg.Billing.PoolRateCard = "dev"
+	}
 	if VendorKind(provider) && cfg.Egress.VendorListen == "" {
 		// The fakes' guests run on this host: loopback reaches it.
 		cfg.Egress.VendorListen = "127.0.0.1:0"

@@ -73,6 +73,9 @@ func TestDevConfigLocalSettings(t *testing.T) {
 	if !got.AllowUnenforced || len(got.Pool.Per) != 1 || got.Pool.Per[0].Size != "small" || got.Pool.Per[0].Count != 2 {
 		t.Errorf("local settings = %+v; want allow_unenforced and the pool of SANDGATE_PROVIDER_LOCAL", got)
 	}
+	if cfg.Billing.PoolRateCard != "dev" {
+		t.Errorf("billing.pool_rate_card = %q; want dev's rate card, dev", cfg.Billing.PoolRateCard)
+	}
 }
 
 // TestDevConfigVendorListener: dev with a vendor kind serves the proxy to

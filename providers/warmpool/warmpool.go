@@ -1,6 +1,6 @@
 // Package warmpool keeps the books of a provider's warm sandboxes
 // (providers.PoolConfig): which are ready for each size and image, the
-// background refill, and the pool's own seconds and takes. The provider
+// background refill, and the pool's own warm time and takes. The provider
 // says how a warm sandbox is made and how one is removed; what a take
 // applies is the provider's too.
 package warmpool
@@ -37,11 +37,11 @@ type Pool[T any] struct {
 	stop     context.CancelFunc
 	once     sync.Once
 
-	mu      sync.Mutex
-	ready   map[Key][]entry[T]
-	seconds float64 // of warm sandboxes gone
-	taken   int64
-	paused  bool
+	mu     sync.Mutex
+	ready  map[Key][]entry[T]
+	gone   map[Key]time.Duration // warm time of the sandboxes gone (taken or closed)
+	taken  int64
+	paused bool
 }
 
 type entry[T any] struct {
@@ -57,7 +57,7 @@ func Start[T any](cfg providers.PoolConfig, defImage string, clock sandgate.Cloc
 		return nil
 	}
 	pl := &Pool[T]{cfg: cfg, defImage: defImage, clock: clock, log: log, mk: mk,
-		kick: make(chan struct{}, 1), done: make(chan struct{}), ready: map[Key][]entry[T]{}}
+		kick: make(chan struct{}, 1), done: make(chan struct{}), ready: map[Key][]entry[T]{}, gone: map[Key]time.Duration{}}
 	pl.ctx, pl.stop = context.WithCancel(context.Background())
 	go pl.refill()
 	return pl
@@ -131,7 +131,7 @@ func (pl *Pool[T]) Take(size sandgate.Size, image string) (v T, ok bool) {
 	e := es[0]
 	pl.ready[k] = es[1:]
 	pl.taken++
-	pl.seconds += pl.clock.Now().Sub(e.made).Seconds()
+	pl.gone[k] += warm(e.made, pl.clock.Now())
 	pl.mu.Unlock()
 	select {
 	case pl.kick <- struct{}{}:
@@ -154,7 +154,7 @@ func (pl *Pool[T]) Close(drop func(T)) {
 		now := pl.clock.Now()
 		for k, es := range pl.ready {
 			for _, e := range es {
-				pl.seconds += now.Sub(e.made).Seconds()
+				pl.gone[k] += warm(e.made, now)
 				drop(e.v)
 			}
 			delete(pl.ready, k)
@@ -185,13 +185,20 @@ func (pl *Pool[T]) Stats() providers.PoolStats {
 	now := pl.clock.Now()
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
-	st.Seconds, st.Taken = pl.seconds, pl.taken
+	st.Taken = pl.taken
 	for _, e := range pl.cfg.Per {
 		k := Key{e.Size, cmp.Or(e.Image, pl.defImage)}
+		r := providers.PoolReady{Size: k.Size, Image: k.Image, Ready: len(pl.ready[k]), Warm: pl.gone[k]}
 		for _, w := range pl.ready[k] {
-			st.Seconds += now.Sub(w.made).Seconds()
+			r.Warm += warm(w.made, now)
 		}
-		st.Ready = append(st.Ready, providers.PoolReady{Size: k.Size, Image: k.Image, Ready: len(pl.ready[k])})
+		st.Seconds += r.Warm.Seconds()
+		st.Ready = append(st.Ready, r)
 	}
 	return st
 }
+
+// warm is how long a sandbox made at made has been warm at now; never
+// negative, so that the running totals only grow when the clock steps
+// back.
+func warm(made, now time.Time) time.Duration { return max(now.Sub(made), 0) }

@@ -74,8 +74,8 @@ func TestPool(t *testing.T) {
 		t.Errorf("a third take succeeded with the refill paused; want none")
 	}
 	st := pl.Stats()
-	if st.Taken != 2 || st.Seconds != 20 || st.Ready[0] != (providers.PoolReady{Size: "small", Image: "img", Ready: 0}) {
-		t.Errorf("stats %+v; want 2 taken, 20 pool-seconds, none ready", st)
+	if st.Taken != 2 || st.Seconds != 20 || st.Ready[0] != (providers.PoolReady{Size: "small", Image: "img", Ready: 0, Warm: 20 * time.Second}) {
+		t.Errorf("stats %+v; want 2 taken, 20 pool-seconds (20s warm), none ready", st)
 	}
 	var dropped []string
 	pl.Close(func(v string) { dropped = append(dropped, v) })
@@ -105,5 +105,50 @@ func TestCloseDrops(t *testing.T) {
 	slices.Sort(dropped)
 	if !slices.Equal(dropped, []string{"1", "2", "3"}) {
 		t.Errorf("Close dropped %q; want every ready sandbox once", dropped)
+	}
+}
+
+// The warm time of each (size, image) is a running total: a sandbox taken
+// after waiting N adds exactly N, the ready ones count up to now, and
+// Close adds the wait of what it drops. Nothing moves it after a take.
+func TestWarmTime(t *testing.T) {
+	c := &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	cfg := providers.PoolConfig{Per: []providers.PoolEntry{{Size: "small", Count: 1}, {Size: "large", Count: 1}}}
+	pl := warmpool.Start(cfg, "img", c, slog.New(slog.DiscardHandler), func(_ context.Context, k warmpool.Key) (string, error) {
+		return k.Size, nil
+	})
+	deadline := time.Now().Add(time.Minute)
+	for st := pl.Stats(); st.Ready[0].Ready != 1 || st.Ready[1].Ready != 1; st = pl.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v; want one ready of each", st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	pl.Pause()
+	warmOf := func() []time.Duration {
+		var out []time.Duration
+		for _, r := range pl.Stats().Ready {
+			out = append(out, r.Warm)
+		}
+		return out
+	}
+	c.add(41*time.Second + 500*time.Millisecond)
+	small, _ := sandgate.LookupSize("small")
+	if _, ok := pl.Take(small, ""); !ok {
+		t.Fatal("no small ready")
+	}
+	want := []time.Duration{41500 * time.Millisecond, 41500 * time.Millisecond}
+	if got := warmOf(); !slices.Equal(got, want) {
+		t.Errorf("warm after the take = %v; want %v (the taken one's wait, the ready one's up to now)", got, want)
+	}
+	c.add(10 * time.Second)
+	want = []time.Duration{41500 * time.Millisecond, 51500 * time.Millisecond}
+	if got := warmOf(); !slices.Equal(got, want) {
+		t.Errorf("warm 10s later = %v; want %v: the taken one stopped counting", got, want)
+	}
+	pl.Close(func(string) {})
+	c.add(time.Hour)
+	if got := warmOf(); !slices.Equal(got, want) {
+		t.Errorf("warm after Close = %v; want %v: the dropped one counted until Close", got, want)
 	}
 }
