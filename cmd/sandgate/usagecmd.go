@@ -55,19 +55,7 @@ rounded once at the currency's minor units.`,
 			if err := f.do(cmd, http.MethodGet, "/usage/summary?"+q.Encode(), nil, &sum); err != nil {
 				return err
 			}
-			var b strings.Builder
-			tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-			fmt.Fprintf(tw, "%s\tCURRENCY\tENTRIES\tWORKSPACES\tSECONDS\tAMOUNT\n", strings.ToUpper(sum.GroupBy))
-			for _, g := range sum.Groups {
-				key := g.Key
-				if key == "" {
-					key = "-"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", key, g.Currency, g.Entries, g.Workspaces, g.Seconds, money(g.AmountMicros, g.Currency))
-			}
-			tw.Flush()
-			fmt.Fprintf(&b, "from %s to %s", sum.From, sum.To)
-			return emit(cmd, sum, b.String())
+			return emit(cmd, sum, summaryTable(sum))
 		},
 	}
 	usageFlags(cmd, &f)
@@ -75,6 +63,39 @@ rounded once at the currency's minor units.`,
 	fl.StringVar(&by, "group-by", "account", "account, instance, agent, size or day")
 	sel.addFlags(cmd, "only this account")
 	return cmd
+}
+
+// summaryTable is the text form of a usage summary: its groups, then the
+// warm pools' lines apart.
+func summaryTable(sum adminapi.UsageSummary) string {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "%s\tCURRENCY\tENTRIES\tWORKSPACES\tSECONDS\tAMOUNT\n", strings.ToUpper(sum.GroupBy))
+	for _, g := range sum.Groups {
+		key := g.Key
+		if key == "" {
+			key = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", key, g.Currency, g.Entries, g.Workspaces, g.Seconds, money(g.AmountMicros, g.Currency))
+	}
+	tw.Flush()
+	if len(sum.Pool) > 0 {
+		// The warm pools' own time: the operator's cost, in no
+		// group above.
+		b.WriteString("\nwarm pool (billed to no account):\n")
+		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "PROVIDER\tSIZE\tIMAGE\tSECONDS\tAMOUNT\n")
+		for _, l := range sum.Pool {
+			amount := "-"
+			if l.Currency != "" {
+				amount = money(l.AmountMicros, l.Currency)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", l.Provider, l.Size, l.Image, l.Seconds, amount)
+		}
+		tw.Flush()
+	}
+	fmt.Fprintf(&b, "from %s to %s", sum.From, sum.To)
+	return b.String()
 }
 
 // usageSelection is what a usage command reads: the entries whose
