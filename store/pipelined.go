@@ -22,7 +22,10 @@ import (
 // It applies to one Redis (a *redis.Client, Sentinel's included): any
 // other client is returned as it is, as is a Durable one, whose WAIT must
 // follow its script on the same connection. The autopipeliner lives as
-// long as rdb; closing rdb stops it.
+// long as rdb; closing rdb stops it. rdb's process hooks run beside the
+// write, not before it: a hook may observe a script but must not set its
+// result or stop it (go-redis's FullDuplex contract), so fault-injecting
+// test hooks need the plain client.
 func Pipelined(rdb redis.UniversalClient) (redis.UniversalClient, error) {
 	c, ok := rdb.(*redis.Client)
 	if !ok {
