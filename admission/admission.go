@@ -39,20 +39,28 @@ type Request struct {
 	Queued bool
 }
 
-// Check is one admission rule. Its Lua runs inside the one admission
-// script; Bind supplies its keys and arguments for a request.
+// Check is one admission rule. Its Lua is spliced, straight-line, into
+// the one admission script; Bind supplies its keys and arguments for a
+// request.
 type Check interface {
 	// Name identifies the check in metrics and in the script's comments.
 	Name() string
-	// Lua returns the check's fragments. Each is the body of a Lua function
-	// of (kb, ab, na): its bound keys are KEYS[kb + 1] on, its na bound
-	// arguments ARGV[ab + 1] to ARGV[ab + na] (offsets, so that no call
-	// copies them). Check runs before anything is written and returns nil
-	// to pass, or {code, reason, retry_after_ms} to refuse; Apply runs only
-	// once every check has passed, and returns true when it queued
-	// follow-up work (see Request.Queued). Both may read and set S, a local
-	// of the check's own (nil at first), to hand the apply what the check
-	// read.
+	// Arity is how many keys and arguments Bind returns, always the same
+	// for a check, so that the script knows every check's offsets when it
+	// is built. Only the last check of a pipeline may have args -1: as
+	// many as Bind returns.
+	Arity() (keys, args int)
+	// Lua returns the check's fragments, spliced into the script as they
+	// are (no function is built per call). In each, the check's keys are
+	// KEYS[kb + 1] on and its arguments ARGV[ab + 1] to ARGV[ab + na];
+	// NOW (unix ms) and WS (the workspace id) are strings every check
+	// may read.
+	// Check runs before anything is written and falls through to pass,
+	// or refuses with return {0, I, code, reason[, retry_after_ms]}
+	// (reason a string, never nil). Apply runs only once every check has
+	// passed and never returns; it sets Q = 1 when it queued follow-up
+	// work (see Request.Queued). Both may read and set S, a local of the
+	// check's own (nil at first), to hand the apply what the check read.
 	Lua() (check, apply string)
 	// Bind returns the keys (all of the request's account) and arguments
 	// of the check for r.
@@ -69,48 +77,63 @@ type PreCheck interface {
 type Pipeline struct {
 	rdb    redis.UniversalClient
 	checks []Check
+	pre    []PreCheck
+	nk, na int // the keys and arguments of a request, but a variable last check's
 	script *redis.Script
 }
 
-// New composes the checks, in order, into one admission script.
+// common is how many arguments precede the checks': NOW and WS.
+const common = 2
+
+// New composes the checks, in order, into one admission script: each
+// check's Lua inlined at its offsets, every check first, then every
+// apply. New panics when a check other than the last has a variable
+// number of arguments.
 func New(rdb redis.UniversalClient, checks ...Check) *Pipeline {
-	var b strings.Builder
-	b.WriteString(scriptHeader)
+	p := &Pipeline{rdb: rdb, checks: checks}
+	type at struct{ kb, ab, na int }
+	offs := make([]at, len(checks))
+	kb, ab := 0, common
 	for i, c := range checks {
-		check, apply := c.Lua()
-		fmt.Fprintf(&b, "-- %d: %s\ndo\nlocal S\nchecks[%d] = function(kb, ab, na)\n%s\nend\napplies[%d] = function(kb, ab, na)\n%s\nend\nend\n",
-			i+1, c.Name(), i+1, check, i+1, apply)
+		if pc, ok := c.(PreCheck); ok {
+			p.pre = append(p.pre, pc)
+		}
+		k, a := c.Arity()
+		if a < 0 && i != len(checks)-1 {
+			panic(fmt.Sprintf("admission: check %s has a variable number of arguments but is not last", c.Name()))
+		}
+		offs[i] = at{kb, ab, a}
+		kb += k
+		if a > 0 {
+			ab += a
+		}
 	}
-	b.WriteString(scriptFooter)
-	return &Pipeline{rdb: rdb, checks: checks, script: redis.NewScript(b.String())}
+	p.nk, p.na = kb, ab
+	var b strings.Builder
+	b.WriteString("local NOW, WS = ARGV[1], ARGV[2]\nlocal Q = 0\n")
+	for i := range checks {
+		fmt.Fprintf(&b, "local S%d\n", i+1)
+	}
+	block := func(i int, body string) {
+		na := strconv.Itoa(offs[i].na)
+		if offs[i].na < 0 {
+			na = "#ARGV - " + strconv.Itoa(offs[i].ab)
+		}
+		fmt.Fprintf(&b, "do -- %d: %s\nlocal I, kb, ab, na = %d, %d, %d, %s\n", i+1, checks[i].Name(), i+1, offs[i].kb, offs[i].ab, na)
+		b.WriteString(body)
+	}
+	for i, c := range checks {
+		check, _ := c.Lua()
+		block(i, fmt.Sprintf("local S\n%s\nS%d = S\nend\n", check, i+1))
+	}
+	for i, c := range checks {
+		_, apply := c.Lua()
+		block(i, fmt.Sprintf("local S = S%d\n%s\nend\n", i+1, apply))
+	}
+	b.WriteString("return {1, Q}\n")
+	p.script = redis.NewScript(b.String())
+	return p
 }
-
-// scriptHeader and scriptFooter frame the checks. ARGV[1] is the number
-// of checks; then, for each check, its key count and argument count; then
-// every check's arguments in order. KEYS are every check's keys in order.
-// The footer turns the counts into each check's offsets once; no key or
-// argument is copied.
-const scriptHeader = `local checks, applies = {}, {}
-`
-
-const scriptFooter = `local n = tonumber(ARGV[1])
-local kb, ab, na = {}, {}, {}
-local ki, ai = 0, 1 + 2 * n
-for i = 1, n do
-  local a = tonumber(ARGV[2 * i + 1])
-  kb[i], ab[i], na[i] = ki, ai, a
-  ki, ai = ki + tonumber(ARGV[2 * i]), ai + a
-end
-for i = 1, n do
-  local r = checks[i](kb[i], ab[i], na[i])
-  if r then return {0, i, r[1], r[2] or '', tostring(r[3] or 0)} end
-end
-local queued = 0
-for i = 1, n do
-  if applies[i](kb[i], ab[i], na[i]) then queued = 1 end
-end
-return {1, queued}
-`
 
 // Replay is returned by Admit when the Idempotency-Key was already claimed.
 type Replay struct{ Record store.IdemRecord }
@@ -124,33 +147,18 @@ const codeReplay = "replay"
 // key was claimed before; a *protocol.Error refusal; or
 // AdmissionUnavailable when the state cannot be read (fail closed).
 func (p *Pipeline) Admit(ctx context.Context, r *Request) error {
-	for _, c := range p.checks {
-		if pc, ok := c.(PreCheck); ok {
-			if err := pc.Pre(ctx, r); err != nil {
-				return err
-			}
+	for _, pc := range p.pre {
+		if err := pc.Pre(ctx, r); err != nil {
+			return err
 		}
 	}
-	// Each check's keys and arguments, then the script's two slices at
-	// their exact sizes.
-	type bound struct {
-		keys []string
-		args []any
-	}
-	bs := make([]bound, len(p.checks))
-	nk, na := 0, 1+2*len(p.checks)
-	for i, c := range p.checks {
-		bs[i].keys, bs[i].args = c.Bind(r)
-		nk += len(bs[i].keys)
-		na += len(bs[i].args)
-	}
-	keys := make([]string, 0, nk)
-	args := make([]any, 1+2*len(p.checks), na)
-	args[0] = len(p.checks)
-	for i, b := range bs {
-		keys = append(keys, b.keys...)
-		args[1+2*i], args[2+2*i] = len(b.keys), len(b.args)
-		args = append(args, b.args...)
+	keys := make([]string, 0, p.nk)
+	args := make([]any, common, p.na+32)
+	args[0], args[1] = r.Now.UnixMilli(), r.Workspace.ID
+	for _, c := range p.checks {
+		k, a := c.Bind(r)
+		keys = append(keys, k...)
+		args = append(args, a...)
 	}
 	res, err := p.script.Run(ctx, p.rdb, keys, args...).Slice()
 	if err != nil {
@@ -163,13 +171,16 @@ func (p *Pipeline) Admit(ctx context.Context, r *Request) error {
 		}
 		return nil
 	}
-	if len(res) != 5 {
+	if len(res) < 4 {
 		return unavailable(fmt.Errorf("admission: unexpected script result %v", res))
 	}
 	idx, _ := res[1].(int64)
 	code, _ := res[2].(string)
 	reason, _ := res[3].(string)
-	retryMS, _ := strconv.ParseInt(fmt.Sprint(res[4]), 10, 64)
+	var retryMS int64
+	if len(res) > 4 {
+		retryMS, _ = res[4].(int64)
+	}
 	if code == codeReplay {
 		var rec store.IdemRecord
 		if err := store.DecodeIdemRecord(reason, &rec); err != nil {

@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,17 +22,21 @@ type Idempotency struct {
 // Name implements Check.
 func (Idempotency) Name() string { return "idempotency" }
 
-// Lua implements Check. KEYS[kb + 1] idempotency STRING; ARGV[ab + 1] record JSON, ARGV[ab + 2] TTL ms.
-func (Idempotency) Lua() (string, string) {
+// Arity implements Check.
+func (Idempotency) Arity() (int, int) { return 1, 1 }
+
+// Lua implements Check. KEYS[kb + 1] idempotency STRING; ARGV[ab + 1]
+// record JSON. The TTL is the script's.
+func (c Idempotency) Lua() (string, string) {
 	return `local v = redis.call('GET', KEYS[kb + 1])
-if v then return {'` + codeReplay + `', v} end`,
-		`redis.call('SET', KEYS[kb + 1], ARGV[ab + 1], 'PX', ARGV[ab + 2])`
+if v then return {0, I, '` + codeReplay + `', v} end`,
+		`redis.call('SET', KEYS[kb + 1], ARGV[ab + 1], 'PX', '` + strconv.FormatInt(c.TTL.Milliseconds(), 10) + `')`
 }
 
 // Bind implements Check.
 func (c Idempotency) Bind(r *Request) ([]string, []any) {
 	rec := store.EncodeIdemRecord(store.IdemRecord{Hash: r.RequestHash, WorkspaceID: r.Workspace.ID, State: store.IdemInProgress})
-	return []string{r.Keys.Idempotency}, []any{rec, c.TTL.Milliseconds()}
+	return []string{r.Keys.Idempotency}, []any{rec}
 }
 
 // StopReader reads the broker-wide stop, which lives outside any account's
@@ -62,25 +67,29 @@ func (c Controls) Pre(ctx context.Context, r *Request) error {
 	return nil
 }
 
-// Lua implements Check. KEYS[kb + 1] account controls HASH; ARGV[ab + 1] stop field, ARGV[ab + 2]
-// account pause field, ARGV[ab + 3] instance pause field, ARGV[ab + 4] now (unix ms).
+// Arity implements Check.
+func (Controls) Arity() (int, int) { return 1, 1 }
+
+// Lua implements Check. KEYS[kb + 1] account controls HASH; ARGV[ab + 1]
+// instance pause field. A control is decoded only when it is set.
 func (Controls) Lua() (string, string) {
-	return `local v = redis.call('HMGET', KEYS[kb + 1], ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3])
-local now = tonumber(ARGV[ab + 4])
-local codes = {'` + string(protocol.EmergencyStopped) + `', '` + string(protocol.Paused) + `', '` + string(protocol.Paused) + `'}
-for i = 1, 3 do
-  if v[i] then
-    local c = cjson.decode(v[i])
-    local untl = tonumber(c['until_ms']) or 0
-    if untl == 0 or now < untl then return {codes[i], c['reason']} end
+	return `local v = redis.call('HMGET', KEYS[kb + 1], '` + store.FieldStop + `', '` + store.FieldPause + `', ARGV[ab + 1])
+if v[1] or v[2] or v[3] then
+  local now = tonumber(NOW)
+  local codes = {'` + string(protocol.EmergencyStopped) + `', '` + string(protocol.Paused) + `', '` + string(protocol.Paused) + `'}
+  for i = 1, 3 do
+    if v[i] then
+      local c = cjson.decode(v[i])
+      local untl = tonumber(c['until_ms']) or 0
+      if untl == 0 or now < untl then return {0, I, codes[i], c['reason'] or ''} end
+    end
   end
 end`, ``
 }
 
 // Bind implements Check.
 func (Controls) Bind(r *Request) ([]string, []any) {
-	return []string{r.Keys.Controls}, []any{store.FieldStop, store.FieldPause,
-		store.InstancePauseField(r.Workspace.InstanceID), r.Now.UnixMilli()}
+	return []string{r.Keys.Controls}, []any{store.InstancePauseField(r.Workspace.InstanceID)}
 }
 
 // Concurrency holds max_concurrent_workspaces: slots are a sorted set
@@ -93,25 +102,27 @@ type Concurrency struct {
 // Name implements Check.
 func (Concurrency) Name() string { return "concurrency" }
 
-// Lua implements Check. KEYS[kb + 1] live ZSET; ARGV[ab + 1] now, ARGV[ab + 2] max, ARGV[ab + 3] pending
-// deadline (unix ms), ARGV[ab + 4] workspace id.
+// Arity implements Check.
+func (Concurrency) Arity() (int, int) { return 1, 2 }
+
+// Lua implements Check. KEYS[kb + 1] live ZSET; ARGV[ab + 1] max,
+// ARGV[ab + 2] pending deadline (unix ms).
 //
 // As in Risk, the slots are pruned only when their count reaches the
 // limit: a count under it stays under it once pruned, so the decision is
 // the one a prune before every count gives, for a command fewer.
 func (Concurrency) Lua() (string, string) {
-	return `local max = tonumber(ARGV[ab + 2])
+	return `local max = tonumber(ARGV[ab + 1])
 if redis.call('ZCARD', KEYS[kb + 1]) >= max then
-  redis.call('ZREMRANGEBYSCORE', KEYS[kb + 1], '-inf', ARGV[ab + 1])
-  if redis.call('ZCARD', KEYS[kb + 1]) >= max then return {'` + string(protocol.ConcurrencyLimit) + `', ''} end
+  redis.call('ZREMRANGEBYSCORE', KEYS[kb + 1], '-inf', NOW)
+  if redis.call('ZCARD', KEYS[kb + 1]) >= max then return {0, I, '` + string(protocol.ConcurrencyLimit) + `', ''} end
 end`,
-		`redis.call('ZADD', KEYS[kb + 1], ARGV[ab + 3], ARGV[ab + 4])`
+		`redis.call('ZADD', KEYS[kb + 1], ARGV[ab + 2], WS)`
 }
 
 // Bind implements Check.
 func (c Concurrency) Bind(r *Request) ([]string, []any) {
-	return []string{r.Keys.Live}, []any{r.Now.UnixMilli(), r.Scope.Limits.MaxConcurrentWorkspaces,
-		r.Now.Add(c.PendingTimeout).UnixMilli(), r.Workspace.ID}
+	return []string{r.Keys.Live}, []any{r.Scope.Limits.MaxConcurrentWorkspaces, r.Now.Add(c.PendingTimeout).UnixMilli()}
 }
 
 // RiskDefaults are the risk limits of an account whose operator set none.
@@ -146,57 +157,82 @@ type Risk struct {
 // Name implements Check.
 func (Risk) Name() string { return "risk" }
 
-func sizeRanks() string {
-	var parts []string
-	for i, s := range sandgate.StandardSizes {
-		parts = append(parts, fmt.Sprintf("[%q]=%d", s.Name, i+1))
+// sizeRank is the Lua that sets the local named v to the rank (1 on) of
+// the standard size named by the string expression e, or to missing when
+// it names none: a chain of comparisons, so that no table is built per
+// call.
+func sizeRank(v, e string, missing int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "local %s = %d\n", v, missing)
+	for i, sz := range sandgate.StandardSizes {
+		kw := "elseif"
+		if i == 0 {
+			kw = "if"
+		}
+		fmt.Fprintf(&b, "%s %s == %q then %s = %d\n", kw, e, sz.Name, v, i+1)
 	}
-	return "{" + strings.Join(parts, ", ") + "}"
+	b.WriteString("end\n")
+	return b.String()
 }
 
-// Lua implements Check. KEYS[kb + 1] risk HASH, KEYS[kb + 2] velocity ZSET, KEYS[kb + 3] open ZSET;
-// ARGV[ab + 1] now, ARGV[ab + 2] workspace id, ARGV[ab + 3] pending deadline, ARGV[ab + 4] default
-// velocity, ARGV[ab + 5] default max open, ARGV[ab + 6] default max size, ARGV[ab + 7] requested size.
+// rank is the rank (1 on) of the standard size named name, or 99 when it
+// names none.
+func rank(name string) int {
+	for i, sz := range sandgate.StandardSizes {
+		if sz.Name == name {
+			return i + 1
+		}
+	}
+	return 99
+}
+
+// Arity implements Check.
+func (Risk) Arity() (int, int) { return 3, 2 }
+
+// Lua implements Check. KEYS[kb + 1] risk HASH, KEYS[kb + 2] velocity
+// ZSET, KEYS[kb + 3] open ZSET; ARGV[ab + 1] pending deadline, ARGV[ab +
+// 2] the requested size's rank (99: not a standard size). The defaults
+// are the script's.
 //
 // Each ZSET is pruned (members past their deadline) only when its count
 // reaches the limit: a count under the limit stays under it once pruned,
 // so the decision is the one a prune before every count gives, each set
 // stays bounded by its limit, and an admission under the limits costs two
 // commands fewer.
-func (Risk) Lua() (string, string) {
+func (c Risk) Lua() (string, string) {
+	d := c.Defaults.withDefaults()
 	return `local lim = redis.call('HMGET', KEYS[kb + 1], 'velocity', 'open', 'max_size')
-local now = tonumber(ARGV[ab + 1])
 local vel = tonumber(lim[1]) or 0
-if vel <= 0 then vel = tonumber(ARGV[ab + 4]) end
+if vel <= 0 then vel = ` + strconv.Itoa(d.AcquiresPerMinute) + ` end
 local open = tonumber(lim[2]) or 0
-if open <= 0 then open = tonumber(ARGV[ab + 5]) end
-local maxsize = lim[3]
-if not maxsize or maxsize == '' then maxsize = ARGV[ab + 6] end
-local ranks = ` + sizeRanks() + `
-if (ranks[ARGV[ab + 7]] or 99) > (ranks[maxsize] or 0) then return {'` + string(protocol.RiskLimit) + `', 'request_cap'} end
+if open <= 0 then open = ` + strconv.Itoa(d.MaxOpenWorkspaces) + ` end
+local maxrank = ` + strconv.Itoa(rank(d.MaxSize)%99) + `
+if lim[3] and lim[3] ~= '' then
+` + sizeRank("r", "lim[3]", 0) + `maxrank = r
+end
+if tonumber(ARGV[ab + 2]) > maxrank then return {0, I, '` + string(protocol.RiskLimit) + `', 'request_cap'} end
 if redis.call('ZCARD', KEYS[kb + 2]) >= vel then
+  local now = tonumber(NOW)
   redis.call('ZREMRANGEBYSCORE', KEYS[kb + 2], '-inf', now - 60000)
   if redis.call('ZCARD', KEYS[kb + 2]) >= vel then
     local oldest = redis.call('ZRANGE', KEYS[kb + 2], 0, 0, 'WITHSCORES')
     local wait = 1000
     if oldest[2] then wait = tonumber(oldest[2]) + 60000 - now end
-    return {'` + string(protocol.RiskLimit) + `', 'velocity', wait}
+    return {0, I, '` + string(protocol.RiskLimit) + `', 'velocity', wait}
   end
 end
 if redis.call('ZCARD', KEYS[kb + 3]) >= open then
-  redis.call('ZREMRANGEBYSCORE', KEYS[kb + 3], '-inf', now)
-  if redis.call('ZCARD', KEYS[kb + 3]) >= open then return {'` + string(protocol.RiskLimit) + `', 'open_workspaces'} end
+  redis.call('ZREMRANGEBYSCORE', KEYS[kb + 3], '-inf', NOW)
+  if redis.call('ZCARD', KEYS[kb + 3]) >= open then return {0, I, '` + string(protocol.RiskLimit) + `', 'open_workspaces'} end
 end`,
-		`redis.call('ZADD', KEYS[kb + 2], ARGV[ab + 1], ARGV[ab + 2])
-redis.call('ZADD', KEYS[kb + 3], ARGV[ab + 3], ARGV[ab + 2])`
+		`redis.call('ZADD', KEYS[kb + 2], NOW, WS)
+redis.call('ZADD', KEYS[kb + 3], ARGV[ab + 1], WS)`
 }
 
 // Bind implements Check.
 func (c Risk) Bind(r *Request) ([]string, []any) {
-	d := c.Defaults.withDefaults()
 	return []string{r.Keys.Risk, r.Keys.Velocity, r.Keys.Open}, []any{
-		r.Now.UnixMilli(), r.Workspace.ID, r.Now.Add(c.PendingTimeout).UnixMilli(),
-		d.AcquiresPerMinute, d.MaxOpenWorkspaces, d.MaxSize, r.Workspace.Size}
+		r.Now.Add(c.PendingTimeout).UnixMilli(), rank(r.Workspace.Size)}
 }
 
 // Record writes the workspace record and indexes it. It refuses nothing and
@@ -206,20 +242,23 @@ type Record struct{}
 // Name implements Check.
 func (Record) Name() string { return "record" }
 
+// Arity implements Check: its field/value pairs are as many as the
+// workspace sets.
+func (Record) Arity() (int, int) { return 3, -1 }
+
 // Lua implements Check. KEYS[kb + 1] workspace HASH, KEYS[kb + 2] index ZSET, KEYS[kb + 3] live
-// index ZSET; ARGV[ab + 1] created (unix ms), ARGV[ab + 2] workspace id, ARGV[ab + 3 .. ab + na]
-// field/value pairs.
+// index ZSET; ARGV[ab + 1] created (unix ms), ARGV[ab + 2 .. ab + na] field/value pairs.
 func (Record) Lua() (string, string) {
-	return ``, `redis.call('HSET', KEYS[kb + 1], unpack(ARGV, ab + 3, ab + na))
-redis.call('ZADD', KEYS[kb + 2], ARGV[ab + 1], ARGV[ab + 2])
-redis.call('ZADD', KEYS[kb + 3], ARGV[ab + 1], ARGV[ab + 2])`
+	return ``, `redis.call('HSET', KEYS[kb + 1], unpack(ARGV, ab + 2, ab + na))
+redis.call('ZADD', KEYS[kb + 2], ARGV[ab + 1], WS)
+redis.call('ZADD', KEYS[kb + 3], ARGV[ab + 1], WS)`
 }
 
 // Bind implements Check.
 func (Record) Bind(r *Request) ([]string, []any) {
 	fields := store.WorkspaceFields(r.Workspace)
-	args := make([]any, 0, 4+len(fields))
-	args = append(args, r.Workspace.CreatedAt.UnixMilli(), r.Workspace.ID)
+	args := make([]any, 0, 3+len(fields))
+	args = append(args, r.Workspace.CreatedAt.UnixMilli())
 	args = append(args, fields...)
 	// The key's hash, so that the reaper can free it if the create's
 	// outcome is never confirmed (store.FailCreate).

@@ -329,7 +329,9 @@ local base = 4 + off + ns
 local ne = (#ARGV - base + 1) / 5
 if mode == 'accrue' then
   if redis.call('HGET', KEYS[8], 'state') ~= 'running' then return {0, alerts_waiting()} end
-elseif ne > 0 and redis.call('SISMEMBER', KEYS[4], ARGV[base + (ne - 1) * 5]) == 1 then
+elseif ne > 0 and redis.call('SADD', KEYS[4], ARGV[base + (ne - 1) * 5]) == 0 then
+  -- The final entry's id is claimed here, once: already there, the
+  -- workspace is settled; claimed, the loop appends it without asking.
   return {0, alerts_waiting()}
 end
 local n, queued = 0, 0
@@ -339,7 +341,7 @@ local budgets, hknown, hleft = nil, false, nil
 for i = 0, ne - 1 do
   local a = base + i * 5
   local eid, amt = ARGV[a], tonumber(ARGV[a + 3])
-  -- In settle mode the last entry was found absent above.
+  -- In settle mode the last entry was claimed above.
   if (mode ~= 'accrue' and i == ne - 1) or redis.call('SISMEMBER', KEYS[4], eid) == 0 then
     local hold = hleft
     if not hknown then hold = tonumber(redis.call('HGET', KEYS[2], ws)) end
@@ -373,7 +375,7 @@ for i = 0, ne - 1 do
       if budgets and budget_alerts(KEYS[6], spend, alerted, KEYS[7], ARGV[s], ARGV[a + 4], ARGV[a + 2]) then queued = 1 end
     end
     if amt ~= 0 then redis.call('PEXPIRE', spend, ` + spendTTL + `) end
-    append_usage(KEYS[3], KEYS[4], eid, ARGV[a + 1], ARGV[a + 2])
+    append_usage(KEYS[3], KEYS[4], eid, ARGV[a + 1], ARGV[a + 2], mode ~= 'accrue' and i == ne - 1)
     n = n + 1
   end
 end

@@ -63,25 +63,30 @@ func NotConfigured(acct string) error {
 			"or mark the account free (sandgate admin billing set --free)"}
 }
 
+// Arity implements admission.Check.
+func (FundsCheck) Arity() (int, int) { return 3, 1 }
+
 // Lua implements admission.Check. KEYS[kb + 1] settings HASH, KEYS[kb + 2] funds HASH,
-// KEYS[kb + 3] holds HASH; ARGV[ab + 1] hold (micros), ARGV[ab + 2] workspace id.
+// KEYS[kb + 3] holds HASH; ARGV[ab + 1] hold (micros). The check leaves
+// the hold, as a number, in S for the apply.
 func (FundsCheck) Lua() (string, string) {
 	return `local st = redis.call('HMGET', KEYS[kb + 1], 'configured', 'postpaid', 'credit_limit')
-if st[1] ~= '1' then return {'` + string(protocol.InsufficientFunds) + `', '` + ReasonNotConfigured + `'} end
+if st[1] ~= '1' then return {0, I, '` + string(protocol.InsufficientFunds) + `', '` + ReasonNotConfigured + `'} end
+S = tonumber(ARGV[ab + 1])
 if st[2] ~= '1' then
   local f = redis.call('HMGET', KEYS[kb + 2], 'balance', 'holds')
   local avail = (tonumber(f[1]) or 0) - (tonumber(f[2]) or 0) + (tonumber(st[3]) or 0)
-  if avail < tonumber(ARGV[ab + 1]) then return {'` + string(protocol.InsufficientFunds) + `', ''} end
-end`, `if tonumber(ARGV[ab + 1]) > 0 then
+  if avail < S then return {0, I, '` + string(protocol.InsufficientFunds) + `', ''} end
+end`, `if S > 0 then
   redis.call('HINCRBY', KEYS[kb + 2], 'holds', ARGV[ab + 1])
-  redis.call('HSET', KEYS[kb + 3], ARGV[ab + 2], ARGV[ab + 1])
+  redis.call('HSET', KEYS[kb + 3], WS, ARGV[ab + 1])
 end`
 }
 
 // Bind implements admission.Check.
 func (FundsCheck) Bind(r *admission.Request) ([]string, []any) {
 	a := r.Workspace.AccountID
-	return []string{settingsKey(a), fundsKey(a), holdsKey(a)}, []any{r.Workspace.Price.HoldMicros, r.Workspace.ID}
+	return []string{settingsKey(a), fundsKey(a), holdsKey(a)}, []any{r.Workspace.Price.HoldMicros}
 }
 
 // BudgetCheck refuses budget_exhausted when a hard monthly budget of the
@@ -94,42 +99,62 @@ type BudgetCheck struct{}
 // Name implements admission.Check.
 func (BudgetCheck) Name() string { return "budget" }
 
+// Arity implements admission.Check: the hold, the month and up to four
+// scopes ("" past the workspace's own).
+func (BudgetCheck) Arity() (int, int) { return 4, 2 + maxScopes }
+
+// maxScopes is how many budget scopes a workspace counts against at most
+// (scopes).
+const maxScopes = 4
+
 // Lua implements admission.Check. KEYS[kb + 1] budgets HASH, KEYS[kb + 2] spend HASH (the
 // month's), KEYS[kb + 3] alerted SET (the month's), KEYS[kb + 4] alerts LIST; ARGV[ab + 1] hold,
-// ARGV[ab + 2] month, ARGV[ab + 3] now (unix ms), ARGV[ab + 4 .. ab + na] scopes.
+// ARGV[ab + 2] month, ARGV[ab + 3 .. ab + na] scopes, "" for none.
 //
 // An account without budgets (no budgets HASH) costs one EXISTS, which
 // the check leaves in S for the apply (it runs after every check,
 // in the same script), and an admission that holds nothing there writes
-// nothing.
+// nothing. The budget functions are defined only where budgets or a
+// hold need them.
 func (BudgetCheck) Lua() (string, string) {
-	return budgetLua + `S = redis.call('EXISTS', KEYS[kb + 1]) == 1
-if not S then return nil end
-local w = tonumber(ARGV[ab + 1])
-for i = ab + 4, ab + na do
-  local lim = tonumber(redis.call('HGET', KEYS[kb + 1], ARGV[i]))
-  if lim and redis.call('HGET', KEYS[kb + 1], ARGV[i] .. ':soft') ~= '1' then
-    if spent(KEYS[kb + 2], ARGV[i]) + w > lim then return {'` + string(protocol.BudgetExhausted) + `', scope_level(ARGV[i])} end
+	return `S = redis.call('EXISTS', KEYS[kb + 1]) == 1
+if S then
+` + budgetLua + `
+  local w = tonumber(ARGV[ab + 1])
+  for i = ab + 3, ab + na do
+    local s = ARGV[i]
+    if s ~= '' then
+      local lim = tonumber(redis.call('HGET', KEYS[kb + 1], s))
+      if lim and redis.call('HGET', KEYS[kb + 1], s .. ':soft') ~= '1' then
+        if spent(KEYS[kb + 2], s) + w > lim then return {0, I, '` + string(protocol.BudgetExhausted) + `', scope_level(s)} end
+      end
+    end
   end
-end`, budgetLua + `local budgets = S
-local hold = tonumber(ARGV[ab + 1])
-if hold <= 0 and not budgets then return false end
-local queued = false
-for i = ab + 4, ab + na do
-  if hold > 0 then redis.call('HINCRBY', KEYS[kb + 2], ARGV[i] .. ':h', ARGV[ab + 1]) end
-  if budgets and budget_alerts(KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3], KEYS[kb + 4], ARGV[i], ARGV[ab + 2], ARGV[ab + 3]) then queued = true end
-end
-redis.call('PEXPIRE', KEYS[kb + 2], ` + spendTTL + `)
-return queued`
+end`, `local hold = tonumber(ARGV[ab + 1])
+if hold > 0 or S then
+` + budgetLua + `
+  for i = ab + 3, ab + na do
+    local s = ARGV[i]
+    if s ~= '' then
+      if hold > 0 then redis.call('HINCRBY', KEYS[kb + 2], s .. ':h', ARGV[ab + 1]) end
+      if S and budget_alerts(KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3], KEYS[kb + 4], s, ARGV[ab + 2], NOW) then Q = 1 end
+    end
+  end
+  redis.call('PEXPIRE', KEYS[kb + 2], ` + spendTTL + `)
+end`
 }
 
 // Bind implements admission.Check.
 func (BudgetCheck) Bind(r *admission.Request) ([]string, []any) {
 	w := r.Workspace
 	m := month(w.CreatedAt)
-	args := []any{w.Price.HoldMicros, m, r.Now.UnixMilli()}
+	args := make([]any, 2, 2+maxScopes)
+	args[0], args[1] = w.Price.HoldMicros, m
 	for _, s := range scopes(w.InstanceID, w.Agent) {
 		args = append(args, s)
+	}
+	for len(args) < cap(args) {
+		args = append(args, "")
 	}
 	return []string{budgetsKey(w.AccountID), spendKey(w.AccountID, m), alertedKey(w.AccountID, m), alertsKey(w.AccountID)}, args
 }

@@ -208,10 +208,12 @@ func (e UsageEntry) normalized() UsageEntry {
 // terminated_at. It is shared by appendScript and the settle script.
 //
 // Uses: ukey usage STREAM, idskey ids SET, eid entry id, ej entry JSON,
-// tms terminated_at (unix ms). Evaluates to 1 appended, 0 already there.
+// tms terminated_at (unix ms), claimed true when the caller already added
+// eid to idskey (it found it absent). Evaluates to 1 appended, 0 already
+// there.
 const appendLua = `
-local function append_usage(ukey, idskey, eid, ej, tms)
-  if redis.call('SADD', idskey, eid) == 0 then return 0 end
+local function append_usage(ukey, idskey, eid, ej, tms, claimed)
+  if not claimed and redis.call('SADD', idskey, eid) == 0 then return 0 end
   local t = tonumber(tms)
   -- Entries mostly come in time order: try the entry's own time first,
   -- and read the newest id only when the stream is already past it.

@@ -5,7 +5,10 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sandgate/sandgate/providers/noop"
 )
@@ -15,7 +18,8 @@ import (
 // a script calls): four script calls, and within them no read the pair
 // does not need. The confirm of a workspace still starting in its slot
 // does not read its Idempotency-Key back (only the admission's claim
-// check reads it), and a release's terminate answers the record it read.
+// check reads it), a release's terminate answers the record it read, and
+// settlement claims the final entry's id with the SADD that appends it.
 func TestRedisWorkPerPair(t *testing.T) {
 	e := rtStart(t, rtOptions{maxConcurrent: 1 << 30, provider: noop.New("bench")})
 	e.mustDo(t, http.MethodDelete, "/v1/workspaces/"+e.acquire(t), "", nil, http.StatusOK) // loads the scripts
@@ -53,8 +57,66 @@ func TestRedisWorkPerPair(t *testing.T) {
 	if got := calls["get"]; got != pairs {
 		t.Errorf("%d GETs for %d pairs, want 1 a pair (the admission's claim check)", got, pairs)
 	}
-	const budget = 34 // commands a pair's scripts run, at most
+	if got := calls["sismember"]; got != 0 {
+		t.Errorf("%d SISMEMBERs for %d pairs, want none (the final entry's SADD answers whether it was in)", got, pairs)
+	}
+	if got := calls["sadd"]; got != pairs {
+		t.Errorf("%d SADDs for %d pairs, want 1 a pair (the ledger entry's id)", got, pairs)
+	}
+	const budget = 33 // commands a pair's scripts run, at most
 	if inner > budget*pairs {
 		t.Errorf("Redis ran %.1f commands a pair inside its scripts, want at most %d: %v", float64(inner)/pairs, budget, calls)
+	}
+}
+
+// scriptArgs counts what the broker's scripts hand redis-server: the
+// scripts' calls, and their keys and arguments (each one is parsed and
+// interned into Lua on every call).
+type scriptArgs struct {
+	mu          sync.Mutex
+	calls, args int
+}
+
+func (s *scriptArgs) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s *scriptArgs) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+			s.mu.Lock()
+			s.calls++
+			s.args += len(cmd.Args()) - 3 // name, digest, key count
+			s.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (s *scriptArgs) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestScriptArgsPerPair bounds the keys and arguments an acquire+release
+// pair on the noop provider (a free account, no budgets) hands its four
+// scripts: the admission script's offsets, constants (field names, TTL,
+// risk defaults, size ranks) and shared values (now, the workspace id)
+// live in the script, not in every call.
+func TestScriptArgsPerPair(t *testing.T) {
+	e := rtStart(t, rtOptions{maxConcurrent: 1 << 30, provider: noop.New("test")})
+	e.mustDo(t, http.MethodDelete, "/v1/workspaces/"+e.acquire(t), "", nil, http.StatusOK) // loads the scripts
+	var sa scriptArgs
+	e.db.Redis().(*redis.Client).AddHook(&sa)
+	const pairs = 10
+	for range pairs {
+		e.mustDo(t, http.MethodDelete, "/v1/workspaces/"+e.acquire(t), "", nil, http.StatusOK)
+	}
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.calls != 4*pairs {
+		t.Errorf("%d script calls for %d pairs; want 4 a pair", sa.calls, pairs)
+	}
+	// 129 before the admission script was built straight-line.
+	const budget = 104
+	if got := sa.args / pairs; got > budget {
+		t.Errorf("scripts carried %d keys and arguments a pair; want at most %d", got, budget)
 	}
 }
