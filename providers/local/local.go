@@ -643,6 +643,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			return providers.Sandbox{}, p.undoCreate(ref, l, rec.UID, err)
 		}
 	}
+	go p.warm(ref, l, rec)
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(ref), sandgate.InstanceAttr(spec.InstanceID),
 		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env),
 		"egress_domains", len(rec.AllowedDomains), "image_digest", imageDigest(rec))

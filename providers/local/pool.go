@@ -138,37 +138,11 @@ func (p *Provider) takePooled(ctx context.Context, spec providers.CreateSpec, sb
 	if err != nil {
 		return true, p.undoCreate(ref, l, rec.UID, err)
 	}
-	go p.warmNS(ref, l, rec)
+	go p.warm(ref, l, rec)
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(ref), sandgate.InstanceAttr(spec.InstanceID),
 		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env),
 		"egress_domains", len(rec.AllowedDomains), "pooled", true)
 	return true, nil
-}
-
-// warmNS makes the taken workspace's mount namespace (mountns.go) while
-// the create's answer travels, staged exactly as its first exec will ask
-// (exec.go), so that exec joins it instead of mounting the image. A
-// Terminate that came first or meanwhile leaves it nothing: its mark is
-// set before it drops the namespace, and the check below follows the
-// make.
-func (p *Provider) warmNS(ref string, l layout, rec record) {
-	j := p.jobIn(ref, opened{layout: l, rec: rec})
-	j.stageEgress = len(rec.AllowedDomains) > 0
-	o, ok := p.stageOptions(j)
-	if !ok {
-		return
-	}
-	if p.rootTrees {
-		o = p.rootOptions(j, o)
-	}
-	_, release, err := p.ns.acquire(ref, o)
-	if err != nil {
-		return // the first exec stages it and reports why
-	}
-	release()
-	if _, err := os.Stat(string(l)); err != nil || ended(l) {
-		p.ns.drop(ref)
-	}
 }
 
 // giveUID hands the uid claim from one name to another, in one rename.

@@ -189,6 +189,42 @@ func (p *Provider) residentOf(ref string, w opened) (*resident, error) {
 	return rs, nil
 }
 
+// warm readies what the new workspace ref's first exec needs while the
+// create's answer travels: its mount namespace (mountns.go), staged
+// exactly as that exec will ask, and its resident, so that the exec finds
+// it up or starting rather than starting one itself (a bwrap set-up and a
+// Go start of the broker's binary). Neither runs tenant code. A Terminate
+// that came first or meanwhile leaves nothing behind: it marks the
+// workspace ended before it drops the namespace, and a resident start
+// checks under the Provider's lock that the workspace is not being
+// terminated (start), so the check below, after both, sees it gone.
+func (p *Provider) warm(ref string, l layout, rec record) {
+	w := opened{layout: l, rec: rec}
+	j := p.jobIn(ref, w)
+	j.stageEgress = len(rec.AllowedDomains) > 0
+	if p.useResident(j) {
+		// Its failure is the first exec's to report, which starts another.
+		p.residentOf(ref, w)
+	} else {
+		o, ok := p.stageOptions(j)
+		if !ok {
+			return
+		}
+		if p.rootTrees {
+			o = p.rootOptions(j, o)
+		}
+		_, release, err := p.ns.acquire(ref, o)
+		if err != nil {
+			return // the first exec stages it and reports why
+		}
+		release()
+	}
+	if _, err := os.Stat(string(l)); err != nil || ended(l) {
+		p.stopResident(ref)
+		p.ns.drop(ref)
+	}
+}
+
 // startResident starts ref's resident and returns at once: requests
 // queue in the control socket until it reads them.
 func (p *Provider) startResident(ref string, w opened) (*resident, error) {
@@ -320,6 +356,21 @@ func (p *Provider) stopResidents() {
 	}
 	for _, rs := range all {
 		<-rs.dead
+	}
+}
+
+// stopResident kills ref's resident, if any, without waiting.
+func (p *Provider) stopResident(ref string) {
+	p.res.mu.Lock()
+	slot := p.res.m[ref]
+	p.res.mu.Unlock()
+	if slot == nil {
+		return
+	}
+	slot.mu.Lock()
+	defer slot.mu.Unlock()
+	if slot.rs != nil {
+		slot.rs.r.kill(false)
 	}
 }
 
