@@ -451,7 +451,7 @@ func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
 		if p.terminating[ref] > 0 {
 			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
 		}
-		if _, err := os.Stat(p.layout(ref).sandbox()); err != nil {
+		if _, err := os.Stat(p.readyFile(ref)); err != nil {
 			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
 		}
 	}
@@ -557,6 +557,11 @@ func (p *Provider) forget(ref string, r *run) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.forgetLocked(ref, r)
+}
+
+// forgetLocked drops r from the runs of ref; p.mu is held.
+func (p *Provider) forgetLocked(ref string, r *run) {
 	delete(p.runs[ref], r)
 	if len(p.runs[ref]) == 0 {
 		delete(p.runs, ref)
@@ -651,6 +656,8 @@ type launch struct {
 	// last are bwrap's last descriptors, past those of the sh that joins
 	// the cgroups (joinAsStarted), which reads no descriptor above 9.
 	last []*os.File
+	// started, when set, is closed once bwrap has started, or failed to.
+	started chan struct{}
 }
 
 // bwrapEnd is how an exec's bwrap ended, from launchBwrap.
@@ -699,6 +706,9 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			err = fmt.Errorf("local: exec: %w", err)
 		} else {
 			err = p.start(j.ref, l.ns, cmd, r)
+		}
+		if l.started != nil {
+			close(l.started)
 		}
 		closeAll(l.closeStarted)
 		if unpin != nil {

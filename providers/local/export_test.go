@@ -128,11 +128,13 @@ func PooledDirs(p *Provider) []string {
 }
 
 // AbandonPool leaves p's warm workspaces behind as a broker that crashed
-// would: its refill stops and its owner lock is let go, nothing removed.
+// would: its refill stops, its owner lock is let go and their residents
+// die (with the broker, in a crash), nothing removed.
 func AbandonPool(p *Provider) {
 	p.pool.Abandon()
 	p.pool.lock.Close()
 	p.pool = nil
+	p.stopResidents()
 }
 
 // HasNS reports whether p holds a mount namespace of the workspace ref.

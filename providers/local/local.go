@@ -487,7 +487,7 @@ func (p *Provider) probe(ctx context.Context) error {
 	// Exactly as a workspace: on a disk image where there are disk quotas.
 	var disk string
 	if p.disk != nil {
-		if err := p.disk.create(ctx, l, 16, p.probeUID); err != nil {
+		if err := p.disk.create(ctx, l, 16, p.probeUID, false); err != nil {
 			return fmt.Errorf("local: probe: disk image: %w", err)
 		}
 		disk = l.disk()
@@ -636,7 +636,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			}
 			return err
 		},
-		func() error { return p.makeDisk(ctx, l, &rec, spec.Size) }, // or, without a disk quota, the directories
+		func() error { return p.makeDisk(ctx, l, &rec, spec.Size, false) }, // or, without a disk quota, the directories
 		func() error { return p.finishCreate(ctx, spec, l, &rec, env) },
 	} {
 		if err := step(); err != nil {
@@ -664,7 +664,12 @@ func (p *Provider) finishCreate(ctx context.Context, spec providers.CreateSpec, 
 		func() error { return p.limit(ref, *rec) },
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return p.serveEgress(ref, l, *rec) },
-		func() error { rec.CPUs = p.placeCPUs(ref, rec.CPUCores); return nil },
+		func() error {
+			if rec.CPUs == nil { // else placed when it was pooled
+				rec.CPUs = p.placeCPUs(ref, rec.CPUCores)
+			}
+			return nil
+		},
 		func() error { return writeJSON(l.sandbox(), *rec, 0o644) }, // marks the workspace ready
 		func() error { return p.supervise(ref, spec.ExpiresAt) },    // the hard lifetime, without any broker
 	} {
@@ -678,6 +683,10 @@ func (p *Provider) finishCreate(ctx context.Context, spec providers.CreateSpec, 
 // undoCreate removes what a create that failed with err made of the
 // workspace ref at l, and returns err as Create reports it.
 func (p *Provider) undoCreate(ref string, l layout, uid int, err error) error {
+	if dead := p.stopResident(ref); dead != nil { // a pooled workspace's
+		<-dead
+	}
+	p.ns.drop(ref)
 	p.unplace(ref)
 	p.stopEgress(ref)
 	p.removeDeadline(ref)
@@ -937,8 +946,9 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 
 // makeDisk gives the new workspace at l its disk image of the size's
 // quota, if the reserve allows (see disk.go), or, on a host without disk
-// quotas, its directories. Either way they belong to rec.UID.
-func (p *Provider) makeDisk(ctx context.Context, l layout, rec *record, size sandgate.Size) error {
+// quotas, its directories. Either way they belong to rec.UID. A
+// background one (the pool's) makes its image at a low CPU priority.
+func (p *Provider) makeDisk(ctx context.Context, l layout, rec *record, size sandgate.Size, background bool) error {
 	if p.disk == nil {
 		if err := l.makeDirs(); err != nil {
 			return err
@@ -951,7 +961,7 @@ func (p *Provider) makeDisk(ctx context.Context, l layout, rec *record, size san
 		return err
 	}
 	defer unlock() // once the image exists: its size counts from then on
-	if err := p.disk.create(ctx, l, mib, rec.UID); err != nil {
+	if err := p.disk.create(ctx, l, mib, rec.UID, background); err != nil {
 		return err
 	}
 	if p.cfg.onMkfs != nil {
@@ -1131,6 +1141,7 @@ func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
 // DataDir's parent cgroups when no workspace is left in them; workspaces
 // and their durable commands stay as they are.
 func (p *Provider) Close() error {
+	p.closePool() // first: its refill may be starting a resident
 	p.stopOnce.Do(func() {
 		p.stopResidents() // before hostNS: their threads leave for it
 		close(p.stop)
@@ -1140,7 +1151,6 @@ func (p *Provider) Close() error {
 			p.hostNS.Close()
 		}
 	})
-	p.closePool()
 	p.trashing.Wait()
 	p.ns.sweep(time.Time{})
 	p.egressStop()

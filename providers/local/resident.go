@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -91,15 +92,21 @@ type residentReply struct {
 
 // resident is a workspace's running resident.
 type resident struct {
-	ctlMu sync.RWMutex  // write-held to close ctl, read-held to send on it
-	ctl   *os.File      // the broker's end of the control socket; nil once closed
-	r     *run          // its bwrap, which Terminate kills
-	dead  chan struct{} // closed once its bwrap has exited
+	ctlMu   sync.RWMutex  // write-held to close ctl, read-held to send on it
+	ctl     *os.File      // the broker's end of the control socket; nil once closed
+	r       *run          // its bwrap, which Terminate kills
+	dead    chan struct{} // closed once its bwrap has exited
+	started chan struct{} // closed once its bwrap has started, or failed to
+
+	// ref is the workspace's, or a pooled workspace's pool key until a
+	// create takes it (adoptPooled); under the Provider's mu.
+	ref string
 
 	mu       sync.Mutex
 	inflight int
 	last     time.Time
 	stopping bool // idleResident is stopping it: no exec may begin
+	pooled   bool // its workspace is in the pool: never idle
 }
 
 // residents are a Provider's residents, by workspace.
@@ -179,6 +186,7 @@ func (p *Provider) residentOf(ref string, w opened) (*resident, error) {
 		<-rs.dead
 		p.res.mu.Lock()
 		defer p.res.mu.Unlock()
+		ref := p.refOf(rs) // a pooled workspace's changes at its take
 		if p.res.m[ref] == slot && slot.mu.TryLock() {
 			if slot.rs == rs {
 				delete(p.res.m, ref) // else a start is under way, or done
@@ -286,7 +294,8 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 	cmd.SysProcAttr = sandboxProcAttr(j.uid)
 	cmd.WaitDelay = waitDelay
 
-	rs := &resident{ctl: ctl, r: &run{done: make(chan struct{})}, dead: make(chan struct{}), last: time.Now()}
+	rs := &resident{ctl: ctl, r: &run{done: make(chan struct{})}, dead: make(chan struct{}), started: make(chan struct{}),
+		ref: ref, last: time.Now(), pooled: isPoolKey(ref)}
 	fail := func(err error) (*resident, error) {
 		ctl.Close()
 		theirs.Close()
@@ -313,7 +322,7 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 		opts: p.bwrapOptions(j, filter != nil, rooted), ctx: ctx,
 		// The seccomp filter and the resident's end of the socket: only
 		// bwrap keeps them, so that the resident's end closes with it.
-		closeStarted: append(files[1:], theirs), last: []*os.File{theirs}}
+		closeStarted: append(files[1:], theirs), last: []*os.File{theirs}, started: rs.started}
 	exited := p.launchBwrap(j, l)
 	go func() {
 		end := <-exited
@@ -323,7 +332,7 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 		}
 		release()
 		if end.started && end.startErr == nil {
-			p.forget(ref, rs.r)
+			p.forgetResident(rs)
 		}
 		argsW.Close()
 		rs.ctlMu.Lock()
@@ -359,19 +368,38 @@ func (p *Provider) stopResidents() {
 	}
 }
 
-// stopResident kills ref's resident, if any, without waiting.
-func (p *Provider) stopResident(ref string) {
+// stopResident kills ref's resident, if any, and returns a channel
+// closed once it is gone; nil when there is none.
+func (p *Provider) stopResident(ref string) <-chan struct{} {
 	p.res.mu.Lock()
 	slot := p.res.m[ref]
 	p.res.mu.Unlock()
 	if slot == nil {
-		return
+		return nil
 	}
 	slot.mu.Lock()
 	defer slot.mu.Unlock()
-	if slot.rs != nil {
-		slot.rs.r.kill(false)
+	if slot.rs == nil {
+		return nil
 	}
+	slot.rs.r.kill(false)
+	return slot.rs.dead
+}
+
+// forgetResident is forget for rs, whose ref a take may change meanwhile.
+func (p *Provider) forgetResident(rs *resident) {
+	p.mu.Lock()
+	ref := rs.ref
+	p.forgetLocked(ref, rs.r)
+	p.mu.Unlock()
+	go os.Remove(filepath.Join(p.layoutOf(ref).execs(), strconv.Itoa(rs.r.pgid)))
+}
+
+// refOf is rs's workspace's ref now.
+func (p *Provider) refOf(rs *resident) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return rs.ref
 }
 
 // idleResident stops rs once it has run no exec for residentIdle, and
@@ -386,7 +414,7 @@ func (p *Provider) idleResident(ref string, rs *resident) {
 		case <-p.stop:
 		case <-t.C:
 			rs.mu.Lock()
-			idle := rs.inflight == 0 && time.Since(rs.last) >= residentIdle
+			idle := rs.inflight == 0 && !rs.pooled && time.Since(rs.last) >= residentIdle
 			rs.stopping = idle
 			rs.mu.Unlock()
 			if !idle {
