@@ -22,13 +22,14 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local/internal/residentd"
 )
 
 // defaultDir is the working directory of a command that names none.
 const defaultDir = "/workspace"
 
 // defaultPath is PATH in the sandbox unless the workspace's Env sets it.
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+const defaultPath = residentd.DefaultPath
 
 // waitDelay bounds how long Exec waits for the output pipes once bwrap has
 // exited. The pid namespace dies with bwrap, so the pipes close at once; this

@@ -625,6 +625,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		StartedAt: sb.StartedAt,
 		Image:     img,
 	}
+	var staged chan struct{} // closed once the namespace is made
 	for _, step := range []func() error{
 		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
 		func() (err error) {
@@ -637,9 +638,24 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			return err
 		},
 		func() error { return p.makeDisk(ctx, l, &rec, spec.Size, false) }, // or, without a disk quota, the directories
+		func() error {
+			// The image's mount, the first exec's longest wait, runs
+			// beside the rest of the create (warm, below, waits for it).
+			j := p.jobIn(ref, opened{layout: l, rec: rec})
+			j.stageEgress = len(spec.Egress.AllowedDomains) > 0
+			staged = make(chan struct{})
+			go func() {
+				defer close(staged)
+				p.stageNS(j)
+			}()
+			return nil
+		},
 		func() error { return p.finishCreate(ctx, spec, l, &rec, env) },
 	} {
 		if err := step(); err != nil {
+			if staged != nil {
+				<-staged // so that undoCreate drops the namespace it made
+			}
 			return providers.Sandbox{}, p.undoCreate(ref, l, rec.UID, err)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local/internal/residentd"
 )
 
 // The resident (unless Config.BwrapExec): each workspace keeps one small
@@ -34,7 +35,7 @@ import (
 //	/dev/.sandgate-resident --sandgate-exec-resident SOCKET
 //
 // Its one descriptor past stderr is its end of a SOCK_SEQPACKET socket
-// pair whose other end only the broker holds; each message is one exec: a residentRequest, and with
+// pair whose other end only the broker holds; each message is one exec: a residentd.Request, and with
 // SCM_RIGHTS the exec's own connection (a socket pair of its own), its
 // stdin, stdout and stderr, and the tasks files of its leaf cgroups. The
 // resident forks the command from a thread that has joined those cgroups,
@@ -42,15 +43,9 @@ import (
 // with its wait status. Output goes straight from the command to the
 // broker's pipes. See README.md, "The resident".
 
-const residentName = "sandgate-exec-resident"
-
 // residentBin is where the resident's binary is bound in its sandbox: on
 // bwrap's own /dev, so that no mount point of it is in the root tree.
 const residentBin = "/dev/.sandgate-resident"
-
-// maxResidentFDs bounds the descriptors of one request: the connection,
-// stdio, at most four cgroup files to join and two to leave.
-const maxResidentFDs = 10
 
 // residentData bounds the resident's own RLIMIT_DATA: a -race build
 // maps about 450 MiB, a plain one about 120 MiB (VmData; its RSS is about
@@ -59,36 +54,6 @@ const residentData = 1 << 30
 
 // residentIdle is how long a resident is kept after its last exec.
 const residentIdle = nsIdle
-
-// residentRequest is one exec, as the broker sends it to the resident.
-type residentRequest struct {
-	Argv []string `json:"argv"`
-	Env  []string `json:"env"`
-	Dir  string   `json:"dir"`
-	// Stdin is whether a stdin pipe follows the connection (else the
-	// command's stdin is /dev/null); Join is how many cgroup files
-	// follow stdout and stderr.
-	Stdin bool `json:"stdin,omitempty"`
-	Join  int  `json:"join"`
-	// Leave is how many cgroup files follow those: the workspace's own
-	// cgroups above the leaves, which the forking thread moves back to
-	// once the command is forked, so that killing the leaf never finds
-	// a thread of the resident in it.
-	Leave int `json:"leave,omitempty"`
-	// Data is the command's RLIMIT_DATA, soft and hard, in bytes (0:
-	// the resident's own). The resident runs without it: a Go runtime
-	// under a tenant's limit dies of it (a -race build maps most of
-	// 512 MiB) and takes every exec in flight with it.
-	Data uint64 `json:"data,omitempty"`
-}
-
-// residentReply is how the exec ended.
-type residentReply struct {
-	Status int    `json:"status,omitempty"` // the command's wait status
-	Err    string `json:"err,omitempty"`    // why it could not be started
-	Chdir  bool   `json:"chdir,omitempty"`  // Err is about its directory
-	Cgroup bool   `json:"cgroup,omitempty"` // its cgroups could not be joined
-}
 
 // resident is a workspace's running resident.
 type resident struct {
@@ -214,22 +179,26 @@ func (p *Provider) warm(ref string, l layout, rec record) {
 		// Its failure is the first exec's to report, which starts another.
 		p.residentOf(ref, w)
 	} else {
-		o, ok := p.stageOptions(j)
-		if !ok {
-			return
-		}
-		if p.rootTrees {
-			o = p.rootOptions(j, o)
-		}
-		_, release, err := p.ns.acquire(ref, o)
-		if err != nil {
-			return // the first exec stages it and reports why
-		}
-		release()
+		p.stageNS(j)
 	}
 	if _, err := os.Stat(string(l)); err != nil || ended(l) {
 		p.stopResident(ref)
 		p.ns.drop(ref)
+	}
+}
+
+// stageNS makes j's workspace's mount namespace, staged as j's exec
+// asks, unless it is there; an error is the first exec's to report.
+func (p *Provider) stageNS(j job) {
+	o, ok := p.stageOptions(j)
+	if !ok {
+		return
+	}
+	if p.rootTrees {
+		o = p.rootOptions(j, o)
+	}
+	if _, release, err := p.ns.acquire(j.ref, o); err == nil {
+		release()
 	}
 }
 
@@ -278,7 +247,7 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 	// default buffer it could not be sent at all. Best effort (root only).
 	_ = unix.SetsockoptInt(pair[0], unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 8<<20)
 	ctl, theirs := os.NewFile(uintptr(pair[0]), "resident"), os.NewFile(uintptr(pair[1]), "resident")
-	j.argv = []string{residentBin, "--" + residentName, sock}
+	j.argv = []string{residentBin, "--" + residentd.Name, sock}
 
 	// The resident joins none of the workspace's cgroups: like the
 	// broker's threads, it must never be what the tenant's memory or
@@ -522,7 +491,7 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 
 	leave := p.leaveFiles(j.ref)
 	defer closeAll(leave)
-	req, _ := json.Marshal(residentRequest{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join), Leave: len(leave), Data: uint64(j.memory)})
+	req, _ := json.Marshal(residentd.Request{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join), Leave: len(leave), Data: uint64(j.memory)})
 	fds := []int{theirs}
 	if pipes.stdinR >= 0 {
 		fds = append(fds, pipes.stdinR)
@@ -605,7 +574,7 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 			rs.r.kill(false) // the resident does not answer: end the sandbox
 		}
 	}()
-	var rep residentReply
+	var rep residentd.Reply
 	buf := make([]byte, 512)
 	n, rerr := conn.Read(buf)
 	if rerr == nil {
@@ -748,7 +717,7 @@ func (r *run) isTerminated() bool {
 }
 
 // leaveFiles are the tasks files of ref's workspace cgroups that have
-// leaves (see residentRequest.Leave), opened for writing.
+// leaves (see residentd.Request.Leave), opened for writing.
 func (p *Provider) leaveFiles(ref string) []*os.File {
 	if !p.cg.joinsItself() {
 		return nil
