@@ -143,3 +143,38 @@ func HasNS(p *Provider, ref string) bool {
 	defer p.ns.mu.Unlock()
 	return p.ns.m[ref] != nil
 }
+
+// Residents returns the host pid of the bwrap of every live resident p
+// holds, by the ref it serves (a pooled workspace's: its pool key).
+func Residents(p *Provider) map[string]int {
+	p.res.mu.Lock()
+	slots := make(map[string]*residentSlot, len(p.res.m))
+	for ref, slot := range p.res.m {
+		slots[ref] = slot
+	}
+	p.res.mu.Unlock()
+	out := map[string]int{}
+	for _, slot := range slots {
+		slot.mu.Lock()
+		rs := slot.rs
+		slot.mu.Unlock()
+		if rs == nil {
+			continue
+		}
+		select {
+		case <-rs.dead:
+			continue
+		default:
+		}
+		rs.r.mu.Lock()
+		pid := rs.r.pgid
+		rs.r.mu.Unlock()
+		if pid > 0 {
+			out[p.refOf(rs)] = pid
+		}
+	}
+	return out
+}
+
+// PausePool holds p's refill, so that a test sees only what its takes do.
+func PausePool(p *Provider) { p.pool.Pause() }

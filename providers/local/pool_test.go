@@ -306,3 +306,63 @@ func TestPoolFromSettings(t *testing.T) {
 		t.Errorf("local.Open with an unknown pool key: no error; want it refused")
 	}
 }
+
+// A pooled workspace's resident runs before any create, holding nothing
+// of a tenant; the create that takes it runs its first exec on that same
+// resident, with the tenant's env, on the CPUs recorded for it, and
+// Terminate ends it.
+func TestPoolResidentStartedAtFill(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p, _ := newPooled(t, dataDir, smallPool(1), nil)
+	waitReady(t, p, 1)
+	local.PausePool(p)
+	before := local.Residents(p)
+	if len(before) != 1 {
+		t.Fatalf("residents of a pool of one before any create: %v; want one", before)
+	}
+	var pooled int
+	for key, pid := range before {
+		if !strings.HasPrefix(key, "pool/") {
+			t.Fatalf("resident of %q before any create; want the pooled workspace's", key)
+		}
+		pooled = pid
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pooled) + "/cmdline")
+	if err != nil || !strings.Contains(string(b), "--sandgate-exec-resident") {
+		t.Fatalf("pooled resident's bwrap %d: %q, %v", pooled, b, err)
+	}
+
+	spec := providertest.Spec(t)
+	spec.Env = map[string]string{"TENANT_SECRET": "alpha"}
+	sb := providertest.Create(t, p, spec)
+	if got := local.Residents(p); len(got) != 1 || got[sb.Ref] != pooled {
+		t.Fatalf("residents after the take: %v; want the pooled one (%d) serving %s", got, pooled, sb.Ref)
+	}
+	res := providertest.Exec(t, p, sb, "sh", "-c", `echo "$TENANT_SECRET $PPID"; grep Cpus_allowed_list /proc/self/status`)
+	if res.ExitCode != 0 {
+		t.Fatalf("exec: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	var rec struct {
+		CPUs []int `json:"cpus"`
+	}
+	readJSONFile(t, filepath.Join(dataDir, "workspaces", sb.Ref, "sandbox.json"), &rec)
+	cpus := make([]string, len(rec.CPUs))
+	for i, c := range rec.CPUs {
+		cpus[i] = strconv.Itoa(c)
+	}
+	// Forked by the resident, pid 2 of the sandbox.
+	want := "alpha 2\nCpus_allowed_list:\t" + strings.Join(cpus, ",") + "\n"
+	if got := string(res.Stdout); got != want || len(rec.CPUs) == 0 {
+		t.Errorf("first exec of the taken workspace printed %q (cpus %v); want %q", got, rec.CPUs, want)
+	}
+	if got := local.Residents(p); got[sb.Ref] != pooled {
+		t.Errorf("residents after the first exec: %v; want still %d", got, pooled)
+	}
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if local.Alive(pooled) {
+		t.Errorf("the taken workspace's resident %d runs after Terminate returned", pooled)
+	}
+}

@@ -299,3 +299,31 @@ func TestResidentOutsideTenantLimits(t *testing.T) {
 		t.Errorf("the resident is gone after its workspace ran out of memory: %v", err)
 	}
 }
+
+// TestCreateStartsResident: a create starts the workspace's resident
+// itself, so that the first exec does not wait for its start; Terminate
+// ends it.
+func TestCreateStartsResident(t *testing.T) {
+	t.Parallel()
+	p := newResidentProvider(t)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	var pid int
+	for deadline := time.Now().Add(time.Minute); pid == 0; pid = local.Residents(p)[sb.Ref] {
+		if time.Now().After(deadline) {
+			t.Fatalf("no resident of a created workspace before its first exec: %v", local.Residents(p))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if res := providertest.Exec(t, p, sb, "echo", "ready"); string(res.Stdout) != "ready\n" {
+		t.Fatalf("first exec = %q, exit %d", res.Stdout, res.ExitCode)
+	}
+	if got := local.Residents(p)[sb.Ref]; got != pid {
+		t.Errorf("resident after the first exec: %d; want the one the create started, %d", got, pid)
+	}
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if local.Alive(pid) {
+		t.Errorf("resident %d runs after Terminate returned", pid)
+	}
+}
