@@ -178,3 +178,13 @@ func Residents(p *Provider) map[string]int {
 
 // PausePool holds p's refill, so that a test sees only what its takes do.
 func PausePool(p *Provider) { p.pool.Pause() }
+
+// PooledCgroups returns the cgroup directories of p's pooled workspaces.
+func PooledCgroups(p *Provider) []string {
+	var out []string
+	for _, d := range p.cg.dirs {
+		names, _ := filepath.Glob(filepath.Join(d, pooledCgroup(p.pool.owner)+"*"))
+		out = append(out, names...)
+	}
+	return out
+}

@@ -650,7 +650,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			}()
 			return nil
 		},
-		func() error { return p.finishCreate(ctx, spec, l, &rec, env) },
+		func() error { return p.finishCreate(ctx, spec, l, &rec, env, false) },
 	} {
 		if err := step(); err != nil {
 			if staged != nil {
@@ -670,14 +670,20 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 // labels, uid and disk (rec): its own lifetime, account, egress, cgroups,
 // env, CPUs and record, which marks it ready, and its deadline. A pooled
 // workspace gets all of it at take time (takePooled).
-func (p *Provider) finishCreate(ctx context.Context, spec providers.CreateSpec, l layout, rec *record, env map[string]string) error {
+// cgReady is whether its cgroups are made already (a pooled workspace's).
+func (p *Provider) finishCreate(ctx context.Context, spec providers.CreateSpec, l layout, rec *record, env map[string]string, cgReady bool) error {
 	ref := spec.WorkspaceID
 	rec.ExpiresAt, rec.Account = spec.ExpiresAt, spec.AccountID
 	if len(spec.Egress.AllowedDomains) > 0 {
 		rec.AllowedDomains = slices.Clone(spec.Egress.AllowedDomains)
 	}
 	for _, step := range []func() error{
-		func() error { return p.limit(ref, *rec) },
+		func() error {
+			if cgReady {
+				return nil
+			}
+			return p.limit(ref, *rec)
+		},
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return p.serveEgress(ref, l, *rec) },
 		func() error {

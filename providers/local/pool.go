@@ -51,12 +51,20 @@ type pool struct {
 type pooled struct {
 	id  string
 	rec record // size, uid and disk
+	cg  bool   // its cgroups are made, with its size's limits (pool.cgroup)
 }
 
 // claim is what the uid claim of the pooled workspace id holds.
 func (pl *pool) claim(id string) string { return poolDir + "/" + pl.owner + "/" + id }
 
 func (pl *pool) layout(id string) layout { return layout(filepath.Join(pl.dir, id)) }
+
+// cgroup is the name of the pooled workspace id's cgroups, which no
+// workspace's can be (checkRef): sweepCgroups leaves them alone.
+func (pl *pool) cgroup(id string) string { return pooledCgroup(pl.owner) + id }
+
+// pooledCgroup is the prefix of the names of owner's pooled cgroups.
+func pooledCgroup(owner string) string { return ".pool-" + owner + "-" }
 
 // startPool makes the Provider's pool and starts its refill; nothing when
 // the config has none.
@@ -105,6 +113,15 @@ func (p *Provider) makePooled(ctx context.Context, key warmpool.Key) (pooled, er
 		p.releaseUID(p.pool.claim(w.id), w.rec.UID)
 		removeAll(string(l))
 		return pooled{}, scrub(err)
+	}
+	// Its cgroups and their limits, which its size sets: the take renames
+	// them. Without them, the take makes them as a create does.
+	if p.cg != nil {
+		if err := p.limit(p.pool.cgroup(w.id), w.rec); err != nil {
+			p.cg.remove(p.pool.cgroup(w.id))
+		} else {
+			w.cg = true
+		}
 	}
 	p.warmPooled(&w)
 	return w, nil
@@ -258,9 +275,15 @@ func (p *Provider) takePooled(ctx context.Context, spec providers.CreateSpec, sb
 	rec := w.rec
 	rec.StartedAt = sb.StartedAt
 	p.adoptPooled(pl.claim(w.id), ref, src, l, len(spec.Egress.AllowedDomains) > 0)
+	cgReady := false
+	if w.cg {
+		if cgReady = p.cg.rename(pl.cgroup(w.id), ref) == nil; !cgReady {
+			p.cg.remove(pl.cgroup(w.id))
+		}
+	}
 	err = p.giveUID(rec.UID, pl.claim(w.id), ref)
 	if err == nil {
-		err = p.finishCreate(ctx, spec, l, &rec, env)
+		err = p.finishCreate(ctx, spec, l, &rec, env, cgReady)
 	}
 	if err != nil {
 		return true, p.undoCreate(ref, l, rec.UID, err)
@@ -304,6 +327,9 @@ func (p *Provider) dropPooled(w pooled) {
 	}
 	p.ns.drop(key)
 	p.unplace(key)
+	if w.cg {
+		p.cg.remove(p.pool.cgroup(w.id))
+	}
 	p.releaseUID(key, w.rec.UID)
 	removeAll(string(p.pool.layout(w.id)))
 }
@@ -345,6 +371,7 @@ func (p *Provider) reclaimPool() {
 			continue
 		}
 		dir := strings.TrimSuffix(name, ".lock")
+		p.removePooledCgroups(filepath.Base(dir))
 		entries, _ := os.ReadDir(dir)
 		if err := removeAll(dir); err != nil {
 			p.log.Error("pooled workspaces of a gone broker not removed", sandgate.KeyError, err)
@@ -355,6 +382,19 @@ func (p *Provider) reclaimPool() {
 			}
 		}
 		f.Close()
+	}
+}
+
+// removePooledCgroups removes the cgroups of owner's pooled workspaces.
+func (p *Provider) removePooledCgroups(owner string) {
+	if p.cg == nil {
+		return
+	}
+	for _, d := range p.cg.dirs {
+		names, _ := filepath.Glob(filepath.Join(d, pooledCgroup(owner)+"*"))
+		for _, name := range names {
+			p.cg.remove(filepath.Base(name))
+		}
 	}
 }
 

@@ -366,3 +366,43 @@ func TestPoolResidentStartedAtFill(t *testing.T) {
 		t.Errorf("the taken workspace's resident %d runs after Terminate returned", pooled)
 	}
 }
+
+// A pooled workspace's cgroups are made, with its size's limits, when the
+// pool fills it; the take hands them to the workspace, whose memory limit
+// then holds, and Close leaves none of the pool's behind.
+func TestPoolCgroupsMadeAtFill(t *testing.T) {
+	t.Parallel()
+	p, _ := newPooled(t, t.TempDir(), smallPool(1), nil)
+	waitReady(t, p, 1)
+	local.PausePool(p)
+	pooledDirs := local.PooledCgroups(p)
+	if len(pooledDirs) == 0 {
+		t.Fatal("a pooled workspace has no cgroups before any create")
+	}
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	if left := local.PooledCgroups(p); len(left) != 0 {
+		t.Errorf("pooled cgroups after the take: %v; want them handed to the workspace", left)
+	}
+	if len(local.CgroupDirs(p, sb.Ref)) != len(pooledDirs) {
+		t.Errorf("workspace cgroups %v; want one per pooled one %v", local.CgroupDirs(p, sb.Ref), pooledDirs)
+	}
+	for _, d := range local.CgroupDirs(p, sb.Ref) {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("workspace cgroup after the take: %v", err)
+		}
+	}
+	// Its memory cgroup's 512 MiB hold across processes (RLIMIT_DATA
+	// bounds each alone): four of 256 MiB are OOM-killed.
+	const alloc = "(head -c 256M /dev/zero | tail >/dev/null) &"
+	res := providertest.Exec(t, p, sb, "sh", "-c", alloc+alloc+alloc+alloc+" wait")
+	if res.ExitCode != 137 {
+		t.Errorf("1 GiB over four processes in a small workspace taken from the pool: exit %d; want 137 (%s)", res.ExitCode, res.Stderr)
+	}
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if left := local.PooledCgroups(p); len(left) != 0 {
+		t.Errorf("pooled cgroups after Close: %v; want none", left)
+	}
+}
