@@ -640,9 +640,14 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		func() error { return p.makeDisk(ctx, l, &rec, spec.Size, false) }, // or, without a disk quota, the directories
 		func() error {
 			// The image's mount, the first exec's longest wait, runs
-			// beside the rest of the create (warm, below, waits for it).
+			// beside the rest of the create (warm, below, waits for it),
+			// for a workspace whose execs run on its resident (whose
+			// start, unused, is short-lived: unusedIdle).
 			j := p.jobIn(ref, opened{layout: l, rec: rec})
 			j.stageEgress = len(spec.Egress.AllowedDomains) > 0
+			if !p.useResident(j) {
+				return nil
+			}
 			staged = make(chan struct{})
 			go func() {
 				defer close(staged)
@@ -659,7 +664,9 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			return providers.Sandbox{}, p.undoCreate(ref, l, rec.UID, err)
 		}
 	}
-	go p.warm(ref, l, rec)
+	if staged != nil {
+		go p.warm(ref, l, rec)
+	}
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(ref), sandgate.InstanceAttr(spec.InstanceID),
 		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env),
 		"egress_domains", len(rec.AllowedDomains), "image_digest", imageDigest(rec))

@@ -55,6 +55,12 @@ const residentData = 1 << 30
 // residentIdle is how long a resident is kept after its last exec.
 const residentIdle = nsIdle
 
+// unusedIdle is how long a resident that a create started is kept while
+// no exec has come: a client's first exec follows its create at once,
+// and a create that none follows (a thousand idle workspaces) must not
+// keep a process and a mount per workspace for long.
+const unusedIdle = 5 * time.Second
+
 // resident is a workspace's running resident.
 type resident struct {
 	ctlMu   sync.RWMutex  // write-held to close ctl, read-held to send on it
@@ -72,6 +78,7 @@ type resident struct {
 	last     time.Time
 	stopping bool // idleResident is stopping it: no exec may begin
 	pooled   bool // its workspace is in the pool: never idle
+	used     bool // it has had an exec
 }
 
 // residents are a Provider's residents, by workspace.
@@ -373,8 +380,11 @@ func (p *Provider) refOf(rs *resident) string {
 
 // idleResident stops rs once it has run no exec for residentIdle, and
 // when the Provider closes.
+//
+// One that never had an exec is stopped after unusedIdle, and the mount
+// namespace made for it goes with it.
 func (p *Provider) idleResident(ref string, rs *resident) {
-	t := time.NewTicker(residentIdle / 3)
+	t := time.NewTimer(unusedIdle / 2)
 	defer t.Stop()
 	for {
 		select {
@@ -383,11 +393,20 @@ func (p *Provider) idleResident(ref string, rs *resident) {
 		case <-p.stop:
 		case <-t.C:
 			rs.mu.Lock()
-			idle := rs.inflight == 0 && !rs.pooled && time.Since(rs.last) >= residentIdle
+			limit := residentIdle
+			if !rs.used {
+				limit = unusedIdle
+			}
+			idle := rs.inflight == 0 && !rs.pooled && time.Since(rs.last) >= limit
 			rs.stopping = idle
+			used := rs.used
 			rs.mu.Unlock()
 			if !idle {
+				t.Reset(limit / 3)
 				continue
+			}
+			if !used {
+				p.ns.drop(p.refOf(rs)) // closed once the resident is gone
 			}
 		}
 		rs.mu.Lock()
@@ -426,6 +445,7 @@ func (rs *resident) begin() bool {
 		return false
 	}
 	rs.inflight++
+	rs.used = true
 	return true
 }
 

@@ -327,3 +327,28 @@ func TestCreateStartsResident(t *testing.T) {
 		t.Errorf("resident %d runs after Terminate returned", pid)
 	}
 }
+
+// TestUnusedResidentStops: the resident a create started, when no exec
+// comes, is stopped within seconds, its mount namespace with it, so that
+// idle workspaces keep neither; the next exec starts another.
+func TestUnusedResidentStops(t *testing.T) {
+	t.Parallel()
+	p := newResidentProvider(t)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	var pid int
+	for deadline := time.Now().Add(time.Minute); pid == 0; pid = local.Residents(p)[sb.Ref] {
+		if time.Now().After(deadline) {
+			t.Fatalf("no resident of a created workspace: %v", local.Residents(p))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(time.Minute); local.Residents(p)[sb.Ref] != 0 || local.HasNS(p, sb.Ref) || local.Alive(pid); {
+		if time.Now().After(deadline) {
+			t.Fatalf("an unused resident (%d) or its namespace (%v) is kept a minute after the create", pid, local.HasNS(p, sb.Ref))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if res := providertest.Exec(t, p, sb, "echo", "ready"); string(res.Stdout) != "ready\n" {
+		t.Fatalf("exec after the resident stopped = %q, exit %d", res.Stdout, res.ExitCode)
+	}
+}
