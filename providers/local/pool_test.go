@@ -359,12 +359,7 @@ func TestPoolResidentStartedAtFill(t *testing.T) {
 	if got := local.Residents(p); got[sb.Ref] != pooled {
 		t.Errorf("residents after the first exec: %v; want still %d", got, pooled)
 	}
-	if err := p.Terminate(t.Context(), sb); err != nil {
-		t.Fatal(err)
-	}
-	if local.Alive(pooled) {
-		t.Errorf("the taken workspace's resident %d runs after Terminate returned", pooled)
-	}
+	terminateEnds(t, p, sb, pooled)
 }
 
 // A pooled workspace's cgroups are made, with its size's limits, when the

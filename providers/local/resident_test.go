@@ -307,25 +307,14 @@ func TestCreateStartsResident(t *testing.T) {
 	t.Parallel()
 	p := newResidentProvider(t)
 	sb := providertest.Create(t, p, providertest.Spec(t))
-	var pid int
-	for deadline := time.Now().Add(time.Minute); pid == 0; pid = local.Residents(p)[sb.Ref] {
-		if time.Now().After(deadline) {
-			t.Fatalf("no resident of a created workspace before its first exec: %v", local.Residents(p))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	pid := waitResident(t, p, sb)
 	if res := providertest.Exec(t, p, sb, "echo", "ready"); string(res.Stdout) != "ready\n" {
 		t.Fatalf("first exec = %q, exit %d", res.Stdout, res.ExitCode)
 	}
 	if got := local.Residents(p)[sb.Ref]; got != pid {
 		t.Errorf("resident after the first exec: %d; want the one the create started, %d", got, pid)
 	}
-	if err := p.Terminate(t.Context(), sb); err != nil {
-		t.Fatal(err)
-	}
-	if local.Alive(pid) {
-		t.Errorf("resident %d runs after Terminate returned", pid)
-	}
+	terminateEnds(t, p, sb, pid)
 }
 
 // TestUnusedResidentStops: the resident a create started, when no exec
@@ -335,13 +324,7 @@ func TestUnusedResidentStops(t *testing.T) {
 	t.Parallel()
 	p := newResidentProvider(t)
 	sb := providertest.Create(t, p, providertest.Spec(t))
-	var pid int
-	for deadline := time.Now().Add(time.Minute); pid == 0; pid = local.Residents(p)[sb.Ref] {
-		if time.Now().After(deadline) {
-			t.Fatalf("no resident of a created workspace: %v", local.Residents(p))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	pid := waitResident(t, p, sb)
 	for deadline := time.Now().Add(time.Minute); local.Residents(p)[sb.Ref] != 0 || local.HasNS(p, sb.Ref) || local.Alive(pid); {
 		if time.Now().After(deadline) {
 			t.Fatalf("an unused resident (%d) or its namespace (%v) is kept a minute after the create", pid, local.HasNS(p, sb.Ref))
@@ -350,5 +333,31 @@ func TestUnusedResidentStops(t *testing.T) {
 	}
 	if res := providertest.Exec(t, p, sb, "echo", "ready"); string(res.Stdout) != "ready\n" {
 		t.Fatalf("exec after the resident stopped = %q, exit %d", res.Stdout, res.ExitCode)
+	}
+}
+
+// waitResident returns the host pid of sb's resident's bwrap once p has
+// started one (the create does, in the background).
+func waitResident(t *testing.T, p *local.Provider, sb providers.Sandbox) int {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if pid := local.Residents(p)[sb.Ref]; pid != 0 {
+			return pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no resident of a created workspace before its first exec: %v", local.Residents(p))
+		}
+	}
+}
+
+// terminateEnds terminates sb and checks that its resident (the host pid
+// of its bwrap) is gone when Terminate returns.
+func terminateEnds(t *testing.T, p *local.Provider, sb providers.Sandbox, pid int) {
+	t.Helper()
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if local.Alive(pid) {
+		t.Errorf("the resident (%d) runs after Terminate returned", pid)
 	}
 }
