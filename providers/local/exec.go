@@ -188,8 +188,9 @@ type job struct {
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
 type run struct {
-	pgid int
-	done chan struct{} // closed when the exec's processes are reaped
+	pgid     int
+	done     chan struct{} // closed when the exec's processes are reaped
+	resident bool          // a workspace's resident (resident.go), not an exec
 
 	mu         sync.Mutex
 	killEarly  bool // killed before bwrap started: start kills it

@@ -887,7 +887,17 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	for _, r := range runs {
 		r.kill(true)
 	}
+	// A resident runs no tenant code, and every process its execs
+	// started is in the workspace's cgroups, which are emptied (SIGKILL,
+	// until none is left) and removed below before Terminate returns: its
+	// own end is waited for off the request path, before its uid is
+	// freed. Without cgroups its pid namespace is what ends them.
+	var residents []*run
 	for _, r := range runs {
+		if r.resident && p.cg != nil {
+			residents = append(residents, r)
+			continue
+		}
 		select {
 		case <-r.done:
 		case <-ctx.Done():
@@ -929,6 +939,9 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	// Once nothing of it runs or is left: its image pin (the upper layer
 	// is among its files) and its uid.
 	release := func() {
+		for _, r := range residents {
+			<-r.done // its uid is in use until it is gone
+		}
 		p.pins.drop(ref)
 		if haveRec {
 			p.releaseUID(ref, rec.UID)

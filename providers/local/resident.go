@@ -270,7 +270,7 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 	cmd.SysProcAttr = sandboxProcAttr(j.uid)
 	cmd.WaitDelay = waitDelay
 
-	rs := &resident{ctl: ctl, r: &run{done: make(chan struct{})}, dead: make(chan struct{}), started: make(chan struct{}),
+	rs := &resident{ctl: ctl, r: &run{done: make(chan struct{}), resident: true}, dead: make(chan struct{}), started: make(chan struct{}),
 		ref: ref, last: time.Now(), pooled: isPoolKey(ref)}
 	fail := func(err error) (*resident, error) {
 		ctl.Close()

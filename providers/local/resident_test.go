@@ -2,6 +2,7 @@ package local_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strconv"
 	"strings"
@@ -351,13 +352,55 @@ func waitResident(t *testing.T, p *local.Provider, sb providers.Sandbox) int {
 }
 
 // terminateEnds terminates sb and checks that its resident (the host pid
-// of its bwrap) is gone when Terminate returns.
+// of its bwrap) ends: Terminate kills it, and waits for what the tenant
+// ran (TestTerminateLeavesNothingOfTheTenant), not for the resident's own
+// exit.
 func terminateEnds(t *testing.T, p *local.Provider, sb providers.Sandbox, pid int) {
 	t.Helper()
 	if err := p.Terminate(t.Context(), sb); err != nil {
 		t.Fatal(err)
 	}
-	if local.Alive(pid) {
-		t.Errorf("the resident (%d) runs after Terminate returned", pid)
+	for deadline := time.Now().Add(time.Minute); local.Alive(pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the resident (%d) runs a minute after Terminate", pid)
+		}
+	}
+}
+
+// TestTerminateLeavesNothingOfTheTenant: when Terminate returns, no
+// process an exec started runs any more, the exec's own and one it left
+// in the background included, though it was in flight on the resident.
+func TestTerminateLeavesNothingOfTheTenant(t *testing.T) {
+	t.Parallel()
+	p := newResidentProvider(t)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(t.Context(), sb, providers.ExecSpec{
+			Argv:    []string{"sh", "-c", "sleep 319 >/dev/null 2>&1 </dev/null & touch /tmp/started; sleep 319"},
+			Timeout: 10 * time.Minute,
+		})
+		done <- err
+	}()
+	for i := 0; ; i++ {
+		if _, err := providers.ReadFileBytes(t.Context(), p, sb, "/tmp/started", 10); err == nil {
+			break
+		}
+		if i == 1000 {
+			t.Fatal("the command never started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := len(hostProcesses(t, "sleep\x00319\x00")); n != 2 {
+		t.Fatalf("the exec's processes before Terminate: %d; want 2", n)
+	}
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if left := hostProcesses(t, "sleep\x00319\x00"); len(left) != 0 {
+		t.Errorf("processes of the tenant left when Terminate returned: %q", left)
+	}
+	if err := <-done; !errors.Is(err, providers.ErrSandboxGone) {
+		t.Errorf("Exec across Terminate: %v; want ErrSandboxGone", err)
 	}
 }
