@@ -896,6 +896,11 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	for _, r := range runs {
 		if r.resident && p.cg != nil {
 			residents = append(residents, r)
+			// Killed already: killExecs below need not wait for it.
+			r.mu.Lock()
+			pgid := r.pgid
+			r.mu.Unlock()
+			os.Remove(filepath.Join(p.layout(ref).execs(), strconv.Itoa(pgid)))
 			continue
 		}
 		select {
