@@ -176,7 +176,7 @@ type job struct {
 	// perCommandData gives bwrap residentData as RLIMIT_DATA when that is
 	// more than the workspace's memory: the resident (a Go runtime that
 	// must not live under a tenant's limit) sets the workspace's on each
-	// command it starts (resident_linux.go).
+	// command it starts (internal/residentd).
 	perCommandData bool
 	// hostTools runs the job on the host's /usr and generated /etc even
 	// when its workspace runs on an image, in a mount namespace of its
