@@ -441,6 +441,22 @@ func (h *cgroupHost) removeLeaf(ref, name string) {
 	}
 }
 
+// rename renames ref's workspace cgroups to to's (a pooled workspace's,
+// at its take); on an error none is renamed.
+func (h *cgroupHost) rename(ref, to string) error {
+	var done []string
+	for _, d := range h.controllers(ref) {
+		if err := os.Rename(d, filepath.Join(filepath.Dir(d), to)); err != nil {
+			for _, d := range done {
+				os.Rename(filepath.Join(filepath.Dir(d), to), d)
+			}
+			return scrub(err)
+		}
+		done = append(done, d)
+	}
+	return nil
+}
+
 // remove kills every process left in ref's cgroups and removes them,
 // leaves first.
 func (h *cgroupHost) remove(ref string) {

@@ -3,6 +3,7 @@
 package local
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -13,8 +14,13 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandgate/sandgate/providers"
 )
+
+// backgroundNice is the nice value of work no request waits for.
+const backgroundNice = 10
 
 // Disk quota: each workspace's /workspace, /root and /tmp live on one ext4
 // file system of its own, a sparse image file (<ref>/disk.img), so writing
@@ -72,8 +78,9 @@ func detectDisk() (*diskHost, string) {
 // create makes the workspace's sparse image of mib MiB at l, with an ext4
 // file system holding workspace/, home/ and tmp/, owned by uid (mkfs -d
 // copies them from a seed directory, so the broker never mounts the image
-// on the host).
-func (h *diskHost) create(ctx context.Context, l layout, mib, uid int) error {
+// on the host). A background one (the pool's refill) runs mkfs at a low
+// CPU priority, so that it takes little from the requests it runs beside.
+func (h *diskHost) create(ctx context.Context, l layout, mib, uid int, background bool) error {
 	seed := filepath.Join(string(l), ".seed")
 	if err := os.Mkdir(seed, 0o700); err != nil {
 		return scrub(err)
@@ -100,10 +107,19 @@ func (h *diskHost) create(ctx context.Context, l layout, mib, uid int) error {
 	}
 	// No reserved blocks (the sandbox's root is not the host's); inode
 	// tables and journal are left as holes, which read as zeros.
-	out, err := exec.CommandContext(ctx, h.mkfs, "-q", "-F", "-m", "0",
-		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-d", seed, img).CombinedOutput()
+	cmd := exec.CommandContext(ctx, h.mkfs, "-q", "-F", "-m", "0",
+		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-d", seed, img)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Start()
+	if err == nil {
+		if background {
+			_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, backgroundNice)
+		}
+		err = cmd.Wait()
+	}
 	if err != nil {
-		return fmt.Errorf("mkfs.ext4: %w: %s", err, firstLine(out))
+		return fmt.Errorf("mkfs.ext4: %w: %s", err, firstLine(out.Bytes()))
 	}
 	return nil
 }

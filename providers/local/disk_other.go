@@ -8,8 +8,8 @@ import "context"
 
 type diskHost struct{}
 
-func detectDisk() (*diskHost, string)                            { return nil, "disk: needs Linux" }
-func (*diskHost) create(context.Context, layout, int, int) error { return errUnsupported }
+func detectDisk() (*diskHost, string)                                  { return nil, "disk: needs Linux" }
+func (*diskHost) create(context.Context, layout, int, int, bool) error { return errUnsupported }
 func (p *Provider) admitDisk(context.Context, int) (func(), error) {
 	return nil, errUnsupported
 }

@@ -22,13 +22,14 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local/internal/residentd"
 )
 
 // defaultDir is the working directory of a command that names none.
 const defaultDir = "/workspace"
 
 // defaultPath is PATH in the sandbox unless the workspace's Env sets it.
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+const defaultPath = residentd.DefaultPath
 
 // waitDelay bounds how long Exec waits for the output pipes once bwrap has
 // exited. The pid namespace dies with bwrap, so the pipes close at once; this
@@ -175,7 +176,7 @@ type job struct {
 	// perCommandData gives bwrap residentData as RLIMIT_DATA when that is
 	// more than the workspace's memory: the resident (a Go runtime that
 	// must not live under a tenant's limit) sets the workspace's on each
-	// command it starts (resident_linux.go).
+	// command it starts (internal/residentd).
 	perCommandData bool
 	// hostTools runs the job on the host's /usr and generated /etc even
 	// when its workspace runs on an image, in a mount namespace of its
@@ -187,8 +188,9 @@ type job struct {
 
 // run is one exec in flight, so that Terminate can kill it and wait for it.
 type run struct {
-	pgid int
-	done chan struct{} // closed when the exec's processes are reaped
+	pgid     int
+	done     chan struct{} // closed when the exec's processes are reaped
+	resident bool          // a workspace's resident (resident.go), not an exec
 
 	mu         sync.Mutex
 	killEarly  bool // killed before bwrap started: start kills it
@@ -451,7 +453,7 @@ func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
 		if p.terminating[ref] > 0 {
 			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
 		}
-		if _, err := os.Stat(p.layout(ref).sandbox()); err != nil {
+		if _, err := os.Stat(p.readyFile(ref)); err != nil {
 			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
 		}
 	}
@@ -557,6 +559,11 @@ func (p *Provider) forget(ref string, r *run) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.forgetLocked(ref, r)
+}
+
+// forgetLocked drops r from the runs of ref; p.mu is held.
+func (p *Provider) forgetLocked(ref string, r *run) {
 	delete(p.runs[ref], r)
 	if len(p.runs[ref]) == 0 {
 		delete(p.runs, ref)
@@ -651,6 +658,8 @@ type launch struct {
 	// last are bwrap's last descriptors, past those of the sh that joins
 	// the cgroups (joinAsStarted), which reads no descriptor above 9.
 	last []*os.File
+	// started, when set, is closed once bwrap has started, or failed to.
+	started chan struct{}
 }
 
 // bwrapEnd is how an exec's bwrap ended, from launchBwrap.
@@ -699,6 +708,9 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			err = fmt.Errorf("local: exec: %w", err)
 		} else {
 			err = p.start(j.ref, l.ns, cmd, r)
+		}
+		if l.started != nil {
+			close(l.started)
 		}
 		closeAll(l.closeStarted)
 		if unpin != nil {

@@ -128,11 +128,13 @@ func PooledDirs(p *Provider) []string {
 }
 
 // AbandonPool leaves p's warm workspaces behind as a broker that crashed
-// would: its refill stops and its owner lock is let go, nothing removed.
+// would: its refill stops, its owner lock is let go and their residents
+// die (with the broker, in a crash), nothing removed.
 func AbandonPool(p *Provider) {
 	p.pool.Abandon()
 	p.pool.lock.Close()
 	p.pool = nil
+	p.stopResidents()
 }
 
 // HasNS reports whether p holds a mount namespace of the workspace ref.
@@ -140,4 +142,49 @@ func HasNS(p *Provider, ref string) bool {
 	p.ns.mu.Lock()
 	defer p.ns.mu.Unlock()
 	return p.ns.m[ref] != nil
+}
+
+// Residents returns the host pid of the bwrap of every live resident p
+// holds, by the ref it serves (a pooled workspace's: its pool key).
+func Residents(p *Provider) map[string]int {
+	p.res.mu.Lock()
+	slots := make(map[string]*residentSlot, len(p.res.m))
+	for ref, slot := range p.res.m {
+		slots[ref] = slot
+	}
+	p.res.mu.Unlock()
+	out := map[string]int{}
+	for _, slot := range slots {
+		slot.mu.Lock()
+		rs := slot.rs
+		slot.mu.Unlock()
+		if rs == nil {
+			continue
+		}
+		select {
+		case <-rs.dead:
+			continue
+		default:
+		}
+		rs.r.mu.Lock()
+		pid := rs.r.pgid
+		rs.r.mu.Unlock()
+		if pid > 0 {
+			out[p.refOf(rs)] = pid
+		}
+	}
+	return out
+}
+
+// PausePool holds p's refill, so that a test sees only what its takes do.
+func PausePool(p *Provider) { p.pool.Pause() }
+
+// PooledCgroups returns the cgroup directories of p's pooled workspaces.
+func PooledCgroups(p *Provider) []string {
+	var out []string
+	for _, d := range p.cg.dirs {
+		names, _ := filepath.Glob(filepath.Join(d, pooledCgroup(p.pool.owner)+"*"))
+		out = append(out, names...)
+	}
+	return out
 }

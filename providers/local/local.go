@@ -487,7 +487,7 @@ func (p *Provider) probe(ctx context.Context) error {
 	// Exactly as a workspace: on a disk image where there are disk quotas.
 	var disk string
 	if p.disk != nil {
-		if err := p.disk.create(ctx, l, 16, p.probeUID); err != nil {
+		if err := p.disk.create(ctx, l, 16, p.probeUID, false); err != nil {
 			return fmt.Errorf("local: probe: disk image: %w", err)
 		}
 		disk = l.disk()
@@ -625,6 +625,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		StartedAt: sb.StartedAt,
 		Image:     img,
 	}
+	var staged chan struct{} // closed once the namespace is made
 	for _, step := range []func() error{
 		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
 		func() (err error) {
@@ -636,12 +637,35 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 			}
 			return err
 		},
-		func() error { return p.makeDisk(ctx, l, &rec, spec.Size) }, // or, without a disk quota, the directories
-		func() error { return p.finishCreate(ctx, spec, l, &rec, env) },
+		func() error { return p.makeDisk(ctx, l, &rec, spec.Size, false) }, // or, without a disk quota, the directories
+		func() error {
+			// The image's mount, the first exec's longest wait, runs
+			// beside the rest of the create (warm, below, waits for it),
+			// for a workspace whose execs run on its resident (whose
+			// start, unused, is short-lived: unusedIdle).
+			j := p.jobIn(ref, opened{layout: l, rec: rec})
+			j.stageEgress = len(spec.Egress.AllowedDomains) > 0
+			if !p.useResident(j) {
+				return nil
+			}
+			staged = make(chan struct{})
+			go func() {
+				defer close(staged)
+				p.stageNS(j)
+			}()
+			return nil
+		},
+		func() error { return p.finishCreate(ctx, spec, l, &rec, env, false) },
 	} {
 		if err := step(); err != nil {
+			if staged != nil {
+				<-staged // so that undoCreate drops the namespace it made
+			}
 			return providers.Sandbox{}, p.undoCreate(ref, l, rec.UID, err)
 		}
+	}
+	if staged != nil {
+		go p.warm(ref, l, rec)
 	}
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(ref), sandgate.InstanceAttr(spec.InstanceID),
 		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env),
@@ -653,17 +677,28 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 // labels, uid and disk (rec): its own lifetime, account, egress, cgroups,
 // env, CPUs and record, which marks it ready, and its deadline. A pooled
 // workspace gets all of it at take time (takePooled).
-func (p *Provider) finishCreate(ctx context.Context, spec providers.CreateSpec, l layout, rec *record, env map[string]string) error {
+// cgReady is whether its cgroups are made already (a pooled workspace's).
+func (p *Provider) finishCreate(ctx context.Context, spec providers.CreateSpec, l layout, rec *record, env map[string]string, cgReady bool) error {
 	ref := spec.WorkspaceID
 	rec.ExpiresAt, rec.Account = spec.ExpiresAt, spec.AccountID
 	if len(spec.Egress.AllowedDomains) > 0 {
 		rec.AllowedDomains = slices.Clone(spec.Egress.AllowedDomains)
 	}
 	for _, step := range []func() error{
-		func() error { return p.limit(ref, *rec) },
+		func() error {
+			if cgReady {
+				return nil
+			}
+			return p.limit(ref, *rec)
+		},
 		func() error { return writeJSON(l.env(), env, 0o600) },
 		func() error { return p.serveEgress(ref, l, *rec) },
-		func() error { rec.CPUs = p.placeCPUs(ref, rec.CPUCores); return nil },
+		func() error {
+			if rec.CPUs == nil { // else placed when it was pooled
+				rec.CPUs = p.placeCPUs(ref, rec.CPUCores)
+			}
+			return nil
+		},
 		func() error { return writeJSON(l.sandbox(), *rec, 0o644) }, // marks the workspace ready
 		func() error { return p.supervise(ref, spec.ExpiresAt) },    // the hard lifetime, without any broker
 	} {
@@ -677,6 +712,10 @@ func (p *Provider) finishCreate(ctx context.Context, spec providers.CreateSpec, 
 // undoCreate removes what a create that failed with err made of the
 // workspace ref at l, and returns err as Create reports it.
 func (p *Provider) undoCreate(ref string, l layout, uid int, err error) error {
+	if dead := p.stopResident(ref); dead != nil { // a pooled workspace's
+		<-dead
+	}
+	p.ns.drop(ref)
 	p.unplace(ref)
 	p.stopEgress(ref)
 	p.removeDeadline(ref)
@@ -848,7 +887,22 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	for _, r := range runs {
 		r.kill(true)
 	}
+	// A resident runs no tenant code, and every process its execs
+	// started is in the workspace's cgroups, which are emptied (SIGKILL,
+	// until none is left) and removed below before Terminate returns: its
+	// own end is waited for off the request path, before its uid is
+	// freed. Without cgroups its pid namespace is what ends them.
+	var residents []*run
 	for _, r := range runs {
+		if r.resident && p.cg != nil {
+			residents = append(residents, r)
+			// Killed already: killExecs below need not wait for it.
+			r.mu.Lock()
+			pgid := r.pgid
+			r.mu.Unlock()
+			os.Remove(filepath.Join(p.layout(ref).execs(), strconv.Itoa(pgid)))
+			continue
+		}
 		select {
 		case <-r.done:
 		case <-ctx.Done():
@@ -890,6 +944,9 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	// Once nothing of it runs or is left: its image pin (the upper layer
 	// is among its files) and its uid.
 	release := func() {
+		for _, r := range residents {
+			<-r.done // its uid is in use until it is gone
+		}
 		p.pins.drop(ref)
 		if haveRec {
 			p.releaseUID(ref, rec.UID)
@@ -936,8 +993,9 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 
 // makeDisk gives the new workspace at l its disk image of the size's
 // quota, if the reserve allows (see disk.go), or, on a host without disk
-// quotas, its directories. Either way they belong to rec.UID.
-func (p *Provider) makeDisk(ctx context.Context, l layout, rec *record, size sandgate.Size) error {
+// quotas, its directories. Either way they belong to rec.UID. A
+// background one (the pool's) makes its image at a low CPU priority.
+func (p *Provider) makeDisk(ctx context.Context, l layout, rec *record, size sandgate.Size, background bool) error {
 	if p.disk == nil {
 		if err := l.makeDirs(); err != nil {
 			return err
@@ -950,7 +1008,7 @@ func (p *Provider) makeDisk(ctx context.Context, l layout, rec *record, size san
 		return err
 	}
 	defer unlock() // once the image exists: its size counts from then on
-	if err := p.disk.create(ctx, l, mib, rec.UID); err != nil {
+	if err := p.disk.create(ctx, l, mib, rec.UID, background); err != nil {
 		return err
 	}
 	if p.cfg.onMkfs != nil {
@@ -1130,6 +1188,7 @@ func (p *Provider) openLeaf(ref string, rec record, name string) leafFiles {
 // DataDir's parent cgroups when no workspace is left in them; workspaces
 // and their durable commands stay as they are.
 func (p *Provider) Close() error {
+	p.closePool() // first: its refill may be starting a resident
 	p.stopOnce.Do(func() {
 		p.stopResidents() // before hostNS: their threads leave for it
 		close(p.stop)
@@ -1139,7 +1198,6 @@ func (p *Provider) Close() error {
 			p.hostNS.Close()
 		}
 	})
-	p.closePool()
 	p.trashing.Wait()
 	p.ns.sweep(time.Time{})
 	p.egressStop()

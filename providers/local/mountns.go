@@ -89,7 +89,7 @@ func (t *nsTable) acquire(ref string, o stepOptions) (*os.File, func(), error) {
 		defer t.mu.Unlock()
 		if h.users--; h.users == 0 {
 			h.last = time.Now()
-			if t.m[ref] != h {
+			if t.m[h.ref] != h {
 				// Dropped meanwhile: nobody else will close it.
 				t.closeLocked(h)
 			}
@@ -101,6 +101,22 @@ func (t *nsTable) acquire(ref string, o stepOptions) (*os.File, func(), error) {
 // sameStage reports whether a and b stage the same things.
 func sameStage(a, b stepOptions) bool {
 	return a.stage == b.stage && a.disk == b.disk && slices.Equal(a.binds, b.binds) && sameRoot(a.root, b.root)
+}
+
+// rekey moves from's namespace to to, whose directory from's now is (a
+// pooled workspace a create took): opts turns its options into those an
+// exec of to asks for, which stage the same files.
+func (t *nsTable) rekey(from, to string, opts func(stepOptions) stepOptions) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := t.m[from]
+	if h == nil {
+		return
+	}
+	delete(t.m, from)
+	t.dropLocked(to) // none: to is new
+	h.ref, h.opts = to, opts(h.opts)
+	t.m[to] = h
 }
 
 // drop closes ref's namespace (an exec using it keeps it until it ends).

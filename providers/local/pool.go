@@ -7,8 +7,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
@@ -20,9 +22,12 @@ import (
 // uid claimed (uids/<uid> names "pool/<owner>/<id>"), its disk image made
 // (mkfs) and owned by that uid, or its directories. It has no labels, env,
 // egress, cgroups, CPUs, deadline or record, and nothing has ever run in it.
-// A Create of its size and image takes it (takePooled): it writes the
-// labels, renames the directory to workspaces/<ref>, gives the uid claim to
-// ref, and then does what Create does after the disk, with the
+// Its resident runs (warmPooled), pinned to CPUs placed for it, in its
+// mount namespace: neither holds anything of a tenant, and no tenant code
+// has run in it. A Create of its size and image takes it (takePooled): it
+// writes the labels, renames the directory to workspaces/<ref>, gives the
+// uid claim, the resident, the namespace and the CPUs to ref
+// (adoptPooled), and then does what Create does after the disk, with the
 // workspace's own spec. A taken workspace is a workspace like any other and
 // never goes back to the pool; the pool refills in the background, one
 // workspace at a time.
@@ -46,12 +51,20 @@ type pool struct {
 type pooled struct {
 	id  string
 	rec record // size, uid and disk
+	cg  bool   // its cgroups are made, with its size's limits (pool.cgroup)
 }
 
 // claim is what the uid claim of the pooled workspace id holds.
 func (pl *pool) claim(id string) string { return poolDir + "/" + pl.owner + "/" + id }
 
 func (pl *pool) layout(id string) layout { return layout(filepath.Join(pl.dir, id)) }
+
+// cgroup is the name of the pooled workspace id's cgroups, which no
+// workspace's can be (checkRef): sweepCgroups leaves them alone.
+func (pl *pool) cgroup(id string) string { return pooledCgroup(pl.owner) + id }
+
+// pooledCgroup is the prefix of the names of owner's pooled cgroups.
+func pooledCgroup(owner string) string { return ".pool-" + owner + "-" }
 
 // startPool makes the Provider's pool and starts its refill; nothing when
 // the config has none.
@@ -94,14 +107,144 @@ func (p *Provider) makePooled(ctx context.Context, key warmpool.Key) (pooled, er
 				return err
 			}
 		}
-		return p.makeDisk(ctx, l, &w.rec, size)
+		return p.makeDisk(ctx, l, &w.rec, size, true)
 	}()
 	if err != nil {
 		p.releaseUID(p.pool.claim(w.id), w.rec.UID)
 		removeAll(string(l))
 		return pooled{}, scrub(err)
 	}
+	// Its cgroups and their limits, which its size sets: the take renames
+	// them. Without them, the take makes them as a create does.
+	if p.cg != nil {
+		if err := p.limit(p.pool.cgroup(w.id), w.rec); err != nil {
+			p.cg.remove(p.pool.cgroup(w.id))
+		} else {
+			w.cg = true
+		}
+	}
+	p.warmPooled(&w)
 	return w, nil
+}
+
+// warmPooled starts the pooled workspace w's resident (resident.go), so
+// that the first exec of the create that takes it is a fork, and returns
+// once its bwrap has started: from then on it is a run of the pool key,
+// which the take hands to the workspace. The resident's sandbox holds
+// nothing of a tenant (env is per exec, egress is not there: a take with
+// allowed domains stops it), so it is placed on its CPUs now, and the
+// take keeps them. It is never stopped as idle while pooled; its memory
+// (about 10 MiB RSS, most of it the broker's binary, shared) is within
+// what the pool's bound counts per pooled workspace, its size's memory.
+// A resident that fails to start is the first exec's to start again.
+func (p *Provider) warmPooled(w *pooled) {
+	key := p.pool.claim(w.id)
+	ow := opened{layout: p.pool.layout(w.id), rec: w.rec}
+	if !p.useResident(p.jobIn(key, ow)) {
+		return
+	}
+	w.rec.CPUs = p.placeCPUs(key, w.rec.CPUCores)
+	ow.rec = w.rec
+	if rs, err := p.residentOf(key, ow); err == nil {
+		<-rs.started
+	}
+}
+
+// isPoolKey reports whether ref names a pooled workspace (pool.claim),
+// which no workspace's ref can (checkRef).
+func isPoolKey(ref string) bool { return strings.HasPrefix(ref, poolDir+"/") }
+
+// layoutOf is the directory of ref, a workspace's or a pool key.
+func (p *Provider) layoutOf(ref string) layout {
+	if isPoolKey(ref) {
+		return layout(filepath.Join(p.dataDir, ref))
+	}
+	return p.layout(ref)
+}
+
+// readyFile is the file whose existence says that ref, a workspace's or a
+// pool key, may start processes.
+func (p *Provider) readyFile(ref string) string {
+	if isPoolKey(ref) {
+		return string(p.layoutOf(ref))
+	}
+	return p.layout(ref).sandbox()
+}
+
+// adoptPooled hands what the pooled workspace key runs to ref, whose
+// directory (to) key's (from) now is: its CPUs, and, unless the workspace
+// has allowed domains, its mount namespace and resident, which then run
+// its first exec. With allowed domains both are stopped instead (they
+// have no egress) and warm makes them anew.
+func (p *Provider) adoptPooled(key, ref string, from, to layout, egress bool) {
+	p.placeMu.Lock()
+	if cpus, ok := p.placed[key]; ok {
+		delete(p.placed, key)
+		p.placed[ref] = cpus
+	}
+	p.placeMu.Unlock()
+	if egress {
+		p.stopResident(key) // its exit forgets it under key
+		p.ns.drop(key)
+		return
+	}
+	p.ns.rekey(key, ref, func(o stepOptions) stepOptions { return rebase(o, string(from), string(to)) })
+	p.res.mu.Lock()
+	defer p.res.mu.Unlock()
+	slot := p.res.m[key]
+	if slot == nil {
+		return
+	}
+	delete(p.res.m, key)
+	p.res.m[ref] = slot
+	slot.mu.Lock()
+	rs := slot.rs
+	slot.mu.Unlock()
+	if rs == nil {
+		return
+	}
+	p.mu.Lock()
+	rs.ref = ref
+	if runs := p.runs[key]; runs != nil {
+		delete(p.runs, key)
+		p.runs[ref] = runs
+	}
+	p.mu.Unlock()
+	rs.mu.Lock()
+	rs.pooled, rs.last = false, time.Now()
+	rs.mu.Unlock()
+}
+
+// rebase is o with every path at or below from moved to to.
+func rebase(o stepOptions, from, to string) stepOptions {
+	mv := func(s string) string {
+		if s == from || strings.HasPrefix(s, from+"/") {
+			return to + s[len(from):]
+		}
+		return s
+	}
+	o.disk = mv(o.disk)
+	o.binds = slices.Clone(o.binds)
+	for i := range o.binds {
+		o.binds[i][0] = mv(o.binds[i][0])
+	}
+	if o.root != nil {
+		t := *o.root
+		t.binds = slices.Clone(t.binds)
+		for i := range t.binds {
+			t.binds[i].src = mv(t.binds[i].src)
+		}
+		t.keepPaths = slices.Clone(t.keepPaths)
+		for i := range t.keepPaths {
+			t.keepPaths[i] = mv(t.keepPaths[i])
+		}
+		t.keepTrees = slices.Clone(t.keepTrees)
+		for i := range t.keepTrees {
+			t.keepTrees[i] = mv(t.keepTrees[i])
+		}
+		o.root = &t
+	}
+	return o
 }
 
 // takePooled is Create from a pooled workspace, when one of spec's size and
@@ -131,44 +274,25 @@ func (p *Provider) takePooled(ctx context.Context, spec providers.CreateSpec, sb
 	}
 	rec := w.rec
 	rec.StartedAt = sb.StartedAt
+	p.adoptPooled(pl.claim(w.id), ref, src, l, len(spec.Egress.AllowedDomains) > 0)
+	cgReady := false
+	if w.cg {
+		if cgReady = p.cg.rename(pl.cgroup(w.id), ref) == nil; !cgReady {
+			p.cg.remove(pl.cgroup(w.id))
+		}
+	}
 	err = p.giveUID(rec.UID, pl.claim(w.id), ref)
 	if err == nil {
-		err = p.finishCreate(ctx, spec, l, &rec, env)
+		err = p.finishCreate(ctx, spec, l, &rec, env, cgReady)
 	}
 	if err != nil {
 		return true, p.undoCreate(ref, l, rec.UID, err)
 	}
-	go p.warmNS(ref, l, rec)
+	go p.warm(ref, l, rec)
 	p.log.Info("sandbox created", sandgate.WorkspaceAttr(ref), sandgate.InstanceAttr(spec.InstanceID),
 		"cpu_cores", rec.CPUCores, "memory_mib", rec.MemoryMiB, "env_count", len(env),
 		"egress_domains", len(rec.AllowedDomains), "pooled", true)
 	return true, nil
-}
-
-// warmNS makes the taken workspace's mount namespace (mountns.go) while
-// the create's answer travels, staged exactly as its first exec will ask
-// (exec.go), so that exec joins it instead of mounting the image. A
-// Terminate that came first or meanwhile leaves it nothing: its mark is
-// set before it drops the namespace, and the check below follows the
-// make.
-func (p *Provider) warmNS(ref string, l layout, rec record) {
-	j := p.jobIn(ref, opened{layout: l, rec: rec})
-	j.stageEgress = len(rec.AllowedDomains) > 0
-	o, ok := p.stageOptions(j)
-	if !ok {
-		return
-	}
-	if p.rootTrees {
-		o = p.rootOptions(j, o)
-	}
-	_, release, err := p.ns.acquire(ref, o)
-	if err != nil {
-		return // the first exec stages it and reports why
-	}
-	release()
-	if _, err := os.Stat(string(l)); err != nil || ended(l) {
-		p.ns.drop(ref)
-	}
 }
 
 // giveUID hands the uid claim from one name to another, in one rename.
@@ -197,7 +321,16 @@ func (p *Provider) giveUID(uid int, from, to string) error {
 
 // dropPooled removes the pooled workspace w.
 func (p *Provider) dropPooled(w pooled) {
-	p.releaseUID(p.pool.claim(w.id), w.rec.UID)
+	key := p.pool.claim(w.id)
+	if dead := p.stopResident(key); dead != nil {
+		<-dead
+	}
+	p.ns.drop(key)
+	p.unplace(key)
+	if w.cg {
+		p.cg.remove(p.pool.cgroup(w.id))
+	}
+	p.releaseUID(key, w.rec.UID)
 	removeAll(string(p.pool.layout(w.id)))
 }
 
@@ -238,6 +371,7 @@ func (p *Provider) reclaimPool() {
 			continue
 		}
 		dir := strings.TrimSuffix(name, ".lock")
+		p.removePooledCgroups(filepath.Base(dir))
 		entries, _ := os.ReadDir(dir)
 		if err := removeAll(dir); err != nil {
 			p.log.Error("pooled workspaces of a gone broker not removed", sandgate.KeyError, err)
@@ -248,6 +382,19 @@ func (p *Provider) reclaimPool() {
 			}
 		}
 		f.Close()
+	}
+}
+
+// removePooledCgroups removes the cgroups of owner's pooled workspaces.
+func (p *Provider) removePooledCgroups(owner string) {
+	if p.cg == nil {
+		return
+	}
+	for _, d := range p.cg.dirs {
+		names, _ := filepath.Glob(filepath.Join(d, pooledCgroup(owner)+"*"))
+		for _, name := range names {
+			p.cg.remove(filepath.Base(name))
+		}
 	}
 }
 

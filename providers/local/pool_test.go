@@ -306,3 +306,98 @@ func TestPoolFromSettings(t *testing.T) {
 		t.Errorf("local.Open with an unknown pool key: no error; want it refused")
 	}
 }
+
+// A pooled workspace's resident runs before any create, holding nothing
+// of a tenant; the create that takes it runs its first exec on that same
+// resident, with the tenant's env, on the CPUs recorded for it, and
+// Terminate ends it.
+func TestPoolResidentStartedAtFill(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p, _ := newPooled(t, dataDir, smallPool(1), nil)
+	waitReady(t, p, 1)
+	local.PausePool(p)
+	before := local.Residents(p)
+	if len(before) != 1 {
+		t.Fatalf("residents of a pool of one before any create: %v; want one", before)
+	}
+	var pooled int
+	for key, pid := range before {
+		if !strings.HasPrefix(key, "pool/") {
+			t.Fatalf("resident of %q before any create; want the pooled workspace's", key)
+		}
+		pooled = pid
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pooled) + "/cmdline")
+	if err != nil || !strings.Contains(string(b), "--sandgate-exec-resident") {
+		t.Fatalf("pooled resident's bwrap %d: %q, %v", pooled, b, err)
+	}
+
+	spec := providertest.Spec(t)
+	spec.Env = map[string]string{"TENANT_SECRET": "alpha"}
+	sb := providertest.Create(t, p, spec)
+	if got := local.Residents(p); len(got) != 1 || got[sb.Ref] != pooled {
+		t.Fatalf("residents after the take: %v; want the pooled one (%d) serving %s", got, pooled, sb.Ref)
+	}
+	res := providertest.Exec(t, p, sb, "sh", "-c", `echo "$TENANT_SECRET $PPID"; grep Cpus_allowed_list /proc/self/status`)
+	if res.ExitCode != 0 {
+		t.Fatalf("exec: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	var rec struct {
+		CPUs []int `json:"cpus"`
+	}
+	readJSONFile(t, filepath.Join(dataDir, "workspaces", sb.Ref, "sandbox.json"), &rec)
+	cpus := make([]string, len(rec.CPUs))
+	for i, c := range rec.CPUs {
+		cpus[i] = strconv.Itoa(c)
+	}
+	// Forked by the resident, pid 2 of the sandbox.
+	want := "alpha 2\nCpus_allowed_list:\t" + strings.Join(cpus, ",") + "\n"
+	if got := string(res.Stdout); got != want || len(rec.CPUs) == 0 {
+		t.Errorf("first exec of the taken workspace printed %q (cpus %v); want %q", got, rec.CPUs, want)
+	}
+	if got := local.Residents(p); got[sb.Ref] != pooled {
+		t.Errorf("residents after the first exec: %v; want still %d", got, pooled)
+	}
+	terminateEnds(t, p, sb, pooled)
+}
+
+// A pooled workspace's cgroups are made, with its size's limits, when the
+// pool fills it; the take hands them to the workspace, whose memory limit
+// then holds, and Close leaves none of the pool's behind.
+func TestPoolCgroupsMadeAtFill(t *testing.T) {
+	t.Parallel()
+	p, _ := newPooled(t, t.TempDir(), smallPool(1), nil)
+	waitReady(t, p, 1)
+	local.PausePool(p)
+	pooledDirs := local.PooledCgroups(p)
+	if len(pooledDirs) == 0 {
+		t.Fatal("a pooled workspace has no cgroups before any create")
+	}
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	if left := local.PooledCgroups(p); len(left) != 0 {
+		t.Errorf("pooled cgroups after the take: %v; want them handed to the workspace", left)
+	}
+	if len(local.CgroupDirs(p, sb.Ref)) != len(pooledDirs) {
+		t.Errorf("workspace cgroups %v; want one per pooled one %v", local.CgroupDirs(p, sb.Ref), pooledDirs)
+	}
+	for _, d := range local.CgroupDirs(p, sb.Ref) {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("workspace cgroup after the take: %v", err)
+		}
+	}
+	// Its memory cgroup's 512 MiB hold across processes (RLIMIT_DATA
+	// bounds each alone): four of 256 MiB are OOM-killed.
+	const alloc = "(head -c 256M /dev/zero | tail >/dev/null) &"
+	res := providertest.Exec(t, p, sb, "sh", "-c", alloc+alloc+alloc+alloc+" wait")
+	if res.ExitCode != 137 {
+		t.Errorf("1 GiB over four processes in a small workspace taken from the pool: exit %d; want 137 (%s)", res.ExitCode, res.Stderr)
+	}
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if left := local.PooledCgroups(p); len(left) != 0 {
+		t.Errorf("pooled cgroups after Close: %v; want none", left)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local/internal/residentd"
 )
 
 // The resident (unless Config.BwrapExec): each workspace keeps one small
@@ -33,7 +35,7 @@ import (
 //	/dev/.sandgate-resident --sandgate-exec-resident SOCKET
 //
 // Its one descriptor past stderr is its end of a SOCK_SEQPACKET socket
-// pair whose other end only the broker holds; each message is one exec: a residentRequest, and with
+// pair whose other end only the broker holds; each message is one exec: a residentd.Request, and with
 // SCM_RIGHTS the exec's own connection (a socket pair of its own), its
 // stdin, stdout and stderr, and the tasks files of its leaf cgroups. The
 // resident forks the command from a thread that has joined those cgroups,
@@ -41,15 +43,9 @@ import (
 // with its wait status. Output goes straight from the command to the
 // broker's pipes. See README.md, "The resident".
 
-const residentName = "sandgate-exec-resident"
-
 // residentBin is where the resident's binary is bound in its sandbox: on
 // bwrap's own /dev, so that no mount point of it is in the root tree.
 const residentBin = "/dev/.sandgate-resident"
-
-// maxResidentFDs bounds the descriptors of one request: the connection,
-// stdio, at most four cgroup files to join and two to leave.
-const maxResidentFDs = 10
 
 // residentData bounds the resident's own RLIMIT_DATA: a -race build
 // maps about 450 MiB, a plain one about 120 MiB (VmData; its RSS is about
@@ -59,47 +55,30 @@ const residentData = 1 << 30
 // residentIdle is how long a resident is kept after its last exec.
 const residentIdle = nsIdle
 
-// residentRequest is one exec, as the broker sends it to the resident.
-type residentRequest struct {
-	Argv []string `json:"argv"`
-	Env  []string `json:"env"`
-	Dir  string   `json:"dir"`
-	// Stdin is whether a stdin pipe follows the connection (else the
-	// command's stdin is /dev/null); Join is how many cgroup files
-	// follow stdout and stderr.
-	Stdin bool `json:"stdin,omitempty"`
-	Join  int  `json:"join"`
-	// Leave is how many cgroup files follow those: the workspace's own
-	// cgroups above the leaves, which the forking thread moves back to
-	// once the command is forked, so that killing the leaf never finds
-	// a thread of the resident in it.
-	Leave int `json:"leave,omitempty"`
-	// Data is the command's RLIMIT_DATA, soft and hard, in bytes (0:
-	// the resident's own). The resident runs without it: a Go runtime
-	// under a tenant's limit dies of it (a -race build maps most of
-	// 512 MiB) and takes every exec in flight with it.
-	Data uint64 `json:"data,omitempty"`
-}
-
-// residentReply is how the exec ended.
-type residentReply struct {
-	Status int    `json:"status,omitempty"` // the command's wait status
-	Err    string `json:"err,omitempty"`    // why it could not be started
-	Chdir  bool   `json:"chdir,omitempty"`  // Err is about its directory
-	Cgroup bool   `json:"cgroup,omitempty"` // its cgroups could not be joined
-}
+// unusedIdle is how long a resident that a create started is kept while
+// no exec has come: a client's first exec follows its create at once,
+// and a create that none follows (a thousand idle workspaces) must not
+// keep a process and a mount per workspace for long.
+const unusedIdle = 5 * time.Second
 
 // resident is a workspace's running resident.
 type resident struct {
-	ctlMu sync.RWMutex  // write-held to close ctl, read-held to send on it
-	ctl   *os.File      // the broker's end of the control socket; nil once closed
-	r     *run          // its bwrap, which Terminate kills
-	dead  chan struct{} // closed once its bwrap has exited
+	ctlMu   sync.RWMutex  // write-held to close ctl, read-held to send on it
+	ctl     *os.File      // the broker's end of the control socket; nil once closed
+	r       *run          // its bwrap, which Terminate kills
+	dead    chan struct{} // closed once its bwrap has exited
+	started chan struct{} // closed once its bwrap has started, or failed to
+
+	// ref is the workspace's, or a pooled workspace's pool key until a
+	// create takes it (adoptPooled); under the Provider's mu.
+	ref string
 
 	mu       sync.Mutex
 	inflight int
 	last     time.Time
 	stopping bool // idleResident is stopping it: no exec may begin
+	pooled   bool // its workspace is in the pool: never idle
+	used     bool // it has had an exec
 }
 
 // residents are a Provider's residents, by workspace.
@@ -179,6 +158,7 @@ func (p *Provider) residentOf(ref string, w opened) (*resident, error) {
 		<-rs.dead
 		p.res.mu.Lock()
 		defer p.res.mu.Unlock()
+		ref := p.refOf(rs) // a pooled workspace's changes at its take
 		if p.res.m[ref] == slot && slot.mu.TryLock() {
 			if slot.rs == rs {
 				delete(p.res.m, ref) // else a start is under way, or done
@@ -187,6 +167,46 @@ func (p *Provider) residentOf(ref string, w opened) (*resident, error) {
 		}
 	}()
 	return rs, nil
+}
+
+// warm readies what the new workspace ref's first exec needs while the
+// create's answer travels: its mount namespace (mountns.go), staged
+// exactly as that exec will ask, and its resident, so that the exec finds
+// it up or starting rather than starting one itself (a bwrap set-up and a
+// Go start of the broker's binary). Neither runs tenant code. A Terminate
+// that came first or meanwhile leaves nothing behind: it marks the
+// workspace ended before it drops the namespace, and a resident start
+// checks under the Provider's lock that the workspace is not being
+// terminated (start), so the check below, after both, sees it gone.
+func (p *Provider) warm(ref string, l layout, rec record) {
+	w := opened{layout: l, rec: rec}
+	j := p.jobIn(ref, w)
+	j.stageEgress = len(rec.AllowedDomains) > 0
+	if p.useResident(j) {
+		// Its failure is the first exec's to report, which starts another.
+		p.residentOf(ref, w)
+	} else {
+		p.stageNS(j)
+	}
+	if _, err := os.Stat(string(l)); err != nil || ended(l) {
+		p.stopResident(ref)
+		p.ns.drop(ref)
+	}
+}
+
+// stageNS makes j's workspace's mount namespace, staged as j's exec
+// asks, unless it is there; an error is the first exec's to report.
+func (p *Provider) stageNS(j job) {
+	o, ok := p.stageOptions(j)
+	if !ok {
+		return
+	}
+	if p.rootTrees {
+		o = p.rootOptions(j, o)
+	}
+	if _, release, err := p.ns.acquire(j.ref, o); err == nil {
+		release()
+	}
 }
 
 // startResident starts ref's resident and returns at once: requests
@@ -234,7 +254,7 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 	// default buffer it could not be sent at all. Best effort (root only).
 	_ = unix.SetsockoptInt(pair[0], unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 8<<20)
 	ctl, theirs := os.NewFile(uintptr(pair[0]), "resident"), os.NewFile(uintptr(pair[1]), "resident")
-	j.argv = []string{residentBin, "--" + residentName, sock}
+	j.argv = []string{residentBin, "--" + residentd.Name, sock}
 
 	// The resident joins none of the workspace's cgroups: like the
 	// broker's threads, it must never be what the tenant's memory or
@@ -250,7 +270,8 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 	cmd.SysProcAttr = sandboxProcAttr(j.uid)
 	cmd.WaitDelay = waitDelay
 
-	rs := &resident{ctl: ctl, r: &run{done: make(chan struct{})}, dead: make(chan struct{}), last: time.Now()}
+	rs := &resident{ctl: ctl, r: &run{done: make(chan struct{}), resident: true}, dead: make(chan struct{}), started: make(chan struct{}),
+		ref: ref, last: time.Now(), pooled: isPoolKey(ref)}
 	fail := func(err error) (*resident, error) {
 		ctl.Close()
 		theirs.Close()
@@ -277,7 +298,7 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 		opts: p.bwrapOptions(j, filter != nil, rooted), ctx: ctx,
 		// The seccomp filter and the resident's end of the socket: only
 		// bwrap keeps them, so that the resident's end closes with it.
-		closeStarted: append(files[1:], theirs), last: []*os.File{theirs}}
+		closeStarted: append(files[1:], theirs), last: []*os.File{theirs}, started: rs.started}
 	exited := p.launchBwrap(j, l)
 	go func() {
 		end := <-exited
@@ -287,7 +308,7 @@ func (p *Provider) startResident(ref string, w opened) (*resident, error) {
 		}
 		release()
 		if end.started && end.startErr == nil {
-			p.forget(ref, rs.r)
+			p.forgetResident(rs)
 		}
 		argsW.Close()
 		rs.ctlMu.Lock()
@@ -323,10 +344,47 @@ func (p *Provider) stopResidents() {
 	}
 }
 
+// stopResident kills ref's resident, if any, and returns a channel
+// closed once it is gone; nil when there is none.
+func (p *Provider) stopResident(ref string) <-chan struct{} {
+	p.res.mu.Lock()
+	slot := p.res.m[ref]
+	p.res.mu.Unlock()
+	if slot == nil {
+		return nil
+	}
+	slot.mu.Lock()
+	defer slot.mu.Unlock()
+	if slot.rs == nil {
+		return nil
+	}
+	slot.rs.r.kill(false)
+	return slot.rs.dead
+}
+
+// forgetResident is forget for rs, whose ref a take may change meanwhile.
+func (p *Provider) forgetResident(rs *resident) {
+	p.mu.Lock()
+	ref := rs.ref
+	p.forgetLocked(ref, rs.r)
+	p.mu.Unlock()
+	go os.Remove(filepath.Join(p.layoutOf(ref).execs(), strconv.Itoa(rs.r.pgid)))
+}
+
+// refOf is rs's workspace's ref now.
+func (p *Provider) refOf(rs *resident) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return rs.ref
+}
+
 // idleResident stops rs once it has run no exec for residentIdle, and
 // when the Provider closes.
+//
+// One that never had an exec is stopped after unusedIdle, and the mount
+// namespace made for it goes with it.
 func (p *Provider) idleResident(ref string, rs *resident) {
-	t := time.NewTicker(residentIdle / 3)
+	t := time.NewTimer(unusedIdle / 2)
 	defer t.Stop()
 	for {
 		select {
@@ -335,11 +393,20 @@ func (p *Provider) idleResident(ref string, rs *resident) {
 		case <-p.stop:
 		case <-t.C:
 			rs.mu.Lock()
-			idle := rs.inflight == 0 && time.Since(rs.last) >= residentIdle
+			limit := residentIdle
+			if !rs.used {
+				limit = unusedIdle
+			}
+			idle := rs.inflight == 0 && !rs.pooled && time.Since(rs.last) >= limit
 			rs.stopping = idle
+			used := rs.used
 			rs.mu.Unlock()
 			if !idle {
+				t.Reset(limit / 3)
 				continue
+			}
+			if !used {
+				p.ns.drop(p.refOf(rs)) // closed once the resident is gone
 			}
 		}
 		rs.mu.Lock()
@@ -378,6 +445,7 @@ func (rs *resident) begin() bool {
 		return false
 	}
 	rs.inflight++
+	rs.used = true
 	return true
 }
 
@@ -443,7 +511,7 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 
 	leave := p.leaveFiles(j.ref)
 	defer closeAll(leave)
-	req, _ := json.Marshal(residentRequest{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join), Leave: len(leave), Data: uint64(j.memory)})
+	req, _ := json.Marshal(residentd.Request{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join), Leave: len(leave), Data: uint64(j.memory)})
 	fds := []int{theirs}
 	if pipes.stdinR >= 0 {
 		fds = append(fds, pipes.stdinR)
@@ -526,7 +594,7 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 			rs.r.kill(false) // the resident does not answer: end the sandbox
 		}
 	}()
-	var rep residentReply
+	var rep residentd.Reply
 	buf := make([]byte, 512)
 	n, rerr := conn.Read(buf)
 	if rerr == nil {
@@ -669,7 +737,7 @@ func (r *run) isTerminated() bool {
 }
 
 // leaveFiles are the tasks files of ref's workspace cgroups that have
-// leaves (see residentRequest.Leave), opened for writing.
+// leaves (see residentd.Request.Leave), opened for writing.
 func (p *Provider) leaveFiles(ref string) []*os.File {
 	if !p.cg.joinsItself() {
 		return nil

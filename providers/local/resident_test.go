@@ -2,6 +2,7 @@ package local_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strconv"
 	"strings"
@@ -297,5 +298,109 @@ func TestResidentOutsideTenantLimits(t *testing.T) {
 	}
 	if _, err := os.Stat("/proc/" + host); err != nil {
 		t.Errorf("the resident is gone after its workspace ran out of memory: %v", err)
+	}
+}
+
+// TestCreateStartsResident: a create starts the workspace's resident
+// itself, so that the first exec does not wait for its start; Terminate
+// ends it.
+func TestCreateStartsResident(t *testing.T) {
+	t.Parallel()
+	p := newResidentProvider(t)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	pid := waitResident(t, p, sb)
+	if res := providertest.Exec(t, p, sb, "echo", "ready"); string(res.Stdout) != "ready\n" {
+		t.Fatalf("first exec = %q, exit %d", res.Stdout, res.ExitCode)
+	}
+	if got := local.Residents(p)[sb.Ref]; got != pid {
+		t.Errorf("resident after the first exec: %d; want the one the create started, %d", got, pid)
+	}
+	terminateEnds(t, p, sb, pid)
+}
+
+// TestUnusedResidentStops: the resident a create started, when no exec
+// comes, is stopped within seconds, its mount namespace with it, so that
+// idle workspaces keep neither; the next exec starts another.
+func TestUnusedResidentStops(t *testing.T) {
+	t.Parallel()
+	p := newResidentProvider(t)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	pid := waitResident(t, p, sb)
+	for deadline := time.Now().Add(time.Minute); local.Residents(p)[sb.Ref] != 0 || local.HasNS(p, sb.Ref) || local.Alive(pid); {
+		if time.Now().After(deadline) {
+			t.Fatalf("an unused resident (%d) or its namespace (%v) is kept a minute after the create", pid, local.HasNS(p, sb.Ref))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if res := providertest.Exec(t, p, sb, "echo", "ready"); string(res.Stdout) != "ready\n" {
+		t.Fatalf("exec after the resident stopped = %q, exit %d", res.Stdout, res.ExitCode)
+	}
+}
+
+// waitResident returns the host pid of sb's resident's bwrap once p has
+// started one (the create does, in the background).
+func waitResident(t *testing.T, p *local.Provider, sb providers.Sandbox) int {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if pid := local.Residents(p)[sb.Ref]; pid != 0 {
+			return pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no resident of a created workspace before its first exec: %v", local.Residents(p))
+		}
+	}
+}
+
+// terminateEnds terminates sb and checks that its resident (the host pid
+// of its bwrap) ends: Terminate kills it, and waits for what the tenant
+// ran (TestTerminateLeavesNothingOfTheTenant), not for the resident's own
+// exit.
+func terminateEnds(t *testing.T, p *local.Provider, sb providers.Sandbox, pid int) {
+	t.Helper()
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); local.Alive(pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the resident (%d) runs a minute after Terminate", pid)
+		}
+	}
+}
+
+// TestTerminateLeavesNothingOfTheTenant: when Terminate returns, no
+// process an exec started runs any more, the exec's own and one it left
+// in the background included, though it was in flight on the resident.
+func TestTerminateLeavesNothingOfTheTenant(t *testing.T) {
+	t.Parallel()
+	p := newResidentProvider(t)
+	sb := providertest.Create(t, p, providertest.Spec(t))
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(t.Context(), sb, providers.ExecSpec{
+			Argv:    []string{"sh", "-c", "sleep 319 >/dev/null 2>&1 </dev/null & touch /tmp/started; sleep 319"},
+			Timeout: 10 * time.Minute,
+		})
+		done <- err
+	}()
+	for i := 0; ; i++ {
+		if _, err := providers.ReadFileBytes(t.Context(), p, sb, "/tmp/started", 10); err == nil {
+			break
+		}
+		if i == 1000 {
+			t.Fatal("the command never started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := len(hostProcesses(t, "sleep\x00319\x00")); n != 2 {
+		t.Fatalf("the exec's processes before Terminate: %d; want 2", n)
+	}
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	if left := hostProcesses(t, "sleep\x00319\x00"); len(left) != 0 {
+		t.Errorf("processes of the tenant left when Terminate returned: %q", left)
+	}
+	if err := <-done; !errors.Is(err, providers.ErrSandboxGone) {
+		t.Errorf("Exec across Terminate: %v; want ErrSandboxGone", err)
 	}
 }

@@ -74,9 +74,6 @@ func init() {
 	case len(os.Args) > 1 && os.Args[1] == "--"+forwardName:
 		// Inside a sandbox with egress: see egress.go.
 		os.Exit(runForward(os.Args[2:]))
-	case len(os.Args) > 1 && os.Args[1] == "--"+residentName:
-		// A workspace's resident, inside its sandbox: see resident.go.
-		os.Exit(runResident(os.Args[2:]))
 	}
 }
 

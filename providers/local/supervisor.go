@@ -82,6 +82,10 @@ func (p *Provider) writeDeadline(ref string, deadline time.Time) error {
 	return nil
 }
 
+// supervisorLinger is how long the supervisor stays once it holds no
+// deadline, for the next create.
+const supervisorLinger = time.Minute
+
 // supervise records the new workspace's deadline and makes sure the
 // supervisor runs, which ends it then even when no broker process runs.
 func (p *Provider) supervise(ref string, deadline time.Time) error {

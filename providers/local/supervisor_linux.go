@@ -60,8 +60,35 @@ func runSupervisor(args []string) int {
 		return 1
 	}
 	timer := time.NewTimer(time.Hour)
+	var idle time.Time // since when it holds no deadline
 	for {
 		wait := s.due(time.Now())
+		if len(s.deadlines) == 0 && idle.IsZero() {
+			idle = time.Now()
+		}
+		if len(s.deadlines) > 0 {
+			idle = time.Time{}
+		} else if left := supervisorLinger - time.Since(idle); left > 0 {
+			// Linger a while: a client that creates one workspace after
+			// another then finds it running, rather than have each
+			// create start it again (a fork and exec of the broker's
+			// binary on the create's path).
+			timer.Stop()
+			timer.Reset(left)
+			select {
+			case <-gone:
+				return 0
+			case names := <-events:
+				if names == nil {
+					s.scan()
+				}
+				for _, n := range names {
+					s.update(n)
+				}
+			case <-timer.C:
+			}
+			continue
+		}
 		if len(s.deadlines) == 0 {
 			// Nothing to end: leave, so that no process is left for a data
 			// directory without workspaces (or one removed, or unmounted,

@@ -192,3 +192,35 @@ func countSupervisors(t *testing.T, pid int) int {
 	}
 	return n
 }
+
+// TestSupervisorLingers: once its last workspace is terminated, the
+// supervisor stays for the next create, which then starts none.
+func TestSupervisorLingers(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, t.TempDir(), broker)
+	create := func(id string) providers.Sandbox {
+		sb, err := p.Create(t.Context(), providers.CreateSpec{WorkspaceID: id, InstanceID: "inst_x",
+			Size: sandgate.Size{CPUCores: 1, MemoryMiB: 256}, ExpiresAt: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	sb := create("ws_first")
+	pid := waitSupervisor(t, p)
+	if err := p.Terminate(t.Context(), sb); err != nil {
+		t.Fatal(err)
+	}
+	// With no deadline left it stays (a minute), where it used to leave
+	// within milliseconds (a -race build under load: within a second).
+	for range 500 {
+		if !local.Alive(pid) {
+			t.Fatal("the supervisor left with its last deadline; want it to stay for the next create")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	create("ws_second")
+	if got := waitSupervisor(t, p); got != pid {
+		t.Errorf("supervisor after the next create: %d; want the one that stayed, %d", got, pid)
+	}
+}

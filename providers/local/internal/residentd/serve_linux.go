@@ -1,8 +1,7 @@
-package local
+package residentd
 
 import (
 	"encoding/json"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -16,38 +15,41 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// runResident is the resident's main (see resident.go); it returns the
-// exit code. Its control socket is its one descriptor past stderr; args
-// is, for a workspace with egress, the proxy socket to forward
-// 127.0.0.1:3128 to ("" for none). It serves requests until the broker closes the socket,
-// then exits, and the sandbox's pid namespace (everything its execs
-// started) dies with it.
-func runResident(args []string) int {
-	// Small and steady: it lives inside the workspace's memory cgroup.
+func init() {
+	if len(os.Args) > 1 && os.Args[1] == "--"+Name {
+		os.Exit(serve(os.Args[2:]))
+	}
+}
+
+// serve is the resident's main; it returns the exit code. Its control
+// socket is its one descriptor past stderr; args is, for a workspace with
+// egress, the proxy socket to forward 127.0.0.1:3128 to ("" for none). It
+// serves requests until the broker closes the socket, then exits, and the
+// sandbox's pid namespace (everything its execs started) dies with it.
+func serve(args []string) int {
+	// Small and steady: it is the broker's memory, once per workspace.
 	runtime.GOMAXPROCS(1)
 	debug.SetGCPercent(20)
 	// Not dumpable: no process of the sandbox (same uid, no capability)
 	// can ptrace it or open its descriptors through /proc, the control
 	// socket included. Commands it starts are dumpable again after execve.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		return stepExitStart
+		return exitStart
 	}
 	if len(args) != 1 {
-		return stepExitUsage
+		return exitUsage
 	}
 	ctl := controlSocket()
 	if ctl < 0 {
-		return stepExitUsage
+		return exitUsage
 	}
 	if args[0] != "" {
-		ln, err := net.Listen("tcp", forwardAddr)
-		if err != nil {
-			return stepExitStart
+		if err := forward(args[0]); err != nil {
+			return exitStart
 		}
-		go forwardAll(ln, args[0])
 	}
 	buf := make([]byte, 64<<10)
-	oob := make([]byte, unix.CmsgSpace(maxResidentFDs*4))
+	oob := make([]byte, unix.CmsgSpace(MaxFDs*4))
 	for {
 		// The request's size first (an env may be large), then the
 		// request with its descriptors.
@@ -69,7 +71,7 @@ func runResident(args []string) int {
 			return 0
 		}
 		fds := rightsOf(oob[:oobn])
-		var req residentRequest
+		var req Request
 		if json.Unmarshal(buf[:n], &req) != nil || len(req.Argv) == 0 || len(fds) != 3+req.Join+req.Leave+btoi(req.Stdin) {
 			closeFDs(fds)
 			continue
@@ -131,7 +133,7 @@ func closeFDs(fds []int) {
 // none), stdout, stderr and req.Join cgroup files. It answers on the
 // connection once the command has exited, and kills the command's process
 // group when the broker's side of the connection goes away first.
-func serveExec(req residentRequest, fds []int) {
+func serveExec(req Request, fds []int) {
 	conn := fds[0]
 	defer unix.Close(conn)
 	pid, rep := forkInto(req, fds[1:4], fds[4:4+req.Join], fds[4+req.Join:])
@@ -169,10 +171,10 @@ func serveExec(req residentRequest, fds []int) {
 	}
 	reaped = true
 	mu.Unlock()
-	sendReply(conn, residentReply{Status: int(ws)})
+	sendReply(conn, Reply{Status: int(ws)})
 }
 
-func sendReply(conn int, rep residentReply) {
+func sendReply(conn int, rep Reply) {
 	b, _ := json.Marshal(rep)
 	unix.Write(conn, b)
 }
@@ -193,20 +195,20 @@ func waitNoReap(pid int) {
 // that first joins the exec's cgroups by writing "0" to each of join (v1
 // tasks files): the command is born in them. The thread is never given
 // back, so the resident's other threads stay where they are.
-func forkInto(req residentRequest, stdio, join, leave []int) (int, residentReply) {
+func forkInto(req Request, stdio, join, leave []int) (int, Reply) {
 	path, why := lookPath(req.Argv[0], req.Env)
 	if why != "" {
-		return 0, residentReply{Err: why}
+		return 0, Reply{Err: why}
 	}
 	if fi, err := os.Stat(req.Dir); err != nil || !fi.IsDir() {
 		if err == nil {
 			err = syscall.ENOTDIR
 		}
-		return 0, residentReply{Err: errText(err), Chdir: true}
+		return 0, Reply{Err: errText(err), Chdir: true}
 	}
 	type result struct {
 		pid int
-		rep residentReply
+		rep Reply
 	}
 	done := make(chan result, 1)
 	go func() {
@@ -225,17 +227,17 @@ func forkInto(req residentRequest, stdio, join, leave []int) (int, residentReply
 }
 
 // forkJoined is forkInto's work on its locked thread.
-func forkJoined(req residentRequest, path string, stdio, join []int) (int, residentReply) {
+func forkJoined(req Request, path string, stdio, join []int) (int, Reply) {
 	for _, fd := range join {
 		if _, err := unix.Write(fd, []byte("0")); err != nil {
-			return 0, residentReply{Cgroup: true}
+			return 0, Reply{Cgroup: true}
 		}
 	}
 	files := []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])}
 	if stdio[0] < 0 {
 		null, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return 0, residentReply{Err: errText(err)}
+			return 0, Reply{Err: errText(err)}
 		}
 		defer unix.Close(null)
 		files[0] = uintptr(null)
@@ -249,21 +251,21 @@ func forkJoined(req residentRequest, path string, stdio, join []int) (int, resid
 		Sys: &syscall.SysProcAttr{Setsid: true, Ptrace: req.Data > 0},
 	})
 	if err != nil {
-		return 0, residentReply{Err: errText(err)}
+		return 0, Reply{Err: errText(err)}
 	}
 	if req.Data > 0 {
 		if rep, ok := limitTraced(pid, req.Data); !ok {
 			return 0, rep
 		}
 	}
-	return pid, residentReply{}
+	return pid, Reply{}
 }
 
 // limitTraced sets pid's RLIMIT_DATA, soft and hard, while it is stopped
 // at its execve (it was started traced by this thread), and lets it run.
 // Killed meanwhile, pid is reaped and rep holds its status; a limit that
 // cannot be set kills it. ok reports that it runs.
-func limitTraced(pid int, data uint64) (rep residentReply, ok bool) {
+func limitTraced(pid int, data uint64) (rep Reply, ok bool) {
 	var ws unix.WaitStatus
 	for {
 		if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != unix.EINTR {
@@ -271,7 +273,7 @@ func limitTraced(pid int, data uint64) (rep residentReply, ok bool) {
 		}
 	}
 	if !ws.Stopped() {
-		return residentReply{Status: int(ws)}, false
+		return Reply{Status: int(ws)}, false
 	}
 	// The tracee's RLIMIT_DATA, not the resident's: the limit is the
 	// one the exec's bwrap had (README.md, "Memory").
@@ -292,9 +294,9 @@ func limitTraced(pid int, data uint64) (rep residentReply, ok bool) {
 				break
 			}
 		}
-		return residentReply{Err: "setrlimit: " + errText(lerr)}, false
+		return Reply{Err: "setrlimit: " + errText(lerr)}, false
 	}
-	return residentReply{}, true
+	return Reply{}, true
 }
 
 // lookPath finds argv0 as execvp does, in the command's PATH: the first
@@ -304,7 +306,7 @@ func lookPath(argv0 string, env []string) (path, why string) {
 	if strings.Contains(argv0, "/") {
 		return argv0, ""
 	}
-	dirs := defaultPath
+	dirs := DefaultPath
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
 			dirs = v

@@ -1,0 +1,58 @@
+// Package residentd is a local workspace's resident (see the local
+// provider's README, "The resident"): one process in the workspace's
+// sandbox, the broker's own binary run again with
+//
+//	--sandgate-exec-resident SOCKET
+//
+// that forks each exec the broker sends it over a private channel. Its
+// init recognises that argument and runs the resident before the
+// packages that only the broker uses are initialised: it imports little,
+// so that a resident starts in a few milliseconds rather than after the
+// whole broker's initialisation. The broker's side is in package local.
+package residentd
+
+// Name is the resident's argument, after "--".
+const Name = "sandgate-exec-resident"
+
+// MaxFDs bounds the descriptors of one request: the connection, stdio, at
+// most four cgroup files to join and two to leave.
+const MaxFDs = 10
+
+// DefaultPath is a command's PATH when its env has none.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Exit codes of the resident itself, as the local provider's exec step's.
+const (
+	exitUsage = 120 // malformed arguments or no control socket: a bug
+	exitStart = 122 // it could not set itself up
+)
+
+// Request is one exec, as the broker sends it to the resident.
+type Request struct {
+	Argv []string `json:"argv"`
+	Env  []string `json:"env"`
+	Dir  string   `json:"dir"`
+	// Stdin is whether a stdin pipe follows the connection (else the
+	// command's stdin is /dev/null); Join is how many cgroup files
+	// follow stdout and stderr.
+	Stdin bool `json:"stdin,omitempty"`
+	Join  int  `json:"join"`
+	// Leave is how many cgroup files follow those: the workspace's own
+	// cgroups above the leaves, which the forking thread moves back to
+	// once the command is forked, so that killing the leaf never finds
+	// a thread of the resident in it.
+	Leave int `json:"leave,omitempty"`
+	// Data is the command's RLIMIT_DATA, soft and hard, in bytes (0:
+	// the resident's own). The resident runs without it: a Go runtime
+	// under a tenant's limit dies of it (a -race build maps most of
+	// 512 MiB) and takes every exec in flight with it.
+	Data uint64 `json:"data,omitempty"`
+}
+
+// Reply is how the exec ended.
+type Reply struct {
+	Status int    `json:"status,omitempty"` // the command's wait status
+	Err    string `json:"err,omitempty"`    // why it could not be started
+	Chdir  bool   `json:"chdir,omitempty"`  // Err is about its directory
+	Cgroup bool   `json:"cgroup,omitempty"` // its cgroups could not be joined
+}
