@@ -79,7 +79,7 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 		return err
 	}
 
-	srv, err := startServe(ctx, dir, o.bin, redisAddr, o.c, o.level)
+	srv, err := startServe(ctx, dir, o.bin, redisAddr, noopProvider, o.c, o.level)
 	if err != nil {
 		return err
 	}
@@ -216,7 +216,7 @@ func startBefore(ctx context.Context, dir string, o acquireOptions, redisAddr st
 	if err := os.MkdirAll(sub, 0o700); err != nil {
 		return nil, err
 	}
-	old, err := startServe(ctx, sub, bin, redisAddr, o.c, o.level)
+	old, err := startServe(ctx, sub, bin, redisAddr, noopProvider, o.c, o.level)
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +267,17 @@ type serve struct {
 	hc       *http.Client
 }
 
-func startServe(ctx context.Context, dir, bin, redisAddr string, clients int, level string) (*serve, error) {
+// noopProvider is -acquire's providers: nothing runs, so the figures are
+// the broker's own.
+const noopProvider = `providers:
+  - name: bench
+    kind: noop
+default_provider: bench
+`
+
+// startServe starts `sandgate serve` on redisAddr with providers (the
+// config's providers and default_provider, as YAML).
+func startServe(ctx context.Context, dir, bin, redisAddr, providers string, clients int, level string) (*serve, error) {
 	cert, key, roots, err := selfSigned(dir)
 	if err != nil {
 		return nil, err
@@ -296,11 +306,7 @@ tls:
   key_file: %q
 redis:
   addr: %q
-providers:
-  - name: bench
-    kind: noop
-default_provider: bench
-operators:
+%soperators:
   - name: load-admin
     role: admin
     token_env: %s
@@ -317,7 +323,7 @@ admission:
     read: {per_second: 1000000, burst: 1000000}
 log:
   level: %s
-`, pub, adm, filepath.Join(dir, "data"), "sandgate-load-"+filepath.Base(dir), cert, key, redisAddr, adminTokenEnv, 4*clients, level)
+`, pub, adm, filepath.Join(dir, "data"), "sandgate-load-"+filepath.Base(dir), cert, key, redisAddr, providers, adminTokenEnv, 4*clients, level)
 	path := filepath.Join(dir, "sandgate.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, err

@@ -103,6 +103,7 @@ func main() {
 	ttfc := flag.Bool("ttfc", false, "measure time to first command instead: -n (default 50) sequential acquire, exec `echo ready`, release cycles on the local provider beside a bare bwrap")
 	pool := flag.Int("pool", 0, "-ttfc: warm workspaces per size and image (0: the pool off)")
 	fly := flag.Bool("fly", false, "-ttfc: Fly Machines on the flytest fake instead of the local provider")
+	ttfcRedis := flag.Bool("redis", false, "-ttfc: sandgate serve on a redis-server of its own (as in production) instead of sandgate dev and its embedded store")
 	floorServe := flag.String("floor-serve", "", "internal, run by -acquire: serve its floor on this address")
 	floorDir := flag.String("floor-dir", "", "internal, with -floor-serve: the directory -acquire prepared")
 	flag.Parse()
@@ -127,7 +128,7 @@ func main() {
 				cycles = *n
 			}
 		})
-		err = runTTFC(ctx, ttfcOptions{bin: *bin, n: cycles, pool: *pool, fly: *fly})
+		err = runTTFC(ctx, ttfcOptions{bin: *bin, n: cycles, pool: *pool, fly: *fly, redis: *ttfcRedis})
 	case *acq:
 		err = runAcquire(ctx, acquireOptions{bin: *bin, n: *pairs, c: orDefault(*clients, 8), rounds: max(*rounds, 1), level: *level, before: *before})
 	case *files:
@@ -156,6 +157,7 @@ type broker struct {
 	hc    *http.Client
 	env   map[string]string // dev.env
 	logs  string            // the broker's stderr
+	halt  func()            // stops a broker started otherwise than by cmd
 
 	unavailable atomic.Int64 // -files: 503s retried
 }
@@ -414,6 +416,10 @@ func startDev(ctx context.Context, bin, dataDir string, overrides ...string) (*b
 }
 
 func (b *broker) stop() {
+	if b.halt != nil {
+		b.halt()
+		return
+	}
 	b.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { b.cmd.Wait(); close(done) }()

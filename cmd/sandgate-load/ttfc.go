@@ -33,6 +33,9 @@ type ttfcOptions struct {
 	n    int    // cycles
 	pool int    // warm workspaces per (size, image); 0 is the pool off
 	fly  bool   // Fly Machines on the flytest fake instead of the local provider
+	// redis runs `sandgate serve` on a redis-server of its own, as in
+	// production, instead of `sandgate dev` and its embedded store.
+	redis bool
 }
 
 // ttfcSteps are the steps of a cycle, in order, and the whole.
@@ -61,7 +64,11 @@ func runTTFC(ctx context.Context, o ttfcOptions) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	b, err := startTTFC(ctx, bin, filepath.Join(dir, "data"), o.pool)
+	start, what := startTTFC, "sandgate dev (its embedded store)"
+	if o.redis {
+		start, what = startTTFCServe, "sandgate serve on a redis-server of its own"
+	}
+	b, err := start(ctx, bin, filepath.Join(dir, "data"), o.pool)
 	if err != nil {
 		return err
 	}
@@ -71,7 +78,7 @@ func runTTFC(ctx context.Context, o ttfcOptions) error {
 		pool = fmt.Sprintf("pool on (%d warm %s workspaces)", o.pool, ttfcSize)
 	}
 	fmt.Printf("workload: %d sequential cycles (acquire %s, exec `echo ready`, release) over one keep-alive HTTPS client, "+
-		"sandgate dev, local provider, %s; after each cycle one bare bwrap `echo ready` with the same namespaces (the floor)\n\n", o.n, ttfcSize, pool)
+		"%s, local provider, %s; after each cycle one bare bwrap `echo ready` with the same namespaces (the floor)\n\n", o.n, ttfcSize, what, pool)
 	taken0, err := poolTaken(ctx, b)
 	if err != nil {
 		return err
@@ -115,6 +122,45 @@ func startTTFC(ctx context.Context, bin, dataDir string, pool int) (*broker, err
 	if err != nil {
 		return nil, err
 	}
+	return waitPool(ctx, b, pool)
+}
+
+// startTTFCServe is startTTFC with `sandgate serve` on a redis-server of
+// its own (in dataDir's parent) and a tenant made through the operator
+// API: the store a production broker runs on, where dev's embedded one
+// runs each script in a Lua state made for the call.
+func startTTFCServe(ctx context.Context, bin, dataDir string, pool int) (*broker, error) {
+	dir := filepath.Dir(dataDir)
+	addr, stopRedis, err := startRedis(ctx, filepath.Join(dir, "redis"))
+	if err != nil {
+		return nil, err
+	}
+	prov := "providers:\n  - name: local\n    kind: local\n"
+	if pool > 0 {
+		prov += fmt.Sprintf("    pool: {per: [{size: %s, count: %d}]}\n", ttfcSize, pool)
+	}
+	s, err := startServe(ctx, dir, bin, addr, prov+"default_provider: local\n", 1, "warn")
+	if err != nil {
+		stopRedis()
+		return nil, err
+	}
+	tok, err := s.tenant(ctx, 1)
+	if err != nil {
+		s.stop()
+		stopRedis()
+		return nil, err
+	}
+	b := &broker{url: s.url, token: tok, hc: s.hc, env: map[string]string{"SANDGATE_ADMIN_URL": s.adminURL},
+		halt: func() { s.stop(); stopRedis() }}
+	if pool == 0 {
+		return b, nil
+	}
+	return waitPool(ctx, b, pool)
+}
+
+// waitPool returns b once its local provider's pool holds pool ready
+// workspaces of ttfcSize.
+func waitPool(ctx context.Context, b *broker, pool int) (*broker, error) {
 	for {
 		m, err := scrape(ctx, b)
 		if err != nil {

@@ -16,7 +16,7 @@ import (
 // the floor have a duration per cycle.
 func TestTTFC(t *testing.T) {
 	ctx := context.Background()
-	b, floor := startTTFCTest(t, 0)
+	b, floor := startTTFCTest(t, 0, startTTFC)
 	const n = 3
 	s, err := measureTTFC(ctx, b, floor, n)
 	if err != nil {
@@ -51,14 +51,23 @@ func TestTTFC(t *testing.T) {
 	}
 }
 
-// TestTTFCPool runs the -ttfc core with -pool 3 for three cycles: the
-// broker starts with three warm workspaces ready, and every cycle's
-// create (and the warm-up's) is served by the pool, not made on the
-// request path.
+// TestTTFCPool runs the -ttfc core with -pool 3 for three cycles, on
+// `sandgate dev` and (-redis) on `sandgate serve` with a redis-server of
+// its own: the broker starts with three warm workspaces ready, and every
+// cycle's create (and the warm-up's) is served by the pool, not made on
+// the request path.
 func TestTTFCPool(t *testing.T) {
+	for name, start := range map[string]func(context.Context, string, string, int) (*broker, error){
+		"dev": startTTFC, "redis": startTTFCServe,
+	} {
+		t.Run(name, func(t *testing.T) { testTTFCPool(t, start) })
+	}
+}
+
+func testTTFCPool(t *testing.T, start func(context.Context, string, string, int) (*broker, error)) {
 	ctx := context.Background()
 	const n = 3
-	b, floor := startTTFCTest(t, n)
+	b, floor := startTTFCTest(t, n, start)
 	m, err := scrape(ctx, b)
 	if err != nil {
 		t.Fatal(err)
@@ -91,10 +100,10 @@ func TestTTFCFlyUnsupported(t *testing.T) {
 	}
 }
 
-// startTTFCTest builds sandgate and starts it as -ttfc does, with pool
+// startTTFCTest builds sandgate and starts it with start as -ttfc does, with pool
 // warm workspaces; it returns the broker, stopped by t.Cleanup, and the
 // floor's command line.
-func startTTFCTest(t *testing.T, pool int) (*broker, []string) {
+func startTTFCTest(t *testing.T, pool int, start func(context.Context, string, string, int) (*broker, error)) (*broker, []string) {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -106,7 +115,7 @@ func startTTFCTest(t *testing.T, pool int) (*broker, []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := startTTFC(ctx, bin, filepath.Join(dir, "data"), pool)
+	b, err := start(ctx, bin, filepath.Join(dir, "data"), pool)
 	if err != nil {
 		t.Fatal(err)
 	}
