@@ -221,11 +221,6 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	// Every script that admits work or moves money waits for the
 	// replicas' acknowledgement (redis.wait, docs/scaling.md).
 	durable := store.Durable(b.rdb, b.cfg.Redis.Wait.Replicas, b.cfg.Redis.Wait.Timeout)
-	if b.cfg.Redis.Pipeline && b.cfg.Redis.Wait.Replicas == 0 {
-		if durable, err = store.Pipelined(durable); err != nil {
-			return nil, err
-		}
-	}
 	db := store.New(store.Config{PendingTimeout: b.cfg.Admission.PendingTimeout}, durable)
 	b.db = db
 	// A data directory another one holds stops the broker at once; a store

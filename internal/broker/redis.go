@@ -42,11 +42,6 @@ type RedisConfig struct {
 		Replicas int           `yaml:"replicas"` // default 0: no wait (a Redis without replicas)
 		Timeout  time.Duration `yaml:"timeout"`  // default 500ms
 	} `yaml:"wait"`
-	// Pipeline writes concurrent requests' scripts to one Redis together
-	// and reads their replies together (store.Pipelined): fewer wake-ups
-	// of redis-server and the broker per request under load. Single and
-	// sentinel modes without wait only; off by default.
-	Pipeline bool `yaml:"pipeline"`
 }
 
 // Redis modes.
