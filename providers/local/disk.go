@@ -5,10 +5,13 @@ package local
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -46,9 +49,13 @@ const backgroundNice = 10
 // (committed = apparent size - allocated blocks of each image), under one
 // lock (<DataDir>/disk.lock) across broker processes.
 
-// diskHost is what New found of this host's disk tools.
+// diskHost is what New found of this host's disk tools, and the data
+// directory's template images.
 type diskHost struct {
-	mkfs, mount string
+	mkfsBin, mount string
+
+	dir string     // the template images' directory; "": none (copies are not made)
+	mu  sync.Mutex // held while a template is looked up or made
 }
 
 // detectDisk finds mkfs.ext4 and mount. It returns nil and why when it
@@ -65,9 +72,9 @@ func detectDisk() (*diskHost, string) {
 		}
 		return ""
 	}
-	h := &diskHost{mkfs: find("mkfs.ext4"), mount: find("mount")}
+	h := &diskHost{mkfsBin: find("mkfs.ext4"), mount: find("mount")}
 	switch {
-	case h.mkfs == "":
+	case h.mkfsBin == "":
 		return nil, "disk: mkfs.ext4 (e2fsprogs) is missing, so workspaces cannot get a disk quota"
 	case h.mount == "":
 		return nil, "disk: mount (util-linux) is missing, so workspaces cannot get a disk quota"
@@ -76,11 +83,114 @@ func detectDisk() (*diskHost, string) {
 }
 
 // create makes the workspace's sparse image of mib MiB at l, with an ext4
-// file system holding workspace/, home/ and tmp/, owned by uid (mkfs -d
-// copies them from a seed directory, so the broker never mounts the image
-// on the host). A background one (the pool's refill) runs mkfs at a low
-// CPU priority, so that it takes little from the requests it runs beside.
+// file system holding workspace/, home/ and tmp/: a copy of the data
+// directory's template image of that size (template), whose directories
+// are root's until the image's first mount gives them to uid (mountDisk),
+// so the broker never mounts the image on the host. A copy is its few
+// allocated blocks (about 400 KiB for 256 MiB); mkfs.ext4 writes the same
+// and costs some milliseconds of CPU more, on every create. Where no
+// template can be made or copied (a file system without SEEK_DATA), it
+// runs mkfs for the image itself. A background one (the pool's refill)
+// runs mkfs at a low CPU priority, so that it takes little from the
+// requests it runs beside.
 func (h *diskHost) create(ctx context.Context, l layout, mib, uid int, background bool) error {
+	img := l.disk()
+	tmpl, err := h.template(ctx, mib, background)
+	if err == nil {
+		if err = copySparse(tmpl, img); err == nil {
+			return nil
+		}
+		os.Remove(img)
+	}
+	return h.mkfs(ctx, l, img, mib, uid, background)
+}
+
+// template returns the data directory's template image of mib MiB, made
+// by mkfs the first time it is asked for. Broker processes that share the
+// data directory may each make one; the last rename wins, and every one
+// holds the same.
+func (h *diskHost) template(ctx context.Context, mib int, background bool) (string, error) {
+	if h.dir == "" {
+		return "", errors.New("no template directory")
+	}
+	name := filepath.Join(h.dir, "ext4-"+strconv.Itoa(mib)+"m.img")
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if fi, err := os.Stat(name); err == nil && fi.Size() == int64(mib)<<20 {
+		return name, nil
+	}
+	if err := os.MkdirAll(h.dir, 0o700); err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(h.dir, ".make-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	l := layout(tmp)
+	if err := h.mkfs(ctx, l, l.disk(), mib, 0, background); err != nil {
+		return "", err
+	}
+	if err := os.Rename(l.disk(), name); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+// copySparse copies the image src to dst, a new file, block for block
+// where src has data and as holes where it has none.
+func copySparse(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	err = copyData(in, out, fi.Size())
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// copyData copies in's data segments (SEEK_DATA, SEEK_HOLE) to the same
+// offsets of out, and gives out in's size.
+func copyData(in, out *os.File, size int64) error {
+	if err := out.Truncate(size); err != nil {
+		return err
+	}
+	buf := make([]byte, 256<<10)
+	fd := int(in.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // nothing but a hole to the end
+		}
+		if err != nil {
+			return fmt.Errorf("seek data: %w", err)
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole: %w", err)
+		}
+		if _, err := io.CopyBuffer(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, hole-data), buf); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return nil
+}
+
+// mkfs makes the image img of mib MiB at l with mkfs.ext4, its
+// directories owned by uid (mkfs -d copies them from a seed directory).
+func (h *diskHost) mkfs(ctx context.Context, l layout, img string, mib, uid int, background bool) error {
 	seed := filepath.Join(string(l), ".seed")
 	if err := os.Mkdir(seed, 0o700); err != nil {
 		return scrub(err)
@@ -90,10 +200,9 @@ func (h *diskHost) create(ctx context.Context, l layout, mib, uid int, backgroun
 	if err := sl.makeDirs(); err != nil {
 		return scrub(err)
 	}
-	if err := sl.chown(uid); err != nil {
+	if err := sl.chownIf(uid); err != nil {
 		return scrub(err)
 	}
-	img := l.disk()
 	f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return scrub(err)
@@ -107,7 +216,7 @@ func (h *diskHost) create(ctx context.Context, l layout, mib, uid int, backgroun
 	}
 	// No reserved blocks (the sandbox's root is not the host's); inode
 	// tables and journal are left as holes, which read as zeros.
-	cmd := exec.CommandContext(ctx, h.mkfs, "-q", "-F", "-m", "0",
+	cmd := exec.CommandContext(ctx, h.mkfsBin, "-q", "-F", "-m", "0",
 		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-d", seed, img)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -216,6 +217,57 @@ func TestCreateWaitsForRelease(t *testing.T) {
 	for i := range 2 {
 		if _, err := p.Create(t.Context(), providertest.Spec(t)); !errors.Is(err, providers.ErrNoCapacity) {
 			t.Errorf("Create %d while an image stays bound = %v; want ErrNoCapacity once the wait ends", i, err)
+		}
+	}
+}
+
+// TestDiskImagesFromTemplate: every workspace's disk image is a copy of
+// the data directory's one template of its size, made once, sparse like
+// it; the sandbox's root owns /workspace, /root and /tmp, with their
+// modes, in each, and what one workspace writes is in its image alone.
+func TestDiskImagesFromTemplate(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p, err := local.New(t.Context(), local.Config{DataDir: dataDir}, providers.Env{BrokerID: broker})
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	t.Cleanup(func() { closeProvider(p) })
+	a := providertest.Create(t, p, providertest.Spec(t))
+	// New's probe made the template of its own 16 MiB image.
+	tmpl := filepath.Join(dataDir, "templates", "ext4-"+strconv.Itoa(p.DiskMiB(providertest.Spec(t).Size))+"m.img")
+	before, err := os.Stat(tmpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := providertest.Create(t, p, providertest.Spec(t))
+	after, err := os.Stat(tmpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime()) {
+		t.Errorf("the template was made again or written by the second create")
+	}
+	tmplBlocks := after.Sys().(*syscall.Stat_t).Blocks
+	for _, sb := range []providers.Sandbox{a, b} {
+		res := providertest.Exec(t, p, sb, "sh", "-c", "stat -c '%n %u %g %a' /workspace /root /tmp && echo "+sb.Ref+" > /root/mine && cat /root/mine")
+		want := "/workspace 0 0 755\n/root 0 0 700\n/tmp 0 0 1777\n" + sb.Ref + "\n"
+		if res.ExitCode != 0 || string(res.Stdout) != want {
+			t.Errorf("in %s: exit %d, %q (stderr %q); want %q", sb.Ref, res.ExitCode, res.Stdout, res.Stderr, want)
+		}
+	}
+	for _, sb := range []providers.Sandbox{a, b} {
+		fi, err := os.Stat(filepath.Join(dataDir, "workspaces", sb.Ref, "disk.img"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size() != after.Size() {
+			t.Errorf("image of %s: %d bytes; want the template's %d", sb.Ref, fi.Size(), after.Size())
+		}
+		// Its own blocks: the template's, the uid's inode updates, the
+		// journal's first writes and the file above, never the whole disk.
+		if blocks := fi.Sys().(*syscall.Stat_t).Blocks; blocks > tmplBlocks+(32<<20)/512 {
+			t.Errorf("image of %s allocates %d KiB; want a sparse copy near the template's %d KiB", sb.Ref, blocks/2, tmplBlocks/2)
 		}
 	}
 }

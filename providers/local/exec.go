@@ -617,7 +617,7 @@ func (p *Provider) stageOptions(j job) (o stepOptions, ok bool) {
 	}
 	o = stepOptions{stage: p.stageDir, binds: [][2]string{{p.etcDir, "e"}}}
 	if j.disk != "" {
-		o.disk, o.mountBin = j.disk, "/usr/bin/mount"
+		o.disk, o.mountBin, o.diskOwner = j.disk, "/usr/bin/mount", max(j.uid, 0)
 		if p.disk != nil {
 			o.mountBin = p.disk.mount
 		}
@@ -940,7 +940,12 @@ type stepOptions struct {
 	binds    [][2]string
 	disk     string // the workspace's image, mounted on stage/d
 	mountBin string // mount(8), for the image
-	rlimits  []rlimit
+	// diskOwner is the host uid (and gid) that the image's workspace,
+	// home and tmp directories belong to; 0: left as they are. An image
+	// copied from its template holds them as root's until its first mount
+	// (mountDisk).
+	diskOwner int
+	rlimits   []rlimit
 	// root, when set, is the sandbox's root tree, which stage builds below
 	// stage/r (stageRoot) and an exec's bwrap binds as its / (see
 	// bwrapOptions). A durable command's step never builds one: on an

@@ -383,6 +383,9 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 	if problem != "" {
 		p.log.Warn("WORKSPACE LIMIT NOT ENFORCED: one workspace can take this host down for all", "problem", problem)
 	}
+	if disk != nil {
+		disk.dir = filepath.Join(dataDir, templatesDir)
+	}
 	p.disk = disk
 	p.emptyTrash()
 	p.sweepCgroups()

@@ -345,6 +345,9 @@ func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
 		(o.nsFD >= 0 && (o.stage != "" || o.nsFD < 3+o.nfds)) {
 		return o, nil, false
 	}
+	if o.disk != "" {
+		o.diskOwner = max(o.uid, 0)
+	}
 	return o, args[1:], true
 }
 
@@ -684,10 +687,39 @@ func mountDisk(o stepOptions) error {
 		last = unix.Mount(dev.Name(), dst, "ext4", flags, "noinit_itable")
 		dev.Close()
 		if last == nil {
-			return nil
+			return ownDirs(dst, o.diskOwner)
 		}
 	}
 	return fmt.Errorf("mount: %w", last)
+}
+
+// ownDirs gives the directories the sandbox binds from the image mounted
+// on dir to uid (and gid uid), unless uid is 0 or they are its already: an
+// image copied from its template holds them as root's (disk.go). Without
+// following a symlink, and only at the image's top, so that nothing a
+// tenant made there can point the chown at a file of the host.
+func ownDirs(dir string, uid int) error {
+	if uid <= 0 {
+		return nil
+	}
+	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	defer unix.Close(root)
+	for _, name := range diskDirs {
+		var st unix.Stat_t
+		if err := unix.Fstatat(root, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			continue // a tenant removed it: theirs to make again
+		}
+		if int(st.Uid) == uid && int(st.Gid) == uid {
+			continue
+		}
+		if err := unix.Fchownat(root, name, uid, uid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("disk: chown: %w", err)
+		}
+	}
+	return nil
 }
 
 // loopOf returns the loop device bound to the image (whose stat is st),

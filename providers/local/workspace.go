@@ -37,7 +37,8 @@ import (
 // <DataDir>/etc/ holds the generated /etc every sandbox mounts read-only,
 // <DataDir>/trash/ holds terminated workspaces until they are removed, and
 // <DataDir>/snapshots/<snapshot id>.tar.gz holds each snapshot's contents,
-// and <DataDir>/id names the data directory (see Provider.DataDirID).
+// <DataDir>/templates/ holds an empty disk image per size that each new
+// image is copied from (disk.go), and <DataDir>/id names the data directory (see Provider.DataDirID).
 const (
 	workspacesDir = "workspaces"
 	etcDir        = "etc"
@@ -45,6 +46,7 @@ const (
 	snapshotsDir  = "snapshots"
 	idFile        = "id"
 	uidsDir       = "uids" // uids/<uid> holds the ref of the workspace that has it
+	templatesDir  = "templates"
 
 	labelsFile  = "labels.json"
 	envFile     = "env.json"
@@ -56,6 +58,10 @@ const (
 	diskImage   = "disk.img"  // the workspace's ext4 image (disk.go)
 	diskLock    = "disk.lock" // in DataDir: serialises the reserve check
 )
+
+// diskDirs are the directories at the top of a workspace's disk image
+// that the sandbox binds as /workspace, /root and /tmp.
+var diskDirs = [...]string{"workspace", "home", "tmp"}
 
 // layout names the host directories of one workspace.
 type layout string
@@ -87,7 +93,7 @@ func (l layout) makeDirs() error {
 	}{
 		{l.workspace(), 0o755},
 		{l.home(), 0o700},
-		{l.tmp(), 0o1777},
+		{l.tmp(), fs.ModeSticky | 0o777}, // os.Chmod reads the sticky bit from fs.ModeSticky only
 	} {
 		if err := os.Mkdir(d.path, d.mode); err != nil {
 			return err
