@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"debug/elf"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -511,7 +510,7 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 
 	leave := p.leaveFiles(j.ref)
 	defer closeAll(leave)
-	req, _ := json.Marshal(residentd.Request{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join), Leave: len(leave), Data: uint64(j.memory)})
+	req := residentd.Request{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join), Leave: len(leave), Data: uint64(j.memory)}.Append(nil)
 	fds := []int{theirs}
 	if pipes.stdinR >= 0 {
 		fds = append(fds, pipes.stdinR)
@@ -598,7 +597,7 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 	buf := make([]byte, 512)
 	n, rerr := conn.Read(buf)
 	if rerr == nil {
-		rerr = json.Unmarshal(buf[:n], &rep)
+		rep, rerr = residentd.ParseReply(buf[:n])
 	}
 	close(stop)
 	<-watchDone

@@ -2,8 +2,7 @@ package residentd
 
 import (
 	"sync"
-
-	"golang.org/x/sys/unix"
+	"syscall"
 )
 
 // The egress forwarder of a workspace with allowed domains: the resident
@@ -19,26 +18,26 @@ const forwardPort = 3128
 
 // forward listens on 127.0.0.1:3128 and serves it in the background.
 func forward(sock string) error {
-	ln, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	ln, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
-	if err := unix.SetsockoptInt(ln, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
-		unix.Close(ln)
+	if err := syscall.SetsockoptInt(ln, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+		syscall.Close(ln)
 		return err
 	}
-	if err := unix.Bind(ln, &unix.SockaddrInet4{Port: forwardPort, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		unix.Close(ln)
+	if err := syscall.Bind(ln, &syscall.SockaddrInet4{Port: forwardPort, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		syscall.Close(ln)
 		return err
 	}
-	if err := unix.Listen(ln, unix.SOMAXCONN); err != nil {
-		unix.Close(ln)
+	if err := syscall.Listen(ln, syscall.SOMAXCONN); err != nil {
+		syscall.Close(ln)
 		return err
 	}
 	go func() {
 		for {
-			c, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
-			if err == unix.EINTR || err == unix.ECONNABORTED {
+			c, _, err := syscall.Accept4(ln, syscall.SOCK_CLOEXEC)
+			if err == syscall.EINTR || err == syscall.ECONNABORTED {
 				continue
 			}
 			if err != nil {
@@ -54,15 +53,15 @@ func forward(sock string) error {
 // Unix socket sock until both directions are done, passing each end of
 // stream on as a half-close, and closes both.
 func pipeTo(c int, sock string) {
-	defer unix.Close(c)
-	u, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	defer syscall.Close(c)
+	u, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return
 	}
-	defer unix.Close(u)
+	defer syscall.Close(u)
 	for {
-		err = unix.Connect(u, &unix.SockaddrUnix{Name: sock})
-		if err != unix.EINTR {
+		err = syscall.Connect(u, &syscall.SockaddrUnix{Name: sock})
+		if err != syscall.EINTR {
 			break
 		}
 	}
@@ -82,17 +81,17 @@ func pipeTo(c int, sock string) {
 func copyHalf(dst, src int) {
 	buf := make([]byte, 32<<10)
 	for {
-		n, err := unix.Read(src, buf)
-		if err == unix.EINTR {
+		n, err := syscall.Read(src, buf)
+		if err == syscall.EINTR {
 			continue
 		}
 		if n == 0 && err == nil {
-			unix.Shutdown(dst, unix.SHUT_WR)
+			syscall.Shutdown(dst, syscall.SHUT_WR)
 			return
 		}
 		if err != nil || !writeAll(dst, buf[:n]) {
-			unix.Shutdown(src, unix.SHUT_RDWR)
-			unix.Shutdown(dst, unix.SHUT_RDWR)
+			syscall.Shutdown(src, syscall.SHUT_RDWR)
+			syscall.Shutdown(dst, syscall.SHUT_RDWR)
 			return
 		}
 	}
@@ -100,8 +99,8 @@ func copyHalf(dst, src int) {
 
 func writeAll(fd int, b []byte) bool {
 	for len(b) > 0 {
-		n, err := unix.Write(fd, b)
-		if err == unix.EINTR {
+		n, err := syscall.Write(fd, b)
+		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil {

@@ -6,9 +6,18 @@
 //
 // that forks each exec the broker sends it over a private channel. Its
 // init recognises that argument and runs the resident before the
-// packages that only the broker uses are initialised: it imports little,
-// so that a resident starts in a few milliseconds rather than after the
-// whole broker's initialisation. The broker's side is in package local.
+// packages that only the broker uses are initialised, so that a resident
+// starts in about a millisecond of Go rather than after the whole
+// broker's initialisation. The linker runs package inits in dependency
+// order and, among those ready, in the order of their import paths: a
+// package that needs strings, encoding/json, path/filepath or
+// golang.org/x/sys waits behind the 70 to 150 of the broker's packages
+// whose paths sort before those. So this package imports only what the
+// broker's first initialisations include anyway (errors, os, runtime,
+// sync, syscall, unsafe; TestImportsStartEarly): its messages are not
+// JSON (wire.go), its system calls are package syscall's (sys_linux.go),
+// and a few string helpers are its own. The broker's side is in package
+// local.
 package residentd
 
 // Name is the resident's argument, after "--".
@@ -27,32 +36,33 @@ const (
 	exitStart = 122 // it could not set itself up
 )
 
-// Request is one exec, as the broker sends it to the resident.
+// Request is one exec, as the broker sends it to the resident (Append,
+// ParseRequest).
 type Request struct {
-	Argv []string `json:"argv"`
-	Env  []string `json:"env"`
-	Dir  string   `json:"dir"`
+	Argv []string
+	Env  []string
+	Dir  string
 	// Stdin is whether a stdin pipe follows the connection (else the
 	// command's stdin is /dev/null); Join is how many cgroup files
 	// follow stdout and stderr.
-	Stdin bool `json:"stdin,omitempty"`
-	Join  int  `json:"join"`
+	Stdin bool
+	Join  int
 	// Leave is how many cgroup files follow those: the workspace's own
 	// cgroups above the leaves, which the forking thread moves back to
 	// once the command is forked, so that killing the leaf never finds
 	// a thread of the resident in it.
-	Leave int `json:"leave,omitempty"`
+	Leave int
 	// Data is the command's RLIMIT_DATA, soft and hard, in bytes (0:
 	// the resident's own). The resident runs without it: a Go runtime
 	// under a tenant's limit dies of it (a -race build maps most of
 	// 512 MiB) and takes every exec in flight with it.
-	Data uint64 `json:"data,omitempty"`
+	Data uint64
 }
 
-// Reply is how the exec ended.
+// Reply is how the exec ended (Append, ParseReply).
 type Reply struct {
-	Status int    `json:"status,omitempty"` // the command's wait status
-	Err    string `json:"err,omitempty"`    // why it could not be started
-	Chdir  bool   `json:"chdir,omitempty"`  // Err is about its directory
-	Cgroup bool   `json:"cgroup,omitempty"` // its cgroups could not be joined
+	Status int    // the command's wait status
+	Err    string // why it could not be started
+	Chdir  bool   // Err is about its directory
+	Cgroup bool   // its cgroups could not be joined
 }

@@ -1,18 +1,11 @@
 package residentd
 
 import (
-	"encoding/json"
 	"os"
-	"path/filepath"
 	"runtime"
-	"runtime/debug"
-	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 func init() {
@@ -28,12 +21,13 @@ func init() {
 // sandbox's pid namespace (everything its execs started) dies with it.
 func serve(args []string) int {
 	// Small and steady: it is the broker's memory, once per workspace.
+	// (Its GOGC is set by its environment: runtime/debug, among the last
+	// packages initialised, would hold up its start; see sys_linux.go.)
 	runtime.GOMAXPROCS(1)
-	debug.SetGCPercent(20)
 	// Not dumpable: no process of the sandbox (same uid, no capability)
 	// can ptrace it or open its descriptors through /proc, the control
 	// socket included. Commands it starts are dumpable again after execve.
-	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+	if err := prctl(syscall.PR_SET_DUMPABLE, 0); err != nil {
 		return exitStart
 	}
 	if len(args) != 1 {
@@ -49,12 +43,12 @@ func serve(args []string) int {
 		}
 	}
 	buf := make([]byte, 64<<10)
-	oob := make([]byte, unix.CmsgSpace(MaxFDs*4))
+	oob := make([]byte, syscall.CmsgSpace(MaxFDs*4))
 	for {
 		// The request's size first (an env may be large), then the
 		// request with its descriptors.
-		n, _, _, _, err := unix.Recvmsg(ctl, nil, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
-		if err == unix.EINTR {
+		n, _, _, _, err := syscall.Recvmsg(ctl, nil, nil, syscall.MSG_PEEK|syscall.MSG_TRUNC)
+		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil || n == 0 {
@@ -63,21 +57,21 @@ func serve(args []string) int {
 		if n > len(buf) {
 			buf = make([]byte, n)
 		}
-		n, oobn, _, _, err := unix.Recvmsg(ctl, buf, oob, unix.MSG_CMSG_CLOEXEC)
-		if err == unix.EINTR {
+		n, oobn, _, _, err := syscall.Recvmsg(ctl, buf, oob, syscall.MSG_CMSG_CLOEXEC)
+		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil || n == 0 {
 			return 0
 		}
 		fds := rightsOf(oob[:oobn])
-		var req Request
-		if json.Unmarshal(buf[:n], &req) != nil || len(req.Argv) == 0 || len(fds) != 3+req.Join+req.Leave+btoi(req.Stdin) {
+		req, err := ParseRequest(buf[:n])
+		if err != nil || len(req.Argv) == 0 || len(fds) != 3+req.Join+req.Leave+btoi(req.Stdin) {
 			closeFDs(fds)
 			continue
 		}
 		if !req.Stdin {
-			fds = slices.Insert(fds, 1, -1)
+			fds = append(fds[:1], append([]int{-1}, fds[1:]...)...)
 		}
 		go serveExec(req, fds)
 		if len(buf) > 64<<10 {
@@ -91,7 +85,7 @@ func serve(args []string) int {
 // close-on-exec; -1 when there is none.
 func controlSocket() int {
 	for fd := 3; fd < 64; fd++ {
-		if t, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err == nil && t == unix.SOCK_SEQPACKET {
+		if t, err := syscall.GetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_TYPE); err == nil && t == syscall.SOCK_SEQPACKET {
 			syscall.CloseOnExec(fd)
 			return fd
 		}
@@ -99,22 +93,15 @@ func controlSocket() int {
 	return -1
 }
 
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // rightsOf returns the descriptors of SCM_RIGHTS messages in oob.
 func rightsOf(oob []byte) []int {
-	msgs, err := unix.ParseSocketControlMessage(oob)
+	msgs, err := syscall.ParseSocketControlMessage(oob)
 	if err != nil {
 		return nil
 	}
 	var fds []int
 	for _, m := range msgs {
-		if r, err := unix.ParseUnixRights(&m); err == nil {
+		if r, err := syscall.ParseUnixRights(&m); err == nil {
 			fds = append(fds, r...)
 		}
 	}
@@ -124,7 +111,7 @@ func rightsOf(oob []byte) []int {
 func closeFDs(fds []int) {
 	for _, fd := range fds {
 		if fd >= 0 {
-			unix.Close(fd)
+			syscall.Close(fd)
 		}
 	}
 }
@@ -135,7 +122,7 @@ func closeFDs(fds []int) {
 // group when the broker's side of the connection goes away first.
 func serveExec(req Request, fds []int) {
 	conn := fds[0]
-	defer unix.Close(conn)
+	defer syscall.Close(conn)
 	pid, rep := forkInto(req, fds[1:4], fds[4:4+req.Join], fds[4+req.Join:])
 	closeFDs(fds[1:]) // -1 is skipped
 	if pid <= 0 {
@@ -149,12 +136,12 @@ func serveExec(req Request, fds []int) {
 		mu.Lock()
 		defer mu.Unlock()
 		if !reaped { // the zombie still holds its pid: no other process has it
-			unix.Kill(-pid, unix.SIGKILL)
+			syscall.Kill(-pid, syscall.SIGKILL)
 		}
 	}
 	go func() {
 		var b [1]byte
-		unix.Read(conn, b[:]) // EOF: the broker's side is gone, or shut for writing (a kill)
+		syscall.Read(conn, b[:]) // EOF: the broker's side is gone, or shut for writing (a kill)
 		kill()
 	}()
 	waitNoReap(pid)
@@ -162,10 +149,10 @@ func serveExec(req Request, fds []int) {
 	// with an exec's own pid namespace (the broker kills the rest of its
 	// cgroup).
 	kill()
-	var ws unix.WaitStatus
+	var ws syscall.WaitStatus
 	mu.Lock()
 	for {
-		if _, err := unix.Wait4(pid, &ws, 0, nil); err != unix.EINTR {
+		if _, err := syscall.Wait4(pid, &ws, 0, nil); err != syscall.EINTR {
 			break
 		}
 	}
@@ -175,16 +162,16 @@ func serveExec(req Request, fds []int) {
 }
 
 func sendReply(conn int, rep Reply) {
-	b, _ := json.Marshal(rep)
-	unix.Write(conn, b)
+	b := rep.Append(nil)
+	syscall.Write(conn, b)
 }
 
 // waitNoReap blocks until pid has exited, leaving it a zombie.
 func waitNoReap(pid int) {
 	var info [128]byte // siginfo_t
 	for {
-		_, _, e := unix.Syscall6(unix.SYS_WAITID, unix.P_PID, uintptr(pid), uintptr(unsafe.Pointer(&info)), unix.WEXITED|unix.WNOWAIT, 0, 0)
-		if e != unix.EINTR {
+		_, _, e := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid), uintptr(unsafe.Pointer(&info)), syscall.WEXITED|syscall.WNOWAIT, 0, 0)
+		if e != syscall.EINTR {
 			return
 		}
 	}
@@ -218,7 +205,7 @@ func forkInto(req Request, stdio, join, leave []int) (int, Reply) {
 		// broker kills whatever is left in them when the exec ends, and
 		// this thread, until it has exited, is the resident.
 		for _, fd := range leave {
-			unix.Write(fd, []byte("0"))
+			syscall.Write(fd, []byte("0"))
 		}
 		done <- result{pid, rep}
 	}()
@@ -229,17 +216,17 @@ func forkInto(req Request, stdio, join, leave []int) (int, Reply) {
 // forkJoined is forkInto's work on its locked thread.
 func forkJoined(req Request, path string, stdio, join []int) (int, Reply) {
 	for _, fd := range join {
-		if _, err := unix.Write(fd, []byte("0")); err != nil {
+		if _, err := syscall.Write(fd, []byte("0")); err != nil {
 			return 0, Reply{Cgroup: true}
 		}
 	}
 	files := []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])}
 	if stdio[0] < 0 {
-		null, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		null, err := syscall.Open("/dev/null", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
 			return 0, Reply{Err: errText(err)}
 		}
-		defer unix.Close(null)
+		defer syscall.Close(null)
 		files[0] = uintptr(null)
 	}
 	pid, err := syscall.ForkExec(path, req.Argv, &syscall.ProcAttr{
@@ -266,9 +253,9 @@ func forkJoined(req Request, path string, stdio, join []int) (int, Reply) {
 // Killed meanwhile, pid is reaped and rep holds its status; a limit that
 // cannot be set kills it. ok reports that it runs.
 func limitTraced(pid int, data uint64) (rep Reply, ok bool) {
-	var ws unix.WaitStatus
+	var ws syscall.WaitStatus
 	for {
-		if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != unix.EINTR {
+		if _, err := syscall.Wait4(pid, &ws, syscall.WALL, nil); err != syscall.EINTR {
 			break
 		}
 	}
@@ -277,20 +264,20 @@ func limitTraced(pid int, data uint64) (rep Reply, ok bool) {
 	}
 	// The tracee's RLIMIT_DATA, not the resident's: the limit is the
 	// one the exec's bwrap had (README.md, "Memory").
-	lerr := unix.Prlimit(pid, unix.RLIMIT_DATA, &unix.Rlimit{Cur: data, Max: data}, nil)
+	lerr := prlimit(pid, syscall.RLIMIT_DATA, &syscall.Rlimit{Cur: data, Max: data})
 	if lerr != nil {
-		unix.Kill(pid, unix.SIGKILL)
+		syscall.Kill(pid, syscall.SIGKILL)
 	}
 	// The stop is the SIGTRAP of the execve; another signal that
 	// stopped it first goes on to it.
 	sig := ws.StopSignal()
-	if sig == unix.SIGTRAP {
+	if sig == syscall.SIGTRAP {
 		sig = 0
 	}
-	unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(pid), 0, uintptr(sig), 0, 0)
+	syscall.Syscall6(syscall.SYS_PTRACE, syscall.PTRACE_DETACH, uintptr(pid), 0, uintptr(sig), 0, 0)
 	if lerr != nil {
 		for {
-			if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != unix.EINTR {
+			if _, err := syscall.Wait4(pid, &ws, syscall.WALL, nil); err != syscall.EINTR {
 				break
 			}
 		}
@@ -303,23 +290,23 @@ func limitTraced(pid int, data uint64) (rep Reply, ok bool) {
 // candidate that exists; one that exists but cannot be executed only when
 // no later one can. why is strerror's text when none is found.
 func lookPath(argv0 string, env []string) (path, why string) {
-	if strings.Contains(argv0, "/") {
+	if hasSlash(argv0) {
 		return argv0, ""
 	}
 	dirs := DefaultPath
 	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			dirs = v
+		if len(kv) >= 5 && kv[:5] == "PATH=" {
+			dirs = kv[5:]
 		}
 	}
 	denied := ""
-	for _, d := range filepath.SplitList(dirs) {
-		p := filepath.Join(cmpOr(d, "."), argv0)
+	for d := range pathList(dirs) {
+		p := cmpOr(d, ".") + "/" + argv0
 		fi, err := os.Stat(p)
 		if err != nil || fi.IsDir() {
 			continue
 		}
-		if unix.Access(p, unix.X_OK) != nil {
+		if syscall.Access(p, xOK) != nil {
 			denied = errText(syscall.EACCES)
 			continue
 		}
@@ -329,6 +316,36 @@ func lookPath(argv0 string, env []string) (path, why string) {
 		return "", denied
 	}
 	return "", errText(syscall.ENOENT)
+}
+
+// hasSlash and pathList stand in for package strings and filepath,
+// which would hold up the resident's start (sys_linux.go).
+func hasSlash(s string) bool {
+	for i := range len(s) {
+		if s[i] == '/' {
+			return true
+		}
+	}
+	return false
+}
+
+// pathList yields the directories of the PATH list dirs (none when it is
+// empty), as filepath.SplitList does.
+func pathList(dirs string) func(yield func(string) bool) {
+	return func(yield func(string) bool) {
+		if dirs == "" {
+			return
+		}
+		start := 0
+		for i := 0; i <= len(dirs); i++ {
+			if i == len(dirs) || dirs[i] == ':' {
+				if !yield(dirs[start:i]) {
+					return
+				}
+				start = i + 1
+			}
+		}
+	}
 }
 
 func cmpOr(a, b string) string {
@@ -351,8 +368,8 @@ func errText(err error) string {
 		return err.Error()
 	}
 	s := en.Error()
-	if s != "" {
-		s = strings.ToUpper(s[:1]) + s[1:]
+	if s != "" && 'a' <= s[0] && s[0] <= 'z' {
+		s = string(s[0]-'a'+'A') + s[1:]
 	}
 	return s
 }
