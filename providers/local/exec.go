@@ -441,32 +441,52 @@ func (p *Provider) execResult(ref string, code int, timedOut bool, stdout, stder
 
 // start starts cmd with no descriptor of the broker but its own, after
 // the calling thread, which must be locked and never given back, joined
-// ns (nil: none), and records r as a run of ref. It holds p.mu across the
-// liveness check and Start, so a concurrent Terminate either sees the run
-// and kills it or has already made ref gone. The check runs before the
-// thread joins ns, which holds little of the host's file systems
+// ns (nil: none), and records r as a run of ref. The liveness check and
+// the record are one step under p.mu, before the fork, so a concurrent
+// Terminate either has made ref gone or finds r and kills it: marked
+// before bwrap exists (run.kill), r is killed here as soon as it does,
+// before it has its options. The fork itself runs without p.mu, which
+// every take, exec and Terminate also needs: a bwrap's fork and exec,
+// about a millisecond, would otherwise hold up all of them (the pool's
+// refill starts one for every workspace it makes). The check runs before
+// the thread joins ns, which holds little of the host's file systems
 // (trimMounts).
 func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	if ref != "" {
-		if p.terminating[ref] > 0 {
-			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
+		p.mu.Lock()
+		err := p.mayStartLocked(ref)
+		if err == nil {
+			if p.runs[ref] == nil {
+				p.runs[ref] = make(map[*run]struct{})
+			}
+			p.runs[ref][r] = struct{}{}
 		}
-		if _, err := os.Stat(p.readyFile(ref)); err != nil {
-			return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
+		p.mu.Unlock()
+		if err != nil {
+			return err
 		}
 	}
-	if ns != nil {
-		if err := joinNS(ns); err != nil {
-			return fmt.Errorf("local: exec: %w", err)
+	err := func() error {
+		if ns != nil {
+			if err := joinNS(ns); err != nil {
+				return fmt.Errorf("local: exec: %w", err)
+			}
 		}
-	}
-	if err := closeOnExec(); err != nil {
-		return fmt.Errorf("local: exec: %w", scrub(err))
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("local: exec: start: %w", scrub(err))
+		if err := closeOnExec(); err != nil {
+			return fmt.Errorf("local: exec: %w", scrub(err))
+		}
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("local: exec: start: %w", scrub(err))
+		}
+		return nil
+	}()
+	if err != nil {
+		if ref != "" {
+			p.mu.Lock()
+			p.forgetLocked(p.refOfRun(ref, r), r)
+			p.mu.Unlock()
+		}
+		return err
 	}
 	r.mu.Lock()
 	r.pgid = cmd.Process.Pid
@@ -474,11 +494,31 @@ func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
 		killExec(r.pgid) // it has no options yet, and dies before it runs anything
 	}
 	r.mu.Unlock()
-	if ref != "" {
-		if p.runs[ref] == nil {
-			p.runs[ref] = make(map[*run]struct{})
+	return nil
+}
+
+// refOfRun is the ref r is a run of: ref, unless a take moved it meanwhile
+// (adoptPooled); p.mu is held.
+func (p *Provider) refOfRun(ref string, r *run) string {
+	if _, ok := p.runs[ref][r]; ok {
+		return ref
+	}
+	for other, runs := range p.runs {
+		if _, ok := runs[r]; ok {
+			return other
 		}
-		p.runs[ref][r] = struct{}{}
+	}
+	return ref
+}
+
+// mayStartLocked reports why nothing may start in ref now (it is being
+// terminated, or gone); p.mu is held.
+func (p *Provider) mayStartLocked(ref string) error {
+	if p.terminating[ref] > 0 {
+		return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
+	}
+	if _, err := os.Stat(p.readyFile(ref)); err != nil {
+		return fmt.Errorf("local: exec: %w", providers.ErrSandboxGone)
 	}
 	return nil
 }

@@ -41,6 +41,18 @@ type heldNS struct {
 type nsTable struct {
 	mu sync.Mutex
 	m  map[string]*heldNS // ref → its namespace
+
+	closeFD func(*os.File) // closes a namespace's descriptor: closeNS; tests slow it down
+}
+
+// close closes a namespace's descriptor taken out of the table, never
+// under t.mu.
+func (t *nsTable) close(fd *os.File) {
+	if t.closeFD != nil && fd != nil {
+		t.closeFD(fd)
+		return
+	}
+	closeNS(fd)
 }
 
 // acquire returns the mount namespace staged with o for ref, making it
@@ -59,9 +71,10 @@ func (t *nsTable) acquire(ref string, o stepOptions) (*os.File, func(), error) {
 	if t.m == nil {
 		t.m = make(map[string]*heldNS)
 	}
+	var stale *os.File
 	h := t.m[ref]
 	if h != nil && !sameStage(h.opts, o) {
-		t.dropLocked(ref)
+		stale = t.dropLocked(ref)
 		h = nil
 	}
 	if h == nil {
@@ -74,6 +87,7 @@ func (t *nsTable) acquire(ref string, o stepOptions) (*os.File, func(), error) {
 	}
 	h.users++
 	t.mu.Unlock()
+	t.close(stale)
 	<-h.ready
 	if h.err != nil {
 		t.mu.Lock()
@@ -85,15 +99,17 @@ func (t *nsTable) acquire(ref string, o stepOptions) (*os.File, func(), error) {
 		return nil, nil, h.err
 	}
 	release := func() {
+		var fd *os.File
 		t.mu.Lock()
-		defer t.mu.Unlock()
 		if h.users--; h.users == 0 {
 			h.last = time.Now()
 			if t.m[h.ref] != h {
 				// Dropped meanwhile: nobody else will close it.
-				t.closeLocked(h)
+				fd = takeFD(h)
 			}
 		}
+		t.mu.Unlock()
+		t.close(fd)
 	}
 	return h.fd, release, nil
 }
@@ -108,22 +124,25 @@ func sameStage(a, b stepOptions) bool {
 // exec of to asks for, which stage the same files.
 func (t *nsTable) rekey(from, to string, opts func(stepOptions) stepOptions) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	h := t.m[from]
 	if h == nil {
+		t.mu.Unlock()
 		return
 	}
 	delete(t.m, from)
-	t.dropLocked(to) // none: to is new
+	stale := t.dropLocked(to) // none: to is new
 	h.ref, h.opts = to, opts(h.opts)
 	t.m[to] = h
+	t.mu.Unlock()
+	t.close(stale)
 }
 
 // drop closes ref's namespace (an exec using it keeps it until it ends).
 func (t *nsTable) drop(ref string) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.dropLocked(ref)
+	fd := t.dropLocked(ref)
+	t.mu.Unlock()
+	t.close(fd)
 }
 
 // detach takes ref's namespace out of the table, as drop does, and hands
@@ -141,9 +160,7 @@ func (t *nsTable) detach(ref string) *os.File {
 	if h.users > 0 {
 		return nil
 	}
-	fd := h.fd
-	h.fd = nil
-	return fd
+	return takeFD(h)
 }
 
 // closeNS closes a descriptor detach returned, if any.
@@ -153,35 +170,44 @@ func closeNS(fd *os.File) {
 	}
 }
 
-func (t *nsTable) dropLocked(ref string) {
+// dropLocked takes ref's namespace out of the table; t.mu is held. It
+// returns its descriptor for the caller to close once t.mu is released
+// (closeNS), or nil when there is none or an exec still uses it (whose
+// release closes it). When no process is left in the namespace, the kernel
+// ends it at that close, unmounting the image: milliseconds, which must
+// not hold up every exec and take waiting for t.mu.
+func (t *nsTable) dropLocked(ref string) *os.File {
 	h := t.m[ref]
 	if h == nil {
-		return
+		return nil
 	}
 	delete(t.m, ref)
-	if h.users == 0 {
-		t.closeLocked(h)
+	if h.users > 0 {
+		return nil
 	}
+	return takeFD(h)
 }
 
-// closeLocked closes h's descriptor. When no process is left in the
-// namespace, the kernel ends it right here, unmounting the image.
-func (t *nsTable) closeLocked(h *heldNS) {
-	if h.fd != nil {
-		h.fd.Close()
-		h.fd = nil
-	}
+// takeFD takes h's descriptor out of h, for the caller to close; under t.mu.
+func takeFD(h *heldNS) *os.File {
+	fd := h.fd
+	h.fd = nil
+	return fd
 }
 
 // sweep closes the namespaces unused since before cutoff; all of them
 // when cutoff is zero.
 func (t *nsTable) sweep(cutoff time.Time) {
+	var fds []*os.File
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	for ref, h := range t.m {
 		if h.users == 0 && (cutoff.IsZero() || h.last.Before(cutoff)) {
-			t.dropLocked(ref)
+			fds = append(fds, t.dropLocked(ref))
 		}
+	}
+	t.mu.Unlock()
+	for _, fd := range fds {
+		t.close(fd)
 	}
 }
 
