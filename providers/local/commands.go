@@ -94,6 +94,7 @@ func checkCommandID(id string) error {
 // Terminate in any broker process either comes before (and fences it) or
 // finds the runner to kill.
 func (p *Provider) StartCommand(ctx context.Context, sb providers.Sandbox, id string, spec providers.ExecSpec) error {
+	defer p.quiet.enter()()
 	if err := checkCommandID(id); err != nil {
 		return err
 	}

@@ -53,6 +53,7 @@ func (h helperExecer) Exec(ctx context.Context, sb providers.Sandbox, spec provi
 }
 
 func (p *Provider) exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec, helper bool) (providers.ExecResult, error) {
+	defer p.quiet.enter()()
 	w, err := p.open(sb.Ref)
 	if err != nil {
 		if errors.Is(err, providers.ErrSandboxGone) {

@@ -231,6 +231,8 @@ type Provider struct {
 
 	res residents // each workspace's resident (README.md, "The resident")
 
+	quiet quiet // the requests in flight, which the pool's refill lets pass (quiet.go)
+
 	egressMu   sync.Mutex
 	egress     map[string]*egressServer // ref → the egress socket this Provider serves
 	egressCtx  context.Context          // the egress servers' context; ended by Close
@@ -568,6 +570,7 @@ func (p *Provider) pickCPUs(ref string, n int) []int {
 // filter: only no network at all), a WorkspaceID that is not a safe
 // directory name, and an existing one.
 func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
+	defer p.quiet.enter()()
 	if len(spec.Egress.AllowedDomains) > 0 && p.cfg.Egress == nil {
 		return providers.Sandbox{}, errNoEgress
 	}
@@ -871,6 +874,7 @@ func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path str
 // whose image pin goes before Terminate returns. A workspace that is
 // already gone is not an error.
 func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
+	defer p.quiet.enter()()
 	ref := sb.Ref
 	if checkRef(ref) != nil {
 		return nil // no workspace can have this name

@@ -95,6 +95,7 @@ func (p *Provider) startPool() error {
 // makePooled makes one pooled workspace of key: what Create does up to
 // and including the disk.
 func (p *Provider) makePooled(ctx context.Context, key warmpool.Key) (pooled, error) {
+	p.quiet.wait(ctx, refillGap, refillMaxWait)
 	size, _ := sandgate.LookupSize(key.Size) // Pool.Validate checked it
 	w := pooled{id: randomHex(), rec: record{CPUCores: size.CPUCores, MemoryMiB: size.MemoryMiB, Pids: p.cfg.tier(size).Pids}}
 	l := p.pool.layout(w.id)
