@@ -233,6 +233,10 @@ type Provider struct {
 
 	quiet quiet // the requests in flight, which the pool's refill lets pass (quiet.go)
 
+	spare      *spares       // files made ahead for small writes (spares.go); nil: none
+	spareStop  func()        // ends the spares' upkeep
+	spareEnded chan struct{} // closed once it has removed them
+
 	egressMu   sync.Mutex
 	egress     map[string]*egressServer // ref → the egress socket this Provider serves
 	egressCtx  context.Context          // the egress servers' context; ended by Close
@@ -414,6 +418,14 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.log.Warn("no CPU usage accounting (cgroup cpuacct): a workspace that keeps its cores busy keeps its full CPU weight")
 	}
 	p.reopen()
+	if p.spare = openSpares(p.dataDir); p.spare != nil {
+		ctx, stop := context.WithCancel(context.Background())
+		p.spareStop, p.spareEnded = stop, make(chan struct{})
+		go func() {
+			defer close(p.spareEnded)
+			p.spare.run(ctx, &p.quiet)
+		}()
+	}
 	if err := p.startPool(); err != nil {
 		p.Close()
 		return nil, err
@@ -633,7 +645,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	}
 	var staged chan struct{} // closed once the namespace is made
 	for _, step := range []func() error{
-		func() error { return writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
+		func() error { return p.writeJSON(l.labels(), sb.Labels, 0o644) }, // first: listed from now on
 		func() (err error) {
 			if p.probeUID > 0 { // else not root: the broker's own uid (AllowUnenforced)
 				rec.UID, err = p.claimUID(ref)
@@ -697,7 +709,7 @@ func (p *Provider) finishCreate(ctx context.Context, spec providers.CreateSpec, 
 			}
 			return p.limit(ref, *rec)
 		},
-		func() error { return writeJSON(l.env(), env, 0o600) },
+		func() error { return p.writeJSON(l.env(), env, 0o600) },
 		func() error { return p.serveEgress(ref, l, *rec) },
 		func() error {
 			if rec.CPUs == nil { // else placed when it was pooled
@@ -705,8 +717,8 @@ func (p *Provider) finishCreate(ctx context.Context, spec providers.CreateSpec, 
 			}
 			return nil
 		},
-		func() error { return writeJSON(l.sandbox(), *rec, 0o644) }, // marks the workspace ready
-		func() error { return p.supervise(ref, spec.ExpiresAt) },    // the hard lifetime, without any broker
+		func() error { return p.writeJSON(l.sandbox(), *rec, 0o644) }, // marks the workspace ready
+		func() error { return p.supervise(ref, spec.ExpiresAt) },      // the hard lifetime, without any broker
 	} {
 		if err := step(); err != nil {
 			return err
@@ -796,7 +808,7 @@ func (p *Provider) open(ref string) (opened, error) {
 
 // openCache keeps what open read of each workspace, so that an exec reads
 // (and decodes) sandbox.json and env.json again only when they changed.
-// They are written once each, with O_EXCL (writeJSON), so a file with the
+// They are written once each, never over another (writeJSON), so a file with the
 // same inode, size and times has the same contents; a workspace made anew
 // under the same ref has new files. Entries go at Terminate. A hit hands out copies, which the caller may change.
 type openCache struct {
@@ -1085,7 +1097,15 @@ func (p *Provider) claimUID(ref string) (int, error) {
 		var b [4]byte
 		rand.Read(b[:])
 		uid := p.cfg.UIDBase + 1 + int(binary.BigEndian.Uint32(b[:])%uint32(p.cfg.UIDCount-1))
-		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(uid)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		name := filepath.Join(dir, strconv.Itoa(uid))
+		err := p.spare.write(name, []byte(ref), 0o600, true)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if !errors.Is(err, errNoSpare) {
+			return uid, err
+		}
+		f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if errors.Is(err, fs.ErrExist) {
 			continue
 		}
@@ -1206,6 +1226,10 @@ func (p *Provider) Close() error {
 		}
 	})
 	p.trashing.Wait()
+	if p.spareStop != nil {
+		p.spareStop()
+		<-p.spareEnded
+	}
 	p.ns.sweep(time.Time{})
 	p.egressStop()
 	p.egressMu.Lock()

@@ -262,7 +262,7 @@ func (p *Provider) takePooled(ctx context.Context, spec providers.CreateSpec, sb
 
 	ref := sb.Ref
 	src, l := pl.layout(w.id), p.layout(ref)
-	if err := writeJSON(src.labels(), sb.Labels, 0o644); err != nil {
+	if err := p.writeJSON(src.labels(), sb.Labels, 0o644); err != nil {
 		p.dropPooled(w)
 		return true, fmt.Errorf("local: create: %w", scrub(err))
 	}
@@ -305,6 +305,9 @@ func (p *Provider) giveUID(uid int, from, to string) error {
 	name := filepath.Join(dir, strconv.Itoa(uid))
 	if b, err := os.ReadFile(name); err != nil || string(b) != from {
 		return errors.New("the pooled workspace's uid claim is gone")
+	}
+	if err := p.spare.write(name, []byte(to), 0o600, false); !errors.Is(err, errNoSpare) {
+		return err
 	}
 	f, err := os.CreateTemp(dir, ".tmp-") // not a uid: sweepUIDs skips it
 	if err != nil {

@@ -64,13 +64,17 @@ const (
 func (p *Provider) writeDeadline(ref string, deadline time.Time) error {
 	deadline = deadline.Truncate(time.Second).Add(time.Second)
 	dir := filepath.Join(p.dataDir, deadlinesDir)
+	data := []byte(strconv.FormatInt(deadline.UnixMilli(), 10))
+	if err := p.spare.write(filepath.Join(dir, ref), data, 0o600, false); !errors.Is(err, errNoSpare) {
+		return err
+	}
 	// A leading dot: never a ref, so the supervisor ignores it until the
 	// rename.
 	tmp, err := os.CreateTemp(dir, ".tmp-")
 	if err != nil {
 		return err
 	}
-	_, werr := tmp.WriteString(strconv.FormatInt(deadline.UnixMilli(), 10))
+	_, werr := tmp.Write(data)
 	if err := errors.Join(werr, tmp.Close()); err != nil {
 		os.Remove(tmp.Name())
 		return err

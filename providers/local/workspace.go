@@ -179,10 +179,14 @@ func replaceJSON(name, prefix string, v any) error {
 	return err
 }
 
-// writeJSON creates the file at name, which must not exist, holding v.
-func writeJSON(name string, v any, mode fs.FileMode) error {
+// writeJSON creates the file at name, which must not exist, holding v
+// (through a spare file when one is ready: spares.go).
+func (p *Provider) writeJSON(name string, v any, mode fs.FileMode) error {
 	b, err := json.Marshal(v)
 	if err != nil {
+		return err
+	}
+	if err := p.spare.write(name, b, mode, true); !errors.Is(err, errNoSpare) {
 		return err
 	}
 	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
