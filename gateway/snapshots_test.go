@@ -26,6 +26,7 @@ func snapLocal(t *testing.T) *local.Provider {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
+	t.Cleanup(func() { p.Close() }) // before its data directory goes
 	return p
 }
 
@@ -410,6 +411,7 @@ func TestSnapshotByteQuotaLocal(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
+	t.Cleanup(func() { p.Close() }) // before its data directory goes
 	e := snapStart(t, p, func(l *sandgate.Limits) { l.MaxSnapshotBytes = 20000 })
 	ws := e.acquire("")
 	// Random bytes do not compress: 30 000 of them make an archive past the quota.

@@ -23,6 +23,8 @@ func setup(t *testing.T, cfg execsnap.Config) (*local.Provider, *execsnap.Snapsh
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
+	t.Cleanup(func() { p.Close() }) // before its data directory goes
+
 	store, err := blobstore.NewDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

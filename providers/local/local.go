@@ -233,7 +233,7 @@ type Provider struct {
 
 	quiet quiet // the requests in flight, which the pool's refill lets pass (quiet.go)
 
-	spare      *spares       // files made ahead for small writes (spares.go); nil: none
+	spare      *spares       // files made ahead for small writes (spares.go)
 	spareStop  func()        // ends the spares' upkeep
 	spareEnded chan struct{} // closed once it has removed them
 
@@ -418,14 +418,13 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.log.Warn("no CPU usage accounting (cgroup cpuacct): a workspace that keeps its cores busy keeps its full CPU weight")
 	}
 	p.reopen()
-	if p.spare = openSpares(p.dataDir); p.spare != nil {
-		ctx, stop := context.WithCancel(context.Background())
-		p.spareStop, p.spareEnded = stop, make(chan struct{})
-		go func() {
-			defer close(p.spareEnded)
-			p.spare.run(ctx, &p.quiet)
-		}()
-	}
+	p.spare = newSpares(p.dataDir)
+	spareCtx, spareStop := context.WithCancel(context.Background())
+	p.spareStop, p.spareEnded = spareStop, make(chan struct{})
+	go func() {
+		defer close(p.spareEnded)
+		p.spare.run(spareCtx, &p.quiet)
+	}()
 	if err := p.startPool(); err != nil {
 		p.Close()
 		return nil, err

@@ -7,23 +7,24 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestSparesWrite(t *testing.T) {
 	dir := t.TempDir()
-	s := openSpares(dir)
-	if s == nil {
-		t.Fatal("openSpares: nil")
-	}
+	s := newSpares(dir)
 	if err := s.write(filepath.Join(dir, "a"), []byte("x"), 0o600, true); !errors.Is(err, errNoSpare) {
 		t.Fatalf("write with no spare ready = %v; want errNoSpare", err)
 	}
-	for i := range 3 {
-		name := filepath.Join(s.dir, "s"+string(rune('0'+i)))
-		if err := makeSpare(name); err != nil {
-			t.Fatal(err)
+	for range 3 {
+		f, err := makeSpare(dir)
+		if err != nil {
+			t.Fatalf("makeSpare: %v", err)
 		}
-		s.put(name)
+		s.ready = append(s.ready, f)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("spares show in their directory: %v; want none", entries)
 	}
 	a := filepath.Join(dir, "a")
 	if err := s.write(a, []byte(`{"k":"v"}`), 0o640, true); err != nil {
@@ -42,39 +43,48 @@ func TestSparesWrite(t *testing.T) {
 	if b, _ := os.ReadFile(a); string(b) != "new" {
 		t.Errorf("after the replacing write a holds %q; want %q", b, "new")
 	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("directory after the writes: %v; want a alone", entries)
+	}
 	if got := len(s.ready); got != 0 {
 		t.Errorf("spares left: %d; want each write to have used one", got)
 	}
 }
 
-// Close removes a Provider's spares; the next one removes those of a
-// Provider that died holding them, and keeps a live one's.
-func TestSparesRemoved(t *testing.T) {
+// run makes spares only once a write has asked for one, keeps them out of
+// every directory, and closes them when it ends.
+func TestSparesRun(t *testing.T) {
 	dir := t.TempDir()
-	live := openSpares(dir)
-	dead := openSpares(dir)
-	if live == nil || dead == nil {
-		t.Fatal("openSpares: nil")
-	}
-	dead.lock.Close() // as a crash would: its flock goes
+	s := newSpares(dir)
 	ctx, stop := context.WithCancel(t.Context())
 	ended := make(chan struct{})
 	var q quiet
 	go func() {
 		defer close(ended)
-		live.run(ctx, &q)
+		s.run(ctx, &q)
 	}()
-	next := openSpares(dir)
-	if _, err := os.Stat(dead.dir); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("a dead Provider's spares: %v; want them removed", err)
+	if err := s.write(filepath.Join(dir, "first"), []byte("x"), 0o600, true); !errors.Is(err, errNoSpare) {
+		t.Fatalf("first write = %v; want errNoSpare (none made before it)", err)
 	}
-	if _, err := os.Stat(live.dir); err != nil {
-		t.Errorf("a live Provider's spares: %v; want them kept", err)
+	for {
+		s.mu.Lock()
+		n := len(s.ready)
+		s.mu.Unlock()
+		if n == spareWant {
+			break
+		}
+		select {
+		case <-ended:
+			t.Fatal("run ended before it had made its spares")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("directory with %d spares ready: %v; want it empty", spareWant, entries)
 	}
 	stop()
 	<-ended
-	if _, err := os.Stat(live.dir); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("spares after their Provider closed: %v; want them removed", err)
+	if len(s.ready) != 0 {
+		t.Errorf("spares after run ended: %d; want them closed", len(s.ready))
 	}
-	next.lock.Close()
 }

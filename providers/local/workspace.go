@@ -38,9 +38,8 @@ import (
 // <DataDir>/trash/ holds terminated workspaces until they are removed, and
 // <DataDir>/snapshots/<snapshot id>.tar.gz holds each snapshot's contents,
 // <DataDir>/templates/ holds an empty disk image per size that each new
-// image is copied from (disk.go), <DataDir>/spares/<owner>/ the files each
-// Provider makes ahead for its small writes (spares.go), and <DataDir>/id
-// names the data directory (see Provider.DataDirID).
+// image is copied from (disk.go), and <DataDir>/id names the data
+// directory (see Provider.DataDirID).
 const (
 	workspacesDir = "workspaces"
 	etcDir        = "etc"
