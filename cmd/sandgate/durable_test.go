@@ -17,6 +17,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -327,6 +328,18 @@ func TestDurableStartOnceAcrossGateways(t *testing.T) {
 		g := []*durGateway{g1, g2}[i%2]
 		wg.Go(func() {
 			_, l, err := g.cl.StartCommand(context.Background(), ws, "tool:once", req)
+			// 429: the gateway's in-flight cap refused it before anything
+			// ran (each PUT holds twice the output cap for the request's
+			// life); a client sends it again after Retry-After, which
+			// cannot launch twice (spec §Idempotency and retries).
+			for range 30 {
+				var e *client.Error
+				if !errors.As(err, &e) || e.Code != protocol.RateLimited {
+					break
+				}
+				time.Sleep(e.RetryAfter)
+				_, l, err = g.cl.StartCommand(context.Background(), ws, "tool:once", req)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
