@@ -93,7 +93,11 @@ func runIdle(ctx context.Context, n int, window time.Duration, diskMiB int) erro
 	if _, err := p.Exec(ctx, sbs[0], providers.ExecSpec{Argv: []string{"true"}, Timeout: time.Minute}); err != nil {
 		return fmt.Errorf("exec in a workspace: %w", err)
 	}
-	// Let what creating them started (mkfs, page cache writeback) settle.
+	// Let what creating them started settle: their disk images' blocks are
+	// written back now rather than in the window (a copy of the template
+	// leaves them dirty for the kernel's 30 s writeback, where mkfs synced
+	// them itself), then whatever that started ends.
+	syscall.Sync()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
