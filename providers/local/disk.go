@@ -154,6 +154,7 @@ func copySparse(src, dst string) error {
 		return err
 	}
 	err = copyData(in, out, fi.Size())
+	setLoopHint(out, -1) // a new inode: no loop device is bound to it
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
@@ -229,6 +230,10 @@ func (h *diskHost) mkfs(ctx context.Context, l layout, img string, mib, uid int,
 	}
 	if err != nil {
 		return fmt.Errorf("mkfs.ext4: %w: %s", err, firstLine(out.Bytes()))
+	}
+	if f, err := os.OpenFile(img, os.O_RDWR, 0); err == nil {
+		setLoopHint(f, -1) // a new inode: no loop device is bound to it
+		f.Close()
 	}
 	return nil
 }

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
 	"github.com/sandgate/sandgate/providers/providertest"
@@ -269,5 +271,41 @@ func TestDiskImagesFromTemplate(t *testing.T) {
 		if blocks := fi.Sys().(*syscall.Stat_t).Blocks; blocks > tmplBlocks+(32<<20)/512 {
 			t.Errorf("image of %s allocates %d KiB; want a sparse copy near the template's %d KiB", sb.Ref, blocks/2, tmplBlocks/2)
 		}
+	}
+}
+
+// A new image says that no loop device is bound to it, and its mount
+// names the one it bound, so that a later mount finds it without looking
+// at every loop device of the host.
+func TestLoopHint(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p, err := local.New(t.Context(), local.Config{DataDir: dataDir}, providers.Env{BrokerID: broker})
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	t.Cleanup(func() { closeProvider(p) })
+	spec := providertest.Spec(t)
+	spec.Env = nil
+	sb, err := p.Create(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(dataDir, "workspaces", sb.Ref, "disk.img")
+	if res := providertest.Exec(t, p, sb, "true"); res.ExitCode != 0 {
+		t.Fatalf("exec: exit %d", res.ExitCode)
+	}
+	buf := make([]byte, 16)
+	n, err := unix.Getxattr(img, "user.sandgate.loop", buf)
+	if err != nil {
+		t.Fatalf("the image's loop hint: %v", err)
+	}
+	dev := "/sys/block/loop" + string(buf[:n]) + "/loop/backing_file"
+	backing, err := os.ReadFile(dev)
+	if err != nil {
+		t.Fatalf("the loop device the hint names (%q): %v", buf[:n], err)
+	}
+	if got := strings.TrimSpace(string(backing)); got != img {
+		t.Errorf("the hinted loop device is bound to %q; want the image %q", got, img)
 	}
 }

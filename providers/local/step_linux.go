@@ -677,7 +677,7 @@ func mountDisk(o stepOptions) error {
 	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOATIME
 	var last error
 	for range 3 {
-		dev, err := loopOf(o.disk, &st)
+		dev, err := loopOf(o.disk, f, &st)
 		if err != nil {
 			return fmt.Errorf("loop device: %w", err)
 		}
@@ -727,18 +727,35 @@ func ownDirs(dir string, uid int) error {
 // descriptor of its own, not the one that holds the flock: the loop
 // device keeps what it is bound to open for as long as it exists, and with
 // it the lock.
-func loopOf(image string, st *unix.Stat_t) (*os.File, error) {
-	devs, _ := filepath.Glob("/dev/loop[0-9]*")
-	for _, d := range devs {
-		l, err := os.Open(d)
-		if err != nil {
-			continue
-		}
+func loopOf(image string, locked *os.File, st *unix.Stat_t) (*os.File, error) {
+	bound := func(l *os.File) bool {
 		info, err := unix.IoctlLoopGetStatus64(int(l.Fd()))
-		if err == nil && info.Device == uint64(st.Dev) && info.Inode == st.Ino && info.Offset == 0 && info.Sizelimit == 0 {
-			return l, nil
+		return err == nil && info.Device == uint64(st.Dev) && info.Inode == st.Ino && info.Offset == 0 && info.Sizelimit == 0
+	}
+	// The hint names the device the image was last bound to, or that it
+	// never was; only a binder holding the lock writes it, so a device it
+	// names that is not bound to the image means none is. Without a hint
+	// (an image of an older broker), every loop device is looked at.
+	switch n, ok := loopHint(locked); {
+	case ok && n >= 0:
+		if l, err := openLoop(n); err == nil {
+			if bound(l) {
+				return l, nil
+			}
+			l.Close()
 		}
-		l.Close()
+	case !ok:
+		devs, _ := filepath.Glob("/dev/loop[0-9]*")
+		for _, d := range devs {
+			l, err := os.Open(d)
+			if err != nil {
+				continue
+			}
+			if bound(l) {
+				return l, nil
+			}
+			l.Close()
+		}
 	}
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
 	if err != nil {
@@ -765,6 +782,7 @@ func loopOf(image string, st *unix.Stat_t) (*os.File, error) {
 		})
 		f.Close() // the loop device holds its own reference
 		if err == nil {
+			setLoopHint(locked, n)
 			return l, nil
 		}
 		l.Close()
@@ -774,6 +792,29 @@ func loopOf(image string, st *unix.Stat_t) (*os.File, error) {
 		// Taken by someone else between GET_FREE and CONFIGURE: the next.
 	}
 	return nil, errors.New("no free loop device")
+}
+
+// loopHintAttr is the image's extended attribute that names the loop
+// device it was last bound to ("-1": never bound). It spares each mount a
+// look at every loop device of the host, which a busy host has by the
+// hundred (they stay once made): a millisecond or more a mount.
+const loopHintAttr = "user.sandgate.loop"
+
+// loopHint reads f's hint; ok is false when it has none.
+func loopHint(f *os.File) (n int, ok bool) {
+	var buf [16]byte
+	sz, err := unix.Fgetxattr(int(f.Fd()), loopHintAttr, buf[:])
+	if err != nil {
+		return 0, false
+	}
+	n, err = strconv.Atoi(string(buf[:sz]))
+	return n, err == nil
+}
+
+// setLoopHint records n as f's loop device (-1: none yet). Best effort: a
+// file system without user attributes has the scan.
+func setLoopHint(f *os.File, n int) {
+	_ = unix.Fsetxattr(int(f.Fd()), loopHintAttr, []byte(strconv.Itoa(n)), 0)
 }
 
 // openLoop opens /dev/loopN, making the node first when /dev lacks it: a
