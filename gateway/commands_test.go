@@ -6,12 +6,14 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -57,6 +59,17 @@ func TestCommandsLocal(t *testing.T) {
 	for range 16 {
 		wg.Go(func() {
 			st, l, err := e.cl.StartCommand(ctx, ws, "tool-call:1", req)
+			// 429: the in-flight cap refused it before anything ran (each
+			// PUT holds twice the output cap while in flight); a client
+			// sends it again after Retry-After, which cannot launch twice.
+			for range 30 {
+				var ce *client.Error
+				if !errors.As(err, &ce) || ce.Code != protocol.RateLimited {
+					break
+				}
+				time.Sleep(ce.RetryAfter)
+				st, l, err = e.cl.StartCommand(ctx, ws, "tool-call:1", req)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
