@@ -41,6 +41,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Skipf("local provider unavailable: %v", err)
 	}
+	t.Cleanup(func() { prov.Close() }) // its background teardown ends before its directory goes
 	f := &fixture{t: t, db: db, clock: clock, prov: prov, dir: dir, acct: sandgate.NewID(sandgate.PrefixAccount),
 		inst: sandgate.NewID(sandgate.PrefixInstance), keys: map[string]string{}}
 	ctx := context.Background()
@@ -311,6 +312,7 @@ func TestOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { other.Close() })
 	foreign, err := other.Create(ctx, providers.CreateSpec{WorkspaceID: sandgate.NewID(sandgate.PrefixWorkspace), InstanceID: f.inst,
 		Size: sandgate.Size{CPUCores: 1, MemoryMiB: 256}, ExpiresAt: f.clock.Now().Add(time.Hour)})
 	if err != nil {

@@ -86,6 +86,7 @@ func TestVanishedNeedsEveryBroker(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
+	t.Cleanup(func() { other.Close() })
 	if err := f.db.RegisterBroker(ctx, "other-broker", f.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
