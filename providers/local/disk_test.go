@@ -230,11 +230,7 @@ func TestCreateWaitsForRelease(t *testing.T) {
 func TestDiskImagesFromTemplate(t *testing.T) {
 	t.Parallel()
 	dataDir := t.TempDir()
-	p, err := local.New(t.Context(), local.Config{DataDir: dataDir}, providers.Env{BrokerID: broker})
-	if err != nil {
-		t.Fatalf("local.New: %v", err)
-	}
-	t.Cleanup(func() { closeProvider(p) })
+	p := newProvider(t, dataDir, broker)
 	a := providertest.Create(t, p, providertest.Spec(t))
 	// New's probe made the template of its own 16 MiB image.
 	tmpl := filepath.Join(dataDir, "templates", "ext4-"+strconv.Itoa(p.DiskMiB(providertest.Spec(t).Size))+"m.img")
@@ -274,17 +270,12 @@ func TestDiskImagesFromTemplate(t *testing.T) {
 	}
 }
 
-// A new image says that no loop device is bound to it, and its mount
-// names the one it bound, so that a later mount finds it without looking
-// at every loop device of the host.
+// A mounted image names the loop device it is bound to, so that a later
+// mount finds it without looking at every loop device of the host.
 func TestLoopHint(t *testing.T) {
 	t.Parallel()
 	dataDir := t.TempDir()
-	p, err := local.New(t.Context(), local.Config{DataDir: dataDir}, providers.Env{BrokerID: broker})
-	if err != nil {
-		t.Fatalf("local.New: %v", err)
-	}
-	t.Cleanup(func() { closeProvider(p) })
+	p := newProvider(t, dataDir, broker)
 	spec := providertest.Spec(t)
 	spec.Env = nil
 	sb, err := p.Create(t.Context(), spec)
