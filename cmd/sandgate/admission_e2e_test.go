@@ -329,7 +329,7 @@ func TestEmergencyStopAcrossGateways(t *testing.T) {
 		wantCode(t, "the exec in flight when its workspace was stopped", r.err, http.StatusGone, protocol.WorkspaceGone)
 	}
 	waitFor(t, "gateway B's sandbox processes to be gone", func() (bool, error) {
-		left := gwB.descendants()
+		left := gwB.sandboxProcs()
 		return len(left) == 0, fmt.Errorf("%d left: %v", len(left), left)
 	})
 

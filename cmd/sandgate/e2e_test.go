@@ -620,7 +620,7 @@ func TestWorkspacesSurviveRestart(t *testing.T) {
 		execErr <- err
 	}()
 	waitFor(t, "the exec's sandbox to start", func() (bool, error) {
-		return len(s1.descendants()) > 0, nil
+		return len(sleepers(s1)) > 0, nil
 	})
 	s1.kill()
 	if err := <-execErr; !errors.Is(err, client.ErrOutcomeUnknown) {

@@ -277,18 +277,25 @@ func readProcs() []procStat {
 // prlimit/bwrap trees) before it is stopped, while the tree still hangs
 // from it.
 func (p *process) rememberChildren() {
+	out := p.sandboxProcs()
+	p.mu.Lock()
+	p.children = out
+	p.mu.Unlock()
+}
+
+// sandboxProcs returns the descendants that belong to sandboxes: all but
+// the data directory's supervisor, which outlives the broker and its last
+// workspace by design (providers/local/README.md): it ends workspaces at
+// their deadlines, and lingers a while after the last one.
+func (p *process) sandboxProcs() []procStat {
 	var out []procStat
 	for _, ps := range p.descendants() {
-		// A workspace's supervisor outlives the broker by design
-		// (providers/local/README.md): it ends the workspace at its deadline.
 		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(ps.pid) + "/cmdline"); strings.Contains(string(b), local.SupervisorName) {
 			continue
 		}
 		out = append(out, ps)
 	}
-	p.mu.Lock()
-	p.children = out
-	p.mu.Unlock()
+	return out
 }
 
 // descendants returns the processes that descend from this one now.
