@@ -457,6 +457,21 @@ func (h *cgroupHost) rename(ref, to string) error {
 	return nil
 }
 
+// empty kills every process left in ref's cgroups, leaves included,
+// until none is left; remove then removes the cgroups themselves.
+// Terminate empties them on its path and removes them after it.
+func (h *cgroupHost) empty(ref string) {
+	for _, d := range h.controllers(ref) {
+		entries, _ := os.ReadDir(d)
+		for _, e := range entries {
+			if e.IsDir() {
+				killCgroup(filepath.Join(d, e.Name()))
+			}
+		}
+		killCgroup(d)
+	}
+}
+
 // remove kills every process left in ref's cgroups and removes them,
 // leaves first.
 func (h *cgroupHost) remove(ref string) {

@@ -188,3 +188,7 @@ func PooledCgroups(p *Provider) []string {
 	}
 	return out
 }
+
+// WaitTeardown waits until what Terminate leaves to after its return (the
+// workspace's cgroups, deadline and files) is removed.
+func WaitTeardown(p *Provider) { p.trashing.Wait() }

@@ -55,9 +55,10 @@ func TestCgroupLimits(t *testing.T) {
 	if err := p.Terminate(t.Context(), sb); err != nil {
 		t.Fatal(err)
 	}
+	local.WaitTeardown(p)
 	for _, d := range dirs {
 		if _, err := os.Stat(d); err == nil {
-			t.Errorf("cgroup %s left after Terminate", d)
+			t.Errorf("cgroup %s left after Terminate's teardown", d)
 		}
 	}
 }

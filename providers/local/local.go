@@ -879,8 +879,9 @@ func (p *Provider) WriteFile(ctx context.Context, sb providers.Sandbox, path str
 
 // Terminate kills the workspace's running execs, waits for them, and
 // moves its directory to the trash: it is gone when Terminate returns.
-// Its disk image is unmounted, its files removed and its uid freed right
-// after, off the request path (Close waits for that, and a create's disk
+// Nothing of it runs by then (its cgroups are emptied). Its disk image is
+// unmounted, its cgroups, deadline and files removed and its uid freed
+// right after, off the request path (Close waits for that, and a create's disk
 // check waits for the space), except for a workspace on an OCI image,
 // whose image pin goes before Terminate returns. A workspace that is
 // already gone is not an error.
@@ -953,9 +954,11 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 		return fmt.Errorf("local: terminate: %w", err)
 	}
 	commands := killCommands(p.layout(ref))
-	p.removeDeadline(ref)
 	stopSupervisor(p.layout(ref)) // a workspace's own, from before the one per data directory
-	p.cg.remove(ref)
+	// Nothing of it runs once its cgroups are empty; the cgroups and its
+	// deadline go with its files (a supervisor that meets the deadline
+	// first finds nothing to end), or at the next New's sweep.
+	p.cg.empty(ref)
 	p.unplace(ref)
 	var rec record
 	haveRec := readJSON(p.layout(ref).sandbox(), &rec) == nil
@@ -977,6 +980,8 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	trash := filepath.Join(p.dataDir, trashDir, ref+"-"+randomHex())
 	if err := os.Rename(string(p.layout(ref)), trash); err != nil {
 		closeNS(ns)
+		p.cg.remove(ref)
+		p.removeDeadline(ref)
 		release()
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
@@ -985,6 +990,8 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 	}
 	teardown := func() {
 		closeNS(ns) // first: the image's space comes back once it is unmounted and removed
+		p.cg.remove(ref)
+		p.removeDeadline(ref)
 		if err := removeAll(trash); err != nil {
 			// Gone all the same; the next New retries.
 			p.log.Error("sandbox files not removed", sandgate.WorkspaceAttr(ref), sandgate.KeyError, err)

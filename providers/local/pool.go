@@ -103,6 +103,11 @@ func (p *Provider) makePooled(ctx context.Context, key warmpool.Key) (pooled, er
 		return pooled{}, scrub(err)
 	}
 	err := func() (err error) {
+		// The lock file Terminate takes: made now, not on the take's
+		// workspace's release path.
+		if err := os.WriteFile(l.lock(), nil, 0o600); err != nil {
+			return err
+		}
 		if p.probeUID > 0 {
 			if w.rec.UID, err = p.claimUID(p.pool.claim(w.id)); err != nil {
 				return err

@@ -86,6 +86,7 @@ func TestOneSupervisorPerDataDir(t *testing.T) {
 	if err := p.Terminate(t.Context(), sbs[0]); err != nil {
 		t.Fatal(err)
 	}
+	local.WaitTeardown(p)
 	if local.HasDeadline(p, sbs[0].Ref) {
 		t.Error("the supervisor still holds the deadline of a terminated workspace")
 	}
