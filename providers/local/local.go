@@ -1254,8 +1254,9 @@ func (p *Provider) Close() error {
 
 // sweepCgroups removes the cgroups of workspaces that are gone (a
 // Terminate or a create cut short by a crash). A workspace's directory
-// exists before its cgroups and outlives them, so one in the making is
-// never hit.
+// exists before its cgroups, so one in the making is never hit; those of
+// a workspace whose Terminate is tearing it down (emptied, its directory
+// in the trash) may be removed here or there, whichever comes first.
 func (p *Provider) sweepCgroups() {
 	if p.cg == nil {
 		return
