@@ -472,18 +472,17 @@ func (h *cgroupHost) empty(ref string) {
 	}
 }
 
-// remove kills every process left in ref's cgroups and removes them,
-// leaves first.
+// remove kills every process left in ref's cgroups (empty) and removes
+// them, leaves first.
 func (h *cgroupHost) remove(ref string) {
+	h.empty(ref)
 	for _, d := range h.controllers(ref) {
 		entries, _ := os.ReadDir(d)
 		for _, e := range entries {
 			if e.IsDir() {
-				killCgroup(filepath.Join(d, e.Name()))
 				rmdirRetry(filepath.Join(d, e.Name()))
 			}
 		}
-		killCgroup(d)
 		rmdirRetry(d)
 	}
 }
