@@ -104,9 +104,23 @@ func (p *Provider) supervise(ref string, deadline time.Time) error {
 
 // superviseAll gives every live workspace with a deadline but no deadline
 // file one (a workspace from before the one supervisor per data
-// directory), and starts the supervisor unless it runs (it was killed, or
-// the host rebooted).
+// directory), drops the deadlines of workspaces that are gone (a broker
+// that died between a Terminate and its teardown), and starts the
+// supervisor unless it runs (it was killed, or the host rebooted).
 func (p *Provider) superviseAll() error {
+	// A workspace's directory exists before its deadline is written (at
+	// create, and at a pool take after the rename), so none in the making
+	// is dropped.
+	deadlines, _ := os.ReadDir(filepath.Join(p.dataDir, deadlinesDir))
+	for _, e := range deadlines {
+		ref := e.Name()
+		if checkRef(ref) != nil {
+			continue
+		}
+		if _, err := os.Lstat(string(p.layout(ref))); errors.Is(err, fs.ErrNotExist) {
+			p.removeDeadline(ref)
+		}
+	}
 	entries, _ := os.ReadDir(filepath.Join(p.dataDir, workspacesDir))
 	for _, e := range entries {
 		ref := e.Name()

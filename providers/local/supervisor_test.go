@@ -3,6 +3,7 @@ package local_test
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -128,6 +129,31 @@ func TestSupervisorRestarted(t *testing.T) {
 	_, err = p2.Exec(t.Context(), sb, providers.ExecSpec{Argv: []string{"sleep", "60"}, Timeout: time.Hour})
 	if !errors.Is(err, providers.ErrSandboxGone) {
 		t.Errorf("Exec across the deadline: %v; want ErrSandboxGone", err)
+	}
+}
+
+// TestStaleDeadlineDropped: a deadline whose workspace is gone (its
+// broker died after Terminate returned, before the teardown removed the
+// deadline) is dropped by the next New, so no supervisor waits for it.
+func TestStaleDeadlineDropped(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	p1 := newProvider(t, dataDir, broker)
+	sb, err := p1.Create(t.Context(), providers.CreateSpec{WorkspaceID: "ws_kept", InstanceID: "inst_x",
+		Size: sandgate.Size{CPUCores: 1, MemoryMiB: 256}, ExpiresAt: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dataDir, "deadlines", "ws_gone")
+	if err := os.WriteFile(stale, []byte(strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p2 := newProvider(t, dataDir, broker)
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the deadline of a workspace that is gone after New: %v; want it removed", err)
+	}
+	if !local.HasDeadline(p2, sb.Ref) {
+		t.Error("New dropped the deadline of a live workspace")
 	}
 }
 
