@@ -457,6 +457,18 @@ func (h *cgroupHost) rename(ref, to string) error {
 	return nil
 }
 
+// removeParents removes the parent cgroups New made, on v1, where they
+// are empty (a removal fails while a workspace cgroup is in one); on v2
+// the parent keeps its subtree_control.
+func (h *cgroupHost) removeParents() {
+	if h == nil || h.v2 {
+		return
+	}
+	for _, d := range h.dirs {
+		os.Remove(d)
+	}
+}
+
 // empty kills every process left in ref's cgroups, leaves included,
 // until none is left; remove then removes the cgroups themselves.
 // Terminate empties them on its path and removes them after it.

@@ -192,3 +192,6 @@ func PooledCgroups(p *Provider) []string {
 // WaitTeardown waits until what Terminate leaves to after its return (the
 // workspace's cgroups, deadline and files) is removed.
 func WaitTeardown(p *Provider) { p.trashing.Wait() }
+
+// DefaultCgroupParent is the parent cgroup of dataDir's workspaces.
+func DefaultCgroupParent(dataDir string) string { return defaultCgroupParent(dataDir) }

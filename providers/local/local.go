@@ -252,7 +252,7 @@ var errUnsupported = errors.New("local: sandboxes need Linux")
 
 // New returns a provider over c.DataDir. It checks that bwrap exists and that a sandbox actually starts here, and fails with a clear error
 // otherwise (for example where user namespaces are disabled).
-func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
+func New(ctx context.Context, c Config, env providers.Env) (_ *Provider, err error) {
 	if !supported {
 		return nil, errUnsupported
 	}
@@ -351,6 +351,13 @@ func New(ctx context.Context, c Config, env providers.Env) (*Provider, error) {
 		p.clock = sandgate.SystemClock{}
 	}
 	cg, problems := detectCgroups(cmp.Or(c.mountinfo, "/proc/self/mountinfo"), c.CgroupParent)
+	// A New that fails leaves no parent cgroup behind (one that holds
+	// workspaces stays: the removal fails).
+	defer func() {
+		if cg != nil && err != nil {
+			cg.removeParents()
+		}
+	}()
 	if cg != nil {
 		if err := cg.setCeiling(c.HostPidsMax, c.HostMemoryMaxMiB); err != nil {
 			problems = append(problems, err.Error())
@@ -1244,11 +1251,7 @@ func (p *Provider) Close() error {
 		delete(p.egress, ref)
 	}
 	p.egressMu.Unlock()
-	if p.cg != nil && !p.cg.v2 { // on v2 the parent keeps its subtree_control
-		for _, d := range p.cg.dirs {
-			os.Remove(d) // fails while a workspace cgroup is in it
-		}
-	}
+	p.cg.removeParents()
 	return nil
 }
 

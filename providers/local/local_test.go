@@ -80,6 +80,18 @@ func TestNewRefusesBrokenBwrap(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no namespaces for you") {
 		t.Errorf("New with a failing bwrap = %v; want an error quoting bwrap", err)
 	}
+	// The refused New leaves no parent cgroup behind (v1; a v2 parent keeps
+	// its subtree_control by design).
+	for _, ctl := range []string{"memory", "pids", "cpu", "cpuacct"} {
+		root := filepath.Join("/sys/fs/cgroup", ctl)
+		if _, err := os.Stat(filepath.Join(root, "tasks")); err != nil {
+			continue // not a v1 hierarchy here
+		}
+		d := filepath.Join(root, local.DefaultCgroupParent(dir))
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("parent cgroup %s left by a New that failed", d)
+		}
+	}
 	if _, err := local.New(t.Context(), local.Config{}, providers.Env{}); err == nil {
 		t.Errorf("New without a data directory = nil error; want one")
 	}
@@ -295,6 +307,7 @@ func TestDataDirID(t *testing.T) {
 				ids <- ""
 				return
 			}
+			t.Cleanup(func() { p.Close() })
 			ids <- p.DataDirID()
 		}()
 	}

@@ -32,6 +32,7 @@ func TestSupervisorEndsAtDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
+	t.Cleanup(func() { closeProvider(p) })
 	// Room for the create and the exec's start, which must come before the
 	// deadline, on a loaded machine (the package's tests run in parallel).
 	deadline := time.Now().Add(15 * time.Second)
@@ -123,6 +124,7 @@ func TestSupervisorRestarted(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
+	t.Cleanup(func() { closeProvider(p2) })
 	if got := waitSupervisor(t, p2); got == pid {
 		t.Fatalf("supervisor pid %d after New; want a new one", got)
 	}
