@@ -532,7 +532,9 @@ func recordExec(l layout, pgid int) bool {
 	if err != nil {
 		return false
 	}
-	if err := os.MkdirAll(l.execs(), 0o700); err != nil {
+	// Not MkdirAll: a record written after a Terminate moved the
+	// workspace's directory away must not make the directory again.
+	if err := os.Mkdir(l.execs(), 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return false
 	}
 	return os.WriteFile(filepath.Join(l.execs(), strconv.Itoa(pgid)), []byte(strconv.FormatUint(start, 10)), 0o600) == nil
