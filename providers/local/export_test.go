@@ -195,3 +195,23 @@ func WaitTeardown(p *Provider) { p.trashing.Wait() }
 
 // DefaultCgroupParent is the parent cgroup of dataDir's workspaces.
 func DefaultCgroupParent(dataDir string) string { return defaultCgroupParent(dataDir) }
+
+// Record is a workspace's record, as an exec that opened it holds it.
+type Record = record
+
+// ReadRecord reads the record of the workspace ref.
+func ReadRecord(p *Provider, ref string) (Record, error) {
+	var rec record
+	err := readJSON(p.layout(ref).sandbox(), &rec)
+	return rec, err
+}
+
+// MakeLeaf makes a leaf cgroup of ref as an exec that opened it with rec
+// does (recreating the workspace's cgroups when they are missing).
+func MakeLeaf(p *Provider, ref string, rec Record) error {
+	_, err := p.leaf(ref, rec, "e-test", "cgroup.procs")
+	return err
+}
+
+// RemoveCgroups removes the workspace cgroups of ref, as a reboot does.
+func RemoveCgroups(p *Provider, ref string) { p.cg.remove(ref) }

@@ -2,6 +2,7 @@ package local_test
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -59,6 +60,52 @@ func TestCgroupLimits(t *testing.T) {
 	for _, d := range dirs {
 		if _, err := os.Stat(d); err == nil {
 			t.Errorf("cgroup %s left after Terminate's teardown", d)
+		}
+	}
+}
+
+// TestLateLeafAfterTerminate: an exec that opened its workspace before a
+// Terminate and makes its leaf cgroup after the teardown removed the
+// workspace's cgroups is told the workspace is gone, and leaves no
+// cgroup behind; a live workspace whose cgroups are missing (a reboot)
+// gets them again.
+func TestLateLeafAfterTerminate(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, t.TempDir(), broker)
+	live := providertest.Create(t, p, providertest.Spec(t))
+	gone := providertest.Create(t, p, providertest.Spec(t))
+	if len(local.CgroupDirs(p, live.Ref)) == 0 {
+		t.Fatal("the workspace has no cgroups")
+	}
+
+	rec, err := local.ReadRecord(p, live.Ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local.RemoveCgroups(p, live.Ref)
+	if err := local.MakeLeaf(p, live.Ref, rec); err != nil {
+		t.Errorf("leaf of a live workspace whose cgroups are missing: %v; want them made again", err)
+	}
+	for _, d := range local.CgroupDirs(p, live.Ref) {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("live workspace's cgroup after the leaf: %v; want it there", err)
+		}
+	}
+
+	rec, err = local.ReadRecord(p, gone.Ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Terminate(t.Context(), gone); err != nil {
+		t.Fatal(err)
+	}
+	local.WaitTeardown(p)
+	if err := local.MakeLeaf(p, gone.Ref, rec); !errors.Is(err, providers.ErrSandboxGone) {
+		t.Errorf("leaf after Terminate: %v; want ErrSandboxGone", err)
+	}
+	for _, d := range local.CgroupDirs(p, gone.Ref) {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("cgroup %s made again by a leaf after Terminate", d)
 		}
 	}
 }

@@ -1170,6 +1170,14 @@ func (p *Provider) leaf(ref string, rec record, name, file string) ([]string, er
 		if err := p.limit(ref, rec); err != nil {
 			return nil, err
 		}
+		// An exec that opened the workspace before a Terminate finds its
+		// cgroups removed by the teardown: Terminate marks the workspace
+		// ended and renames it away before that, so what was just made
+		// is removed again rather than left until the next New.
+		if _, err := os.Lstat(p.readyFile(ref)); err != nil || ended(p.layoutOf(ref)) {
+			p.cg.remove(ref)
+			return nil, providers.ErrSandboxGone
+		}
 		procs, err = p.cg.leaf(ref, name, file)
 	}
 	return procs, err
@@ -1267,18 +1275,22 @@ func (p *Provider) sweepCgroups() {
 	for _, d := range p.cg.dirs {
 		entries, _ := os.ReadDir(d)
 		for _, e := range entries {
-			if !e.IsDir() {
-				continue
-			}
-			ref := e.Name()
-			if checkRef(ref) != nil {
-				continue // another New's probe, say
-			}
-			if _, err := os.Lstat(string(p.layout(ref))); errors.Is(err, fs.ErrNotExist) {
-				p.cg.remove(ref)
+			// A name no workspace can have (another New's probe, say) stays.
+			if e.IsDir() && p.workspaceGone(e.Name()) {
+				p.cg.remove(e.Name())
 			}
 		}
 	}
+}
+
+// workspaceGone reports whether name can name a workspace whose directory
+// does not exist: terminated, or never made.
+func (p *Provider) workspaceGone(name string) bool {
+	if checkRef(name) != nil {
+		return false
+	}
+	_, err := os.Lstat(string(p.layout(name)))
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // emptyTrash removes what terminated workspaces left behind.

@@ -113,12 +113,8 @@ func (p *Provider) superviseAll() error {
 	// is dropped.
 	deadlines, _ := os.ReadDir(filepath.Join(p.dataDir, deadlinesDir))
 	for _, e := range deadlines {
-		ref := e.Name()
-		if checkRef(ref) != nil {
-			continue
-		}
-		if _, err := os.Lstat(string(p.layout(ref))); errors.Is(err, fs.ErrNotExist) {
-			p.removeDeadline(ref)
+		if p.workspaceGone(e.Name()) {
+			p.removeDeadline(e.Name())
 		}
 	}
 	entries, _ := os.ReadDir(filepath.Join(p.dataDir, workspacesDir))
