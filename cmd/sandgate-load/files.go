@@ -162,7 +162,7 @@ func (b *broker) transfer(ctx context.Context, ws, route string, body []byte, ou
 		}
 		switch resp.StatusCode {
 		case http.StatusTooManyRequests, http.StatusServiceUnavailable:
-			resp.Body.Close()
+			readClose(resp.Body)
 			refused++
 			if resp.StatusCode == http.StatusServiceUnavailable {
 				b.unavailable.Add(1)
@@ -175,14 +175,14 @@ func (b *broker) transfer(ctx context.Context, ws, route string, body []byte, ou
 			}
 			continue
 		case http.StatusOK, http.StatusNoContent:
-			defer resp.Body.Close()
+			defer readClose(resp.Body)
 			if out == nil {
 				return refused, nil
 			}
 			return refused, json.NewDecoder(resp.Body).Decode(out)
 		}
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		resp.Body.Close()
+		readClose(resp.Body)
 		return refused, fmt.Errorf("status %d: %.500s", resp.StatusCode, msg)
 	}
 }

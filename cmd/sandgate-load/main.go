@@ -442,7 +442,7 @@ func (b *broker) call(ctx context.Context, method, path string, in any, key stri
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer readClose(resp.Body)
 	if resp.StatusCode/100 != 2 {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, body)
@@ -451,6 +451,17 @@ func (b *broker) call(ctx context.Context, method, path string, in any, key stri
 		return nil
 	}
 	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// readClose reads what is left of body, then closes it. net/http keeps a
+// connection for the next request only when its last response was read to
+// the end: closed before (a decoder stops at the end of the JSON value,
+// before the newline after it), the connection is dropped and the next
+// request pays a new TCP and TLS handshake, which a tool that measures
+// over one keep-alive client must not.
+func readClose(body io.ReadCloser) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, 1<<20))
+	body.Close()
 }
 
 func (b *broker) do(ctx context.Context, method, path string, in any, key string) (*http.Response, error) {
@@ -484,8 +495,7 @@ func (b *broker) exec(ctx context.Context, ws string, req protocol.ExecRequest, 
 			return refused, err
 		}
 		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
+			readClose(resp.Body)
 			wait, _ := strconv.Atoi(resp.Header.Get(protocol.HeaderRetryAfter))
 			select {
 			case <-time.After(time.Duration(max(wait, 1)) * time.Second):
@@ -496,7 +506,7 @@ func (b *broker) exec(ctx context.Context, ws string, req protocol.ExecRequest, 
 		}
 		var res protocol.ExecResponse
 		err = json.NewDecoder(bufio.NewReader(resp.Body)).Decode(&res)
-		resp.Body.Close()
+		readClose(resp.Body)
 		if resp.StatusCode != http.StatusOK || err != nil {
 			return refused, fmt.Errorf("exec: status %d, %v", resp.StatusCode, err)
 		}

@@ -327,7 +327,7 @@ func (b *broker) run(ctx context.Context, ws string, argv []string) (protocol.Ex
 			return res, 0, err
 		}
 		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
-			resp.Body.Close()
+			readClose(resp.Body)
 			wait, _ := strconv.Atoi(resp.Header.Get(protocol.HeaderRetryAfter))
 			select {
 			case <-time.After(time.Duration(max(wait, 1)) * time.Second):

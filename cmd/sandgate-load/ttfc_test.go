@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sandgate/sandgate/internal/bwrapfloor"
@@ -12,15 +15,20 @@ import (
 
 // TestTTFC runs the -ttfc core against a real `sandgate dev` (local
 // provider, bwrap) for three cycles, so that the tool cannot rot: every
-// cycle's exec printed "ready" (ttfcCycle checks it), and each step and
-// the floor have a duration per cycle.
+// cycle's exec printed "ready" (ttfcCycle checks it), each step and the
+// floor have a duration per cycle, and every request went over one
+// keep-alive connection (a new one would add a TLS handshake to a step).
 func TestTTFC(t *testing.T) {
 	ctx := context.Background()
 	b, floor := startTTFCTest(t, 0, startTTFC)
+	dials := countDials(t, b)
 	const n = 3
 	s, err := measureTTFC(ctx, b, floor, n)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := dials.Load(); got != 1 {
+		t.Errorf("connections opened by %d cycles and the warm-up: %d, want 1", n, got)
 	}
 	for i, name := range ttfcSteps {
 		if len(s.steps[i]) != n {
@@ -98,6 +106,24 @@ func TestTTFCFlyUnsupported(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "-fly") {
 		t.Errorf("runTTFC(-fly) = %v, want a -fly refusal", err)
 	}
+}
+
+// countDials drops b's idle connections and counts those its client
+// opens from then on.
+func countDials(t *testing.T, b *broker) *atomic.Int64 {
+	t.Helper()
+	tr, ok := b.hc.Transport.(*http.Transport)
+	if !ok {
+		t.Fatalf("the broker's client has a %T, want an *http.Transport", b.hc.Transport)
+	}
+	tr.CloseIdleConnections()
+	var n atomic.Int64
+	var d net.Dialer
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		n.Add(1)
+		return d.DialContext(ctx, network, addr)
+	}
+	return &n
 }
 
 // startTTFCTest builds sandgate and starts it with start as -ttfc does, with pool
