@@ -199,11 +199,10 @@ func DefaultCgroupParent(dataDir string) string { return defaultCgroupParent(dat
 // Record is a workspace's record, as an exec that opened it holds it.
 type Record = record
 
-// ReadRecord reads the record of the workspace ref.
+// ReadRecord reads the record of the workspace ref, as an exec opens it.
 func ReadRecord(p *Provider, ref string) (Record, error) {
-	var rec record
-	err := readJSON(p.layout(ref).sandbox(), &rec)
-	return rec, err
+	w, err := p.open(ref)
+	return w.rec, err
 }
 
 // MakeLeaf makes a leaf cgroup of ref as an exec that opened it with rec

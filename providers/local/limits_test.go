@@ -74,8 +74,16 @@ func TestLateLeafAfterTerminate(t *testing.T) {
 	p := newProvider(t, t.TempDir(), broker)
 	live := providertest.Create(t, p, providertest.Spec(t))
 	gone := providertest.Create(t, p, providertest.Spec(t))
-	if len(local.CgroupDirs(p, live.Ref)) == 0 {
-		t.Fatal("the workspace has no cgroups")
+	exist := func(ref string) (n int) {
+		for _, d := range local.CgroupDirs(p, ref) {
+			if _, err := os.Stat(d); err == nil {
+				n++
+			}
+		}
+		return n
+	}
+	if exist(live.Ref) == 0 || exist(gone.Ref) == 0 {
+		t.Fatal("a new workspace has no cgroup")
 	}
 
 	rec, err := local.ReadRecord(p, live.Ref)
@@ -83,6 +91,9 @@ func TestLateLeafAfterTerminate(t *testing.T) {
 		t.Fatal(err)
 	}
 	local.RemoveCgroups(p, live.Ref)
+	if n := exist(live.Ref); n != 0 {
+		t.Fatalf("%d cgroups of the workspace left after their removal", n)
+	}
 	if err := local.MakeLeaf(p, live.Ref, rec); err != nil {
 		t.Errorf("leaf of a live workspace whose cgroups are missing: %v; want them made again", err)
 	}
@@ -100,6 +111,9 @@ func TestLateLeafAfterTerminate(t *testing.T) {
 		t.Fatal(err)
 	}
 	local.WaitTeardown(p)
+	if n := exist(gone.Ref); n != 0 {
+		t.Fatalf("%d cgroups of the workspace left after Terminate's teardown", n)
+	}
 	if err := local.MakeLeaf(p, gone.Ref, rec); !errors.Is(err, providers.ErrSandboxGone) {
 		t.Errorf("leaf after Terminate: %v; want ErrSandboxGone", err)
 	}

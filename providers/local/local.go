@@ -354,7 +354,7 @@ func New(ctx context.Context, c Config, env providers.Env) (_ *Provider, err err
 	// A New that fails leaves no parent cgroup behind (one that holds
 	// workspaces stays: the removal fails).
 	defer func() {
-		if cg != nil && err != nil {
+		if err != nil {
 			cg.removeParents()
 		}
 	}()
