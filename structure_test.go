@@ -221,8 +221,15 @@ func TestImports(t *testing.T) {
 	}
 }
 
-// TestBinaryDeps keeps test helpers out of the shipped binaries, and the
-// operator API's server out of the console.
+// testOnly are modules' packages only tests may link: their package init
+// runs at every start of a binary that links them, and the broker's
+// binary starts often (each workspace's resident is one).
+var testOnly = []string{
+	"github.com/santhosh-tekuri/jsonschema/v6", // its meta-schemas, about 4 ms of CPU
+}
+
+// TestBinaryDeps keeps test helpers and test-only modules out of the
+// shipped binaries, and the operator API's server out of the console.
 func TestBinaryDeps(t *testing.T) {
 	out, err := exec.Command("go", append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, shipped...)...).Output()
 	if err != nil {
@@ -231,6 +238,9 @@ func TestBinaryDeps(t *testing.T) {
 	for _, p := range strings.Fields(string(out)) {
 		if testHelper(p) {
 			t.Errorf("a shipped binary depends on the test helper %s", p)
+		}
+		if slices.Contains(testOnly, p) {
+			t.Errorf("a shipped binary depends on %s, which only tests need", p)
 		}
 	}
 	out, err = exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", "./console").Output()

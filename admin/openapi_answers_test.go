@@ -8,10 +8,11 @@ import (
 	"testing"
 
 	"github.com/sandgate/sandgate/openapi"
+	"github.com/sandgate/sandgate/openapi/openapitest"
 )
 
 // adminSpec is openapi/admin-v1.json, loaded once for checkedHandler.
-var adminSpec = sync.OnceValues(func() (*openapi.Spec, error) { return openapi.Load(openapi.Admin) })
+var adminSpec = sync.OnceValues(func() (*openapitest.Spec, error) { return openapitest.Load(openapi.Admin) })
 
 // checkedHandler serves h and fails t when an answer of a documented
 // operation departs from openapi/admin-v1.json (its status listed, its

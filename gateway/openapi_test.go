@@ -15,6 +15,7 @@ import (
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/openapi"
+	"github.com/sandgate/sandgate/openapi/openapitest"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -184,7 +185,7 @@ func fieldsOf(sc *reqSchema, example map[string]any, prefix string) []field {
 }
 
 // v1Spec is openapi/v1.json, loaded once for checkAnswer.
-var v1Spec = sync.OnceValues(func() (*openapi.Spec, error) { return openapi.Load(openapi.V1) })
+var v1Spec = sync.OnceValues(func() (*openapitest.Spec, error) { return openapitest.Load(openapi.V1) })
 
 // checkAnswer fails the test when an answer of a documented v1
 // operation departs from openapi/v1.json: every raw request of the

@@ -4,7 +4,7 @@
 // the public listener serves v1.json. Tests check that every route the
 // servers register is documented and the reverse, that the schemas name the
 // fields of the wire types the servers encode and decode, and, through
-// [Spec], that real answers of the e2e suite match the document.
+// package openapitest, that real answers of the e2e suite match the document.
 package openapi
 
 import (

@@ -15,6 +15,7 @@ import (
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/openapi"
+	"github.com/sandgate/sandgate/openapi/openapitest"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -294,10 +295,10 @@ var everyOperation = map[string][]protocol.Code{
 func TestErrorCodes(t *testing.T) { eachSpec(t, errorCodes) }
 
 // eachSpec runs f on each document, loaded, in a subtest of its name.
-func eachSpec(t *testing.T, f func(t *testing.T, name string, spec *openapi.Spec)) {
+func eachSpec(t *testing.T, f func(t *testing.T, name string, spec *openapitest.Spec)) {
 	for _, name := range []string{openapi.V1, openapi.Admin} {
 		t.Run(name, func(t *testing.T) {
-			spec, err := openapi.Load(name)
+			spec, err := openapitest.Load(name)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -306,7 +307,7 @@ func eachSpec(t *testing.T, f func(t *testing.T, name string, spec *openapi.Spec
 	}
 }
 
-func errorCodes(t *testing.T, name string, spec *openapi.Spec) {
+func errorCodes(t *testing.T, name string, spec *openapitest.Spec) {
 	for route, op := range spec.Operations() {
 		listed := map[protocol.Code]bool{}
 		for st := range op.Responses {
@@ -347,7 +348,7 @@ func errorCodes(t *testing.T, name string, spec *openapi.Spec) {
 
 // enumCodes reads the code enum of an error answer's schema (allOf the
 // envelope and a narrowing).
-func enumCodes(t *testing.T, r *openapi.Response) []protocol.Code {
+func enumCodes(t *testing.T, r *openapitest.Response) []protocol.Code {
 	t.Helper()
 	mt := r.Content["application/json"]
 	if mt == nil {
@@ -381,7 +382,7 @@ func enumCodes(t *testing.T, r *openapi.Response) []protocol.Code {
 // one validates against its own schema.
 func TestExamples(t *testing.T) { eachSpec(t, examples) }
 
-func examples(t *testing.T, _ string, spec *openapi.Spec) {
+func examples(t *testing.T, _ string, spec *openapitest.Spec) {
 	for route, op := range spec.Operations() {
 		if op.RequestBody != nil {
 			mt := op.RequestBody.Content["application/json"]
@@ -420,7 +421,7 @@ func examples(t *testing.T, _ string, spec *openapi.Spec) {
 // an undocumented status, an undocumented field, a missing required field,
 // a code outside the status's enum and a body on a 204.
 func TestCheckResponseRefuses(t *testing.T) {
-	spec, err := openapi.Load(openapi.V1)
+	spec, err := openapitest.Load(openapi.V1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/sandgate/sandgate/adminapi"
 	"github.com/sandgate/sandgate/conformance"
 	"github.com/sandgate/sandgate/openapi"
+	"github.com/sandgate/sandgate/openapi/openapitest"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -52,7 +53,7 @@ func TestConformanceDev(t *testing.T) {
 	d := startDev(t)
 	wantConformance(t, false, []string{"BROKER_URL=" + d.URL, "BROKER_TOKEN=" + d.Token, "BROKER_CA=" + d.CAPath})
 
-	spec, err := openapi.Load(openapi.V1)
+	spec, err := openapitest.Load(openapi.V1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestConformanceDev(t *testing.T) {
 // validating is a RoundTripper that checks every answer against the
 // document and records the operation and status it answered.
 type validating struct {
-	spec *openapi.Spec
+	spec *openapitest.Spec
 	next http.RoundTripper
 
 	mu   sync.Mutex
