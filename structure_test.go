@@ -223,7 +223,7 @@ func TestImports(t *testing.T) {
 
 // testOnly are modules' packages only tests may link: their package init
 // runs at every start of a binary that links them, and the broker's
-// binary starts often (each workspace's resident is one).
+// binary starts often (each CLI command, each durable command's step).
 var testOnly = []string{
 	"github.com/santhosh-tekuri/jsonschema/v6", // its meta-schemas, about 4 ms of CPU
 }
