@@ -91,15 +91,20 @@ func runTTFC(ctx context.Context, o ttfcOptions) error {
 	if err != nil {
 		return err
 	}
-	s.print(o.pool > 0)
-	// As every (F) command of `make figures`: a missed target fails.
+	s.print()
+	// As every (F) command of `make figures`: a missed target fails. The
+	// line states the targets this run is held to, and only those.
 	p50, p99, f50 := quantile(s.steps[3], 0.5), quantile(s.steps[3], 0.99), quantile(s.floor, 0.5)
 	if o.pool == 0 {
+		fmt.Printf("\ntime to first command: p50 %s ms = %.2f × the floor's p50 (target ≤ 3); p99 %s ms = %.2f × its own p50 (target ≤ 2)\n",
+			ms(p50), float64(p50)/float64(f50), ms(p99), float64(p99)/float64(p50))
 		if p50 > 3*f50 || p99 > 2*p50 {
 			return errors.New("time to first command misses its target (p50 ≤ 3 × the floor, p99 ≤ 2 × p50)")
 		}
 		return nil
 	}
+	fmt.Printf("\ntime to first command: p50 %s ms (target ≤ 10) = %.2f × the floor's p50 (target ≤ 2); p99 %s ms = %.2f × its own p50\n",
+		ms(p50), float64(p50)/float64(f50), ms(p99), float64(p99)/float64(p50))
 	fmt.Printf("creates served by the pool: %d of %d (and the warm-up's)\n", taken-taken0-1, o.n)
 	if taken-taken0 < int64(o.n)+1 {
 		return errors.New("the pool ran dry: some cycles created their workspace, so these are not the pool's figures")
@@ -307,10 +312,11 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	return ds[min(max(i, 0), len(ds)-1)]
 }
 
-// print writes the table of s and the ratios the acceptance names, with
-// the targets of a run with the pool (pooled) or without.
-func (s ttfcSamples) print(pooled bool) {
-	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 2, 64) }
+// ms is d in milliseconds, two decimals, as the tables print it.
+func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 2, 64) }
+
+// print writes the table of s: each step's quantiles and the floor's.
+func (s ttfcSamples) print() {
 	fmt.Printf("| step | p50 ms | p90 ms | p99 ms |\n| --- | ---: | ---: | ---: |\n")
 	row := func(name string, ds []time.Duration) {
 		fmt.Printf("| %s | %s | %s | %s |\n", name, ms(quantile(ds, 0.5)), ms(quantile(ds, 0.9)), ms(quantile(ds, 0.99)))
@@ -319,12 +325,4 @@ func (s ttfcSamples) print(pooled bool) {
 		row(name, s.steps[i])
 	}
 	row("floor: bare bwrap `echo ready`", s.floor)
-	p50, p99, f50 := quantile(s.steps[3], 0.5), quantile(s.steps[3], 0.99), quantile(s.floor, 0.5)
-	if pooled {
-		fmt.Printf("\ntime to first command: p50 %s ms (target ≤ 10) = %.2f × the floor's p50 (target ≤ 2); p99 %s ms = %.2f × its own p50\n",
-			ms(p50), float64(p50)/float64(f50), ms(p99), float64(p99)/float64(p50))
-		return
-	}
-	fmt.Printf("\ntime to first command: p50 %s ms = %.2f × the floor's p50 (target ≤ 3); p99 %s ms = %.2f × its own p50 (target ≤ 2)\n",
-		ms(p50), float64(p50)/float64(f50), ms(p99), float64(p99)/float64(p50))
 }
