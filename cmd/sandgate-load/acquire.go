@@ -123,7 +123,12 @@ func runAcquire(ctx context.Context, o acquireOptions) error {
 		"baselines: redis-benchmark -n %d EVALSHA %x 0 on the same redis-server with -c %d (the clients' concurrency) and with -c 1 "+
 		"(one connection's rate); %d rounds, alternating\n",
 		o.n, o.c, o.level, 10*o.n, sha, o.c, o.rounds)
-	fmt.Printf("floor: the same pairs against a minimal net/http TLS server answering the broker's own bodies (floor.go)\n\n")
+	fmt.Printf("floor: the same pairs against a minimal net/http TLS server answering the broker's own bodies (floor.go)\n")
+	host, err := probeHost()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s\n\n", host)
 	fmt.Printf("| round | EVALSHA req/s (-c %d) | EVALSHA req/s (-c 1) | acquire+release pairs/s | pairs ÷ EVALSHA -c %d | pairs ÷ EVALSHA -c 1 | floor pairs/s | floor ÷ EVALSHA -c %d | pairs ÷ floor |\n"+
 		"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n", o.c, o.c, o.c)
 	evalsha := func(clients int) (float64, error) {

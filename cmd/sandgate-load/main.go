@@ -38,6 +38,11 @@
 // live idle workspaces.
 //
 //	go run ./cmd/sandgate-load -idle -n 1000 [-window 30s]
+//
+// With -ttfc it measures time to first command (ttfc.go). -ttfc and
+// -acquire, whose targets include absolute times, first print what the
+// host charges for a page fault, a system call, a wake-up and a process
+// start (host.go), so that sittings on different days can be compared.
 package main
 
 import (

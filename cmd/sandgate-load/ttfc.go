@@ -78,7 +78,12 @@ func runTTFC(ctx context.Context, o ttfcOptions) error {
 		pool = fmt.Sprintf("pool on (%d warm %s workspaces)", o.pool, ttfcSize)
 	}
 	fmt.Printf("workload: %d sequential cycles (acquire %s, exec `echo ready`, release) over one keep-alive HTTPS client, "+
-		"%s, local provider, %s; after each cycle one bare bwrap `echo ready` with the same namespaces (the floor)\n\n", o.n, ttfcSize, what, pool)
+		"%s, local provider, %s; after each cycle one bare bwrap `echo ready` with the same namespaces (the floor)\n", o.n, ttfcSize, what, pool)
+	host, err := probeHost()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s\n\n", host)
 	taken0, err := poolTaken(ctx, b)
 	if err != nil {
 		return err
