@@ -34,8 +34,9 @@ const (
 	probeRounds = 3
 )
 
-// probeHost measures h. Each of the first two is the best of a few
-// rounds (the host's cost, not a neighbour's burst); spawns the median.
+// probeHost measures h: the page fault and the system call each the best
+// of a few rounds (the host's cost, not a neighbour's burst), the process
+// start and the wake-up each the median of many.
 func probeHost() (hostCost, error) {
 	var h hostCost
 	page := syscall.Getpagesize()
