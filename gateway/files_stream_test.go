@@ -85,6 +85,7 @@ func TestFilesStreamed(t *testing.T) {
 	if got := readBack(file); len(got) != max {
 		t.Errorf("after a write of max_file_bytes: %d bytes; want %d", len(got), max)
 	}
+	waitInflight(t, h, 0)
 	if st := h.Gateway.InflightStats(); st.Bytes != 0 {
 		t.Errorf("bytes reserved after the transfers = %d; want 0", st.Bytes)
 	}

@@ -227,6 +227,7 @@ func TestInflightConcurrent(t *testing.T) {
 	if ok.Load()+refused.Load() != n || ok.Load() == 0 {
 		t.Errorf("answers: %d ok, %d refused; want %d in all, at least one ok", ok.Load(), refused.Load(), n)
 	}
+	waitInflight(t, h, 0)
 	if st := h.Gateway.InflightStats(); st != (gateway.InflightStats{}) {
 		t.Errorf("in flight after every exec ended = %+v; want none", st)
 	}
@@ -297,8 +298,13 @@ func TestInflightCommands(t *testing.T) {
 	waitInflight(t, h, 1)
 	wantRefusedInflight(t, "exec past the workspace's cap", do(t, h, exec), http.StatusTooManyRequests, protocol.RateLimited)
 	// 2 MiB of the 5 are held: a command read (2 MiB and a little) fits, beside the exec.
+	// A request's reservation is given back once its handler returns, which
+	// can be just after the client has read the whole answer: each wait
+	// below lets the last one end before the next is measured.
 	wantOK(t, "repeated PUT at the workspace's cap", do(t, h, put), http.StatusOK, nil)
+	waitInflight(t, h, 1)
 	wantOK(t, "GET at the workspace's cap", do(t, h, get), http.StatusOK, nil)
+	waitInflight(t, h, 1)
 
 	// A second workspace's execs take the budget: a command read no longer fits.
 	in2 := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxOutputBytes: maxOut}})
@@ -320,6 +326,7 @@ func TestInflightCommands(t *testing.T) {
 	if again, _ := json.Marshal(st); st.ExitCode == nil || !bytes.Equal(again, rep.Body) {
 		t.Errorf("completed command status %s; want it as protocol.CommandStatus marshals it: %s", rep.Body, again)
 	}
+	waitInflight(t, h, 0)
 	if st := h.Gateway.InflightStats(); st != (gateway.InflightStats{}) {
 		t.Errorf("in flight at the end = %+v; want none", st)
 	}
