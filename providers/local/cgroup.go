@@ -45,6 +45,12 @@ type cgroupHost struct {
 	// lock's grace period, and an exec's bwrap is moved in by its pid
 	// (joinsItself).
 	dynmods bool
+	// own are the broker's own cgroups on v1, one in each hierarchy that
+	// a workspace has a cgroup in, as controllers lists them (nil when
+	// one is not found): a resident, started by the broker, is in them,
+	// and its forking thread goes back to them after each fork
+	// (residentd.Request.Home).
+	own []string
 }
 
 // cgroupMount is one cgroup file system mount.
@@ -93,8 +99,9 @@ func defaultCgroupParent(dataDir string) string {
 
 // detectCgroups finds the controllers and creates the parent cgroups. It
 // returns the host (nil when no cgroup can be used at all) and, for each
-// limit that cannot be enforced, a sentence saying which and why.
-func detectCgroups(mountinfo, parent string) (*cgroupHost, []string) {
+// limit that cannot be enforced, a sentence saying which and why. self is
+// the broker's /proc/self/cgroup.
+func detectCgroups(mountinfo, self, parent string) (*cgroupHost, []string) {
 	mounts, err := cgroupMounts(mountinfo)
 	if err != nil {
 		return nil, []string{"cgroups: cannot read the mount table: " + scrub(err).Error()}
@@ -111,7 +118,7 @@ func detectCgroups(mountinfo, parent string) (*cgroupHost, []string) {
 		}
 		return detectV2(m.dir, parent)
 	}
-	return detectV1(mounts, parent)
+	return detectV1(mounts, self, parent)
 }
 
 func hasAll(have []string, want ...string) bool {
@@ -150,7 +157,7 @@ func detectV2(mount, parent string) (*cgroupHost, []string) {
 	return h, h.probe()
 }
 
-func detectV1(mounts []cgroupMount, parent string) (*cgroupHost, []string) {
+func detectV1(mounts []cgroupMount, self, parent string) (*cgroupHost, []string) {
 	h := &cgroupHost{}
 	var problems []string
 	find := func(ctl string) string {
@@ -194,7 +201,48 @@ func detectV1(mounts []cgroupMount, parent string) (*cgroupHost, []string) {
 			}
 		}
 	}
-	return h, append(problems, h.probe()...)
+	problems = append(problems, h.probe()...)
+	// In the order of controllers, after probe has dropped what it drops.
+	var ctls, at []string
+	for _, c := range []struct{ name, dir string }{{"memory", h.mem}, {"pids", h.pids}, {"cpu", h.cpu}} {
+		if c.dir != "" {
+			ctls, at = append(ctls, c.name), append(at, find(c.name))
+		}
+	}
+	if h.acctSeparate() {
+		ctls, at = append(ctls, "cpuacct"), append(at, find("cpuacct"))
+	}
+	h.own = ownCgroups(self, ctls, at)
+	return h, problems
+}
+
+// ownCgroups returns the directories of the process's v1 cgroups named by
+// self (/proc/self/cgroup) in the hierarchies of the controllers ctls,
+// mounted at mounts; nil unless each is found.
+func ownCgroups(self string, ctls, mounts []string) []string {
+	b, err := os.ReadFile(self)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for i, ctl := range ctls {
+		found := false
+		// "hierarchy-ID:controller-list:cgroup-path"
+		for line := range strings.Lines(string(b)) {
+			f := strings.SplitN(strings.TrimSuffix(line, "\n"), ":", 3)
+			if len(f) == 3 && hasAll(strings.Split(f[1], ","), ctl) && strings.HasPrefix(f[2], "/") {
+				d := filepath.Join(mounts[i], f[2])
+				if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+					out, found = append(out, d), true
+				}
+				break
+			}
+		}
+		if !found {
+			return nil
+		}
+	}
+	return out
 }
 
 // probe creates a throwaway workspace cgroup, sets every limit, and removes

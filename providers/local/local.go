@@ -350,7 +350,7 @@ func New(ctx context.Context, c Config, env providers.Env) (_ *Provider, err err
 	if p.clock == nil {
 		p.clock = sandgate.SystemClock{}
 	}
-	cg, problems := detectCgroups(cmp.Or(c.mountinfo, "/proc/self/mountinfo"), c.CgroupParent)
+	cg, problems := detectCgroups(cmp.Or(c.mountinfo, "/proc/self/mountinfo"), "/proc/self/cgroup", c.CgroupParent)
 	// A New that fails leaves no parent cgroup behind (one that holds
 	// workspaces stays: the removal fails).
 	defer func() {

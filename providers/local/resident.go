@@ -508,9 +508,10 @@ func (p *Provider) execResident(ctx context.Context, w opened, j job) (providers
 	defer conn.Close()
 	theirs := pair[1]
 
-	leave := p.leaveFiles(j.ref)
+	leave, home := p.leaveFiles(j.ref)
 	defer closeAll(leave)
-	req := residentd.Request{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0, Join: len(lf.join), Leave: len(leave), Data: uint64(j.memory)}.Append(nil)
+	req := residentd.Request{Argv: j.argv, Env: residentEnv(j), Dir: j.dir, Stdin: pipes.stdinR >= 0,
+		Join: len(lf.join), Leave: len(leave), Home: home, Data: uint64(j.memory)}.Append(nil)
 	fds := []int{theirs}
 	if pipes.stdinR >= 0 {
 		fds = append(fds, pipes.stdinR)
@@ -735,11 +736,28 @@ func (r *run) isTerminated() bool {
 	return r.terminated
 }
 
-// leaveFiles are the tasks files of ref's workspace cgroups that have
-// leaves (see residentd.Request.Leave), opened for writing.
-func (p *Provider) leaveFiles(ref string) []*os.File {
+// leaveFiles are the tasks files, opened for writing, that the resident's
+// forking thread moves to once it has forked an exec (see
+// residentd.Request.Leave): the broker's own cgroups, where the resident
+// is, when home; else, when one of those cannot be opened, those of ref's
+// workspace cgroups that have leaves.
+func (p *Provider) leaveFiles(ref string) (files []*os.File, home bool) {
 	if !p.cg.joinsItself() {
-		return nil
+		return nil, false
+	}
+	if own := p.cg.own; own != nil {
+		for _, d := range own {
+			f, err := os.OpenFile(filepath.Join(d, "tasks"), os.O_WRONLY, 0)
+			if err != nil {
+				closeAll(files)
+				files = nil
+				break
+			}
+			files = append(files, f)
+		}
+		if files != nil {
+			return files, true
+		}
 	}
 	var out []*os.File
 	for _, d := range p.cg.controllers(ref) {
@@ -749,7 +767,7 @@ func (p *Provider) leaveFiles(ref string) []*os.File {
 			}
 		}
 	}
-	return out
+	return out, false
 }
 
 // leafDirs are the directories of ref's leaf cgroup name.

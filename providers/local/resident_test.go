@@ -287,8 +287,22 @@ func TestResidentOutsideTenantLimits(t *testing.T) {
 		t.Fatalf("residents of the workspace = %v; want one", pids)
 	}
 	host := strconv.Itoa(pids[0].host)
-	if b, err := os.ReadFile("/proc/" + host + "/cgroup"); err != nil || strings.Contains(string(b), sb.Ref) {
-		t.Errorf("the resident's cgroups = %q (%v); want none of the workspace's", b, err)
+	// Every thread of it, the ones that forked the commands above and
+	// below (two at once) included: each went back to the resident's own
+	// cgroups before its command was reported.
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { providertest.Exec(t, p, sb, "true") })
+	}
+	wg.Wait()
+	tasks, err := os.ReadDir("/proc/" + host + "/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		if b, err := os.ReadFile("/proc/" + host + "/task/" + task.Name() + "/cgroup"); err != nil || strings.Contains(string(b), sb.Ref) {
+			t.Errorf("the cgroups of the resident's thread %s = %q (%v); want none of the workspace's", task.Name(), b, err)
+		}
 	}
 	if res := providertest.Exec(t, p, sb, "sh", "-c", "head -c 32M /dev/zero | tail >/dev/null"); res.ExitCode == 0 {
 		t.Errorf("a 32 MiB heap in a 16 MiB workspace: exit 0; want it refused")

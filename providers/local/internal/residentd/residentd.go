@@ -24,8 +24,8 @@ package residentd
 const Name = "sandgate-exec-resident"
 
 // MaxFDs bounds the descriptors of one request: the connection, stdio, at
-// most four cgroup files to join and two to leave.
-const MaxFDs = 10
+// most four cgroup files to join and four to leave.
+const MaxFDs = 12
 
 // DefaultPath is a command's PATH when its env has none.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -47,11 +47,14 @@ type Request struct {
 	// follow stdout and stderr.
 	Stdin bool
 	Join  int
-	// Leave is how many cgroup files follow those: the workspace's own
-	// cgroups above the leaves, which the forking thread moves back to
-	// once the command is forked, so that killing the leaf never finds
-	// a thread of the resident in it.
+	// Leave is how many cgroup files follow those, which the forking
+	// thread moves to once the command is forked, so that killing the
+	// leaf never finds a thread of the resident in it: the resident's
+	// own cgroups, one in each hierarchy Join's are in, when Home (the
+	// thread may then fork the next exec), else the workspace's own
+	// cgroups above the leaves (the thread then ends).
 	Leave int
+	Home  bool
 	// Data is the command's RLIMIT_DATA, soft and hard, in bytes (0:
 	// the resident's own). The resident runs without it: a Go runtime
 	// under a tenant's limit dies of it (a -race build maps most of

@@ -42,6 +42,10 @@ func serve(args []string) int {
 			return exitStart
 		}
 	}
+	// The first forker's thread is made now, while the workspace waits
+	// for its first exec (a pooled one, in its pool), not during it.
+	idle := make(chan forker, maxIdleForkers)
+	idle <- newForker(idle)
 	buf := make([]byte, 64<<10)
 	oob := make([]byte, syscall.CmsgSpace(MaxFDs*4))
 	for {
@@ -73,7 +77,7 @@ func serve(args []string) int {
 		if !req.Stdin {
 			fds = append(fds[:1], append([]int{-1}, fds[1:]...)...)
 		}
-		go serveExec(req, fds)
+		go serveExec(req, fds, idle)
 		if len(buf) > 64<<10 {
 			buf = make([]byte, 64<<10) // a large env's buffer goes with its request
 		}
@@ -120,10 +124,10 @@ func closeFDs(fds []int) {
 // none), stdout, stderr and req.Join cgroup files. It answers on the
 // connection once the command has exited, and kills the command's process
 // group when the broker's side of the connection goes away first.
-func serveExec(req Request, fds []int) {
+func serveExec(req Request, fds []int, idle chan forker) {
 	conn := fds[0]
 	defer syscall.Close(conn)
-	pid, rep := forkInto(req, fds[1:4], fds[4:4+req.Join], fds[4+req.Join:])
+	pid, rep := forkInto(req, fds[1:4], fds[4:4+req.Join], fds[4+req.Join:], idle)
 	closeFDs(fds[1:]) // -1 is skipped
 	if pid <= 0 {
 		// Not started, or killed before it ran (rep.Status).
@@ -179,10 +183,14 @@ func waitNoReap(pid int) {
 
 // forkInto starts req's command with stdio as its descriptors 0, 1 and 2
 // (stdio[0] -1: /dev/null), in a session of its own, from a locked thread
-// that first joins the exec's cgroups by writing "0" to each of join (v1
-// tasks files): the command is born in them. The thread is never given
-// back, so the resident's other threads stay where they are.
-func forkInto(req Request, stdio, join, leave []int) (int, Reply) {
+// (a forker, taken from idle or new) that first joins the exec's cgroups
+// by writing "0" to each of join (v1 tasks files): the command is born in
+// them. The thread then writes "0" to each of leave before the command is
+// reported. When those are the resident's own cgroups (req.Home) the
+// thread is back beside the resident's other threads and waits in idle
+// for the next exec; otherwise, or when a write fails, it ends with its
+// goroutine, so the resident's other threads stay where they are.
+func forkInto(req Request, stdio, join, leave []int, idle chan forker) (int, Reply) {
 	path, why := lookPath(req.Argv[0], req.Env)
 	if why != "" {
 		return 0, Reply{Err: why}
@@ -198,19 +206,68 @@ func forkInto(req Request, stdio, join, leave []int) (int, Reply) {
 		rep Reply
 	}
 	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+	takeForker(idle) <- func() bool {
 		pid, rep := forkJoined(req, path, stdio, join)
-		// Back out of the leaves before anyone hears of the command: the
+		// Out of the leaves before anyone hears of the command: the
 		// broker kills whatever is left in them when the exec ends, and
-		// this thread, until it has exited, is the resident.
+		// this thread, until it has exited or gone home, is the resident.
+		home := req.Home
 		for _, fd := range leave {
-			syscall.Write(fd, []byte("0"))
+			if _, err := syscall.Write(fd, []byte("0")); err != nil {
+				home = false
+			}
 		}
 		done <- result{pid, rep}
-	}()
+		return home
+	}
 	r := <-done
 	return r.pid, r.rep
+}
+
+// maxIdleForkers bounds the forkers that wait for an exec: one serves a
+// workspace's execs one after another; a few more start, and end, when
+// they overlap.
+const maxIdleForkers = 2
+
+// A forker is a goroutine locked to its own OS thread, which joins an
+// exec's cgroups to fork its command (forkInto). Each function sent to it
+// runs on that thread and reports whether the thread is back in the
+// resident's own cgroups, and so may fork again.
+type forker chan func() bool
+
+// takeForker returns an idle forker, or starts one.
+func takeForker(idle chan forker) forker {
+	select {
+	case f := <-idle:
+		return f
+	default:
+	}
+	return newForker(idle)
+}
+
+// newForker starts a forker, which returns to idle after each exec.
+func newForker(idle chan forker) forker {
+	f := make(forker)
+	go f.run(idle)
+	return f
+}
+
+// run serves f's functions until one leaves the thread outside the
+// resident's cgroups or idle is full; the thread, never unlocked, then
+// ends with the goroutine. (A thread made and ended per exec held up the
+// report of each fork by about a millisecond on a paravirtualised host.)
+func (f forker) run(idle chan forker) {
+	runtime.LockOSThread()
+	for fn := range f {
+		if !fn() {
+			return
+		}
+		select {
+		case idle <- f:
+		default:
+			return
+		}
+	}
 }
 
 // forkJoined is forkInto's work on its locked thread.

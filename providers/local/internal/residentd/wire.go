@@ -12,6 +12,7 @@ func (r Request) Append(b []byte) []byte {
 	b = appendUint(b, uint64(btoi(r.Stdin)))
 	b = appendUint(b, uint64(r.Join))
 	b = appendUint(b, uint64(r.Leave))
+	b = appendUint(b, uint64(btoi(r.Home)))
 	b = appendUint(b, r.Data)
 	b = appendString(b, r.Dir)
 	b = appendStrings(b, r.Argv)
@@ -21,7 +22,7 @@ func (r Request) Append(b []byte) []byte {
 // ParseRequest decodes a Request that Append encoded.
 func ParseRequest(b []byte) (Request, error) {
 	d := decoder{b: b}
-	r := Request{Stdin: d.uint() == 1, Join: d.fds(), Leave: d.fds(), Data: d.uint(), Dir: d.string()}
+	r := Request{Stdin: d.uint() == 1, Join: d.fds(), Leave: d.fds(), Home: d.uint() == 1, Data: d.uint(), Dir: d.string()}
 	r.Argv = d.strings()
 	r.Env = d.strings()
 	return r, d.end()

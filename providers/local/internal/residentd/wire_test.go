@@ -8,7 +8,7 @@ import (
 
 func TestWireRoundTrip(t *testing.T) {
 	for _, r := range []Request{
-		{Argv: []string{"echo", "ready"}, Env: []string{"PATH=/bin", "X="}, Dir: "/workspace", Join: 2, Leave: 2},
+		{Argv: []string{"echo", "ready"}, Env: []string{"PATH=/bin", "X="}, Dir: "/workspace", Join: 2, Leave: 2, Home: true},
 		{Argv: []string{"sh", "-c", "cat"}, Env: []string{}, Dir: "/", Stdin: true, Join: 4, Leave: 2, Data: 1 << 40},
 		{Argv: []string{strings.Repeat("é", 70000)}, Env: []string{"BIG=" + strings.Repeat("x", 1<<20)}, Dir: ""},
 	} {
