@@ -255,7 +255,8 @@ func newForker(idle chan forker) forker {
 // run serves f's functions until one leaves the thread outside the
 // resident's cgroups or idle is full; the thread, never unlocked, then
 // ends with the goroutine. (A thread made and ended per exec held up the
-// report of each fork by about a millisecond on a paravirtualised host.)
+// report of a pooled workspace's first fork by about a millisecond on a
+// paravirtualised host.)
 func (f forker) run(idle chan forker) {
 	runtime.LockOSThread()
 	for fn := range f {
