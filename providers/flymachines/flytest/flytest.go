@@ -184,6 +184,8 @@ func (s *Server) Close() {
 			s.local.Terminate(context.Background(), sb)
 		}
 	}
+	// Its parent cgroups go too, with nothing left in them.
+	s.local.Close()
 }
 
 // Machine returns a copy of the Machine id.

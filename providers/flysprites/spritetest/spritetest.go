@@ -169,6 +169,8 @@ func (s *Server) Close() {
 	}
 	s.hs.CloseClientConnections()
 	s.hs.Close()
+	// Its parent cgroups go too, with nothing left in them.
+	s.lp.Close()
 }
 
 // Events returns what happened to the sprite called name.

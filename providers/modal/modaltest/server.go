@@ -205,6 +205,8 @@ func (s *Server) Close() {
 	for _, sb := range live {
 		s.finish(sb, clientpb.GenericResult_GENERIC_STATUS_TERMINATED)
 	}
+	// Its parent cgroups go too, with nothing left in them.
+	s.local.Close()
 }
 
 // janitor deletes snapshot images at their expiry.
