@@ -17,6 +17,7 @@ import (
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
 )
 
 // snapLocal returns a local provider (real bwrap) over a fresh directory.
@@ -26,7 +27,7 @@ func snapLocal(t *testing.T) *local.Provider {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { p.Close() }) // before its data directory goes
+	t.Cleanup(func() { providertest.Discard(p) }) // before its data directory goes
 	return p
 }
 
@@ -411,7 +412,7 @@ func TestSnapshotByteQuotaLocal(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { p.Close() }) // before its data directory goes
+	t.Cleanup(func() { providertest.Discard(p) }) // before its data directory goes
 	e := snapStart(t, p, func(l *sandgate.Limits) { l.MaxSnapshotBytes = 20000 })
 	ws := e.acquire("")
 	// Random bytes do not compress: 30 000 of them make an archive past the quota.

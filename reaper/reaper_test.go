@@ -16,6 +16,7 @@ import (
 	"github.com/sandgate/sandgate/internal/sgtest"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
 	"github.com/sandgate/sandgate/reaper"
 	"github.com/sandgate/sandgate/store"
 	"github.com/sandgate/sandgate/termination"
@@ -41,7 +42,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Skipf("local provider unavailable: %v", err)
 	}
-	t.Cleanup(func() { prov.Close() }) // its background teardown ends before its directory goes
+	t.Cleanup(func() { providertest.Discard(prov) }) // its background teardown ends before its directory goes
 	f := &fixture{t: t, db: db, clock: clock, prov: prov, dir: dir, acct: sandgate.NewID(sandgate.PrefixAccount),
 		inst: sandgate.NewID(sandgate.PrefixInstance), keys: map[string]string{}}
 	ctx := context.Background()
@@ -312,7 +313,7 @@ func TestOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { other.Close() })
+	t.Cleanup(func() { providertest.Discard(other) })
 	foreign, err := other.Create(ctx, providers.CreateSpec{WorkspaceID: sandgate.NewID(sandgate.PrefixWorkspace), InstanceID: f.inst,
 		Size: sandgate.Size{CPUCores: 1, MemoryMiB: 256}, ExpiresAt: f.clock.Now().Add(time.Hour)})
 	if err != nil {

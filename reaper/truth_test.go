@@ -8,6 +8,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
 	"github.com/sandgate/sandgate/reaper"
 	"github.com/sandgate/sandgate/termination"
 )
@@ -86,7 +87,7 @@ func TestVanishedNeedsEveryBroker(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { other.Close() })
+	t.Cleanup(func() { providertest.Discard(other) })
 	if err := f.db.RegisterBroker(ctx, "other-broker", f.clock.Now()); err != nil {
 		t.Fatal(err)
 	}

@@ -65,6 +65,23 @@ func Create(t testing.TB, p providers.Provider, spec providers.CreateSpec) provi
 	return sb
 }
 
+// Discard terminates every sandbox p lists and closes p, for a test's
+// cleanup: a local provider's Close keeps its workspaces, which outlive
+// a broker, and with them their cgroups, left on the host once the test
+// has removed the data directory.
+func Discard(p interface {
+	providers.Provider
+	Close() error
+}) {
+	ctx := context.Background()
+	if sbs, err := p.List(ctx); err == nil {
+		for _, sb := range sbs {
+			_ = p.Terminate(ctx, sb)
+		}
+	}
+	_ = p.Close()
+}
+
 // ListRefs returns the refs of the sandboxes p lists, in List's order. It
 // fails the test on a List error, and marks it failed for each sandbox
 // without broker's label: List must not report another broker's.
