@@ -21,7 +21,7 @@ func BenchmarkExecPaced(b *testing.B) {
 	if err != nil {
 		b.Fatalf("local.New: %v", err)
 	}
-	b.Cleanup(func() { closeProvider(p) })
+	b.Cleanup(func() { providertest.Discard(p) })
 	sb := providertest.Create(b, p, providertest.Spec(b))
 	var took []time.Duration
 	for b.Loop() {

@@ -13,6 +13,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
 )
 
 // TestHostCeiling: the workspaces of a data directory together stay under
@@ -28,7 +29,7 @@ func TestHostCeiling(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	var sbs []providers.Sandbox
 	for i := range 4 {
 		sb, err := p.Create(t.Context(), providers.CreateSpec{WorkspaceID: "ws_bomb" + strconv.Itoa(i), InstanceID: "inst_x",

@@ -54,7 +54,7 @@ func TestExecBornInCgroups(t *testing.T) {
 			if err != nil {
 				t.Fatalf("local.New: %v", err)
 			}
-			t.Cleanup(func() { closeProvider(p) })
+			t.Cleanup(func() { providertest.Discard(p) })
 			if got := local.JoinsItself(p); got != tc.joinsItself {
 				t.Errorf("bwrap joins its cgroups itself: %v; want %v", got, tc.joinsItself)
 			}

@@ -45,7 +45,7 @@ func TestCommandOutputQuota(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	sb, err := p.Create(t.Context(), providers.CreateSpec{WorkspaceID: "ws_chatty", InstanceID: "inst_x",
 		Size: sandgate.Size{Name: "small", CPUCores: 1, MemoryMiB: 256}, ExpiresAt: time.Now().Add(time.Hour)})
 	if err != nil {
@@ -88,7 +88,7 @@ func TestCommandCountCap(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	sb := providertest.Create(t, p, providertest.Spec(t))
 	spec := providers.ExecSpec{Argv: []string{"true"}, Timeout: time.Minute, MaxOutputBytes: 100}
 	for _, id := range []string{"a", "b"} {

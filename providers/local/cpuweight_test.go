@@ -8,6 +8,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
 )
 
 // TestCPUWeightDecision: a workspace gets the background weight after two
@@ -57,7 +58,7 @@ func TestBusyWorkspaceYields(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	size := sandgate.Size{Name: "small", CPUCores: 1, MemoryMiB: 256}
 	busy, err := p.Create(t.Context(), providers.CreateSpec{WorkspaceID: "ws_busy", InstanceID: "inst_x", Size: size, ExpiresAt: time.Now().Add(time.Hour)})
 	if err != nil {

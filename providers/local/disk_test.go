@@ -49,7 +49,7 @@ func TestDiskQuota(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	if got := p.DiskMiB(providertest.Spec(t).Size); got != quota {
 		t.Errorf("DiskMiB(small) = %d; want %d", got, quota)
 	}
@@ -168,7 +168,7 @@ func TestCreateWaitsForRelease(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 
 	// hold binds a loop device to a filled image in the trash, as a
 	// terminated workspace's is until the kernel releases it, and removes

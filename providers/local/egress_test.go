@@ -110,7 +110,7 @@ func (e *egressEnv) provider(t *testing.T) *local.Provider {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	return p
 }
 

@@ -23,7 +23,7 @@ func TestGuestVM(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	c := fakeserver.StartCanary(t)
 	sb := providertest.Create(t, p, providertest.Spec(t))
 	res := providertest.Exec(t, p, sb, "sh", "-c",

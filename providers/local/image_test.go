@@ -105,7 +105,7 @@ func newImageProvider(t *testing.T) (*local.Provider, *fakeImages, []string) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	return p, imgs, layers
 }
 
@@ -175,7 +175,7 @@ func TestImageRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { closeProvider(p2) })
+	t.Cleanup(func() { providertest.Discard(p2) })
 	if got := sh(t, p2, a, "cat /usr/local/lib/pkg"); got != "installed\n" {
 		t.Errorf("after a restart /usr/local/lib/pkg = %q", got)
 	}

@@ -177,7 +177,7 @@ func TestPidsLimit(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	sb := providertest.Create(t, p, providertest.Spec(t))
 	// Each round forks a sleeper; the shell dies when fork fails.
 	res := providertest.Exec(t, p, sb, "sh", "-c", `n=0; while [ $n -lt 500 ]; do sleep 600 & n=$((n+1)); echo $n > /tmp/n; done`)
@@ -267,7 +267,7 @@ func TestNewRefusesUnenforceable(t *testing.T) {
 	if !strings.Contains(logs.String(), "NOT ENFORCED") || !strings.Contains(logs.String(), "memory") {
 		t.Errorf("New without cgroups, allowed, logged %q; want a warning naming memory", logs.String())
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	sb := providertest.Create(t, p, providertest.Spec(t))
 	if r := providertest.Exec(t, p, sb, "true"); r.ExitCode != 0 {
 		t.Errorf("exec without cgroups: exit %d (%s)", r.ExitCode, r.Stderr)

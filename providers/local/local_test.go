@@ -38,18 +38,8 @@ func newProviderLog(t *testing.T, dataDir, brokerID string, log *slog.Logger) *l
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	return p
-}
-
-// closeProvider terminates what the test left (its cgroups would stay on
-// the host) and closes p.
-func closeProvider(p *local.Provider) {
-	sbs, _ := p.List(context.Background())
-	for _, sb := range sbs {
-		p.Terminate(context.Background(), sb)
-	}
-	p.Close()
 }
 
 func TestProvider(t *testing.T) {

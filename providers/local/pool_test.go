@@ -34,7 +34,7 @@ func newPooled(t *testing.T, dataDir string, pool providers.PoolConfig, egress l
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	return p, &mkfs
 }
 
@@ -290,7 +290,7 @@ func TestPoolFromSettings(t *testing.T) {
 		}
 		p, err := local.Open(t.Context(), "local", *doc.Content[0], providers.Env{BrokerID: broker, DataDir: t.TempDir()})
 		if err == nil {
-			t.Cleanup(func() { closeProvider(p.(*local.Provider)) })
+			t.Cleanup(func() { providertest.Discard(p.(*local.Provider)) })
 		}
 		return p, err
 	}

@@ -24,7 +24,7 @@ func newResidentProvider(t *testing.T) *local.Provider {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	return p
 }
 
@@ -261,7 +261,7 @@ func TestProviderBwrap(t *testing.T) {
 		if err != nil {
 			t.Fatalf("local.New: %v", err)
 		}
-		t.Cleanup(func() { closeProvider(p) })
+		t.Cleanup(func() { providertest.Discard(p) })
 		return p
 	})
 }

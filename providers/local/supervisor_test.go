@@ -14,6 +14,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
 )
 
 // lateClock is an hour behind the wall clock: the provider's own exec
@@ -32,7 +33,7 @@ func TestSupervisorEndsAtDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p) })
+	t.Cleanup(func() { providertest.Discard(p) })
 	// Room for the create and the exec's start, which must come before the
 	// deadline, on a loaded machine (the package's tests run in parallel).
 	deadline := time.Now().Add(15 * time.Second)
@@ -124,7 +125,7 @@ func TestSupervisorRestarted(t *testing.T) {
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
-	t.Cleanup(func() { closeProvider(p2) })
+	t.Cleanup(func() { providertest.Discard(p2) })
 	if got := waitSupervisor(t, p2); got == pid {
 		t.Fatalf("supervisor pid %d after New; want a new one", got)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
+	"github.com/sandgate/sandgate/providers/providertest"
 )
 
 // TestKilledCreateFreesItsUID: a create that dies right after it claimed
@@ -36,7 +37,7 @@ func TestKilledCreateFreesItsUID(t *testing.T) {
 		if err != nil {
 			t.Fatalf("local.New: %v", err)
 		}
-		t.Cleanup(func() { closeProvider(p) })
+		t.Cleanup(func() { providertest.Discard(p) })
 		return p
 	}
 	// killedCreate runs a create of ws on p that dies after its claim.
