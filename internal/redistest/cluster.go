@@ -20,7 +20,9 @@ import (
 // Cluster is a running Redis Cluster on loopback: three primaries, each
 // with one replica, every node a redis-server of its own (AOF on, a low
 // cluster-node-timeout so that a killed primary's replica takes over
-// within seconds).
+// within seconds, and no wait before a replica's full sync: Redis waits
+// 5 s by default for more replicas to share it, which made each cluster
+// take 6 s to start instead of 2).
 type Cluster struct {
 	dir   string
 	nodes []*clusterNode
@@ -138,7 +140,8 @@ func (n *clusterNode) addr() string { return "127.0.0.1:" + strconv.Itoa(n.port)
 func (n *clusterNode) start() error {
 	cmd, exited, err := runServer("--port", strconv.Itoa(n.port), "--cluster-port", strconv.Itoa(n.bus),
 		"--dir", n.dir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout/time.Millisecond)))
+		"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout/time.Millisecond)),
+		"--repl-diskless-sync-delay", "0")
 	if err != nil {
 		return err
 	}
