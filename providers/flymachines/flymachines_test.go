@@ -180,6 +180,7 @@ func strconvUnix(t time.Time) string { return strconv.FormatInt(t.Unix(), 10) }
 // TestLifetimeWithoutBroker: with no broker process alive, the Machine's
 // own main process ends at expires_at and Fly destroys it (auto_destroy).
 func TestLifetimeWithoutBroker(t *testing.T) {
+	t.Parallel() // mostly waiting on the clock: beside the others
 	s := startFake(t, flytest.Options{})
 	p, err := flymachines.New(t.Context(), config(t, s), providers.Env{GuestBinary: guesttest.Binary(t), BrokerID: "broker-life"})
 	if err != nil {
@@ -352,6 +353,7 @@ func TestAppCreatedOnce(t *testing.T) {
 // TestWaitDeadlineAnswers: Create waits through wait's 408 and through a
 // 400 that says the deadline passed.
 func TestWaitDeadlineAnswers(t *testing.T) {
+	t.Parallel() // mostly waiting on the clock: beside the others
 	for _, wait400 := range []bool{false, true} {
 		// The start outlasts the create's answer, which carries the agent
 		// (megabytes of JSON) and may be slow on a loaded host.
@@ -379,6 +381,7 @@ func TestWaitDeadlineAnswers(t *testing.T) {
 // TestLongExecThroughRunner: an exec longer than one vendor exec may last
 // runs as a durable command and is polled, instead of failing with 408.
 func TestLongExecThroughRunner(t *testing.T) {
+	t.Parallel() // mostly waiting on the clock: beside the others
 	// The vendor's deadline and the direct execs' timeouts leave seconds
 	// for an exec through the fake on a loaded machine; the long exec
 	// outlasts both.

@@ -175,6 +175,7 @@ func poolProvider(t *testing.T, s *flytest.Server, broker string, ve *providers.
 // expires_at and forwards with the workspace's own credential; a
 // workspace without egress gets no forwarder and no credential file.
 func TestPoolTakeBindsLifetimeAndEgress(t *testing.T) {
+	t.Parallel() // mostly waiting on the clock: beside the others
 	s := startFake(t, flytest.Options{})
 	ve, _, _ := proxyEgress(t)
 	p := poolProvider(t, s, "broker-bind", ve)
