@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/adminapi"
+	"github.com/sandgate/sandgate/client"
 	"github.com/sandgate/sandgate/protocol"
 )
 
@@ -90,18 +91,25 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 		t.Errorf("lease egress ceiling = %v; want null (domain allowlists through the broker's proxy)", lease.Egress.Ceiling)
 	}
 
-	// An instance whose workspaces live 90 s: one made first, whose
-	// durable command the other workspaces' jails must not see, and one
-	// made last, whose lifetime ends while every broker process is stopped.
+	// Short-lived instances: one whose workspace, made first, lives 90 s
+	// and has a durable command the other workspaces' jails must not see,
+	// and one whose workspace, made last, lives 40 s and ends while every
+	// broker process is stopped (the test waits for that end: the
+	// shorter, the sooner it is over; 40 s leaves a slow host its start
+	// of a durable command and the broker's stop).
 	a := newAdminClient(t, d.AdminURL, d.AdminToken)
 	acct := createAccount(t, a, "jail-life")
-	ireq := adminapi.CreateInstanceRequest{AccountID: acct, Name: "jail-life", Provider: provider}
-	ireq.Scope.Limits.MaxLifetimeSeconds = 90
-	var inst adminapi.Instance
-	if err := a.Do(ctx, http.MethodPost, "/instances", ireq, &inst); err != nil {
-		t.Fatalf("create a short-lived instance: %v", err)
+	shortLived := func(name string, seconds int64) *client.Client {
+		t.Helper()
+		ireq := adminapi.CreateInstanceRequest{AccountID: acct, Name: name, Provider: provider}
+		ireq.Scope.Limits.MaxLifetimeSeconds = seconds
+		var inst adminapi.Instance
+		if err := a.Do(ctx, http.MethodPost, "/instances", ireq, &inst); err != nil {
+			t.Fatalf("create a short-lived instance: %v", err)
+		}
+		return d.Client(t, issueToken(t, a, inst.ID))
 	}
-	lc := d.Client(t, issueToken(t, a, inst.ID))
+	lc, lastc := shortLived("jail-life", 90), shortLived("jail-last", 40)
 	short, _, err := lc.Acquire(ctx, "jail-life", protocol.AcquireRequest{Label: "jail-life", Egress: noEgress()})
 	if err != nil {
 		t.Fatalf("acquire the short-lived workspace: %v", err)
@@ -232,12 +240,12 @@ func testJail(t *testing.T, provider string, vendorEnv []string) {
 	// Every broker process stopped: the short-lived workspace's tenant
 	// processes end at its expires_at all the same. It is made now, not
 	// first: on a loaded machine the checks above can outlast its lifetime.
-	last, _, err := lc.Acquire(ctx, "jail-life-last", protocol.AcquireRequest{Label: "jail-life-last", Egress: noEgress()})
+	last, _, err := lastc.Acquire(ctx, "jail-life-last", protocol.AcquireRequest{Label: "jail-life-last", Egress: noEgress()})
 	if err != nil {
 		t.Fatalf("acquire the last short-lived workspace: %v", err)
 	}
 	lastMarker := strconv.Itoa(60000 + int(time.Now().UnixNano()%20000)) // not the first one's
-	if _, _, err := lc.StartCommand(ctx, last.WorkspaceID, "jail-sleeper", protocol.ExecRequest{Argv: []string{"sleep", lastMarker}, TimeoutSeconds: 600}); err != nil {
+	if _, _, err := lastc.StartCommand(ctx, last.WorkspaceID, "jail-sleeper", protocol.ExecRequest{Argv: []string{"sleep", lastMarker}, TimeoutSeconds: 600}); err != nil {
 		t.Fatalf("start a durable command: %v", err)
 	}
 	waitFor(t, "the last durable command running on the host", func() (bool, error) { return hostProcess("sleep " + lastMarker), nil })
