@@ -87,6 +87,7 @@ func startJail(t *testing.T, g *guestVM, dir string, argv ...string) <-chan int 
 const jailSetup = 15 * time.Second
 
 func TestKeeperEndsJailsAtDeadline(t *testing.T) {
+	t.Parallel() // mostly waiting for the deadline: beside the others
 	g, dir := startGuest(t), agentDir(t)
 	keeper, keeperDone := startKeeper(t, g, dir, "--until", strconv.FormatInt(time.Now().Add(jailSetup).Unix(), 10))
 	// The tenant tries to stop and kill the keeper by its pid in the
@@ -299,6 +300,7 @@ func TestRunRefusesWithoutLiveKeeper(t *testing.T) {
 // TestJailEndsAtDeadlineWithoutKeeper: a jail ends at the guest's
 // deadline even when its keeper, stopped, does not end it.
 func TestJailEndsAtDeadlineWithoutKeeper(t *testing.T) {
+	t.Parallel() // mostly waiting for the deadline: beside the others
 	g, dir := startGuest(t), agentDir(t)
 	keeper, _ := startKeeper(t, g, dir, "--until", strconv.FormatInt(time.Now().Add(jailSetup).Unix(), 10))
 	jailDone := startJail(t, g, dir, "sleep", "1000")

@@ -144,6 +144,7 @@ func TestCreateRequest(t *testing.T) {
 // all), the vendor ends the sandbox at expires_at; a provider opened
 // afterwards finds it gone and no longer lists it.
 func TestVendorEndsAtExpiry(t *testing.T) {
+	t.Parallel() // mostly waiting on the clock: beside the others
 	fake := startFake(t, modaltest.Config{})
 	p := newProvider(t, fake, "sandgate-expiry")
 	// Room for the create and the exec, which must come before the end,
@@ -352,6 +353,7 @@ func TestOpen(t *testing.T) {
 // TestSnapshotTTL: the image is stored with the snapshot's expiry, and the
 // vendor deletes it then, with no broker involved.
 func TestSnapshotTTL(t *testing.T) {
+	t.Parallel() // mostly waiting on the clock: beside the others
 	fake := startFake(t, modaltest.Config{})
 	p := newProvider(t, fake, "sandgate-snap")
 	sb := providertest.Create(t, p, spec(t, "small", time.Hour))
@@ -407,6 +409,7 @@ func TestThrottle(t *testing.T) {
 // the idle timeout, with nobody reading it, keeps Modal from ending the
 // sandbox as idle (its watcher is a running exec).
 func TestDurableCommandKeepsSandbox(t *testing.T) {
+	t.Parallel() // mostly waiting on the clock: beside the others
 	fake := startFake(t, modaltest.Config{})
 	p := newProvider(t, fake, "sandgate-durable")
 	sp := spec(t, "small", time.Hour)
