@@ -54,9 +54,9 @@ vet:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
 	$(GO) run $(STATICCHECK) ./...
 
-# -timeout bounds each package: the slowest (providers/flymachines,
-# cmd/sandgate, store) take 4 to 6 minutes on 2 cores, so 30m leaves room
-# for a CI machine several times slower.
+# -timeout bounds each package: the slowest (cmd/sandgate,
+# providers/flymachines) take 5 to 6 minutes on 2 cores, so 30m leaves
+# room for a CI machine several times slower.
 test: deps vet
 	$(GO) test -race -count=1 -timeout 30m ./...
 

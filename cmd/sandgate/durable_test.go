@@ -75,6 +75,7 @@ func durStart(t *testing.T) *durCluster {
 	}
 	c := &durCluster{t: t, dir: t.TempDir()}
 	c.dataDir = filepath.Join(c.dir, "data")
+	discardWorkspaces(t, c.dataDir, "durable-test")
 	c.bin = filepath.Join(c.dir, "sandgate")
 	build := exec.Command("go", "build", "-o", c.bin, ".")
 	if out, err := build.CombinedOutput(); err != nil {

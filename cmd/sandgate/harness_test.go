@@ -47,6 +47,8 @@ import (
 	"github.com/sandgate/sandgate/internal/redistest"
 	"github.com/sandgate/sandgate/internal/testpki"
 	"github.com/sandgate/sandgate/protocol"
+	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/providertest"
 )
 
 // sandgateBin is the race-enabled sandgate binary that TestMain builds once.
@@ -410,6 +412,7 @@ func startDevWith(t testing.TB, env []string, flags ...string) *devBroker {
 	t.Helper()
 	work := t.TempDir()
 	d := &devBroker{workDir: work, dataDir: filepath.Join(work, ".sandgate")}
+	discardWorkspaces(t, d.dataDir, "sandgate-dev")
 	args := append([]string{"dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir", ".sandgate"}, flags...)
 	d.process = startProcess(t, "sandgate dev", work, env, args...)
 	envPath := filepath.Join(d.dataDir, "dev.env")
@@ -527,6 +530,7 @@ func newServeConfig(t testing.TB, redisAddr string, o serveOptions) *serveConfig
 		AdminToken: "sgo_" + randHex(24),
 		OpToken:    "sgo_" + randHex(24),
 	}
+	discardWorkspaces(t, c.DataDir, "sandgate-e2e")
 	c.env = []string{adminTokenEnv + "=" + c.AdminToken}
 	opHash := sha256.Sum256([]byte(c.OpToken))
 	level := o.LogLevel
@@ -575,6 +579,31 @@ log:
 		t.Fatal(err)
 	}
 	return c
+}
+
+// discardWorkspaces ends, when the test is over, the local workspaces
+// broker left in dataDir, and removes their cgroups and the provider's
+// parent cgroups: a broker that is stopped or killed keeps its
+// workspaces, which outlive it by design, and the removal of the test's
+// directory would leave their cgroups on the host. Call it before the
+// brokers start, so that it runs after they are gone (cleanups run last
+// first).
+func discardWorkspaces(t testing.TB, dataDir, broker string) {
+	t.Cleanup(func() {
+		// One directory per local provider: "local", or "local-NAME".
+		dirs, _ := filepath.Glob(filepath.Join(dataDir, "local*"))
+		for _, dir := range dirs {
+			if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+				continue
+			}
+			p, err := local.New(context.Background(), local.Config{DataDir: dir}, providers.Env{BrokerID: broker, DataDir: dataDir})
+			if err != nil {
+				t.Logf("the workspaces left in %s are not ended: %v", dir, err)
+				continue
+			}
+			providertest.Discard(p)
+		}
+	})
 }
 
 // serveBroker is one running `sandgate serve` process.

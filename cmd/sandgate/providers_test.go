@@ -42,6 +42,7 @@ type inProcess struct {
 func startInProcess(t *testing.T, cfg *broker.Config, rdb *redis.Client, reg providers.Registry, adminTok string) (*inProcess, func()) {
 	t.Helper()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	discardWorkspaces(t, cfg.DataDir, cfg.BrokerID)
 	cert, _, err := broker.DevCerts(cfg.DataDir, time.Now())
 	if err != nil {
 		t.Fatal(err)
