@@ -20,9 +20,9 @@ import (
 // Cluster is a running Redis Cluster on loopback: three primaries, each
 // with one replica, every node a redis-server of its own (AOF on, a low
 // cluster-node-timeout so that a killed primary's replica takes over
-// within seconds, and no wait before a replica's full sync: Redis waits
-// 5 s by default for more replicas to share it, which made each cluster
-// take 6 s to start instead of 2).
+// within seconds, and no wait before a replica's full sync: by default
+// Redis waits 5 s for more replicas to share it, at every start and
+// every failover).
 type Cluster struct {
 	dir   string
 	nodes []*clusterNode
