@@ -69,6 +69,7 @@ type sandbox struct {
 	result     *clientpb.GenericResult
 	done       chan struct{}
 	scheduled  chan struct{}
+	watching   sync.WaitGroup // the watch goroutine, which uses the local provider
 	ctl        *os.File
 	events     *os.File
 	execs      map[string]*execState
@@ -175,7 +176,7 @@ func (s *Server) schedule(sb *sandbox) {
 		s.tasks[task] = sb
 		s.mu.Unlock()
 	}
-	go sb.watch()
+	sb.watching.Go(sb.watch) // before scheduled closes: Close waits for it
 }
 
 // readEvents reads the container's exit reports until the sandbox ends.

@@ -204,6 +204,10 @@ func (s *Server) Close() {
 	s.mu.Unlock()
 	for _, sb := range live {
 		s.finish(sb, clientpb.GenericResult_GENERIC_STATUS_TERMINATED)
+		// A watcher may still be reading the workspace's command: the
+		// local provider must not close under it.
+		<-sb.scheduled
+		sb.watching.Wait()
 	}
 	// Its parent cgroups go too, with nothing left in them.
 	s.local.Close()
