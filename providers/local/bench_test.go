@@ -2,6 +2,7 @@ package local_test
 
 import (
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -30,6 +31,51 @@ func BenchmarkExecPaced(b *testing.B) {
 		res, err := p.Exec(b.Context(), sb, providers.ExecSpec{Argv: []string{"true"}, MaxOutputBytes: 10})
 		if err != nil || res.ExitCode != 0 {
 			b.Fatalf("exec true: %v, exit %d", err, res.ExitCode)
+		}
+		took = append(took, time.Since(t0))
+	}
+	slices.Sort(took)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(took[len(took)/2]), "p50-ms")
+	b.ReportMetric(ms(took[len(took)*9/10]), "p90-ms")
+	b.ReportMetric(ms(took[len(took)-1]), "max-ms")
+}
+
+// BenchmarkDurableCommand starts a durable command of "true" in one
+// workspace and reads it until it is completed, polling every
+// millisecond, and reports the percentiles of that time: a durable
+// command's runner, its step (the broker's binary started again) and
+// bwrap, and the command's end reaching its status. (Here the step is the
+// test binary, whose packages initialise faster than the broker's.)
+func BenchmarkDurableCommand(b *testing.B) {
+	p, err := local.New(b.Context(), local.Config{DataDir: b.TempDir()}, providers.Env{BrokerID: broker})
+	if err != nil {
+		b.Fatalf("local.New: %v", err)
+	}
+	b.Cleanup(func() { providertest.Discard(p) })
+	sb := providertest.Create(b, p, providertest.Spec(b))
+	var took []time.Duration
+	n := 0
+	for b.Loop() {
+		time.Sleep(20 * time.Millisecond)
+		n++
+		id := "c" + strconv.Itoa(n)
+		t0 := time.Now()
+		if err := p.StartCommand(b.Context(), sb, id, providers.ExecSpec{Argv: []string{"true"}, Timeout: time.Minute, MaxOutputBytes: 10}); err != nil {
+			b.Fatalf("StartCommand: %v", err)
+		}
+		for {
+			st, err := p.ReadCommand(b.Context(), sb, id, 10)
+			if err != nil {
+				b.Fatalf("ReadCommand: %v", err)
+			}
+			if st.State == providers.CommandCompleted {
+				if st.ExitCode != 0 {
+					b.Fatalf("true: exit %d", st.ExitCode)
+				}
+				break
+			}
+			time.Sleep(time.Millisecond)
 		}
 		took = append(took, time.Since(t0))
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local/internal/step"
 	"github.com/sandgate/sandgate/providers/runner"
 )
 
@@ -241,7 +242,7 @@ func (p *Provider) launch(j job, d string, maxOut, timeoutSecs int64) (int, erro
 	// workspace's uid, as for an exec; the runner above already joined
 	// the cgroups.
 	args = append(args, "--", "/bin/sh", "-c", runner.Script, "sh", d, strconv.FormatInt(maxOut, 10), strconv.FormatInt(timeoutSecs, 10),
-		"env", "-i", p.exe, "--"+stepName)
+		"env", "-i", p.exe, "--"+step.Name)
 	args = append(args, stepArgs...)
 	args = append(args, "--", p.bwrap, "--args", "3", "--")
 	args = append(args, sandboxArgv(j)...)

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/providers"
+	"github.com/sandgate/sandgate/providers/local/internal/step"
 )
 
 // backgroundNice is the nice value of work no request waits for.
@@ -29,7 +30,7 @@ const backgroundNice = 10
 // file system of its own, a sparse image file (<ref>/disk.img), so writing
 // past the tier's disk size fails with ENOSPC inside the sandbox, whoever
 // writes. The image is never mounted on the host: each exec's step mounts
-// it (mount(2) on a loop device, step_linux.go) in the mount namespace it
+// it (mount(2) on a loop device, package step) in the mount namespace it
 // makes for bwrap anyway, so the mount goes away with the exec, and nothing
 // needs unmounting after a crash or mounting again after a reboot.
 // Concurrent execs share one loop device and so one file system: the step
@@ -85,7 +86,7 @@ func detectDisk() (*diskHost, string) {
 // create makes the workspace's sparse image of mib MiB at l, with an ext4
 // file system holding workspace/, home/ and tmp/: a copy of the data
 // directory's template image of that size (template), whose directories
-// are root's until the image's first mount gives them to uid (mountDisk),
+// are root's until the image's first mount gives them to uid (step.Stage.Mount),
 // so the broker never mounts the image on the host. A copy is its few
 // allocated blocks (about 400 KiB for 256 MiB); mkfs.ext4 writes the same
 // and costs some milliseconds of CPU more, on every create. Where no
@@ -154,7 +155,7 @@ func copySparse(src, dst string) error {
 		return err
 	}
 	err = copyData(in, out, fi.Size())
-	setLoopHint(out, -1) // a new inode: no loop device is bound to it
+	step.SetLoopHint(out, -1) // a new inode: no loop device is bound to it
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
@@ -232,7 +233,7 @@ func (h *diskHost) mkfs(ctx context.Context, l layout, img string, mib, uid int,
 		return fmt.Errorf("mkfs.ext4: %w: %s", err, firstLine(out.Bytes()))
 	}
 	if f, err := os.OpenFile(img, os.O_RDWR, 0); err == nil {
-		setLoopHint(f, -1) // a new inode: no loop device is bound to it
+		step.SetLoopHint(f, -1) // a new inode: no loop device is bound to it
 		f.Close()
 	}
 	return nil

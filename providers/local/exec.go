@@ -23,6 +23,7 @@ import (
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local/internal/residentd"
+	"github.com/sandgate/sandgate/providers/local/internal/step"
 )
 
 // defaultDir is the working directory of a command that names none.
@@ -469,7 +470,7 @@ func (p *Provider) start(ref string, ns *os.File, cmd *exec.Cmd, r *run) error {
 	}
 	err := func() error {
 		if ns != nil {
-			if err := joinNS(ns); err != nil {
+			if err := step.JoinNS(ns); err != nil {
 				return fmt.Errorf("local: exec: %w", err)
 			}
 		}
@@ -626,12 +627,12 @@ func (p *Provider) stepArgs(j job, nfds int) []string {
 		a = append(a, "--uid", u, "--gid", u)
 	}
 	if o, ok := p.stageOptions(j); ok {
-		a = append(a, "--stage", o.stage)
-		for _, b := range o.binds {
+		a = append(a, "--stage", o.Dir)
+		for _, b := range o.Binds {
 			a = append(a, "--bind", b[0], b[1])
 		}
-		if o.disk != "" {
-			a = append(a, "--disk", o.disk, "--mount-bin", o.mountBin)
+		if o.Disk != "" {
+			a = append(a, "--disk", o.Disk, "--mount-bin", o.MountBin)
 		}
 	}
 	return a
@@ -658,22 +659,22 @@ func (p *Provider) stageOptions(j job) (o stepOptions, ok bool) {
 	if j.uid <= 0 && j.disk == "" {
 		return stepOptions{}, false
 	}
-	o = stepOptions{stage: p.stageDir, binds: [][2]string{{p.etcDir, "e"}}}
+	o = stepOptions{Stage: step.Stage{Dir: p.stageDir, Binds: [][2]string{{p.etcDir, "e"}}}}
 	if j.disk != "" {
-		o.disk, o.mountBin, o.diskOwner = j.disk, "/usr/bin/mount", max(j.uid, 0)
+		o.Disk, o.MountBin, o.DiskOwner = j.disk, "/usr/bin/mount", max(j.uid, 0)
 		if p.disk != nil {
-			o.mountBin = p.disk.mount
+			o.MountBin = p.disk.mount
 		}
 	} else {
-		o.binds = append(o.binds,
+		o.Binds = append(o.Binds,
 			[2]string{j.layout.workspace(), "w"},
 			[2]string{j.layout.home(), "h"},
 			[2]string{j.layout.tmp(), "t"})
 	}
 	if j.egress || j.stageEgress {
-		o.binds = append(o.binds, [2]string{j.layout.egress(), "g"}, [2]string{p.exe, "x"})
+		o.Binds = append(o.Binds, [2]string{j.layout.egress(), "g"}, [2]string{p.exe, "x"})
 	} else if j.stageExe {
-		o.binds = append(o.binds, [2]string{p.exe, "x"})
+		o.Binds = append(o.Binds, [2]string{p.exe, "x"})
 	}
 	return o, true
 }
@@ -837,7 +838,7 @@ func (p *Provider) launchBwrap(j job, l launch) <-chan bwrapEnd {
 			// Out of the workspace's namespace before the exec counts as
 			// ended, so that closing the namespace's descriptor (Terminate)
 			// ends it at once, rather than when this thread is gone.
-			leaveNS(p.hostNS)
+			step.LeaveNS(p.hostNS)
 		}
 		e.waitErr = cmd.Wait()
 		exited <- e
@@ -951,7 +952,7 @@ func closeAll(fs []*os.File) {
 // three. Setting the CPUs on
 // bwrap rather than on the thread that forks it spares that thread a
 // migration to them. It runs on the launching thread (locked, never
-// reused): prlimitAs changes its real uid.
+// reused): step.PrlimitOn changes its real uid.
 func confine(pid int, j job, cgroups []*os.File, pinned bool) error {
 	self := []byte(strconv.Itoa(pid))
 	for _, f := range cgroups {
@@ -968,35 +969,21 @@ func confine(pid int, j job, cgroups []*os.File, pinned bool) error {
 	if j.uid > 0 {
 		uid = j.uid
 	}
-	if err := prlimitOn(pid, uid, uid, jobLimits(j)); err != nil {
+	if err := step.PrlimitOn(pid, uid, uid, jobLimits(j)); err != nil {
 		return fmt.Errorf("rlimit: %w", err)
 	}
 	return nil
 }
 
-// stepOptions are the step's arguments before "--".
+// stepOptions are what stage does: a durable command's step stages the
+// same (its --stage, --bind and --disk options).
 type stepOptions struct {
-	nfds     int
-	cgroups  []string
-	uid, gid int    // -1: keep the broker's
-	stage    string // "": no staging
-	binds    [][2]string
-	disk     string // the workspace's image, mounted on stage/d
-	mountBin string // mount(8), for the image
-	// diskOwner is the host uid (and gid) that the image's workspace,
-	// home and tmp directories belong to; 0: left as they are. An image
-	// copied from its template holds them as root's until its first mount
-	// (mountDisk).
-	diskOwner int
-	rlimits   []rlimit
+	step.Stage
 	// root, when set, is the sandbox's root tree, which stage builds below
 	// stage/r (stageRoot) and an exec's bwrap binds as its / (see
 	// bwrapOptions). A durable command's step never builds one: on an
-	// image workspace it joins the workspace's namespace (nsFD) instead.
+	// image workspace it joins the workspace's namespace (--ns-fd) instead.
 	root *rootTree
-	// nsFD, when >= 0, is the step's descriptor of the workspace's mount
-	// namespace, which it joins in place of staging.
-	nsFD int
 }
 
 // rootName is the directory below the stage that holds the sandbox's root
@@ -1033,7 +1020,7 @@ type rootBind struct {
 // directories are bound from their host paths (or the disk image's mount)
 // by the namespace's maker, which may reach them.
 func (p *Provider) rootOptions(j job, o stepOptions) stepOptions {
-	o.binds = slices.DeleteFunc(slices.Clone(o.binds), func(b [2]string) bool { return b[1] != "g" && b[1] != "x" })
+	o.Binds = slices.DeleteFunc(slices.Clone(o.Binds), func(b [2]string) bool { return b[1] != "g" && b[1] != "x" })
 	dirs := [3]string{j.layout.workspace(), j.layout.home(), j.layout.tmp()}
 	if j.disk != "" {
 		d := p.stageDir + "/d/"
@@ -1074,12 +1061,6 @@ func sameRoot(a, b *rootTree) bool {
 	return a.owner == b.owner && a.egress == b.egress && slices.Equal(a.usrLinks, b.usrLinks) && slices.Equal(a.binds, b.binds) &&
 		slices.Equal(a.keepPaths, b.keepPaths) && slices.Equal(a.keepTrees, b.keepTrees) &&
 		sameImageRoot(a.image, b.image) && slices.Equal(a.files, b.files)
-}
-
-// rlimit is one --rlimit NAME=N: a resource limit, soft and hard.
-type rlimit struct {
-	resource int
-	value    uint64
 }
 
 // rlimitArgs are the step's --rlimit options: the limits, soft and hard,

@@ -10,6 +10,8 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+
+	"github.com/sandgate/sandgate/providers/local/internal/step"
 )
 
 // The egress forwarder: inside a sandbox whose workspace has domains to
@@ -42,13 +44,13 @@ const (
 func runForward(args []string) int {
 	if len(args) < 4 || args[2] != "--" {
 		fmt.Fprintln(os.Stderr, "sandgate: egress forwarder: bad arguments")
-		return stepExitUsage
+		return step.ExitUsage
 	}
 	sock, addr, argv := args[0], args[1], args[3:]
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sandgate: egress forwarder:", err)
-		return stepExitStart
+		return step.ExitStart
 	}
 	go forwardAll(ln, sock)
 

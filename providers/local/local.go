@@ -199,7 +199,7 @@ type Provider struct {
 	caps      []string    // Config.GuestCapabilities
 
 	seccomp []byte   // bwrap's seccomp program, nil on an unknown architecture
-	hostNS  *os.File // the broker's own mount namespace, for leaveNS; nil: none
+	hostNS  *os.File // the broker's own mount namespace, for step.LeaveNS; nil: none
 	// rootTrees is whether a workspace's mount namespace holds its
 	// sandboxes' root tree (stageRoot): where the kernel can.
 	rootTrees bool

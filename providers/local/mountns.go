@@ -116,7 +116,7 @@ func (t *nsTable) acquire(ref string, o stepOptions) (*os.File, func(), error) {
 
 // sameStage reports whether a and b stage the same things.
 func sameStage(a, b stepOptions) bool {
-	return a.stage == b.stage && a.disk == b.disk && slices.Equal(a.binds, b.binds) && sameRoot(a.root, b.root)
+	return a.Dir == b.Dir && a.Disk == b.Disk && slices.Equal(a.Binds, b.Binds) && sameRoot(a.root, b.root)
 }
 
 // rekey moves from's namespace to to, whose directory from's now is (a

@@ -229,10 +229,10 @@ func rebase(o stepOptions, from, to string) stepOptions {
 		}
 		return s
 	}
-	o.disk = mv(o.disk)
-	o.binds = slices.Clone(o.binds)
-	for i := range o.binds {
-		o.binds[i][0] = mv(o.binds[i][0])
+	o.Disk = mv(o.Disk)
+	o.Binds = slices.Clone(o.Binds)
+	for i := range o.Binds {
+		o.Binds[i][0] = mv(o.Binds[i][0])
 	}
 	if o.root != nil {
 		t := *o.root

@@ -8,13 +8,29 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/providers/local/internal/step"
 )
+
+// The supervisor and the egress forwarder are the broker's own binary run
+// again, recognised here before main runs. (The durable command's step
+// is recognised earlier, in package step's init; the exec resident in
+// package residentd's.)
+func init() {
+	switch {
+	case len(os.Args) > 0 && os.Args[0] == SupervisorName:
+		os.Exit(runSupervisor(os.Args[1:]))
+	case len(os.Args) > 1 && os.Args[1] == "--"+forwardName:
+		// Inside a sandbox with egress: see forward.go.
+		os.Exit(runForward(os.Args[2:]))
+	}
+}
 
 // runSupervisor is the supervisor's main (see supervisor.go): args is the
 // data directory. It returns the exit code.
 func runSupervisor(args []string) int {
 	if len(args) != 1 || !filepath.IsAbs(args[0]) {
-		return stepExitUsage
+		return step.ExitUsage
 	}
 	s := &supervisor{dataDir: args[0]}
 	// The broker made the lock file before it started this process. The

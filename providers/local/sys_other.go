@@ -6,14 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"syscall"
+
+	"github.com/sandgate/sandgate/providers/local/internal/step"
 )
 
 // The local provider needs Linux namespaces; elsewhere New refuses and
 // these stubs only keep the package compiling.
 
 const supported = false
-
-const stepName = "sandgate-exec-step"
 
 func hostCPUs() ([]int, error)           { return nil, errUnsupported }
 func startPinned(*exec.Cmd, []int) error { return errUnsupported }
@@ -23,8 +23,7 @@ func killExec(int) error                 { return errUnsupported }
 
 func sandboxProcAttr(int) *syscall.SysProcAttr { return nil }
 func stage(stepOptions) error                  { return errUnsupported }
-func prlimitAs(int, int, int, []rlimit) error  { return errUnsupported }
-func jobLimits(job) []rlimit                   { return nil }
+func jobLimits(job) []step.Rlimit              { return nil }
 
 const selfExe = ""
 

@@ -3,11 +3,12 @@ package local
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/sandgate/sandgate/providers/local/internal/step"
 )
 
 // On-disk layout of one workspace, under <DataDir>/workspaces/<ref>/. The
@@ -59,10 +60,6 @@ const (
 	diskImage   = "disk.img"  // the workspace's ext4 image (disk.go)
 	diskLock    = "disk.lock" // in DataDir: serialises the reserve check
 )
-
-// diskDirs are the directories at the top of a workspace's disk image
-// that the sandbox binds as /workspace, /root and /tmp.
-var diskDirs = [...]string{"workspace", "home", "tmp"}
 
 // layout names the host directories of one workspace.
 type layout string
@@ -217,20 +214,9 @@ func checkRef(ref string) error {
 
 var errBadRef = errors.New("local: workspace id is not a safe directory name")
 
-// scrub drops the host path from a file-system error, keeping the operation
-// and the cause (so errors.Is still finds fs.ErrNotExist and the like):
-// errors must never carry paths.
-func scrub(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
-	}
-	var le *os.LinkError
-	if errors.As(err, &le) {
-		return fmt.Errorf("%s: %w", le.Op, le.Err)
-	}
-	return err
-}
+// scrub drops the host path from a file-system error (step.Scrub): errors
+// must never carry paths.
+func scrub(err error) error { return step.Scrub(err) }
 
 // removeAll removes dir and everything in it. A sandboxed process may have
 // left directories without write or search permission, which stop

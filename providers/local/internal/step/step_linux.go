@@ -1,4 +1,4 @@
-package local
+package step
 
 import (
 	"errors"
@@ -7,10 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
-	"path"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,83 +17,47 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The step: every durable command's sandbox is started through a small
-// step that is the broker's own binary run again (its path with argv[1] =
-// "--"+stepName; argv[0] = stepName is recognised too), recognised in this
-// package's init before main runs. (An exec starts bwrap from the broker
-// itself, as the first process of a pid namespace: see launchBwrap.)
-//
-//	sandgate-exec-step --fds N [--rlimit NAME=N]… [--cgroup FILE]… [--uid U --gid G]
-//	    [--stage DIR [--bind SRC NAME]…] -- bwrap --args 3 -- ARGV…
-//
-// N is how many descriptors past stderr the broker handed over (bwrap's
-// options and seccomp filter); they go on to bwrap as they are.
-//
-// The step exists because a durable command outlives the broker (no pid
-// namespace of the broker's can hold it) and bwrap's --die-with-parent
-// cannot be relied on alone. bwrap's pid 1 (inside the sandbox) calls
-// setsid and sets its parent-death signal only after the whole mount
-// set-up; if the outer bwrap
-// dies in that window (killed with the broker, a timeout or a Terminate),
-// pid 1 is orphaned without a parent-death signal and outside the exec's
-// process group, and the command runs on with nobody to kill it. The step:
-//
-//   - joins the workspace's cgroups (each FILE is a cgroup.procs) before it
-//     forks anything, so nothing of the sandbox ever runs outside them;
-//   - is a child subreaper: whatever bwrap orphans is reparented to it, not
-//     to init;
-//   - gets SIGTERM as its parent-death signal, from the broker, and SIGTERM
-//     is also how the broker kills an exec: it then SIGKILLs every child it
-//     has (bwrap, or bwrap's orphaned pid 1, whose death ends the sandbox's
-//     pid namespace), until none is left, and exits with 137;
-//   - when bwrap exits, kills whatever is left the same way and exits with
-//     bwrap's status (128+n for a signal n).
-//
-// Its children are never reaped by anyone else, so signalling one by pid can
-// never hit a reused pid.
-const stepName = "sandgate-exec-step"
-
-// Exit codes of the step itself, before bwrap runs.
-const (
-	stepExitUsage  = 120 // malformed arguments: a bug
-	stepExitCgroup = 121 // a cgroup could not be joined: nothing ran
-	stepExitStart  = 122 // the command could not be started
-)
-
 func init() {
 	switch {
-	case len(os.Args) > 0 && os.Args[0] == stepName:
-		os.Exit(runStep(os.Args[1:]))
-	case len(os.Args) > 0 && os.Args[0] == SupervisorName:
-		os.Exit(runSupervisor(os.Args[1:]))
-	case len(os.Args) > 1 && os.Args[1] == "--"+stepName:
+	case len(os.Args) > 0 && os.Args[0] == Name:
+		os.Exit(run(os.Args[1:]))
+	case len(os.Args) > 1 && os.Args[1] == "--"+Name:
 		// From a durable command's runner, a shell that cannot set argv[0].
-		os.Exit(runStep(os.Args[2:]))
-	case len(os.Args) > 1 && os.Args[1] == "--"+forwardName:
-		// Inside a sandbox with egress: see egress.go.
-		os.Exit(runForward(os.Args[2:]))
+		os.Exit(run(os.Args[2:]))
 	}
 }
 
-// runStep is the step's main; it returns the exit code.
-func runStep(args []string) int {
+// options are the step's arguments before "--".
+type options struct {
+	nfds     int
+	cgroups  []string
+	uid, gid int // -1: keep the broker's
+	stage    Stage
+	rlimits  []Rlimit
+	// nsFD, when >= 0, is the step's descriptor of the workspace's mount
+	// namespace, which it joins in place of staging.
+	nsFD int
+}
+
+// run is the step's main; it returns the exit code.
+func run(args []string) int {
 	// Package init runs on the main thread, locked: the child's
 	// parent-death signal below follows this thread, which lives until the
 	// step exits.
 	runtime.LockOSThread()
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGCHLD)
-	o, argv, ok := parseStep(args)
+	o, argv, ok := parse(args)
 	if !ok {
 		fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
-		return stepExitUsage
+		return ExitUsage
 	}
 	self := []byte(strconv.Itoa(os.Getpid()))
 	for _, f := range o.cgroups {
 		if err := os.WriteFile(f, self, 0); err != nil {
 			// No path: the message reaches the exec's stderr.
-			fmt.Fprintln(os.Stderr, "sandgate: exec step: cannot join the workspace's cgroup:", unwrapErrno(err))
-			return stepExitCgroup
+			fmt.Fprintln(os.Stderr, "sandgate: exec step: cannot join the workspace's cgroup:", Scrub(err))
+			return ExitCgroup
 		}
 	}
 	if o.nsFD >= 0 {
@@ -103,22 +65,22 @@ func runStep(args []string) int {
 		// workspace's; see Provider.commandNS); the descriptor is not
 		// the sandbox's.
 		ns := os.NewFile(uintptr(o.nsFD), "ns")
-		err := joinNS(ns)
+		err := JoinNS(ns)
 		ns.Close()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "sandgate: exec step: namespace:", err)
-			return stepExitStart
+			return ExitStart
 		}
 	}
-	if o.stage != "" {
-		if err := stage(o); err != nil {
+	if o.stage.Dir != "" {
+		if err := o.stage.stage(); err != nil {
 			fmt.Fprintln(os.Stderr, "sandgate: exec step: stage:", err)
-			return stepExitStart
+			return ExitStart
 		}
 	}
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintln(os.Stderr, "sandgate: exec step: subreaper:", err)
-		return stepExitStart
+		return ExitStart
 	}
 	// Every descriptor the broker handed over (stdio, bwrap's options and
 	// seccomp filter) goes to bwrap as is, but for the options when there
@@ -132,17 +94,17 @@ func runStep(args []string) int {
 	if len(o.rlimits) > 0 {
 		if len(files) < 4 {
 			fmt.Fprintln(os.Stderr, "sandgate: exec step: bad arguments")
-			return stepExitUsage
+			return ExitUsage
 		}
 		b, err := io.ReadAll(files[3]) // the broker closes it once written
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "sandgate: exec step: options:", err)
-			return stepExitStart
+			return ExitStart
 		}
 		r, w, err := os.Pipe()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "sandgate: exec step: options:", err)
-			return stepExitStart
+			return ExitStart
 		}
 		files[3].Close()
 		files[3], opts, optsW = r, b, w
@@ -159,8 +121,8 @@ func runStep(args []string) int {
 		Sys:   attr,
 	})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "sandgate: exec step: start:", unwrapErrno(err))
-		return stepExitStart
+		fmt.Fprintln(os.Stderr, "sandgate: exec step: start:", Scrub(err))
+		return ExitStart
 	}
 	child := proc.Pid
 	for _, f := range files[3:] {
@@ -170,7 +132,7 @@ func runStep(args []string) int {
 		if err := setLimits(child, o.uid, o.gid, o.rlimits, opts, optsW); err != nil {
 			fmt.Fprintln(os.Stderr, "sandgate: exec step: rlimit:", err)
 			killChildren()
-			return stepExitStart
+			return ExitStart
 		}
 	}
 	// The step is the one process that must live to clean up: keep the
@@ -197,7 +159,7 @@ func runStep(args []string) int {
 			}
 		}
 	}
-	return stepExitStart // not reached: sigs is never closed
+	return ExitStart // not reached: sigs is never closed
 }
 
 // setLimits sets the resource limits on bwrap (pid, running as uid and
@@ -209,7 +171,7 @@ func runStep(args []string) int {
 // has them, and gets them only once its limits are set: so every process
 // of the sandbox inherits them, as under prlimit(1), without running
 // prlimit.
-func setLimits(pid, uid, gid int, limits []rlimit, opts []byte, w *os.File) error {
+func setLimits(pid, uid, gid int, limits []Rlimit, opts []byte, w *os.File) error {
 	defer w.Close()
 	if err := prlimitAs(pid, uid, gid, limits); err != nil {
 		return err
@@ -223,11 +185,11 @@ func setLimits(pid, uid, gid int, limits []rlimit, opts []byte, w *os.File) erro
 // the target's (uid, gid; unchanged when uid < 0): prlimitOn, on a thread
 // of its own that is never given back to the Go runtime and ends with its
 // goroutine.
-func prlimitAs(pid, uid, gid int, limits []rlimit) error {
+func prlimitAs(pid, uid, gid int, limits []Rlimit) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		done <- prlimitOn(pid, uid, gid, limits)
+		done <- PrlimitOn(pid, uid, gid, limits)
 	}()
 	return <-done
 }
@@ -239,7 +201,7 @@ func prlimitAs(pid, uid, gid int, limits []rlimit) error {
 // uids and gids all equal its real ones without CAP_SYS_RESOURCE, which a
 // root broker in a container may lack. The thread keeps effective uid 0,
 // and so its capabilities.
-func prlimitOn(pid, uid, gid int, limits []rlimit) error {
+func PrlimitOn(pid, uid, gid int, limits []Rlimit) error {
 	if uid >= 0 {
 		// Raw: per thread, where syscall.Setresuid would change every thread.
 		if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), ^uintptr(0), ^uintptr(0)); e != 0 {
@@ -250,29 +212,11 @@ func prlimitOn(pid, uid, gid int, limits []rlimit) error {
 		}
 	}
 	for _, l := range limits {
-		if err := unix.Prlimit(pid, l.resource, &unix.Rlimit{Cur: l.value, Max: l.value}, nil); err != nil {
+		if err := unix.Prlimit(pid, l.Resource, &unix.Rlimit{Cur: l.Value, Max: l.Value}, nil); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// jobLimits are j's resource limits (rlimitArgs, for the step of a
-// durable command, says the same); see README.md for why RLIMIT_DATA and
-// not RLIMIT_AS.
-func jobLimits(j job) []rlimit {
-	l := []rlimit{
-		{unix.RLIMIT_CORE, 0}, // no core files written where a host helper might read them
-	}
-	data := j.memory
-	if j.perCommandData {
-		data = max(data, residentData)
-	}
-	l = append(l, rlimit{unix.RLIMIT_DATA, uint64(data)})
-	if j.fsize > 0 {
-		l = append(l, rlimit{unix.RLIMIT_FSIZE, uint64(j.fsize)})
-	}
-	return l
 }
 
 // rlimitResource is the resource --rlimit names name.
@@ -288,9 +232,9 @@ func rlimitResource(name string) (int, bool) {
 	return 0, false
 }
 
-// parseStep parses the step's arguments; argv is what follows "--".
-func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
-	o = stepOptions{nfds: -1, uid: -1, gid: -1, nsFD: -1}
+// parse parses the step's arguments; argv is what follows "--".
+func parse(args []string) (o options, argv []string, ok bool) {
+	o = options{nfds: -1, uid: -1, gid: -1, nsFD: -1}
 	num := func(s string) int {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
@@ -313,15 +257,15 @@ func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
 		case "--gid":
 			o.gid = num(args[1])
 		case "--stage":
-			o.stage = args[1]
+			o.stage.Dir = args[1]
 		case "--ns-fd":
 			if o.nsFD = num(args[1]); o.nsFD < 3 {
 				return o, nil, false
 			}
 		case "--disk":
-			o.disk = args[1]
+			o.stage.Disk = args[1]
 		case "--mount-bin":
-			o.mountBin = args[1]
+			o.stage.MountBin = args[1]
 		case "--rlimit":
 			name, v, _ := strings.Cut(args[1], "=")
 			res, known := rlimitResource(name)
@@ -329,56 +273,56 @@ func parseStep(args []string) (o stepOptions, argv []string, ok bool) {
 			if !known || err != nil {
 				return o, nil, false
 			}
-			o.rlimits = append(o.rlimits, rlimit{res, n})
+			o.rlimits = append(o.rlimits, Rlimit{Resource: res, Value: n})
 		case "--bind":
 			if len(args) < 3 || strings.Contains(args[2], "/") {
 				return o, nil, false
 			}
-			o.binds = append(o.binds, [2]string{args[1], args[2]})
+			o.stage.Binds = append(o.stage.Binds, [2]string{args[1], args[2]})
 			n = 3
 		default:
 			return o, nil, false
 		}
 		args = args[n:]
 	}
-	if o.nfds < 0 || len(args) < 2 || (o.uid < 0) != (o.gid < 0) || (o.disk != "" && (o.stage == "" || o.mountBin == "")) ||
-		(o.nsFD >= 0 && (o.stage != "" || o.nsFD < 3+o.nfds)) {
+	if o.nfds < 0 || len(args) < 2 || (o.uid < 0) != (o.gid < 0) || (o.stage.Disk != "" && (o.stage.Dir == "" || o.stage.MountBin == "")) ||
+		(o.nsFD >= 0 && (o.stage.Dir != "" || o.nsFD < 3+o.nfds)) {
 		return o, nil, false
 	}
-	if o.disk != "" {
-		o.diskOwner = max(o.uid, 0)
+	if o.stage.Disk != "" {
+		o.stage.DiskOwner = max(o.uid, 0)
 	}
 	return o, args[1:], true
 }
 
-// stage gives the calling thread (the locked main thread; bwrap is forked
-// from it) a mount namespace of its own in which o.binds are bound below
-// o.stage, a fresh tmpfs. bwrap, running as the workspace's unprivileged
-// uid, then reaches the workspace's directories there: their host paths
-// below the broker's data directory need not be searchable by that uid.
-// The namespace dies with the step.
-func stage(o stepOptions) error {
+// NewNS gives the calling thread (locked, and never given back to the Go
+// runtime) a mount namespace of its own, a private copy of its own.
+func NewNS() error {
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("unshare: %w", err)
 	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make private: %w", err)
 	}
-	if o.root != nil {
-		if err := trimMounts(o.root.keepPaths, o.root.keepTrees); err != nil {
-			return err
-		}
-	}
-	if err := unix.Mount("sandgate-stage", o.stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+	return nil
+}
+
+// Mount stages s in the calling thread's mount namespace (NewNS's): a
+// fresh tmpfs on s.Dir, the disk image mounted on Dir/d, and s.Binds bound
+// below Dir. bwrap, running as the workspace's unprivileged uid, then
+// reaches the workspace's directories there: their host paths below the
+// broker's data directory need not be searchable by that uid.
+func (s Stage) Mount() error {
+	if err := unix.Mount("sandgate-stage", s.Dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
 		return fmt.Errorf("tmpfs: %w", err)
 	}
-	if o.disk != "" {
-		if err := mountDisk(o); err != nil {
+	if s.Disk != "" {
+		if err := s.mountDisk(); err != nil {
 			return err
 		}
 	}
-	for _, b := range o.binds {
-		dst := o.stage + "/" + b[1]
+	for _, b := range s.Binds {
+		dst := s.Dir + "/" + b[1]
 		if err := mkMountPoint(b[0], dst); err != nil {
 			return err
 		}
@@ -386,234 +330,21 @@ func stage(o stepOptions) error {
 			return fmt.Errorf("bind: %w", err)
 		}
 	}
-	if o.root != nil {
-		if err := stageRoot(o.stage+"/"+rootName, o.root); err != nil {
-			return err
-		}
-		if o.disk != "" {
-			// Bound into the root tree, which keeps the file system (and
-			// its loop device) mounted: one mount fewer for every exec.
-			if err := unix.Unmount(o.stage+"/d", unix.MNT_DETACH); err != nil {
-				return fmt.Errorf("unmount: %w", err)
-			}
-		}
-	}
 	return nil
 }
 
-// trimMounts detaches, in the calling thread's mount namespace (a private
-// copy of the host's, made for a workspace), every mount that is neither on
-// the way to one of paths nor on the way to or below one of trees: /sys
-// and whatever else of the host bwrap and the sandbox's root tree never
-// use. Every mount a namespace holds costs each exec that clones it, and
-// bwrap reads them all each time it binds something. Mounts are detached
-// top-most first; a detached mount takes those below it along.
-func trimMounts(paths, trees []string) error {
-	b, err := os.ReadFile("/proc/thread-self/mountinfo")
-	if err != nil {
-		return fmt.Errorf("mountinfo: %w", scrub(err))
-	}
-	// within reports whether p is dir or below it.
-	within := func(p, dir string) bool {
-		return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
-	}
-	var drop []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMount(f[4])
-		keep := mp == "/"
-		for _, p := range paths {
-			keep = keep || within(p, mp)
-		}
-		for _, t := range trees {
-			keep = keep || within(t, mp) || within(mp, t)
-		}
-		if !keep && !slices.Contains(drop, mp) {
-			drop = append(drop, mp)
-		}
-	}
-	slices.SortFunc(drop, func(a, b string) int { return len(a) - len(b) })
-	for _, mp := range drop {
-		// Until it is no mount point any more: mounts may be stacked. It
-		// may already be gone with one above it.
-		for range 64 {
-			if unix.Unmount(mp, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW) != nil {
-				break
-			}
-		}
-	}
-	return nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space …).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// rootTreesWork reports whether this kernel has mount_setattr(2) (Linux
-// 5.12), which stageRoot needs.
-func rootTreesWork() bool {
-	err := unix.MountSetattr(-1, "", 0, &unix.MountAttr{})
-	return !errors.Is(err, unix.ENOSYS)
-}
-
-// stageRoot builds the sandbox's root tree t on dir, below the stage: a
-// small tmpfs owned by the sandbox's root, holding /usr and the top-level
-// links into it, /etc and the workspace's directories bound as an exec's
-// bwrap would bind them (read-only, or read-write; never set-user-ID or a
-// device), and empty mount points for /proc, /dev and the egress binds;
-// then the tmpfs itself is made read-only. An exec's bwrap binds it as its
-// / with one bind instead of one for each (every one of which reads the
-// whole mount table again) and mounts a fresh /proc, /dev and /dev/shm of
-// its own on it. The flags are set with mount_setattr(2), on every mount
-// below a bind too, as bwrap does; the mounts are made in the workspace's
-// namespace, owned by the host's user namespace, so no sandbox can undo
-// them.
-func stageRoot(dir string, t *rootTree) error {
-	if t.image != nil {
-		return stageImageRoot(dir, t)
-	}
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		return fmt.Errorf("mkdir: %w", scrub(err))
-	}
-	owner := strconv.Itoa(t.owner)
-	if err := unix.Mount("sandgate-root", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=64k,nr_inodes=64,uid="+owner+",gid="+owner); err != nil {
-		return fmt.Errorf("root tmpfs: %w", err)
-	}
-	mk := func(name string, file bool) error {
-		p := dir + name
-		var err error
-		if file {
-			var f *os.File
-			if f, err = os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644); err == nil {
-				err = f.Close()
-			}
-		} else {
-			err = os.Mkdir(p, 0o755)
-		}
-		if err == nil {
-			err = os.Lchown(p, t.owner, t.owner)
-		}
-		if err != nil {
-			return fmt.Errorf("root: %w", scrub(err))
-		}
-		return nil
-	}
-	for _, l := range t.usrLinks {
-		if l.target == "" {
-			continue // a directory of its own, bound below
-		}
-		if err := os.Symlink(l.target, dir+l.name); err != nil {
-			return fmt.Errorf("root: %w", scrub(err))
-		}
-		if err := os.Lchown(dir+l.name, t.owner, t.owner); err != nil {
-			return fmt.Errorf("root: %w", scrub(err))
-		}
-	}
-	for _, name := range []string{"/proc", "/dev"} {
-		if err := mk(name, false); err != nil {
-			return err
-		}
-	}
-	if t.egress {
-		// /run/sandgate/forward (a file) and /run/sandgate/egress, with
-		// their parents.
-		for _, name := range []string{forwardBin, egressMount} {
-			var parts []string
-			for d := path.Dir(name); d != "/"; d = path.Dir(d) {
-				parts = append(parts, d)
-			}
-			slices.Reverse(parts)
-			for _, d := range parts {
-				if _, err := os.Lstat(dir + d); err == nil {
-					continue
-				}
-				if err := mk(d, false); err != nil {
-					return err
-				}
-			}
-			if err := mk(name, name == forwardBin); err != nil {
-				return err
-			}
-		}
-	}
-	if err := bindAll(dir, t.binds, false, mk); err != nil {
+// stage is the step's own staging, in a namespace that dies with it.
+func (s Stage) stage() error {
+	if err := NewNS(); err != nil {
 		return err
 	}
-	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-		return fmt.Errorf("root: read-only: %w", err)
-	}
-	return nil
+	return s.Mount()
 }
 
-// bindAll binds each of binds (directories; files when file is set) on its
-// mount point below dir, which mk makes.
-func bindAll(dir string, binds []rootBind, file bool, mk func(name string, file bool) error) error {
-	for _, b := range binds {
-		if err := mk(b.dst, file); err != nil {
-			return err
-		}
-		if err := bindRoot(dir+b.dst, b, file); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// bindRoot binds b.src (a directory; a file when file is set) on dst, a
-// mount point of a root tree, never set-user-ID or a device.
-func bindRoot(dst string, b rootBind, file bool) error {
-	// A read-write source is one of the workspace's own directories:
-	// its last component is never followed, so that a symlink there
-	// could not bind a host directory into the sandbox. (The
-	// read-only ones are the host's and the broker's.)
-	flags := unix.O_PATH | unix.O_CLOEXEC
-	if !file {
-		flags |= unix.O_DIRECTORY
-	}
-	if !b.ro {
-		flags |= unix.O_NOFOLLOW
-	}
-	src, err := unix.Open(b.src, flags, 0)
-	if err != nil {
-		return fmt.Errorf("root: bind source: %w", err)
-	}
-	err = unix.Mount("/proc/thread-self/fd/"+strconv.Itoa(src), dst, "", unix.MS_BIND|unix.MS_REC, "")
-	unix.Close(src)
-	if err != nil {
-		return fmt.Errorf("root: bind: %w", err)
-	}
-	attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
-	if b.ro {
-		attr |= unix.MOUNT_ATTR_RDONLY
-	}
-	if err := unix.MountSetattr(-1, dst, unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: attr}); err != nil {
-		return fmt.Errorf("root: mount_setattr: %w", err)
-	}
-	return nil
-}
-
-// joinNS moves the calling thread, which must be locked and is never
+// JoinNS moves the calling thread, which must be locked and is never
 // given back, into the mount namespace ns (a thread that shares its file
 // system attributes with others cannot).
-func joinNS(ns *os.File) error {
+func JoinNS(ns *os.File) error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare: %w", err)
 	}
@@ -623,9 +354,9 @@ func joinNS(ns *os.File) error {
 	return nil
 }
 
-// leaveNS moves the calling thread, which joinNS moved into a workspace's
-// mount namespace, back into the broker's, host (Provider.hostNS).
-func leaveNS(host *os.File) {
+// LeaveNS moves the calling thread, which JoinNS moved into a workspace's
+// mount namespace, back into the broker's, host.
+func LeaveNS(host *os.File) {
 	if host == nil {
 		return // the thread's end leaves it
 	}
@@ -638,17 +369,17 @@ func mkMountPoint(src, dst string) error {
 	if fi, err := os.Stat(src); err == nil && !fi.IsDir() {
 		f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 		if err != nil {
-			return fmt.Errorf("mount point: %w", scrub(err))
+			return fmt.Errorf("mount point: %w", Scrub(err))
 		}
 		return f.Close()
 	}
 	if err := os.Mkdir(dst, 0o755); err != nil {
-		return fmt.Errorf("mkdir: %w", scrub(err))
+		return fmt.Errorf("mkdir: %w", Scrub(err))
 	}
 	return nil
 }
 
-// mountDisk mounts the workspace's image on stage/d, in the step's own
+// mountDisk mounts the workspace's image on Dir/d, in the step's own
 // mount namespace, with mount(2) itself rather than mount(8): one process
 // less per exec. Concurrent execs of a workspace must share one file
 // system (two ext4 mounts of one image through two loop devices would
@@ -657,14 +388,14 @@ func mkMountPoint(src, dst string) error {
 // the same super block. The flock on the image keeps two steps from each
 // binding one at the same time. A new loop device clears itself once its
 // last mount is gone (LO_FLAGS_AUTOCLEAR), so nothing outlives the execs.
-func mountDisk(o stepOptions) error {
-	dst := o.stage + "/d"
+func (s Stage) mountDisk() error {
+	dst := s.Dir + "/d"
 	if err := os.Mkdir(dst, 0o755); err != nil {
-		return fmt.Errorf("mkdir: %w", scrub(err))
+		return fmt.Errorf("mkdir: %w", Scrub(err))
 	}
-	f, err := os.OpenFile(o.disk, os.O_RDWR, 0)
+	f, err := os.OpenFile(s.Disk, os.O_RDWR, 0)
 	if err != nil {
-		return fmt.Errorf("disk: %w", scrub(err))
+		return fmt.Errorf("disk: %w", Scrub(err))
 	}
 	defer f.Close()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
@@ -677,7 +408,7 @@ func mountDisk(o stepOptions) error {
 	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOATIME
 	var last error
 	for range 3 {
-		dev, err := loopOf(o.disk, f, &st)
+		dev, err := loopOf(s.Disk, f, &st)
 		if err != nil {
 			return fmt.Errorf("loop device: %w", err)
 		}
@@ -687,7 +418,7 @@ func mountDisk(o stepOptions) error {
 		last = unix.Mount(dev.Name(), dst, "ext4", flags, "noinit_itable")
 		dev.Close()
 		if last == nil {
-			return ownDirs(dst, o.diskOwner)
+			return ownDirs(dst, s.DiskOwner)
 		}
 	}
 	return fmt.Errorf("mount: %w", last)
@@ -707,7 +438,7 @@ func ownDirs(dir string, uid int) error {
 		return fmt.Errorf("disk: %w", err)
 	}
 	defer unix.Close(root)
-	for _, name := range diskDirs {
+	for _, name := range DiskDirs {
 		var st unix.Stat_t
 		if err := unix.Fstatat(root, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			continue // a tenant removed it: theirs to make again
@@ -759,7 +490,7 @@ func loopOf(image string, locked *os.File, st *unix.Stat_t) (*os.File, error) {
 	}
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
 	if err != nil {
-		return nil, scrub(err)
+		return nil, Scrub(err)
 	}
 	defer ctl.Close()
 	for range 10 {
@@ -769,12 +500,12 @@ func loopOf(image string, locked *os.File, st *unix.Stat_t) (*os.File, error) {
 		}
 		l, err := openLoop(n)
 		if err != nil {
-			return nil, scrub(err)
+			return nil, Scrub(err)
 		}
 		f, err := os.OpenFile(image, os.O_RDWR, 0)
 		if err != nil {
 			l.Close()
-			return nil, scrub(err)
+			return nil, Scrub(err)
 		}
 		err = unix.IoctlLoopConfigure(int(l.Fd()), &unix.LoopConfig{
 			Fd:   uint32(f.Fd()),
@@ -782,7 +513,7 @@ func loopOf(image string, locked *os.File, st *unix.Stat_t) (*os.File, error) {
 		})
 		f.Close() // the loop device holds its own reference
 		if err == nil {
-			setLoopHint(locked, n)
+			SetLoopHint(locked, n)
 			return l, nil
 		}
 		l.Close()
@@ -811,9 +542,9 @@ func loopHint(f *os.File) (n int, ok bool) {
 	return n, err == nil
 }
 
-// setLoopHint records n as f's loop device (-1: none yet). Best effort: a
+// SetLoopHint records n as f's loop device (-1: none yet). Best effort: a
 // file system without user attributes has the scan.
-func setLoopHint(f *os.File, n int) {
+func SetLoopHint(f *os.File, n int) {
 	_ = unix.Fsetxattr(int(f.Fd()), loopHintAttr, []byte(strconv.Itoa(n)), 0)
 }
 
@@ -868,6 +599,3 @@ func children() []int {
 	}
 	return out
 }
-
-// unwrapErrno keeps only the cause of a file error: never a path.
-func unwrapErrno(err error) error { return scrub(err) }
