@@ -21,9 +21,9 @@ import (
 const DefaultBaseURL = "https://api.machines.dev"
 
 // maxBody bounds what is read of any response but an exec's. Every
-// Machine's config carries the agent (config.files, some 6 MB of base64)
-// and Fly echoes it in each answer holding a config: a list of 40 live
-// Machines fits.
+// Machine's config carries the agent (config.files, about 8 MB of base64)
+// and Fly echoes it in each answer holding a config; lists ask for
+// summaries, without configs (list.go).
 const maxBody = 256 << 20
 
 // APIError is a non-2xx answer of the Machines API. Its text carries the

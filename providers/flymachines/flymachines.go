@@ -180,6 +180,7 @@ type Provider struct {
 	snap     *execsnap.Snapshotter
 	http     *http.Client
 	pool     *pool // nil: no warm Machines (pool.go)
+	mdCache  labelCache
 }
 
 // New returns a provider over the app c.App: it creates the app in c.Org
@@ -658,6 +659,7 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 		p.vendor.Proxy.Unregister(sb.Labels[providers.LabelWorkspace])
 	}
 	p.jails.drop(sb.Ref)
+	p.mdCache.drop(sb.Ref)
 	if p.pool != nil {
 		p.pool.mu.Lock()
 		delete(p.pool.taken, sb.Ref)
@@ -701,58 +703,6 @@ func (p *Provider) ListBroker(ctx context.Context, id string) ([]providers.Sandb
 		out = append(out, sb)
 	}
 	return out, nil
-}
-
-// list lists the app's Machines carrying this broker's metadata (and the
-// extra filters). Every metadata.KEY=VALUE must match. The app list's
-// pagination is not in the sheet: an array answer is the whole list, and
-// an object answer {machines, next_cursor} is followed by its cursor.
-func (p *Provider) list(ctx context.Context, extra url.Values) ([]Machine, error) {
-	return p.listBroker(ctx, p.brokerID, extra)
-}
-
-// listBroker is list for the Machines of broker id.
-func (p *Provider) listBroker(ctx context.Context, id string, extra url.Values) ([]Machine, error) {
-	q := url.Values{"metadata." + providers.LabelBroker: {id}}
-	for k, v := range extra {
-		q[k] = v
-	}
-	var out []Machine
-	for page := 0; ; page++ {
-		if page > 1000 {
-			return nil, errors.New("fly: list machines: too many pages")
-		}
-		cctx, cancel := p.callCtx(ctx)
-		var raw rawAnswer
-		err := p.c.call(cctx, "list machines", http.MethodGet, p.appPath()+"/machines", q, nil, &raw)
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		ms, next, err := decodeMachines(raw.body)
-		if err != nil {
-			return nil, err
-		}
-		for _, m := range ms {
-			md := m.metadata()
-			if md[providers.LabelBroker] != id || m.State == "destroyed" || m.State == "destroying" {
-				continue
-			}
-			ok := true
-			for k, v := range extra {
-				if key, isMD := strings.CutPrefix(k, "metadata."); isMD && md[key] != v[0] {
-					ok = false
-				}
-			}
-			if ok {
-				out = append(out, m)
-			}
-		}
-		if next == "" {
-			return out, nil
-		}
-		q.Set("cursor", next)
-	}
 }
 
 // ReadFile reads a file in the Machine; see [execfile.ReadFile].

@@ -10,6 +10,7 @@ import (
 	stdmaps "maps"
 	"net/http"
 	"os"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -435,6 +436,42 @@ func TestListAndOrphans(t *testing.T) {
 	}
 	if !filtered {
 		t.Errorf("List did not use the server-side metadata filter")
+	}
+
+	// Every config carries the agent, megabytes that Fly echoes in each
+	// Machine of a full list: List asks for summaries and reads each
+	// Machine's labels from its metadata, once for a workspace's.
+	sbs, err := p.List(t.Context())
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	for _, sb := range sbs {
+		if want := map[string]string{a1.Ref: a1.Labels[providers.LabelWorkspace], a2.Ref: a2.Labels[providers.LabelWorkspace]}[sb.Ref]; want == "" || sb.Labels[providers.LabelWorkspace] != want || sb.Labels[providers.LabelBroker] != "broker-a" {
+			t.Errorf("List: %s labelled %v; want workspace %q of broker-a", sb.Ref, sb.Labels, want)
+		}
+	}
+	var createBytes, listBytes int64
+	metadataReads := map[string]int{}
+	for _, r := range s.Requests() {
+		switch {
+		case r.Method == "POST" && strings.HasSuffix(r.Path, "/machines"):
+			createBytes = max(createBytes, r.BodyBytes)
+		case r.Method == "GET" && strings.HasSuffix(r.Path, "/machines"):
+			listBytes = max(listBytes, r.AnswerBytes)
+			if !strings.Contains(r.Query, "summary=true") {
+				t.Errorf("a list without summary=true: %s", r.Query)
+			}
+		case r.Method == "GET" && strings.HasSuffix(r.Path, "/metadata"):
+			metadataReads[path.Base(path.Dir(r.Path))]++
+		}
+	}
+	if createBytes < 1<<20 || listBytes > 16<<10 {
+		t.Errorf("largest create body %d bytes, largest list answer %d; want the agent's megabytes in the create and none in a list", createBytes, listBytes)
+	}
+	for _, sb := range []providers.Sandbox{a1, a2} {
+		if n := metadataReads[sb.Ref]; n != 1 {
+			t.Errorf("metadata of %s read %d times in two lists; want once", sb.Ref, n)
+		}
 	}
 
 	// An orphan: a Machine the broker has no record of is swept by id.

@@ -2,8 +2,9 @@
 // loopback, with a CA file a client can trust through SSL_CERT_FILE. It
 // behaves like Fly as the fact sheet describes it (the token scheme,
 // apps, Machine states and wait with its deadline answers, exec answering
-// JSON strings, the metadata list filter, network policies, auto_destroy
-// when the main process exits, config.files, error bodies), and it runs
+// JSON strings, the list's metadata filter and summaries, metadata,
+// network policies, auto_destroy when the main process exits,
+// config.files echoed in every config, error bodies), and it runs
 // each Machine for real as a workspace of the local provider (bwrap) that
 // behaves like Fly's Firecracker VM (guest.go): one pid namespace shared
 // by the main process and every exec, the host's network (the guest
@@ -105,6 +106,7 @@ type Request struct {
 	Query        string
 	Status       int
 	BodyBytes    int64
+	AnswerBytes  int64 // the answer's body
 }
 
 // Machine is the fake's view of one Machine. Tests read copies of it
@@ -300,6 +302,7 @@ func (s *Server) handler() http.Handler {
 	route("POST /v1/apps/{app}/machines/{id}/start", s.startMachine)
 	route("POST /v1/apps/{app}/machines/{id}/stop", s.stopMachine)
 	route("POST /v1/apps/{app}/machines/{id}/exec", s.execMachine)
+	route("GET /v1/apps/{app}/machines/{id}/metadata", s.getMetadata)
 	route("PATCH /v1/apps/{app}/machines/{id}/metadata", s.patchMetadata)
 	route("POST /v1/apps/{app}/network_policies", s.createPolicy)
 	route("GET /v1/apps/{app}/network_policies/{$}", s.listPolicies)
@@ -339,22 +342,28 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, pattern string, 
 		s.lose[pattern] = n - 1
 		status, body = http.StatusBadGateway, nil
 	}
-	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Status: status, BodyBytes: n})
+	s.mu.Unlock()
+	var out []byte
+	ctype := "application/json"
+	switch b := body.(type) {
+	case nil:
+	case rawBody:
+		out, ctype = b, "application/octet-stream"
+	default:
+		out, _ = json.Marshal(b)
+		out = append(out, '\n')
+	}
+	s.mu.Lock()
+	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Status: status, BodyBytes: n, AnswerBytes: int64(len(out))})
 	s.mu.Unlock()
 	w.Header().Set("fly-request-id", randomID())
 	if body == nil {
 		w.WriteHeader(status)
 		return
 	}
-	if raw, ok := body.(rawBody); ok {
-		w.Header().Set("Content-Type", "application/octet-stream")
-		w.WriteHeader(status)
-		w.Write(raw)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Type", ctype)
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(body)
+	w.Write(out)
 }
 
 // countingBody counts the bytes of a request's body.
@@ -614,6 +623,21 @@ func (s *Server) updateMachine(_ http.ResponseWriter, r *http.Request) (int, any
 	m.event("update", m.State, nil)
 	s.mu.Unlock()
 	return http.StatusOK, s.view(m)
+}
+
+// getMetadata answers a Machine's metadata, a map (sheet §1.3).
+func (s *Server) getMetadata(_ http.ResponseWriter, r *http.Request) (int, any) {
+	m, st, b := s.machine(r)
+	if m == nil {
+		return st, b
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	md := maps.Clone(m.Config.Metadata)
+	if md == nil {
+		md = map[string]string{}
+	}
+	return http.StatusOK, md
 }
 
 // patchMetadata is the bulk metadata update (sheet §1.3): each key given
@@ -910,9 +934,14 @@ func (s *Server) listMachines(_ http.ResponseWriter, r *http.Request) (int, any)
 		}
 	}
 	slices.SortFunc(all, func(x, y *Machine) int { return strings.Compare(x.ID, y.ID) })
+	summary := q.Get("summary") == "true"
 	views := make([]machineJSON, 0, len(all))
 	for _, m := range all {
-		views = append(views, s.viewLocked(m))
+		v := s.viewLocked(m)
+		if summary { // no config, no events (sheet §1.3)
+			v.Config, v.Events = nil, nil
+		}
+		views = append(views, v)
 	}
 	s.mu.Unlock()
 	if s.opts.PageSize <= 0 {

@@ -144,7 +144,7 @@ type machineJSON struct {
 	PrivateIP  string          `json:"private_ip"`
 	Config     json.RawMessage `json:"config,omitempty"`
 	HostStatus string          `json:"host_status"`
-	Events     []eventJSON     `json:"events"`
+	Events     []eventJSON     `json:"events,omitempty"`
 	CreatedAt  string          `json:"created_at"`
 	UpdatedAt  string          `json:"updated_at"`
 }
