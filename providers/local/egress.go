@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/providers/local/internal/forward"
 )
 
 // Egress for a workspace with allowed domains (README.md, "Network"): its
@@ -238,5 +239,5 @@ func sandboxArgv(j job) []string {
 	if !j.egress {
 		return j.argv
 	}
-	return append([]string{forwardBin, "--" + forwardName, egressSock, forwardAddr, "--"}, j.argv...)
+	return append([]string{forwardBin, "--" + forward.Name, egressSock, forwardAddr, "--"}, j.argv...)
 }

@@ -12,17 +12,13 @@ import (
 	"github.com/sandgate/sandgate/providers/local/internal/step"
 )
 
-// The supervisor and the egress forwarder are the broker's own binary run
-// again, recognised here before main runs. (The durable command's step
-// is recognised earlier, in package step's init; the exec resident in
-// package residentd's.)
+// The supervisor is the broker's own binary run again, recognised here
+// before main runs. (The durable command's step, the egress forwarder and
+// the exec resident are recognised earlier, in the init of packages step,
+// forward and residentd, which need little beyond system calls.)
 func init() {
-	switch {
-	case len(os.Args) > 0 && os.Args[0] == SupervisorName:
+	if len(os.Args) > 0 && os.Args[0] == SupervisorName {
 		os.Exit(runSupervisor(os.Args[1:]))
-	case len(os.Args) > 1 && os.Args[1] == "--"+forwardName:
-		// Inside a sandbox with egress: see forward.go.
-		os.Exit(runForward(os.Args[2:]))
 	}
 }
 
