@@ -18,12 +18,7 @@ import (
 // moved into a cgroup by its pid, first waits for an RCU grace period,
 // and an idle host's grace periods are the longest (joinAsStarted).
 func BenchmarkExecPaced(b *testing.B) {
-	p, err := local.New(b.Context(), local.Config{DataDir: b.TempDir()}, providers.Env{BrokerID: broker})
-	if err != nil {
-		b.Fatalf("local.New: %v", err)
-	}
-	b.Cleanup(func() { providertest.Discard(p) })
-	sb := providertest.Create(b, p, providertest.Spec(b))
+	p, sb := benchWorkspace(b)
 	var took []time.Duration
 	for b.Loop() {
 		time.Sleep(20 * time.Millisecond)
@@ -34,11 +29,7 @@ func BenchmarkExecPaced(b *testing.B) {
 		}
 		took = append(took, time.Since(t0))
 	}
-	slices.Sort(took)
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	b.ReportMetric(ms(took[len(took)/2]), "p50-ms")
-	b.ReportMetric(ms(took[len(took)*9/10]), "p90-ms")
-	b.ReportMetric(ms(took[len(took)-1]), "max-ms")
+	reportPercentiles(b, took)
 }
 
 // BenchmarkDurableCommand starts a durable command of "true" in one
@@ -48,12 +39,7 @@ func BenchmarkExecPaced(b *testing.B) {
 // bwrap, and the command's end reaching its status. (Here the step is the
 // test binary, whose packages initialise faster than the broker's.)
 func BenchmarkDurableCommand(b *testing.B) {
-	p, err := local.New(b.Context(), local.Config{DataDir: b.TempDir()}, providers.Env{BrokerID: broker})
-	if err != nil {
-		b.Fatalf("local.New: %v", err)
-	}
-	b.Cleanup(func() { providertest.Discard(p) })
-	sb := providertest.Create(b, p, providertest.Spec(b))
+	p, sb := benchWorkspace(b)
 	var took []time.Duration
 	n := 0
 	for b.Loop() {
@@ -79,6 +65,22 @@ func BenchmarkDurableCommand(b *testing.B) {
 		}
 		took = append(took, time.Since(t0))
 	}
+	reportPercentiles(b, took)
+}
+
+// benchWorkspace returns a provider on a data directory of its own and a
+// workspace of it, both gone after the benchmark.
+func benchWorkspace(b *testing.B) (*local.Provider, providers.Sandbox) {
+	p, err := local.New(b.Context(), local.Config{DataDir: b.TempDir()}, providers.Env{BrokerID: broker})
+	if err != nil {
+		b.Fatalf("local.New: %v", err)
+	}
+	b.Cleanup(func() { providertest.Discard(p) })
+	return p, providertest.Create(b, p, providertest.Spec(b))
+}
+
+// reportPercentiles reports p50, p90 and the maximum of took, in ms.
+func reportPercentiles(b *testing.B, took []time.Duration) {
 	slices.Sort(took)
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	b.ReportMetric(ms(took[len(took)/2]), "p50-ms")
