@@ -25,28 +25,37 @@ type jailOf struct {
 	bind   []string
 }
 
-// jailCache remembers each Machine's jailOf; another broker process
-// reads it from the Machine's config (jailFor).
-type jailCache struct {
+// byMachine is a map by Machine id, safe for concurrent use.
+type byMachine[V any] struct {
 	mu sync.Mutex
-	m  map[string]jailOf
+	m  map[string]V
 }
 
-func (c *jailCache) get(id string) (jailOf, bool) {
+func (c *byMachine[V]) get(id string) (V, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	j, ok := c.m[id]
-	return j, ok
+	v, ok := c.m[id]
+	return v, ok
 }
 
-func (c *jailCache) put(id string, j jailOf) {
+func (c *byMachine[V]) put(id string, v V) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
-		c.m = map[string]jailOf{}
+		c.m = map[string]V{}
 	}
-	c.m[id] = j
+	c.m[id] = v
 }
+
+func (c *byMachine[V]) drop(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, id)
+}
+
+// jailCache remembers each Machine's jailOf; another broker process
+// reads it from the Machine's config (jailFor).
+type jailCache struct{ byMachine[jailOf] }
 
 // pendingBind returns the bind Machine id still needs, nil for none.
 func (c *jailCache) pendingBind(id string) []string {
@@ -63,12 +72,6 @@ func (c *jailCache) bound(id string) {
 		j.bind = nil
 		c.m[id] = j
 	}
-}
-
-func (c *jailCache) drop(id string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.m, id)
 }
 
 // envFile is where a Machine's config.files puts the workspace's env

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 
 	"github.com/sandgate/sandgate/providers"
 )
@@ -118,32 +117,7 @@ func (p *Provider) metadata(ctx context.Context, id string) (map[string]string, 
 // change: a workspace's (not a pooled Machine's, which a take relabels).
 // An entry goes when its Machine is terminated or a full list of its
 // broker no longer has it, so the cache holds at most the live Machines.
-type labelCache struct {
-	mu sync.Mutex
-	m  map[string]map[string]string // Machine id → metadata
-}
-
-func (c *labelCache) get(id string) (map[string]string, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	md, ok := c.m[id]
-	return md, ok
-}
-
-func (c *labelCache) put(id string, md map[string]string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = map[string]map[string]string{}
-	}
-	c.m[id] = md
-}
-
-func (c *labelCache) drop(id string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.m, id)
-}
+type labelCache struct{ byMachine[map[string]string] }
 
 // keepOnly drops the entries of broker's Machines that are not in live.
 func (c *labelCache) keepOnly(broker string, live map[string]bool) {

@@ -337,13 +337,7 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, pattern string, 
 		io.Copy(io.Discard, cb) // what the handler did not read
 		n = cb.n
 	}
-	s.mu.Lock()
-	if n := s.lose[pattern]; n > 0 {
-		s.lose[pattern] = n - 1
-		status, body = http.StatusBadGateway, nil
-	}
-	s.mu.Unlock()
-	var out []byte
+	var out []byte // outside the lock: an answer may hold megabytes
 	ctype := "application/json"
 	switch b := body.(type) {
 	case nil:
@@ -354,6 +348,10 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, pattern string, 
 		out = append(out, '\n')
 	}
 	s.mu.Lock()
+	if n := s.lose[pattern]; n > 0 {
+		s.lose[pattern] = n - 1
+		status, body, out = http.StatusBadGateway, nil, nil
+	}
 	s.requests = append(s.requests, Request{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Status: status, BodyBytes: n, AnswerBytes: int64(len(out))})
 	s.mu.Unlock()
 	w.Header().Set("fly-request-id", randomID())
