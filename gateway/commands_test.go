@@ -221,7 +221,18 @@ func TestCommandProtocol(t *testing.T) {
 	codes := map[int]int{}
 	for range 20 {
 		wg.Go(func() {
-			st, _, _ := put("c1", run)
+			st, _, b := put("c1", run)
+			// 429: the in-flight cap refused it before anything ran (each
+			// PUT holds twice the output cap while in flight); a client
+			// sends it again after Retry-After, which cannot launch twice.
+			for range 30 {
+				var env protocol.Envelope
+				if st != http.StatusTooManyRequests || json.Unmarshal(b, &env) != nil || env.Error.Code != protocol.RateLimited {
+					break
+				}
+				time.Sleep(time.Second)
+				st, _, b = put("c1", run)
+			}
 			mu.Lock()
 			codes[st]++
 			mu.Unlock()
