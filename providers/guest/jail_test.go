@@ -105,8 +105,12 @@ func TestJailInitEnvironHasNoVendorVariables(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	init := waitChild(t, waitChild(t, cmd.Process.Pid)) // nsenter, the agent, its jail
-	tenant := waitChild(t, init)
+	// The tenant is the jail's sleep, and the jail's init its parent:
+	// found by name rather than as each process's first child, which may
+	// be a helper gone by the time it is read.
+	var tenant int
+	waitFor(t, "the tenant's sleep", func() bool { tenant = descendantNamed(cmd.Process.Pid, "sleep"); return tenant > 0 })
+	init := parentOf(t, tenant)
 	for _, pid := range []int{init, tenant} {
 		// The host's root can read what the tenant cannot (pid 1 is not
 		// dumpable).
@@ -422,4 +426,34 @@ func TestJailInUserNamespaceGuest(t *testing.T) {
 	if out != want {
 		t.Errorf("in a user-namespace guest the jail gives %q, want %q", out, want)
 	}
+}
+
+// descendantNamed returns a descendant of pid whose command name is name,
+// or 0.
+func descendantNamed(pid int, name string) int {
+	for _, c := range children(pid) {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c)); err == nil && strings.TrimSpace(string(b)) == name {
+			return c
+		}
+		if d := descendantNamed(c, name); d > 0 {
+			return d
+		}
+	}
+	return 0
+}
+
+// parentOf returns pid's parent.
+func parentOf(t testing.TB, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		t.Fatalf("stat of %d: %q", pid, s)
+	}
+	return ppid
 }
