@@ -52,11 +52,11 @@ func (s *Saga) Exec(ctx context.Context, l sandgate.Lease, lim sandgate.Limits, 
 		}
 		// ExecBegin read only an exec's fields; ending it needs the record.
 		bg := context.WithoutCancel(ctx)
-		go func() {
+		s.bg.Go(func() {
 			if full, err := s.db.Workspace(bg, w.AccountID, w.ID); err == nil {
 				s.expireIfDue(bg, full, now)
 			}
-		}()
+		})
 	}); err != nil {
 		return err
 	}

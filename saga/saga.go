@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/admission"
+	"github.com/sandgate/sandgate/internal/running"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
@@ -84,6 +85,9 @@ type Saga struct {
 	limiter *admission.Limiter
 	clock   sandgate.Clock
 	log     *slog.Logger
+	// bg counts the work a request leaves to run after it (an expired
+	// workspace's end), which calls the providers too.
+	bg running.Group
 }
 
 // New returns a Saga. A missing dependency is an error: each one guards
@@ -120,6 +124,11 @@ func New(cfg Config, d Deps) (*Saga, error) {
 	}
 	return &Saga{cfg: cfg, db: d.DB, provs: d.Providers, admit: d.Admission, holds: d.Holds, term: d.Terminator, limiter: d.Limiter, clock: d.Clock, log: d.Log}, nil
 }
+
+// Wait waits until the work requests left to run in the background has
+// returned, or ctx ends; it returns how many were still running then. The
+// broker calls it before it closes the providers.
+func (s *Saga) Wait(ctx context.Context) int { return s.bg.Wait(ctx) }
 
 // DispatchTimeout is the bound of a durable command's launch.
 func (s *Saga) DispatchTimeout() time.Duration { return s.cfg.DispatchTimeout }

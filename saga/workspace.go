@@ -95,7 +95,8 @@ func (s *Saga) expireIfDue(ctx context.Context, w sandgate.Workspace, now time.T
 	if w.State != sandgate.WorkspaceRunning || now.Before(w.ExpiresAt) {
 		return
 	}
-	go s.term.Terminate(context.WithoutCancel(ctx), w, sandgate.ReasonExpired)
+	ctx = context.WithoutCancel(ctx)
+	s.bg.Go(func() { s.term.Terminate(ctx, w, sandgate.ReasonExpired) })
 }
 
 // Release is DELETE of a workspace: idempotent, never refused for funds,

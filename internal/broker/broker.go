@@ -28,6 +28,7 @@ import (
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/images"
+	"github.com/sandgate/sandgate/internal/running"
 	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/local"
@@ -123,6 +124,9 @@ type Broker struct {
 	health    *health
 	reloads   reloads
 	pub, ops  *http.Server
+	// calls counts the requests both servers are serving: the providers
+	// close only after the last has returned (Run).
+	calls     running.Group
 	claimLate bool // the data directory claim waits for Redis (Run)
 
 	closeOnce sync.Once
@@ -346,11 +350,11 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Broker, err error) {
 	if b.reloads, err = newReloads(b.obs.mp.Meter("github.com/sandgate/sandgate/internal/broker")); err != nil {
 		return nil, err
 	}
-	b.pub = &http.Server{Handler: withConnInfo(withHealth(b.gw.Handler(), b.health)), ReadHeaderTimeout: readHeaderTimeout, ConnContext: connContext,
+	b.pub = &http.Server{Handler: b.calls.Handler(withConnInfo(withHealth(b.gw.Handler(), b.health))), ReadHeaderTimeout: readHeaderTimeout, ConnContext: connContext,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
 	b.ops = &http.Server{Handler: withMetrics(b.adm.Handler(), b.obs.metrics, b.health), ReadHeaderTimeout: readHeaderTimeout,
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelWarn)}
-	b.ops.Handler = withConsole(b.ops.Handler, b.adm.Handler(), b.clock, b.log.With("component", "console"))
+	b.ops.Handler = b.calls.Handler(withConsole(b.ops.Handler, b.adm.Handler(), b.clock, b.log.With("component", "console")))
 	return b, nil
 }
 
@@ -492,10 +496,26 @@ func (b *Broker) Run(ctx context.Context) error {
 		b.log.Warn("requests still in flight at the shutdown bound were cut", slog.Any(sandgate.KeyError, err))
 	}
 	_ = b.ops.Shutdown(sctx)
+	// Past the bound, closing the connections left ends their requests'
+	// contexts. Close closes the providers, so Run returns only once every
+	// call into them has: the requests just cut, and what requests left
+	// to run in the background (an expired workspace's end); a call that
+	// does not heed its context gets cutWait more.
+	_ = b.pub.Close()
+	_ = b.ops.Close()
 	cancel()
 	wg.Wait()
+	wctx, wcancel := context.WithTimeout(context.Background(), cutWait)
+	defer wcancel()
+	if n := b.calls.Wait(wctx) + b.saga.Wait(wctx); n > 0 {
+		b.log.Warn("calls still running at the shutdown bound are left to the providers' close", slog.Int("calls", n))
+	}
 	return runErr
 }
+
+// cutWait bounds how long Run waits, once it has cut the requests left at
+// shutdown_timeout, for them to return.
+const cutWait = 5 * time.Second
 
 // Close releases what New took: the listeners, the providers New opened
 // (then the egress proxy's last counts go to the workspaces' records),

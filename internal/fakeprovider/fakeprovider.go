@@ -24,6 +24,9 @@ type Provider struct {
 	sandboxes map[string]map[string][]byte // ref → path → contents
 	// CreateHook, when set, runs inside Create; an error fails the create.
 	CreateHook func(ctx context.Context, spec providers.CreateSpec) error
+	// ExecHook, when set, runs first inside Exec with its context; an
+	// error fails the exec.
+	ExecHook func(ctx context.Context, spec providers.ExecSpec) error
 	// ExecFunc answers Exec; nil echoes argv[1:] joined by spaces.
 	ExecFunc func(spec providers.ExecSpec) providers.ExecResult
 	// TerminateErr, when set, fails every Terminate.
@@ -110,6 +113,11 @@ func (p *Provider) now() time.Time {
 func (p *Provider) Exec(ctx context.Context, sb providers.Sandbox, spec providers.ExecSpec) (providers.ExecResult, error) {
 	if !p.exists(sb.Ref) {
 		return providers.ExecResult{}, providers.ErrSandboxGone
+	}
+	if p.ExecHook != nil {
+		if err := p.ExecHook(ctx, spec); err != nil {
+			return providers.ExecResult{}, err
+		}
 	}
 	if p.ExecFunc != nil {
 		return p.ExecFunc(spec), nil
