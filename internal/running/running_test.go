@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 )
@@ -92,5 +93,36 @@ func TestHandlerCountsRequests(t *testing.T) {
 	}
 	if n := g.Wait(context.Background()); n != 0 {
 		t.Fatalf("Wait after the request = %d; want 0", n)
+	}
+}
+
+// TestBeginWhileWaiting: calls that begin and end while Wait waits, the
+// count crossing zero again and again (where a sync.WaitGroup panics), end
+// with Wait returning 0 once the last has ended.
+func TestBeginWhileWaiting(t *testing.T) {
+	var g Group
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				g.Go(func() {})
+			}
+		})
+	}
+	for range 200 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		g.Wait(ctx)
+		cancel()
+	}
+	close(stop)
+	wg.Wait()
+	if n := g.Wait(context.Background()); n != 0 {
+		t.Fatalf("Wait after the last call = %d; want 0", n)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/internal/running"
 	"github.com/sandgate/sandgate/internal/tick"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/warmpool"
@@ -121,7 +122,7 @@ type pool struct {
 
 	mu    sync.Mutex
 	taken map[string]map[string]string // taken Machine's id → its workspace's labels, until relabelled
-	bg    sync.WaitGroup               // binds and relabels in flight
+	bg    running.Group                // binds and relabels in flight; a Create may still take one while closePool waits
 	hold  chan struct{}                // tests only: closed to let binds and relabels run
 }
 
@@ -234,10 +235,8 @@ func (p *Provider) takePooled(ctx context.Context, spec providers.CreateSpec) (m
 
 // settleTake binds and relabels a taken Machine, off the acquire path.
 func (p *Provider) settleTake(sb providers.Sandbox, version string) {
-	p.pool.bg.Add(2)
 	hold := p.pool.hold
-	go func() {
-		defer p.pool.bg.Done()
+	p.pool.bg.Go(func() {
 		if hold != nil {
 			<-hold
 		}
@@ -246,16 +245,15 @@ func (p *Provider) settleTake(sb providers.Sandbox, version string) {
 		if _, err := p.vendorExec(ctx, sb, []string{"true"}, "", 5*time.Second, 64<<10); err != nil {
 			p.log.Warn("pooled machine not bound; the first exec binds it", "fly_machine_id", sb.Ref, sandgate.KeyError, err)
 		}
-	}()
-	go func() {
-		defer p.pool.bg.Done()
+	})
+	p.pool.bg.Go(func() {
 		if hold != nil {
 			<-hold
 		}
 		if err := p.relabel(sb, version); err != nil {
 			p.log.Warn("pooled machine not relabelled: a restart of the broker would take it for an orphan", "fly_machine_id", sb.Ref, sandgate.KeyError, err)
 		}
-	}()
+	})
 }
 
 // relabel gives a taken Machine its workspace's labels and drops
@@ -319,7 +317,7 @@ func (p *Provider) closePool() {
 	if p.pool == nil {
 		return
 	}
-	p.pool.bg.Wait()
+	p.pool.bg.Wait(context.Background())
 	p.pool.Close(func(pm pooled) {
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout)
 		defer cancel()

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -191,7 +192,7 @@ func PooledCgroups(p *Provider) []string {
 
 // WaitTeardown waits until what Terminate leaves to after its return (the
 // workspace's cgroups, deadline and files) is removed.
-func WaitTeardown(p *Provider) { p.trashing.Wait() }
+func WaitTeardown(p *Provider) { p.trashing.Wait(context.Background()) }
 
 // DefaultCgroupParent is the parent cgroup of dataDir's workspaces.
 func DefaultCgroupParent(dataDir string) string { return defaultCgroupParent(dataDir) }

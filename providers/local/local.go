@@ -32,6 +32,7 @@ import (
 
 	"github.com/sandgate/sandgate"
 	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/internal/running"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/providers/execfile"
 )
@@ -215,8 +216,9 @@ type Provider struct {
 	released releases // images in the trash seen bound (admitDisk)
 	// trashing counts the terminated workspaces whose files Terminate
 	// is still removing in the background; Close waits for them, and
-	// admitDisk waits for their space.
-	trashing sync.WaitGroup
+	// admitDisk waits for their space. A Terminate may still start one
+	// while Close waits (a call the broker gave up waiting for).
+	trashing running.Group
 	trashN   atomic.Int64
 	pool     *pool     // nil: no warm workspaces (pool.go)
 	pins     imagePins // each image workspace's pin on its OCI image
@@ -1011,13 +1013,11 @@ func (p *Provider) Terminate(ctx context.Context, sb providers.Sandbox) error {
 		// rare.
 		teardown()
 	} else {
-		p.trashing.Add(1)
 		p.trashN.Add(1)
-		go func() {
-			defer p.trashing.Done()
+		p.trashing.Go(func() {
 			defer p.trashN.Add(-1)
 			teardown()
-		}()
+		})
 	}
 	p.log.Info("sandbox terminated", sandgate.WorkspaceAttr(ref), "killed_execs", len(runs), "killed_commands", commands)
 	return nil
@@ -1246,7 +1246,7 @@ func (p *Provider) Close() error {
 			p.hostNS.Close()
 		}
 	})
-	p.trashing.Wait()
+	p.trashing.Wait(context.Background())
 	if p.spareStop != nil {
 		p.spareStop()
 		<-p.spareEnded
