@@ -146,7 +146,8 @@ func (s *Snapshotter) Snapshot(ctx context.Context, sb providers.Sandbox, spec p
 	}
 	size, err := strconv.ParseInt(strings.TrimSpace(string(res.Stdout)), 10, 64)
 	if err != nil {
-		return providers.SnapshotRef{}, fmt.Errorf("execsnap: archive size: %w", err)
+		// Not %w: the parse error quotes what the sandbox printed.
+		return providers.SnapshotRef{}, errors.New("execsnap: archive size: not a number")
 	}
 	r := &chunkReader{s: s, ctx: ctx, sb: sb, path: tmp, size: size}
 	n, err := s.store.Put(ctx, spec.ID, r, limit)

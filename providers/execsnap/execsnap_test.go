@@ -107,3 +107,27 @@ func TestSnapshotErrors(t *testing.T) {
 		}
 	}
 }
+
+// printer is an Execer whose sandbox answers every command with exit 0
+// and out: a tenant who replaced the tools the scripts call.
+type printer struct{ out string }
+
+func (pr printer) Exec(context.Context, providers.Sandbox, providers.ExecSpec) (providers.ExecResult, error) {
+	return providers.ExecResult{Stdout: []byte(pr.out)}, nil
+}
+
+// TestSnapshotErrorQuotesNoOutput: what the sandbox printed in place of
+// the archive's size never reaches the error, which the broker logs.
+func TestSnapshotErrorQuotesNoOutput(t *testing.T) {
+	t.Parallel()
+	store, err := blobstore.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secret = "tenant-output-s3cret"
+	s := execsnap.New(printer{secret}, store, execsnap.Config{})
+	_, err = s.Snapshot(t.Context(), providers.Sandbox{Ref: "sb"}, providers.SnapshotSpec{ID: "snap_q", Dir: "/workspace"})
+	if err == nil || strings.Contains(err.Error(), secret) {
+		t.Fatalf("Snapshot = %v; want an error that does not quote the sandbox's output", err)
+	}
+}

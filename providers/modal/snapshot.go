@@ -133,7 +133,8 @@ func (p *Provider) dirBytes(ctx context.Context, sb providers.Sandbox, dir strin
 	}
 	kib, err := strconv.ParseInt(f[0], 10, 64)
 	if err != nil {
-		return 0, err
+		// Not err: it quotes what the sandbox printed.
+		return 0, errors.New("du printed no size")
 	}
 	return max(kib*1024, 1), nil
 }
