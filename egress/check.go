@@ -155,3 +155,14 @@ func (p *Proxy) dial(ctx context.Context, t target) (net.Conn, *denial) {
 	}
 	return nil, deny(ReasonUnreached, 502)
 }
+
+// namesHost reports whether host names a destination: an IP address or a
+// host name of the allowlists' grammar. Anything else is only text the
+// sandbox sent, which the log does not repeat.
+func namesHost(host string) bool {
+	if a, err := netip.ParseAddr(host); err == nil {
+		return a.Zone() == ""
+	}
+	_, err := policy.ParseDomain(host)
+	return err == nil && !strings.HasPrefix(host, "*")
+}

@@ -941,6 +941,10 @@ func TestLogsNameHostsOnly(t *testing.T) {
 	}
 	shared := e.serveShared(t)
 	connect(t, shared, "allowed.sg.test:"+tp, basic("ws_logged", "secret-credential"))
+	// Text that is no host name is refused and not repeated.
+	if code, _ := connect(t, addr, "secret_not~a(host):"+tp, ""); code != http.StatusForbidden {
+		t.Errorf("CONNECT to a non-name: status %d; want 403", code)
+	}
 	logs := e.logs.String()
 	for _, s := range []string{"secret", "hdr-", "Bearer"} {
 		if strings.Contains(logs, s) {

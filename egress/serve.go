@@ -269,7 +269,8 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, wsID, host string
 }
 
 // refused counts a refusal and logs it: the workspace, the destination's
-// host and port, and the reason; never a path, header or body.
+// host (when it names one: namesHost) and port, and the reason; never a
+// path, header or body.
 func (p *Proxy) refused(ctx context.Context, wsID, host string, port uint16, reason string) {
 	p.denied.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(attribute.String(AttrReason, reason)))
 	attrs := []slog.Attr{slog.String(sandgate.KeyReason, reason)}
@@ -277,7 +278,10 @@ func (p *Proxy) refused(ctx context.Context, wsID, host string, port uint16, rea
 		attrs = append(attrs, sandgate.WorkspaceAttr(wsID))
 	}
 	if host != "" {
-		attrs = append(attrs, slog.String(sandgate.KeyHost, host), slog.Int(sandgate.KeyPort, int(port)))
+		if namesHost(host) {
+			attrs = append(attrs, slog.String(sandgate.KeyHost, host))
+		}
+		attrs = append(attrs, slog.Int(sandgate.KeyPort, int(port)))
 	}
 	p.log.LogAttrs(ctx, slog.LevelInfo, "egress denied", attrs...)
 }
