@@ -76,7 +76,9 @@ type Config struct {
 	// refused with 429); 0 means 64.
 	MaxConnsPerWorkspace int
 	// MaxSharedConns bounds the connections to ServeShared's listener
-	// open at once, of all workspaces and of none; 0 means 1024.
+	// open at once that no request has yet attributed to a workspace
+	// (each of them then counts in its workspace's
+	// MaxConnsPerWorkspace); 0 means 1024.
 	MaxSharedConns int
 	// IdleTimeout closes a connection that moved no byte in either
 	// direction for this long; 0 means 5 minutes.

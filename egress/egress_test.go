@@ -771,6 +771,87 @@ func TestSharedUpstreamLimit(t *testing.T) {
 	}
 }
 
+// TestSharedListenerFair: in credential mode one workspace's tunnels, at
+// its own limit, and its plain requests leave the shared listener's slots
+// to the others; only connections no request has claimed yet fill them.
+func TestSharedListenerFair(t *testing.T) {
+	e := newEnv(t, func(c *egress.Config) {
+		c.MaxSharedConns = 2
+		c.MaxConnsPerWorkspace = 2
+	})
+	addr := e.serveShared(t)
+	cred := e.register(t, egress.Workspace{ID: "ws_a", AllowedDomains: []string{"allowed.sg.test"}})
+	credB := e.register(t, egress.Workspace{ID: "ws_b", AllowedDomains: []string{"allowed.sg.test"}})
+	echo := net.JoinHostPort("allowed.sg.test", strconv.Itoa(int(e.echoPort)))
+	for i := range 2 {
+		code, c := connect(t, addr, echo, basic("ws_a", cred))
+		if code != 200 {
+			t.Fatalf("CONNECT %d of ws_a = %d; want 200", i, code)
+		}
+		defer c.Close()
+	}
+	if code, _ := connect(t, addr, echo, basic("ws_a", cred)); code != http.StatusTooManyRequests {
+		t.Errorf("third CONNECT of ws_a = %d; want 429 (its own limit)", code)
+	}
+	// A plain request ends its connection: none stays idle, kept alive.
+	req, _ := http.NewRequest(http.MethodGet, "http://allowed.sg.test:"+strconv.Itoa(int(e.httpPort))+"/", nil)
+	if resp := do(t, addr, req, basic("ws_b", credB)); resp.StatusCode != 200 || !resp.Close {
+		t.Errorf("plain GET of ws_b = %d, close %t; want 200 and the connection closed", resp.StatusCode, resp.Close)
+	}
+	if code, c := connect(t, addr, echo, basic("ws_b", credB)); code != 200 {
+		t.Errorf("CONNECT of ws_b beside ws_a's tunnels = %d; want 200", code)
+	} else {
+		c.Close()
+	}
+	// Connections that send nothing do hold the shared slots.
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	waitFor(t, func() bool { code, _ := connect(t, addr, echo, basic("ws_b", credB)); return code == 0 },
+		func() string { return "a CONNECT got through with the shared slots taken by silent connections" })
+}
+
+// slowResolver answers every lookup once release is closed.
+type slowResolver struct{ entered, release chan struct{} }
+
+func (r slowResolver) LookupNetIP(ctx context.Context, _, _ string) ([]netip.Addr, error) {
+	r.entered <- struct{}{}
+	select {
+	case <-r.release:
+	case <-ctx.Done():
+	}
+	return []netip.Addr{netip.MustParseAddr("192.0.2.1")}, nil
+}
+
+// TestSlowLookupCounted: a request waiting on a lookup the tenant's own
+// DNS makes slow counts against its workspace's limit, not only against
+// the shared listener's slots.
+func TestSlowLookupCounted(t *testing.T) {
+	res := slowResolver{entered: make(chan struct{}), release: make(chan struct{})}
+	e := newEnv(t, func(c *egress.Config) {
+		c.MaxConnsPerWorkspace = 1
+		c.Resolver = res
+	})
+	addr := e.serveShared(t)
+	cred := e.register(t, egress.Workspace{ID: "ws_a", AllowedDomains: []string{"allowed.sg.test", "slow.sg.test"}})
+	echo := net.JoinHostPort("allowed.sg.test", strconv.Itoa(int(e.echoPort)))
+	slow := make(chan int, 1)
+	go func() {
+		code, _ := connect(t, addr, net.JoinHostPort("slow.sg.test", strconv.Itoa(int(e.echoPort))), basic("ws_a", cred))
+		slow <- code
+	}()
+	<-res.entered
+	if code, _ := connect(t, addr, echo, basic("ws_a", cred)); code != http.StatusTooManyRequests {
+		t.Errorf("CONNECT of ws_a beside its lookup = %d; want 429", code)
+	}
+	close(res.release)
+	<-slow
+}
+
 // TestServeEndsTunnels: when its context ends, Serve closes the tunnels
 // it opened and returns, and the usage is final.
 func TestServeEndsTunnels(t *testing.T) {

@@ -35,16 +35,18 @@ func (s *session) forward(w http.ResponseWriter, r *http.Request, ws Workspace, 
 		p.refuse(w, r, ws.ID, "", 0, d)
 		return
 	}
-	t, d := p.check(r.Context(), ws, host, port)
-	if d != nil {
-		p.refuse(w, r, ws.ID, host, port, d)
-		return
-	}
+	// Counted before the lookup, which a tenant's own DNS can make slow.
 	if !p.acquire(st) {
 		p.refuse(w, r, ws.ID, host, port, deny(ReasonLimit, http.StatusTooManyRequests))
 		return
 	}
 	defer p.release(st)
+	s.counted(r)
+	t, d := p.check(r.Context(), ws, host, port)
+	if d != nil {
+		p.refuse(w, r, ws.ID, host, port, d)
+		return
+	}
 	tr := &http.Transport{
 		Proxy: nil,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

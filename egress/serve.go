@@ -39,7 +39,7 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener, ws Workspace) error {
 	ll := &limitListener{Listener: l, open: &open, max: int64(p.cfg.MaxConnsPerWorkspace), refused: func() {
 		p.refused(ctx, ws.ID, "", 0, ReasonLimit)
 	}}
-	return p.serve(ctx, ll, func(*http.Request) (Workspace, *wsState, *denial) { return ws, st, nil })
+	return p.serve(ctx, ll, false, func(*http.Request) (Workspace, *wsState, *denial) { return ws, st, nil })
 }
 
 // Register lets ws use the shared listener of [Proxy.ServeShared] and
@@ -97,15 +97,20 @@ func (p *Proxy) Unregister(id string) {
 // ServeShared answers proxy requests on l, each attributed to the
 // workspace its Proxy-Authorization names (credential mode, for remote
 // vendors that reach the proxy over a private network); a request without
-// a valid credential gets 407. At most MaxSharedConns connections are
-// served at once. It returns nil when l is closed or ctx is done, once
-// every connection it served is closed.
+// a valid credential gets 407. At most MaxSharedConns connections that no
+// request has yet attributed to a workspace are open at once. Once its
+// request's credential is checked a connection is its workspace's, and
+// its request or tunnel counts against that workspace's
+// MaxConnsPerWorkspace alone: every connection serves one request (no
+// keep-alive), so one tenant's connections, idle or not, never hold the
+// slots every other workspace shares. It returns nil when l is closed or
+// ctx is done, once every connection it served is closed.
 func (p *Proxy) ServeShared(ctx context.Context, l net.Listener) error {
 	var open atomic.Int64
 	ll := &limitListener{Listener: l, open: &open, max: int64(p.cfg.MaxSharedConns), refused: func() {
 		p.refused(ctx, "", "", 0, ReasonLimit)
 	}}
-	return p.serve(ctx, ll, p.authenticate)
+	return p.serve(ctx, ll, true, p.authenticate)
 }
 
 // authenticate finds the workspace r's Proxy-Authorization names. The
@@ -156,14 +161,15 @@ type identifyFunc func(r *http.Request) (Workspace, *wsState, *denial)
 type session struct {
 	p        *Proxy
 	identify identifyFunc
+	shared   bool // ServeShared: an identified connection leaves the listener's count
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	closed   bool
 	conns    map[io.Closer]struct{} // hijacked connections, both ends of each tunnel
 }
 
-func (p *Proxy) serve(ctx context.Context, l net.Listener, identify identifyFunc) error {
-	s := &session{p: p, identify: identify, conns: map[io.Closer]struct{}{}}
+func (p *Proxy) serve(ctx context.Context, l net.Listener, shared bool, identify identifyFunc) error {
+	s := &session{p: p, identify: identify, shared: shared, conns: map[io.Closer]struct{}{}}
 	srv := &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: p.cfg.HeaderTimeout,
@@ -172,7 +178,13 @@ func (p *Proxy) serve(ctx context.Context, l net.Listener, identify identifyFunc
 		// net/http's own messages may quote a request line: none is logged.
 		ErrorLog:    log.New(io.Discard, "", 0),
 		BaseContext: func(net.Listener) context.Context { return ctx },
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
 	}
+	// An idle kept-alive connection would be no request's: uncounted by
+	// its workspace, it would have to stay in the shared count.
+	srv.SetKeepAlivesEnabled(!shared)
 	done := make(chan struct{})
 	go func() { // exits when ctx is done or Serve returned
 		select {
@@ -310,7 +322,18 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	}
 }
 
-// limitConn gives its slot back when closed.
+// connKey is the context key of a request's connection.
+type connKey struct{}
+
+// counted hands r's connection over from the shared listener's count to
+// its workspace's, once the workspace's count (Proxy.acquire) took it.
+func (s *session) counted(r *http.Request) {
+	if lc, ok := r.Context().Value(connKey{}).(*limitConn); ok && s.shared {
+		lc.release()
+	}
+}
+
+// limitConn gives its slot back when closed, or earlier by release.
 type limitConn struct {
 	net.Conn
 	release func()

@@ -64,12 +64,15 @@ func (s *session) tunnel(w http.ResponseWriter, r *http.Request, ws Workspace, s
 	ctx := r.Context()
 	host, port, d := parseHostPort(r.Host, 0)
 	if d == nil {
-		var t target
-		if t, d = p.check(ctx, ws, host, port); d == nil {
-			if !p.acquire(st) {
-				d = deny(ReasonLimit, http.StatusTooManyRequests)
-			} else {
-				defer p.release(st)
+		// Counted before the lookup, which a tenant's own DNS can make
+		// slow.
+		if !p.acquire(st) {
+			d = deny(ReasonLimit, http.StatusTooManyRequests)
+		} else {
+			defer p.release(st)
+			s.counted(r)
+			var t target
+			if t, d = p.check(ctx, ws, host, port); d == nil {
 				var up net.Conn
 				if up, d = p.dial(ctx, t); d == nil {
 					s.splice(w, r, ws, st, host, port, up)

@@ -42,6 +42,14 @@ const resolveTimeout = 5 * time.Second
 // maxHeaderBytes bounds a request header read from a jail.
 const maxHeaderBytes = 64 << 10
 
+// headerTimeout bounds the wait for a jail's request header.
+const headerTimeout = 30 * time.Second
+
+// maxJailConns bounds the jails' connections to the forwarder open at
+// once; more are closed as they arrive. The proxy admits fewer per
+// workspace (egress.Config.MaxConnsPerWorkspace).
+const maxJailConns = 256
+
 func newForwarder(c ForwardConfig) (*forwarder, error) {
 	cred, err := os.ReadFile(c.CredFile)
 	if err != nil {
@@ -97,6 +105,7 @@ func newForwarder(c ForwardConfig) (*forwarder, error) {
 
 // serve forwards every connection to ln until ln is closed.
 func (f *forwarder) serve(ln net.Listener) {
+	slots := make(chan struct{}, maxJailConns)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -106,35 +115,57 @@ func (f *forwarder) serve(ln net.Listener) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		go f.handle(c)
+		select {
+		case slots <- struct{}{}:
+		default:
+			c.Close()
+			continue
+		}
+		go func() {
+			defer func() { <-slots }()
+			f.handle(c)
+		}()
 	}
 }
 
 // handle forwards one jail connection: request by request (absolute-form
-// HTTP, kept alive as the client likes) until a CONNECT the proxy
-// accepts, which turns the connection into a tunnel.
+// HTTP, kept alive as long as the proxy keeps its side) until a CONNECT
+// the proxy accepts, which turns the connection into a tunnel.
 func (f *forwarder) handle(c net.Conn) {
 	defer c.Close()
-	up, err := f.dial()
-	if err != nil {
-		io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-		return
-	}
-	defer up.Close()
 	// Each request's header is bounded, its body is not.
 	lr := &io.LimitedReader{R: c}
 	cr := bufio.NewReader(lr)
-	ur := bufio.NewReader(up)
+	var up net.Conn
+	var ur *bufio.Reader
+	defer func() {
+		if up != nil {
+			up.Close()
+		}
+	}()
 	for {
 		lr.N = maxHeaderBytes
+		c.SetReadDeadline(time.Now().Add(headerTimeout))
 		if _, err := cr.Peek(1); err != nil {
 			return
 		}
 		req, err := http.ReadRequest(cr)
+		c.SetReadDeadline(time.Time{})
 		lr.N = 1 << 62
 		if err != nil {
 			io.WriteString(c, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
 			return
+		}
+		// The proxy is dialled once a whole request has come: a jail's
+		// connection that sends nothing holds none of the connections the
+		// proxy's shared listener keeps for requests not yet attributed
+		// (egress.Proxy.ServeShared), which every workspace shares.
+		if up == nil {
+			if up, err = f.dial(); err != nil {
+				io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+				return
+			}
+			ur = bufio.NewReader(up)
 		}
 		req.Header.Del("Proxy-Authorization")
 		req.Header.Set("Proxy-Authorization", f.auth)

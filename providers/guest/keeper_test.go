@@ -225,8 +225,9 @@ func TestEgressThroughForwarder(t *testing.T) {
 	if r.status != 0 || r.stdout != "hello allowed.sg.test\nhello allowed.sg.test\n" {
 		t.Fatalf("allowed: status %d, stdout %q, stderr %q", r.status, r.stdout, r.stderr)
 	}
-	// Plain HTTP, forwarded request by request on one kept-alive
-	// connection; the destination gets no Proxy-Authorization.
+	// Plain HTTP, two requests of one client: the proxy's shared listener
+	// ends each connection after its answer, and the client opens
+	// another; the destination gets no Proxy-Authorization.
 	pp := strconv.Itoa(plainPort)
 	r = jailed("curl -sS --max-time 60 http://allowed.sg.test:" + pp + "/a http://allowed.sg.test:" + pp + "/b")
 	if want := "plain allowed.sg.test:" + pp + " \n"; r.status != 0 || r.stdout != want+want {
