@@ -200,6 +200,9 @@ func (v *service) adjust(ctx context.Context, acct string, fe billing.FundsEntry
 	if errors.Is(err, billing.ErrFundsConflict) {
 		return adminapi.FundsEntry{}, ch, protocol.E(protocol.IdempotencyConflict, "this idempotency key was used for a different credit or debit")
 	}
+	if errors.Is(err, billing.ErrAmountOverflow) {
+		return adminapi.FundsEntry{}, ch, invalid("the amount would take the account's credits, debits or balance past the largest amount sandgate holds; nothing was applied")
+	}
 	if err != nil {
 		return adminapi.FundsEntry{}, ch, invalid(err.Error())
 	}
@@ -345,6 +348,9 @@ func (s *Server) adjustUsage(c echo.Context) error {
 	}
 	if errors.Is(err, billing.ErrAdjustmentConflict) {
 		return protocol.E(protocol.IdempotencyConflict, "this idempotency key was used for an adjustment of another entry or amount")
+	}
+	if errors.Is(err, billing.ErrAmountOverflow) {
+		return invalid("the amount would take the account's settled total or balance past the largest amount sandgate holds; nothing was applied")
 	}
 	if err != nil {
 		return storeFailed(err)

@@ -62,7 +62,7 @@ func (b *Billing) AdjustUsage(ctx context.Context, acct string, a UsageAdjustmen
 	n, err := adjustUsageScript.Run(ctx, b.rdb, []string{fundsKey(acct), usageKey(acct), usageIDsKey(acct)},
 		e.ID, string(body), e.TerminatedAt.UnixMilli(), amountMicros, -amountMicros).Int()
 	if err != nil {
-		return e, false, fmt.Errorf("adjustment: %w", err)
+		return e, false, fmt.Errorf("adjustment: %w", overflowed(err))
 	}
 	if n == 1 {
 		return e, true, nil
@@ -104,10 +104,11 @@ var errStop = errors.New("stop")
 // KEYS[1] funds HASH, KEYS[2] usage STREAM, KEYS[3] usage ids SET
 // ARGV[1] entry id, ARGV[2] entry JSON, ARGV[3] terminated (unix ms),
 // ARGV[4] amount, ARGV[5] −amount
-// Returns 1 appended, 0 already there.
-var adjustUsageScript = redis.NewScript(appendLua + `
+// Returns 1 appended, 0 already there; an error reply, with nothing
+// written, when a counter would overflow.
+var adjustUsageScript = redis.NewScript(appendLua + add2Lua + `
 if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
-redis.call('HINCRBY', KEYS[1], 'settled', ARGV[4])
-redis.call('HINCRBY', KEYS[1], 'balance', ARGV[5])
+local err = add2(KEYS[1], 'settled', ARGV[4], ARGV[5], 'balance', ARGV[5])
+if err then return err end
 return append_usage(KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3])
 `)

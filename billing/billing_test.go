@@ -364,6 +364,56 @@ func TestFundsDatedByClock(t *testing.T) {
 	}
 }
 
+// TestAdjustPastInt64AppliesNothing: a credit or an adjustment that would
+// take a counter past int64 is refused whole: no counter moves, nothing is
+// appended, and its key stays unused, so a retry is refused again rather
+// than answered as done.
+func TestAdjustPastInt64AppliesNothing(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_o", 10, false)
+	const big = 9_000_000_000_000_000_000
+	if _, _, err := e.bill.Adjust(ctx, "acct_o", billing.FundsEntry{Key: "k1", Kind: billing.KindCredit, AmountMicros: big, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	before := e.balance("acct_o")
+	for range 2 {
+		_, applied, err := e.bill.Adjust(ctx, "acct_o", billing.FundsEntry{Key: "k2", Kind: billing.KindCredit, AmountMicros: 300_000_000_000_000_000, Reason: "test"})
+		if !errors.Is(err, billing.ErrAmountOverflow) || applied {
+			t.Fatalf("credit past int64 = applied %t, %v; want ErrAmountOverflow", applied, err)
+		}
+	}
+	if after := e.balance("acct_o"); after != before {
+		t.Errorf("balance after the refused credit = %+v; want %+v", after, before)
+	}
+	if cs, err := e.bill.Credits(ctx, "acct_o", time.Time{}, e.clock.Now().Add(time.Hour)); err != nil || len(cs) != 1 {
+		t.Errorf("funds ledger = %d entries, %v; want the first credit alone", len(cs), err)
+	}
+
+	// An adjustment's refund past int64 of settled (balance near the top).
+	w, err := e.acquire("acct_o", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(10 * time.Second)
+	e.release(w, sandgate.ReasonReleased)
+	before = e.balance("acct_o")
+	_, appended, err := e.bill.AdjustUsage(ctx, "acct_o", billing.UsageAdjustment{Corrects: billing.FinalID(w.ID), Key: "refund-big",
+		AmountMicros: -big, Reason: "test", At: e.clock.Now()})
+	if !errors.Is(err, billing.ErrAmountOverflow) || appended {
+		t.Fatalf("refund past int64 = appended %t, %v; want ErrAmountOverflow", appended, err)
+	}
+	if after := e.balance("acct_o"); after != before {
+		t.Errorf("balance after the refused refund = %+v; want %+v", after, before)
+	}
+	var n int
+	_ = e.bill.Ledger().Scan(ctx, "acct_o", time.Time{}, time.Time{}, func(billing.UsageEntry) error { n++; return nil })
+	if n != 1 {
+		t.Errorf("usage ledger = %d entries; want the final entry alone", n)
+	}
+	e.noDrift("acct_o")
+}
+
 // A settlement lost after the end was recorded, and a hold whose create
 // was aborted without its release, are repaired; reconcile reports both
 // until then.

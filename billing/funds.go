@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -59,9 +60,9 @@ func (b *Billing) Adjust(ctx context.Context, acct string, e FundsEntry) (FundsE
 		delta = -delta
 	}
 	res, err := adjustScript.Run(ctx, b.rdb, []string{fundsKey(acct), fundsLedgerKey(acct), fundsIDsKey(acct)},
-		e.Key, string(body), e.Kind+"s", e.AmountMicros, delta).Slice()
+		e.Key, string(body), e.Kind+"s", e.AmountMicros, delta, -e.AmountMicros).Slice()
 	if err != nil {
-		return e, false, fmt.Errorf("funds: %w", err)
+		return e, false, fmt.Errorf("funds: %w", overflowed(err))
 	}
 	if n, _ := res[0].(int64); n == 1 {
 		return e, true, nil
@@ -81,17 +82,49 @@ func (b *Billing) Adjust(ctx context.Context, acct string, e FundsEntry) (FundsE
 //
 // KEYS[1] funds HASH, KEYS[2] funds ledger STREAM, KEYS[3] funds ids HASH
 // ARGV[1] idempotency key, ARGV[2] entry JSON, ARGV[3] counter ("credits"
-// or "debits"), ARGV[4] amount, ARGV[5] balance delta
-// Returns {1} applied, {0, previous entry JSON} a replay.
-var adjustScript = redis.NewScript(`
+// or "debits"), ARGV[4] amount, ARGV[5] balance delta, ARGV[6] −amount
+// Returns {1} applied, {0, previous entry JSON} a replay; an error reply,
+// with nothing written, when a counter would overflow.
+var adjustScript = redis.NewScript(add2Lua + `
 local prev = redis.call('HGET', KEYS[3], ARGV[1])
 if prev then return {0, prev} end
+local err = add2(KEYS[1], ARGV[3], ARGV[4], ARGV[6], 'balance', ARGV[5])
+if err then return err end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-redis.call('HINCRBY', KEYS[1], ARGV[3], ARGV[4])
-redis.call('HINCRBY', KEYS[1], 'balance', ARGV[5])
 redis.call('XADD', KEYS[2], '*', 'e', ARGV[2])
 return {1}
 `)
+
+// add2Lua defines add2(key, f1, d1, u1, f2, d2): it adds d1 to field f1
+// and d2 to field f2 of the hash key, or neither, and returns nil, or
+// the error reply of the one that failed (a sum past int64) with the
+// hash as it was (u1 is −d1). Redis keeps what a script wrote before an
+// error, so a script calls it before anything else it writes.
+const add2Lua = `
+local function add2(key, f1, d1, u1, f2, d2)
+  local r = redis.pcall('HINCRBY', key, f1, d1)
+  if type(r) == 'table' then return r end
+  r = redis.pcall('HINCRBY', key, f2, d2)
+  if type(r) == 'table' then
+    redis.call('HINCRBY', key, f1, u1)
+    return r
+  end
+  return nil
+end
+`
+
+// ErrAmountOverflow is returned when an amount would take an account's
+// counters past what int64 micro-units hold; nothing was written.
+var ErrAmountOverflow = errors.New("billing: the amount would take the account's totals past the largest amount sandgate holds (9223372036854.775807)")
+
+// overflowed maps Redis's refusal of an HINCRBY past int64 to
+// ErrAmountOverflow.
+func overflowed(err error) error {
+	if err != nil && strings.Contains(err.Error(), "increment or decrement would overflow") {
+		return ErrAmountOverflow
+	}
+	return err
+}
 
 // Balance is an account's funds. Balance = credits − debits − settled;
 // Available = Balance − Holds, what the account has that no open
