@@ -414,6 +414,22 @@ func TestAdjustPastInt64AppliesNothing(t *testing.T) {
 	e.noDrift("acct_o")
 }
 
+// TestPriceRefusesInexactHold: a worst case past 2^53 micro-units, which
+// the scripts that accrue and settle a hold would round, is not priced;
+// one at 2^53 is.
+func TestPriceRefusesInexactHold(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.account("acct_h", 1<<20, false)
+	now := e.clock.Now()
+	if p, err := e.bill.Price(ctx, "acct_h", "small", now, now.Add((1<<33)*time.Second)); err != nil || p.HoldMicros != 1<<53 {
+		t.Fatalf("Price of a 2^53 worst case = %+v, %v; want it priced", p, err)
+	}
+	if _, err := e.bill.Price(ctx, "acct_h", "small", now, now.Add((1<<33+1)*time.Second)); !errors.Is(err, billing.ErrOverflow) {
+		t.Fatalf("Price of a worst case past 2^53 = %v; want ErrOverflow", err)
+	}
+}
+
 // A settlement lost after the end was recorded, and a hold whose create
 // was aborted without its release, are repaired; reconcile reports both
 // until then.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -177,6 +178,9 @@ func (b *Billing) PoolUsage(ctx context.Context, from, to time.Time, size string
 			a.ms += ms
 			if unit := inForce(versions, hour).Prices[id.size]; unit > 0 {
 				p, err := Amount(unit, ms)
+				if err == nil && a.priced > math.MaxInt64-p {
+					err = ErrOverflow
+				}
 				if err != nil {
 					return nil, fmt.Errorf("price pool time: %w", err)
 				}

@@ -332,5 +332,13 @@ func (pr pricing) price(size string, created, expires time.Time) (sandgate.Price
 	if p.HoldMicros, err = WorstCase(unit, created, expires); err != nil {
 		return p, err
 	}
+	if p.HoldMicros > maxExactMicros {
+		// The scripts that accrue and settle a hold read it as a Lua
+		// number: past 2^53 it would be rounded, and holds would drift.
+		return p, fmt.Errorf("worst case %d micro-units at rate card %s v%d: %w", p.HoldMicros, c.Name, c.Version, ErrOverflow)
+	}
 	return p, nil
 }
+
+// maxExactMicros is the largest amount a Redis Lua number holds exactly.
+const maxExactMicros = 1 << 53
