@@ -161,7 +161,7 @@ type identifyFunc func(r *http.Request) (Workspace, *wsState, *denial)
 type session struct {
 	p        *Proxy
 	identify identifyFunc
-	shared   bool // ServeShared: an identified connection leaves the listener's count
+	shared   bool // ServeShared: a connection its workspace counts leaves the listener's count
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	closed   bool
