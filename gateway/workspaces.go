@@ -33,9 +33,9 @@ func (s *Server) acquire(c echo.Context) error {
 		return err
 	}
 	if res.Replayed {
-		return answerJSON(c, http.StatusOK, s.status(res.Workspace))
+		return answerJSON(c, http.StatusOK, s.status(res.Workspace, s.clock.Now()))
 	}
-	return answerJSON(c, http.StatusCreated, s.status(res.Workspace))
+	return answerJSON(c, http.StatusCreated, s.status(res.Workspace, s.clock.Now()))
 }
 
 func unavailable(err error) error { return saga.Unavailable(err) }
@@ -58,10 +58,11 @@ func (s *Server) getWorkspace(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if expired(w, s.clock.Now()) {
+	now := s.clock.Now()
+	if expired(w, now) {
 		return errExpired
 	}
-	return answerJSON(c, http.StatusOK, s.status(w))
+	return answerJSON(c, http.StatusOK, s.status(w, now))
 }
 
 // expired reports whether w ended, or ends, at its expires_at by now:
@@ -92,8 +93,9 @@ var errExpired = &protocol.Error{Code: protocol.WorkspaceGone, Reason: string(sa
 
 // status renders a workspace's status object. A running workspace past
 // expires_at reads as terminating with reason expired until its end is
-// confirmed (docs/protocol-notes.md).
-func (s *Server) status(w sandgate.Workspace) protocol.Workspace {
+// confirmed (docs/protocol-notes.md). now is the clock reading the
+// caller decided by, so one answer reads the clock once.
+func (s *Server) status(w sandgate.Workspace, now time.Time) protocol.Workspace {
 	out := protocol.Workspace{
 		WorkspaceID:        w.ID,
 		State:              string(w.State),
@@ -105,7 +107,7 @@ func (s *Server) status(w sandgate.Workspace) protocol.Workspace {
 		TerminatedAt:       protocol.TimePtr(w.TerminatedAt),
 	}
 	reason := w.TerminationReason
-	if w.State == sandgate.WorkspaceRunning && !s.clock.Now().Before(w.ExpiresAt) {
+	if w.State == sandgate.WorkspaceRunning && !now.Before(w.ExpiresAt) {
 		out.State = string(sandgate.WorkspaceTerminating)
 		reason = sandgate.ReasonExpired
 	}
@@ -144,7 +146,8 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 		limit = n
 	}
 	a := authFrom(c)
-	ws, next, err := s.db.ListWorkspaces(c.Request().Context(), a.Lease.AccountID, a.Lease.InstanceID, q.Get("cursor"), limit, live, s.clock.Now())
+	now := s.clock.Now()
+	ws, next, err := s.db.ListWorkspaces(c.Request().Context(), a.Lease.AccountID, a.Lease.InstanceID, q.Get("cursor"), limit, live, now)
 	if errors.Is(err, store.ErrBadCursor) {
 		return errInvalid("cursor is not one this broker returned")
 	}
@@ -153,7 +156,7 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 	}
 	out := protocol.WorkspaceList{Workspaces: make([]protocol.Workspace, 0, len(ws))}
 	for _, w := range ws {
-		out.Workspaces = append(out.Workspaces, s.status(w))
+		out.Workspaces = append(out.Workspaces, s.status(w, now))
 	}
 	if next != "" {
 		out.NextCursor = &next
@@ -171,8 +174,9 @@ func (s *Server) release(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if endedExpired(w, s.clock.Now()) {
+	now := s.clock.Now()
+	if endedExpired(w, now) {
 		return errExpired
 	}
-	return answerJSON(c, http.StatusOK, s.status(w))
+	return answerJSON(c, http.StatusOK, s.status(w, now))
 }

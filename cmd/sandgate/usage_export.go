@@ -55,7 +55,7 @@ the rows meanwhile.`,
 						return usageErr(fmt.Errorf("--%s takes an RFC 3339 time, e.g. 2026-10-01T00:00:00Z: %q", p.name, p.v))
 					}
 				}
-				q.Set(p.name, t.UTC().Format(time.RFC3339))
+				q.Set(p.name, t.UTC().Format(time.RFC3339Nano)) // a fraction of a second kept, as usage summary keeps it
 			}
 			for k, v := range map[string]string{"account": sel.acct, "instance": sel.inst, "agent": sel.agent, "size": sel.size} {
 				if v != "" {
