@@ -192,7 +192,10 @@ func (b *Billing) PoolUsage(ctx context.Context, from, to time.Time, size string
 	for id, a := range sums {
 		l := PoolLine{Provider: id.provider, Size: id.size, Image: id.image, Seconds: (a.ms + 999) / 1000}
 		if card != "" {
-			l.RateCard, l.Currency, l.AmountMicros = card, versions[0].Currency, (a.priced+999)/1000
+			l.RateCard, l.Currency, l.AmountMicros = card, versions[0].Currency, a.priced/1000
+			if a.priced%1000 != 0 {
+				l.AmountMicros++ // up, without a sum that could pass MaxInt64
+			}
 		}
 		lines = append(lines, l)
 	}

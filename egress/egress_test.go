@@ -793,10 +793,28 @@ func TestSharedListenerFair(t *testing.T) {
 	if code, _ := connect(t, addr, echo, basic("ws_a", cred)); code != http.StatusTooManyRequests {
 		t.Errorf("third CONNECT of ws_a = %d; want 429 (its own limit)", code)
 	}
-	// A plain request ends its connection: none stays idle, kept alive.
-	req, _ := http.NewRequest(http.MethodGet, "http://allowed.sg.test:"+strconv.Itoa(int(e.httpPort))+"/", nil)
-	if resp := do(t, addr, req, basic("ws_b", credB)); resp.StatusCode != 200 || !resp.Close {
+	// A plain request asking for keep-alive still ends its connection:
+	// none stays idle, counted by no workspace.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	target := "http://allowed.sg.test:" + strconv.Itoa(int(e.httpPort)) + "/"
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: allowed.sg.test\r\nProxy-Authorization: %s\r\n\r\n", target, basic("ws_b", credB))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !resp.Close {
 		t.Errorf("plain GET of ws_b = %d, close %t; want 200 and the connection closed", resp.StatusCode, resp.Close)
+	}
+	c.SetReadDeadline(time.Now().Add(time.Minute)) // a kept-alive connection would wait for IdleTimeout
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Errorf("after the answer the connection read %v; want EOF", err)
 	}
 	if code, c := connect(t, addr, echo, basic("ws_b", credB)); code != 200 {
 		t.Errorf("CONNECT of ws_b beside ws_a's tunnels = %d; want 200", code)
@@ -839,10 +857,17 @@ func TestSlowLookupCounted(t *testing.T) {
 	addr := e.serveShared(t)
 	cred := e.register(t, egress.Workspace{ID: "ws_a", AllowedDomains: []string{"allowed.sg.test", "slow.sg.test"}})
 	echo := net.JoinHostPort("allowed.sg.test", strconv.Itoa(int(e.echoPort)))
-	slow := make(chan int, 1)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	slowHost := net.JoinHostPort("slow.sg.test", strconv.Itoa(int(e.echoPort)))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: %s\r\n\r\n", slowHost, slowHost, basic("ws_a", cred))
+	slow := make(chan struct{})
 	go func() {
-		code, _ := connect(t, addr, net.JoinHostPort("slow.sg.test", strconv.Itoa(int(e.echoPort))), basic("ws_a", cred))
-		slow <- code
+		defer close(slow)
+		io.Copy(io.Discard, c) // the refusal, once the lookup is answered
 	}()
 	<-res.entered
 	if code, _ := connect(t, addr, echo, basic("ws_a", cred)); code != http.StatusTooManyRequests {

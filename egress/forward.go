@@ -40,8 +40,9 @@ func (s *session) forward(w http.ResponseWriter, r *http.Request, ws Workspace, 
 		p.refuse(w, r, ws.ID, host, port, deny(ReasonLimit, http.StatusTooManyRequests))
 		return
 	}
-	defer p.release(st)
-	s.counted(r)
+	if !s.counted(r, st) {
+		defer p.release(st)
+	}
 	t, d := p.check(r.Context(), ws, host, port)
 	if d != nil {
 		p.refuse(w, r, ws.ID, host, port, d)

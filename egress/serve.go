@@ -326,21 +326,45 @@ func (l *limitListener) Accept() (net.Conn, error) {
 type connKey struct{}
 
 // counted hands r's connection over from the shared listener's count to
-// its workspace's, once the workspace's count (Proxy.acquire) took it.
-func (s *session) counted(r *http.Request) {
-	if lc, ok := r.Context().Value(connKey{}).(*limitConn); ok && s.shared {
-		lc.release()
+// its workspace's, which st's count (Proxy.acquire) took for the request.
+// It reports whether the connection now holds that count: then the
+// connection's close gives it back, not the request's end, so a
+// connection net/http still writes to after its handler returned (an
+// answer's tail to a client that stopped reading) stays counted.
+func (s *session) counted(r *http.Request, st *wsState) bool {
+	lc, ok := r.Context().Value(connKey{}).(*limitConn)
+	if !ok || !s.shared {
+		return false
 	}
+	lc.handOver(func() { s.p.release(st) })
+	return true
 }
 
-// limitConn gives its slot back when closed, or earlier by release.
+// limitConn gives its slot back when closed, or earlier by handOver.
 type limitConn struct {
 	net.Conn
-	release func()
+	release func() // the listener's slot, once
+
+	mu   sync.Mutex
+	then func() // run once at Close: the count handOver took over
+}
+
+// handOver gives the listener's slot back now and runs then at Close.
+func (c *limitConn) handOver(then func()) {
+	c.release()
+	c.mu.Lock()
+	c.then = sync.OnceFunc(then)
+	c.mu.Unlock()
 }
 
 func (c *limitConn) Close() error {
 	c.release()
+	c.mu.Lock()
+	then := c.then
+	c.mu.Unlock()
+	if then != nil {
+		then()
+	}
 	return c.Conn.Close()
 }
 

@@ -69,8 +69,9 @@ func (s *session) tunnel(w http.ResponseWriter, r *http.Request, ws Workspace, s
 		if !p.acquire(st) {
 			d = deny(ReasonLimit, http.StatusTooManyRequests)
 		} else {
-			defer p.release(st)
-			s.counted(r)
+			if !s.counted(r, st) {
+				defer p.release(st)
+			}
 			var t target
 			if t, d = p.check(ctx, ws, host, port); d == nil {
 				var up net.Conn

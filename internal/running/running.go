@@ -19,14 +19,18 @@ type Group struct {
 
 // Begin counts one call in progress; the func it returns ends it, once.
 func (g *Group) Begin() (end func()) {
+	g.begin()
+	var once sync.Once
+	return func() { once.Do(g.end) }
+}
+
+func (g *Group) begin() {
 	g.mu.Lock()
 	if g.n == 0 {
 		g.idle = make(chan struct{})
 	}
 	g.n++
 	g.mu.Unlock()
-	var once sync.Once
-	return func() { once.Do(g.end) }
 }
 
 func (g *Group) end() {
@@ -51,7 +55,8 @@ func (g *Group) Go(f func()) {
 // Handler counts each request h serves until h returns.
 func (g *Group) Handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer g.Begin()()
+		g.begin() // no closure per request: the broker's public path
+		defer g.end()
 		h.ServeHTTP(w, r)
 	})
 }
