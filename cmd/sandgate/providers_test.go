@@ -111,6 +111,12 @@ providers:
   - {name: second, kind: fake, accept_new: %t}
 default_provider: local
 `, dataDir, redisAddr, acceptNew)
+	return loadConfigText(t, y)
+}
+
+// loadConfigText loads the broker config y, with no environment.
+func loadConfigText(t *testing.T, y string) *broker.Config {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "sandgate.yaml")
 	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
 		t.Fatal(err)

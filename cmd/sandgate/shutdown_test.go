@@ -6,13 +6,11 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate/adminapi"
-	"github.com/sandgate/sandgate/internal/broker"
 	"github.com/sandgate/sandgate/internal/fakeprovider"
 	"github.com/sandgate/sandgate/protocol"
 	"github.com/sandgate/sandgate/providers"
@@ -26,7 +24,7 @@ func TestShutdownCutsRequestsBeforeClosingProviders(t *testing.T) {
 	t.Parallel()
 	rs := startRedis(t)
 	dataDir := t.TempDir()
-	y := fmt.Sprintf(`
+	cfg := loadConfigText(t, fmt.Sprintf(`
 data_dir: %s
 broker_id: sandgate-shutdown
 redis: {addr: %q}
@@ -34,15 +32,7 @@ shutdown_timeout: 300ms
 providers:
   - {name: fake, kind: fake}
 default_provider: fake
-`, dataDir, rs.Addr)
-	path := filepath.Join(t.TempDir(), "sandgate.yaml")
-	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := broker.LoadConfig(path, func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
+`, dataDir, rs.Addr))
 	fake := fakeprovider.New()
 	const adminTok = "sgo_shutdown-test-admin-token"
 	b, stop := startInProcess(t, cfg, rs.Client(), providers.Registry{"fake": fakeKind(fake)}, adminTok)
