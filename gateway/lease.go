@@ -97,6 +97,7 @@ func (s *Server) leaseResponse(a store.Auth, state sandgate.LeaseState, adm prot
 	}
 	caps := prov.Provider.Capabilities()
 	resp.Limits = wireLimits(scope.Limits) // clamped to what the provider honours
+	resp.Egress.Ceiling = scope.EgressCeiling
 	resp.DefaultSize = defaultSize(scope)
 	resp.Images = protocol.Images{Default: scope.DefaultImage, Allowed: policy.AllowedImages(scope)}
 	for _, sz := range scope.AllowedSizes() {

@@ -135,9 +135,15 @@ func (c Capabilities) CheckScope(name string, scope sandgate.Scope) error {
 }
 
 // Effective returns scope as it applies on the provider: an empty size
-// list means every size the provider runs, and an empty default image
-// the provider's.
+// list means every size the provider runs, an empty default image the
+// provider's, and the egress ceiling is [] on a provider that enforces
+// nothing else. An instance set while its provider could filter by domain
+// (another kind, or a vendor listener since removed) then promises, and
+// admits, only what the provider enforces now.
 func (c Capabilities) Effective(scope sandgate.Scope) sandgate.Scope {
+	if c.Egress == EgressNoneOnly {
+		scope.EgressCeiling = []string{}
+	}
 	if len(scope.Sizes) == 0 {
 		for _, s := range c.Sizes {
 			scope.Sizes = append(scope.Sizes, s.Name)

@@ -187,4 +187,22 @@ func TestEffectiveScope(t *testing.T) {
 	if got.DefaultImage != "x" {
 		t.Errorf("Effective kept image %q; want x", got.DefaultImage)
 	}
+
+	// The ceiling is what the provider enforces: any on a domain filter,
+	// [] on a provider that has none, whatever the instance was set with.
+	for _, mode := range []providers.EgressMode{providers.EgressNative, providers.EgressProxy} {
+		caps.Egress = mode
+		if got := caps.Effective(sandgate.Scope{EgressCeiling: nil}); got.EgressCeiling != nil {
+			t.Errorf("%v: Effective ceiling = %q; want null kept", mode, got.EgressCeiling)
+		}
+		if got := caps.Effective(sandgate.Scope{EgressCeiling: []string{"a.example"}}); len(got.EgressCeiling) != 1 {
+			t.Errorf("%v: Effective ceiling = %q; want [a.example] kept", mode, got.EgressCeiling)
+		}
+	}
+	caps.Egress = providers.EgressNoneOnly
+	for _, c := range [][]string{nil, {"a.example"}} {
+		if got := caps.Effective(sandgate.Scope{EgressCeiling: c}); got.EgressCeiling == nil || len(got.EgressCeiling) != 0 {
+			t.Errorf("none: Effective(ceiling %q) = %q; want []", c, got.EgressCeiling)
+		}
+	}
 }

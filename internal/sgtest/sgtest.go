@@ -108,6 +108,16 @@ func (p *Provider) SetDiskMiB(mib int) {
 	})
 }
 
+// SetEgress makes the provider report egress mode m, as a provider whose
+// configuration changed under instances set before.
+func (p *Provider) SetEgress(m providers.EgressMode) {
+	p.Provider.Set(func(f *fakeprovider.Provider) {
+		caps := *f.Caps
+		caps.Egress = m
+		f.Caps = &caps
+	})
+}
+
 // ProviderName is the harness provider's name: the legacy name, so that
 // records a test writes without a provider resolve to it.
 const ProviderName = providers.LegacyName

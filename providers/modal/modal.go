@@ -230,13 +230,14 @@ func parseServerURL(raw string) (target string, secure bool, err error) {
 	return host + ":" + port, secure, nil
 }
 
-// Capabilities implements providers.Provider: Modal filters egress by
-// domain itself, ends each sandbox at its timeout and idle timeout with no
-// broker alive, and stores directory snapshots; durable commands run
-// through package runner, with a watcher exec each (commands.go).
+// Capabilities implements providers.Provider: no network only (noNetwork
+// says why Modal's domain allowlist is not used); Modal ends each sandbox
+// at its timeout and idle timeout with no broker alive, and stores
+// directory snapshots; durable commands run through package runner, with
+// a watcher exec each (commands.go).
 func (p *Provider) Capabilities() providers.Capabilities {
 	return providers.Capabilities{
-		Egress:         providers.EgressNative,
+		Egress:         providers.EgressNoneOnly,
 		VendorLifetime: true,
 		VendorIdle:     true,
 		Snapshots:      true,

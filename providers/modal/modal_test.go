@@ -90,7 +90,6 @@ func TestCreateRequest(t *testing.T) {
 	p := newProvider(t, fake, "sandgate-req")
 	sp := spec(t, "standard", 30*time.Minute)
 	sp.IdleTimeout = 10 * time.Minute
-	sp.Egress = sandgate.EgressPolicy{AllowedDomains: []string{"github.com", "*.githubusercontent.com"}}
 	sp.Env = map[string]string{"CLIENT_VAR": "client-value-planted"}
 	sb := providertest.Create(t, p, sp)
 
@@ -118,8 +117,8 @@ func TestCreateRequest(t *testing.T) {
 		t.Errorf("gpu_config %v, open_ports %v; want both sent (empty), as the SDK does", r.GetGpuConfig(), def.GetOpenPorts())
 	}
 	na := def.GetNetworkAccess()
-	if na.GetNetworkAccessType() != clientpb.NetworkAccess_ALLOWLIST || !slices.Equal(na.GetAllowedDomains(), sp.Egress.AllowedDomains) || len(na.GetAllowedCidrs()) != 0 {
-		t.Errorf("network_access = %v; want ALLOWLIST of exactly the domains, no CIDRs", na)
+	if na.GetNetworkAccessType() != clientpb.NetworkAccess_ALLOWLIST || len(na.GetAllowedDomains()) != 0 || len(na.GetAllowedCidrs()) != 0 {
+		t.Errorf("network_access = %v; want ALLOWLIST with both lists empty (no network)", na)
 	}
 	wantTags := map[string]string{providers.LabelBroker: "sandgate-req", providers.LabelWorkspace: sp.WorkspaceID, providers.LabelInstance: sp.InstanceID}
 	gotTags := map[string]string{}
@@ -143,6 +142,30 @@ func TestCreateRequest(t *testing.T) {
 // TestVendorEndsAtExpiry: with the provider closed (no broker process at
 // all), the vendor ends the sandbox at expires_at; a provider opened
 // afterwards finds it gone and no longer lists it.
+// Modal's domain allowlist is not relied on (the sheet is uncertain how it
+// judges literal IPs): the provider enforces only [], an instance scope
+// with domains is refused, and a create with domains never reaches Modal.
+func TestNoDomainAllowlist(t *testing.T) {
+	fake := startFake(t, modaltest.Config{})
+	p := newProvider(t, fake, "sandgate-egress")
+	caps := p.Capabilities()
+	if caps.Egress != providers.EgressNoneOnly {
+		t.Errorf("egress = %v; want none", caps.Egress)
+	}
+	if err := caps.CheckScope("modal", sandgate.Scope{EgressCeiling: []string{"github.com"}}); err == nil {
+		t.Error("a scope with an egress ceiling of domains was accepted")
+	}
+	sp := spec(t, "standard", 10*time.Minute)
+	sp.Egress = sandgate.EgressPolicy{AllowedDomains: []string{"github.com"}}
+	if sb, err := p.Create(t.Context(), sp); err == nil {
+		p.Terminate(t.Context(), sb)
+		t.Fatal("a create with allowed domains succeeded")
+	}
+	if n := len(fake.Sandboxes()); n != 0 {
+		t.Errorf("the refused create left %d sandboxes on Modal; want none", n)
+	}
+}
+
 func TestVendorEndsAtExpiry(t *testing.T) {
 	t.Parallel() // mostly waiting on the clock: beside the others
 	fake := startFake(t, modaltest.Config{})

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -137,15 +136,18 @@ func tags(labels map[string]string) []*clientpb.SandboxTag {
 	return out
 }
 
-// networkAccess is the egress policy as Modal's native allowlist: only
-// the domains listed (none for []), no CIDRs, so literal-IP traffic and
-// everything else is blocked by Modal.
-func networkAccess(e sandgate.EgressPolicy) *clientpb.NetworkAccess {
-	return &clientpb.NetworkAccess{
-		NetworkAccessType: clientpb.NetworkAccess_ALLOWLIST,
-		AllowedDomains:    slices.Clone(e.AllowedDomains),
-	}
+// noNetwork is the only egress policy sandgate gives a Modal sandbox: an
+// allowlist with both lists empty, which the sheet says blocks all public
+// egress (and keeps no private sandbox networking, since i6pn is never
+// enabled). Modal's domain allowlist is not used: the sheet is uncertain
+// whether it judges connections to literal IP addresses at all, and a
+// workspace's allowlist must not rest on that.
+func noNetwork() *clientpb.NetworkAccess {
+	return &clientpb.NetworkAccess{NetworkAccessType: clientpb.NetworkAccess_ALLOWLIST}
 }
+
+// errNoEgress refuses an allowlist with domains (see noNetwork).
+var errNoEgress = errors.New("modal: create: Modal offers no domain allowlist sandgate can rely on; only an empty allowlist (no network) is supported")
 
 // lifetimeAt is the sandbox's timeout at now: whole seconds that end it no
 // later than expiresAt, within Modal's 24 h.
@@ -162,10 +164,13 @@ func lifetimeAt(expiresAt, now time.Time) (time.Duration, error) {
 
 // Create creates the sandbox: the broker's App, the image, the env as an
 // ephemeral Secret, then SandboxCreate with the timeout, idle timeout,
-// limits equal to requests, the allowlist and the broker's tags. It returns
-// once the sandbox's task runs and its command router accepts a connection;
-// a failure after SandboxCreate terminates the sandbox.
+// limits equal to requests, no network (noNetwork) and the broker's tags.
+// It returns once the sandbox's task runs and its command router accepts a
+// connection; a failure after SandboxCreate terminates the sandbox.
 func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
+	if len(spec.Egress.AllowedDomains) > 0 {
+		return providers.Sandbox{}, errNoEgress
+	}
 	size, ok := p.Capabilities().Size(spec.Size.Name)
 	if !ok || size != spec.Size {
 		return providers.Sandbox{}, errors.New("modal: create: not one of Modal's sizes")
@@ -189,7 +194,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 		},
 		TimeoutSecs:    uint32(lifetime / time.Second),
 		OpenPortsOneof: &clientpb.Sandbox_OpenPorts{OpenPorts: &clientpb.PortSpecs{}},
-		NetworkAccess:  networkAccess(spec.Egress),
+		NetworkAccess:  noNetwork(),
 	}
 	if spec.IdleTimeout > 0 {
 		idle := uint32(min(max(spec.IdleTimeout.Truncate(time.Second), time.Second), lifetime) / time.Second)

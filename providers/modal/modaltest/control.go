@@ -188,6 +188,9 @@ func (c *controlPlane) SandboxCreate(ctx context.Context, req *clientpb.SandboxC
 		return nil, status.Error(codes.InvalidArgument, "timeout over 24 h")
 	case na.GetNetworkAccessType() == clientpb.NetworkAccess_BLOCKED && (len(na.GetAllowedDomains()) > 0 || len(na.GetAllowedCidrs()) > 0):
 		return nil, status.Error(codes.InvalidArgument, "BLOCKED with an allowlist")
+	case na.GetNetworkAccessType() != clientpb.NetworkAccess_ALLOWLIST || len(na.GetAllowedDomains()) > 0 || len(na.GetAllowedCidrs()) > 0:
+		// Modal would open some network; the fake's sandboxes have none.
+		return nil, status.Error(codes.FailedPrecondition, "modaltest models only ALLOWLIST with both lists empty")
 	}
 	timeout := time.Duration(def.GetTimeoutSecs()) * time.Second
 	if timeout == 0 {

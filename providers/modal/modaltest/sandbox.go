@@ -123,8 +123,7 @@ func (s *Server) schedule(sb *sandbox) {
 		WorkspaceID: sb.id, InstanceID: "modal-fake",
 		Size: sandgate.Size{Name: "fake", CPUCores: cores, MemoryMiB: mem},
 		Env:  sb.env,
-		// The fake cannot filter by domain: no public network at all,
-		// whatever allowlist it was given.
+		// No network: the only policy SandboxCreate lets through.
 		Egress:    sandgate.EgressPolicy{AllowedDomains: []string{}},
 		ExpiresAt: sb.created.Add(sb.timeout),
 	})

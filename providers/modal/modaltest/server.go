@@ -5,9 +5,10 @@
 // which one long-lived "container" process runs every exec, so processes
 // outlive the exec that started them as they do on Modal. The fake
 // enforces what Modal enforces: the token metadata, JWTs on the router,
-// the sandbox timeout and idle timeout, tags, and no public network at all
-// (it cannot filter by domain, so every allowlist it is given is enforced
-// as the empty one).
+// the sandbox timeout and idle timeout, tags, and the one network policy
+// it models: an allowlist with both lists empty, no network at all. Any
+// other network_access is refused (FAILED_PRECONDITION) rather than
+// enforced more strictly than Modal would.
 package modaltest
 
 import (
