@@ -124,6 +124,9 @@ type Provider struct {
 	// routerConns are the connections to router hosts, by dial target.
 	routerConns map[string]*grpc.ClientConn
 	imageMu     map[string]*sync.Mutex // per tag: one resolution at a time
+	// closed: Close ran, so a late call must not dial a router connection
+	// that nothing would close.
+	closed bool
 }
 
 // Open opens a Modal provider from its config block and the environment
@@ -256,6 +259,7 @@ func (p *Provider) Close() error {
 	p.mu.Lock()
 	conns := p.routerConns
 	p.routers, p.routerConns = map[string]*router{}, map[string]*grpc.ClientConn{}
+	p.closed = true
 	p.mu.Unlock()
 	for _, c := range conns {
 		c.Close()

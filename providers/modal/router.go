@@ -154,10 +154,13 @@ func (p *Provider) connectRouter(ctx context.Context, sandboxID, taskID string) 
 }
 
 // routerConn returns the shared connection to a router host, dialling it
-// once per process.
+// once per process; after Close it dials nothing.
 func (p *Provider) routerConn(target string) (*grpc.ClientConn, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errors.New("modal: the provider is closed")
+	}
 	if c, ok := p.routerConns[target]; ok {
 		return c, nil
 	}
