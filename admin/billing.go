@@ -352,6 +352,9 @@ func (s *Server) adjustUsage(c echo.Context) error {
 	if errors.Is(err, billing.ErrAmountOverflow) {
 		return invalid("the amount would take the account's settled total or balance past the largest amount sandgate holds; nothing was applied")
 	}
+	if errors.Is(err, billing.ErrRefundExceedsEntry) {
+		return invalid(strings.TrimPrefix(err.Error(), "billing: ") + "; nothing was applied")
+	}
 	if err != nil {
 		return storeFailed(err)
 	}

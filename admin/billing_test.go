@@ -2,7 +2,9 @@ package admin_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/sandgate/sandgate/admin"
@@ -95,6 +97,12 @@ func TestBillingRolesAndIdempotentFunds(t *testing.T) {
 	reused.Amount = "-0.0009"
 	if st, code := e.refused(adminToken, http.MethodPost, "/accounts/"+acct+"/usage/adjustments", reused); st != 409 || code != protocol.IdempotencyConflict {
 		t.Fatalf("the key reused for another amount: %d %s, want 409 %s", st, code, protocol.IdempotencyConflict)
+	}
+	tooMuch := adminapi.AdjustmentRequest{Corrects: "ws_x:final", Amount: "-0.000601", Reason: "goodwill", IdempotencyKey: "g2"}
+	err := e.client(adminToken).Do(context.Background(), http.MethodPost, "/accounts/"+acct+"/usage/adjustments", tooMuch, nil)
+	var ae *adminapi.APIError
+	if !errors.As(err, &ae) || ae.Status != 400 || ae.Code != protocol.InvalidRequest || !strings.Contains(ae.Message, "charges 0.0006 now") || !strings.Contains(ae.Message, "nothing was applied") {
+		t.Fatalf("a refund past what the entry still charges (0.0006): %v; want 400 %s naming 0.0006 and that nothing was applied", err, protocol.InvalidRequest)
 	}
 	adj.Corrects = "ws_y:final"
 	if st, _ := e.refused(adminToken, http.MethodPost, "/accounts/"+acct+"/usage/adjustments", adj); st != 404 {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -390,7 +391,8 @@ func TestAdjustPastInt64AppliesNothing(t *testing.T) {
 		t.Errorf("funds ledger = %d entries, %v; want the first credit alone", len(cs), err)
 	}
 
-	// An adjustment's refund past int64 of settled (balance near the top).
+	// An adjustment's charge that takes settled past int64 (a refund
+	// cannot: it takes back at most what an entry charged).
 	w, err := e.acquire("acct_o", "inst_1", "", time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -398,13 +400,13 @@ func TestAdjustPastInt64AppliesNothing(t *testing.T) {
 	e.clock.Advance(10 * time.Second)
 	e.release(w, sandgate.ReasonReleased)
 	before = e.balance("acct_o")
-	_, appended, err := e.bill.AdjustUsage(ctx, "acct_o", billing.UsageAdjustment{Corrects: billing.FinalID(w.ID), Key: "refund-big",
-		AmountMicros: -big, Reason: "test", At: e.clock.Now()})
+	_, appended, err := e.bill.AdjustUsage(ctx, "acct_o", billing.UsageAdjustment{Corrects: billing.FinalID(w.ID), Key: "charge-big",
+		AmountMicros: math.MaxInt64 - before.SettledMicros + 1, Reason: "test", At: e.clock.Now()})
 	if !errors.Is(err, billing.ErrAmountOverflow) || appended {
-		t.Fatalf("refund past int64 = appended %t, %v; want ErrAmountOverflow", appended, err)
+		t.Fatalf("charge past int64 = appended %t, %v; want ErrAmountOverflow", appended, err)
 	}
 	if after := e.balance("acct_o"); after != before {
-		t.Errorf("balance after the refused refund = %+v; want %+v", after, before)
+		t.Errorf("balance after the refused charge = %+v; want %+v", after, before)
 	}
 	var n int
 	_ = e.bill.Ledger().Scan(ctx, "acct_o", time.Time{}, time.Time{}, func(billing.UsageEntry) error { n++; return nil })
@@ -704,4 +706,85 @@ func TestSettleRecordsEgressBytes(t *testing.T) {
 		t.Errorf("statement lines = %+v; want one with egress 1234 out, 56789 in", st.Lines)
 	}
 	e.noDrift("acct_e")
+}
+
+// TestRefundBoundedByEntry: a refund takes back at most what the entry it
+// corrects still charges, counting every adjustment of it, including
+// adjustments of its adjustments; a refused one applies nothing; a retry of
+// one applied earlier is answered as done even when the entry is now fully
+// refunded; and concurrent refunds together never exceed the entry.
+func TestRefundBoundedByEntry(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const acct = "acct_r"
+	e.account(acct, 10, false)
+	e.credit(acct, 1_000_000, "c")
+	final := func() string {
+		w, err := e.acquire(acct, "inst_1", "", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.clock.Advance(100 * time.Second) // 1000 micros
+		e.release(w, sandgate.ReasonReleased)
+		return billing.FinalID(w.ID)
+	}
+	adjust := func(corrects, key string, amount int64) (billing.UsageEntry, bool, error) {
+		return e.bill.AdjustUsage(ctx, acct, billing.UsageAdjustment{Corrects: corrects, Key: key, AmountMicros: amount, Reason: "test", At: e.clock.Now()})
+	}
+	entries := func() int {
+		n := 0
+		_ = e.bill.Ledger().Scan(ctx, acct, time.Time{}, time.Time{}, func(billing.UsageEntry) error { n++; return nil })
+		return n
+	}
+
+	fin := final()
+	first, _, err := adjust(fin, "r1", -600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, n := e.balance(acct), entries()
+	if _, appended, err := adjust(fin, "r2", -401); !errors.Is(err, billing.ErrRefundExceedsEntry) || appended {
+		t.Fatalf("a refund of 401 after 600 of 1000 = appended %t, %v; want ErrRefundExceedsEntry", appended, err)
+	}
+	if after := e.balance(acct); after != before || entries() != n {
+		t.Errorf("the refused refund moved the balance (%+v → %+v) or the ledger (%d → %d entries)", before, after, n, entries())
+	}
+	if got, appended, err := adjust(fin, "r1", -600); err != nil || appended || got.ID != first.ID {
+		t.Errorf("a retry of the first refund = %s, appended %t, %v; want %s answered again", got.ID, appended, err, first.ID)
+	}
+	// Undoing part of the refund (an adjustment of the adjustment) makes
+	// room again, exactly.
+	if _, _, err := adjust(first.ID, "undo", 200); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := adjust(fin, "r3", -600); err != nil {
+		t.Fatalf("a refund of the 600 left: %v", err)
+	}
+	if _, _, err := adjust(first.ID, "r4", -1); !errors.Is(err, billing.ErrRefundExceedsEntry) {
+		t.Errorf("a refund of a fully refunded entry, through its adjustment: %v; want ErrRefundExceedsEntry", err)
+	}
+
+	// Eight refunds of 300 at once: three fit in 1000.
+	fin = final()
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Go(func() { _, _, errs[i] = adjust(fin, fmt.Sprint("c", i), -300) })
+	}
+	wg.Wait()
+	ok, refused := 0, 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, billing.ErrRefundExceedsEntry):
+			refused++
+		default:
+			t.Errorf("concurrent refund: %v", err)
+		}
+	}
+	if ok != 3 || refused != 5 {
+		t.Errorf("concurrent refunds of 300 of 1000: %d applied, %d refused; want 3, 5", ok, refused)
+	}
+	e.noDrift(acct)
 }

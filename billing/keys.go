@@ -17,6 +17,11 @@ func usageKey(acct string) string { return prefix + "{" + acct + "}:usage" }
 // second append of one id is a no-op. Example: sg:{acct_x}:usage:ids
 func usageIDsKey(acct string) string { return prefix + "{" + acct + "}:usage:ids" }
 
+// adjustSeqKey is the STRING count of the usage adjustments appended to an
+// account's ledger: an adjustment checks, as it writes, that none was
+// appended since it read the ledger. Example: sg:{acct_x}:usage:adjseq
+func adjustSeqKey(acct string) string { return prefix + "{" + acct + "}:usage:adjseq" }
+
 // rateCardKey is a rate card's HASH: field "latest" its newest version,
 // field "<version>" that version's JSON, field "latest_create" the random
 // id of the create that made the newest (a resend of it is recognised).
