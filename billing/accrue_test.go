@@ -146,3 +146,44 @@ func TestAccrualSplitsAtMonthBoundary(t *testing.T) {
 	}
 	e.noDrift(acct)
 }
+
+// TestVanishedAfterAccrualChargesOnce: a sandbox the reaper found gone is
+// ended at its listing, but never earlier than accrual's grace before
+// now: an hour accrued after a slow listing is not charged again by the
+// final entry, and the entries add up to the metered seconds.
+func TestVanishedAfterAccrualChargesOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const acct = "acct_v"
+	e.account(acct, 10, false)
+	e.credit(acct, 100_000_000, "c")
+	e.clock.Set(time.Date(2026, 3, 10, 10, 10, 0, 0, time.UTC))
+	w, err := e.acquire(acct, "inst_1", "", 4*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := time.Date(2026, 3, 10, 10, 59, 50, 0, time.UTC)
+	e.clock.Set(listed.Add(75 * time.Second)) // 11:01:05: the walk was slow
+	if n, err := e.bill.Accrue(ctx, acct, e.clock.Now()); err != nil || n != 1 {
+		t.Fatalf("Accrue = %d, %v; want the 10:10-11:00 period", n, err)
+	}
+	if started, err := e.term.Vanished(ctx, w, listed); err != nil || !started {
+		t.Fatalf("Vanished = %t, %v", started, err)
+	}
+	fin, err := e.db.Workspace(ctx, acct, w.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := e.clock.Now().Add(-billing.AccrualGrace); !fin.TerminatedAt.Equal(want) {
+		t.Errorf("ended at %v; want %v, accrual's grace before now", fin.TerminatedAt, want)
+	}
+	metered, _ := billing.Metered(fin)
+	var secs, amount int64
+	for _, u := range e.entries(acct) {
+		secs, amount = secs+u.Seconds, amount+u.AmountMicros
+	}
+	if secs != metered || amount != 10*metered {
+		t.Errorf("entries add up to %d s, %d micros; want the metered %d s, %d micros", secs, amount, metered, 10*metered)
+	}
+	e.noDrift(acct)
+}

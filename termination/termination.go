@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate"
+	"github.com/sandgate/sandgate/billing"
 	"github.com/sandgate/sandgate/providers"
 	"github.com/sandgate/sandgate/store"
 )
@@ -208,7 +209,8 @@ func (t *Terminator) FailCreate(ctx context.Context, w sandgate.Workspace, sb pr
 // (a provider answered providers.ErrSandboxGone, or the reaper's listing
 // lacks it), with reason failed: its slot is freed and its end recorded
 // and settled at at, when the broker learned of it (or the vendor's own
-// end), so that metering stops there. Only a running workspace is ended:
+// end), so that metering stops there: at the earliest a minute
+// (billing.AccrualGrace) before now. Only a running workspace is ended:
 // one still starting belongs to its Acquire, and one already ending keeps
 // its reason. started reports whether this call ended it. w needs only
 // its ID and AccountID; the record is read again.
@@ -221,8 +223,16 @@ func (t *Terminator) Vanished(ctx context.Context, w sandgate.Workspace, at time
 	if cur.State != sandgate.WorkspaceRunning {
 		return false, nil
 	}
-	if now := t.clock.Now(); at.IsZero() || at.After(now) {
+	now := t.clock.Now()
+	if at.IsZero() || at.After(now) {
 		at = now
+	}
+	// Accrual charges a running workspace's periods once they ended
+	// billing.AccrualGrace ago: an end backdated further (a listing that
+	// took that long) could fall inside a period already charged, and the
+	// final entry would charge that time again.
+	if floor := now.Add(-billing.AccrualGrace); at.Before(floor) {
+		at = floor
 	}
 	if at.Before(cur.StartedAt) {
 		at = cur.StartedAt
