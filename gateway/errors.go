@@ -68,4 +68,4 @@ func fromEchoError(he *echo.HTTPError) *protocol.Error {
 // errInvalid is a 400 with an operator-actionable message.
 func errInvalid(msg string) error { return protocol.E(protocol.InvalidRequest, msg) }
 
-var errNotFound = saga.ErrNotFound
+var errBadWorkspaceID = saga.ErrBadWorkspaceID

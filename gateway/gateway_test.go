@@ -1322,13 +1322,17 @@ func TestCrossInstance(t *testing.T) {
 			}
 		}
 	}
+	// A malformed id is 400 (spec §Errors: "bad id"), never the 404 a
+	// client takes as "already released".
 	for _, bad := range []string{"..", "a%20b", "ws_%2F", strings.Repeat("w", 65), "ws%00x", "%C3%A9"} {
-		for i, r := range workspaceOps(a.Token, bad) {
-			wantAns := answerOf(do(t, h, workspaceOps(a.Token, unknown)[i]))
-			got := answerOf(wantErrorRep(t, "invalid id: "+what(r), do(t, h, r), http.StatusNotFound, protocol.NotFound))
-			if got != wantAns {
-				t.Errorf("%s = %+v; want %+v, as for an unknown id", what(r), got, wantAns)
-			}
+		key := map[string]string{protocol.HeaderIdempotencyKey: "bad-id"}
+		ops := append(workspaceOps(a.Token, bad),
+			request{Method: http.MethodPost, Path: wsPath(bad, "/snapshots"), Token: a.Token, Header: key, Body: map[string]any{"path": "/workspace"}},
+			request{Method: http.MethodGet, Path: wsPath(bad, "/commands/c1"), Token: a.Token},
+			request{Method: http.MethodPost, Path: wsPath(bad, "/commands/c1/cancel"), Token: a.Token},
+			request{Method: http.MethodDelete, Path: "/v1/snapshots/" + bad, Token: a.Token})
+		for _, r := range ops {
+			wantError(t, "invalid id: "+what(r), do(t, h, r), http.StatusBadRequest, protocol.InvalidRequest)
 		}
 	}
 	wantState(t, h, a.Token, ws.WorkspaceID, "after other instances' requests", "running")

@@ -20,7 +20,7 @@ func (s *Server) createSnapshot(c echo.Context) error {
 	}
 	wsID := c.Param("id")
 	if !policy.ValidID(wsID) {
-		return errNotFound
+		return errBadWorkspaceID
 	}
 	var req protocol.SnapshotRequest
 	if err := decode(c, &req); err != nil {

@@ -28,7 +28,8 @@ func errSnapshotNotFound() error {
 // answer exactly as unknown ones (spec §Trust model).
 func (s *Saga) Snapshot(ctx context.Context, in sandgate.Instance, id string) (sandgate.Snapshot, error) {
 	if !policy.ValidID(id) {
-		return sandgate.Snapshot{}, errSnapshotNotFound()
+		return sandgate.Snapshot{}, protocol.E(protocol.InvalidRequest,
+			"the snapshot id is malformed: an id is 1 to 64 characters of [A-Za-z0-9._-], never . or ..; send it exactly as the broker returned it")
 	}
 	snap, err := s.db.Snapshot(ctx, in.AccountID, id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && snap.InstanceID != in.ID) {

@@ -19,13 +19,19 @@ import (
 // instance's (spec §Trust model: the two answer alike).
 var ErrNotFound = protocol.E(protocol.NotFound, "no such workspace for this instance")
 
+// ErrBadWorkspaceID answers a workspace id no broker mints (spec
+// §Identifiers) with 400, not 404: a client takes 404 on Release as done,
+// and must not record a mangled id's workspace as released.
+var ErrBadWorkspaceID = protocol.E(protocol.InvalidRequest,
+	"the workspace id is malformed: an id is 1 to 64 characters of [A-Za-z0-9._-], never . or ..; send it exactly as the broker returned it")
+
 // Load reads workspace id for lease l, counting the request against the
 // lease's rate limit of class (when not "" and the Saga has a limiter) in
 // the same round trip, and answers in every workspace route's order: 429,
 // then 404 (no such workspace, or another instance's), then 503.
 func (s *Saga) Load(ctx context.Context, l sandgate.Lease, id string, class admission.Class) (sandgate.Workspace, error) {
 	if !policy.ValidID(id) {
-		return sandgate.Workspace{}, ErrNotFound
+		return sandgate.Workspace{}, ErrBadWorkspaceID
 	}
 	queue, limited := s.limiter.QueueOn(ctx, l.ID, class, false)
 	w, err := s.db.WorkspacePipelined(ctx, l.AccountID, id, queue)
@@ -107,7 +113,7 @@ func (s *Saga) expireIfDue(ctx context.Context, w sandgate.Workspace, now time.T
 // when it confirms; a terminating one is retried here.
 func (s *Saga) Release(ctx context.Context, l sandgate.Lease, id string) (sandgate.Workspace, error) {
 	if !policy.ValidID(id) {
-		return sandgate.Workspace{}, ErrNotFound
+		return sandgate.Workspace{}, ErrBadWorkspaceID
 	}
 	w, err := s.term.Release(ctx, l.AccountID, l.InstanceID, id)
 	switch {
