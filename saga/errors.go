@@ -48,6 +48,9 @@ var providerErrors = [...][]refusal{
 	// or 502.
 	opSnapshot: {
 		{providers.ErrSnapshotTooLarge, protocol.SnapshotQuotaExceeded, "", "the snapshot would take the instance's live snapshots past max_snapshot_bytes; delete some first"},
+		// The provider's own bound on one snapshot (execsnap's archive):
+		// as deterministic as the quota, so never a retryable 502.
+		{providers.ErrFileTooLarge, protocol.SnapshotQuotaExceeded, "", "the directory is larger than this broker's provider stores in one snapshot; snapshot a smaller directory"},
 		{providers.ErrFileNotFound, protocol.FileNotFound, "", "dir does not exist in the workspace"},
 		{providers.ErrNotAFile, protocol.NotAFile, "", "dir is not a directory that can be snapshotted (it must persist in the workspace)"},
 		gone,
