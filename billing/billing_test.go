@@ -788,3 +788,65 @@ func TestRefundBoundedByEntry(t *testing.T) {
 	}
 	e.noDrift(acct)
 }
+
+// TestCurrencyLockedOnceMoneyMoves: an account's currency cannot change
+// (another card's currency, or free) once it has funds or priced usage in
+// it, since balances and statements would relabel that money; with no
+// money moved, or from free usage only, it can.
+func TestCurrencyLockedOnceMoneyMoves(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	prices := map[string]int64{}
+	for _, s := range sandgate.StandardSizes {
+		prices[s.Name] = 10
+	}
+	if _, err := e.bill.CreateRateCard(ctx, "eur", "EUR", prices, e.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	toEUR := func(acct string) error {
+		return e.bill.SetSettings(ctx, billing.Settings{AccountID: acct, RateCard: "eur", Currency: "EUR"})
+	}
+	toFree := func(acct string) error {
+		return e.bill.SetSettings(ctx, billing.Settings{AccountID: acct, Free: true})
+	}
+
+	e.account("acct_new", 10, false) // USD, nothing moved yet
+	if err := toEUR("acct_new"); err != nil {
+		t.Errorf("an account with no money moved, to EUR: %v", err)
+	}
+
+	e.account("acct_paid", 10, false)
+	e.credit("acct_paid", 1_000_000, "c")
+	w, err := e.acquire("acct_paid", "inst_1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(10 * time.Minute)
+	e.release(w, sandgate.ReasonReleased)
+	month := billing.MonthOf(e.clock.Now())
+	for name, change := range map[string]func(string) error{"to EUR": toEUR, "to free": toFree} {
+		if err := change("acct_paid"); !errors.Is(err, billing.ErrCurrencyInUse) {
+			t.Errorf("an account with USD funds and usage, %s: %v; want ErrCurrencyInUse", name, err)
+		}
+	}
+	if s, err := e.bill.Settings(ctx, "acct_paid"); err != nil || s.Currency != "USD" {
+		t.Errorf("settings after the refused changes = %+v, %v; want USD kept", s, err)
+	}
+	if _, err := billing.BuildStatement(ctx, e.bill.Ledger(), e.bill, "acct_paid", month, month.AddDate(0, 1, 0)); err != nil {
+		t.Errorf("statement after the refused changes: %v", err)
+	}
+
+	// A free account's usage costs 0 in XXX and fits any currency.
+	if err := e.bill.SetSettings(ctx, billing.Settings{AccountID: "acct_trial", Free: true}); err != nil {
+		t.Fatal(err)
+	}
+	w, err = e.acquire("acct_trial", "inst_2", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Minute)
+	e.release(w, sandgate.ReasonReleased)
+	if err := toEUR("acct_trial"); err != nil {
+		t.Errorf("a free account with free usage, to EUR: %v", err)
+	}
+}

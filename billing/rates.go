@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -270,6 +271,9 @@ func (b *Billing) SetSettings(ctx context.Context, s Settings) error {
 				"use a rate card in %s", c.Name, c.Currency, s.Currency, s.Currency)}
 		}
 	}
+	if err := b.checkCurrencyChange(ctx, s.AccountID, s.Currency); err != nil {
+		return err
+	}
 	if err := b.rdb.HSet(ctx, settingsKey(s.AccountID), "configured", "1", "rate_card", s.RateCard,
 		"currency", s.Currency, "credit_limit", s.CreditLimitMicros, "postpaid", boolField(s.Postpaid), "free", boolField(s.Free)).Err(); err != nil {
 		return err
@@ -277,6 +281,52 @@ func (b *Billing) SetSettings(ctx context.Context, s Settings) error {
 	// Every gateway's price cache drops the account's old settings before
 	// this call returns.
 	return b.db.Invalidate(ctx)
+}
+
+// ErrCurrencyInUse is returned for a change of an account's currency once
+// money has moved in the old one.
+var ErrCurrencyInUse = errors.New("billing: the account's currency is in use")
+
+// checkCurrencyChange refuses to give account acct currency to once it
+// has money in another: its funds counters carry no currency of their
+// own, so they would be read in the new one, and its statements would
+// meet ledger entries in the old one. Free usage (NoCurrency, 0) fits any
+// currency, so a free account may become a paying one; an account never
+// configured had no currency to keep.
+func (b *Billing) checkCurrencyChange(ctx context.Context, acct, to string) error {
+	cur, err := b.Settings(ctx, acct)
+	if err != nil {
+		return err
+	}
+	if !cur.Configured || strings.EqualFold(cur.Currency, to) {
+		return nil
+	}
+	inUse := func(what string) error {
+		return fmt.Errorf("%w: it has %s in %s, and balances and statements would read them as %s; "+
+			"keep %s, or bill in %s on another account", ErrCurrencyInUse, what, cur.Currency, to, cur.Currency, to)
+	}
+	funds, err := b.rdb.HGetAll(ctx, fundsKey(acct)).Result()
+	if err != nil {
+		return err
+	}
+	for _, v := range funds {
+		if v != "0" {
+			return inUse("funds")
+		}
+	}
+	err = b.ledger.Scan(ctx, acct, zeroTime, zeroTime, func(e UsageEntry) error {
+		if !strings.EqualFold(e.Currency, to) && (e.Currency != NoCurrency || e.AmountMicros != 0) {
+			return errStop
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errStop):
+		return inUse("usage")
+	case err != nil:
+		return err
+	}
+	return nil
 }
 
 func boolField(v bool) string {
