@@ -192,17 +192,19 @@ func (b *Billing) UsageFiledBefore(ctx context.Context, acct string, t, now time
 		if w.StartedAt.IsZero() || !w.StartedAt.Before(t) {
 			continue
 		}
-		if w.State != sandgate.WorkspaceRunning {
-			if !w.TerminatedAt.IsZero() && w.TerminatedAt.Before(t) {
-				return false, nil // its final entry, filed before t, is not in yet
+		switch {
+		case w.State == sandgate.WorkspaceRunning:
+			if !w.ExpiresAt.IsZero() && !w.ExpiresAt.After(t) {
+				return false, nil // its end is due before t and not recorded yet
 			}
-			continue
-		}
-		if !w.ExpiresAt.IsZero() && !w.ExpiresAt.After(t) {
-			return false, nil // its end is due before t and not recorded yet
+		case w.TerminatedAt.IsZero():
+			return false, nil // ending, its end not recorded: it may file before t
+		case w.TerminatedAt.Before(t):
+			return false, nil // its final entry, filed before t, is not in yet
 		}
 		// The interim periods that end by t (the end is only a bound
-		// past them: none of them is the final one).
+		// past them: none of them is the final one): accrued while it ran,
+		// or, once it stopped running, filed only by its settlement.
 		ps := periods(w.ID, w.StartedAt, t.Add(AccrualPeriod), t.Add(time.Nanosecond))
 		if len(ps) == 0 {
 			continue

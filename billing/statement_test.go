@@ -228,3 +228,63 @@ func TestStatementCompleteOnceUsageIsIn(t *testing.T) {
 			later.UsageMicros, later.ClosingMicros, later.Complete, first.UsageMicros, first.ClosingMicros)
 	}
 }
+
+// TestStatementIncompleteWhileEnding: a workspace whose release began in
+// the last minutes of March, with the provider slow to end it, files its
+// last March hour only at its settlement (accrual writes only running
+// workspaces): March's statement is not complete until then, and once
+// complete it keeps its usage.
+func TestStatementIncompleteWhileEnding(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const acct = "acct_ending"
+	e.account(acct, 10, false)
+	e.credit(acct, 100_000_000, "c")
+	e.clock.Set(time.Date(2026, 3, 31, 22, 10, 0, 0, time.UTC))
+	w, err := e.acquire(acct, "inst_1", "", 4*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accrue := func() {
+		t.Helper()
+		if _, err := e.bill.Accrue(ctx, acct, e.clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	march := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	statement := func(label string) billing.Statement {
+		t.Helper()
+		st, err := billing.BuildStatement(ctx, e.bill.Ledger(), e.bill, acct, march, e.clock.Now())
+		if err != nil {
+			t.Fatalf("%s: %v", label, err)
+		}
+		return st
+	}
+	e.clock.Set(time.Date(2026, 3, 31, 23, 2, 0, 0, time.UTC))
+	accrue() // 22:10-23:00
+	e.clock.Set(time.Date(2026, 3, 31, 23, 59, 30, 0, time.UTC))
+	if _, _, err := e.db.BeginTerminate(ctx, w, sandgate.ReasonReleased, e.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Set(time.Date(2026, 4, 1, 0, 4, 30, 0, time.UTC))
+	accrue() // nothing: it no longer runs
+	if st := statement("while ending"); st.Complete {
+		t.Errorf("March's statement is complete (usage %d) while a workspace that ran in its last hour is still ending", st.UsageMicros)
+	}
+	cur, err := e.db.Workspace(ctx, acct, w.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := e.term.Finish(ctx, cur); err != nil || !ok {
+		t.Fatalf("Finish = %t, %v", ok, err)
+	}
+	first := statement("once ended")
+	if !first.Complete {
+		t.Fatal("March's statement is not complete once the workspace is settled")
+	}
+	e.clock.Advance(2 * time.Hour)
+	accrue()
+	if later := statement("later"); later.UsageMicros != first.UsageMicros {
+		t.Errorf("March's usage moved from %d to %d after its statement was complete", first.UsageMicros, later.UsageMicros)
+	}
+}
