@@ -1780,9 +1780,9 @@ func TestRelease(t *testing.T) {
 	if n := h.LiveCount(in); n != 0 {
 		t.Errorf("live slots after release = %d; want 0", n)
 	}
-	for _, id := range []string{sandgate.NewID(sandgate.PrefixWorkspace), "not%20an%20id"} {
-		wantError(t, "release "+id, do(t, h, request{Method: http.MethodDelete, Path: wsPath(id), Token: in.Token}), http.StatusNotFound, protocol.NotFound)
-	}
+	unknown := sandgate.NewID(sandgate.PrefixWorkspace)
+	wantError(t, "release of an unknown id", do(t, h, request{Method: http.MethodDelete, Path: wsPath(unknown), Token: in.Token}), http.StatusNotFound, protocol.NotFound)
+	wantError(t, "release of a malformed id", do(t, h, request{Method: http.MethodDelete, Path: wsPath("not%20an%20id"), Token: in.Token}), http.StatusBadRequest, protocol.InvalidRequest)
 }
 
 func TestReleaseTerminateFailure(t *testing.T) {
