@@ -30,7 +30,7 @@ func TestExecRefusalsMarkNothing(t *testing.T) {
 		code           protocol.Code
 	}{
 		{"unknown workspace, bad body", sandgate.NewID(sandgate.PrefixWorkspace), `{"argv":[]}`, http.StatusNotFound, protocol.NotFound},
-		{"invalid id, bad body", "ws_no!", `{"argv":[]}`, http.StatusNotFound, protocol.NotFound},
+		{"invalid id, bad body", "ws_no!", `{"argv":[]}`, http.StatusBadRequest, protocol.InvalidRequest},
 		{"released workspace, bad body", gone, `{"argv":["true"],"timeout_seconds":-1}`, http.StatusGone, protocol.WorkspaceGone},
 		{"empty argv", id, `{"argv":[]}`, http.StatusBadRequest, protocol.InvalidRequest},
 		{"negative timeout", id, `{"argv":["true"],"timeout_seconds":-1}`, http.StatusBadRequest, protocol.InvalidRequest},
