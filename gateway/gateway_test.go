@@ -1935,3 +1935,48 @@ func TestFieldNamesAreExact(t *testing.T) {
 		}
 	}
 }
+
+// TestExpiryAnswersAgree: a workspace released at its expires_at ended
+// because it expired, and every answer says so: the release and a status
+// read are 410 with reason expired, and the list shows reason expired.
+// One whose release began before its deadline was released, whatever
+// its provider took: after the deadline its status read and a second
+// release agree (200, reason released).
+func TestExpiryAnswersAgree(t *testing.T) {
+	t.Parallel()
+	h := sgtest.New(t, sgtest.Options{})
+	in := h.NewInstance(adminapi.Scope{Limits: protocol.Limits{MaxLifetimeSeconds: 600}})
+	late := acquire(t, h, in.Token, "late")
+	early := acquire(t, h, in.Token, "early")
+
+	h.Provider.OnTerminate(func(context.Context, providers.Sandbox) error { return errors.New("vendor: timeout") })
+	if got := release(t, h, in.Token, early.WorkspaceID); got.State != "terminating" {
+		t.Fatalf("release with a failing provider = %q; want terminating", got.State)
+	}
+	h.Provider.OnTerminate(nil)
+
+	h.Clock.Advance(600 * time.Second) // at expires_at
+	for _, r := range []request{
+		{Method: http.MethodDelete, Path: wsPath(late.WorkspaceID), Token: in.Token},
+		{Method: http.MethodGet, Path: wsPath(late.WorkspaceID), Token: in.Token},
+		{Method: http.MethodDelete, Path: wsPath(late.WorkspaceID), Token: in.Token},
+	} {
+		if e := wantError(t, what(r)+" at expires_at", do(t, h, r), http.StatusGone, protocol.WorkspaceGone); e.Details["reason"] != "expired" {
+			t.Errorf("%s at expires_at: details %v; want reason expired", what(r), e.Details)
+		}
+	}
+
+	got := getWorkspace(t, h, in.Token, early.WorkspaceID)
+	again := release(t, h, in.Token, early.WorkspaceID)
+	for _, w := range []protocol.Workspace{got, again} {
+		if deref(w.TerminationReason) != "released" {
+			t.Errorf("a workspace released before its deadline, after it: reason %v; want released", deref(w.TerminationReason))
+		}
+	}
+	for _, w := range listAll(t, h, in.Token) {
+		want := map[string]string{late.WorkspaceID: "expired", early.WorkspaceID: "released"}[w.WorkspaceID]
+		if deref(w.TerminationReason) != want {
+			t.Errorf("listed %s: reason %v; want %s", w.WorkspaceID, deref(w.TerminationReason), want)
+		}
+	}
+}

@@ -78,15 +78,6 @@ func expired(w sandgate.Workspace, now time.Time) bool {
 		w.TerminationReason == sandgate.ReasonExpired
 }
 
-// endedExpired reports whether w, ended or ending, was still live at its
-// expires_at, which lies before now.
-func endedExpired(w sandgate.Workspace, now time.Time) bool {
-	if now.Before(w.ExpiresAt) {
-		return false
-	}
-	return w.TerminationReason == sandgate.ReasonExpired || w.TerminatedAt.IsZero() || !w.TerminatedAt.Before(w.ExpiresAt)
-}
-
 // errExpired is the answer about a workspace past its expires_at.
 var errExpired = &protocol.Error{Code: protocol.WorkspaceGone, Reason: string(sandgate.ReasonExpired),
 	Message: "the workspace reached its expires_at; acquire a new one"}
@@ -167,15 +158,16 @@ func (s *Server) listWorkspaces(c echo.Context) error {
 // release is DELETE /v1/workspaces/{id}: idempotent, never refused for
 // funds, budgets, pauses or stops (spec §Release).
 // A workspace that was still live at its expires_at answers errExpired,
-// once the release has started its end (the release costs no read of its
-// own: its two round trips answer the record).
+// once the release has started its end (recorded with reason expired, so
+// a status read answers the same; the release costs no read of its own:
+// its two round trips answer the record).
 func (s *Server) release(c echo.Context) error {
 	w, err := s.saga.Release(c.Request().Context(), authFrom(c).Lease, c.Param("id"))
 	if err != nil {
 		return err
 	}
 	now := s.clock.Now()
-	if endedExpired(w, now) {
+	if expired(w, now) {
 		return errExpired
 	}
 	return answerJSON(c, http.StatusOK, s.status(w, now))

@@ -90,6 +90,8 @@ return 1
 // ARGV[1] workspace id, ARGV[2] termination reason, ARGV[3] now (unix ms),
 // ARGV[4] condition ("", "expired" or "idle"), ARGV[5] owning instance id or "",
 // ARGV[6] provider ref or ""
+// A release (ARGV[5] set, reason released, no condition) of a record at
+// or past its expires_at is recorded with reason expired.
 // Returns {0, ""} no record, {1, state} already terminating or terminated,
 // {2, previous state} termination started, {3, state} condition not met;
 // each followed by the record's provider ref as it left it (the caller's
@@ -97,11 +99,12 @@ return 1
 // before any change (HGETALL's list; none for 0).
 var terminateScript = redis.NewScript(`
 -- A release reads the whole record once, up front, and answers it as read.
-local rec, st, inst, ref
+local rec, st, inst, ref, expires
 if ARGV[5] ~= '' then
   rec = redis.call('HGETALL', KEYS[2])
   for i = 1, #rec, 2 do
-    if rec[i] == 'state' then st = rec[i + 1] elseif rec[i] == 'instance' then inst = rec[i + 1] end
+    if rec[i] == 'state' then st = rec[i + 1] elseif rec[i] == 'instance' then inst = rec[i + 1]
+    elseif rec[i] == 'expires_ms' then expires = tonumber(rec[i + 1]) end
   end
 else
   local f = redis.call('HMGET', KEYS[2], 'state', 'instance', 'provider_ref')
@@ -126,7 +129,11 @@ elseif ARGV[4] == 'idle' then
   local idle, last = tonumber(f[1]) or 0, math.max(tonumber(f[2]) or 0, tonumber(f[3]) or 0)
   if st ~= 'running' or idle <= 0 or last + idle > now then return out(3, st) end
 end
-redis.call('HSET', KEYS[2], 'state', 'terminating', 'reason', ARGV[2], 'terminating_ms', ARGV[3])
+local reason = ARGV[2]
+if rec and reason == 'released' and ARGV[4] == '' and expires and expires > 0 and expires <= now then
+  reason = 'expired' -- released at or past its deadline: it ends because it expired
+end
+redis.call('HSET', KEYS[2], 'state', 'terminating', 'reason', reason, 'terminating_ms', ARGV[3])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 return out(2, st)

@@ -272,6 +272,9 @@ func (db *DB) BeginRelease(ctx context.Context, acct, inst, id string, reason sa
 		// The script's changes, on the record it read: applied here, so
 		// that the script does not rebuild the record in Lua.
 		rec.State, rec.TerminationReason = sandgate.WorkspaceTerminating, reason
+		if reason == sandgate.ReasonReleased && !rec.ExpiresAt.IsZero() && !now.Before(rec.ExpiresAt) {
+			rec.TerminationReason = sandgate.ReasonExpired // as the script recorded it
+		}
 	}
 	if started && prev == sandgate.WorkspaceStarting {
 		err = db.FreePendingKey(ctx, acct, inst, id)
