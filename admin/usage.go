@@ -109,7 +109,7 @@ func (s *Server) usageRead(c echo.Context) (usageQuery, *usageRange, error) {
 	if err != nil {
 		return q, nil, err
 	}
-	rng := &usageRange{From: q.filter.From.Format(time.RFC3339), To: q.filter.To.Format(time.RFC3339),
+	rng := &usageRange{From: q.filter.From.Format(time.RFC3339Nano), To: q.filter.To.Format(time.RFC3339Nano),
 		Account: c.QueryParam("account"), Instance: q.filter.InstanceID, Agent: q.filter.Agent, Size: q.filter.Size}
 	note(c).after = rng
 	return q, rng, nil

@@ -167,6 +167,12 @@ func TestUsageSummaryAndStatementMatchTheExport(t *testing.T) {
 	if len(sum.Groups) != 2 || sum.Groups[0].Key != "large" || got != total {
 		t.Errorf("summary by size = %+v; want large and small totalling %d", sum.Groups, total)
 	}
+	// The range it answers is the one it read, fractions of a second kept.
+	var frac adminapi.UsageSummary
+	e.do(financeToken, http.MethodGet, "/usage/summary?group_by=size&from=2026-10-01T00:00:00.5Z&to=2026-11-01T00:00:00.25Z", nil, &frac)
+	if frac.From != "2026-10-01T00:00:00.5Z" || frac.To != "2026-11-01T00:00:00.25Z" {
+		t.Errorf("summary of a range with fractions of a second says [%s, %s); want [2026-10-01T00:00:00.5Z, 2026-11-01T00:00:00.25Z)", frac.From, frac.To)
+	}
 
 	e.do(adminToken, http.MethodPut, "/accounts/"+a+"/billing", adminapi.BillingSettings{Currency: "USD"}, nil)
 	e.do(adminToken, http.MethodPost, "/accounts/"+a+"/funds/credit",

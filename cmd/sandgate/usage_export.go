@@ -96,7 +96,7 @@ the rows meanwhile.`,
 // exportReport is what an export to a file wrote.
 type exportReport struct {
 	File  string `json:"file"`
-	Rows  int64  `json:"rows"` // lines past the header's
+	Rows  int64  `json:"rows"` // rows past the header
 	Bytes int64  `json:"bytes"`
 }
 
@@ -106,6 +106,7 @@ type exportReport struct {
 func exportUsage(ctx context.Context, c *adminapi.Client, path, out string, header int64, stdout, stderr io.Writer) (*exportReport, error) {
 	toStdout := out == "" || out == "-"
 	p := newProgress(stderr, !(toStdout && isTerminal(stdout)))
+	p.csv = header > 0
 	defer p.stop()
 	if toStdout {
 		return nil, c.Stream(ctx, path, p.wrap(stdout))
@@ -136,12 +137,15 @@ func exportUsage(ctx context.Context, c *adminapi.Client, path, out string, head
 // terminal, rewrites one status line on it every half second. Its
 // goroutine exits on stop.
 type progress struct {
-	w    io.Writer
-	mu   sync.Mutex
-	rows int64
-	n    int64
-	done chan struct{}
-	wg   sync.WaitGroup
+	w   io.Writer
+	csv bool // the rows are CSV: a quoted field may hold a line break
+
+	mu     sync.Mutex
+	rows   int64
+	n      int64
+	quoted bool // inside a quoted CSV field
+	done   chan struct{}
+	wg     sync.WaitGroup
 }
 
 func newProgress(stderr io.Writer, show bool) *progress {
@@ -190,11 +194,32 @@ func (p *progress) stop() {
 func (p *progress) wrap(w io.Writer) io.Writer {
 	return writerFunc(func(b []byte) (int, error) {
 		p.mu.Lock()
-		p.rows += int64(bytes.Count(b, []byte{'\n'}))
+		p.rows += p.count(b)
 		p.n += int64(len(b))
 		p.mu.Unlock()
 		return w.Write(b)
 	})
+}
+
+// count returns how many rows end in b, p.mu held: one per LF, but in CSV
+// not a LF inside a quoted field (an adjustment's reason may hold line
+// breaks). A doubled quote inside a field toggles twice.
+func (p *progress) count(b []byte) int64 {
+	if !p.csv {
+		return int64(bytes.Count(b, []byte{'\n'}))
+	}
+	var n int64
+	for _, c := range b {
+		switch c {
+		case '"':
+			p.quoted = !p.quoted
+		case '\n':
+			if !p.quoted {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 type writerFunc func([]byte) (int, error)
