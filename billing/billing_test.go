@@ -850,3 +850,33 @@ func TestCurrencyLockedOnceMoneyMoves(t *testing.T) {
 		t.Errorf("a free account with free usage, to EUR: %v", err)
 	}
 }
+
+// TestAgentBudgetOnlyAlerts: agent is attribution the client chooses and
+// may omit (spec §Conventions: never a control), so an agent budget is
+// soft: a hard one is refused when set, one stored hard before is not
+// enforced, and the same Acquire is admitted with the agent or without;
+// its alerts still reach the queue.
+func TestAgentBudgetOnlyAlerts(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const acct = "acct_ag"
+	e.account(acct, 100, true)
+	if err := e.bill.SetBudget(ctx, acct, billing.Budget{Agent: "coder", MonthlyMicros: 1}); !errors.Is(err, billing.ErrAgentBudgetHard) {
+		t.Fatalf("a hard agent budget: %v; want ErrAgentBudgetHard", err)
+	}
+	if err := e.bill.SetBudget(ctx, acct, billing.Budget{Agent: "coder", MonthlyMicros: 1, Soft: true}); err != nil {
+		t.Fatalf("a soft agent budget: %v", err)
+	}
+	// One stored hard by an earlier version, within an instance.
+	if err := e.db.Redis().HSet(ctx, "sg:{"+acct+"}:budgets", "i:inst_1:g:coder", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, agent := range []string{"coder", ""} {
+		if _, err := e.acquire(acct, "inst_1", agent, 10*time.Minute); err != nil {
+			t.Errorf("acquire with agent %q over the agent's budgets: %v; want admitted", agent, err)
+		}
+	}
+	if n, err := e.db.Redis().LLen(ctx, "sg:{"+acct+"}:alerts").Result(); err != nil || n == 0 {
+		t.Errorf("alerts queued for the agent's budgets = %d, %v; want some", n, err)
+	}
+}

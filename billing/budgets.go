@@ -56,9 +56,13 @@ func (b Budget) parents() []string {
 // ErrBudgetAboveParent is returned for a budget above one it nests in.
 var ErrBudgetAboveParent = errors.New("billing: a budget may not exceed the account's (or instance's) budget it nests in")
 
+// ErrAgentBudgetHard is returned for an agent budget that is not soft.
+var ErrAgentBudgetHard = errors.New("an agent budget can only alert (soft): agent is attribution the client chooses and may omit, never a control (protocol §Conventions); cap the instance or the account")
+
 // SetBudget sets, or with MonthlyMicros 0 removes, a budget. A budget may
 // not be above a budget it nests in (instance ≤ account, agent ≤ instance
-// and account).
+// and account). An agent budget is soft (ErrAgentBudgetHard): it alerts
+// and never refuses, since a client that omits agent escapes it.
 func (b *Billing) SetBudget(ctx context.Context, acct string, bg Budget) error {
 	key := budgetsKey(acct)
 	sc := bg.scope()
@@ -67,6 +71,9 @@ func (b *Billing) SetBudget(ctx context.Context, acct string, bg Budget) error {
 	}
 	if bg.MonthlyMicros == 0 {
 		return b.rdb.HDel(ctx, key, sc, sc+":soft").Err()
+	}
+	if bg.Agent != "" && !bg.Soft {
+		return ErrAgentBudgetHard
 	}
 	for _, p := range bg.parents() {
 		lim, err := b.rdb.HGet(ctx, key, p).Int64()

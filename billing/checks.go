@@ -123,7 +123,7 @@ if S then
   local w = tonumber(ARGV[ab + 1])
   for i = ab + 3, ab + na do
     local s = ARGV[i]
-    if s ~= '' then
+    if s ~= '' and scope_level(s) ~= 'agent' then
       local lim = tonumber(redis.call('HGET', KEYS[kb + 1], s))
       if lim and redis.call('HGET', KEYS[kb + 1], s .. ':soft') ~= '1' then
         if spent(KEYS[kb + 2], s) + w > lim then return {0, I, '` + string(protocol.BudgetExhausted) + `', scope_level(s)} end

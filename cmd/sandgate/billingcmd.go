@@ -187,7 +187,7 @@ func budgetCommand(f *adminFlags) *cobra.Command {
 	set := accountPutCommand(f, "set --account ID [--instance ID] [--agent SLUG] --monthly 100.00 [--soft]",
 		"Set a monthly budget (calendar month, UTC); --monthly 0 removes it", "budgets", &req, show)
 	set.Flags().StringVar(&req.InstanceID, "instance", "", "instance id (default: the whole account)")
-	set.Flags().StringVar(&req.Agent, "agent", "", "agent slug")
+	set.Flags().StringVar(&req.Agent, "agent", "", "agent slug (with --soft: an agent budget only alerts)")
 	set.Flags().StringVar(&req.Monthly, "monthly", "", "cap per calendar month in currency units (required)")
 	set.Flags().BoolVar(&req.Soft, "soft", false, "alert only, never refuse")
 	_ = set.MarkFlagRequired("monthly")
