@@ -46,8 +46,9 @@ func TestParseEntryAsJSON(t *testing.T) {
 }
 
 // TestRowEncodersAsExportRow checks the hand-written encoders against
-// encoding/csv and encoding/json of the documented ExportRow, on entries
-// with every kind of character a field may hold.
+// encoding/csv and encoding/json of the documented ExportRow (in CSV, the
+// reason as csvText makes it), on entries with every kind of character a
+// field may hold.
 func TestRowEncodersAsExportRow(t *testing.T) {
 	var odd []string
 	for r := rune(0); r < 0x80; r++ {
@@ -75,7 +76,7 @@ func TestRowEncodersAsExportRow(t *testing.T) {
 			row.Agent, row.RunID, row.Size, row.Image, row.Provider, row.RateCard, strconv.Itoa(row.RateCardVersion), row.Currency,
 			row.UnitPrice, strconv.FormatInt(row.UnitPriceMicros, 10), strconv.FormatInt(row.Seconds, 10), row.Amount,
 			strconv.FormatInt(row.AmountMicros, 10), row.StartedAt, row.EndedAt, row.TerminatedAt, row.TerminationReason, row.Corrects,
-			strconv.FormatInt(row.EgressBytesOut, 10), strconv.FormatInt(row.EgressBytesIn, 10), row.Reason, row.Actor})
+			strconv.FormatInt(row.EgressBytesOut, 10), strconv.FormatInt(row.EgressBytesIn, 10), csvText(row.Reason), row.Actor})
 		cw.Flush()
 		if got := appendCSVRow(nil, &e); !bytes.Equal(got, cb.Bytes()) {
 			t.Errorf("CSV row of %q:\n got %q\nwant %q", s, got, cb.Bytes())
