@@ -155,13 +155,7 @@ func TestVanishedAfterAccrualChargesOnce(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	const acct = "acct_v"
-	e.account(acct, 10, false)
-	e.credit(acct, 100_000_000, "c")
-	e.clock.Set(time.Date(2026, 3, 10, 10, 10, 0, 0, time.UTC))
-	w, err := e.acquire(acct, "inst_1", "", 4*time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := e.runningFrom(acct, time.Date(2026, 3, 10, 10, 10, 0, 0, time.UTC))
 	listed := time.Date(2026, 3, 10, 10, 59, 50, 0, time.UTC)
 	e.clock.Set(listed.Add(75 * time.Second)) // 11:01:05: the walk was slow
 	if n, err := e.bill.Accrue(ctx, acct, e.clock.Now()); err != nil || n != 1 {
@@ -174,8 +168,8 @@ func TestVanishedAfterAccrualChargesOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := e.clock.Now().Add(-billing.AccrualGrace); !fin.TerminatedAt.Equal(want) {
-		t.Errorf("ended at %v; want %v, accrual's grace before now", fin.TerminatedAt, want)
+	if want := e.clock.Now().Add(-billing.AccrualGrace / 2); !fin.TerminatedAt.Equal(want) {
+		t.Errorf("ended at %v; want %v, half accrual's grace before now", fin.TerminatedAt, want)
 	}
 	metered, _ := billing.Metered(fin)
 	var secs, amount int64
@@ -186,4 +180,31 @@ func TestVanishedAfterAccrualChargesOnce(t *testing.T) {
 		t.Errorf("entries add up to %d s, %d micros; want the metered %d s, %d micros", secs, amount, metered, 10*metered)
 	}
 	e.noDrift(acct)
+}
+
+// TestVanishedEndsByItsDeadline: the floor that keeps a vanished
+// workspace's end out of accrued periods never moves it past expires_at.
+func TestVanishedEndsByItsDeadline(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const acct = "acct_vd"
+	e.account(acct, 10, false)
+	e.credit(acct, 100_000_000, "c")
+	e.clock.Set(time.Date(2026, 3, 10, 10, 10, 0, 0, time.UTC))
+	w, err := e.acquire(acct, "inst_1", "", 50*time.Minute) // expires 11:00
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := time.Date(2026, 3, 10, 10, 59, 50, 0, time.UTC)
+	e.clock.Set(listed.Add(3 * time.Minute))
+	if started, err := e.term.Vanished(ctx, w, listed); err != nil || !started {
+		t.Fatalf("Vanished = %t, %v", started, err)
+	}
+	fin, err := e.db.Workspace(ctx, acct, w.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fin.TerminatedAt.Equal(fin.ExpiresAt) {
+		t.Errorf("ended at %v; want its expires_at %v", fin.TerminatedAt, fin.ExpiresAt)
+	}
 }

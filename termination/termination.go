@@ -209,8 +209,9 @@ func (t *Terminator) FailCreate(ctx context.Context, w sandgate.Workspace, sb pr
 // (a provider answered providers.ErrSandboxGone, or the reaper's listing
 // lacks it), with reason failed: its slot is freed and its end recorded
 // and settled at at, when the broker learned of it (or the vendor's own
-// end), so that metering stops there: at the earliest a minute
-// (billing.AccrualGrace) before now. Only a running workspace is ended:
+// end), so that metering stops there: at the earliest half a minute
+// (billing.AccrualGrace/2) before now, at the latest at its expires_at.
+// Only a running workspace is ended:
 // one still starting belongs to its Acquire, and one already ending keeps
 // its reason. started reports whether this call ended it. w needs only
 // its ID and AccountID; the record is read again.
@@ -230,9 +231,14 @@ func (t *Terminator) Vanished(ctx context.Context, w sandgate.Workspace, at time
 	// Accrual charges a running workspace's periods once they ended
 	// billing.AccrualGrace ago: an end backdated further (a listing that
 	// took that long) could fall inside a period already charged, and the
-	// final entry would charge that time again.
-	if floor := now.Add(-billing.AccrualGrace); at.Before(floor) {
+	// final entry would charge that time again. Half the grace is left for
+	// a broker whose clock runs ahead. Accrual never passes the deadline,
+	// so the end never needs to either.
+	if floor := now.Add(-billing.AccrualGrace / 2); at.Before(floor) {
 		at = floor
+	}
+	if !cur.ExpiresAt.IsZero() && at.After(cur.ExpiresAt) {
+		at = cur.ExpiresAt
 	}
 	if at.Before(cur.StartedAt) {
 		at = cur.StartedAt
