@@ -1016,6 +1016,9 @@ func TestAcquireRefusals(t *testing.T) {
 		{"env value not a string", "k", body(func(m map[string]any) { m["env"] = map[string]any{"A": 1} }), 400, protocol.InvalidRequest},
 		{"env too large", "k", body(func(m map[string]any) { m["env"] = map[string]string{"A": strings.Repeat("v", 33<<10)} }), 400, protocol.InvalidRequest},
 		{"snapshot_id", "k", body(func(m map[string]any) { m["snapshot_id"] = "snap_0123456789abcdefghjkmnpqrs" }), 404, protocol.NotFound},
+		// Malformed in the body is still 404, unlike in a path: the client
+		// falls back to a cold start.
+		{"snapshot_id malformed", "k", body(func(m map[string]any) { m["snapshot_id"] = "snap!0123" }), 404, protocol.NotFound},
 		{"unknown field", "k", body(func(m map[string]any) { m["lable"] = "typo" }), 400, protocol.InvalidRequest},
 		{"no Idempotency-Key", "", body(func(map[string]any) {}), 400, protocol.InvalidRequest},
 		{"bad Idempotency-Key", "has space", body(func(map[string]any) {}), 400, protocol.InvalidRequest},

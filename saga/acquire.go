@@ -357,6 +357,11 @@ func (s *Saga) warmStart(ctx context.Context, in sandgate.Instance, id, provider
 	if id == "" {
 		return nil, nil
 	}
+	if !policy.ValidID(id) {
+		// Not the path's id: as for an unknown snapshot, the client
+		// falls back to a cold start (spec §Acquire, snapshot_id).
+		return nil, errSnapshotNotFound()
+	}
 	snap, err := s.Snapshot(ctx, in, id)
 	if err != nil {
 		return nil, err
