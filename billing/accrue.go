@@ -197,9 +197,7 @@ func (b *Billing) UsageFiledBefore(ctx context.Context, acct string, t, now time
 			if !w.ExpiresAt.IsZero() && !w.ExpiresAt.After(t) {
 				return false, nil // its end is due before t and not recorded yet
 			}
-		case w.TerminatedAt.IsZero():
-			return false, nil // ending, its end not recorded: it may file before t
-		case w.TerminatedAt.Before(t):
+		case !w.TerminatedAt.IsZero() && w.TerminatedAt.Before(t):
 			return false, nil // its final entry, filed before t, is not in yet
 		}
 		// The interim periods that end by t (the end is only a bound

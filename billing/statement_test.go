@@ -174,20 +174,8 @@ func TestStatementCompleteOnceUsageIsIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	march := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
-	statement := func(label string) billing.Statement {
-		t.Helper()
-		st, err := billing.BuildStatement(ctx, e.bill.Ledger(), e.bill, acct, march, e.clock.Now())
-		if err != nil {
-			t.Fatalf("%s: %v", label, err)
-		}
-		return st
-	}
-	accrue := func() {
-		t.Helper()
-		if _, err := e.bill.Accrue(ctx, acct, e.clock.Now()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	statement := func(label string) billing.Statement { return e.statementNow(acct, march, label) }
+	accrue := func() { e.accrueNow(acct) }
 	// The second workspace ends at 23:50; its end is recorded, its
 	// settlement not (a broker died between the two).
 	e.clock.Advance(80 * time.Minute)
@@ -238,28 +226,10 @@ func TestStatementIncompleteWhileEnding(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	const acct = "acct_ending"
-	e.account(acct, 10, false)
-	e.credit(acct, 100_000_000, "c")
-	e.clock.Set(time.Date(2026, 3, 31, 22, 10, 0, 0, time.UTC))
-	w, err := e.acquire(acct, "inst_1", "", 4*time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	accrue := func() {
-		t.Helper()
-		if _, err := e.bill.Accrue(ctx, acct, e.clock.Now()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	w := e.runningFrom(acct, time.Date(2026, 3, 31, 22, 10, 0, 0, time.UTC))
+	accrue := func() { e.accrueNow(acct) }
 	march := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
-	statement := func(label string) billing.Statement {
-		t.Helper()
-		st, err := billing.BuildStatement(ctx, e.bill.Ledger(), e.bill, acct, march, e.clock.Now())
-		if err != nil {
-			t.Fatalf("%s: %v", label, err)
-		}
-		return st
-	}
+	statement := func(label string) billing.Statement { return e.statementNow(acct, march, label) }
 	e.clock.Set(time.Date(2026, 3, 31, 23, 2, 0, 0, time.UTC))
 	accrue() // 22:10-23:00
 	e.clock.Set(time.Date(2026, 3, 31, 23, 59, 30, 0, time.UTC))
@@ -287,4 +257,37 @@ func TestStatementIncompleteWhileEnding(t *testing.T) {
 	if later := statement("later"); later.UsageMicros != first.UsageMicros {
 		t.Errorf("March's usage moved from %d to %d after its statement was complete", first.UsageMicros, later.UsageMicros)
 	}
+}
+
+// runningFrom configures acct (prepaid, 10 micros a second, funds for
+// days) and admits a workspace of 4 h at start, the clock set there.
+func (e *env) runningFrom(acct string, start time.Time) sandgate.Workspace {
+	e.t.Helper()
+	e.account(acct, 10, false)
+	e.credit(acct, 100_000_000, "c")
+	e.clock.Set(start)
+	w, err := e.acquire(acct, "inst_1", "", 4*time.Hour)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return w
+}
+
+// accrueNow runs a billing pass's accrual of acct at the clock's time.
+func (e *env) accrueNow(acct string) {
+	e.t.Helper()
+	if _, err := e.bill.Accrue(context.Background(), acct, e.clock.Now()); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// statementNow is acct's statement of the month starting at month, as
+// built at the clock's time.
+func (e *env) statementNow(acct string, month time.Time, label string) billing.Statement {
+	e.t.Helper()
+	st, err := billing.BuildStatement(context.Background(), e.bill.Ledger(), e.bill, acct, month, e.clock.Now())
+	if err != nil {
+		e.t.Fatalf("%s: %v", label, err)
+	}
+	return st
 }
