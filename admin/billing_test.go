@@ -105,6 +105,10 @@ func TestBillingRolesAndIdempotentFunds(t *testing.T) {
 		t.Fatalf("a refund past what the entry still charges (0.0006): %v; want 400 %s naming 0.0006 and that nothing was applied", err, protocol.InvalidRequest)
 	}
 	adj.Corrects = "ws_y:final"
+	if st, _ := e.refused(adminToken, http.MethodPost, "/accounts/"+acct+"/usage/adjustments", adj); st != 409 {
+		t.Fatalf("the key reused for a missing entry: %d, want 409", st)
+	}
+	adj.IdempotencyKey = "g3"
 	if st, _ := e.refused(adminToken, http.MethodPost, "/accounts/"+acct+"/usage/adjustments", adj); st != 404 {
 		t.Fatalf("adjusting a missing entry: %d, want 404", st)
 	}

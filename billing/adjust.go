@@ -101,9 +101,19 @@ func (b *Billing) AdjustUsage(ctx context.Context, acct string, a UsageAdjustmen
 			return e, false, fmt.Errorf("adjustment: %w", overflowed(err))
 		case n == 1:
 			return e, true, nil
+		case n == 0: // the same key's adjustment landed meanwhile
+			prev, err := b.ledgerEntry(ctx, acct, id)
+			if err != nil {
+				return UsageEntry{}, false, fmt.Errorf("adjustment: read the one stored under this key: %w", err)
+			}
+			if prev.Corrects != a.Corrects || prev.AmountMicros != a.AmountMicros {
+				return prev, false, ErrAdjustmentConflict
+			}
+			return prev, false, nil
+		case n != -1:
+			return UsageEntry{}, false, fmt.Errorf("adjustment: unexpected script result %d", n)
 		}
-		// 0: the same key's adjustment landed meanwhile; −1: another one.
-		// Either way the next read tells.
+		// −1: another adjustment landed meanwhile; read again.
 	}
 	return UsageEntry{}, false, errors.New("adjustment: other adjustments of this account kept landing meanwhile; retry")
 }
@@ -138,11 +148,11 @@ func (b *Billing) adjustTarget(ctx context.Context, acct, corrects, id string) (
 	if err != nil {
 		return t, err
 	}
+	if t.prev != nil {
+		return t, nil // a retry: answered by what was stored, whatever corrects says now
+	}
 	if !found {
 		return t, ErrNoEntry
-	}
-	if t.prev != nil {
-		return t, nil
 	}
 	// rootOf follows an adjustment's corrects to the usage entry it ends
 	// at (the ledger holds no cycle: an adjustment corrects an entry

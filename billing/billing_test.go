@@ -760,6 +760,9 @@ func TestRefundBoundedByEntry(t *testing.T) {
 	if _, _, err := adjust(fin, "r3", -600); err != nil {
 		t.Fatalf("a refund of the 600 left: %v", err)
 	}
+	if got, appended, err := adjust(fin, "r1", -600); err != nil || appended || got.ID != first.ID {
+		t.Errorf("a retry of the first refund once the entry is fully refunded = %s, appended %t, %v; want %s answered again", got.ID, appended, err, first.ID)
+	}
 	if _, _, err := adjust(first.ID, "r4", -1); !errors.Is(err, billing.ErrRefundExceedsEntry) {
 		t.Errorf("a refund of a fully refunded entry, through its adjustment: %v; want ErrRefundExceedsEntry", err)
 	}
@@ -834,6 +837,19 @@ func TestCurrencyLockedOnceMoneyMoves(t *testing.T) {
 	}
 	if _, err := billing.BuildStatement(ctx, e.bill.Ledger(), e.bill, "acct_paid", month, month.AddDate(0, 1, 0)); err != nil {
 		t.Errorf("statement after the refused changes: %v", err)
+	}
+
+	// Usage priced at 0 in USD moves no funds, but its ledger entries are
+	// in USD: statements would meet them.
+	e.account("acct_zero", 0, true)
+	w, err = e.acquire("acct_zero", "inst_3", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Minute)
+	e.release(w, sandgate.ReasonReleased)
+	if err := toEUR("acct_zero"); !errors.Is(err, billing.ErrCurrencyInUse) {
+		t.Errorf("an account with USD usage at price 0, to EUR: %v; want ErrCurrencyInUse", err)
 	}
 
 	// A free account's usage costs 0 in XXX and fits any currency.
