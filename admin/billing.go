@@ -144,7 +144,7 @@ func (v *service) setBillingSettings(ctx context.Context, st billing.Settings, s
 	if err := v.bill.SetSettings(ctx, st); errors.Is(err, billing.ErrNoRateCard) {
 		return adminapi.BillingSettings{}, ch, protocol.E(protocol.NotFound, "no such rate card")
 	} else if err != nil {
-		return adminapi.BillingSettings{}, ch, invalid(err.Error())
+		return adminapi.BillingSettings{}, ch, invalid(strings.TrimPrefix(err.Error(), "billing: "))
 	}
 	if err := v.applyStripe(ctx, st.AccountID, sop); err != nil {
 		return adminapi.BillingSettings{}, ch, err
@@ -260,7 +260,7 @@ func (v *service) setMonthlyBudget(ctx context.Context, acct string, req adminap
 	}
 	bg := billing.Budget{InstanceID: req.InstanceID, Agent: req.Agent, MonthlyMicros: amt, Soft: req.Soft}
 	if err := v.bill.SetBudget(ctx, acct, bg); err != nil {
-		return nil, ch, invalid(err.Error())
+		return nil, ch, invalid(strings.TrimPrefix(err.Error(), "billing: "))
 	}
 	ch.after = req
 	if err := v.account(ctx, acct); err != nil {

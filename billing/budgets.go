@@ -57,7 +57,7 @@ func (b Budget) parents() []string {
 var ErrBudgetAboveParent = errors.New("billing: a budget may not exceed the account's (or instance's) budget it nests in")
 
 // ErrAgentBudgetHard is returned for an agent budget that is not soft.
-var ErrAgentBudgetHard = errors.New("an agent budget can only alert (soft): agent is attribution the client chooses and may omit, never a control (protocol §Conventions); cap the instance or the account")
+var ErrAgentBudgetHard = errors.New("billing: an agent budget can only alert (soft): agent is attribution the client chooses and may omit, never a control (protocol §Conventions); cap the instance or the account")
 
 // SetBudget sets, or with MonthlyMicros 0 removes, a budget. A budget may
 // not be above a budget it nests in (instance ≤ account, agent ≤ instance
@@ -100,7 +100,8 @@ func (b *Billing) Budgets(ctx context.Context, acct string, now time.Time) ([]Bu
 			continue
 		}
 		lim, _ := strconv.ParseInt(v, 10, 64)
-		bg := Budget{MonthlyMicros: lim, Soft: m[sc+":soft"] == "1"}
+		// An agent's budget only alerts, even one stored hard before.
+		bg := Budget{MonthlyMicros: lim, Soft: m[sc+":soft"] == "1" || strings.Contains(sc, "g:")}
 		rest := sc
 		if inst, ok := strings.CutPrefix(rest, "i:"); ok {
 			bg.InstanceID, rest, _ = strings.Cut(inst, ":")

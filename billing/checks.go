@@ -90,7 +90,8 @@ func (FundsCheck) Bind(r *admission.Request) ([]string, []any) {
 }
 
 // BudgetCheck refuses budget_exhausted when a hard monthly budget of the
-// workspace's account, instance or agent would go over its cap: settled
+// workspace's account or instance would go over its cap (an agent's only
+// alerts: agent is attribution, never a control): settled
 // usage plus open holds of the calendar month (UTC) plus this worst case.
 // Admitted, it counts the hold against every scope of the workspace and
 // queues threshold alerts.
