@@ -90,6 +90,7 @@ func (s *Server) leaseResponse(a store.Auth, state sandgate.LeaseState, adm prot
 	scope, prov, err := s.saga.Scope(a.Instance)
 	if err != nil {
 		resp.Admission = protocol.Admission{State: protocol.AdmissionPaused, Reason: saga.ReasonProviderClosed}
+		resp.Egress.Ceiling = []string{} // nothing is admitted: promise nothing
 		return resp
 	}
 	if !prov.AcceptNew && resp.Admission.State == protocol.AdmissionOpen {

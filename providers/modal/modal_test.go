@@ -139,9 +139,6 @@ func TestCreateRequest(t *testing.T) {
 	}
 }
 
-// TestVendorEndsAtExpiry: with the provider closed (no broker process at
-// all), the vendor ends the sandbox at expires_at; a provider opened
-// afterwards finds it gone and no longer lists it.
 // Modal's domain allowlist is not relied on (the sheet is uncertain how it
 // judges literal IPs): the provider enforces only [], an instance scope
 // with domains is refused, and a create with domains never reaches Modal.
@@ -166,6 +163,9 @@ func TestNoDomainAllowlist(t *testing.T) {
 	}
 }
 
+// TestVendorEndsAtExpiry: with the provider closed (no broker process at
+// all), the vendor ends the sandbox at expires_at; a provider opened
+// afterwards finds it gone and no longer lists it.
 func TestVendorEndsAtExpiry(t *testing.T) {
 	t.Parallel() // mostly waiting on the clock: beside the others
 	fake := startFake(t, modaltest.Config{})
