@@ -126,11 +126,20 @@ func children(pid int) []int {
 	return out
 }
 
-// waitChild returns pid's first child, once it has one.
+// waitChild returns pid's first child, once it has one; it fails at once
+// when pid ends without one (a jail refused past its deadline).
 func waitChild(t testing.TB, pid int) int {
 	t.Helper()
 	var c []int
-	waitFor(t, "a child process", func() bool { c = children(pid); return len(c) > 0 })
+	waitFor(t, "a child process", func() bool {
+		if c = children(pid); len(c) > 0 {
+			return true
+		}
+		if !alive(pid) {
+			t.Fatalf("process %d ended without a child", pid)
+		}
+		return false
+	})
 	return c[0]
 }
 
