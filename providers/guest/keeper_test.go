@@ -83,9 +83,9 @@ func startJail(t *testing.T, g *guestVM, dir string, argv ...string) <-chan int 
 // jailSetup is how long a test gives itself, before a keeper's deadline,
 // to start the keeper and its jails: --until is in whole seconds, and on
 // a loaded machine a jail takes seconds to start; one started after the
-// deadline is refused, and the test would then wait for it in vain. A
-// full test run on a 2-vCPU host, with the Fly suites beside it, once
-// took longer than 15 s.
+// deadline is refused, and the test would then wait for it in vain. On
+// a 2-vCPU host running the whole suite, setting a jail up can take more
+// than 15 s.
 const jailSetup = 30 * time.Second
 
 func TestKeeperEndsJailsAtDeadline(t *testing.T) {
